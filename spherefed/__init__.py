@@ -1,0 +1,16 @@
+"""SphereFed, FFC and CCVR: the method, pure and deterministic.
+
+No network, no I/O beyond reading datasets. Modules:
+
+- ``classifier``: fixed classifier matrices (orthonormal QR, random He, Tammes).
+- ``heads``: ``FeatureNorm`` and the ``sphere`` / ``learnable`` / ``fn`` heads.
+- ``models``: feature extractors in plain ``torch.nn`` (MLP, digits CNN, ConvNet,
+  ResNet18, MobileNetV2, VGG13, SENet18), BatchNorm or GroupNorm.
+- ``losses``: MSE on one-hot (SphereFed Eq. 5) and cross-entropy.
+- ``stats``: FFC and CCVR sufficient statistics, their flat layouts, pack/unpack.
+- ``calibrate``: ``ffc_solve`` (Eq. 10/12) and CCVR (Gaussians, virtual features,
+  classifier retraining).
+- ``data`` / ``partition``: digits, CIFAR, ``.npz``; IID, Dirichlet(α), shards.
+- ``fl``: local training and server aggregation (FedAvg, FedProx).
+- ``runner``: the deterministic in-process reference runner.
+"""
