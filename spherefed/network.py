@@ -1,0 +1,82 @@
+"""A classification network = feature extractor + head, built deterministically.
+
+Every participant must start from the same initial weights and the same fixed
+classifier, so :func:`build_model` seeds its own RNG scope (``torch.random.fork_rng``)
+from the spec's seeds instead of relying on whatever the global RNG holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from spherefed.heads import Head, make_head
+from spherefed.models import FeatureExtractor, build_extractor
+
+
+class Net(nn.Module):
+    """``logits = head(extractor(x))``; ``features(x)`` is the head's input ``z``."""
+
+    def __init__(self, extractor: FeatureExtractor, head: Head) -> None:
+        super().__init__()
+        if extractor.feature_dim != head.feature_dim:
+            raise ValueError(
+                f"extractor gives {extractor.feature_dim}-d features but the head expects "
+                f"{head.feature_dim}"
+            )
+        self.extractor = extractor
+        self.head = head
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.extractor.feature_dim)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.head.num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The vector FFC/CCVR statistics are taken of (normalised for sphere/fn heads)."""
+        return self.head.features(self.extractor(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.extractor(x))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild the same network in any process."""
+
+    extractor: str = "digits_cnn"
+    head: str = "sphere"
+    norm: str = "group"
+    classifier: str = "orthonormal"
+    classifier_seed: int = 0
+    init_seed: int = 0
+    num_classes: int = 10
+    in_channels: int = 1
+    image_size: int | tuple[int, int] = 8
+    feature_dim: int | None = None
+
+
+def build_model(spec: ModelSpec) -> Net:
+    """Build ``spec``'s network; same spec ⇒ identical parameters in any process."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.init_seed)
+        extractor = build_extractor(
+            spec.extractor,
+            in_channels=spec.in_channels,
+            image_size=spec.image_size,
+            norm=spec.norm,
+            feature_dim=spec.feature_dim,
+        )
+        head = make_head(
+            spec.head,
+            feature_dim=extractor.feature_dim,
+            num_classes=spec.num_classes,
+            classifier=spec.classifier,
+            classifier_seed=spec.classifier_seed,
+        )
+    return Net(extractor, head)

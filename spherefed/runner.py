@@ -1,0 +1,369 @@
+"""The deterministic in-process reference runner — the ground truth for the service.
+
+One function, :func:`run_reference`, runs a whole federation in one process with no
+network: load → split (train / validation / test) → partition → federated training
+(FedAvg or FedProx on sums) → per-participant CCVR statistics, summed → FFC
+(``V = Σ_c M_c``, ``U[:, c] = S_c``) and CCVR calibration → accuracies. The
+distributed service must reproduce its numbers from the same :class:`ReferenceConfig`:
+every random choice is derived with :func:`spherefed.fl.derive_seed` from
+``config.seed`` and a label, never from global RNG state.
+
+The **oracle** is SphereFed's "sanity check" (§5.4, Fig. 4): the classifier alone
+fine-tuned by SGD on *all pooled real training features*, best of CE and MSE over a
+small learning-rate grid, best chosen on the test split. It is deliberately an
+optimistic upper bound (it sees real features and picks on test), as in the paper.
+It is *not* the closed form on pooled features: that equals FFC by construction and
+would prove nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve, retrain_classifier
+from spherefed.data import ArrayDataset, load_dataset, stratified_split
+from spherefed.fl import (
+    ALGORITHMS,
+    LocalTrainConfig,
+    aggregated_keys,
+    derive_seed,
+    evaluate,
+    load_state_vector,
+    local_train,
+    server_step,
+    state_vector,
+)
+from spherefed.network import ModelSpec, Net, build_model
+from spherefed.partition import partition, partition_summary
+from spherefed.stats import CCVRStatistics, ccvr_statistics
+
+Progress = Callable[[str], None]
+SELECT_BY: tuple[str, ...] = ("none", "ffc", "ccvr")
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """Every setting of a reference run. Defaults: SphereFed on digits, 10 participants."""
+
+    dataset: str = "digits"
+    data_root: str | None = None
+    participants: int = 10
+    partition: str = "dirichlet"
+    alpha: float = 0.1
+    shards_per_client: int = 2
+    model: str = "digits_cnn"
+    norm: str = "group"
+    head: str = "sphere"
+    classifier: str = "orthonormal"
+    loss: str = "mse"
+    algorithm: str = "fedavg"
+    prox_mu: float = 0.01
+    rounds: int = 30
+    local_epochs: int = 2
+    batch_size: int = 32
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    sample_fraction: float = 1.0
+    validation_fraction: float = 0.1
+    seed: int = 0
+    ffc_ridge: float = 0.0
+    ccvr: CCVRConfig = field(default_factory=CCVRConfig)
+    oracle_lrs: tuple[float, ...] = (0.01, 0.1, 1.0)
+    oracle_epochs: int = 30
+
+    def __post_init__(self) -> None:
+        if self.participants < 1:
+            raise ValueError(f"participants must be >= 1, got {self.participants}")
+        if self.rounds < 0:
+            raise ValueError(f"rounds must be >= 0, got {self.rounds}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHMS}")
+        if not 0 < self.sample_fraction <= 1:
+            raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+
+    def local_config(self) -> LocalTrainConfig:
+        return LocalTrainConfig(
+            epochs=self.local_epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            loss=self.loss,
+            prox_mu=self.prox_mu if self.algorithm == "fedprox" else 0.0,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["oracle_lrs"] = list(self.oracle_lrs)
+        return out
+
+
+@dataclass(frozen=True)
+class FederationData:
+    """The splits and the partition every participant's data comes from."""
+
+    train: ArrayDataset
+    validation: ArrayDataset
+    test: ArrayDataset
+    parts: list[np.ndarray]
+
+    def participant(self, k: int) -> ArrayDataset:
+        return self.train.subset(self.parts[k])
+
+
+def prepare_data(config: ReferenceConfig) -> FederationData:
+    """Load, split off validation from train (stratified), and partition the rest."""
+    splits = load_dataset(config.dataset, root=config.data_root, seed=config.seed)
+    train_idx, val_idx = stratified_split(
+        splits.train.y,
+        test_fraction=config.validation_fraction,
+        seed=derive_seed(config.seed, "validation"),
+    )
+    train = splits.train.subset(train_idx)
+    parts = partition(
+        train.y,
+        config.participants,
+        scheme=config.partition,
+        alpha=config.alpha if config.partition == "dirichlet" else None,
+        shards_per_client=config.shards_per_client if config.partition == "shards" else None,
+        seed=derive_seed(config.seed, "partition"),
+    )
+    return FederationData(train, splits.train.subset(val_idx), splits.test, parts)
+
+
+def model_spec(config: ReferenceConfig, data: FederationData) -> ModelSpec:
+    c, h, w = data.train.image_shape
+    return ModelSpec(
+        extractor=config.model,
+        head=config.head,
+        norm=config.norm,
+        classifier=config.classifier,
+        classifier_seed=derive_seed(config.seed, "classifier") % (2**32),
+        init_seed=derive_seed(config.seed, "init"),
+        num_classes=data.train.num_classes,
+        in_channels=c,
+        image_size=(h, w),
+    )
+
+
+def select_participants(config: ReferenceConfig, round_index: int) -> list[int]:
+    """Seeded per-round sample of ``max(1, round(fraction·N))`` participants, sorted."""
+    n = config.participants
+    count = max(1, round(config.sample_fraction * n))
+    if count >= n:
+        return list(range(n))
+    rng = np.random.default_rng(derive_seed(config.seed, "sample", round_index))
+    return sorted(int(k) for k in rng.choice(n, size=count, replace=False))
+
+
+def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(ds.x), torch.from_numpy(ds.y)
+
+
+@torch.no_grad()
+def _features(model: Net, x: torch.Tensor, batch_size: int = 512) -> np.ndarray:
+    model.eval()
+    chunks = [model.features(x[lo : lo + batch_size]) for lo in range(0, x.shape[0], batch_size)]
+    return torch.cat(chunks).double().numpy() if chunks else np.zeros((0, model.feature_dim))
+
+
+def _accuracy_with(model: Net, weight: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
+    original = model.head.weight.detach().clone()
+    model.head.set_weight(weight)
+    try:
+        return evaluate(model, x, y)
+    finally:
+        model.head.set_weight(original)
+
+
+def _oracle(
+    model: Net, data: FederationData, config: ReferenceConfig
+) -> tuple[float, dict[str, Any]]:
+    z = _features(model, torch.from_numpy(data.train.x))
+    init = model.head.weight.detach().double().numpy()
+    x_test, y_test = _tensors(data.test)
+    grid = []
+    for loss in ("ce", "mse"):
+        for lr in config.oracle_lrs:
+            try:
+                w = retrain_classifier(
+                    z,
+                    data.train.y,
+                    init,
+                    loss=loss,
+                    lr=lr,
+                    epochs=config.oracle_epochs,
+                    seed=derive_seed(config.seed, "oracle"),
+                )
+                acc = _accuracy_with(model, w, x_test, y_test)
+            except FloatingPointError:
+                acc = float("nan")
+            grid.append({"loss": loss, "lr": lr, "accuracy": acc})
+    finite = [g for g in grid if np.isfinite(g["accuracy"])]
+    best = max(finite, key=lambda g: g["accuracy"]) if finite else grid[0]
+    return float(best["accuracy"]), {"best": best, "grid": grid}
+
+
+def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Run one federation end to end and return the JSON-serialisable result."""
+    say = progress or (lambda _msg: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    data = prepare_data(config)
+    sizes = [len(p) for p in data.parts]
+    say(
+        f"data: {config.dataset} train={len(data.train)} val={len(data.validation)} "
+        f"test={len(data.test)}; {config.participants} participants ({config.partition}"
+        + (f", alpha={config.alpha}" if config.partition == "dirichlet" else "")
+        + f"), sizes min/median/max {min(sizes)}/{int(np.median(sizes))}/{max(sizes)}"
+    )
+    model = build_model(model_spec(config, data))
+    keys = aggregated_keys(model)
+    global_vec = state_vector(model, keys)
+    local_cfg = config.local_config()
+    client_data = [_tensors(data.participant(k)) for k in range(config.participants)]
+    x_test, y_test = _tensors(data.test)
+    x_val, y_val = _tensors(data.validation)
+    timings["setup_s"] = time.perf_counter() - t0
+
+    per_round = []
+    t_train = time.perf_counter()
+    for r in range(config.rounds):
+        t_round = time.perf_counter()
+        selected = select_participants(config, r)
+        delta_sum = np.zeros_like(global_vec)
+        weight_sum, losses = 0, []
+        for k in selected:
+            load_state_vector(model, global_vec, keys)
+            xk, yk = client_data[k]
+            upd = local_train(
+                model, xk, yk, local_cfg, seed=derive_seed(config.seed, "train", r, k)
+            )
+            delta_sum += upd.weighted_delta
+            weight_sum += upd.num_samples
+            losses.append(upd.mean_loss)
+        global_vec = server_step(global_vec, delta_sum, weight_sum)
+        load_state_vector(model, global_vec, keys)
+        acc = evaluate(model, x_test, y_test)
+        per_round.append(
+            {
+                "round": r + 1,
+                "participants": selected,
+                "train_loss": float(np.mean(losses)),
+                "test_accuracy": acc,
+                "seconds": time.perf_counter() - t_round,
+            }
+        )
+        say(
+            f"round {r + 1}/{config.rounds}: loss {np.mean(losses):.4f} "
+            f"test acc {acc:.4f} ({time.perf_counter() - t_round:.1f}s)"
+        )
+    timings["train_s"] = time.perf_counter() - t_train
+
+    # Calibration statistics, one participant at a time, summed (what secure
+    # aggregation will deliver). FFC follows exactly from the CCVR sums.
+    t_stats = time.perf_counter()
+    C, dim = data.train.num_classes, model.feature_dim
+    total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
+    for k in range(config.participants):
+        xk, yk = client_data[k]
+        total = total + ccvr_statistics(_features(model, xk), yk.numpy(), C)
+    ffc = total.to_ffc()
+    timings["statistics_s"] = time.perf_counter() - t_stats
+
+    t_cal = time.perf_counter()
+    w_ffc = ffc_solve(ffc.V, ffc.U, ridge=config.ffc_ridge)
+    timings["ffc_s"] = time.perf_counter() - t_cal
+    t_cal = time.perf_counter()
+    init = model.head.weight.detach().double().numpy()
+    ccvr_cfg = replace(config.ccvr, seed=derive_seed(config.seed, "ccvr", config.ccvr.seed))
+    w_ccvr = ccvr_calibrate(total, init, ccvr_cfg)
+    timings["ccvr_s"] = time.perf_counter() - t_cal
+
+    accuracy = {
+        "none": evaluate(model, x_test, y_test),
+        "ffc": _accuracy_with(model, w_ffc, x_test, y_test),
+        "ccvr": _accuracy_with(model, w_ccvr, x_test, y_test),
+    }
+    validation = {
+        "none": evaluate(model, x_val, y_val),
+        "ffc": _accuracy_with(model, w_ffc, x_val, y_val),
+        "ccvr": _accuracy_with(model, w_ccvr, x_val, y_val),
+    }
+    t_or = time.perf_counter()
+    accuracy["oracle"], oracle_info = _oracle(model, data, config)
+    timings["oracle_s"] = time.perf_counter() - t_or
+    timings["total_s"] = time.perf_counter() - t0
+    say(
+        "accuracy: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items())
+        + f" (total {timings['total_s']:.1f}s)"
+    )
+    return {
+        "settings": config.to_json(),
+        "accuracy": accuracy,
+        "validation_accuracy": validation,
+        "per_round": per_round,
+        "oracle": oracle_info,
+        "ccvr": {
+            "empty_classes": [int(c) for c in np.flatnonzero(total.counts == 0)],
+            "singleton_classes": [int(c) for c in np.flatnonzero(total.counts == 1)],
+        },
+        "partition": {
+            "sizes": sizes,
+            "class_counts": partition_summary(data.train.y, data.parts, C).tolist(),
+        },
+        "model": {"feature_dim": dim, "num_classes": C, "parameters": int(global_vec.size)},
+        "timings": timings,
+    }
+
+
+def run_reference_sweep(
+    config: ReferenceConfig,
+    lrs: Sequence[float],
+    *,
+    select_by: str = "none",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run once per learning rate; report all, select on *validation* accuracy.
+
+    The MSE loss on unit-norm outputs needs much larger learning rates than CE
+    (FedFN appendix D.5), so comparing methods at one shared lr would be unfair to
+    one of them. Selection uses the held-out validation split, never the test split.
+    """
+    if select_by not in SELECT_BY:
+        raise ValueError(f"select_by must be one of {SELECT_BY}, got {select_by!r}")
+    if not lrs:
+        raise ValueError("need at least one learning rate")
+    say = progress or (lambda _msg: None)
+    runs = []
+    for i, lr in enumerate(lrs):
+        say(f"== lr {lr} ({i + 1}/{len(lrs)}) ==")
+        try:
+            runs.append(run_reference(replace(config, lr=float(lr)), progress=progress))
+        except FloatingPointError as exc:
+            say(f"lr {lr}: diverged ({exc})")
+            runs.append({"settings": replace(config, lr=float(lr)).to_json(), "diverged": True})
+    ok = [r for r in runs if not r.get("diverged")]
+    if not ok:
+        raise FloatingPointError(f"every learning rate diverged: {list(lrs)}")
+    best = max(ok, key=lambda r: r["validation_accuracy"][select_by])
+    result = dict(best)
+    result["lr_sweep"] = [
+        {
+            "lr": r["settings"]["lr"],
+            "diverged": bool(r.get("diverged", False)),
+            "validation_accuracy": r.get("validation_accuracy"),
+            "accuracy": r.get("accuracy"),
+        }
+        for r in runs
+    ]
+    result["selected"] = {"lr": best["settings"]["lr"], "by": f"validation_accuracy.{select_by}"}
+    return result
