@@ -34,11 +34,13 @@ def test_reference_digits_alpha_01_ffc_near_oracle(tmp_path: Path) -> None:
             "0.1",
             "--json",
             str(out),
+            "--threads",
+            "1",
         ],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr
     assert "round 30/30" in proc.stderr  # progress is shown
