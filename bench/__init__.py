@@ -1,0 +1,1 @@
+"""Benchmarks that print JSON (never timed asserts in tests)."""

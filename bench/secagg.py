@@ -1,0 +1,281 @@
+"""Benchmark of the secure-aggregation protocol against the AES work it cannot avoid.
+
+Runs one whole job in-process between real :class:`crypto.SecAggParticipant` and
+:class:`crypto.SecAggServer` state machines (every message through its canonical
+bytes), with ``--dropouts`` participants vanishing after key sharing, i.e. before
+their masked input (the expensive case: the server must rebuild their pairwise masks).
+
+Definitions (all measured in the same process, on the same machine, in this run):
+
+``raw_aes_ctr_gbps``
+    AES-128-CTR keystream rate of ``cryptography``'s ``update_into`` into one
+    preallocated 1 MiB buffer and nothing else — the best case the hardware gives
+    (best of 3 passes of 256 MiB).
+``mask_gen_gbps``
+    Mask bytes a participant expands and adds into its chunks, divided by the time
+    it takes to produce all its masked chunks (copying its encoded input, expanding
+    ``|N(u) ∩ U2| + 1`` masks, adding them, serialising each chunk). Mean over
+    uploaders. Target: at least 50% of ``raw_aes_ctr_gbps``.
+``participant_mask_s``
+    Mean wall time for one uploader to produce its whole masked input.
+``server_unmask_s``
+    Wall time of ``SecAggServer.finish()``: Shamir reconstruction, key agreement,
+    removal of survivors' self masks and of the dropouts' pairwise masks, decoding.
+``protocol_s``
+    Wall time of the whole job in this process: key generation, signatures, share
+    encryption, every encode/decode of every message, all participants' masking,
+    the server's absorption and unmasking (one core; real participants run in
+    parallel on their own machines, so this *over*-states the critical path).
+``unavoidable_aes_s``
+    Time to produce, with raw AES-CTR as above, the keystream that *any* correct
+    pairwise-masking protocol with these dropouts must produce: every uploader's
+    masks (one per neighbour in ``U2`` plus its self mask, ``8 x dim`` bytes each),
+    plus the server's regeneration of each survivor's self mask and of each
+    survivor-dropout pairwise mask. ``protocol_over_aes_ratio = protocol_s /
+    unavoidable_aes_s``; target at most 3.
+``upload_bytes_per_participant``
+    Bytes an uploading participant sends in the whole job (all messages, canonical
+    encodings, chunk framing included). ``upload_bytes_per_entry`` divides by
+    ``dim``; target at most 8.1.
+``peak_rss_mb``
+    Peak resident memory of this process (includes all simulated participants'
+    inputs; the server itself holds ``(1 + max_in_flight)`` vectors, see
+    ``server_vector_bytes``).
+
+Timing protocol: one small warm-up job (first-call costs of OpenSSL and numpy), then
+``--repeats`` jobs, each a fresh job id with fresh keys; every reported time and
+rate is the median over the repeats, each ratio the median of the per-run ratios
+(``protocol_s_first_run`` shows the first, page-fault-heavy run). The machine may be
+shared, so run on an idle machine when the numbers matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crypto.prg import raw_keystream_seconds
+from crypto.simulate import run_protocol
+from crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
+
+ENTRY_BYTES = 8
+RAW_PASS_BYTES = 256 << 20
+
+
+def raw_rate_gbps(passes: int = 3) -> float:
+    """Best-of-``passes`` raw AES-128-CTR keystream rate in GB/s (1e9 bytes)."""
+    best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
+    return RAW_PASS_BYTES / best / 1e9
+
+
+def _one_run(
+    spec: JobSpec,
+    inputs: dict[str, np.ndarray],
+    dropped: list[str],
+    *,
+    seed: int,
+    max_in_flight: int,
+) -> dict[str, Any]:
+    raw_gbps = raw_rate_gbps()
+    report = run_protocol(
+        spec,
+        inputs,
+        drop=dict.fromkeys(dropped, "masked"),
+        rng=random.Random(seed),
+        max_in_flight=max_in_flight,
+    )
+    result = report.result
+    graph_ = spec.masking_graph
+    u2 = set(result.contributors) | set(result.dropouts)
+    u3 = set(result.contributors)
+    vector_bytes = ENTRY_BYTES * spec.length
+
+    masks_per_uploader = {p: len(graph_.neighbours(p) & u2) + 1 for p in report.mask_seconds}
+    mask_gbps = [
+        masks_per_uploader[p] * vector_bytes / s / 1e9 for p, s in report.mask_seconds.items()
+    ]
+    server_masks = len(u3) + sum(len(graph_.neighbours(v) & u3) for v in result.dropouts)
+    unavoidable_bytes = (sum(masks_per_uploader.values()) + server_masks) * vector_bytes
+    unavoidable_s = raw_keystream_seconds(unavoidable_bytes, 1 << 20)
+
+    expected = np.sum([inputs[p] for p in sorted(u3)], axis=0)
+    upload = max(report.upload_bytes[p] for p in report.mask_seconds)
+    return {
+        "raw_aes_ctr_gbps": raw_gbps,
+        "mask_gen_gbps": float(np.mean(mask_gbps)),
+        "participant_mask_s": float(np.mean(list(report.mask_seconds.values()))),
+        "server_unmask_s": report.server_unmask_seconds,
+        "protocol_s": report.protocol_seconds,
+        "unavoidable_aes_s": unavoidable_s,
+        "protocol_over_aes_ratio": report.protocol_seconds / unavoidable_s,
+        "upload_bytes_per_participant": upload,
+        "mask_gen_over_raw": float(np.mean(mask_gbps)) / raw_gbps,
+        "participant_mask_s_max": max(report.mask_seconds.values()),
+        "unavoidable_aes_bytes": unavoidable_bytes,
+        "max_abs_error": float(np.max(np.abs(result.values - expected))),
+        "error_bound": len(u3) * math.ldexp(1.0, -spec.scale_bits),
+        "survivors": len(u3),
+    }
+
+
+def run(
+    *,
+    dim: int,
+    participants: int,
+    dropouts: int,
+    threshold: int | None,
+    graph: str,
+    chunk_size: int,
+    max_in_flight: int,
+    seed: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """Warm-up, then ``repeats`` runs; returns medians (JSON-ready)."""
+    if not 0 <= dropouts <= participants - 2:
+        raise SystemExit("--dropouts must leave at least two participants")
+    if repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    t = threshold
+    if t is None:
+        t = max(2, min(participants - dropouts, participants // 2 + 1))
+    data_rng = np.random.default_rng(seed)
+    ids = [f"p{i:03d}" for i in range(participants)]
+    inputs = {p: data_rng.uniform(-1.0, 1.0, dim) for p in ids}
+    dropped = random.Random(seed).sample(ids, dropouts)
+
+    def make_spec(length: int) -> JobSpec:  # a fresh job (new id, keys, masks) per run
+        return JobSpec.create(
+            ids, threshold=t, length=length, bound=1.0, graph=graph, chunk_size=chunk_size
+        )
+
+    # Warm-up on a small vector: imports, OpenSSL/numpy first-call costs.
+    warm = min(dim, 4 * chunk_size)
+    _one_run(
+        make_spec(warm),
+        {p: v[:warm] for p, v in inputs.items()},
+        dropped,
+        seed=seed,
+        max_in_flight=max_in_flight,
+    )
+    runs = [
+        _one_run(make_spec(dim), inputs, dropped, seed=seed + r, max_in_flight=max_in_flight)
+        for r in range(repeats)
+    ]
+    spec = make_spec(dim)
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        median = float(np.median(values))
+        out[key] = int(median) if isinstance(values[0], int) else round(median, 4)
+    out["max_abs_error"] = max(r["max_abs_error"] for r in runs)
+    out["error_bound"] = runs[0]["error_bound"]
+    out["protocol_s_first_run"] = round(runs[0]["protocol_s"], 4)
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["upload_bytes_per_entry"] = round(out["upload_bytes_per_participant"] / dim, 5)
+    out["server_vector_bytes"] = (1 + max_in_flight) * ENTRY_BYTES * dim
+    out.update(
+        dim=dim,
+        participants=participants,
+        dropouts=dropouts,
+        dropout_stage="masked",
+        threshold=t,
+        graph=graph,
+        degree=spec.degree,
+        consistency_check=spec.consistency_check,
+        chunk_entries=chunk_size,
+        scale_bits=spec.scale_bits,
+        repeats=repeats,
+        statistic="median over repeats after one small warm-up job",
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.secagg",
+        description=(
+            "Run one secure-aggregation job in-process and compare its cost with the "
+            "AES-CTR keystream work any pairwise-masking protocol must do. Prints JSON."
+        ),
+        epilog="Metric definitions: see this module's docstring.",
+    )
+    parser.add_argument(
+        "--dim",
+        type=int,
+        default=1766400,
+        help="vector length (default 1766400 = 1280^2 + 1280*100)",
+    )
+    parser.add_argument("--participants", type=int, default=10, help="participants (default 10)")
+    parser.add_argument(
+        "--dropouts",
+        type=int,
+        default=3,
+        help="participants that vanish after sharing keys (default 3)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=int,
+        default=None,
+        help="Shamir threshold t (default: n//2 + 1, at most n - dropouts)",
+    )
+    parser.add_argument(
+        "--graph",
+        choices=("complete", "harary"),
+        default="complete",
+        help="masking graph (default complete)",
+    )
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_ENTRIES,
+        help=f"entries per streamed chunk (default {DEFAULT_CHUNK_ENTRIES})",
+    )
+    parser.add_argument(
+        "--max-in-flight", type=int, default=2, help="server upload staging slots (default 2)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measured runs; the JSON reports medians (default 3)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the test data and the choice of dropouts only"
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="also write the JSON result to this file",
+    )
+    args = parser.parse_args(argv)
+    result = run(
+        dim=args.dim,
+        participants=args.participants,
+        dropouts=args.dropouts,
+        threshold=args.threshold,
+        graph=args.graph,
+        chunk_size=args.chunk_size,
+        max_in_flight=args.max_in_flight,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+    text = json.dumps(result, indent=2, sort_keys=True)
+    print(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

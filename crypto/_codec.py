@@ -1,0 +1,174 @@
+"""Canonical, length-prefixed binary encoding shared by messages, signatures and KDFs.
+
+Why a hand-rolled format instead of pickle/JSON/protobuf: the same bytes are
+signed, hashed into commitments and fed to HKDF as context, so the encoding must be
+*injective* (two different field tuples never encode to the same bytes) and
+*canonical* (a decoder accepts exactly one encoding per value, so re-encoding a
+decoded message gives the original bytes back). Fixed-width big-endian integers and
+u32-length-prefixed byte strings give both, and the reader rejects anything
+truncated, oversized or trailing. pickle is never used: it executes code on load.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable
+
+from ._exceptions import MalformedMessage
+
+MAX_BYTES = 1 << 31  # one field; chunk payloads are far smaller in practice
+MAX_ITEMS = 1 << 20  # entries in one list (participants, shares, ...)
+MAX_ID_BYTES = 255
+
+
+class Writer:
+    """Append-only builder of a canonical encoding."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def u8(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">B", value))
+        return self
+
+    def u32(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">I", value))
+        return self
+
+    def u64(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">Q", value))
+        return self
+
+    def boolean(self, value: bool) -> Writer:
+        return self.u8(1 if value else 0)
+
+    def f64(self, value: float) -> Writer:
+        if not math.isfinite(value):
+            raise MalformedMessage("refusing to encode a non-finite float")
+        self._parts.append(struct.pack(">d", value))
+        return self
+
+    def raw(self, data: bytes) -> Writer:
+        """Fixed-length field: the reader must know the length."""
+        self._parts.append(bytes(data))
+        return self
+
+    def blob(self, data: bytes | bytearray | memoryview) -> Writer:
+        length = len(data) if not isinstance(data, memoryview) else data.nbytes
+        if length > MAX_BYTES:
+            raise MalformedMessage(f"field of {length} bytes exceeds {MAX_BYTES}")
+        self._parts.append(struct.pack(">I", length))
+        self._parts.append(bytes(data))
+        return self
+
+    def text(self, value: str) -> Writer:
+        return self.blob(value.encode("utf-8"))
+
+    def texts(self, values: Iterable[str]) -> Writer:
+        items = list(values)
+        self.u32(len(items))
+        for item in items:
+            self.text(item)
+        return self
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class Reader:
+    """Strict cursor over an encoding; every defect raises :class:`MalformedMessage`."""
+
+    __slots__ = ("_data", "_pos")
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._data = memoryview(data).cast("B")
+        self._pos = 0
+
+    def _take(self, n: int) -> memoryview:
+        if n < 0 or self._pos + n > len(self._data):
+            raise MalformedMessage("truncated message")
+        view = self._data[self._pos : self._pos + n]
+        self._pos += n
+        return view
+
+    def u8(self) -> int:
+        return int(self._take(1)[0])
+
+    def u32(self) -> int:
+        value: int = struct.unpack(">I", self._take(4))[0]
+        return value
+
+    def u64(self) -> int:
+        value: int = struct.unpack(">Q", self._take(8))[0]
+        return value
+
+    def boolean(self) -> bool:
+        value = self.u8()
+        if value not in (0, 1):
+            raise MalformedMessage("boolean field is neither 0 nor 1")
+        return value == 1
+
+    def f64(self) -> float:
+        value: float = struct.unpack(">d", self._take(8))[0]
+        if not math.isfinite(value):
+            raise MalformedMessage("non-finite float field")
+        return value
+
+    def raw(self, n: int) -> bytes:
+        return bytes(self._take(n))
+
+    def blob(self, *, max_len: int = MAX_BYTES, exact: int | None = None) -> bytes:
+        length = self.u32()
+        if length > max_len:
+            raise MalformedMessage(f"field of {length} bytes exceeds the limit {max_len}")
+        if exact is not None and length != exact:
+            raise MalformedMessage(f"field has {length} bytes, expected {exact}")
+        return bytes(self._take(length))
+
+    def blob_view(self) -> memoryview:
+        """Length-prefixed field without copying (for bulk payloads)."""
+        length = self.u32()
+        if length > MAX_BYTES:
+            raise MalformedMessage(f"field of {length} bytes exceeds the limit {MAX_BYTES}")
+        return self._take(length)
+
+    def text(self, *, max_len: int = MAX_ID_BYTES) -> str:
+        data = self.blob(max_len=max_len)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedMessage("text field is not valid UTF-8") from exc
+
+    def count(self) -> int:
+        n = self.u32()
+        if n > MAX_ITEMS:
+            raise MalformedMessage(f"list of {n} items exceeds the limit {MAX_ITEMS}")
+        return n
+
+    def texts(self) -> tuple[str, ...]:
+        return tuple(self.text() for _ in range(self.count()))
+
+    def finish(self) -> None:
+        if self._pos != len(self._data):
+            raise MalformedMessage(f"{len(self._data) - self._pos} trailing bytes")
+
+
+def encode_context(*parts: bytes | str | int) -> bytes:
+    """Injective encoding of a tuple of labels/ids/ints, for signatures, KDF info and
+    commitments. Each part is typed and length-prefixed, so ``("ab", "c")`` and
+    ``("a", "bc")`` never collide."""
+    w = Writer()
+    w.u32(len(parts))
+    for part in parts:
+        if isinstance(part, bool):  # bool is an int; keep it out of this API
+            raise TypeError("booleans are not context parts")
+        if isinstance(part, int):
+            w.u8(0).u64(part)
+        elif isinstance(part, str):
+            w.u8(1).text(part)
+        else:
+            w.u8(2).blob(part)
+    return w.getvalue()

@@ -1,0 +1,159 @@
+"""Masking graphs: the complete graph, or a Harary ``k``-regular graph (SecAgg+).
+
+Why a sparse graph (Bell et al. 2020, "Secure Single-Server Aggregation with
+(Poly)Logarithmic Overhead"): with the complete graph each participant expands ``n``
+masks and holds ``n`` shares, so cost grows as ``O(n)`` per participant and
+``O(n^2)`` for the coordinator's recovery. Bell et al. mask only along the edges of a
+sparse random graph of degree ``O(log n)``; the sum is still hidden as long as the
+survivors' graph stays connected.
+
+Why Harary: ``H_{k,n}`` is the sparsest ``k``-vertex-connected graph — removing any
+``k-1`` participants leaves it connected — so up to ``k-1`` dropouts can never split
+the survivors into groups whose partial sums the coordinator would learn. (Bell et
+al. use a random graph, connected after dropouts with high probability; Harary's
+graph is connected by construction.) When
+more drop, both sides check that every connected component of the survivor graph
+has at least ``min_participants`` members (see :meth:`Graph.components`).
+
+Vertex order: participants are placed on the Harary cycle in the order of
+``SHA-256(job id, participant id)``, so neighbourhoods change from job to job and
+both sides compute them from the job spec alone. (A coordinator that chooses job
+ids could grind for an order; Bell et al.'s random-graph argument assumes it
+cannot — see ``docs/threat_model.md``.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+from ._codec import encode_context
+from .kdf import LABEL
+
+COMPLETE = "complete"
+HARARY = "harary"
+GRAPH_KINDS = (COMPLETE, HARARY)
+
+__all__ = ["COMPLETE", "GRAPH_KINDS", "HARARY", "Graph", "harary_edges"]
+
+
+def harary_edges(n: int, k: int) -> set[tuple[int, int]]:
+    """Edges ``(i, j), i < j`` of Harary's graph ``H_{k,n}`` on vertices ``0..n-1``.
+
+    * ``k`` even: ``i ~ i ± j (mod n)`` for ``j = 1..k/2``;
+    * ``k`` odd, ``n`` even: additionally ``i ~ i + n/2`` (diameters);
+    * ``k`` odd, ``n`` odd: additionally ``i ~ i + (n+1)/2`` for ``i = 0..(n-1)/2``
+      (one vertex then has degree ``k+1``).
+    """
+    if not 1 <= k < n:
+        raise ValueError(f"Harary graph needs 1 <= k < n, got k={k}, n={n}")
+    edges: set[tuple[int, int]] = set()
+
+    def add(a: int, b: int) -> None:
+        a, b = a % n, b % n
+        if a != b:
+            edges.add((min(a, b), max(a, b)))
+
+    for i in range(n):
+        for j in range(1, k // 2 + 1):
+            add(i, i + j)
+    if k % 2:
+        if n % 2 == 0:
+            for i in range(n // 2):
+                add(i, i + n // 2)
+        else:
+            for i in range((n - 1) // 2 + 1):
+                add(i, i + (n + 1) // 2)
+    return edges
+
+
+class Graph:
+    """Neighbourhoods of one job's participants."""
+
+    def __init__(self, participants: Sequence[str], kind: str, degree: int, job_id: bytes):
+        if kind not in GRAPH_KINDS:
+            raise ValueError(f"unknown graph kind {kind!r}")
+        self.participants: tuple[str, ...] = tuple(sorted(participants))
+        self.kind = kind
+        self.degree = degree
+        self._all = frozenset(self.participants)
+        self._adj: dict[str, frozenset[str]] = {}
+        if kind == HARARY:
+            order = sorted(
+                self.participants,
+                key=lambda p: hashlib.sha256(
+                    encode_context(LABEL, "graph-order", job_id, p)
+                ).digest(),
+            )
+            adj: dict[str, set[str]] = {p: set() for p in order}
+            for i, j in harary_edges(len(order), degree):
+                adj[order[i]].add(order[j])
+                adj[order[j]].add(order[i])
+            self._adj = {p: frozenset(v) for p, v in adj.items()}
+
+    def neighbours(self, u: str) -> frozenset[str]:
+        """``N(u)``: the participants ``u`` shares a pairwise mask with."""
+        if self.kind == COMPLETE:
+            cached = self._adj.get(u)
+            if cached is None:
+                if u not in self._all:
+                    raise KeyError(u)
+                cached = self._all - {u}
+                self._adj[u] = cached
+            return cached
+        return self._adj[u]
+
+    def closed(self, u: str) -> frozenset[str]:
+        """``N(u) ∪ {u}``: who holds shares of ``u``'s secrets."""
+        return self.neighbours(u) | {u}
+
+    def holders(self, u: str, live: Iterable[str]) -> tuple[str, ...]:
+        """Sorted share holders of ``u`` among ``live``; holder ``i`` gets x = i+1."""
+        live_set = live if isinstance(live, (set, frozenset)) else set(live)
+        return tuple(sorted(p for p in self.closed(u) if p in live_set))
+
+    def components(self, nodes: Iterable[str]) -> list[frozenset[str]]:
+        """Connected components of the subgraph induced on ``nodes``."""
+        remaining = set(nodes)
+        if self.kind == COMPLETE:
+            return [frozenset(remaining)] if remaining else []
+        out: list[frozenset[str]] = []
+        while remaining:
+            start = remaining.pop()
+            comp = {start}
+            stack = [start]
+            while stack:
+                v = stack.pop()
+                for w in self._adj[v]:
+                    if w in remaining:
+                        remaining.discard(w)
+                        comp.add(w)
+                        stack.append(w)
+            out.append(frozenset(comp))
+        return out
+
+    def component_of(self, u: str, nodes: Iterable[str]) -> frozenset[str]:
+        for comp in self.components(nodes):
+            if u in comp:
+                return comp
+        return frozenset()
+
+    def max_closed_size(self) -> int:
+        """Largest ``|N(u) ∪ {u}|`` (k+1, or k+2 for one vertex of odd ``H_{k,n}``)."""
+        n = len(self.participants)
+        if self.kind == COMPLETE:
+            return n
+        return max_closed_size(HARARY, n, self.degree)
+
+
+def max_closed_size(kind: str, n: int, degree: int) -> int:
+    """Largest closed neighbourhood of the graph a spec describes, without building it."""
+    if kind == COMPLETE:
+        return n
+    extra = 1 if (degree % 2 == 1 and n % 2 == 1) else 0
+    return min(n, degree + 1 + extra)
+
+
+def min_closed_size(kind: str, n: int, degree: int) -> int:
+    """Smallest closed neighbourhood: every participant has at least this many holders."""
+    return n if kind == COMPLETE else degree + 1
