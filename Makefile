@@ -16,9 +16,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev]"
 	touch $(STAMP)
 
+# The default federation: a coordinator and 10 participants as separate processes on
+# loopback, digits, Dirichlet α = 0.1, FFC and CCVR through secure aggregation.
 demo: $(STAMP)
-	$(BIN)/spherecal reference --dataset digits --participants 10 --alpha 0.1 \
-		--json demo-out/reference.json
+	$(BIN)/spherecal simulate --participants 10 --alpha 0.1 --calibration ffc,ccvr \
+		--secure --out demo-out
 
 test: $(STAMP)
 	$(BIN)/ruff check .

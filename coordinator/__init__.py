@@ -1,5 +1,24 @@
-"""The coordinator process (filled by the service issue).
+"""The coordinator process: gRPC service, federation driver, secure-aggregation
+server, calibration, audit log and SQLite persistence. It only ever sees masked sums
+(or, when a deployment turns secure aggregation off, ordered plaintext sums).
 
-gRPC service, round state machine, secure-aggregation server, calibration, privacy
-ledger, audit log and SQLite persistence. It only ever sees masked sums.
+Modules, one idea each:
+
+``settings``     every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
+``federation``   the driver: rounds → statistics → calibration → evaluation, and the
+                 shared state RPC handlers read ("what does participant p do next?")
+``tasks``        work handed to participants (train / statistics / evaluate)
+``secure_job``   one ``crypto.SecAggServer`` job with deadlines, liveness, streaming
+``spool``        plaintext uploads spooled and summed in roster order (determinism)
+``strategy``     FedAvg / FedProx server steps on sums (extensible registry)
+``calibration``  FFC and CCVR from aggregated statistics
+``model``        the global network's layout, checkpoints, saved models
+``evaluation``   central evaluation when the coordinator has test data
+``registry``     roster, join proofs, pinned identity keys, sessions, liveness
+``service``      RPC semantics and boundary validation, independent of gRPC
+``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
+``store``        SQLite (one writer thread): participants, rounds, jobs, audit, events
+``accounting``   bytes per participant per stage
+``errors``       typed service errors and the gRPC status of each
+``main``         ``run_coordinator``: wire it all up and run one federation
 """

@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"spherecal {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_reference(sub)
+    from spherecal.service_cli import add_service_parsers
+
+    add_service_parsers(sub)  # coordinator, participant, simulate, certs
     return parser
 
 

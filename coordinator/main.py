@@ -1,0 +1,124 @@
+"""Run a coordinator process: storage, federation driver, gRPC server, summary.
+
+``run_coordinator`` is what ``spherecal coordinator --config FILE`` calls. It binds
+(port 0 picks a free port, reported on stderr and in ``port_file``), runs the
+federation to its end, keeps answering until every live participant was told it is
+done (``linger_s``), writes ``summary.json`` to ``out_dir`` and returns the summary.
+Progress lines go to stderr, prefixed ``[coordinator]``; they never contain
+statistics, updates or keys.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .accounting import Accounting
+from .evaluation import CentralEvaluator
+from .federation import Federation, FederationFailed, write_json
+from .grpc_server import build_server, split_host_port
+from .model import GlobalModel
+from .registry import Registry
+from .service import CoordinatorService
+from .settings import CoordinatorSettings
+from .store import Store
+
+__all__ = ["run_coordinator"]
+
+
+def _stop_on_sigterm(federation: Federation) -> Any:
+    """SIGTERM ends the federation cleanly (summary written, participants told);
+    SIGKILL of course cannot, and the next start resumes from the last round."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: object) -> None:
+        federation.stop("terminated by SIGTERM")
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _default_say(message: str) -> None:
+    print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run_coordinator(
+    settings: CoordinatorSettings,
+    *,
+    say: Callable[[str], None] | None = None,
+    threads: int | None = 1,
+) -> dict[str, Any]:
+    """Run one coordinator until the federation ends; return its summary."""
+    emit = say or _default_say
+    if threads is not None:
+        torch.set_num_threads(threads)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.state_dir / "state.db")
+    summary: dict[str, Any] = {}
+    server = None
+    try:
+        registry = Registry(
+            settings.participants,
+            store,
+            require_certificates=not settings.server.insecure,
+            heartbeat_timeout_s=settings.timeouts.heartbeat_timeout_s,
+            clock_skew_s=settings.timeouts.clock_skew_s,
+        )
+        model = GlobalModel(settings.model.spec(settings.seed))
+        evaluator = CentralEvaluator.from_settings(settings, model)
+        federation = Federation(
+            settings, store, registry, say=emit, model=model, evaluator=evaluator
+        )
+        try:
+            federation.prepare()
+        except FederationFailed as exc:
+            raise ValueError(str(exc)) from None
+        accounting = Accounting()
+        service = CoordinatorService(settings, registry, federation, store, accounting)
+        server, port = build_server(settings, service)
+        server.start()
+        rss_after_setup = _peak_rss_mb()
+        host, _ = split_host_port(settings.server.listen)
+        emit(
+            f"listening on {host}:{port} "
+            f"({'INSECURE, loopback only' if settings.server.insecure else 'mutual TLS'}); "
+            f"state {settings.state_dir}"
+        )
+        if settings.server.port_file is not None:
+            settings.server.port_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = settings.server.port_file.with_suffix(".tmp")
+            tmp.write_text(f"{port}\n")
+            tmp.replace(settings.server.port_file)
+        previous = _stop_on_sigterm(federation)
+        try:
+            federation.run()
+            federation.linger()
+        finally:
+            summary = federation.summary()
+            summary["bytes"] = accounting.snapshot()
+            summary["resources"] = {
+                "rss_after_setup_mb": rss_after_setup,
+                "peak_rss_mb": _peak_rss_mb(),
+                "secagg_peak_vector_bytes": federation.peak_secagg_bytes,
+            }
+            summary["listen"] = f"{host}:{port}"
+            write_json(settings.out_dir / "summary.json", summary)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+    finally:
+        if server is not None:
+            server.stop(grace=2).wait()
+        store.close()
+    return summary

@@ -1,0 +1,524 @@
+"""The coordinator's RPC semantics, independent of gRPC.
+
+Every method takes protobuf messages plus the transport's :class:`Peer` and either
+returns the reply or raises :class:`ServiceError`. The gRPC servicer
+(:mod:`coordinator.grpc_server`) is a thin adapter over this class, and unit tests
+drive it in-process through the same methods — so the validation tested in-process
+is the validation deployed.
+
+Validation at the boundary, before any state changes: the caller (certificate
+identity, roster, session), the task or job and its stage, the message's type and
+length, chunk sizes, tensor dtype/shape/finiteness. A rejected request leaves the
+federation untouched and is recorded in the audit log as ``rejected`` with its
+status code, so probing is visible to an operator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Iterator
+
+import grpc
+
+from proto import spherecal_pb2 as pb
+from proto.codec import TensorFormatError
+
+from .accounting import Accounting
+from .errors import ServiceError
+from .federation import Federation
+from .registry import Member, Peer, Registry
+from .secure_job import STAGE_NAMES
+from .settings import CoordinatorSettings
+from .store import Store
+from .tasks import EvaluationResult, PlainUpload, Task
+
+__all__ = ["CoordinatorService"]
+
+#: A MaskedChunk's framing on top of its payload (magic, ids, index, lengths).
+CHUNK_FRAMING_BYTES = 512
+MAX_REASON_CHARS = 300
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _instruction_stage(instruction: pb.Instruction) -> str:
+    kind = instruction.WhichOneof("kind")
+    if kind == "secagg":
+        return STAGE_NAMES.get(instruction.secagg.stage, "secagg")
+    if kind in ("train", "statistics", "evaluate"):
+        return str(kind)
+    return "control"
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        registry: Registry,
+        federation: Federation,
+        store: Store,
+        accounting: Accounting,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.federation = federation
+        self.store = store
+        self.accounting = accounting
+        self.max_chunk = settings.server.max_chunk_bytes
+
+    # ---------------------------------------------------------------- helpers
+    def _reject(
+        self,
+        sender: str,
+        stage: str,
+        kind: str,
+        data: bytes,
+        error: ServiceError,
+        job: str | None = None,
+    ) -> ServiceError:
+        self.store.audit(
+            sender=sender[:64] or "?",
+            job=job,
+            stage=stage,
+            kind=kind,
+            nbytes=len(data),
+            sha256=_sha(data),
+            status="rejected",
+            code=error.code.name,
+            detail=error.message[:200],
+        )
+        return error
+
+    def _task(self, task_id: str, participant: str) -> Task:
+        found = self.federation.current_task(task_id)
+        if isinstance(found, str):
+            if found == "over":
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"task {task_id[:32]!r} is over"
+                )
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no task {task_id[:32]!r}")
+        if participant not in found.expected:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{participant!r} is not part of task {task_id[:32]!r}",
+            )
+        return found
+
+    # ---------------------------------------------------------------- join / liveness
+    def join(self, request: pb.JoinRequest, peer: Peer) -> pb.JoinReply:
+        raw = request.SerializeToString()
+        pid = request.participant_id
+        try:
+            self._check_data_shape(request.data)
+            member = self.registry.join(request, peer)
+        except ServiceError as exc:
+            raise self._reject(pid, "join", "JoinRequest", raw, exc) from None
+        reply = pb.JoinReply(session=member.session or "", plan=self.federation.plan_for(member))
+        self.store.audit(
+            sender=pid,
+            job=None,
+            stage="join",
+            kind="JoinRequest",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        self.accounting.received(pid, "join", len(raw))
+        self.accounting.sent(pid, "join", reply.ByteSize())
+        self.store.event("info", f"{pid} joined (join #{member.joins})")
+        self.federation.say(f"{pid} joined" + (" again" if member.joins > 1 else ""))
+        self.federation.notify()
+        return reply
+
+    def _check_data_shape(self, shape: pb.DataShape) -> None:
+        m = self.settings.model
+        want = (m.num_classes, m.in_channels, m.image_size[0], m.image_size[1])
+        got = (shape.num_classes, shape.in_channels, shape.image_height, shape.image_width)
+        if got != want:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"local data (classes, channels, height, width) = {got} does not fit the "
+                f"federation's model {want}",
+            )
+
+    def heartbeat(self, request: pb.HeartbeatRequest, peer: Peer) -> pb.HeartbeatReply:
+        member = self.registry.authenticate(request.caller, peer)
+        reply = pb.HeartbeatReply(
+            phase=self.federation.phase,
+            interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
+        )
+        self.accounting.received(member.participant_id, "control", request.ByteSize())
+        self.accounting.sent(member.participant_id, "control", reply.ByteSize())
+        return reply
+
+    def presence_open(self, request: pb.HeartbeatRequest, peer: Peer) -> Member:
+        member = self.registry.authenticate(request.caller, peer)
+        self.registry.presence_opened(member)
+        self.accounting.received(member.participant_id, "control", request.ByteSize())
+        return member
+
+    def presence_close(self, member: Member) -> None:
+        self.registry.presence_closed(member)
+        self.federation.notify()
+
+    def presence_reply(self, member: Member) -> pb.HeartbeatReply:
+        reply = pb.HeartbeatReply(
+            phase=self.federation.phase,
+            interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
+        )
+        self.accounting.sent(member.participant_id, "control", reply.ByteSize())
+        return reply
+
+    def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
+        member = self.registry.authenticate(request.caller, peer)
+        wait_s = min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
+        instruction = self.federation.wait_instruction(member, wait_s)
+        stage = _instruction_stage(instruction)
+        self.accounting.received(member.participant_id, "control", request.ByteSize())
+        self.accounting.sent(member.participant_id, stage, instruction.ByteSize())
+        return instruction
+
+    # ---------------------------------------------------------------- downloads
+    def download_tensor(self, request: pb.DownloadRequest, peer: Peer) -> Iterator[pb.TensorChunk]:
+        member = self.registry.authenticate(request.caller, peer)
+        published = self.federation.tensor(request.name)
+        if published is None:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no tensor named {request.name[:64]!r}")
+        pid = member.participant_id
+        self.accounting.received(pid, "download", request.ByteSize())
+        return self._stream(pid, published.header, published.array.data)
+
+    def _stream(
+        self, pid: str, header: pb.TensorHeader, data: memoryview
+    ) -> Iterator[pb.TensorChunk]:
+        first = pb.TensorChunk(header=header)
+        self.accounting.sent(pid, "download", first.ByteSize())
+        yield first
+        raw = data.cast("B")
+        step = min(self.max_chunk, 2 << 20)
+        for start in range(0, len(raw), step):
+            chunk = pb.TensorChunk(data=bytes(raw[start : start + step]))
+            self.accounting.sent(pid, "download", chunk.ByteSize())
+            yield chunk
+
+    # ---------------------------------------------------------------- plaintext uploads
+    def upload_tensor(self, requests: Iterable[pb.TensorUpload], peer: Peer) -> pb.UploadReceipt:
+        iterator = iter(requests)
+        first = next(iterator, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT, "an upload must start with its header"
+            )
+        header = first.header
+        member = self.registry.authenticate(header.caller, peer)
+        pid = member.participant_id
+        raw_header = first.SerializeToString()
+        try:
+            task = self._task(header.task_id, pid)
+            stage = "update" if task.kind == "train" else "statistics"
+            self._check_plain_upload(task, header, pid)
+        except ServiceError as exc:
+            raise self._reject(pid, "upload", "UploadHeader", raw_header, exc) from None
+        if not task.begin_upload(pid):
+            raise self._reject(
+                pid,
+                stage,
+                "UploadHeader",
+                raw_header,
+                ServiceError(grpc.StatusCode.ALREADY_EXISTS, "an upload is already in progress"),
+            )
+        writer = None
+        self.accounting.received(pid, stage, len(raw_header))
+        try:
+            try:
+                writer = self.federation.spool.writer(
+                    task.task_id, pid, header.tensor, task.expected_shape
+                )
+            except TensorFormatError as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            for message in iterator:
+                if message.WhichOneof("part") != "data":
+                    raise ServiceError(
+                        grpc.StatusCode.INVALID_ARGUMENT, "only one header per upload"
+                    )
+                if len(message.data) > self.max_chunk:
+                    raise ServiceError(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"chunk of {len(message.data)} bytes exceeds the limit of "
+                        f"{self.max_chunk} bytes",
+                    )
+                self.accounting.received(pid, stage, message.ByteSize())
+                try:
+                    writer.add(message.data)
+                except TensorFormatError as exc:
+                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            try:
+                digest = writer.finish()
+            except TensorFormatError as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            meta = header.update
+            upload = PlainUpload(
+                path=writer.path,
+                sha256=digest,
+                num_samples=int(meta.num_samples),
+                mean_loss=float(meta.mean_loss),
+                num_steps=int(meta.num_steps),
+            )
+            if not task.add_upload(pid, upload):
+                writer.path.unlink(missing_ok=True)
+                raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, "already uploaded")
+            self.store.audit(
+                sender=pid,
+                job=task.task_id,
+                stage=stage,
+                kind="TensorUpload",
+                nbytes=writer.nbytes,
+                sha256=digest,
+            )
+            receipt = pb.UploadReceipt(
+                num_bytes=writer.nbytes, chunks=writer.chunks, sha256=bytes.fromhex(digest)
+            )
+            writer = None
+            self.federation.notify()
+            return receipt
+        except ServiceError as exc:
+            raise self._reject(pid, stage, "TensorUpload", raw_header, exc, task.task_id) from None
+        finally:
+            if writer is not None:
+                writer.abort()
+            task.end_upload(pid)
+
+    def _check_plain_upload(self, task: Task, header: pb.UploadHeader, pid: str) -> None:
+        if task.kind not in ("train", "statistics"):
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"task {task.task_id} takes no upload"
+            )
+        if task.job is not None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this task aggregates securely: plaintext uploads are refused",
+            )
+        if task.finished(pid):
+            raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, f"{pid!r} already uploaded")
+        if task.kind == "train":
+            if not header.HasField("update"):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "a model update needs its UpdateMeta"
+                )
+            if not math.isfinite(header.update.mean_loss):
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "mean_loss is not finite")
+
+    # ---------------------------------------------------------------- secure aggregation
+    def submit_secagg(self, request: pb.SecAggSubmission, peer: Peer) -> pb.Receipt:
+        member = self.registry.authenticate(request.caller, peer)
+        pid = member.participant_id
+        stage = STAGE_NAMES.get(request.stage, "secagg")
+        data = bytes(request.message)
+        job = self.federation.job(request.job_id)
+        job_hex = bytes(request.job_id).hex()[:64]
+        try:
+            if job is None:
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, "no such secure-aggregation job")
+            job.submit(pid, request.stage, data)
+        except ServiceError as exc:
+            raise self._reject(pid, stage, "SecAggSubmission", data, exc, job_hex) from None
+        self.store.audit(
+            sender=pid,
+            job=job_hex,
+            stage=stage,
+            kind="SecAggSubmission",
+            nbytes=len(data),
+            sha256=_sha(data),
+        )
+        self.accounting.received(pid, stage, request.ByteSize())
+        self.federation.notify()
+        return pb.Receipt(message="accepted")
+
+    def upload_masked(self, requests: Iterable[pb.MaskedUpload], peer: Peer) -> pb.UploadReceipt:
+        iterator = iter(requests)
+        first = next(iterator, None)
+        if first is None:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "empty masked upload")
+        member = self.registry.authenticate(first.caller, peer)
+        pid = member.participant_id
+        job = self.federation.job(first.job_id)
+        job_hex = bytes(first.job_id).hex()[:64]
+        try:
+            if job is None:
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, "no such secure-aggregation job")
+            job.begin_upload(pid)
+        except ServiceError as exc:
+            raise self._reject(
+                pid, "masked", "MaskedUpload", bytes(first.chunk), exc, job_hex
+            ) from None
+        total, chunks = 0, 0
+        digest = hashlib.sha256()
+        limit = self.max_chunk + CHUNK_FRAMING_BYTES
+        try:
+            message: pb.MaskedUpload | None = first
+            while message is not None:
+                data = bytes(message.chunk)
+                if data:
+                    if len(data) > limit:
+                        raise ServiceError(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"masked chunk of {len(data)} bytes exceeds the limit of {limit}",
+                        )
+                    if message.job_id and message.job_id != first.job_id:
+                        raise ServiceError(
+                            grpc.StatusCode.INVALID_ARGUMENT, "one upload carries one job"
+                        )
+                    index = job.absorb(pid, data)
+                    chunk_sha = _sha(data)
+                    digest.update(data)
+                    self.store.audit(
+                        sender=pid,
+                        job=job_hex,
+                        stage="masked",
+                        kind=f"MaskedChunk[{index}]",
+                        nbytes=len(data),
+                        sha256=chunk_sha,
+                    )
+                    self.accounting.received(pid, "masked", message.ByteSize())
+                    total += len(data)
+                    chunks += 1
+                message = next(iterator, None)
+        except ServiceError as exc:
+            raise self._reject(pid, "masked", "MaskedUpload", b"", exc, job_hex) from None
+        finally:
+            complete = job.end_upload(pid)
+            self.federation.notify()
+        if not complete:
+            raise self._reject(
+                pid,
+                "masked",
+                "MaskedUpload",
+                b"",
+                ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"upload ended after {chunks} chunks without the whole masked input; "
+                    "it was discarded (send every chunk in one stream)",
+                ),
+                job_hex,
+            )
+        return pb.UploadReceipt(num_bytes=total, chunks=chunks, sha256=digest.digest())
+
+    # ---------------------------------------------------------------- reports
+    def report_evaluation(self, request: pb.EvaluationReport, peer: Peer) -> pb.Receipt:
+        member = self.registry.authenticate(request.caller, peer)
+        pid = member.participant_id
+        raw = request.SerializeToString()
+        try:
+            task = self._task(request.task_id, pid)
+            if task.kind != "evaluate":
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION, "this task is not an evaluation"
+                )
+            counts = {c.head: int(c.correct) for c in request.counts}
+            if len(counts) != len(request.counts) or set(counts) != set(task.heads):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"report counts for exactly the heads {list(task.heads)}",
+                )
+            if request.total > 1 << 40 or any(c > request.total for c in counts.values()):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "correct counts cannot exceed the total"
+                )
+            if not task.add_evaluation(pid, EvaluationResult(int(request.total), counts)):
+                raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, "evaluation already reported")
+        except ServiceError as exc:
+            raise self._reject(pid, "evaluate", "EvaluationReport", raw, exc) from None
+        self.store.audit(
+            sender=pid,
+            job=request.task_id[:64],
+            stage="evaluate",
+            kind="EvaluationReport",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        self.accounting.received(pid, "evaluate", len(raw))
+        self.federation.notify()
+        return pb.Receipt(message="accepted")
+
+    def report_failure(self, request: pb.FailureReport, peer: Peer) -> pb.Receipt:
+        member = self.registry.authenticate(request.caller, peer)
+        pid = member.participant_id
+        raw = request.SerializeToString()
+        reason = request.reason[:MAX_REASON_CHARS]
+        kind = request.error_type[:64]
+        found = self.federation.current_task(request.task_id)
+        if isinstance(found, str):
+            job = (
+                self.federation.job(bytes.fromhex(request.task_id))
+                if _is_hex(request.task_id)
+                else None
+            )
+            if job is None:
+                raise self._reject(
+                    pid,
+                    "report",
+                    "FailureReport",
+                    raw,
+                    ServiceError(grpc.StatusCode.NOT_FOUND, "no such current task or job"),
+                )
+            job.withdraw(pid, f"{kind}: {reason}")
+        else:
+            found.withdraw(pid, f"{kind}: {reason}")
+        self.store.audit(
+            sender=pid,
+            job=request.task_id[:64],
+            stage="report",
+            kind="FailureReport",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        message = f"{pid} withdrew from {request.task_id[:16]}: {kind}: {reason}"
+        self.store.event("warning", message)
+        self.federation.say(message)
+        self.federation.notify()
+        return pb.Receipt(message="noted")
+
+    # ---------------------------------------------------------------- status
+    def get_status(self, request: pb.StatusRequest, peer: Peer) -> pb.StatusReply:
+        self.registry.authenticate_any(request.caller, peer)
+        fed = self.federation
+        alive = self.registry.alive()
+        joined = self.registry.joined()
+        jobs = []
+        with fed.cond:
+            job_list = list(fed.jobs.values())
+        for job in job_list:
+            outcome = job.outcome
+            jobs.append(
+                pb.JobStatus(
+                    job_id=job.job_hex,
+                    purpose=job.purpose,
+                    round=-1 if job.round is None else job.round + 1,
+                    state="running" if outcome is None else outcome.status,
+                    stage=job.stage_name,
+                    contributors=list(outcome.contributors) if outcome else [],
+                    error=(outcome.error or "") if outcome else "",
+                )
+            )
+        return pb.StatusReply(
+            federation_id=fed.federation_id,
+            phase=fed.phase,
+            completed_rounds=fed.completed_rounds,
+            rounds=self.settings.training.rounds,
+            jobs=jobs,
+            participants=[
+                pb.ParticipantStatus(participant_id=p, joined=p in joined, alive=p in alive)
+                for p in self.settings.participants
+            ],
+            error="; ".join(fed.errors),
+        )
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return bool(text)

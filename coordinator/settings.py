@@ -1,0 +1,283 @@
+"""Every setting of a coordinator, as frozen dataclasses (parsed from TOML elsewhere).
+
+The coordinator package does not read files itself: ``spherecal.config`` turns a
+TOML document into a :class:`CoordinatorSettings`, and tests build one directly.
+Defaults reproduce ``spherecal reference`` (SphereFed on digits) so that the same
+seed and settings give the same federation.
+
+:meth:`CoordinatorSettings.fingerprint` hashes everything that determines the
+federation's numbers; a restarted coordinator refuses to resume a state directory
+written under a different fingerprint (resuming a run with, say, another learning
+rate would silently splice two different experiments together).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spherefed.calibrate import CCVRConfig
+from spherefed.fl import ALGORITHMS, derive_seed
+from spherefed.network import ModelSpec
+
+__all__ = [
+    "CalibrationSettings",
+    "CoordinatorSettings",
+    "EvaluationSettings",
+    "ModelSettings",
+    "SecAggSettings",
+    "ServerSettings",
+    "TLSSettings",
+    "Timeouts",
+    "TrainingSettings",
+]
+
+CALIBRATION_METHODS = ("ffc", "ccvr")
+GRAPHS = ("auto", "complete", "harary")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The network every participant builds (``spherefed.network.ModelSpec`` minus seeds,
+    which derive from the federation seed exactly as the reference runner does)."""
+
+    extractor: str = "digits_cnn"
+    head: str = "sphere"
+    norm: str = "group"
+    classifier: str = "orthonormal"
+    num_classes: int = 10
+    in_channels: int = 1
+    image_size: tuple[int, int] = (8, 8)
+    feature_dim: int | None = None
+
+    def spec(self, seed: int) -> ModelSpec:
+        return ModelSpec(
+            extractor=self.extractor,
+            head=self.head,
+            norm=self.norm,
+            classifier=self.classifier,
+            classifier_seed=derive_seed(seed, "classifier") % (2**32),
+            init_seed=derive_seed(seed, "init"),
+            num_classes=self.num_classes,
+            in_channels=self.in_channels,
+            image_size=self.image_size,
+            feature_dim=self.feature_dim,
+        )
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    rounds: int = 30
+    local_epochs: int = 2
+    batch_size: int = 32
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    loss: str = "mse"
+    algorithm: str = "fedavg"
+    prox_mu: float = 0.01
+    sample_fraction: float = 1.0
+    min_participants: int = 2
+    """A round completes only with at least this many updates."""
+    max_round_attempts: int = 3
+    """A round that misses its minimum (or whose secure job fails) is retried, with a
+    fresh job, at most this many times before the federation gives up."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0:
+            raise ValueError(f"rounds must be >= 0, got {self.rounds}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if not 0 < self.sample_fraction <= 1:
+            raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+        if self.min_participants < 1:
+            raise ValueError("min_participants must be >= 1")
+        if self.max_round_attempts < 1:
+            raise ValueError("max_round_attempts must be >= 1")
+
+    @property
+    def effective_prox_mu(self) -> float:
+        return self.prox_mu if self.algorithm == "fedprox" else 0.0
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    methods: tuple[str, ...] = ("ffc",)
+    ffc_ridge: float = 0.0
+    ffc_from_ccvr: bool = True
+    """With CCVR configured, derive FFC from the CCVR sums (one job, as the reference
+    runner does) instead of running a separate, smaller FFC job."""
+    ccvr: CCVRConfig = field(default_factory=CCVRConfig)
+    save_statistics: bool = False
+    """Also write the aggregated statistics (``statistics_{kind}.npz``) to ``out_dir``.
+    Off by default: the aggregate is the coordinator's legitimate output, but keeping
+    per-class second moments on disk is an exposure a deployment should opt into."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.methods) - set(CALIBRATION_METHODS)
+        if unknown:
+            raise ValueError(
+                f"unknown calibration method(s) {sorted(unknown)}; use {CALIBRATION_METHODS}"
+            )
+        if self.ffc_ridge < 0:
+            raise ValueError("ffc_ridge must be >= 0")
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        """Which statistics jobs to run, in order."""
+        out: list[str] = []
+        if "ffc" in self.methods and not ("ccvr" in self.methods and self.ffc_from_ccvr):
+            out.append("ffc")
+        if "ccvr" in self.methods:
+            out.append("ccvr")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class SecAggSettings:
+    updates: bool = True
+    statistics: bool = True
+    threshold: int | None = None
+    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``."""
+    threshold_fraction: float = 0.5
+    min_participants: int = 2
+    graph: str = "auto"
+    """``complete``, ``harary``, ``harary:K`` or ``auto`` (complete up to 32 participants)."""
+    consistency_check: bool = False
+    update_bound: float = 1e5
+    """Declared bound on every entry of ``[n_k(θ_k−θ), n_k, mean_loss]``."""
+    statistics_bound: float = 1e6
+    """Declared bound on every statistics entry (|z|≤1 ⇒ entries are bounded by n_k)."""
+    chunk_entries: int = 1 << 18
+    """Ring entries per masked chunk (2 MiB); one chunk per gRPC message."""
+    max_in_flight: int = 2
+    """Concurrent masked uploads (each costs one vector of coordinator memory)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold_fraction < 1:
+            raise ValueError("threshold_fraction must be in (0, 1)")
+        if self.threshold is not None and self.threshold < 2:
+            raise ValueError("threshold must be >= 2 (t = 1 would let one holder rebuild secrets)")
+        if self.min_participants < 2:
+            raise ValueError("secure aggregation min_participants must be >= 2")
+        kind = self.graph.split(":", 1)[0]
+        if kind not in GRAPHS:
+            raise ValueError(f"graph must be one of {GRAPHS} or 'harary:K', got {self.graph!r}")
+        for name in ("update_bound", "statistics_bound"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number")
+        if self.chunk_entries < 2 or self.chunk_entries % 2:
+            raise ValueError("chunk_entries must be even and >= 2")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+
+    def threshold_for(self, n: int) -> int:
+        if self.threshold is not None:
+            return self.threshold
+        return max(2, math.floor(self.threshold_fraction * n) + 1)
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = "127.0.0.1:50051"
+    insecure: bool = False
+    max_message_bytes: int = 8 << 20
+    max_chunk_bytes: int = 4 << 20
+    max_workers: int = 0
+    """gRPC worker threads; 0 chooses ``4·participants + 16``."""
+    port_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    join_s: float = 300.0
+    round_s: float = 900.0
+    stage_s: float = 120.0
+    evaluation_s: float = 300.0
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 20.0
+    linger_s: float = 30.0
+    clock_skew_s: float = 300.0
+    long_poll_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    test_dataset: str | None = None
+    """Held-out test data for central evaluation (the reference's test split);
+    federated evaluation always runs."""
+    test_data_root: str | None = None
+    federated_every: int = 0
+    """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    participants: tuple[str, ...]
+    """The roster, in partition order: participant ``k`` trains with seed
+    ``derive_seed(seed, "train", round, k)`` and is ``k`` in the reference runner."""
+    name: str = "spherecal"
+    seed: int = 0
+    model: ModelSettings = field(default_factory=ModelSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+    secagg: SecAggSettings = field(default_factory=SecAggSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    tls: TLSSettings = field(default_factory=TLSSettings)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+    state_dir: Path = Path("coordinator-state")
+    out_dir: Path = Path("coordinator-out")
+
+    def __post_init__(self) -> None:
+        ids = self.participants
+        if not ids:
+            raise ValueError("the roster (participants) is empty")
+        if len(set(ids)) != len(ids):
+            raise ValueError("participant ids in the roster must be unique")
+        for pid in ids:
+            if not pid or not pid.isprintable() or len(pid.encode()) > 64 or pid.strip() != pid:
+                raise ValueError(f"invalid participant id {pid!r} (1-64 printable bytes)")
+        needs = self.training.min_participants
+        if needs > len(ids):
+            raise ValueError(f"min_participants={needs} exceeds the roster of {len(ids)}")
+        chunk_bytes = 8 * self.secagg.chunk_entries
+        if chunk_bytes > self.server.max_chunk_bytes:
+            raise ValueError(
+                f"secure-aggregation chunks of {chunk_bytes} bytes exceed the server's "
+                f"max_chunk_bytes ({self.server.max_chunk_bytes}); lower chunk_entries"
+            )
+        if self.server.max_chunk_bytes + (64 << 10) > self.server.max_message_bytes:
+            raise ValueError("max_chunk_bytes must stay well below max_message_bytes")
+
+    @property
+    def secure(self) -> bool:
+        return self.secagg.updates or self.secagg.statistics
+
+    def fingerprint(self) -> str:
+        """SHA-256 over the settings that determine the federation's results."""
+        relevant: dict[str, Any] = {
+            "participants": list(self.participants),
+            "seed": self.seed,
+            "model": asdict(self.model),
+            "training": {
+                k: v
+                for k, v in asdict(self.training).items()
+                if k not in ("max_round_attempts", "min_participants")
+            },
+            "secure_updates": self.secagg.updates,
+        }
+        text = json.dumps(relevant, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,354 @@
+"""SQLite persistence: participants, rounds, jobs, events and the audit log.
+
+One connection, owned by one writer thread; every other thread hands it work
+through a queue. Why: SQLite allows one writer at a time, and a single owner thread
+means no ``database is locked`` retries, no connection shared across threads, and
+natural batching — the writer runs whatever is queued and commits once, so auditing
+every masked chunk costs one row insert, not one fsync. WAL mode lets an operator
+read the database (``sqlite3 state.db``) while the coordinator runs.
+
+Durability: :meth:`Store.call` returns only after the transaction holding its work
+has committed, so "round 3 is complete" is on disk before round 4 starts; audit rows
+(:meth:`Store.audit`) are fire-and-forget and committed with the next batch.
+
+The audit log records, for every payload the coordinator receives: sender, job, stage,
+kind, size and SHA-256 — never the payload itself (masked bytes are uniformly random
+anyway, and plaintext updates are a deployment's own choice to allow).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["RoundRecord", "Store"]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS participants (
+    participant_id  TEXT PRIMARY KEY,
+    roster_index    INTEGER NOT NULL,
+    identity_key    BLOB,
+    certificate_sha256 TEXT,
+    first_joined    REAL,
+    last_joined     REAL,
+    joins           INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    round            INTEGER PRIMARY KEY,
+    status           TEXT NOT NULL,
+    attempt          INTEGER NOT NULL,
+    started          REAL,
+    finished         REAL,
+    checkpoint_path  TEXT,
+    checkpoint_sha256 TEXT,
+    metrics          TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id        TEXT PRIMARY KEY,
+    purpose       TEXT NOT NULL,
+    round         INTEGER,
+    status        TEXT NOT NULL,
+    created       REAL NOT NULL,
+    finished      REAL,
+    participants  TEXT NOT NULL,
+    threshold     INTEGER NOT NULL,
+    vector_length INTEGER NOT NULL,
+    spec_sha256   TEXT NOT NULL,
+    contributors  TEXT,
+    dropouts      TEXT,
+    excluded      TEXT,
+    error         TEXT
+);
+CREATE TABLE IF NOT EXISTS audit (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts        REAL NOT NULL,
+    sender    TEXT NOT NULL,
+    job       TEXT,
+    stage     TEXT NOT NULL,
+    kind      TEXT NOT NULL,
+    bytes     INTEGER NOT NULL,
+    sha256    TEXT NOT NULL,
+    status    TEXT NOT NULL,
+    code      TEXT,
+    detail    TEXT
+);
+CREATE INDEX IF NOT EXISTS audit_job ON audit (job);
+CREATE TABLE IF NOT EXISTS events (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts       REAL NOT NULL,
+    level    TEXT NOT NULL,
+    message  TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round: int
+    status: str
+    checkpoint_path: str | None
+    checkpoint_sha256: str | None
+    metrics: dict[str, Any]
+
+
+_STOP = object()
+
+
+class Store:
+    """The coordinator's database, driven by one writer thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, name="sqlite-writer", daemon=True)
+        self._thread.start()
+        self._ready.result()
+
+    # ------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(SCHEMA)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        except BaseException as exc:  # surface open errors to the constructor
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        stop = False
+        while not stop:
+            batch = [self._queue.get()]
+            while len(batch) < 512:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done: list[tuple[Future[Any], Any]] = []
+            failed: list[tuple[Future[Any], BaseException]] = []
+            conn.execute("BEGIN")
+            for item in batch:
+                if item is _STOP:
+                    stop = True
+                    continue
+                fn, future = item
+                try:
+                    result = fn(conn)
+                except BaseException as error:
+                    if future is not None:
+                        failed.append((future, error))
+                    continue
+                if future is not None:
+                    done.append((future, result))
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as commit_error:
+                conn.execute("ROLLBACK")
+                for future, _ in done:
+                    future.set_exception(commit_error)
+                done = []
+            for future, result in done:
+                future.set_result(result)
+            for future, failure in failed:
+                future.set_exception(failure)
+        conn.close()
+
+    def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` on the writer thread; return after its batch committed."""
+        future: Future[T] = Future()
+        self._queue.put((fn, future))
+        return future.result()
+
+    def post(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        """Run ``fn(conn)`` on the writer thread without waiting (committed with its batch)."""
+        self._queue.put((fn, None))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------ meta
+    def get_meta(self, key: str) -> str | None:
+        row = self.call(
+            lambda c: c.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.call(
+            lambda c: c.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+        )
+
+    # ------------------------------------------------------------ participants
+    def pinned_keys(self) -> dict[str, bytes]:
+        rows = self.call(
+            lambda c: c.execute(
+                "SELECT participant_id, identity_key FROM participants "
+                "WHERE identity_key IS NOT NULL"
+            ).fetchall()
+        )
+        return {str(pid): bytes(key) for pid, key in rows}
+
+    def record_join(
+        self, participant_id: str, index: int, key: bytes, cert_sha256: str | None
+    ) -> None:
+        now = time.time()
+        self.call(
+            lambda c: c.execute(
+                "INSERT INTO participants (participant_id, roster_index, identity_key, "
+                "certificate_sha256, first_joined, last_joined, joins) VALUES (?,?,?,?,?,?,1) "
+                "ON CONFLICT(participant_id) DO UPDATE SET last_joined=excluded.last_joined, "
+                "certificate_sha256=excluded.certificate_sha256, joins=joins+1",
+                (participant_id, index, key, cert_sha256, now, now),
+            )
+        )
+
+    # ------------------------------------------------------------ rounds
+    def round_started(self, round_index: int, attempt: int) -> None:
+        self.call(
+            lambda c: c.execute(
+                "INSERT INTO rounds (round, status, attempt, started) VALUES (?, 'running', ?, ?) "
+                "ON CONFLICT(round) DO UPDATE SET status='running', attempt=excluded.attempt, "
+                "started=excluded.started",
+                (round_index, attempt, time.time()),
+            )
+        )
+
+    def round_finished(
+        self,
+        round_index: int,
+        status: str,
+        metrics: dict[str, Any],
+        checkpoint: tuple[str, str] | None = None,
+    ) -> None:
+        path, digest = checkpoint if checkpoint is not None else (None, None)
+        self.call(
+            lambda c: c.execute(
+                "UPDATE rounds SET status=?, finished=?, metrics=?, checkpoint_path=?, "
+                "checkpoint_sha256=? WHERE round=?",
+                (status, time.time(), json.dumps(metrics), path, digest, round_index),
+            )
+        )
+
+    def completed_rounds(self) -> list[RoundRecord]:
+        rows = self.call(
+            lambda c: c.execute(
+                "SELECT round, status, checkpoint_path, checkpoint_sha256, metrics FROM rounds "
+                "WHERE status='completed' ORDER BY round"
+            ).fetchall()
+        )
+        return [RoundRecord(int(r), str(s), p, d, json.loads(m or "{}")) for r, s, p, d, m in rows]
+
+    # ------------------------------------------------------------ jobs
+    def job_created(
+        self,
+        job_id: str,
+        purpose: str,
+        round_index: int | None,
+        participants: list[str],
+        threshold: int,
+        vector_length: int,
+        spec_sha256: str,
+    ) -> None:
+        self.call(
+            lambda c: c.execute(
+                "INSERT INTO jobs (job_id, purpose, round, status, created, participants, "
+                "threshold, vector_length, spec_sha256) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    job_id,
+                    purpose,
+                    round_index,
+                    "running",
+                    time.time(),
+                    json.dumps(participants),
+                    threshold,
+                    vector_length,
+                    spec_sha256,
+                ),
+            )
+        )
+
+    def job_finished(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        contributors: list[str] | None = None,
+        dropouts: list[str] | None = None,
+        excluded: list[str] | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.call(
+            lambda c: c.execute(
+                "UPDATE jobs SET status=?, finished=?, contributors=?, dropouts=?, excluded=?, "
+                "error=? WHERE job_id=?",
+                (
+                    status,
+                    time.time(),
+                    json.dumps(contributors or []),
+                    json.dumps(dropouts or []),
+                    json.dumps(excluded or []),
+                    error,
+                    job_id,
+                ),
+            )
+        )
+
+    # ------------------------------------------------------------ audit + events
+    def audit(
+        self,
+        *,
+        sender: str,
+        job: str | None,
+        stage: str,
+        kind: str,
+        nbytes: int,
+        sha256: str,
+        status: str = "accepted",
+        code: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        row = (time.time(), sender, job, stage, kind, nbytes, sha256, status, code, detail)
+        self.post(
+            lambda c: c.execute(
+                "INSERT INTO audit (ts, sender, job, stage, kind, bytes, sha256, status, code, "
+                "detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                row,
+            )
+        )
+
+    def event(self, level: str, message: str) -> None:
+        row = (time.time(), level, message)
+        self.post(
+            lambda c: c.execute("INSERT INTO events (ts, level, message) VALUES (?,?,?)", row)
+        )
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Read-only helper for tests and reports."""
+        return self.call(lambda c: c.execute(sql, params).fetchall())

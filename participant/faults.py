@@ -1,0 +1,82 @@
+"""Fault injection: make a participant stop dead at a named point of the protocol.
+
+``spherecal simulate --drop p3:share`` must kill participant ``p3`` *at* the share
+stage — not a little before or after, which a harness watching from outside could not
+guarantee. So the participant cooperates: given ``halt_before = share``, it prints one
+line ``SPHERECAL-HALT <stage> <what>`` on stdout right before it would send its
+``share`` message, then blocks forever; the harness reads the line and SIGKILLs it.
+The kill is still a real SIGKILL of a real process (sockets reset, nothing flushed).
+
+Stages (what the participant has *not* done when it halts):
+
+``train``      the local training of a round (it received the Train instruction)
+``advertise``  sending its key advertisement (its input is computed)
+``share``      sending its encrypted Shamir shares (it has the key roster)
+``masked``     finishing its masked upload: it halts after the first chunk, with the
+               stream open, so the coordinator sees a broken upload (one-chunk
+               inputs halt before any chunk)
+``unmask``     answering the unmask request (its masked input is in the sum)
+
+``@WHEN`` narrows where: ``rN`` (round N, 1-based), ``update`` (any round's secure
+update), ``ffc`` or ``ccvr`` (that statistics job). Without it, the first occurrence.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["HALT_MARKER", "HALT_STAGES", "HaltPoint", "parse_halt"]
+
+HALT_STAGES = ("train", "advertise", "share", "masked", "unmask")
+HALT_MARKER = "SPHERECAL-HALT"
+
+
+@dataclass(frozen=True)
+class HaltPoint:
+    stage: str
+    when: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.stage not in HALT_STAGES:
+            raise ValueError(f"unknown halt stage {self.stage!r}; use one of {HALT_STAGES}")
+        w = self.when
+        is_round = w is not None and w.startswith("r") and w[1:].isdigit() and int(w[1:]) >= 1
+        if w is not None and w not in ("update", "ffc", "ccvr") and not is_round:
+            raise ValueError(f"'@{w}' must be rN (1-based round), update, ffc or ccvr")
+        if self.stage == "train" and w in ("ffc", "ccvr"):
+            raise ValueError("statistics jobs have no train stage")
+
+    def matches(self, stage: str, *, purpose: str, round_index: int | None) -> bool:
+        if stage != self.stage:
+            return False
+        if self.when is None:
+            return True
+        if self.when in ("update", "ffc", "ccvr"):
+            return purpose == self.when
+        return round_index is not None and round_index + 1 == int(self.when[1:])
+
+    def __str__(self) -> str:
+        return self.stage + (f"@{self.when}" if self.when else "")
+
+
+def parse_halt(text: str) -> HaltPoint:
+    stage, _, when = text.partition("@")
+    return HaltPoint(stage.strip(), when.strip() or None)
+
+
+class Halter:
+    """Checks halt points; each point fires once."""
+
+    def __init__(self, points: tuple[HaltPoint, ...]) -> None:
+        self._points = list(points)
+
+    def check(self, stage: str, *, purpose: str, round_index: int | None, what: str) -> None:
+        for point in self._points:
+            if point.matches(stage, purpose=purpose, round_index=round_index):
+                if stage == "masked":
+                    time.sleep(1.0)  # let the first chunk leave: the upload is cut mid-stream
+                print(f"{HALT_MARKER} {stage} {purpose} {what}", file=sys.stdout, flush=True)
+                threading.Event().wait()  # until SIGKILL

@@ -1,0 +1,145 @@
+"""The participant's gRPC transport: one channel to the coordinator, TLS or (on
+loopback only) plaintext.
+
+With TLS the participant verifies the coordinator's certificate against its CA and
+presents its own client certificate (mutual TLS). ``insecure`` is refused unless the
+coordinator address is a loopback address, so a misconfigured participant cannot
+send its masked data, keys or even its identity over a network in the clear.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from proto import grpc_services
+from proto import spherecal_pb2 as pb
+
+from .settings import ParticipantSettings
+from .transport import TransportError
+
+__all__ = ["GrpcTransport", "is_loopback_address"]
+
+T = TypeVar("T")
+
+
+def is_loopback_address(address: str) -> bool:
+    if address.startswith("["):
+        host = address[1:].partition("]")[0]
+    else:
+        host = address.rpartition(":")[0] or address
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _credentials(settings: ParticipantSettings) -> grpc.ChannelCredentials | None:
+    if settings.insecure:
+        if not is_loopback_address(settings.coordinator):
+            raise ValueError(
+                f"insecure mode is only allowed for a loopback coordinator address, not "
+                f"{settings.coordinator!r}; configure [tls] (see `spherecal certs`)"
+            )
+        return None
+    tls = settings.tls
+    if tls.ca is None or tls.cert is None or tls.key is None:
+        raise ValueError("TLS needs [tls] ca, cert and key (mutual TLS with the coordinator)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes(),
+        private_key=tls.key.read_bytes(),
+        certificate_chain=tls.cert.read_bytes(),
+    )
+
+
+class GrpcTransport:
+    def __init__(self, settings: ParticipantSettings) -> None:
+        credentials = _credentials(settings)
+        limit = settings.max_message_bytes
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.enable_retries", 0),
+        ]
+        if credentials is None:
+            self._channel = grpc.insecure_channel(settings.coordinator, options=options)
+        else:
+            if settings.tls.server_name:
+                options.append(("grpc.ssl_target_name_override", settings.tls.server_name))
+            self._channel = grpc.secure_channel(settings.coordinator, credentials, options=options)
+        self._stub = grpc_services().CoordinatorStub(self._channel)
+        self._timeout = settings.rpc_timeout_s
+        self._long_poll_s = settings.long_poll_ms / 1000.0
+
+    def _unary(self, fn: Callable[..., T], request: object, timeout: float | None = None) -> T:
+        try:
+            return fn(request, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise _to_transport_error(exc) from None
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        return self._unary(self._stub.Join, request)
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return self._unary(self._stub.Heartbeat, request, timeout=10.0)
+
+    def presence(self, request: pb.HeartbeatRequest) -> _GrpcPresence:
+        return _GrpcPresence(self._stub.Presence(request))
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        return self._unary(
+            self._stub.NextInstruction, request, timeout=self._long_poll_s + self._timeout
+        )
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
+        try:
+            yield from self._stub.DownloadTensor(request, timeout=self._timeout * 10)
+        except grpc.RpcError as exc:
+            raise _to_transport_error(exc) from None
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        return self._unary(self._stub.SubmitSecAgg, request)
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
+        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)
+
+    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
+        return self._unary(self._stub.ReportEvaluation, request)
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
+        return self._unary(self._stub.ReportFailure, request)
+
+    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        return self._unary(self._stub.GetStatus, request)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class _GrpcPresence:
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[pb.HeartbeatReply]:
+        try:
+            yield from self._call
+        except grpc.RpcError as exc:
+            raise _to_transport_error(exc) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+def _to_transport_error(exc: grpc.RpcError) -> TransportError:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return TransportError(code or grpc.StatusCode.UNKNOWN, details or "")

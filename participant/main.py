@@ -1,0 +1,60 @@
+"""Run a participant process (what ``spherecal participant --config FILE`` calls).
+
+Loads (or, on first start, creates) the participant's Ed25519 identity key, its
+local data, the persistent job ledger and the trust root, then hands over to
+:class:`~participant.runner.ParticipantRunner` over a gRPC transport. Returns the
+process exit status: 0 when the federation completed, 1 when it failed, 2 when the
+coordinator refused this participant, 3 when it gave up reconnecting.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from crypto import generate_identity
+from proto.identity import load_identity_key, save_identity_key
+
+from .data import load_local_data
+from .grpc_transport import GrpcTransport
+from .runner import ParticipantRunner
+from .secure import SqliteJobLedger
+from .settings import ParticipantSettings
+from .trust import DirectoryTrust
+
+__all__ = ["run_participant"]
+
+
+def run_participant(
+    settings: ParticipantSettings, *, log: Callable[[str], None] | None = None
+) -> int:
+    pid = settings.participant_id
+
+    def emit(message: str) -> None:
+        print(f"[{pid} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    say = log or emit
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    key_path = settings.identity_path
+    if key_path.exists():
+        identity = load_identity_key(key_path)
+    else:
+        identity = generate_identity()
+        save_identity_key(identity, key_path)
+        say(f"created identity key {key_path}")
+    data = load_local_data(settings.data)
+    ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
+    trust = DirectoryTrust(ca)
+    transport = GrpcTransport(settings)
+    ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
+    try:
+        runner = ParticipantRunner(settings, transport, data, identity, ledger, trust, log=say)
+        return runner.run()
+    finally:
+        transport.close()
+        ledger.close()

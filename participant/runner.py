@@ -1,0 +1,494 @@
+"""The participant's main loop: join, pull instructions, do them, push results.
+
+Pull model (DESIGN §4): the participant only ever calls out. It joins (proving
+possession of its identity key), then long-polls ``NextInstruction`` and does what
+it is told — train a round, compute statistics, take a secure-aggregation step,
+evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
+it computes.
+
+Resilience: when the coordinator is unreachable (UNAVAILABLE — e.g. it is being
+restarted) the participant backs off exponentially and retries; when its session is
+unknown (a restarted coordinator) it joins again and continues with whatever it is
+told next. Work in flight when the coordinator went away is dropped — the resumed
+coordinator re-issues what it still needs. After ``give_up_s`` of continuous failure
+it exits with status 3.
+
+Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
+participant refuses to upload any model update or statistics in the clear; it only
+ever sends masked vectors, key material for the protocol, and evaluation counts.
+Nothing it logs contains data, statistics or keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+import crypto
+from proto import spherecal_pb2 as pb
+from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
+from proto.codec import iter_chunks as tensor_chunks
+from proto.identity import join_payload, public_key_bytes
+from spherefed.stats import ccvr_layout_size, ffc_layout_size
+
+from .data import LocalData
+from .faults import Halter
+from .secure import SecureSession
+from .settings import ParticipantSettings
+from .trainer import LocalTrainer
+from .transport import PresenceStream, Transport, TransportError
+from .trust import DirectoryTrust, UntrustedDirectory
+
+__all__ = ["ParticipantRunner", "ParticipantExit"]
+
+SOFTWARE_VERSION = "spherecal/0.1"
+
+
+class ParticipantExit(Exception):
+    """Stop the participant with an exit code and a reason."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Backoff:
+    def __init__(self, maximum: float, give_up: float) -> None:
+        self.maximum = maximum
+        self.give_up = give_up
+        self._delay = 0.2
+        self._failing_since: float | None = None
+
+    def reset(self) -> None:
+        self._delay = 0.2
+        self._failing_since = None
+
+    def wait(self, what: str) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since > self.give_up:
+            raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
+        time.sleep(self._delay * (0.5 + random.random()))
+        self._delay = min(self.maximum, self._delay * 2)
+
+
+class ParticipantRunner:
+    def __init__(
+        self,
+        settings: ParticipantSettings,
+        transport: Transport,
+        data: LocalData,
+        identity: Ed25519PrivateKey,
+        ledger: crypto.JobLedger,
+        trust: DirectoryTrust,
+        *,
+        log: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.pid = settings.participant_id
+        self.transport = transport
+        self.data = data
+        self.identity = identity
+        self.ledger = ledger
+        self.trust = trust
+        self.log = log
+        self.halter = Halter(settings.halt_before)
+        self.session: str | None = None
+        self.plan: pb.Plan | None = None
+        self.trainer: LocalTrainer | None = None
+        self.jobs: dict[bytes, SecureSession] = {}
+        self._cache: dict[str, tuple[bytes, npt.NDArray[np.float64]]] = {}
+        self._backoff = _Backoff(settings.reconnect_max_s, settings.give_up_s)
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._presence: PresenceStream | None = None
+        self._lock = threading.Lock()
+        self.completed_tasks = 0
+
+    # ---------------------------------------------------------------- plumbing
+    def _caller(self) -> pb.Caller:
+        return pb.Caller(participant_id=self.pid, session=self.session or "")
+
+    def _join(self) -> None:
+        key = public_key_bytes(self.identity)
+        nonce = os.urandom(16)
+        ts = int(time.time() * 1000)
+        c, h, w = self.data.image_shape
+        request = pb.JoinRequest(
+            participant_id=self.pid,
+            identity_public_key=key,
+            timestamp_ms=ts,
+            nonce=nonce,
+            signature=self.identity.sign(join_payload(self.pid, key, ts, nonce)),
+            software_version=SOFTWARE_VERSION,
+            data=pb.DataShape(
+                num_classes=self.data.num_classes, in_channels=c, image_height=h, image_width=w
+            ),
+        )
+        reply = self.transport.join(request)
+        self.session = reply.session
+        if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
+            self.plan = reply.plan
+            self.trainer = LocalTrainer(reply.plan, self.data)
+            self._cache.clear()
+        self.jobs.clear()  # a new session never continues an old job
+        self.log(
+            f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
+            f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
+        )
+
+    def _presence_loop(self) -> None:
+        """Keep a presence stream open (reopening it after outages and rejoins) so the
+        coordinator sees this participant alive while it computes — and dead the
+        moment its connection drops."""
+        while not self._stop.is_set():
+            if self.session is None:
+                self._stop.wait(0.2)
+                continue
+            stream = self.transport.presence(pb.HeartbeatRequest(caller=self._caller()))
+            with self._lock:
+                self._presence = stream
+            # Failures are ignored: the main loop notices outages on its own calls.
+            with contextlib.suppress(TransportError):
+                for _reply in stream:
+                    if self._stop.is_set():
+                        break
+            self._stop.wait(0.5)
+
+    def _stop_presence(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._presence is not None:
+                self._presence.cancel()
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> int:
+        self._heartbeat = threading.Thread(target=self._presence_loop, daemon=True)
+        self._heartbeat.start()
+        try:
+            return self._loop()
+        except ParticipantExit as exc:
+            self.log(str(exc))
+            return exc.code
+        finally:
+            self._stop_presence()
+
+    def _loop(self) -> int:
+        while True:
+            try:
+                if self.session is None:
+                    self._join()
+                instruction = self.transport.next_instruction(
+                    pb.InstructionRequest(caller=self._caller(), wait_ms=self.settings.long_poll_ms)
+                )
+            except TransportError as exc:
+                self._on_control_error(exc)
+                continue
+            self._backoff.reset()
+            kind = instruction.WhichOneof("kind")
+            if kind == "wait" or kind is None:
+                continue
+            if kind == "done":
+                done = instruction.done
+                self.log(f"coordinator says done ({done.status}): {done.message}")
+                return 0 if done.status == "completed" else 1
+            try:
+                self._dispatch(instruction)
+                self.completed_tasks += 1
+            except TransportError as exc:
+                if exc.session_expired:
+                    self.session = None
+                elif exc.retryable:
+                    self.log(f"lost the coordinator during {kind}: {exc.message}")
+                    self._backoff.wait("coordinator unavailable")
+                else:
+                    self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
+
+    def _on_control_error(self, exc: TransportError) -> None:
+        if exc.session_expired:
+            self.log("session expired; joining again")
+            self.session = None
+            return
+        if exc.retryable:
+            self._backoff.wait(f"coordinator unavailable ({exc.message})")
+            return
+        raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
+
+    # ---------------------------------------------------------------- dispatch
+    def _dispatch(self, instruction: pb.Instruction) -> None:
+        kind = instruction.WhichOneof("kind")
+        if kind == "train":
+            self._train(instruction.task_id, instruction.train)
+        elif kind == "statistics":
+            self._statistics(instruction.task_id, instruction.statistics)
+        elif kind == "secagg":
+            self._secagg_step(instruction.secagg)
+        elif kind == "evaluate":
+            self._evaluate(instruction.task_id, instruction.evaluate)
+
+    def _trainer(self) -> LocalTrainer:
+        if self.trainer is None:
+            raise ParticipantExit(2, "instruction before the federation plan")
+        return self.trainer
+
+    def _download(self, ref: pb.TensorRef, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
+        cached = self._cache.get(ref.name)
+        if cached is not None and cached[0] == bytes(ref.header.sha256):
+            return cached[1]
+        stream = self.transport.download_tensor(
+            pb.DownloadRequest(caller=self._caller(), name=ref.name)
+        )
+        first = next(stream, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise TransportError(grpc.StatusCode.DATA_LOSS, f"{ref.name}: no tensor header")
+        if first.header.SerializeToString() != ref.header.SerializeToString():
+            raise TransportError(
+                grpc.StatusCode.DATA_LOSS, f"{ref.name}: header differs from the announced one"
+            )
+        try:
+            assembler = TensorAssembler(
+                first.header,
+                dtype=pb.FLOAT64,
+                shape=shape,
+                max_bytes=8 * int(np.prod(shape)),
+                finite=True,
+            )
+            for chunk in stream:
+                assembler.add(chunk.data)
+            array = np.asarray(assembler.finish(), dtype=np.float64)
+        except TensorFormatError as exc:
+            raise TransportError(grpc.StatusCode.DATA_LOSS, f"{ref.name}: {exc}") from None
+        array.setflags(write=False)
+        if len(self._cache) > 4:
+            self._cache.clear()
+        self._cache[ref.name] = (bytes(ref.header.sha256), array)
+        return array
+
+    def _refuse(self, task_id: str, error: BaseException) -> None:
+        reason = str(error)
+        self.log(f"withdrawing from {task_id[:16]}: {type(error).__name__}: {reason}")
+        try:
+            self.transport.report_failure(
+                pb.FailureReport(
+                    caller=self._caller(),
+                    task_id=task_id,
+                    reason=reason[:300],
+                    error_type=type(error).__name__,
+                )
+            )
+        except TransportError as exc:
+            self.log(f"could not report the withdrawal: {exc}")
+
+    # ---------------------------------------------------------------- tasks
+    def _train(self, task_id: str, task: pb.TrainTask) -> None:
+        trainer = self._trainer()
+        secure = task.HasField("secure")
+        purpose = "update"
+        self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
+        vector = self._download(task.model, (trainer.length,))
+        t0 = time.monotonic()
+        update = trainer.train(vector, task.seed)
+        self.log(
+            f"round {task.round + 1}: trained {update.num_steps} steps on {update.num_samples} "
+            f"samples in {time.monotonic() - t0:.1f}s"
+        )
+        if secure:
+            payload = np.concatenate(
+                [update.weighted_delta, [float(update.num_samples), update.mean_loss]]
+            )
+            self._start_secure(task_id, task.secure, payload, task.round, trainer.length + 2)
+        else:
+            meta = pb.UpdateMeta(
+                num_samples=update.num_samples,
+                mean_loss=update.mean_loss,
+                num_steps=update.num_steps,
+            )
+            self._upload_plain(task_id, update.weighted_delta, meta)
+
+    def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
+        trainer = self._trainer()
+        kind = {pb.FFC: "ffc", pb.CCVR: "ccvr"}.get(task.kind)
+        if kind is None:
+            self._refuse(task_id, ValueError(f"unknown statistics kind {task.kind}"))
+            return
+        vector = self._download(task.model, (trainer.length,))
+        t0 = time.monotonic()
+        stats = trainer.statistics(vector, kind)
+        self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
+        d, c = trainer.feature_dim, trainer.num_classes
+        length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
+        if task.HasField("secure"):
+            self._start_secure(task_id, task.secure, stats, None, length)
+        else:
+            self._upload_plain(task_id, stats, None)
+
+    def _upload_plain(
+        self, task_id: str, vector: npt.NDArray[np.float64], meta: pb.UpdateMeta | None
+    ) -> None:
+        if not self.settings.allow_plaintext:
+            self._refuse(
+                task_id,
+                PermissionError(
+                    "the coordinator asked for a plaintext upload; this participant only "
+                    "sends securely aggregated results (allow_plaintext = false)"
+                ),
+            )
+            return
+        plan = self.plan
+        chunk = min(DEFAULT_CHUNK_BYTES, plan.max_chunk_bytes if plan else DEFAULT_CHUNK_BYTES)
+        array = np.ascontiguousarray(vector, dtype=np.float64)
+
+        def messages() -> Iterator[pb.TensorUpload]:
+            yield pb.TensorUpload(
+                header=pb.UploadHeader(
+                    caller=self._caller(), task_id=task_id, tensor=header_for(array), update=meta
+                )
+            )
+            for data in tensor_chunks(array, chunk):
+                yield pb.TensorUpload(data=data)
+
+        try:
+            self.transport.upload_tensor(messages())
+        except TransportError as exc:
+            if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
+                raise
+
+    # ---------------------------------------------------------------- secure aggregation
+    def _start_secure(
+        self,
+        task_id: str,
+        job: pb.SecAggJob,
+        vector: npt.NDArray[np.float64],
+        round_index: int | None,
+        expected_length: int,
+    ) -> None:
+        try:
+            session = SecureSession(
+                job,
+                participant_id=self.pid,
+                identity=self.identity,
+                ledger=self.ledger,
+                trust=self.trust,
+                vector=vector,
+                round_index=round_index,
+            )
+            if session.spec.length != expected_length:
+                raise crypto.WrongLength(
+                    f"job length {session.spec.length} is not the expected {expected_length}"
+                )
+        except (crypto.SecAggError, UntrustedDirectory) as exc:
+            self._refuse(task_id, exc)
+            return
+        self.halter.check(
+            "advertise", purpose=session.purpose, round_index=round_index, what=task_id
+        )
+        self.jobs[session.job_id] = session
+        self._submit(session, pb.ADVERTISE, session.advertise())
+
+    def _submit(self, session: SecureSession, stage: pb.SecAggStage, data: bytes) -> None:
+        try:
+            self.transport.submit_secagg(
+                pb.SecAggSubmission(
+                    caller=self._caller(), job_id=session.job_id, stage=stage, message=data
+                )
+            )
+        except TransportError as exc:
+            if exc.code is grpc.StatusCode.ALREADY_EXISTS:
+                return
+            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
+                self.log(f"job {session.job_id.hex()[:8]} moved on without us: {exc.message}")
+                self.jobs.pop(session.job_id, None)
+                return
+            raise
+
+    def _secagg_step(self, step: pb.SecAggStep) -> None:
+        session = self.jobs.get(bytes(step.job_id))
+        job_hex = bytes(step.job_id).hex()
+        if session is None:
+            self._refuse(job_hex, crypto.JobAborted("this participant holds no state for the job"))
+            return
+        stage_name = {pb.SHARE: "share", pb.MASKED: "masked", pb.UNMASK: "unmask"}.get(step.stage)
+        if stage_name is not None and stage_name != "masked":
+            self.halter.check(
+                stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
+            )
+        try:
+            out = session.respond(step)
+        except crypto.SecAggError as exc:
+            self.jobs.pop(session.job_id, None)
+            self._refuse(job_hex, exc)
+            return
+        if out is not None:
+            self._submit(session, step.stage, out)
+        else:
+            self._upload_masked(session)
+        if step.stage == pb.UNMASK:
+            self.jobs.pop(session.job_id, None)
+
+    def _upload_masked(self, session: SecureSession) -> None:
+        job_id = session.job_id
+        n = session.n_chunks
+
+        def messages() -> Iterator[pb.MaskedUpload]:
+            for index in range(n):
+                if index == 1 or n == 1:
+                    self.halter.check(
+                        "masked",
+                        purpose=session.purpose,
+                        round_index=session.round,
+                        what=job_id.hex(),
+                    )
+                chunk = session.masked_chunk(index)
+                if index == 0:
+                    yield pb.MaskedUpload(caller=self._caller(), job_id=job_id, chunk=chunk)
+                else:
+                    yield pb.MaskedUpload(chunk=chunk)
+
+        try:
+            self.transport.upload_masked(messages())
+        except TransportError as exc:
+            if exc.code is grpc.StatusCode.ALREADY_EXISTS:
+                return
+            if exc.code is grpc.StatusCode.UNAVAILABLE and "slot" in exc.message:
+                time.sleep(0.2 + random.random() * 0.5)  # coordinator busy: it re-asks
+                return
+            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
+                self.log(f"job {job_id.hex()[:8]} closed its masked stage: {exc.message}")
+                self.jobs.pop(job_id, None)
+                return
+            raise
+
+    # ---------------------------------------------------------------- evaluation
+    def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
+        trainer = self._trainer()
+        vector = self._download(task.model, (trainer.length,))
+        heads = {
+            named.name: self._download(named.tensor, (trainer.num_classes, trainer.feature_dim))
+            for named in task.heads
+        }
+        total, counts = trainer.evaluate(vector, heads)
+        try:
+            self.transport.report_evaluation(
+                pb.EvaluationReport(
+                    caller=self._caller(),
+                    task_id=task_id,
+                    total=total,
+                    counts=[pb.HeadCount(head=k, correct=v) for k, v in counts.items()],
+                )
+            )
+        except TransportError as exc:
+            if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        if task.round < 0:
+            shown = ", ".join(f"{k} {v}/{total}" for k, v in counts.items())
+            self.log(f"final evaluation: {shown}")

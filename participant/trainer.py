@@ -1,0 +1,136 @@
+"""Local work of a participant: train a round, compute statistics, evaluate.
+
+Everything mirrors ``spherefed.runner.run_reference`` operation for operation —
+``load_state_vector`` then ``local_train`` with the round's seed; features in batches
+of 512 in eval mode; statistics with ``spherefed.stats``; evaluation batches of 512
+with the classifier swapped in and restored — so a participant process computes the
+same floats the reference runner computes for participant ``k`` (given the same
+torch build and thread count).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from proto import spherecal_pb2 as pb
+from spherefed.fl import (
+    LocalTrainConfig,
+    LocalUpdate,
+    aggregated_keys,
+    load_state_vector,
+    local_train,
+    state_vector,
+)
+from spherefed.network import ModelSpec, Net, build_model
+from spherefed.stats import ccvr_statistics, ffc_statistics
+
+from .data import LocalData
+
+__all__ = ["LocalTrainer", "model_spec_from_plan"]
+
+FEATURE_BATCH = 512
+
+
+def model_spec_from_plan(spec: pb.ModelSpec) -> ModelSpec:
+    return ModelSpec(
+        extractor=spec.extractor,
+        head=spec.head,
+        norm=spec.norm,
+        classifier=spec.classifier,
+        classifier_seed=int(spec.classifier_seed),
+        init_seed=int(spec.init_seed),
+        num_classes=int(spec.num_classes),
+        in_channels=int(spec.in_channels),
+        image_size=(int(spec.image_height), int(spec.image_width)),
+        feature_dim=int(spec.feature_dim) or None,
+    )
+
+
+def local_config_from_plan(training: pb.LocalTraining) -> LocalTrainConfig:
+    return LocalTrainConfig(
+        epochs=int(training.epochs),
+        batch_size=int(training.batch_size),
+        lr=float(training.lr),
+        momentum=float(training.momentum),
+        weight_decay=float(training.weight_decay),
+        loss=training.loss,
+        prox_mu=float(training.prox_mu),
+    )
+
+
+class LocalTrainer:
+    def __init__(self, plan: pb.Plan, data: LocalData) -> None:
+        self.spec = model_spec_from_plan(plan.model)
+        self.config = local_config_from_plan(plan.training)
+        self.data = data
+        self.model: Net = build_model(self.spec)
+        self.keys = aggregated_keys(self.model)
+        self.length = int(state_vector(self.model, self.keys).shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return self.model.feature_dim
+
+    @property
+    def num_classes(self) -> int:
+        return self.model.num_classes
+
+    def load(self, vector: npt.NDArray[np.float64]) -> None:
+        # A private writable copy: downloaded tensors are read-only, and torch warns
+        # about (and must not alias) read-only numpy memory.
+        load_state_vector(self.model, np.array(vector, dtype=np.float64), self.keys)
+
+    def train(self, vector: npt.NDArray[np.float64], seed: int) -> LocalUpdate:
+        self.load(vector)
+        return local_train(
+            self.model, self.data.train_x, self.data.train_y, self.config, seed=int(seed)
+        )
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor) -> npt.NDArray[np.float64]:
+        self.model.eval()
+        chunks = [
+            self.model.features(x[lo : lo + FEATURE_BATCH])
+            for lo in range(0, x.shape[0], FEATURE_BATCH)
+        ]
+        if not chunks:
+            return np.zeros((0, self.model.feature_dim))
+        return torch.cat(chunks).double().numpy()
+
+    def statistics(self, vector: npt.NDArray[np.float64], kind: str) -> npt.NDArray[np.float64]:
+        """FFC or CCVR statistics of the local training split, packed (flat float64)."""
+        self.load(vector)
+        z = self.features(self.data.train_x)
+        y = self.data.train_y.numpy()
+        if kind == "ffc":
+            return ffc_statistics(z, y, self.num_classes).pack()
+        if kind == "ccvr":
+            return ccvr_statistics(z, y, self.num_classes).pack()
+        raise ValueError(f"unknown statistics kind {kind!r}")
+
+    @torch.no_grad()
+    def _correct(self) -> int:
+        x, y = self.data.test_x, self.data.test_y
+        self.model.eval()
+        correct = 0
+        for lo in range(0, x.shape[0], FEATURE_BATCH):
+            logits = self.model(x[lo : lo + FEATURE_BATCH])
+            correct += int((logits.argmax(1) == y[lo : lo + FEATURE_BATCH]).sum())
+        return correct
+
+    def evaluate(
+        self, vector: npt.NDArray[np.float64], heads: dict[str, npt.NDArray[np.float64]]
+    ) -> tuple[int, dict[str, int]]:
+        """(test samples, correct predictions per head); head ``none`` is the model's own."""
+        self.load(vector)
+        counts = {"none": self._correct()}
+        original = self.model.head.weight.detach().clone()
+        try:
+            for name, weight in heads.items():
+                self.model.head.set_weight(np.array(weight, dtype=np.float64))
+                counts[name] = self._correct()
+        finally:
+            self.model.head.set_weight(original)
+        return self.data.test_size, counts

@@ -1,0 +1,79 @@
+"""How a participant talks to its coordinator, abstracted from gRPC.
+
+The participant's logic (``participant.runner``) only sees this :class:`Transport`
+protocol, so the same logic runs over real gRPC (``participant.grpc_transport``) in
+deployments and integration tests, and in-process against the coordinator's service
+core in unit tests (``spherecal.inprocess``) — like httpx's swappable transports.
+
+Failures surface as :class:`TransportError` carrying a gRPC status code, whatever
+the transport; :data:`RETRYABLE` are the codes worth retrying after a backoff
+(coordinator unreachable or restarting, upload slots busy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+import grpc
+
+from proto import spherecal_pb2 as pb
+
+__all__ = ["RETRYABLE", "PresenceStream", "Transport", "TransportError"]
+
+RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+
+
+class TransportError(Exception):
+    """A call that failed, with the status code the coordinator (or the network) gave."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE
+
+    @property
+    def session_expired(self) -> bool:
+        return self.code is grpc.StatusCode.UNAUTHENTICATED and "session" in self.message
+
+
+class PresenceStream(Protocol):
+    """Replies while the stream lives; ``cancel()`` (from any thread) ends it."""
+
+    def __iter__(self) -> Iterator[pb.HeartbeatReply]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Transport(Protocol):
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply: ...
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply: ...
+
+    def presence(self, request: pb.HeartbeatRequest) -> PresenceStream:
+        """Open the long-lived presence stream (see ``spherecal.proto``)."""
+        ...
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction: ...
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]: ...
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt: ...
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt: ...
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt: ...
+
+    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt: ...
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt: ...
+
+    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,86 @@
+"""Checking the identity directory the coordinator hands out with every job.
+
+``crypto.SecAggParticipant`` verifies its peers' key advertisements with their
+long-term Ed25519 keys, and its docstring is blunt about where those keys must come
+from: the deployment's trust root, *not* the coordinator — otherwise a malicious
+coordinator substitutes its own keys and strips a participant's masks.
+
+Under mutual TLS the trust root is the federation CA: each directory entry carries
+the participant's certificate, and this module accepts an entry only if the
+certificate is signed by the CA this participant trusts, is currently valid, names
+the entry's participant id, and binds exactly the entry's Ed25519 key (the spherecal
+identity extension). On loopback ``--insecure`` simulations there is no CA and the
+directory is taken as given — acceptable only because everything runs on one host.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from proto import spherecal_pb2 as pb
+from proto.identity import CertificateError, certificate_identity, identity_key_from_certificate
+
+__all__ = ["DirectoryTrust", "UntrustedDirectory"]
+
+
+class UntrustedDirectory(ValueError):
+    """A directory entry the participant cannot verify against its trust root."""
+
+
+class DirectoryTrust:
+    def __init__(self, ca_pem: bytes | None) -> None:
+        self._ca = x509.load_pem_x509_certificate(ca_pem) if ca_pem else None
+
+    @property
+    def verifies_certificates(self) -> bool:
+        return self._ca is not None
+
+    def verify(
+        self, entries: Sequence[pb.DirectoryEntry], participants: Sequence[str]
+    ) -> dict[str, bytes]:
+        """``{participant: Ed25519 public key}`` for every job participant, verified."""
+        by_id: dict[str, pb.DirectoryEntry] = {}
+        for entry in entries:
+            if entry.participant_id in by_id:
+                raise UntrustedDirectory(f"directory lists {entry.participant_id!r} twice")
+            by_id[entry.participant_id] = entry
+        out: dict[str, bytes] = {}
+        for pid in participants:
+            found = by_id.get(pid)
+            if found is None:
+                raise UntrustedDirectory(f"directory has no entry for job participant {pid!r}")
+            key = bytes(found.identity_public_key)
+            if len(key) != 32:
+                raise UntrustedDirectory(f"directory key of {pid!r} is not an Ed25519 key")
+            if self._ca is not None:
+                self._check_certificate(pid, key, bytes(found.certificate_pem))
+            out[pid] = key
+        return out
+
+    def _check_certificate(self, pid: str, key: bytes, pem: bytes) -> None:
+        assert self._ca is not None
+        if not pem:
+            raise UntrustedDirectory(f"directory entry of {pid!r} carries no certificate")
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+            cert.verify_directly_issued_by(self._ca)
+        except (ValueError, TypeError, InvalidSignature) as exc:
+            raise UntrustedDirectory(
+                f"certificate of {pid!r} is not issued by this federation's CA ({exc})"
+            ) from None
+        now = dt.datetime.now(dt.UTC)
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            raise UntrustedDirectory(f"certificate of {pid!r} is expired or not yet valid")
+        try:
+            named = certificate_identity(cert)
+            bound = identity_key_from_certificate(cert)
+        except CertificateError as exc:
+            raise UntrustedDirectory(f"certificate of {pid!r}: {exc}") from None
+        if named != pid:
+            raise UntrustedDirectory(f"certificate for {named!r} was offered as {pid!r}")
+        if bound != key:
+            raise UntrustedDirectory(f"directory key of {pid!r} differs from its certificate")

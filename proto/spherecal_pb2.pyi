@@ -1,0 +1,481 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    FLOAT64: _ClassVar[DType]
+    INT64: _ClassVar[DType]
+    UINT64: _ClassVar[DType]
+
+class StatisticsKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATISTICS_UNSPECIFIED: _ClassVar[StatisticsKind]
+    FFC: _ClassVar[StatisticsKind]
+    CCVR: _ClassVar[StatisticsKind]
+
+class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SECAGG_STAGE_UNSPECIFIED: _ClassVar[SecAggStage]
+    ADVERTISE: _ClassVar[SecAggStage]
+    SHARE: _ClassVar[SecAggStage]
+    MASKED: _ClassVar[SecAggStage]
+    CONSISTENCY: _ClassVar[SecAggStage]
+    UNMASK: _ClassVar[SecAggStage]
+DTYPE_UNSPECIFIED: DType
+FLOAT32: DType
+FLOAT64: DType
+INT64: DType
+UINT64: DType
+STATISTICS_UNSPECIFIED: StatisticsKind
+FFC: StatisticsKind
+CCVR: StatisticsKind
+SECAGG_STAGE_UNSPECIFIED: SecAggStage
+ADVERTISE: SecAggStage
+SHARE: SecAggStage
+MASKED: SecAggStage
+CONSISTENCY: SecAggStage
+UNMASK: SecAggStage
+
+class TensorHeader(_message.Message):
+    __slots__ = ("dtype", "shape", "sha256")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    sha256: bytes
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: TensorHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: TensorHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DownloadRequest(_message.Message):
+    __slots__ = ("caller", "name")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    name: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class TensorRef(_message.Message):
+    __slots__ = ("name", "header")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    header: TensorHeader
+    def __init__(self, name: _Optional[str] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class Caller(_message.Message):
+    __slots__ = ("participant_id", "session")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    session: str
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("participant_id", "identity_public_key", "timestamp_ms", "nonce", "signature", "software_version", "data")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    identity_public_key: bytes
+    timestamp_ms: int
+    nonce: bytes
+    signature: bytes
+    software_version: str
+    data: DataShape
+    def __init__(self, participant_id: _Optional[str] = ..., identity_public_key: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., software_version: _Optional[str] = ..., data: _Optional[_Union[DataShape, _Mapping]] = ...) -> None: ...
+
+class DataShape(_message.Message):
+    __slots__ = ("num_classes", "in_channels", "image_height", "image_width")
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    IN_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    num_classes: int
+    in_channels: int
+    image_height: int
+    image_width: int
+    def __init__(self, num_classes: _Optional[int] = ..., in_channels: _Optional[int] = ..., image_height: _Optional[int] = ..., image_width: _Optional[int] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("session", "plan")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    plan: Plan
+    def __init__(self, session: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    SECURE_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    SECURE_STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    model: ModelSpec
+    training: LocalTraining
+    rounds: int
+    heartbeat_interval_ms: int
+    secure_updates: bool
+    secure_statistics: bool
+    calibration: _containers.RepeatedScalarFieldContainer[str]
+    participant_index: int
+    num_participants: int
+    max_chunk_bytes: int
+    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("extractor", "head", "norm", "classifier", "classifier_seed", "init_seed", "num_classes", "in_channels", "image_height", "image_width", "feature_dim")
+    EXTRACTOR_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    NORM_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFIER_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFIER_SEED_FIELD_NUMBER: _ClassVar[int]
+    INIT_SEED_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    IN_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
+    extractor: str
+    head: str
+    norm: str
+    classifier: str
+    classifier_seed: int
+    init_seed: int
+    num_classes: int
+    in_channels: int
+    image_height: int
+    image_width: int
+    feature_dim: int
+    def __init__(self, extractor: _Optional[str] = ..., head: _Optional[str] = ..., norm: _Optional[str] = ..., classifier: _Optional[str] = ..., classifier_seed: _Optional[int] = ..., init_seed: _Optional[int] = ..., num_classes: _Optional[int] = ..., in_channels: _Optional[int] = ..., image_height: _Optional[int] = ..., image_width: _Optional[int] = ..., feature_dim: _Optional[int] = ...) -> None: ...
+
+class LocalTraining(_message.Message):
+    __slots__ = ("epochs", "batch_size", "lr", "momentum", "weight_decay", "loss", "prox_mu")
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    PROX_MU_FIELD_NUMBER: _ClassVar[int]
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    loss: str
+    prox_mu: float
+    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., lr: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., loss: _Optional[str] = ..., prox_mu: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("phase", "interval_ms")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    interval_ms: int
+    def __init__(self, phase: _Optional[str] = ..., interval_ms: _Optional[int] = ...) -> None: ...
+
+class InstructionRequest(_message.Message):
+    __slots__ = ("caller", "wait_ms")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    wait_ms: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class Instruction(_message.Message):
+    __slots__ = ("task_id", "wait", "train", "statistics", "secagg", "evaluate", "done")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    wait: Wait
+    train: TrainTask
+    statistics: StatisticsTask
+    secagg: SecAggStep
+    evaluate: EvaluateTask
+    done: Done
+    def __init__(self, task_id: _Optional[str] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., train: _Optional[_Union[TrainTask, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsTask, _Mapping]] = ..., secagg: _Optional[_Union[SecAggStep, _Mapping]] = ..., evaluate: _Optional[_Union[EvaluateTask, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
+
+class Wait(_message.Message):
+    __slots__ = ("retry_after_ms", "reason")
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    retry_after_ms: int
+    reason: str
+    def __init__(self, retry_after_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TrainTask(_message.Message):
+    __slots__ = ("round", "model", "seed", "secure")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    model: TensorRef
+    seed: int
+    secure: SecAggJob
+    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., seed: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
+
+class StatisticsTask(_message.Message):
+    __slots__ = ("kind", "model", "secure")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
+    kind: StatisticsKind
+    model: TensorRef
+    secure: SecAggJob
+    def __init__(self, kind: _Optional[_Union[StatisticsKind, str]] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
+
+class EvaluateTask(_message.Message):
+    __slots__ = ("model", "heads", "round")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    model: TensorRef
+    heads: _containers.RepeatedCompositeFieldContainer[NamedTensorRef]
+    round: int
+    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ...) -> None: ...
+
+class NamedTensorRef(_message.Message):
+    __slots__ = ("name", "tensor")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tensor: TensorRef
+    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+
+class Done(_message.Message):
+    __slots__ = ("status", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    message: str
+    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DirectoryEntry(_message.Message):
+    __slots__ = ("participant_id", "identity_public_key", "certificate_pem")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    identity_public_key: bytes
+    certificate_pem: bytes
+    def __init__(self, participant_id: _Optional[str] = ..., identity_public_key: _Optional[bytes] = ..., certificate_pem: _Optional[bytes] = ...) -> None: ...
+
+class SecAggJob(_message.Message):
+    __slots__ = ("spec", "directory", "purpose")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    spec: bytes
+    directory: _containers.RepeatedCompositeFieldContainer[DirectoryEntry]
+    purpose: str
+    def __init__(self, spec: _Optional[bytes] = ..., directory: _Optional[_Iterable[_Union[DirectoryEntry, _Mapping]]] = ..., purpose: _Optional[str] = ...) -> None: ...
+
+class SecAggStep(_message.Message):
+    __slots__ = ("job_id", "stage", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: bytes
+    stage: SecAggStage
+    message: bytes
+    def __init__(self, job_id: _Optional[bytes] = ..., stage: _Optional[_Union[SecAggStage, str]] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class SecAggSubmission(_message.Message):
+    __slots__ = ("caller", "job_id", "stage", "message")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    job_id: bytes
+    stage: SecAggStage
+    message: bytes
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., job_id: _Optional[bytes] = ..., stage: _Optional[_Union[SecAggStage, str]] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class MaskedUpload(_message.Message):
+    __slots__ = ("caller", "job_id", "chunk")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    job_id: bytes
+    chunk: bytes
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., job_id: _Optional[bytes] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class UpdateMeta(_message.Message):
+    __slots__ = ("num_samples", "mean_loss", "num_steps")
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    num_samples: int
+    mean_loss: float
+    num_steps: int
+    def __init__(self, num_samples: _Optional[int] = ..., mean_loss: _Optional[float] = ..., num_steps: _Optional[int] = ...) -> None: ...
+
+class UploadHeader(_message.Message):
+    __slots__ = ("caller", "task_id", "tensor", "update")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    task_id: str
+    tensor: TensorHeader
+    update: UpdateMeta
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., update: _Optional[_Union[UpdateMeta, _Mapping]] = ...) -> None: ...
+
+class TensorUpload(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: UploadHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[UploadHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadReceipt(_message.Message):
+    __slots__ = ("num_bytes", "chunks", "sha256")
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    num_bytes: int
+    chunks: int
+    sha256: bytes
+    def __init__(self, num_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class HeadCount(_message.Message):
+    __slots__ = ("head", "correct")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    head: str
+    correct: int
+    def __init__(self, head: _Optional[str] = ..., correct: _Optional[int] = ...) -> None: ...
+
+class EvaluationReport(_message.Message):
+    __slots__ = ("caller", "task_id", "total", "counts")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    task_id: str
+    total: int
+    counts: _containers.RepeatedCompositeFieldContainer[HeadCount]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., total: _Optional[int] = ..., counts: _Optional[_Iterable[_Union[HeadCount, _Mapping]]] = ...) -> None: ...
+
+class FailureReport(_message.Message):
+    __slots__ = ("caller", "task_id", "reason", "error_type")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    task_id: str
+    reason: str
+    error_type: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job_id", "purpose", "round", "state", "stage", "contributors", "error")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    purpose: str
+    round: int
+    state: str
+    stage: str
+    contributors: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., purpose: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., stage: _Optional[str] = ..., contributors: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ParticipantStatus(_message.Message):
+    __slots__ = ("participant_id", "joined", "alive")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    joined: bool
+    alive: bool
+    def __init__(self, participant_id: _Optional[str] = ..., joined: _Optional[bool] = ..., alive: _Optional[bool] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("federation_id", "phase", "completed_rounds", "rounds", "jobs", "participants", "error")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    phase: str
+    completed_rounds: int
+    rounds: int
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    participants: _containers.RepeatedCompositeFieldContainer[ParticipantStatus]
+    error: str
+    def __init__(self, federation_id: _Optional[str] = ..., phase: _Optional[str] = ..., completed_rounds: _Optional[int] = ..., rounds: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., participants: _Optional[_Iterable[_Union[ParticipantStatus, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,183 @@
+"""A throwaway certificate authority for trying spherecal with mutual TLS.
+
+``spherecal certs init DIR`` makes a CA and a coordinator (server) certificate;
+``spherecal certs issue NAME --dir DIR`` makes a participant's client certificate and
+its Ed25519 identity key, and binds the two: the certificate's CN (and a
+``urn:spherecal:participant:NAME`` SAN) is the participant id, and a private extension
+carries the identity public key (``proto.identity``), so every participant can check
+its peers' secure-aggregation keys against the CA instead of trusting the coordinator.
+
+For production, issue the same shape of certificates from the federation's own PKI;
+the CA private key (``ca.key``) never needs to leave the operator's machine.
+
+Files (private keys are written with mode 0600):
+
+``ca.pem``/``ca.key``           the CA (give ``ca.pem`` to everyone)
+``server.pem``/``server.key``   the coordinator, valid for the given host names / IPs
+``NAME.pem``/``NAME.key``       participant NAME's TLS client certificate and key
+``NAME.identity.key``           participant NAME's Ed25519 identity key
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from crypto import generate_identity
+from proto.identity import (
+    SAN_URI_PREFIX,
+    identity_extension,
+    load_identity_key,
+    public_key_bytes,
+    save_identity_key,
+)
+
+__all__ = ["init_ca", "issue_participant"]
+
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(pem)
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _write_cert(cert: x509.Certificate, path: Path) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "spherecal federation"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    try:
+        cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no CA in {directory}: run `spherecal certs init {directory}` first"
+        ) from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / 'ca.key'} is not an EC private key")
+    return cert, key
+
+
+def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
+    now = dt.datetime.now(dt.UTC)
+    return now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+
+
+def init_ca(directory: Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365) -> list[Path]:
+    """Create ``ca.*`` and ``server.*`` in ``directory`` (refusing to overwrite a CA)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "ca.key").exists():
+        raise FileExistsError(f"{directory / 'ca.key'} exists; refusing to replace a CA")
+    start, end = _validity(days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("spherecal dev CA")
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(ca_key, directory / "ca.key")
+    _write_cert(ca_cert, directory / "ca.pem")
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(hosts[0] if hosts else "localhost"))
+        .issuer_name(ca_cert.subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(server_key, directory / "server.key")
+    _write_cert(server_cert, directory / "server.pem")
+    return [directory / n for n in ("ca.pem", "ca.key", "server.pem", "server.key")]
+
+
+def issue_participant(directory: Path, name: str, days: int = 365) -> list[Path]:
+    """Create ``NAME.pem``, ``NAME.key`` and (unless present) ``NAME.identity.key``."""
+    if not name or not name.isprintable() or "/" in name or len(name.encode()) > 64:
+        raise ValueError(f"invalid participant id {name!r}")
+    ca_cert, ca_key = _load_ca(directory)
+    identity_path = directory / f"{name}.identity.key"
+    if identity_path.exists():
+        identity = load_identity_key(identity_path)
+    else:
+        identity = generate_identity()
+        save_identity_key(identity, identity_path)
+    start, end = _validity(days)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(SAN_URI_PREFIX + name)]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(identity_extension(public_key_bytes(identity)), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(key, directory / f"{name}.key")
+    _write_cert(cert, directory / f"{name}.pem")
+    return [directory / f"{name}.pem", directory / f"{name}.key", identity_path]

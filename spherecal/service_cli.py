@@ -1,0 +1,393 @@
+"""CLI subcommands of the service: ``coordinator``, ``participant``, ``simulate``, ``certs``.
+
+Registered by ``spherecal.cli.build_parser``. Heavy imports (torch, grpc servers)
+happen inside the command functions so that ``spherecal certs`` and ``--help`` stay
+fast. Errors a user can fix (bad config, missing file, refused insecure address)
+print one line ``spherecal COMMAND: error: ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "add_certs_parser",
+    "add_coordinator_parser",
+    "add_participant_parser",
+    "add_simulate_parser",
+    "add_service_parsers",
+]
+
+SubParsers = argparse._SubParsersAction
+
+
+def add_service_parsers(sub: SubParsers) -> None:
+    add_coordinator_parser(sub)
+    add_participant_parser(sub)
+    add_simulate_parser(sub)
+    add_certs_parser(sub)
+
+
+# ====================================================================== coordinator
+def add_coordinator_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "coordinator",
+        help="run a coordinator (gRPC server) from a TOML config",
+        description=(
+            "Run the federation described by a coordinator TOML file: serve gRPC, run the "
+            "rounds, the secure-aggregation jobs and the calibration, write summary.json "
+            "and the final models. Progress goes to stderr. See docs/deployment.md."
+        ),
+    )
+    p.add_argument("--config", type=Path, required=True, help="coordinator TOML file")
+    p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
+    p.set_defaults(func=_cmd_coordinator)
+
+
+def _cmd_coordinator(args: argparse.Namespace) -> int:
+    from coordinator.main import run_coordinator
+
+    from .config import load_coordinator_config
+
+    settings, threads = load_coordinator_config(args.config)
+    if args.listen:
+        settings = replace(settings, server=replace(settings.server, listen=args.listen))
+    summary = run_coordinator(settings, threads=threads)
+    print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
+    return 0 if summary.get("status") == "completed" else 1
+
+
+# ====================================================================== participant
+def add_participant_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "participant",
+        help="run a participant (dials out to a coordinator) from a TOML config",
+        description=(
+            "Join a federation: dial out to the coordinator, train locally, compute "
+            "statistics and take part in secure aggregation until the coordinator says "
+            "done. Exit status 0 completed, 1 federation failed, 2 refused, 3 gave up "
+            "reconnecting."
+        ),
+    )
+    p.add_argument("--config", type=Path, required=True, help="participant TOML file")
+    p.add_argument("--coordinator", default=None, help="override [participant] coordinator")
+    p.add_argument(
+        "--halt-before",
+        action="append",
+        default=None,
+        metavar="STAGE[@WHEN]",
+        help=argparse.SUPPRESS,  # fault injection for tests / simulate --drop
+    )
+    p.set_defaults(func=_cmd_participant)
+
+
+def _cmd_participant(args: argparse.Namespace) -> int:
+    from participant.faults import parse_halt
+    from participant.main import run_participant
+
+    from .config import load_participant_config
+
+    settings = load_participant_config(args.config)
+    if args.coordinator:
+        settings = replace(settings, coordinator=args.coordinator)
+    if args.halt_before:
+        points = tuple(parse_halt(h) for h in args.halt_before)
+        settings = replace(settings, halt_before=settings.halt_before + points)
+    return run_participant(settings)
+
+
+# ====================================================================== simulate
+_SIMULATE_DEFAULTS: dict[str, Any] = {
+    "dataset": "digits",
+    "data_root": None,
+    "participants": 10,
+    "alpha": 0.1,
+    "shards": None,
+    "rounds": 30,
+    "local_epochs": 2,
+    "batch_size": 32,
+    "lr": 0.1,
+    "model": "digits_cnn",
+    "norm": "group",
+    "head": "sphere",
+    "classifier": "orthonormal",
+    "loss": None,
+    "algorithm": "fedavg",
+    "prox_mu": 0.01,
+    "sample_fraction": 1.0,
+    "ridge": 0.0,
+    "ccvr_virtual": 100,
+    "tukey": False,
+    "seed": 0,
+    "calibration": "ffc,ccvr",
+    "secure": True,
+    "secure_updates": None,
+    "secure_statistics": None,
+    "threshold": None,
+    "separate_ffc": False,
+    "drop": None,
+    "tls": False,
+    "threads": 1,
+    "timeout": 3600.0,
+    "heartbeat_timeout": 4.0,
+    "federated_every": 0,
+    "update_bound": None,
+    "statistics_bound": None,
+    "out": None,
+}
+
+
+def add_simulate_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run a coordinator and N participants as processes on loopback",
+        description=(
+            "Start one coordinator and N participants as separate OS processes talking "
+            "real gRPC on 127.0.0.1, with the data partitioned as the reference runner "
+            "does, and write OUT/results.json. Options may also come from --config FILE "
+            "(a [simulate] table with the same names, dashes as underscores); command-line "
+            "options win. --drop SPEC kills participants with SIGKILL at a stage: "
+            "PARTICIPANT:STAGE[@WHEN], comma-separated; STAGE in train, advertise, share, "
+            "masked, unmask; WHEN rN (1-based round), update, ffc or ccvr."
+        ),
+    )
+    S = argparse.SUPPRESS
+    p.add_argument("--config", type=Path, default=None, help="TOML with a [simulate] table")
+    p.add_argument("--out", type=Path, default=S, help="output directory (required)")
+    p.add_argument("--dataset", default=S, help="digits (default), cifar10, cifar100 or npz")
+    p.add_argument("--data-root", default=S)
+    p.add_argument("--participants", type=int, default=S, help="N (default 10)")
+    p.add_argument("--alpha", default=S, help="Dirichlet α (default 0.1) or 'iid'")
+    p.add_argument("--shards", type=int, default=S, help="shards per participant instead")
+    p.add_argument("--rounds", type=int, default=S, help="default 30")
+    p.add_argument("--local-epochs", type=int, default=S)
+    p.add_argument("--batch-size", type=int, default=S)
+    p.add_argument("--lr", type=float, default=S)
+    p.add_argument("--model", default=S, help="digits_cnn (default), mlp, ...")
+    p.add_argument("--norm", default=S)
+    p.add_argument("--head", default=S)
+    p.add_argument("--classifier", default=S)
+    p.add_argument("--loss", default=S)
+    p.add_argument("--algorithm", default=S, choices=("fedavg", "fedprox"))
+    p.add_argument("--prox-mu", type=float, default=S)
+    p.add_argument("--sample-fraction", type=float, default=S)
+    p.add_argument("--ridge", type=float, default=S, help="FFC ridge λ")
+    p.add_argument("--ccvr-virtual", type=int, default=S)
+    p.add_argument("--tukey", action="store_true", default=S)
+    p.add_argument("--seed", type=int, default=S)
+    p.add_argument("--calibration", default=S, help="comma list of ffc, ccvr (default both)")
+    p.add_argument(
+        "--secure",
+        action=argparse.BooleanOptionalAction,
+        default=S,
+        help="secure aggregation of updates and statistics (default on)",
+    )
+    p.add_argument("--secure-updates", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--secure-statistics", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--threshold", type=int, default=S, help="Shamir threshold t (default majority)")
+    p.add_argument(
+        "--separate-ffc",
+        action="store_true",
+        default=S,
+        help="run an FFC statistics job even when CCVR is on (default: FFC from CCVR)",
+    )
+    p.add_argument("--drop", default=S, metavar="SPEC", help="e.g. p3:share,p5:train@r2")
+    p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
+    p.add_argument("--threads", type=int, default=S, help="torch threads per process (1)")
+    p.add_argument("--timeout", type=float, default=S, help="seconds for the whole run")
+    p.add_argument("--heartbeat-timeout", type=float, default=S)
+    p.add_argument("--federated-every", type=int, default=S)
+    p.add_argument("--update-bound", type=float, default=S)
+    p.add_argument("--statistics-bound", type=float, default=S)
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
+    import tomllib
+
+    options = dict(_SIMULATE_DEFAULTS)
+    if args.config is not None:
+        with open(args.config, "rb") as fh:
+            document = tomllib.load(fh)
+        table = document.get("simulate")
+        if not isinstance(table, dict) or set(document) != {"simulate"}:
+            raise ValueError(f"{args.config}: expected exactly one [simulate] table")
+        unknown = set(table) - set(options)
+        if unknown:
+            raise ValueError(f"{args.config}: [simulate] unknown key(s) {sorted(unknown)}")
+        options.update(table)
+        if "out" in table and table["out"] is not None:
+            out = Path(str(table["out"]))
+            options["out"] = out if out.is_absolute() else args.config.parent / out
+    for key in options:
+        if hasattr(args, key):
+            options[key] = getattr(args, key)
+    if options["out"] is None:
+        raise ValueError("--out DIR is required")
+    return options
+
+
+def simulation_settings_from(options: dict[str, Any]) -> Any:
+    from spherefed.calibrate import CCVRConfig
+    from spherefed.runner import ReferenceConfig
+
+    from .simulate import SimulationSettings, parse_drops
+
+    o = options
+    alpha_text = str(o["alpha"])
+    base = ReferenceConfig()
+    if o["shards"] is not None:
+        scheme, alpha = "shards", base.alpha
+    elif alpha_text.lower() == "iid":
+        scheme, alpha = "iid", base.alpha
+    else:
+        try:
+            alpha = float(alpha_text)
+        except ValueError:
+            raise ValueError(
+                f"--alpha must be a positive number or 'iid', got {alpha_text!r}"
+            ) from None
+        if not alpha > 0:
+            raise ValueError("--alpha must be > 0")
+        scheme = "dirichlet"
+    head = str(o["head"])
+    reference = ReferenceConfig(
+        dataset=str(o["dataset"]),
+        data_root=o["data_root"],
+        participants=int(o["participants"]),
+        partition=scheme,
+        alpha=alpha,
+        shards_per_client=int(o["shards"]) if o["shards"] is not None else base.shards_per_client,
+        model=str(o["model"]),
+        norm=str(o["norm"]),
+        head=head,
+        classifier=str(o["classifier"]),
+        loss=str(o["loss"] or ("mse" if head == "sphere" else "ce")),
+        algorithm=str(o["algorithm"]),
+        prox_mu=float(o["prox_mu"]),
+        rounds=int(o["rounds"]),
+        local_epochs=int(o["local_epochs"]),
+        batch_size=int(o["batch_size"]),
+        lr=float(o["lr"]),
+        sample_fraction=float(o["sample_fraction"]),
+        seed=int(o["seed"]),
+        ffc_ridge=float(o["ridge"]),
+        ccvr=replace(
+            CCVRConfig(), virtual_per_class=int(o["ccvr_virtual"]), tukey=bool(o["tukey"])
+        ),
+    )
+    secure = bool(o["secure"])
+    ids = tuple(f"p{k}" for k in range(reference.participants))
+    extra: dict[str, Any] = {}
+    for key in ("update_bound", "statistics_bound"):
+        if o[key] is not None:
+            extra[key] = float(o[key])
+    calibration = tuple(c.strip() for c in str(o["calibration"]).split(",") if c.strip())
+    settings = SimulationSettings(
+        reference=reference,
+        out=Path(o["out"]).resolve(),
+        calibration=calibration,
+        secure_updates=secure if o["secure_updates"] is None else bool(o["secure_updates"]),
+        secure_statistics=secure
+        if o["secure_statistics"] is None
+        else bool(o["secure_statistics"]),
+        drops=parse_drops(o["drop"], ids),
+        threshold=None if o["threshold"] is None else int(o["threshold"]),
+        ffc_from_ccvr=not bool(o["separate_ffc"]),
+        threads=int(o["threads"]),
+        tls=bool(o["tls"]),
+        timeout_s=float(o["timeout"]),
+        heartbeat_timeout_s=float(o["heartbeat_timeout"]),
+        federated_every=int(o["federated_every"]),
+        **extra,
+    )
+    settings.validate()
+    return settings
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import SimulationError, run_simulation
+
+    settings = simulation_settings_from(_simulate_options(args))
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    try:
+        results = run_simulation(settings, progress)
+    except SimulationError as exc:
+        print(f"spherecal simulate: error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        json.dumps(
+            {
+                "status": results["status"],
+                "accuracy": results["accuracy"],
+                "dropped": [
+                    f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
+                ],
+                "errors": results["errors"],
+                "results": str(settings.out / "results.json"),
+            },
+            indent=2,
+        )
+    )
+    return 0 if results["status"] == "completed" else 1
+
+
+# ====================================================================== certs
+def add_certs_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "certs",
+        help="make a development CA and certificates for mutual TLS",
+        description=(
+            "A throwaway certificate authority for trying mutual TLS: `certs init DIR` "
+            "makes ca.pem/ca.key and the coordinator's server.pem/server.key; `certs issue "
+            "NAME --dir DIR` makes participant NAME's client certificate, key and Ed25519 "
+            "identity key (bound into the certificate)."
+        ),
+    )
+    csub = p.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
+    init = csub.add_parser("init", help="create a CA and a server certificate in DIR")
+    init.add_argument("dir", type=Path)
+    init.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help="server name or IP for the coordinator certificate (repeatable; default "
+        "localhost and 127.0.0.1)",
+    )
+    init.add_argument("--days", type=int, default=365)
+    init.set_defaults(func=_cmd_certs_init)
+    issue = csub.add_parser("issue", help="issue participant NAME's client certificate")
+    issue.add_argument("name")
+    issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
+    issue.add_argument("--days", type=int, default=365)
+    issue.set_defaults(func=_cmd_certs_issue)
+
+
+def _cmd_certs_init(args: argparse.Namespace) -> int:
+    from .certs import DEFAULT_HOSTS, init_ca
+
+    try:
+        paths = init_ca(args.dir, hosts=args.host or DEFAULT_HOSTS, days=args.days)
+    except FileExistsError as exc:
+        raise ValueError(str(exc)) from None
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _cmd_certs_issue(args: argparse.Namespace) -> int:
+    from .certs import issue_participant
+
+    for path in issue_participant(args.dir, args.name, days=args.days):
+        print(path)
+    return 0

@@ -1,0 +1,109 @@
+"""Shared helpers for coordinator unit tests: crypto participants driving a job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+import crypto
+from coordinator.secure_job import SecureJob
+from coordinator.settings import SecAggSettings
+from proto import spherecal_pb2 as pb
+from proto.identity import public_key_bytes
+
+
+def make_job(
+    n: int,
+    length: int,
+    *,
+    threshold: int | None = None,
+    bound: float = 10.0,
+    chunk_entries: int = 1 << 18,
+    stage_s: float = 60.0,
+    max_in_flight: int = 2,
+    consistency_check: bool = False,
+) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
+    ids = [f"p{k}" for k in range(n)]
+    identities = {p: crypto.generate_identity() for p in ids}
+    keys = {p: public_key_bytes(k) for p, k in identities.items()}
+    settings = SecAggSettings(
+        threshold=threshold,
+        chunk_entries=chunk_entries,
+        max_in_flight=max_in_flight,
+        consistency_check=consistency_check,
+    )
+    job = SecureJob(
+        purpose="ffc",
+        round_index=None,
+        participants=ids,
+        identity_keys=keys,
+        directory=[pb.DirectoryEntry(participant_id=p, identity_public_key=keys[p]) for p in ids],
+        settings=settings,
+        length=length,
+        bound=bound,
+        first_stage_s=stage_s,
+        stage_s=stage_s,
+    )
+    ledger = crypto.MemoryJobLedger()
+    clients = {
+        p: crypto.SecAggParticipant(job.spec, p, identities[p], keys, ledger=ledger) for p in ids
+    }
+    return job, clients
+
+
+STAGES = ("advertise", "share", "masked", "consistency", "unmask")
+
+
+def run_job(
+    job: SecureJob,
+    clients: Mapping[str, crypto.SecAggParticipant],
+    inputs: Mapping[str, np.ndarray],
+    drop: Mapping[str, str] | None = None,
+) -> None:
+    """Drive ``job`` to its end; ``drop[p] = stage`` makes p vanish at that stage
+    (it never sends that stage's message and counts as disconnected from then on)."""
+    drop = dict(drop or {})
+    gone: set[str] = set()
+
+    def alive() -> frozenset[str]:
+        return frozenset(p for p in clients if p not in gone)
+
+    def vanish(stage: str) -> None:
+        gone.update(p for p, s in drop.items() if s == stage)
+
+    for p, client in clients.items():
+        client.set_input(inputs[p])
+    vanish("advertise")
+    for p in alive():
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    job.advance(alive())
+    for stage in STAGES[1:]:
+        if job.outcome is not None:
+            return
+        vanish(stage)
+        for p in sorted(alive()):
+            step = job.step_for(p)
+            if step is None:
+                continue
+            client = clients[p]
+            if stage == "share":
+                out = client.share_keys(crypto.KeyRoster.from_bytes(step.message))
+                job.submit(p, pb.SHARE, out.to_bytes())
+            elif stage == "masked":
+                client.receive_shares(crypto.ShareBundle.from_bytes(step.message))
+                job.begin_upload(p)
+                for chunk in client.masked_chunks():
+                    job.absorb(p, chunk.to_bytes())
+                assert job.end_upload(p)
+            elif stage == "consistency":
+                if step.stage != pb.CONSISTENCY:
+                    continue
+                request = crypto.ConsistencyRequest.from_bytes(step.message)
+                job.submit(p, pb.CONSISTENCY, client.consistency_signature(request).to_bytes())
+            else:
+                response = client.unmask(crypto.UnmaskRequest.from_bytes(step.message))
+                job.submit(p, pb.UNMASK, response.to_bytes())
+        if stage == "consistency" and not job.spec.consistency_check:
+            continue
+        job.advance(alive())

@@ -1,0 +1,137 @@
+"""A coordinator service core in-process, with hand-driven participants."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from coordinator.accounting import Accounting
+from coordinator.errors import ServiceError
+from coordinator.federation import Federation
+from coordinator.model import GlobalModel
+from coordinator.registry import Peer, Registry
+from coordinator.service import CoordinatorService
+from coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    ModelSettings,
+    SecAggSettings,
+    ServerSettings,
+    Timeouts,
+    TrainingSettings,
+)
+from coordinator.store import Store
+from crypto import generate_identity
+from proto import spherecal_pb2 as pb
+from proto.identity import join_payload, public_key_bytes
+
+DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
+
+
+def settings_for(tmp: Path, *, secure: bool, n: int = 3, rounds: int = 1) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        participants=tuple(f"p{k}" for k in range(n)),
+        model=ModelSettings(extractor="mlp"),
+        training=TrainingSettings(rounds=rounds, min_participants=2),
+        calibration=CalibrationSettings(methods=("ffc",)),
+        secagg=SecAggSettings(updates=secure, statistics=secure, chunk_entries=4096),
+        server=ServerSettings(insecure=True, max_chunk_bytes=64 * 1024),
+        timeouts=Timeouts(
+            heartbeat_interval_s=0.2,
+            heartbeat_timeout_s=30,
+            long_poll_s=0.2,
+            linger_s=1,
+            round_s=60,
+            stage_s=60,
+        ),
+        state_dir=tmp / "state",
+        out_dir=tmp / "out",
+    )
+
+
+class Harness:
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.store = Store(settings.state_dir / "state.db")
+        self.registry = Registry(
+            settings.participants,
+            self.store,
+            require_certificates=False,
+            heartbeat_timeout_s=settings.timeouts.heartbeat_timeout_s,
+            clock_skew_s=60,
+        )
+        self.model = GlobalModel(settings.model.spec(settings.seed))
+        self.federation = Federation(
+            settings, self.store, self.registry, say=lambda m: None, model=self.model
+        )
+        self.federation.prepare()
+        self.service = CoordinatorService(
+            settings, self.registry, self.federation, self.store, Accounting()
+        )
+        self.keys: dict[str, Ed25519PrivateKey] = {
+            p: generate_identity() for p in settings.participants
+        }
+        self.sessions: dict[str, str] = {}
+        self.thread = threading.Thread(target=self.federation.run, daemon=True)
+
+    def start(self) -> Harness:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.federation.stop("test over")
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+        self.store.close()
+
+    # ----------------------------------------------------------- requests
+    def join_request(self, pid: str, key: Ed25519PrivateKey | None = None) -> pb.JoinRequest:
+        key = key or self.keys[pid]
+        public = public_key_bytes(key)
+        ts, nonce = int(time.time() * 1000), os.urandom(16)
+        return pb.JoinRequest(
+            participant_id=pid,
+            identity_public_key=public,
+            timestamp_ms=ts,
+            nonce=nonce,
+            signature=key.sign(join_payload(pid, public, ts, nonce)),
+            data=DIGITS,
+        )
+
+    def join(self, pid: str) -> str:
+        reply = self.service.join(self.join_request(pid), Peer())
+        self.sessions[pid] = reply.session
+        return reply.session
+
+    def caller(self, pid: str) -> pb.Caller:
+        return pb.Caller(participant_id=pid, session=self.sessions.get(pid, ""))
+
+    def poll(self, pid: str, kinds: Iterable[str], timeout: float = 30.0) -> pb.Instruction:
+        wanted = set(kinds)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            instruction = self.service.next_instruction(
+                pb.InstructionRequest(caller=self.caller(pid), wait_ms=200), Peer()
+            )
+            if instruction.WhichOneof("kind") in wanted:
+                return instruction
+        raise TimeoutError(f"{pid} got none of {wanted}")
+
+
+def code_of(fn) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(ServiceError) as info:
+        result = fn()
+        if hasattr(result, "__next__"):
+            list(result)
+    return info.value.code
+
+
+__all__ = ["DIGITS", "Harness", "code_of", "replace", "settings_for"]

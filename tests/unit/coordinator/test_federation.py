@@ -1,0 +1,193 @@
+"""The federation driver in-process (participant logic + service core, no sockets):
+it reproduces the reference runner, and secure aggregation changes nothing but the
+last bits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from coordinator.calibration import ffc_classifier
+from coordinator.federation import Federation
+from coordinator.model import GlobalModel
+from coordinator.registry import Registry
+from coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    EvaluationSettings,
+    ModelSettings,
+    SecAggSettings,
+    ServerSettings,
+    Timeouts,
+    TrainingSettings,
+)
+from coordinator.store import Store
+from participant.data import load_local_data
+from participant.settings import DataSettings, ParticipantSettings
+from proto import spherecal_pb2 as pb
+from spherecal.inprocess import InProcessFederation
+from spherefed.runner import ReferenceConfig, run_reference
+from spherefed.stats import FFCStatistics, ffc_statistics
+
+N, ROUNDS = 3, 2
+
+
+def _settings(tmp: Path, *, secure: bool) -> tuple[CoordinatorSettings, list[ParticipantSettings]]:
+    ids = tuple(f"p{k}" for k in range(N))
+    cs = CoordinatorSettings(
+        participants=ids,
+        model=ModelSettings(extractor="mlp"),
+        training=TrainingSettings(rounds=ROUNDS),
+        calibration=CalibrationSettings(methods=("ffc", "ccvr")),
+        secagg=SecAggSettings(updates=secure, statistics=secure, chunk_entries=8192),
+        server=ServerSettings(insecure=True),
+        timeouts=Timeouts(
+            heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5
+        ),
+        evaluation=EvaluationSettings(test_dataset="digits", federated_every=1 if secure else 0),
+        state_dir=tmp / "state",
+        out_dir=tmp / "out",
+    )
+    ps = [
+        ParticipantSettings(
+            participant_id=p,
+            insecure=True,
+            allow_plaintext=not secure,
+            long_poll_ms=300,
+            data=DataSettings(slice_index=k, slice_of=N),
+        )
+        for k, p in enumerate(ids)
+    ]
+    return cs, ps
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    torch.set_num_threads(1)
+    return run_reference(ReferenceConfig(participants=N, model="mlp", rounds=ROUNDS))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    torch.set_num_threads(1)
+    out = {}
+    for mode in ("plain", "secure"):
+        tmp = tmp_path_factory.mktemp(mode)
+        cs, ps = _settings(tmp, secure=mode == "secure")
+        fed = InProcessFederation(cs, ps).start()
+        out[mode] = (fed.join(timeout=240), tmp)
+        assert set(fed.exit_codes.values()) == {0}, fed.messages[-20:]
+    return out
+
+
+def test_plaintext_federation_reproduces_the_reference_exactly(
+    runs: dict[str, tuple[dict[str, Any], Path]], reference: dict[str, Any]
+) -> None:
+    summary, _ = runs["plain"]
+    assert summary["status"] == "completed"
+    for name in ("none", "ffc", "ccvr"):
+        assert summary["accuracy"][name] == reference["accuracy"][name]
+        assert summary["central_accuracy"][name] == reference["accuracy"][name]
+    for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
+        assert ours["train_loss"] == theirs["train_loss"]
+        assert ours["test_accuracy"] == theirs["test_accuracy"]
+        assert ours["contributors"] == [f"p{k}" for k in theirs["participants"]]
+
+
+def test_secure_federation_matches_within_fixed_point_rounding(
+    runs: dict[str, tuple[dict[str, Any], Path]], reference: dict[str, Any]
+) -> None:
+    summary, _ = runs["secure"]
+    assert summary["status"] == "completed"
+    for name in ("none", "ffc", "ccvr"):
+        assert abs(summary["accuracy"][name] - reference["accuracy"][name]) <= 0.01
+    for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
+        assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-9)
+    assert [j["purpose"] for j in summary["jobs"]] == ["update", "update", "ccvr"]
+    for row in summary["per_round"]:  # per-round federated evaluation covers the test split
+        assert row["federated_accuracy"] == row["test_accuracy"]
+    assert all(j["status"] == "done" for j in summary["jobs"])
+
+
+def test_secure_ffc_classifier_equals_plaintext_ffc_on_the_same_features(
+    runs: dict[str, tuple[dict[str, Any], Path]],
+) -> None:
+    summary, tmp = runs["secure"]
+    heads = torch.load(tmp / "out" / "classifiers.pt", weights_only=True)
+    secure_ffc = heads["ffc"].numpy()
+    cs, _ = _settings(tmp, secure=True)
+    model = GlobalModel(cs.model.spec(cs.seed))
+    state = torch.load(tmp / "out" / "model_none.pt", weights_only=True)
+    model.net.load_state_dict(state)
+    model.net.eval()
+    total: FFCStatistics | None = None
+    for k in range(N):
+        data = load_local_data(DataSettings(slice_index=k, slice_of=N))
+        with torch.no_grad():
+            z = model.net.features(data.train_x).double().numpy()
+        stats = ffc_statistics(z, data.train_y.numpy(), 10)
+        total = stats if total is None else total + stats
+    assert total is not None
+    plain_ffc, _ = ffc_classifier(total, 0.0)
+    relative = np.linalg.norm(secure_ffc - plain_ffc) / np.linalg.norm(plain_ffc)
+    assert relative < 1e-6, relative
+
+
+def test_resume_loads_the_last_checkpoint_and_refuses_other_settings(
+    runs: dict[str, tuple[dict[str, Any], Path]],
+) -> None:
+    summary, tmp = runs["plain"]
+    cs, _ = _settings(tmp, secure=False)
+    store = Store(cs.state_dir / "state.db")
+    try:
+        registry = Registry(
+            cs.participants,
+            store,
+            require_certificates=False,
+            heartbeat_timeout_s=5,
+            clock_skew_s=60,
+        )
+        fed = Federation(cs, store, registry, say=lambda m: None)
+        fed.prepare()
+        assert fed.completed_rounds == ROUNDS and fed.resumed_from == ROUNDS
+        assert len(fed.round_metrics) == ROUNDS
+        state = torch.load(tmp / "out" / "model_none.pt", weights_only=True)
+        fed.model.net.load_state_dict(state)
+        from spherefed.fl import state_vector
+
+        assert np.array_equal(
+            state_vector(fed.model.net, fed.model.keys).astype(np.float32),
+            fed.global_vector.astype(np.float32),
+        )
+        other = replace(cs, training=replace(cs.training, lr=0.5))
+        fed2 = Federation(other, store, registry, say=lambda m: None)
+        with pytest.raises(Exception, match="different settings"):
+            fed2.prepare()
+    finally:
+        store.close()
+
+
+def test_summary_schema(runs: dict[str, tuple[dict[str, Any], Path]]) -> None:
+    summary, _ = runs["secure"]
+    for key in (
+        "accuracy",
+        "central_accuracy",
+        "per_round",
+        "jobs",
+        "timings",
+        "bytes",
+        "audit_log",
+        "models",
+        "federated_evaluation",
+    ):
+        assert key in summary
+    assert set(summary["timings"]["secagg_stages_s"]) == {"advertise", "share", "masked", "unmask"}
+    p0 = summary["bytes"]["p0"]
+    assert p0["masked"]["received"] > 0 and p0["download"]["sent"] > 0
+    assert summary["federated_evaluation"]["samples"] == 449
+    assert pb.FFC  # the proto module is importable alongside

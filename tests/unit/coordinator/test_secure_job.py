@@ -1,0 +1,238 @@
+"""SecureJob: the crypto server state machine under deadlines, liveness and streaming."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+import crypto
+from coordinator.errors import ServiceError
+from coordinator.secure_job import plan_graph
+from coordinator.settings import SecAggSettings
+from proto import spherecal_pb2 as pb
+
+from .helpers import make_job, run_job
+
+
+def _inputs(n: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"p{k}": rng.uniform(-5, 5, length) for k in range(n)}
+
+
+def test_complete_job_returns_the_sum_of_all_inputs() -> None:
+    job, clients = make_job(4, 1000, chunk_entries=256)
+    inputs = _inputs(4, 1000)
+    run_job(job, clients, inputs)
+    assert job.outcome is not None and job.outcome.status == "done"
+    expected = sum(inputs.values())
+    np.testing.assert_allclose(
+        job.outcome.values, expected, rtol=0, atol=4 * 2.0**-job.spec.scale_bits
+    )
+    assert job.outcome.contributors == ("p0", "p1", "p2", "p3")
+    assert set(job.stage_seconds) == {"advertise", "share", "masked", "unmask"}
+
+
+@pytest.mark.parametrize(
+    ("stage", "in_sum"),
+    [("advertise", False), ("share", False), ("masked", False), ("unmask", True)],
+)
+def test_dropout_at_each_stage_still_sums_exactly_the_survivors(stage: str, in_sum: bool) -> None:
+    job, clients = make_job(5, 700, threshold=3, chunk_entries=128)
+    inputs = _inputs(5, 700, seed=1)
+    run_job(job, clients, inputs, drop={"p2": stage})
+    outcome = job.outcome
+    assert outcome is not None and outcome.status == "done", outcome
+    contributors = set(outcome.contributors)
+    assert ("p2" in contributors) is in_sum
+    expected = sum(inputs[p] for p in contributors)
+    np.testing.assert_allclose(outcome.values, expected, rtol=0, atol=1e-6)
+    assert outcome.dropped["p2"].startswith(stage)
+
+
+def test_consistency_check_round_with_a_dropout() -> None:
+    job, clients = make_job(5, 300, threshold=3, consistency_check=True)
+    inputs = _inputs(5, 300, seed=2)
+    run_job(job, clients, inputs, drop={"p4": "consistency"})
+    outcome = job.outcome
+    assert outcome is not None and outcome.status == "done", outcome
+    assert "consistency" in outcome.stage_seconds
+    np.testing.assert_allclose(outcome.values, sum(inputs.values()), atol=1e-6)  # p4 is in
+
+
+def test_fewer_than_threshold_survivors_fails_the_job_with_a_clear_error() -> None:
+    job, clients = make_job(3, 50, threshold=3)
+    run_job(job, clients, _inputs(3, 50), drop={"p1": "masked"})
+    assert job.outcome is not None and job.outcome.status == "failed"
+    assert "too few" in (job.outcome.error or "")
+    with pytest.raises(ServiceError) as info:
+        job.submit("p0", pb.UNMASK, b"whatever")
+    assert info.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ABORTED)
+
+
+def test_too_few_participants_to_create_a_job() -> None:
+    with pytest.raises(crypto.TooFewSurvivors):
+        make_job(2, 10, threshold=3)
+
+
+def test_silent_but_alive_participant_is_dropped_at_the_deadline() -> None:
+    job, clients = make_job(3, 20, threshold=2, stage_s=5.0)
+    for p in ("p0", "p1"):
+        clients[p].set_input(np.zeros(20))
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    alive = frozenset(clients)
+    assert job.advance(alive) == ()  # p2 is alive and pending: keep waiting
+    lines = job.advance(alive, now=float("inf"))
+    assert lines and "stage deadline" in lines[0]
+    assert job.server.advertised == frozenset({"p0", "p1"})
+
+
+def test_boundary_rejections_store_nothing() -> None:
+    job, clients = make_job(3, 20, threshold=2)
+    advert = clients["p0"].advertise_keys().to_bytes()
+    with pytest.raises(ServiceError) as info:
+        job.submit("p0", pb.ADVERTISE, b"\x00garbage")
+    assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(ServiceError) as info:
+        job.submit("p1", pb.ADVERTISE, advert)  # p0's message sent by p1
+    assert info.value.code is grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(ServiceError) as info:
+        job.submit("p0", pb.MASKED, advert)
+    assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    response = crypto.UnmaskResponse(job_id=job.job_id, sender="p0", shares=())
+    with pytest.raises(ServiceError) as info:
+        job.submit("p0", pb.UNMASK, response.to_bytes())
+    assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    job.submit("p0", pb.ADVERTISE, advert)
+    with pytest.raises(ServiceError) as info:
+        job.submit("p0", pb.ADVERTISE, advert)
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert job.server.pending() == frozenset({"p1", "p2"})
+
+
+def test_broken_masked_upload_is_abandoned_and_can_be_retried() -> None:
+    job, clients = make_job(3, 1000, threshold=2, chunk_entries=100)
+    inputs = _inputs(3, 1000, seed=3)
+    for p, c in clients.items():
+        c.set_input(inputs[p])
+        job.submit(p, pb.ADVERTISE, c.advertise_keys().to_bytes())
+    job.advance(frozenset(clients))
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None and step.stage == pb.SHARE
+        job.submit(p, pb.SHARE, c.share_keys(crypto.KeyRoster.from_bytes(step.message)).to_bytes())
+    job.advance(frozenset(clients))
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None and step.stage == pb.MASKED
+        c.receive_shares(crypto.ShareBundle.from_bytes(step.message))
+    # p0: a broken stream (3 of 10 chunks), a second concurrent stream refused.
+    job.begin_upload("p0")
+    with pytest.raises(ServiceError) as info:
+        job.begin_upload("p0")
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert job.step_for("p0") is None  # no new instruction while it streams
+    for index in range(3):
+        job.absorb("p0", clients["p0"].masked_chunk(index).to_bytes())
+    chunk = clients["p0"].masked_chunk(3)
+    short = crypto.MaskedChunk(
+        job_id=chunk.job_id, sender="p0", index=3, payload=chunk.payload[:-8]
+    )
+    with pytest.raises(ServiceError) as info:
+        job.absorb("p0", short.to_bytes())
+    assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert job.end_upload("p0") is False
+    assert job.step_for("p0") is not None  # asked again
+    for p, c in clients.items():
+        job.begin_upload(p)
+        for masked in c.masked_chunks():
+            job.absorb(p, masked.to_bytes())
+        assert job.end_upload(p)
+    with pytest.raises(ServiceError) as info:
+        job.begin_upload("p1")
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    job.advance(frozenset(clients))
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None
+        job.submit(p, pb.UNMASK, c.unmask(crypto.UnmaskRequest.from_bytes(step.message)).to_bytes())
+    job.advance(frozenset(clients))
+    assert job.outcome is not None and job.outcome.status == "done"
+    np.testing.assert_allclose(job.outcome.values, sum(inputs.values()), atol=1e-6)
+    assert job.server.memory_bytes() == 0  # accumulator released after finishing
+
+
+def test_withdrawn_participant_is_not_waited_for() -> None:
+    job, clients = make_job(3, 10, threshold=2)
+    for p in ("p0", "p1"):
+        clients[p].set_input(np.zeros(10))
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    job.withdraw("p2", "EncodingOverflow: out of bound")
+    lines = job.advance(frozenset(clients))
+    assert lines and "withdrew" in lines[0]
+
+
+def test_plan_graph() -> None:
+    assert plan_graph(SecAggSettings(), 5) == ("complete", 4, 3)
+    assert plan_graph(SecAggSettings(threshold=2), 5) == ("complete", 4, 2)
+    kind, degree, t = plan_graph(SecAggSettings(), 100)
+    assert kind == "harary" and degree == 14 and t == 8
+    kind, degree, t = plan_graph(SecAggSettings(graph="harary:4"), 10)
+    assert (kind, degree, t) == ("harary", 4, 3)
+
+
+def test_memory_is_a_few_vectors_whatever_the_number_of_participants() -> None:
+    n, length = 8, 20_000
+    job, clients = make_job(n, length, threshold=3, chunk_entries=4096, max_in_flight=2)
+    inputs = _inputs(n, length, seed=5)
+    for p, c in clients.items():
+        c.set_input(inputs[p])
+        job.submit(p, pb.ADVERTISE, c.advertise_keys().to_bytes())
+    job.advance(frozenset(clients))
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None
+        job.submit(p, pb.SHARE, c.share_keys(crypto.KeyRoster.from_bytes(step.message)).to_bytes())
+    job.advance(frozenset(clients))
+    streams = {}
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None
+        c.receive_shares(crypto.ShareBundle.from_bytes(step.message))
+        streams[p] = c.masked_chunks()
+    # Everybody streams at once, round-robin chunk by chunk: only max_in_flight uploads
+    # hold a staging slot; the others are told UNAVAILABLE (retry) and nothing of
+    # theirs is stored.
+    peak, busy = 0, 0
+    started: set[str] = set()
+    pending = dict(streams)
+    while pending:
+        for p in list(pending):
+            chunk = next(pending[p], None)
+            if chunk is None:
+                assert job.end_upload(p)
+                started.discard(p)
+                del pending[p]
+                continue
+            if p not in started:
+                job.begin_upload(p)
+                started.add(p)
+            try:
+                job.absorb(p, chunk.to_bytes())
+            except ServiceError as exc:
+                assert exc.code is grpc.StatusCode.UNAVAILABLE
+                busy += 1
+                job.end_upload(p)
+                started.discard(p)
+                pending[p] = clients[p].masked_chunks()  # retry later, from the start
+            peak = max(peak, job.server.memory_bytes())
+    assert busy > 0
+    assert peak <= 3 * 8 * length
+    job.advance(frozenset(clients))
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None
+        job.submit(p, pb.UNMASK, c.unmask(crypto.UnmaskRequest.from_bytes(step.message)).to_bytes())
+    job.advance(frozenset(clients))
+    assert job.outcome is not None and job.outcome.status == "done"
+    np.testing.assert_allclose(job.outcome.values, sum(inputs.values()), atol=1e-6)
