@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spherecal.service_cli import add_service_parsers
 
     add_service_parsers(sub)  # coordinator, participant, simulate, certs
+    from spherecal.experiment import add_experiment_parser
+
+    add_experiment_parser(sub)
     return parser
 
 

@@ -5,6 +5,11 @@ Every loader returns a :class:`DatasetSplits` of two :class:`ArrayDataset` s hol
 ``Dataset`` class) because partitions (``spherefed.partition``) index by label
 arrays, and because a participant process needs nothing more than its own arrays.
 
+A ``synthetic`` dataset (:func:`load_synthetic`) needs no file at all: class-conditional
+Gaussians whose means lie on the unit sphere, with an optional per-participant feature
+shift (:func:`apply_feature_shift`), so that larger ``C`` and ``l`` and feature-shift
+non-IID settings (FedUV §4.1) can be tried without downloads.
+
 No network access anywhere: the digits come from scikit-learn's bundled copy, CIFAR
 from the standard python-pickle directory already on disk, institution data from a
 ``.npz`` file. Loading never executes code from a file: ``.npz`` goes through
@@ -34,14 +39,18 @@ __all__ = [
     "ArrayDataset",
     "DatasetSplits",
     "RestrictedUnpickler",
+    "SyntheticConfig",
+    "apply_feature_shift",
+    "feature_shift_offsets",
     "load_cifar",
     "load_dataset",
     "load_digits",
     "load_npz",
+    "load_synthetic",
     "stratified_split",
 ]
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100", "npz")
+DATASET_NAMES: tuple[str, ...] = ("digits", "cifar10", "cifar100", "npz", "synthetic")
 """Every name :func:`load_dataset` accepts."""
 
 # Per-channel statistics of the CIFAR training sets on the [0, 1] scale (the values
@@ -489,16 +498,123 @@ def load_npz(path: str | Path, *, seed: int = 0, test_fraction: float = 0.25) ->
     )
 
 
+# ----------------------------------------------------------------------------- synthetic
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Shape of the ``synthetic`` dataset (see :func:`load_synthetic`).
+
+    Attributes:
+        num_classes: ``C``; any number (for ``C`` above the model's feature dimension
+            use the ``tammes`` classifier).
+        dim: input dimension ``D`` (samples are stored as ``(N, D, 1, 1)``, the
+            tabular layout the ``mlp`` extractor reads).
+        train_per_class / test_per_class: samples per class in each split.
+        noise: expected norm of a sample's deviation from its (unit-norm) class
+            mean: per-coordinate standard deviation ``noise / √D``.
+        feature_shift: norm of each participant's private offset (0 = no feature
+            shift). Applied by the reference runner after partitioning, see
+            :func:`apply_feature_shift`.
+    """
+
+    num_classes: int = 10
+    dim: int = 32
+    train_per_class: int = 150
+    test_per_class: int = 50
+    noise: float = 1.5
+    feature_shift: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_classes", "dim", "train_per_class", "test_per_class"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"synthetic {name} must be a positive int, got {value!r}")
+        if self.train_per_class < 2:
+            raise ValueError("synthetic train_per_class must be >= 2 (validation is split off)")
+        for name in ("noise", "feature_shift"):
+            value = float(getattr(self, name))
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"synthetic {name} must be a finite number >= 0, got {value}")
+
+
+def load_synthetic(config: SyntheticConfig | None = None, *, seed: int = 0) -> DatasetSplits:
+    """Class-conditional Gaussians with means on the unit sphere.
+
+    ``μ_c`` = a seeded standard Gaussian vector in ``R^D`` normalised to unit length
+    (so the means are spread uniformly over the sphere), and a sample of class ``c``
+    is ``x = μ_c + (noise/√D)·ε`` with ``ε ~ N(0, I_D)``. Train and test are drawn
+    independently from the same distribution (test is balanced); labels are sorted
+    by nothing — the order is a seeded shuffle. Pure numpy from
+    ``np.random.default_rng(seed)``, so every process builds the same bytes.
+    """
+    cfg = config or SyntheticConfig()
+    rng = np.random.default_rng(seed)
+    means = rng.standard_normal((cfg.num_classes, cfg.dim))
+    means /= np.linalg.norm(means, axis=1, keepdims=True)
+    scale = cfg.noise / np.sqrt(cfg.dim)
+
+    def draw(per_class: int, name: str) -> ArrayDataset:
+        y = np.repeat(np.arange(cfg.num_classes, dtype=np.int64), per_class)
+        y = y[rng.permutation(y.shape[0])]
+        x = means[y] + scale * rng.standard_normal((y.shape[0], cfg.dim))
+        return ArrayDataset(
+            x.astype(np.float32).reshape(-1, cfg.dim, 1, 1), y, cfg.num_classes, name
+        )
+
+    return DatasetSplits(
+        train=draw(cfg.train_per_class, "synthetic/train"),
+        test=draw(cfg.test_per_class, "synthetic/test"),
+    )
+
+
+def feature_shift_offsets(num_domains: int, dim: int, magnitude: float, *, seed: int) -> np.ndarray:
+    """``num_domains`` seeded random directions in ``R^dim``, each of norm ``magnitude``."""
+    rng = np.random.default_rng(seed)
+    offsets = rng.standard_normal((num_domains, dim))
+    offsets /= np.linalg.norm(offsets, axis=1, keepdims=True)
+    return offsets * float(magnitude)
+
+
+def apply_feature_shift(
+    dataset: ArrayDataset, domains: np.ndarray, offsets: np.ndarray
+) -> ArrayDataset:
+    """Add ``offsets[domains[i]]`` to sample ``i``: a per-domain covariate shift.
+
+    This is the feature-shift non-IID setting of FedUV (§4.1, PACS/Office-Home: each
+    client sees its own domain): ``P(x | y)`` differs across participants while the
+    class structure is shared. Labels are untouched.
+    """
+    d = np.asarray(domains)
+    if d.shape != (len(dataset),) or not np.issubdtype(d.dtype, np.integer):
+        raise ValueError(f"domains must be {len(dataset)} integers, got {d.shape} {d.dtype}")
+    flat = dataset.x.reshape(len(dataset), -1)
+    if offsets.ndim != 2 or offsets.shape[1] != flat.shape[1]:
+        raise ValueError(f"offsets must be (domains, {flat.shape[1]}), got {offsets.shape}")
+    if d.size and (int(d.min()) < 0 or int(d.max()) >= offsets.shape[0]):
+        raise ValueError(f"domain ids must lie in [0, {offsets.shape[0]})")
+    shifted = (flat + offsets[d]).astype(np.float32).reshape(dataset.x.shape)
+    return ArrayDataset(shifted, dataset.y, dataset.num_classes, dataset.name)
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 
-def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) -> DatasetSplits:
+def load_dataset(
+    name: str,
+    *,
+    root: str | Path | None = None,
+    seed: int = 0,
+    synthetic: SyntheticConfig | None = None,
+) -> DatasetSplits:
     """Load a dataset by name (one of :data:`DATASET_NAMES`).
 
     - ``"digits"``: :func:`load_digits` (``root`` is ignored; ``seed`` picks the split).
     - ``"cifar10"`` / ``"cifar100"``: :func:`load_cifar` from ``root`` (required;
       the official split, ``seed`` unused).
     - ``"npz"``: :func:`load_npz` with ``root`` = the file path (required).
+    - ``"synthetic"``: :func:`load_synthetic` with ``synthetic`` (default
+      :class:`SyntheticConfig`) and ``seed``; ``root`` is ignored.
     """
     if name == "digits":
         return load_digits(seed=seed)
@@ -510,4 +626,6 @@ def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) ->
         if root is None:
             raise ValueError("dataset 'npz' needs root= the path of the .npz file")
         return load_npz(root, seed=seed)
+    if name == "synthetic":
+        return load_synthetic(synthetic, seed=seed)
     raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")

@@ -8,6 +8,13 @@ deliver: the coordinator learns the weighted sum of updates and nothing per clie
 - **FedProx** (Li et al. 2020): the same server step; the local objective adds
   ``(μ/2)‖θ − θ_global‖²``.
 
+:func:`local_train` also takes an optional ``objective`` (a loss computed from the
+model and a batch, e.g. FedUV's regularised loss or CE with a temperature) and an
+optional ``gradient_correction`` (SCAFFOLD's ``c − c_k``, added to every minibatch
+gradient). Both default to ``None``, which is the FedAvg/FedProx path exactly; the
+other algorithms (FedNova, FedOpt, SCAFFOLD) and the rival fixes live in
+:mod:`spherefed.algorithms`.
+
 Determinism: all randomness in local training (minibatch order) comes from a
 ``torch.Generator`` seeded by :func:`derive_seed` from ``(run seed, round,
 participant)``, so the in-process reference runner and a participant process at
@@ -17,6 +24,7 @@ another site make the same steps from the same inputs.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +34,9 @@ from torch import nn
 from spherefed.losses import make_loss
 
 ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox")
+
+#: A local training objective: ``objective(model, x_batch, y_batch) -> scalar loss``.
+LocalObjective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: State entries never aggregated: the fixed classifier is rebuilt from its seed by
 #: every participant and overwritten only by calibration.
@@ -118,6 +129,34 @@ class LocalUpdate:
     mean_loss: float
 
 
+def _correction_tensors(
+    model: nn.Module, keys: list[str], vector: np.ndarray
+) -> list[torch.Tensor]:
+    """Slice a :func:`state_vector`-layout vector into one tensor per trainable parameter.
+
+    The order is that of ``model.parameters()`` (the optimiser's order); entries of the
+    layout that are buffers, not parameters, are simply not used.
+    """
+    state = model.state_dict()
+    vec = np.asarray(vector, dtype=np.float64)
+    expected = sum(state[k].numel() for k in keys)
+    if vec.shape != (expected,):
+        raise ValueError(f"gradient correction must have {expected} entries, got {vec.shape}")
+    offsets, offset = {}, 0
+    for k in keys:
+        offsets[k] = (offset, state[k].numel())
+        offset += state[k].numel()
+    out = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name not in offsets:
+            raise ValueError(f"trainable parameter {name!r} is not in the aggregated state")
+        lo, size = offsets[name]
+        out.append(torch.from_numpy(vec[lo : lo + size]).reshape(p.shape).to(p.dtype))
+    return out
+
+
 def local_train(
     model: nn.Module,
     x: torch.Tensor,
@@ -125,11 +164,20 @@ def local_train(
     config: LocalTrainConfig,
     *,
     seed: int,
+    objective: LocalObjective | None = None,
+    gradient_correction: np.ndarray | None = None,
 ) -> LocalUpdate:
     """Train ``model`` in place on ``(x, y)`` and return its weighted update.
 
     FedProx's proximal term is added when ``config.prox_mu > 0``. A participant with
     no data returns a zero update of weight 0 (it changes nothing in the average).
+
+    ``objective`` replaces ``config.loss`` (``loss(model(x), y)``) by an arbitrary loss
+    of the model and the batch — FedUV's regularisers need the features as well as the
+    logits. ``gradient_correction`` (in :func:`state_vector` layout) is added to every
+    minibatch gradient before the optimiser step: SCAFFOLD's ``y ← y − η(g + c − c_k)``
+    (Karimireddy et al. 2020, Algorithm 1). With both ``None`` this is exactly
+    FedAvg/FedProx local SGD.
     """
     keys = aggregated_keys(model)
     start = state_vector(model, keys)
@@ -137,6 +185,11 @@ def local_train(
     if n == 0:
         return LocalUpdate(np.zeros_like(start), 0, 0, 0.0)
     loss_fn = make_loss(config.loss)
+    corrections = (
+        _correction_tensors(model, keys, gradient_correction)
+        if gradient_correction is not None
+        else []
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     anchors = [p.detach().clone() for p in params] if config.prox_mu > 0 else []
     opt = torch.optim.SGD(
@@ -153,11 +206,20 @@ def local_train(
                 # A 1-sample tail batch breaks BatchNorm and adds noise; skip it.
                 continue
             opt.zero_grad()
-            loss = loss_fn(model(x[idx]), y[idx])
+            if objective is None:
+                loss = loss_fn(model(x[idx]), y[idx])
+            else:
+                loss = objective(model, x[idx], y[idx])
             if anchors:
                 prox = sum(((p - a) ** 2).sum() for p, a in zip(params, anchors, strict=True))
                 loss = loss + 0.5 * config.prox_mu * prox
             loss.backward()
+            if corrections:
+                for p, c in zip(params, corrections, strict=True):
+                    if p.grad is None:
+                        p.grad = c.clone()
+                    else:
+                        p.grad.add_(c)
             opt.step()
             steps += 1
             loss_sum += float(loss.detach())

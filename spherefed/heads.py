@@ -5,7 +5,10 @@
   communicated during training (every participant rebuilds it from the seed), and
   calibration (FFC/CCVR) overwrites it once at the end.
 - ``learnable`` — a plain bias-free linear layer on raw features (FedAvg-CE).
-- ``fn`` — ``FeatureNorm`` then a learnable bias-free linear layer (FedFN, later).
+- ``fn`` — ``FeatureNorm`` then a learnable bias-free linear layer (FedFN, ``fedfn.txt`` §4).
+- ``fixed`` — the fixed classifier ``W`` on *raw* features, no ``FeatureNorm``: BABU
+  (Oh et al. 2022: frozen random classifier) and the "Fix (R)" / "Fix (OU)" columns of
+  SphereFed's ablation (Tab. 3), which fix the classifier without normalising.
 
 All heads expose ``features(h)`` (the vector the linear map consumes, i.e. the ``z``
 whose statistics FFC/CCVR collect) and ``weight`` (C×l) / ``set_weight`` so that
@@ -21,7 +24,7 @@ from torch import nn
 
 from spherefed.classifier import fixed_classifier
 
-HEAD_KINDS: tuple[str, ...] = ("sphere", "learnable", "fn")
+HEAD_KINDS: tuple[str, ...] = ("sphere", "learnable", "fn", "fixed")
 
 
 class FeatureNorm(nn.Module):
@@ -87,6 +90,17 @@ class SphereHead(Head):
         return self.fixed_weight
 
 
+class FixedHead(SphereHead):
+    """Fixed classifier on raw features (BABU; SphereFed Tab. 3 "Fix" without "Norm").
+
+    Same buffer as :class:`SphereHead` (``fixed_weight``: never trained, never
+    aggregated), but the features are not projected onto the sphere.
+    """
+
+    def features(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+
 class LearnableHead(Head):
     """Plain bias-free linear classifier on raw features (FedAvg with CE)."""
 
@@ -122,10 +136,13 @@ def make_head(
     classifier: str = "orthonormal",
     classifier_seed: int = 0,
 ) -> Head:
-    """Build a head. ``classifier``/``classifier_seed`` only matter for ``sphere``."""
+    """Build a head. ``classifier``/``classifier_seed`` only matter for ``sphere``/``fixed``."""
     if kind == "sphere":
         weight = fixed_classifier(num_classes, feature_dim, kind=classifier, seed=classifier_seed)
         return SphereHead(weight)
+    if kind == "fixed":
+        weight = fixed_classifier(num_classes, feature_dim, kind=classifier, seed=classifier_seed)
+        return FixedHead(weight)
     if kind == "learnable":
         return LearnableHead(feature_dim, num_classes)
     if kind == "fn":

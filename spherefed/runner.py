@@ -14,29 +14,46 @@ small learning-rate grid, best chosen on the test split. It is deliberately an
 optimistic upper bound (it sees real features and picks on test), as in the paper.
 It is *not* the closed form on pooled features: that equals FFC by construction and
 would prove nothing.
+
+:func:`run_federation` is the same pipeline with the training algorithm and local
+objective pluggable (any :class:`spherefed.algorithms.ServerStrategy`: FedNova, FedOpt,
+SCAFFOLD…; FedUV's or a temperature-scaled loss): the experiment harness
+(``spherecal experiment``) uses it so that every method goes through the *same* data
+preparation, statistics and calibration code. :func:`run_reference` is
+``run_federation`` with FedAvg/FedProx from the config, bit for bit as before.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from spherefed.algorithms.base import Payload, ServerStrategy, add_payloads
+from spherefed.algorithms.strategies import FedAvg, FedProx
 from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve, retrain_classifier
-from spherefed.data import ArrayDataset, load_dataset, stratified_split
+from spherefed.data import (
+    ArrayDataset,
+    SyntheticConfig,
+    apply_feature_shift,
+    feature_shift_offsets,
+    load_dataset,
+    stratified_split,
+)
 from spherefed.fl import (
     ALGORITHMS,
+    LocalObjective,
     LocalTrainConfig,
     aggregated_keys,
     derive_seed,
     evaluate,
     load_state_vector,
-    local_train,
-    server_step,
+    local_train,  # noqa: F401  (re-exported: the service imports it from here too)
+    server_step,  # noqa: F401  (re-exported: the service imports it from here too)
     state_vector,
 )
 from spherefed.network import ModelSpec, Net, build_model
@@ -77,8 +94,12 @@ class ReferenceConfig:
     ccvr: CCVRConfig = field(default_factory=CCVRConfig)
     oracle_lrs: tuple[float, ...] = (0.01, 0.1, 1.0)
     oracle_epochs: int = 30
+    #: Only read when ``dataset == "synthetic"`` (and only then written by ``to_json``).
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self) -> None:
+        if isinstance(self.synthetic, Mapping):  # e.g. from to_json() output
+            object.__setattr__(self, "synthetic", SyntheticConfig(**self.synthetic))
         if self.participants < 1:
             raise ValueError(f"participants must be >= 1, got {self.participants}")
         if self.rounds < 0:
@@ -102,6 +123,8 @@ class ReferenceConfig:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["oracle_lrs"] = list(self.oracle_lrs)
+        if self.dataset != "synthetic":
+            del out["synthetic"]  # keeps the other datasets' settings JSON unchanged
         return out
 
 
@@ -119,8 +142,16 @@ class FederationData:
 
 
 def prepare_data(config: ReferenceConfig) -> FederationData:
-    """Load, split off validation from train (stratified), and partition the rest."""
-    splits = load_dataset(config.dataset, root=config.data_root, seed=config.seed)
+    """Load, split off validation from train (stratified), and partition the rest.
+
+    For the ``synthetic`` dataset with ``feature_shift > 0``, participant ``k``'s
+    training samples are then shifted by its own offset (a feature-shift non-IID
+    setting), and every validation/test sample by the offset of a seeded random
+    participant — the global test distribution is the mixture of all domains.
+    """
+    splits = load_dataset(
+        config.dataset, root=config.data_root, seed=config.seed, synthetic=config.synthetic
+    )
     train_idx, val_idx = stratified_split(
         splits.train.y,
         test_fraction=config.validation_fraction,
@@ -135,7 +166,37 @@ def prepare_data(config: ReferenceConfig) -> FederationData:
         shards_per_client=config.shards_per_client if config.partition == "shards" else None,
         seed=derive_seed(config.seed, "partition"),
     )
-    return FederationData(train, splits.train.subset(val_idx), splits.test, parts)
+    validation, test = splits.train.subset(val_idx), splits.test
+    if config.dataset == "synthetic" and config.synthetic.feature_shift > 0:
+        train, validation, test = _shift_features(config, train, validation, test, parts)
+    return FederationData(train, validation, test, parts)
+
+
+def _shift_features(
+    config: ReferenceConfig,
+    train: ArrayDataset,
+    validation: ArrayDataset,
+    test: ArrayDataset,
+    parts: list[np.ndarray],
+) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset]:
+    dim = int(np.prod(train.x.shape[1:]))
+    offsets = feature_shift_offsets(
+        config.participants,
+        dim,
+        config.synthetic.feature_shift,
+        seed=derive_seed(config.seed, "feature_shift"),
+    )
+    owner = np.zeros(len(train), dtype=np.int64)
+    for k, idx in enumerate(parts):
+        owner[idx] = k
+    rng = np.random.default_rng(derive_seed(config.seed, "feature_shift", "eval"))
+    val_dom = rng.integers(0, config.participants, size=len(validation))
+    test_dom = rng.integers(0, config.participants, size=len(test))
+    return (
+        apply_feature_shift(train, owner, offsets),
+        apply_feature_shift(validation, val_dom, offsets),
+        apply_feature_shift(test, test_dom, offsets),
+    )
 
 
 def model_spec(config: ReferenceConfig, data: FederationData) -> ModelSpec:
@@ -213,7 +274,52 @@ def _oracle(
 
 def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) -> dict[str, Any]:
     """Run one federation end to end and return the JSON-serialisable result."""
+    return run_federation(config, progress=progress)
+
+
+def default_strategy(config: ReferenceConfig) -> ServerStrategy:
+    """The strategy :func:`run_reference` uses: FedAvg, or FedProx with ``config.prox_mu``."""
+    return FedProx(mu=config.prox_mu) if config.algorithm == "fedprox" else FedAvg()
+
+
+def _safe_calibration(fn: Callable[[], np.ndarray], robust: bool) -> np.ndarray | None:
+    if not robust:
+        return fn()
+    try:
+        return fn()
+    except (FloatingPointError, ValueError, np.linalg.LinAlgError):
+        return None
+
+
+def run_federation(
+    config: ReferenceConfig,
+    *,
+    strategy: ServerStrategy | None = None,
+    objective: LocalObjective | None = None,
+    oracle: bool = True,
+    robust_calibration: bool = False,
+    describe: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """One federation with a pluggable algorithm and local objective, then calibration.
+
+    ``strategy`` (default :func:`default_strategy`) supplies the local and server
+    steps — the server only ever sees the *sums* of the participants' payloads;
+    ``objective`` replaces ``config.loss`` in local training (FedUV, CE with a
+    temperature). Data, model, statistics, FFC, CCVR and the oracle are exactly
+    :func:`run_reference`'s. ``oracle=False`` skips the (costly) oracle;
+    ``robust_calibration=True`` records a failed calibration (e.g. CCVR retraining
+    that diverges on large raw features) as NaN instead of raising. With
+    ``strategy`` / ``objective`` / ``describe`` given, the result gains a
+    ``"method"`` entry saying what ran (``settings.algorithm`` is then only the
+    reference runner's field).
+
+    Raises ``FloatingPointError`` when training diverges (a local or server step
+    leaves NaN/Inf).
+    """
     say = progress or (lambda _msg: None)
+    custom = strategy is not None or objective is not None or describe is not None
+    strat = strategy if strategy is not None else default_strategy(config)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     data = prepare_data(config)
@@ -234,22 +340,37 @@ def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) 
     timings["setup_s"] = time.perf_counter() - t0
 
     per_round = []
+    client_states: dict[int, dict[str, np.ndarray]] = {}
     t_train = time.perf_counter()
     for r in range(config.rounds):
         t_round = time.perf_counter()
         selected = select_participants(config, r)
-        delta_sum = np.zeros_like(global_vec)
-        weight_sum, losses = 0, []
+        broadcast = strat.broadcast(global_vec)
+        sums: Payload | None = None
+        losses = []
         for k in selected:
             load_state_vector(model, global_vec, keys)
             xk, yk = client_data[k]
-            upd = local_train(
-                model, xk, yk, local_cfg, seed=derive_seed(config.seed, "train", r, k)
+            res = strat.local_step(
+                model,
+                xk,
+                yk,
+                local_cfg,
+                seed=derive_seed(config.seed, "train", r, k),
+                broadcast=broadcast,
+                client_state=client_states.get(k),
+                objective=objective,
             )
-            delta_sum += upd.weighted_delta
-            weight_sum += upd.num_samples
-            losses.append(upd.mean_loss)
-        global_vec = server_step(global_vec, delta_sum, weight_sum)
+            if res.client_state is not None:
+                client_states[k] = res.client_state
+            sums = add_payloads(sums, res.payload)
+            losses.append(res.mean_loss)
+        assert sums is not None
+        global_vec = strat.server_step(global_vec, sums, num_selected=len(selected))
+        if not np.isfinite(global_vec).all():
+            raise FloatingPointError(
+                f"{strat.name}: the server step produced NaN/Inf in round {r + 1}; lower the lr"
+            )
         load_state_vector(model, global_vec, keys)
         acc = evaluate(model, x_test, y_test)
         per_round.append(
@@ -279,50 +400,69 @@ def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) 
     timings["statistics_s"] = time.perf_counter() - t_stats
 
     t_cal = time.perf_counter()
-    w_ffc = ffc_solve(ffc.V, ffc.U, ridge=config.ffc_ridge)
+    w_ffc = _safe_calibration(
+        lambda: ffc_solve(ffc.V, ffc.U, ridge=config.ffc_ridge), robust_calibration
+    )
     timings["ffc_s"] = time.perf_counter() - t_cal
     t_cal = time.perf_counter()
     init = model.head.weight.detach().double().numpy()
     ccvr_cfg = replace(config.ccvr, seed=derive_seed(config.seed, "ccvr", config.ccvr.seed))
-    w_ccvr = ccvr_calibrate(total, init, ccvr_cfg)
+    w_ccvr = _safe_calibration(lambda: ccvr_calibrate(total, init, ccvr_cfg), robust_calibration)
     timings["ccvr_s"] = time.perf_counter() - t_cal
+
+    def with_weight(w: np.ndarray | None, x: torch.Tensor, y: torch.Tensor) -> float:
+        return float("nan") if w is None else _accuracy_with(model, w, x, y)
 
     accuracy = {
         "none": evaluate(model, x_test, y_test),
-        "ffc": _accuracy_with(model, w_ffc, x_test, y_test),
-        "ccvr": _accuracy_with(model, w_ccvr, x_test, y_test),
+        "ffc": with_weight(w_ffc, x_test, y_test),
+        "ccvr": with_weight(w_ccvr, x_test, y_test),
     }
     validation = {
         "none": evaluate(model, x_val, y_val),
-        "ffc": _accuracy_with(model, w_ffc, x_val, y_val),
-        "ccvr": _accuracy_with(model, w_ccvr, x_val, y_val),
+        "ffc": with_weight(w_ffc, x_val, y_val),
+        "ccvr": with_weight(w_ccvr, x_val, y_val),
     }
-    t_or = time.perf_counter()
-    accuracy["oracle"], oracle_info = _oracle(model, data, config)
-    timings["oracle_s"] = time.perf_counter() - t_or
+    oracle_info: dict[str, Any] | None = None
+    if oracle:
+        t_or = time.perf_counter()
+        accuracy["oracle"], oracle_info = _oracle(model, data, config)
+        timings["oracle_s"] = time.perf_counter() - t_or
     timings["total_s"] = time.perf_counter() - t0
     say(
         "accuracy: "
         + ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items())
         + f" (total {timings['total_s']:.1f}s)"
     )
-    return {
+    result: dict[str, Any] = {
         "settings": config.to_json(),
         "accuracy": accuracy,
         "validation_accuracy": validation,
         "per_round": per_round,
-        "oracle": oracle_info,
-        "ccvr": {
-            "empty_classes": [int(c) for c in np.flatnonzero(total.counts == 0)],
-            "singleton_classes": [int(c) for c in np.flatnonzero(total.counts == 1)],
-        },
-        "partition": {
-            "sizes": sizes,
-            "class_counts": partition_summary(data.train.y, data.parts, C).tolist(),
-        },
-        "model": {"feature_dim": dim, "num_classes": C, "parameters": int(global_vec.size)},
-        "timings": timings,
     }
+    if oracle_info is not None:
+        result["oracle"] = oracle_info
+    result.update(
+        {
+            "ccvr": {
+                "empty_classes": [int(c) for c in np.flatnonzero(total.counts == 0)],
+                "singleton_classes": [int(c) for c in np.flatnonzero(total.counts == 1)],
+            },
+            "partition": {
+                "sizes": sizes,
+                "class_counts": partition_summary(data.train.y, data.parts, C).tolist(),
+            },
+            "model": {"feature_dim": dim, "num_classes": C, "parameters": int(global_vec.size)},
+            "timings": timings,
+        }
+    )
+    if custom:
+        result["method"] = {
+            "algorithm": strat.name,
+            "strategy": strat.hyperparameters(),
+            **dict(describe or {}),
+        }
+    return result
 
 
 def run_reference_sweep(

@@ -1,0 +1,106 @@
+"""Federated algorithms and rival fixes, as pure local steps + server steps on sums.
+
+- :mod:`~spherefed.algorithms.base`: payloads (what secure aggregation sums) and the
+  :class:`ServerStrategy` interface (``state_dict`` / ``load_state_dict`` to resume).
+- :mod:`~spherefed.algorithms.strategies`: FedAvg, FedProx, FedNova, FedOpt (Adam,
+  Yogi, Adagrad), SCAFFOLD.
+- :mod:`~spherefed.algorithms.objectives`: CE with a temperature, FedUV's regularisers.
+- :mod:`~spherefed.algorithms.methods`: every method of the papers as a recipe
+  (BABU, FedFN, FedUV, SphereFed-CE, SphereFed, the SphereFed Tab. 3 ablation).
+"""
+
+from spherefed.algorithms.base import (
+    ClientResult,
+    Payload,
+    ServerStrategy,
+    add_payloads,
+    as_payload,
+    parameter_mask,
+    sum_payloads,
+)
+from spherefed.algorithms.methods import (
+    ABLATION,
+    BASE_ALGORITHMS,
+    BASES,
+    DEFAULT_LR_GRID,
+    METHODS,
+    RIVALS,
+    MethodSpec,
+    get_method,
+    sphere_variant,
+)
+from spherefed.algorithms.objectives import (
+    FedUVConfig,
+    feduv_objective,
+    feduv_uniformity_loss,
+    feduv_variance_constant,
+    feduv_variance_loss,
+    temperature_objective,
+)
+from spherefed.algorithms.strategies import (
+    ALGORITHM_NAMES,
+    FEDOPT_VARIANTS,
+    STRATEGIES,
+    FedAdam,
+    FedAvg,
+    FedNova,
+    FedOpt,
+    FedProx,
+    FedYogi,
+    Scaffold,
+    fedavg_local_step,
+    fedavg_server_step,
+    fednova_local_step,
+    fednova_norm,
+    fednova_server_step,
+    fedopt_update,
+    make_strategy,
+    scaffold_control_update,
+    scaffold_local_step,
+    scaffold_server_step,
+)
+
+__all__ = [
+    "ABLATION",
+    "ALGORITHM_NAMES",
+    "BASES",
+    "BASE_ALGORITHMS",
+    "DEFAULT_LR_GRID",
+    "FEDOPT_VARIANTS",
+    "METHODS",
+    "RIVALS",
+    "STRATEGIES",
+    "ClientResult",
+    "FedAdam",
+    "FedAvg",
+    "FedNova",
+    "FedOpt",
+    "FedProx",
+    "FedUVConfig",
+    "FedYogi",
+    "MethodSpec",
+    "Payload",
+    "Scaffold",
+    "ServerStrategy",
+    "add_payloads",
+    "as_payload",
+    "fedavg_local_step",
+    "fedavg_server_step",
+    "feduv_objective",
+    "feduv_uniformity_loss",
+    "feduv_variance_constant",
+    "feduv_variance_loss",
+    "fednova_local_step",
+    "fednova_norm",
+    "fednova_server_step",
+    "fedopt_update",
+    "get_method",
+    "make_strategy",
+    "parameter_mask",
+    "scaffold_control_update",
+    "scaffold_local_step",
+    "scaffold_server_step",
+    "sphere_variant",
+    "sum_payloads",
+    "temperature_objective",
+]

@@ -1,0 +1,159 @@
+"""What every federated algorithm shares: summable payloads and the strategy interface.
+
+Secure aggregation (``crypto/``) gives the coordinator **sums over participants** and
+nothing per participant. So every algorithm here is written as
+
+1. a *local step* — a pure function of the global model, the participant's data, what
+   the server broadcast, and the participant's own persistent state (SCAFFOLD's
+   ``c_k``) — returning a :data:`Payload`: named float64 arrays whose **sum** over the
+   round's participants is all the server needs; and
+2. a *server step* — a function of the global vector, the summed payload and the
+   server's own state (FedOpt's moments, SCAFFOLD's ``c``).
+
+:class:`ServerStrategy` bundles the two for one algorithm, keeps the server state, and
+can be checkpointed (``state_dict`` / ``load_state_dict``) so a coordinator that
+restarts mid-federation resumes with identical numbers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from spherefed.fl import LocalObjective, LocalTrainConfig
+
+#: Named float64 arrays (scalars as 0-d arrays). Every entry is summed elementwise
+#: over the round's participants — exactly what secure aggregation carries.
+Payload = dict[str, np.ndarray]
+
+
+def as_payload(**entries: np.ndarray | float | int) -> Payload:
+    """Build a payload, converting every entry to a float64 array."""
+    return {k: np.asarray(v, dtype=np.float64) for k, v in entries.items()}
+
+
+def add_payloads(total: Payload | None, payload: Payload) -> Payload:
+    """``total + payload`` entrywise (``total=None`` starts a new sum; inputs untouched).
+
+    The key sets and shapes must match: a participant that sent something else is a
+    protocol error, never silently ignored.
+    """
+    if total is None:
+        return {k: np.array(v, dtype=np.float64, copy=True) for k, v in payload.items()}
+    if set(total) != set(payload):
+        raise ValueError(f"payload keys {sorted(payload)} differ from {sorted(total)}")
+    out: Payload = {}
+    for k, v in total.items():
+        if v.shape != np.shape(payload[k]):
+            raise ValueError(f"payload entry {k!r} has shape {np.shape(payload[k])}, not {v.shape}")
+        out[k] = v + payload[k]
+    return out
+
+
+def sum_payloads(payloads: list[Payload]) -> Payload:
+    """The sum of several payloads (what the secure-aggregation server outputs)."""
+    if not payloads:
+        raise ValueError("no payloads to sum")
+    total: Payload | None = None
+    for p in payloads:
+        total = add_payloads(total, p)
+    assert total is not None
+    return total
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """One participant's output of a local step.
+
+    ``payload`` goes to secure aggregation; ``client_state`` never leaves the
+    participant (SCAFFOLD's ``c_k``; ``None`` for stateless algorithms); the rest is
+    diagnostics (number of local SGD steps ``τ_k``, mean training loss).
+    """
+
+    payload: Payload
+    num_samples: int
+    num_steps: int
+    mean_loss: float
+    client_state: dict[str, np.ndarray] | None = field(default=None)
+
+
+def parameter_mask(model: nn.Module, keys: list[str]) -> np.ndarray:
+    """1.0 on entries of the :func:`~spherefed.fl.state_vector` layout that are
+    trainable parameters, 0.0 on buffers (e.g. BatchNorm running statistics).
+
+    Control variates (SCAFFOLD) are estimates of *gradients*; a buffer has none.
+    """
+    state = model.state_dict()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    parts = [
+        np.full(state[k].numel(), 1.0 if k in trainable else 0.0, dtype=np.float64) for k in keys
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+class ServerStrategy(ABC):
+    """One federated algorithm: its local step, its server step on sums, its state.
+
+    Subclasses declare ``name`` and ``sum_keys`` (the payload entries the server step
+    reads — the complete list of what secure aggregation must carry).
+    """
+
+    name: ClassVar[str]
+    sum_keys: ClassVar[tuple[str, ...]]
+
+    def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
+        """What the server sends besides the global model (nothing, by default)."""
+        return {}
+
+    @abstractmethod
+    def local_step(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        config: LocalTrainConfig,
+        *,
+        seed: int,
+        broadcast: Mapping[str, np.ndarray],
+        client_state: Mapping[str, np.ndarray] | None = None,
+        objective: LocalObjective | None = None,
+    ) -> ClientResult:
+        """Run the participant's half. Uses no server state beyond ``broadcast``."""
+
+    @abstractmethod
+    def server_step(
+        self, global_vector: np.ndarray, sums: Payload, *, num_selected: int
+    ) -> np.ndarray:
+        """New global vector from the summed payloads (may update server state)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state to checkpoint (numpy arrays and numbers)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output."""
+        if state:
+            raise ValueError(f"{self.name} has no server state, got keys {sorted(state)}")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """Constructor settings, for result files."""
+        return {}
+
+    def _check_sums(self, global_vector: np.ndarray, sums: Payload) -> None:
+        missing = [k for k in self.sum_keys if k not in sums]
+        if missing:
+            raise ValueError(f"{self.name} needs the sums {list(self.sum_keys)}; missing {missing}")
+        if float(sums["weight"]) <= 0:
+            raise ValueError("no samples in this round's updates (weight sum is 0)")
+        for k in self.sum_keys:
+            v = sums[k]
+            if v.ndim == 1 and v.shape != global_vector.shape:
+                raise ValueError(
+                    f"sum {k!r} has {v.shape} entries but the model has {global_vector.shape}"
+                )

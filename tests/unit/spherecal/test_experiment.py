@@ -1,0 +1,231 @@
+"""``spherecal experiment``: grid, selection on validation, outputs, resumability."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spherecal.experiment as experiment
+from spherecal.cli import main
+from spherecal.experiment import RunSpec, grid_runs, make_columns, settings_from_args
+from spherecal.experiment_report import render_markdown, select
+from spherefed.algorithms import get_method
+
+TINY_ARGS = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-classes",
+    "3",
+    "--synthetic-dim",
+    "6",
+    "--synthetic-per-class",
+    "16",
+    "--participants",
+    "2",
+    "--rounds",
+    "2",
+    "--local-epochs",
+    "1",
+    "--seeds",
+    "1",
+    "--lr-grid",
+    "0.03",
+    "0.1",
+    "--quiet",
+    "--no-plots",
+]
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _run(tmp: Path, *extra: str) -> int:
+    return main(["experiment", *extra, *TINY_ARGS, "--out", str(tmp)])
+
+
+def test_methods_table_outputs_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("--table", "methods", "--methods", "fedavg", "spherefed", "--alpha", "0.5", "iid")
+    assert _run(tmp_path, *args) == 0
+    cells = sorted((tmp_path / "cells").glob("*.json"))
+    assert len(cells) == 2 * 2 * 2  # methods × lrs × columns
+    table = (tmp_path / "table.md").read_text()
+    for label in (
+        "| FedAvg | none |",
+        "| FedAvg | +CCVR |",
+        "| SphereFed | +FFC |",
+        "α=0.5",
+        "IID",
+    ):
+        assert label in table
+    assert "**" in table  # a best value per column is bold
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["schema"] == "spherecal.experiment/1" and results["table"] == "methods"
+    assert [c["key"] for c in results["settings"]["columns"]] == ["a0.5", "iid"]
+    assert len(results["rows"]) == 2 * 3
+    row = results["rows"][0]
+    assert row["method"] == "fedavg" and row["calibration"] == "none"
+    seed0 = row["columns"]["a0.5"]["per_seed"][0]
+    assert seed0["lr"] in (0.03, 0.1) and 0.0 <= seed0["test"] <= 1.0
+    assert set(results["calibration"]["spherefed"]["iid"]) >= {"none", "ccvr_gain", "ffc_gain"}
+    assert len(results["curves"]["fedavg"]["a0.5"]["mean"]) == 2
+    assert len(results["lr_sweep"]["fedavg"]["iid"]) == 2
+    assert "--lr-grid 0.03 0.1" in results["command"]
+    capsys.readouterr()
+
+    # rerun: every cell is reused, nothing trains
+    def boom(*_a: Any, **_k: Any) -> dict[str, Any]:
+        raise AssertionError("a finished cell was run again")
+
+    monkeypatch.setattr(experiment, "execute_run", boom)
+    assert _run(tmp_path, *args) == 0
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["rows"] == results["rows"]
+    assert again["timings"]["cells_run"] == 0 and again["timings"]["cells_cached"] == 8
+
+    # a lost cell (e.g. the run was killed) is the only one rerun
+    calls: list[str] = []
+    monkeypatch.undo()
+    real = experiment.execute_run
+
+    def counting(spec: RunSpec, base: Any) -> dict[str, Any]:
+        calls.append(spec.label())
+        return real(spec, base)
+
+    monkeypatch.setattr(experiment, "execute_run", counting)
+    cells[3].unlink()
+    (tmp_path / "cells" / cells[5].name).write_text("{truncated")
+    assert _run(tmp_path, *args) == 0
+    assert len(calls) == 2
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == results["rows"]
+
+
+def test_calibration_table_adds_oracle_reruns(tmp_path: Path) -> None:
+    assert _run(tmp_path, "--table", "calibration", "--methods", "fedavg", "--alpha", "0.5") == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [m["key"] for m in results["methods"]] == ["fedavg"]
+    g = results["calibration"]["fedavg"]["a0.5"]
+    assert "oracle_gain" in g and g["per_seed"][0].get("oracle_cell")
+    assert len(list((tmp_path / "cells").glob("*.json"))) == 2 + 1  # grid + one oracle re-run
+    assert "| FedAvg |" in (tmp_path / "table.md").read_text()
+
+
+def test_ablation_table_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    args = [a for a in TINY_ARGS if a != "--no-plots"]
+    code = main(
+        ["experiment", "--table", "ablation", "--methods", "mse_fix_ou_norm", "ce_fix_r",
+         "--alpha", "0.5", *args, "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    table = (tmp_path / "table.md").read_text()
+    assert "MSE + Fix (OU) + Norm" in table and "α=0.5 +FFC" in table
+    for png in ("accuracy_per_round.png", "calibration_gain.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_selection_uses_validation_and_skips_divergence() -> None:
+    m = get_method("fedavg")
+    col = make_columns([0.5])[0]
+
+    def rec(val: float | None, test: float) -> dict[str, Any]:
+        if val is None:
+            return {"diverged": True}
+        return {"validation_accuracy": {"none": val}, "accuracy": {"none": test}}
+
+    cands = [
+        (RunSpec(m, col, 0, 0.01, 1.0), rec(0.8, 0.99)),
+        (RunSpec(m, col, 0, 0.1, 1.0), rec(0.9, 0.5)),
+        (RunSpec(m, col, 0, 0.3, 1.0), rec(0.9, 0.7)),
+        (RunSpec(m, col, 0, 1.0, 1.0), rec(None, 0.0)),
+    ]
+    pick = select(cands, "none")
+    assert pick is not None and pick[0].lr == 0.1  # best validation, tie → smaller lr
+    assert select(cands[3:], "none") is None
+
+
+def test_grid_and_quick_settings() -> None:
+    parser = __import__("spherecal.cli").cli.build_parser()
+    args = parser.parse_args(["experiment", "--table", "methods", "--quick", "--out", "x"])
+    s = settings_from_args(args)
+    assert s.seeds == 1 and s.rounds == 15 and s.lr_grid == (0.01, 0.1, 1.0)
+    assert [c.label for c in s.columns] == ["α=0.1", "α=0.5", "IID"]
+    runs = grid_runs(s)
+    assert len(runs) == 11 * 3 * 3  # methods × lrs × columns (one seed)
+    keys = {r.key(s.base_config()) for r in runs}
+    assert len(keys) == len(runs)
+    full = settings_from_args(
+        parser.parse_args(["experiment", "--table", "ablation", "--out", "x"])
+    )
+    assert full.seeds == 3 and full.rounds == 30 and full.lr_grid is None
+    shards = settings_from_args(
+        parser.parse_args(["experiment", "--table", "methods", "--shards", "2", "--out", "x"])
+    )
+    assert [c.key for c in shards.columns] == ["s2"]
+
+
+def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["experiment", "--table", "nope", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert main(["experiment", "--table", "methods", "--methods", "fedsgd", "--out", "x"]) == 2
+    assert "fedsgd" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["experiment", "--table", "methods", "--alpha", "0", "--out", "x"])
+
+
+def test_markdown_marks_divergence() -> None:
+    report = {
+        "table": "methods",
+        "command": "c",
+        "settings": {
+            "dataset": "digits",
+            "seeds": [0, 1],
+            "columns": [{"key": "a1", "label": "α=1"}],
+            "base_config": {
+                "participants": 2,
+                "rounds": 1,
+                "local_epochs": 1,
+                "batch_size": 8,
+                "momentum": 0.9,
+                "model": "mlp",
+            },
+            "lr_grids": {"fedavg": [0.1]},
+            "temperature_grids": {"fedavg": [1.0]},
+        },
+        "methods": [{"key": "fedavg", "label": "FedAvg"}],
+        "rows": [
+            {
+                "method": "fedavg",
+                "label": "FedAvg",
+                "calibration": "none",
+                "columns": {
+                    "a1": {
+                        "mean": 0.5,
+                        "std": 0.0,
+                        "n": 1,
+                        "diverged_seeds": 1,
+                        "lr_grid": [0.1],
+                        "per_seed": [{"seed": 0, "lr": 0.1}, {"seed": 1, "diverged": True}],
+                    }
+                },
+            }
+        ],
+        "environment": {"workers": 1, "threads": 1},
+    }
+    md = render_markdown(report)
+    assert "**50.0 (†1)**" in md and "0.1, ×" in md
+
+
+def test_parallel_workers_give_the_serial_numbers(tmp_path: Path) -> None:
+    args = ("--table", "methods", "--methods", "fedavg", "--alpha", "0.5")
+    assert _run(tmp_path / "serial", *args) == 0
+    code = main(["experiment", *args, *TINY_ARGS, "--workers", "2", "--out", str(tmp_path / "par")])
+    assert code == 0
+    serial = json.loads((tmp_path / "serial" / "results.json").read_text())
+    parallel = json.loads((tmp_path / "par" / "results.json").read_text())
+    assert parallel["rows"] == serial["rows"]
+    assert parallel["environment"]["workers"] == 2
