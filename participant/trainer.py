@@ -19,11 +19,12 @@ from spherefed.fl import (
     LocalTrainConfig,
     LocalUpdate,
     aggregated_keys,
+    count_correct,
     load_state_vector,
     local_train,
     state_vector,
 )
-from spherefed.network import ModelSpec, Net, build_model
+from spherefed.network import ModelSpec, Net, build_model, compute_features
 from spherefed.stats import ccvr_statistics, ffc_statistics
 
 from .data import LocalData
@@ -88,16 +89,8 @@ class LocalTrainer:
             self.model, self.data.train_x, self.data.train_y, self.config, seed=int(seed)
         )
 
-    @torch.no_grad()
     def features(self, x: torch.Tensor) -> npt.NDArray[np.float64]:
-        self.model.eval()
-        chunks = [
-            self.model.features(x[lo : lo + FEATURE_BATCH])
-            for lo in range(0, x.shape[0], FEATURE_BATCH)
-        ]
-        if not chunks:
-            return np.zeros((0, self.model.feature_dim))
-        return torch.cat(chunks).double().numpy()
+        return compute_features(self.model, x, batch_size=FEATURE_BATCH)
 
     def statistics(self, vector: npt.NDArray[np.float64], kind: str) -> npt.NDArray[np.float64]:
         """FFC or CCVR statistics of the local training split, packed (flat float64)."""
@@ -110,15 +103,8 @@ class LocalTrainer:
             return ccvr_statistics(z, y, self.num_classes).pack()
         raise ValueError(f"unknown statistics kind {kind!r}")
 
-    @torch.no_grad()
     def _correct(self) -> int:
-        x, y = self.data.test_x, self.data.test_y
-        self.model.eval()
-        correct = 0
-        for lo in range(0, x.shape[0], FEATURE_BATCH):
-            logits = self.model(x[lo : lo + FEATURE_BATCH])
-            correct += int((logits.argmax(1) == y[lo : lo + FEATURE_BATCH]).sum())
-        return correct
+        return count_correct(self.model, self.data.test_x, self.data.test_y, FEATURE_BATCH)
 
     def evaluate(
         self, vector: npt.NDArray[np.float64], heads: dict[str, npt.NDArray[np.float64]]

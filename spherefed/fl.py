@@ -243,14 +243,22 @@ def server_step(global_vector: np.ndarray, delta_sum: np.ndarray, weight_sum: fl
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> float:
-    """Top-1 accuracy (fraction in [0, 1]) of ``model`` on ``(x, y)``."""
-    if x.shape[0] == 0:
-        return float("nan")
+def count_correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> int:
+    """Number of top-1 correct predictions of ``model`` on ``(x, y)``, in eval mode.
+
+    Counts (not fractions) are what federated evaluation sums across participants.
+    """
     was_training = model.training
     model.eval()
     correct = 0
     for lo in range(0, x.shape[0], batch_size):
         correct += int((model(x[lo : lo + batch_size]).argmax(1) == y[lo : lo + batch_size]).sum())
     model.train(was_training)
-    return correct / int(x.shape[0])
+    return correct
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> float:
+    """Top-1 accuracy (fraction in [0, 1]) of ``model`` on ``(x, y)``; NaN when empty."""
+    if x.shape[0] == 0:
+        return float("nan")
+    return count_correct(model, x, y, batch_size) / int(x.shape[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -43,6 +44,18 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.extractor(x))
+
+
+@torch.no_grad()
+def compute_features(model: Net, x: torch.Tensor, *, batch_size: int = 512) -> np.ndarray:
+    """``model.features(x)`` in eval mode, batched, as float64 numpy (N×l).
+
+    The batch size is part of the result's last bits (BLAS blocking), so the reference
+    runner and the participant process both use this one function.
+    """
+    model.eval()
+    chunks = [model.features(x[lo : lo + batch_size]) for lo in range(0, x.shape[0], batch_size)]
+    return torch.cat(chunks).double().numpy() if chunks else np.zeros((0, model.feature_dim))
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from spherefed.fl import (
     server_step,  # noqa: F401  (re-exported: the service imports it from here too)
     state_vector,
 )
-from spherefed.network import ModelSpec, Net, build_model
+from spherefed.network import ModelSpec, Net, build_model, compute_features
 from spherefed.partition import partition, partition_summary
 from spherefed.stats import CCVRStatistics, ccvr_statistics
 
@@ -228,13 +228,6 @@ def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ds.x), torch.from_numpy(ds.y)
 
 
-@torch.no_grad()
-def _features(model: Net, x: torch.Tensor, batch_size: int = 512) -> np.ndarray:
-    model.eval()
-    chunks = [model.features(x[lo : lo + batch_size]) for lo in range(0, x.shape[0], batch_size)]
-    return torch.cat(chunks).double().numpy() if chunks else np.zeros((0, model.feature_dim))
-
-
 def _accuracy_with(model: Net, weight: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
     original = model.head.weight.detach().clone()
     model.head.set_weight(weight)
@@ -247,7 +240,7 @@ def _accuracy_with(model: Net, weight: np.ndarray, x: torch.Tensor, y: torch.Ten
 def _oracle(
     model: Net, data: FederationData, config: ReferenceConfig
 ) -> tuple[float, dict[str, Any]]:
-    z = _features(model, torch.from_numpy(data.train.x))
+    z = compute_features(model, torch.from_numpy(data.train.x))
     init = model.head.weight.detach().double().numpy()
     x_test, y_test = _tensors(data.test)
     grid = []
@@ -395,7 +388,7 @@ def run_federation(
     total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
     for k in range(config.participants):
         xk, yk = client_data[k]
-        total = total + ccvr_statistics(_features(model, xk), yk.numpy(), C)
+        total = total + ccvr_statistics(compute_features(model, xk), yk.numpy(), C)
     ffc = total.to_ffc()
     timings["statistics_s"] = time.perf_counter() - t_stats
 

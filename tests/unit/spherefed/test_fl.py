@@ -9,6 +9,7 @@ import torch
 from spherefed.fl import (
     LocalTrainConfig,
     aggregated_keys,
+    count_correct,
     derive_seed,
     evaluate,
     load_state_vector,
@@ -16,7 +17,7 @@ from spherefed.fl import (
     server_step,
     state_vector,
 )
-from spherefed.network import ModelSpec, build_model
+from spherefed.network import ModelSpec, build_model, compute_features
 
 
 def _spec(**kw: object) -> ModelSpec:
@@ -146,6 +147,12 @@ def test_evaluate_and_features() -> None:
     pred = model(x).argmax(1)
     assert evaluate(model, x, pred) == 1.0
     assert evaluate(model, x, (pred + 1) % 4) == 0.0
+    assert count_correct(model, x, pred, batch_size=3) == 20
+    assert count_correct(model, x[:0], pred[:0]) == 0
+    z_np = compute_features(model, x, batch_size=7)
+    assert z_np.dtype == np.float64 and z_np.shape == (20, 16)
+    np.testing.assert_allclose(z_np, model.features(x).detach().double().numpy(), atol=1e-6)
+    assert compute_features(model, x[:0]).shape == (0, 16)
     z = model.features(x)
     torch.testing.assert_close(z.norm(dim=1), torch.ones(20))
     assert model.feature_dim == 16 and model.num_classes == 4
