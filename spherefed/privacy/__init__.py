@@ -1,0 +1,60 @@
+"""Privacy for the calibration service: sensitivity, accounting, ledger, audits, DP-SGD.
+
+Modules, one idea each (``crypto.dp`` holds the ring-side noise; this package may
+import torch and Opacus):
+
+``sensitivity``  L2/L1 sensitivity of FFC/CCVR releases in ring units, exact statistics
+``accounting``   RDP curves (Skellam, distributed discrete Gaussian, Gaussian, DP-SGD),
+                 composition, (ε, δ) conversion, calibration to a target ε
+``charge``       :class:`PrivacyCharge`: what one release costs (its RDP curve and why)
+``plan``         :func:`plan_calibration_release`: scale, noise and job-spec fields
+``ledger``       :class:`PrivacyLedger` with memory / SQLite stores and budget refusal
+``empirical``    canary audit: an empirical lower bound on ε beside the claimed one
+``dpsgd``        local DP-SGD through Opacus, charged to the same ledger
+
+Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
+explicitly by their users.
+"""
+
+from spherefed.privacy.accounting import ORDERS, compose, epsilon
+from spherefed.privacy.charge import PrivacyCharge, dpsgd_charge, gaussian_charge
+from spherefed.privacy.ledger import (
+    BudgetExceeded,
+    DuplicateRelease,
+    LedgerEntry,
+    LedgerStore,
+    MemoryLedgerStore,
+    PrivacyBudget,
+    PrivacyLedger,
+    SqliteLedgerStore,
+)
+from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherefed.privacy.sensitivity import (
+    Sensitivity,
+    exact_ccvr_statistics,
+    exact_ffc_statistics,
+    ring_sensitivity,
+)
+
+__all__ = [
+    "ORDERS",
+    "BudgetExceeded",
+    "CalibrationPlan",
+    "DuplicateRelease",
+    "LedgerEntry",
+    "LedgerStore",
+    "MemoryLedgerStore",
+    "PrivacyBudget",
+    "PrivacyCharge",
+    "PrivacyLedger",
+    "Sensitivity",
+    "SqliteLedgerStore",
+    "compose",
+    "dpsgd_charge",
+    "epsilon",
+    "exact_ccvr_statistics",
+    "exact_ffc_statistics",
+    "gaussian_charge",
+    "plan_calibration_release",
+    "ring_sensitivity",
+]

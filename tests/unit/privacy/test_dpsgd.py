@@ -1,0 +1,61 @@
+"""DP-SGD through Opacus: the fixed classifier is untouched, ε matches the accountant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+
+from spherefed.network import ModelSpec, build_model
+from spherefed.privacy.dpsgd import DPSGDConfig, UnsupportedModel, dp_local_train
+
+
+def tiny(norm: str = "group") -> torch.nn.Module:
+    spec = ModelSpec(
+        extractor="digits_cnn",
+        head="sphere",
+        norm=norm,
+        classifier="orthonormal",
+        classifier_seed=0,
+        init_seed=0,
+        num_classes=4,
+        in_channels=1,
+        image_size=(8, 8),
+    )
+    return build_model(spec)
+
+
+def data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def test_trains_the_extractor_only_and_reports_opacus_epsilon() -> None:
+    model = tiny()
+    fixed = model.head.weight.detach().clone()
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = data()
+    r = dp_local_train(model, x, y, DPSGDConfig(epochs=1, batch_size=16, noise_multiplier=1.0))
+    assert torch.equal(model.head.weight, fixed)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    acc = RDPAccountant()
+    acc.history = [(1.0, r.sample_rate, r.steps)]
+    assert r.epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    assert r.charge.epsilon <= r.epsilon + 1e-9  # same curve, more orders
+    assert r.charge.epsilon == pytest.approx(r.epsilon, rel=1e-3)
+    assert r.charge.mechanism == "dpsgd" and r.sample_rate == pytest.approx(0.25)
+
+
+def test_target_epsilon_is_met() -> None:
+    model = tiny()
+    x, y = data()
+    cfg = DPSGDConfig(epochs=1, batch_size=16, noise_multiplier=None, target_epsilon=5.0)
+    r = dp_local_train(model, x, y, cfg)
+    assert r.epsilon <= 5.0 + 1e-6 and r.noise_multiplier > 0
+
+
+def test_batchnorm_is_refused() -> None:
+    with pytest.raises(UnsupportedModel):
+        dp_local_train(tiny("batch"), *data(), DPSGDConfig())
+    with pytest.raises(ValueError):
+        DPSGDConfig(noise_multiplier=None, target_epsilon=None)
