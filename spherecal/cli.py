@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from spherecal.argtypes import alpha_or_iid, positive_float
 from spherefed.calibrate import CCVRConfig
 from spherefed.classifier import CLASSIFIER_KINDS
 from spherefed.data import DATASET_NAMES
@@ -26,30 +27,6 @@ from spherefed.heads import HEAD_KINDS
 from spherefed.losses import LOSS_NAMES
 from spherefed.models import EXTRACTOR_NAMES, NORM_NAMES
 from spherefed.runner import SELECT_BY, ReferenceConfig, run_reference, run_reference_sweep
-
-
-def _alpha(text: str) -> float | str:
-    if text.lower() == "iid":
-        return "iid"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--alpha must be a positive number or 'iid', got {text!r}"
-        ) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--alpha must be > 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
 
 
 def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -72,7 +49,7 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--participants", type=int, default=d.participants)
     p.add_argument(
         "--alpha",
-        type=_alpha,
+        type=alpha_or_iid,
         default=d.alpha,
         help="Dirichlet concentration over classes (smaller = more skewed), or 'iid'",
     )
@@ -84,7 +61,7 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument(
         "--lr",
-        type=_positive_float,
+        type=positive_float,
         nargs="+",
         default=[d.lr],
         help="local learning rate; several values run a sweep selected on the validation split",

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -48,6 +47,7 @@ from typing import Any
 
 import torch
 
+from spherecal.argtypes import alpha_or_iid, positive_float
 from spherefed.algorithms.methods import (
     ABLATION,
     BASES,
@@ -504,30 +504,6 @@ def run_experiment(
 # ----------------------------------------------------------------------------- CLI
 
 
-def _alpha(text: str) -> float | str:
-    if text.lower() == "iid":
-        return "iid"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--alpha must be a positive number or 'iid', got {text!r}"
-        ) from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"--alpha must be > 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -561,7 +537,7 @@ def add_experiment_parser(
     p.add_argument("--data-root", default=None, help="CIFAR directory or .npz file")
     p.add_argument(
         "--alpha",
-        type=_alpha,
+        type=alpha_or_iid,
         nargs="+",
         default=None,
         help="Dirichlet α columns and/or 'iid' (default: 0.1 0.5 iid; none if only "
@@ -573,7 +549,7 @@ def add_experiment_parser(
     )
     p.add_argument(
         "--lr-grid",
-        type=_positive_float,
+        type=positive_float,
         nargs="+",
         default=None,
         help="the learning-rate grid every method is tuned over (default "
@@ -587,7 +563,7 @@ def add_experiment_parser(
     p.add_argument("--batch-size", type=_positive_int, default=d.batch_size)
     p.add_argument("--model", default=d.model, choices=EXTRACTOR_NAMES)
     p.add_argument(
-        "--fedopt-lr", type=_positive_float, default=d.fedopt_lr, help="FedAdam/FedYogi server η"
+        "--fedopt-lr", type=positive_float, default=d.fedopt_lr, help="FedAdam/FedYogi server η"
     )
     p.add_argument("--synthetic-classes", type=_positive_int, default=s.num_classes)
     p.add_argument("--synthetic-dim", type=_positive_int, default=s.dim)

@@ -1,0 +1,32 @@
+"""Argument types shared by the ``spherecal`` subcommands (one definition each)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def alpha_or_iid(text: str) -> float | str:
+    """A Dirichlet α (a positive finite number) or the word ``iid``."""
+    if text.lower() == "iid":
+        return "iid"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--alpha must be a positive number or 'iid', got {text!r}"
+        ) from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"--alpha must be > 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A positive finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
