@@ -34,6 +34,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import crypto
+from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
 from proto.codec import iter_chunks as tensor_chunks
@@ -42,6 +43,7 @@ from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .data import LocalData
 from .faults import Halter
+from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .secure import SecureSession
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
@@ -114,6 +116,7 @@ class ParticipantRunner:
         self._presence: PresenceStream | None = None
         self._lock = threading.Lock()
         self.completed_tasks = 0
+        self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -182,6 +185,7 @@ class ParticipantRunner:
             return exc.code
         finally:
             self._stop_presence()
+            self.privacy.close()
 
     def _loop(self) -> int:
         while True:
@@ -321,6 +325,14 @@ class ParticipantRunner:
         if kind is None:
             self._refuse(task_id, ValueError(f"unknown statistics kind {task.kind}"))
             return
+        try:
+            self.privacy.require_noise(task)
+        except PrivacyRefused as exc:
+            self._refuse(task_id, exc)
+            return
+        if task.HasField("privacy") and task.HasField("secure"):
+            self._private_statistics(task_id, task, kind)
+            return
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
         stats = trainer.statistics(vector, kind)
@@ -331,6 +343,42 @@ class ParticipantRunner:
             self._start_secure(task_id, task.secure, stats, None, length)
         else:
             self._upload_plain(task_id, stats, None)
+
+    def _private_statistics(self, task_id: str, task: pb.StatisticsTask, kind: str) -> None:
+        """A DP release: plan and charge locally first (refusing over budget), then
+        exact statistics in the isometric layout, plus integer noise in the ring."""
+        trainer = self._trainer()
+        release = task.privacy
+        if release.kind != kind:
+            self._refuse(task_id, PrivacyRefused(f"DP plan for {release.kind}, job is {kind}"))
+            return
+        try:
+            spec = crypto.JobSpec.from_bytes(task.secure.spec)
+            plan, noise_plan, entry = self.privacy.admit(
+                spec.job_id.hex(),
+                release,
+                spec,
+                dim=trainer.feature_dim,
+                num_classes=trainer.num_classes,
+                examples=self.data.train_size,
+            )
+        except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
+            self._refuse(task_id, exc)
+            return
+        self.log(
+            f"{kind} DP release: {plan.mechanism}, ε = {entry['epsilon']:.4g} at δ = "
+            f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"
+        )
+        vector = self._download(task.model, (trainer.length,))
+        t0 = time.monotonic()
+        try:
+            stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
+        except ValueError as exc:
+            self._refuse(task_id, exc)
+            return
+        noise = sample_noise(noise_plan)
+        self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
+        self._start_secure(task_id, task.secure, stats, None, plan.length, noise=noise)
 
     def _upload_plain(
         self, task_id: str, vector: npt.NDArray[np.float64], meta: pb.UpdateMeta | None
@@ -371,6 +419,8 @@ class ParticipantRunner:
         vector: npt.NDArray[np.float64],
         round_index: int | None,
         expected_length: int,
+        *,
+        noise: npt.NDArray[np.int64] | None = None,
     ) -> None:
         try:
             session = SecureSession(
@@ -381,6 +431,7 @@ class ParticipantRunner:
                 trust=self.trust,
                 vector=vector,
                 round_index=round_index,
+                noise=noise,
             )
             if session.spec.length != expected_length:
                 raise crypto.WrongLength(

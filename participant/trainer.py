@@ -25,6 +25,7 @@ from spherefed.fl import (
     state_vector,
 )
 from spherefed.network import ModelSpec, Net, build_model, compute_features
+from spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
 from spherefed.stats import ccvr_statistics, ffc_statistics
 
 from .data import LocalData
@@ -101,6 +102,26 @@ class LocalTrainer:
             return ffc_statistics(z, y, self.num_classes).pack()
         if kind == "ccvr":
             return ccvr_statistics(z, y, self.num_classes).pack()
+        raise ValueError(f"unknown statistics kind {kind!r}")
+
+    def private_statistics(
+        self, vector: npt.NDArray[np.float64], kind: str, *, quant_bits: int
+    ) -> npt.NDArray[np.float64]:
+        """Statistics for a DP release: exact sums of quantised unit features, packed
+        with the isometric triangle layout. Only statistics computed this way are
+        covered by the release's sensitivity bound (``spherefed.privacy.sensitivity``);
+        plain float statistics are not."""
+        self.load(vector)
+        z = self.features(self.data.train_x)
+        y = self.data.train_y.numpy()
+        if kind == "ffc":
+            return exact_ffc_statistics(z, y, self.num_classes, quant_bits=quant_bits).pack(
+                isometric=True
+            )
+        if kind == "ccvr":
+            return exact_ccvr_statistics(z, y, self.num_classes, quant_bits=quant_bits).pack(
+                isometric=True
+            )
         raise ValueError(f"unknown statistics kind {kind!r}")
 
     def _correct(self) -> int:
