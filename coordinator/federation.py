@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +309,9 @@ class Federation:
             self.store.set_meta("fingerprint", fingerprint)
             self.store.set_meta("federation_id", secrets.token_hex(8))
         self.federation_id = self.store.get_meta("federation_id") or ""
+        # What `spherecal audit` checks against (the audit reads only the database).
+        self.store.set_meta("secagg_min_participants", str(self.settings.secagg.min_participants))
+        self.store.set_meta("privacy", json.dumps(asdict(self.settings.privacy), sort_keys=True))
         records = self.store.completed_rounds()
         if [r.round for r in records] != list(range(len(records))):
             raise FederationFailed("the database's completed rounds are not contiguous")
@@ -677,7 +680,9 @@ class Federation:
                 outcome = self._drive_job(job)
                 self._set_task(None, f"statistics: {kind} done")
                 if self.privacy is not None:
-                    self.privacy.note_refusals(job.job_hex, kind, outcome.dropped)
+                    for line in self.privacy.note_refusals(job.job_hex, kind, outcome.dropped):
+                        self.say(line)
+                        self.store.event("warning", line)
                 if outcome.status != "done":
                     self._record_statistics_failure(kind, outcome.error or "failed")
                     continue

@@ -36,7 +36,7 @@ _REFUSALS = ("BudgetExceeded", "PrivacyRefused")
 
 def is_privacy_refusal(reason: str) -> bool:
     """Whether a participant's withdrawal reason is a privacy refusal."""
-    return any(reason.startswith(name) for name in _REFUSALS)
+    return any(f"{name}:" in reason for name in _REFUSALS)
 
 
 class CoordinatorPrivacy:
@@ -124,12 +124,16 @@ class CoordinatorPrivacy:
         (FFC derived from CCVR sums ``C`` class blocks) multiply ``σ_V`` by their root."""
         return 2.0 * math.sqrt(plan.dim) * sigma * math.sqrt(summed_blocks)
 
-    def note_refusals(self, job_hex: str, kind: str, dropped: dict[str, str]) -> None:
+    def note_refusals(self, job_hex: str, kind: str, dropped: dict[str, str]) -> list[str]:
+        """Keep the privacy refusals among a job's dropouts; return them as log lines."""
+        lines = []
         for pid, reason in sorted(dropped.items()):
             if is_privacy_refusal(reason):
                 self.refusals.append(
                     {"participant": pid, "job_id": job_hex, "kind": kind, "reason": reason}
                 )
+                lines.append(f"{kind}: {pid} refused the DP release: {reason}")
+        return lines
 
     def summary(self) -> dict[str, Any]:
         s = self.settings
