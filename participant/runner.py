@@ -39,6 +39,8 @@ from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.identity import join_payload, public_key_bytes
+from spherefed.fl import LocalUpdate
+from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .data import LocalData
@@ -301,7 +303,13 @@ class ParticipantRunner:
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
-        update = trainer.train(vector, task.seed)
+        if self.settings.privacy.dpsgd:
+            dp_update = self._train_dpsgd(task_id, vector)
+            if dp_update is None:
+                return
+            update = dp_update
+        else:
+            update = trainer.train(vector, task.seed)
         self.log(
             f"round {task.round + 1}: trained {update.num_steps} steps on {update.num_samples} "
             f"samples in {time.monotonic() - t0:.1f}s"
@@ -318,6 +326,35 @@ class ParticipantRunner:
                 num_steps=update.num_steps,
             )
             self._upload_plain(task_id, update.weighted_delta, meta)
+
+    def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
+        """DP-SGD for this round: charge the ledger first (the cost is known before
+        training), refuse over budget; None when refused."""
+        trainer = self._trainer()
+        p = self.settings.privacy
+        config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
+        rate, steps = trainer.dpsgd_steps()
+        charge = dpsgd_charge(
+            p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
+        )
+        try:
+            entry = self.privacy.ledger(p.delta).charge(
+                self.pid, charge, release_id=f"dpsgd-{task_id}"
+            )
+        except BudgetExceeded as exc:
+            self._refuse(task_id, exc)
+            return None
+        try:
+            update, result = trainer.train_dpsgd(vector, config)
+        except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
+            self._refuse(task_id, exc)
+            return None
+        self.log(
+            f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "
+            f"σ = {result.noise_multiplier:g}, {result.steps} steps; local total ε = "
+            f"{entry.epsilon_total:.4g}"
+        )
+        return update
 
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
         trainer = self._trainer()

@@ -10,6 +10,9 @@ torch build and thread count).
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -89,6 +92,47 @@ class LocalTrainer:
         return local_train(
             self.model, self.data.train_x, self.data.train_y, self.config, seed=int(seed)
         )
+
+    def dpsgd_config(self, noise_multiplier: float, max_grad_norm: float, delta: float) -> Any:
+        """The plan's local training as DP-SGD (momentum, lr, epochs, batch size, loss;
+        weight decay and FedProx's term are not applied under DP-SGD)."""
+        from spherefed.privacy.dpsgd import DPSGDConfig
+
+        return DPSGDConfig(
+            epochs=self.config.epochs,
+            batch_size=self.config.batch_size,
+            lr=self.config.lr,
+            momentum=self.config.momentum,
+            max_grad_norm=max_grad_norm,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            loss=self.config.loss,
+        )
+
+    def dpsgd_steps(self) -> tuple[float, int]:
+        """(sample rate, steps) DP-SGD will take: Opacus samples with rate
+        ``1/⌈n/b⌉`` for ``⌈n/b⌉`` steps per epoch. Known before training, so the charge
+        can be checked against the budget before any data is touched."""
+        n = self.data.train_size
+        batches = max(1, math.ceil(n / max(1, min(self.config.batch_size, n or 1))))
+        return 1.0 / batches, batches * self.config.epochs
+
+    def train_dpsgd(self, vector: npt.NDArray[np.float64], config: Any) -> tuple[LocalUpdate, Any]:
+        """One round of DP-SGD from ``vector``; (update, DPSGDResult)."""
+        from spherefed.privacy.dpsgd import dp_local_train
+
+        self.load(vector)
+        start = state_vector(self.model, self.keys)
+        n = self.data.train_size
+        result = dp_local_train(self.model, self.data.train_x, self.data.train_y, config)
+        after = state_vector(self.model, self.keys)
+        update = LocalUpdate(
+            weighted_delta=float(n) * (after - start),
+            num_samples=n,
+            num_steps=result.steps,
+            mean_loss=result.mean_loss,
+        )
+        return update, result
 
     def features(self, x: torch.Tensor) -> npt.NDArray[np.float64]:
         return compute_features(self.model, x, batch_size=FEATURE_BATCH)

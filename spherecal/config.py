@@ -150,6 +150,11 @@ def _privacy(section: _Section) -> PrivacySettings:
             max_examples=section.get("max_examples", int, d.max_examples),
             quant_bits=section.get("quant_bits", int, d.quant_bits),
             colluders=section.get("colluders", int, d.colluders),
+            dpsgd=section.get("dpsgd", bool, d.dpsgd),
+            dpsgd_noise_multiplier=section.get(
+                "dpsgd_noise_multiplier", float, d.dpsgd_noise_multiplier
+            ),
+            dpsgd_max_grad_norm=section.get("dpsgd_max_grad_norm", float, d.dpsgd_max_grad_norm),
         )
     except ValueError as exc:
         raise ConfigError(f"{section.source}: [privacy] {exc}") from None

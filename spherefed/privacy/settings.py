@@ -41,6 +41,12 @@ class PrivacySettings:
     quant_bits: int = DEFAULT_QUANT_BITS
     colluders: int = 0
     """Participants assumed to collude with the coordinator (their noise is not counted)."""
+    dpsgd: bool = False
+    """Participant only: train locally with DP-SGD (Opacus), each round charged to the
+    local ledger and refused over budget. Protects the trained weights; the example
+    count and mean loss sent with each update are not covered."""
+    dpsgd_noise_multiplier: float = 1.0
+    dpsgd_max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -59,6 +65,8 @@ class PrivacySettings:
             raise ValueError("privacy quant_bits must be in 1..20")
         if self.colluders < 0:
             raise ValueError("privacy colluders must be >= 0")
+        if not (self.dpsgd_noise_multiplier > 0 and self.dpsgd_max_grad_norm > 0):
+            raise ValueError("privacy dpsgd_noise_multiplier and dpsgd_max_grad_norm must be > 0")
         if self.enabled and self.epsilon is None and self.total_epsilon is None:
             raise ValueError("[privacy] enabled needs epsilon (per release) or total_epsilon")
 
