@@ -22,12 +22,18 @@ __all__ = ["ccvr_classifier", "ffc_classifier", "unpack_statistics"]
 
 
 def unpack_statistics(
-    kind: str, vector: npt.NDArray[np.float64], dim: int, num_classes: int
+    kind: str,
+    vector: npt.NDArray[np.float64],
+    dim: int,
+    num_classes: int,
+    *,
+    isometric: bool = False,
 ) -> FFCStatistics | CCVRStatistics:
+    """``isometric``: the DP layout (off-diagonal triangle entries scaled by √2)."""
     if kind == "ffc":
-        return FFCStatistics.unpack(vector, dim, num_classes)
+        return FFCStatistics.unpack(vector, dim, num_classes, isometric=isometric)
     if kind == "ccvr":
-        return CCVRStatistics.unpack(vector, dim, num_classes)
+        return CCVRStatistics.unpack(vector, dim, num_classes, isometric=isometric)
     raise ValueError(f"unknown statistics kind {kind!r}")
 
 

@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,16 @@ import crypto
 from proto import spherecal_pb2 as pb
 from proto.codec import header_for
 from spherefed.fl import derive_seed
+from spherefed.privacy.plan import CalibrationPlan
 from spherefed.runner import ReferenceConfig, select_participants
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc_layout_size
 
 from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
 from .evaluation import CentralEvaluator
 from .model import Checkpoints, GlobalModel, file_sha256
+from .privacy import CoordinatorPrivacy
 from .registry import Member, Registry
-from .secure_job import JobOutcome, SecureJob
+from .secure_job import JobOutcome, SecureJob, guaranteed_inputs
 from .settings import CoordinatorSettings
 from .spool import Spool, ordered_sum
 from .store import Store
@@ -120,6 +122,10 @@ class Federation:
         self._prepared = False
         self.peak_secagg_bytes = 0
         self._stopping: str | None = None
+        self.privacy: CoordinatorPrivacy | None = (
+            CoordinatorPrivacy(settings.privacy, store.path) if settings.privacy.enabled else None
+        )
+        self._dp_ridge: dict[str, float] = {}
 
     # ================================================================ shared state
     def notify(self) -> None:
@@ -303,6 +309,9 @@ class Federation:
             self.store.set_meta("fingerprint", fingerprint)
             self.store.set_meta("federation_id", secrets.token_hex(8))
         self.federation_id = self.store.get_meta("federation_id") or ""
+        # What `spherecal audit` checks against (the audit reads only the database).
+        self.store.set_meta("secagg_min_participants", str(self.settings.secagg.min_participants))
+        self.store.set_meta("privacy", json.dumps(asdict(self.settings.privacy), sort_keys=True))
         records = self.store.completed_rounds()
         if [r.round for r in records] != list(range(len(records))):
             raise FederationFailed("the database's completed rounds are not contiguous")
@@ -443,6 +452,7 @@ class Federation:
         length: int,
         bound: float,
         first_stage_s: float,
+        spec_arguments: dict[str, Any] | None = None,
     ) -> SecureJob:
         ids = sorted(participants)
         job = SecureJob(
@@ -456,6 +466,7 @@ class Federation:
             bound=bound,
             first_stage_s=first_stage_s,
             stage_s=self.settings.timeouts.stage_s,
+            spec_arguments=spec_arguments,
         )
         self.store.job_created(
             job.job_hex, purpose, round_index, ids, job.threshold, length, job.spec_sha256
@@ -616,8 +627,18 @@ class Federation:
             )
             participants = sorted(self.registry.alive(), key=self.registry.index_of)
             job: SecureJob | None = None
+            plan: CalibrationPlan | None = None
             if s.secagg.statistics:
                 try:
+                    if self.privacy is not None:
+                        n = len(participants)
+                        plan = self.privacy.plan(
+                            kind,
+                            dim=dim,
+                            num_classes=classes,
+                            n=n,
+                            t=guaranteed_inputs(s.secagg, n),
+                        )
                     job = self._new_job(
                         kind,
                         None,
@@ -625,6 +646,7 @@ class Federation:
                         length,
                         s.secagg.statistics_bound,
                         s.timeouts.round_s,
+                        spec_arguments=plan.job_spec_arguments() if plan is not None else None,
                     )
                 except (crypto.SecAggError, ValueError) as exc:
                     self._record_statistics_failure(kind, f"cannot create the job: {exc}")
@@ -639,6 +661,11 @@ class Federation:
                             kind=code,
                             model=final,
                             secure=job.job_message() if job is not None else None,
+                            privacy=(
+                                self.privacy.release_message(plan)
+                                if self.privacy is not None and plan is not None
+                                else None
+                            ),
                         )
                     )
                     for p in participants
@@ -652,11 +679,28 @@ class Federation:
             if job is not None:
                 outcome = self._drive_job(job)
                 self._set_task(None, f"statistics: {kind} done")
+                if self.privacy is not None:
+                    for line in self.privacy.note_refusals(job.job_hex, kind, outcome.dropped):
+                        self.say(line)
+                        self.store.event("warning", line)
                 if outcome.status != "done":
                     self._record_statistics_failure(kind, outcome.error or "failed")
                     continue
                 vector = np.asarray(outcome.values, dtype=np.float64)
                 contributors = list(outcome.contributors)
+                if self.privacy is not None and plan is not None:
+                    release = self.privacy.record(job.job_hex, plan, contributors)
+                    self.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
+                    sigma = float(release["stddev_real_units"])
+                    self._dp_ridge[kind] = self.privacy.ridge(plan, sigma)
+                    if kind == "ccvr":
+                        self._dp_ridge["ffc-from-ccvr"] = self.privacy.ridge(
+                            plan, sigma, summed_blocks=classes
+                        )
+                    self.say(
+                        f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
+                        f"at δ = {plan.delta:g} with {len(contributors)} contributors"
+                    )
             else:
                 dropped = self._wait_task(task, s.timeouts.round_s)
                 self._set_task(None, f"statistics: {kind} done")
@@ -685,7 +729,7 @@ class Federation:
                 s.out_dir.mkdir(parents=True, exist_ok=True)
                 np.savez(target, vector=vector, dim=dim, num_classes=classes)
                 self.results.setdefault("saved_statistics", {})[kind] = str(target)
-            stats = unpack_statistics(kind, vector, dim, classes)
+            stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
             out[kind] = stats
             self.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
             samples = (
@@ -722,7 +766,13 @@ class Federation:
             if isinstance(source, FFCStatistics):
                 t0 = time.monotonic()
                 try:
-                    heads["ffc"], notes = ffc_classifier(source, s.calibration.ffc_ridge)
+                    ridge = s.calibration.ffc_ridge
+                    dp_ridge = self._dp_ridge.get("ffc" if ffc is not None else "ffc-from-ccvr")
+                    if dp_ridge is not None and dp_ridge > ridge:
+                        self.say(f"ffc: ridge {dp_ridge:.4g} (≈ 2√l·σ of the DP noise)")
+                        ridge = dp_ridge
+                    self.results.setdefault("ffc_ridge", ridge)
+                    heads["ffc"], notes = ffc_classifier(source, ridge)
                     for note in notes:
                         self.say(f"ffc: {note}")
                 except ValueError as exc:
@@ -904,6 +954,7 @@ class Federation:
                 "parameters": self.model.length,
             },
             "audit_log": str(self.store.path),
+            "privacy": self.privacy.summary() if self.privacy is not None else {"enabled": False},
         }
 
 

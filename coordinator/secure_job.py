@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -32,7 +33,7 @@ from proto import spherecal_pb2 as pb
 from .errors import ServiceError, from_secagg
 from .settings import SecAggSettings
 
-__all__ = ["JobOutcome", "SecureJob", "plan_graph"]
+__all__ = ["JobOutcome", "SecureJob", "guaranteed_inputs", "plan_graph"]
 
 STAGE_CODES: dict[Stage, pb.SecAggStage] = {
     Stage.ADVERTISE: pb.ADVERTISE,
@@ -48,6 +49,13 @@ STAGE_NAMES: dict[pb.SecAggStage, str] = {
     pb.CONSISTENCY: "consistency",
     pb.UNMASK: "unmask",
 }
+
+
+def guaranteed_inputs(settings: SecAggSettings, n: int) -> int:
+    """The fewest inputs a job over ``n`` participants can aggregate: what a DP plan
+    must assume survive (``crypto.dp.guaranteed_contributors`` of the spec built here)."""
+    _, _, threshold = plan_graph(settings, n)
+    return max(threshold, min(n, max(2, settings.min_participants)))
 
 
 def plan_graph(settings: SecAggSettings, n: int) -> tuple[str, int, int]:
@@ -102,6 +110,7 @@ class SecureJob:
         bound: float,
         first_stage_s: float,
         stage_s: float,
+        spec_arguments: dict[str, Any] | None = None,
     ) -> None:
         n = len(participants)
         kind, degree, threshold = plan_graph(settings, n)
@@ -110,16 +119,17 @@ class SecureJob:
             raise crypto.TooFewSurvivors(
                 needed=needed, remaining=n, stage="create", what="participants"
             )
+        fixed: dict[str, Any] = {"length": length, "bound": bound}
+        fixed.update(spec_arguments or {})  # a DP plan fixes scale, bound and noise bound
         self.spec = JobSpec.create(
             participants,
             threshold=threshold,
-            length=length,
-            bound=bound,
             min_participants=min(n, max(2, settings.min_participants)),
             graph=kind,
             degree=degree,
             consistency_check=settings.consistency_check,
             chunk_size=min(settings.chunk_entries, max(2, length + (length % 2))),
+            **fixed,
         )
         self.purpose = purpose
         self.round = round_index

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 
+import crypto
 from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
 
@@ -332,6 +333,8 @@ class CoordinatorService:
             nbytes=len(data),
             sha256=_sha(data),
         )
+        if request.stage == pb.UNMASK:
+            self._record_reveals(job_hex, pid, data)
         self.accounting.received(pid, stage, request.ByteSize())
         self.federation.notify()
         return pb.Receipt(message="accepted")
@@ -371,6 +374,8 @@ class CoordinatorService:
                             grpc.StatusCode.INVALID_ARGUMENT, "one upload carries one job"
                         )
                     index = job.absorb(pid, data)
+                    if index == 0:
+                        self._record_sample(job_hex, pid, job.purpose, data)
                     chunk_sha = _sha(data)
                     digest.update(data)
                     self.store.audit(
@@ -404,6 +409,24 @@ class CoordinatorService:
                 job_hex,
             )
         return pb.UploadReceipt(num_bytes=total, chunks=chunks, sha256=digest.digest())
+
+    def _record_reveals(self, job_hex: str, pid: str, data: bytes) -> None:
+        try:
+            response = crypto.UnmaskResponse.from_bytes(data)
+        except crypto.SecAggError:
+            return  # the job already accepted it, so this cannot happen; never fail here
+        shares = [(r.owner, r.kind.name.lower()) for r in response.shares]
+        self.store.revealed_shares(job_hex, pid, shares)
+
+    def _record_sample(self, job_hex: str, pid: str, purpose: str, data: bytes) -> None:
+        limit = self.federation.settings.secagg.audit_sample_bytes
+        if limit <= 0:
+            return
+        try:
+            payload = crypto.MaskedChunk.from_bytes(data).payload
+        except crypto.SecAggError:
+            return
+        self.store.masked_sample(job_hex, pid, purpose, bytes(payload[:limit]))
 
     # ---------------------------------------------------------------- reports
     def report_evaluation(self, request: pb.EvaluationReport, peer: Peer) -> pb.Receipt:

@@ -23,6 +23,7 @@ from typing import Any
 from spherefed.calibrate import CCVRConfig
 from spherefed.fl import ALGORITHMS, derive_seed
 from spherefed.network import ModelSpec
+from spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "CalibrationSettings",
@@ -156,6 +157,10 @@ class SecAggSettings:
     """Ring entries per masked chunk (2 MiB); one chunk per gRPC message."""
     max_in_flight: int = 2
     """Concurrent masked uploads (each costs one vector of coordinator memory)."""
+    audit_sample_bytes: int = 64 << 10
+    """Keep this many leading payload bytes of each sender's first masked chunk per job
+    in the database, for ``spherecal audit``'s byte-uniformity and mask-reuse tests
+    (masked bytes reveal nothing; 0 disables)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold_fraction < 1:
@@ -238,6 +243,8 @@ class CoordinatorSettings:
     tls: TLSSettings = field(default_factory=TLSSettings)
     timeouts: Timeouts = field(default_factory=Timeouts)
     evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
+    """Noisy (differentially private) calibration releases; off by default."""
     state_dir: Path = Path("coordinator-state")
     out_dir: Path = Path("coordinator-out")
 
@@ -261,6 +268,11 @@ class CoordinatorSettings:
             )
         if self.server.max_chunk_bytes + (64 << 10) > self.server.max_message_bytes:
             raise ValueError("max_chunk_bytes must stay well below max_message_bytes")
+        if self.privacy.enabled and not self.secagg.statistics:
+            raise ValueError(
+                "[privacy] enabled needs secure statistics: DP noise is added in the ring "
+                "before masking (set [secure_aggregation] statistics = true)"
+            )
 
     @property
     def secure(self) -> bool:

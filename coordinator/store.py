@@ -88,6 +88,30 @@ CREATE TABLE IF NOT EXISTS audit (
     detail    TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_job ON audit (job);
+CREATE TABLE IF NOT EXISTS revealed_shares (
+    job       TEXT NOT NULL,
+    holder    TEXT NOT NULL,
+    owner     TEXT NOT NULL,
+    kind      TEXT NOT NULL,
+    ts        REAL NOT NULL,
+    PRIMARY KEY (job, holder, owner, kind)
+);
+CREATE TABLE IF NOT EXISTS masked_samples (
+    job       TEXT NOT NULL,
+    sender    TEXT NOT NULL,
+    purpose   TEXT,
+    ts        REAL NOT NULL,
+    sample    BLOB NOT NULL,
+    PRIMARY KEY (job, sender)
+);
+CREATE TABLE IF NOT EXISTS dp_releases (
+    job_id        TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL,
+    ts            REAL NOT NULL,
+    plan_json     TEXT NOT NULL,
+    contributors  TEXT NOT NULL,
+    charge_json   TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     ts       REAL NOT NULL,
@@ -339,6 +363,56 @@ class Store:
             lambda c: c.execute(
                 "INSERT INTO audit (ts, sender, job, stage, kind, bytes, sha256, status, code, "
                 "detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                row,
+            )
+        )
+
+    def revealed_shares(self, job: str, holder: str, shares: list[tuple[str, str]]) -> None:
+        """Which kinds of secret shares ``holder`` revealed, per owner, at unmasking (the
+        audit checks no owner had both its self-mask seed and its mask key revealed)."""
+        now = time.time()
+        rows = [(job, holder, owner, kind, now) for owner, kind in shares]
+        self.post(
+            lambda c: c.executemany(
+                "INSERT OR IGNORE INTO revealed_shares (job, holder, owner, kind, ts) "
+                "VALUES (?,?,?,?,?)",
+                rows,
+            )
+        )
+
+    def masked_sample(self, job: str, sender: str, purpose: str | None, sample: bytes) -> None:
+        """A bounded prefix of one masked upload (uniformly random bytes if masking
+        works; the audit tests that, and that masks are not reused across jobs)."""
+        row = (job, sender, purpose, time.time(), sample)
+        self.post(
+            lambda c: c.execute(
+                "INSERT OR IGNORE INTO masked_samples (job, sender, purpose, ts, sample) "
+                "VALUES (?,?,?,?,?)",
+                row,
+            )
+        )
+
+    def dp_release(
+        self,
+        job_id: str,
+        kind: str,
+        plan: dict[str, Any],
+        contributors: list[str],
+        charge: dict[str, Any],
+    ) -> None:
+        """The public inputs and realised noise of one DP release (for the audit)."""
+        row = (
+            job_id,
+            kind,
+            time.time(),
+            json.dumps(plan, sort_keys=True),
+            json.dumps(contributors),
+            json.dumps(charge, sort_keys=True),
+        )
+        self.call(
+            lambda c: c.execute(
+                "INSERT OR REPLACE INTO dp_releases (job_id, kind, ts, plan_json, contributors, "
+                "charge_json) VALUES (?,?,?,?,?,?)",
                 row,
             )
         )

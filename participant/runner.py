@@ -34,14 +34,18 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import crypto
+from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.identity import join_payload, public_key_bytes
+from spherefed.fl import LocalUpdate
+from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .data import LocalData
 from .faults import Halter
+from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .secure import SecureSession
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
@@ -114,6 +118,7 @@ class ParticipantRunner:
         self._presence: PresenceStream | None = None
         self._lock = threading.Lock()
         self.completed_tasks = 0
+        self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -182,6 +187,7 @@ class ParticipantRunner:
             return exc.code
         finally:
             self._stop_presence()
+            self.privacy.close()
 
     def _loop(self) -> int:
         while True:
@@ -297,7 +303,13 @@ class ParticipantRunner:
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
-        update = trainer.train(vector, task.seed)
+        if self.settings.privacy.dpsgd:
+            dp_update = self._train_dpsgd(task_id, vector)
+            if dp_update is None:
+                return
+            update = dp_update
+        else:
+            update = trainer.train(vector, task.seed)
         self.log(
             f"round {task.round + 1}: trained {update.num_steps} steps on {update.num_samples} "
             f"samples in {time.monotonic() - t0:.1f}s"
@@ -315,11 +327,48 @@ class ParticipantRunner:
             )
             self._upload_plain(task_id, update.weighted_delta, meta)
 
+    def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
+        """DP-SGD for this round: charge the ledger first (the cost is known before
+        training), refuse over budget; None when refused."""
+        trainer = self._trainer()
+        p = self.settings.privacy
+        config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
+        rate, steps = trainer.dpsgd_steps()
+        charge = dpsgd_charge(
+            p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
+        )
+        try:
+            entry = self.privacy.ledger(p.delta).charge(
+                self.pid, charge, release_id=f"dpsgd-{task_id}"
+            )
+        except BudgetExceeded as exc:
+            self._refuse(task_id, exc)
+            return None
+        try:
+            update, result = trainer.train_dpsgd(vector, config)
+        except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
+            self._refuse(task_id, exc)
+            return None
+        self.log(
+            f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "
+            f"σ = {result.noise_multiplier:g}, {result.steps} steps; local total ε = "
+            f"{entry.epsilon_total:.4g}"
+        )
+        return update
+
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
         trainer = self._trainer()
         kind = {pb.FFC: "ffc", pb.CCVR: "ccvr"}.get(task.kind)
         if kind is None:
             self._refuse(task_id, ValueError(f"unknown statistics kind {task.kind}"))
+            return
+        try:
+            self.privacy.require_noise(task)
+        except PrivacyRefused as exc:
+            self._refuse(task_id, exc)
+            return
+        if task.HasField("privacy") and task.HasField("secure"):
+            self._private_statistics(task_id, task, kind)
             return
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
@@ -331,6 +380,42 @@ class ParticipantRunner:
             self._start_secure(task_id, task.secure, stats, None, length)
         else:
             self._upload_plain(task_id, stats, None)
+
+    def _private_statistics(self, task_id: str, task: pb.StatisticsTask, kind: str) -> None:
+        """A DP release: plan and charge locally first (refusing over budget), then
+        exact statistics in the isometric layout, plus integer noise in the ring."""
+        trainer = self._trainer()
+        release = task.privacy
+        if release.kind != kind:
+            self._refuse(task_id, PrivacyRefused(f"DP plan for {release.kind}, job is {kind}"))
+            return
+        try:
+            spec = crypto.JobSpec.from_bytes(task.secure.spec)
+            plan, noise_plan, entry = self.privacy.admit(
+                spec.job_id.hex(),
+                release,
+                spec,
+                dim=trainer.feature_dim,
+                num_classes=trainer.num_classes,
+                examples=self.data.train_size,
+            )
+        except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
+            self._refuse(task_id, exc)
+            return
+        self.log(
+            f"{kind} DP release: {plan.mechanism}, ε = {entry['epsilon']:.4g} at δ = "
+            f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"
+        )
+        vector = self._download(task.model, (trainer.length,))
+        t0 = time.monotonic()
+        try:
+            stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
+        except ValueError as exc:
+            self._refuse(task_id, exc)
+            return
+        noise = sample_noise(noise_plan)
+        self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
+        self._start_secure(task_id, task.secure, stats, None, plan.length, noise=noise)
 
     def _upload_plain(
         self, task_id: str, vector: npt.NDArray[np.float64], meta: pb.UpdateMeta | None
@@ -371,6 +456,8 @@ class ParticipantRunner:
         vector: npt.NDArray[np.float64],
         round_index: int | None,
         expected_length: int,
+        *,
+        noise: npt.NDArray[np.int64] | None = None,
     ) -> None:
         try:
             session = SecureSession(
@@ -381,6 +468,7 @@ class ParticipantRunner:
                 trust=self.trust,
                 vector=vector,
                 round_index=round_index,
+                noise=noise,
             )
             if session.spec.length != expected_length:
                 raise crypto.WrongLength(

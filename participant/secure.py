@@ -78,6 +78,7 @@ class SecureSession:
         trust: DirectoryTrust,
         vector: npt.NDArray[np.float64],
         round_index: int | None = None,
+        noise: npt.NDArray[np.int64] | None = None,
     ) -> None:
         spec = JobSpec.from_bytes(job.spec)
         if spec.length != vector.shape[0]:
@@ -90,7 +91,7 @@ class SecureSession:
         self.purpose = job.purpose
         self.round = round_index
         self.client = SecAggParticipant(spec, participant_id, identity, directory, ledger=ledger)
-        self.client.set_input(vector)
+        self.client.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
 
     @property

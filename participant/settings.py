@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spherefed.privacy.settings import PrivacySettings
+
 from .faults import HaltPoint
 
 __all__ = ["ClientTLS", "DataSettings", "ParticipantSettings"]
@@ -78,6 +80,10 @@ class ParticipantSettings:
     halt_before: tuple[HaltPoint, ...] = ()
     """Fault injection for tests and ``spherecal simulate --drop``: stop (and wait to be
     killed) right before the named step."""
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
+    """This participant's own privacy policy: with ``enabled`` it refuses calibration
+    statistics without DP noise, and every noisy release is charged to its local
+    ledger (``state_dir/privacy.db``) and refused beyond its budget."""
 
     @property
     def identity_path(self) -> Path:

@@ -10,6 +10,9 @@ torch build and thread count).
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -25,6 +28,7 @@ from spherefed.fl import (
     state_vector,
 )
 from spherefed.network import ModelSpec, Net, build_model, compute_features
+from spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
 from spherefed.stats import ccvr_statistics, ffc_statistics
 
 from .data import LocalData
@@ -89,6 +93,47 @@ class LocalTrainer:
             self.model, self.data.train_x, self.data.train_y, self.config, seed=int(seed)
         )
 
+    def dpsgd_config(self, noise_multiplier: float, max_grad_norm: float, delta: float) -> Any:
+        """The plan's local training as DP-SGD (momentum, lr, epochs, batch size, loss;
+        weight decay and FedProx's term are not applied under DP-SGD)."""
+        from spherefed.privacy.dpsgd import DPSGDConfig
+
+        return DPSGDConfig(
+            epochs=self.config.epochs,
+            batch_size=self.config.batch_size,
+            lr=self.config.lr,
+            momentum=self.config.momentum,
+            max_grad_norm=max_grad_norm,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            loss=self.config.loss,
+        )
+
+    def dpsgd_steps(self) -> tuple[float, int]:
+        """(sample rate, steps) DP-SGD will take: Opacus samples with rate
+        ``1/⌈n/b⌉`` for ``⌈n/b⌉`` steps per epoch. Known before training, so the charge
+        can be checked against the budget before any data is touched."""
+        n = self.data.train_size
+        batches = max(1, math.ceil(n / max(1, min(self.config.batch_size, n or 1))))
+        return 1.0 / batches, batches * self.config.epochs
+
+    def train_dpsgd(self, vector: npt.NDArray[np.float64], config: Any) -> tuple[LocalUpdate, Any]:
+        """One round of DP-SGD from ``vector``; (update, DPSGDResult)."""
+        from spherefed.privacy.dpsgd import dp_local_train
+
+        self.load(vector)
+        start = state_vector(self.model, self.keys)
+        n = self.data.train_size
+        result = dp_local_train(self.model, self.data.train_x, self.data.train_y, config)
+        after = state_vector(self.model, self.keys)
+        update = LocalUpdate(
+            weighted_delta=float(n) * (after - start),
+            num_samples=n,
+            num_steps=result.steps,
+            mean_loss=result.mean_loss,
+        )
+        return update, result
+
     def features(self, x: torch.Tensor) -> npt.NDArray[np.float64]:
         return compute_features(self.model, x, batch_size=FEATURE_BATCH)
 
@@ -101,6 +146,26 @@ class LocalTrainer:
             return ffc_statistics(z, y, self.num_classes).pack()
         if kind == "ccvr":
             return ccvr_statistics(z, y, self.num_classes).pack()
+        raise ValueError(f"unknown statistics kind {kind!r}")
+
+    def private_statistics(
+        self, vector: npt.NDArray[np.float64], kind: str, *, quant_bits: int
+    ) -> npt.NDArray[np.float64]:
+        """Statistics for a DP release: exact sums of quantised unit features, packed
+        with the isometric triangle layout. Only statistics computed this way are
+        covered by the release's sensitivity bound (``spherefed.privacy.sensitivity``);
+        plain float statistics are not."""
+        self.load(vector)
+        z = self.features(self.data.train_x)
+        y = self.data.train_y.numpy()
+        if kind == "ffc":
+            return exact_ffc_statistics(z, y, self.num_classes, quant_bits=quant_bits).pack(
+                isometric=True
+            )
+        if kind == "ccvr":
+            return exact_ccvr_statistics(z, y, self.num_classes, quant_bits=quant_bits).pack(
+                isometric=True
+            )
         raise ValueError(f"unknown statistics kind {kind!r}")
 
     def _correct(self) -> int:

@@ -263,14 +263,42 @@ class TrainTask(_message.Message):
     def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., seed: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
 
 class StatisticsTask(_message.Message):
-    __slots__ = ("kind", "model", "secure")
+    __slots__ = ("kind", "model", "secure", "privacy")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
+    PRIVACY_FIELD_NUMBER: _ClassVar[int]
     kind: StatisticsKind
     model: TensorRef
     secure: SecAggJob
-    def __init__(self, kind: _Optional[_Union[StatisticsKind, str]] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
+    privacy: DPRelease
+    def __init__(self, kind: _Optional[_Union[StatisticsKind, str]] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ..., privacy: _Optional[_Union[DPRelease, _Mapping]] = ...) -> None: ...
+
+class DPRelease(_message.Message):
+    __slots__ = ("kind", "dim", "num_classes", "participants", "min_contributors", "max_examples", "epsilon", "delta", "mechanism", "quant_bits", "colluders")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    QUANT_BITS_FIELD_NUMBER: _ClassVar[int]
+    COLLUDERS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    dim: int
+    num_classes: int
+    participants: int
+    min_contributors: int
+    max_examples: int
+    epsilon: float
+    delta: float
+    mechanism: str
+    quant_bits: int
+    colluders: int
+    def __init__(self, kind: _Optional[str] = ..., dim: _Optional[int] = ..., num_classes: _Optional[int] = ..., participants: _Optional[int] = ..., min_contributors: _Optional[int] = ..., max_examples: _Optional[int] = ..., epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., mechanism: _Optional[str] = ..., quant_bits: _Optional[int] = ..., colluders: _Optional[int] = ...) -> None: ...
 
 class EvaluateTask(_message.Message):
     __slots__ = ("model", "heads", "round")

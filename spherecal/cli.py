@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spherecal.experiment import add_experiment_parser
 
     add_experiment_parser(sub)
+    from spherecal.audit import add_audit_parser
+
+    add_audit_parser(sub)
     return parser
 
 

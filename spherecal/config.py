@@ -33,6 +33,7 @@ from coordinator.settings import (
 from participant.faults import parse_halt
 from participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherefed.calibrate import CCVRConfig
+from spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "ConfigError",
@@ -136,6 +137,29 @@ def _sections(
     return {name: _Section(source, name, document.get(name, {}), base) for name in allowed}
 
 
+def _privacy(section: _Section) -> PrivacySettings:
+    """The ``[privacy]`` table (same keys for coordinator and participant)."""
+    d = PrivacySettings()
+    try:
+        return PrivacySettings(
+            enabled=section.get("enabled", bool, d.enabled),
+            mechanism=section.get("mechanism", str, d.mechanism),
+            epsilon=section.optional("epsilon", float),
+            total_epsilon=section.optional("total_epsilon", float),
+            delta=section.get("delta", float, d.delta),
+            max_examples=section.get("max_examples", int, d.max_examples),
+            quant_bits=section.get("quant_bits", int, d.quant_bits),
+            colluders=section.get("colluders", int, d.colluders),
+            dpsgd=section.get("dpsgd", bool, d.dpsgd),
+            dpsgd_noise_multiplier=section.get(
+                "dpsgd_noise_multiplier", float, d.dpsgd_noise_multiplier
+            ),
+            dpsgd_max_grad_norm=section.get("dpsgd_max_grad_norm", float, d.dpsgd_max_grad_norm),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{section.source}: [privacy] {exc}") from None
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
@@ -157,6 +181,7 @@ COORDINATOR_SECTIONS = (
     "tls",
     "timeouts",
     "evaluation",
+    "privacy",
 )
 
 
@@ -264,6 +289,7 @@ def _parse_coordinator(
         statistics_bound=a.get("statistics_bound", float, ad.statistics_bound),
         chunk_entries=a.get("chunk_entries", int, ad.chunk_entries),
         max_in_flight=a.get("max_in_flight", int, ad.max_in_flight),
+        audit_sample_bytes=a.get("audit_sample_bytes", int, ad.audit_sample_bytes),
     )
 
     sv = s["server"]
@@ -311,6 +337,7 @@ def _parse_coordinator(
         test_data_root=e.optional("test_data_root", str),
         federated_every=e.get("federated_every", int, 0),
     )
+    privacy = _privacy(s["privacy"])
     for section in s.values():
         section.finish()
     try:
@@ -326,6 +353,7 @@ def _parse_coordinator(
             tls=tls,
             timeouts=timeouts,
             evaluation=evaluation,
+            privacy=privacy,
             state_dir=state_dir or base / "coordinator-state",
             out_dir=out_dir or base / "coordinator-out",
         )
@@ -337,7 +365,7 @@ def _parse_coordinator(
 
 
 # ====================================================================== participant
-PARTICIPANT_SECTIONS = ("participant", "tls", "data")
+PARTICIPANT_SECTIONS = ("participant", "tls", "data", "privacy")
 
 
 def load_participant_config(path: str | Path) -> ParticipantSettings:
@@ -407,6 +435,7 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
         give_up_s=p.get("give_up_s", float, d.give_up_s),
         rpc_timeout_s=p.get("rpc_timeout_s", float, d.rpc_timeout_s),
         halt_before=halt_points,
+        privacy=_privacy(s["privacy"]),
     )
     for section in s.values():
         section.finish()

@@ -138,6 +138,10 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "federated_every": 0,
     "update_bound": None,
     "statistics_bound": None,
+    "epsilon": None,
+    "delta": 1e-5,
+    "dp_mechanism": "skellam",
+    "dp_budget": None,
     "out": None,
 }
 
@@ -204,6 +208,17 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--federated-every", type=int, default=S)
     p.add_argument("--update-bound", type=float, default=S)
     p.add_argument("--statistics-bound", type=float, default=S)
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=S,
+        help="DP: target ε per calibration release (adds noise in the ring; default off)",
+    )
+    p.add_argument("--delta", type=float, default=S, help="DP: δ (default 1e-5)")
+    p.add_argument("--dp-mechanism", default=S, choices=("skellam", "dgauss"))
+    p.add_argument(
+        "--dp-budget", type=float, default=S, help="DP: total ε budget of each participant"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_simulate)
 
@@ -305,6 +320,10 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         timeout_s=float(o["timeout"]),
         heartbeat_timeout_s=float(o["heartbeat_timeout"]),
         federated_every=int(o["federated_every"]),
+        epsilon=None if o["epsilon"] is None else float(o["epsilon"]),
+        delta=float(o["delta"]),
+        dp_mechanism=str(o["dp_mechanism"]),
+        dp_budget=None if o["dp_budget"] is None else float(o["dp_budget"]),
         **extra,
     )
     settings.validate()

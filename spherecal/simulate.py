@@ -132,6 +132,18 @@ class SimulationSettings:
     update_bound: float = SecAggSettings().update_bound
     statistics_bound: float = SecAggSettings().statistics_bound
     extra_participant: dict[str, Any] = field(default_factory=dict)
+    epsilon: float | None = None
+    """Target ε per calibration release (``--epsilon``): switches DP noise on."""
+    delta: float = 1e-5
+    dp_mechanism: str = "skellam"
+    dp_budget: float | None = None
+    """Total ε budget of every participant's local ledger (``--dp-budget``)."""
+    participant_privacy: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-participant overrides of its ``[privacy]`` table (tests: a tiny budget)."""
+
+    @property
+    def privacy(self) -> bool:
+        return self.epsilon is not None
 
     @property
     def participant_ids(self) -> tuple[str, ...]:
@@ -159,6 +171,18 @@ class SimulationSettings:
             )
         if self.secure_statistics and ref.participants < 2:
             raise ValueError("secure statistics need at least 2 participants")
+        if self.epsilon is not None:
+            if not self.epsilon > 0:
+                raise ValueError("--epsilon must be > 0")
+            if not 0 < self.delta < 1:
+                raise ValueError("--delta must be in (0, 1)")
+            if self.dp_mechanism not in ("skellam", "dgauss"):
+                raise ValueError("--dp-mechanism must be skellam or dgauss")
+            if not self.secure_statistics:
+                raise ValueError(
+                    "--epsilon needs secure statistics: the DP noise is added in the ring "
+                    "before masking"
+                )
         for drop in self.drops:
             point = drop.point
             secagg_stage = point.stage != "train"
@@ -352,6 +376,14 @@ class Simulation:
                 "test_data_root": ref.data_root,
                 "federated_every": s.federated_every,
             },
+            "privacy": {
+                "enabled": True,
+                "mechanism": s.dp_mechanism,
+                "epsilon": s.epsilon,
+                "delta": s.delta,
+            }
+            if s.privacy
+            else {},
         }
         path = self.out / "coordinator.toml"
         path.write_text(dump_toml(document))
@@ -384,6 +416,17 @@ class Simulation:
                 "cert": str(certs / f"{pid}.pem") if s.tls else None,
                 "key": str(certs / f"{pid}.key") if s.tls else None,
             },
+            "privacy": (
+                {
+                    "enabled": True,
+                    "epsilon": s.epsilon,
+                    "total_epsilon": s.dp_budget,
+                    "delta": s.delta,
+                    **s.participant_privacy.get(pid, {}),
+                }
+                if s.privacy
+                else {}
+            ),
             "data": {
                 "dataset": ref.dataset,
                 "root": ref.data_root,
@@ -544,6 +587,10 @@ class Simulation:
                 "drop": [str(d) for d in s.drops],
                 "tls": s.tls,
                 "threads": s.threads,
+                "epsilon": s.epsilon,
+                "delta": s.delta if s.privacy else None,
+                "dp_mechanism": s.dp_mechanism if s.privacy else None,
+                "dp_budget": s.dp_budget,
             },
             "accuracy": summary.get("accuracy"),
             "central_accuracy": summary.get("central_accuracy"),
@@ -563,6 +610,7 @@ class Simulation:
             "models": summary.get("models", {}),
             "saved_statistics": summary.get("saved_statistics", {}),
             "model": summary.get("model"),
+            "privacy": summary.get("privacy", {"enabled": False}),
             "logs": str(self.out / "logs"),
         }
 

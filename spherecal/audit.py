@@ -1,0 +1,583 @@
+"""``spherecal audit PATH``: the privacy report a privacy officer signs off on.
+
+Reads only what the coordinator persisted — its SQLite database (``state.db``) — plus,
+for a ``spherecal simulate`` output directory, each participant's own local ledger
+(``state/<id>/privacy.db``) and config. It never needs the coordinator to be running
+and never sees plaintext (the coordinator never had any). Checks, each a named entry
+in ``audit.json`` with ``ok`` and the evidence:
+
+``payloads``            every payload received: who, job, stage, kind, bytes, SHA-256
+``no_plaintext_statistics``
+                        no calibration statistic was accepted unmasked (an accepted
+                        plaintext upload of a statistics task is a violation)
+``masked_uniformity``   a chi-square test on the bytes of each kept masked-upload
+                        sample (the coordinator keeps a bounded prefix per sender per
+                        job): masked bytes must look uniform
+``mask_reuse``          the same test on the ring difference of one sender's samples
+                        across jobs: a reused mask cancels and leaves structured bytes
+``aggregate_inputs``    every finished job aggregated at least ``max(t, min_participants)``
+``share_reveals``       no owner had both its self-mask seed and its mask key revealed
+``dp_releases``         every statistics job of a DP federation is a DP release, and
+                        each release's recorded noise is re-derived from its public
+                        inputs: noise at least the plan's, ε within the target, the
+                        realised noise meeting the target variance
+``budgets``             ε spent per participant (and the federation) against budget
+
+``--empirical`` adds a canary audit of the calibration mechanism
+(:func:`spherefed.privacy.empirical.run_canary_audit`): ``epsilon_claimed``,
+``epsilon_empirical_lower`` and ``tightness`` at the top level of ``audit.json``.
+
+Statistical tests use a family-wise false-alarm rate of ``1e-3`` (Bonferroni over
+all tests run), so a correct federation practically never fails them while a
+plaintext or reused-mask upload of a few kilobytes fails with p ≈ 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sqlite3
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["AuditError", "add_audit_parser", "run_audit"]
+
+FAMILY_ALPHA = 1e-3
+MIN_SAMPLE_BYTES = 1024
+MAX_PAIRS_PER_SENDER = 200
+
+
+class AuditError(Exception):
+    """The path is not something ``spherecal audit`` can read."""
+
+
+# ----------------------------------------------------------------- inputs
+def locate(path: Path) -> tuple[Path, Path | None]:
+    """(coordinator database, simulate output directory or None)."""
+    if path.is_file():
+        return path, None
+    if path.is_dir():
+        for candidate in (
+            path / "coordinator" / "state" / "state.db",
+            path / "state" / "state.db",
+            path / "state.db",
+        ):
+            if candidate.is_file():
+                return candidate, path if (path / "participants").is_dir() else None
+    raise AuditError(
+        f"{path}: neither a coordinator database nor a directory holding one "
+        "(coordinator/state/state.db of a simulate run, or state.db)"
+    )
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+
+
+def _meta(conn: sqlite3.Connection, key: str) -> str | None:
+    rows = _rows(conn, "SELECT value FROM meta WHERE key=?", (key,))
+    return str(rows[0][0]) if rows else None
+
+
+# ----------------------------------------------------------------- statistics
+def byte_chi_square(data: bytes) -> tuple[float, float]:
+    """(chi-square statistic, p-value) of the bytes against the uniform distribution.
+
+    The p-value uses the Wilson–Hilferty normal approximation of the χ²(255) tail —
+    accurate to a few percent relative far into the tail, more than enough to compare
+    against a Bonferroni threshold, and free of a SciPy dependency."""
+    counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
+    expected = len(data) / 256.0
+    stat = float(((counts - expected) ** 2).sum() / expected)
+    return stat, chi2_sf(stat, 255)
+
+
+def chi2_sf(stat: float, dof: int) -> float:
+    """Upper tail of χ²(dof) at ``stat`` (Wilson–Hilferty)."""
+    k = float(dof)
+    z = ((stat / k) ** (1.0 / 3.0) - (1.0 - 2.0 / (9.0 * k))) / math.sqrt(2.0 / (9.0 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def ring_difference(a: bytes, b: bytes) -> bytes:
+    """``a - b`` entry-wise in ``Z_2^64`` over the common prefix (whole entries)."""
+    n = min(len(a), len(b)) // 8 * 8
+    x = np.frombuffer(a[:n], dtype="<u8")
+    y = np.frombuffer(b[:n], dtype="<u8")
+    diff: npt.NDArray[np.uint64] = x - y  # wraps: ring arithmetic
+    return diff.astype("<u8").tobytes()
+
+
+# ----------------------------------------------------------------- checks
+def _check(ok: bool, summary: str, **evidence: Any) -> dict[str, Any]:
+    return {"ok": ok, "summary": summary, **evidence}
+
+
+def check_payloads(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
+    rows = _rows(
+        conn,
+        "SELECT ts, sender, job, stage, kind, bytes, sha256, status, code FROM audit ORDER BY id",
+    )
+    payloads = [
+        {
+            "ts": r[0],
+            "sender": r[1],
+            "job": r[2],
+            "stage": r[3],
+            "kind": r[4],
+            "bytes": r[5],
+            "sha256": r[6],
+            "status": r[7],
+            "code": r[8],
+        }
+        for r in rows
+    ]
+    plain = [
+        p
+        for p in payloads
+        if p["status"] == "accepted" and p["stage"] == "statistics" and p["kind"] == "TensorUpload"
+    ]
+    check = _check(
+        not plain,
+        "no calibration statistic arrived unmasked"
+        if not plain
+        else f"{len(plain)} calibration statistic upload(s) arrived UNMASKED",
+        violations=[{k: p[k] for k in ("sender", "job", "bytes", "sha256")} for p in plain],
+    )
+    return {"count": len(payloads), "rows": payloads}, check
+
+
+def check_uniformity(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
+    rows = _rows(conn, "SELECT job, sender, purpose, ts, sample FROM masked_samples ORDER BY ts")
+    samples = [(str(r[0]), str(r[1]), r[2], bytes(r[4])) for r in rows]
+    usable = [s for s in samples if len(s[3]) >= MIN_SAMPLE_BYTES]
+    by_sender: dict[str, list[tuple[str, str | None, bytes]]] = {}
+    for job, sender, purpose, data in usable:
+        by_sender.setdefault(sender, []).append((job, purpose, data))
+    pairs: list[tuple[str, str, str, bytes, bytes]] = []
+    for sender, items in sorted(by_sender.items()):
+        count = 0
+        for i in range(len(items)):
+            for j in range(i + 1, len(items)):
+                if count >= MAX_PAIRS_PER_SENDER:
+                    break
+                pairs.append((sender, items[i][0], items[j][0], items[i][2], items[j][2]))
+                count += 1
+    tests = max(1, len(usable) + len(pairs))
+    threshold = FAMILY_ALPHA / tests
+    single_fail = []
+    for job, sender, purpose, data in usable:
+        stat, p = byte_chi_square(data)
+        if p < threshold:
+            single_fail.append(
+                {
+                    "job": job,
+                    "sender": sender,
+                    "purpose": purpose,
+                    "bytes": len(data),
+                    "chi2": stat,
+                    "p_value": p,
+                }
+            )
+    reuse_fail = []
+    for sender, job_a, job_b, a, b in pairs:
+        diff = ring_difference(a, b)
+        if len(diff) < MIN_SAMPLE_BYTES:
+            continue
+        stat, p = byte_chi_square(diff)
+        if p < threshold:
+            reuse_fail.append(
+                {
+                    "sender": sender,
+                    "jobs": [job_a, job_b],
+                    "bytes": len(diff),
+                    "chi2": stat,
+                    "p_value": p,
+                }
+            )
+    uniform = _check(
+        not single_fail,
+        f"{len(usable)} masked samples tested, {len(single_fail)} not uniform"
+        + ("" if samples else " (no samples kept: audit_sample_bytes = 0 or an older database)"),
+        samples=len(usable),
+        p_threshold=threshold,
+        violations=single_fail,
+    )
+    reuse = _check(
+        not reuse_fail,
+        f"{len(pairs)} cross-job differences tested, {len(reuse_fail)} show mask reuse",
+        pairs=len(pairs),
+        p_threshold=threshold,
+        violations=reuse_fail,
+    )
+    return uniform, reuse
+
+
+def check_aggregates(conn: sqlite3.Connection) -> dict[str, Any]:
+    floor_meta = _meta(conn, "secagg_min_participants")
+    min_participants = int(floor_meta) if floor_meta is not None else 2
+    rows = _rows(
+        conn,
+        "SELECT job_id, purpose, round, status, participants, threshold, contributors "
+        "FROM jobs ORDER BY created",
+    )
+    jobs, bad = [], []
+    for job_id, purpose, rnd, status, participants, threshold, contributors in rows:
+        ids = json.loads(participants or "[]")
+        got = json.loads(contributors or "[]")
+        needed = max(int(threshold), min(len(ids), max(2, min_participants)))
+        entry = {
+            "job": job_id,
+            "purpose": purpose,
+            "round": rnd,
+            "status": status,
+            "inputs": len(got),
+            "needed": needed,
+        }
+        jobs.append(entry)
+        if status == "done" and len(got) < needed:
+            bad.append(entry)
+    return _check(
+        not bad,
+        f"{sum(1 for j in jobs if j['status'] == 'done')} aggregates, "
+        f"{len(bad)} below their minimum of inputs",
+        min_participants=min_participants,
+        jobs=jobs,
+        violations=bad,
+    )
+
+
+def check_reveals(conn: sqlite3.Connection) -> dict[str, Any]:
+    rows = _rows(conn, "SELECT job, owner, kind, holder FROM revealed_shares")
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for job, owner, kind, _holder in rows:
+        kinds.setdefault((str(job), str(owner)), set()).add(str(kind))
+    both = [
+        {"job": job, "owner": owner, "kinds": sorted(k)}
+        for (job, owner), k in sorted(kinds.items())
+        if {"seed", "mask_key"} <= k
+    ]
+    return _check(
+        not both,
+        f"{len(rows)} revealed shares over {len(kinds)} (job, owner) pairs; "
+        f"{len(both)} owners with BOTH self-mask and mask-key shares revealed",
+        violations=both,
+    )
+
+
+def _recomputed_epsilon(plan_json: dict[str, Any], charge: dict[str, Any]) -> dict[str, Any]:
+    """Re-plan a release from its public inputs and re-account the *recorded* noise."""
+    from crypto.dp import NoisePlan
+    from spherefed.privacy.plan import plan_calibration_release
+
+    noise = plan_json["noise"]
+    plan = plan_calibration_release(
+        plan_json["kind"],
+        dim=int(plan_json["dim"]),
+        num_classes=int(plan_json["num_classes"]),
+        participants=int(noise["participants"]),
+        min_contributors=int(noise["min_contributors"]),
+        epsilon_target=float(plan_json["target_epsilon"]),
+        delta=float(plan_json["delta"]),
+        max_examples=int(plan_json["sensitivity"]["max_examples"]),
+        mechanism=str(plan_json["mechanism"]),
+        quant_bits=int(plan_json["quant_bits"]),
+        colluders=int(noise["colluders"]),
+    )
+    recorded = charge.get("noise", {})
+    parameter = int(recorded.get("parameter", noise["parameter"]))
+    contributors = int(recorded.get("contributors", noise["min_contributors"]))
+    as_recorded = replace(plan, noise=replace(plan.noise, parameter=parameter))
+    assert isinstance(as_recorded.noise, NoisePlan)
+    real = as_recorded.charge(contributors)
+    return {
+        "required_parameter": plan.noise.parameter,
+        "recorded_parameter": parameter,
+        "contributors": contributors,
+        "epsilon_recomputed": real.epsilon,
+        "meets_target": bool(real.noise["meets_target"]),
+        "target_epsilon": plan.target_epsilon,
+    }
+
+
+def check_dp(conn: sqlite3.Connection) -> dict[str, Any]:
+    privacy = json.loads(_meta(conn, "privacy") or "{}")
+    enabled = bool(privacy.get("enabled"))
+    releases = _rows(
+        conn, "SELECT job_id, kind, plan_json, contributors, charge_json FROM dp_releases"
+    )
+    released = {str(r[0]) for r in releases}
+    stats_jobs = _rows(
+        conn, "SELECT job_id, purpose FROM jobs WHERE purpose IN ('ffc', 'ccvr') AND status='done'"
+    )
+    violations: list[dict[str, Any]] = []
+    if enabled:
+        for job_id, purpose in stats_jobs:
+            if job_id not in released:
+                violations.append(
+                    {
+                        "job": job_id,
+                        "kind": purpose,
+                        "problem": "statistics released without DP noise",
+                    }
+                )
+    ledger = {
+        str(r[0]): json.loads(r[1])
+        for r in _rows(
+            conn, "SELECT release_id, charge_json FROM privacy_ledger WHERE subject='federation'"
+        )
+    }
+    checked = []
+    for job_id, kind, plan_text, _contributors, _charge_text in releases:
+        plan_json = json.loads(plan_text)
+        charge = ledger.get(str(job_id), json.loads(_charge_text))
+        try:
+            r = _recomputed_epsilon(plan_json, charge)
+        except (ValueError, KeyError, TypeError) as exc:
+            violations.append({"job": job_id, "kind": kind, "problem": f"cannot re-plan: {exc}"})
+            continue
+        r.update({"job": job_id, "kind": kind, "epsilon_recorded": charge.get("epsilon")})
+        checked.append(r)
+        problems = []
+        if r["recorded_parameter"] < r["required_parameter"]:
+            problems.append(
+                f"noise parameter {r['recorded_parameter']} below the plan's "
+                f"{r['required_parameter']}"
+            )
+        if r["epsilon_recomputed"] > r["target_epsilon"] * (1 + 1e-6):
+            problems.append(
+                f"ε = {r['epsilon_recomputed']:.4g} exceeds the target {r['target_epsilon']:g}"
+            )
+        if not r["meets_target"]:
+            problems.append("the realised noise misses the target variance (too few contributors)")
+        recorded = charge.get("epsilon")
+        if recorded is not None and float(recorded) < r["epsilon_recomputed"] * (1 - 1e-6):
+            problems.append(
+                f"the ledger records ε = {float(recorded):.4g}, less than the recomputed "
+                f"{r['epsilon_recomputed']:.4g}"
+            )
+        if problems:
+            violations.append({"job": job_id, "kind": kind, "problem": "; ".join(problems)})
+    summary = (
+        "DP not enabled in this federation"
+        if not enabled and not releases
+        else f"{len(checked)} DP releases re-derived from public inputs, "
+        f"{len(violations)} problem(s)"
+    )
+    return _check(not violations, summary, enabled=enabled, releases=checked, violations=violations)
+
+
+def _ledger_totals(conn: sqlite3.Connection, delta: float) -> dict[str, dict[str, Any]]:
+    from spherefed.privacy.ledger import PrivacyBudget, PrivacyLedger, SqliteLedgerStore
+
+    if not _rows(conn, "SELECT name FROM sqlite_master WHERE name='privacy_ledger'"):
+        return {}
+    ledger = PrivacyLedger(SqliteLedgerStore(conn), PrivacyBudget(delta=delta))
+    out = {}
+    for subject in ledger.store.subjects():
+        spent = ledger.spent(subject)
+        out[subject] = {"releases": spent.releases, "epsilon": spent.epsilon}
+    return out
+
+
+def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> dict[str, Any]:
+    privacy = json.loads(_meta(conn, "privacy") or "{}")
+    delta = float(privacy.get("delta", 1e-5))
+    total = privacy.get("total_epsilon")
+    per_release = privacy.get("epsilon")
+    budget = total if total is not None else None
+    subjects: dict[str, dict[str, Any]] = {}
+    for subject, spent in _ledger_totals(conn, delta).items():
+        subjects[subject] = {
+            "coordinator_view_epsilon": spent["epsilon"],
+            "releases": spent["releases"],
+            "budget_epsilon": budget,
+        }
+    if sim_dir is not None:
+        from spherecal.config import load_participant_config
+
+        for config in sorted((sim_dir / "participants").glob("*.toml")):
+            try:
+                settings = load_participant_config(config)
+            except ValueError:
+                continue
+            db = settings.state_dir / "privacy.db"
+            if not db.is_file():
+                continue
+            pconn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                spent_local = _ledger_totals(pconn, settings.privacy.delta).get(
+                    settings.participant_id
+                )
+            finally:
+                pconn.close()
+            entry = subjects.setdefault(settings.participant_id, {"budget_epsilon": None})
+            if settings.privacy.enabled:
+                entry["budget_epsilon"] = settings.privacy.total_epsilon
+            if spent_local is not None:
+                entry["local_ledger_epsilon"] = spent_local["epsilon"]
+                entry["local_releases"] = spent_local["releases"]
+    over = []
+    for subject, entry in sorted(subjects.items()):
+        b = entry.get("budget_epsilon")
+        spent_values = [
+            v for k, v in entry.items() if k.endswith("_epsilon") and k != "budget_epsilon"
+        ]
+        worst = max((float(v) for v in spent_values), default=0.0)
+        entry["epsilon"] = worst
+        entry["within_budget"] = b is None or worst <= float(b) * (1 + 1e-9)
+        if not entry["within_budget"]:
+            over.append(subject)
+    return _check(
+        not over,
+        f"{len(subjects)} ledger subjects; over budget: {over or 'none'}",
+        delta=delta,
+        epsilon_per_release=per_release,
+        total_epsilon=total,
+        subjects=subjects,
+        violations=over,
+    )
+
+
+# ----------------------------------------------------------------- driver
+def run_audit(
+    path: Path,
+    *,
+    out: Path | None = None,
+    empirical: bool = False,
+    trials: int = 2000,
+) -> dict[str, Any]:
+    """Run every check; write ``audit.json`` (next to the run, or ``out``); return it."""
+    db, sim_dir = locate(path)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        payloads, plaintext = check_payloads(conn)
+        uniform, reuse = check_uniformity(conn)
+        checks = {
+            "no_plaintext_statistics": plaintext,
+            "masked_uniformity": uniform,
+            "mask_reuse": reuse,
+            "aggregate_inputs": check_aggregates(conn),
+            "share_reveals": check_reveals(conn),
+            "dp_releases": check_dp(conn),
+            "budgets": check_budgets(conn, sim_dir),
+        }
+        privacy = json.loads(_meta(conn, "privacy") or "{}")
+        federation_id = _meta(conn, "federation_id")
+    finally:
+        conn.close()
+    report: dict[str, Any] = {
+        "schema": "spherecal.audit/1",
+        "database": str(db),
+        "federation_id": federation_id,
+        "ok": all(c["ok"] for c in checks.values()),
+        "checks": checks,
+        "payloads": payloads,
+    }
+    if empirical:
+        report.update(empirical_audit(privacy, trials=trials))
+        report["ok"] = report["ok"] and not report["empirical"]["exceeds_claim"]
+    target = out if out is not None else (sim_dir or db.parent) / "audit.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    report["path"] = str(target)
+    return report
+
+
+def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
+    """The canary audit on a small setting with this federation's mechanism and δ."""
+    from spherefed.privacy.empirical import AuditSettings, run_canary_audit
+
+    epsilon = privacy.get("epsilon") or privacy.get("total_epsilon") or 4.0
+    settings = AuditSettings(
+        mechanism=str(privacy.get("mechanism", "skellam")),
+        delta=float(privacy.get("delta", 1e-5)),
+        epsilon=float(epsilon),
+        trials=trials,
+    )
+    result = run_canary_audit(settings)
+    return {
+        "epsilon_claimed": result.epsilon_claimed,
+        "epsilon_empirical_lower": result.epsilon_empirical_lower,
+        "tightness": result.tightness,
+        "empirical": result.to_json(),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"spherecal audit of {report['database']}"]
+    payloads = report["payloads"]["rows"]
+    by: dict[tuple[str, str], list[int]] = {}
+    for p in payloads:
+        if p["status"] == "accepted":
+            by.setdefault((p["sender"], p["stage"]), []).append(int(p["bytes"]))
+    lines.append(f"\npayloads received: {report['payloads']['count']} (sender, stage: n, bytes)")
+    for (sender, stage), sizes in sorted(by.items()):
+        lines.append(f"  {sender:<12} {stage:<12} {len(sizes):>5}  {sum(sizes):>12}")
+    lines.append("\nchecks:")
+    for name, check in report["checks"].items():
+        lines.append(f"  [{'PASS' if check['ok'] else 'FAIL'}] {name}: {check['summary']}")
+        for v in check.get("violations", [])[:10]:
+            lines.append(f"         - {json.dumps(v, default=str)}")
+    budgets = report["checks"]["budgets"]["subjects"]
+    if budgets:
+        delta = report["checks"]["budgets"]["delta"]
+        lines.append(f"\nε spent (δ = {delta:g}) vs budget:")
+        for subject, e in sorted(budgets.items()):
+            b = e.get("budget_epsilon")
+            lines.append(
+                f"  {subject:<12} ε = {e['epsilon']:.4g}  budget "
+                + ("none" if b is None else f"{float(b):g}")
+            )
+    if "epsilon_claimed" in report:
+        lines.append(
+            f"\nempirical canary audit: claimed ε = {report['epsilon_claimed']:.4g}, "
+            f"empirical lower bound = {report['epsilon_empirical_lower']:.4g}, "
+            f"tightness = {report['tightness']:.3f}"
+        )
+    lines.append(f"\nverdict: {'PASS' if report['ok'] else 'FAIL'}  (written {report['path']})")
+    return "\n".join(lines)
+
+
+def add_audit_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="privacy report of a coordinator database or a simulate output dir",
+        description=(
+            "Read a coordinator's state.db (or a spherecal simulate --out DIR), print the "
+            "privacy report and write audit.json. Exit status 0 when every check passes, "
+            "1 when one fails."
+        ),
+    )
+    p.add_argument("path", type=Path, help="coordinator database or simulate output directory")
+    p.add_argument("--out", type=Path, default=None, help="where to write audit.json")
+    p.add_argument(
+        "--empirical", action="store_true", help="also run the canary audit (a few seconds)"
+    )
+    p.add_argument("--trials", type=int, default=2000, help="canary releases per world")
+    p.add_argument("--json", action="store_true", help="print audit.json instead of the report")
+    p.set_defaults(func=_cmd_audit)
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    try:
+        report = run_audit(args.path, out=args.out, empirical=args.empirical, trials=args.trials)
+    except (AuditError, sqlite3.DatabaseError) as exc:
+        print(f"spherecal audit: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "payloads"}, indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report["ok"] else 1

@@ -1,0 +1,85 @@
+"""The ``[privacy]`` settings shared by coordinator and participant configurations.
+
+Both sides read the same table so that an operator reads one vocabulary: the
+coordinator uses it to *request* noisy calibration releases (and to size them), a
+participant uses it as *its own* policy — whether it demands noise, which ε per
+release it accepts at most, its total budget, and how many colluders it assumes.
+A participant never trusts the coordinator's numbers: it re-plans the noise from
+the job's public inputs and refuses what its policy or budget does not allow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from crypto.dp import DGAUSS, SKELLAM
+from spherefed.privacy.ledger import PrivacyBudget
+from spherefed.privacy.sensitivity import DEFAULT_QUANT_BITS
+
+__all__ = ["MECHANISMS", "PrivacySettings"]
+
+MECHANISMS = (SKELLAM, DGAUSS)
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """One ``[privacy]`` table (see docs/deployment.md and README "Privacy")."""
+
+    enabled: bool = False
+    mechanism: str = SKELLAM
+    epsilon: float | None = None
+    """Target ε of each calibration release (coordinator) / the largest ε per release
+    this participant accepts (participant)."""
+    total_epsilon: float | None = None
+    """Total budget over every release (composed by RDP); ``None`` = no total limit."""
+    delta: float = 1e-5
+    max_examples: int = 100_000
+    """Public bound on any participant's number of training examples. It sizes the ring
+    headroom and the rounding term of the sensitivity; it is never read off data. A
+    participant with more examples refuses rather than silently break the bound."""
+    quant_bits: int = DEFAULT_QUANT_BITS
+    colluders: int = 0
+    """Participants assumed to collude with the coordinator (their noise is not counted)."""
+    dpsgd: bool = False
+    """Participant only: train locally with DP-SGD (Opacus), each round charged to the
+    local ledger and refused over budget. Protects the trained weights; the example
+    count and mean loss sent with each update are not covered."""
+    dpsgd_noise_multiplier: float = 1.0
+    dpsgd_max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(
+                f"privacy mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"
+            )
+        for name in ("epsilon", "total_epsilon"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"privacy {name} must be a positive number")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"privacy delta must be in (0, 1), got {self.delta}")
+        if self.max_examples < 1:
+            raise ValueError("privacy max_examples must be >= 1")
+        if not 1 <= self.quant_bits <= 20:
+            raise ValueError("privacy quant_bits must be in 1..20")
+        if self.colluders < 0:
+            raise ValueError("privacy colluders must be >= 0")
+        if not (self.dpsgd_noise_multiplier > 0 and self.dpsgd_max_grad_norm > 0):
+            raise ValueError("privacy dpsgd_noise_multiplier and dpsgd_max_grad_norm must be > 0")
+        if self.enabled and self.epsilon is None and self.total_epsilon is None:
+            raise ValueError("[privacy] enabled needs epsilon (per release) or total_epsilon")
+
+    @property
+    def release_epsilon(self) -> float:
+        """The per-release target a coordinator plans with (the whole budget if only a
+        total is configured)."""
+        value = self.epsilon if self.epsilon is not None else self.total_epsilon
+        if value is None:
+            raise ValueError("no epsilon configured")
+        return value
+
+    def budget(self) -> PrivacyBudget:
+        return PrivacyBudget(
+            delta=self.delta, total_epsilon=self.total_epsilon, epsilon_per_release=self.epsilon
+        )

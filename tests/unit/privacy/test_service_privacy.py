@@ -1,0 +1,168 @@
+"""The service's privacy wiring in isolation: ``[privacy]`` parsing, the participant's
+gate (plan, verify, charge, refuse), simulate's validation and the audit's tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crypto import JobSpec
+from participant.privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
+from proto import spherecal_pb2 as pb
+from spherecal.audit import byte_chi_square, ring_difference
+from spherecal.config import ConfigError, parse_coordinator_config, parse_participant_config
+from spherecal.simulate import SimulationSettings
+from spherefed.privacy.plan import plan_calibration_release
+from spherefed.privacy.settings import PrivacySettings
+from spherefed.runner import ReferenceConfig
+
+IDS = ["p0", "p1", "p2", "p3"]
+DIM, CLASSES, T = 8, 3, 3
+
+
+def _release(epsilon: float = 1.0, **changes: object) -> pb.DPRelease:
+    fields: dict[str, object] = {
+        "kind": "ffc",
+        "dim": DIM,
+        "num_classes": CLASSES,
+        "participants": len(IDS),
+        "min_contributors": T,
+        "max_examples": 1000,
+        "epsilon": epsilon,
+        "delta": 1e-5,
+        "mechanism": "skellam",
+        "quant_bits": 10,
+        "colluders": 0,
+    }
+    fields.update(changes)
+    return pb.DPRelease(**fields)  # type: ignore[arg-type]
+
+
+def _spec(epsilon: float = 1.0, *, noise_scale: float = 1.0) -> JobSpec:
+    plan = plan_calibration_release(
+        "ffc",
+        dim=DIM,
+        num_classes=CLASSES,
+        participants=len(IDS),
+        min_contributors=T,
+        epsilon_target=epsilon,
+        delta=1e-5,
+        max_examples=1000,
+    )
+    args = plan.job_spec_arguments()
+    args["noise_bound"] = int(args["noise_bound"] * noise_scale)
+    return JobSpec.create(IDS, threshold=T, **args)
+
+
+def _admit(gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease, examples: int = 100):
+    return gate.admit(
+        spec.job_id.hex(), release, spec, dim=DIM, num_classes=CLASSES, examples=examples
+    )
+
+
+# ----------------------------------------------------------------- config
+def test_privacy_tables_parse_for_both_roles() -> None:
+    p = parse_participant_config(
+        {
+            "participant": {"id": "a"},
+            "privacy": {"enabled": True, "epsilon": 2, "total_epsilon": 5.0, "delta": 1e-6},
+        }
+    )
+    assert p.privacy == PrivacySettings(enabled=True, epsilon=2.0, total_epsilon=5.0, delta=1e-6)
+    c, _ = parse_coordinator_config(
+        {
+            "federation": {"participants": IDS},
+            "privacy": {"enabled": True, "epsilon": 1.5, "mechanism": "dgauss", "colluders": 1},
+        }
+    )
+    assert c.privacy.enabled and c.privacy.mechanism == "dgauss" and c.privacy.colluders == 1
+    assert parse_participant_config({"participant": {"id": "a"}}).privacy.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"enabled": True}, "needs epsilon"),
+        ({"mechanism": "laplace"}, "mechanism"),
+        ({"epsilon": -1.0}, "positive"),
+        ({"budget": 1.0}, "unknown key"),
+    ],
+)
+def test_privacy_table_errors(table: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_participant_config({"participant": {"id": "a"}, "privacy": table})
+
+
+def test_coordinator_privacy_needs_secure_statistics() -> None:
+    with pytest.raises(ConfigError, match="secure statistics"):
+        parse_coordinator_config(
+            {
+                "federation": {"participants": IDS},
+                "secure_aggregation": {"statistics": False},
+                "privacy": {"enabled": True, "epsilon": 1.0},
+            }
+        )
+
+
+def test_simulate_epsilon_needs_secure_statistics(tmp_path: Path) -> None:
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=3),
+        out=tmp_path,
+        secure_statistics=False,
+        epsilon=1.0,
+    )
+    with pytest.raises(ValueError, match="secure statistics"):
+        settings.validate()
+
+
+# ----------------------------------------------------------------- participant gate
+def test_participant_admits_charges_then_refuses_over_budget(tmp_path: Path) -> None:
+    gate = ParticipantPrivacy(
+        PrivacySettings(enabled=True, epsilon=1.0, total_epsilon=1.2), "p1", tmp_path
+    )
+    plan, noise, entry = _admit(gate, _spec(), _release())
+    assert noise.min_contributors == T and plan.length == noise.length
+    assert entry["epsilon"] == pytest.approx(1.0, rel=1e-6)
+    with pytest.raises(BudgetExceeded) as caught:
+        _admit(gate, _spec(), _release())
+    numbers = caught.value.numbers()
+    assert numbers["limit"] == "total" and numbers["budget_epsilon"] == 1.2
+    assert numbers["spent_epsilon"] == pytest.approx(1.0, rel=1e-6)
+    with pytest.raises(BudgetExceeded, match="per-release target"):
+        _admit(gate, _spec(2.0), _release(2.0))
+    gate.close()
+    # the ledger lives in the participant's state directory and survives restarts
+    again = ParticipantPrivacy(gate.settings, "p1", tmp_path)
+    assert again.ledger(1e-5).spent("p1").releases == 1
+    again.close()
+
+
+def test_participant_refuses_mismatched_or_unsafe_jobs(tmp_path: Path) -> None:
+    gate = ParticipantPrivacy(PrivacySettings(enabled=True, epsilon=5.0), "p1", tmp_path)
+    with pytest.raises(PrivacyRefused, match="noise bound"):
+        _admit(gate, _spec(noise_scale=0.5), _release())
+    with pytest.raises(PrivacyRefused, match="max_examples"):
+        _admit(gate, _spec(), _release(), examples=5000)
+    with pytest.raises(PrivacyRefused, match="δ"):
+        _admit(gate, _spec(), _release(delta=1e-3))
+    with pytest.raises(PrivacyRefused, match="l=9"):
+        _admit(gate, _spec(), _release(dim=9))
+    with pytest.raises(PrivacyRefused, match="DP plan"):
+        gate.require_noise(pb.StatisticsTask(kind=pb.FFC))
+    assert gate.ledger(1e-5).spent("p1").releases == 0  # nothing charged for refusals
+    gate.close()
+
+
+# ----------------------------------------------------------------- audit statistics
+def test_chi_square_separates_random_from_structured_bytes() -> None:
+    random_bytes = os.urandom(1 << 16)
+    assert byte_chi_square(random_bytes)[1] > 1e-9
+    plain = np.linspace(0.0, 1.0, 8192).tobytes()
+    assert byte_chi_square(plain)[1] < 1e-30
+    a = np.frombuffer(os.urandom(8 * 4096), dtype="<u8")
+    b = (a + np.arange(4096, dtype=np.uint64)).astype("<u8")
+    diff = np.frombuffer(ring_difference(b.tobytes(), a.tobytes()), dtype="<u8")
+    assert np.array_equal(diff, np.arange(4096, dtype=np.uint64))
