@@ -43,7 +43,7 @@ from crypto.dp import sample_noise
 from crypto.ring import RING_DTYPE, add_noise, decode, encode
 from spherefed.calibrate import ffc_solve
 from spherefed.fl import evaluate
-from spherefed.network import Net, compute_features
+from spherefed.network import Net, classifier_swapped, compute_features
 from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
 from spherefed.privacy.sensitivity import exact_ffc_statistics
 from spherefed.stats import FFCStatistics
@@ -89,12 +89,8 @@ def participant_statistics(
 
 
 def accuracy_with(model: Net, weight: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
-    original = model.head.weight.detach().clone()
-    model.head.set_weight(weight)
-    try:
+    with classifier_swapped(model, weight):
         return evaluate(model, x, y)
-    finally:
-        model.head.set_weight(original)
 
 
 def noisy_release(stats: list[FFCStatistics], plan: CalibrationPlan) -> np.ndarray:

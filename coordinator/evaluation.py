@@ -14,6 +14,7 @@ import torch
 
 from spherefed.data import load_dataset
 from spherefed.fl import evaluate
+from spherefed.network import classifier_swapped
 
 from .model import GlobalModel
 from .settings import CoordinatorSettings
@@ -50,11 +51,5 @@ class CentralEvaluator:
         self, vector: npt.NDArray[np.float64], head: npt.NDArray[np.float64] | None = None
     ) -> float:
         net = self.model.load(vector)
-        if head is None:
+        with classifier_swapped(net, head):
             return evaluate(net, self.x, self.y)
-        original = net.head.weight.detach().clone()
-        net.head.set_weight(head)
-        try:
-            return evaluate(net, self.x, self.y)
-        finally:
-            net.head.set_weight(original)

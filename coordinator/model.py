@@ -22,7 +22,7 @@ import numpy.typing as npt
 import torch
 
 from spherefed.fl import aggregated_keys, load_state_vector, state_vector
-from spherefed.network import ModelSpec, Net, build_model
+from spherefed.network import ModelSpec, Net, build_model, classifier_swapped
 
 __all__ = ["Checkpoints", "GlobalModel", "file_sha256"]
 
@@ -76,13 +76,8 @@ class GlobalModel:
     ) -> str:
         """Save the state dict at ``vector`` (optionally with classifier ``head``)."""
         net = self.load(vector)
-        original = net.head.weight.detach().clone()
-        try:
-            if head is not None:
-                net.head.set_weight(head)
+        with classifier_swapped(net, head):
             state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-        finally:
-            net.head.set_weight(original)
         _atomic_torch_save(state, path)
         return file_sha256(path)
 

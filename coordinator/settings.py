@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spherefed.calibrate import CCVRConfig
-from spherefed.fl import ALGORITHMS, derive_seed
+from spherefed.fl import ALGORITHMS, model_seeds
 from spherefed.network import ModelSpec
 from spherefed.privacy.settings import PrivacySettings
 
@@ -56,13 +56,14 @@ class ModelSettings:
     feature_dim: int | None = None
 
     def spec(self, seed: int) -> ModelSpec:
+        classifier_seed, init_seed = model_seeds(seed)
         return ModelSpec(
             extractor=self.extractor,
             head=self.head,
             norm=self.norm,
             classifier=self.classifier,
-            classifier_seed=derive_seed(seed, "classifier") % (2**32),
-            init_seed=derive_seed(seed, "init"),
+            classifier_seed=classifier_seed,
+            init_seed=init_seed,
             num_classes=self.num_classes,
             in_channels=self.in_channels,
             image_size=self.image_size,

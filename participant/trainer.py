@@ -27,7 +27,7 @@ from spherefed.fl import (
     local_train,
     state_vector,
 )
-from spherefed.network import ModelSpec, Net, build_model, compute_features
+from spherefed.network import ModelSpec, Net, build_model, classifier_swapped, compute_features
 from spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
 from spherefed.stats import ccvr_statistics, ffc_statistics
 
@@ -177,11 +177,7 @@ class LocalTrainer:
         """(test samples, correct predictions per head); head ``none`` is the model's own."""
         self.load(vector)
         counts = {"none": self._correct()}
-        original = self.model.head.weight.detach().clone()
-        try:
-            for name, weight in heads.items():
-                self.model.head.set_weight(np.array(weight, dtype=np.float64))
+        for name, weight in heads.items():
+            with classifier_swapped(self.model, np.array(weight, dtype=np.float64)):
                 counts[name] = self._correct()
-        finally:
-            self.model.head.set_weight(original)
         return self.data.test_size, counts

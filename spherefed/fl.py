@@ -53,6 +53,15 @@ def derive_seed(seed: int, *labels: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
 
 
+def model_seeds(seed: int) -> tuple[int, int]:
+    """``(classifier_seed, init_seed)`` of a federation's model, derived from its seed.
+
+    One definition, because every participant process, the coordinator and the
+    reference runner must build byte-identical initial weights and fixed classifiers.
+    """
+    return derive_seed(seed, "classifier") % (2**32), derive_seed(seed, "init")
+
+
 def aggregated_keys(model: nn.Module) -> list[str]:
     """Floating-point state entries that federated averaging moves, in state order.
 

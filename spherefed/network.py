@@ -7,6 +7,8 @@ from the spec's seeds instead of relying on whatever the global RNG holds.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +46,24 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.extractor(x))
+
+
+@contextmanager
+def classifier_swapped(model: Net, weight: np.ndarray | torch.Tensor | None) -> Iterator[Net]:
+    """Temporarily replace ``model``'s classifier (e.g. by an FFC/CCVR solution).
+
+    The original weight is restored on exit, also on error, so evaluating or saving a
+    calibrated variant never leaves the shared model changed. ``None`` swaps nothing.
+    """
+    if weight is None:
+        yield model
+        return
+    original = model.head.weight.detach().clone()
+    model.head.set_weight(weight)
+    try:
+        yield model
+    finally:
+        model.head.set_weight(original)
 
 
 @torch.no_grad()

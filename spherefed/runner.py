@@ -53,10 +53,17 @@ from spherefed.fl import (
     evaluate,
     load_state_vector,
     local_train,  # noqa: F401  (re-exported: the service imports it from here too)
+    model_seeds,
     server_step,  # noqa: F401  (re-exported: the service imports it from here too)
     state_vector,
 )
-from spherefed.network import ModelSpec, Net, build_model, compute_features
+from spherefed.network import (
+    ModelSpec,
+    Net,
+    build_model,
+    classifier_swapped,
+    compute_features,
+)
 from spherefed.partition import partition, partition_summary
 from spherefed.stats import CCVRStatistics, ccvr_statistics
 
@@ -200,14 +207,15 @@ def _shift_features(
 
 
 def model_spec(config: ReferenceConfig, data: FederationData) -> ModelSpec:
+    classifier_seed, init_seed = model_seeds(config.seed)
     c, h, w = data.train.image_shape
     return ModelSpec(
         extractor=config.model,
         head=config.head,
         norm=config.norm,
         classifier=config.classifier,
-        classifier_seed=derive_seed(config.seed, "classifier") % (2**32),
-        init_seed=derive_seed(config.seed, "init"),
+        classifier_seed=classifier_seed,
+        init_seed=init_seed,
         num_classes=data.train.num_classes,
         in_channels=c,
         image_size=(h, w),
@@ -229,12 +237,8 @@ def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _accuracy_with(model: Net, weight: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
-    original = model.head.weight.detach().clone()
-    model.head.set_weight(weight)
-    try:
+    with classifier_swapped(model, weight):
         return evaluate(model, x, y)
-    finally:
-        model.head.set_weight(original)
 
 
 def _oracle(

@@ -156,3 +156,25 @@ def test_evaluate_and_features() -> None:
     z = model.features(x)
     torch.testing.assert_close(z.norm(dim=1), torch.ones(20))
     assert model.feature_dim == 16 and model.num_classes == 4
+
+
+def test_classifier_swapped_restores_even_on_error() -> None:
+    from spherefed.network import classifier_swapped
+
+    model = build_model(_spec(head="sphere"))
+    before = model.head.weight.detach().clone()
+    with classifier_swapped(model, np.zeros((4, 16))):
+        assert not model.head.weight.any()
+    torch.testing.assert_close(model.head.weight, before)
+    with pytest.raises(RuntimeError), classifier_swapped(model, np.ones((4, 16))):
+        raise RuntimeError("boom")
+    torch.testing.assert_close(model.head.weight, before)
+    with classifier_swapped(model, None):
+        torch.testing.assert_close(model.head.weight, before)
+
+
+def test_model_seeds_are_the_documented_derivation() -> None:
+    from spherefed.fl import model_seeds
+
+    assert model_seeds(3) == (derive_seed(3, "classifier") % 2**32, derive_seed(3, "init"))
+    assert model_seeds(3) != model_seeds(4)
