@@ -160,21 +160,36 @@ class ParticipantRunner:
             if self.session is None:
                 self._stop.wait(0.2)
                 continue
-            stream = self.transport.presence(pb.HeartbeatRequest(caller=self._caller()))
+            # Open under the lock, re-checking the stop flag: a stream opened after
+            # _stop_presence() ran would never be cancelled, and a gRPC call still
+            # live in a daemon thread when the interpreter shuts down can abort the
+            # process (SIGABRT) after the federation has already completed.
             with self._lock:
+                if self._stop.is_set():
+                    break
+                stream = self.transport.presence(pb.HeartbeatRequest(caller=self._caller()))
                 self._presence = stream
             # Failures are ignored: the main loop notices outages on its own calls.
             with contextlib.suppress(TransportError):
                 for _reply in stream:
                     if self._stop.is_set():
                         break
+            with self._lock:
+                self._presence = None
             self._stop.wait(0.5)
 
     def _stop_presence(self) -> None:
+        """Stop the presence thread and wait for it, so no call is in flight when
+        the caller closes the channel and the process exits."""
         self._stop.set()
         with self._lock:
             if self._presence is not None:
                 self._presence.cancel()
+        thread = self._heartbeat
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10.0)
+            if thread.is_alive():
+                self.log("presence stream did not stop within 10s; closing the channel")
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> int:

@@ -54,12 +54,23 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
     from .config import load_coordinator_config
 
+    _enable_faulthandler()
     settings, threads = load_coordinator_config(args.config)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
     summary = run_coordinator(settings, threads=threads)
     print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
     return 0 if summary.get("status") == "completed" else 1
+
+
+def _enable_faulthandler() -> None:
+    """A long-running service process that dies on a signal (SIGSEGV, SIGABRT from a
+    native library) leaves Python tracebacks of every thread in its log instead of
+    just an exit status."""
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 # ====================================================================== participant
@@ -92,6 +103,7 @@ def _cmd_participant(args: argparse.Namespace) -> int:
 
     from .config import load_participant_config
 
+    _enable_faulthandler()
     settings = load_participant_config(args.config)
     if args.coordinator:
         settings = replace(settings, coordinator=args.coordinator)

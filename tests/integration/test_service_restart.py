@@ -66,7 +66,19 @@ def test_restarted_coordinator_resumes_from_the_last_completed_round(
     assert restarted["resumed_after_round"] == restarted["killed_after"] >= 1
     assert [r["round"] for r in restarted["per_round"]] == [1, 2, 3]
     # Participants rode through the outage: they reconnected and rejoined.
-    assert restarted["exit_codes"] == {"p0": 0, "p1": 0, "p2": 0}
+    failed = {p: c for p, c in restarted["exit_codes"].items() if c != 0}
+    assert not failed, _log_tails(Path(restarted["logs"]), failed)
+
+
+def _log_tails(logs: Path, failed: dict[str, int | None]) -> str:
+    """The end of each failed participant's log (faulthandler writes tracebacks
+    there when a process dies on a signal), so a CI failure says why."""
+    parts = [f"participants exited non-zero: {failed}"]
+    for pid in failed:
+        log = logs / f"{pid}.log"
+        text = log.read_text(errors="replace") if log.exists() else "(no log)"
+        parts.append(f"--- {pid}.log (tail) ---\n{text[-4000:]}")
+    return "\n".join(parts)
 
 
 def test_resumed_plaintext_run_equals_the_reference_exactly(restarted: dict[str, Any]) -> None:

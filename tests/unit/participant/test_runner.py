@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +20,13 @@ from coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
+from crypto import generate_identity
+from crypto.ledger import MemoryJobLedger
+from participant.data import load_local_data
+from participant.runner import ParticipantRunner
 from participant.settings import DataSettings, ParticipantSettings
+from participant.trust import DirectoryTrust
+from proto import spherecal_pb2 as pb
 from spherecal.inprocess import InProcessFederation
 
 
@@ -88,3 +97,68 @@ def test_participant_rejoins_when_its_session_expires(tmp_path: Path) -> None:
 def test_data_settings_validate_slices(value: int) -> None:
     with pytest.raises(ValueError):
         DataSettings(slice_index=value, slice_of=None if value == 0 else 3)
+
+
+class _SlowStopPresence:
+    """A presence stream that blocks until cancelled, then takes a moment to end —
+    like a gRPC stream whose cancellation is delivered asynchronously."""
+
+    def __init__(self, opened: list[_SlowStopPresence]) -> None:
+        self.cancelled = threading.Event()
+        self.ended = threading.Event()
+        opened.append(self)
+
+    def __iter__(self) -> Iterator[pb.HeartbeatReply]:
+        try:
+            while not self.cancelled.wait(0.01):
+                yield pb.HeartbeatReply(interval_ms=10)
+            time.sleep(0.3)
+        finally:
+            self.ended.set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class _DoneAfterPresence:
+    """Just enough transport: presence streams, then ``done`` once one is open."""
+
+    def __init__(self) -> None:
+        self.opened: list[_SlowStopPresence] = []
+
+    def presence(self, request: pb.HeartbeatRequest) -> _SlowStopPresence:
+        return _SlowStopPresence(self.opened)
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        deadline = time.monotonic() + 10
+        while not self.opened and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return pb.Instruction(done=pb.Done(status="completed", message="bye"))
+
+    def close(self) -> None:
+        pass
+
+
+def test_run_returns_only_after_the_presence_stream_has_ended(tmp_path: Path) -> None:
+    """No presence call may outlive run(): the caller closes the channel next and the
+    process exits, and a gRPC call still live in a daemon thread at interpreter
+    shutdown can abort the process (an exit status of -6 after a completed run)."""
+    settings = ParticipantSettings(
+        participant_id="p0", insecure=True, state_dir=tmp_path / "p0", long_poll_ms=50
+    )
+    transport = _DoneAfterPresence()
+    runner = ParticipantRunner(
+        settings,
+        transport,  # type: ignore[arg-type]  # only the calls this test makes
+        load_local_data(DataSettings(slice_index=0, slice_of=2)),
+        generate_identity(),
+        MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=lambda _message: None,
+    )
+    runner.session = "already-joined"
+    assert runner.run() == 0
+    assert runner._heartbeat is not None  # noqa: SLF001
+    assert not runner._heartbeat.is_alive()  # noqa: SLF001
+    assert transport.opened, "the presence stream was never opened"
+    assert all(s.cancelled.is_set() and s.ended.is_set() for s in transport.opened)
