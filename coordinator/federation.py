@@ -13,7 +13,8 @@ Round ``r`` (0-based) reproduces ``spherefed.runner.run_reference``:
   position), each training with seed ``derive_seed(seed, "train", r, k)``;
 * ``Σ_k n_k Δ_k`` and ``Σ_k n_k`` from plaintext uploads summed in roster order, or
   from one secure-aggregation job over ``[n_k Δ_k, n_k, mean_loss_k]``;
-* the strategy's server step (FedAvg/FedProx: ``θ + Σ n_k Δ_k / Σ n_k``);
+* the strategy's server step (FedAvg/FedProx: ``θ + Σ n_k Δ_k / Σ n_k``;
+  FedAdam/FedYogi: a server optimiser on that average);
 * a checkpoint of the new global vector, committed before the next round starts, so
   a killed coordinator resumes from the last completed round.
 
@@ -320,9 +321,10 @@ class Federation:
             if last.checkpoint_path is None or last.checkpoint_sha256 is None:
                 raise FederationFailed(f"round {last.round + 1} has no checkpoint recorded")
             try:
-                vector = Checkpoints.load(
+                vector, strategy_state = Checkpoints.load_with_state(
                     last.checkpoint_path, last.checkpoint_sha256, self.model.length
                 )
+                self.strategy.load_state_dict(strategy_state)
             except (OSError, ValueError) as exc:
                 raise FederationFailed(f"cannot resume: {exc}") from None
             self.global_vector = vector.copy()
@@ -600,7 +602,7 @@ class Federation:
             fed = self._federated_evaluation({}, round_index=r)
             metrics["federated_accuracy"] = fed["accuracy"].get("none")
         metrics["seconds"] = time.monotonic() - t0
-        checkpoint = self.checkpoints.save(r, self.global_vector)
+        checkpoint = self.checkpoints.save(r, self.global_vector, self.strategy.state_dict())
         self.store.round_finished(r, "completed", metrics, checkpoint)
         self.round_metrics.append(metrics)
         self.completed_rounds = r + 1

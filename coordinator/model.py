@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -93,16 +94,29 @@ def _atomic_torch_save(obj: object, path: Path) -> None:
 
 
 class Checkpoints:
-    """The global vector after each completed round (latest ``keep`` kept)."""
+    """The global vector after each completed round (latest ``keep`` kept), with the
+    strategy's server state (FedAdam/FedYogi moments) as ``strategy.*`` tensors in
+    the same file, so model and optimiser can never be resumed from different rounds."""
+
+    _STATE_PREFIX = "strategy."
 
     def __init__(self, root: Path, keep: int = 2) -> None:
         self.root = root
         self.keep = keep
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def save(self, round_index: int, vector: npt.NDArray[np.float64]) -> tuple[str, str]:
+    def save(
+        self,
+        round_index: int,
+        vector: npt.NDArray[np.float64],
+        strategy_state: Mapping[str, npt.NDArray[np.float64]] | None = None,
+    ) -> tuple[str, str]:
         path = self.root / f"round-{round_index + 1:05d}.pt"
-        _atomic_torch_save({"vector": torch.from_numpy(np.ascontiguousarray(vector))}, path)
+        payload = {"vector": torch.from_numpy(np.ascontiguousarray(vector))}
+        for key, value in (strategy_state or {}).items():
+            array = np.ascontiguousarray(value, dtype=np.float64)
+            payload[self._STATE_PREFIX + key] = torch.from_numpy(array)
+        _atomic_torch_save(payload, path)
         old = sorted(self.root.glob("round-*.pt"))[: -self.keep]
         for stale in old:
             stale.unlink(missing_ok=True)
@@ -110,16 +124,36 @@ class Checkpoints:
 
     @staticmethod
     def load(path: str | Path, sha256: str, length: int) -> npt.NDArray[np.float64]:
+        """The checkpoint's global vector (see :meth:`load_with_state`)."""
+        return Checkpoints.load_with_state(path, sha256, length)[0]
+
+    @staticmethod
+    def load_with_state(
+        path: str | Path, sha256: str, length: int
+    ) -> tuple[npt.NDArray[np.float64], dict[str, npt.NDArray[np.float64]]]:
+        """The global vector and the strategy state, after checking the file against
+        the SHA-256 the store recorded (``weights_only=True``: tensors only)."""
         target = Path(path)
         if not target.exists():
             raise FileNotFoundError(f"checkpoint {target} is missing")
         if file_sha256(target) != sha256:
             raise ValueError(f"checkpoint {target} does not match its recorded SHA-256")
         data = torch.load(target, map_location="cpu", weights_only=True)
-        vector = data["vector"] if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            raise ValueError(f"checkpoint {target} is not a dict of tensors")
+        vector = data.get("vector")
         if not isinstance(vector, torch.Tensor) or vector.dtype != torch.float64:
             raise ValueError(f"checkpoint {target} does not hold a float64 vector")
         array = vector.numpy()
         if array.shape != (length,):
             raise ValueError(f"checkpoint {target} has {array.shape}, expected ({length},)")
-        return array
+        state: dict[str, npt.NDArray[np.float64]] = {}
+        for key, value in data.items():
+            if key == "vector":
+                continue
+            if not key.startswith(Checkpoints._STATE_PREFIX):
+                raise ValueError(f"checkpoint {target} has an unknown entry {key!r}")
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.float64:
+                raise ValueError(f"checkpoint {target}: {key} is not a float64 tensor")
+            state[key.removeprefix(Checkpoints._STATE_PREFIX)] = value.numpy()
+        return array, state

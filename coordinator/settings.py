@@ -82,6 +82,8 @@ class TrainingSettings:
     loss: str = "mse"
     algorithm: str = "fedavg"
     prox_mu: float = 0.01
+    fedopt_lr: float = 0.01
+    """Server learning rate η of FedAdam / FedYogi (Reddi et al. 2021, Algorithm 2)."""
     sample_fraction: float = 1.0
     min_participants: int = 2
     """A round completes only with at least this many updates."""
@@ -96,6 +98,8 @@ class TrainingSettings:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if not 0 < self.sample_fraction <= 1:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+        if not self.fedopt_lr > 0:
+            raise ValueError(f"fedopt_lr must be > 0, got {self.fedopt_lr}")
         if self.min_participants < 1:
             raise ValueError("min_participants must be >= 1")
         if self.max_round_attempts < 1:

@@ -76,6 +76,12 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--algorithm", default=d.algorithm, choices=ALGORITHMS)
     p.add_argument("--prox-mu", type=float, default=d.prox_mu, help="FedProx μ")
+    p.add_argument(
+        "--fedopt-lr",
+        type=positive_float,
+        default=d.fedopt_lr,
+        help="FedAdam/FedYogi server learning rate η",
+    )
     p.add_argument("--sample-fraction", type=float, default=d.sample_fraction)
     p.add_argument("--ridge", type=float, default=d.ffc_ridge, help="FFC ridge λ (appendix C.1)")
     p.add_argument(
@@ -120,6 +126,7 @@ def _reference_config(args: argparse.Namespace) -> ReferenceConfig:
         loss=loss,
         algorithm=args.algorithm,
         prox_mu=args.prox_mu,
+        fedopt_lr=args.fedopt_lr,
         rounds=args.rounds,
         local_epochs=args.local_epochs,
         batch_size=args.batch_size,

@@ -251,6 +251,7 @@ def _parse_coordinator(
         loss=t.get("loss", str, "mse" if head == "sphere" else "ce"),
         algorithm=t.get("algorithm", str, td.algorithm),
         prox_mu=t.get("prox_mu", float, td.prox_mu),
+        fedopt_lr=t.get("fedopt_lr", float, td.fedopt_lr),
         sample_fraction=t.get("sample_fraction", float, td.sample_fraction),
         min_participants=t.get(
             "min_participants", int, min(td.min_participants, len(participants))

@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from spherefed.fl import ALGORITHMS
+
 __all__ = [
     "add_certs_parser",
     "add_coordinator_parser",
@@ -131,6 +133,7 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "loss": None,
     "algorithm": "fedavg",
     "prox_mu": 0.01,
+    "fedopt_lr": 0.01,
     "sample_fraction": 1.0,
     "ridge": 0.0,
     "ccvr_virtual": 100,
@@ -189,8 +192,9 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--head", default=S)
     p.add_argument("--classifier", default=S)
     p.add_argument("--loss", default=S)
-    p.add_argument("--algorithm", default=S, choices=("fedavg", "fedprox"))
-    p.add_argument("--prox-mu", type=float, default=S)
+    p.add_argument("--algorithm", default=S, choices=ALGORITHMS)
+    p.add_argument("--prox-mu", type=float, default=S, help="FedProx μ")
+    p.add_argument("--fedopt-lr", type=float, default=S, help="FedAdam/FedYogi server η")
     p.add_argument("--sample-fraction", type=float, default=S)
     p.add_argument("--ridge", type=float, default=S, help="FFC ridge λ")
     p.add_argument("--ccvr-virtual", type=int, default=S)
@@ -298,6 +302,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         loss=str(o["loss"] or ("mse" if head == "sphere" else "ce")),
         algorithm=str(o["algorithm"]),
         prox_mu=float(o["prox_mu"]),
+        fedopt_lr=float(o["fedopt_lr"]),
         rounds=int(o["rounds"]),
         local_epochs=int(o["local_epochs"]),
         batch_size=int(o["batch_size"]),

@@ -328,6 +328,7 @@ class Simulation:
                 "loss": ref.loss,
                 "algorithm": ref.algorithm,
                 "prox_mu": ref.prox_mu,
+                "fedopt_lr": ref.fedopt_lr,
                 "sample_fraction": ref.sample_fraction,
                 "min_participants": 2 if s.secure_updates else 1,
             },

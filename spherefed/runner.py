@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from spherefed.algorithms.base import Payload, ServerStrategy, add_payloads
-from spherefed.algorithms.strategies import FedAvg, FedProx
+from spherefed.algorithms.strategies import FedAdam, FedAvg, FedProx, FedYogi
 from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve, retrain_classifier
 from spherefed.data import (
     ArrayDataset,
@@ -88,6 +88,8 @@ class ReferenceConfig:
     loss: str = "mse"
     algorithm: str = "fedavg"
     prox_mu: float = 0.01
+    fedopt_lr: float = 0.01
+    """Server learning rate η of FedAdam / FedYogi (read only for those algorithms)."""
     rounds: int = 30
     local_epochs: int = 2
     batch_size: int = 32
@@ -115,6 +117,8 @@ class ReferenceConfig:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHMS}")
         if not 0 < self.sample_fraction <= 1:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+        if not self.fedopt_lr > 0:
+            raise ValueError(f"fedopt_lr must be > 0, got {self.fedopt_lr}")
 
     def local_config(self) -> LocalTrainConfig:
         return LocalTrainConfig(
@@ -275,8 +279,16 @@ def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) 
 
 
 def default_strategy(config: ReferenceConfig) -> ServerStrategy:
-    """The strategy :func:`run_reference` uses: FedAvg, or FedProx with ``config.prox_mu``."""
-    return FedProx(mu=config.prox_mu) if config.algorithm == "fedprox" else FedAvg()
+    """The strategy :func:`run_reference` uses for ``config.algorithm``: FedAvg,
+    FedProx with ``config.prox_mu``, or FedAdam / FedYogi with server η
+    ``config.fedopt_lr`` (the paper's β₁, β₂, τ)."""
+    if config.algorithm == "fedprox":
+        return FedProx(mu=config.prox_mu)
+    if config.algorithm == "fedadam":
+        return FedAdam(lr=config.fedopt_lr)
+    if config.algorithm == "fedyogi":
+        return FedYogi(lr=config.fedopt_lr)
+    return FedAvg()
 
 
 def _safe_calibration(fn: Callable[[], np.ndarray], robust: bool) -> np.ndarray | None:

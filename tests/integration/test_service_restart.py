@@ -1,6 +1,10 @@
 """The coordinator SIGKILLed between rounds and restarted resumes from its last
 checkpoint — and, with plaintext aggregation, still reproduces the reference runner
-to the last bit (the resumed rounds use the same seeds, selection and sum order)."""
+to the last bit (the resumed rounds use the same seeds, selection and sum order).
+
+The federation runs FedYogi: its server optimiser carries moments ``m``, ``v`` from
+round to round, so the bit-exact match after the restart also proves that they were
+checkpointed and restored with the model (FedAvg would not notice their loss)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ from spherefed.runner import ReferenceConfig, run_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REFERENCE = ReferenceConfig(participants=3, model="mlp", rounds=3)
+REFERENCE = ReferenceConfig(
+    participants=3, model="mlp", rounds=3, algorithm="fedyogi", fedopt_lr=0.02
+)
 
 
 def _completed_rounds(db: Path) -> int:

@@ -47,6 +47,26 @@ def test_simulate_options_merge_config_file_and_command_line(tmp_path: Path) -> 
     assert [str(d) for d in settings.drops] == ["p3:share@ffc"]
 
 
+def test_simulate_carries_the_server_optimizer_to_the_coordinator_config(
+    tmp_path: Path,
+) -> None:
+    from spherecal.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["simulate", "--out", str(tmp_path / "x"), "--algorithm", "fedyogi", "--fedopt-lr", "0.03"]
+    )
+    settings = simulation_settings_from(_simulate_options(args))
+    assert settings.reference.algorithm == "fedyogi"
+    assert settings.reference.fedopt_lr == 0.03
+    from spherecal.config import load_coordinator_config
+    from spherecal.simulate import Simulation
+
+    written = Simulation(settings).coordinator_config("127.0.0.1:0")
+    coordinator, _ = load_coordinator_config(written)
+    assert coordinator.training.algorithm == "fedyogi"
+    assert coordinator.training.fedopt_lr == 0.03
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -70,6 +70,8 @@ def test_example_parses_with_defaults_and_relative_paths(tmp_path: Path) -> None
         ({"model": {"dataset": "npz"}}, "required for dataset"),
         ({"timeouts": {"heartbeat_interval_s": 5.0, "heartbeat_timeout_s": 1.0}}, "exceed"),
         ({"calibration": {"methods": ["fcc"]}}, "unknown calibration"),
+        ({"training": {"algorithm": "fednova"}}, "algorithm must be one of"),
+        ({"training": {"algorithm": "fedyogi", "fedopt_lr": -0.1}}, "fedopt_lr must be > 0"),
     ],
 )
 def test_mistakes_are_reported_with_their_place(patch: dict, message: str) -> None:
@@ -85,3 +87,10 @@ def test_dump_toml_round_trips() -> None:
     assert tomllib.loads(dump_toml(document)) == {
         "a": {"x": 1, "y": 0.5, "z": 's"q', "w": [1, 2], "b": True}
     }
+
+
+def test_server_optimizer_settings_are_read() -> None:
+    document = tomllib.loads(EXAMPLE)
+    document["training"].update({"algorithm": "fedyogi", "fedopt_lr": 0.03})
+    settings, _ = parse_coordinator_config(document, source="c.toml")
+    assert settings.training.algorithm == "fedyogi" and settings.training.fedopt_lr == 0.03
