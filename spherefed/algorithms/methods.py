@@ -50,7 +50,7 @@ from spherefed.algorithms.strategies import (
     FedYogi,
     Scaffold,
 )
-from spherefed.fl import LocalObjective
+from spherefed.fl import ALGORITHMS, LocalObjective
 
 if TYPE_CHECKING:
     from spherefed.runner import ReferenceConfig
@@ -128,6 +128,32 @@ class MethodSpec:
         if temperature != 1.0:
             return temperature_objective(self.loss, temperature)
         return None
+
+    def service_options(self) -> dict[str, Any] | None:
+        """How to run this method through the service, or ``None`` where it needs more
+        than the service carries.
+
+        The service carries a model plan (extractor, head, classifier), a local loss,
+        and the round's sums ``Σ n_k Δ_k``, ``Σ n_k``; so any head/classifier/loss
+        with FedAvg, FedProx, FedAdam or FedYogi runs there (``spherefed.fl.ALGORITHMS``).
+        Not: FedNova (an extra sum ``Σ n_k‖a_k‖₁``), SCAFFOLD (control variates
+        broadcast and summed), and custom local objectives (FedUV's terms, a CE
+        temperature τ ≠ 1). The keys are those of ``spherecal simulate`` options and
+        of the coordinator's ``[model]`` / ``[training]`` tables.
+        """
+        if self.algorithm not in ALGORITHMS or self.objective() is not None:
+            return None
+        if self.temperature_grid and set(self.temperature_grid) != {1.0}:
+            return None
+        options: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "head": self.head,
+            "classifier": self.classifier,
+            "loss": self.loss,
+        }
+        if self.algorithm in ("fedadam", "fedyogi"):
+            options["fedopt_lr"] = self.fedopt_lr
+        return options
 
     def describe(self, temperature: float | None = None) -> dict[str, Any]:
         """What identifies the training run beyond the reference config (for cell keys)."""

@@ -1,0 +1,111 @@
+"""Every method of the baselines harness that needs no more than the service carries
+(``MethodSpec.service_options``) runs through the service core and reproduces the
+in-process harness run exactly: same head, classifier, loss and server step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    EvaluationSettings,
+    ModelSettings,
+    SecAggSettings,
+    ServerSettings,
+    Timeouts,
+    TrainingSettings,
+)
+from participant.settings import DataSettings, ParticipantSettings
+from spherecal.inprocess import InProcessFederation
+from spherefed.algorithms.methods import BASES, METHODS, MethodSpec, sphere_variant
+from spherefed.runner import ReferenceConfig, run_federation
+
+N = 3
+BASE = ReferenceConfig(participants=N, model="mlp", rounds=2)
+
+
+def _service_methods() -> list[MethodSpec]:
+    """One method per distinct service configuration (many ablation rows coincide)."""
+    seen: dict[str, MethodSpec] = {}
+    for method in (*METHODS.values(), *(sphere_variant(b) for b in BASES)):
+        options = method.service_options()
+        if options is not None:
+            seen.setdefault(json.dumps(options, sort_keys=True), method)
+    return list(seen.values())
+
+
+def test_service_options_say_which_methods_need_more_than_sums() -> None:
+    assert METHODS["fednova"].service_options() is None  # an extra Σ n_k‖a_k‖₁
+    assert METHODS["scaffold"].service_options() is None  # control variates
+    assert METHODS["feduv"].service_options() is None  # local objective terms
+    assert METHODS["spherefed_ce"].service_options() is None  # temperature τ
+    assert METHODS["babu"].service_options() == {
+        "algorithm": "fedavg",
+        "head": "fixed",
+        "classifier": "random",
+        "loss": "ce",
+    }
+    assert {m.key for m in _service_methods()} >= {"fedavg", "fedyogi", "babu", "fedfn"}
+
+
+def _service_run(tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
+    ids = tuple(f"p{k}" for k in range(N))
+    cs = CoordinatorSettings(
+        participants=ids,
+        model=ModelSettings(
+            extractor="mlp", head=options["head"], classifier=options["classifier"]
+        ),
+        training=TrainingSettings(
+            rounds=BASE.rounds,
+            loss=options["loss"],
+            algorithm=options["algorithm"],
+            fedopt_lr=options.get("fedopt_lr", 0.01),
+        ),
+        calibration=CalibrationSettings(methods=("ffc",)),
+        secagg=SecAggSettings(updates=False, statistics=False),
+        server=ServerSettings(insecure=True),
+        timeouts=Timeouts(
+            heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5
+        ),
+        evaluation=EvaluationSettings(test_dataset="digits"),
+        state_dir=tmp / "state",
+        out_dir=tmp / "out",
+    )
+    ps = [
+        ParticipantSettings(
+            participant_id=p,
+            insecure=True,
+            allow_plaintext=True,
+            long_poll_ms=300,
+            data=DataSettings(slice_index=k, slice_of=N),
+        )
+        for k, p in enumerate(ids)
+    ]
+    fed = InProcessFederation(cs, ps).start()
+    summary = fed.join(timeout=240)
+    assert summary["status"] == "completed", fed.messages[-20:]
+    return summary
+
+
+@pytest.mark.parametrize("method", _service_methods(), ids=lambda m: m.key)
+def test_method_through_the_service_equals_the_harness(method: MethodSpec, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    options = method.service_options()
+    assert options is not None
+    summary = _service_run(tmp_path, options)
+    harness = run_federation(
+        method.reference_config(BASE, lr=BASE.lr),
+        strategy=method.strategy(BASE),
+        objective=method.objective(),
+        oracle=False,
+    )
+    assert summary["accuracy"]["none"] == harness["accuracy"]["none"]
+    assert summary["central_accuracy"]["ffc"] == harness["accuracy"]["ffc"]
+    for ours, theirs in zip(summary["per_round"], harness["per_round"], strict=True):
+        assert ours["train_loss"] == theirs["train_loss"]
