@@ -14,6 +14,8 @@ Transport security:
   TLS). A client without one fails the TLS handshake (the client sees UNAVAILABLE);
   a client whose certificate names another participant than the request does is
   refused with UNAUTHENTICATED by the service.
+* With ``[tls] crl`` set, a client certificate on the CA's revocation list is
+  refused with UNAUTHENTICATED on every call (``coordinator.revocation``).
 * Message size limits are explicit (``max_message_bytes``) on both directions.
 """
 
@@ -34,6 +36,7 @@ from proto.identity import CertificateError, certificate_identity
 
 from .errors import ServiceError
 from .registry import Peer
+from .revocation import RevocationList
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
 
@@ -72,11 +75,13 @@ def is_loopback(host: str) -> bool:
 
 
 class _PeerCache:
-    """Parse each client certificate once (the same bytes arrive on every call)."""
+    """Parse each client certificate once (the same bytes arrive on every call), and
+    refuse revoked ones on every call (the CRL may change while a peer stays)."""
 
-    def __init__(self) -> None:
+    def __init__(self, revocation: RevocationList | None = None) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[bytes, str] = {}
+        self._cache: dict[bytes, tuple[str, int]] = {}
+        self._revocation = revocation
 
     def peer(self, context: grpc.ServicerContext) -> Peer:
         auth = context.auth_context() or {}
@@ -85,26 +90,36 @@ class _PeerCache:
             return Peer(identity=None, address=context.peer())
         pem = bytes(pems[0])
         with self._lock:
-            identity = self._cache.get(pem)
-        if identity is None:
+            known = self._cache.get(pem)
+        if known is None:
             try:
-                identity = certificate_identity(x509.load_pem_x509_certificate(pem))
+                cert = x509.load_pem_x509_certificate(pem)
+                known = (certificate_identity(cert), cert.serial_number)
             except (CertificateError, ValueError) as exc:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, f"bad client certificate: {exc}")
                 raise AssertionError("unreachable") from exc
             with self._lock:
                 if len(self._cache) > 4096:
                     self._cache.clear()
-                self._cache[pem] = identity
+                self._cache[pem] = known
+        identity, serial = known
+        if self._revocation is not None and self._revocation.is_revoked(serial):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"the client certificate of {identity!r} (serial {serial:x}) is revoked",
+            )
+            raise AssertionError("unreachable")
         return Peer(identity=identity, certificate_pem=pem, address=context.peer())
 
 
 class _Servicer:
     """Maps each RPC to the service core."""
 
-    def __init__(self, service: CoordinatorService) -> None:
+    def __init__(
+        self, service: CoordinatorService, revocation: RevocationList | None = None
+    ) -> None:
         self.service = service
-        self._peers = _PeerCache()
+        self._peers = _PeerCache(revocation)
 
     def _call(self, context: grpc.ServicerContext, fn: Callable[[Peer], T]) -> T:
         peer = self._peers.peer(context)
@@ -184,6 +199,18 @@ class _Servicer:
         return self._call(context, lambda p: self.service.get_status(request, p))
 
 
+def revocation_list(
+    settings: CoordinatorSettings, *, report: Callable[[str], None]
+) -> RevocationList | None:
+    """The ``[tls] crl`` list, verified against ``client_ca`` (None without a CRL)."""
+    tls = settings.tls
+    if tls.crl is None or settings.server.insecure:
+        return None
+    if tls.client_ca is None:
+        raise ValueError("[tls] crl needs client_ca, the CA that signs it")
+    return RevocationList(tls.crl, tls.client_ca.read_bytes(), report=report)
+
+
 def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
     """TLS credentials, or None for ``insecure`` (loopback only)."""
     host, _ = split_host_port(settings.server.listen)
@@ -228,7 +255,8 @@ def build_server(
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ],
     )
-    grpc_services().add_CoordinatorServicer_to_server(_Servicer(service), server)
+    revocation = revocation_list(settings, report=service.federation.say)
+    grpc_services().add_CoordinatorServicer_to_server(_Servicer(service, revocation), server)
     if credentials is None:
         port = server.add_insecure_port(settings.server.listen)
     else:

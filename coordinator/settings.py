@@ -197,6 +197,9 @@ class TLSSettings:
     cert: Path | None = None
     key: Path | None = None
     client_ca: Path | None = None
+    crl: Path | None = None
+    """A PEM CRL signed by ``client_ca``: revoked client certificates are refused on
+    every call; the file is re-read when it changes (``coordinator.revocation``)."""
 
 
 @dataclass(frozen=True)

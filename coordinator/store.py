@@ -239,6 +239,23 @@ class Store:
         )
         return {str(pid): bytes(key) for pid, key in rows}
 
+    def unpin(self, participant_id: str) -> bool:
+        """Forget ``participant_id``'s pinned identity key (an operator's decision after
+        a key compromise or loss), recorded as an event; True if a key was pinned."""
+
+        def clear(c: sqlite3.Connection) -> int:
+            cursor = c.execute(
+                "UPDATE participants SET identity_key = NULL "
+                "WHERE participant_id = ? AND identity_key IS NOT NULL",
+                (participant_id,),
+            )
+            return int(cursor.rowcount)
+
+        changed = self.call(clear) > 0
+        if changed:
+            self.event("warning", f"operator unpinned the identity key of {participant_id}")
+        return changed
+
     def record_join(
         self, participant_id: str, index: int, key: bytes, cert_sha256: str | None
     ) -> None:
@@ -248,7 +265,10 @@ class Store:
                 "INSERT INTO participants (participant_id, roster_index, identity_key, "
                 "certificate_sha256, first_joined, last_joined, joins) VALUES (?,?,?,?,?,?,1) "
                 "ON CONFLICT(participant_id) DO UPDATE SET last_joined=excluded.last_joined, "
-                "certificate_sha256=excluded.certificate_sha256, joins=joins+1",
+                "certificate_sha256=excluded.certificate_sha256, joins=joins+1, "
+                # Re-pins after an operator's unpin; the registry refuses a key that
+                # differs from a pinned one before this is ever reached.
+                "identity_key=COALESCE(participants.identity_key, excluded.identity_key)",
                 (participant_id, index, key, cert_sha256, now, now),
             )
         )

@@ -16,6 +16,14 @@ Files (private keys are written with mode 0600):
 ``server.pem``/``server.key``   the coordinator, valid for the given host names / IPs
 ``NAME.pem``/``NAME.key``       participant NAME's TLS client certificate and key
 ``NAME.identity.key``           participant NAME's Ed25519 identity key
+``crl.pem``                     certificates revoked with ``spherecal certs revoke``
+
+Revoking (a stolen key, a participant leaving): ``spherecal certs revoke NAME --dir
+DIR`` adds NAME's current certificate to ``crl.pem``, signed by the CA; a coordinator
+with ``[tls] crl`` pointing at it refuses that certificate from its next call on. To
+give NAME a fresh identity after a compromise: ``certs issue NAME --new-identity``,
+then ``spherecal coordinator --config FILE --unpin NAME`` (coordinator stopped) so the
+new key can be pinned at its next join.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from proto.identity import (
     save_identity_key,
 )
 
-__all__ = ["init_ca", "issue_participant"]
+__all__ = ["init_ca", "issue_participant", "revoke_participant"]
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 
@@ -148,13 +156,20 @@ def init_ca(directory: Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 3
     return [directory / n for n in ("ca.pem", "ca.key", "server.pem", "server.key")]
 
 
-def issue_participant(directory: Path, name: str, days: int = 365) -> list[Path]:
-    """Create ``NAME.pem``, ``NAME.key`` and (unless present) ``NAME.identity.key``."""
+def _check_name(name: str) -> None:
     if not name or not name.isprintable() or "/" in name or len(name.encode()) > 64:
         raise ValueError(f"invalid participant id {name!r}")
+
+
+def issue_participant(
+    directory: Path, name: str, days: int = 365, *, new_identity: bool = False
+) -> list[Path]:
+    """Create ``NAME.pem``, ``NAME.key`` and (unless present, or with
+    ``new_identity``) ``NAME.identity.key``."""
+    _check_name(name)
     ca_cert, ca_key = _load_ca(directory)
     identity_path = directory / f"{name}.identity.key"
-    if identity_path.exists():
+    if identity_path.exists() and not new_identity:
         identity = load_identity_key(identity_path)
     else:
         identity = generate_identity()
@@ -181,3 +196,46 @@ def issue_participant(directory: Path, name: str, days: int = 365) -> list[Path]
     _write_key(key, directory / f"{name}.key")
     _write_cert(cert, directory / f"{name}.pem")
     return [directory / f"{name}.pem", directory / f"{name}.key", identity_path]
+
+
+def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:
+    """Add participant NAME's current certificate (``NAME.pem``) to ``crl.pem``.
+
+    The new CRL keeps every earlier entry (after checking the old list's CA
+    signature), is signed by the CA and valid for ``days``; it is written atomically,
+    so a coordinator re-reading it never sees half a file.
+    """
+    _check_name(name)
+    ca_cert, ca_key = _load_ca(directory)
+    cert_path = directory / f"{name}.pem"
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no certificate {cert_path} to revoke") from None
+    if cert.issuer != ca_cert.subject:
+        raise ValueError(f"{cert_path} was not issued by the CA in {directory}")
+    crl_path = directory / "crl.pem"
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(now - dt.timedelta(minutes=5))
+        .next_update(now + dt.timedelta(days=days))
+    )
+    if crl_path.exists():
+        from coordinator.revocation import load_verified_crl
+
+        for entry in load_verified_crl(crl_path.read_bytes(), ca_cert):
+            if entry.serial_number != cert.serial_number:
+                builder = builder.add_revoked_certificate(entry)
+    builder = builder.add_revoked_certificate(
+        x509.RevokedCertificateBuilder()
+        .serial_number(cert.serial_number)
+        .revocation_date(now)
+        .build()
+    )
+    crl = builder.sign(ca_key, hashes.SHA256())
+    tmp = crl_path.with_suffix(".pem.tmp")
+    tmp.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    tmp.replace(crl_path)
+    return crl_path

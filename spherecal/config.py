@@ -309,7 +309,12 @@ def _parse_coordinator(
         raise ConfigError(f"{source}: [server] max_chunk_mb must be below max_message_mb")
 
     tl = s["tls"]
-    tls = TLSSettings(cert=tl.path("cert"), key=tl.path("key"), client_ca=tl.path("client_ca"))
+    tls = TLSSettings(
+        cert=tl.path("cert"),
+        key=tl.path("key"),
+        client_ca=tl.path("client_ca"),
+        crl=tl.path("crl"),
+    )
 
     to = s["timeouts"]
     tdd = Timeouts()

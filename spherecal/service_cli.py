@@ -47,6 +47,13 @@ def add_coordinator_parser(sub: SubParsers) -> None:
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="coordinator TOML file")
+    p.add_argument(
+        "--unpin",
+        metavar="ID",
+        default=None,
+        help="forget participant ID's pinned identity key in the state database and exit "
+        "(after a key compromise or loss; run while the coordinator is stopped)",
+    )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
     p.set_defaults(func=_cmd_coordinator)
 
@@ -58,11 +65,36 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
     _enable_faulthandler()
     settings, threads = load_coordinator_config(args.config)
+    if args.unpin is not None:
+        return _unpin(settings, args.unpin)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
     summary = run_coordinator(settings, threads=threads)
     print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
     return 0 if summary.get("status") == "completed" else 1
+
+
+def _unpin(settings: Any, participant_id: str) -> int:
+    from coordinator.store import Store
+
+    if participant_id not in settings.participants:
+        raise ValueError(f"{participant_id!r} is not on the roster {list(settings.participants)}")
+    db = settings.state_dir / "state.db"
+    if not db.exists():
+        raise FileNotFoundError(f"no coordinator state at {db}")
+    store = Store(db)
+    try:
+        changed = store.unpin(participant_id)
+    finally:
+        store.close()
+    if changed:
+        print(
+            f"unpinned the identity key of {participant_id} in {db}; its next join pins "
+            "the key it presents (with mTLS: the key bound in its certificate)"
+        )
+    else:
+        print(f"{participant_id} has no pinned identity key in {db}; nothing to do")
+    return 0
 
 
 def _enable_faulthandler() -> None:
@@ -406,7 +438,26 @@ def add_certs_parser(sub: SubParsers) -> None:
     issue.add_argument("name")
     issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
     issue.add_argument("--days", type=int, default=365)
+    issue.add_argument(
+        "--new-identity",
+        action="store_true",
+        help="replace NAME.identity.key with a fresh key (after a compromise; then "
+        "`spherecal coordinator --unpin NAME`)",
+    )
     issue.set_defaults(func=_cmd_certs_issue)
+    revoke = csub.add_parser(
+        "revoke",
+        help="revoke participant NAME's current certificate (adds it to DIR/crl.pem)",
+        description=(
+            "Add NAME's current certificate to the CA's revocation list DIR/crl.pem. A "
+            "coordinator whose [tls] crl points at that file refuses the certificate "
+            "from its next call on (the file is re-read when it changes)."
+        ),
+    )
+    revoke.add_argument("name")
+    revoke.add_argument("--dir", type=Path, required=True, help="the CA directory")
+    revoke.add_argument("--days", type=int, default=365, help="validity of the new CRL")
+    revoke.set_defaults(func=_cmd_certs_revoke)
 
 
 def _cmd_certs_init(args: argparse.Namespace) -> int:
@@ -424,6 +475,14 @@ def _cmd_certs_init(args: argparse.Namespace) -> int:
 def _cmd_certs_issue(args: argparse.Namespace) -> int:
     from .certs import issue_participant
 
-    for path in issue_participant(args.dir, args.name, days=args.days):
+    paths = issue_participant(args.dir, args.name, days=args.days, new_identity=args.new_identity)
+    for path in paths:
         print(path)
+    return 0
+
+
+def _cmd_certs_revoke(args: argparse.Namespace) -> int:
+    from .certs import revoke_participant
+
+    print(revoke_participant(args.dir, args.name, days=args.days))
     return 0

@@ -1,0 +1,224 @@
+"""Certificate revocation and identity-key recovery.
+
+``spherecal certs revoke`` writes a CA-signed CRL; a coordinator with ``[tls] crl``
+refuses a revoked certificate over real mutual-TLS gRPC — also one revoked while the
+coordinator runs — and never applies a list its CA did not sign. ``--unpin`` lets an
+operator give a participant a new identity key after a compromise."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+
+from coordinator.accounting import Accounting
+from coordinator.federation import Federation
+from coordinator.grpc_server import build_server
+from coordinator.registry import Registry
+from coordinator.revocation import RevocationList, load_verified_crl
+from coordinator.service import CoordinatorService
+from coordinator.settings import ServerSettings, TLSSettings
+from coordinator.store import Store
+from crypto import generate_identity
+from proto import grpc_services
+from proto import spherecal_pb2 as pb
+from proto.identity import join_payload, load_identity_key, public_key_bytes
+from spherecal.certs import init_ca, issue_participant, revoke_participant
+from spherecal.cli import main
+from tests.unit.coordinator.service_harness import settings_for
+
+DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
+
+
+def _serial(path: Path) -> int:
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+def _revoked(ca: Path) -> set[int]:
+    crl = load_verified_crl(
+        (ca / "crl.pem").read_bytes(), x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    )
+    return {entry.serial_number for entry in crl}
+
+
+@pytest.fixture()
+def ca(tmp_path: Path) -> Path:
+    directory = tmp_path / "ca"
+    init_ca(directory)
+    for name in ("p0", "p1", "p2"):
+        issue_participant(directory, name)
+    return directory
+
+
+def test_revoke_accumulates_a_ca_signed_list(ca: Path) -> None:
+    revoke_participant(ca, "p0")
+    assert _revoked(ca) == {_serial(ca / "p0.pem")}
+    revoke_participant(ca, "p1")
+    revoke_participant(ca, "p1")  # idempotent: no duplicate entry
+    assert _revoked(ca) == {_serial(ca / "p0.pem"), _serial(ca / "p1.pem")}
+    # Re-issuing gives a new serial that is not revoked; the old one stays revoked.
+    old = _serial(ca / "p0.pem")
+    issue_participant(ca, "p0")
+    assert _serial(ca / "p0.pem") != old and old in _revoked(ca)
+    with pytest.raises(FileNotFoundError, match="no certificate"):
+        revoke_participant(ca, "nobody")
+
+
+def test_certs_revoke_command(ca: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["certs", "revoke", "p2", "--dir", str(ca)]) == 0
+    assert capsys.readouterr().out.strip() == str(ca / "crl.pem")
+    assert _revoked(ca) == {_serial(ca / "p2.pem")}
+    assert main(["certs", "revoke", "ghost", "--dir", str(ca)]) == 2
+
+
+def test_a_list_the_ca_did_not_sign_is_never_applied(ca: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other-ca"
+    init_ca(other)
+    issue_participant(other, "p0")
+    revoke_participant(other, "p0")
+    ca_pem = (ca / "ca.pem").read_bytes()
+    with pytest.raises(ValueError, match="does not verify against the client CA"):
+        RevocationList(other / "crl.pem", ca_pem)
+    # A running list keeps its last valid state when the file is replaced badly.
+    revoke_participant(ca, "p0")
+    messages: list[str] = []
+    crl = RevocationList(ca / "crl.pem", ca_pem, report=messages.append, check_every_s=0.0)
+    assert crl.is_revoked(_serial(ca / "p0.pem"))
+    (ca / "crl.pem").write_bytes((other / "crl.pem").read_bytes())
+    assert crl.is_revoked(_serial(ca / "p0.pem"))
+    assert any("keeping the last valid list" in m for m in messages)
+    (ca / "crl.pem").write_bytes(b"-----BEGIN X509 CRL-----\ngarbage\n-----END X509 CRL-----\n")
+    assert crl.is_revoked(_serial(ca / "p0.pem"))
+    (ca / "crl.pem").unlink()
+    revoke_participant(ca, "p1")  # a fresh, valid list without p0
+    assert crl.is_revoked(_serial(ca / "p1.pem"))
+    assert not crl.is_revoked(_serial(ca / "p0.pem"))
+    assert any("reloaded CRL" in m for m in messages)
+
+
+def _join_request(pid: str, key_path: Path) -> pb.JoinRequest:
+    key = load_identity_key(key_path)
+    public = public_key_bytes(key)
+    ts, nonce = int(time.time() * 1000), os.urandom(16)
+    return pb.JoinRequest(
+        participant_id=pid,
+        identity_public_key=public,
+        timestamp_ms=ts,
+        nonce=nonce,
+        signature=key.sign(join_payload(pid, public, ts, nonce)),
+        data=DIGITS,
+    )
+
+
+@pytest.fixture()
+def server(ca: Path, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    revoke_participant(ca, "p0")
+    base = settings_for(tmp_path, secure=False)
+    settings = replace(
+        base,
+        server=ServerSettings(listen="127.0.0.1:0"),
+        tls=TLSSettings(
+            cert=ca / "server.pem",
+            key=ca / "server.key",
+            client_ca=ca / "ca.pem",
+            crl=ca / "crl.pem",
+        ),
+    )
+    store = Store(settings.state_dir / "state.db")
+    registry = Registry(
+        settings.participants,
+        store,
+        require_certificates=True,
+        heartbeat_timeout_s=30,
+        clock_skew_s=60,
+    )
+    federation = Federation(settings, store, registry, say=lambda m: None)
+    federation.prepare()
+    service = CoordinatorService(settings, registry, federation, store, Accounting())
+    grpc_server, port = build_server(settings, service)
+    grpc_server.start()
+    try:
+        yield port, ca
+    finally:
+        grpc_server.stop(grace=None).wait()
+        store.close()
+
+
+def _stub(port: int, ca: Path, name: str) -> Any:
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(ca / "ca.pem").read_bytes(),
+        private_key=(ca / f"{name}.key").read_bytes(),
+        certificate_chain=(ca / f"{name}.pem").read_bytes(),
+    )
+    return grpc_services().CoordinatorStub(grpc.secure_channel(f"127.0.0.1:{port}", creds))
+
+
+def test_revoked_certificates_are_refused_over_mtls(server: tuple[int, Path]) -> None:
+    port, ca = server
+    p0, p1 = _stub(port, ca, "p0"), _stub(port, ca, "p1")
+    with pytest.raises(grpc.RpcError) as info:
+        p0.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10)
+    assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "revoked" in (info.value.details() or "")
+    session = p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
+    caller = pb.Caller(participant_id="p1", session=session)
+    assert p1.GetStatus(pb.StatusRequest(caller=caller), timeout=10) is not None
+    # Revoked while connected and joined: refused from a following call on.
+    revoke_participant(ca, "p1")
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            p1.GetStatus(pb.StatusRequest(caller=caller), timeout=10)
+        except grpc.RpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAUTHENTICATED, exc.details()
+            assert "revoked" in (exc.details() or "")
+            break
+        assert time.monotonic() < deadline, "the changed CRL was never applied"
+        time.sleep(0.2)
+    # p2, never revoked, is unaffected.
+    p2 = _stub(port, ca, "p2")
+    assert p2.Join(_join_request("p2", ca / "p2.identity.key"), timeout=10).session
+
+
+def test_unpin_lets_a_participant_rejoin_with_a_new_identity_key(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    old, new = generate_identity(), generate_identity()
+    store.record_join("p0", 0, public_key_bytes(old), None)
+    assert store.pinned_keys() == {"p0": public_key_bytes(old)}
+    store.record_join("p0", 0, public_key_bytes(new), None)  # never overwrites a pin
+    assert store.pinned_keys() == {"p0": public_key_bytes(old)}
+    assert store.unpin("p0") and not store.unpin("p0")
+    assert store.pinned_keys() == {}
+    store.record_join("p0", 0, public_key_bytes(new), None)  # the next join re-pins
+    assert store.pinned_keys() == {"p0": public_key_bytes(new)}
+    events = store.query("SELECT level, message FROM events")
+    assert ("warning", "operator unpinned the identity key of p0") in events
+    store.close()
+
+
+def test_coordinator_unpin_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[federation]\nparticipants = ["a", "b"]\nstate_dir = "state"\n'
+        '[model]\nextractor = "mlp"\n[server]\ninsecure = true\n'
+    )
+    assert main(["coordinator", "--config", str(config), "--unpin", "a"]) == 2
+    assert "no coordinator state" in capsys.readouterr().err
+    (tmp_path / "state").mkdir()
+    store = Store(tmp_path / "state" / "state.db")
+    store.record_join("a", 0, public_key_bytes(generate_identity()), None)
+    store.close()
+    assert main(["coordinator", "--config", str(config), "--unpin", "zed"]) == 2
+    assert "not on the roster" in capsys.readouterr().err
+    assert main(["coordinator", "--config", str(config), "--unpin", "a"]) == 0
+    assert "unpinned the identity key of a" in capsys.readouterr().out
+    store = Store(tmp_path / "state" / "state.db")
+    assert store.pinned_keys() == {}
+    store.close()
