@@ -10,13 +10,15 @@ Modules, one idea each:
 ``tasks``        work handed to participants (train / statistics / evaluate)
 ``secure_job``   one ``crypto.SecAggServer`` job with deadlines, liveness, streaming
 ``spool``        plaintext uploads spooled and summed in roster order (determinism)
-``strategy``     FedAvg / FedProx server steps on sums (extensible registry)
+``strategy``     FedAvg / FedProx / FedAdam / FedYogi server steps on sums (registry;
+                 resumable server state)
 ``calibration``  FFC and CCVR from aggregated statistics
 ``model``        the global network's layout, checkpoints, saved models
 ``evaluation``   central evaluation when the coordinator has test data
 ``registry``     roster, join proofs, pinned identity keys, sessions, liveness
 ``service``      RPC semantics and boundary validation, independent of gRPC
 ``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
+``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
 ``store``        SQLite (one writer thread): participants, rounds, jobs, audit, events
 ``accounting``   bytes per participant per stage
 ``errors``       typed service errors and the gRPC status of each
