@@ -123,11 +123,6 @@ class Checkpoints:
         return str(path), file_sha256(path)
 
     @staticmethod
-    def load(path: str | Path, sha256: str, length: int) -> npt.NDArray[np.float64]:
-        """The checkpoint's global vector (see :meth:`load_with_state`)."""
-        return Checkpoints.load_with_state(path, sha256, length)[0]
-
-    @staticmethod
     def load_with_state(
         path: str | Path, sha256: str, length: int
     ) -> tuple[npt.NDArray[np.float64], dict[str, npt.NDArray[np.float64]]]:

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
 import crypto
 from coordinator.secure_job import SecureJob
-from coordinator.settings import SecAggSettings
+from coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    EvaluationSettings,
+    ModelSettings,
+    SecAggSettings,
+    ServerSettings,
+    Timeouts,
+    TrainingSettings,
+)
+from participant.settings import DataSettings, ParticipantSettings
 from proto import spherecal_pb2 as pb
 from proto.identity import public_key_bytes
 
@@ -107,3 +118,36 @@ def run_job(
         if stage == "consistency" and not job.spec.consistency_check:
             continue
         job.advance(alive())
+
+
+def plaintext_federation(
+    tmp: Path, model: ModelSettings, training: TrainingSettings, *, n: int = 3
+) -> tuple[CoordinatorSettings, list[ParticipantSettings]]:
+    """Settings of an in-process plaintext federation on digits slices, FFC only,
+    with central test data — the setting that must equal the reference runner."""
+    ids = tuple(f"p{k}" for k in range(n))
+    cs = CoordinatorSettings(
+        participants=ids,
+        model=model,
+        training=training,
+        calibration=CalibrationSettings(methods=("ffc",)),
+        secagg=SecAggSettings(updates=False, statistics=False),
+        server=ServerSettings(insecure=True),
+        timeouts=Timeouts(
+            heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5
+        ),
+        evaluation=EvaluationSettings(test_dataset="digits"),
+        state_dir=tmp / "state",
+        out_dir=tmp / "out",
+    )
+    ps = [
+        ParticipantSettings(
+            participant_id=p,
+            insecure=True,
+            allow_plaintext=True,
+            long_poll_ms=300,
+            data=DataSettings(slice_index=k, slice_of=n),
+        )
+        for k, p in enumerate(ids)
+    ]
+    return cs, ps

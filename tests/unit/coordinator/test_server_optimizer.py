@@ -14,21 +14,13 @@ import torch
 from coordinator.federation import Federation
 from coordinator.model import Checkpoints
 from coordinator.registry import Registry
-from coordinator.settings import (
-    CalibrationSettings,
-    CoordinatorSettings,
-    EvaluationSettings,
-    ModelSettings,
-    SecAggSettings,
-    ServerSettings,
-    Timeouts,
-    TrainingSettings,
-)
+from coordinator.settings import CoordinatorSettings, ModelSettings, TrainingSettings
 from coordinator.store import Store
 from coordinator.strategy import FedAvg, ServerOptimizer, make_strategy
-from participant.settings import DataSettings, ParticipantSettings
+from participant.settings import ParticipantSettings
 from spherecal.inprocess import InProcessFederation
 from spherefed.runner import ReferenceConfig, run_reference
+from tests.unit.coordinator.helpers import plaintext_federation
 
 B1, B2, TAU = 0.9, 0.99, 1e-3  # Reddi et al. 2021's defaults
 
@@ -110,32 +102,8 @@ N, ROUNDS = 3, 2
 
 
 def _settings(tmp: Path) -> tuple[CoordinatorSettings, list[ParticipantSettings]]:
-    ids = tuple(f"p{k}" for k in range(N))
-    cs = CoordinatorSettings(
-        participants=ids,
-        model=ModelSettings(extractor="mlp"),
-        training=TrainingSettings(rounds=ROUNDS, algorithm="fedadam", fedopt_lr=0.02),
-        calibration=CalibrationSettings(methods=("ffc",)),
-        secagg=SecAggSettings(updates=False, statistics=False),
-        server=ServerSettings(insecure=True),
-        timeouts=Timeouts(
-            heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5
-        ),
-        evaluation=EvaluationSettings(test_dataset="digits"),
-        state_dir=tmp / "state",
-        out_dir=tmp / "out",
-    )
-    ps = [
-        ParticipantSettings(
-            participant_id=p,
-            insecure=True,
-            allow_plaintext=True,
-            long_poll_ms=300,
-            data=DataSettings(slice_index=k, slice_of=N),
-        )
-        for k, p in enumerate(ids)
-    ]
-    return cs, ps
+    training = TrainingSettings(rounds=ROUNDS, algorithm="fedadam", fedopt_lr=0.02)
+    return plaintext_federation(tmp, ModelSettings(extractor="mlp"), training, n=N)
 
 
 def test_fedadam_federation_reproduces_the_reference_and_resumes_its_moments(

@@ -11,20 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.settings import (
-    CalibrationSettings,
-    CoordinatorSettings,
-    EvaluationSettings,
-    ModelSettings,
-    SecAggSettings,
-    ServerSettings,
-    Timeouts,
-    TrainingSettings,
-)
-from participant.settings import DataSettings, ParticipantSettings
+from coordinator.settings import ModelSettings, TrainingSettings
 from spherecal.inprocess import InProcessFederation
 from spherefed.algorithms.methods import BASES, METHODS, MethodSpec, sphere_variant
 from spherefed.runner import ReferenceConfig, run_federation
+from tests.unit.coordinator.helpers import plaintext_federation
 
 N = 3
 BASE = ReferenceConfig(participants=N, model="mlp", rounds=2)
@@ -55,38 +46,14 @@ def test_service_options_say_which_methods_need_more_than_sums() -> None:
 
 
 def _service_run(tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
-    ids = tuple(f"p{k}" for k in range(N))
-    cs = CoordinatorSettings(
-        participants=ids,
-        model=ModelSettings(
-            extractor="mlp", head=options["head"], classifier=options["classifier"]
-        ),
-        training=TrainingSettings(
-            rounds=BASE.rounds,
-            loss=options["loss"],
-            algorithm=options["algorithm"],
-            fedopt_lr=options.get("fedopt_lr", 0.01),
-        ),
-        calibration=CalibrationSettings(methods=("ffc",)),
-        secagg=SecAggSettings(updates=False, statistics=False),
-        server=ServerSettings(insecure=True),
-        timeouts=Timeouts(
-            heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5
-        ),
-        evaluation=EvaluationSettings(test_dataset="digits"),
-        state_dir=tmp / "state",
-        out_dir=tmp / "out",
+    model = ModelSettings(extractor="mlp", head=options["head"], classifier=options["classifier"])
+    training = TrainingSettings(
+        rounds=BASE.rounds,
+        loss=options["loss"],
+        algorithm=options["algorithm"],
+        fedopt_lr=options.get("fedopt_lr", 0.01),
     )
-    ps = [
-        ParticipantSettings(
-            participant_id=p,
-            insecure=True,
-            allow_plaintext=True,
-            long_poll_ms=300,
-            data=DataSettings(slice_index=k, slice_of=N),
-        )
-        for k, p in enumerate(ids)
-    ]
+    cs, ps = plaintext_federation(tmp, model, training, n=N)
     fed = InProcessFederation(cs, ps).start()
     summary = fed.join(timeout=240)
     assert summary["status"] == "completed", fed.messages[-20:]
