@@ -25,7 +25,7 @@ Modules, one idea each:
 ``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
 ``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
 ``store``        SQLite (one writer thread): participants, rounds, jobs, audit, events
-``accounting``   bytes per participant per stage
+``traffic``      bytes on the wire per participant per stage
 ``errors``       typed service errors and the gRPC status of each
 ``main``         ``run_coordinator``: wire it all up and run one federation
 """

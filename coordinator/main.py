@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from .accounting import Accounting
 from .errors import FederationFailed
 from .evaluation import CentralEvaluator
 from .federation import Federation
@@ -31,6 +30,7 @@ from .registry import Registry
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
 from .store import Store
+from .traffic import Traffic
 
 __all__ = ["run_coordinator"]
 
@@ -87,8 +87,8 @@ def run_coordinator(
             federation.prepare()
         except FederationFailed as exc:
             raise ValueError(str(exc)) from None
-        accounting = Accounting()
-        service = CoordinatorService(settings, registry, federation, store, accounting)
+        traffic = Traffic()
+        service = CoordinatorService(settings, registry, federation, store, traffic)
         server, port = build_server(settings, service)
         server.start()
         rss_after_setup = _peak_rss_mb()
@@ -109,7 +109,7 @@ def run_coordinator(
             federation.linger()
         finally:
             summary = federation.summary()
-            summary["bytes"] = accounting.snapshot()
+            summary["bytes"] = traffic.snapshot()
             summary["resources"] = {
                 "rss_after_setup_mb": rss_after_setup,
                 "peak_rss_mb": _peak_rss_mb(),
