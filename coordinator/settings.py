@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spherefed.algorithms.strategies import ALGORITHM_NAMES
 from spherefed.calibrate import CCVRConfig
-from spherefed.fl import ALGORITHMS, model_seeds
+from spherefed.fl import model_seeds
 from spherefed.network import ModelSpec
 from spherefed.privacy.settings import PrivacySettings
 
@@ -94,8 +95,8 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.algorithm not in ALGORITHM_NAMES:
+            raise ValueError(f"algorithm must be one of {ALGORITHM_NAMES}, got {self.algorithm!r}")
         if not 0 < self.sample_fraction <= 1:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
         if not self.fedopt_lr > 0:

@@ -10,9 +10,13 @@
 """
 
 from spherefed.algorithms.base import (
+    LOSS_SUM,
+    AlgorithmSettings,
     ClientResult,
+    NamedSum,
     Payload,
     ServerStrategy,
+    SumLayout,
     add_payloads,
     as_payload,
     parameter_mask,
@@ -20,7 +24,6 @@ from spherefed.algorithms.base import (
 )
 from spherefed.algorithms.methods import (
     ABLATION,
-    BASE_ALGORITHMS,
     BASES,
     DEFAULT_LR_GRID,
     METHODS,
@@ -48,6 +51,7 @@ from spherefed.algorithms.strategies import (
     FedProx,
     FedYogi,
     Scaffold,
+    configured_strategy,
     fedavg_local_step,
     fedavg_server_step,
     fednova_local_step,
@@ -63,10 +67,11 @@ from spherefed.algorithms.strategies import (
 __all__ = [
     "ABLATION",
     "ALGORITHM_NAMES",
+    "AlgorithmSettings",
     "BASES",
-    "BASE_ALGORITHMS",
     "DEFAULT_LR_GRID",
     "FEDOPT_VARIANTS",
+    "LOSS_SUM",
     "METHODS",
     "RIVALS",
     "STRATEGIES",
@@ -79,11 +84,14 @@ __all__ = [
     "FedUVConfig",
     "FedYogi",
     "MethodSpec",
+    "NamedSum",
     "Payload",
     "Scaffold",
     "ServerStrategy",
+    "SumLayout",
     "add_payloads",
     "as_payload",
+    "configured_strategy",
     "fedavg_local_step",
     "fedavg_server_step",
     "feduv_objective",

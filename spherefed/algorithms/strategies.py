@@ -42,7 +42,7 @@ is used; it reduces to the paper's formula at momentum 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -51,7 +51,9 @@ import torch
 from torch import nn
 
 from spherefed.algorithms.base import (
+    AlgorithmSettings,
     ClientResult,
+    NamedSum,
     Payload,
     ServerStrategy,
     as_payload,
@@ -99,7 +101,7 @@ class FedAvg(ServerStrategy):
     """FedAvg (McMahan et al. 2017): sample-weighted average of the local updates."""
 
     name: ClassVar[str] = "fedavg"
-    sum_keys: ClassVar[tuple[str, ...]] = ("delta", "weight")
+    sums: ClassVar[tuple[NamedSum, ...]] = (NamedSum("delta", per_entry=True), NamedSum("weight"))
 
     def local_step(
         self,
@@ -135,6 +137,10 @@ class FedProx(FedAvg):
         if not mu >= 0:
             raise ValueError(f"FedProx mu must be >= 0, got {mu}")
         self.mu = float(mu)
+
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> FedProx:
+        return cls(mu=settings.prox_mu)
 
     def local_step(
         self,
@@ -227,7 +233,11 @@ class FedNova(FedAvg):
     """FedNova (Wang et al. 2020): normalised averaging, robust to unequal local steps."""
 
     name: ClassVar[str] = "fednova"
-    sum_keys: ClassVar[tuple[str, ...]] = ("delta", "tau", "weight")
+    sums: ClassVar[tuple[NamedSum, ...]] = (
+        NamedSum("delta", per_entry=True),
+        NamedSum("tau"),
+        NamedSum("weight"),
+    )
 
     def __init__(self, *, server_lr: float = 1.0) -> None:
         if not server_lr > 0:
@@ -369,8 +379,13 @@ class FedOpt(FedAvg):
         m, v = state["m"], state["v"]
         if (m is None) != (v is None):
             raise ValueError("FedOpt state: m and v must both be set or both be None")
-        self.m = None if m is None else np.array(m, dtype=np.float64)
-        self.v = None if v is None else np.array(v, dtype=np.float64)
+        if m is not None:
+            m, v = np.array(m, dtype=np.float64), np.array(v, dtype=np.float64)
+            if m.shape != v.shape or m.ndim != 1:
+                raise ValueError(f"FedOpt state: m {m.shape} and v {v.shape} do not match")
+            if not (np.isfinite(m).all() and np.isfinite(v).all()) or (v < 0).any():
+                raise ValueError("FedOpt state: m and v must be finite, v non-negative")
+        self.m, self.v = m, v
         self.steps = int(state["steps"])
 
     def hyperparameters(self) -> dict[str, Any]:
@@ -393,6 +408,10 @@ class FedAdam(FedOpt):
     ) -> None:
         super().__init__(variant="adam", lr=lr, beta1=beta1, beta2=beta2, tau=tau)
 
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> FedAdam:
+        return cls(lr=settings.fedopt_lr)
+
 
 class FedYogi(FedOpt):
     """FedOpt with server Yogi (additive, sign-controlled second-moment update)."""
@@ -403,6 +422,10 @@ class FedYogi(FedOpt):
         self, *, lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
     ) -> None:
         super().__init__(variant="yogi", lr=lr, beta1=beta1, beta2=beta2, tau=tau)
+
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> FedYogi:
+        return cls(lr=settings.fedopt_lr)
 
 
 # ----------------------------------------------------------------------------- SCAFFOLD
@@ -500,7 +523,11 @@ class Scaffold(ServerStrategy):
     """
 
     name: ClassVar[str] = "scaffold"
-    sum_keys: ClassVar[tuple[str, ...]] = ("delta", "weight", "control_delta")
+    sums: ClassVar[tuple[NamedSum, ...]] = (
+        NamedSum("delta", per_entry=True),
+        NamedSum("weight"),
+        NamedSum("control_delta", per_entry=True),
+    )
 
     def __init__(self, *, num_participants: int | None = None, server_lr: float = 1.0) -> None:
         if num_participants is not None and num_participants < 1:
@@ -510,6 +537,10 @@ class Scaffold(ServerStrategy):
         self.num_participants = num_participants
         self.server_lr = float(server_lr)
         self.control: np.ndarray | None = None
+
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> Scaffold:
+        return cls(num_participants=settings.num_participants)
 
     def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
         if self.control is None:
@@ -568,7 +599,7 @@ class Scaffold(ServerStrategy):
 
 # ----------------------------------------------------------------------------- registry
 
-STRATEGIES: dict[str, Callable[..., ServerStrategy]] = {
+STRATEGIES: dict[str, type[ServerStrategy]] = {
     "fedavg": FedAvg,
     "fedprox": FedProx,
     "fednova": FedNova,
@@ -576,7 +607,9 @@ STRATEGIES: dict[str, Callable[..., ServerStrategy]] = {
     "fedyogi": FedYogi,
     "scaffold": Scaffold,
 }
-"""Every base algorithm by name (FedOpt appears as its Adam and Yogi variants)."""
+"""THE registry of algorithms, by name (FedOpt appears as its Adam and Yogi variants).
+The reference runner, the baselines harness, the CLI choices, the coordinator and
+the participant all read it; adding an algorithm means adding it here."""
 
 ALGORITHM_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
@@ -588,3 +621,14 @@ def make_strategy(name: str, **kwargs: Any) -> ServerStrategy:
     except KeyError:
         raise ValueError(f"unknown algorithm {name!r}; expected one of {ALGORITHM_NAMES}") from None
     return factory(**kwargs)
+
+
+def configured_strategy(name: str, settings: AlgorithmSettings) -> ServerStrategy:
+    """A fresh strategy for algorithm ``name`` with a deployment's settings
+    (:meth:`ServerStrategy.configured`): what the runner, the harness, the coordinator
+    and the participant build, so all four run the same arithmetic."""
+    try:
+        factory = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; expected one of {ALGORITHM_NAMES}") from None
+    return factory.configured(settings)
