@@ -15,8 +15,8 @@ Modules, one idea each:
 ``tasks``        work handed to participants (train / statistics / evaluate)
 ``secure_job``   one ``crypto.SecAggServer`` job with deadlines, liveness, streaming
 ``spool``        plaintext uploads spooled and summed in roster order (determinism)
-``strategy``     FedAvg / FedProx / FedAdam / FedYogi server steps on sums (registry;
-                 resumable server state)
+``strategy``     adapter around spherefed.algorithms' one registry: named sums laid out
+                 in the aggregation vector, broadcasts, resumable server state
 ``calibration``  FFC and CCVR from aggregated statistics
 ``model``        the global network's layout, checkpoints, saved models
 ``evaluation``   federated evaluation, and central when the coordinator has test data

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spherefed.algorithms.strategies import ALGORITHM_NAMES
+from spherefed.algorithms.registry import ALGORITHM_NAMES
 from spherefed.calibrate import CCVRConfig
 from spherefed.fl import model_seeds
 from spherefed.network import ModelSpec
@@ -156,7 +156,9 @@ class SecAggSettings:
     """``complete``, ``harary``, ``harary:K`` or ``auto`` (complete up to 32 participants)."""
     consistency_check: bool = False
     update_bound: float = 1e5
-    """Declared bound on every entry of ``[n_k(θ_k−θ), n_k, mean_loss]``."""
+    """Declared bound on every entry of the round's vector: the algorithm's named sums
+    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; FedNova's
+    ``n_k‖a_k‖₁`` grows with local steps)."""
     statistics_bound: float = 1e6
     """Declared bound on every statistics entry (|z|≤1 ⇒ entries are bounded by n_k)."""
     chunk_entries: int = 1 << 18

@@ -30,7 +30,7 @@ from spherefed.algorithms.base import (
     ServerStrategy,
     SumLayout,
 )
-from spherefed.algorithms.strategies import configured_strategy
+from spherefed.algorithms.registry import configured_strategy
 
 from .settings import TrainingSettings
 

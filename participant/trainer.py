@@ -29,7 +29,7 @@ from spherefed.algorithms.base import (
     SumLayout,
     as_payload,
 )
-from spherefed.algorithms.strategies import configured_strategy
+from spherefed.algorithms.registry import configured_strategy
 from spherefed.fl import (
     LocalTrainConfig,
     LocalUpdate,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from spherecal.argtypes import alpha_or_iid, positive_float
-from spherefed.algorithms.strategies import ALGORITHM_NAMES as ALGORITHMS
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from spherefed.calibrate import CCVRConfig
 from spherefed.classifier import CLASSIFIER_KINDS
 from spherefed.data import DATASET_NAMES

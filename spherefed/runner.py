@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from spherefed.algorithms.base import AlgorithmSettings, Payload, ServerStrategy, add_payloads
-from spherefed.algorithms.strategies import ALGORITHM_NAMES, configured_strategy
+from spherefed.algorithms.registry import ALGORITHM_NAMES, configured_strategy
 from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve, retrain_classifier
 from spherefed.data import (
     ArrayDataset,

@@ -3,7 +3,8 @@
 - :mod:`~spherefed.algorithms.base`: payloads (what secure aggregation sums) and the
   :class:`ServerStrategy` interface (``state_dict`` / ``load_state_dict`` to resume).
 - :mod:`~spherefed.algorithms.strategies`: FedAvg, FedProx, FedNova, FedOpt (Adam,
-  Yogi, Adagrad), SCAFFOLD.
+  Yogi, Adagrad); :mod:`~spherefed.algorithms.scaffold`: SCAFFOLD.
+- :mod:`~spherefed.algorithms.registry`: THE registry of algorithm names.
 - :mod:`~spherefed.algorithms.objectives`: CE with a temperature, FedUV's regularisers.
 - :mod:`~spherefed.algorithms.methods`: every method of the papers as a recipe
   (BABU, FedFN, FedUV, SphereFed-CE, SphereFed, the SphereFed Tab. 3 ablation).
@@ -40,28 +41,32 @@ from spherefed.algorithms.objectives import (
     feduv_variance_loss,
     temperature_objective,
 )
-from spherefed.algorithms.strategies import (
+from spherefed.algorithms.registry import (
     ALGORITHM_NAMES,
-    FEDOPT_VARIANTS,
     STRATEGIES,
+    configured_strategy,
+    make_strategy,
+)
+from spherefed.algorithms.scaffold import (
+    Scaffold,
+    scaffold_control_update,
+    scaffold_local_step,
+    scaffold_server_step,
+)
+from spherefed.algorithms.strategies import (
+    FEDOPT_VARIANTS,
     FedAdam,
     FedAvg,
     FedNova,
     FedOpt,
     FedProx,
     FedYogi,
-    Scaffold,
-    configured_strategy,
     fedavg_local_step,
     fedavg_server_step,
     fednova_local_step,
     fednova_norm,
     fednova_server_step,
     fedopt_update,
-    make_strategy,
-    scaffold_control_update,
-    scaffold_local_step,
-    scaffold_server_step,
 )
 
 __all__ = [

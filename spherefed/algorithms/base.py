@@ -195,7 +195,7 @@ class ServerStrategy(ABC):
     Subclasses declare ``name`` and ``sums`` (the payload entries the server step
     reads — the complete list of what secure aggregation must carry); ``sum_keys`` is
     derived from ``sums``. Register a new algorithm in
-    ``spherefed.algorithms.strategies.STRATEGIES`` (see docs/extending.md).
+    ``spherefed.algorithms.registry.STRATEGIES`` (see docs/extending.md).
     """
 
     name: ClassVar[str]

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from spherefed.algorithms.base import AlgorithmSettings, ServerStrategy
 from spherefed.algorithms.objectives import FedUVConfig, feduv_objective, temperature_objective
-from spherefed.algorithms.strategies import configured_strategy
+from spherefed.algorithms.registry import configured_strategy
 from spherefed.fl import LocalObjective
 
 if TYPE_CHECKING:
