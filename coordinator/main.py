@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
+from proto.address import split_host_port
+
 from .accounting import Accounting
 from .evaluation import CentralEvaluator
 from .federation import Federation, FederationFailed, write_json
-from .grpc_server import build_server, split_host_port
+from .grpc_server import build_server
 from .model import GlobalModel
 from .registry import Registry
 from .service import CoordinatorService

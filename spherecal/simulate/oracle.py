@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from participant.data import load_local_data
 from participant.settings import DataSettings
-from spherefed.network import ModelSpec, build_model
+from proto.codec import model_spec_from_json
+from spherefed.network import build_model
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
 
 from .settings import SimulationSettings
@@ -34,18 +36,9 @@ def clear_statistics(
     """
     out = settings.out / "coordinator" / "out"
     meta = json.loads((out / "model_spec.json").read_text())
-    spec = ModelSpec(
-        extractor=meta["extractor"],
-        head=meta["head"],
-        norm=meta["norm"],
-        classifier=meta["classifier"],
-        classifier_seed=meta["classifier_seed"],
-        init_seed=meta["init_seed"],
-        num_classes=meta["num_classes"],
-        in_channels=meta["in_channels"],
-        image_size=tuple(meta["image_size"]),
-        feature_dim=settings.feature_dim,
-    )
+    # the harness's own feature_dim (None = the extractor's default) rebuilds the
+    # network exactly as the coordinator built it
+    spec = replace(model_spec_from_json(meta), feature_dim=settings.feature_dim)
     model = build_model(spec)
     model.load_state_dict(torch.load(out / "model_none.pt", weights_only=True))
     model.eval()
