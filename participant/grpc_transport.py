@@ -17,6 +17,7 @@ import grpc
 from proto import grpc_services
 from proto import spherecal_pb2 as pb
 from proto.address import is_loopback_address
+from proto.error_detail import reason_from_metadata
 
 from .settings import ParticipantSettings
 from .transport import TransportError
@@ -129,4 +130,7 @@ class _GrpcPresence:
 def _to_transport_error(exc: grpc.RpcError) -> TransportError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return TransportError(code or grpc.StatusCode.UNKNOWN, details or "")
+    metadata = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return TransportError(
+        code or grpc.StatusCode.UNKNOWN, details or "", reason=reason_from_metadata(metadata)
+    )
