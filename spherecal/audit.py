@@ -25,7 +25,12 @@ in ``audit.json`` with ``ok`` and the evidence:
 
 ``--empirical`` adds a canary audit of the calibration mechanism
 (:func:`spherefed.privacy.empirical.run_canary_audit`): ``epsilon_claimed``,
-``epsilon_empirical_lower`` and ``tightness`` at the top level of ``audit.json``.
+``epsilon_empirical_lower`` and ``tightness`` at the top level of ``audit.json`` — on a
+DP run only; without DP there is no claim to test and it says so.
+
+``protection`` says in words what protected model updates and calibration statistics
+(:mod:`spherecal.audit_report`); ``--html FILE`` renders everything as one
+self-contained page for a privacy officer (:mod:`spherecal.audit_html`).
 
 Statistical tests use a family-wise false-alarm rate of ``1e-3`` (Bonferroni over
 all tests run), so a correct federation practically never fails them while a

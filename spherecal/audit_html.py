@@ -124,7 +124,7 @@ def payload_chart(
     left, right, top, bottom = 52, 8, 10, 58
     plot_w, plot_h = width - left - right, height - top - bottom
     lo = 10.0 ** math.floor(math.log10(min(totals.values())))
-    hi = 10.0 ** math.ceil(math.log10(max(totals.values()) * 1.0001))
+    hi = max(10.0 * lo, 10.0 ** math.ceil(math.log10(max(totals.values()))))
     span = math.log10(hi) - math.log10(lo)
 
     def y(v: float) -> float:
