@@ -207,6 +207,11 @@ def epsilon_meanings(report: dict[str, Any]) -> list[dict[str, Any]]:
                 f"(except with probability δ = {delta:g}); counted with the sites that "
                 "actually added noise."
             )
+        elif eps == 0.0:
+            meaning = (
+                f"Nothing charged: {subject} took part in no private release (a site "
+                "refuses a release that would exceed its budget)."
+            )
         else:
             meaning = (
                 f"Charged by {subject} to its own budget for its records (factor "
