@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import unicodedata
 from pathlib import Path
 
 import pytest
@@ -33,9 +32,7 @@ def slug(heading: str) -> str:
     for ch in text:
         if ch in " -":
             out.append("-" if ch == " " else ch)
-        elif ch == "_" or ch.isalnum():
-            out.append(ch)
-        elif unicodedata.category(ch).startswith(("L", "N", "M")):
+        elif ch == "_" or ch.isalnum():  # Unicode letters and digits (ε) are kept
             out.append(ch)
     return "".join(out)
 
