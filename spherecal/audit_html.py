@@ -297,11 +297,16 @@ def _protection_html(report: dict[str, Any]) -> str:
         )
     note = ""
     if protection.get("updates_without_dp"):
+        covered = (
+            "so the ε figures below cover the calibration statistics only."
+            if protection["calibration_statistics"].get("dp_releases")
+            else "and neither are the calibration statistics: the coordinator learned "
+            "exact sums over sites, and no ε bounds what those sums reveal."
+        )
         note = (
             '<p class="note" id="updates-no-dp"><strong>Model updates carry no '
             "differential privacy.</strong> Secure aggregation hides each site's update "
-            "from the coordinator, but the summed model itself is not noised, so the ε "
-            "figures below cover the calibration statistics only.</p>"
+            f"from the coordinator, but the summed model itself is not noised, {covered}</p>"
         )
     return (
         '<section id="protection"><h2>What was protected in this run</h2>'
@@ -366,6 +371,8 @@ def _checks_html(report: dict[str, Any]) -> str:
             explanation = (
                 "Differential privacy was not switched on, so there was no noisy release to check."
             )
+        if name == "budgets" and not check.get("subjects"):
+            explanation = "No privacy budget was in use: no site or federation spent any ε."
         badge = (
             '<span class="badge ok">PASS</span>'
             if check["ok"]

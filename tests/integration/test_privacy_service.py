@@ -283,6 +283,7 @@ def test_html_report_renders_in_headless_chromium(
     assert "PASS" in verdict.group(1) and "All 7 checks passed" in verdict.group(1)
     assert dom.index('id="verdict"') < dom.index('id="protection"') < dom.index('id="charts"')
     assert "Model updates carry no differential privacy" in dom  # no DP-SGD in this run
+    assert "cover the calibration statistics only" in dom  # ...but the statistics had DP
 
     # Both charts drew: sized SVGs with bars and one ε curve per subject.
     for chart in ("payload-chart", "epsilon-chart"):

@@ -109,6 +109,8 @@ def test_html_is_self_contained_and_says_what_was_not_protected(tmp_path: Path) 
     for forbidden in ("<script", "http:", "https:", "@import", "url(", "<link", "<img"):
         assert forbidden not in page.lower()
     assert 'id="updates-no-dp"' in page
+    assert "neither are the calibration statistics" in page  # DP off altogether
+    assert "No privacy budget was in use" in page
     assert "Differential privacy was <strong>not enabled</strong>" in page
     assert 'id="epsilon-chart-empty"' in page  # no ε spent: no chart to invent
     assert page.count('class="bar"') == 8  # 2 sites × 4 stages
