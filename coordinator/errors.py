@@ -63,7 +63,13 @@ import crypto
 from proto import spherecal_pb2 as pb
 from proto.error_detail import error_metadata
 
-__all__ = ["ServiceError", "failure_kind", "from_secagg"]
+__all__ = ["FederationFailed", "ServiceError", "failure_kind", "from_secagg"]
+
+
+class FederationFailed(RuntimeError):
+    """The federation cannot continue (a round failed every attempt, a stop was
+    requested, the state directory cannot be resumed); the driver records it and
+    announces ``Done(status="failed")``."""
 
 
 class ServiceError(Exception):

@@ -33,7 +33,7 @@ import torch
 
 from proto.codec import model_spec_from_json
 from spherefed.fl import evaluate
-from spherefed.network import build_model
+from spherefed.network import ModelSpec, build_model
 from spherefed.runner import ReferenceConfig, prepare_data
 
 from .grid import RunSpec
@@ -60,7 +60,7 @@ def _validation_accuracy(cfg: ReferenceConfig, out: Path) -> dict[str, float]:
     data = prepare_data(cfg)
     x, y = torch.from_numpy(data.validation.x), torch.from_numpy(data.validation.y)
     meta = json.loads((out / "model_spec.json").read_text())
-    model = build_model(replace(model_spec_from_json(meta), feature_dim=None))
+    model = build_model(replace(ModelSpec(**model_spec_from_json(meta)), feature_dim=None))
     model.eval()
     accuracy: dict[str, float] = {}
     for name in CALIBRATIONS:
