@@ -28,6 +28,7 @@ from .model import GlobalModel
 from .registry import Registry
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
+from .state_dir import guard_federation_start, write_marker
 from .store import Store
 
 __all__ = ["run_coordinator"]
@@ -59,8 +60,13 @@ def run_coordinator(
     *,
     say: Callable[[str], None] | None = None,
     threads: int | None = 1,
+    new_federation: bool = False,
 ) -> dict[str, Any]:
-    """Run one coordinator until the federation ends; return its summary."""
+    """Run one coordinator until the federation ends; return its summary.
+
+    ``new_federation`` allows starting a new federation in a state directory holding
+    checkpoints or a federation marker its database does not know (they are set aside,
+    see :mod:`coordinator.state_dir`); without it that start is refused."""
     emit = say or _default_say
     if threads is not None:
         torch.set_num_threads(threads)
@@ -69,6 +75,12 @@ def run_coordinator(
     summary: dict[str, Any] = {}
     server = None
     try:
+        guard_federation_start(
+            settings.state_dir,
+            store.get_meta("federation_id"),
+            new_federation=new_federation,
+            say=emit,
+        )
         registry = Registry(
             settings.participants,
             store,
@@ -85,6 +97,7 @@ def run_coordinator(
             federation.prepare()
         except FederationFailed as exc:
             raise ValueError(str(exc)) from None
+        write_marker(settings.state_dir, federation.federation_id)
         accounting = Accounting()
         service = CoordinatorService(settings, registry, federation, store, accounting)
         server, port = build_server(settings, service)
