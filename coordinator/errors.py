@@ -21,16 +21,46 @@ ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
 ABORTED                the job has failed (too few survivors); nothing more is accepted
+INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
 =====================  ==================================================================
+
+Undecodable request bytes are answered INVALID_ARGUMENT by the transport's request
+deserializers (``coordinator.grpc_server``) before any handler runs. Every exception
+class that can reach the RPC boundary has an explicit entry in :data:`ERROR_CODES`
+(a test walks every ``crypto.SecAggError`` subclass); :func:`status_for` returns None
+for anything else, which the transport answers INTERNAL *and logs loudly*, so no
+unmapped error silently becomes a plausible-looking code.
 """
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 import crypto
+from proto.codec import TensorFormatError
+from proto.identity import CertificateError
 
-__all__ = ["ServiceError", "from_secagg"]
+__all__ = ["DOCUMENTED_CODES", "ERROR_CODES", "ServiceError", "from_secagg", "status_for"]
+
+log = logging.getLogger("spherecal.coordinator")
+
+#: The codes the module docstring documents (a client can rely on exactly these).
+DOCUMENTED_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+    }
+)
 
 
 class ServiceError(Exception):
@@ -46,6 +76,8 @@ class ServiceError(Exception):
 
 
 _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
+    # A job spec the coordinator itself built is invalid: its bug, not the caller's.
+    (crypto.InvalidSpec, grpc.StatusCode.INTERNAL),
     (crypto.MalformedMessage, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.WrongLength, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.EncodingOverflow, grpc.StatusCode.INVALID_ARGUMENT),
@@ -69,9 +101,34 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
 )
 
 
+#: Every exception class that may reach the RPC boundary, with its status code
+#: (:class:`ServiceError` carries its own code).
+ERROR_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    *_SECAGG_CODES,
+    (TensorFormatError, grpc.StatusCode.INVALID_ARGUMENT),
+    (CertificateError, grpc.StatusCode.UNAUTHENTICATED),
+)
+
+
 def from_secagg(exc: crypto.SecAggError) -> ServiceError:
     """The :class:`ServiceError` for a rejected secure-aggregation message."""
     for kind, code in _SECAGG_CODES:
         if isinstance(exc, kind):
             return ServiceError(code, f"{type(exc).__name__}: {exc}")
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+    # A SecAggError subclass added to crypto without an entry here: say so loudly
+    # (a test walks every subclass, so this is a bug caught before release).
+    log.error("unmapped secure-aggregation error %s answered INTERNAL", type(exc).__name__)
+    return ServiceError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+def status_for(exc: BaseException) -> ServiceError | None:
+    """The documented status for an exception at the RPC boundary; None if unmapped
+    (the transport then answers INTERNAL and logs the traceback)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, crypto.SecAggError):
+        return from_secagg(exc)
+    for kind, code in ERROR_CODES:
+        if isinstance(exc, kind):
+            return ServiceError(code, f"{type(exc).__name__}: {exc}")
+    return None

@@ -10,6 +10,7 @@ statistics, updates or keys.
 
 from __future__ import annotations
 
+import logging
 import resource
 import signal
 import sys
@@ -24,7 +25,9 @@ from .accounting import Accounting
 from .evaluation import CentralEvaluator
 from .federation import Federation, FederationFailed, write_json
 from .grpc_server import build_server, split_host_port
+from .log_limit import RepeatFilter, rate_limited
 from .model import GlobalModel
+from .observability import HealthReporter
 from .registry import Registry
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
@@ -55,6 +58,23 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _configure_logging() -> None:
+    """In a coordinator process with no logging set up: records to stderr, identical
+    ones rate-limited (a flood of bad requests must not flood the log)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return  # embedded (tests, notebooks): the host's logging decides
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            "[coordinator %(asctime)s] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+        )
+    )
+    handler.addFilter(RepeatFilter())
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
 def run_coordinator(
     settings: CoordinatorSettings,
     *,
@@ -67,7 +87,8 @@ def run_coordinator(
     ``new_federation`` allows starting a new federation in a state directory holding
     checkpoints or a federation marker its database does not know (they are set aside,
     see :mod:`coordinator.state_dir`); without it that start is refused."""
-    emit = say or _default_say
+    emit = rate_limited(say or _default_say)
+    _configure_logging()
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +121,8 @@ def run_coordinator(
         write_marker(settings.state_dir, federation.federation_id)
         accounting = Accounting()
         service = CoordinatorService(settings, registry, federation, store, accounting)
-        server, port = build_server(settings, service)
+        health = HealthReporter()
+        server, port = build_server(settings, service, health=health)
         server.start()
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
@@ -117,6 +139,7 @@ def run_coordinator(
         previous = _stop_on_sigterm(federation)
         try:
             federation.run()
+            health.serving(False)  # ended: only lingering to tell participants
             federation.linger()
         finally:
             summary = federation.summary()
@@ -132,6 +155,7 @@ def run_coordinator(
                 signal.signal(signal.SIGTERM, previous)
     finally:
         if server is not None:
+            health.shutdown()
             server.stop(grace=2).wait()
         store.close()
     return summary
