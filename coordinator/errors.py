@@ -39,6 +39,7 @@ import logging
 import grpc
 
 import crypto
+from crypto.dp import NoiseTooLarge, RingOverflowRisk
 from proto.codec import TensorFormatError
 from proto.identity import CertificateError
 
@@ -76,7 +77,10 @@ class ServiceError(Exception):
 
 
 _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
-    # A job spec the coordinator itself built is invalid: its bug, not the caller's.
+    # A job spec or DP plan the coordinator itself built is invalid: its bug or its
+    # configuration, never the caller's input.
+    (RingOverflowRisk, grpc.StatusCode.INTERNAL),
+    (NoiseTooLarge, grpc.StatusCode.INTERNAL),
     (crypto.InvalidSpec, grpc.StatusCode.INTERNAL),
     (crypto.MalformedMessage, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.WrongLength, grpc.StatusCode.INVALID_ARGUMENT),

@@ -211,8 +211,9 @@ def test_database_restored_without_its_contents_refuses_a_new_federation(
     store = Store(state / "state.db")
     try:
         with pytest.raises(StateConflict, match="2 round checkpoint.*--new-federation"):
-            guard_federation_start(state, store.get_meta("federation_id"), new_federation=False,
-                                   say=print)
+            guard_federation_start(
+                state, store.get_meta("federation_id"), new_federation=False, say=print
+            )
     finally:
         store.close()
 
