@@ -248,6 +248,9 @@ def _read_contents(conn: sqlite3.Connection, state_dir: Path, report: StateRepor
             report.rounds.append(entry)
         report.rounds_completed = sum(1 for e in report.rounds if e["status"] == "completed")
         last = [e for e in report.rounds if e["status"] == "completed"][-1:]
+        for entry in report.rounds:
+            if entry.get("checkpoint_state", "").startswith("missing") and entry not in last:
+                entry["checkpoint_state"] = "pruned (only the latest are kept)"
         if last and last[0].get("checkpoint_state") not in ("ok", None):
             report.problems.append(
                 f"the last completed round's checkpoint is {last[0]['checkpoint_state']}: "
