@@ -16,7 +16,8 @@ UNAUTHENTICATED        no client certificate identity where mTLS is required, a 
 PERMISSION_DENIED      a participant not on the roster, a signature that does not verify,
                        a key different from the one pinned for that participant
 NOT_FOUND              an unknown task, job or tensor name
-FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job)
+FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job); the
+                       federation has ended or cannot continue (``FederationFailed``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
@@ -43,7 +44,14 @@ from crypto.dp import NoiseTooLarge, RingOverflowRisk
 from proto.codec import TensorFormatError
 from proto.identity import CertificateError
 
-__all__ = ["DOCUMENTED_CODES", "ERROR_CODES", "ServiceError", "from_secagg", "status_for"]
+__all__ = [
+    "DOCUMENTED_CODES",
+    "ERROR_CODES",
+    "FederationFailed",
+    "ServiceError",
+    "from_secagg",
+    "status_for",
+]
 
 log = logging.getLogger("spherecal.coordinator")
 
@@ -62,6 +70,12 @@ DOCUMENTED_CODES = frozenset(
         grpc.StatusCode.INTERNAL,
     }
 )
+
+
+class FederationFailed(RuntimeError):
+    """The federation cannot continue (a round failed every attempt, a stop was
+    requested, the state directory cannot be resumed); the driver records it and
+    announces ``Done(status="failed")``."""
 
 
 class ServiceError(Exception):
@@ -111,6 +125,8 @@ ERROR_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     *_SECAGG_CODES,
     (TensorFormatError, grpc.StatusCode.INVALID_ARGUMENT),
     (CertificateError, grpc.StatusCode.UNAUTHENTICATED),
+    # The federation cannot continue (stopped, failed): nothing can be done for a caller.
+    (FederationFailed, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 

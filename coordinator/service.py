@@ -110,7 +110,7 @@ class CoordinatorService:
 
     def _task(self, task_id: str, participant: str) -> Task:
         check_hex_id(task_id, "task_id")
-        found = self.federation.current_task(task_id)
+        found = self.federation.board.current_task(task_id)
         if isinstance(found, str):
             if found == "over":
                 raise ServiceError(
@@ -153,14 +153,14 @@ class CoordinatorService:
     def _refuse_after_end(self) -> None:
         """A join after the end cannot lead anywhere: say so in a way the participant
         recognises (``proto.federation_end``) so it stops at once."""
-        fed = self.federation
-        with fed.cond:
-            done = fed.done
+        board = self.federation.board
+        with board.cond:
+            done = board.done
         if done is not None:
             status, message = done
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                ended_details(fed.federation_id, status, message),
+                ended_details(board.federation_id, status, message),
             )
 
     def _check_data_shape(self, shape: pb.DataShape) -> None:
@@ -205,7 +205,7 @@ class CoordinatorService:
     def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
         member = self.registry.authenticate(request.caller, peer)
         wait_s = min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
-        instruction = self.federation.wait_instruction(member, wait_s)
+        instruction = self.federation.board.wait_instruction(member, wait_s)
         stage = _instruction_stage(instruction)
         self.accounting.received(member.participant_id, "control", request.ByteSize())
         self.accounting.sent(member.participant_id, stage, instruction.ByteSize())
@@ -214,7 +214,7 @@ class CoordinatorService:
     # ---------------------------------------------------------------- downloads
     def download_tensor(self, request: pb.DownloadRequest, peer: Peer) -> Iterator[pb.TensorChunk]:
         member = self.registry.authenticate(request.caller, peer)
-        published = self.federation.tensor(request.name)
+        published = self.federation.board.tensor(request.name)
         if published is None:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no tensor named {request.name[:64]!r}")
         pid = member.participant_id
@@ -347,7 +347,7 @@ class CoordinatorService:
         pid = member.participant_id
         stage = STAGE_NAMES.get(request.stage, "secagg")
         data = bytes(request.message)
-        job = self.federation.job(request.job_id)
+        job = self.federation.board.job(request.job_id)
         job_hex = bytes(request.job_id).hex()[:64]
         try:
             if job is None:
@@ -376,7 +376,7 @@ class CoordinatorService:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "empty masked upload")
         member = self.registry.authenticate(first.caller, peer)
         pid = member.participant_id
-        job = self.federation.job(first.job_id)
+        job = self.federation.board.job(first.job_id)
         job_hex = bytes(first.job_id).hex()[:64]
         try:
             if job is None:
@@ -505,9 +505,9 @@ class CoordinatorService:
             check_hex_id(request.task_id, "task_id")
         except ServiceError as exc:
             raise self._reject(pid, "report", "FailureReport", raw, exc) from None
-        found = self.federation.current_task(request.task_id)
+        found = self.federation.board.current_task(request.task_id)
         if isinstance(found, str):
-            job = self.federation.job(bytes.fromhex(request.task_id))
+            job = self.federation.board.job(bytes.fromhex(request.task_id))
             if job is None:
                 raise self._reject(
                     pid,
@@ -540,8 +540,7 @@ class CoordinatorService:
         alive = self.registry.alive()
         joined = self.registry.joined()
         jobs = []
-        with fed.cond:
-            job_list = list(fed.jobs.values())
+        job_list = fed.board.all_jobs()
         for job in job_list:
             outcome = job.outcome
             jobs.append(

@@ -125,6 +125,25 @@ def test_every_secagg_error_class_has_an_explicit_documented_code() -> None:
         assert mapped is not None and mapped.code is code
 
 
+def test_every_error_class_of_coordinator_errors_maps_to_a_documented_code() -> None:
+    classes = [
+        obj
+        for obj in vars(errors_module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, Exception)
+        and obj.__module__ == errors_module.__name__
+    ]
+    assert {c.__name__ for c in classes} >= {"ServiceError", "FederationFailed"}
+    for cls in classes:
+        if cls is ServiceError:
+            continue  # carries its own code
+        mapped = status_for(cls("x"))
+        assert mapped is not None and mapped.code in DOCUMENTED_CODES, cls
+    assert status_for(errors_module.FederationFailed("stopped")).code is (  # type: ignore[union-attr]
+        grpc.StatusCode.FAILED_PRECONDITION
+    )
+
+
 def test_status_for_keeps_service_errors_and_leaves_unknown_ones_unmapped() -> None:
     error = ServiceError(grpc.StatusCode.NOT_FOUND, "no")
     assert status_for(error) is error
@@ -157,7 +176,7 @@ def test_join_after_the_end_says_so_and_the_participant_stops(
     harness.start()
     harness.federation.stop("operator")
     harness.thread.join(timeout=30)
-    assert harness.federation.done is not None
+    assert harness.federation.board.done is not None
     with pytest.raises(ServiceError) as info:
         harness.service.join(harness.join_request("p1"), Peer())
     assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
