@@ -43,6 +43,7 @@ from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
+from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .failures import failure_kind
 from .faults import Halter
@@ -56,35 +57,6 @@ from .trust import DirectoryTrust, UntrustedDirectory
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
 SOFTWARE_VERSION = "spherecal/0.1"
-
-
-class ParticipantExit(Exception):
-    """Stop the participant with an exit code and a reason."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class _Backoff:
-    def __init__(self, maximum: float, give_up: float) -> None:
-        self.maximum = maximum
-        self.give_up = give_up
-        self._delay = 0.2
-        self._failing_since: float | None = None
-
-    def reset(self) -> None:
-        self._delay = 0.2
-        self._failing_since = None
-
-    def wait(self, what: str) -> None:
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif now - self._failing_since > self.give_up:
-            raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
-        time.sleep(self._delay * (0.5 + random.random()))
-        self._delay = min(self.maximum, self._delay * 2)
 
 
 class ParticipantRunner:
@@ -113,7 +85,7 @@ class ParticipantRunner:
         self.trainer: LocalTrainer | None = None
         self.jobs: dict[bytes, SecureSession] = {}
         self._cache: dict[str, tuple[bytes, npt.NDArray[np.float64]]] = {}
-        self._backoff = _Backoff(settings.reconnect_max_s, settings.give_up_s)
+        self._backoff = Backoff(settings.reconnect_max_s, settings.give_up_s)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._presence: PresenceStream | None = None
@@ -228,6 +200,7 @@ class ParticipantRunner:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
             except TransportError as exc:
+                stop_if_ended(exc.code, exc.message)
                 if exc.session_expired:
                     self.session = None
                 elif exc.retryable:
@@ -237,6 +210,7 @@ class ParticipantRunner:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
     def _on_control_error(self, exc: TransportError) -> None:
+        stop_if_ended(exc.code, exc.message)
         if exc.session_expired:
             self.log("session expired; joining again")
             self.session = None
