@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from crypto.prg import raw_keystream_seconds
-from crypto.simulate import run_protocol
+from crypto.inprocess import run_protocol
 from crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
 
 ENTRY_BYTES = 8

@@ -7,7 +7,7 @@ the end reconstructs exactly the secrets needed to cancel the masks: self-mask s
 sharing. It learns the sum of the survivors' inputs and nothing else (see
 ``docs/threat_model.md``).
 
-Driving it (the service does this over gRPC; :mod:`crypto.simulate` does it
+Driving it (the service does this over gRPC; :mod:`crypto.inprocess` does it
 in-process)::
 
     stage ADVERTISE   receive_advertise(msg) from each participant ... close_stage()
