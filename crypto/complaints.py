@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ._exceptions import WrongJob
+from ._exceptions import DuplicateMessage, WrongJob
 from .keys import complaint_payload, sign, verify
 from .messages import ComplaintReason, ShareComplaint
 from .spec import JobSpec
 
-__all__ = ["sign_complaint", "verify_complaint"]
+__all__ = ["ComplaintRecord", "sign_complaint", "verify_complaint"]
 
 
 def sign_complaint(
@@ -65,3 +65,20 @@ def verify_complaint(spec: JobSpec, complainant_key: Ed25519PublicKey, msg: Shar
         reason=int(msg.reason),
     )
     verify(complainant_key, msg.signature, payload, what=f"complaint of {msg.complainant!r}")
+
+
+class ComplaintRecord:
+    """Verified complaints of one job: dealer -> complainants (each pair once)."""
+
+    def __init__(self) -> None:
+        self._by_dealer: dict[str, set[str]] = {}
+
+    def add(self, msg: ShareComplaint) -> None:
+        """Record a verified complaint; a replay raises :class:`DuplicateMessage`."""
+        accusers = self._by_dealer.setdefault(msg.dealer, set())
+        if msg.complainant in accusers:
+            raise DuplicateMessage(f"{msg.complainant!r} already complained about {msg.dealer!r}")
+        accusers.add(msg.complainant)
+
+    def accused(self) -> dict[str, tuple[str, ...]]:
+        return {d: tuple(sorted(c)) for d, c in sorted(self._by_dealer.items()) if c}
