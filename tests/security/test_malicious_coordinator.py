@@ -23,6 +23,7 @@ relaxes the back-stop explicitly, so that the rule under test is the only barrie
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -211,7 +212,7 @@ def inconsistent_views(policy: SecAggPolicy, n: int = 5) -> Outcome:
         y = job.masked_input(x)
         for p in ids[1:]:
             job.clients[p].receive_shares(job.server.bundle_for(p))
-        views = {x: (u2_x, frozenset())}
+        views: dict[str, tuple[frozenset[str], frozenset[str]]] = {x: (u2_x, frozenset())}
         for h, dropouts in cover_views(ids, x, peers, t).items():
             views[h] = (frozenset(ids) - dropouts, frozenset(dropouts))
         responses = [
@@ -358,7 +359,7 @@ def substituted_keys(policy: SecAggPolicy) -> Outcome:
                     holders=ids,
                     mask_key=fakes[p].masking_private_bytes(),
                     seed=fakes[p].seed,
-                    channel_key=lambda h, p=p: key_with_x(p),
+                    channel_key=functools.partial(lambda p, h: key_with_x(p), p),
                 )[0]
             items.append(RoutedShare(sender=p, share=share))
         job.clients[x].receive_shares(
@@ -447,7 +448,7 @@ class Attack:
 ATTACKS = {
     **{
         f"inconsistent_views_n{n}": Attack(
-            run=lambda p, n=n: inconsistent_views(p, n),
+            run=functools.partial(inconsistent_views, n=n),
             kind="consistency_round_required",
             check="check_consistency_round",
             baseline=SecAggPolicy(),

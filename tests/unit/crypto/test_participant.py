@@ -607,8 +607,9 @@ def test_share_whose_content_does_not_match_its_commitment_is_refused(
     net.server.close_stage()
     with pytest.raises(ForgedShare, match="commitment_mismatch") as err:
         net.clients["p00"].receive_shares(net.server.bundle_for("p00"))
-    assert err.value.complaint.dealer == "p03"
-    assert err.value.complaint.reason is ComplaintReason.COMMITMENT_MISMATCH
+    complaint = err.value.complaint
+    assert isinstance(complaint, ShareComplaint) and complaint.dealer == "p03"
+    assert complaint.reason is ComplaintReason.COMMITMENT_MISMATCH
 
 
 def test_set_input_after_failure_or_after_unmasking_is_refused() -> None:

@@ -80,7 +80,7 @@ def test_from_mapping_reads_a_toml_table_and_refuses_unknown_keys() -> None:
     with pytest.raises(InvalidSpec, match="unknown policy keys"):
         SecAggPolicy.from_mapping({"min_input": 4})
     with pytest.raises(TypeError):
-        SecAggPolicy(False)  # type: ignore[misc]  # keyword-only
+        SecAggPolicy(False)  # type: ignore[call-arg]  # keyword-only
 
 
 def test_spec_time_refusals_claim_no_job_id() -> None:
@@ -140,7 +140,11 @@ def test_every_error_is_in_the_documented_tree_with_a_unique_stable_kind() -> No
 
     # Every subclass anywhere in the package (e.g. defined in another module) too.
     def walk(cls: type) -> set[type]:
-        return {cls} | {s for c in cls.__subclasses__() for s in walk(c)}
+        out: set[type] = {cls}
+        subclasses: list[type] = type.__subclasses__(cls)
+        for sub in subclasses:
+            out |= walk(sub)
+        return out
 
     assert {c.__name__ for c in walk(SecAggError)} - {"SecAggError"} <= _tree_names()
     assert set(classes) - {"SecAggError"} == _tree_names()
