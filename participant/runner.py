@@ -1,6 +1,6 @@
 """The participant's main loop: join, pull instructions, do them, push results.
 
-Pull model (DESIGN §4): the participant only ever calls out. It joins (proving
+Pull model (docs/design.md §4): the participant only ever calls out. It joins (proving
 possession of its identity key), then long-polls ``NextInstruction`` and does what
 it is told — train a round, compute statistics, take a secure-aggregation step,
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
