@@ -34,7 +34,6 @@ registered next to the Coordinator service (``coordinator.observability``).
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import socket
 import threading
@@ -45,8 +44,8 @@ from typing import Any, TypeVar
 import grpc
 from cryptography import x509
 
-from proto.address import is_loopback, split_host_port
 from proto import spherecal_pb2 as pb
+from proto.address import is_loopback, split_host_port
 from proto.identity import CertificateError, certificate_identity
 
 from .errors import ServiceError, status_for

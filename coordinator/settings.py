@@ -170,15 +170,18 @@ class SecAggSettings:
     statistics: bool = True
     """Aggregate calibration statistics through secure aggregation."""
     threshold: int | None = None
-    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``."""
+    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
+    a strict majority of the share holders (``2t > n``), which participants' default
+    policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
-    """Fraction behind the default threshold."""
-    min_participants: int = 2
-    """Never aggregate fewer inputs."""
+    min_participants: int = 3
+    """Fewest inputs a job may aggregate; participants' default policy refuses jobs of
+    fewer than 3 participants and sums of fewer than 3 inputs."""
     graph: str = "auto"
     """``complete``, ``harary``, ``harary:K`` or ``auto`` (complete up to 32 participants)."""
-    consistency_check: bool = False
-    """The signed survivor-set round (active adversary)."""
+    consistency_check: bool = True
+    """The signed survivor-set round (Bonawitz et al. 2017, round 3). On by default:
+    participants' default policy refuses jobs without it."""
     update_bound: float = 1e5
     """Declared bound on every entry of ``[n_k(θ_k−θ), n_k, mean_loss]``."""
     statistics_bound: float = 1e6
