@@ -194,9 +194,7 @@ class ExperimentSettings:
         if self.engine == "inprocess":
             return {}
         return {
-            m.key: SERVICE_SKIP_DEFAULT
-            for m in self.table_methods()
-            if m.service_options() is None
+            m.key: SERVICE_SKIP_DEFAULT for m in self.table_methods() if m.service_options() is None
         }
 
     def grid_for(self, method: MethodSpec) -> tuple[float, ...]:
