@@ -17,11 +17,13 @@ PERMISSION_DENIED      a participant not on the roster, a signature that does no
                        a key different from the one pinned for that participant
 NOT_FOUND              an unknown task, job or tensor name
 FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job); the
-                       federation has ended or cannot continue (``FederationFailed``)
+                       federation has ended or cannot continue (``FederationFailed``); a
+                       participant's privacy policy refuses the job (``PolicyViolation``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
-ABORTED                the job has failed (too few survivors); nothing more is accepted
+ABORTED                the job has failed (too few survivors, a sum out of range); nothing
+                       more is accepted
 INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
 =====================  ==================================================================
 
@@ -151,6 +153,15 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.ForgedShare, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.UnexpectedShare, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.OverlappingReveal, grpc.StatusCode.INVALID_ARGUMENT),
+    (crypto.BadComplaint, grpc.StatusCode.INVALID_ARGUMENT),
+    (crypto.KeySubstitution, grpc.StatusCode.PERMISSION_DENIED),
+    # A participant's privacy policy refuses the job as specified (crypto.policy).
+    (crypto.ConsistencyRoundRequired, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.ThresholdTooLow, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewParticipants, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewInputs, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.DoubleReveal, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.PolicyViolation, grpc.StatusCode.FAILED_PRECONDITION),
     (crypto.SenderMismatch, grpc.StatusCode.UNAUTHENTICATED),
     (crypto.UnknownParticipant, grpc.StatusCode.PERMISSION_DENIED),
     (crypto.BadSignature, grpc.StatusCode.PERMISSION_DENIED),
@@ -163,6 +174,7 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.UploadSlotsBusy, grpc.StatusCode.UNAVAILABLE),
     (crypto.JobAborted, grpc.StatusCode.ABORTED),
     (crypto.TooFewSurvivors, grpc.StatusCode.ABORTED),
+    (crypto.AggregateOutOfRange, grpc.StatusCode.ABORTED),
 )
 
 
