@@ -47,6 +47,9 @@ complete)::
     │   ├── TensorFormatError    proto: a tensor header/payload not as announced
     │   ├── CertificateError     proto: a certificate without a usable identity
     │   ├── ConfigError          spherecal: a config file that cannot be used as written
+    │   ├── PortInUse            coordinator: the listen port is held by another process
+    │   ├── StateDamaged         coordinator: the state database fails its integrity check
+    │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   └── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
