@@ -163,6 +163,20 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.UploadSlotsBusy, grpc.StatusCode.UNAVAILABLE),
     (crypto.JobAborted, grpc.StatusCode.ABORTED),
     (crypto.TooFewSurvivors, grpc.StatusCode.ABORTED),
+    # The unmasked sum is out of range: some input was out of bound; the job aborts.
+    (crypto.AggregateOutOfRange, grpc.StatusCode.ABORTED),
+    # A complaint naming no share its signer received: that message is refused.
+    (crypto.BadComplaint, grpc.StatusCode.INVALID_ARGUMENT),
+    # A participant's privacy policy refuses the job as set up (the participant
+    # enforces these; should one reach the coordinator it is the job's state, not the
+    # bytes, that is wrong).
+    (crypto.ConsistencyRoundRequired, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.DoubleReveal, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.KeySubstitution, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.ThresholdTooLow, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewInputs, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewParticipants, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.PolicyViolation, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 
