@@ -63,7 +63,7 @@ from spherefed.runner import ReferenceConfig, run_federation
 TABLES: tuple[str, ...] = ("methods", "ablation", "calibration")
 CALIBRATIONS: tuple[str, ...] = ("none", "ccvr", "ffc")
 SCHEMA = "spherecal.experiment/1"
-CELL_FORMAT = 1
+CELL_FORMAT = 2
 """Part of every cell's identity: bump it when a code change alters what a cell
 computes, so that old cells are not silently reused."""
 QUICK_LR_GRID: tuple[float, ...] = (0.01, 0.1, 1.0)
@@ -124,6 +124,7 @@ class ExperimentSettings:
     table: str = "methods"
     dataset: str = "digits"
     data_root: str | None = None
+    samples: int | None = None
     alphas: tuple[float | str, ...] = (0.1, 0.5, "iid")
     shards: tuple[int, ...] = ()
     seeds: int = 3
@@ -161,6 +162,7 @@ class ExperimentSettings:
         return ReferenceConfig(
             dataset=self.dataset,
             data_root=self.data_root,
+            samples=self.samples,
             participants=self.participants,
             model=self.model,
             rounds=self.rounds,
@@ -296,6 +298,8 @@ def execute_run(spec: RunSpec, base: ReferenceConfig) -> dict[str, Any]:
         )
         if "oracle" in res:
             record["oracle"] = res["oracle"]["best"]
+        if "calibration" in res:  # the ridge / shrinkage each closed form chose on validation
+            record["calibration"] = {k: v["chosen"] for k, v in res["calibration"].items()}
     except FloatingPointError as exc:
         record.update({"diverged": True, "error": str(exc)})
     record["warnings"] = seen
@@ -456,11 +460,18 @@ def run_experiment(
     cells_dir = cells_dir if cells_dir is not None else out_dir / "cells"
     base = settings.base_config()
     specs = grid_runs(settings)
+    single_lr = all(len(settings.grid_for(m)) == 1 for m in settings.table_methods())
+    if settings.table == "calibration" and single_lr:
+        # One lr per method: the grid run *is* the selected model, so compute its oracle
+        # in the same run instead of training the model a second time.
+        specs = [replace(s, oracle=True) for s in specs]
     records, ran, cached = run_cells(
         specs, base, cells_dir, workers=workers, threads=threads, progress=say, phase="grid: "
     )
     oracle_records: dict[str, dict[str, Any]] = {}
-    if settings.table == "calibration":
+    if settings.table == "calibration" and single_lr:
+        oracle_records = records
+    elif settings.table == "calibration":
         from spherecal.experiment_report import select_runs
 
         chosen = select_runs(settings, specs, records, base, criterion="none")
@@ -534,7 +545,15 @@ def add_experiment_parser(
     )
     p.add_argument("--table", required=True, choices=TABLES)
     p.add_argument("--dataset", default=d.dataset, choices=DATASET_NAMES)
-    p.add_argument("--data-root", default=None, help="CIFAR directory or .npz file")
+    p.add_argument(
+        "--data-root", default=None, help="CIFAR directory, .npz file or the mnist1d cache dir"
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=None,
+        help="mnist1d: samples generated (train + test; default 12000)",
+    )
     p.add_argument(
         "--alpha",
         type=alpha_or_iid,
@@ -614,6 +633,7 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
         table=args.table,
         dataset=args.dataset,
         data_root=args.data_root,
+        samples=args.samples,
         alphas=alphas,
         shards=tuple(args.shards),
         seeds=seeds,

@@ -34,7 +34,17 @@ from spherefed.runner import ReferenceConfig
 Slot = tuple[str, str, int]  # (method key, column key, seed)
 Candidate = tuple[RunSpec, dict[str, Any]]
 
-CALIBRATION_LABELS = {"none": "none", "ccvr": "+CCVR", "ffc": "+FFC", "oracle": "oracle"}
+CALIBRATION_LABELS = {
+    "none": "none",
+    "ccvr": "+CCVR",
+    "ffc": "+FFC",
+    "ffc_bias": "+FFC+bias",
+    "lda": "+LDA",
+    "qda": "+QDA",
+    "oracle": "oracle",
+}
+GAIN_ORDER: tuple[str, ...] = ("ffc", "ffc_bias", "ccvr", "lda", "qda")
+"""Calibrations of the ``calibration`` table, in row order (those a cell has)."""
 
 
 # ----------------------------------------------------------------------------- selection
@@ -146,6 +156,8 @@ def build_report(
                     "test": dict(rec["accuracy"]),
                     "cell": rec["key"],
                 }
+                if "calibration" in rec:
+                    entry["chosen"] = rec["calibration"]
                 orec = oracle_records.get(replace(spec, oracle=True).key(base))
                 if orec is not None and not orec.get("diverged"):
                     entry["test"]["oracle"] = orec["accuracy"].get("oracle")
@@ -153,10 +165,22 @@ def build_report(
                 seeds_out.append(entry)
                 curve_runs.append(rec["per_round"])
             ok = [s for s in seeds_out if not s.get("diverged")]
-            cal_keys = ["ccvr", "ffc"] + (
-                ["oracle"] if any("oracle" in s["test"] for s in ok) else []
-            )
+            has_oracle = any("oracle" in s["test"] for s in ok)
+            cal_keys = [c for c in GAIN_ORDER if any(c in s["test"] for s in ok)]
+            cal_keys += ["oracle"] if has_oracle else []
+            gaps = {
+                f"{c}_gap": _stats(
+                    [
+                        s["test"]["oracle"] - s["test"][c]
+                        for s in ok
+                        if _finite(s["test"].get(c)) and _finite(s["test"].get("oracle"))
+                    ]
+                )
+                for c in ["none", *cal_keys]
+                if has_oracle and c != "oracle"
+            }
             gains[m.key][col.key] = {
+                **gaps,
                 "none": _stats([s["test"]["none"] for s in ok]),
                 **{
                     f"{c}_gain": _stats(
@@ -310,6 +334,8 @@ def _row(
 def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
     """An equivalent ``spherecal experiment`` command for these settings."""
     parts = ["spherecal experiment", f"--table {settings.table}", f"--dataset {settings.dataset}"]
+    if settings.samples is not None:
+        parts.append(f"--samples {settings.samples}")
     if settings.alphas:
         parts.append("--alpha " + " ".join(str(a) for a in settings.alphas))
     if settings.shards:
@@ -494,28 +520,40 @@ def _calibration_table(
     report: dict[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
 ) -> list[str]:
     lines = [
-        "Same trained model in every column group (its lr chosen on validation *without* "
-        "calibration); +CCVR / +FFC / oracle show the gain over that model in points. The "
-        "oracle fine-tunes the classifier on all pooled real features and picks the best "
-        "of CE/MSE × 3 lrs **on test** — an optimistic upper bound (SphereFed §5.4).",
+        "The same trained model in every row of a column (its lr chosen on validation "
+        "*without* calibration); each row calibrates that model's classifier from the "
+        "summed statistics. Cells: test accuracy, mean ± std over seeds, and in brackets "
+        "the difference to the oracle in points (row − oracle, mean over seeds; negative "
+        "= below the oracle). FFC+bias' ridge "
+        "and LDA/QDA's shrinkage are chosen per seed on the validation split. The oracle "
+        "fine-tunes the classifier on all pooled real features and picks the best of "
+        "CE/MSE × 3 lrs **on test** — an optimistic upper bound (SphereFed §5.4).",
         "",
     ]
-    for c in cols:
+    for key, per_col in report["calibration"].items():
         lines += [
-            f"### {c['label']}",
+            f"### {labels[key]}",
             "",
-            "| Method | none | +CCVR | +FFC | oracle |",
-            "|---|---|---|---|---|",
+            "| Calibration | " + " | ".join(c["label"] for c in cols) + " |",
+            "|---|" + "---|" * len(cols),
         ]
-        for key, per_col in report["calibration"].items():
-            g = per_col[c["key"]]
-            cells = [_pct(g["none"])]
-            for cal in ("ccvr", "ffc", "oracle"):
-                if f"{cal}_gain" in g:
-                    cells.append(f"{_pct(g[cal])} ({_pct(g[f'{cal}_gain'], signed=True)})")
-                else:
+        present = [
+            cal
+            for cal in ("none", *GAIN_ORDER, "oracle")
+            if any(cal in per_col[c["key"]] for c in cols)
+        ]
+        for cal in present:
+            cells = []
+            for c in cols:
+                g = per_col[c["key"]]
+                if cal not in g:
                     cells.append("—")
-            lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+                    continue
+                text = _pct(g[cal])
+                if f"{cal}_gap" in g and g[f"{cal}_gap"].get("mean") is not None:
+                    text += f" ({-100 * g[f'{cal}_gap']['mean']:+.1f})"
+                cells.append(text)
+            lines.append(f"| {CALIBRATION_LABELS[cal]} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
 
@@ -595,7 +633,57 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     written.append(path)
+    if report["table"] == "calibration":
+        written += _oracle_gap_plot(report, out_dir, plt)
     return written
+
+
+def _oracle_gap_plot(report: dict[str, Any], out_dir: Path, plt: Any) -> list[Path]:
+    """``calibration_accuracy.png``: every calibration's accuracy per column (one panel
+    per method), the oracle as a bar too, error bars = std over seeds."""
+    cols = report["settings"]["columns"]
+    labels = {m["key"]: m["label"] for m in report["methods"]}
+    keys = list(report["calibration"])
+    fig, axes = plt.subplots(
+        1, len(keys), figsize=(max(6.5, 1.6 * len(cols)) * len(keys), 3.8), squeeze=False
+    )
+    for ax, key in zip(axes[0], keys, strict=True):
+        per_col = report["calibration"][key]
+        cals = [
+            c for c in ("none", *GAIN_ORDER, "oracle") if any(c in per_col[k["key"]] for k in cols)
+        ]
+        width = 0.8 / max(len(cals), 1)
+        x = np.arange(len(cols))
+        for j, cal in enumerate(cals):
+            vals = [100 * (per_col[c["key"]].get(cal, {}).get("mean") or np.nan) for c in cols]
+            errs = [100 * (per_col[c["key"]].get(cal, {}).get("std") or 0.0) for c in cols]
+            ax.bar(
+                x + (j - (len(cals) - 1) / 2) * width,
+                vals,
+                width,
+                yerr=errs,
+                capsize=2,
+                label=CALIBRATION_LABELS[cal],
+            )
+        ax.set_xticks(x)
+        ax.set_xticklabels([c["label"] for c in cols])
+        ax.set_ylabel("test accuracy (%)")
+        finite = [
+            100 * per_col[c["key"]][cal]["mean"]
+            for c in cols
+            for cal in cals
+            if isinstance(per_col[c["key"]].get(cal, {}).get("mean"), float)
+        ]
+        if finite:
+            ax.set_ylim(max(0.0, min(finite) - 5), min(100.0, max(finite) + 3))
+        ax.set_title(f"{labels[key]}: calibration vs oracle")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out_dir / "calibration_accuracy.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return [path]
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:

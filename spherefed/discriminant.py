@@ -81,7 +81,7 @@ class CalibratedHead:
         out = z @ self.weight.T + self.bias
         if self.quadratic is not None:
             # −½ zᵀ A_c z for every sample and class: one einsum, no Python loop.
-            out = out - 0.5 * np.einsum("ni,cij,nj->nc", z, self.quadratic, z, optimize=True)
+            out = out - 0.5 * np.einsum("cnj,nj->nc", np.matmul(z[None], self.quadratic), z)
         return out
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
