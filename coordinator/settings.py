@@ -232,6 +232,8 @@ class EvaluationSettings:
     """Held-out test data for central evaluation (the reference's test split);
     federated evaluation always runs."""
     test_data_root: str | None = None
+    test_samples: int | None = None
+    """Dataset size for ``mnist1d`` (``spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
 

@@ -34,9 +34,13 @@ class DataSettings:
     alpha: float = 0.1
     shards_per_client: int = 2
     seed: int = 0
+    samples: int | None = None
+    """Dataset size for ``mnist1d`` (default 12,000); must be unset for other datasets."""
     validation_fraction: float = 0.1
 
     def __post_init__(self) -> None:
+        if self.samples is not None and self.dataset != "mnist1d":
+            raise ValueError(f"data.samples is only read for mnist1d, not {self.dataset!r}")
         if (self.slice_index is None) != (self.slice_of is None):
             raise ValueError("data.slice_index and data.slice_of go together")
         if (

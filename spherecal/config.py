@@ -50,6 +50,7 @@ T = TypeVar("T")
 #: (num_classes, in_channels, (height, width)) of the built-in datasets.
 DATASET_SHAPES: dict[str, tuple[int, int, tuple[int, int]]] = {
     "digits": (10, 1, (8, 8)),
+    "mnist1d": (10, 40, (1, 1)),
     "cifar10": (10, 3, (32, 32)),
     "cifar100": (100, 3, (32, 32)),
 }
@@ -341,6 +342,7 @@ def _parse_coordinator(
     evaluation = EvaluationSettings(
         test_dataset=e.optional("test_dataset", str),
         test_data_root=e.optional("test_data_root", str),
+        test_samples=e.optional("test_samples", int),
         federated_every=e.get("federated_every", int, 0),
     )
     privacy = _privacy(s["privacy"])
@@ -421,6 +423,7 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
             alpha=da.get("alpha", float, dd.alpha),
             shards_per_client=da.get("shards_per_client", int, dd.shards_per_client),
             seed=da.get("seed", int, dd.seed),
+            samples=da.optional("samples", int),
             validation_fraction=da.get("validation_fraction", float, dd.validation_fraction),
         )
     except ValueError as exc:

@@ -250,7 +250,7 @@ class Simulation:
         self.port: int | None = None
         self._coordinator_starts = 0
         ref = settings.reference
-        splits = load_dataset(ref.dataset, root=ref.data_root, seed=ref.seed)
+        splits = load_dataset(ref.dataset, root=ref.data_root, seed=ref.seed, samples=ref.samples)
         c, h, w = splits.train.image_shape
         self.shape = (splits.num_classes, c, (h, w))
         if settings.tls:
@@ -375,6 +375,7 @@ class Simulation:
             "evaluation": {
                 "test_dataset": ref.dataset,
                 "test_data_root": ref.data_root,
+                **({"test_samples": ref.samples} if ref.samples is not None else {}),
                 "federated_every": s.federated_every,
             },
             "privacy": {
@@ -437,6 +438,7 @@ class Simulation:
                 "alpha": ref.alpha,
                 "shards_per_client": ref.shards_per_client,
                 "seed": ref.seed,
+                **({"samples": ref.samples} if ref.samples is not None else {}),
                 "validation_fraction": ref.validation_fraction,
             },
         }
