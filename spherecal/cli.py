@@ -100,6 +100,12 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="comma list of calibrators to run: " + ", ".join(CALIBRATION_NAMES),
     )
     p.add_argument(
+        "--secure-sum",
+        action="store_true",
+        help="sum the calibration statistics with the in-process secure-aggregation protocol "
+        "(real masks and shares) at the service's fixed-point scale",
+    )
+    p.add_argument(
         "--ridge-grid",
         type=float,
         nargs="+",
@@ -165,6 +171,7 @@ def _reference_config(args: argparse.Namespace) -> ReferenceConfig:
         seed=args.seed,
         ffc_ridge=args.ridge,
         calibrations=tuple(args.calibration),
+        secure_sum=bool(args.secure_sum),
         ridge_grid=tuple(args.ridge_grid),
         shrinkage_grid=tuple(args.shrinkage_grid),
         ccvr=replace(CCVRConfig(), virtual_per_class=args.ccvr_virtual, tukey=args.tukey),

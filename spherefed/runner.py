@@ -73,6 +73,7 @@ from spherefed.network import (
     compute_features,
 )
 from spherefed.partition import partition, partition_summary
+from spherefed.secure_sum import secure_sum_statistics
 from spherefed.stats import CCVRStatistics, ccvr_statistics
 
 Progress = Callable[[str], None]
@@ -118,6 +119,9 @@ class ReferenceConfig:
     """FFC+bias ridge candidates, chosen on the validation split."""
     shrinkage_grid: tuple[float, ...] = DEFAULT_SHRINKAGE_GRID
     """LDA/QDA shrinkage candidates, chosen on the validation split."""
+    secure_sum: bool = False
+    """Sum the calibration statistics with the in-process secure-aggregation protocol at
+    the service's fixed-point scale (``spherefed.secure_sum``) instead of in float64."""
     oracle_lrs: tuple[float, ...] = (0.01, 0.1, 1.0)
     oracle_epochs: int = 30
     #: Only read when ``dataset == "synthetic"`` (and only then written by ``to_json``).
@@ -167,6 +171,8 @@ class ReferenceConfig:
             out[key] = list(out[key])
         if self.samples is None:
             del out["samples"]
+        if not self.secure_sum:
+            del out["secure_sum"]  # keeps the float-sum runs' JSON (and cell keys) unchanged
         if self.dataset != "synthetic":
             del out["synthetic"]  # keeps the other datasets' settings JSON unchanged
         return out
@@ -438,10 +444,13 @@ def run_federation(
     # aggregation will deliver). FFC follows exactly from the CCVR sums.
     t_stats = time.perf_counter()
     C, dim = data.train.num_classes, model.feature_dim
-    total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
-    for k in range(config.participants):
-        xk, yk = client_data[k]
-        total = total + ccvr_statistics(compute_features(model, xk), yk.numpy(), C)
+    parts = [ccvr_statistics(compute_features(model, xk), yk.numpy(), C) for xk, yk in client_data]
+    if config.secure_sum:
+        total = secure_sum_statistics(parts)
+    else:
+        total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
+        for part in parts:
+            total = total + part
     ffc = total.to_ffc()
     timings["statistics_s"] = time.perf_counter() - t_stats
 

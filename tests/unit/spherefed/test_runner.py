@@ -109,3 +109,32 @@ def test_bad_calibration_settings_are_refused() -> None:
         ReferenceConfig(ridge_grid=())
     with pytest.raises(ValueError, match="samples"):
         ReferenceConfig(samples=100)  # digits has a fixed size
+
+
+def test_secure_sum_gives_the_float_sums_calibrations() -> None:
+    """Every calibrator from the statistics summed by the real in-process secure-
+    aggregation protocol (service fixed-point scale) = the float64 sum's, to the
+    fixed-point precision: the same predictions, hence the same accuracies."""
+    from coordinator.settings import SecAggSettings
+    from spherefed.secure_sum import SERVICE_STATISTICS_BOUND
+
+    assert SecAggSettings().statistics_bound == SERVICE_STATISTICS_BOUND
+    cfg = ReferenceConfig(
+        participants=3,
+        rounds=1,
+        local_epochs=1,
+        model="mlp",
+        alpha=0.5,
+        ridge_grid=(0.0, 1.0),
+        shrinkage_grid=(0.0, 0.1),
+        oracle_lrs=(0.1,),
+        oracle_epochs=1,
+    )
+    plain = run_reference(cfg)
+    secure = run_reference(ReferenceConfig(**{**cfg.__dict__, "secure_sum": True}))
+    assert secure["settings"]["secure_sum"] is True and "secure_sum" not in plain["settings"]
+    for name in ("ffc", "ccvr", "ffc_bias", "lda", "qda"):
+        assert secure["accuracy"][name] == plain["accuracy"][name], name
+        assert secure["validation_accuracy"][name] == plain["validation_accuracy"][name], name
+    for name in ("ffc_bias", "lda", "qda"):
+        assert secure["calibration"][name]["chosen"] == plain["calibration"][name]["chosen"]
