@@ -36,7 +36,9 @@ import numpy as np
 import torch
 
 import spherefed.runner as runner
-from bench.privacy import noisy_release, train_once
+from bench.privacy import train_once
+from crypto.dp import sample_noise
+from crypto.ring import RING_DTYPE, add_noise, decode, encode
 from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve
 from spherefed.calibration_suite import (
     DEFAULT_RIDGE_GRID,
@@ -46,12 +48,24 @@ from spherefed.calibration_suite import (
 from spherefed.discriminant import CalibratedHead
 from spherefed.fl import derive_seed
 from spherefed.network import compute_features
-from spherefed.privacy.plan import plan_calibration_release
+from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
 from spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
 from spherefed.stats import CCVRStatistics, FFCStatistics
 
 DEFAULT_EPSILONS = (1.0, 4.0, 16.0)
 DP_SHRINKAGE_GRID = (0.0, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9)
+
+
+def noisy_release(
+    stats: list[FFCStatistics] | list[CCVRStatistics], plan: CalibrationPlan
+) -> np.ndarray:
+    """One noisy secure sum of packed statistics (``bench/privacy.py``'s, for either kind)."""
+    total = np.zeros(plan.length, dtype=RING_DTYPE)
+    for s in stats:
+        encoded = encode(s.pack(isometric=True), scale_bits=plan.scale_bits, bound=plan.value_bound)
+        add_noise(encoded, sample_noise(plan.noise), noise_bound=plan.noise.noise_bound)
+        np.add(total, encoded, out=total)
+    return decode(total, scale_bits=plan.scale_bits)
 
 
 def _linear(weight: np.ndarray) -> CalibratedHead:

@@ -354,7 +354,9 @@ def load_mnist1d(
         }
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{path.name}.{os.getpid()}.tmp.npz"
-        np.savez(tmp, **arrays)
+        np.savez(
+            tmp, x=arrays["x"], y=arrays["y"], x_test=arrays["x_test"], y_test=arrays["y_test"]
+        )
         os.replace(tmp, path)
 
     def build(x: np.ndarray, y: np.ndarray, name: str) -> ArrayDataset:
