@@ -1,6 +1,6 @@
 """The participant's main loop: join, pull instructions, do them, push results.
 
-Pull model (DESIGN §4): the participant only ever calls out. It joins (proving
+Pull model (docs/design.md §4): the participant only ever calls out. It joins (proving
 possession of its identity key), then long-polls ``NextInstruction`` and does what
 it is told — train a round, compute statistics, take a secure-aggregation step,
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
@@ -43,7 +43,9 @@ from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
+from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
+from .failures import failure_kind
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .secure import SecureSession
@@ -55,35 +57,6 @@ from .trust import DirectoryTrust, UntrustedDirectory
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
 SOFTWARE_VERSION = "spherecal/0.1"
-
-
-class ParticipantExit(Exception):
-    """Stop the participant with an exit code and a reason."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class _Backoff:
-    def __init__(self, maximum: float, give_up: float) -> None:
-        self.maximum = maximum
-        self.give_up = give_up
-        self._delay = 0.2
-        self._failing_since: float | None = None
-
-    def reset(self) -> None:
-        self._delay = 0.2
-        self._failing_since = None
-
-    def wait(self, what: str) -> None:
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif now - self._failing_since > self.give_up:
-            raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
-        time.sleep(self._delay * (0.5 + random.random()))
-        self._delay = min(self.maximum, self._delay * 2)
 
 
 class ParticipantRunner:
@@ -112,7 +85,7 @@ class ParticipantRunner:
         self.trainer: LocalTrainer | None = None
         self.jobs: dict[bytes, SecureSession] = {}
         self._cache: dict[str, tuple[bytes, npt.NDArray[np.float64]]] = {}
-        self._backoff = _Backoff(settings.reconnect_max_s, settings.give_up_s)
+        self._backoff = Backoff(settings.reconnect_max_s, settings.give_up_s)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._presence: PresenceStream | None = None
@@ -227,6 +200,7 @@ class ParticipantRunner:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
             except TransportError as exc:
+                stop_if_ended(exc.code, exc.message)
                 if exc.session_expired:
                     self.session = None
                 elif exc.retryable:
@@ -236,6 +210,7 @@ class ParticipantRunner:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
     def _on_control_error(self, exc: TransportError) -> None:
+        stop_if_ended(exc.code, exc.message)
         if exc.session_expired:
             self.log("session expired; joining again")
             self.session = None
@@ -296,15 +271,15 @@ class ParticipantRunner:
         return array
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
+        """Withdraw from a task or job, telling the coordinator why: the typed
+        :func:`failure_kind` is the meaning, the text only a message for people."""
         reason = str(error)
-        self.log(f"withdrawing from {task_id[:16]}: {type(error).__name__}: {reason}")
+        kind = failure_kind(error)
+        self.log(f"withdrawing from {task_id[:16]}: {pb.FailureKind.Name(kind)}: {reason}")
         try:
             self.transport.report_failure(
                 pb.FailureReport(
-                    caller=self._caller(),
-                    task_id=task_id,
-                    reason=reason[:300],
-                    error_type=type(error).__name__,
+                    caller=self._caller(), task_id=task_id, reason=reason[:300], kind=kind
                 )
             )
         except TransportError as exc:
@@ -562,7 +537,7 @@ class ParticipantRunner:
         except TransportError as exc:
             if exc.code is grpc.StatusCode.ALREADY_EXISTS:
                 return
-            if exc.code is grpc.StatusCode.UNAVAILABLE and "slot" in exc.message:
+            if exc.slots_busy:
                 time.sleep(0.2 + random.random() * 0.5)  # coordinator busy: it re-asks
                 return
             if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):

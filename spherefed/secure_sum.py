@@ -2,7 +2,7 @@
 
 ``spherecal reference --secure-sum`` (``ReferenceConfig.secure_sum``) replaces the
 reference runner's float sum of the participants' CCVR statistics by
-:func:`crypto.simulate.simulate_secure_sum`: real identity keys, pairwise masks,
+:func:`crypto.inprocess.simulate_secure_sum`: real identity keys, pairwise masks,
 Shamir shares and every check of both state machines, messages through their
 canonical bytes — only the network is missing. The fixed-point scale is the one the
 coordinator uses for a statistics job (:func:`crypto.ring.choose_scale_bits` of the
@@ -31,8 +31,8 @@ def secure_sum_statistics(
     it); the threshold is a majority, ``⌊n/2⌋ + 1``. Raises the protocol's typed
     errors (e.g. a value beyond ``bound``).
     """
+    from crypto.inprocess import simulate_secure_sum
     from crypto.ring import choose_scale_bits
-    from crypto.simulate import simulate_secure_sum
 
     if len(parts) < 2:
         raise ValueError("secure aggregation needs at least 2 participants")
