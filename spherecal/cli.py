@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, calibration_list, positive_float
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from spherefed.calibrate import CCVRConfig
 from spherefed.calibration_suite import CALIBRATION_NAMES
 from spherefed.classifier import CLASSIFIER_KINDS
 from spherefed.data import DATASET_NAMES
-from spherefed.fl import ALGORITHMS
 from spherefed.heads import HEAD_KINDS
 from spherefed.losses import LOSS_NAMES
 from spherefed.models import EXTRACTOR_NAMES, NORM_NAMES
