@@ -286,6 +286,8 @@ class EvaluationSettings:
     federated evaluation always runs."""
     test_data_root: str | None = None
     """Where ``test_dataset`` lives (CIFAR directory or ``.npz``)."""
+    test_samples: int | None = None
+    """Dataset size for ``mnist1d`` (``spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
 
