@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spherefed.data import ArrayDataset, load_dataset
+from spherefed.data import ArrayDataset, load_dataset, load_npz_pair
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
 from spherefed.runner import ReferenceConfig, prepare_data
@@ -65,7 +65,17 @@ def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> lis
 
 def load_local_data(settings: DataSettings) -> LocalData:
     if settings.slice_index is None or settings.slice_of is None:
-        splits = load_dataset(settings.dataset, root=settings.root, seed=settings.seed)
+        if settings.test_root is not None:
+            if settings.root is None:
+                raise ValueError("[data] root is required with test_root")
+            splits = load_npz_pair(settings.root, settings.test_root)
+        else:
+            splits = load_dataset(
+                settings.dataset,
+                root=settings.root,
+                seed=settings.seed,
+                test_fraction=settings.test_fraction,
+            )
         train, test = splits.train, splits.test
         name = f"{settings.dataset} (whole)"
     else:

@@ -6,12 +6,10 @@ it is told — train a round, compute statistics, take a secure-aggregation step
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
 it computes.
 
-Resilience: when the coordinator is unreachable (UNAVAILABLE — e.g. it is being
-restarted) the participant backs off exponentially and retries; when its session is
-unknown (a restarted coordinator) it joins again and continues with whatever it is
-told next. Work in flight when the coordinator went away is dropped — the resumed
-coordinator re-issues what it still needs. After ``give_up_s`` of continuous failure
-it exits with status 3.
+Resilience: an unreachable coordinator is retried with back-off
+(``participant.backoff``); an unknown session (a restarted coordinator) means joining
+again. Work in flight when the coordinator went away is dropped: the resumed
+coordinator re-issues what it still needs.
 
 Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
 participant refuses to upload any model update or statistics in the clear; it only
@@ -43,9 +41,11 @@ from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
+from .backoff import Backoff, ParticipantExit
 from .data import LocalData
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
+from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure import SecureSession
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
@@ -55,35 +55,6 @@ from .trust import DirectoryTrust, UntrustedDirectory
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
 SOFTWARE_VERSION = "spherecal/0.1"
-
-
-class ParticipantExit(Exception):
-    """Stop the participant with an exit code and a reason."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class _Backoff:
-    def __init__(self, maximum: float, give_up: float) -> None:
-        self.maximum = maximum
-        self.give_up = give_up
-        self._delay = 0.2
-        self._failing_since: float | None = None
-
-    def reset(self) -> None:
-        self._delay = 0.2
-        self._failing_since = None
-
-    def wait(self, what: str) -> None:
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif now - self._failing_since > self.give_up:
-            raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
-        time.sleep(self._delay * (0.5 + random.random()))
-        self._delay = min(self.maximum, self._delay * 2)
 
 
 class ParticipantRunner:
@@ -112,13 +83,14 @@ class ParticipantRunner:
         self.trainer: LocalTrainer | None = None
         self.jobs: dict[bytes, SecureSession] = {}
         self._cache: dict[str, tuple[bytes, npt.NDArray[np.float64]]] = {}
-        self._backoff = _Backoff(settings.reconnect_max_s, settings.give_up_s)
+        self._backoff = Backoff(settings.reconnect_max_s, settings.give_up_s)
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._presence: PresenceStream | None = None
         self._lock = threading.Lock()
         self.completed_tasks = 0
         self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
+        self._final: FinalModels | None = None
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -141,6 +113,7 @@ class ParticipantRunner:
             ),
         )
         reply = self.transport.join(request)
+        self._check_extractor(reply.plan.model.extractor)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             self.plan = reply.plan
@@ -150,6 +123,18 @@ class ParticipantRunner:
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
+        )
+
+    def _check_extractor(self, name: str) -> None:
+        reason = refuse_extractor(name, self.settings.extractors)
+        if reason is not None:
+            raise ParticipantExit(2, reason)
+
+    def _save_final_models(self) -> int:
+        if self.trainer is None or self.plan is None:
+            return 0
+        return save_after_completion(
+            self.settings.out_dir, self.trainer, self._final, self.plan.federation_id, self.log
         )
 
     def _presence_loop(self) -> None:
@@ -215,6 +200,8 @@ class ParticipantRunner:
             except TransportError as exc:
                 self._on_control_error(exc)
                 continue
+            if self._backoff.failing:
+                self.log(f"reached the coordinator at {self.settings.coordinator} again")
             self._backoff.reset()
             kind = instruction.WhichOneof("kind")
             if kind == "wait" or kind is None:
@@ -222,7 +209,9 @@ class ParticipantRunner:
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                return 0 if done.status == "completed" else 1
+                if done.status != "completed":
+                    return 1
+                return self._save_final_models()
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
@@ -231,7 +220,7 @@ class ParticipantRunner:
                     self.session = None
                 elif exc.retryable:
                     self.log(f"lost the coordinator during {kind}: {exc.message}")
-                    self._backoff.wait("coordinator unavailable")
+                    self._backoff.wait(f"coordinator unavailable during {kind}", self.log)
                 else:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
@@ -241,7 +230,13 @@ class ParticipantRunner:
             self.session = None
             return
         if exc.retryable:
-            self._backoff.wait(f"coordinator unavailable ({exc.message})")
+            reason = f"{exc.code.name}: {' '.join(exc.message.split())[:200]}"
+            if not self._backoff.failing:
+                self.log(
+                    f"cannot reach the coordinator at {self.settings.coordinator} ({reason}); "
+                    "retrying with back-off"
+                )
+            self._backoff.wait(reason, self.log)
             return
         raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
 
@@ -580,6 +575,13 @@ class ParticipantRunner:
             for named in task.heads
         }
         total, counts = trainer.evaluate(vector, heads)
+        if task.round < 0:  # the final models: kept to be saved once the run completes
+            self._final = FinalModels(
+                vector=vector,
+                vector_sha256=bytes(task.model.header.sha256).hex(),
+                heads=heads,
+                head_sha256={n.name: bytes(n.tensor.header.sha256).hex() for n in task.heads},
+            )
         try:
             self.transport.report_evaluation(
                 pb.EvaluationReport(

@@ -35,8 +35,20 @@ class DataSettings:
     shards_per_client: int = 2
     seed: int = 0
     validation_fraction: float = 0.1
+    test_fraction: float = 0.25
+    """Whole mode, ``npz``/``digits`` with ``x``, ``y`` only: the stratified share held
+    out as the local test split (docs/data.md)."""
+    test_root: str | None = None
+    """Whole mode, ``npz``: a separate test file (its ``x``, ``y``); then all of
+    ``root`` trains and ``test_fraction`` is unused."""
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.test_root is not None and self.dataset != "npz":
+            raise ValueError("test_root is only for dataset 'npz'")
+        if self.test_root is not None and self.slice_index is not None:
+            raise ValueError("test_root is for whole mode (no slice_index)")
         if (self.slice_index is None) != (self.slice_of is None):
             raise ValueError("data.slice_index and data.slice_of go together")
         if (
@@ -66,6 +78,13 @@ class ParticipantSettings:
     tls: ClientTLS = field(default_factory=ClientTLS)
     data: DataSettings = field(default_factory=DataSettings)
     state_dir: Path = Path("participant-state")
+    out_dir: Path = Path("participant-out")
+    """Where the final models land when the federation completes (``spherefed.saved``
+    layout: ``model_spec.json``, ``model_<calibration>.pt``, ``models.json``)."""
+    extractors: tuple[str, ...] = ()
+    """User extractors (``"package.module:factory"``) this participant agrees to import
+    when the coordinator's plan names one. Built-in extractors need no entry; any
+    other name in a plan is refused, so a coordinator cannot make a site import code."""
     identity_key: Path | None = None
     """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``, created once."""
     threads: int = 1

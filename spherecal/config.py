@@ -422,6 +422,8 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
             shards_per_client=da.get("shards_per_client", int, dd.shards_per_client),
             seed=da.get("seed", int, dd.seed),
             validation_fraction=da.get("validation_fraction", float, dd.validation_fraction),
+            test_fraction=da.get("test_fraction", float, dd.test_fraction),
+            test_root=str(da.path("test_root")) if da.has("test_root") else None,
         )
     except ValueError as exc:
         raise ConfigError(f"{source}: [data] {exc}") from None
@@ -432,6 +434,8 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
         tls=tls,
         data=data,
         state_dir=p.path("state_dir", base / f"participant-{pid}") or base,
+        out_dir=p.path("out_dir", base / f"participant-{pid}-out") or base,
+        extractors=p.strings("extractors", d.extractors),
         identity_key=p.path("identity_key"),
         threads=p.get("threads", int, d.threads),
         allow_plaintext=p.get("allow_plaintext", bool, d.allow_plaintext),

@@ -27,6 +27,7 @@ Layout of ``--out DIR``::
     participants/pK.toml
     coordinator/state/state.db SQLite: rounds, jobs, audit log, events
     coordinator/out/           summary.json, model_{none,ffc,ccvr}.pt, model_spec.json
+    out/pK/                    participant pK's copy of the final models (models.json)
     logs/                      one log per process
     certs/                     (with --tls) CA, server and client certificates
 """
@@ -400,6 +401,8 @@ class Simulation:
             "coordinator": f"127.0.0.1:{port}",
             "insecure": not s.tls,
             "state_dir": f"../state/{pid}",
+            "out_dir": f"../out/{pid}",
+            "extractors": [ref.model] if ":" in ref.model else None,
             "threads": s.threads,
             "allow_plaintext": not (s.secure_updates and s.secure_statistics),
             "long_poll_ms": 2000,
