@@ -109,6 +109,7 @@ class Federation:
         self.resumed_from: int | None = None
         self.round_metrics: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self.warnings: list[str] = []
         self.timings: dict[str, Any] = {"secagg_stages_s": {}}
         self.results: dict[str, Any] = {}
         self.done: tuple[str, str] | None = None
@@ -120,6 +121,7 @@ class Federation:
             seed=settings.seed,
         )
         self._started = time.monotonic()
+        self.started_monotonic = self._started
         self._prepared = False
         self.peak_secagg_bytes = 0
         self._stopping: str | None = None
@@ -357,8 +359,14 @@ class Federation:
             if time.monotonic() >= deadline:
                 if len(joined) >= needed:
                     missing = sorted(roster - joined)
-                    self.say(f"join deadline passed; continuing without {missing}")
-                    self.store.event("warning", f"started without {missing}")
+                    warning = (
+                        f"join window of {self.settings.timeouts.join_s:.0f}s expired: "
+                        f"continuing with {len(joined)} of {len(roster)} participants, "
+                        f"without {missing}"
+                    )
+                    self.warnings.append(warning)
+                    self.say(f"WARNING: {warning}")
+                    self.store.event("warning", warning)
                     break
                 raise FederationFailed(
                     f"only {len(joined)} of {len(roster)} participants joined within "
@@ -915,6 +923,7 @@ class Federation:
             "federation_id": self.federation_id,
             "status": self.done[0] if self.done else "running",
             "errors": list(self.errors),
+            "warnings": list(self.warnings),
             "settings": {
                 "name": s.name,
                 "participants": list(s.participants),

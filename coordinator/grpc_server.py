@@ -198,6 +198,9 @@ class _Servicer:
     def GetStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         return self._call(context, lambda p: self.service.get_status(request, p))
 
+    def GetFederationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._call(context, lambda p: self.service.get_federation_status(request, p))
+
 
 def revocation_list(
     settings: CoordinatorSettings, *, report: Callable[[str], None]

@@ -24,6 +24,7 @@ from .accounting import Accounting
 from .evaluation import CentralEvaluator
 from .federation import Federation, FederationFailed, write_json
 from .grpc_server import build_server, split_host_port
+from .metrics import MetricsServer, start_metrics
 from .model import GlobalModel
 from .registry import Registry
 from .service import CoordinatorService
@@ -68,6 +69,7 @@ def run_coordinator(
     store = Store(settings.state_dir / "state.db")
     summary: dict[str, Any] = {}
     server = None
+    metrics: MetricsServer | None = None
     try:
         registry = Registry(
             settings.participants,
@@ -89,6 +91,10 @@ def run_coordinator(
         service = CoordinatorService(settings, registry, federation, store, accounting)
         server, port = build_server(settings, service)
         server.start()
+        metrics = start_metrics(service)
+        if metrics is not None:
+            mhost, _ = split_host_port(settings.metrics.listen or "")
+            emit(f"metrics on http://{mhost}:{metrics.port}/metrics")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
         emit(
@@ -118,6 +124,8 @@ def run_coordinator(
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
     finally:
+        if metrics is not None:
+            metrics.close()
         if server is not None:
             server.stop(grace=2).wait()
         store.close()

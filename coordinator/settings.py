@@ -214,6 +214,26 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class AdminSettings:
+    """Who may read the operator's status view (``GetFederationStatus``)."""
+
+    allow: tuple[str, ...] = ()
+    """Certificate identities (as ``spherecal certs issue NAME`` writes them) allowed
+    the read-only status view over mutual TLS. Empty: nobody over TLS. In plaintext
+    loopback mode (``[server] insecure``) loopback callers are allowed."""
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus endpoint (``coordinator.metrics``); off unless ``listen`` is set."""
+
+    listen: str | None = None
+    """``host:port`` for ``/metrics`` (e.g. ``"127.0.0.1:9464"``). Plain HTTP: a
+    non-loopback address must be allowed explicitly with ``allow_remote``."""
+    allow_remote: bool = False
+
+
+@dataclass(frozen=True)
 class Timeouts:
     join_s: float = 300.0
     round_s: float = 900.0
@@ -255,6 +275,8 @@ class CoordinatorSettings:
     """Noisy (differentially private) calibration releases; off by default."""
     state_dir: Path = Path("coordinator-state")
     out_dir: Path = Path("coordinator-out")
+    admin: AdminSettings = field(default_factory=AdminSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def __post_init__(self) -> None:
         ids = self.participants

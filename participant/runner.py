@@ -131,7 +131,7 @@ class ParticipantRunner:
             raise ParticipantExit(2, reason)
 
     def _save_final_models(self) -> int:
-        if self.trainer is None or self.plan is None:
+        if self.trainer is None or self.plan is None or self.settings.out_dir is None:
             return 0
         return save_after_completion(
             self.settings.out_dir, self.trainer, self._final, self.plan.federation_id, self.log

@@ -78,9 +78,11 @@ class ParticipantSettings:
     tls: ClientTLS = field(default_factory=ClientTLS)
     data: DataSettings = field(default_factory=DataSettings)
     state_dir: Path = Path("participant-state")
-    out_dir: Path = Path("participant-out")
+    out_dir: Path | None = None
     """Where the final models land when the federation completes (``spherefed.saved``
-    layout: ``model_spec.json``, ``model_<calibration>.pt``, ``models.json``)."""
+    layout: ``model_spec.json``, ``model_<calibration>.pt``, ``models.json``). The TOML
+    loader always sets one (default ``participant-ID-out`` next to the config); None
+    (programmatic use, in-process tests) saves nothing."""
     extractors: tuple[str, ...] = ()
     """User extractors (``"package.module:factory"``) this participant agrees to import
     when the coordinator's plan names one. Built-in extractors need no entry; any

@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spherecal.predict import add_predict_parser
 
     add_predict_parser(sub)
+    from spherecal.status_cli import add_status_parser
+
+    add_status_parser(sub)
     return parser
 
 

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from coordinator.settings import (
+    AdminSettings,
     CalibrationSettings,
     CoordinatorSettings,
     EvaluationSettings,
+    MetricsSettings,
     ModelSettings,
     SecAggSettings,
     ServerSettings,
@@ -182,6 +184,8 @@ COORDINATOR_SECTIONS = (
     "timeouts",
     "evaluation",
     "privacy",
+    "admin",
+    "metrics",
 )
 
 
@@ -344,10 +348,17 @@ def _parse_coordinator(
         federated_every=e.get("federated_every", int, 0),
     )
     privacy = _privacy(s["privacy"])
+    admin = AdminSettings(allow=s["admin"].strings("allow", ()))
+    mx = s["metrics"]
+    metrics = MetricsSettings(
+        listen=mx.optional("listen", str), allow_remote=mx.get("allow_remote", bool, False)
+    )
     for section in s.values():
         section.finish()
     try:
         settings = CoordinatorSettings(
+            admin=admin,
+            metrics=metrics,
             participants=participants,
             name=name,
             seed=seed,

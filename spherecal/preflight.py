@@ -46,10 +46,11 @@ def check_participant(settings: Any, source: str) -> None:
         _readable(source, "[data] root", Path(data.root))
     if data.test_root is not None:
         _readable(source, "[data] test_root", Path(data.test_root))
-    try:
-        check_output_dir(settings.out_dir, what="[participant] out_dir")
-    except ValueError as exc:
-        raise PreflightError(f"{source}: {exc}") from None
+    if settings.out_dir is not None:
+        try:
+            check_output_dir(settings.out_dir, what="[participant] out_dir")
+        except ValueError as exc:
+            raise PreflightError(f"{source}: {exc}") from None
 
 
 def check_coordinator(settings: Any, source: str) -> None:

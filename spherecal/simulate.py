@@ -133,6 +133,8 @@ class SimulationSettings:
     update_bound: float = SecAggSettings().update_bound
     statistics_bound: float = SecAggSettings().statistics_bound
     extra_participant: dict[str, Any] = field(default_factory=dict)
+    extra_coordinator: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra coordinator TOML tables/keys (tests: ``[admin]``, ``[metrics]``)."""
     epsilon: float | None = None
     """Target ε per calibration release (``--epsilon``): switches DP noise on."""
     delta: float = 1e-5
@@ -387,6 +389,8 @@ class Simulation:
             if s.privacy
             else {},
         }
+        for section, table in s.extra_coordinator.items():
+            document.setdefault(section, {}).update(table)
         path = self.out / "coordinator.toml"
         path.write_text(dump_toml(document))
         return path
@@ -597,6 +601,7 @@ class Simulation:
                 "dp_budget": s.dp_budget,
             },
             "accuracy": summary.get("accuracy"),
+            "warnings": summary.get("warnings", []),
             "central_accuracy": summary.get("central_accuracy"),
             "federated_evaluation": summary.get("federated_evaluation"),
             "per_round": summary.get("per_round", []),
