@@ -93,6 +93,14 @@ def load_local_data(settings: DataSettings) -> LocalData:
         train = data.participant(settings.slice_index)
         test = local_test_slices(settings, data.test, settings.slice_of)[settings.slice_index]
         name = f"{settings.dataset} slice {settings.slice_index}/{settings.slice_of}"
+    num_classes = train.num_classes
+    if settings.num_classes is not None:  # a site without the highest classes
+        if settings.num_classes < num_classes:
+            raise ValueError(
+                f"[data] num_classes = {settings.num_classes}, but the data has labels up to "
+                f"{num_classes - 1}"
+            )
+        num_classes = settings.num_classes
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
-    return LocalData(train_x, train_y, test_x, test_y, train.num_classes, train.image_shape, name)
+    return LocalData(train_x, train_y, test_x, test_y, num_classes, train.image_shape, name)

@@ -38,6 +38,9 @@ class DataSettings:
     test_fraction: float = 0.25
     """Whole mode, ``npz``/``digits`` with ``x``, ``y`` only: the stratified share held
     out as the local test split (docs/data.md)."""
+    num_classes: int | None = None
+    """Whole mode: the federation's number of classes when this site's labels do not
+    reach the highest one (default: ``max(label) + 1``)."""
     test_root: str | None = None
     """Whole mode, ``npz``: a separate test file (its ``x``, ``y``); then all of
     ``root`` trains and ``test_fraction`` is unused."""

@@ -434,6 +434,7 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
             seed=da.get("seed", int, dd.seed),
             validation_fraction=da.get("validation_fraction", float, dd.validation_fraction),
             test_fraction=da.get("test_fraction", float, dd.test_fraction),
+            num_classes=da.optional("num_classes", int),
             test_root=str(da.path("test_root")) if da.has("test_root") else None,
         )
     except ValueError as exc:

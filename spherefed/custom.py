@@ -89,7 +89,7 @@ def _resolve(name: str) -> Callable[..., Any]:
             raise CustomExtractorError(f"{module_name!r} has no attribute {attribute!r}")
     if not callable(target):
         raise CustomExtractorError(f"extractor factory {name!r} is not callable")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def build_custom_extractor(
