@@ -73,7 +73,8 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
     check_coordinator(settings, str(args.config))
     summary = run_coordinator(settings, threads=threads)
-    print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
+    shown = ("status", "accuracy", "errors", "warnings")
+    print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
     return 0 if summary.get("status") == "completed" else 1
 
 
@@ -411,6 +412,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
                 ],
                 "errors": results["errors"],
+                "warnings": results.get("warnings", []),
                 "results": str(settings.out / "results.json"),
             },
             indent=2,
