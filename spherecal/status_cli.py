@@ -195,8 +195,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
 
+    seen = False
     while True:
-        st = once()
+        try:
+            st = once()
+        except ValueError as exc:
+            if not seen:
+                raise
+            raise ValueError(
+                f"the coordinator no longer answers (the federation ended or it stopped; "
+                f"last status above): {exc}"
+            ) from None
+        seen = True
         if args.json:
             print(json.dumps(MessageToDict(st, preserving_proto_field_name=True), indent=2))
         else:
