@@ -108,8 +108,9 @@ class _FederationCollector(Collector):
             family.add_metric([purpose, state], n)
         yield family
         durations: dict[str, list[float]] = defaultdict(list)
-        with self.service.federation.cond:
-            finished = list(self.service.federation.jobs.values())
+        board = self.service.federation.board
+        with board.cond:
+            finished = list(board.jobs.values())
         for job in finished:
             outcome = job.outcome
             if outcome is not None:

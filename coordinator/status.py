@@ -72,8 +72,9 @@ def authorize_admin(settings: CoordinatorSettings, peer: Peer) -> str:
 
 
 def job_statuses(federation: Federation) -> list[pb.JobStatus]:
-    with federation.cond:
-        jobs = list(federation.jobs.values())
+    board = federation.board
+    with board.cond:
+        jobs = list(board.jobs.values())
     out = []
     for job in jobs:
         outcome = job.outcome
@@ -129,13 +130,14 @@ def federation_status(
         )
         for m in registry.members()
     ]
-    with federation.cond:
-        task = federation.task
-        phase = federation.phase
-        done = federation.done
-        metrics = list(federation.round_metrics)
-        errors = list(federation.errors)
-        warnings = list(federation.warnings)
+    board = federation.board
+    with board.cond:
+        task = board.task
+        phase = board.phase
+        done = board.done
+    metrics = list(federation.round_metrics)
+    errors = list(federation.errors)
+    warnings = list(federation.warnings)
     job = task.job if task is not None else None
     training = phase.startswith("round ") and done is None
     status = pb.FederationStatus(
