@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from spherefed.network import classifier_swapped
 from spherefed.saved import model_spec_document, save_state_dict
 
 from .trainer import LocalTrainer
+
+_SAFE_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 
 __all__ = ["FinalModels", "refuse_extractor", "save_after_completion", "write_final_models"]
 
@@ -55,6 +58,9 @@ def write_final_models(
 ) -> dict[str, Any]:
     """Write ``model_spec.json``, ``model_none.pt``, ``model_<head>.pt`` and
     ``models.json`` into ``out_dir``; returns the manifest."""
+    bad = [n for n in final.heads if not _SAFE_NAME.match(n) or n == "none"]
+    if bad:  # names come from the coordinator: never let one pick a path
+        raise ValueError(f"refusing classifier names {bad!r} from the coordinator")
     out_dir.mkdir(parents=True, exist_ok=True)
     trainer.load(final.vector)
     net = trainer.model
@@ -105,7 +111,7 @@ def save_after_completion(
         return 0
     try:
         manifest = write_final_models(out_dir, trainer, final, federation_id=federation_id)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         log(f"could not save the final models in {out_dir}: {exc}")
         return 1
     log(f"saved the final models ({', '.join(manifest['models'])}) in {out_dir}")

@@ -122,3 +122,14 @@ def test_data_settings_validate_the_test_split() -> None:
         DataSettings(test_fraction=1.0)
     with pytest.raises(ValueError, match="only for dataset 'npz'"):
         DataSettings(dataset="digits", test_root="t.npz")
+
+
+def test_classifier_names_from_the_coordinator_cannot_pick_a_path(tmp_path: Path) -> None:
+    from participant.results import FinalModels, write_final_models
+
+    final = FinalModels(
+        vector=np.zeros(3), vector_sha256="", heads={"../../evil": np.zeros((2, 2))}
+    )
+    with pytest.raises(ValueError, match="refusing classifier names"):
+        write_final_models(tmp_path / "out", None, final, federation_id="x")  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
