@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from participant.data import load_local_data
+from spherecal.cli import main
 from spherecal.config import load_participant_config
 from spherefed.saved import load_model
 
@@ -90,7 +91,7 @@ def test_each_site_holds_the_final_models(run: tuple[Path, dict[str, Any]]) -> N
 
 
 def test_predict_on_each_sites_own_data_matches_the_federated_evaluation(
-    run: tuple[Path, dict[str, Any]], tmp_path: Path
+    run: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, results = run
     correct = {"none": 0, "ffc": 0, "ccvr": 0}
@@ -103,20 +104,17 @@ def test_predict_on_each_sites_own_data_matches_the_federated_evaluation(
         total += data.test_size
         for name in correct:
             preds = tmp_path / f"{pid}-{name}.csv"
-            proc = _cli(
-                "predict",
-                "--model-dir",
-                str(out / "out" / pid),
-                "--data",
-                str(own),
-                "--calibration",
-                name,
-                "--out",
-                str(preds),
-            )
-            assert proc.returncode == 0, proc.stderr
-            summary = json.loads(proc.stdout)
-            assert summary["samples"] == data.test_size
+            argv = ["predict", "--model-dir", str(out / "out" / pid), "--data", str(own)]
+            argv += ["--calibration", name, "--out", str(preds)]
+            if pid == "p0" and name == "ffc":  # once as the real command, in its own process
+                proc = _cli(*argv)
+                assert proc.returncode == 0, proc.stderr
+                printed = proc.stdout
+            else:
+                assert main(argv) == 0
+                printed = capsys.readouterr().out
+            summary = json.loads(printed)
+            assert summary["samples"] == data.test_size and summary["calibration"] == name
             correct[name] += summary["correct"]
             table = np.loadtxt(preds, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
             assert table.shape == (data.test_size, 3)
