@@ -16,21 +16,94 @@ UNAUTHENTICATED        no client certificate identity where mTLS is required, a 
 PERMISSION_DENIED      a participant not on the roster, a signature that does not verify,
                        a key different from the one pinned for that participant
 NOT_FOUND              an unknown task, job or tensor name
-FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job)
+FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job); the
+                       federation has ended or cannot continue (``FederationFailed``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
 ABORTED                the job has failed (too few survivors); nothing more is accepted
+INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
 =====================  ==================================================================
+
+Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
+typed ``pb.ErrorReason`` as trailing metadata (``proto.error_detail``):
+``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later). In the other
+direction a participant's ``FailureReport`` carries a ``pb.FailureKind``
+(:func:`failure_kind`); its ``reason`` is only ever logged.
+
+Every exception class of the project outside ``crypto`` (whose tree is in
+``crypto/_exceptions.py``), by where it is raised — flat names that say what
+happened (``tests/unit/coordinator/test_typed_failures.py`` checks this list is
+complete)::
+
+    Exception
+    ├── ServiceError             coordinator: a request refused at the boundary (above)
+    ├── RuntimeError
+    │   ├── FederationFailed     coordinator: the federation cannot go on (status failed)
+    │   └── SimulationError      spherecal simulate: the processes gave no results
+    ├── ValueError
+    │   ├── TensorFormatError    proto: a tensor header/payload not as announced
+    │   ├── CertificateError     proto: a certificate without a usable identity
+    │   ├── ConfigError          spherecal: a config file that cannot be used as written
+    │   ├── UntrustedDirectory   participant: the key directory fails its checks
+    │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
+    │   └── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
+    ├── TransportError           participant: a call failed (code, message, reason)
+    ├── PrivacyRefused           participant: its own privacy policy refuses a task
+    ├── ParticipantExit          participant: stop the process with an exit code
+    ├── AuditError               spherecal audit: a database it cannot read
+    └── LedgerError              spherefed: the privacy ledger refuses a charge
+        ├── DuplicateRelease     a release id charged twice
+        └── BudgetExceeded       a release would cross the budget (every number kept)
+
+Undecodable request bytes are answered INVALID_ARGUMENT by the transport's request
+deserializers (``coordinator.grpc_server``) before any handler runs. Every exception
+class that can reach the RPC boundary has an explicit entry in :data:`ERROR_CODES`
+(a test walks every ``crypto.SecAggError`` subclass); :func:`status_for` returns None
+for anything else, which the transport answers INTERNAL *and logs loudly*, so no
+unmapped error silently becomes a plausible-looking code.
 """
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 import crypto
+from crypto.dp import NoiseTooLarge, RingOverflowRisk
+from proto import spherecal_pb2 as pb
+from proto.codec import TensorFormatError
+from proto.error_detail import error_metadata
+from proto.identity import CertificateError
 
-__all__ = ["FederationFailed", "ServiceError", "from_secagg"]
+__all__ = [
+    "DOCUMENTED_CODES",
+    "ERROR_CODES",
+    "FederationFailed",
+    "ServiceError",
+    "failure_kind",
+    "from_secagg",
+    "status_for",
+]
+
+log = logging.getLogger("spherecal.coordinator")
+
+#: The codes the module docstring documents (a client can rely on exactly these).
+DOCUMENTED_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+    }
+)
 
 
 class FederationFailed(RuntimeError):
@@ -42,16 +115,34 @@ class FederationFailed(RuntimeError):
 class ServiceError(Exception):
     """A request refused at the boundary, with the gRPC status to answer."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        reason: pb.ErrorReason = pb.ERROR_REASON_UNSPECIFIED,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
+        """A typed reason where the client must act on more than the code
+        (``proto.error_detail``): sent as trailing metadata."""
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        """What the gRPC layer sets before ``abort`` (``proto.error_detail``)."""
+        return error_metadata(self.reason)
 
     def __repr__(self) -> str:
         return f"ServiceError({self.code.name}, {self.message!r})"
 
 
 _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
+    # A job spec or DP plan the coordinator itself built is invalid: its bug or its
+    # configuration, never the caller's input.
+    (RingOverflowRisk, grpc.StatusCode.INTERNAL),
+    (NoiseTooLarge, grpc.StatusCode.INTERNAL),
+    (crypto.InvalidSpec, grpc.StatusCode.INTERNAL),
     (crypto.MalformedMessage, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.WrongLength, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.EncodingOverflow, grpc.StatusCode.INVALID_ARGUMENT),
@@ -75,9 +166,52 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
 )
 
 
+#: Every exception class that may reach the RPC boundary, with its status code
+#: (:class:`ServiceError` carries its own code).
+ERROR_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    *_SECAGG_CODES,
+    (TensorFormatError, grpc.StatusCode.INVALID_ARGUMENT),
+    (CertificateError, grpc.StatusCode.UNAUTHENTICATED),
+    # The federation cannot continue (stopped, failed): nothing can be done for a caller.
+    (FederationFailed, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
 def from_secagg(exc: crypto.SecAggError) -> ServiceError:
     """The :class:`ServiceError` for a rejected secure-aggregation message."""
+    reason = pb.UPLOAD_SLOTS_BUSY if isinstance(exc, crypto.UploadSlotsBusy) else None
     for kind, code in _SECAGG_CODES:
         if isinstance(exc, kind):
+            return ServiceError(
+                code, f"{type(exc).__name__}: {exc}", reason=reason or pb.ERROR_REASON_UNSPECIFIED
+            )
+    # A SecAggError subclass added to crypto without an entry here: say so loudly
+    # (a test walks every subclass, so this is a bug caught before release).
+    log.error("unmapped secure-aggregation error %s answered INTERNAL", type(exc).__name__)
+    return ServiceError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
+    """The typed meaning of a participant's ``FailureReport``.
+
+    ``FAILURE_KIND_UNSPECIFIED`` (a sender that names no kind) counts as
+    ``INTERNAL_ERROR``; a number outside the enum is refused (INVALID_ARGUMENT), never
+    guessed at — and never recovered from the human-readable ``reason``.
+    """
+    kind = report.kind
+    if kind not in pb.FailureKind.values():
+        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown failure kind {int(kind)}")
+    return pb.INTERNAL_ERROR if kind == pb.FAILURE_KIND_UNSPECIFIED else kind
+
+
+def status_for(exc: BaseException) -> ServiceError | None:
+    """The documented status for an exception at the RPC boundary; None if unmapped
+    (the transport then answers INTERNAL and logs the traceback)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, crypto.SecAggError):
+        return from_secagg(exc)
+    for kind, code in ERROR_CODES:
+        if isinstance(exc, kind):
             return ServiceError(code, f"{type(exc).__name__}: {exc}")
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+    return None

@@ -38,7 +38,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .grpc_server import is_loopback, split_host_port
+from proto.address import is_loopback, split_host_port
+
 from .service import CoordinatorService
 from .status import federation_status
 

@@ -1,4 +1,4 @@
-"""Reconnecting with back-off, and how a participant process stops.
+"""Stopping and waiting: the participant's exit reasons and its reconnect back-off.
 
 When the coordinator is unreachable the participant says so once, then retries with a
 jittered exponential back-off (0.2 s doubling up to ``reconnect_max_s``), logging
@@ -12,7 +12,11 @@ import random
 import time
 from collections.abc import Callable
 
-__all__ = ["Backoff", "ParticipantExit"]
+import grpc
+
+from proto.federation_end import ended_status
+
+__all__ = ["Backoff", "ParticipantExit", "stop_if_ended"]
 
 
 class ParticipantExit(Exception):
@@ -24,6 +28,8 @@ class ParticipantExit(Exception):
 
 
 class Backoff:
+    """Exponential back-off with jitter; gives up (exit 3) after ``give_up`` s of failure."""
+
     def __init__(self, maximum: float, give_up: float) -> None:
         self.maximum = maximum
         self.give_up = give_up
@@ -39,13 +45,18 @@ class Backoff:
     def failing(self) -> bool:
         return self._failing_since is not None
 
-    def wait(self, what: str, log: Callable[[str], None] | None = None) -> None:
+    def wait(
+        self, what: str, log: Callable[[str], None] | None = None, *, address: str = ""
+    ) -> None:
         """Sleep the next back-off (jittered, doubling up to ``maximum``); with ``log``,
-        say which attempt comes next, after how long and why."""
+        say which attempt comes next, after how long and why — and, on the first
+        failure with ``address``, that the coordinator there cannot be reached."""
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
             self.attempts = 0
+            if log is not None and address:
+                log(f"cannot reach the coordinator at {address} ({what}); retrying with back-off")
         elif now - self._failing_since > self.give_up:
             raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
         delay = self._delay * (0.5 + random.random())
@@ -57,3 +68,16 @@ class Backoff:
             )
         time.sleep(delay)
         self._delay = min(self.maximum, self._delay * 2)
+
+
+def stop_if_ended(code: grpc.StatusCode, message: str) -> None:
+    """The coordinator says the federation is over: stop now (exit 0 if it completed,
+    1 otherwise) instead of retrying until ``give_up_s``."""
+    if code is not grpc.StatusCode.FAILED_PRECONDITION:
+        return
+    status = ended_status(message)
+    if status is not None:
+        raise ParticipantExit(
+            0 if status == "completed" else 1,
+            f"coordinator says the {message}; nothing left to do, stopping",
+        )

@@ -1,6 +1,6 @@
 """The participant's main loop: join, pull instructions, do them, push results.
 
-Pull model (DESIGN §4): the participant only ever calls out. It joins (proving
+Pull model (docs/design.md §4): the participant only ever calls out. It joins (proving
 possession of its identity key), then long-polls ``NextInstruction`` and does what
 it is told — train a round, compute statistics, take a secure-aggregation step,
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
@@ -41,8 +41,9 @@ from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
-from .backoff import Backoff, ParticipantExit
+from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
+from .failures import failure_kind
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .results import FinalModels, refuse_extractor, save_after_completion
@@ -113,7 +114,9 @@ class ParticipantRunner:
             ),
         )
         reply = self.transport.join(request)
-        self._check_extractor(reply.plan.model.extractor)
+        refused = refuse_extractor(reply.plan.model.extractor, self.settings.extractors)
+        if refused is not None:
+            raise ParticipantExit(2, refused)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             self.plan = reply.plan
@@ -124,11 +127,6 @@ class ParticipantRunner:
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
         )
-
-    def _check_extractor(self, name: str) -> None:
-        reason = refuse_extractor(name, self.settings.extractors)
-        if reason is not None:
-            raise ParticipantExit(2, reason)
 
     def _save_final_models(self) -> int:
         if self.trainer is None or self.plan is None or self.settings.out_dir is None:
@@ -216,6 +214,7 @@ class ParticipantRunner:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
             except TransportError as exc:
+                stop_if_ended(exc.code, exc.message)
                 if exc.session_expired:
                     self.session = None
                 elif exc.retryable:
@@ -225,18 +224,14 @@ class ParticipantRunner:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
     def _on_control_error(self, exc: TransportError) -> None:
+        stop_if_ended(exc.code, exc.message)
         if exc.session_expired:
             self.log("session expired; joining again")
             self.session = None
             return
         if exc.retryable:
             reason = f"{exc.code.name}: {' '.join(exc.message.split())[:200]}"
-            if not self._backoff.failing:
-                self.log(
-                    f"cannot reach the coordinator at {self.settings.coordinator} ({reason}); "
-                    "retrying with back-off"
-                )
-            self._backoff.wait(reason, self.log)
+            self._backoff.wait(reason, self.log, address=self.settings.coordinator)
             return
         raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
 
@@ -291,15 +286,15 @@ class ParticipantRunner:
         return array
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
+        """Withdraw from a task or job, telling the coordinator why: the typed
+        :func:`failure_kind` is the meaning, the text only a message for people."""
         reason = str(error)
-        self.log(f"withdrawing from {task_id[:16]}: {type(error).__name__}: {reason}")
+        kind = failure_kind(error)
+        self.log(f"withdrawing from {task_id[:16]}: {pb.FailureKind.Name(kind)}: {reason}")
         try:
             self.transport.report_failure(
                 pb.FailureReport(
-                    caller=self._caller(),
-                    task_id=task_id,
-                    reason=reason[:300],
-                    error_type=type(error).__name__,
+                    caller=self._caller(), task_id=task_id, reason=reason[:300], kind=kind
                 )
             )
         except TransportError as exc:
@@ -557,7 +552,7 @@ class ParticipantRunner:
         except TransportError as exc:
             if exc.code is grpc.StatusCode.ALREADY_EXISTS:
                 return
-            if exc.code is grpc.StatusCode.UNAVAILABLE and "slot" in exc.message:
+            if exc.slots_busy:
                 time.sleep(0.2 + random.random() * 0.5)  # coordinator busy: it re-asks
                 return
             if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
