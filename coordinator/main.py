@@ -23,7 +23,6 @@ import torch
 
 from proto.address import split_host_port
 
-from .accounting import Accounting
 from .errors import FederationFailed
 from .evaluation import CentralEvaluator
 from .federation import Federation
@@ -38,6 +37,7 @@ from .service import CoordinatorService
 from .settings import CoordinatorSettings
 from .state_dir import guard_federation_start, write_marker
 from .store import Store
+from .traffic import Traffic
 
 __all__ = ["run_coordinator"]
 
@@ -125,8 +125,8 @@ def run_coordinator(
         except FederationFailed as exc:
             raise ValueError(str(exc)) from None
         write_marker(settings.state_dir, federation.federation_id)
-        accounting = Accounting()
-        service = CoordinatorService(settings, registry, federation, store, accounting)
+        traffic = Traffic()
+        service = CoordinatorService(settings, registry, federation, store, traffic)
         health = HealthReporter()
         server, port = build_server(settings, service, health=health)
         server.start()
@@ -153,7 +153,7 @@ def run_coordinator(
             federation.linger()
         finally:
             summary = federation.summary()
-            summary["bytes"] = accounting.snapshot()
+            summary["bytes"] = traffic.snapshot()
             summary["resources"] = {
                 "rss_after_setup_mb": rss_after_setup,
                 "peak_rss_mb": _peak_rss_mb(),

@@ -127,7 +127,7 @@ class _FederationCollector(Collector):
 
     def _bytes(self) -> Iterator[Any]:
         totals: dict[tuple[str, str], int] = defaultdict(int)
-        for stages in self.service.accounting.snapshot().values():
+        for stages in self.service.traffic.snapshot().values():
             for stage, counts in stages.items():
                 if stage == "total":
                     continue

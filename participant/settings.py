@@ -97,7 +97,8 @@ class ParticipantSettings:
     tls: ClientTLS = field(default_factory=ClientTLS)
     data: DataSettings = field(default_factory=DataSettings)
     state_dir: Path = Path("participant-state")
-    """Job ledger (refuses to run a job id twice), privacy ledger; default ``participant-<id>``."""
+    """Job ledger (refuses to run a job id twice), privacy ledger, the algorithm's own
+    state (SCAFFOLD's ``c_k``, in ``algorithm/``); default ``participant-<id>``."""
     out_dir: Path | None = None
     """Where the final models land when the federation completes (``spherefed.saved``
     layout: ``model_spec.json``, ``model_<calibration>.pt``, ``models.json``). The TOML

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spherefed.fl import ALGORITHMS
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 
 __all__ = [
     "add_certs_parser",
