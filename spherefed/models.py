@@ -508,8 +508,9 @@ def build_extractor(
     norm: str = "group",
     feature_dim: int | None = None,
 ) -> FeatureExtractor:
-    """Build a feature extractor by name (one of :data:`EXTRACTOR_NAMES`, or a user's
-    ``"package.module:factory"``, see :mod:`spherefed.custom`).
+    """Build a feature extractor by name (one of :data:`EXTRACTOR_NAMES`; a user's
+    ``"package.module:factory"`` is built by :mod:`spherefed.custom`, see
+    :func:`spherefed.network.build_model`).
 
     Args:
         name: architecture name.
@@ -526,12 +527,6 @@ def build_extractor(
     Parameters are drawn from torch's global RNG; seed before calling for
     reproducible (byte-identical) weights.
     """
-    if ":" in name:  # a user's own network, "package.module:factory" (spherefed.custom)
-        from spherefed.custom import build_custom_extractor
-
-        return build_custom_extractor(
-            name, in_channels=in_channels, image_size=_as_hw(image_size), feature_dim=feature_dim
-        )
     if name not in EXTRACTOR_NAMES:
         raise ValueError(
             f"unknown extractor {name!r}; valid names: {', '.join(EXTRACTOR_NAMES)}, "
