@@ -26,7 +26,7 @@ from proto.address import split_host_port
 from .errors import FederationFailed
 from .evaluation import CentralEvaluator
 from .federation import Federation
-from .grpc_server import build_server
+from .grpc_server import build_server, ensure_port_free
 from .log_limit import RepeatFilter, rate_limited
 from .metrics import MetricsServer, start_metrics
 from .model import GlobalModel
@@ -97,6 +97,7 @@ def run_coordinator(
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    ensure_port_free(settings.server.listen)  # before touching the state directory
     store = Store(settings.state_dir / "state.db")
     summary: dict[str, Any] = {}
     server = None

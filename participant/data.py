@@ -74,6 +74,7 @@ def load_local_data(settings: DataSettings) -> LocalData:
                 settings.dataset,
                 root=settings.root,
                 seed=settings.seed,
+                samples=settings.samples,
                 test_fraction=settings.test_fraction,
             )
         train, test = splits.train, splits.test
@@ -82,6 +83,7 @@ def load_local_data(settings: DataSettings) -> LocalData:
         config = ReferenceConfig(
             dataset=settings.dataset,
             data_root=settings.root,
+            samples=settings.samples,
             participants=settings.slice_of,
             partition=settings.partition,
             alpha=settings.alpha,

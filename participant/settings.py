@@ -43,6 +43,8 @@ class DataSettings:
     """Slice mode: shards per participant."""
     seed: int = 0
     """Slice mode: the federation seed the partition derives from."""
+    samples: int | None = None
+    """Dataset size for ``mnist1d`` (default 12,000); must be unset for other datasets."""
     validation_fraction: float = 0.1
     """Share of the local train split held out for validation."""
     test_fraction: float = 0.25
@@ -62,6 +64,8 @@ class DataSettings:
             raise ValueError("test_root is only for dataset 'npz'")
         if self.test_root is not None and self.slice_index is not None:
             raise ValueError("test_root is for whole mode (no slice_index)")
+        if self.samples is not None and self.dataset != "mnist1d":
+            raise ValueError(f"data.samples is only read for mnist1d, not {self.dataset!r}")
         if (self.slice_index is None) != (self.slice_of is None):
             raise ValueError("data.slice_index and data.slice_of go together")
         if (
