@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spherefed.data import ArrayDataset, load_dataset
+from spherefed.data import ArrayDataset, load_dataset, load_npz_pair
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
 from spherefed.runner import ReferenceConfig, prepare_data
@@ -65,9 +65,18 @@ def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> lis
 
 def load_local_data(settings: DataSettings) -> LocalData:
     if settings.slice_index is None or settings.slice_of is None:
-        splits = load_dataset(
-            settings.dataset, root=settings.root, seed=settings.seed, samples=settings.samples
-        )
+        if settings.test_root is not None:
+            if settings.root is None:
+                raise ValueError("[data] root is required with test_root")
+            splits = load_npz_pair(settings.root, settings.test_root)
+        else:
+            splits = load_dataset(
+                settings.dataset,
+                root=settings.root,
+                seed=settings.seed,
+                samples=settings.samples,
+                test_fraction=settings.test_fraction,
+            )
         train, test = splits.train, splits.test
         name = f"{settings.dataset} (whole)"
     else:
@@ -86,6 +95,14 @@ def load_local_data(settings: DataSettings) -> LocalData:
         train = data.participant(settings.slice_index)
         test = local_test_slices(settings, data.test, settings.slice_of)[settings.slice_index]
         name = f"{settings.dataset} slice {settings.slice_index}/{settings.slice_of}"
+    num_classes = train.num_classes
+    if settings.num_classes is not None:  # a site without the highest classes
+        if settings.num_classes < num_classes:
+            raise ValueError(
+                f"[data] num_classes = {settings.num_classes}, but the data has labels up to "
+                f"{num_classes - 1}"
+            )
+        num_classes = settings.num_classes
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
-    return LocalData(train_x, train_y, test_x, test_y, train.num_classes, train.image_shape, name)
+    return LocalData(train_x, train_y, test_x, test_y, num_classes, train.image_shape, name)

@@ -6,12 +6,10 @@ it is told — train a round, compute statistics, take a secure-aggregation step
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
 it computes.
 
-Resilience: when the coordinator is unreachable (UNAVAILABLE — e.g. it is being
-restarted) the participant backs off exponentially and retries; when its session is
-unknown (a restarted coordinator) it joins again and continues with whatever it is
-told next. Work in flight when the coordinator went away is dropped — the resumed
-coordinator re-issues what it still needs. After ``give_up_s`` of continuous failure
-it exits with status 3.
+Resilience: an unreachable coordinator is retried with back-off
+(``participant.backoff``); an unknown session (a restarted coordinator) means joining
+again. Work in flight when the coordinator went away is dropped: the resumed
+coordinator re-issues what it still needs.
 
 Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
 participant refuses to upload any model update or statistics in the clear; it only
@@ -48,6 +46,7 @@ from .data import LocalData
 from .failures import failure_kind
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
+from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure import SecureSession
 from .secure_steps import SecureAggregationSteps
 from .settings import ParticipantSettings
@@ -93,6 +92,7 @@ class ParticipantRunner(SecureAggregationSteps):
         self._lock = threading.Lock()
         self.completed_tasks = 0
         self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
+        self._final: FinalModels | None = None
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -115,6 +115,9 @@ class ParticipantRunner(SecureAggregationSteps):
             ),
         )
         reply = self.transport.join(request)
+        refused = refuse_extractor(reply.plan.model.extractor, self.settings.extractors)
+        if refused is not None:
+            raise ParticipantExit(2, refused)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
@@ -128,6 +131,13 @@ class ParticipantRunner(SecureAggregationSteps):
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
+        )
+
+    def _save_final_models(self) -> int:
+        if self.trainer is None or self.plan is None or self.settings.out_dir is None:
+            return 0
+        return save_after_completion(
+            self.settings.out_dir, self.trainer, self._final, self.plan.federation_id, self.log
         )
 
     def _presence_loop(self) -> None:
@@ -193,6 +203,8 @@ class ParticipantRunner(SecureAggregationSteps):
             except TransportError as exc:
                 self._on_control_error(exc)
                 continue
+            if self._backoff.failing:
+                self.log(f"reached the coordinator at {self.settings.coordinator} again")
             self._backoff.reset()
             kind = instruction.WhichOneof("kind")
             if kind == "wait" or kind is None:
@@ -200,7 +212,9 @@ class ParticipantRunner(SecureAggregationSteps):
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                return 0 if done.status == "completed" else 1
+                if done.status != "completed":
+                    return 1
+                return self._save_final_models()
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
@@ -210,7 +224,7 @@ class ParticipantRunner(SecureAggregationSteps):
                     self.session = None
                 elif exc.retryable:
                     self.log(f"lost the coordinator during {kind}: {exc.message}")
-                    self._backoff.wait("coordinator unavailable")
+                    self._backoff.wait(f"coordinator unavailable during {kind}", self.log)
                 else:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
@@ -221,7 +235,8 @@ class ParticipantRunner(SecureAggregationSteps):
             self.session = None
             return
         if exc.retryable:
-            self._backoff.wait(f"coordinator unavailable ({exc.message})")
+            reason = f"{exc.code.name}: {' '.join(exc.message.split())[:200]}"
+            self._backoff.wait(reason, self.log, address=self.settings.coordinator)
             return
         raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
 
@@ -474,6 +489,13 @@ class ParticipantRunner(SecureAggregationSteps):
             for named in task.heads
         }
         total, counts = trainer.evaluate(vector, heads)
+        if task.round < 0:  # the final models: kept to be saved once the run completes
+            self._final = FinalModels(
+                vector=vector,
+                vector_sha256=bytes(task.model.header.sha256).hex(),
+                heads=heads,
+                head_sha256={n.name: bytes(n.tensor.header.sha256).hex() for n in task.heads},
+            )
         try:
             self.transport.report_evaluation(
                 pb.EvaluationReport(

@@ -85,8 +85,12 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
         return _check_state(settings)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
+    from .preflight import check_coordinator
+
+    check_coordinator(settings, str(args.config))
     summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
-    print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
+    shown = ("status", "accuracy", "errors", "warnings")
+    print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
     return 0 if summary.get("status") == "completed" else 1
 
 
@@ -138,8 +142,8 @@ def add_participant_parser(sub: SubParsers) -> None:
         description=(
             "Join a federation: dial out to the coordinator, train locally, compute "
             "statistics and take part in secure aggregation until the coordinator says "
-            "done. Exit status 0 completed, 1 federation failed, 2 refused, 3 gave up "
-            "reconnecting."
+            "done; then save the final models in [participant] out_dir. Exit status 0 "
+            "completed, 1 federation failed, 2 bad input or refused, 3 gave up reconnecting."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
@@ -167,6 +171,9 @@ def _cmd_participant(args: argparse.Namespace) -> int:
     if args.halt_before:
         points = tuple(parse_halt(h) for h in args.halt_before)
         settings = replace(settings, halt_before=settings.halt_before + points)
+    from .preflight import check_participant
+
+    check_participant(settings, str(args.config))
     return run_participant(settings)
 
 
@@ -411,6 +418,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from .simulate import SimulationError, run_simulation
 
     settings = simulation_settings_from(_simulate_options(args))
+    from .outputs import check_output_dir
+
+    check_output_dir(settings.out, what="--out")  # before any process starts
 
     def progress(message: str) -> None:
         if not args.quiet:
@@ -430,6 +440,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
                 ],
                 "errors": results["errors"],
+                "warnings": results.get("warnings", []),
                 "results": str(settings.out / "results.json"),
             },
             indent=2,

@@ -47,7 +47,7 @@ from .mnist1d import (
     load_mnist1d,
     mnist1d_cache_dir,
 )
-from .npz import load_npz
+from .npz import load_npz, load_npz_pair
 from .synthetic import SyntheticConfig, apply_feature_shift, feature_shift_offsets, load_synthetic
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "load_digits",
     "load_mnist1d",
     "load_npz",
+    "load_npz_pair",
     "load_synthetic",
     "mnist1d_cache_dir",
     "stratified_split",
@@ -89,8 +90,12 @@ def load_dataset(
     seed: int = 0,
     synthetic: SyntheticConfig | None = None,
     samples: int | None = None,
+    test_fraction: float = 0.25,
 ) -> DatasetSplits:
     """Load a dataset by name (one of :data:`DATASET_NAMES`).
+
+    ``test_fraction`` is the stratified test share for ``digits`` and for an ``npz``
+    holding only ``x``, ``y`` (CIFAR keeps its official split).
 
     - ``"digits"``: :func:`load_digits` (``root`` is ignored; ``seed`` picks the split).
     - ``"mnist1d"``: :func:`load_mnist1d` with ``samples`` (default
@@ -105,7 +110,7 @@ def load_dataset(
     if samples is not None and name != "mnist1d":
         raise ValueError(f"samples= is only read for 'mnist1d', not for {name!r}")
     if name == "digits":
-        return load_digits(seed=seed)
+        return load_digits(seed=seed, test_fraction=test_fraction)
     if name == "mnist1d":
         return load_mnist1d(
             num_samples=MNIST1D_SAMPLES if samples is None else samples, cache_dir=root
@@ -117,7 +122,7 @@ def load_dataset(
     if name == "npz":
         if root is None:
             raise ValueError("dataset 'npz' needs root= the path of the .npz file")
-        return load_npz(root, seed=seed)
+        return load_npz(root, seed=seed, test_fraction=test_fraction)
     if name == "synthetic":
         return load_synthetic(synthetic, seed=seed)
     raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")

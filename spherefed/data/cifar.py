@@ -81,7 +81,19 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def _load_restricted(path: Path) -> dict[bytes, Any]:
     data = path.read_bytes()
-    obj = RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+    if not data:
+        raise ValueError(f"{path}: empty file (expected a CIFAR python-pickle batch)")
+    try:
+        obj = RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except pickle.UnpicklingError as exc:
+        if "refusing to load global" in str(exc):
+            raise pickle.UnpicklingError(f"{path}: {exc}") from None
+        raise ValueError(f"{path}: not a CIFAR python-pickle batch ({exc})") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as exc:
+        # A truncated or garbled pickle surfaces as any of these from the unpickler.
+        raise ValueError(
+            f"{path}: not a CIFAR python-pickle batch (truncated or garbled: {type(exc).__name__})"
+        ) from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a dict, got {type(obj).__name__}")
     return obj

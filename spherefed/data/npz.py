@@ -67,8 +67,8 @@ def load_npz(path: str | Path, *, seed: int = 0, test_fraction: float = 0.25) ->
     split_keys = ("x_train", "y_train", "x_test", "y_test")
     try:
         loaded = np.load(path, allow_pickle=False)
-    except ValueError as exc:  # e.g. a pickle file renamed to .npz
-        raise ValueError(f"{path}: not a valid .npz file ({exc})") from exc
+    except (ValueError, OSError, EOFError) as exc:  # a pickle renamed .npz, empty, garbled
+        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
     with loaded as npz:
@@ -122,3 +122,45 @@ def load_npz(path: str | Path, *, seed: int = 0, test_fraction: float = 0.25) ->
         train=ArrayDataset(x_tr, y_tr, num_classes, f"npz:{stem}/train"),
         test=ArrayDataset(x_te, y_te, num_classes, f"npz:{stem}/test"),
     )
+
+
+def load_npz_pair(train_path: str | Path, test_path: str | Path) -> DatasetSplits:
+    """A site's data as two files: all of ``train_path``'s ``x``, ``y`` trains, all of
+    ``test_path``'s evaluates (same conversions and checks as :func:`load_npz`)."""
+    train = _whole_npz(Path(train_path))
+    test = _whole_npz(Path(test_path))
+    if train.x.shape[1:] != test.x.shape[1:]:
+        raise ValueError(
+            f"{train_path}: samples have shape {train.x.shape[1:]} but {test_path}'s "
+            f"have {test.x.shape[1:]}"
+        )
+    num_classes = max(train.num_classes, test.num_classes)
+    return DatasetSplits(
+        train=ArrayDataset(train.x, train.y, num_classes, train.name),
+        test=ArrayDataset(test.x, test.y, num_classes, test.name),
+    )
+
+
+def _whole_npz(path: Path) -> ArrayDataset:
+    if not path.is_file():
+        raise FileNotFoundError(f"npz dataset not found: {path}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
+    with loaded as npz:
+        missing = [k for k in ("x", "y") if k not in npz.files]
+        if missing:
+            raise ValueError(f"{path}: missing keys {missing} (found {sorted(npz.files)})")
+        try:
+            x = _npz_images(npz["x"], "x", path)
+            y = _npz_labels(npz["y"], "y", x.shape[0], path)
+        except ValueError as exc:
+            if "allow_pickle" in str(exc):
+                raise ValueError(f"{path}: object arrays are not allowed in a dataset") from None
+            raise
+    if y.size == 0:
+        raise ValueError(f"{path}: no samples")
+    return ArrayDataset(x, y, int(y.max()) + 1, f"npz:{path.stem}")
