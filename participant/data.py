@@ -12,18 +12,19 @@ the reference runner's test accuracy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from spherefed.data import ArrayDataset, load_dataset
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
-from spherefed.runner import ReferenceConfig, prepare_data
+from spherefed.runner import FederationData, ReferenceConfig, prepare_data
 
 from .settings import DataSettings
 
-__all__ = ["LocalData", "load_local_data"]
+__all__ = ["LocalData", "load_local_data", "load_local_slices"]
 
 
 @dataclass(frozen=True)
@@ -64,25 +65,50 @@ def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> lis
 
 
 def load_local_data(settings: DataSettings) -> LocalData:
-    if settings.slice_index is None or settings.slice_of is None:
-        splits = load_dataset(settings.dataset, root=settings.root, seed=settings.seed)
-        train, test = splits.train, splits.test
-        name = f"{settings.dataset} (whole)"
-    else:
-        config = ReferenceConfig(
-            dataset=settings.dataset,
-            data_root=settings.root,
-            participants=settings.slice_of,
-            partition=settings.partition,
-            alpha=settings.alpha,
-            shards_per_client=settings.shards_per_client,
-            validation_fraction=settings.validation_fraction,
-            seed=settings.seed,
-        )
-        data = prepare_data(config)
-        train = data.participant(settings.slice_index)
-        test = local_test_slices(settings, data.test, settings.slice_of)[settings.slice_index]
-        name = f"{settings.dataset} slice {settings.slice_index}/{settings.slice_of}"
+    return load_local_slices([settings])[0]
+
+
+def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
+    """:func:`load_local_data` for many participants at once: settings that differ
+    only in ``slice_index`` share one load-split-partition of the dataset (a host of
+    hundreds of virtual participants would otherwise repeat it hundreds of times).
+    The slices are exactly the ones :func:`load_local_data` gives one by one."""
+    prepared: dict[DataSettings, tuple[FederationData, list[ArrayDataset]]] = {}
+    out: list[LocalData] = []
+    for settings in many:
+        if settings.slice_index is None or settings.slice_of is None:
+            out.append(_load_whole(settings))
+            continue
+        key = replace(settings, slice_index=0)
+        if key not in prepared:
+            data = prepare_data(
+                ReferenceConfig(
+                    dataset=settings.dataset,
+                    data_root=settings.root,
+                    participants=settings.slice_of,
+                    partition=settings.partition,
+                    alpha=settings.alpha,
+                    shards_per_client=settings.shards_per_client,
+                    validation_fraction=settings.validation_fraction,
+                    seed=settings.seed,
+                )
+            )
+            prepared[key] = (data, local_test_slices(settings, data.test, settings.slice_of))
+        data, tests = prepared[key]
+        k = settings.slice_index
+        train, test = data.participant(k), tests[k]
+        name = f"{settings.dataset} slice {k}/{settings.slice_of}"
+        out.append(_local(train, test, name))
+    return out
+
+
+def _load_whole(settings: DataSettings) -> LocalData:
+    splits = load_dataset(settings.dataset, root=settings.root, seed=settings.seed)
+    return _local(splits.train, splits.test, f"{settings.dataset} (whole)")
+
+
+def _local(train: ArrayDataset, test: ArrayDataset, name: str) -> LocalData:
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
     return LocalData(train_x, train_y, test_x, test_y, train.num_classes, train.image_shape, name)
+

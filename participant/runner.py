@@ -44,7 +44,7 @@ from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .data import LocalData
-from .faults import Halter
+from .faults import Halter, OnHalt
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .secure import SecureSession
 from .settings import ParticipantSettings
@@ -97,6 +97,7 @@ class ParticipantRunner:
         trust: DirectoryTrust,
         *,
         log: Callable[[str], None],
+        on_halt: OnHalt | None = None,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -106,7 +107,7 @@ class ParticipantRunner:
         self.ledger = ledger
         self.trust = trust
         self.log = log
-        self.halter = Halter(settings.halt_before)
+        self.halter = Halter(settings.halt_before, on_halt)
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None

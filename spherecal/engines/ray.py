@@ -1,0 +1,276 @@
+"""``spherecal simulate --engine ray``: virtual participants hosted in Ray actors.
+
+The coordinator is the same real OS process as with ``--engine processes``; the
+participants are :class:`~spherecal.engines.virtual.VirtualParticipant` threads,
+many to a Ray actor (a *worker*), each with its own identity key, channel, ledgers,
+state directory and data slice, talking real gRPC to the coordinator. Flower's
+simulation engine makes the same trade (Beutel et al. 2020, "Flower: A Friendly
+Federated Learning Research Framework", §5): one interpreter and one torch import
+per worker instead of per participant, and Ray to place workers on one machine or
+spread them over a cluster.
+
+* A local Ray instance is started (no dashboard) unless ``address`` names an
+  existing cluster (``ray start --head`` on one machine, ``--ray-address`` here).
+  A local instance gets enough logical CPUs for every worker.
+* ``workers`` actors, each reserving ``worker_cpus`` logical CPUs; participants are
+  dealt to them in contiguous blocks of the roster.
+* ``--drop`` faults work as with processes: the named participant cuts its own
+  connection at exactly that point (see :mod:`spherecal.engines.virtual`).
+* Across machines the coordinator must be reachable: ``coordinator_host`` is the
+  address participants dial (and the coordinator listens on); anything but
+  loopback needs ``--tls`` (the coordinator refuses plaintext off loopback). The
+  certificates and identity keys are shipped to the workers with their
+  participants; the code must be installed at the same path on every node.
+
+Needs the optional ``ray`` extra (``pip install -e ".[ray]"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from spherecal.certs import DEFAULT_HOSTS, init_ca, issue_participant
+from spherecal.config import load_participant_config
+from spherecal.simulate import (
+    Progress,
+    Simulation,
+    SimulationError,
+    SimulationSettings,
+    run_simulation,
+)
+
+from .virtual import HostReport, ParticipantHost, VirtualParticipant
+
+__all__ = ["RayEngineSettings", "RaySimulation", "run_ray_simulation"]
+
+_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+@dataclass(frozen=True)
+class RayEngineSettings:
+    workers: int | None = None
+    """Ray actors hosting participants; None: one per local CPU (at most one per
+    participant)."""
+    worker_cpus: float = 1.0
+    """Logical CPUs each worker reserves (Ray scheduling; fractions allowed)."""
+    address: str | None = None
+    """An existing Ray cluster (``ray start --head`` prints it); None: local instance."""
+    coordinator_host: str = "127.0.0.1"
+    """Where participants dial the coordinator (it listens there too)."""
+    start_timeout_s: float = 180.0
+    """How long workers may take to be placed and started."""
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError("--workers must be >= 1")
+        if not (math.isfinite(self.worker_cpus) and self.worker_cpus > 0):
+            raise ValueError("--worker-cpus must be > 0")
+
+    def worker_count(self, participants: int) -> int:
+        wanted = self.workers if self.workers is not None else (os.cpu_count() or 1)
+        return max(1, min(wanted, participants))
+
+
+class _HostActor:
+    """The Ray actor: a :class:`ParticipantHost` in a worker process."""
+
+    def __init__(self, log_path: str, threads: int) -> None:
+        self.host = ParticipantHost(log_path=Path(log_path), threads=threads)
+
+    def node(self) -> str:
+        return self.host.report.node
+
+    def start(self, participants: list[VirtualParticipant]) -> int:
+        self.host.start(participants)
+        return len(participants)
+
+    def wait(self, timeout_s: float) -> dict[str, Any]:
+        return asdict(self.host.wait(timeout_s))
+
+    def close(self) -> None:
+        self.host.close()
+
+
+class RaySimulation(Simulation):
+    """:class:`~spherecal.simulate.Simulation` with participants on Ray workers."""
+
+    def __init__(
+        self,
+        settings: SimulationSettings,
+        engine: RayEngineSettings,
+        progress: Progress | None = None,
+    ) -> None:
+        self.engine = engine
+        self._actors: list[Any] = []
+        self._started_ray = False
+        self._nodes: list[str] = []
+        super().__init__(settings, progress)
+        self._t0_unix = time.time() - (time.monotonic() - self._t0)
+
+    # ------------------------------------------------------------------ certs
+    def _make_certs(self) -> None:
+        certs = self.out / "certs"
+        if not (certs / "ca.key").exists():
+            hosts = tuple(dict.fromkeys((*DEFAULT_HOSTS, self.engine.coordinator_host)))
+            init_ca(certs, hosts=hosts)
+        for pid in self.settings.participant_ids:
+            if not (certs / f"{pid}.pem").exists():
+                issue_participant(certs, pid)
+
+    # ------------------------------------------------------------------ ray
+    def _connect(self, workers: int) -> None:
+        env = {
+            "PYTHONPATH": _ROOT + (os.pathsep + os.environ["PYTHONPATH"])
+            if os.environ.get("PYTHONPATH")
+            else _ROOT,
+            "OMP_NUM_THREADS": str(self.settings.threads),
+            "MKL_NUM_THREADS": str(self.settings.threads),
+            "OPENBLAS_NUM_THREADS": str(self.settings.threads),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if ray.is_initialized():
+            return
+        common: dict[str, Any] = {
+            "runtime_env": {"env_vars": env},
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+        }
+        if self.engine.address:
+            ray.init(address=self.engine.address, **common)
+        else:
+            cpus = max(os.cpu_count() or 1, math.ceil(workers * self.engine.worker_cpus))
+            ray.init(num_cpus=cpus, include_dashboard=False, **common)
+        self._started_ray = True
+
+    def _virtual(self, k: int, port: int) -> VirtualParticipant:
+        path = self.participant_config(k, port)
+        settings = load_participant_config(path)
+        settings = replace(settings, coordinator=f"{self.engine.coordinator_host}:{port}")
+        files: dict[str, bytes] = {}
+        if self.settings.tls:
+            tls = settings.tls
+            for name, file in (
+                ("ca", tls.ca),
+                ("cert", tls.cert),
+                ("key", tls.key),
+                ("identity", settings.identity_key),
+            ):
+                if file is not None:
+                    files[name] = file.read_bytes()
+        return VirtualParticipant(settings, files)
+
+    def start_participants(self, only: Any = None) -> None:
+        """Start every participant (``only`` is not supported: a worker hosts a
+        fixed block) on ``workers`` Ray actors."""
+        if only is not None:
+            raise SimulationError("the ray engine starts the whole roster at once")
+        if self.port is None:
+            raise SimulationError("start the coordinator first")
+        ids = self.settings.participant_ids
+        workers = self.engine.worker_count(len(ids))
+        self._connect(workers)
+        actor_class = ray.remote(_HostActor).options(
+            num_cpus=self.engine.worker_cpus, max_concurrency=4
+        )
+        self._actors = [
+            actor_class.remote(str(self.out / "logs" / f"worker-{w}.log"), self.settings.threads)
+            for w in range(workers)
+        ]
+        try:
+            self._nodes = ray.get(
+                [a.node.remote() for a in self._actors], timeout=self.engine.start_timeout_s
+            )
+        except ray.exceptions.GetTimeoutError:
+            raise SimulationError(
+                f"Ray could not start {workers} workers of {self.engine.worker_cpus} CPUs "
+                f"within {self.engine.start_timeout_s:.0f}s (too few CPUs in the cluster?)"
+            ) from None
+        port = self.port
+        blocks = _contiguous(len(ids), workers)
+        starts = [
+            actor.start.remote([self._virtual(k, port) for k in block])
+            for actor, block in zip(self._actors, blocks, strict=True)
+        ]
+        ray.get(starts, timeout=self.engine.start_timeout_s)
+        self.progress(
+            f"[simulate] ray: {len(ids)} virtual participants on {workers} workers "
+            f"({self.engine.worker_cpus:g} CPU each; nodes {sorted(set(self._nodes))})"
+        )
+
+    def wait_participants(self, timeout: float = 30.0) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {pid: None for pid in self.settings.participant_ids}
+        if not self._actors:
+            return codes
+        try:
+            reports = ray.get(
+                [a.wait.remote(timeout) for a in self._actors], timeout=timeout + 60
+            )
+        except ray.exceptions.GetTimeoutError:
+            raise SimulationError("the Ray workers did not report back") from None
+        for raw in reports:
+            report = HostReport(**raw)
+            codes.update(report.exit_codes)
+            for record in report.dropped:
+                entry = dict(record)
+                entry["at_s"] = round(entry.pop("at_unix") - self._t0_unix, 3)
+                with self._lock:
+                    self.dropped.append(entry)
+            for error in report.errors:
+                self.progress(f"[simulate] worker on {report.node}: {error}")
+        return codes
+
+    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> dict[str, Any]:
+        out = super().results(exit_codes, wall_s)
+        out["engine"] = {
+            "name": "ray",
+            "workers": len(self._actors),
+            "worker_cpus": self.engine.worker_cpus,
+            "address": self.engine.address,
+            "nodes": sorted(set(self._nodes)),
+        }
+        return out
+
+    def close(self) -> None:
+        for actor in self._actors:
+            with contextlib.suppress(Exception):  # best effort at shutdown
+                ray.kill(actor)
+        self._actors = []
+        super().close()
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+
+def _contiguous(n: int, parts: int) -> list[list[int]]:
+    """``0..n-1`` in ``parts`` contiguous blocks whose sizes differ by at most one."""
+    base, extra = divmod(n, parts)
+    out, lo = [], 0
+    for w in range(parts):
+        size = base + (1 if w < extra else 0)
+        out.append(list(range(lo, lo + size)))
+        lo += size
+    return out
+
+
+def run_ray_simulation(
+    settings: SimulationSettings,
+    engine: RayEngineSettings | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """:func:`~spherecal.simulate.run_simulation` with the ray engine."""
+    chosen = engine or RayEngineSettings()
+    return run_simulation(
+        settings,
+        progress,
+        factory=lambda s, p: RaySimulation(s, chosen, p),
+        listen=f"{chosen.coordinator_host}:0",
+    )
