@@ -168,15 +168,12 @@ class RaySimulation(Simulation):
                     files[name] = file.read_bytes()
         return VirtualParticipant(settings, files)
 
-    def start_participants(self, only: Any = None) -> None:
-        """Start every participant (``only`` is not supported: a worker hosts a
-        fixed block) on ``workers`` Ray actors."""
-        if only is not None:
-            raise SimulationError("the ray engine starts the whole roster at once")
-        if self.port is None:
-            raise SimulationError("start the coordinator first")
-        ids = self.settings.participant_ids
-        workers = self.engine.worker_count(len(ids))
+    def _launch_workers(self) -> None:
+        """Connect to Ray and create the worker actors (asynchronously: they start
+        while the coordinator does)."""
+        if self._actors:
+            return
+        workers = self.engine.worker_count(len(self.settings.participant_ids))
         self._connect(workers)
         actor_class = ray.remote(_HostActor).options(
             num_cpus=self.engine.worker_cpus, max_concurrency=4
@@ -185,6 +182,21 @@ class RaySimulation(Simulation):
             actor_class.remote(str(self.out / "logs" / f"worker-{w}.log"), self.settings.threads)
             for w in range(workers)
         ]
+
+    def start_coordinator(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> int:
+        self._launch_workers()
+        return super().start_coordinator(listen, timeout)
+
+    def start_participants(self, only: Any = None) -> None:
+        """Start every participant (``only`` is not supported: a worker hosts a
+        fixed block) on ``workers`` Ray actors."""
+        if only is not None:
+            raise SimulationError("the ray engine starts the whole roster at once")
+        if self.port is None:
+            raise SimulationError("start the coordinator first")
+        self._launch_workers()
+        ids = self.settings.participant_ids
+        workers = len(self._actors)
         try:
             self._nodes = ray.get(
                 [a.node.remote() for a in self._actors], timeout=self.engine.start_timeout_s

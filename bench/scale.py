@@ -1,0 +1,287 @@
+"""How the service scales with the number of participants (``--engine ray``).
+
+For each participant count n: one ``spherecal simulate --engine ray`` federation —
+digits (IID split: 1,000 participants leave ~1 training sample each, too few for a
+Dirichlet split), the small MLP, 2 rounds with secure aggregation of the updates,
+then FFC through secure aggregation — with one coordinator process, measured from
+outside:
+
+``coordinator_cpu_s``   user+system CPU seconds of the coordinator process (exact:
+                        ``getrusage(RUSAGE_CHILDREN)`` around its exit)
+``coordinator_peak_rss_mb``  its ``VmHWM`` (``/proc/<pid>/status``, polled)
+``coordinator_peak_threads`` its peak thread count (same poll)
+``phases_s``            seconds from the start until: the coordinator listens, the
+                        Ray workers host their participants, all have joined, the
+                        last round, the FFC job and the evaluation are done
+``secagg``              per secure job: graph, degree, stage wall times; and the
+                        secure-aggregation wall time per participant
+``per_participant``     coordinator CPU ms and RSS kB per participant, CPU ms per
+                        participant-job (2 update jobs + 1 FFC job)
+
+Prints one JSON document (also to ``--json``); ``--plot PNG`` draws the cost per
+participant against n. Usage::
+
+    python bench/scale.py --participants 10,100 --json out/scale.json --plot out/scale.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from spherecal.engines.ray import RayEngineSettings, RaySimulation
+from spherecal.simulate import Progress, Simulation, SimulationSettings, run_simulation
+from spherefed.runner import ReferenceConfig
+
+PHASES = {
+    "coordinator_listening": "listening on",
+    "workers_started": "virtual participants on",
+    "all_joined": "participants joined",
+    "rounds_done": "round {rounds}/{rounds}:",
+    "ffc_done": "aggregated",  # the last secure job's line before evaluation
+    "evaluated": "federated accuracy",
+}
+
+
+class _Monitor:
+    """Polls a process's VmHWM and thread count until it exits."""
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self.pid = pid
+        self.peak_rss_kb = 0
+        self.peak_threads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every_s: float) -> None:
+        path = Path(f"/proc/{self.pid}/status")
+        while not self._stop.is_set():
+            try:
+                text = path.read_text()
+            except OSError:
+                return
+            for line in text.splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak_rss_kb = max(self.peak_rss_kb, int(line.split()[1]))
+                elif line.startswith("Threads:"):
+                    self.peak_threads = max(self.peak_threads, int(line.split()[1]))
+            self._stop.wait(every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _Measured(RaySimulation):
+    """The ray simulation with the coordinator measured."""
+
+    monitor: _Monitor | None = None
+    coordinator_cpu_s: float | None = None
+
+    def start_coordinator(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> int:
+        port = super().start_coordinator(listen, timeout)
+        assert self.coordinator is not None
+        self.monitor = _Monitor(self.coordinator.popen.pid)
+        return port
+
+    def wait_coordinator(self, timeout: float) -> int:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        code = super().wait_coordinator(timeout)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.coordinator_cpu_s = (after.ru_utime - before.ru_utime) + (
+            after.ru_stime - before.ru_stime
+        )
+        if self.monitor is not None:
+            self.monitor.stop()
+        return code
+
+
+def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    settings = SimulationSettings(
+        reference=ReferenceConfig(
+            participants=n, model="mlp", rounds=args.rounds, partition="iid", seed=args.seed
+        ),
+        out=out,
+        calibration=("ffc",),
+        timeout_s=args.timeout,
+        stage_s=max(120.0, n * 0.5),
+        round_s=max(900.0, n * 3.0),
+        heartbeat_timeout_s=max(4.0, args.heartbeat_timeout),
+    )
+    engine = RayEngineSettings(
+        workers=args.workers, worker_cpus=args.worker_cpus, address=args.ray_address
+    )
+    t0 = time.monotonic()
+    marks: dict[str, float] = {}
+
+    needles = {k: v.format(rounds=args.rounds) for k, v in PHASES.items()}
+
+    def progress(line: str) -> None:
+        for phase, needle in needles.items():
+            if needle in line and (phase not in marks or phase == "ffc_done"):
+                if phase == "ffc_done" and "rounds_done" not in marks:
+                    continue
+                marks[phase] = time.monotonic() - t0
+        if args.verbose:
+            print(line, file=sys.stderr, flush=True)
+
+    holder: dict[str, _Measured] = {}
+
+    def factory(s: SimulationSettings, p: Progress) -> Simulation:
+        holder["sim"] = _Measured(s, engine, p)
+        return holder["sim"]
+
+    results = run_simulation(settings, progress, factory=factory)
+    wall = time.monotonic() - t0
+    sim = holder["sim"]
+    monitor = sim.monitor
+    cpu = sim.coordinator_cpu_s or 0.0
+    rss_kb = monitor.peak_rss_kb if monitor else 0
+    jobs = [j for j in results["jobs"] if j["status"] == "done"]
+    secagg_s = sum(sum(j["stage_seconds"].values()) for j in jobs)
+    phases = {phase: round(marks[phase], 2) for phase in PHASES if phase in marks}
+    participant_jobs = sum(len(j["participants"]) for j in jobs)
+    return {
+        "participants": n,
+        "status": results["status"],
+        "errors": results["errors"],
+        "accuracy": results["accuracy"],
+        "wall_s": round(wall, 2),
+        "phases_s": phases,
+        "round_s": [r["seconds"] for r in results["per_round"]],
+        "coordinator_cpu_s": round(cpu, 2),
+        "coordinator_peak_rss_mb": round(rss_kb / 1024, 1),
+        "coordinator_peak_threads": monitor.peak_threads if monitor else None,
+        "secagg": {
+            "jobs": [
+                {
+                    "purpose": j["purpose"],
+                    "round": j["round"],
+                    "graph": j["graph"],
+                    "participants": len(j["participants"]),
+                    "threshold": j["threshold"],
+                    "vector_length": j["vector_length"],
+                    "stage_s": {k: round(v, 3) for k, v in j["stage_seconds"].items()},
+                }
+                for j in jobs
+            ],
+            "wall_s": round(secagg_s, 3),
+            "wall_ms_per_participant_job": round(1000 * secagg_s / max(1, participant_jobs), 3),
+        },
+        "per_participant": {
+            "coordinator_cpu_ms": round(1000 * cpu / n, 3),
+            "coordinator_cpu_ms_per_job": round(1000 * cpu / max(1, participant_jobs), 3),
+            "coordinator_rss_kb": round(rss_kb / n, 1),
+        },
+        "engine": results.get("engine"),
+        "out": str(out),
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "completed"]
+    ns = [r["participants"] for r in ok]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(
+        ns,
+        [r["per_participant"]["coordinator_cpu_ms_per_job"] for r in ok],
+        "o-",
+        label="coordinator CPU per participant-job (ms)",
+    )
+    ax.plot(
+        ns,
+        [r["secagg"]["wall_ms_per_participant_job"] for r in ok],
+        "s--",
+        label="secure-aggregation wall per participant-job (ms)",
+    )
+    if ok:
+        base = ok[0]["secagg"]["wall_ms_per_participant_job"]
+        n0 = ns[0]
+        ax.plot(
+            ns,
+            [base * math.log2(n) / math.log2(n0) for n in ns],
+            ":",
+            color="grey",
+            label="∝ log n (through the first point)",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("participants n")
+    ax.set_ylabel("ms")
+    ax.set_title("spherecal: cost per participant vs n (2 secure rounds + FFC)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--participants", default="10,100", help="comma list (10,100,300,1000)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="Ray workers (default: CPUs)")
+    parser.add_argument("--worker-cpus", type=float, default=1.0)
+    parser.add_argument("--ray-address", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--heartbeat-timeout", type=float, default=20.0)
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    counts = [int(x) for x in args.participants.split(",") if x.strip()]
+    base = args.out or Path(tempfile.mkdtemp(prefix="spherecal-scale-"))
+    rows = []
+    for n in counts:
+        row = measure(n, base / f"n{n}", args)
+        rows.append(row)
+        brief = {k: row[k] for k in ("participants", "status", "wall_s", "phases_s")}
+        print(json.dumps(brief), file=sys.stderr, flush=True)
+    document = {
+        "benchmark": "scale",
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "settings": {
+            "dataset": "digits",
+            "partition": "iid",
+            "model": "mlp",
+            "rounds": args.rounds,
+            "calibration": "ffc",
+            "secure": True,
+            "workers": args.workers,
+            "worker_cpus": args.worker_cpus,
+        },
+        "runs": rows,
+    }
+    text = json.dumps(document, indent=2)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    if args.plot:
+        plot(rows, args.plot)
+    return 0 if all(r["status"] == "completed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
