@@ -30,7 +30,13 @@ import grpc
 
 import crypto
 
-__all__ = ["ServiceError", "from_secagg"]
+__all__ = ["FederationFailed", "ServiceError", "from_secagg"]
+
+
+class FederationFailed(RuntimeError):
+    """The federation cannot continue (a round failed every attempt, a stop was
+    requested, the state directory cannot be resumed); the driver records it and
+    announces ``Done(status="failed")``."""
 
 
 class ServiceError(Exception):

@@ -21,10 +21,12 @@ from typing import Any
 import torch
 
 from .accounting import Accounting
+from .errors import FederationFailed
 from .evaluation import CentralEvaluator
-from .federation import Federation, FederationFailed, write_json
+from .federation import Federation
 from .grpc_server import build_server, split_host_port
 from .model import GlobalModel
+from .outputs import write_json
 from .registry import Registry
 from .service import CoordinatorService
 from .settings import CoordinatorSettings

@@ -94,7 +94,7 @@ class CoordinatorService:
         return error
 
     def _task(self, task_id: str, participant: str) -> Task:
-        found = self.federation.current_task(task_id)
+        found = self.federation.board.current_task(task_id)
         if isinstance(found, str):
             if found == "over":
                 raise ServiceError(
@@ -175,7 +175,7 @@ class CoordinatorService:
     def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
         member = self.registry.authenticate(request.caller, peer)
         wait_s = min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
-        instruction = self.federation.wait_instruction(member, wait_s)
+        instruction = self.federation.board.wait_instruction(member, wait_s)
         stage = _instruction_stage(instruction)
         self.accounting.received(member.participant_id, "control", request.ByteSize())
         self.accounting.sent(member.participant_id, stage, instruction.ByteSize())
@@ -184,7 +184,7 @@ class CoordinatorService:
     # ---------------------------------------------------------------- downloads
     def download_tensor(self, request: pb.DownloadRequest, peer: Peer) -> Iterator[pb.TensorChunk]:
         member = self.registry.authenticate(request.caller, peer)
-        published = self.federation.tensor(request.name)
+        published = self.federation.board.tensor(request.name)
         if published is None:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no tensor named {request.name[:64]!r}")
         pid = member.participant_id
@@ -317,7 +317,7 @@ class CoordinatorService:
         pid = member.participant_id
         stage = STAGE_NAMES.get(request.stage, "secagg")
         data = bytes(request.message)
-        job = self.federation.job(request.job_id)
+        job = self.federation.board.job(request.job_id)
         job_hex = bytes(request.job_id).hex()[:64]
         try:
             if job is None:
@@ -346,7 +346,7 @@ class CoordinatorService:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "empty masked upload")
         member = self.registry.authenticate(first.caller, peer)
         pid = member.participant_id
-        job = self.federation.job(first.job_id)
+        job = self.federation.board.job(first.job_id)
         job_hex = bytes(first.job_id).hex()[:64]
         try:
             if job is None:
@@ -471,10 +471,10 @@ class CoordinatorService:
         raw = request.SerializeToString()
         reason = request.reason[:MAX_REASON_CHARS]
         kind = request.error_type[:64]
-        found = self.federation.current_task(request.task_id)
+        found = self.federation.board.current_task(request.task_id)
         if isinstance(found, str):
             job = (
-                self.federation.job(bytes.fromhex(request.task_id))
+                self.federation.board.job(bytes.fromhex(request.task_id))
                 if _is_hex(request.task_id)
                 else None
             )
@@ -510,8 +510,7 @@ class CoordinatorService:
         alive = self.registry.alive()
         joined = self.registry.joined()
         jobs = []
-        with fed.cond:
-            job_list = list(fed.jobs.values())
+        job_list = fed.board.all_jobs()
         for job in job_list:
             outcome = job.outcome
             jobs.append(

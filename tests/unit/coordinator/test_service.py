@@ -128,7 +128,7 @@ def test_plaintext_upload_validation_then_the_round_completes(plain: Harness) ->
         is grpc.StatusCode.INVALID_ARGUMENT
     )
     # None of that left a trace: the task still waits for p0.
-    assert "p0" not in plain.federation.task.uploads  # type: ignore[union-attr]
+    assert "p0" not in plain.federation.board.task.uploads  # type: ignore[union-attr]
     receipt = _upload(plain, "p0", task_id, ok, meta=meta)
     assert receipt.num_bytes == 8 * length
     assert code_of(lambda: _upload(plain, "p0", task_id, ok, meta=meta)) is (
@@ -216,8 +216,8 @@ def test_secure_task_refuses_plaintext_and_wrong_stage_messages(secure: Harness)
         ),
         Peer(),
     )
-    assert secure.federation.task is not None
-    secure_job = secure.federation.task.job
+    assert secure.federation.board.task is not None
+    secure_job = secure.federation.board.task.job
     assert secure_job is not None and "p1" in secure_job.withdrawn
 
 
@@ -262,5 +262,5 @@ def test_oversized_masked_chunk_is_refused(secure: Harness) -> None:
     assert code_of(lambda: secure.service.upload_masked(iter([huge]), Peer())) is (
         grpc.StatusCode.RESOURCE_EXHAUSTED
     )
-    assert secure.federation.task is not None and secure.federation.task.job is not None
-    assert secure.federation.task.job.server.uploading() == frozenset()
+    assert secure.federation.board.task is not None and secure.federation.board.task.job is not None
+    assert secure.federation.board.task.job.server.uploading() == frozenset()

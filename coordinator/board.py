@@ -1,0 +1,152 @@
+"""The board: what the RPC handlers read to answer "what does participant p do next?".
+
+Why a separate object: the federation driver runs on one thread and the gRPC
+handlers on many. Everything they share — the current task, the published tensors,
+the secure jobs, the phase, the final ``Done`` — lives here behind one condition
+variable, and nothing else is shared. The driver *writes* the board (publish a
+tensor, set a task, finish); the handlers *read* it and feed results into the task
+objects it hands out, then :meth:`notify` so the waiting driver wakes up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from proto import spherecal_pb2 as pb
+from proto.codec import header_for
+
+from .errors import FederationFailed
+from .registry import Member
+from .secure_job import SecureJob
+from .tasks import Task
+
+__all__ = ["Board", "Published"]
+
+
+@dataclass(frozen=True)
+class Published:
+    """A read-only tensor participants download by name (global model, heads, …)."""
+
+    header: pb.TensorHeader
+    array: npt.NDArray[np.float64]
+
+
+class Board:
+    """Shared, lock-protected federation state (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.phase = "starting"
+        self.task: Task | None = None
+        self.past_tasks: dict[str, str] = {}
+        self.jobs: dict[str, SecureJob] = {}
+        self.tensors: dict[str, Published] = {}
+        self.done: tuple[str, str] | None = None
+        self.done_delivered: set[str] = set()
+        self.federation_id = ""
+        self.stopping: str | None = None
+
+    # ---------------------------------------------------------------- driver side
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until notified or ``seconds`` passed (the driver's polling step)."""
+        with self.cond:
+            self.cond.wait(seconds)
+
+    def stop(self, reason: str) -> None:
+        """Ask the driver to end the federation now (SIGTERM, tests)."""
+        with self.cond:
+            self.stopping = reason
+            self.cond.notify_all()
+
+    def check_stop(self) -> None:
+        if self.stopping is not None:
+            raise FederationFailed(f"stopped: {self.stopping}")
+
+    def publish(self, name: str, array: npt.NDArray[np.float64]) -> pb.TensorRef:
+        """Freeze a copy of ``array`` under ``name`` and return the reference to send."""
+        frozen = np.ascontiguousarray(array, dtype=np.float64).copy()
+        frozen.setflags(write=False)
+        header = header_for(frozen)
+        with self.cond:
+            self.tensors[name] = Published(header, frozen)
+        return pb.TensorRef(name=name, header=header)
+
+    def unpublish(self, name: str) -> None:
+        with self.cond:
+            self.tensors.pop(name, None)
+
+    def set_task(self, task: Task | None, phase: str) -> None:
+        with self.cond:
+            if self.task is not None:
+                self.past_tasks[self.task.task_id] = self.task.kind
+            self.task = task
+            self.phase = phase
+            if task is not None and task.job is not None:
+                self.jobs[task.job.job_hex] = task.job
+            self.cond.notify_all()
+
+    def finish(self, status: str, message: str) -> None:
+        """The federation is over: every later instruction is ``Done(status)``."""
+        self.set_task(None, status)
+        with self.cond:
+            self.done = (status, message)
+            self.cond.notify_all()
+
+    # ---------------------------------------------------------------- handler side
+    def instruction_for(self, member: Member) -> pb.Instruction:
+        pid = member.participant_id
+        with self.cond:
+            if self.done is not None:
+                self.done_delivered.add(pid)
+                status, message = self.done
+                return pb.Instruction(done=pb.Done(status=status, message=message))
+            task = self.task
+            phase = self.phase
+        if task is not None and member.session is not None:
+            instruction = task.instruction_for(pid, member.session)
+            if instruction is not None:
+                return instruction
+            if task.job is not None and pid in task.expected:
+                step = task.job.step_for(pid)
+                if step is not None:
+                    return pb.Instruction(task_id=task.task_id, secagg=step)
+        return pb.Instruction(wait=pb.Wait(retry_after_ms=200, reason=phase))
+
+    def wait_instruction(self, member: Member, timeout_s: float) -> pb.Instruction:
+        """Long poll: the next non-Wait instruction, or Wait after ``timeout_s``."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            instruction = self.instruction_for(member)
+            remaining = deadline - time.monotonic()
+            if not instruction.HasField("wait") or remaining <= 0:
+                return instruction
+            with self.cond:
+                self.cond.wait(min(remaining, 0.5))
+
+    def tensor(self, name: str) -> Published | None:
+        with self.cond:
+            return self.tensors.get(name)
+
+    def current_task(self, task_id: str) -> Task | str:
+        """The current task with that id, or why there is none ("over"/"unknown")."""
+        with self.cond:
+            if self.task is not None and self.task.task_id == task_id:
+                return self.task
+            return "over" if task_id in self.past_tasks else "unknown"
+
+    def job(self, job_id: bytes) -> SecureJob | None:
+        with self.cond:
+            return self.jobs.get(bytes(job_id).hex())
+
+    def all_jobs(self) -> list[SecureJob]:
+        with self.cond:
+            return list(self.jobs.values())

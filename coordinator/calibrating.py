@@ -1,0 +1,204 @@
+"""After training: one statistics job per configured kind, then FFC / CCVR solved on
+the aggregate (the solvers themselves are in ``calibration``).
+
+CCVR implies FFC by default, as in the reference runner: FFC is then solved from the
+CCVR statistics' class blocks summed (``CCVRStatistics.to_ffc``). With distributed
+DP on, each statistics job is a DP release; its noise sets a floor on the ridge
+(``CoordinatorPrivacy.ridge``, ≈ 2√l·σ).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import numpy.typing as npt
+
+import crypto
+from proto import spherecal_pb2 as pb
+from spherefed.privacy.plan import CalibrationPlan
+from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc_layout_size
+
+from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
+from .model import GlobalModel
+from .privacy import CoordinatorPrivacy
+from .secure_job import SecureJob, guaranteed_inputs
+from .stages import StageContext
+from .tasks import Task
+
+__all__ = ["Aggregates", "calibrate", "collect_statistics"]
+
+Aggregates = dict[str, FFCStatistics | CCVRStatistics]
+
+
+def record_statistics_failure(ctx: StageContext, kind: str, error: str) -> None:
+    message = f"{kind} statistics failed: {error}"
+    if message not in ctx.progress.errors:
+        ctx.progress.errors.append(message)
+    ctx.say(message)
+    ctx.store.event("error", message)
+
+
+def collect_statistics(
+    ctx: StageContext, model: GlobalModel, privacy: CoordinatorPrivacy | None
+) -> Aggregates:
+    """One job per kind in ``calibration.jobs``; a failed kind is recorded, not fatal."""
+    s = ctx.settings
+    progress = ctx.progress
+    out: Aggregates = {}
+    final = ctx.board.publish("final", progress.global_vector)
+    dim, classes = model.feature_dim, model.num_classes
+    for kind in s.calibration.jobs:
+        t0 = time.monotonic()
+        length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
+        participants = sorted(ctx.registry.alive(), key=ctx.registry.index_of)
+        job: SecureJob | None = None
+        plan: CalibrationPlan | None = None
+        if s.secagg.statistics:
+            try:
+                if privacy is not None:
+                    n = len(participants)
+                    plan = privacy.plan(
+                        kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
+                    )
+                job = ctx.new_job(
+                    kind,
+                    None,
+                    participants,
+                    length,
+                    s.secagg.statistics_bound,
+                    s.timeouts.round_s,
+                    spec_arguments=plan.job_spec_arguments() if plan is not None else None,
+                )
+            except (crypto.SecAggError, ValueError) as exc:
+                record_statistics_failure(ctx, kind, f"cannot create the job: {exc}")
+                continue
+        code = pb.FFC if kind == "ffc" else pb.CCVR
+        task = Task(
+            kind="statistics",
+            expected=frozenset(participants),
+            instructions={
+                p: pb.Instruction(
+                    statistics=pb.StatisticsTask(
+                        kind=code,
+                        model=final,
+                        secure=job.job_message() if job is not None else None,
+                        privacy=(
+                            privacy.release_message(plan)
+                            if privacy is not None and plan is not None
+                            else None
+                        ),
+                    )
+                )
+                for p in participants
+            },
+            purpose=kind,
+            job=job,
+            expected_shape=(length,),
+        )
+        ctx.board.set_task(task, f"statistics: {kind}")
+        ctx.say(f"statistics {kind}: {len(participants)} participants, {length} entries")
+        gathered = ctx.gather(
+            task, timeout_s=s.timeouts.round_s, phase_after=f"statistics: {kind} done"
+        )
+        if job is not None and privacy is not None:
+            for line in privacy.note_refusals(job.job_hex, kind, gathered.dropped):
+                ctx.say(line)
+                ctx.store.event("warning", line)
+        if gathered.error is not None:
+            record_statistics_failure(ctx, kind, gathered.error)
+            continue
+        if gathered.values is None:
+            record_statistics_failure(ctx, kind, "no participant uploaded statistics")
+            continue
+        vector = gathered.values
+        contributors = gathered.contributors
+        if job is None:
+            progress.job_summaries.append(
+                {
+                    "job_id": None,
+                    "purpose": kind,
+                    "round": None,
+                    "status": "done",
+                    "participants": participants,
+                    "contributors": contributors,
+                    "dropped": gathered.dropped,
+                    "secure": False,
+                    "vector_length": length,
+                }
+            )
+        elif privacy is not None and plan is not None:
+            release = privacy.record(job.job_hex, plan, contributors)
+            ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
+            sigma = float(release["stddev_real_units"])
+            progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
+            if kind == "ccvr":
+                progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(
+                    plan, sigma, summed_blocks=classes
+                )
+            ctx.say(
+                f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
+                f"at δ = {plan.delta:g} with {len(contributors)} contributors"
+            )
+        if s.calibration.save_statistics:
+            target = s.out_dir / f"statistics_{kind}.npz"
+            s.out_dir.mkdir(parents=True, exist_ok=True)
+            np.savez(target, vector=vector, dim=dim, num_classes=classes)
+            progress.results.setdefault("saved_statistics", {})[kind] = str(target)
+        stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
+        out[kind] = stats
+        progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
+        samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
+        progress.results.setdefault("statistics", {})[kind] = {
+            "contributors": sorted(contributors, key=ctx.registry.index_of),
+            "samples": samples,
+        }
+    return out
+
+
+def calibrate(
+    ctx: StageContext, model: GlobalModel, aggregates: Aggregates
+) -> dict[str, npt.NDArray[np.float64]]:
+    """The calibrated heads (``"ffc"``, ``"ccvr"``) that could be solved."""
+    s = ctx.settings
+    progress = ctx.progress
+    ctx.board.set_task(None, "calibrating")
+    heads: dict[str, npt.NDArray[np.float64]] = {}
+    ccvr = aggregates.get("ccvr")
+    ffc = aggregates.get("ffc")
+    if "ffc" in s.calibration.methods:
+        source = (
+            ffc
+            if ffc is not None
+            else (ccvr.to_ffc() if isinstance(ccvr, CCVRStatistics) else None)
+        )
+        if isinstance(source, FFCStatistics):
+            t0 = time.monotonic()
+            try:
+                ridge = s.calibration.ffc_ridge
+                dp_ridge = progress.dp_ridge.get("ffc" if ffc is not None else "ffc-from-ccvr")
+                if dp_ridge is not None and dp_ridge > ridge:
+                    ctx.say(f"ffc: ridge {dp_ridge:.4g} (≈ 2√l·σ of the DP noise)")
+                    ridge = dp_ridge
+                progress.results.setdefault("ffc_ridge", ridge)
+                heads["ffc"], notes = ffc_classifier(source, ridge)
+                for note in notes:
+                    ctx.say(f"ffc: {note}")
+            except ValueError as exc:
+                record_statistics_failure(ctx, "ffc", f"solve failed: {exc}")
+            progress.timings["ffc_s"] = time.monotonic() - t0
+    if "ccvr" in s.calibration.methods and isinstance(ccvr, CCVRStatistics):
+        t0 = time.monotonic()
+        try:
+            init = model.head_weight(progress.global_vector)
+            heads["ccvr"], notes = ccvr_classifier(ccvr, init, s.calibration.ccvr, s.seed)
+            for note in notes:
+                ctx.say(f"ccvr: {note}")
+            progress.results["ccvr"] = {
+                "empty_classes": [int(c) for c in np.flatnonzero(ccvr.counts == 0)],
+                "singleton_classes": [int(c) for c in np.flatnonzero(ccvr.counts == 1)],
+            }
+        except (ValueError, FloatingPointError) as exc:
+            record_statistics_failure(ctx, "ccvr", f"calibration failed: {exc}")
+        progress.timings["ccvr_s"] = time.monotonic() - t0
+    return heads

@@ -1,0 +1,231 @@
+"""The round driver: publish the global model, let the selected participants train,
+sum their updates (one path for secure and plaintext, :meth:`StageContext.gather`),
+take the strategy's server step and checkpoint.
+
+Round ``r`` (0-based) reproduces ``spherefed.runner.run_reference``:
+
+* participants ``select_participants(config, r)`` of the roster (index = roster
+  position), each training with seed ``derive_seed(seed, "train", r, k)``;
+* ``Σ_k n_k Δ_k`` and ``Σ_k n_k`` from plaintext uploads summed in roster order, or
+  from one secure-aggregation job over ``[n_k Δ_k, n_k, mean_loss_k]``;
+* the strategy's server step (FedAvg/FedProx: ``θ + Σ n_k Δ_k / Σ n_k``;
+  FedAdam/FedYogi: a server optimiser on that average);
+* a checkpoint of the new global vector (and the strategy's server state), committed
+  before the next round starts, so a killed coordinator resumes from the last
+  completed round.
+
+Extension points: :meth:`RoundDriver.candidates` (who trains this round) and
+:meth:`RoundDriver.finish_round` (what is recorded) are the places a participant
+exclusion policy, a rejoin grace or round metrics hook in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import crypto
+from proto import spherecal_pb2 as pb
+from spherefed.fl import derive_seed
+from spherefed.runner import ReferenceConfig, select_participants
+
+from .errors import FederationFailed
+from .evaluation import CentralEvaluator, federated_evaluation
+from .model import Checkpoints, GlobalModel
+from .secure_job import SecureJob
+from .stages import Gathered, StageContext
+from .strategy import Strategy
+from .tasks import PlainUpload, Task
+
+__all__ = ["RoundDriver"]
+
+
+def _update_tail(uploads: Sequence[PlainUpload]) -> npt.NDArray[np.float64]:
+    """``[Σ n_k, Σ loss_k]`` — the two entries after ``n_k Δ_k`` in the secure layout.
+
+    ``np.sum(losses) / K`` is bit-identical to the reference's ``np.mean(losses)``
+    (NumPy's mean is the same reduction divided by the count).
+    """
+    return np.array(
+        [
+            float(sum(int(u.num_samples) for u in uploads)),
+            float(np.sum([u.mean_loss for u in uploads])),
+        ],
+        dtype=np.float64,
+    )
+
+
+class RoundDriver:
+    """Runs the training rounds on a :class:`StageContext`."""
+
+    def __init__(
+        self,
+        ctx: StageContext,
+        *,
+        model: GlobalModel,
+        strategy: Strategy,
+        checkpoints: Checkpoints,
+        evaluator: CentralEvaluator | None,
+    ) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.strategy = strategy
+        self.checkpoints = checkpoints
+        self.evaluator = evaluator
+        s = ctx.settings
+        self.reference = ReferenceConfig(
+            participants=len(s.participants),
+            sample_fraction=s.training.sample_fraction,
+            seed=s.seed,
+        )
+
+    def run(self, r: int) -> None:
+        """Round ``r``, retried up to ``max_round_attempts`` times."""
+        ctx = self.ctx
+        s = ctx.settings
+        last_error = ""
+        for attempt in range(1, s.training.max_round_attempts + 1):
+            ctx.board.check_stop()
+            outcome = self.attempt(r, attempt)
+            if outcome is None:
+                return
+            last_error = outcome
+            ctx.say(f"round {r + 1} attempt {attempt} failed: {outcome}")
+            ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
+            ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
+            time.sleep(min(2.0, s.timeouts.heartbeat_interval_s))
+        raise FederationFailed(
+            f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
+        )
+
+    def candidates(self, r: int) -> tuple[list[str], list[str], dict[str, str]]:
+        """(selected, connected candidates, dropped-with-reason) for round ``r``."""
+        roster = self.ctx.settings.participants
+        selected = [roster[k] for k in select_participants(self.reference, r)]
+        alive = self.ctx.registry.alive()
+        candidates = [p for p in selected if p in alive]
+        dropped = {p: "not connected at round start" for p in selected if p not in alive}
+        return selected, candidates, dropped
+
+    def attempt(self, r: int, attempt: int) -> str | None:
+        """One attempt at round ``r``; returns None on success, else the reason."""
+        ctx = self.ctx
+        s = ctx.settings
+        t0 = time.monotonic()
+        ctx.store.round_started(r, attempt)
+        selected, candidates, dropped = self.candidates(r)
+        minimum = s.training.min_participants
+        if len(candidates) < minimum:
+            return (
+                f"only {len(candidates)} of the {len(selected)} selected participants are "
+                f"connected (minimum {minimum})"
+            )
+        ref = ctx.board.publish(f"global-r{r}", ctx.progress.global_vector)
+        length = self.model.length
+        job: SecureJob | None = None
+        if s.secagg.updates:
+            try:
+                job = ctx.new_job(
+                    "update", r, candidates, length + 2, s.secagg.update_bound, s.timeouts.round_s
+                )
+            except (crypto.SecAggError, ValueError) as exc:
+                return f"cannot create the secure job: {exc}"
+        task = Task(
+            kind="train",
+            expected=frozenset(candidates),
+            instructions={
+                p: pb.Instruction(
+                    train=pb.TrainTask(
+                        round=r,
+                        model=ref,
+                        seed=derive_seed(s.seed, "train", r, ctx.registry.index_of(p)),
+                        secure=job.job_message() if job is not None else None,
+                    )
+                )
+                for p in candidates
+            },
+            round=r,
+            purpose="update",
+            job=job,
+            expected_shape=(length,),
+        )
+        ctx.board.set_task(task, f"round {r + 1}/{s.training.rounds}: training")
+        ctx.say(
+            f"round {r + 1}/{s.training.rounds}: training on {len(candidates)} participants"
+            + (f" (not connected: {sorted(dropped)})" if dropped else "")
+        )
+        gathered = ctx.gather(
+            task,
+            timeout_s=s.timeouts.round_s,
+            phase_after=f"round {r + 1}: aggregating",
+            minimum=minimum,
+            plain_tail=_update_tail,
+        )
+        dropped.update(gathered.dropped)
+        if gathered.error is not None:
+            ctx.board.set_task(None, f"round {r + 1}: failed")
+            return gathered.error
+        if gathered.values is None or len(gathered.contributors) < minimum:
+            return f"only {len(gathered.contributors)} updates (minimum {minimum})"
+        values = gathered.values
+        delta_sum = values[:length].copy()
+        weight_sum = float(values[length])
+        train_loss = float(values[length + 1]) / max(len(gathered.contributors), 1)
+        if weight_sum <= 0:
+            return "the round's updates carry no samples (weight sum 0)"
+        ctx.progress.global_vector = self.strategy.aggregate(
+            ctx.progress.global_vector, delta_sum, weight_sum
+        )
+        ctx.board.unpublish(f"global-r{r}")
+        self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss)
+        return None
+
+    def finish_round(
+        self,
+        r: int,
+        attempt: int,
+        t0: float,
+        selected: list[str],
+        gathered: Gathered,
+        dropped: dict[str, str],
+        train_loss: float,
+    ) -> None:
+        """Metrics, optional evaluation, checkpoint, and the round's log line."""
+        ctx = self.ctx
+        s = ctx.settings
+        progress = ctx.progress
+        contributors = gathered.contributors
+        metrics: dict[str, Any] = {
+            "round": r + 1,
+            "attempt": attempt,
+            "selected": selected,
+            "contributors": sorted(contributors, key=ctx.registry.index_of),
+            "dropped": dropped,
+            "train_loss": train_loss,
+            "test_accuracy": None,
+            "federated_accuracy": None,
+            "secure_job": gathered.job.job_hex if gathered.job is not None else None,
+        }
+        if self.evaluator is not None:
+            metrics["test_accuracy"] = self.evaluator.accuracy(progress.global_vector)
+        every = s.evaluation.federated_every
+        if every > 0 and (r + 1) % every == 0:
+            fed = federated_evaluation(ctx, progress.global_vector, {}, round_index=r)
+            metrics["federated_accuracy"] = fed["accuracy"].get("none")
+        metrics["seconds"] = time.monotonic() - t0
+        checkpoint = self.checkpoints.save(r, progress.global_vector, self.strategy.state_dict())
+        ctx.store.round_finished(r, "completed", metrics, checkpoint)
+        progress.round_metrics.append(metrics)
+        progress.completed_rounds = r + 1
+        acc = metrics["test_accuracy"]
+        ctx.say(
+            f"round {r + 1}/{s.training.rounds}: {len(contributors)} updates, loss "
+            f"{train_loss:.4f}"
+            + (f", test acc {acc:.4f}" if acc is not None else "")
+            + (f", dropped {dropped}" if dropped else "")
+            + f" ({metrics['seconds']:.1f}s)"
+        )
