@@ -21,3 +21,21 @@ def test_slices_are_the_reference_partition_and_cover_the_test_split() -> None:
         assert np.array_equal(local.train_x.numpy(), expected.x)
         assert np.array_equal(local.train_y.numpy(), expected.y)
         assert np.array_equal(local.test_y.numpy(), tests[k].y)
+
+
+def test_many_slices_at_once_equal_one_by_one() -> None:
+    from dataclasses import replace
+
+    from participant.data import load_local_slices
+
+    base = DataSettings(dataset="digits", slice_index=0, slice_of=5, alpha=0.5, seed=2)
+    wanted = [replace(base, slice_index=k) for k in (4, 0, 2)] + [
+        replace(base, slice_index=1, seed=3)  # another partition in the same call
+    ]
+    together = load_local_slices(wanted)
+    for settings, got in zip(wanted, together, strict=True):
+        alone = load_local_data(settings)
+        assert got.name == alone.name
+        for field in ("train_x", "train_y", "test_x", "test_y"):
+            assert np.array_equal(getattr(got, field).numpy(), getattr(alone, field).numpy())
+    assert not np.array_equal(together[2].train_y.numpy(), together[3].train_y.numpy())
