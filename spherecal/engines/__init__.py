@@ -5,3 +5,26 @@ starts every participant as its own process. ``--engine ray``
 (:mod:`spherecal.engines.ray`) hosts many *virtual participants*
 (:mod:`spherecal.engines.virtual`) per Ray actor, on one machine or a Ray cluster.
 """
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["choose_ray_auth_mode"]
+
+
+def choose_ray_auth_mode() -> None:
+    """Joining a Ray cluster by address, Ray sends its authentication token only
+    under ``RAY_AUTH_MODE=token`` (``address="auto"`` discovers the mode, an explicit
+    address does not), and Ray reads the mode when it is first imported. So, with a
+    token at hand (``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token``, which ``ray start``
+    writes) and no mode chosen, choose token mode — before anything imports Ray. A
+    local instance started in token mode uses the same token."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").exists():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+choose_ray_auth_mode()

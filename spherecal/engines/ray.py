@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import ray
+import ray  # spherecal.engines chose the authentication mode before this import
 
 from spherecal.certs import DEFAULT_HOSTS, init_ca, issue_participant
 from spherecal.config import load_participant_config
@@ -145,7 +145,14 @@ class RaySimulation(Simulation):
             "logging_level": logging.WARNING,
         }
         if self.engine.address:
-            ray.init(address=self.engine.address, **common)
+            try:
+                ray.init(address=self.engine.address, **common)
+            except ConnectionError as exc:
+                raise SimulationError(
+                    f"cannot join the Ray cluster at {self.engine.address}: {exc}. A cluster "
+                    "with token authentication (Ray's default) needs its token here, in "
+                    "~/.ray/auth_token or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token"
+                ) from None
         else:
             cpus = max(os.cpu_count() or 1, math.ceil(workers * self.engine.worker_cpus))
             ray.init(num_cpus=cpus, include_dashboard=False, **common)
@@ -223,9 +230,7 @@ class RaySimulation(Simulation):
         if not self._actors:
             return codes
         try:
-            reports = ray.get(
-                [a.wait.remote(timeout) for a in self._actors], timeout=timeout + 60
-            )
+            reports = ray.get([a.wait.remote(timeout) for a in self._actors], timeout=timeout + 60)
         except ray.exceptions.GetTimeoutError:
             raise SimulationError("the Ray workers did not report back") from None
         for raw in reports:
