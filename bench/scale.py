@@ -22,6 +22,7 @@ Prints one JSON document (also to ``--json``); ``--plot PNG`` draws the cost per
 participant against n. Usage::
 
     python bench/scale.py --participants 10,100 --json out/scale.json --plot out/scale.png
+    python bench/scale.py --participants 1000 --json out/scale.json --merge --plot out/scale.png
 """
 
 from __future__ import annotations
@@ -244,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the runs already in --json for other participant counts",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.participants.split(",") if x.strip()]
@@ -254,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         brief = {k: row[k] for k in ("participants", "status", "wall_s", "phases_s")}
         print(json.dumps(brief), file=sys.stderr, flush=True)
+    if args.merge and args.json and args.json.exists():
+        kept = json.loads(args.json.read_text())["runs"]
+        rows = sorted(
+            [r for r in kept if r["participants"] not in counts] + rows,
+            key=lambda r: int(r["participants"]),
+        )
     document = {
         "benchmark": "scale",
         "machine": {

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from spherefed.data import ArrayDataset, load_dataset
@@ -51,14 +52,23 @@ def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> list[ArrayDataset]:
-    """The reference test split partitioned into ``n`` local test splits."""
+    """The reference test split partitioned into ``n`` local test splits.
+
+    No minimum size: with more participants than test samples (1,000 participants
+    on digits' 449 test images) an IID split gives some participants an empty test
+    slice — the same permutation cut as ``spherefed.partition.iid_partition``, which
+    refuses empty parts because it partitions *training* data."""
+    seed = derive_seed(settings.seed, "partition", "test")
+    if settings.partition == "iid" and n > len(test.y):
+        perm = np.random.default_rng(seed).permutation(len(test.y))
+        return [test.subset(np.sort(p).astype(np.int64)) for p in np.array_split(perm, n)]
     parts = partition(
         test.y,
         n,
         scheme=settings.partition,
         alpha=settings.alpha if settings.partition == "dirichlet" else None,
         shards_per_client=settings.shards_per_client if settings.partition == "shards" else None,
-        seed=derive_seed(settings.seed, "partition", "test"),
+        seed=seed,
         min_size=0,
     )
     return [test.subset(p) for p in parts]

@@ -32,9 +32,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray  # spherecal.engines chose the authentication mode before this import
 
@@ -50,7 +51,9 @@ from spherecal.simulate import (
 
 from .virtual import HostReport, ParticipantHost, VirtualParticipant
 
-__all__ = ["RayEngineSettings", "RaySimulation", "run_ray_simulation"]
+__all__ = ["RayEngineSettings", "RaySimulation", "connect", "map_on_ray", "run_ray_simulation"]
+
+T = TypeVar("T")
 
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
@@ -78,6 +81,64 @@ class RayEngineSettings:
     def worker_count(self, participants: int) -> int:
         wanted = self.workers if self.workers is not None else (os.cpu_count() or 1)
         return max(1, min(wanted, participants))
+
+
+def connect(address: str | None, *, cpus: int = 1, threads: int = 1) -> bool:
+    """Join the cluster at ``address``, or start a local instance (no dashboard) with
+    at least ``cpus`` logical CPUs; returns whether this call started Ray (the caller
+    then shuts it down). Already connected: nothing to do."""
+    if ray.is_initialized():
+        return False
+    env = {
+        "PYTHONPATH": _ROOT + (os.pathsep + os.environ["PYTHONPATH"])
+        if os.environ.get("PYTHONPATH")
+        else _ROOT,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
+    common: dict[str, Any] = {
+        "runtime_env": {"env_vars": env},
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
+    if address:
+        try:
+            ray.init(address=address, **common)
+        except ConnectionError as exc:
+            raise ConnectionError(
+                f"cannot join the Ray cluster at {address}: {exc}. A cluster with token "
+                "authentication (Ray's default) needs its token here, in ~/.ray/auth_token "
+                "or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token"
+            ) from None
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common)
+    return True
+
+
+def map_on_ray(
+    fn: Callable[..., T],
+    calls: Sequence[tuple[Any, ...]],
+    on_done: Callable[[int, T], None],
+    *,
+    cpus_per_call: float = 1.0,
+    max_pending: int = 64,
+) -> None:
+    """Run ``fn(*calls[i])`` as Ray tasks (``fn`` must be importable by the workers)
+    and call ``on_done(i, result)`` on this process as each finishes, so the caller
+    keeps its results (e.g. a cache on its own disk) whichever node computed them.
+    At most ``max_pending`` tasks are submitted at a time."""
+    remote = ray.remote(fn).options(num_cpus=cpus_per_call, max_retries=0)
+    queue = list(enumerate(calls))
+    pending: dict[Any, int] = {}
+    while queue or pending:
+        while queue and len(pending) < max_pending:
+            index, arguments = queue.pop(0)
+            pending[remote.remote(*arguments)] = index
+        finished, _ = ray.wait(list(pending), num_returns=1)
+        for ref in finished:
+            on_done(pending.pop(ref), ray.get(ref))
 
 
 class _HostActor:
@@ -128,35 +189,14 @@ class RaySimulation(Simulation):
 
     # ------------------------------------------------------------------ ray
     def _connect(self, workers: int) -> None:
-        env = {
-            "PYTHONPATH": _ROOT + (os.pathsep + os.environ["PYTHONPATH"])
-            if os.environ.get("PYTHONPATH")
-            else _ROOT,
-            "OMP_NUM_THREADS": str(self.settings.threads),
-            "MKL_NUM_THREADS": str(self.settings.threads),
-            "OPENBLAS_NUM_THREADS": str(self.settings.threads),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if ray.is_initialized():
-            return
-        common: dict[str, Any] = {
-            "runtime_env": {"env_vars": env},
-            "log_to_driver": False,
-            "logging_level": logging.WARNING,
-        }
-        if self.engine.address:
-            try:
-                ray.init(address=self.engine.address, **common)
-            except ConnectionError as exc:
-                raise SimulationError(
-                    f"cannot join the Ray cluster at {self.engine.address}: {exc}. A cluster "
-                    "with token authentication (Ray's default) needs its token here, in "
-                    "~/.ray/auth_token or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token"
-                ) from None
-        else:
-            cpus = max(os.cpu_count() or 1, math.ceil(workers * self.engine.worker_cpus))
-            ray.init(num_cpus=cpus, include_dashboard=False, **common)
-        self._started_ray = True
+        try:
+            self._started_ray = connect(
+                self.engine.address,
+                cpus=math.ceil(workers * self.engine.worker_cpus),
+                threads=self.settings.threads,
+            )
+        except ConnectionError as exc:
+            raise SimulationError(str(exc)) from None
 
     def _virtual(self, k: int, port: int) -> VirtualParticipant:
         path = self.participant_config(k, port)
