@@ -116,10 +116,7 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         ),
         out=out,
         calibration=("ffc",),
-        timeout_s=args.timeout,
-        stage_s=max(120.0, n * 0.5),
-        round_s=max(900.0, n * 3.0),
-        heartbeat_timeout_s=max(4.0, args.heartbeat_timeout),
+        timeout_s=args.timeout,  # stage, round and join timeouts: `spherecal simulate`'s
     )
     engine = RayEngineSettings(
         workers=args.workers, worker_cpus=args.worker_cpus, address=args.ray_address
@@ -248,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument("--heartbeat-timeout", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)

@@ -259,7 +259,13 @@ class RaySimulation(Simulation):
             actor.start.remote([self._virtual(k, port) for k in block])
             for actor, block in zip(self._actors, blocks, strict=True)
         ]
-        ray.get(starts, timeout=self.engine.start_timeout_s)
+        try:
+            ray.get(starts, timeout=self.engine.start_timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            raise SimulationError(
+                f"a Ray worker could not host its participants: {type(cause).__name__}: {cause}"
+            ) from None
         self.progress(
             f"[simulate] ray: {len(ids)} virtual participants on {workers} workers "
             f"({self.engine.worker_cpus:g} CPU each; nodes {sorted(set(self._nodes))})"
