@@ -3,7 +3,7 @@
 Runs both methods at each partition (Dirichlet α = 0.1, 0.5 and IID) over a
 learning-rate grid, selects the lr per method and partition on the *validation*
 split (uncalibrated accuracy), and prints / writes JSON with every lr tried, plus a
-Markdown table (``--markdown``) for the README. Usage::
+Markdown table (``--markdown``) for docs/reference.md. Usage::
 
     python bench/reference_compare.py --seeds 0 --json out/compare.json --markdown out/compare.md
 """

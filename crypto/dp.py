@@ -1,7 +1,7 @@
 """Distributed differential privacy in the ring: sizing, sampling and bounding the noise.
 
 Each participant adds integer noise to its encoded vector *before* masking
-(DESIGN §3), so the coordinator only ever sees the sum, whose noise is the sum of
+(docs/design.md §3), so the coordinator only ever sees the sum, whose noise is the sum of
 the contributors' noises. Two mechanisms:
 
 * ``"skellam"`` (default; Agarwal, Kairouz & Liu 2021): each participant adds

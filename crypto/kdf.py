@@ -1,8 +1,8 @@
 """HKDF-SHA256 with domain separation by (protocol, purpose, job, parties).
 
 Why: one X25519 shared secret or one seed must never feed two different uses, and
-a key from one job must never be valid in another (DESIGN §3: "never reuse a mask
-or a key across jobs"). Every derivation therefore binds
+a key from one job must never be valid in another (docs/design.md §3: "never reuse
+a mask or a key across jobs"). Every derivation therefore binds
 
 * the protocol label and version (``spherecal/secagg/v1``),
 * the *purpose* (pairwise mask, self mask, share channel),

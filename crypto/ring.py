@@ -118,7 +118,7 @@ def encode(
 def add_noise(encoded: npt.NDArray[np.uint64], noise: npt.ArrayLike, *, noise_bound: int) -> None:
     """Add an integer noise vector (ring units) into ``encoded`` in place.
 
-    The hook for distributed DP (DESIGN §3): noise is added *before* masking, so the
+    The hook for distributed DP (docs/design.md §3): noise is added *before* masking, so the
     coordinator only ever sees the noisy sum. ``|noise| <= noise_bound`` is enforced
     because the overflow guarantee of the job spec counts on it.
     """

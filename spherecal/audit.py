@@ -25,7 +25,12 @@ in ``audit.json`` with ``ok`` and the evidence:
 
 ``--empirical`` adds a canary audit of the calibration mechanism
 (:func:`spherefed.privacy.empirical.run_canary_audit`): ``epsilon_claimed``,
-``epsilon_empirical_lower`` and ``tightness`` at the top level of ``audit.json``.
+``epsilon_empirical_lower`` and ``tightness`` at the top level of ``audit.json`` — on a
+DP run only; without DP there is no claim to test and it says so.
+
+``protection`` says in words what protected model updates and calibration statistics
+(:mod:`spherecal.audit_report`); ``--html FILE`` renders everything as one
+self-contained page for a privacy officer (:mod:`spherecal.audit_html`).
 
 Statistical tests use a family-wise false-alarm rate of ``1e-3`` (Bonferroni over
 all tests run), so a correct federation practically never fails them while a
@@ -36,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sqlite3
 import sys
 from dataclasses import replace
@@ -92,22 +96,15 @@ def _meta(conn: sqlite3.Connection, key: str) -> str | None:
 
 # ----------------------------------------------------------------- statistics
 def byte_chi_square(data: bytes) -> tuple[float, float]:
-    """(chi-square statistic, p-value) of the bytes against the uniform distribution.
+    """(chi-square statistic, p-value) of the bytes against the uniform distribution
+    over the 256 byte values (Pearson's goodness-of-fit test, 255 degrees of freedom;
+    the tail is SciPy's exact regularised incomplete gamma, right far into the tail
+    where the Bonferroni threshold sits)."""
+    from scipy.stats import chisquare
 
-    The p-value uses the Wilson–Hilferty normal approximation of the χ²(255) tail —
-    accurate to a few percent relative far into the tail, more than enough to compare
-    against a Bonferroni threshold, and free of a SciPy dependency."""
     counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
-    expected = len(data) / 256.0
-    stat = float(((counts - expected) ** 2).sum() / expected)
-    return stat, chi2_sf(stat, 255)
-
-
-def chi2_sf(stat: float, dof: int) -> float:
-    """Upper tail of χ²(dof) at ``stat`` (Wilson–Hilferty)."""
-    k = float(dof)
-    z = ((stat / k) ** (1.0 / 3.0) - (1.0 - 2.0 / (9.0 * k))) / math.sqrt(2.0 / (9.0 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    result = chisquare(counts)
+    return float(result.statistic), float(result.pvalue)
 
 
 def ring_difference(a: bytes, b: bytes) -> bytes:
@@ -387,7 +384,11 @@ def _ledger_totals(conn: sqlite3.Connection, delta: float) -> dict[str, dict[str
     out = {}
     for subject in ledger.store.subjects():
         spent = ledger.spent(subject)
-        out[subject] = {"releases": spent.releases, "epsilon": spent.epsilon}
+        timeline = [
+            {"ts": e.created_at, "epsilon_total": e.epsilon_total, "kind": e.charge.kind}
+            for e in ledger.store.entries(subject)
+        ]
+        out[subject] = {"releases": spent.releases, "epsilon": spent.epsilon, "timeline": timeline}
     return out
 
 
@@ -403,6 +404,7 @@ def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> dict[str, A
             "coordinator_view_epsilon": spent["epsilon"],
             "releases": spent["releases"],
             "budget_epsilon": budget,
+            "timeline": spent["timeline"],
         }
     if sim_dir is not None:
         from spherecal.config import load_participant_config
@@ -428,6 +430,7 @@ def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> dict[str, A
             if spent_local is not None:
                 entry["local_ledger_epsilon"] = spent_local["epsilon"]
                 entry["local_releases"] = spent_local["releases"]
+                entry["timeline"] = spent_local["timeline"]  # the site's own record wins
     over = []
     for subject, entry in sorted(subjects.items()):
         b = entry.get("budget_epsilon")
@@ -457,8 +460,12 @@ def run_audit(
     out: Path | None = None,
     empirical: bool = False,
     trials: int = 2000,
+    html: Path | None = None,
 ) -> dict[str, Any]:
-    """Run every check; write ``audit.json`` (next to the run, or ``out``); return it."""
+    """Run every check; write ``audit.json`` (next to the run, or ``out``) and, with
+    ``html``, the one-page report for a privacy officer; return the report."""
+    from spherecal.audit_report import describe_protection
+
     db, sim_dir = locate(path)
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
@@ -475,6 +482,7 @@ def run_audit(
         }
         privacy = json.loads(_meta(conn, "privacy") or "{}")
         federation_id = _meta(conn, "federation_id")
+        protection = describe_protection(conn, sim_dir, privacy)
     finally:
         conn.close()
     report: dict[str, Any] = {
@@ -482,24 +490,42 @@ def run_audit(
         "database": str(db),
         "federation_id": federation_id,
         "ok": all(c["ok"] for c in checks.values()),
+        "privacy": privacy,
+        "protection": protection,
         "checks": checks,
         "payloads": payloads,
     }
     if empirical:
         report.update(empirical_audit(privacy, trials=trials))
-        report["ok"] = report["ok"] and not report["empirical"]["exceeds_claim"]
+        report["ok"] = report["ok"] and not report["empirical"].get("exceeds_claim", False)
     target = out if out is not None else (sim_dir or db.parent) / "audit.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=2, default=str) + "\n")
     report["path"] = str(target)
+    if html is not None:
+        from spherecal.audit_html import render_html
+
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(render_html(report), encoding="utf-8")
+        report["html"] = str(html)
     return report
 
 
 def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
-    """The canary audit on a small setting with this federation's mechanism and δ."""
+    """The canary audit on a small setting with this federation's mechanism, δ and
+    target ε. A federation without DP made no noisy release, so there is no claim to
+    test: say so rather than audit a made-up target."""
     from spherefed.privacy.empirical import AuditSettings, run_canary_audit
 
-    epsilon = privacy.get("epsilon") or privacy.get("total_epsilon") or 4.0
+    epsilon = privacy.get("epsilon") or privacy.get("total_epsilon")
+    if not privacy.get("enabled") or epsilon is None:
+        return {
+            "empirical": {
+                "skipped": True,
+                "reason": "differential privacy was not enabled in this federation, so no "
+                "release claims an ε to test",
+            }
+        }
     settings = AuditSettings(
         mechanism=str(privacy.get("mechanism", "skellam")),
         delta=float(privacy.get("delta", 1e-5)),
@@ -515,49 +541,15 @@ def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
     }
 
 
-def format_report(report: dict[str, Any]) -> str:
-    lines = [f"spherecal audit of {report['database']}"]
-    payloads = report["payloads"]["rows"]
-    by: dict[tuple[str, str], list[int]] = {}
-    for p in payloads:
-        if p["status"] == "accepted":
-            by.setdefault((p["sender"], p["stage"]), []).append(int(p["bytes"]))
-    lines.append(f"\npayloads received: {report['payloads']['count']} (sender, stage: n, bytes)")
-    for (sender, stage), sizes in sorted(by.items()):
-        lines.append(f"  {sender:<12} {stage:<12} {len(sizes):>5}  {sum(sizes):>12}")
-    lines.append("\nchecks:")
-    for name, check in report["checks"].items():
-        lines.append(f"  [{'PASS' if check['ok'] else 'FAIL'}] {name}: {check['summary']}")
-        for v in check.get("violations", [])[:10]:
-            lines.append(f"         - {json.dumps(v, default=str)}")
-    budgets = report["checks"]["budgets"]["subjects"]
-    if budgets:
-        delta = report["checks"]["budgets"]["delta"]
-        lines.append(f"\nε spent (δ = {delta:g}) vs budget:")
-        for subject, e in sorted(budgets.items()):
-            b = e.get("budget_epsilon")
-            lines.append(
-                f"  {subject:<12} ε = {e['epsilon']:.4g}  budget "
-                + ("none" if b is None else f"{float(b):g}")
-            )
-    if "epsilon_claimed" in report:
-        lines.append(
-            f"\nempirical canary audit: claimed ε = {report['epsilon_claimed']:.4g}, "
-            f"empirical lower bound = {report['epsilon_empirical_lower']:.4g}, "
-            f"tightness = {report['tightness']:.3f}"
-        )
-    lines.append(f"\nverdict: {'PASS' if report['ok'] else 'FAIL'}  (written {report['path']})")
-    return "\n".join(lines)
-
-
 def add_audit_parser(sub: Any) -> None:
     p = sub.add_parser(
         "audit",
         help="privacy report of a coordinator database or a simulate output dir",
         description=(
             "Read a coordinator's state.db (or a spherecal simulate --out DIR), print the "
-            "privacy report and write audit.json. Exit status 0 when every check passes, "
-            "1 when one fails."
+            "privacy report and write audit.json (and, with --html FILE, a one-page report "
+            "a privacy officer can read). Exit status 0 when every check passes, 1 when "
+            "one fails, 2 when the path cannot be read or written."
         ),
     )
     p.add_argument("path", type=Path, help="coordinator database or simulate output directory")
@@ -567,17 +559,28 @@ def add_audit_parser(sub: Any) -> None:
     )
     p.add_argument("--trials", type=int, default=2000, help="canary releases per world")
     p.add_argument("--json", action="store_true", help="print audit.json instead of the report")
+    p.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write a self-contained one-page HTML report for a privacy officer",
+    )
     p.set_defaults(func=_cmd_audit)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     try:
-        report = run_audit(args.path, out=args.out, empirical=args.empirical, trials=args.trials)
-    except (AuditError, sqlite3.DatabaseError) as exc:
+        report = run_audit(
+            args.path, out=args.out, empirical=args.empirical, trials=args.trials, html=args.html
+        )
+    except (AuditError, sqlite3.DatabaseError, OSError) as exc:
         print(f"spherecal audit: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "payloads"}, indent=2))
     else:
+        from spherecal.audit_report import format_report
+
         print(format_report(report))
     return 0 if report["ok"] else 1

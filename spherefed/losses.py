@@ -9,7 +9,7 @@ averaged over the batch).
 An honest caveat: the FedFN paper (``fedfn.txt``, appendix D.5) could not reproduce
 SphereFed's numbers and observed that MSE on unit-norm outputs needs learning rates
 roughly 10× larger than CE to train at all. The reference runner therefore sweeps the
-learning rate rather than reusing CE's; see README for what we measured.
+learning rate rather than reusing CE's; see docs/reference.md for what we measured.
 """
 
 from __future__ import annotations

@@ -130,55 +130,17 @@ class AuditResult:
 # ----------------------------------------------------------------- statistics
 def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
     """One-sided ``1 - alpha`` Clopper–Pearson upper bound on a binomial proportion:
-    the ``p`` with ``P(Bin(trials, p) <= successes) = alpha``, by bisection on the
-    regularised incomplete beta function (``P(Bin <= k) = 1 - I_p(k+1, n-k)``), rounded
-    up by ``1e-9`` so float error can only widen the interval."""
+    the ``p`` with ``P(Bin(trials, p) <= successes) = alpha``, which is the
+    ``1 - alpha`` quantile of ``Beta(successes + 1, trials - successes)`` (SciPy)."""
+    from scipy.stats import beta
+
     if not 0 <= successes <= trials or trials < 1:
         raise ValueError("need 0 <= successes <= trials, trials >= 1")
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
     if successes == trials:
         return 1.0
-    a, b = successes + 1.0, float(trials - successes)
-    lo, hi = successes / trials, 1.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if 1.0 - _betainc(a, b, mid) > alpha:  # P(Bin <= k) still above alpha: p too small
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-13:
-            break
-    return min(1.0, hi + 1e-9)
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)`` (continued fraction, modified Lentz)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x > (a + 1.0) / (a + b + 2.0):  # use the symmetry for fast convergence
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        m2 = 2 * m
-        for num in (
-            m * (b - m) * x / ((a + m2 - 1.0) * (a + m2)),
-            -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1.0)),
-        ):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return math.exp(log_front) * h / a
+    return float(beta.ppf(1.0 - alpha, successes + 1, trials - successes))
 
 
 def _eps_from_rates(fpr: float, fnr: float, delta: float) -> float:

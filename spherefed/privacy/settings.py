@@ -24,7 +24,7 @@ MECHANISMS = (SKELLAM, DGAUSS)
 
 @dataclass(frozen=True)
 class PrivacySettings:
-    """One ``[privacy]`` table (see docs/deployment.md and README "Privacy")."""
+    """One ``[privacy]`` table (see docs/privacy.md, "Switching it on")."""
 
     enabled: bool = False
     mechanism: str = SKELLAM

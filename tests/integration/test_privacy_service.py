@@ -4,13 +4,17 @@ One federation of 4 processes (mlp, 2 rounds, a separate FFC job) with ``--epsil
 participant ``p0`` has a total budget of 0.5, so it must refuse the release with the
 numbers while the other three (``t = 3``) still complete it. The audit then runs on
 the real database and on copies with planted faults: a plaintext statistics upload, a
-reused mask, an under-noised release, a double share reveal.
+reused mask, an under-noised release, a double share reveal. The HTML report of the
+run is rendered in a real headless Chromium (screenshot and DOM).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sqlite3
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +93,8 @@ def test_over_budget_participant_refuses_with_the_numbers(
     (refusal,) = results["privacy"]["refusals"]
     assert refusal["participant"] == "p0"
     reason = refusal["reason"]
-    assert "BudgetExceeded" in reason and "total budget ε = 0.5" in reason
+    assert refusal["refusal"] == "BUDGET_EXCEEDED"  # the typed kind, not the text
+    assert "total budget ε = 0.5" in reason
     assert "this release ε = 1" in reason
     assert results["exit_codes"]["p0"] == 0  # refusing is not a crash
     # the participants' own ledgers: p0 spent nothing, p1 one release at ≈ ε
@@ -226,3 +231,87 @@ def test_audit_cli_rejects_a_path_without_a_database(
 ) -> None:
     assert cli_main(["audit", str(tmp_path)]) == 2
     assert "neither a coordinator database" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- the HTML report
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def _browser() -> str:
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    pytest.skip(
+        "no Chromium on PATH: `make test` installs the Debian package `chromium` when run "
+        "as root where apt-get exists; otherwise `apt-get install chromium` to run this test"
+    )
+
+
+def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",  # root in CI containers; the page is our own file
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+
+def test_html_report_renders_in_headless_chromium(
+    dp_run: tuple[dict[str, Any], Path], tmp_path: Path
+) -> None:
+    from PIL import Image
+
+    browser = _browser()
+    page = tmp_path / "audit.html"
+    report = run_audit(dp_run[1], out=tmp_path / "audit.json", html=page)
+    assert report["ok"]
+    dom = _headless(browser, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
+
+    # The verdict comes first, in words.
+    verdict = re.search(r'<section class="verdict pass" id="verdict">(.*?)</section>', dom)
+    assert verdict is not None
+    assert "PASS" in verdict.group(1) and "All 7 checks passed" in verdict.group(1)
+    assert dom.index('id="verdict"') < dom.index('id="protection"') < dom.index('id="charts"')
+    assert "Model updates carry no differential privacy" in dom  # no DP-SGD in this run
+    assert "cover the calibration statistics only" in dom  # ...but the statistics had DP
+
+    # Both charts drew: sized SVGs with bars and one ε curve per subject.
+    for chart in ("payload-chart", "epsilon-chart"):
+        svg = re.search(rf'<svg class="chart" id="{chart}"[^>]*>', dom)
+        assert svg is not None, chart
+        size = dict(re.findall(r'(width|height)="([\d.]+)"', svg.group(0)))
+        width, height = float(size["width"]), float(size["height"])
+        assert width > 0 and height > 0
+    bar_heights = [float(h) for h in re.findall(r'<rect class="bar"[^>]*height="([\d.]+)"', dom)]
+    senders = {p["sender"] for p in report["payloads"]["rows"] if p["status"] == "accepted"}
+    assert len(bar_heights) >= 4 * len(senders) and min(bar_heights) > 0
+    subjects = [s for s, e in report["checks"]["budgets"]["subjects"].items() if e.get("timeline")]
+    assert "federation" in subjects
+    assert dom.count('class="series"') == len(subjects)
+
+    # The screenshot is not blank, and the bars' colour is on it.
+    shot = tmp_path / "shot.png"
+    _headless(
+        browser,
+        tmp_path / "profile",
+        f"--screenshot={shot}",
+        "--window-size=1200,2200",
+        page.as_uri(),
+    )
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1200, 2200)
+    colours = image.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, badges, charts: not blank
+    first_site = dict((rgb, n) for n, rgb in colours).get((0x00, 0x72, 0xB2), 0)
+    assert first_site > 500, "the first site's bars are not visible in the screenshot"

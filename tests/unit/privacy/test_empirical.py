@@ -3,8 +3,10 @@ planted under-noised one, and its statistics are right."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import pytest
-from scipy.stats import beta
 
 from crypto.entropy import RandomSource
 from spherefed.privacy.empirical import AuditSettings, clopper_pearson_upper, run_canary_audit
@@ -42,9 +44,31 @@ def test_v_projection_statistic_is_weaker_but_valid() -> None:
     assert r.epsilon_empirical_lower <= r.epsilon_claimed
 
 
-@pytest.mark.parametrize(("k", "n", "alpha"), [(0, 10, 0.05), (7, 10, 0.01), (350, 2000, 0.0125)])
-def test_clopper_pearson_matches_the_beta_quantile(k: int, n: int, alpha: float) -> None:
-    ours = clopper_pearson_upper(k, n, alpha)
-    exact = float(beta.ppf(1 - alpha, k + 1, n - k))
-    assert exact <= ours <= exact + 1e-8
+@pytest.mark.parametrize(("n", "alpha"), [(10, 0.05), (2000, 0.0125), (1, 0.3)])
+def test_clopper_pearson_closed_forms(n: int, alpha: float) -> None:
+    """k = 0 and k = n - 1 have closed forms: P(Bin <= 0) = (1-p)^n and
+    P(Bin <= n-1) = 1 - p^n, each set equal to alpha."""
+    assert clopper_pearson_upper(0, n, alpha) == pytest.approx(1 - alpha ** (1 / n), rel=1e-10)
+    assert clopper_pearson_upper(n - 1, n, alpha) == pytest.approx(
+        (1 - alpha) ** (1 / n), rel=1e-10
+    )
     assert clopper_pearson_upper(n, n, alpha) == 1.0
+
+
+@pytest.mark.parametrize(("k", "n", "alpha"), [(7, 10, 0.01), (350, 2000, 0.0125), (3, 40, 0.2)])
+def test_clopper_pearson_bound_puts_alpha_in_the_binomial_tail(
+    k: int, n: int, alpha: float
+) -> None:
+    """At the bound p, P(Bin(n, p) <= k) = alpha, summed from the pmf in exact
+    rational arithmetic."""
+    p = clopper_pearson_upper(k, n, alpha)
+    q = Fraction(p)
+    cdf = sum(math.comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(k + 1))
+    assert float(cdf) == pytest.approx(alpha, rel=1e-7)
+    assert k / n < p < 1
+
+
+def test_clopper_pearson_rejects_bad_input() -> None:
+    for args in ((3, 2, 0.05), (-1, 2, 0.05), (0, 0, 0.05), (1, 2, 0.0), (1, 2, 1.0)):
+        with pytest.raises(ValueError):
+            clopper_pearson_upper(*args)

@@ -3,6 +3,7 @@ gate (plan, verify, charge, refuse), simulate's validation and the audit's tests
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -157,6 +158,23 @@ def test_participant_refuses_mismatched_or_unsafe_jobs(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------- audit statistics
+def test_chi_square_of_bytes_matches_pearson_by_hand() -> None:
+    """Exact statistic from the counts; the p-value against the Wilson–Hilferty normal
+    approximation of the χ²(255) tail (an independent formula, ~1 % accurate here)."""
+    flat = bytes(range(256)) * 8  # every byte value exactly 8 times
+    assert byte_chi_square(flat) == (0.0, 1.0)
+    counts = np.full(256, 64)
+    counts[:40] += 16
+    counts[40:80] -= 16  # Σ (o - e)² / e = 80 · 256 / 64 = 320
+    data = np.repeat(np.arange(256, dtype=np.uint8), counts).tobytes()
+    stat, p = byte_chi_square(data)
+    assert stat == pytest.approx(320.0, rel=1e-12)
+    k = 255.0
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    assert p == pytest.approx(0.5 * math.erfc(z / math.sqrt(2)), rel=0.02)
+    assert 1e-4 < p < 1e-2
+
+
 def test_chi_square_separates_random_from_structured_bytes() -> None:
     random_bytes = os.urandom(1 << 16)
     assert byte_chi_square(random_bytes)[1] > 1e-9
