@@ -51,7 +51,14 @@ from spherecal.simulate import (
 
 from .virtual import HostReport, ParticipantHost, VirtualParticipant
 
-__all__ = ["RayEngineSettings", "RaySimulation", "connect", "map_on_ray", "run_ray_simulation"]
+__all__ = [
+    "RayEngineSettings",
+    "RaySimulation",
+    "connect",
+    "disconnect",
+    "map_on_ray",
+    "run_ray_simulation",
+]
 
 T = TypeVar("T")
 
@@ -115,6 +122,11 @@ def connect(address: str | None, *, cpus: int = 1, threads: int = 1) -> bool:
     else:
         ray.init(num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common)
     return True
+
+
+def disconnect() -> None:
+    """Shut down the Ray connection :func:`connect` opened."""
+    ray.shutdown()
 
 
 def map_on_ray(
