@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from spherecal.engines.ray import RayEngineSettings, RaySimulation
-from spherecal.simulate import Progress, Simulation, SimulationSettings, run_simulation
+from spherecal.simulate import (
+    Progress,
+    Simulation,
+    SimulationError,
+    SimulationSettings,
+    run_simulation,
+)
 from spherefed.runner import ReferenceConfig
 
 PHASES = {
@@ -141,7 +147,21 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         holder["sim"] = _Measured(s, engine, p)
         return holder["sim"]
 
-    results = run_simulation(settings, progress, factory=factory)
+    try:
+        results = run_simulation(settings, progress, factory=factory)
+    except SimulationError as exc:  # report what broke, with what was measured so far
+        sim = holder.get("sim")
+        monitor = sim.monitor if sim is not None else None
+        return {
+            "participants": n,
+            "status": "error",
+            "errors": [str(exc)],
+            "wall_s": round(time.monotonic() - t0, 2),
+            "phases_s": {phase: round(marks[phase], 2) for phase in PHASES if phase in marks},
+            "coordinator_peak_rss_mb": round(monitor.peak_rss_kb / 1024, 1) if monitor else None,
+            "coordinator_peak_threads": monitor.peak_threads if monitor else None,
+            "out": str(out),
+        }
     wall = time.monotonic() - t0
     sim = holder["sim"]
     monitor = sim.monitor
@@ -261,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         row = measure(n, base / f"n{n}", args)
         rows.append(row)
-        brief = {k: row[k] for k in ("participants", "status", "wall_s", "phases_s")}
+        brief = {k: row.get(k) for k in ("participants", "status", "wall_s", "phases_s", "errors")}
         print(json.dumps(brief), file=sys.stderr, flush=True)
     if args.merge and args.json and args.json.exists():
         kept = json.loads(args.json.read_text())["runs"]
