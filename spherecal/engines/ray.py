@@ -120,7 +120,18 @@ def connect(address: str | None, *, cpus: int = 1, threads: int = 1) -> bool:
                 "or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token"
             ) from None
     else:
-        ray.init(num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common)
+        # Ray waits a fixed 30 s for its local raylet to register; on an overloaded
+        # machine that is not always enough, and a second try usually is.
+        for attempt in range(3):
+            try:
+                ray.init(
+                    num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+                if "timed out during startup" not in str(exc) or attempt == 2:
+                    raise
+                ray.shutdown()
     return True
 
 
