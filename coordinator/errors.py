@@ -16,11 +16,15 @@ UNAUTHENTICATED        no client certificate identity where mTLS is required, a 
 PERMISSION_DENIED      a participant not on the roster, a signature that does not verify,
                        a key different from the one pinned for that participant
 NOT_FOUND              an unknown task, job or tensor name
-FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job)
+FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job); the
+                       federation has ended or cannot continue (``FederationFailed``); a
+                       participant's privacy policy refuses the job (``PolicyViolation``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
-ABORTED                the job has failed (too few survivors); nothing more is accepted
+ABORTED                the job has failed (too few survivors, a sum out of range); nothing
+                       more is accepted
+INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
 =====================  ==================================================================
 
 Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
@@ -43,6 +47,9 @@ complete)::
     │   ├── TensorFormatError    proto: a tensor header/payload not as announced
     │   ├── CertificateError     proto: a certificate without a usable identity
     │   ├── ConfigError          spherecal: a config file that cannot be used as written
+    │   ├── PortInUse            coordinator: the listen port is held by another process
+    │   ├── StateDamaged         coordinator: the state database fails its integrity check
+    │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   └── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
@@ -53,17 +60,55 @@ complete)::
     └── LedgerError              spherefed: the privacy ledger refuses a charge
         ├── DuplicateRelease     a release id charged twice
         └── BudgetExceeded       a release would cross the budget (every number kept)
+
+Undecodable request bytes are answered INVALID_ARGUMENT by the transport's request
+deserializers (``coordinator.grpc_server``) before any handler runs. Every exception
+class that can reach the RPC boundary has an explicit entry in :data:`ERROR_CODES`
+(a test walks every ``crypto.SecAggError`` subclass); :func:`status_for` returns None
+for anything else, which the transport answers INTERNAL *and logs loudly*, so no
+unmapped error silently becomes a plausible-looking code.
 """
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 import crypto
+from crypto.dp import NoiseTooLarge, RingOverflowRisk
 from proto import spherecal_pb2 as pb
+from proto.codec import TensorFormatError
 from proto.error_detail import error_metadata
+from proto.identity import CertificateError
 
-__all__ = ["FederationFailed", "ServiceError", "failure_kind", "from_secagg"]
+__all__ = [
+    "DOCUMENTED_CODES",
+    "ERROR_CODES",
+    "FederationFailed",
+    "ServiceError",
+    "failure_kind",
+    "from_secagg",
+    "status_for",
+]
+
+log = logging.getLogger("spherecal.coordinator")
+
+#: The codes the module docstring documents (a client can rely on exactly these).
+DOCUMENTED_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+    }
+)
 
 
 class FederationFailed(RuntimeError):
@@ -98,6 +143,11 @@ class ServiceError(Exception):
 
 
 _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
+    # A job spec or DP plan the coordinator itself built is invalid: its bug or its
+    # configuration, never the caller's input.
+    (RingOverflowRisk, grpc.StatusCode.INTERNAL),
+    (NoiseTooLarge, grpc.StatusCode.INTERNAL),
+    (crypto.InvalidSpec, grpc.StatusCode.INTERNAL),
     (crypto.MalformedMessage, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.WrongLength, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.EncodingOverflow, grpc.StatusCode.INVALID_ARGUMENT),
@@ -106,6 +156,15 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.ForgedShare, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.UnexpectedShare, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.OverlappingReveal, grpc.StatusCode.INVALID_ARGUMENT),
+    (crypto.BadComplaint, grpc.StatusCode.INVALID_ARGUMENT),
+    (crypto.KeySubstitution, grpc.StatusCode.PERMISSION_DENIED),
+    # A participant's privacy policy refuses the job as specified (crypto.policy).
+    (crypto.ConsistencyRoundRequired, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.ThresholdTooLow, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewParticipants, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewInputs, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.DoubleReveal, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.PolicyViolation, grpc.StatusCode.FAILED_PRECONDITION),
     (crypto.SenderMismatch, grpc.StatusCode.UNAUTHENTICATED),
     (crypto.UnknownParticipant, grpc.StatusCode.PERMISSION_DENIED),
     (crypto.BadSignature, grpc.StatusCode.PERMISSION_DENIED),
@@ -118,6 +177,18 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.UploadSlotsBusy, grpc.StatusCode.UNAVAILABLE),
     (crypto.JobAborted, grpc.StatusCode.ABORTED),
     (crypto.TooFewSurvivors, grpc.StatusCode.ABORTED),
+    (crypto.AggregateOutOfRange, grpc.StatusCode.ABORTED),
+)
+
+
+#: Every exception class that may reach the RPC boundary, with its status code
+#: (:class:`ServiceError` carries its own code).
+ERROR_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    *_SECAGG_CODES,
+    (TensorFormatError, grpc.StatusCode.INVALID_ARGUMENT),
+    (CertificateError, grpc.StatusCode.UNAUTHENTICATED),
+    # The federation cannot continue (stopped, failed): nothing can be done for a caller.
+    (FederationFailed, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 
@@ -129,7 +200,10 @@ def from_secagg(exc: crypto.SecAggError) -> ServiceError:
             return ServiceError(
                 code, f"{type(exc).__name__}: {exc}", reason=reason or pb.ERROR_REASON_UNSPECIFIED
             )
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+    # A SecAggError subclass added to crypto without an entry here: say so loudly
+    # (a test walks every subclass, so this is a bug caught before release).
+    log.error("unmapped secure-aggregation error %s answered INTERNAL", type(exc).__name__)
+    return ServiceError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
@@ -143,3 +217,16 @@ def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
     if kind not in pb.FailureKind.values():
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown failure kind {int(kind)}")
     return pb.INTERNAL_ERROR if kind == pb.FAILURE_KIND_UNSPECIFIED else kind
+
+
+def status_for(exc: BaseException) -> ServiceError | None:
+    """The documented status for an exception at the RPC boundary; None if unmapped
+    (the transport then answers INTERNAL and logs the traceback)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, crypto.SecAggError):
+        return from_secagg(exc)
+    for kind, code in ERROR_CODES:
+        if isinstance(exc, kind):
+            return ServiceError(code, f"{type(exc).__name__}: {exc}")
+    return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -24,8 +25,8 @@ import grpc
 import crypto
 from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
+from proto.federation_end import ended_details
 
-from .accounting import Accounting
 from .errors import ServiceError, failure_kind
 from .federation import Federation
 from .privacy import PRIVACY_REFUSALS
@@ -34,12 +35,26 @@ from .secure_job import STAGE_NAMES
 from .settings import CoordinatorSettings
 from .store import Store
 from .tasks import EvaluationResult, PlainUpload, Task
+from .traffic import Traffic
 
 __all__ = ["CoordinatorService"]
 
 #: A MaskedChunk's framing on top of its payload (magic, ids, index, lengths).
 CHUNK_FRAMING_BYTES = 512
 MAX_REASON_CHARS = 300
+#: Task and job ids are lowercase hex, matched exactly: no whitespace, no case folding.
+_HEX_ID = re.compile(r"(?:[0-9a-f]{2}){1,64}")
+
+
+def check_hex_id(text: str, what: str) -> str:
+    """``text`` if it is a well-formed task/job id, else INVALID_ARGUMENT (why: an id is
+    compared exactly; ``bytes.fromhex`` alone would accept ``" ab cd"``)."""
+    if _HEX_ID.fullmatch(text) is None:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what} must be 2-128 lowercase hex digits, got {text[:32]!r}",
+        )
+    return text
 
 
 def _sha(data: bytes) -> str:
@@ -62,13 +77,13 @@ class CoordinatorService:
         registry: Registry,
         federation: Federation,
         store: Store,
-        accounting: Accounting,
+        traffic: Traffic,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.federation = federation
         self.store = store
-        self.accounting = accounting
+        self.traffic = traffic
         self.max_chunk = settings.server.max_chunk_bytes
 
     # ---------------------------------------------------------------- helpers
@@ -95,6 +110,7 @@ class CoordinatorService:
         return error
 
     def _task(self, task_id: str, participant: str) -> Task:
+        check_hex_id(task_id, "task_id")
         found = self.federation.board.current_task(task_id)
         if isinstance(found, str):
             if found == "over":
@@ -114,6 +130,7 @@ class CoordinatorService:
         raw = request.SerializeToString()
         pid = request.participant_id
         try:
+            self._refuse_after_end()
             self._check_data_shape(request.data)
             member = self.registry.join(request, peer)
         except ServiceError as exc:
@@ -127,12 +144,25 @@ class CoordinatorService:
             nbytes=len(raw),
             sha256=_sha(raw),
         )
-        self.accounting.received(pid, "join", len(raw))
-        self.accounting.sent(pid, "join", reply.ByteSize())
+        self.traffic.received(pid, "join", len(raw))
+        self.traffic.sent(pid, "join", reply.ByteSize())
         self.store.event("info", f"{pid} joined (join #{member.joins})")
         self.federation.say(f"{pid} joined" + (" again" if member.joins > 1 else ""))
         self.federation.notify()
         return reply
+
+    def _refuse_after_end(self) -> None:
+        """A join after the end cannot lead anywhere: say so in a way the participant
+        recognises (``proto.federation_end``) so it stops at once."""
+        board = self.federation.board
+        with board.cond:
+            done = board.done
+        if done is not None:
+            status, message = done
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                ended_details(board.federation_id, status, message),
+            )
 
     def _check_data_shape(self, shape: pb.DataShape) -> None:
         m = self.settings.model
@@ -151,14 +181,14 @@ class CoordinatorService:
             phase=self.federation.phase,
             interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
         )
-        self.accounting.received(member.participant_id, "control", request.ByteSize())
-        self.accounting.sent(member.participant_id, "control", reply.ByteSize())
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.sent(member.participant_id, "control", reply.ByteSize())
         return reply
 
     def presence_open(self, request: pb.HeartbeatRequest, peer: Peer) -> Member:
         member = self.registry.authenticate(request.caller, peer)
         self.registry.presence_opened(member)
-        self.accounting.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
         return member
 
     def presence_close(self, member: Member) -> None:
@@ -170,7 +200,7 @@ class CoordinatorService:
             phase=self.federation.phase,
             interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
         )
-        self.accounting.sent(member.participant_id, "control", reply.ByteSize())
+        self.traffic.sent(member.participant_id, "control", reply.ByteSize())
         return reply
 
     def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
@@ -178,8 +208,8 @@ class CoordinatorService:
         wait_s = min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
         instruction = self.federation.board.wait_instruction(member, wait_s)
         stage = _instruction_stage(instruction)
-        self.accounting.received(member.participant_id, "control", request.ByteSize())
-        self.accounting.sent(member.participant_id, stage, instruction.ByteSize())
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.sent(member.participant_id, stage, instruction.ByteSize())
         return instruction
 
     # ---------------------------------------------------------------- downloads
@@ -189,20 +219,20 @@ class CoordinatorService:
         if published is None:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no tensor named {request.name[:64]!r}")
         pid = member.participant_id
-        self.accounting.received(pid, "download", request.ByteSize())
+        self.traffic.received(pid, "download", request.ByteSize())
         return self._stream(pid, published.header, published.array.data)
 
     def _stream(
         self, pid: str, header: pb.TensorHeader, data: memoryview
     ) -> Iterator[pb.TensorChunk]:
         first = pb.TensorChunk(header=header)
-        self.accounting.sent(pid, "download", first.ByteSize())
+        self.traffic.sent(pid, "download", first.ByteSize())
         yield first
         raw = data.cast("B")
         step = min(self.max_chunk, 2 << 20)
         for start in range(0, len(raw), step):
             chunk = pb.TensorChunk(data=bytes(raw[start : start + step]))
-            self.accounting.sent(pid, "download", chunk.ByteSize())
+            self.traffic.sent(pid, "download", chunk.ByteSize())
             yield chunk
 
     # ---------------------------------------------------------------- plaintext uploads
@@ -232,7 +262,7 @@ class CoordinatorService:
                 ServiceError(grpc.StatusCode.ALREADY_EXISTS, "an upload is already in progress"),
             )
         writer = None
-        self.accounting.received(pid, stage, len(raw_header))
+        self.traffic.received(pid, stage, len(raw_header))
         try:
             try:
                 writer = self.federation.spool.writer(
@@ -251,7 +281,7 @@ class CoordinatorService:
                         f"chunk of {len(message.data)} bytes exceeds the limit of "
                         f"{self.max_chunk} bytes",
                     )
-                self.accounting.received(pid, stage, message.ByteSize())
+                self.traffic.received(pid, stage, message.ByteSize())
                 try:
                     writer.add(message.data)
                 except TensorFormatError as exc:
@@ -336,7 +366,7 @@ class CoordinatorService:
         )
         if request.stage == pb.UNMASK:
             self._record_reveals(job_hex, pid, data)
-        self.accounting.received(pid, stage, request.ByteSize())
+        self.traffic.received(pid, stage, request.ByteSize())
         self.federation.notify()
         return pb.Receipt(message="accepted")
 
@@ -387,7 +417,7 @@ class CoordinatorService:
                         nbytes=len(data),
                         sha256=chunk_sha,
                     )
-                    self.accounting.received(pid, "masked", message.ByteSize())
+                    self.traffic.received(pid, "masked", message.ByteSize())
                     total += len(data)
                     chunks += 1
                 message = next(iterator, None)
@@ -462,7 +492,7 @@ class CoordinatorService:
             nbytes=len(raw),
             sha256=_sha(raw),
         )
-        self.accounting.received(pid, "evaluate", len(raw))
+        self.traffic.received(pid, "evaluate", len(raw))
         self.federation.notify()
         return pb.Receipt(message="accepted")
 
@@ -471,15 +501,15 @@ class CoordinatorService:
         pid = member.participant_id
         raw = request.SerializeToString()
         reason = request.reason[:MAX_REASON_CHARS]
+        try:
+            check_hex_id(request.task_id, "task_id")
+        except ServiceError as exc:
+            raise self._reject(pid, "report", "FailureReport", raw, exc) from None
         failure = failure_kind(request)
         kind = pb.FailureKind.Name(failure)
         found = self.federation.board.current_task(request.task_id)
         if isinstance(found, str):
-            job = (
-                self.federation.board.job(bytes.fromhex(request.task_id))
-                if _is_hex(request.task_id)
-                else None
-            )
+            job = self.federation.board.job(bytes.fromhex(request.task_id))
             if job is None:
                 raise self._reject(
                     pid,
@@ -542,11 +572,3 @@ class CoordinatorService:
             ],
             error="; ".join(fed.errors),
         )
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return bool(text)
