@@ -7,7 +7,9 @@ then FFC through secure aggregation — with one coordinator process, measured f
 outside:
 
 ``coordinator_cpu_s``   user+system CPU seconds of the coordinator process (exact:
-                        ``getrusage(RUSAGE_CHILDREN)`` around its exit)
+                        ``getrusage(RUSAGE_CHILDREN)`` around its exit); also its CPU
+                        when it started listening (start-up: imports, test data) and
+                        when all had joined (polled ``/proc/<pid>/stat``)
 ``coordinator_peak_rss_mb``  its ``VmHWM`` (``/proc/<pid>/status``, polled)
 ``coordinator_peak_threads`` its peak thread count (same poll)
 ``phases_s``            seconds from the start until: the coordinator listens, the
@@ -17,7 +19,8 @@ outside:
                         time (stages after advertise, which also waits for training)
                         per participant and job
 ``per_participant``     coordinator CPU ms and RSS kB per participant, CPU ms per
-                        participant-job (2 update jobs + 1 FFC job)
+                        participant-job (2 update jobs + 1 FFC job), with and without
+                        its start-up
 
 Prints one JSON document (also to ``--json``); ``--plot PNG`` draws the cost per
 participant against n. Usage::
@@ -68,17 +71,23 @@ class _Monitor:
         self.pid = pid
         self.peak_rss_kb = 0
         self.peak_threads = 0
+        self.cpu_s = 0.0
+        """Latest user+system CPU seconds (``/proc/<pid>/stat``)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
         self._thread.start()
 
     def _loop(self, every_s: float) -> None:
         path = Path(f"/proc/{self.pid}/status")
+        stat = Path(f"/proc/{self.pid}/stat")
+        ticks = os.sysconf("SC_CLK_TCK")
         while not self._stop.is_set():
             try:
                 text = path.read_text()
+                fields = stat.read_text().rpartition(")")[2].split()
             except OSError:
                 return
+            self.cpu_s = (int(fields[11]) + int(fields[12])) / ticks
             for line in text.splitlines():
                 if line.startswith("VmHWM:"):
                     self.peak_rss_kb = max(self.peak_rss_kb, int(line.split()[1]))
@@ -131,8 +140,16 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     marks: dict[str, float] = {}
 
     needles = {k: v.format(rounds=args.rounds) for k, v in PHASES.items()}
+    holder: dict[str, _Measured] = {}
+
+    cpu_marks: dict[str, float] = {}
 
     def progress(line: str) -> None:
+        sim = holder.get("sim")
+        if sim is not None and sim.monitor is not None:
+            for phase in ("coordinator_listening", "all_joined"):
+                if phase not in cpu_marks and needles[phase] in line:
+                    cpu_marks[phase] = sim.monitor.cpu_s
         for phase, needle in needles.items():
             if needle in line and (phase not in marks or phase == "ffc_done"):
                 if phase == "ffc_done" and "rounds_done" not in marks:
@@ -140,8 +157,6 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 marks[phase] = time.monotonic() - t0
         if args.verbose:
             print(line, file=sys.stderr, flush=True)
-
-    holder: dict[str, _Measured] = {}
 
     def factory(s: SimulationSettings, p: Progress) -> Simulation:
         holder["sim"] = _Measured(s, engine, p)
@@ -174,6 +189,7 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     protocol_s = sum(v for j in jobs for k, v in j["stage_seconds"].items() if k != "advertise")
     phases = {phase: round(marks[phase], 2) for phase in PHASES if phase in marks}
     participant_jobs = sum(len(j["participants"]) for j in jobs)
+    startup_cpu = cpu_marks.get("coordinator_listening", 0.0)
     return {
         "participants": n,
         "status": results["status"],
@@ -183,6 +199,8 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         "phases_s": phases,
         "round_s": [r["seconds"] for r in results["per_round"]],
         "coordinator_cpu_s": round(cpu, 2),
+        "coordinator_cpu_at_listening_s": round(cpu_marks.get("coordinator_listening", 0.0), 2),
+        "coordinator_cpu_at_all_joined_s": round(cpu_marks.get("all_joined", 0.0), 2),
         "coordinator_peak_rss_mb": round(rss_kb / 1024, 1),
         "coordinator_peak_threads": monitor.peak_threads if monitor else None,
         "secagg": {
@@ -207,6 +225,9 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         "per_participant": {
             "coordinator_cpu_ms": round(1000 * cpu / n, 3),
             "coordinator_cpu_ms_per_job": round(1000 * cpu / max(1, participant_jobs), 3),
+            "coordinator_serving_cpu_ms_per_job": round(
+                1000 * (cpu - startup_cpu) / max(1, participant_jobs), 3
+            ),
             "coordinator_rss_kb": round(rss_kb / n, 1),
         },
         "engine": results.get("engine"),
@@ -225,9 +246,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(
         ns,
-        [r["per_participant"]["coordinator_cpu_ms_per_job"] for r in ok],
+        [r["per_participant"]["coordinator_serving_cpu_ms_per_job"] for r in ok],
         "o-",
-        label="coordinator CPU per participant-job (ms)",
+        label="coordinator CPU after start-up per participant-job (ms)",
     )
     ax.plot(
         ns,
