@@ -95,6 +95,7 @@ def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
                 ReferenceConfig(
                     dataset=settings.dataset,
                     data_root=settings.root,
+                    samples=settings.samples,
                     participants=settings.slice_of,
                     partition=settings.partition,
                     alpha=settings.alpha,
@@ -113,7 +114,9 @@ def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
 
 
 def _load_whole(settings: DataSettings) -> LocalData:
-    splits = load_dataset(settings.dataset, root=settings.root, seed=settings.seed)
+    splits = load_dataset(
+        settings.dataset, root=settings.root, seed=settings.seed, samples=settings.samples
+    )
     return _local(splits.train, splits.test, f"{settings.dataset} (whole)")
 
 
