@@ -138,7 +138,8 @@ class Federation:
 
     # ---------------------------------------------------------------- handler side
     def notify(self) -> None:
-        self.board.notify()
+        """A handler fed a result in: wake the driver (not every long poll)."""
+        self.board.notify_driver()
 
     def stop(self, reason: str) -> None:
         """Ask the driver to end the federation now (SIGTERM, tests); it fails the

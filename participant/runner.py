@@ -45,7 +45,7 @@ from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .failures import failure_kind
-from .faults import Halter
+from .faults import Halter, OnHalt
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure import SecureSession
@@ -70,6 +70,7 @@ class ParticipantRunner:
         trust: DirectoryTrust,
         *,
         log: Callable[[str], None],
+        on_halt: OnHalt | None = None,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -79,7 +80,7 @@ class ParticipantRunner:
         self.ledger = ledger
         self.trust = trust
         self.log = log
-        self.halter = Halter(settings.halt_before)
+        self.halter = Halter(settings.halt_before, on_halt)
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None
