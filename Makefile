@@ -2,6 +2,10 @@
 # nothing: a .venv, torch pinned to the CPU wheel first (an unpinned torch pulls GBs of
 # CUDA packages), then this project with its dev extra.
 PYTHON ?= python3
+# pytest-xdist workers for `make test` (one per core by default; each test file stays on
+# one worker so module-scoped fixtures are built once). `make test TEST_WORKERS=0` runs
+# serially. Integration tests are safe in parallel: ports come from 0, dirs from tmp_path.
+TEST_WORKERS ?= auto
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
@@ -32,4 +36,4 @@ test: $(STAMP)
 	  else echo "make test: no chromium and cannot install it (needs root and apt-get); the HTML report test will skip"; fi; }
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile

@@ -23,7 +23,10 @@ Modules, one idea each:
 ``complaints``   signed complaints naming a dealer whose share failed
 ``consistency``  checking a consistency-signed survivor view before unmasking
 ``participant``  ``SecAggParticipant`` state machine
-``server``       ``SecAggServer`` state machine (streaming, O(vector) memory)
+``routing``      rounds 0–1 on the server: key adverts, share routing, commitments
+``staging``      the streaming masked sum with staging slots (O(vector) memory)
+``unmask``       round 4 on the server: checking reveals, rebuilding secrets, stripping
+``server``       ``SecAggServer`` state machine (the stages; calls the three above)
 ``inprocess``    ``simulate_secure_sum`` and ``run_protocol`` (in-process)
 ``dp``           distributed DP noise in the ring (sizing, exact sampling)
 """

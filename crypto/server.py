@@ -1,5 +1,11 @@
 """The coordinator's side of secure aggregation, as a message-in/message-out state machine.
 
+(Over 500 lines on purpose: this is one state machine whose methods are the protocol's
+stage transitions, each checking stage and sender before delegating; the work itself
+is already split out — key and share routing in :mod:`crypto.routing`, the streaming
+sum in :mod:`crypto.staging`, round 4 in :mod:`crypto.unmask`. Splitting the class
+further would scatter the stage checks that make it safe.)
+
 Protocol: Bonawitz et al. 2017 (rounds 0-4) with the SecAgg+ neighbour graph of Bell
 et al. 2020. The server routes keys and encrypted shares, sums masked inputs, and at
 the end reconstructs exactly the secrets needed to cancel the masks: self-mask seeds
@@ -38,17 +44,11 @@ job for the others. The server never outputs an aggregate of fewer than
 masking graph has fewer than ``min_participants`` members (its partial sum would be
 exposed).
 
-Streaming and memory. Masked chunks are added in place into one preallocated
-``uint64`` accumulator, so memory is O(vector length), not O(participants × length).
-A participant whose upload is incomplete at the deadline is a dropout, and its
-partial chunks must not stay in the sum — but they cannot be subtracted later
-without its input. So each uploading participant is given one of ``max_in_flight``
-staging slots (a vector each); chunks are written there (any order) and the slot is
-added into the accumulator only when the upload is complete. An abandoned upload
-just frees its slot. Total memory is ``(1 + max_in_flight) × 8 × length`` bytes; when
-all slots are busy a new upload is refused with :class:`UploadSlotsBusy` (retry
-later, nothing stored). Re-uploading after an abandoned attempt is safe: the
-participant's chunks are deterministic, so the server sees identical bytes.
+Streaming and memory: masked chunks are summed in place as they arrive, with
+``max_in_flight`` staging slots so that an incomplete upload never enters the sum;
+memory is ``(1 + max_in_flight) × 8 × length`` bytes (:mod:`crypto.staging`). Round 4
+— checking revealed shares, rebuilding secrets, stripping masks — is in
+:mod:`crypto.unmask`; this module is the stage machine that calls both.
 """
 
 from __future__ import annotations
@@ -60,53 +60,30 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from . import shamir
 from ._exceptions import (
-    AggregateOutOfRange,
     BadComplaint,
-    BadKey,
     DuplicateMessage,
     Excluded,
     ForgedShare,
     InvalidSpec,
     JobAborted,
-    MalformedMessage,
     OutOfStage,
     SecAggError,
     SenderMismatch,
     TooFewSurvivors,
-    UnexpectedShare,
     UnknownParticipant,
-    UploadSlotsBusy,
     WrongJob,
-    WrongLength,
-    WrongRecipient,
 )
-from .channel import ShareKind, commitment, commitment_matches
 from .complaints import ComplaintRecord, verify_complaint
-from .kdf import pairwise_mask_seed, self_mask_seed
-from .keys import (
-    advert_payload,
-    agree,
-    check_public_key,
-    digests_equal,
-    load_identity_public,
-    seed_commitment,
-    survivors_payload,
-    verify,
-    x25519_public_from_private,
-)
+from .keys import load_identity_public, survivors_payload, verify
 from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
-    EncryptedShare,
     KeyRoster,
     MaskedChunk,
     Message,
-    RoutedShare,
     ShareBundle,
     ShareComplaint,
     ShareKeys,
@@ -115,9 +92,18 @@ from .messages import (
     UnmaskResponse,
     decode_message,
 )
-from .prg import MaskExpander, MaskSeed
-from .ring import RING_DTYPE, decode, entries_out_of_range
+from .ring import decode
+from .routing import ShareRouter, prune_unrecoverable
 from .spec import JobSpec
+from .staging import StagedSum
+from .unmask import (
+    Reveals,
+    aggregate_out_of_range,
+    checked_reveals,
+    masks_to_strip,
+    missing_reveals,
+    strip_masks,
+)
 
 __all__ = ["AggregateResult", "SecAggServer", "Stage"]
 
@@ -149,13 +135,6 @@ class AggregateResult:
     dropouts: tuple[str, ...]
     excluded: tuple[str, ...]
     scale_bits: int
-
-
-@dataclass
-class _Upload:
-    slot: int
-    received: npt.NDArray[np.bool_]
-    count: int = 0
 
 
 class SecAggServer:
@@ -193,28 +172,18 @@ class SecAggServer:
         self._participants = frozenset(spec.participants)
         self._stage = Stage.ADVERTISE
 
-        self._adverts: dict[str, AdvertiseKeys] = {}
-        self._public_keys: set[bytes] = set()
+        self._router = ShareRouter(spec, self._graph, self._directory)
         self._u1: frozenset[str] = frozenset()
-        self._share_msgs: dict[str, ShareKeys] = {}
-        self._share_index: dict[tuple[str, str], EncryptedShare] = {}  # (dealer, holder)
-        # (owner, holder) -> (x, mask-key commitment, seed commitment)
-        self._commitments: dict[tuple[str, str], tuple[int, bytes, bytes]] = {}
         self._u2: frozenset[str] = frozenset()
 
-        self._acc: npt.NDArray[np.uint64] | None = None
-        self._slots: list[npt.NDArray[np.uint64] | None] = []
-        self._free_slots: list[int] = []
-        self._uploads: dict[str, _Upload] = {}
-        self._completed: set[str] = set()
+        self._sum: StagedSum | None = None  # from the MASKED stage until finish()
         self._u3: frozenset[str] = frozenset()
         self._needed_keys: frozenset[str] = frozenset()  # dropouts whose s_sk is needed
 
         self._signatures: dict[str, bytes] = {}
         self._responders: frozenset[str] = frozenset()
         self._responded: set[str] = set()
-        # (owner, kind) -> holder -> (x, share)
-        self._reveals: dict[tuple[str, ShareKind], dict[str, tuple[int, bytes]]] = {}
+        self._reveals: Reveals = {}
         self._result: AggregateResult | None = None
         self._complaints = ComplaintRecord()
 
@@ -244,11 +213,12 @@ class SecAggServer:
     def pending(self) -> frozenset[str]:
         """Participants the current stage still waits for."""
         if self._stage is Stage.ADVERTISE:
-            return self._participants - set(self._adverts)
+            return self._participants - set(self._router.adverts)
         if self._stage is Stage.SHARE:
-            return self._u1 - set(self._share_msgs)
+            return self._u1 - set(self._router.share_msgs)
         if self._stage is Stage.MASKED:
-            return self._u2 - self._completed
+            assert self._sum is not None
+            return self._u2 - self._sum.completed
         if self._stage is Stage.CONSISTENCY:
             return self._u3 - set(self._signatures)
         if self._stage is Stage.UNMASK:
@@ -257,8 +227,7 @@ class SecAggServer:
 
     def memory_bytes(self) -> int:
         """Bytes held in vectors (accumulator + staging slots)."""
-        arrays = [self._acc, *self._slots]
-        return sum(a.nbytes for a in arrays if a is not None)
+        return 0 if self._sum is None else self._sum.memory_bytes()
 
     # ------------------------------------------------------------- plumbing
     def _expect(self, stage: Stage) -> None:
@@ -283,9 +252,7 @@ class SecAggServer:
 
     def _abort(self, error: SecAggError) -> SecAggError:
         self._stage = Stage.ABORTED
-        self._acc = None
-        self._slots = []
-        self._uploads = {}
+        self._sum = None
         self._reveals = {}
         return error
 
@@ -296,20 +263,7 @@ class SecAggServer:
             )
 
     def _prune(self, live: Iterable[str]) -> frozenset[str]:
-        """Drop participants with fewer than ``t`` live share holders, until stable:
-        their secrets could not be recovered, and before any input is masked against
-        them leaving them out costs nothing."""
-        current = set(live)
-        if self.spec.graph == "complete":  # every participant holds everyone's shares
-            return frozenset(current) if len(current) >= self.spec.threshold else frozenset()
-        changed = True
-        while changed:
-            changed = False
-            for p in sorted(current):
-                if len(self._graph.holders(p, current)) < self.spec.threshold:
-                    current.discard(p)
-                    changed = True
-        return frozenset(current)
+        return prune_unrecoverable(self.spec, self._graph, live)
 
     # ------------------------------------------------------------- dispatch
     def receive(self, message: Message, *, sender: str | None = None) -> None:
@@ -359,35 +313,13 @@ class SecAggServer:
     def receive_advertise(self, msg: AdvertiseKeys, *, sender: str | None = None) -> None:
         self._expect(Stage.ADVERTISE)
         self._check_sender(msg.job_id, msg.sender, sender, self._participants)
-        if msg.sender in self._adverts:
-            raise DuplicateMessage(f"{msg.sender!r} already advertised keys")
-        verify(
-            self._directory[msg.sender],
-            msg.signature,
-            advert_payload(
-                spec_digest=self.spec.digest,
-                job_id=self.spec.job_id,
-                sender=msg.sender,
-                channel_public=msg.channel_public,
-                masking_public=msg.masking_public,
-                commitment=msg.seed_commitment,
-            ),
-            what=f"key advertisement of {msg.sender!r}",
-        )
-        check_public_key(msg.channel_public)
-        check_public_key(msg.masking_public)
-        keys = {msg.channel_public, msg.masking_public}
-        if len(keys) != 2 or keys & self._public_keys:
-            # Honest keys are fresh random points; a repeat means a copied key.
-            raise BadKey(f"{msg.sender!r} advertised a public key that is already in use")
-        self._public_keys |= keys
-        self._adverts[msg.sender] = msg
+        self._router.add_advert(msg)
 
     def _close_advertise(self) -> None:
         spec = self.spec
         needed = max(spec.threshold, spec.min_participants)
-        self._need(len(self._adverts), needed, "advertise")
-        self._u1 = self._prune(self._adverts)
+        self._need(len(self._router.adverts), needed, "advertise")
+        self._u1 = self._prune(self._router.adverts)
         self._need(len(self._u1), needed, "advertise", "survivors with enough live neighbours")
         self._stage = Stage.SHARE
 
@@ -396,43 +328,21 @@ class SecAggServer:
         self._expect(Stage.SHARE)
         if participant not in self._u1:
             raise Excluded(f"{participant!r} is not in U1")
-        holders = self._graph.holders(participant, self._u1)
-        return KeyRoster(
-            job_id=self.spec.job_id,
-            recipient=participant,
-            members=tuple(sorted(self._u1)),
-            adverts=tuple(self._adverts[h] for h in holders),
-        )
+        return self._router.roster_for(participant, self._u1)
 
     # ------------------------------------------------------------- round 1
     def receive_share_keys(self, msg: ShareKeys, *, sender: str | None = None) -> None:
         self._expect(Stage.SHARE)
         self._check_sender(msg.job_id, msg.sender, sender, self._u1)
-        if msg.sender in self._share_msgs:
-            raise DuplicateMessage(f"{msg.sender!r} already shared its keys")
-        holders = self._graph.holders(msg.sender, self._u1)
-        if tuple(s.receiver for s in msg.shares) != holders:
-            raise WrongRecipient(
-                f"{msg.sender!r} must send one share to each of its {len(holders)} holders in U1"
-            )
-        if [s.x for s in msg.shares] != list(range(1, len(holders) + 1)):
-            raise MalformedMessage("share x-coordinates must be 1..holders in holder order")
-        self._share_msgs[msg.sender] = msg
-        for s in msg.shares:
-            self._share_index[(msg.sender, s.receiver)] = s
-            self._commitments[(msg.sender, s.receiver)] = (
-                s.x,
-                s.mask_key_commitment,
-                s.seed_commitment,
-            )
+        self._router.add_shares(msg, self._u1)
 
     def _close_share(self) -> None:
         spec = self.spec
         needed = max(spec.threshold, spec.min_participants)
-        self._need(len(self._share_msgs), needed, "share")
-        self._u2 = self._prune(self._share_msgs)
+        self._need(len(self._router.share_msgs), needed, "share")
+        self._u2 = self._prune(self._router.share_msgs)
         self._need(len(self._u2), needed, "share", "survivors with enough live neighbours")
-        self._acc = np.zeros(spec.length, dtype=RING_DTYPE)
+        self._sum = StagedSum(spec, max_in_flight=self.max_in_flight)
         self._stage = Stage.MASKED
 
     def bundle_for(self, participant: str) -> ShareBundle:
@@ -440,16 +350,7 @@ class SecAggServer:
         self._expect(Stage.MASKED)
         if participant not in self._u2:
             raise Excluded(f"{participant!r} is not in U2")
-        items = []
-        for dealer in self._graph.holders(participant, self._u2):
-            share = self._share_index[(dealer, participant)]
-            items.append(RoutedShare(sender=dealer, share=share))
-        return ShareBundle(
-            job_id=self.spec.job_id,
-            recipient=participant,
-            members=tuple(sorted(self._u2)),
-            items=tuple(items),
-        )
+        return self._router.bundle_for(participant, self._u2)
 
     # ------------------------------------------------------------- round 2
     def absorb(self, msg: MaskedChunk, *, sender: str | None = None) -> None:
@@ -473,68 +374,24 @@ class SecAggServer:
         self._absorb(sender, index, data)
 
     def _absorb(self, sender: str, index: int, data: bytes | bytearray | memoryview) -> None:
-        if sender in self._completed:
-            raise DuplicateMessage(f"{sender!r} already uploaded its complete masked input")
-        if not 0 <= index < self.spec.n_chunks:
-            raise MalformedMessage(f"chunk index {index} out of range 0..{self.spec.n_chunks - 1}")
-        start, stop = self.spec.chunk_bounds(index)
-        view = memoryview(data).cast("B")
-        if len(view) != 8 * (stop - start):
-            raise WrongLength(
-                f"chunk {index} must carry {stop - start} entries ({8 * (stop - start)} bytes), "
-                f"got {len(view)} bytes"
-            )
-        upload = self._uploads.get(sender)
-        if upload is not None and upload.received[index]:
-            raise DuplicateMessage(f"{sender!r} already sent chunk {index}")
-        if upload is None:
-            upload = _Upload(
-                slot=self._take_slot(), received=np.zeros(self.spec.n_chunks, dtype=np.bool_)
-            )
-            self._uploads[sender] = upload
-        slot = self._slots[upload.slot]
-        assert slot is not None
-        slot[start:stop] = np.frombuffer(view, dtype=RING_DTYPE)
-        upload.received[index] = True
-        upload.count += 1
-        if upload.count == self.spec.n_chunks:
-            assert self._acc is not None
-            np.add(self._acc, slot, out=self._acc)
-            self._completed.add(sender)
-            del self._uploads[sender]
-            self._free_slots.append(upload.slot)
-
-    def _take_slot(self) -> int:
-        if self._free_slots:
-            return self._free_slots.pop()
-        if len(self._slots) < self.max_in_flight:
-            self._slots.append(np.empty(self.spec.length, dtype=RING_DTYPE))
-            return len(self._slots) - 1
-        raise UploadSlotsBusy(
-            f"all {self.max_in_flight} upload slots are in use; retry when one frees up"
-        )
+        assert self._sum is not None
+        self._sum.add_chunk(sender, index, data)
 
     def abandon_upload(self, participant: str) -> bool:
         """Discard an incomplete upload (connection lost); the participant may start
         again before the stage closes. Returns whether there was one."""
         self._expect(Stage.MASKED)
-        upload = self._uploads.pop(participant, None)
-        if upload is None:
-            return False
-        self._free_slots.append(upload.slot)
-        return True
+        assert self._sum is not None
+        return self._sum.abandon(participant)
 
     def uploading(self) -> frozenset[str]:
         """Participants with an incomplete upload in a staging slot."""
-        return frozenset(self._uploads)
+        return frozenset() if self._sum is None else self._sum.uploading()
 
     def _close_masked(self) -> None:
         spec = self.spec
-        for participant in list(self._uploads):
-            self.abandon_upload(participant)  # incomplete at the deadline: a dropout
-        self._slots = []
-        self._free_slots = []
-        self._u3 = frozenset(self._completed)
+        assert self._sum is not None
+        self._u3 = self._sum.close()  # an upload incomplete at the deadline: a dropout
         self._need(len(self._u3), max(spec.threshold, spec.min_participants), "masked")
         for group in self._graph.components(self._u3):
             self._need(
@@ -615,36 +472,14 @@ class SecAggServer:
         self._check_sender(msg.job_id, msg.sender, sender, self._responders)
         if msg.sender in self._responded:
             raise DuplicateMessage(f"{msg.sender!r} already answered the unmask request")
-        accepted: list[tuple[tuple[str, ShareKind], int, bytes]] = []
-        for revealed in msg.shares:
-            owner, kind = revealed.owner, revealed.kind
-            wanted = self._u3 if kind is ShareKind.SEED else self._needed_keys
-            if owner not in wanted:
-                raise UnexpectedShare(
-                    f"{msg.sender!r} revealed a {kind.name} share of {owner!r}, "
-                    "which was not asked for"
-                )
-            record = self._commitments.get((owner, msg.sender))
-            if record is None:
-                raise UnexpectedShare(f"{msg.sender!r} holds no share of {owner!r}")
-            x, mask_key_commitment, seed_commitment_ = record
-            published = seed_commitment_ if kind is ShareKind.SEED else mask_key_commitment
-            actual = commitment(
-                kind,
-                spec_digest=self.spec.digest,
-                job_id=self.spec.job_id,
-                owner=owner,
-                holder=msg.sender,
-                x=revealed.x,
-                share=revealed.share,
-                salt=revealed.salt,
-            )
-            if revealed.x != x or not commitment_matches(published, actual):
-                raise ForgedShare(
-                    f"{msg.sender!r} revealed a share of {owner!r} that does not "
-                    "match its dealer's commitment"
-                )
-            accepted.append(((owner, kind), x, revealed.share))
+        accepted = checked_reveals(
+            self.spec,
+            self._router.commitments,
+            holder=msg.sender,
+            shares=msg.shares,
+            survivors=self._u3,
+            needed_keys=self._needed_keys,
+        )
         for key, x, share in accepted:
             self._reveals.setdefault(key, {})[msg.sender] = (x, share)
         self._responded.add(msg.sender)
@@ -673,16 +508,12 @@ class SecAggServer:
         return self._complaints.accused()
 
     def _shortfall(self) -> tuple[str, int] | None:
-        t = self.spec.threshold
-        for owner in sorted(self._u3):
-            have = len(self._reveals.get((owner, ShareKind.SEED), {}))
-            if have < t:
-                return f"revealed shares of the self-mask seed of {owner!r}", have
-        for owner in sorted(self._needed_keys):
-            have = len(self._reveals.get((owner, ShareKind.MASK_KEY), {}))
-            if have < t:
-                return f"revealed shares of the mask key of dropout {owner!r}", have
-        return None
+        return missing_reveals(
+            self._reveals,
+            survivors=self._u3,
+            needed_keys=self._needed_keys,
+            threshold=self.spec.threshold,
+        )
 
     def can_finish(self) -> bool:
         """Whether enough shares arrived to unmask (no need to wait for the rest)."""
@@ -698,56 +529,25 @@ class SecAggServer:
             self._need(have, spec.threshold, "unmask", what)
         # Defensive: close_stage() already refused fewer than min_participants inputs.
         self._need(len(self._u3), spec.min_participants, "unmask")
-        acc = self._acc
-        assert acc is not None
+        assert self._sum is not None
+        acc = self._sum.total
 
         # Reconstruct and verify every secret before touching the accumulator.
-        masks: list[tuple[MaskSeed, int]] = []
-        wanted = [(o, ShareKind.SEED) for o in sorted(self._u3)]
-        wanted += [(o, ShareKind.MASK_KEY) for o in sorted(self._needed_keys)]
-        rebuilt = dict(
-            zip(
-                wanted,
-                shamir.combine_many(
-                    [sorted(self._reveals[key].values()) for key in wanted], spec.threshold
-                ),
-                strict=True,
+        try:
+            masks = masks_to_strip(
+                spec,
+                self._graph,
+                self._router.adverts,
+                self._reveals,
+                survivors=self._u3,
+                needed_keys=self._needed_keys,
             )
-        )
-        for owner in sorted(self._u3):
-            seed = rebuilt[(owner, ShareKind.SEED)]
-            if not digests_equal(
-                seed_commitment(spec.digest, owner, seed), self._adverts[owner].seed_commitment
-            ):
-                raise self._abort(
-                    ForgedShare(
-                        f"shares of {owner!r}'s self-mask seed do not reconstruct "
-                        "the committed seed"
-                    )
-                )
-            mask = self_mask_seed(seed, spec_digest=spec.digest, job_id=spec.job_id, owner=owner)
-            masks.append((mask, -1))
-
-        for dropout in sorted(self._needed_keys):
-            secret = rebuilt[(dropout, ShareKind.MASK_KEY)]
-            if not digests_equal(
-                x25519_public_from_private(secret), self._adverts[dropout].masking_public
-            ):
-                raise self._abort(
-                    ForgedShare(
-                        f"shares of {dropout!r}'s mask key do not reconstruct its advertised key"
-                    )
-                )
-            private = X25519PrivateKey.from_private_bytes(secret)
-            for survivor in sorted(self._graph.neighbours(dropout) & self._u3):
-                shared = agree(private, self._adverts[survivor].masking_public)
-                mask = pairwise_mask_seed(
-                    shared, spec_digest=spec.digest, job_id=spec.job_id, a=survivor, b=dropout
-                )
-                # The survivor added +PRG if its id is smaller, -PRG otherwise: undo it.
-                masks.append((mask, -1 if survivor < dropout else +1))
-        self._strip(acc, masks)
-        self._check_range(acc)
+        except ForgedShare as error:
+            raise self._abort(error) from None
+        strip_masks(spec, acc, masks)
+        out_of_range = aggregate_out_of_range(spec, acc, inputs=len(self._u3))
+        if out_of_range is not None:
+            raise self._abort(out_of_range)
 
         result = AggregateResult(
             values=decode(acc, scale_bits=spec.scale_bits),
@@ -758,42 +558,10 @@ class SecAggServer:
             scale_bits=spec.scale_bits,
         )
         self._result = result
-        self._acc = None
+        self._sum = None
         self._reveals = {}
         self._stage = Stage.DONE
         return result
-
-    def _check_range(self, acc: npt.NDArray[np.uint64]) -> None:
-        """Refuse a sum no set of in-bound inputs could produce (module docstring)."""
-        spec, inputs = self.spec, len(self._u3)
-        outside = entries_out_of_range(
-            acc,
-            inputs=inputs,
-            bound=spec.bound,
-            scale_bits=spec.scale_bits,
-            noise_bound=spec.noise_bound,
-        )
-        if outside:
-            raise self._abort(
-                AggregateOutOfRange(
-                    f"{outside} of {spec.length} entries of the sum of {inputs} inputs lie "
-                    f"outside ±{inputs} × (bound {spec.bound!r} + noise bound "
-                    f"{spec.noise_bound}): a contributor uploaded an out-of-bound input; "
-                    "the sum is refused"
-                )
-            )
-
-    def _strip(self, acc: npt.NDArray[np.uint64], masks: list[tuple[MaskSeed, int]]) -> None:
-        """Add every ``sign * PRG(mask)`` into the accumulator, chunk-major: each chunk
-        of the accumulator stays in cache while all masks are applied to it, and each
-        mask's cipher context is reused from chunk to chunk (sequential counter)."""
-        expander = MaskExpander(min(self.spec.chunk_size, self.spec.length))
-        step = expander.max_entries
-        for start in range(0, self.spec.length, step):
-            target = acc[start : start + step]
-            for mask, sign in masks:
-                expander.apply(target, mask, start, sign)
-        expander.clear()
 
     @property
     def result(self) -> AggregateResult | None:

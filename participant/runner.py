@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,17 +48,18 @@ from .faults import Halter, OnHalt
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure import SecureSession
+from .secure_steps import SecureAggregationSteps
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
 from .transport import PresenceStream, Transport, TransportError
-from .trust import DirectoryTrust, UntrustedDirectory
+from .trust import DirectoryTrust
 
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
 SOFTWARE_VERSION = "spherecal/0.1"
 
 
-class ParticipantRunner:
+class ParticipantRunner(SecureAggregationSteps):
     def __init__(
         self,
         settings: ParticipantSettings,
@@ -480,114 +480,6 @@ class ParticipantRunner:
         except TransportError as exc:
             if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
                 raise
-
-    # ---------------------------------------------------------------- secure aggregation
-    def _start_secure(
-        self,
-        task_id: str,
-        job: pb.SecAggJob,
-        vector: npt.NDArray[np.float64],
-        round_index: int | None,
-        expected_length: int,
-        *,
-        noise: npt.NDArray[np.int64] | None = None,
-    ) -> None:
-        try:
-            session = SecureSession(
-                job,
-                participant_id=self.pid,
-                identity=self.identity,
-                ledger=self.ledger,
-                trust=self.trust,
-                vector=vector,
-                round_index=round_index,
-                noise=noise,
-            )
-            if session.spec.length != expected_length:
-                raise crypto.WrongLength(
-                    f"job length {session.spec.length} is not the expected {expected_length}"
-                )
-        except (crypto.SecAggError, UntrustedDirectory) as exc:
-            self._refuse(task_id, exc)
-            return
-        self.halter.check(
-            "advertise", purpose=session.purpose, round_index=round_index, what=task_id
-        )
-        self.jobs[session.job_id] = session
-        self._submit(session, pb.ADVERTISE, session.advertise())
-
-    def _submit(self, session: SecureSession, stage: pb.SecAggStage, data: bytes) -> None:
-        try:
-            self.transport.submit_secagg(
-                pb.SecAggSubmission(
-                    caller=self._caller(), job_id=session.job_id, stage=stage, message=data
-                )
-            )
-        except TransportError as exc:
-            if exc.code is grpc.StatusCode.ALREADY_EXISTS:
-                return
-            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
-                self.log(f"job {session.job_id.hex()[:8]} moved on without us: {exc.message}")
-                self.jobs.pop(session.job_id, None)
-                return
-            raise
-
-    def _secagg_step(self, step: pb.SecAggStep) -> None:
-        session = self.jobs.get(bytes(step.job_id))
-        job_hex = bytes(step.job_id).hex()
-        if session is None:
-            self._refuse(job_hex, crypto.JobAborted("this participant holds no state for the job"))
-            return
-        stage_name = {pb.SHARE: "share", pb.MASKED: "masked", pb.UNMASK: "unmask"}.get(step.stage)
-        if stage_name is not None and stage_name != "masked":
-            self.halter.check(
-                stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
-            )
-        try:
-            out = session.respond(step)
-        except crypto.SecAggError as exc:
-            self.jobs.pop(session.job_id, None)
-            self._refuse(job_hex, exc)
-            return
-        if out is not None:
-            self._submit(session, step.stage, out)
-        else:
-            self._upload_masked(session)
-        if step.stage == pb.UNMASK:
-            self.jobs.pop(session.job_id, None)
-
-    def _upload_masked(self, session: SecureSession) -> None:
-        job_id = session.job_id
-        n = session.n_chunks
-
-        def messages() -> Iterator[pb.MaskedUpload]:
-            for index in range(n):
-                if index == 1 or n == 1:
-                    self.halter.check(
-                        "masked",
-                        purpose=session.purpose,
-                        round_index=session.round,
-                        what=job_id.hex(),
-                    )
-                chunk = session.masked_chunk(index)
-                if index == 0:
-                    yield pb.MaskedUpload(caller=self._caller(), job_id=job_id, chunk=chunk)
-                else:
-                    yield pb.MaskedUpload(chunk=chunk)
-
-        try:
-            self.transport.upload_masked(messages())
-        except TransportError as exc:
-            if exc.code is grpc.StatusCode.ALREADY_EXISTS:
-                return
-            if exc.slots_busy:
-                time.sleep(0.2 + random.random() * 0.5)  # coordinator busy: it re-asks
-                return
-            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
-                self.log(f"job {job_id.hex()[:8]} closed its masked stage: {exc.message}")
-                self.jobs.pop(job_id, None)
-                return
-            raise
 
     # ---------------------------------------------------------------- evaluation
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:

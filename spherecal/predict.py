@@ -52,7 +52,7 @@ def load_prediction_data(path: Path) -> tuple[Any, Any]:
     """(images float32 (N, C, H, W), labels int64 (N,) or None) from an ``.npz``."""
     import numpy as np
 
-    from spherefed.data import _npz_images, _npz_labels
+    from spherefed.data.npz import _npz_images, _npz_labels
 
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")

@@ -390,6 +390,7 @@ def test_hostile_requests_then_a_legitimate_federation(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
         assert f"port {port} is already in use" in last and "Traceback" not in done.stderr
+        assert "add_port" not in done.stderr, done.stderr  # gRPC never tried to bind
         assert not (tmp_path / "second" / "state" / "state.db").exists()  # refused first
 
         # --- the legitimate federation, on the same coordinator. p0 first, so the
