@@ -54,6 +54,8 @@ class Progress:
     job_summaries: list[dict[str, Any]] = field(default_factory=list)
     peak_secagg_bytes: int = 0
     dp_ridge: dict[str, float] = field(default_factory=dict)
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    """Every wait between two attempts (``rejoin.RetryRecord``), in order."""
 
 
 @dataclass(frozen=True)
