@@ -38,6 +38,7 @@ from .rounds import RoundDriver
 from .settings import CoordinatorSettings
 from .spool import Spool
 from .stages import Progress, Say, StageContext
+from .status import assess
 from .store import Store
 from .strategy import Strategy, make_strategy
 
@@ -188,8 +189,19 @@ class Federation:
             heads = calibrate(self.stages, self.model, aggregates)
             final_evaluation(self.stages, heads, self.evaluator)
             save_outputs(self.settings, self.model, progress, heads)
-            self._finish("completed", "federation completed")
+            verdict = assess(self.settings, progress, set(heads))
+            progress.status_reasons = list(verdict.reasons)
+            for reason in verdict.reasons:
+                self.say(f"DEGRADED: {reason}")
+                self.store.event("warning", f"degraded: {reason}")
+            self._finish(
+                verdict.status,
+                "federation completed"
+                if not verdict.reasons
+                else "federation degraded: " + "; ".join(verdict.reasons),
+            )
         except FederationFailed as exc:
+            progress.status_reasons = [str(exc)]
             progress.errors.append(str(exc))
             self.say(f"FAILED: {exc}")
             self.store.event("error", str(exc))

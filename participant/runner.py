@@ -38,6 +38,7 @@ from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
 from proto.codec import iter_chunks as tensor_chunks
+from proto.federation_end import SUCCESSFUL_STATUSES
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
@@ -195,7 +196,7 @@ class ParticipantRunner:
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                return 0 if done.status == "completed" else 1
+                return 0 if done.status in SUCCESSFUL_STATUSES else 1
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
