@@ -9,8 +9,8 @@ import os
 import random
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
