@@ -44,6 +44,7 @@ from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
+from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .failures import failure_kind
@@ -117,8 +118,12 @@ class ParticipantRunner:
         reply = self.transport.join(request)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
+            try:
+                trainer = LocalTrainer(reply.plan, self.data)
+            except ValueError as exc:  # e.g. an algorithm this build does not know
+                raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
             self.plan = reply.plan
-            self.trainer = LocalTrainer(reply.plan, self.data)
+            self.trainer = trainer
             self._cache.clear()
         self.jobs.clear()  # a new session never continues an old job
         self.log(
@@ -293,30 +298,52 @@ class ParticipantRunner:
         purpose = "update"
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
         vector = self._download(task.model, (trainer.length,))
+        broadcast = {b.name: self._download(b.tensor, (trainer.length,)) for b in task.broadcast}
         t0 = time.monotonic()
         if self.settings.privacy.dpsgd:
+            try:
+                trainer.require_dpsgd_compatible()
+            except ValueError as exc:
+                self._refuse(task_id, exc)
+                return
             dp_update = self._train_dpsgd(task_id, vector)
             if dp_update is None:
                 return
-            update = dp_update
+            try:
+                result = trainer.dpsgd_result(dp_update)
+            except ValueError as exc:
+                self._refuse(task_id, exc)
+                return
         else:
-            update = trainer.train(vector, task.seed)
+            try:
+                store = self._client_states()
+                before = store.for_round(task.round)
+                result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
+            except (CorruptClientState, ValueError) as exc:
+                self._refuse(task_id, exc)
+                return
+            if result.client_state is not None:
+                store.commit(task.round, before, result.client_state)
         self.log(
-            f"round {task.round + 1}: trained {update.num_steps} steps on {update.num_samples} "
+            f"round {task.round + 1}: trained {result.num_steps} steps on {result.num_samples} "
             f"samples in {time.monotonic() - t0:.1f}s"
         )
+        payload = trainer.flatten(result)
         if secure:
-            payload = np.concatenate(
-                [update.weighted_delta, [float(update.num_samples), update.mean_loss]]
-            )
-            self._start_secure(task_id, task.secure, payload, task.round, trainer.length + 2)
+            self._start_secure(task_id, task.secure, payload, task.round, trainer.layout.length)
         else:
             meta = pb.UpdateMeta(
-                num_samples=update.num_samples,
-                mean_loss=update.mean_loss,
-                num_steps=update.num_steps,
+                num_samples=result.num_samples,
+                mean_loss=result.mean_loss,
+                num_steps=result.num_steps,
             )
-            self._upload_plain(task_id, update.weighted_delta, meta)
+            self._upload_plain(task_id, payload, meta)
+
+    def _client_states(self) -> ClientStateStore:
+        """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""
+        plan = self.plan
+        federation_id = plan.federation_id if plan is not None else ""
+        return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
 
     def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
         """DP-SGD for this round: charge the ledger first (the cost is known before

@@ -82,7 +82,8 @@ class ParticipantSettings:
     tls: ClientTLS = field(default_factory=ClientTLS)
     data: DataSettings = field(default_factory=DataSettings)
     state_dir: Path = Path("participant-state")
-    """Job ledger (refuses to run a job id twice), privacy ledger; default ``participant-<id>``."""
+    """Job ledger (refuses to run a job id twice), privacy ledger, the algorithm's own
+    state (SCAFFOLD's ``c_k``, in ``algorithm/``); default ``participant-<id>``."""
     identity_key: Path | None = None
     """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``, created once."""
     threads: int = 1

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, positive_float
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from spherefed.calibrate import CCVRConfig
 from spherefed.classifier import CLASSIFIER_KINDS
 from spherefed.data import DATASET_NAMES
-from spherefed.fl import ALGORITHMS
 from spherefed.heads import HEAD_KINDS
 from spherefed.losses import LOSS_NAMES
 from spherefed.models import EXTRACTOR_NAMES, NORM_NAMES

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.federation_end import SUCCESSFUL_STATUSES
-from spherefed.fl import ALGORITHMS
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 
 __all__ = [
     "add_certs_parser",

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from spherefed.algorithms.base import Payload, ServerStrategy, add_payloads
-from spherefed.algorithms.strategies import FedAdam, FedAvg, FedProx, FedYogi
+from spherefed.algorithms.base import AlgorithmSettings, Payload, ServerStrategy, add_payloads
+from spherefed.algorithms.registry import ALGORITHM_NAMES, configured_strategy
 from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve, retrain_classifier
 from spherefed.data import (
     ArrayDataset,
@@ -45,7 +45,6 @@ from spherefed.data import (
     stratified_split,
 )
 from spherefed.fl import (
-    ALGORITHMS,
     LocalObjective,
     LocalTrainConfig,
     aggregated_keys,
@@ -113,8 +112,10 @@ class ReferenceConfig:
             raise ValueError(f"participants must be >= 1, got {self.participants}")
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHMS}")
+        if self.algorithm not in ALGORITHM_NAMES:
+            raise ValueError(
+                f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHM_NAMES}"
+            )
         if not 0 < self.sample_fraction <= 1:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
         if not self.fedopt_lr > 0:
@@ -279,16 +280,18 @@ def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) 
 
 
 def default_strategy(config: ReferenceConfig) -> ServerStrategy:
-    """The strategy :func:`run_reference` uses for ``config.algorithm``: FedAvg,
-    FedProx with ``config.prox_mu``, or FedAdam / FedYogi with server η
-    ``config.fedopt_lr`` (the paper's β₁, β₂, τ)."""
-    if config.algorithm == "fedprox":
-        return FedProx(mu=config.prox_mu)
-    if config.algorithm == "fedadam":
-        return FedAdam(lr=config.fedopt_lr)
-    if config.algorithm == "fedyogi":
-        return FedYogi(lr=config.fedopt_lr)
-    return FedAvg()
+    """The strategy :func:`run_reference` uses for ``config.algorithm`` (the registry's
+    ``configured_strategy``): FedProx with ``config.prox_mu``, FedAdam / FedYogi with
+    server η ``config.fedopt_lr`` (the paper's β₁, β₂, τ), SCAFFOLD with
+    ``N = config.participants``, FedAvg / FedNova as they are."""
+    return configured_strategy(
+        config.algorithm,
+        AlgorithmSettings(
+            prox_mu=config.prox_mu,
+            fedopt_lr=config.fedopt_lr,
+            num_participants=config.participants,
+        ),
+    )
 
 
 def _safe_calibration(fn: Callable[[], np.ndarray], robust: bool) -> np.ndarray | None:

@@ -194,9 +194,7 @@ class ExperimentSettings:
         if self.engine == "inprocess":
             return {}
         return {
-            m.key: SERVICE_SKIP_REASONS.get(m.algorithm, SERVICE_SKIP_DEFAULT)
-            for m in self.table_methods()
-            if m.service_options() is None
+            m.key: SERVICE_SKIP_DEFAULT for m in self.table_methods() if m.service_options() is None
         }
 
     def grid_for(self, method: MethodSpec) -> tuple[float, ...]:
@@ -213,10 +211,6 @@ class ExperimentSettings:
         return out
 
 
-SERVICE_SKIP_REASONS: dict[str, str] = {
-    "fednova": "needs the extra sum Σ n_k‖a_k‖₁, which the service does not aggregate yet",
-    "scaffold": "needs control variates broadcast and summed, not in the service yet",
-}
 SERVICE_SKIP_DEFAULT = (
     "a custom local objective (FedUV terms or a CE temperature τ ≠ 1) the service's "
     "local training does not carry"

@@ -216,7 +216,10 @@ class Fuzzer:
             )
         if choice == 6:
             return "ReportFailure", pb.FailureReport(
-                caller=caller, task_id=self.text(), error_type=self.text(), reason=self.text()
+                caller=caller,
+                task_id=self.text(),
+                kind=r.choice([0, 1, 4, 9, 99, -3, 2**31 - 1]),  # incl. unknown enum values
+                reason=self.text(),
             )
         if choice == 7:
             return "GetStatus", pb.StatusRequest(caller=caller)
@@ -333,7 +336,7 @@ def _second_coordinator(out: Path, port: int) -> subprocess.CompletedProcess[str
         [sys.executable, "-m", "spherecal.cli", "coordinator", "--config", str(config)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         cwd=out,
     )
 
@@ -369,7 +372,7 @@ def test_hostile_requests_then_a_legitimate_federation(tmp_path: Path) -> None:
                 list(pool.map(lambda act: act(), picks))
         finally:
             fuzzer.close()
-        busy.join(timeout=150)
+        busy.join(timeout=330)
         fuzz_s = time.monotonic() - t0
         assert sim.coordinator is not None and sim.coordinator.popen.poll() is None, "died"
 
@@ -386,6 +389,7 @@ def test_hostile_requests_then_a_legitimate_federation(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
         assert f"port {port} is already in use" in last and "Traceback" not in done.stderr
+        assert not (tmp_path / "second" / "state" / "state.db").exists()  # refused first
 
         # --- the legitimate federation, on the same coordinator. p0 first, so the
         # federation cannot start while only the fuzzer's p0 session was ever seen.

@@ -28,9 +28,7 @@ def _settings(**calibration: Any) -> CoordinatorSettings:
     )
 
 
-def _progress(
-    *, ccvr: list[str] | None = None, evaluated: list[str] | None = None
-) -> Progress:
+def _progress(*, ccvr: list[str] | None = None, evaluated: list[str] | None = None) -> Progress:
     progress = Progress(global_vector=np.zeros(1))
     if ccvr is not None:
         progress.results["statistics"] = {"ccvr": {"contributors": ccvr, "samples": 10.0}}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from coordinator.accounting import Accounting
 
 import crypto
-from coordinator.accounting import Accounting
 from coordinator.errors import ServiceError, failure_kind, from_secagg
 from coordinator.federation import Federation
 from coordinator.grpc_server import build_server
