@@ -68,13 +68,18 @@ class Watcher:
             self._mark = len(self.lines)
 
 
-def _settings(out: Path, *, rounds: int, secure: bool) -> SimulationSettings:
+def _settings(
+    out: Path, *, rounds: int, secure: bool, local_epochs: int = 2, federated_every: int = 0
+) -> SimulationSettings:
     return SimulationSettings(
-        reference=ReferenceConfig(participants=4, model="mlp", rounds=rounds, alpha=0.5),
+        reference=ReferenceConfig(
+            participants=4, model="mlp", rounds=rounds, alpha=0.5, local_epochs=local_epochs
+        ),
         out=out,
         calibration=("ffc", "ccvr"),
         secure_updates=secure,
         secure_statistics=secure,
+        federated_every=federated_every,
         timeout_s=WAIT_S,
     )
 
@@ -184,7 +189,15 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
 # ---------------------------------------------------------------- churn
 @pytest.fixture(scope="module")
 def churn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    settings = _settings(tmp_path_factory.mktemp("chaos-churn"), rounds=3, secure=True)
+    # Long enough (more local work, an evaluation after every round) that several
+    # participant restarts — seconds each — fall inside the federation.
+    settings = _settings(
+        tmp_path_factory.mktemp("chaos-churn"),
+        rounds=25,
+        secure=True,
+        local_epochs=8,
+        federated_every=1,
+    )
     watcher = Watcher()
     t0 = time.monotonic()
     kills = 0
@@ -201,10 +214,10 @@ def churn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             time.sleep(0.5)
             sim.start_participants(only=[pid])
             try:
-                watcher.wait_for(f"{pid} joined", timeout=60)
+                watcher.wait_for(f"{pid} joined again", timeout=90)
             except AssertionError:
                 break  # the federation ended meanwhile; nobody lets it in again
-            time.sleep(1.0)
+            time.sleep(0.5)
         results = _finish(sim, t0)
     results["kills"] = kills
     return results
