@@ -185,6 +185,7 @@ class SecAggSettings:
     a strict majority of the share holders (``2t > n``), which participants' default
     policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
+    """Fraction of the share holders below the default threshold (t = ⌊fraction·n⌋ + 1)."""
     min_participants: int = 3
     """Fewest inputs a job may aggregate; participants' default policy refuses jobs of
     fewer than 3 participants and sums of fewer than 3 inputs."""
@@ -307,6 +308,8 @@ class EvaluationSettings:
     federated evaluation always runs."""
     test_data_root: str | None = None
     """Where ``test_dataset`` lives (CIFAR directory or ``.npz``)."""
+    test_samples: int | None = None
+    """Dataset size for ``mnist1d`` (``spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
 
