@@ -159,7 +159,11 @@ def test_too_few_survivors_fail_the_job_and_the_coordinator_carries_on(
     # and says honestly that FFC is missing, after retrying the job.
     assert results["status"] == "degraded"
     assert any(r.startswith("ffc: no calibrated classifier") for r in results["status_reasons"])
-    assert results["retries"]["count"] == 2  # three attempts at the FFC job
+    stages = [r["stage"] for r in results["retries"]["log"]]
+    assert stages.count("statistics ffc") == 2  # three attempts at the FFC job
+    # ... and at the final evaluation, which covers 2 of the minimum 3
+    assert stages.count("final evaluation") == 2
+    assert any(r.startswith("the final evaluation covered 2") for r in results["status_reasons"])
     assert results["accuracy"]["ffc"] is None
     assert results["accuracy"]["none"] is not None
     assert results["federated_evaluation"]["participants"] == ["p0", "p1"]
