@@ -20,7 +20,7 @@ from .model import GlobalModel, file_sha256
 from .privacy import CoordinatorPrivacy
 from .settings import CoordinatorSettings
 from .stages import Progress
-from .status import coverage, headline_coverage
+from .verdict import coverage, headline_coverage
 
 __all__ = ["save_outputs", "summary", "write_json"]
 
@@ -73,6 +73,7 @@ def summary(
         "status": status,
         "status_reasons": list(progress.status_reasons),
         "errors": list(progress.errors),
+        "warnings": list(progress.warnings),
         "settings": {
             "name": s.name,
             "participants": list(s.participants),

@@ -6,12 +6,10 @@ it is told — train a round, compute statistics, take a secure-aggregation step
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
 it computes.
 
-Resilience: when the coordinator is unreachable (UNAVAILABLE — e.g. it is being
-restarted) the participant backs off exponentially and retries; when its session is
-unknown (a restarted coordinator) it joins again and continues with whatever it is
-told next. Work in flight when the coordinator went away is dropped — the resumed
-coordinator re-issues what it still needs. After ``give_up_s`` of continuous failure
-it exits with status 3.
+Resilience: an unreachable coordinator is retried with back-off
+(``participant.backoff``); an unknown session (a restarted coordinator) means joining
+again. Work in flight when the coordinator went away is dropped: the resumed
+coordinator re-issues what it still needs.
 
 Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
 participant refuses to upload any model update or statistics in the clear; it only
@@ -48,8 +46,9 @@ from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .failures import failure_kind
-from .faults import Halter
+from .faults import Halter, OnHalt
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
+from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure import SecureSession
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
@@ -72,6 +71,7 @@ class ParticipantRunner:
         trust: DirectoryTrust,
         *,
         log: Callable[[str], None],
+        on_halt: OnHalt | None = None,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -81,7 +81,7 @@ class ParticipantRunner:
         self.ledger = ledger
         self.trust = trust
         self.log = log
-        self.halter = Halter(settings.halt_before)
+        self.halter = Halter(settings.halt_before, on_halt)
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None
@@ -94,6 +94,7 @@ class ParticipantRunner:
         self._lock = threading.Lock()
         self.completed_tasks = 0
         self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
+        self._final: FinalModels | None = None
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -116,6 +117,9 @@ class ParticipantRunner:
             ),
         )
         reply = self.transport.join(request)
+        refused = refuse_extractor(reply.plan.model.extractor, self.settings.extractors)
+        if refused is not None:
+            raise ParticipantExit(2, refused)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
@@ -129,6 +133,13 @@ class ParticipantRunner:
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
+        )
+
+    def _save_final_models(self) -> int:
+        if self.trainer is None or self.plan is None or self.settings.out_dir is None:
+            return 0
+        return save_after_completion(
+            self.settings.out_dir, self.trainer, self._final, self.plan.federation_id, self.log
         )
 
     def _presence_loop(self) -> None:
@@ -194,6 +205,8 @@ class ParticipantRunner:
             except TransportError as exc:
                 self._on_control_error(exc)
                 continue
+            if self._backoff.failing:
+                self.log(f"reached the coordinator at {self.settings.coordinator} again")
             self._backoff.reset()
             kind = instruction.WhichOneof("kind")
             if kind == "wait" or kind is None:
@@ -201,7 +214,9 @@ class ParticipantRunner:
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                return 0 if done.status in SUCCESSFUL_STATUSES else 1
+                if done.status not in SUCCESSFUL_STATUSES:
+                    return 1
+                return self._save_final_models()  # completed or degraded: outputs exist
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
@@ -211,7 +226,7 @@ class ParticipantRunner:
                     self.session = None
                 elif exc.retryable:
                     self.log(f"lost the coordinator during {kind}: {exc.message}")
-                    self._backoff.wait("coordinator unavailable")
+                    self._backoff.wait(f"coordinator unavailable during {kind}", self.log)
                 else:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
@@ -222,7 +237,8 @@ class ParticipantRunner:
             self.session = None
             return
         if exc.retryable:
-            self._backoff.wait(f"coordinator unavailable ({exc.message})")
+            reason = f"{exc.code.name}: {' '.join(exc.message.split())[:200]}"
+            self._backoff.wait(reason, self.log, address=self.settings.coordinator)
             return
         raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
 
@@ -583,6 +599,13 @@ class ParticipantRunner:
             for named in task.heads
         }
         total, counts = trainer.evaluate(vector, heads)
+        if task.round < 0:  # the final models: kept to be saved once the run completes
+            self._final = FinalModels(
+                vector=vector,
+                vector_sha256=bytes(task.model.header.sha256).hex(),
+                heads=heads,
+                head_sha256={n.name: bytes(n.tensor.header.sha256).hex() for n in task.heads},
+            )
         try:
             self.transport.report_evaluation(
                 pb.EvaluationReport(

@@ -35,6 +35,7 @@ def build_results(
         "status": summary.get("status"),
         "status_reasons": summary.get("status_reasons", []),
         "errors": summary.get("errors", []),
+        "warnings": summary.get("warnings", []),
         "settings": {
             **s.reference.to_json(),
             "calibration": list(s.calibration),

@@ -16,7 +16,7 @@ from coordinator.settings import (
     TrainingSettings,
 )
 from coordinator.stages import Progress
-from coordinator.status import assess, coverage, headline_coverage
+from coordinator.verdict import assess, coverage, headline_coverage
 
 ROSTER = ("p0", "p1", "p2", "p3")
 
