@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from proto.federation_end import SUCCESSFUL_STATUSES
 from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 
 __all__ = [
@@ -43,7 +44,9 @@ def add_coordinator_parser(sub: SubParsers) -> None:
         description=(
             "Run the federation described by a coordinator TOML file: serve gRPC, run the "
             "rounds, the secure-aggregation jobs and the calibration, write summary.json "
-            "and the final models. Progress goes to stderr. See docs/deployment.md."
+            "and the final models. Progress goes to stderr. Exit status 0 completed or "
+            "degraded (summary.json's status_reasons say what is missing), 1 failed. See "
+            "docs/deployment.md."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="coordinator TOML file")
@@ -89,9 +92,9 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
     check_coordinator(settings, str(args.config))
     summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
-    shown = ("status", "accuracy", "errors", "warnings")
+    shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
     print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
-    return 0 if summary.get("status") == "completed" else 1
+    return 0 if summary.get("status") in SUCCESSFUL_STATUSES else 1
 
 
 def _unpin(settings: Any, participant_id: str) -> int:
@@ -143,7 +146,8 @@ def add_participant_parser(sub: SubParsers) -> None:
             "Join a federation: dial out to the coordinator, train locally, compute "
             "statistics and take part in secure aggregation until the coordinator says "
             "done; then save the final models in [participant] out_dir. Exit status 0 "
-            "completed, 1 federation failed, 2 bad input or refused, 3 gave up reconnecting."
+            "completed or degraded, 1 federation failed, 2 bad input or refused, 3 gave up "
+            "reconnecting."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
@@ -240,7 +244,9 @@ def add_simulate_parser(sub: SubParsers) -> None:
             "(a [simulate] table with the same names, dashes as underscores); command-line "
             "options win. --drop SPEC kills participants with SIGKILL at a stage: "
             "PARTICIPANT:STAGE[@WHEN], comma-separated; STAGE in train, advertise, share, "
-            "masked, unmask; WHEN rN (1-based round), update, ffc or ccvr."
+            "masked, unmask; WHEN rN (1-based round), update, ffc or ccvr. Exit status 0 "
+            "completed or degraded (one line on stderr says why degraded), 1 failed (one "
+            "line on stderr says why) or the harness could not run it."
         ),
     )
     S = argparse.SUPPRESS
@@ -499,11 +505,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     except SimulationError as exc:
         print(f"spherecal simulate: error: {exc}", file=sys.stderr)
         return 1
+    line = status_line(results)
+    if line:
+        print(line, file=sys.stderr)
     print(
         json.dumps(
             {
                 "status": results["status"],
+                "status_reasons": results.get("status_reasons", []),
                 "accuracy": results["accuracy"],
+                "accuracy_covers": results.get("accuracy_covers"),
                 "dropped": [
                     f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
                 ],
@@ -514,7 +525,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             indent=2,
         )
     )
-    return 0 if results["status"] == "completed" else 1
+    return 0 if results["status"] in SUCCESSFUL_STATUSES else 1
+
+
+def status_line(results: dict[str, Any]) -> str:
+    """One line saying why a simulated federation is not ``completed`` ("" if it is)."""
+    status = results.get("status")
+    if status == "completed":
+        return ""
+    reasons = results.get("status_reasons") or results.get("errors") or ["no reason recorded"]
+    return f"spherecal simulate: federation {status}: " + "; ".join(str(r) for r in reasons)
 
 
 # ====================================================================== certs
