@@ -22,6 +22,7 @@ from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc
 from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
 from .model import GlobalModel
 from .privacy import CoordinatorPrivacy
+from .rejoin import wait_before_retry
 from .secure_job import SecureJob, guaranteed_inputs
 from .stages import StageContext
 from .tasks import Task
@@ -42,118 +43,157 @@ def record_statistics_failure(ctx: StageContext, kind: str, error: str) -> None:
 def collect_statistics(
     ctx: StageContext, model: GlobalModel, privacy: CoordinatorPrivacy | None
 ) -> Aggregates:
-    """One job per kind in ``calibration.jobs``; a failed kind is recorded, not fatal."""
+    """One job per kind in ``calibration.jobs``, each retried like a round (up to
+    ``max_round_attempts``, waiting for participants to rejoin in between, see
+    ``rejoin``); a kind that still fails is recorded, not fatal."""
     s = ctx.settings
-    progress = ctx.progress
     out: Aggregates = {}
-    final = ctx.board.publish("final", progress.global_vector)
-    dim, classes = model.feature_dim, model.num_classes
+    final = ctx.board.publish("final", ctx.progress.global_vector)
+    attempts = s.training.max_round_attempts
     for kind in s.calibration.jobs:
-        t0 = time.monotonic()
-        length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
-        participants = sorted(ctx.registry.alive(), key=ctx.registry.index_of)
-        job: SecureJob | None = None
-        plan: CalibrationPlan | None = None
-        if s.secagg.statistics:
-            try:
-                if privacy is not None:
-                    n = len(participants)
-                    plan = privacy.plan(
-                        kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
-                    )
-                job = ctx.new_job(
-                    kind,
-                    None,
-                    participants,
-                    length,
-                    s.secagg.statistics_bound,
-                    s.timeouts.round_s,
-                    spec_arguments=plan.job_spec_arguments() if plan is not None else None,
+        error = ""
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                wait_before_retry(
+                    ctx,
+                    stage=f"statistics {kind}",
+                    next_attempt=attempt,
+                    reason=error,
+                    wanted=ctx.registry.joined(),
                 )
-            except (crypto.SecAggError, ValueError) as exc:
-                record_statistics_failure(ctx, kind, f"cannot create the job: {exc}")
-                continue
-        code = pb.FFC if kind == "ffc" else pb.CCVR
-        task = Task(
-            kind="statistics",
-            expected=frozenset(participants),
-            instructions={
-                p: pb.Instruction(
-                    statistics=pb.StatisticsTask(
-                        kind=code,
-                        model=final,
-                        secure=job.job_message() if job is not None else None,
-                        privacy=(
-                            privacy.release_message(plan)
-                            if privacy is not None and plan is not None
-                            else None
-                        ),
-                    )
-                )
-                for p in participants
-            },
-            purpose=kind,
-            job=job,
-            expected_shape=(length,),
-        )
-        ctx.board.set_task(task, f"statistics: {kind}")
-        ctx.say(f"statistics {kind}: {len(participants)} participants, {length} entries")
-        gathered = ctx.gather(
-            task, timeout_s=s.timeouts.round_s, phase_after=f"statistics: {kind} done"
-        )
-        if job is not None and privacy is not None:
-            for line in privacy.note_refusals(job.job_hex, kind, gathered.dropped):
+            result = _collect_kind(
+                ctx, model, privacy, kind, final, accept_short=attempt == attempts
+            )
+            if not isinstance(result, str):
+                out[kind] = result
+                break
+            error = result
+            if attempt < attempts:
+                line = f"statistics {kind}: attempt {attempt} failed: {error}"
                 ctx.say(line)
                 ctx.store.event("warning", line)
-        if gathered.error is not None:
-            record_statistics_failure(ctx, kind, gathered.error)
-            continue
-        if gathered.values is None:
-            record_statistics_failure(ctx, kind, "no participant uploaded statistics")
-            continue
-        vector = gathered.values
-        contributors = gathered.contributors
-        if job is None:
-            progress.job_summaries.append(
-                {
-                    "job_id": None,
-                    "purpose": kind,
-                    "round": None,
-                    "status": "done",
-                    "participants": participants,
-                    "contributors": contributors,
-                    "dropped": gathered.dropped,
-                    "secure": False,
-                    "vector_length": length,
-                }
-            )
-        elif privacy is not None and plan is not None:
-            release = privacy.record(job.job_hex, plan, contributors)
-            ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
-            sigma = float(release["stddev_real_units"])
-            progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
-            if kind == "ccvr":
-                progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(
-                    plan, sigma, summed_blocks=classes
-                )
-            ctx.say(
-                f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
-                f"at δ = {plan.delta:g} with {len(contributors)} contributors"
-            )
-        if s.calibration.save_statistics:
-            target = s.out_dir / f"statistics_{kind}.npz"
-            s.out_dir.mkdir(parents=True, exist_ok=True)
-            np.savez(target, vector=vector, dim=dim, num_classes=classes)
-            progress.results.setdefault("saved_statistics", {})[kind] = str(target)
-        stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
-        out[kind] = stats
-        progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
-        samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
-        progress.results.setdefault("statistics", {})[kind] = {
-            "contributors": sorted(contributors, key=ctx.registry.index_of),
-            "samples": samples,
-        }
+        else:
+            record_statistics_failure(ctx, kind, error)
     return out
+
+
+def _collect_kind(
+    ctx: StageContext,
+    model: GlobalModel,
+    privacy: CoordinatorPrivacy | None,
+    kind: str,
+    final: pb.TensorRef,
+    *,
+    accept_short: bool,
+) -> FFCStatistics | CCVRStatistics | str:
+    """One attempt at the ``kind`` statistics job: the aggregate, or why it failed.
+    Fewer contributors than ``calibration_minimum`` is a failure unless
+    ``accept_short`` (the last attempt: a short sum beats none; the status says so)."""
+    s = ctx.settings
+    progress = ctx.progress
+    dim, classes = model.feature_dim, model.num_classes
+    t0 = time.monotonic()
+    length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
+    participants = sorted(ctx.registry.alive(), key=ctx.registry.index_of)
+    job: SecureJob | None = None
+    plan: CalibrationPlan | None = None
+    if s.secagg.statistics:
+        try:
+            if privacy is not None:
+                n = len(participants)
+                plan = privacy.plan(
+                    kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
+                )
+            job = ctx.new_job(
+                kind,
+                None,
+                participants,
+                length,
+                s.secagg.statistics_bound,
+                s.timeouts.round_s,
+                spec_arguments=plan.job_spec_arguments() if plan is not None else None,
+            )
+        except (crypto.SecAggError, ValueError) as exc:
+            return f"cannot create the job: {exc}"
+    code = pb.FFC if kind == "ffc" else pb.CCVR
+    task = Task(
+        kind="statistics",
+        expected=frozenset(participants),
+        instructions={
+            p: pb.Instruction(
+                statistics=pb.StatisticsTask(
+                    kind=code,
+                    model=final,
+                    secure=job.job_message() if job is not None else None,
+                    privacy=(
+                        privacy.release_message(plan)
+                        if privacy is not None and plan is not None
+                        else None
+                    ),
+                )
+            )
+            for p in participants
+        },
+        purpose=kind,
+        job=job,
+        expected_shape=(length,),
+    )
+    ctx.board.set_task(task, f"statistics: {kind}")
+    ctx.say(f"statistics {kind}: {len(participants)} participants, {length} entries")
+    gathered = ctx.gather(
+        task, timeout_s=s.timeouts.round_s, phase_after=f"statistics: {kind} done"
+    )
+    if job is not None and privacy is not None:
+        for line in privacy.note_refusals(job.job_hex, kind, gathered.dropped):
+            ctx.say(line)
+            ctx.store.event("warning", line)
+    if gathered.error is not None:
+        return gathered.error
+    if gathered.values is None:
+        return "no participant uploaded statistics"
+    minimum = s.calibration_minimum
+    if len(gathered.contributors) < minimum and not accept_short:
+        return f"only {len(gathered.contributors)} participants summed (minimum {minimum})"
+    vector = gathered.values
+    contributors = gathered.contributors
+    if job is None:
+        progress.job_summaries.append(
+            {
+                "job_id": None,
+                "purpose": kind,
+                "round": None,
+                "status": "done",
+                "participants": participants,
+                "contributors": contributors,
+                "dropped": gathered.dropped,
+                "secure": False,
+                "vector_length": length,
+            }
+        )
+    elif privacy is not None and plan is not None:
+        release = privacy.record(job.job_hex, plan, contributors)
+        ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
+        sigma = float(release["stddev_real_units"])
+        progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
+        if kind == "ccvr":
+            progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(plan, sigma, summed_blocks=classes)
+        ctx.say(
+            f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
+            f"at δ = {plan.delta:g} with {len(contributors)} contributors"
+        )
+    if s.calibration.save_statistics:
+        target = s.out_dir / f"statistics_{kind}.npz"
+        s.out_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(target, vector=vector, dim=dim, num_classes=classes)
+        progress.results.setdefault("saved_statistics", {})[kind] = str(target)
+    stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
+    progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
+    samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
+    progress.results.setdefault("statistics", {})[kind] = {
+        "contributors": sorted(contributors, key=ctx.registry.index_of),
+        "samples": samples,
+    }
+    return stats
 
 
 def calibrate(

@@ -146,5 +146,5 @@ def final_evaluation(ctx: StageContext, heads: Heads, evaluator: CentralEvaluato
     shown = ", ".join(f"{k} {v:.4f}" for k, v in acc.items() if v is not None)
     ctx.say(
         f"federated accuracy ({fed['samples']} test samples on "
-        f"{len(fed['participants'])} participants): {shown}"
+        f"{len(fed['participants'])} of {len(ctx.settings.participants)} participants): {shown}"
     )

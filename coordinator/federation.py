@@ -33,6 +33,7 @@ from .model import Checkpoints, GlobalModel
 from .outputs import save_outputs, summary, write_json
 from .privacy import CoordinatorPrivacy
 from .registry import Member, Registry
+from .rejoin import wait_before_retry
 from .resume import open_state
 from .rounds import RoundDriver
 from .settings import CoordinatorSettings
@@ -40,6 +41,7 @@ from .spool import Spool
 from .stages import Progress, Say, StageContext
 from .store import Store
 from .strategy import Strategy
+from .verdict import assess
 
 __all__ = ["Federation", "FederationFailed", "write_json"]
 
@@ -138,7 +140,8 @@ class Federation:
 
     # ---------------------------------------------------------------- handler side
     def notify(self) -> None:
-        self.board.notify()
+        """A handler fed a result in: wake the driver (not every long poll)."""
+        self.board.notify_driver()
 
     def stop(self, reason: str) -> None:
         """Ask the driver to end the federation now (SIGTERM, tests); it fails the
@@ -199,16 +202,49 @@ class Federation:
             progress.timings["train_s"] = time.monotonic() - t0
             aggregates = collect_statistics(self.stages, self.model, self.privacy)
             heads = calibrate(self.stages, self.model, aggregates)
-            final_evaluation(self.stages, heads, self.evaluator)
+            self._final_evaluation(heads)
             save_outputs(self.settings, self.model, progress, heads)
-            self._finish("completed", "federation completed")
+            verdict = assess(self.settings, progress, set(heads))
+            progress.status_reasons = list(verdict.reasons)
+            for reason in verdict.reasons:
+                self.say(f"DEGRADED: {reason}")
+                self.store.event("warning", f"degraded: {reason}")
+            self._finish(
+                verdict.status,
+                "federation completed"
+                if not verdict.reasons
+                else "federation degraded: " + "; ".join(verdict.reasons),
+            )
         except FederationFailed as exc:
+            progress.status_reasons = [str(exc)]
             progress.errors.append(str(exc))
             self.say(f"FAILED: {exc}")
             self.store.event("error", str(exc))
             self._finish("failed", str(exc))
         finally:
             progress.timings["total_s"] = time.monotonic() - self._started
+
+    def _final_evaluation(self, heads: dict[str, Any]) -> None:
+        """The final evaluation, repeated (after waiting for participants to rejoin,
+        ``rejoin``) while it covers fewer than the calibration minimum — the headline
+        accuracy of a short outage must not come from one participant's test split."""
+        s = self.settings
+        minimum = s.calibration_minimum
+        covered = 0
+        for attempt in range(1, s.training.max_round_attempts + 1):
+            if attempt > 1:
+                wait_before_retry(
+                    self.stages,
+                    stage="final evaluation",
+                    next_attempt=attempt,
+                    reason=f"covered {covered} participants (minimum {minimum})",
+                    wanted=self.registry.joined(),
+                )
+            final_evaluation(self.stages, heads, self.evaluator)
+            fed = self.progress.results.get("federated_evaluation") or {}
+            covered = len(fed.get("participants", []))
+            if covered >= minimum:
+                return
 
     def _finish(self, status: str, message: str) -> None:
         self.board.finish(status, message)

@@ -20,6 +20,7 @@ from .model import GlobalModel, file_sha256
 from .privacy import CoordinatorPrivacy
 from .settings import CoordinatorSettings
 from .stages import Progress
+from .verdict import coverage, headline_coverage
 
 __all__ = ["save_outputs", "summary", "write_json"]
 
@@ -70,6 +71,7 @@ def summary(
         "schema": "spherecal.coordinator-summary/1",
         "federation_id": federation_id,
         "status": status,
+        "status_reasons": list(progress.status_reasons),
         "errors": list(progress.errors),
         "warnings": list(progress.warnings),
         "settings": {
@@ -96,6 +98,7 @@ def summary(
             "statistics_bound": s.secagg.statistics_bound,
         },
         "accuracy": results.get("accuracy", {"none": None, "ffc": None, "ccvr": None}),
+        "accuracy_covers": headline_coverage(s, progress),
         "central_accuracy": results.get("central_accuracy"),
         "central_test_samples": results.get("central_test_samples"),
         "federated_evaluation": results.get("federated_evaluation"),
@@ -103,6 +106,12 @@ def summary(
         "ccvr": results.get("ccvr"),
         "per_round": list(progress.round_metrics),
         "resumed_after_round": progress.resumed_from,
+        "coverage": coverage(s, progress),
+        "retries": {
+            "count": len(progress.retries),
+            "wait_s": round(sum(r["waited_s"] for r in progress.retries), 3),
+            "log": list(progress.retries),
+        },
         "jobs": list(progress.job_summaries),
         "timings": dict(progress.timings),
         "models": results.get("models", {}),

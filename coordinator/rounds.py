@@ -36,6 +36,7 @@ from spherefed.runner import ReferenceConfig, select_participants
 from .errors import FederationFailed
 from .evaluation import CentralEvaluator, federated_evaluation
 from .model import Checkpoints, GlobalModel
+from .rejoin import wait_before_retry
 from .secure_job import SecureJob
 from .stages import Gathered, StageContext
 from .strategy import Strategy
@@ -75,6 +76,16 @@ class RoundDriver:
         last_error = ""
         for attempt in range(1, s.training.max_round_attempts + 1):
             ctx.board.check_stop()
+            if attempt > 1:
+                # back off, then wait for the selected participants to reconnect
+                selected, _, _ = self.candidates(r)
+                wait_before_retry(
+                    ctx,
+                    stage=f"round {r + 1}",
+                    next_attempt=attempt,
+                    reason=last_error,
+                    wanted=selected,
+                )
             outcome = self.attempt(r, attempt)
             if outcome is None:
                 return
@@ -82,7 +93,6 @@ class RoundDriver:
             ctx.say(f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
-            time.sleep(min(2.0, s.timeouts.heartbeat_interval_s))
         raise FederationFailed(
             f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
         )

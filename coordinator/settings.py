@@ -143,6 +143,11 @@ class CalibrationSettings:
     """With CCVR configured, derive FFC from the CCVR sums (one job, as the reference
     runner does) instead of running a separate, smaller FFC job."""
     ccvr: CCVRConfig = field(default_factory=CCVRConfig)
+    min_participants: int = 0
+    """Fewest participants each statistics job (and the final federated evaluation)
+    must sum for the run to count as ``completed``; fewer makes it ``degraded`` and a
+    statistics job is retried (``[timeouts] rejoin_grace_s``). 0: the training
+    minimum, raised to the secure-aggregation minimum when statistics are secure."""
     save_statistics: bool = False
     """Also write the aggregated statistics (``statistics_{kind}.npz``) to ``out_dir``.
     Off by default: the aggregate is the coordinator's legitimate output, but keeping
@@ -156,6 +161,8 @@ class CalibrationSettings:
             )
         if self.ffc_ridge < 0:
             raise ValueError("ffc_ridge must be >= 0")
+        if self.min_participants < 0:
+            raise ValueError("calibration min_participants must be >= 0")
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -299,6 +306,21 @@ class Timeouts:
     """Join timestamps outside this window are refused."""
     long_poll_s: float = 2.0
     """Longest a NextInstruction call is held."""
+    rejoin_grace_s: float = 60.0
+    """After a failed round or statistics attempt, wait up to this long for the
+    participants it needs to reconnect (a restarted participant takes seconds);
+    the next attempt starts as soon as all of them are back, or at the end of the
+    grace with whoever is there. 0: retry after the back-off alone."""
+    retry_backoff_s: float = 1.0
+    """Back-off before a retry: ``retry_backoff_s · 2^(attempt−2)``, capped at 30 s,
+    with jitter (half fixed, half random), so restarted participants are not met by
+    a burst of attempts."""
+
+    def __post_init__(self) -> None:
+        for name in ("rejoin_grace_s", "retry_backoff_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -352,6 +374,11 @@ class CoordinatorSettings:
         needs = self.training.min_participants
         if needs > len(ids):
             raise ValueError(f"min_participants={needs} exceeds the roster of {len(ids)}")
+        if self.calibration.min_participants > len(ids):
+            raise ValueError(
+                f"calibration min_participants={self.calibration.min_participants} exceeds "
+                f"the roster of {len(ids)}"
+            )
         chunk_bytes = 8 * self.secagg.chunk_entries
         if chunk_bytes > self.server.max_chunk_bytes:
             raise ValueError(
@@ -369,6 +396,17 @@ class CoordinatorSettings:
     @property
     def secure(self) -> bool:
         return self.secagg.updates or self.secagg.statistics
+
+    @property
+    def calibration_minimum(self) -> int:
+        """Inputs a statistics job must sum for a ``completed`` run (see
+        ``CalibrationSettings.min_participants``)."""
+        if self.calibration.min_participants:
+            return self.calibration.min_participants
+        floor = self.training.min_participants
+        if self.secagg.statistics:
+            floor = max(floor, self.secagg.min_participants)
+        return min(floor, len(self.participants))
 
     def fingerprint(self) -> str:
         """SHA-256 over the settings that determine the federation's results."""

@@ -51,6 +51,10 @@ class Progress:
     job_summaries: list[dict[str, Any]] = field(default_factory=list)
     peak_secagg_bytes: int = 0
     dp_ridge: dict[str, float] = field(default_factory=dict)
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    status_reasons: list[str] = field(default_factory=list)
+    """Why the status is not ``completed`` (``status.assess``); empty when it is."""
+    """Every wait between two attempts (``rejoin.RetryRecord``), in order."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
-from proto.federation_end import ended_status
+from proto.federation_end import SUCCESSFUL_STATUSES, ended_status
 
 __all__ = ["Backoff", "ParticipantExit", "stop_if_ended"]
 
@@ -78,6 +78,6 @@ def stop_if_ended(code: grpc.StatusCode, message: str) -> None:
     status = ended_status(message)
     if status is not None:
         raise ParticipantExit(
-            0 if status == "completed" else 1,
+            0 if status in SUCCESSFUL_STATUSES else 1,
             f"coordinator says the {message}; nothing left to do, stopping",
         )

@@ -12,18 +12,20 @@ the reference runner's test accuracy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from spherefed.data import ArrayDataset, load_dataset, load_npz_pair
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
-from spherefed.runner import ReferenceConfig, prepare_data
+from spherefed.runner import FederationData, ReferenceConfig, prepare_data
 
 from .settings import DataSettings
 
-__all__ = ["LocalData", "load_local_data"]
+__all__ = ["LocalData", "load_local_data", "load_local_slices"]
 
 
 @dataclass(frozen=True)
@@ -50,51 +52,86 @@ def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> list[ArrayDataset]:
-    """The reference test split partitioned into ``n`` local test splits."""
+    """The reference test split partitioned into ``n`` local test splits.
+
+    No minimum size: with more participants than test samples (1,000 participants
+    on digits' 449 test images) an IID split gives some participants an empty test
+    slice — the same permutation cut as ``spherefed.partition.iid_partition``, which
+    refuses empty parts because it partitions *training* data."""
+    seed = derive_seed(settings.seed, "partition", "test")
+    if settings.partition == "iid" and n > len(test.y):
+        perm = np.random.default_rng(seed).permutation(len(test.y))
+        return [test.subset(np.sort(p).astype(np.int64)) for p in np.array_split(perm, n)]
     parts = partition(
         test.y,
         n,
         scheme=settings.partition,
         alpha=settings.alpha if settings.partition == "dirichlet" else None,
         shards_per_client=settings.shards_per_client if settings.partition == "shards" else None,
-        seed=derive_seed(settings.seed, "partition", "test"),
+        seed=seed,
         min_size=0,
     )
     return [test.subset(p) for p in parts]
 
 
 def load_local_data(settings: DataSettings) -> LocalData:
-    if settings.slice_index is None or settings.slice_of is None:
-        if settings.test_root is not None:
-            if settings.root is None:
-                raise ValueError("[data] root is required with test_root")
-            splits = load_npz_pair(settings.root, settings.test_root)
-        else:
-            splits = load_dataset(
-                settings.dataset,
-                root=settings.root,
-                seed=settings.seed,
-                samples=settings.samples,
-                test_fraction=settings.test_fraction,
+    return load_local_slices([settings])[0]
+
+
+def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
+    """:func:`load_local_data` for many participants at once: settings that differ
+    only in ``slice_index`` share one load-split-partition of the dataset (a host of
+    hundreds of virtual participants would otherwise repeat it hundreds of times).
+    The slices are exactly the ones :func:`load_local_data` gives one by one."""
+    prepared: dict[DataSettings, tuple[FederationData, list[ArrayDataset]]] = {}
+    out: list[LocalData] = []
+    for settings in many:
+        if settings.slice_index is None or settings.slice_of is None:
+            out.append(_load_whole(settings))
+            continue
+        key = replace(settings, slice_index=0)
+        if key not in prepared:
+            data = prepare_data(
+                ReferenceConfig(
+                    dataset=settings.dataset,
+                    data_root=settings.root,
+                    samples=settings.samples,
+                    participants=settings.slice_of,
+                    partition=settings.partition,
+                    alpha=settings.alpha,
+                    shards_per_client=settings.shards_per_client,
+                    validation_fraction=settings.validation_fraction,
+                    seed=settings.seed,
+                )
             )
-        train, test = splits.train, splits.test
-        name = f"{settings.dataset} (whole)"
+            prepared[key] = (data, local_test_slices(settings, data.test, settings.slice_of))
+        data, tests = prepared[key]
+        k = settings.slice_index
+        train, test = data.participant(k), tests[k]
+        name = f"{settings.dataset} slice {k}/{settings.slice_of}"
+        out.append(_local(train, test, name, settings))
+    return out
+
+
+def _load_whole(settings: DataSettings) -> LocalData:
+    if settings.test_root is not None:
+        if settings.root is None:
+            raise ValueError("[data] root is required with test_root")
+        splits = load_npz_pair(settings.root, settings.test_root)
     else:
-        config = ReferenceConfig(
-            dataset=settings.dataset,
-            data_root=settings.root,
-            samples=settings.samples,
-            participants=settings.slice_of,
-            partition=settings.partition,
-            alpha=settings.alpha,
-            shards_per_client=settings.shards_per_client,
-            validation_fraction=settings.validation_fraction,
+        splits = load_dataset(
+            settings.dataset,
+            root=settings.root,
             seed=settings.seed,
+            samples=settings.samples,
+            test_fraction=settings.test_fraction,
         )
-        data = prepare_data(config)
-        train = data.participant(settings.slice_index)
-        test = local_test_slices(settings, data.test, settings.slice_of)[settings.slice_index]
-        name = f"{settings.dataset} slice {settings.slice_index}/{settings.slice_of}"
+    return _local(splits.train, splits.test, f"{settings.dataset} (whole)", settings)
+
+
+def _local(
+    train: ArrayDataset, test: ArrayDataset, name: str, settings: DataSettings
+) -> LocalData:
     num_classes = train.num_classes
     if settings.num_classes is not None:  # a site without the highest classes
         if settings.num_classes < num_classes:
@@ -106,3 +143,4 @@ def load_local_data(settings: DataSettings) -> LocalData:
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
     return LocalData(train_x, train_y, test_x, test_y, num_classes, train.image_shape, name)
+

@@ -3,7 +3,8 @@
 Loads (or, on first start, creates) the participant's Ed25519 identity key, its
 local data, the persistent job ledger and the trust root, then hands over to
 :class:`~participant.runner.ParticipantRunner` over a gRPC transport. Returns the
-process exit status: 0 when the federation completed, 1 when it failed, 2 when the
+process exit status: 0 when the federation completed or degraded (it reached its end
+with less than was asked; the coordinator's summary says what), 1 when it failed, 2 when the
 coordinator refused this participant, 3 when it gave up reconnecting.
 """
 

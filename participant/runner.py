@@ -35,6 +35,7 @@ from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
 from proto.codec import iter_chunks as tensor_chunks
+from proto.federation_end import SUCCESSFUL_STATUSES
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
@@ -44,7 +45,7 @@ from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .failures import failure_kind
-from .faults import Halter
+from .faults import Halter, OnHalt
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure import SecureSession
@@ -70,6 +71,7 @@ class ParticipantRunner(SecureAggregationSteps):
         trust: DirectoryTrust,
         *,
         log: Callable[[str], None],
+        on_halt: OnHalt | None = None,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -79,7 +81,7 @@ class ParticipantRunner(SecureAggregationSteps):
         self.ledger = ledger
         self.trust = trust
         self.log = log
-        self.halter = Halter(settings.halt_before)
+        self.halter = Halter(settings.halt_before, on_halt)
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None
@@ -212,9 +214,9 @@ class ParticipantRunner(SecureAggregationSteps):
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                if done.status != "completed":
+                if done.status not in SUCCESSFUL_STATUSES:
                     return 1
-                return self._save_final_models()
+                return self._save_final_models()  # completed or degraded: outputs exist
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1

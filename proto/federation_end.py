@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ENDED_PREFIX", "ended_details", "ended_status"]
+__all__ = ["ENDED_PREFIX", "SUCCESSFUL_STATUSES", "ended_details", "ended_status"]
 
 ENDED_PREFIX = "federation has ended"
+#: Final statuses after which the federation's outputs exist: ``degraded`` means it
+#: reached its end with less than was asked (the summary says what), ``failed`` that
+#: it stopped. Processes exit 0 on these, 1 on ``failed``.
+SUCCESSFUL_STATUSES = frozenset({"completed", "degraded"})
 _PATTERN = re.compile(r"^federation has ended \(([a-z]+)\)")
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from proto.federation_end import SUCCESSFUL_STATUSES
 from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 
 __all__ = [
@@ -43,7 +44,9 @@ def add_coordinator_parser(sub: SubParsers) -> None:
         description=(
             "Run the federation described by a coordinator TOML file: serve gRPC, run the "
             "rounds, the secure-aggregation jobs and the calibration, write summary.json "
-            "and the final models. Progress goes to stderr. See docs/deployment.md."
+            "and the final models. Progress goes to stderr. Exit status 0 completed or "
+            "degraded (summary.json's status_reasons say what is missing), 1 failed. See "
+            "docs/deployment.md."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="coordinator TOML file")
@@ -89,9 +92,9 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
     check_coordinator(settings, str(args.config))
     summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
-    shown = ("status", "accuracy", "errors", "warnings")
+    shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
     print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
-    return 0 if summary.get("status") == "completed" else 1
+    return 0 if summary.get("status") in SUCCESSFUL_STATUSES else 1
 
 
 def _unpin(settings: Any, participant_id: str) -> int:
@@ -143,7 +146,8 @@ def add_participant_parser(sub: SubParsers) -> None:
             "Join a federation: dial out to the coordinator, train locally, compute "
             "statistics and take part in secure aggregation until the coordinator says "
             "done; then save the final models in [participant] out_dir. Exit status 0 "
-            "completed, 1 federation failed, 2 bad input or refused, 3 gave up reconnecting."
+            "completed or degraded, 1 federation failed, 2 bad input or refused, 3 gave up "
+            "reconnecting."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
@@ -221,6 +225,11 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "dp_mechanism": "skellam",
     "dp_budget": None,
     "out": None,
+    "engine": "processes",
+    "workers": None,
+    "worker_cpus": 1.0,
+    "ray_address": None,
+    "coordinator_host": "127.0.0.1",
 }
 
 
@@ -235,7 +244,9 @@ def add_simulate_parser(sub: SubParsers) -> None:
             "(a [simulate] table with the same names, dashes as underscores); command-line "
             "options win. --drop SPEC kills participants with SIGKILL at a stage: "
             "PARTICIPANT:STAGE[@WHEN], comma-separated; STAGE in train, advertise, share, "
-            "masked, unmask; WHEN rN (1-based round), update, ffc or ccvr."
+            "masked, unmask; WHEN rN (1-based round), update, ffc or ccvr. Exit status 0 "
+            "completed or degraded (one line on stderr says why degraded), 1 failed (one "
+            "line on stderr says why) or the harness could not run it."
         ),
     )
     S = argparse.SUPPRESS
@@ -300,6 +311,32 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--dp-mechanism", default=S, choices=("skellam", "dgauss"))
     p.add_argument(
         "--dp-budget", type=float, default=S, help="DP: total ε budget of each participant"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("processes", "ray"),
+        default=S,
+        help="processes: one OS process per participant (default); ray: many virtual "
+        "participants per Ray worker (needs the ray extra; docs/scaling.md)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=S, help="ray: worker actors (default: one per CPU)"
+    )
+    p.add_argument(
+        "--worker-cpus", type=float, default=S, help="ray: logical CPUs per worker (default 1)"
+    )
+    p.add_argument(
+        "--ray-address",
+        default=S,
+        metavar="ADDR",
+        help="ray: join this existing cluster (default: start a local Ray instance)",
+    )
+    p.add_argument(
+        "--coordinator-host",
+        default=S,
+        metavar="HOST",
+        help="ray: address the participants dial and the coordinator listens on "
+        "(default 127.0.0.1; anything else needs --tls)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_simulate)
@@ -414,10 +451,47 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     return settings
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulate import SimulationError, run_simulation
+def _engine_runner(options: dict[str, Any]) -> Any:
+    """The run function of the chosen engine (``run_simulation``'s signature)."""
+    from .simulate import run_simulation
 
-    settings = simulation_settings_from(_simulate_options(args))
+    engine = str(options["engine"])
+    ray_only = ("workers", "ray_address")
+    if engine == "processes":
+        used = [k for k in ray_only if options[k] is not None]
+        if options["coordinator_host"] != "127.0.0.1":
+            used.append("coordinator_host")
+        if used:
+            flags = ", ".join("--" + k.replace("_", "-") for k in used)
+            raise ValueError(f"{flags} only apply to --engine ray")
+        return run_simulation
+    if engine != "ray":
+        raise ValueError(f"--engine must be processes or ray, got {engine!r}")
+    try:
+        from .engines.ray import RayEngineSettings, run_ray_simulation
+    except ImportError as exc:
+        raise ValueError(
+            f"--engine ray needs Ray ({exc}); install the extra: pip install -e '.[ray]'"
+        ) from None
+    chosen = RayEngineSettings(
+        workers=None if options["workers"] is None else int(options["workers"]),
+        worker_cpus=float(options["worker_cpus"]),
+        address=options["ray_address"],
+        coordinator_host=str(options["coordinator_host"]),
+    )
+
+    def run(settings: Any, progress: Any) -> Any:
+        return run_ray_simulation(settings, chosen, progress)
+
+    return run
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import SimulationError
+
+    options = _simulate_options(args)
+    settings = simulation_settings_from(options)
+    run = _engine_runner(options)
     from .outputs import check_output_dir
 
     check_output_dir(settings.out, what="--out")  # before any process starts
@@ -427,15 +501,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr, flush=True)
 
     try:
-        results = run_simulation(settings, progress)
+        results = run(settings, progress)
     except SimulationError as exc:
         print(f"spherecal simulate: error: {exc}", file=sys.stderr)
         return 1
+    line = status_line(results)
+    if line:
+        print(line, file=sys.stderr)
     print(
         json.dumps(
             {
                 "status": results["status"],
+                "status_reasons": results.get("status_reasons", []),
                 "accuracy": results["accuracy"],
+                "accuracy_covers": results.get("accuracy_covers"),
                 "dropped": [
                     f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
                 ],
@@ -446,7 +525,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             indent=2,
         )
     )
-    return 0 if results["status"] == "completed" else 1
+    return 0 if results["status"] in SUCCESSFUL_STATUSES else 1
+
+
+def status_line(results: dict[str, Any]) -> str:
+    """One line saying why a simulated federation is not ``completed`` ("" if it is)."""
+    status = results.get("status")
+    if status == "completed":
+        return ""
+    reasons = results.get("status_reasons") or results.get("errors") or ["no reason recorded"]
+    return f"spherecal simulate: federation {status}: " + "; ".join(str(r) for r in reasons)
 
 
 # ====================================================================== certs

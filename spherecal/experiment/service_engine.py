@@ -107,7 +107,8 @@ def train_cell_as_service(
             tail = _log_tail(out / "logs")
             return {**record, "diverged": True, "error": f"{exc}{' — ' + tail if tail else ''}"}
         if results.get("status") != "completed":
-            errors = "; ".join(str(e) for e in results.get("errors", []))[:400]
+            why = results.get("status_reasons") or results.get("errors", [])
+            errors = "; ".join(str(e) for e in why)[:400]
             return {
                 **record,
                 "diverged": True,

@@ -120,6 +120,7 @@ def coordinator_settings(
             heartbeat_timeout_s=s.heartbeat_timeout_s,
             linger_s=20.0,
             long_poll_s=2.0,
+            rejoin_grace_s=s.rejoin_grace_s,
         ),
         evaluation=EvaluationSettings(
             test_dataset=ref.dataset,

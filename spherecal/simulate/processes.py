@@ -224,6 +224,26 @@ class Simulation:
                 proc.log.write(raw)
                 proc.log.flush()
 
+    def kill_participant(self, pid: str, why: str = "SIGKILL by the harness") -> None:
+        """SIGKILL participant ``pid`` now (chaos tests, soak); ``start_participants(
+        only=[pid])`` restarts it with the same config, identity key and state."""
+        proc = self.participants.get(pid)
+        if proc is None:
+            raise SimulationError(f"no participant process {pid!r}")
+        proc.kill()
+        proc.close()
+        with self._lock:
+            self.dropped.append(
+                {
+                    "participant": pid,
+                    "stage": "external",
+                    "job": "-",
+                    "task_or_job_id": "",
+                    "how": why,
+                    "at_s": round(time.monotonic() - self._t0, 3),
+                }
+            )
+
     def kill_coordinator(self) -> None:
         if self.coordinator is not None:
             self.coordinator.kill()

@@ -33,6 +33,7 @@ def build_results(
     return {
         "schema": RESULTS_SCHEMA,
         "status": summary.get("status"),
+        "status_reasons": summary.get("status_reasons", []),
         "errors": summary.get("errors", []),
         "warnings": summary.get("warnings", []),
         "settings": {
@@ -51,6 +52,7 @@ def build_results(
             "dp_budget": s.dp_budget,
         },
         "accuracy": summary.get("accuracy"),
+        "accuracy_covers": summary.get("accuracy_covers"),
         "central_accuracy": summary.get("central_accuracy"),
         "federated_evaluation": summary.get("federated_evaluation"),
         "per_round": summary.get("per_round", []),
@@ -64,6 +66,8 @@ def build_results(
         "exit_codes": exit_codes,
         "coordinator_starts": coordinator_starts,
         "resumed_after_round": summary.get("resumed_after_round"),
+        "coverage": summary.get("coverage"),
+        "retries": summary.get("retries"),
         "audit_log": summary.get("audit_log"),
         "models": summary.get("models", {}),
         "saved_statistics": summary.get("saved_statistics", {}),

@@ -38,6 +38,9 @@ class SimulationSettings:
     stage_s: float = 120.0
     round_s: float = 900.0
     timeout_s: float = 3600.0
+    rejoin_grace_s: float = 60.0
+    """The coordinator's ``[timeouts] rejoin_grace_s`` (tests that never restart a
+    killed participant shorten it)."""
     chunk_entries: int = 1 << 18
     federated_every: int = 0
     feature_dim: int | None = None

@@ -1,0 +1,339 @@
+"""Soak: federations back to back under random faults, for a bounded time.
+
+Each federation is a real ``spherecal simulate`` setup (one coordinator process, N
+participant processes, gRPC on loopback, secure aggregation on by default). While it
+runs, the soak injects faults drawn from a seeded RNG, each triggered by one of the
+coordinator's progress lines (so it lands in a real stage: a round's training, right
+after a round's checkpoint, a statistics job) plus a random delay:
+
+``participant``   SIGKILL one participant, restart it 0.1–2 s later;
+``three``         SIGKILL all but one participant, restart them within a second;
+``coordinator``   SIGKILL the coordinator, restart it on the same port.
+
+What it reports (JSON on stdout, or ``--json FILE``):
+
+* ``faults_injected`` by kind, ``federations`` by final status;
+* ``rounds_lost``: rounds that were completed (checkpointed in the coordinator's
+  database) when the coordinator was killed but were *not* resumed after — must be 0;
+  a federation that ends ``failed`` loses all its completed rounds and counts them;
+* ``coordinator_rss_mb``: the coordinator's resident memory sampled every
+  ``--rss-every`` seconds (``[seconds since the soak started, MiB]``), its peak, and
+  each federation's peak as the coordinator reported it.
+
+No federation is started after ``--minutes`` have passed; the one running then is
+finished (bounded by ``--federation-timeout``). Usage::
+
+    nice -n 5 python bench/soak.py --minutes 30 --json out/soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spherecal.simulate import Simulation, SimulationSettings
+from spherefed.runner import ReferenceConfig
+
+FAULT_KINDS = ("participant", "three", "coordinator")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    trigger: str  # substrings (separated by "*") of a coordinator progress line
+    delay_s: float  # after the trigger
+
+
+class Lines:
+    """The current coordinator's progress lines; wait for one containing a needle."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.mark = 0
+
+    def __call__(self, line: str) -> None:
+        with self.cond:
+            self.lines.append(line)
+            self.cond.notify_all()
+
+    def wait_for(self, trigger: str, until: float, alive: Any) -> bool:
+        needles = trigger.split("*")
+        with self.cond:
+            while True:
+                for k in range(self.mark, len(self.lines)):
+                    if all(n in self.lines[k] for n in needles):
+                        self.mark = k + 1
+                        return True
+                if time.monotonic() >= until or not alive():
+                    return False
+                self.cond.wait(0.5)
+
+
+def completed_rounds(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as conn:
+            row = conn.execute(
+                "SELECT count(DISTINCT round) FROM rounds WHERE status='completed'"
+            ).fetchone()
+        return int(row[0])
+    except sqlite3.Error:
+        return 0
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def plan_faults(rng: random.Random, rounds: int) -> list[Fault]:
+    triggers = [f"round {r}/{rounds}: training on" for r in range(1, rounds + 1)]
+    triggers += [f"round {r}/{rounds}: *updates, loss" for r in range(1, rounds)]  # its end
+    triggers += ["statistics ccvr:"]
+    count = rng.choice((1, 1, 2))
+    chosen = sorted(rng.sample(range(len(triggers)), count), key=lambda i: _order(triggers[i]))
+    return [
+        Fault(rng.choice(FAULT_KINDS), triggers[i], round(rng.uniform(0.0, 1.5), 2)) for i in chosen
+    ]
+
+
+def _order(trigger: str) -> tuple[int, int]:
+    if trigger.startswith("statistics"):
+        return (10**6, 0)
+    r = int(trigger.split()[1].split("/")[0])
+    return (r, 0 if "training" in trigger else 1)
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.t0 = time.monotonic()
+        self.rss: list[list[float]] = []
+        self.faults = dict.fromkeys(FAULT_KINDS, 0)
+        self.statuses: dict[str, int] = {}
+        self.rounds_lost = 0
+        self.federations: list[dict[str, Any]] = []
+        self._sim: Simulation | None = None
+        self._stop = threading.Event()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def sample_rss(self) -> None:
+        while not self._stop.wait(self.args.rss_every):
+            sim = self._sim
+            proc = sim.coordinator if sim is not None else None
+            if proc is not None and proc.popen.poll() is None:
+                mb = rss_mb(proc.popen.pid)
+                if mb is not None:
+                    self.rss.append([round(self.elapsed(), 1), round(mb, 1)])
+
+    def run(self) -> dict[str, Any]:
+        sampler = threading.Thread(target=self.sample_rss, daemon=True)
+        sampler.start()
+        base = Path(self.args.out or tempfile.mkdtemp(prefix="spherecal-soak-"))
+        n = 0
+        while self.elapsed() < self.args.minutes * 60:
+            n += 1
+            self.federations.append(self.federation(base / f"fed{n:03d}", n))
+        self._stop.set()
+        sampler.join(timeout=5)
+        return self.report(base)
+
+    def federation(self, out: Path, n: int) -> dict[str, Any]:
+        a = self.args
+        settings = SimulationSettings(
+            reference=ReferenceConfig(
+                participants=a.participants, model="mlp", rounds=a.rounds, alpha=0.5, seed=n
+            ),
+            out=out,
+            calibration=("ffc", "ccvr"),
+            secure_updates=not a.no_secure,
+            secure_statistics=not a.no_secure,
+            timeout_s=a.federation_timeout,
+        )
+        plan = plan_faults(self.rng, a.rounds)
+        lines = Lines()
+        injected: list[dict[str, Any]] = []
+        lost = 0
+        t0 = time.monotonic()
+        until = t0 + a.federation_timeout
+        pids = list(settings.participant_ids)
+        record: dict[str, Any] = {"federation": n, "planned": [f.__dict__ for f in plan]}
+        with Simulation(settings, lines) as sim:
+            self._sim = sim
+            port = sim.start_coordinator()
+            sim.start_participants()
+            db = out / "coordinator" / "state" / "state.db"
+
+            def alive() -> bool:
+                return sim.coordinator is not None and sim.coordinator.popen.poll() is None
+
+            for fault in plan:
+                if not lines.wait_for(fault.trigger, until, alive):
+                    injected.append({"kind": fault.kind, "skipped": "trigger never seen"})
+                    continue
+                time.sleep(fault.delay_s)
+                if not alive():
+                    break
+                at = round(time.monotonic() - t0, 2)
+                if fault.kind == "coordinator":
+                    before = completed_rounds(db)
+                    sim.kill_coordinator()
+                    lines.mark = len(lines.lines)
+                    sim.start_coordinator(listen=f"127.0.0.1:{port}")
+                    resumed = self._resumed_after(lines, until)
+                    lost += max(0, before - resumed)
+                    injected.append(
+                        {
+                            "kind": "coordinator",
+                            "at_s": at,
+                            "completed_rounds": before,
+                            "resumed_after": resumed,
+                        }
+                    )
+                else:
+                    victims = (
+                        [self.rng.choice(pids)]
+                        if fault.kind == "participant"
+                        else self.rng.sample(pids, len(pids) - 1)
+                    )
+                    for pid in victims:
+                        sim.kill_participant(pid, f"SIGKILL by bench/soak.py ({fault.kind})")
+                    pause = self.rng.uniform(0.1, 2.0 if fault.kind == "participant" else 1.0)
+                    time.sleep(pause)
+                    sim.start_participants(only=victims)
+                    injected.append(
+                        {
+                            "kind": fault.kind,
+                            "at_s": at,
+                            "victims": victims,
+                            "restart_after_s": round(pause, 2),
+                        }
+                    )
+                self.faults[fault.kind] += 1
+            try:
+                sim.wait_coordinator(max(1.0, until - time.monotonic()))
+                results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+                status = str(results["status"])
+            except Exception as exc:  # noqa: BLE001 - a soak records every way a run ends
+                results = {}
+                status = f"harness-error: {exc}"[:200]
+            self._sim = None
+        if status == "failed" or status.startswith("harness-error"):
+            lost += completed_rounds(db)
+        self.rounds_lost += lost
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        record.update(
+            status=status,
+            status_reasons=results.get("status_reasons", []),
+            faults=injected,
+            rounds_lost=lost,
+            retries=(results.get("retries") or {}).get("count"),
+            accuracy=results.get("accuracy"),
+            wall_s=round(time.monotonic() - t0, 1),
+            coordinator_peak_rss_mb=_peak_rss(out),
+        )
+        print(f"[soak] {json.dumps(record)}", file=sys.stderr, flush=True)
+        return record
+
+    @staticmethod
+    def _resumed_after(lines: Lines, until: float) -> int:
+        """The round the restarted coordinator resumes after (0 if it starts afresh)."""
+        deadline = min(until, time.monotonic() + 300)
+        with lines.cond:
+            while time.monotonic() < deadline:
+                for line in lines.lines[lines.mark :]:
+                    if "resuming federation" in line and "after round " in line:
+                        return int(line.split("after round ")[1].split()[0])
+                    if "listening on" in line:
+                        return 0
+                lines.cond.wait(0.5)
+        return 0
+
+    def report(self, base: Path) -> dict[str, Any]:
+        peaks = [f["coordinator_peak_rss_mb"] for f in self.federations]
+        return {
+            "bench": "soak",
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "load_avg_at_end": list(os.getloadavg()),
+            },
+            "settings": {
+                "minutes": self.args.minutes,
+                "participants": self.args.participants,
+                "rounds": self.args.rounds,
+                "secure": not self.args.no_secure,
+                "seed": self.args.seed,
+            },
+            "ran_s": round(self.elapsed(), 1),
+            "federations": {"run": len(self.federations), **self.statuses},
+            "federations_completed": self.statuses.get("completed", 0),
+            "faults_injected": {**self.faults, "total": sum(self.faults.values())},
+            "rounds_lost": self.rounds_lost,
+            "coordinator_rss_mb": {
+                "samples": self.rss,
+                "peak": max((s[1] for s in self.rss), default=None),
+                "per_federation_peak": peaks,
+            },
+            "per_federation": self.federations,
+            "out": str(base),
+        }
+
+
+def _peak_rss(out: Path) -> float | None:
+    path = out / "coordinator" / "out" / "summary.json"
+    try:
+        data = json.loads(path.read_text())
+        return float(data["resources"]["peak_rss_mb"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description="Federations back to back under random participant and coordinator "
+        "kills, for a bounded time; prints JSON (faults injected, federations by status, "
+        "rounds lost, coordinator RSS over time)."
+    )
+    p.add_argument("--minutes", type=float, default=30.0, help="start no federation after this")
+    p.add_argument("--participants", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="seeds the fault plan")
+    p.add_argument("--no-secure", action="store_true", help="plaintext aggregation")
+    p.add_argument("--federation-timeout", type=float, default=900.0)
+    p.add_argument("--rss-every", type=float, default=5.0, help="RSS sampling period (s)")
+    p.add_argument("--out", type=Path, default=None, help="keep the runs here (default tmp)")
+    p.add_argument("--json", type=Path, default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    if args.participants < 4:
+        p.error("--participants must be >= 4 (secure jobs need 3 survivors of a kill)")
+    report = Soak(args).run()
+    text = json.dumps(report, indent=2)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0 if report["rounds_lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

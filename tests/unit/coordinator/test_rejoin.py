@@ -1,0 +1,132 @@
+"""Between attempts: the back-off's range and growth, and the wait for participants to
+reconnect — it ends as soon as all wanted participants are back, at the end of the
+grace otherwise, and on a stop request at once. Real Registry (real Ed25519 joins),
+Store (SQLite) and Board; a thread plays the participant coming back."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator.board import Board
+from coordinator.errors import FederationFailed
+from coordinator.registry import Member, Peer, Registry
+from coordinator.rejoin import MAX_BACKOFF_S, backoff_delay, wait_before_retry
+from coordinator.settings import CoordinatorSettings, Timeouts
+from coordinator.spool import Spool
+from coordinator.stages import Progress, StageContext
+from coordinator.store import Store
+from crypto import generate_identity
+from proto import spherecal_pb2 as pb
+from proto.identity import join_payload, public_key_bytes
+
+ROSTER = ("p0", "p1", "p2", "p3")
+
+
+def _join(registry: Registry, pid: str) -> Member:
+    key = generate_identity()
+    public = public_key_bytes(key)
+    ts = int(time.time() * 1000)
+    nonce = os.urandom(16)
+    request = pb.JoinRequest(
+        participant_id=pid,
+        identity_public_key=public,
+        timestamp_ms=ts,
+        nonce=nonce,
+        signature=key.sign(join_payload(pid, public, ts, nonce)),
+    )
+    member = registry.join(request, Peer())
+    registry.presence_opened(member)
+    return member
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Iterator[StageContext]:
+    settings = CoordinatorSettings(
+        participants=ROSTER,
+        state_dir=tmp_path,
+        timeouts=Timeouts(rejoin_grace_s=2.0, retry_backoff_s=0.05),
+    )
+    store = Store(tmp_path / "state.db")
+    registry = Registry(
+        ROSTER, store, require_certificates=False, heartbeat_timeout_s=30, clock_skew_s=60
+    )
+    lines: list[str] = []
+    yield StageContext(
+        settings=settings,
+        store=store,
+        registry=registry,
+        board=Board(),
+        spool=Spool(tmp_path / "spool"),
+        progress=Progress(global_vector=np.zeros(1)),
+        say=lines.append,
+    )
+    store.close()
+
+
+def test_backoff_doubles_is_jittered_into_its_upper_half_and_is_capped() -> None:
+    rng = random.Random(7)
+    assert backoff_delay(1, 1.0, rng) == 0.0  # the first attempt does not wait
+    assert backoff_delay(3, 0.0, rng) == 0.0  # 0 disables the back-off
+    for attempt, full in ((2, 1.0), (3, 2.0), (4, 4.0), (12, MAX_BACKOFF_S)):
+        draws = [backoff_delay(attempt, 1.0, rng) for _ in range(200)]
+        assert min(draws) >= full / 2 and max(draws) <= full
+        assert max(draws) - min(draws) > full / 4  # jitter, not a constant
+
+
+def test_wait_ends_as_soon_as_every_wanted_participant_is_back(ctx: StageContext) -> None:
+    ctx.settings = replace(ctx.settings, timeouts=Timeouts(rejoin_grace_s=60.0))
+    for pid in ("p0", "p1"):
+        _join(ctx.registry, pid)
+    timer = threading.Timer(0.4, lambda: [_join(ctx.registry, p) for p in ("p2", "p3")])
+    timer.start()
+    t0 = time.monotonic()
+    record = wait_before_retry(
+        ctx, stage="round 2", next_attempt=2, reason="too few", wanted=ROSTER
+    )
+    elapsed = time.monotonic() - t0
+    timer.join()
+    assert record.missing == [] and record.present == list(ROSTER)
+    assert elapsed < 60.0  # returned on the rejoin, not at the end of the grace
+    assert ctx.progress.retries == [record.to_json()]
+    events = ctx.store.query("SELECT message FROM events")
+    assert any("round 2: attempt 2" in m for (m,) in events)
+
+
+def test_wait_gives_up_at_the_end_of_the_grace_and_names_who_is_missing(
+    ctx: StageContext,
+) -> None:
+    for pid in ("p0", "p1", "p3"):
+        _join(ctx.registry, pid)
+    t0 = time.monotonic()
+    record = wait_before_retry(
+        ctx, stage="statistics ccvr", next_attempt=3, reason="x", wanted=ROSTER
+    )
+    assert time.monotonic() - t0 >= 2.0
+    assert record.missing == ["p2"] and record.present == ["p0", "p1", "p3"]
+    assert record.next_attempt == 3 and record.stage == "statistics ccvr"
+    assert 0.05 <= record.backoff_s <= 0.1
+
+
+def test_a_stop_request_ends_the_wait_at_once(ctx: StageContext) -> None:
+    threading.Timer(0.3, lambda: ctx.board.stop("SIGTERM")).start()
+    t0 = time.monotonic()
+    with pytest.raises(FederationFailed, match="SIGTERM"):
+        wait_before_retry(ctx, stage="round 1", next_attempt=2, reason="x", wanted=ROSTER)
+    assert time.monotonic() - t0 < 2.0  # before the grace would have ended
+    assert ctx.progress.retries == []
+
+
+@pytest.mark.parametrize("field", ["rejoin_grace_s", "retry_backoff_s"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_bad_grace_or_backoff_is_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        Timeouts(**{field: value})  # type: ignore[arg-type]
