@@ -1,4 +1,5 @@
-"""CLI subcommands of the service: ``coordinator``, ``participant``, ``simulate``, ``certs``.
+"""CLI subcommands of the service: ``coordinator``, ``participant``, ``simulate``
+(``certs`` lives in :mod:`spherecal.certs_cli`).
 
 Registered by ``spherecal.cli.build_parser``. Heavy imports (torch, grpc servers)
 happen inside the command functions so that ``spherecal certs`` and ``--help`` stay
@@ -17,6 +18,8 @@ from typing import Any
 
 from proto.federation_end import SUCCESSFUL_STATUSES
 from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+
+from .certs_cli import add_certs_parser
 
 __all__ = [
     "add_certs_parser",
@@ -535,81 +538,3 @@ def status_line(results: dict[str, Any]) -> str:
         return ""
     reasons = results.get("status_reasons") or results.get("errors") or ["no reason recorded"]
     return f"spherecal simulate: federation {status}: " + "; ".join(str(r) for r in reasons)
-
-
-# ====================================================================== certs
-def add_certs_parser(sub: SubParsers) -> None:
-    p = sub.add_parser(
-        "certs",
-        help="make a development CA and certificates for mutual TLS",
-        description=(
-            "A throwaway certificate authority for trying mutual TLS: `certs init DIR` "
-            "makes ca.pem/ca.key and the coordinator's server.pem/server.key; `certs issue "
-            "NAME --dir DIR` makes participant NAME's client certificate, key and Ed25519 "
-            "identity key (bound into the certificate)."
-        ),
-    )
-    csub = p.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
-    init = csub.add_parser("init", help="create a CA and a server certificate in DIR")
-    init.add_argument("dir", type=Path)
-    init.add_argument(
-        "--host",
-        action="append",
-        default=None,
-        help="server name or IP for the coordinator certificate (repeatable; default "
-        "localhost and 127.0.0.1)",
-    )
-    init.add_argument("--days", type=int, default=365)
-    init.set_defaults(func=_cmd_certs_init)
-    issue = csub.add_parser("issue", help="issue participant NAME's client certificate")
-    issue.add_argument("name")
-    issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
-    issue.add_argument("--days", type=int, default=365)
-    issue.add_argument(
-        "--new-identity",
-        action="store_true",
-        help="replace NAME.identity.key with a fresh key (after a compromise; then "
-        "`spherecal coordinator --unpin NAME`)",
-    )
-    issue.set_defaults(func=_cmd_certs_issue)
-    revoke = csub.add_parser(
-        "revoke",
-        help="revoke participant NAME's current certificate (adds it to DIR/crl.pem)",
-        description=(
-            "Add NAME's current certificate to the CA's revocation list DIR/crl.pem. A "
-            "coordinator whose [tls] crl points at that file refuses the certificate "
-            "from its next call on (the file is re-read when it changes)."
-        ),
-    )
-    revoke.add_argument("name")
-    revoke.add_argument("--dir", type=Path, required=True, help="the CA directory")
-    revoke.add_argument("--days", type=int, default=365, help="validity of the new CRL")
-    revoke.set_defaults(func=_cmd_certs_revoke)
-
-
-def _cmd_certs_init(args: argparse.Namespace) -> int:
-    from .certs import DEFAULT_HOSTS, init_ca
-
-    try:
-        paths = init_ca(args.dir, hosts=args.host or DEFAULT_HOSTS, days=args.days)
-    except FileExistsError as exc:
-        raise ValueError(str(exc)) from None
-    for path in paths:
-        print(path)
-    return 0
-
-
-def _cmd_certs_issue(args: argparse.Namespace) -> int:
-    from .certs import issue_participant
-
-    paths = issue_participant(args.dir, args.name, days=args.days, new_identity=args.new_identity)
-    for path in paths:
-        print(path)
-    return 0
-
-
-def _cmd_certs_revoke(args: argparse.Namespace) -> int:
-    from .certs import revoke_participant
-
-    print(revoke_participant(args.dir, args.name, days=args.days))
-    return 0
