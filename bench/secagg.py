@@ -37,6 +37,14 @@ Definitions (all measured in the same process, on the same machine, in this run)
     Bytes an uploading participant sends in the whole job (all messages, canonical
     encodings, chunk framing included). ``upload_bytes_per_entry`` divides by
     ``dim``; target at most 8.1.
+``policy_overhead``
+    The cost of the participants' privacy policy (:mod:`crypto.policy`): every
+    repeat runs the same job twice, alternating the order — once as deployed by
+    default (signed survivor-set round + the default ``SecAggPolicy``'s checks) and
+    once without the consistency round and with every policy rule relaxed.
+    ``protocol_s_with`` / ``protocol_s_without`` are the medians,
+    ``overhead_fraction = (with - without) / without`` (target below 0.10); the
+    per-run pairs are listed too. All other keys describe the default (with) runs.
 ``peak_rss_mb``
     Peak resident memory of this process (includes all simulated participants'
     inputs; the server itself holds ``(1 + max_in_flight)`` vectors, see
@@ -62,11 +70,18 @@ from typing import Any
 
 import numpy as np
 
+from crypto.inprocess import run_protocol
+from crypto.policy import SecAggPolicy
 from crypto.prg import raw_keystream_seconds
-from crypto.simulate import run_protocol
 from crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
 
 ENTRY_BYTES = 8
+RELAXED_POLICY = SecAggPolicy(
+    require_consistency_round=False,
+    require_majority_threshold=False,
+    min_participants=2,
+    min_inputs=2,
+)
 RAW_PASS_BYTES = 256 << 20
 
 
@@ -83,14 +98,17 @@ def _one_run(
     *,
     seed: int,
     max_in_flight: int,
+    policy: SecAggPolicy | None = None,
+    raw_gbps: float | None = None,
 ) -> dict[str, Any]:
-    raw_gbps = raw_rate_gbps()
+    raw_gbps = raw_rate_gbps() if raw_gbps is None else raw_gbps
     report = run_protocol(
         spec,
         inputs,
         drop=dict.fromkeys(dropped, "masked"),
         rng=random.Random(seed),
         max_in_flight=max_in_flight,
+        policy=policy,
     )
     result = report.result
     graph_ = spec.masking_graph
@@ -151,9 +169,16 @@ def run(
     inputs = {p: data_rng.uniform(-1.0, 1.0, dim) for p in ids}
     dropped = random.Random(seed).sample(ids, dropouts)
 
-    def make_spec(length: int) -> JobSpec:  # a fresh job (new id, keys, masks) per run
+    def make_spec(length: int, consistency: bool = True) -> JobSpec:
+        # a fresh job (new id, keys, masks) per run
         return JobSpec.create(
-            ids, threshold=t, length=length, bound=1.0, graph=graph, chunk_size=chunk_size
+            ids,
+            threshold=t,
+            length=length,
+            bound=1.0,
+            graph=graph,
+            chunk_size=chunk_size,
+            consistency_check=consistency,
         )
 
     # Warm-up on a small vector: imports, OpenSSL/numpy first-call costs.
@@ -165,10 +190,30 @@ def run(
         seed=seed,
         max_in_flight=max_in_flight,
     )
-    runs = [
-        _one_run(make_spec(dim), inputs, dropped, seed=seed + r, max_in_flight=max_in_flight)
-        for r in range(repeats)
-    ]
+    runs: list[dict[str, Any]] = []
+    bare: list[dict[str, Any]] = []
+
+    def with_policy(r: int) -> dict[str, Any]:  # the deployed default
+        return _one_run(make_spec(dim), inputs, dropped, seed=seed + r, max_in_flight=max_in_flight)
+
+    def without_policy(r: int) -> dict[str, Any]:  # no consistency round, no policy rules
+        return _one_run(
+            make_spec(dim, consistency=False),
+            inputs,
+            dropped,
+            seed=seed + r,
+            max_in_flight=max_in_flight,
+            policy=RELAXED_POLICY,
+            raw_gbps=1.0,  # not reported for these runs
+        )
+
+    for r in range(repeats):
+        if r % 2 == 0:  # alternate the order so drift hits both alike
+            runs.append(with_policy(r))
+            bare.append(without_policy(r))
+        else:
+            bare.append(without_policy(r))
+            runs.append(with_policy(r))
     spec = make_spec(dim)
     out: dict[str, Any] = {}
     for key in runs[0]:
@@ -178,6 +223,18 @@ def run(
     out["max_abs_error"] = max(r["max_abs_error"] for r in runs)
     out["error_bound"] = runs[0]["error_bound"]
     out["protocol_s_first_run"] = round(runs[0]["protocol_s"], 4)
+    with_s = [r["protocol_s"] for r in runs]
+    without_s = [r["protocol_s"] for r in bare]
+    median_with, median_without = float(np.median(with_s)), float(np.median(without_s))
+    out["policy_overhead"] = {
+        "protocol_s_with": round(median_with, 4),
+        "protocol_s_without": round(median_without, 4),
+        "overhead_s": round(median_with - median_without, 4),
+        "overhead_fraction": round((median_with - median_without) / median_without, 4),
+        "runs_with_s": [round(v, 4) for v in with_s],
+        "runs_without_s": [round(v, 4) for v in without_s],
+        "max_abs_error_without": max(r["max_abs_error"] for r in bare),
+    }
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out["upload_bytes_per_entry"] = round(out["upload_bytes_per_participant"] / dim, 5)
     out["server_vector_bytes"] = (1 + max_in_flight) * ENTRY_BYTES * dim

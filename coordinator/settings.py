@@ -148,12 +148,18 @@ class SecAggSettings:
     updates: bool = True
     statistics: bool = True
     threshold: int | None = None
-    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``."""
+    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
+    a strict majority of the share holders (``2t > n``), which participants' default
+    policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
-    min_participants: int = 2
+    min_participants: int = 3
+    """Fewest inputs a job may aggregate; participants' default policy refuses jobs of
+    fewer than 3 participants and sums of fewer than 3 inputs."""
     graph: str = "auto"
     """``complete``, ``harary``, ``harary:K`` or ``auto`` (complete up to 32 participants)."""
-    consistency_check: bool = False
+    consistency_check: bool = True
+    """The signed survivor-set round (Bonawitz et al. 2017, round 3). On by default:
+    participants' default policy refuses jobs without it."""
     update_bound: float = 1e5
     """Declared bound on every entry of ``[n_k(θ_k−θ), n_k, mean_loss]``."""
     statistics_bound: float = 1e6

@@ -16,15 +16,25 @@ Modules, one idea each:
 ``graph``        complete and Harary k-regular masking graphs
 ``spec``         ``JobSpec``: the parameters every party validates
 ``messages``     every protocol message with canonical ``to_bytes``/``from_bytes``
-``ledger``       job-id replay protection
+``_fields``      framing and structural checks shared by the messages
+``replay``       job-id replay protection
+``policy``       ``SecAggPolicy``: what a participant refuses, whatever it is asked
+``dealing``      round 1: dealing and opening encrypted Shamir shares
+``complaints``   signed complaints naming a dealer whose share failed
+``consistency``  checking a consistency-signed survivor view before unmasking
 ``participant``  ``SecAggParticipant`` state machine
 ``server``       ``SecAggServer`` state machine (streaming, O(vector) memory)
-``simulate``     ``simulate_secure_sum`` and ``run_protocol`` (in-process)
+``inprocess``    ``simulate_secure_sum`` and ``run_protocol`` (in-process)
+``dp``           distributed DP noise in the ring (sizing, exact sampling)
 """
 
 from ._exceptions import (
+    AggregateOutOfRange,
+    BadComplaint,
     BadKey,
     BadSignature,
+    ConsistencyRoundRequired,
+    DoubleReveal,
     DuplicateMessage,
     EncodingOverflow,
     Excluded,
@@ -33,11 +43,18 @@ from ._exceptions import (
     InvalidSpec,
     JobAborted,
     JobReplayed,
+    KeySubstitution,
     MalformedMessage,
+    NoiseTooLarge,
     OutOfStage,
     OverlappingReveal,
+    PolicyViolation,
+    RingOverflowRisk,
     SecAggError,
     SenderMismatch,
+    ThresholdTooLow,
+    TooFewInputs,
+    TooFewParticipants,
     TooFewSurvivors,
     UnexpectedShare,
     UnknownParticipant,
@@ -47,10 +64,11 @@ from ._exceptions import (
     WrongRecipient,
 )
 from .channel import ShareKind
+from .inprocess import SimulationReport, run_protocol, simulate_secure_sum
 from .keys import generate_identity, identity_public_bytes
-from .ledger import JobLedger, MemoryJobLedger
 from .messages import (
     AdvertiseKeys,
+    ComplaintReason,
     ConsistencyRequest,
     ConsistencySignature,
     EncryptedShare,
@@ -60,6 +78,7 @@ from .messages import (
     RevealedShare,
     RoutedShare,
     ShareBundle,
+    ShareComplaint,
     ShareKeys,
     SurvivorSignature,
     UnmaskRequest,
@@ -67,18 +86,24 @@ from .messages import (
     decode_message,
 )
 from .participant import ParticipantStage, SecAggParticipant
+from .policy import SecAggPolicy
+from .replay import JobLedger, MemoryJobLedger
 from .ring import choose_scale_bits, decode, encode
 from .server import AggregateResult, SecAggServer, Stage
-from .simulate import SimulationReport, run_protocol, simulate_secure_sum
 from .spec import JobSpec
 
 __all__ = [
     "AdvertiseKeys",
+    "AggregateOutOfRange",
     "AggregateResult",
+    "BadComplaint",
     "BadKey",
     "BadSignature",
+    "ComplaintReason",
     "ConsistencyRequest",
+    "ConsistencyRoundRequired",
     "ConsistencySignature",
+    "DoubleReveal",
     "DuplicateMessage",
     "EncodingOverflow",
     "EncryptedShare",
@@ -91,25 +116,34 @@ __all__ = [
     "JobReplayed",
     "JobSpec",
     "KeyRoster",
+    "KeySubstitution",
     "MalformedMessage",
     "MaskedChunk",
     "MemoryJobLedger",
     "Message",
+    "NoiseTooLarge",
     "OutOfStage",
     "OverlappingReveal",
     "ParticipantStage",
+    "PolicyViolation",
     "RevealedShare",
+    "RingOverflowRisk",
     "RoutedShare",
     "SecAggError",
     "SecAggParticipant",
+    "SecAggPolicy",
     "SecAggServer",
     "SenderMismatch",
     "ShareBundle",
+    "ShareComplaint",
     "ShareKeys",
     "ShareKind",
     "SimulationReport",
     "Stage",
     "SurvivorSignature",
+    "ThresholdTooLow",
+    "TooFewInputs",
+    "TooFewParticipants",
     "TooFewSurvivors",
     "UnexpectedShare",
     "UnknownParticipant",

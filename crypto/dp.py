@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._exceptions import InvalidSpec
+from ._exceptions import InvalidSpec, NoiseTooLarge, RingOverflowRisk
 from .entropy import RandomSource
 from .exact import MAX_SIGMA, discrete_gaussian
 from .poisson import MU_MAX, skellam
@@ -83,49 +83,6 @@ DGAUSS = "dgauss"
 MECHANISMS = (SKELLAM, DGAUSS)
 DEFAULT_MECHANISM = SKELLAM
 DEFAULT_TAIL_LOG2 = -64.0
-
-
-class RingOverflowRisk(InvalidSpec):
-    """The noisy sum could wrap the 64-bit ring. ``cause`` is ``"values"``, ``"noise"``
-    or ``"values and noise"``; the counts and bounds are attributes."""
-
-    def __init__(
-        self, *, participants: int, bound: float, scale_bits: int, noise_bound: int
-    ) -> None:
-        self.participants = participants
-        self.bound = bound
-        self.scale_bits = scale_bits
-        self.noise_bound = noise_bound
-        values = participants * max_entry_magnitude(bound, scale_bits)
-        noise = participants * noise_bound
-        if values > MAX_SIGNED:
-            self.cause = "values"
-        elif noise > MAX_SIGNED:
-            self.cause = "noise"
-        else:
-            self.cause = "values and noise"
-        super().__init__(
-            f"refusing the job: the noisy sum could overflow the 64-bit ring ({self.cause}): "
-            f"{participants} participants × (values |x| <= {bound!r} at scale 2^{scale_bits} "
-            f"= {values // participants} units + noise bound {noise_bound}) = {values + noise} "
-            f"> 2^63 - 1. Lower scale_bits, the value bound or the noise (raise ε), or "
-            "split the federation"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            _rebuild_overflow,
-            (self.participants, self.bound, self.scale_bits, self.noise_bound),
-        )
-
-
-def _rebuild_overflow(n: int, bound: float, scale_bits: int, noise: int) -> RingOverflowRisk:
-    return RingOverflowRisk(participants=n, bound=bound, scale_bits=scale_bits, noise_bound=noise)
-
-
-class NoiseTooLarge(InvalidSpec):
-    """The per-participant noise exceeds what the exact samplers support
-    (Skellam ``μ <= 2^50``, discrete Gaussian ``σ <= 2^26``): use a coarser scale."""
 
 
 # ------------------------------------------------------------------- the plan

@@ -47,6 +47,7 @@ __all__ = [
     "agree",
     "advert_payload",
     "check_public_key",
+    "complaint_payload",
     "generate_identity",
     "identity_public_bytes",
     "load_identity_public",
@@ -165,6 +166,16 @@ def advert_payload(
 def survivors_payload(*, spec_digest: bytes, job_id: bytes, survivors: Sequence[str]) -> bytes:
     """What a consistency-check signature covers: the exact survivor set ``U3``."""
     return encode_context(LABEL, "survivors", spec_digest, job_id, *sorted(survivors))
+
+
+def complaint_payload(
+    *, spec_digest: bytes, job_id: bytes, complainant: str, dealer: str, reason: int
+) -> bytes:
+    """What a share-complaint signature covers: (job spec, job, who complains, about
+    which dealer, why) — so a complaint cannot be moved to another job or dealer."""
+    return encode_context(
+        LABEL, "share-complaint", spec_digest, job_id, complainant, dealer, str(reason)
+    )
 
 
 def sign(identity: Ed25519PrivateKey, payload: bytes) -> bytes:

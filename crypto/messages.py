@@ -24,16 +24,26 @@ coordinator)::
     P -> S  ConsistencySignature
     S -> P  UnmaskRequest          round 4 (survivors, dropouts, signatures)
     P -> S  UnmaskResponse
+    P -> S  ShareComplaint         any time after round 1: a share from a dealer
+                                   failed authentication (signed, names the dealer)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from ._codec import Reader, Writer
 from ._exceptions import MalformedMessage
+from ._fields import fixed as _fixed
+from ._fields import header as _header
+from ._fields import job as _job
+from ._fields import need as _need
+from ._fields import open_message as _open
+from ._fields import pid as _pid
+from ._fields import sorted_unique as _sorted_unique
 from .channel import (
     CIPHERTEXT_BYTES,
     COMMITMENT_BYTES,
@@ -43,7 +53,7 @@ from .channel import (
     share_length,
 )
 from .keys import KEY_BYTES, SIGNATURE_BYTES
-from .spec import MAGIC, MAX_JOB_ID_BYTES, VERSION
+from .spec import MAGIC, MAX_JOB_ID_BYTES
 
 TYPE_ADVERTISE_KEYS = 0x10
 TYPE_KEY_ROSTER = 0x11
@@ -54,6 +64,7 @@ TYPE_CONSISTENCY_REQUEST = 0x15
 TYPE_CONSISTENCY_SIGNATURE = 0x16
 TYPE_UNMASK_REQUEST = 0x17
 TYPE_UNMASK_RESPONSE = 0x18
+TYPE_SHARE_COMPLAINT = 0x19
 
 __all__ = [
     "AdvertiseKeys",
@@ -66,61 +77,14 @@ __all__ = [
     "RevealedShare",
     "RoutedShare",
     "ShareBundle",
+    "ShareComplaint",
+    "ComplaintReason",
     "ShareKeys",
     "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskResponse",
     "decode_message",
 ]
-
-
-# --------------------------------------------------------------------- helpers
-def _header(type_code: int) -> Writer:
-    return Writer().raw(MAGIC).u8(VERSION).u8(type_code)
-
-
-def _open(data: bytes | bytearray | memoryview, type_code: int, name: str) -> Reader:
-    r = Reader(data)
-    if r.raw(4) != MAGIC:
-        raise MalformedMessage(f"{name}: bad magic (not a spherecal secagg message)")
-    if r.u8() != VERSION:
-        raise MalformedMessage(f"{name}: unsupported protocol version")
-    if r.u8() != type_code:
-        raise MalformedMessage(f"{name}: bytes encode a different message type")
-    return r
-
-
-def _need(condition: bool, what: str) -> None:
-    if not condition:
-        raise MalformedMessage(what)
-
-
-def _fixed(value: bytes, size: int, what: str) -> None:
-    _need(isinstance(value, bytes) and len(value) == size, f"{what} must be {size} bytes")
-
-
-def _job(job_id: bytes) -> None:
-    _need(
-        isinstance(job_id, bytes) and 1 <= len(job_id) <= MAX_JOB_ID_BYTES,
-        f"job_id must be 1..{MAX_JOB_ID_BYTES} bytes",
-    )
-
-
-def _pid(value: str, what: str) -> None:
-    _need(
-        isinstance(value, str) and 0 < len(value.encode("utf-8")) <= 255,
-        f"{what} is not a valid id",
-    )
-
-
-def _sorted_unique(items: Sequence[str], what: str) -> None:
-    _need(isinstance(items, tuple), f"{what} must be a tuple")
-    for item in items:
-        _pid(item, what)
-    _need(
-        all(a < b for a, b in zip(items, items[1:], strict=False)),
-        f"{what} must be sorted and unique",
-    )
 
 
 # ------------------------------------------------------------------- round 0
@@ -538,6 +502,64 @@ class UnmaskResponse:
         return cls(job_id=job_id, sender=sender, shares=tuple(shares))
 
 
+# ------------------------------------------------------------------ complaints
+class ComplaintReason(enum.IntEnum):
+    """Why a holder refused a dealer's share."""
+
+    DECRYPTION_FAILED = 1  # the AES-GCM tag did not verify
+    COMMITMENT_MISMATCH = 2  # decrypted share does not match its published commitment
+    WRONG_POSITION = 3  # the share's x-coordinate is not the holder's position
+
+
+@dataclass(frozen=True)
+class ShareComplaint:
+    """``P -> S``: the complainant's Ed25519 signature (identity key) over
+    (spec digest, job, complainant, dealer, reason), naming a dealer whose share to
+    it failed authentication. The coordinator verifies it and may exclude the dealer
+    when it retries the job (:meth:`crypto.SecAggServer.receive_complaint`)."""
+
+    job_id: bytes
+    complainant: str
+    dealer: str
+    reason: ComplaintReason
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _job(self.job_id)
+        _pid(self.complainant, "complainant")
+        _pid(self.dealer, "dealer")
+        _need(isinstance(self.reason, ComplaintReason), "unknown complaint reason")
+        _need(self.dealer != self.complainant, "a participant cannot complain about itself")
+        _fixed(self.signature, SIGNATURE_BYTES, "signature")
+
+    def to_bytes(self) -> bytes:
+        w = _header(TYPE_SHARE_COMPLAINT).blob(self.job_id).text(self.complainant)
+        return w.text(self.dealer).u8(int(self.reason)).raw(self.signature).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> ShareComplaint:
+        r = _open(data, TYPE_SHARE_COMPLAINT, "ShareComplaint")
+        job_id, complainant, dealer, code = (
+            r.blob(max_len=MAX_JOB_ID_BYTES),
+            r.text(),
+            r.text(),
+            r.u8(),
+        )
+        try:
+            reason = ComplaintReason(code)
+        except ValueError as exc:
+            raise MalformedMessage(f"unknown complaint reason {code}") from exc
+        msg = cls(
+            job_id=job_id,
+            complainant=complainant,
+            dealer=dealer,
+            reason=reason,
+            signature=r.raw(SIGNATURE_BYTES),
+        )
+        r.finish()
+        return msg
+
+
 Message: TypeAlias = (
     AdvertiseKeys
     | KeyRoster
@@ -548,6 +570,7 @@ Message: TypeAlias = (
     | ConsistencySignature
     | UnmaskRequest
     | UnmaskResponse
+    | ShareComplaint
 )
 
 _DECODERS: dict[int, Callable[[bytes | bytearray | memoryview], Message]] = {
@@ -560,6 +583,7 @@ _DECODERS: dict[int, Callable[[bytes | bytearray | memoryview], Message]] = {
     TYPE_CONSISTENCY_SIGNATURE: ConsistencySignature.from_bytes,
     TYPE_UNMASK_REQUEST: UnmaskRequest.from_bytes,
     TYPE_UNMASK_RESPONSE: UnmaskResponse.from_bytes,
+    TYPE_SHARE_COMPLAINT: ShareComplaint.from_bytes,
 }
 
 

@@ -14,15 +14,14 @@ ConsistencyCheck, Unmasking) with the sparse neighbour graph of Bell et al. 2020
    kinds for one participant — and forgets its secrets (round 4).
 
 Every coordinator message is checked before it is used; any violation is a
-*refusal*: the typed error propagates, the participant wipes its job secrets and
-answers all later calls with :class:`JobAborted`. Refusals: overlapping survivor and
-dropout sets (:class:`OverlappingReveal`), too few survivors or signatures
-(:class:`TooFewSurvivors`), a bad signature (:class:`BadSignature`), a replayed job
-id (:class:`JobReplayed`, at construction), a ciphertext or message for someone else
-(:class:`WrongRecipient`), a view contradicting an earlier one
-(:class:`InconsistentSurvivors`), forged shares (:class:`ForgedShare`). A vector of the
-wrong length or out of bound is refused by :meth:`set_input` (:class:`WrongLength`,
-:class:`EncodingOverflow`) without failing the job, so the caller can fix it.
+*refusal*: the typed error (tree in :mod:`crypto._exceptions`) propagates, the
+participant wipes its job secrets and answers all later calls with
+:class:`JobAborted`. The participant's privacy policy (:mod:`crypto.policy`) is
+enforced here: spec rules at construction, key, reveal and input-count rules when
+the roster and the unmask request arrive. A share that fails authentication yields a
+signed complaint naming its dealer (:attr:`SecAggParticipant.complaints`). A vector
+of the wrong length or out of bound is refused by :meth:`set_input` without failing
+the job, so the caller can fix it.
 
 Not thread-safe; drive one participant from one task.
 """
@@ -37,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import shamir
+from . import policy as _policy
 from ._exceptions import (
     BadKey,
     Excluded,
@@ -46,7 +45,6 @@ from ._exceptions import (
     InvalidSpec,
     JobAborted,
     OutOfStage,
-    OverlappingReveal,
     SecAggError,
     TooFewSurvivors,
     UnknownParticipant,
@@ -56,11 +54,10 @@ from ._exceptions import (
 from .channel import (
     ShareKind,
     SharePlaintext,
-    commitment_matches,
-    open_share,
-    seal_share,
-    share_aad,
 )
+from .complaints import sign_complaint
+from .consistency import verify_signed_view
+from .dealing import deal_shares, open_dealt_share
 from .kdf import channel_key, pairwise_mask_seed, self_mask_seed
 from .keys import (
     JobKeys,
@@ -71,23 +68,24 @@ from .keys import (
     seed_commitment,
     sign,
     survivors_payload,
-    verify,
 )
-from .ledger import JobLedger, default_ledger
 from .messages import (
     AdvertiseKeys,
+    ComplaintReason,
     ConsistencyRequest,
     ConsistencySignature,
-    EncryptedShare,
     KeyRoster,
     MaskedChunk,
     RevealedShare,
     ShareBundle,
+    ShareComplaint,
     ShareKeys,
     UnmaskRequest,
     UnmaskResponse,
 )
+from .policy import SecAggPolicy
 from .prg import MaskExpander, MaskSeed
+from .replay import JobLedger, default_ledger
 from .ring import RING_DTYPE, add_noise, encode
 from .spec import JobSpec
 
@@ -120,6 +118,9 @@ class SecAggParticipant:
             if it cannot choose the keys they are checked with.
         ledger: where job ids are claimed to refuse replays (default: in-memory,
             process-wide; pass a persistent one in production).
+        policy: what this participant demands of the job (default: the safe
+            :class:`~crypto.policy.SecAggPolicy`); the spec-time rules run here, so a
+            refused job raises a :class:`PolicyViolation` before any key is made.
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class SecAggParticipant:
         directory: Mapping[str, bytes | Ed25519PublicKey],
         *,
         ledger: JobLedger | None = None,
+        policy: SecAggPolicy | None = None,
     ) -> None:
         if not isinstance(spec, JobSpec):
             raise InvalidSpec("spec must be a JobSpec")
@@ -141,6 +143,8 @@ class SecAggParticipant:
             raise InvalidSpec(
                 f"identity directory lacks {len(missing)} participants, e.g. {missing[0]!r}"
             )
+        self.policy = policy if policy is not None else SecAggPolicy()
+        _policy.check_spec(self.policy, spec)
         self.spec = spec
         self.participant_id = participant_id
         self._identity = identity_key
@@ -165,6 +169,9 @@ class SecAggParticipant:
         self._work: npt.NDArray[np.uint64] = np.empty(0, dtype=RING_DTYPE)
         self._signed_survivors: tuple[str, ...] | None = None
         self._complete_x: int | None = None
+        self._answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
+        self.complaints: list[ShareComplaint] = []
+        """Signed complaints about dealers whose shares failed authentication."""
 
     def __repr__(self) -> str:
         return (
@@ -288,71 +295,22 @@ class SecAggParticipant:
             )
         for advert in roster.adverts:
             self._check_job(advert.job_id)
-            verify(
-                self._directory[advert.sender],
-                advert.signature,
-                advert_payload(
-                    spec_digest=spec.digest,
-                    job_id=spec.job_id,
-                    sender=advert.sender,
-                    channel_public=advert.channel_public,
-                    masking_public=advert.masking_public,
-                    commitment=advert.seed_commitment,
-                ),
-                what=f"key advertisement of {advert.sender!r}",
-            )
-            if advert.sender == me and advert != self._own_advert:
-                raise BadKey("the roster carries different keys for this participant")
+        _policy.check_roster_keys(
+            spec, roster.adverts, self._directory, me=me, own=self._own_advert
+        )
         self._adverts = {a.sender: a for a in roster.adverts}
         self._members1 = members
 
-        mask_key_shares = shamir.split(keys.masking_private_bytes(), spec.threshold, len(holders))
-        seed_shares = shamir.split(keys.seed, spec.threshold, len(holders))
-        out = []
-        for i, holder in enumerate(holders):
-            x = i + 1
-            plaintext = SharePlaintext.fresh(
-                mask_key_share=mask_key_shares[i][1], seed_share=seed_shares[i][1]
-            )
-            ck = plaintext.commitment(
-                ShareKind.MASK_KEY,
-                spec_digest=spec.digest,
-                job_id=spec.job_id,
-                owner=me,
-                holder=holder,
-                x=x,
-            )
-            cb = plaintext.commitment(
-                ShareKind.SEED,
-                spec_digest=spec.digest,
-                job_id=spec.job_id,
-                owner=me,
-                holder=holder,
-                x=x,
-            )
-            key = self._channel_key(holder)
-            aad = share_aad(
-                spec_digest=spec.digest,
-                job_id=spec.job_id,
-                sender=me,
-                receiver=holder,
-                x=x,
-                mask_key_commitment=ck,
-                seed_commitment=cb,
-            )
-            nonce, ciphertext = seal_share(key, plaintext, aad)
-            out.append(
-                EncryptedShare(
-                    receiver=holder,
-                    x=x,
-                    mask_key_commitment=ck,
-                    seed_commitment=cb,
-                    nonce=nonce,
-                    ciphertext=ciphertext,
-                )
-            )
+        out = deal_shares(
+            spec,
+            owner=me,
+            holders=holders,
+            mask_key=keys.masking_private_bytes(),
+            seed=keys.seed,
+            channel_key=self._channel_key,
+        )
         self._stage = ParticipantStage.RECEIVE_SHARES
-        return ShareKeys(job_id=spec.job_id, sender=me, shares=tuple(out))
+        return ShareKeys(job_id=spec.job_id, sender=me, shares=out)
 
     def _channel_key(self, peer: str) -> bytes:
         shared = agree(self._secrets().channel, self._adverts[peer].channel_public)
@@ -401,36 +359,13 @@ class SecAggParticipant:
             )
         held: dict[str, tuple[int, SharePlaintext]] = {}
         for item in bundle.items:
-            dealer, share = item.sender, item.share
-            x = self._position(dealer)
-            if share.x != x:
-                raise ForgedShare(f"share from {dealer!r} has x={share.x}, expected {x}")
-            aad = share_aad(
-                spec_digest=spec.digest,
-                job_id=spec.job_id,
-                sender=dealer,
-                receiver=me,
-                x=x,
-                mask_key_commitment=share.mask_key_commitment,
-                seed_commitment=share.seed_commitment,
+            dealer, x = item.sender, self._position(item.sender)
+            opened = open_dealt_share(
+                spec, item.share, dealer=dealer, holder=me, x=x, key=self._channel_key(dealer)
             )
-            plaintext = open_share(
-                self._channel_key(dealer),
-                share.nonce,
-                share.ciphertext,
-                aad,
-                what=f"share from {dealer!r}",
-            )
-            for kind, published in (
-                (ShareKind.MASK_KEY, share.mask_key_commitment),
-                (ShareKind.SEED, share.seed_commitment),
-            ):
-                actual = plaintext.commitment(
-                    kind, spec_digest=spec.digest, job_id=spec.job_id, owner=dealer, holder=me, x=x
-                )
-                if not commitment_matches(published, actual):
-                    raise ForgedShare(f"share from {dealer!r} does not match its commitment")
-            held[dealer] = (x, plaintext)
+            if isinstance(opened, ComplaintReason):
+                raise self._complain(dealer, opened)
+            held[dealer] = (x, opened)
 
         plan: list[tuple[MaskSeed, int]] = [
             (self_mask_seed(keys.seed, spec_digest=spec.digest, job_id=spec.job_id, owner=me), +1)
@@ -449,6 +384,18 @@ class SecAggParticipant:
         self._expander = MaskExpander(min(spec.chunk_size, spec.length))
         self._work = np.empty(min(spec.chunk_size, spec.length), dtype=RING_DTYPE)
         self._stage = ParticipantStage.MASKED
+
+    def _complain(self, dealer: str, reason: ComplaintReason) -> ForgedShare:
+        """A :class:`ForgedShare` carrying this participant's signed complaint naming
+        ``dealer`` (none for its own share: only the coordinator can have altered it)."""
+        text = f"share from {dealer!r} failed authentication ({reason.name.lower()})"
+        if dealer == self.participant_id:
+            return ForgedShare(text + "; it is this participant's own share")
+        complaint = sign_complaint(
+            self._identity, self.spec, complainant=self.participant_id, dealer=dealer, reason=reason
+        )
+        self.complaints.append(complaint)
+        return ForgedShare(text, complaint=complaint)
 
     def _position(self, dealer: str) -> int:
         """This participant's x-coordinate among ``dealer``'s share holders."""
@@ -530,11 +477,7 @@ class SecAggParticipant:
         self, survivors: frozenset[str], dropouts: frozenset[str], stage: str
     ) -> None:
         me = self.participant_id
-        if survivors & dropouts:
-            raise OverlappingReveal(
-                f"{len(survivors & dropouts)} participants are listed both as survivors and "
-                "as dropouts; revealing both kinds of share would expose their inputs"
-            )
+        _policy.check_one_kind_per_peer(survivors, dropouts)
         if not (survivors | dropouts) <= self._members2:
             raise InconsistentSurvivors("survivor/dropout sets list participants outside U2")
         if me not in survivors:
@@ -548,17 +491,25 @@ class SecAggParticipant:
                 stage=stage,
                 what="survivors connected to this participant in the masking graph",
             )
+        if stage == "unmask":
+            _policy.check_inputs(self.policy, inputs=len(group))
 
     # ------------------------------------------------------------------ round 4
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
         """Round 4: reveal ``b``-shares of survivors and ``s_sk``-shares of dropouts,
-        then forget every job secret."""
+        then forget every job secret. An identical repeat of the request gets the same
+        answer (a lost response can be retried; nothing new is revealed); any other
+        second request is refused (:class:`DoubleReveal`)."""
+        if self._answered is not None:
+            _policy.check_no_double_reveal(self._answered[0], request)
+            return self._answered[1]
         expected = (
             ParticipantStage.SIGNED if self.spec.consistency_check else ParticipantStage.MASKED
         )
         self._expect(expected)
         with self._refusing():
             response = self._unmask(request)
+        self._answered = (request, response)
         self._stage = ParticipantStage.DONE
         self._wipe()
         return response
@@ -569,8 +520,19 @@ class SecAggParticipant:
         survivors = frozenset(request.survivors)
         dropouts = frozenset(request.dropouts)
         self._check_survivor_view(survivors, dropouts, "unmask")
+        _policy.check_consistency_round(
+            self.policy, spec, signed=self._signed_survivors is not None
+        )
         if spec.consistency_check:
-            self._check_consistency(request, survivors, dropouts)
+            verify_signed_view(
+                spec,
+                self._graph,
+                self._directory,
+                request,
+                signed=self._signed_survivors,
+                owners=frozenset(o for o in self._held if o in survivors or o in dropouts),
+                members1=self._members1,
+            )
         shares = []
         for owner in sorted(self._held):
             x, plaintext = self._held[owner]
@@ -583,47 +545,3 @@ class SecAggParticipant:
             share, salt = plaintext.share(kind)
             shares.append(RevealedShare(owner=owner, kind=kind, x=x, share=share, salt=salt))
         return UnmaskResponse(job_id=spec.job_id, sender=self.participant_id, shares=tuple(shares))
-
-    def _check_consistency(
-        self, request: UnmaskRequest, survivors: frozenset[str], dropouts: frozenset[str]
-    ) -> None:
-        spec = self.spec
-        if request.survivors != self._signed_survivors:
-            raise InconsistentSurvivors("survivor set differs from the one this participant signed")
-        payload = survivors_payload(
-            spec_digest=spec.digest, job_id=spec.job_id, survivors=request.survivors
-        )
-        signers = set()
-        for entry in request.signatures:
-            if entry.signer not in survivors:
-                raise InconsistentSurvivors(
-                    f"signature from {entry.signer!r}, who is not a survivor"
-                )
-            verify(
-                self._directory[entry.signer],
-                entry.signature,
-                payload,
-                what=f"survivor-set signature of {entry.signer!r}",
-            )
-            signers.add(entry.signer)
-        if len(signers) < spec.threshold:
-            raise TooFewSurvivors(
-                needed=spec.threshold,
-                remaining=len(signers),
-                stage="unmask",
-                what="consistency signatures",
-            )
-        # Per owner (SecAgg+): the holders of that owner's shares must have signed
-        # this very set, so no other set can gather t signatures among them (2t > holders).
-        for owner in self._held:
-            if owner not in survivors and owner not in dropouts:
-                continue
-            holders = self._graph.holders(owner, self._members1)
-            signed = sum(1 for h in holders if h in signers)
-            if signed < spec.threshold:
-                raise TooFewSurvivors(
-                    needed=spec.threshold,
-                    remaining=signed,
-                    stage="unmask",
-                    what=f"consistency signatures among the share holders of {owner!r}",
-                )

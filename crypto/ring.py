@@ -45,6 +45,7 @@ __all__ = [
     "add_noise",
     "choose_scale_bits",
     "decode",
+    "entries_out_of_range",
     "encode",
     "max_entry_magnitude",
     "sum_fits",
@@ -59,6 +60,25 @@ def max_entry_magnitude(bound: float, scale_bits: int, noise_bound: int = 0) -> 
 def sum_fits(n: int, bound: float, scale_bits: int, noise_bound: int = 0) -> bool:
     """Whether the sum of ``n`` in-bound contributions provably cannot overflow."""
     return n * max_entry_magnitude(bound, scale_bits, noise_bound) <= MAX_SIGNED
+
+
+def entries_out_of_range(
+    ring_sum: npt.NDArray[np.uint64],
+    *,
+    inputs: int,
+    bound: float,
+    scale_bits: int,
+    noise_bound: int,
+) -> int:
+    """How many entries of a decoded ring sum of ``inputs`` contributions lie outside
+    ``±inputs × max_entry_magnitude`` — impossible for in-bound inputs (0 = fine)."""
+    limit = inputs * max_entry_magnitude(bound, scale_bits, noise_bound)
+    if limit >= MAX_SIGNED:
+        return 0
+    signed = ring_sum.view(np.int64)
+    if int(signed.max()) <= limit and int(signed.min()) >= -limit:
+        return 0
+    return int(np.count_nonzero((signed > limit) | (signed < -limit)))
 
 
 def choose_scale_bits(n: int, bound: float, noise_bound: int = 0) -> int:

@@ -7,7 +7,7 @@ the end reconstructs exactly the secrets needed to cancel the masks: self-mask s
 sharing. It learns the sum of the survivors' inputs and nothing else (see
 ``docs/threat_model.md``).
 
-Driving it (the service does this over gRPC; :mod:`crypto.simulate` does it
+Driving it (the service does this over gRPC; :mod:`crypto.inprocess` does it
 in-process)::
 
     stage ADVERTISE   receive_advertise(msg) from each participant ... close_stage()
@@ -17,6 +17,13 @@ in-process)::
                       (only with spec.consistency_check)
     stage UNMASK      unmask_request_for(p) to each responder; receive_unmask(msg) ...
                       finish() -> AggregateResult          (when can_finish() or at deadline)
+    any stage after share routing: receive_complaint(msg); accused() -> dealer -> complainants
+
+``finish`` range-checks the decoded sum: every entry must lie within
+``n_inputs × (⌈bound·2^f⌉ + noise_bound)`` ring units, which any sum of in-bound
+inputs (plus declared DP noise) satisfies; otherwise :class:`AggregateOutOfRange`
+aborts the job and no sum is returned (a contributor uploaded a well-formed but
+out-of-bound vector).
 
 ``close_stage`` is called at the stage deadline, or earlier when ``pending()`` is
 empty. Whoever has not sent by then is a dropout of that stage, and dropouts are
@@ -57,6 +64,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from . import shamir
 from ._exceptions import (
+    AggregateOutOfRange,
+    BadComplaint,
     BadKey,
     DuplicateMessage,
     Excluded,
@@ -76,6 +85,7 @@ from ._exceptions import (
     WrongRecipient,
 )
 from .channel import ShareKind, commitment, commitment_matches
+from .complaints import ComplaintRecord, verify_complaint
 from .kdf import pairwise_mask_seed, self_mask_seed
 from .keys import (
     advert_payload,
@@ -98,6 +108,7 @@ from .messages import (
     Message,
     RoutedShare,
     ShareBundle,
+    ShareComplaint,
     ShareKeys,
     SurvivorSignature,
     UnmaskRequest,
@@ -105,7 +116,7 @@ from .messages import (
     decode_message,
 )
 from .prg import MaskExpander, MaskSeed
-from .ring import RING_DTYPE, decode
+from .ring import RING_DTYPE, decode, entries_out_of_range
 from .spec import JobSpec
 
 __all__ = ["AggregateResult", "SecAggServer", "Stage"]
@@ -205,6 +216,7 @@ class SecAggServer:
         # (owner, kind) -> holder -> (x, share)
         self._reveals: dict[tuple[str, ShareKind], dict[str, tuple[int, bytes]]] = {}
         self._result: AggregateResult | None = None
+        self._complaints = ComplaintRecord()
 
     def __repr__(self) -> str:
         return f"SecAggServer(job={self.spec.job_id.hex()[:16]}, stage={self._stage.value})"
@@ -313,6 +325,8 @@ class SecAggServer:
             self.receive_consistency(message, sender=sender)
         elif isinstance(message, UnmaskResponse):
             self.receive_unmask(message, sender=sender)
+        elif isinstance(message, ShareComplaint):
+            self.receive_complaint(message, sender=sender)
         else:
             raise OutOfStage(f"the server does not accept {type(message).__name__} messages")
 
@@ -635,6 +649,29 @@ class SecAggServer:
             self._reveals.setdefault(key, {})[msg.sender] = (x, share)
         self._responded.add(msg.sender)
 
+    # ------------------------------------------------------------- complaints
+    def receive_complaint(self, msg: ShareComplaint, *, sender: str | None = None) -> None:
+        """Record a signed complaint (:mod:`crypto.complaints`): accepted in any stage
+        after shares were routed — including after an abort, so the coordinator
+        learns whom to exclude on retry. Rejected, storing nothing: another job
+        (:class:`WrongJob`), a transport sender other than the complainant
+        (:class:`SenderMismatch`), a complainant outside ``U2`` (:class:`Excluded`), a
+        dealer whose share was not routed to it (:class:`BadComplaint`), a bad
+        signature (:class:`BadSignature`), and a replay (:class:`DuplicateMessage`)."""
+        if self._stage in (Stage.ADVERTISE, Stage.SHARE):
+            raise OutOfStage("no shares were routed yet; nothing to complain about")
+        self._check_sender(msg.job_id, msg.complainant, sender, self._u2)
+        if msg.dealer not in self._graph.holders(msg.complainant, self._u2):
+            raise BadComplaint(
+                f"{msg.complainant!r} received no share from {msg.dealer!r} in this job"
+            )
+        verify_complaint(self.spec, self._directory[msg.complainant], msg)
+        self._complaints.add(msg)
+
+    def accused(self) -> dict[str, tuple[str, ...]]:
+        """Dealers accused by at least one valid complaint -> the complainants."""
+        return self._complaints.accused()
+
     def _shortfall(self) -> tuple[str, int] | None:
         t = self.spec.threshold
         for owner in sorted(self._u3):
@@ -710,6 +747,7 @@ class SecAggServer:
                 # The survivor added +PRG if its id is smaller, -PRG otherwise: undo it.
                 masks.append((mask, -1 if survivor < dropout else +1))
         self._strip(acc, masks)
+        self._check_range(acc)
 
         result = AggregateResult(
             values=decode(acc, scale_bits=spec.scale_bits),
@@ -724,6 +762,26 @@ class SecAggServer:
         self._reveals = {}
         self._stage = Stage.DONE
         return result
+
+    def _check_range(self, acc: npt.NDArray[np.uint64]) -> None:
+        """Refuse a sum no set of in-bound inputs could produce (module docstring)."""
+        spec, inputs = self.spec, len(self._u3)
+        outside = entries_out_of_range(
+            acc,
+            inputs=inputs,
+            bound=spec.bound,
+            scale_bits=spec.scale_bits,
+            noise_bound=spec.noise_bound,
+        )
+        if outside:
+            raise self._abort(
+                AggregateOutOfRange(
+                    f"{outside} of {spec.length} entries of the sum of {inputs} inputs lie "
+                    f"outside ±{inputs} × (bound {spec.bound!r} + noise bound "
+                    f"{spec.noise_bound}): a contributor uploaded an out-of-bound input; "
+                    "the sum is refused"
+                )
+            )
 
     def _strip(self, acc: npt.NDArray[np.uint64], masks: list[tuple[MaskSeed, int]]) -> None:
         """Add every ``sign * PRG(mask)`` into the accumulator, chunk-major: each chunk

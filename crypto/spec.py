@@ -93,13 +93,15 @@ class JobSpec:
         scale_bits: int | None = None,
         graph: str = COMPLETE,
         degree: int | None = None,
-        consistency_check: bool = False,
+        consistency_check: bool | None = None,
         chunk_size: int = DEFAULT_CHUNK_ENTRIES,
         noise_bound: int = 0,
     ) -> JobSpec:
         """Fill in defaults: a fresh random 16-byte job id, ``min_participants = t``,
         the finest overflow-safe scale, ``degree = n - 1`` (complete) or
-        :func:`default_degree` (Harary)."""
+        :func:`default_degree` (Harary), and the consistency round whenever the
+        threshold allows it (``2t >`` share holders) — participants' default policy
+        (:mod:`crypto.policy`) refuses jobs without it."""
         ids = tuple(sorted(participants))
         n = len(ids)
         if job_id is None:
@@ -114,6 +116,8 @@ class JobSpec:
             if n < 2:
                 raise InvalidSpec(f"secure aggregation needs at least 2 participants, got {n}")
             scale_bits = choose_scale_bits(n, float(bound), noise_bound)
+        if consistency_check is None:
+            consistency_check = 2 * threshold > max_closed_size(graph, n, degree)
         return cls(
             job_id=job_id_bytes,
             participants=ids,

@@ -1,6 +1,7 @@
 """Participants SIGKILLed at every stage of secure aggregation — real processes.
 
-One run of 8 participants (threshold 3) loses a participant at each stage:
+One run of 8 participants (default majority threshold, consistency round on — what
+participants' default policy demands) loses a participant at each stage:
 ``train`` (round 1), ``advertise`` (round 2), ``share`` and ``masked`` (mid-stream:
 the FFC job's upload is cut after its first chunk) and ``unmask`` (CCVR). Every
 aggregate must still be exact over its survivors. A second, 3-participant run with
@@ -44,7 +45,6 @@ def dropout_run(
         out=tmp_path_factory.mktemp("drops"),
         calibration=("ffc", "ccvr"),
         ffc_from_ccvr=False,
-        threshold=3,
         drops=DROPS,
         chunk_entries=1024,  # FFC: 10 chunks, so the masked kill lands mid-stream
         save_statistics=True,

@@ -154,8 +154,8 @@ def test_crypto_is_pure_no_io_no_heavy_imports() -> None:
                 assert node.func.id not in {"open", "print", "eval", "exec"}, path.name
             # Randomness for secrets comes from os.urandom / secrets only.
             if isinstance(node, ast.Attribute) and node.attr == "random":
-                assert path.name == "simulate.py", path.name
-        if path.name != "simulate.py":
+                assert path.name == "inprocess.py", path.name
+        if path.name != "inprocess.py":
             assert "import random" not in path.read_text(), path.name
     # (numpy itself imports pickle; the AST scan above covers our own code.)
     code = (

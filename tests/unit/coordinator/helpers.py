@@ -33,7 +33,7 @@ def make_job(
     chunk_entries: int = 1 << 18,
     stage_s: float = 60.0,
     max_in_flight: int = 2,
-    consistency_check: bool = False,
+    consistency_check: bool = True,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
     ids = [f"p{k}" for k in range(n)]
     identities = {p: crypto.generate_identity() for p in ids}

@@ -186,7 +186,13 @@ def test_summary_schema(runs: dict[str, tuple[dict[str, Any], Path]]) -> None:
         "federated_evaluation",
     ):
         assert key in summary
-    assert set(summary["timings"]["secagg_stages_s"]) == {"advertise", "share", "masked", "unmask"}
+    assert set(summary["timings"]["secagg_stages_s"]) == {
+        "advertise",
+        "share",
+        "masked",
+        "consistency",  # on by default: participants' policy requires it
+        "unmask",
+    }
     p0 = summary["bytes"]["p0"]
     assert p0["masked"]["received"] > 0 and p0["download"]["sent"] > 0
     assert summary["federated_evaluation"]["samples"] == 449

@@ -30,7 +30,7 @@ def test_complete_job_returns_the_sum_of_all_inputs() -> None:
         job.outcome.values, expected, rtol=0, atol=4 * 2.0**-job.spec.scale_bits
     )
     assert job.outcome.contributors == ("p0", "p1", "p2", "p3")
-    assert set(job.stage_seconds) == {"advertise", "share", "masked", "unmask"}
+    assert set(job.stage_seconds) == {"advertise", "share", "masked", "consistency", "unmask"}
 
 
 @pytest.mark.parametrize(
@@ -76,15 +76,15 @@ def test_too_few_participants_to_create_a_job() -> None:
 
 
 def test_silent_but_alive_participant_is_dropped_at_the_deadline() -> None:
-    job, clients = make_job(3, 20, threshold=2, stage_s=5.0)
-    for p in ("p0", "p1"):
+    job, clients = make_job(4, 20, threshold=3, stage_s=5.0)
+    for p in ("p0", "p1", "p2"):
         clients[p].set_input(np.zeros(20))
         job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
     alive = frozenset(clients)
-    assert job.advance(alive) == ()  # p2 is alive and pending: keep waiting
+    assert job.advance(alive) == ()  # p3 is alive and pending: keep waiting
     lines = job.advance(alive, now=float("inf"))
     assert lines and "stage deadline" in lines[0]
-    assert job.server.advertised == frozenset({"p0", "p1"})
+    assert job.server.advertised == frozenset({"p0", "p1", "p2"})
 
 
 def test_boundary_rejections_store_nothing() -> None:
@@ -152,6 +152,12 @@ def test_broken_masked_upload_is_abandoned_and_can_be_retried() -> None:
         job.begin_upload("p1")
     assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
     job.advance(frozenset(clients))
+    for p, c in clients.items():  # the signed survivor-set round (on by default)
+        step = job.step_for(p)
+        assert step is not None and step.stage == pb.CONSISTENCY
+        request = crypto.ConsistencyRequest.from_bytes(step.message)
+        job.submit(p, pb.CONSISTENCY, c.consistency_signature(request).to_bytes())
+    job.advance(frozenset(clients))
     for p, c in clients.items():
         step = job.step_for(p)
         assert step is not None
@@ -183,7 +189,7 @@ def test_plan_graph() -> None:
 
 def test_memory_is_a_few_vectors_whatever_the_number_of_participants() -> None:
     n, length = 8, 20_000
-    job, clients = make_job(n, length, threshold=3, chunk_entries=4096, max_in_flight=2)
+    job, clients = make_job(n, length, threshold=5, chunk_entries=4096, max_in_flight=2)
     inputs = _inputs(n, length, seed=5)
     for p, c in clients.items():
         c.set_input(inputs[p])
@@ -228,6 +234,12 @@ def test_memory_is_a_few_vectors_whatever_the_number_of_participants() -> None:
             peak = max(peak, job.server.memory_bytes())
     assert busy > 0
     assert peak <= 3 * 8 * length
+    job.advance(frozenset(clients))
+    for p, c in clients.items():  # the signed survivor-set round (on by default)
+        step = job.step_for(p)
+        assert step is not None and step.stage == pb.CONSISTENCY
+        request = crypto.ConsistencyRequest.from_bytes(step.message)
+        job.submit(p, pb.CONSISTENCY, c.consistency_signature(request).to_bytes())
     job.advance(frozenset(clients))
     for p, c in clients.items():
         step = job.step_for(p)

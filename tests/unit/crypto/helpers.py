@@ -27,6 +27,17 @@ from crypto.messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
+from crypto.policy import SecAggPolicy
+
+MECHANICS_POLICY = SecAggPolicy(
+    require_consistency_round=False,
+    require_majority_threshold=False,
+    min_participants=2,
+    min_inputs=2,
+)
+"""For tests of protocol *mechanics* (routing, dropouts, encodings) on small or
+low-threshold jobs that the default policy refuses. Tests of the policy itself pass
+``policy=SecAggPolicy()`` (see ``tests/security/test_malicious_coordinator.py``)."""
 
 
 class Net:
@@ -48,6 +59,7 @@ class Net:
         max_in_flight: int = 2,
         job_id: bytes | None = None,
         seed: int = 0,
+        policy: SecAggPolicy = MECHANICS_POLICY,
     ) -> None:
         self.ids = [f"p{i:02d}" for i in range(n)]
         t = threshold if threshold is not None else n // 2 + 1
@@ -69,7 +81,7 @@ class Net:
         self.ledger = MemoryJobLedger()
         self.clients = {
             p: SecAggParticipant(
-                self.spec, p, self.identities[p], self.directory, ledger=self.ledger
+                self.spec, p, self.identities[p], self.directory, ledger=self.ledger, policy=policy
             )
             for p in self.ids
         }

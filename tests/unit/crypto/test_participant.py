@@ -10,6 +10,8 @@ import pytest
 from crypto import (
     BadKey,
     BadSignature,
+    ComplaintReason,
+    DoubleReveal,
     EncodingOverflow,
     Excluded,
     ForgedShare,
@@ -17,11 +19,13 @@ from crypto import (
     InvalidSpec,
     JobAborted,
     JobReplayed,
+    KeySubstitution,
     MemoryJobLedger,
     OutOfStage,
     OverlappingReveal,
     ParticipantStage,
     SecAggParticipant,
+    ShareComplaint,
     ShareKind,
     TooFewSurvivors,
     UnknownParticipant,
@@ -32,7 +36,6 @@ from crypto import (
     identity_public_bytes,
 )
 from crypto.keys import JobKeys, advert_payload, seed_commitment, sign, survivors_payload
-from crypto.ledger import default_ledger
 from crypto.messages import (
     AdvertiseKeys,
     ConsistencyRequest,
@@ -40,6 +43,7 @@ from crypto.messages import (
     SurvivorSignature,
     UnmaskRequest,
 )
+from crypto.replay import default_ledger
 from crypto.ring import encode
 
 from .helpers import Net, flip
@@ -74,18 +78,18 @@ def assert_failed(net: Net, pid: str) -> None:
 
 # ------------------------------------------------------------------- construction
 def test_second_run_of_the_same_job_id_is_refused() -> None:
-    net = Net(3, threshold=2)
+    net = Net(3, threshold=2, consistency=True)
     with pytest.raises(JobReplayed):
         SecAggParticipant(net.spec, "p00", net.identities["p00"], net.directory, ledger=net.ledger)
     # A different participant, or the same one in another job, is fine.
-    other = Net(3, threshold=2)
+    other = Net(3, threshold=2, consistency=True)
     SecAggParticipant(
         other.spec, "p00", other.identities["p00"], other.directory, ledger=net.ledger
     )
 
 
 def test_default_ledger_is_process_wide() -> None:
-    net = Net(3, threshold=2)
+    net = Net(3, threshold=2, consistency=True)
     SecAggParticipant(net.spec, "p01", net.identities["p01"], net.directory)
     assert ("p01", net.spec.job_id) in default_ledger()
     with pytest.raises(JobReplayed):
@@ -93,7 +97,7 @@ def test_default_ledger_is_process_wide() -> None:
 
 
 def test_construction_checks_identity_and_membership() -> None:
-    net = Net(3, threshold=2)
+    net = Net(3, threshold=2, consistency=True)
     ledger = MemoryJobLedger()
     with pytest.raises(UnknownParticipant):
         SecAggParticipant(net.spec, "zz", generate_identity(), net.directory, ledger=ledger)
@@ -132,8 +136,10 @@ def test_forged_key_in_roster_is_refused() -> None:
     victim = roster.adverts[1]
     forged = replace(victim, masking_public=attacker.masking_public)
     tampered = replace(roster, adverts=(roster.adverts[0], forged, *roster.adverts[2:]))
-    with pytest.raises(BadSignature, match=victim.sender):
+    with pytest.raises(KeySubstitution, match=victim.sender) as err:
         net.clients["p00"].share_keys(tampered)
+    assert err.value.kind == "key_substitution"
+    assert isinstance(err.value.__cause__, BadSignature)
     assert_failed(net, "p00")
 
 
@@ -160,7 +166,7 @@ def test_replaced_own_keys_are_refused_even_if_validly_signed() -> None:
         signature=sign(net.identities["p00"], payload),
     )
     tampered = replace(roster, adverts=(fake_own, *roster.adverts[1:]))
-    with pytest.raises(BadKey, match="different keys"):
+    with pytest.raises(KeySubstitution, match="different keys"):
         net.clients["p00"].share_keys(tampered)
 
 
@@ -243,8 +249,13 @@ def test_tampered_share_commitment_or_x_is_refused() -> None:
     bundle = net.server.bundle_for("p01")
     item = bundle.items[0]
     bad = replace(item, share=replace(item.share, x=item.share.x + 1))
-    with pytest.raises(ForgedShare, match="x="):
+    with pytest.raises(ForgedShare, match="wrong_position") as err:
         net.clients["p01"].receive_shares(replace(bundle, items=(bad, *bundle.items[1:])))
+    complaint = err.value.complaint
+    assert isinstance(complaint, ShareComplaint)
+    assert (complaint.complainant, complaint.dealer) == ("p01", item.sender)
+    assert complaint.reason is ComplaintReason.WRONG_POSITION
+    assert net.clients["p01"].complaints == [complaint]
 
 
 def test_ciphertext_for_someone_else_is_refused() -> None:
@@ -418,8 +429,11 @@ def test_reveals_seed_shares_for_survivors_and_key_shares_for_dropouts_only() ->
     }
     client = net.clients["p00"]
     assert client.stage is ParticipantStage.DONE
-    with pytest.raises(OutOfStage):  # answers exactly one unmask request
-        client.unmask(net.server.unmask_request_for("p00"))
+    request = net.server.unmask_request_for("p00")
+    # A lost response can be retried: the identical request gets the identical answer.
+    assert client.unmask(request) == response
+    with pytest.raises(DoubleReveal):  # any other second request is refused
+        client.unmask(replace(request, survivors=request.survivors[:-1]))
     with pytest.raises(OutOfStage):
         client.masked_chunk(0)
 
@@ -591,8 +605,11 @@ def test_share_whose_content_does_not_match_its_commitment_is_refused(
     for p in ("p00", "p01", "p02"):
         net.server.receive(net.clients[p].share_keys(net.server.roster_for(p)))
     net.server.close_stage()
-    with pytest.raises(ForgedShare, match="does not match its commitment"):
+    with pytest.raises(ForgedShare, match="commitment_mismatch") as err:
         net.clients["p00"].receive_shares(net.server.bundle_for("p00"))
+    complaint = err.value.complaint
+    assert isinstance(complaint, ShareComplaint) and complaint.dealer == "p03"
+    assert complaint.reason is ComplaintReason.COMMITMENT_MISMATCH
 
 
 def test_set_input_after_failure_or_after_unmasking_is_refused() -> None:

@@ -394,7 +394,7 @@ def test_inconsistently_dealt_shares_are_detected(monkeypatch: pytest.MonkeyPatc
             shares[-1] = (x, flip(s))
         return shares
 
-    import crypto.participant as participant_module
+    import crypto.dealing as participant_module
 
     monkeypatch.setattr(participant_module.shamir, "split", corrupt)
     roster = net.server.roster_for("p03")
@@ -532,7 +532,7 @@ def test_inconsistent_mask_key_shares_of_a_dropout_are_detected(
             shares[0] = (x, flip(s))
         return shares
 
-    import crypto.participant as participant_module
+    import crypto.dealing as participant_module
 
     with monkeypatch.context() as m:
         m.setattr(participant_module.shamir, "split", corrupt)

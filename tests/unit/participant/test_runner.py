@@ -21,7 +21,7 @@ from coordinator.settings import (
     TrainingSettings,
 )
 from crypto import generate_identity
-from crypto.ledger import MemoryJobLedger
+from crypto.replay import MemoryJobLedger
 from participant.data import load_local_data
 from participant.runner import ParticipantRunner
 from participant.settings import DataSettings, ParticipantSettings

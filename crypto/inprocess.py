@@ -23,7 +23,6 @@ import numpy.typing as npt
 from ._exceptions import WrongLength
 from .graph import COMPLETE, HARARY, max_closed_size
 from .keys import generate_identity, identity_public_bytes
-from .ledger import MemoryJobLedger
 from .messages import (
     ConsistencyRequest,
     KeyRoster,
@@ -33,6 +32,8 @@ from .messages import (
     decode_message,
 )
 from .participant import SecAggParticipant
+from .policy import SecAggPolicy
+from .replay import MemoryJobLedger
 from .server import AggregateResult, SecAggServer, Stage
 from .spec import JobSpec, default_degree
 
@@ -67,12 +68,14 @@ def run_protocol(
     rng: random.Random | None = None,
     max_in_flight: int = 2,
     record: bool = False,
+    policy: SecAggPolicy | None = None,
 ) -> SimulationReport:
     """Run one job. ``inputs`` maps every participant id to its vector; ``drop`` maps
     an id to the stage whose message it never sends (:data:`DROP_STAGES`).
 
     Raises whatever the protocol raises (e.g. :class:`TooFewSurvivors`); a refusal by
-    a participant propagates too.
+    a participant propagates too. ``policy`` is every participant's privacy policy
+    (default: the safe :class:`~crypto.policy.SecAggPolicy`).
     """
     drop = dict(drop or {})
     for pid, stage in drop.items():
@@ -97,7 +100,7 @@ def run_protocol(
     started = time.perf_counter()
     server = SecAggServer(spec, directory, max_in_flight=max_in_flight)
     clients = {
-        p: SecAggParticipant(spec, p, identities[p], directory, ledger=ledger)
+        p: SecAggParticipant(spec, p, identities[p], directory, ledger=ledger, policy=policy)
         for p in spec.participants
     }
 
@@ -197,6 +200,7 @@ def simulate_secure_sum(
     scale_bits: int | None = None,
     seed: int | None = None,
     graph: str = "complete",
+    policy: SecAggPolicy | None = None,
 ) -> npt.NDArray[np.float64]:
     """Securely sum ``vectors`` (one per participant) in-process; return the float64 sum
     of the vectors whose masked input made it into the aggregate.
@@ -207,8 +211,10 @@ def simulate_secure_sum(
     so its vector is in the sum; one dropped earlier is not. The value bound is the
     largest ``|x|`` in the data; ``scale_bits`` defaults to the finest overflow-safe
     scale. The signed consistency-check round runs whenever the threshold is high
-    enough for it to be meaningful (``2t`` > share holders per participant). ``seed``
-    only fixes the simulated delivery order — never keys or masks.
+    enough for it to be meaningful (``2t`` > share holders per participant); the
+    participants' default ``policy`` refuses lower thresholds and fewer than three
+    participants or inputs (pass a relaxed :class:`~crypto.policy.SecAggPolicy` to
+    allow them). ``seed`` only fixes the simulated delivery order — never keys or masks.
 
     Raises the protocol's typed errors, e.g. :class:`TooFewSurvivors` when fewer than
     ``threshold`` participants remain.
@@ -242,6 +248,10 @@ def simulate_secure_sum(
             raise ValueError(f"drop index {index} out of range 0..{n - 1}")
         drops[ids[index]] = stage
     report = run_protocol(
-        spec, dict(zip(ids, arrays, strict=True)), drop=drops, rng=random.Random(seed)
+        spec,
+        dict(zip(ids, arrays, strict=True)),
+        drop=drops,
+        rng=random.Random(seed),
+        policy=policy,
     )
     return report.result.values

@@ -15,13 +15,16 @@ from crypto import (
     EncodingOverflow,
     InvalidSpec,
     JobSpec,
+    ThresholdTooLow,
     TooFewSurvivors,
     WrongLength,
     run_protocol,
     simulate_secure_sum,
 )
 from crypto.graph import max_closed_size, min_closed_size
-from crypto.simulate import DROP_STAGES, parse_graph
+from crypto.inprocess import DROP_STAGES, parse_graph
+
+from .helpers import MECHANICS_POLICY
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -74,7 +77,9 @@ def test_decoded_sum_is_the_sum_of_the_survivors(
     job: tuple[JobSpec, dict[str, np.ndarray], dict[str, str], set[str]], order: int
 ) -> None:
     spec, inputs, drop, contributors = job
-    report = run_protocol(spec, inputs, drop=drop, rng=random.Random(order))
+    report = run_protocol(
+        spec, inputs, drop=drop, rng=random.Random(order), policy=MECHANICS_POLICY
+    )
     result = report.result
     assert set(result.contributors) == contributors
     expected = fsum_rows([inputs[p] for p in sorted(contributors)], spec.length)
@@ -100,7 +105,9 @@ def test_simulate_secure_sum_property(n: int, data: st.DataObject, graph: str) -
     dropped = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=budget))
     drop = {i: data.draw(st.sampled_from(DROP_STAGES)) for i in dropped}
     vectors = np.random.default_rng(data.draw(st.integers(0, 2**31))).normal(0, 3, (n, length))
-    out = simulate_secure_sum(vectors, threshold=t, drop=drop, graph=graph, seed=1)
+    out = simulate_secure_sum(
+        vectors, threshold=t, drop=drop, graph=graph, seed=1, policy=MECHANICS_POLICY
+    )
     kept = [vectors[i] for i in range(n) if drop.get(i) not in ("advertise", "share", "masked")]
     bound = float(np.abs(vectors).max())
     f = JobSpec.create([f"p{i}" for i in range(n)], threshold=2, length=1, bound=bound).scale_bits
@@ -115,14 +122,14 @@ def test_fewer_than_t_survivors_raises(n: int, data: st.DataObject) -> None:
     dropped = data.draw(st.lists(st.integers(0, n - 1), unique=True, min_size=k, max_size=k))
     drop = {i: data.draw(st.sampled_from(DROP_STAGES)) for i in dropped}
     with pytest.raises(TooFewSurvivors) as err:
-        simulate_secure_sum(np.ones((n, 3)), threshold=t, drop=drop)
+        simulate_secure_sum(np.ones((n, 3)), threshold=t, drop=drop, policy=MECHANICS_POLICY)
     assert err.value.needed >= t > err.value.remaining
     assert f"needed at least {err.value.needed}" in str(err.value)
 
 
 def test_drop_stage_semantics() -> None:
     v = np.arange(12, dtype=float).reshape(4, 3) - 5
-    assert np.allclose(simulate_secure_sum(v, threshold=2), v.sum(0))
+    assert np.allclose(simulate_secure_sum(v, threshold=2, policy=MECHANICS_POLICY), v.sum(0))
     for stage, included in [
         ("advertise", False),
         ("share", False),
@@ -130,15 +137,15 @@ def test_drop_stage_semantics() -> None:
         ("consistency", True),
         ("unmask", True),
     ]:
-        out = simulate_secure_sum(v, threshold=2, drop={1: stage})
+        out = simulate_secure_sum(v, threshold=2, drop={1: stage}, policy=MECHANICS_POLICY)
         expected = v.sum(0) if included else v.sum(0) - v[1]
         assert np.allclose(out, expected, atol=1e-9), stage
 
 
 def test_the_seed_only_changes_delivery_order_not_the_result() -> None:
     v = np.random.default_rng(5).uniform(-1, 1, (5, 17))
-    a = simulate_secure_sum(v, threshold=3, seed=1, drop={0: "masked"})
-    b = simulate_secure_sum(v, threshold=3, seed=2, drop={0: "masked"})
+    a = simulate_secure_sum(v, threshold=3, seed=1, drop={0: "masked"}, policy=MECHANICS_POLICY)
+    b = simulate_secure_sum(v, threshold=3, seed=2, drop={0: "masked"}, policy=MECHANICS_POLICY)
     assert np.array_equal(a, b)
 
 
@@ -148,7 +155,9 @@ def test_noise_hook_adds_integer_noise_in_the_ring() -> None:
     rng = np.random.default_rng(0)
     inputs = {p: rng.uniform(-1, 1, 6) for p in ids}
     noise = {p: rng.integers(-1000, 1001, 6) for p in ids}
-    result = run_protocol(spec, inputs, noise=noise, drop={"c": "masked"}).result
+    result = run_protocol(
+        spec, inputs, noise=noise, drop={"c": "masked"}, policy=MECHANICS_POLICY
+    ).result
     from crypto.ring import RING_DTYPE, encode
 
     expected = np.zeros(6, dtype=RING_DTYPE)
@@ -160,21 +169,27 @@ def test_noise_hook_adds_integer_noise_in_the_ring() -> None:
 
 def test_invalid_arguments() -> None:
     with pytest.raises(WrongLength):
-        simulate_secure_sum([np.zeros(3), np.zeros(4)], threshold=2)
+        simulate_secure_sum([np.zeros(3), np.zeros(4)], threshold=2, policy=MECHANICS_POLICY)
     with pytest.raises(WrongLength):
-        simulate_secure_sum([], threshold=2)
+        simulate_secure_sum([], threshold=2, policy=MECHANICS_POLICY)
     with pytest.raises(EncodingOverflow):
-        simulate_secure_sum([np.zeros(3), np.array([0, np.nan, 0])], threshold=2)
+        simulate_secure_sum(
+            [np.zeros(3), np.array([0, np.nan, 0])], threshold=2, policy=MECHANICS_POLICY
+        )
     with pytest.raises(ValueError, match="drop stage"):
-        simulate_secure_sum(np.zeros((3, 2)), threshold=2, drop={0: "lunch"})
+        simulate_secure_sum(
+            np.zeros((3, 2)), threshold=2, drop={0: "lunch"}, policy=MECHANICS_POLICY
+        )
     with pytest.raises(ValueError, match="out of range"):
-        simulate_secure_sum(np.zeros((3, 2)), threshold=2, drop={5: "share"})
+        simulate_secure_sum(
+            np.zeros((3, 2)), threshold=2, drop={5: "share"}, policy=MECHANICS_POLICY
+        )
     with pytest.raises(InvalidSpec):
-        simulate_secure_sum(np.zeros((3, 2)), threshold=4)
+        simulate_secure_sum(np.zeros((3, 2)), threshold=4, policy=MECHANICS_POLICY)
     with pytest.raises(InvalidSpec):
-        simulate_secure_sum(np.zeros((3, 2)), threshold=2, scale_bits=62)
+        simulate_secure_sum(np.zeros((3, 2)), threshold=2, scale_bits=62, policy=MECHANICS_POLICY)
     with pytest.raises(ValueError, match="graph"):
-        simulate_secure_sum(np.zeros((3, 2)), threshold=2, graph="star")
+        simulate_secure_sum(np.zeros((3, 2)), threshold=2, graph="star", policy=MECHANICS_POLICY)
     assert parse_graph("harary:3", 8, 2) == ("harary", 3)
     with pytest.raises(ValueError):
         parse_graph("harary:x", 8, 2)
@@ -182,7 +197,9 @@ def test_invalid_arguments() -> None:
 
 def test_explicit_scale_and_harary_with_explicit_degree() -> None:
     v = np.random.default_rng(1).uniform(-2, 2, (9, 8))
-    out = simulate_secure_sum(v, threshold=3, graph="harary:4", scale_bits=20, drop={4: "share"})
+    out = simulate_secure_sum(
+        v, threshold=3, graph="harary:4", scale_bits=20, drop={4: "share"}, policy=MECHANICS_POLICY
+    )
     assert np.all(np.abs(out - (v.sum(0) - v[4])) <= 9 * 2.0**-20 + 1e-12)
 
 
@@ -190,6 +207,13 @@ def test_run_protocol_checks_its_arguments() -> None:
     spec = JobSpec.create(["a", "b", "c"], threshold=2, length=2, bound=1.0)
     inputs = {p: np.zeros(2) for p in spec.participants}
     with pytest.raises(ValueError, match="not a participant"):
-        run_protocol(spec, inputs, drop={"z": "share"})
+        run_protocol(spec, inputs, drop={"z": "share"}, policy=MECHANICS_POLICY)
     with pytest.raises(ValueError, match="one vector per participant"):
-        run_protocol(spec, {"a": np.zeros(2)})
+        run_protocol(spec, {"a": np.zeros(2)}, policy=MECHANICS_POLICY)
+
+
+def test_default_policy_runs_a_majority_job_and_refuses_a_low_threshold() -> None:
+    v = np.arange(12.0).reshape(4, 3)
+    assert np.allclose(simulate_secure_sum(v, threshold=3), v.sum(0))
+    with pytest.raises(ThresholdTooLow):
+        simulate_secure_sum(v, threshold=2)

@@ -1,0 +1,63 @@
+"""Framing and structural checks shared by every message type of :mod:`crypto.messages`.
+
+Each helper raises :class:`MalformedMessage`, so a message object that violates its
+structure cannot even be constructed (see :mod:`crypto.messages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._codec import Reader, Writer
+from ._exceptions import MalformedMessage
+from .spec import MAGIC, MAX_JOB_ID_BYTES, VERSION
+
+__all__ = ["fixed", "header", "job", "need", "open_message", "pid", "sorted_unique"]
+
+
+def header(type_code: int) -> Writer:
+    return Writer().raw(MAGIC).u8(VERSION).u8(type_code)
+
+
+def open_message(data: bytes | bytearray | memoryview, type_code: int, name: str) -> Reader:
+    r = Reader(data)
+    if r.raw(4) != MAGIC:
+        raise MalformedMessage(f"{name}: bad magic (not a spherecal secagg message)")
+    if r.u8() != VERSION:
+        raise MalformedMessage(f"{name}: unsupported protocol version")
+    if r.u8() != type_code:
+        raise MalformedMessage(f"{name}: bytes encode a different message type")
+    return r
+
+
+def need(condition: bool, what: str) -> None:
+    if not condition:
+        raise MalformedMessage(what)
+
+
+def fixed(value: bytes, size: int, what: str) -> None:
+    need(isinstance(value, bytes) and len(value) == size, f"{what} must be {size} bytes")
+
+
+def job(job_id: bytes) -> None:
+    need(
+        isinstance(job_id, bytes) and 1 <= len(job_id) <= MAX_JOB_ID_BYTES,
+        f"job_id must be 1..{MAX_JOB_ID_BYTES} bytes",
+    )
+
+
+def pid(value: str, what: str) -> None:
+    need(
+        isinstance(value, str) and 0 < len(value.encode("utf-8")) <= 255,
+        f"{what} is not a valid id",
+    )
+
+
+def sorted_unique(items: Sequence[str], what: str) -> None:
+    need(isinstance(items, tuple), f"{what} must be a tuple")
+    for item in items:
+        pid(item, what)
+    need(
+        all(a < b for a, b in zip(items, items[1:], strict=False)),
+        f"{what} must be sorted and unique",
+    )
