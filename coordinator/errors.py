@@ -22,6 +22,37 @@ RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
 ABORTED                the job has failed (too few survivors); nothing more is accepted
 =====================  ==================================================================
+
+Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
+typed ``pb.ErrorReason`` as trailing metadata (``proto.error_detail``):
+``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later). In the other
+direction a participant's ``FailureReport`` carries a ``pb.FailureKind``
+(:func:`failure_kind`); its ``reason`` is only ever logged.
+
+Every exception class of the project outside ``crypto`` (whose tree is in
+``crypto/_exceptions.py``), by where it is raised — flat names that say what
+happened (``tests/unit/coordinator/test_typed_failures.py`` checks this list is
+complete)::
+
+    Exception
+    ├── ServiceError             coordinator: a request refused at the boundary (above)
+    ├── RuntimeError
+    │   ├── FederationFailed     coordinator: the federation cannot go on (status failed)
+    │   └── SimulationError      spherecal simulate: the processes gave no results
+    ├── ValueError
+    │   ├── TensorFormatError    proto: a tensor header/payload not as announced
+    │   ├── CertificateError     proto: a certificate without a usable identity
+    │   ├── ConfigError          spherecal: a config file that cannot be used as written
+    │   ├── UntrustedDirectory   participant: the key directory fails its checks
+    │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
+    │   └── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
+    ├── TransportError           participant: a call failed (code, message, reason)
+    ├── PrivacyRefused           participant: its own privacy policy refuses a task
+    ├── ParticipantExit          participant: stop the process with an exit code
+    ├── AuditError               spherecal audit: a database it cannot read
+    └── LedgerError              spherefed: the privacy ledger refuses a charge
+        ├── DuplicateRelease     a release id charged twice
+        └── BudgetExceeded       a release would cross the budget (every number kept)
 """
 
 from __future__ import annotations
@@ -29,8 +60,10 @@ from __future__ import annotations
 import grpc
 
 import crypto
+from proto import spherecal_pb2 as pb
+from proto.error_detail import error_metadata
 
-__all__ = ["FederationFailed", "ServiceError", "from_secagg"]
+__all__ = ["FederationFailed", "ServiceError", "failure_kind", "from_secagg"]
 
 
 class FederationFailed(RuntimeError):
@@ -42,10 +75,23 @@ class FederationFailed(RuntimeError):
 class ServiceError(Exception):
     """A request refused at the boundary, with the gRPC status to answer."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        reason: pb.ErrorReason = pb.ERROR_REASON_UNSPECIFIED,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
+        """A typed reason where the client must act on more than the code
+        (``proto.error_detail``): sent as trailing metadata."""
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        """What the gRPC layer sets before ``abort`` (``proto.error_detail``)."""
+        return error_metadata(self.reason)
 
     def __repr__(self) -> str:
         return f"ServiceError({self.code.name}, {self.message!r})"
@@ -77,7 +123,23 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
 
 def from_secagg(exc: crypto.SecAggError) -> ServiceError:
     """The :class:`ServiceError` for a rejected secure-aggregation message."""
+    reason = pb.UPLOAD_SLOTS_BUSY if isinstance(exc, crypto.UploadSlotsBusy) else None
     for kind, code in _SECAGG_CODES:
         if isinstance(exc, kind):
-            return ServiceError(code, f"{type(exc).__name__}: {exc}")
+            return ServiceError(
+                code, f"{type(exc).__name__}: {exc}", reason=reason or pb.ERROR_REASON_UNSPECIFIED
+            )
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+
+
+def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
+    """The typed meaning of a participant's ``FailureReport``.
+
+    ``FAILURE_KIND_UNSPECIFIED`` (a sender that names no kind) counts as
+    ``INTERNAL_ERROR``; a number outside the enum is refused (INVALID_ARGUMENT), never
+    guessed at — and never recovered from the human-readable ``reason``.
+    """
+    kind = report.kind
+    if kind not in pb.FailureKind.values():
+        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown failure kind {int(kind)}")
+    return pb.INTERNAL_ERROR if kind == pb.FAILURE_KIND_UNSPECIFIED else kind

@@ -126,6 +126,7 @@ class _Servicer:
         try:
             return fn(peer)
         except ServiceError as exc:
+            context.set_trailing_metadata(exc.trailing_metadata())
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
         except Exception as exc:  # noqa: BLE001 - never leak internals to callers
@@ -143,6 +144,7 @@ class _Servicer:
         try:
             yield from iterator
         except ServiceError as exc:
+            context.set_trailing_metadata(exc.trailing_metadata())
             context.abort(exc.code, exc.message)
 
     def Join(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802

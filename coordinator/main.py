@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
+from proto.address import split_host_port
+
 from .accounting import Accounting
 from .errors import FederationFailed
 from .evaluation import CentralEvaluator
 from .federation import Federation
-from .grpc_server import build_server, split_host_port
+from .grpc_server import build_server
 from .model import GlobalModel
 from .outputs import write_json
 from .registry import Registry

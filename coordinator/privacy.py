@@ -28,15 +28,12 @@ from spherefed.privacy.ledger import PrivacyLedger, SqliteLedgerStore
 from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
 from spherefed.privacy.settings import PrivacySettings
 
-__all__ = ["FEDERATION", "CoordinatorPrivacy", "is_privacy_refusal"]
+__all__ = ["FEDERATION", "PRIVACY_REFUSALS", "CoordinatorPrivacy"]
 
 FEDERATION = "federation"
-_REFUSALS = ("BudgetExceeded", "PrivacyRefused")
-
-
-def is_privacy_refusal(reason: str) -> bool:
-    """Whether a participant's withdrawal reason is a privacy refusal."""
-    return any(f"{name}:" in reason for name in _REFUSALS)
+PRIVACY_REFUSALS: frozenset[pb.FailureKind] = frozenset({pb.POLICY_REFUSAL, pb.BUDGET_EXCEEDED})
+"""The ``FailureReport`` kinds that are a participant refusing a DP release (its
+own policy or its budget) rather than an ordinary dropout."""
 
 
 class CoordinatorPrivacy:
@@ -49,6 +46,7 @@ class CoordinatorPrivacy:
         self.ledger = PrivacyLedger(SqliteLedgerStore(self._conn), settings.budget())
         self.releases: list[dict[str, Any]] = []
         self.refusals: list[dict[str, Any]] = []
+        self._refused: dict[tuple[str, str], pb.FailureKind] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -124,13 +122,27 @@ class CoordinatorPrivacy:
         (FFC derived from CCVR sums ``C`` class blocks) multiply ``σ_V`` by their root."""
         return 2.0 * math.sqrt(plan.dim) * sigma * math.sqrt(summed_blocks)
 
+    def record_refusal(self, job_hex: str, participant: str, failure: pb.FailureKind) -> None:
+        """A participant's typed ``FailureReport`` said it refused this job's release."""
+        with self._lock:
+            self._refused[(job_hex, participant)] = failure
+
     def note_refusals(self, job_hex: str, kind: str, dropped: dict[str, str]) -> list[str]:
-        """Keep the privacy refusals among a job's dropouts; return them as log lines."""
+        """Keep the privacy refusals among a job's dropouts (those whose report was
+        typed a refusal — never guessed from the text); return them as log lines."""
         lines = []
         for pid, reason in sorted(dropped.items()):
-            if is_privacy_refusal(reason):
+            with self._lock:
+                failure = self._refused.pop((job_hex, pid), None)
+            if failure is not None:
                 self.refusals.append(
-                    {"participant": pid, "job_id": job_hex, "kind": kind, "reason": reason}
+                    {
+                        "participant": pid,
+                        "job_id": job_hex,
+                        "kind": kind,
+                        "refusal": pb.FailureKind.Name(failure),
+                        "reason": reason,
+                    }
                 )
                 lines.append(f"{kind}: {pid} refused the DP release: {reason}")
         return lines

@@ -213,6 +213,7 @@ class Registry:
                 raise ServiceError(
                     grpc.StatusCode.UNAUTHENTICATED,
                     "unknown or expired session: join again",
+                    reason=pb.SESSION_EXPIRED,
                 )
             member.last_seen = time.monotonic()
         return member

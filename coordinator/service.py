@@ -26,8 +26,9 @@ from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
 
 from .accounting import Accounting
-from .errors import ServiceError
+from .errors import ServiceError, failure_kind
 from .federation import Federation
+from .privacy import PRIVACY_REFUSALS
 from .registry import Member, Peer, Registry
 from .secure_job import STAGE_NAMES
 from .settings import CoordinatorSettings
@@ -470,7 +471,8 @@ class CoordinatorService:
         pid = member.participant_id
         raw = request.SerializeToString()
         reason = request.reason[:MAX_REASON_CHARS]
-        kind = request.error_type[:64]
+        failure = failure_kind(request)
+        kind = pb.FailureKind.Name(failure)
         found = self.federation.board.current_task(request.task_id)
         if isinstance(found, str):
             job = (
@@ -489,6 +491,10 @@ class CoordinatorService:
             job.withdraw(pid, f"{kind}: {reason}")
         else:
             found.withdraw(pid, f"{kind}: {reason}")
+            job = found.job
+        privacy = self.federation.privacy
+        if privacy is not None and job is not None and failure in PRIVACY_REFUSALS:
+            privacy.record_refusal(job.job_hex, pid, failure)
         self.store.audit(
             sender=pid,
             job=request.task_id[:64],

@@ -47,13 +47,21 @@ class ModelSettings:
     which derive from the federation seed exactly as the reference runner does)."""
 
     extractor: str = "digits_cnn"
+    """Feature extractor (``spherefed.models``)."""
     head: str = "sphere"
+    """Projection head: ``sphere`` (SphereFed) or a plain one."""
     norm: str = "group"
+    """Normalisation layers of the extractor."""
     classifier: str = "orthonormal"
+    """Classifier: ``orthonormal`` (SphereFed's fixed one) or learned."""
     num_classes: int = 10
+    """Must match every participant's data (checked at join); ``dataset`` fills it."""
     in_channels: int = 1
+    """Image channels; ``dataset`` fills it."""
     image_size: tuple[int, int] = (8, 8)
+    """``[height, width]``; ``dataset`` fills it."""
     feature_dim: int | None = None
+    """Feature dimension; unset: the extractor's default."""
 
     def spec(self, seed: int) -> ModelSpec:
         classifier_seed, init_seed = model_seeds(seed)
@@ -74,17 +82,27 @@ class ModelSettings:
 @dataclass(frozen=True)
 class TrainingSettings:
     rounds: int = 30
+    """Federated rounds."""
     local_epochs: int = 2
+    """Local epochs per round."""
     batch_size: int = 32
+    """Local SGD batch size."""
     lr: float = 0.1
+    """Local SGD learning rate."""
     momentum: float = 0.9
+    """Local SGD momentum."""
     weight_decay: float = 0.0
+    """Local SGD weight decay."""
     loss: str = "mse"
+    """Local loss; default ``mse`` for the ``sphere`` head, else ``ce``."""
     algorithm: str = "fedavg"
+    """Aggregation strategy: ``fedavg``, ``fedprox``, ``fedadam``, ``fedyogi``."""
     prox_mu: float = 0.01
+    """FedProx proximal weight μ (``fedprox`` only)."""
     fedopt_lr: float = 0.01
     """Server learning rate η of FedAdam / FedYogi (Reddi et al. 2021, Algorithm 2)."""
     sample_fraction: float = 1.0
+    """Participants sampled per round (seeded, as the reference)."""
     min_participants: int = 2
     """A round completes only with at least this many updates."""
     max_round_attempts: int = 3
@@ -113,7 +131,9 @@ class TrainingSettings:
 @dataclass(frozen=True)
 class CalibrationSettings:
     methods: tuple[str, ...] = ("ffc",)
+    """Calibrations to run: ``ffc``, ``ccvr``."""
     ffc_ridge: float = 0.0
+    """λ of FFC's ``(V + λI)⁻¹U``."""
     ffc_from_ccvr: bool = True
     """With CCVR configured, derive FFC from the CCVR sums (one job, as the reference
     runner does) instead of running a separate, smaller FFC job."""
@@ -146,12 +166,15 @@ class CalibrationSettings:
 @dataclass(frozen=True)
 class SecAggSettings:
     updates: bool = True
+    """Aggregate model updates through secure aggregation."""
     statistics: bool = True
+    """Aggregate calibration statistics through secure aggregation."""
     threshold: int | None = None
     """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
     a strict majority of the share holders (``2t > n``), which participants' default
     policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
+    """Fraction behind the default threshold."""
     min_participants: int = 3
     """Fewest inputs a job may aggregate; participants' default policy refuses jobs of
     fewer than 3 participants and sums of fewer than 3 inputs."""
@@ -201,8 +224,11 @@ class SecAggSettings:
 @dataclass(frozen=True)
 class TLSSettings:
     cert: Path | None = None
+    """Server certificate (PEM); required unless ``[server] insecure``."""
     key: Path | None = None
+    """Server private key (PEM)."""
     client_ca: Path | None = None
+    """CA that signs the participants' client certificates."""
     crl: Path | None = None
     """A PEM CRL signed by ``client_ca``: revoked client certificates are refused on
     every call; the file is re-read when it changes (``coordinator.revocation``)."""
@@ -211,25 +237,39 @@ class TLSSettings:
 @dataclass(frozen=True)
 class ServerSettings:
     listen: str = "127.0.0.1:50051"
+    """``host:port``; port 0 picks a free port."""
     insecure: bool = False
+    """Plaintext gRPC, loopback addresses only."""
     max_message_bytes: int = 8 << 20
+    """gRPC message limit (both directions)."""
     max_chunk_bytes: int = 4 << 20
+    """Largest upload chunk."""
     max_workers: int = 0
     """gRPC worker threads; 0 chooses ``4·participants + 16``."""
     port_file: Path | None = None
+    """Write the bound port here."""
 
 
 @dataclass(frozen=True)
 class Timeouts:
     join_s: float = 300.0
+    """Wait this long for the roster."""
     round_s: float = 900.0
+    """A round's training (and a statistics job's computation)."""
     stage_s: float = 120.0
+    """Each later secure-aggregation stage."""
     evaluation_s: float = 300.0
+    """Federated evaluation."""
     heartbeat_interval_s: float = 2.0
+    """Fallback liveness for participants without a presence stream."""
     heartbeat_timeout_s: float = 20.0
+    """A participant silent this long is dropped (must exceed the interval)."""
     linger_s: float = 30.0
+    """Keep serving after the end until everyone was told."""
     clock_skew_s: float = 300.0
+    """Join timestamps outside this window are refused."""
     long_poll_s: float = 2.0
+    """Longest a NextInstruction call is held."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +278,7 @@ class EvaluationSettings:
     """Held-out test data for central evaluation (the reference's test split);
     federated evaluation always runs."""
     test_data_root: str | None = None
+    """Where ``test_dataset`` lives (CIFAR directory or ``.npz``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
 
@@ -248,7 +289,9 @@ class CoordinatorSettings:
     """The roster, in partition order: participant ``k`` trains with seed
     ``derive_seed(seed, "train", round, k)`` and is ``k`` in the reference runner."""
     name: str = "spherecal"
+    """The federation's name."""
     seed: int = 0
+    """Every seed derives from this one, as in the reference runner."""
     model: ModelSettings = field(default_factory=ModelSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
@@ -260,7 +303,9 @@ class CoordinatorSettings:
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     """Noisy (differentially private) calibration releases; off by default."""
     state_dir: Path = Path("coordinator-state")
+    """SQLite database and round checkpoints."""
     out_dir: Path = Path("coordinator-out")
+    """Outputs: ``summary.json``, models, ``model_spec.json``."""
 
     def __post_init__(self) -> None:
         ids = self.participants

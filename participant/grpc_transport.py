@@ -9,7 +9,6 @@ send its masked data, keys or even its identity over a network in the clear.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -17,6 +16,8 @@ import grpc
 
 from proto import grpc_services
 from proto import spherecal_pb2 as pb
+from proto.address import is_loopback_address
+from proto.error_detail import reason_from_metadata
 
 from .settings import ParticipantSettings
 from .transport import TransportError
@@ -24,19 +25,6 @@ from .transport import TransportError
 __all__ = ["GrpcTransport", "is_loopback_address"]
 
 T = TypeVar("T")
-
-
-def is_loopback_address(address: str) -> bool:
-    if address.startswith("["):
-        host = address[1:].partition("]")[0]
-    else:
-        host = address.rpartition(":")[0] or address
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _credentials(settings: ParticipantSettings) -> grpc.ChannelCredentials | None:
@@ -142,4 +130,7 @@ class _GrpcPresence:
 def _to_transport_error(exc: grpc.RpcError) -> TransportError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return TransportError(code or grpc.StatusCode.UNKNOWN, details or "")
+    metadata = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return TransportError(
+        code or grpc.StatusCode.UNKNOWN, details or "", reason=reason_from_metadata(metadata)
+    )

@@ -44,6 +44,7 @@ from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .data import LocalData
+from .failures import failure_kind
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
 from .secure import SecureSession
@@ -296,15 +297,15 @@ class ParticipantRunner:
         return array
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
+        """Withdraw from a task or job, telling the coordinator why: the typed
+        :func:`failure_kind` is the meaning, the text only a message for people."""
         reason = str(error)
-        self.log(f"withdrawing from {task_id[:16]}: {type(error).__name__}: {reason}")
+        kind = failure_kind(error)
+        self.log(f"withdrawing from {task_id[:16]}: {pb.FailureKind.Name(kind)}: {reason}")
         try:
             self.transport.report_failure(
                 pb.FailureReport(
-                    caller=self._caller(),
-                    task_id=task_id,
-                    reason=reason[:300],
-                    error_type=type(error).__name__,
+                    caller=self._caller(), task_id=task_id, reason=reason[:300], kind=kind
                 )
             )
         except TransportError as exc:
@@ -562,7 +563,7 @@ class ParticipantRunner:
         except TransportError as exc:
             if exc.code is grpc.StatusCode.ALREADY_EXISTS:
                 return
-            if exc.code is grpc.StatusCode.UNAVAILABLE and "slot" in exc.message:
+            if exc.slots_busy:
                 time.sleep(0.2 + random.random() * 0.5)  # coordinator busy: it re-asks
                 return
             if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):

@@ -27,14 +27,24 @@ class DataSettings:
     """
 
     dataset: str = "digits"
+    """``digits``, ``cifar10``/``cifar100`` (directory), ``npz`` (file)."""
     root: str | None = None
+    """Where the dataset lives (directory or file)."""
     slice_index: int | None = None
+    """*Slice mode*: take partition ``slice_index`` of ``slice_of``; unset: the whole
+    dataset is this site's own."""
     slice_of: int | None = None
+    """Number of partitions in slice mode."""
     partition: str = "dirichlet"
+    """Slice mode: ``dirichlet``, ``iid`` or ``shards``, as the reference runner."""
     alpha: float = 0.1
+    """Slice mode: Dirichlet α."""
     shards_per_client: int = 2
+    """Slice mode: shards per participant."""
     seed: int = 0
+    """Slice mode: the federation seed the partition derives from."""
     validation_fraction: float = 0.1
+    """Share of the local train split held out for validation."""
 
     def __post_init__(self) -> None:
         if (self.slice_index is None) != (self.slice_of is None):
@@ -52,8 +62,11 @@ class DataSettings:
 @dataclass(frozen=True)
 class ClientTLS:
     ca: Path | None = None
+    """CA that signs the coordinator's certificate; required unless ``insecure``."""
     cert: Path | None = None
+    """This participant's client certificate (PEM)."""
     key: Path | None = None
+    """This participant's client key (PEM)."""
     server_name: str | None = None
     """Override the name checked against the server certificate (default: the host)."""
 
@@ -61,22 +74,32 @@ class ClientTLS:
 @dataclass(frozen=True)
 class ParticipantSettings:
     participant_id: str
+    """Must be on the coordinator's roster and equal the certificate's CN."""
     coordinator: str = "127.0.0.1:50051"
+    """The coordinator's ``host:port``."""
     insecure: bool = False
+    """Plaintext gRPC, loopback only."""
     tls: ClientTLS = field(default_factory=ClientTLS)
     data: DataSettings = field(default_factory=DataSettings)
     state_dir: Path = Path("participant-state")
+    """Job ledger (refuses to run a job id twice), privacy ledger; default ``participant-<id>``."""
     identity_key: Path | None = None
     """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``, created once."""
     threads: int = 1
+    """Torch threads."""
     allow_plaintext: bool = False
     """Whether to upload updates/statistics in the clear when the coordinator asks
     (secure aggregation off). Off by default: a deployment only sends masked data."""
     max_message_bytes: int = 8 << 20
+    """gRPC message limit."""
     long_poll_ms: int = 2000
+    """How long one NextInstruction call may be held."""
     reconnect_max_s: float = 10.0
+    """Longest back-off between reconnection attempts."""
     give_up_s: float = 600.0
+    """Give up after the coordinator was unreachable this long."""
     rpc_timeout_s: float = 60.0
+    """Deadline of one RPC."""
     halt_before: tuple[HaltPoint, ...] = ()
     """Fault injection for tests and ``spherecal simulate --drop``: stop (and wait to be
     killed) right before the named step."""

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import torch
 
 from proto import spherecal_pb2 as pb
+from proto.codec import model_spec_from_proto
 from spherefed.fl import (
     LocalTrainConfig,
     LocalUpdate,
@@ -39,18 +40,7 @@ FEATURE_BATCH = 512
 
 
 def model_spec_from_plan(spec: pb.ModelSpec) -> ModelSpec:
-    return ModelSpec(
-        extractor=spec.extractor,
-        head=spec.head,
-        norm=spec.norm,
-        classifier=spec.classifier,
-        classifier_seed=int(spec.classifier_seed),
-        init_seed=int(spec.init_seed),
-        num_classes=int(spec.num_classes),
-        in_channels=int(spec.in_channels),
-        image_size=(int(spec.image_height), int(spec.image_width)),
-        feature_dim=int(spec.feature_dim) or None,
-    )
+    return model_spec_from_proto(spec)
 
 
 def local_config_from_plan(training: pb.LocalTraining) -> LocalTrainConfig:

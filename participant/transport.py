@@ -29,10 +29,18 @@ RETRYABLE = frozenset(
 class TransportError(Exception):
     """A call that failed, with the status code the coordinator (or the network) gave."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        reason: pb.ErrorReason = pb.ERROR_REASON_UNSPECIFIED,
+    ) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.reason = reason
+        """The coordinator's typed reason (``proto.error_detail``), if it sent one."""
 
     @property
     def retryable(self) -> bool:
@@ -40,7 +48,12 @@ class TransportError(Exception):
 
     @property
     def session_expired(self) -> bool:
-        return self.code is grpc.StatusCode.UNAUTHENTICATED and "session" in self.message
+        return self.reason == pb.SESSION_EXPIRED
+
+    @property
+    def slots_busy(self) -> bool:
+        """Every masked-upload slot was busy: the coordinator asks again later."""
+        return self.reason == pb.UPLOAD_SLOTS_BUSY
 
 
 class PresenceStream(Protocol):

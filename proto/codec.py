@@ -6,6 +6,12 @@ shape, SHA-256) followed by raw chunks can only ever decode to a numeric array o
 the announced size — and the receiver decides up front how large that may be, so a
 hostile header cannot make it allocate unbounded memory.
 
+The model a federation trains (:class:`spherefed.network.ModelSpec`) crosses the wire
+in the ``Plan`` and is written next to the saved models as ``model_spec.json``; both
+conversions live here too (:func:`model_spec_to_proto`, :func:`model_spec_from_proto`,
+:func:`model_spec_to_json`, :func:`model_spec_from_json`), so a new field is added in
+one place.
+
 Streaming: :func:`iter_chunks` slices an array's bytes into chunks of a few MB (views,
 no copies) and :class:`TensorAssembler` writes incoming chunks straight into one
 preallocated array, hashing as it goes: O(tensor) memory, never O(tensor × copies).
@@ -15,12 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from proto import spherecal_pb2 as pb
+from spherefed.network import ModelSpec
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -32,6 +40,10 @@ __all__ = [
     "header_for",
     "header_nbytes",
     "iter_chunks",
+    "model_spec_from_json",
+    "model_spec_from_proto",
+    "model_spec_to_json",
+    "model_spec_to_proto",
     "numpy_dtype",
 ]
 
@@ -195,3 +207,88 @@ class TensorAssembler:
     @property
     def sha256(self) -> bytes:
         return self._hash.digest()
+
+
+# ----------------------------------------------------------------------------- ModelSpec
+
+
+def _image_size(spec: ModelSpec) -> tuple[int, int]:
+    size = spec.image_size
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:
+    """``spec`` as the ``Plan``'s ``ModelSpec`` (``feature_dim`` 0 = the default)."""
+    h, w = _image_size(spec)
+    return pb.ModelSpec(
+        extractor=spec.extractor,
+        head=spec.head,
+        norm=spec.norm,
+        classifier=spec.classifier,
+        classifier_seed=spec.classifier_seed,
+        init_seed=spec.init_seed,
+        num_classes=spec.num_classes,
+        in_channels=spec.in_channels,
+        image_height=h,
+        image_width=w,
+        feature_dim=spec.feature_dim or 0,
+    )
+
+
+def model_spec_from_proto(message: pb.ModelSpec) -> ModelSpec:
+    """The inverse of :func:`model_spec_to_proto`."""
+    return ModelSpec(
+        extractor=message.extractor,
+        head=message.head,
+        norm=message.norm,
+        classifier=message.classifier,
+        classifier_seed=int(message.classifier_seed),
+        init_seed=int(message.init_seed),
+        num_classes=int(message.num_classes),
+        in_channels=int(message.in_channels),
+        image_size=(int(message.image_height), int(message.image_width)),
+        feature_dim=int(message.feature_dim) or None,
+    )
+
+
+_JSON_FIELDS: dict[str, type] = {
+    "extractor": str,
+    "head": str,
+    "norm": str,
+    "classifier": str,
+    "classifier_seed": int,
+    "init_seed": int,
+    "num_classes": int,
+    "in_channels": int,
+}
+
+
+def model_spec_to_json(spec: ModelSpec) -> dict[str, Any]:
+    """``spec`` as the ``model_spec.json`` object (``image_size`` as ``[h, w]``)."""
+    out: dict[str, Any] = {name: getattr(spec, name) for name in _JSON_FIELDS}
+    out["image_size"] = list(_image_size(spec))
+    out["feature_dim"] = spec.feature_dim
+    return out
+
+
+def model_spec_from_json(data: Mapping[str, Any]) -> ModelSpec:
+    """The inverse of :func:`model_spec_to_json`, refusing missing or mistyped fields."""
+    values: dict[str, Any] = {}
+    for name, kind in _JSON_FIELDS.items():
+        value = data.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"model spec: {name} must be a {kind.__name__}, got {value!r}")
+        values[name] = value
+    size = data.get("image_size")
+    if not (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+    ):
+        raise ValueError(f"model spec: image_size must be [height, width], got {size!r}")
+    feature_dim = data.get("feature_dim")
+    if feature_dim is not None and (
+        not isinstance(feature_dim, int) or isinstance(feature_dim, bool)
+    ):
+        raise ValueError(f"model spec: feature_dim must be an integer or null, got {feature_dim!r}")
+    return ModelSpec(**values, image_size=(size[0], size[1]), feature_dim=feature_dim)

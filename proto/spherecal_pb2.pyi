@@ -29,6 +29,25 @@ class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MASKED: _ClassVar[SecAggStage]
     CONSISTENCY: _ClassVar[SecAggStage]
     UNMASK: _ClassVar[SecAggStage]
+
+class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_KIND_UNSPECIFIED: _ClassVar[FailureKind]
+    POLICY_REFUSAL: _ClassVar[FailureKind]
+    BUDGET_EXCEEDED: _ClassVar[FailureKind]
+    TOO_FEW_SURVIVORS: _ClassVar[FailureKind]
+    BAD_INPUT: _ClassVar[FailureKind]
+    SHARE_AUTHENTICATION: _ClassVar[FailureKind]
+    UNTRUSTED_DIRECTORY: _ClassVar[FailureKind]
+    JOB_ABORTED: _ClassVar[FailureKind]
+    PROTOCOL_VIOLATION: _ClassVar[FailureKind]
+    INTERNAL_ERROR: _ClassVar[FailureKind]
+
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    SESSION_EXPIRED: _ClassVar[ErrorReason]
+    UPLOAD_SLOTS_BUSY: _ClassVar[ErrorReason]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -43,6 +62,19 @@ SHARE: SecAggStage
 MASKED: SecAggStage
 CONSISTENCY: SecAggStage
 UNMASK: SecAggStage
+FAILURE_KIND_UNSPECIFIED: FailureKind
+POLICY_REFUSAL: FailureKind
+BUDGET_EXCEEDED: FailureKind
+TOO_FEW_SURVIVORS: FailureKind
+BAD_INPUT: FailureKind
+SHARE_AUTHENTICATION: FailureKind
+UNTRUSTED_DIRECTORY: FailureKind
+JOB_ABORTED: FailureKind
+PROTOCOL_VIOLATION: FailureKind
+INTERNAL_ERROR: FailureKind
+ERROR_REASON_UNSPECIFIED: ErrorReason
+SESSION_EXPIRED: ErrorReason
+UPLOAD_SLOTS_BUSY: ErrorReason
 
 class TensorHeader(_message.Message):
     __slots__ = ("dtype", "shape", "sha256")
@@ -445,16 +477,22 @@ class EvaluationReport(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., total: _Optional[int] = ..., counts: _Optional[_Iterable[_Union[HeadCount, _Mapping]]] = ...) -> None: ...
 
 class FailureReport(_message.Message):
-    __slots__ = ("caller", "task_id", "reason", "error_type")
+    __slots__ = ("caller", "task_id", "reason", "kind")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
-    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     task_id: str
     reason: str
-    error_type: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
+    kind: FailureKind
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[_Union[FailureKind, str]] = ...) -> None: ...
+
+class ErrorDetail(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: ErrorReason
+    def __init__(self, reason: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("caller",)

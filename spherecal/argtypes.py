@@ -30,3 +30,24 @@ def positive_float(text: str) -> float:
     if not value > 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
     return value
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows ``(default: X)`` only where X says something.
+
+    argparse's own formatter appends ``(default: None)`` (or ``[]``/``False``) to
+    every option with help text, which contradicts help that states the real
+    default itself ("seeds 0..N-1 (default 3) (default: None)"). Here an option
+    whose default is ``None``, empty or a flag's ``False``, or whose help already
+    names its default, shows its help as written.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            action.default in (None, [], (), False)
+            or action.default is argparse.SUPPRESS
+            or "default" in text
+        ):
+            return action.help
+        return super()._get_help_string(action)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from spherecal.argtypes import alpha_or_iid, positive_float
+from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, positive_float
 from spherefed.calibrate import CCVRConfig
 from spherefed.classifier import CLASSIFIER_KINDS
 from spherefed.data import DATASET_NAMES
@@ -40,7 +40,7 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "fine-tuned on all pooled real features). Progress goes to stderr; the "
             "result JSON to --json (and a summary to stdout)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--dataset", default=d.dataset, choices=DATASET_NAMES)
     p.add_argument(

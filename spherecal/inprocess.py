@@ -52,7 +52,7 @@ class InProcessTransport:
         try:
             return _wire(fn(_wire(request), self.peer))
         except ServiceError as exc:
-            raise TransportError(exc.code, exc.message) from None
+            raise TransportError(exc.code, exc.message, reason=exc.reason) from None
 
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         return self._unary(self.service.join, request)
@@ -71,13 +71,13 @@ class InProcessTransport:
             for chunk in self.service.download_tensor(_wire(request), self.peer):
                 yield _wire(chunk)
         except ServiceError as exc:
-            raise TransportError(exc.code, exc.message) from None
+            raise TransportError(exc.code, exc.message, reason=exc.reason) from None
 
     def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
         try:
             return _wire(self.service.upload_tensor((_wire(m) for m in messages), self.peer))
         except ServiceError as exc:
-            raise TransportError(exc.code, exc.message) from None
+            raise TransportError(exc.code, exc.message, reason=exc.reason) from None
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
         return self._unary(self.service.submit_secagg, request)
@@ -86,7 +86,7 @@ class InProcessTransport:
         try:
             return _wire(self.service.upload_masked((_wire(m) for m in messages), self.peer))
         except ServiceError as exc:
-            raise TransportError(exc.code, exc.message) from None
+            raise TransportError(exc.code, exc.message, reason=exc.reason) from None
 
     def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
         return self._unary(self.service.report_evaluation, request)

@@ -93,7 +93,8 @@ def test_over_budget_participant_refuses_with_the_numbers(
     (refusal,) = results["privacy"]["refusals"]
     assert refusal["participant"] == "p0"
     reason = refusal["reason"]
-    assert "BudgetExceeded" in reason and "total budget ε = 0.5" in reason
+    assert refusal["refusal"] == "BUDGET_EXCEEDED"  # the typed kind, not the text
+    assert "total budget ε = 0.5" in reason
     assert "this release ε = 1" in reason
     assert results["exit_codes"]["p0"] == 0  # refusing is not a crash
     # the participants' own ledgers: p0 spent nothing, p1 one release at ≈ ε

@@ -212,7 +212,7 @@ def test_secure_task_refuses_plaintext_and_wrong_stage_messages(secure: Harness)
             caller=secure.caller("p1"),
             task_id=t1.task_id,
             reason="input out of bound",
-            error_type="EncodingOverflow",
+            kind=pb.BAD_INPUT,
         ),
         Peer(),
     )

@@ -84,7 +84,7 @@ def test_dpsgd_over_budget_is_refused_with_the_numbers(tmp_path: Path) -> None:
     fed = _federation(tmp_path, privacy).start()
     summary = fed.join(timeout=180)
     assert summary["status"] == "failed"  # nobody trained: the round cannot complete
-    assert any("BudgetExceeded" in m and "total budget ε = 0.01" in m for m in fed.messages)
+    assert any("BUDGET_EXCEEDED" in m and "total budget ε = 0.01" in m for m in fed.messages)
     assert (
         not (tmp_path / "p0" / "privacy.db").exists()
         or _ledger(tmp_path / "p0" / "privacy.db") == []

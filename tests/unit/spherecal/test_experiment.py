@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-import spherecal.experiment as experiment
+import spherecal.experiment.cells as cells_module
 from spherecal.cli import main
 from spherecal.experiment import RunSpec, grid_runs, make_columns, settings_from_args
-from spherecal.experiment_report import render_markdown, select
+from spherecal.experiment.markdown import render_markdown
+from spherecal.experiment.plots import gain_panels, method_colors
+from spherecal.experiment.selection import select
 from spherefed.algorithms import get_method
 
 TINY_ARGS = [
@@ -80,7 +82,7 @@ def test_methods_table_outputs_and_resume(
     def boom(*_a: Any, **_k: Any) -> dict[str, Any]:
         raise AssertionError("a finished cell was run again")
 
-    monkeypatch.setattr(experiment, "execute_run", boom)
+    monkeypatch.setattr(cells_module, "execute_run", boom)
     assert _run(tmp_path, *args) == 0
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["rows"] == results["rows"]
@@ -89,13 +91,13 @@ def test_methods_table_outputs_and_resume(
     # a lost cell (e.g. the run was killed) is the only one rerun
     calls: list[str] = []
     monkeypatch.undo()
-    real = experiment.execute_run
+    real = cells_module.execute_run
 
     def counting(spec: RunSpec, base: Any) -> dict[str, Any]:
         calls.append(spec.label())
         return real(spec, base)
 
-    monkeypatch.setattr(experiment, "execute_run", counting)
+    monkeypatch.setattr(cells_module, "execute_run", counting)
     cells[3].unlink()
     (tmp_path / "cells" / cells[5].name).write_text("{truncated")
     assert _run(tmp_path, *args) == 0
@@ -109,6 +111,7 @@ def test_calibration_table_adds_oracle_reruns(tmp_path: Path) -> None:
     assert [m["key"] for m in results["methods"]] == ["fedavg"]
     g = results["calibration"]["fedavg"]["a0.5"]
     assert "oracle_gain" in g and g["per_seed"][0].get("oracle_cell")
+    assert gain_panels(results) == ["ccvr", "ffc", "oracle"]  # the oracle is plotted too
     assert len(list((tmp_path / "cells").glob("*.json"))) == 2 + 1  # grid + one oracle re-run
     assert "| FedAvg |" in (tmp_path / "table.md").read_text()
 
@@ -229,3 +232,16 @@ def test_parallel_workers_give_the_serial_numbers(tmp_path: Path) -> None:
     parallel = json.loads((tmp_path / "par" / "results.json").read_text())
     assert parallel["rows"] == serial["rows"]
     assert parallel["environment"]["workers"] == 2
+
+
+def test_methods_get_distinct_colours_and_help_shows_real_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("matplotlib")
+    colours = method_colors(18)
+    assert len(set(colours)) == 18  # the 11 methods of the methods table and more
+    with pytest.raises(SystemExit):
+        main(["experiment", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default 3)" in text
+    assert "(default: 10)" in text  # --participants: a real default is still shown

@@ -1,0 +1,63 @@
+"""What a participant tells the coordinator when it withdraws: a typed ``FailureKind``.
+
+The kind is the meaning (the coordinator branches on it: a privacy refusal is
+recorded in the privacy summary, anything else is a dropout); the exception's text
+travels only as a human message. The mapping goes from the most specific class to
+the most general, so a subclass is never swallowed by its parent (e.g.
+``UntrustedDirectory`` is a ``ValueError`` but means something else).
+"""
+
+from __future__ import annotations
+
+import crypto
+from proto import spherecal_pb2 as pb
+from proto.codec import TensorFormatError
+from spherefed.privacy.dpsgd import UnsupportedModel
+from spherefed.privacy.ledger import BudgetExceeded
+
+from .privacy import PrivacyRefused
+from .trust import UntrustedDirectory
+
+__all__ = ["KINDS", "failure_kind"]
+
+KINDS: tuple[tuple[type[BaseException], pb.FailureKind], ...] = (
+    (BudgetExceeded, pb.BUDGET_EXCEEDED),
+    (PrivacyRefused, pb.POLICY_REFUSAL),
+    (PermissionError, pb.POLICY_REFUSAL),  # e.g. a plaintext upload it does not allow
+    (UntrustedDirectory, pb.UNTRUSTED_DIRECTORY),
+    (crypto.TooFewSurvivors, pb.TOO_FEW_SURVIVORS),
+    (crypto.JobAborted, pb.JOB_ABORTED),
+    (crypto.ForgedShare, pb.SHARE_AUTHENTICATION),
+    (crypto.BadSignature, pb.SHARE_AUTHENTICATION),
+    (crypto.BadKey, pb.SHARE_AUTHENTICATION),
+    (crypto.SenderMismatch, pb.SHARE_AUTHENTICATION),
+    (crypto.MalformedMessage, pb.BAD_INPUT),
+    (crypto.WrongLength, pb.BAD_INPUT),
+    (crypto.EncodingOverflow, pb.BAD_INPUT),
+    (crypto.InvalidSpec, pb.BAD_INPUT),
+    (crypto.WrongJob, pb.PROTOCOL_VIOLATION),
+    (crypto.WrongRecipient, pb.PROTOCOL_VIOLATION),
+    (crypto.UnknownParticipant, pb.PROTOCOL_VIOLATION),
+    (crypto.Excluded, pb.PROTOCOL_VIOLATION),
+    (crypto.OutOfStage, pb.PROTOCOL_VIOLATION),
+    (crypto.DuplicateMessage, pb.PROTOCOL_VIOLATION),
+    (crypto.UploadSlotsBusy, pb.PROTOCOL_VIOLATION),
+    (crypto.UnexpectedShare, pb.PROTOCOL_VIOLATION),
+    (crypto.OverlappingReveal, pb.PROTOCOL_VIOLATION),
+    (crypto.InconsistentSurvivors, pb.PROTOCOL_VIOLATION),
+    (crypto.JobReplayed, pb.PROTOCOL_VIOLATION),
+    # any other secure-aggregation error (e.g. a DP plan the ring cannot hold safely):
+    # the job's parameters are unusable for this participant
+    (crypto.SecAggError, pb.BAD_INPUT),
+    (TensorFormatError, pb.BAD_INPUT),
+    (UnsupportedModel, pb.BAD_INPUT),
+    (ValueError, pb.BAD_INPUT),
+)
+
+
+def failure_kind(error: BaseException) -> pb.FailureKind:
+    """The wire meaning of ``error`` (``INTERNAL_ERROR`` for anything unforeseen)."""
+    for cls, kind in KINDS:
+        if isinstance(error, cls):
+            return kind
+    return pb.INTERNAL_ERROR

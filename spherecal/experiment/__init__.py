@@ -1,0 +1,68 @@
+"""``spherecal experiment``: every method of the papers, side by side, on your data.
+
+The grid
+--------
+A *table* (``methods``, ``ablation`` or ``calibration``) names a set of training
+methods (:mod:`spherefed.algorithms.methods`). Each method is trained for every
+*column* (a data partition: Dirichlet ``α``, IID, or ``S`` shards per participant),
+every seed and every point of its learning-rate grid (× temperature grid, where a
+method has one). One such training run is a **cell**: it goes through
+:func:`spherefed.runner.run_federation` — the reference runner's data preparation,
+statistics and FFC/CCVR code — and its result (test and validation accuracy for no
+calibration, +CCVR and +FFC, accuracy per round) is written to
+``DIR/cells/<hash>.json`` the moment it finishes. The hash covers everything that
+defines the run (the full reference config, algorithm, objective), so a rerun skips
+finished cells (resumable), and two tables that need the same run share it.
+
+Selection (as the papers do it)
+-------------------------------
+For every table row (method × calibration), column and seed, the learning rate is
+the one with the best **validation** accuracy for that row's calibration (ties → the
+smaller learning rate); the **test** accuracy of that run is reported. Mean ± sample
+standard deviation over seeds. The test split is never used to choose anything.
+The ``calibration`` table instead fixes the trained model (lr chosen on validation
+without calibration) and reports what each calibration adds to *that* model, plus
+SphereFed's oracle (classifier fine-tuned on all pooled real features, best on test:
+an optimistic upper bound, §5.4).
+
+Outputs: ``DIR/table.md``, ``DIR/results.json`` (schema in ``docs/baselines.md``),
+``DIR/accuracy_per_round.png``, ``DIR/calibration_gain.png``; progress on stderr.
+
+The package, one idea per module (imports only point down this list):
+
+- :mod:`.grid` — tables, columns, :class:`ExperimentSettings`, :class:`RunSpec` cells;
+- :mod:`.cells` — run each cell once, store it, reuse it;
+- :mod:`.selection` — learning-rate selection on validation;
+- :mod:`.markdown`, :mod:`.plots` — ``table.md`` and the PNGs from the report;
+- :mod:`.report` — the ``results.json`` document and writing the outputs;
+- :mod:`.run` — :func:`run_experiment`, start to finish;
+- :mod:`.cli` — the ``spherecal experiment`` parser.
+"""
+
+from __future__ import annotations
+
+from .cells import execute_run, run_cells
+from .cli import add_experiment_parser, settings_from_args
+from .grid import TABLES, Column, ExperimentSettings, RunSpec, grid_runs, make_columns
+from .markdown import render_markdown
+from .report import build_report
+from .run import run_experiment
+from .selection import select, select_runs
+
+__all__ = [
+    "TABLES",
+    "Column",
+    "ExperimentSettings",
+    "RunSpec",
+    "add_experiment_parser",
+    "build_report",
+    "execute_run",
+    "grid_runs",
+    "make_columns",
+    "render_markdown",
+    "run_cells",
+    "run_experiment",
+    "select",
+    "select_runs",
+    "settings_from_args",
+]

@@ -1,0 +1,180 @@
+"""``spherecal experiment``: the command line (parser, settings from arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, positive_float
+from spherefed.algorithms.methods import DEFAULT_LR_GRID
+from spherefed.data import DATASET_NAMES, SyntheticConfig
+from spherefed.models import EXTRACTOR_NAMES
+
+from .cells import limit_blas
+from .grid import QUICK_LR_GRID, QUICK_OVERRIDES, TABLES, ExperimentSettings
+from .report import command_line
+from .run import run_experiment
+
+__all__ = ["add_experiment_parser", "settings_from_args"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def add_experiment_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Register ``spherecal experiment`` on the CLI's sub-parsers."""
+    d = ExperimentSettings()
+    s = SyntheticConfig()
+    p = subparsers.add_parser(
+        "experiment",
+        help="compare every method of the papers (baselines, rival fixes, ablations)",
+        description=(
+            "Train every method of the chosen table on every partition column, seed and "
+            "learning rate (tuned on the validation split), calibrate each with CCVR and "
+            "FFC, and write DIR/table.md (mean ± std, best per column in bold), "
+            "DIR/results.json and PNG plots. Finished runs are stored in DIR/cells/ and "
+            "skipped when the command is run again (resumable)."
+        ),
+        formatter_class=DefaultsHelpFormatter,
+    )
+    p.add_argument("--table", required=True, choices=TABLES)
+    p.add_argument("--dataset", default=d.dataset, choices=DATASET_NAMES)
+    p.add_argument("--data-root", default=None, help="CIFAR directory or .npz file")
+    p.add_argument(
+        "--alpha",
+        type=alpha_or_iid,
+        nargs="+",
+        default=None,
+        help="Dirichlet α columns and/or 'iid' (default: 0.1 0.5 iid; none if only "
+        "--shards is given)",
+    )
+    p.add_argument("--shards", type=_positive_int, nargs="+", default=[], help="shard columns")
+    p.add_argument(
+        "--seeds", type=_positive_int, default=None, help=f"seeds 0..N-1 (default {d.seeds})"
+    )
+    p.add_argument(
+        "--lr-grid",
+        type=positive_float,
+        nargs="+",
+        default=None,
+        help="the learning-rate grid every method is tuned over (default "
+        f"{' '.join(f'{x:g}' for x in DEFAULT_LR_GRID)}; with --quick "
+        f"{' '.join(f'{x:g}' for x in QUICK_LR_GRID)})",
+    )
+    p.add_argument("--methods", nargs="+", default=None, help="only these methods (keys)")
+    p.add_argument(
+        "--participants", type=_positive_int, default=d.participants, help="per federation"
+    )
+    p.add_argument("--rounds", type=_positive_int, default=None, help=f"default {d.rounds}")
+    p.add_argument("--local-epochs", type=_positive_int, default=d.local_epochs, help="per round")
+    p.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="local SGD batch")
+    p.add_argument("--model", default=d.model, choices=EXTRACTOR_NAMES)
+    p.add_argument(
+        "--fedopt-lr", type=positive_float, default=d.fedopt_lr, help="FedAdam/FedYogi server η"
+    )
+    p.add_argument("--synthetic-classes", type=_positive_int, default=s.num_classes)
+    p.add_argument("--synthetic-dim", type=_positive_int, default=s.dim)
+    p.add_argument("--synthetic-per-class", type=_positive_int, default=s.train_per_class)
+    p.add_argument("--synthetic-noise", type=float, default=s.noise)
+    p.add_argument(
+        "--feature-shift",
+        type=float,
+        default=s.feature_shift,
+        help="synthetic: norm of each participant's private feature offset",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 seed, 15 rounds, 3-point lr grid (unless given explicitly)",
+    )
+    p.add_argument("--workers", type=_positive_int, default=1, help="parallel cell processes")
+    p.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch/BLAS threads per process"
+    )
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--cells",
+        type=Path,
+        default=None,
+        help="where finished runs are stored (default OUT/cells); share it between tables "
+        "to reuse their common runs",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_experiment)
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
+    alphas: tuple[float | str, ...]
+    if args.alpha is not None:
+        alphas = tuple(args.alpha)
+    elif args.shards:
+        alphas = ()
+    else:
+        alphas = ExperimentSettings().alphas
+    d = ExperimentSettings()
+    quick: dict[str, Any] = QUICK_OVERRIDES if args.quick else {}
+    rounds = args.rounds if args.rounds is not None else quick.get("rounds", d.rounds)
+    seeds = args.seeds if args.seeds is not None else quick.get("seeds", d.seeds)
+    return ExperimentSettings(
+        table=args.table,
+        dataset=args.dataset,
+        data_root=args.data_root,
+        alphas=alphas,
+        shards=tuple(args.shards),
+        seeds=seeds,
+        participants=args.participants,
+        rounds=rounds,
+        local_epochs=args.local_epochs,
+        batch_size=args.batch_size,
+        model=args.model,
+        lr_grid=tuple(args.lr_grid) if args.lr_grid is not None else quick.get("lr_grid"),
+        methods=None if args.methods is None else tuple(args.methods),
+        fedopt_lr=args.fedopt_lr,
+        synthetic=SyntheticConfig(
+            num_classes=args.synthetic_classes,
+            dim=args.synthetic_dim,
+            train_per_class=args.synthetic_per_class,
+            noise=args.synthetic_noise,
+            feature_shift=args.feature_shift,
+        ),
+        quick=bool(args.quick),
+    )
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    torch.set_num_threads(args.threads)
+    limit_blas(args.threads)
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[experiment] {msg}", file=sys.stderr, flush=True)
+
+    command = command_line(settings, out=str(args.out))
+    report = run_experiment(
+        settings,
+        args.out,
+        workers=args.workers,
+        threads=args.threads,
+        command=command,
+        progress=progress,
+        plots=not args.no_plots,
+        cells_dir=args.cells,
+    )
+    print((args.out / "table.md").read_text())
+    return 0 if report["rows"] else 1

@@ -1,0 +1,199 @@
+"""``table.md`` of ``spherecal experiment``, rendered from the ``results.json`` document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .grid import CALIBRATIONS
+
+__all__ = ["CALIBRATION_LABELS", "render_markdown"]
+
+CALIBRATION_LABELS = {"none": "none", "ccvr": "+CCVR", "ffc": "+FFC", "oracle": "oracle"}
+
+
+def _pct(stats: dict[str, Any], *, signed: bool = False) -> str:
+    if stats.get("mean") is None:
+        return "diverged"
+    sign = "+" if signed and stats["mean"] >= 0 else ""
+    text = f"{sign}{100 * stats['mean']:.1f}"
+    if stats.get("n", 0) > 1:
+        text += f" ± {100 * stats['std']:.1f}"
+    return text
+
+
+def _bold_best(cells: list[tuple[str, float | None]]) -> list[str]:
+    means = [m for _, m in cells if m is not None]
+    best = max(means) if means else None
+    out = []
+    for text, m in cells:
+        if best is not None and m is not None and round(m, 6) == round(best, 6):
+            out.append(f"**{text}**")
+        else:
+            out.append(text)
+    return out
+
+
+def _lr_text(col: dict[str, Any]) -> str:
+    grid = col.get("lr_grid") or []
+    parts = []
+    for p in col["per_seed"]:
+        if p.get("diverged"):
+            parts.append("×")
+            continue
+        t = f"{p['lr']:g}"
+        if grid and len(grid) > 1 and p["lr"] == max(grid):
+            t += "↑"
+        elif grid and len(grid) > 1 and p["lr"] == min(grid):
+            t += "↓"
+        if p.get("temperature", 1.0) != 1.0:
+            t += f"/τ{p['temperature']:g}"
+        parts.append(t)
+    return ", ".join(parts)
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    s = report["settings"]
+    cfg = s["base_config"]
+    seeds = len(s["seeds"])
+    lines = [
+        f"# spherecal experiment — {report['table']} ({s['dataset']})",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Test accuracy (%) of the global model, mean ± sample std over {seeds} seed(s). "
+        f"{cfg['participants']} participants, {cfg['rounds']} rounds × {cfg['local_epochs']} "
+        f"local epochs, batch {cfg['batch_size']}, SGD momentum {cfg['momentum']}, model "
+        f"`{cfg['model']}`. Learning rate chosen per row, column and seed on the validation "
+        "split (never on test); **bold** = best mean in the column. "
+        "CCVR and FFC calibrate the trained model's classifier from summed statistics.",
+        "",
+    ]
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """``table.md`` for any of the three tables."""
+    cols = report["settings"]["columns"]
+    lines = _header(report)
+    table = report["table"]
+    labels = {m["key"]: m["label"] for m in report["methods"]}
+    if table == "methods":
+        lines += _methods_table(report, cols)
+    elif table == "ablation":
+        lines += _ablation_table(report, cols, labels)
+    else:
+        lines += _calibration_table(report, cols, labels)
+    lines += ["", "## Selected learning rates", ""]
+    lines += [
+        "Per seed; ↑/↓ = the largest/smallest value of that method's grid (the optimum "
+        "may lie outside it), × = every learning rate diverged, /τ = temperature.",
+        "",
+        "| Method | Calibration | " + " | ".join(c["label"] for c in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    shown = {"methods": CALIBRATIONS, "ablation": ("none", "ffc"), "calibration": ("none",)}
+    for row in report["rows"]:
+        if row["calibration"] not in shown[table]:
+            continue
+        lines.append(
+            f"| {row['label']} | {CALIBRATION_LABELS[row['calibration']]} | "
+            + " | ".join(_lr_text(row["columns"][c["key"]]) for c in cols)
+            + " |"
+        )
+    lines += ["", "## Learning-rate grids", ""]
+    for key, grid in report["settings"]["lr_grids"].items():
+        taus = report["settings"]["temperature_grids"][key]
+        t = f", τ ∈ {{{', '.join(f'{x:g}' for x in taus)}}}" if taus != [1.0] else ""
+        lines.append(f"- {labels[key]}: {{{', '.join(f'{x:g}' for x in grid)}}}{t}")
+    tm = report.get("timings") or {}
+    if tm:
+        lines += [
+            "",
+            f"This invocation: {tm.get('wall_s', 0) / 60:.1f} min wall "
+            f"({tm.get('cells_run', 0)} runs, {tm.get('cells_cached', 0)} reused from the "
+            f"cells directory), {report['environment']['workers']} worker(s) × "
+            f"{report['environment']['threads']} thread(s). The table's "
+            f"{tm.get('cells_run', 0) + tm.get('cells_cached', 0)} runs took "
+            f"{tm.get('cells_compute_s', 0) / 60:.1f} min of (single-thread) run time in total.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _methods_table(report: dict[str, Any], cols: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| Method | Calibration | " + " | ".join(c["label"] for c in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    cells_by_col: dict[str, list[tuple[str, float | None]]] = {c["key"]: [] for c in cols}
+    for row in report["rows"]:
+        for c in cols:
+            st = row["columns"][c["key"]]
+            text = _pct(st)
+            if st["diverged_seeds"] and st.get("mean") is not None:
+                text += f" (†{st['diverged_seeds']})"
+            cells_by_col[c["key"]].append((text, st.get("mean")))
+    bolded = {k: _bold_best(v) for k, v in cells_by_col.items()}
+    for i, row in enumerate(report["rows"]):
+        lines.append(
+            f"| {row['label']} | {CALIBRATION_LABELS[row['calibration']]} | "
+            + " | ".join(bolded[c["key"]][i] for c in cols)
+            + " |"
+        )
+    if any(r["columns"][c["key"]]["diverged_seeds"] for r in report["rows"] for c in cols):
+        lines += ["", "† = seeds on which every learning rate diverged (left out of the mean)."]
+    return lines
+
+
+def _ablation_table(
+    report: dict[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
+) -> list[str]:
+    heads = []
+    for c in cols:
+        heads += [c["label"], f"{c['label']} +FFC"]
+    lines = ["| Variant | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    by = {(r["method"], r["calibration"]): r for r in report["rows"]}
+    keys = [m["key"] for m in report["methods"]]
+    grid: dict[str, list[tuple[str, float | None]]] = {}
+    for c in cols:
+        for cal in ("none", "ffc"):
+            grid[f"{c['key']}/{cal}"] = [
+                (_pct(by[(k, cal)]["columns"][c["key"]]), by[(k, cal)]["columns"][c["key"]]["mean"])
+                for k in keys
+            ]
+    bolded = {k: _bold_best(v) for k, v in grid.items()}
+    for i, k in enumerate(keys):
+        cells = []
+        for c in cols:
+            cells += [bolded[f"{c['key']}/none"][i], bolded[f"{c['key']}/ffc"][i]]
+        lines.append(f"| {labels[k]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _calibration_table(
+    report: dict[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
+) -> list[str]:
+    lines = [
+        "Same trained model in every column group (its lr chosen on validation *without* "
+        "calibration); +CCVR / +FFC / oracle show the gain over that model in points. The "
+        "oracle fine-tunes the classifier on all pooled real features and picks the best "
+        "of CE/MSE × 3 lrs **on test** — an optimistic upper bound (SphereFed §5.4).",
+        "",
+    ]
+    for c in cols:
+        lines += [
+            f"### {c['label']}",
+            "",
+            "| Method | none | +CCVR | +FFC | oracle |",
+            "|---|---|---|---|---|",
+        ]
+        for key, per_col in report["calibration"].items():
+            g = per_col[c["key"]]
+            cells = [_pct(g["none"])]
+            for cal in ("ccvr", "ffc", "oracle"):
+                if f"{cal}_gain" in g:
+                    cells.append(f"{_pct(g[cal])} ({_pct(g[f'{cal}_gain'], signed=True)})")
+                else:
+                    cells.append("—")
+            lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines

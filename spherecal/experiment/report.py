@@ -1,0 +1,292 @@
+"""Turn the cells of ``spherecal experiment`` into the ``results.json`` document.
+
+Pure aggregation over the cell records (no training here): selection on the
+validation split (:mod:`.selection`), mean ± std over seeds, calibration gains,
+per-round curves. The schema is documented in ``docs/baselines.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from spherefed.algorithms.methods import MethodSpec
+from spherefed.runner import ReferenceConfig
+
+from .cells import write_json
+from .grid import CALIBRATIONS, SCHEMA, Column, ExperimentSettings, RunSpec
+from .markdown import render_markdown
+from .plots import write_plots
+from .selection import Candidate, Slot, candidates, finite, select, stats
+
+__all__ = ["build_report", "command_line", "load_results", "write_outputs"]
+
+
+def build_report(
+    settings: ExperimentSettings,
+    specs: Sequence[RunSpec],
+    records: dict[str, dict[str, Any]],
+    base: ReferenceConfig,
+    *,
+    oracle_records: dict[str, dict[str, Any]] | None = None,
+    command: str | None = None,
+    timings: dict[str, Any] | None = None,
+    threads: int = 1,
+    workers: int = 1,
+) -> dict[str, Any]:
+    """The ``results.json`` document (see ``docs/baselines.md`` for the schema)."""
+    methods = settings.table_methods()
+    columns = settings.columns
+    seeds = list(range(settings.seeds))
+    cands = candidates(specs, records, base)
+    oracle_records = oracle_records or {}
+
+    rows: list[dict[str, Any]] = []
+    for m in methods:
+        for cal in CALIBRATIONS:
+            rows.append(_row(m, cal, columns, seeds, cands, selection="per-row"))
+
+    # the same trained model for every calibration: selected without calibration
+    gains: dict[str, dict[str, Any]] = {}
+    curves: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        gains[m.key], curves[m.key] = {}, {}
+        for col in columns:
+            seeds_out: list[dict[str, Any]] = []
+            curve_runs = []
+            for seed in seeds:
+                pick = select(cands.get((m.key, col.key, seed), []), "none")
+                if pick is None:
+                    seeds_out.append({"seed": seed, "diverged": True})
+                    continue
+                spec, rec = pick
+                entry = {
+                    "seed": seed,
+                    "lr": spec.lr,
+                    "temperature": spec.temperature,
+                    "test": dict(rec["accuracy"]),
+                    "cell": rec["key"],
+                }
+                orec = oracle_records.get(replace(spec, oracle=True).key(base))
+                if orec is not None and not orec.get("diverged"):
+                    entry["test"]["oracle"] = orec["accuracy"].get("oracle")
+                    entry["oracle_cell"] = orec["key"]
+                seeds_out.append(entry)
+                curve_runs.append(rec["per_round"])
+            ok = [s for s in seeds_out if not s.get("diverged")]
+            cal_keys = ["ccvr", "ffc"] + (
+                ["oracle"] if any("oracle" in s["test"] for s in ok) else []
+            )
+            gains[m.key][col.key] = {
+                "none": stats([s["test"]["none"] for s in ok]),
+                **{
+                    f"{c}_gain": stats(
+                        [s["test"][c] - s["test"]["none"] for s in ok if finite(s["test"].get(c))]
+                    )
+                    for c in cal_keys
+                },
+                **{c: stats([s["test"].get(c, math.nan) for s in ok]) for c in cal_keys},
+                "per_seed": seeds_out,
+            }
+            if curve_runs:
+                length = min(len(c) for c in curve_runs)
+                arr = np.asarray([c[:length] for c in curve_runs], dtype=np.float64)
+                curves[m.key][col.key] = {
+                    "mean": arr.mean(axis=0).tolist(),
+                    "std": (arr.std(axis=0, ddof=1) if len(arr) > 1 else np.zeros(length)).tolist(),
+                }
+
+    sweep: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for (mkey, ckey, seed), cs in cands.items():
+        for spec, rec in cs:
+            sweep.setdefault(mkey, {}).setdefault(ckey, []).append(
+                {
+                    "seed": seed,
+                    "lr": spec.lr,
+                    "temperature": spec.temperature,
+                    "diverged": bool(rec.get("diverged")),
+                    "validation": rec.get("validation_accuracy"),
+                    "test": rec.get("accuracy"),
+                }
+            )
+
+    warnings_seen = _summarise_warnings(records.values())
+    return {
+        "schema": SCHEMA,
+        "table": settings.table,
+        "command": command or command_line(settings),
+        "settings": {
+            **settings.to_json(),
+            "columns": [_column_json(c) for c in columns],
+            "seeds": seeds,
+            "base_config": {k: v for k, v in base.to_json().items() if k not in ("lr", "seed")},
+            "lr_grids": {m.key: list(settings.grid_for(m)) for m in methods},
+            "temperature_grids": {m.key: list(m.temperatures()) for m in methods},
+            "selection": (
+                "per row, column and seed: the lr (× temperature) with the best validation "
+                "accuracy for the row's calibration; ties go to the smaller lr"
+            ),
+        },
+        "methods": [
+            {
+                "key": m.key,
+                "label": m.label,
+                "family": m.family,
+                "algorithm": m.algorithm,
+                "head": m.head,
+                "classifier": m.classifier,
+                "loss": m.loss,
+                "source": m.source,
+            }
+            for m in methods
+        ],
+        "rows": rows,
+        "calibration": gains,
+        "curves": curves,
+        "lr_sweep": sweep,
+        "warnings": warnings_seen,
+        "timings": timings or {},
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "threads": threads,
+            "workers": workers,
+            "cpus": os.cpu_count(),
+        },
+    }
+
+
+def _summarise_warnings(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Distinct warnings (numbers masked) with the number of runs that raised them."""
+    counts: dict[str, int] = {}
+    example: dict[str, str] = {}
+    for rec in records:
+        for w in set(rec.get("warnings", [])):
+            pattern = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", w)
+            counts[pattern] = counts.get(pattern, 0) + 1
+            example.setdefault(pattern, w)
+    return [
+        {"warning": p, "runs": n, "example": example[p]}
+        for p, n in sorted(counts.items(), key=lambda kv: -kv[1])
+    ]
+
+
+def _column_json(c: Column) -> dict[str, Any]:
+    return {
+        "key": c.key,
+        "label": c.label,
+        "partition": c.partition,
+        "alpha": c.alpha,
+        "shards": c.shards,
+    }
+
+
+def _row(
+    m: MethodSpec,
+    cal: str,
+    columns: Sequence[Column],
+    seeds: Sequence[int],
+    cands: dict[Slot, list[Candidate]],
+    *,
+    selection: str,
+) -> dict[str, Any]:
+    cols: dict[str, Any] = {}
+    for col in columns:
+        per_seed: list[dict[str, Any]] = []
+        for seed in seeds:
+            pick = select(cands.get((m.key, col.key, seed), []), cal)
+            if pick is None:
+                per_seed.append({"seed": seed, "diverged": True})
+                continue
+            spec, rec = pick
+            per_seed.append(
+                {
+                    "seed": seed,
+                    "lr": spec.lr,
+                    "temperature": spec.temperature,
+                    "test": rec["accuracy"][cal],
+                    "validation": rec["validation_accuracy"][cal],
+                    "cell": rec["key"],
+                }
+            )
+        st = stats([p["test"] for p in per_seed if not p.get("diverged")])
+        grid = sorted({s.lr for s, _ in cands.get((m.key, col.key, seeds[0]), [])})
+        cols[col.key] = {
+            **st,
+            "diverged_seeds": sum(1 for p in per_seed if p.get("diverged")),
+            "per_seed": per_seed,
+            "lr_grid": grid,
+        }
+    return {
+        "method": m.key,
+        "label": m.label,
+        "family": m.family,
+        "calibration": cal,
+        "selection": selection,
+        "columns": cols,
+    }
+
+
+def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
+    """An equivalent ``spherecal experiment`` command for these settings."""
+    parts = ["spherecal experiment", f"--table {settings.table}", f"--dataset {settings.dataset}"]
+    if settings.alphas:
+        parts.append("--alpha " + " ".join(str(a) for a in settings.alphas))
+    if settings.shards:
+        parts.append("--shards " + " ".join(map(str, settings.shards)))
+    parts += [
+        f"--seeds {settings.seeds}",
+        f"--rounds {settings.rounds}",
+        f"--participants {settings.participants}",
+        f"--local-epochs {settings.local_epochs}",
+        f"--model {settings.model}",
+    ]
+    if settings.lr_grid is not None:
+        parts.append("--lr-grid " + " ".join(f"{lr:g}" for lr in settings.lr_grid))
+    if settings.methods is not None:
+        parts.append("--methods " + " ".join(settings.methods))
+    parts.append(f"--out {out}")
+    return " ".join(parts)
+
+
+def write_outputs(report: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:
+    """Write ``table.md``, ``results.json`` and (optionally) the plots; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = out_dir / "table.md"
+    table.write_text(render_markdown(report))
+    results = out_dir / "results.json"
+    write_json(results, _clean(report), compact=True)
+    written = [table, results]
+    if plots:
+        written += write_plots(report, out_dir)
+    return written
+
+
+def _clean(obj: Any) -> Any:
+    """NaN/Inf → ``None`` (strict JSON); floats to 6 decimals (accuracies are counts
+    out of a few hundred test samples, so nothing is lost) to keep the file small."""
+    if isinstance(obj, float):
+        return round(obj, 6) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a {SCHEMA} file")
+    return data

@@ -1,0 +1,202 @@
+"""The coordinator and participant configs of a simulated federation.
+
+One TOML file per process (``DIR/coordinator.toml``, ``DIR/participants/pK.toml``),
+written so that the run can be repeated by hand. The settings are built as the
+service's own dataclasses (``coordinator.settings``, ``participant.settings``) and
+written by :mod:`spherecal.config` — no key is spelled out here, so a new setting
+cannot be forgotten on one side. Every participant reads its slice of the dataset
+exactly as the reference runner partitions it (``participant.data``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    EvaluationSettings,
+    ModelSettings,
+    SecAggSettings,
+    ServerSettings,
+    Timeouts,
+    TLSSettings,
+    TrainingSettings,
+)
+from participant.settings import ClientTLS, DataSettings, ParticipantSettings
+from spherecal.config import coordinator_document as _coordinator_toml
+from spherecal.config import dump_toml
+from spherecal.config import participant_document as _participant_toml
+from spherefed.privacy.settings import PrivacySettings
+
+from .settings import SimulationSettings
+
+__all__ = [
+    "DataShape",
+    "coordinator_document",
+    "coordinator_settings",
+    "participant_document",
+    "participant_settings",
+    "write_toml",
+]
+
+DataShape = tuple[int, int, tuple[int, int]]
+"""(classes, channels, (height, width)) of the dataset."""
+
+
+def write_toml(path: Path, document: dict[str, dict[str, Any]]) -> Path:
+    """Write ``document`` as TOML to ``path``; return ``path``."""
+    path.write_text(dump_toml(document))
+    return path
+
+
+def coordinator_settings(
+    settings: SimulationSettings, shape: DataShape, out: Path, listen: str
+) -> CoordinatorSettings:
+    """The coordinator of this simulation (listening on ``listen``)."""
+    s, ref = settings, settings.reference
+    classes, channels, size = shape
+    certs = out / "certs"
+    return CoordinatorSettings(
+        participants=s.participant_ids,
+        name="simulate",
+        seed=ref.seed,
+        state_dir=Path("coordinator/state"),
+        out_dir=Path("coordinator/out"),
+        model=ModelSettings(
+            extractor=ref.model,
+            head=ref.head,
+            norm=ref.norm,
+            classifier=ref.classifier,
+            num_classes=classes,
+            in_channels=channels,
+            image_size=size,
+            feature_dim=s.feature_dim,
+        ),
+        training=TrainingSettings(
+            rounds=ref.rounds,
+            local_epochs=ref.local_epochs,
+            batch_size=ref.batch_size,
+            lr=ref.lr,
+            momentum=ref.momentum,
+            weight_decay=ref.weight_decay,
+            loss=ref.loss,
+            algorithm=ref.algorithm,
+            prox_mu=ref.prox_mu,
+            fedopt_lr=ref.fedopt_lr,
+            sample_fraction=ref.sample_fraction,
+            min_participants=2 if s.secure_updates else 1,
+        ),
+        calibration=CalibrationSettings(
+            methods=s.calibration,
+            ffc_ridge=ref.ffc_ridge,
+            ffc_from_ccvr=s.ffc_from_ccvr,
+            save_statistics=s.save_statistics,
+            ccvr=ref.ccvr,
+        ),
+        secagg=SecAggSettings(
+            updates=s.secure_updates,
+            statistics=s.secure_statistics,
+            threshold=s.threshold,
+            chunk_entries=s.chunk_entries,
+            update_bound=s.update_bound,
+            statistics_bound=s.statistics_bound,
+        ),
+        server=ServerSettings(
+            listen=listen, insecure=not s.tls, port_file=Path("coordinator/port")
+        ),
+        tls=TLSSettings(
+            cert=certs / "server.pem" if s.tls else None,
+            key=certs / "server.key" if s.tls else None,
+            client_ca=certs / "ca.pem" if s.tls else None,
+        ),
+        timeouts=Timeouts(
+            join_s=300.0,
+            round_s=s.round_s,
+            stage_s=s.stage_s,
+            evaluation_s=s.stage_s,
+            heartbeat_interval_s=s.heartbeat_interval_s,
+            heartbeat_timeout_s=s.heartbeat_timeout_s,
+            linger_s=20.0,
+            long_poll_s=2.0,
+        ),
+        evaluation=EvaluationSettings(
+            test_dataset=ref.dataset,
+            test_data_root=ref.data_root,
+            federated_every=s.federated_every,
+        ),
+        privacy=(
+            PrivacySettings(
+                enabled=True, mechanism=s.dp_mechanism, epsilon=s.epsilon, delta=s.delta
+            )
+            if s.privacy
+            else PrivacySettings()
+        ),
+    )
+
+
+def coordinator_document(
+    settings: SimulationSettings, shape: DataShape, out: Path, listen: str
+) -> dict[str, dict[str, Any]]:
+    """The coordinator's TOML document for this simulation."""
+    coordinator = coordinator_settings(settings, shape, out, listen)
+    return _coordinator_toml(coordinator, threads=settings.threads)
+
+
+def participant_settings(
+    settings: SimulationSettings, k: int, port: int, out: Path
+) -> ParticipantSettings:
+    """Participant ``k`` of this simulation (its slice of the data, its drop points)."""
+    s, ref = settings, settings.reference
+    pid = s.participant_ids[k]
+    certs = out / "certs"
+    return ParticipantSettings(
+        participant_id=pid,
+        coordinator=f"127.0.0.1:{port}",
+        insecure=not s.tls,
+        state_dir=Path(f"../state/{pid}"),
+        threads=s.threads,
+        allow_plaintext=not (s.secure_updates and s.secure_statistics),
+        long_poll_ms=2000,
+        reconnect_max_s=2.0,
+        give_up_s=300.0,
+        halt_before=tuple(d.point for d in s.drops if d.participant == pid),
+        identity_key=certs / f"{pid}.identity.key" if s.tls else None,
+        tls=ClientTLS(
+            ca=certs / "ca.pem" if s.tls else None,
+            cert=certs / f"{pid}.pem" if s.tls else None,
+            key=certs / f"{pid}.key" if s.tls else None,
+        ),
+        privacy=(
+            PrivacySettings(
+                enabled=True, epsilon=s.epsilon, total_epsilon=s.dp_budget, delta=s.delta
+            )
+            if s.privacy
+            else PrivacySettings()
+        ),
+        data=DataSettings(
+            dataset=ref.dataset,
+            root=ref.data_root,
+            slice_index=k,
+            slice_of=ref.participants,
+            partition=ref.partition,
+            alpha=ref.alpha,
+            shards_per_client=ref.shards_per_client,
+            seed=ref.seed,
+            validation_fraction=ref.validation_fraction,
+        ),
+    )
+
+
+def participant_document(
+    settings: SimulationSettings, k: int, port: int, out: Path
+) -> dict[str, dict[str, Any]]:
+    """Participant ``k``'s TOML document, with the raw per-test overrides
+    (``extra_participant``, ``participant_privacy``: TOML keys) applied on top."""
+    document = _participant_toml(participant_settings(settings, k, port, out))
+    document["participant"].update(settings.extra_participant)
+    pid = settings.participant_ids[k]
+    if settings.privacy:
+        document["privacy"].update(settings.participant_privacy.get(pid, {}))
+    return document

@@ -1,0 +1,117 @@
+"""What one simulated federation is: :class:`SimulationSettings` and its validation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.settings import SecAggSettings
+from spherefed.runner import ReferenceConfig
+
+from .drops import Drop
+
+__all__ = ["Progress", "SimulationError", "SimulationSettings"]
+
+Progress = Callable[[str], None]
+
+
+class SimulationError(RuntimeError):
+    """The simulated federation could not be run or did not produce results."""
+
+
+@dataclass(frozen=True)
+class SimulationSettings:
+    reference: ReferenceConfig
+    out: Path
+    calibration: tuple[str, ...] = ("ffc", "ccvr")
+    secure_updates: bool = True
+    secure_statistics: bool = True
+    drops: tuple[Drop, ...] = ()
+    threshold: int | None = None
+    ffc_from_ccvr: bool = True
+    threads: int = 1
+    tls: bool = False
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 4.0
+    stage_s: float = 120.0
+    round_s: float = 900.0
+    timeout_s: float = 3600.0
+    chunk_entries: int = 1 << 18
+    federated_every: int = 0
+    feature_dim: int | None = None
+    save_statistics: bool = False
+    update_bound: float = SecAggSettings().update_bound
+    statistics_bound: float = SecAggSettings().statistics_bound
+    extra_participant: dict[str, Any] = field(default_factory=dict)
+    epsilon: float | None = None
+    """Target ε per calibration release (``--epsilon``): switches DP noise on."""
+    delta: float = 1e-5
+    dp_mechanism: str = "skellam"
+    dp_budget: float | None = None
+    """Total ε budget of every participant's local ledger (``--dp-budget``)."""
+    participant_privacy: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-participant overrides of its ``[privacy]`` table (tests: a tiny budget)."""
+
+    @property
+    def privacy(self) -> bool:
+        return self.epsilon is not None
+
+    @property
+    def participant_ids(self) -> tuple[str, ...]:
+        return tuple(f"p{k}" for k in range(self.reference.participants))
+
+    @property
+    def statistics_jobs(self) -> tuple[str, ...]:
+        jobs = []
+        if "ffc" in self.calibration and not ("ccvr" in self.calibration and self.ffc_from_ccvr):
+            jobs.append("ffc")
+        if "ccvr" in self.calibration:
+            jobs.append("ccvr")
+        return tuple(jobs)
+
+    def validate(self) -> None:
+        ref = self.reference
+        unknown = set(self.calibration) - {"ffc", "ccvr"}
+        if unknown:
+            raise ValueError(f"--calibration accepts ffc and ccvr, got {sorted(unknown)}")
+        per_round = max(1, round(ref.sample_fraction * ref.participants))
+        if self.secure_updates and per_round < 2:
+            raise ValueError(
+                "secure updates need at least 2 participants per round "
+                f"(participants × sample fraction = {per_round})"
+            )
+        if self.secure_statistics and ref.participants < 2:
+            raise ValueError("secure statistics need at least 2 participants")
+        if self.epsilon is not None:
+            if not self.epsilon > 0:
+                raise ValueError("--epsilon must be > 0")
+            if not 0 < self.delta < 1:
+                raise ValueError("--delta must be in (0, 1)")
+            if self.dp_mechanism not in ("skellam", "dgauss"):
+                raise ValueError("--dp-mechanism must be skellam or dgauss")
+            if not self.secure_statistics:
+                raise ValueError(
+                    "--epsilon needs secure statistics: the DP noise is added in the ring "
+                    "before masking"
+                )
+        for drop in self.drops:
+            point = drop.point
+            secagg_stage = point.stage != "train"
+            if point.when in ("ffc", "ccvr"):
+                if point.when not in self.statistics_jobs:
+                    raise ValueError(
+                        f"--drop {drop}: there is no {point.when} statistics job (jobs: "
+                        f"{list(self.statistics_jobs)}; FFC derives from CCVR unless "
+                        "--separate-ffc)"
+                    )
+                if secagg_stage and not self.secure_statistics:
+                    raise ValueError(f"--drop {drop}: statistics are not securely aggregated")
+            elif point.when is not None and point.when.startswith("r"):
+                if int(point.when[1:]) > ref.rounds:
+                    raise ValueError(f"--drop {drop}: there are only {ref.rounds} rounds")
+                if secagg_stage and not self.secure_updates:
+                    raise ValueError(f"--drop {drop}: updates are not securely aggregated")
+            elif secagg_stage and not (self.secure_updates or self.secure_statistics):
+                raise ValueError(f"--drop {drop}: secure aggregation is off (--no-secure)")
