@@ -63,7 +63,7 @@ import crypto
 from proto import spherecal_pb2 as pb
 from proto.error_detail import error_metadata
 
-__all__ = ["FederationFailed", "ServiceError", "failure_kind", "from_secagg"]
+__all__ = ["FederationFailed", "ServiceError", "failure_kind", "from_secagg", "policy_rule"]
 
 
 class FederationFailed(RuntimeError):
@@ -143,3 +143,12 @@ def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
     if kind not in pb.FailureKind.values():
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown failure kind {int(kind)}")
     return pb.INTERNAL_ERROR if kind == pb.FAILURE_KIND_UNSPECIFIED else kind
+
+
+def policy_rule(report: pb.FailureReport) -> pb.PolicyRule:
+    """The policy rule of a ``POLICY_REFUSAL`` report (unknown values read as
+    ``RULE_UNSPECIFIED``; the rule is recorded, never acted on)."""
+    rule = int(report.rule)
+    if report.kind != pb.POLICY_REFUSAL or rule not in pb.PolicyRule.values():
+        return pb.RULE_UNSPECIFIED
+    return pb.PolicyRule.ValueType(rule)

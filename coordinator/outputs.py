@@ -14,6 +14,7 @@ import numpy.typing as npt
 import torch
 
 from .model import GlobalModel, file_sha256
+from .conduct import Conduct
 from .privacy import CoordinatorPrivacy
 from .settings import CoordinatorSettings
 from .stages import Progress
@@ -75,6 +76,7 @@ def summary(
     model: GlobalModel,
     audit_log: Path,
     privacy: CoordinatorPrivacy | None,
+    conduct: Conduct | None = None,
 ) -> dict[str, Any]:
     """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
     s = settings
@@ -126,6 +128,7 @@ def summary(
         },
         "audit_log": str(audit_log),
         "privacy": privacy.summary() if privacy is not None else {"enabled": False},
+        **(conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}),
     }
 
 

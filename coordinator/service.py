@@ -26,7 +26,8 @@ from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
 
 from .accounting import Accounting
-from .errors import ServiceError, failure_kind
+from .conduct import REFUSAL_KINDS
+from .errors import ServiceError, failure_kind, policy_rule
 from .federation import Federation
 from .privacy import PRIVACY_REFUSALS
 from .registry import Member, Peer, Registry
@@ -489,9 +490,20 @@ class CoordinatorService:
                     ServiceError(grpc.StatusCode.NOT_FOUND, "no such current task or job"),
                 )
             job.withdraw(pid, f"{kind}: {reason}")
+            purpose = job.purpose
         else:
             found.withdraw(pid, f"{kind}: {reason}")
             job = found.job
+            purpose = found.purpose or found.kind
+        if failure in REFUSAL_KINDS:
+            self.federation.stages.conduct.refusal(
+                participant=pid,
+                job=job.job_hex if job is not None else request.task_id[:64],
+                purpose=purpose,
+                kind=failure,
+                rule=policy_rule(request),
+                reason=reason,
+            )
         privacy = self.federation.privacy
         if privacy is not None and job is not None and failure in PRIVACY_REFUSALS:
             privacy.record_refusal(job.job_hex, pid, failure)

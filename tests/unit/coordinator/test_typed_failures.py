@@ -127,8 +127,8 @@ def test_report_failure_withdraws_with_the_kind(tmp_path: Path) -> None:
             ),
             Peer(),
         )
-        assert harness.federation.task is not None
-        job = harness.federation.task.job
+        assert harness.federation.board.task is not None
+        job = harness.federation.board.task.job
         assert job is not None and job.withdrawn["p1"] == "BAD_INPUT: r"
         with pytest.raises(ServiceError) as info:
             harness.service.report_failure(
