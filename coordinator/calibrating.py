@@ -20,6 +20,14 @@ from spherefed.privacy.plan import CalibrationPlan
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc_layout_size
 
 from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
+from .invariants import (
+    UNIT_NORM_HEADS,
+    AggregateInvariantViolated,
+    Tolerance,
+    check_ccvr,
+    check_ffc,
+    check_pair,
+)
 from .model import GlobalModel
 from .privacy import CoordinatorPrivacy
 from .secure_job import SecureJob, guaranteed_inputs
@@ -37,6 +45,42 @@ def record_statistics_failure(ctx: StageContext, kind: str, error: str) -> None:
         ctx.progress.errors.append(message)
     ctx.say(message)
     ctx.store.event("error", message)
+
+
+def check_aggregate(
+    stats: FFCStatistics | CCVRStatistics, *, unit_norm: bool, tol: Tolerance
+) -> None:
+    if isinstance(stats, FFCStatistics):
+        check_ffc(stats, unit_norm=unit_norm, tol=tol)
+    else:
+        check_ccvr(stats, unit_norm=unit_norm, tol=tol)
+
+
+def refuse_aggregate(
+    ctx: StageContext,
+    kind: str,
+    job: SecureJob | None,
+    contributors: list[str],
+    exc: AggregateInvariantViolated,
+) -> None:
+    """A violating aggregate never becomes a classifier: the job is marked failed
+    with the invariant that failed, and the calibration is recorded as failed."""
+    error = f"AggregateInvariantViolated: {exc}"
+    record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+    job_hex = job.job_hex if job is not None else None
+    for summary in ctx.progress.job_summaries:
+        if summary.get("purpose") == kind and summary.get("job_id") == job_hex:
+            summary["status"] = "failed"
+            summary["error"] = error
+    if job is not None:
+        ctx.store.job_finished(
+            job.job_hex,
+            "failed",
+            contributors=contributors,
+            dropouts=[],
+            excluded=[],
+            error=error,
+        )
 
 
 def collect_statistics(
@@ -57,7 +101,27 @@ def collect_statistics(
             ctx.say(f"statistics {kind}: attempt {attempt} failed; retrying without the excluded")
         if isinstance(result, (FFCStatistics, CCVRStatistics)):
             out[kind] = result
+    _check_pair(ctx, out)
     return out
+
+
+def _check_pair(ctx: StageContext, out: Aggregates) -> None:
+    """FFC and CCVR from the same contributors must agree on the sample count; if
+    they do not, neither is trusted."""
+    ffc, ccvr = out.get("ffc"), out.get("ccvr")
+    if not (isinstance(ffc, FFCStatistics) and isinstance(ccvr, CCVRStatistics)):
+        return
+    stats = ctx.progress.results.get("statistics", {})
+    if stats.get("ffc", {}).get("contributors") != stats.get("ccvr", {}).get("contributors"):
+        return
+    if ctx.progress.dp_ridge:  # independent noise in each release: no exact identity
+        return
+    try:
+        check_pair(ffc, ccvr, tol=Tolerance(quantum=1e-6 * max(1.0, ffc.count)))
+    except AggregateInvariantViolated as exc:
+        for kind in ("ffc", "ccvr"):
+            record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+            out.pop(kind, None)
 
 
 _RETRY = object()
@@ -139,6 +203,7 @@ def _collect_kind(
         return None
     vector = gathered.values
     contributors = gathered.contributors
+    sigma = 0.0
     if job is None:
         progress.job_summaries.append(
             {
@@ -170,6 +235,15 @@ def _collect_kind(
         np.savez(target, vector=vector, dim=dim, num_classes=classes)
         progress.results.setdefault("saved_statistics", {})[kind] = str(target)
     stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
+    tol = Tolerance(
+        quantum=len(contributors) * 2.0**-job.spec.scale_bits if job is not None else 0.0,
+        noise_sigma=sigma,
+    )
+    try:
+        check_aggregate(stats, unit_norm=s.model.head in UNIT_NORM_HEADS, tol=tol)
+    except AggregateInvariantViolated as exc:
+        refuse_aggregate(ctx, kind, job, contributors, exc)
+        return None
     progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
     samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
     progress.results.setdefault("statistics", {})[kind] = {

@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .model import GlobalModel, file_sha256
 from .conduct import Conduct
+from .model import GlobalModel, file_sha256
 from .privacy import CoordinatorPrivacy
 from .settings import CoordinatorSettings
 from .stages import Progress
