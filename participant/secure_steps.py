@@ -115,6 +115,7 @@ class SecureSteps:
         )
         self.jobs[session.job_id] = session
         self._submit(session, pb.ADVERTISE, session.advertise())
+        self.log(f"job {session.job_id.hex()[:8]}: advertised keys ({session.purpose})")
         return session
 
     def set_input(
