@@ -45,9 +45,14 @@ complete)::
     │   ├── ConfigError          spherecal: a config file that cannot be used as written
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
-    │   └── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
+    │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
+    │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives
     ├── TransportError           participant: a call failed (code, message, reason)
     ├── PrivacyRefused           participant: its own privacy policy refuses a task
+    │   ├── NoiseRequired        statistics without the DP noise it demands
+    │   ├── PlaintextRefused     a plaintext upload/report (also a PermissionError)
+    │   ├── ReleaseRepeated      a statistic already released (federation / model)
+    │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
     ├── AuditError               spherecal audit: a database it cannot read
     └── LedgerError              spherefed: the privacy ledger refuses a charge
