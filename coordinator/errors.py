@@ -16,11 +16,13 @@ UNAUTHENTICATED        no client certificate identity where mTLS is required, a 
 PERMISSION_DENIED      a participant not on the roster, a signature that does not verify,
                        a key different from the one pinned for that participant
 NOT_FOUND              an unknown task, job or tensor name
-FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job)
+FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job); the
+                       federation has ended or cannot continue (``FederationFailed``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
 ABORTED                the job has failed (too few survivors); nothing more is accepted
+INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
 =====================  ==================================================================
 
 Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
@@ -58,17 +60,56 @@ complete)::
     └── LedgerError              spherefed: the privacy ledger refuses a charge
         ├── DuplicateRelease     a release id charged twice
         └── BudgetExceeded       a release would cross the budget (every number kept)
+
+Undecodable request bytes are answered INVALID_ARGUMENT by the transport's request
+deserializers (``coordinator.grpc_server``) before any handler runs. Every exception
+class that can reach the RPC boundary has an explicit entry in :data:`ERROR_CODES`
+(a test walks every ``crypto.SecAggError`` subclass); :func:`status_for` returns None
+for anything else, which the transport answers INTERNAL *and logs loudly*, so no
+unmapped error silently becomes a plausible-looking code.
 """
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 import crypto
+from crypto.dp import NoiseTooLarge, RingOverflowRisk
 from proto import spherecal_pb2 as pb
+from proto.codec import TensorFormatError
 from proto.error_detail import error_metadata
+from proto.identity import CertificateError
 
-__all__ = ["FederationFailed", "ServiceError", "failure_kind", "from_secagg", "policy_rule"]
+__all__ = [
+    "DOCUMENTED_CODES",
+    "ERROR_CODES",
+    "FederationFailed",
+    "ServiceError",
+    "failure_kind",
+    "from_secagg",
+    "policy_rule",
+    "status_for",
+]
+
+log = logging.getLogger("spherecal.coordinator")
+
+#: The codes the module docstring documents (a client can rely on exactly these).
+DOCUMENTED_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+    }
+)
 
 
 class FederationFailed(RuntimeError):
@@ -103,6 +144,11 @@ class ServiceError(Exception):
 
 
 _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
+    # A job spec or DP plan the coordinator itself built is invalid: its bug or its
+    # configuration, never the caller's input.
+    (RingOverflowRisk, grpc.StatusCode.INTERNAL),
+    (NoiseTooLarge, grpc.StatusCode.INTERNAL),
+    (crypto.InvalidSpec, grpc.StatusCode.INTERNAL),
     (crypto.MalformedMessage, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.WrongLength, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.EncodingOverflow, grpc.StatusCode.INVALID_ARGUMENT),
@@ -126,6 +172,17 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
 )
 
 
+#: Every exception class that may reach the RPC boundary, with its status code
+#: (:class:`ServiceError` carries its own code).
+ERROR_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    *_SECAGG_CODES,
+    (TensorFormatError, grpc.StatusCode.INVALID_ARGUMENT),
+    (CertificateError, grpc.StatusCode.UNAUTHENTICATED),
+    # The federation cannot continue (stopped, failed): nothing can be done for a caller.
+    (FederationFailed, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
 def from_secagg(exc: crypto.SecAggError) -> ServiceError:
     """The :class:`ServiceError` for a rejected secure-aggregation message."""
     reason = pb.UPLOAD_SLOTS_BUSY if isinstance(exc, crypto.UploadSlotsBusy) else None
@@ -134,7 +191,10 @@ def from_secagg(exc: crypto.SecAggError) -> ServiceError:
             return ServiceError(
                 code, f"{type(exc).__name__}: {exc}", reason=reason or pb.ERROR_REASON_UNSPECIFIED
             )
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+    # A SecAggError subclass added to crypto without an entry here: say so loudly
+    # (a test walks every subclass, so this is a bug caught before release).
+    log.error("unmapped secure-aggregation error %s answered INTERNAL", type(exc).__name__)
+    return ServiceError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
@@ -157,3 +217,16 @@ def policy_rule(report: pb.FailureReport) -> pb.PolicyRule:
     if report.kind != pb.POLICY_REFUSAL or rule not in pb.PolicyRule.values():
         return pb.RULE_UNSPECIFIED
     return pb.PolicyRule.ValueType(rule)
+
+
+def status_for(exc: BaseException) -> ServiceError | None:
+    """The documented status for an exception at the RPC boundary; None if unmapped
+    (the transport then answers INTERNAL and logs the traceback)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, crypto.SecAggError):
+        return from_secagg(exc)
+    for kind, code in ERROR_CODES:
+        if isinstance(exc, kind):
+            return ServiceError(code, f"{type(exc).__name__}: {exc}")
+    return None

@@ -17,12 +17,25 @@ Transport security:
 * With ``[tls] crl`` set, a client certificate on the CA's revocation list is
   refused with UNAUTHENTICATED on every call (``coordinator.revocation``).
 * Message size limits are explicit (``max_message_bytes``) on both directions.
+
+Hostile bytes (issue #10): every handler is registered with a *safe* request
+deserializer — bytes that do not parse become a marker the handler answers with
+INVALID_ARGUMENT, instead of gRPC's INTERNAL plus a traceback per request. Every
+exception that reaches a handler is mapped by :func:`coordinator.errors.status_for`;
+only an unmapped one becomes INTERNAL (logged, rate-limited). A request whose client
+already went away (cancelled stream) ends quietly.
+
+Busy port (issue #13): ``grpc.so_reuseport`` is 0, so a second coordinator on a port
+in use fails to bind and exits 2 with :class:`PortInUse` naming the port, instead of
+sharing it silently. The standard health service and server reflection are
+registered next to the Coordinator service (``coordinator.observability``).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import errno
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -31,47 +44,28 @@ from typing import Any, TypeVar
 import grpc
 from cryptography import x509
 
-from proto import grpc_services
+from proto import spherecal_pb2 as pb
+from proto.address import is_loopback, split_host_port
 from proto.identity import CertificateError, certificate_identity
 
-from .errors import ServiceError
+from .errors import ServiceError, status_for
+from .observability import HealthReporter, enable_reflection
 from .registry import Peer
 from .revocation import RevocationList
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
 
-__all__ = ["build_server", "is_loopback", "split_host_port"]
+__all__ = ["SERVICE_NAME", "PortInUse", "build_server"]
+
+SERVICE_NAME = "spherecal.v1.Coordinator"
+
+
+class PortInUse(ValueError):
+    """The listen address cannot be bound (another process holds the port)."""
+
 
 log = logging.getLogger("spherecal.coordinator")
 T = TypeVar("T")
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` → (host, port)."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        port_text = rest.lstrip(":")
-    else:
-        host, sep, port_text = address.rpartition(":")
-        if not sep:
-            raise ValueError(f"address {address!r} needs a port (host:port)")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"address {address!r} has an invalid port") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} out of range")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback name or address (no DNS lookup)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _PeerCache:
@@ -112,6 +106,69 @@ class _PeerCache:
         return Peer(identity=identity, certificate_pem=pem, address=context.peer())
 
 
+class _Malformed:
+    """A request whose bytes did not parse (answered INVALID_ARGUMENT)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe_parser(message_type: Any) -> Callable[[bytes], Any]:
+    name = message_type.DESCRIPTOR.name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: bad input
+            return _Malformed(f"malformed {name}: {type(exc).__name__}")
+
+    return parse
+
+
+def _parsed(messages: Iterator[Any]) -> Iterator[Any]:
+    """A request stream that raises INVALID_ARGUMENT at the first undecodable message."""
+    for message in messages:
+        if isinstance(message, _Malformed):
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message.reason)
+        yield message
+
+
+#: (method, request streams, response streams, request type, response type)
+_METHODS: tuple[tuple[str, bool, bool, Any, Any], ...] = (
+    ("Join", False, False, pb.JoinRequest, pb.JoinReply),
+    ("Heartbeat", False, False, pb.HeartbeatRequest, pb.HeartbeatReply),
+    ("Presence", False, True, pb.HeartbeatRequest, pb.HeartbeatReply),
+    ("NextInstruction", False, False, pb.InstructionRequest, pb.Instruction),
+    ("DownloadTensor", False, True, pb.DownloadRequest, pb.TensorChunk),
+    ("UploadTensor", True, False, pb.TensorUpload, pb.UploadReceipt),
+    ("SubmitSecAgg", False, False, pb.SecAggSubmission, pb.Receipt),
+    ("UploadMasked", True, False, pb.MaskedUpload, pb.UploadReceipt),
+    ("ReportEvaluation", False, False, pb.EvaluationReport, pb.Receipt),
+    ("ReportFailure", False, False, pb.FailureReport, pb.Receipt),
+    ("GetStatus", False, False, pb.StatusRequest, pb.StatusReply),
+)
+
+
+def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
+    """The Coordinator's method handlers with safe request deserializers."""
+    factories = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    return {
+        name: factories[(streams_in, streams_out)](
+            getattr(servicer, name),
+            request_deserializer=_safe_parser(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+        for name, streams_in, streams_out, request_type, response_type in _METHODS
+    }
+
+
 class _Servicer:
     """Maps each RPC to the service core."""
 
@@ -121,40 +178,45 @@ class _Servicer:
         self.service = service
         self._peers = _PeerCache(revocation)
 
-    def _call(self, context: grpc.ServicerContext, fn: Callable[[Peer], T]) -> T:
+    def _call(self, context: grpc.ServicerContext, request: Any, fn: Callable[[Peer], T]) -> T:
+        if isinstance(request, _Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         peer = self._peers.peer(context)
         try:
             return fn(peer)
-        except ServiceError as exc:
-            context.set_trailing_metadata(exc.trailing_metadata())
-            context.abort(exc.code, exc.message)
-            raise AssertionError("unreachable") from exc
         except Exception as exc:  # noqa: BLE001 - never leak internals to callers
-            if not context.is_active():
-                raise
-            log.exception("internal error in RPC")
-            self.service.federation.say(f"internal error: {type(exc).__name__}: {exc}")
-            context.abort(grpc.StatusCode.INTERNAL, "internal error (see coordinator log)")
+            self._abort_for(context, exc)
             raise AssertionError("unreachable") from exc
+
+    def _abort_for(self, context: grpc.ServicerContext, exc: Exception) -> None:
+        """Answer ``exc`` with its documented code (always raises, via abort)."""
+        if not context.is_active():  # the client is gone (cancelled, deadline): quietly
+            context.abort(grpc.StatusCode.CANCELLED, "the call ended before its answer")
+        mapped = status_for(exc)
+        if mapped is not None:
+            context.set_trailing_metadata(mapped.trailing_metadata())
+            context.abort(mapped.code, mapped.message)
+        log.error("internal error in RPC", exc_info=exc)
+        self.service.federation.say(f"internal error: {type(exc).__name__}: {exc}")
+        context.abort(grpc.StatusCode.INTERNAL, "internal error (see coordinator log)")
 
     def _stream(
-        self, context: grpc.ServicerContext, fn: Callable[[Peer], Iterator[T]]
+        self, context: grpc.ServicerContext, request: Any, fn: Callable[[Peer], Iterator[T]]
     ) -> Iterator[T]:
-        iterator = self._call(context, fn)
+        iterator = self._call(context, request, fn)
         try:
             yield from iterator
-        except ServiceError as exc:
-            context.set_trailing_metadata(exc.trailing_metadata())
-            context.abort(exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001
+            self._abort_for(context, exc)
 
     def Join(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.join(request, p))
+        return self._call(context, request, lambda p: self.service.join(request, p))
 
     def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.heartbeat(request, p))
+        return self._call(context, request, lambda p: self.service.heartbeat(request, p))
 
     def Presence(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        member = self._call(context, lambda p: self.service.presence_open(request, p))
+        member = self._call(context, request, lambda p: self.service.presence_open(request, p))
         closed = threading.Event()
         lock = threading.Lock()
 
@@ -177,28 +239,30 @@ class _Servicer:
             on_done()
 
     def NextInstruction(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.next_instruction(request, p))
+        return self._call(context, request, lambda p: self.service.next_instruction(request, p))
 
     def DownloadTensor(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._stream(context, lambda p: self.service.download_tensor(request, p))
+        return self._stream(context, request, lambda p: self.service.download_tensor(request, p))
 
     def UploadTensor(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.upload_tensor(request_iterator, p))
+        messages = _parsed(request_iterator)
+        return self._call(context, None, lambda p: self.service.upload_tensor(messages, p))
 
     def SubmitSecAgg(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.submit_secagg(request, p))
+        return self._call(context, request, lambda p: self.service.submit_secagg(request, p))
 
     def UploadMasked(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.upload_masked(request_iterator, p))
+        messages = _parsed(request_iterator)
+        return self._call(context, None, lambda p: self.service.upload_masked(messages, p))
 
     def ReportEvaluation(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.report_evaluation(request, p))
+        return self._call(context, request, lambda p: self.service.report_evaluation(request, p))
 
     def ReportFailure(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.report_failure(request, p))
+        return self._call(context, request, lambda p: self.service.report_failure(request, p))
 
     def GetStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, lambda p: self.service.get_status(request, p))
+        return self._call(context, request, lambda p: self.service.get_status(request, p))
 
 
 def revocation_list(
@@ -240,10 +304,32 @@ def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials 
     )
 
 
+def _bind_error(host: str, port: int, listen: str) -> PortInUse:
+    """Why ``listen`` cannot be bound, in one line (probing the port once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind((host.strip("[]") or "0.0.0.0", port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return PortInUse(
+                f"cannot listen on {listen}: port {port} is already in use (another "
+                "coordinator?); stop it or choose another [server] listen port"
+            )
+        return PortInUse(f"cannot listen on {listen}: {exc.strerror or exc}")
+    finally:
+        probe.close()
+    return PortInUse(f"cannot listen on {listen} (port {port}); is the address local?")
+
+
 def build_server(
-    settings: CoordinatorSettings, service: CoordinatorService
+    settings: CoordinatorSettings,
+    service: CoordinatorService,
+    *,
+    health: HealthReporter | None = None,
 ) -> tuple[grpc.Server, int]:
-    """A started-ready (not yet started) server and the port it bound."""
+    """A started-ready (not yet started) server and the port it bound; ``health``
+    (created here when not given) reports the federation's state to health checks."""
     credentials = server_credentials(settings)
     workers = settings.server.max_workers or (4 * len(settings.participants) + 16)
     limit = settings.server.max_message_bytes
@@ -255,14 +341,25 @@ def build_server(
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            # Never share a port with another process (gRPC's default would).
+            ("grpc.so_reuseport", 0),
         ],
     )
     revocation = revocation_list(settings, report=service.federation.say)
-    grpc_services().add_CoordinatorServicer_to_server(_Servicer(service, revocation), server)
-    if credentials is None:
-        port = server.add_insecure_port(settings.server.listen)
-    else:
-        port = server.add_secure_port(settings.server.listen, credentials)
+    handlers = _handlers(_Servicer(service, revocation))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    (health or HealthReporter()).register(server)
+    enable_reflection(server, SERVICE_NAME)
+    listen = settings.server.listen
+    host, wanted = split_host_port(listen)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {settings.server.listen}")
+        raise _bind_error(host, wanted, listen)
     return server, port

@@ -10,6 +10,7 @@ statistics, updates or keys.
 
 from __future__ import annotations
 
+import logging
 import resource
 import signal
 import sys
@@ -27,11 +28,14 @@ from .errors import FederationFailed
 from .evaluation import CentralEvaluator
 from .federation import Federation
 from .grpc_server import build_server
+from .log_limit import RepeatFilter, rate_limited
 from .model import GlobalModel
+from .observability import HealthReporter
 from .outputs import write_json
 from .registry import Registry
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
+from .state_dir import guard_federation_start, write_marker
 from .store import Store
 
 __all__ = ["run_coordinator"]
@@ -58,14 +62,37 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _configure_logging() -> None:
+    """In a coordinator process with no logging set up: records to stderr, identical
+    ones rate-limited (a flood of bad requests must not flood the log)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return  # embedded (tests, notebooks): the host's logging decides
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            "[coordinator %(asctime)s] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+        )
+    )
+    handler.addFilter(RepeatFilter())
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
 def run_coordinator(
     settings: CoordinatorSettings,
     *,
     say: Callable[[str], None] | None = None,
     threads: int | None = 1,
+    new_federation: bool = False,
 ) -> dict[str, Any]:
-    """Run one coordinator until the federation ends; return its summary."""
-    emit = say or _default_say
+    """Run one coordinator until the federation ends; return its summary.
+
+    ``new_federation`` allows starting a new federation in a state directory holding
+    checkpoints or a federation marker its database does not know (they are set aside,
+    see :mod:`coordinator.state_dir`); without it that start is refused."""
+    emit = rate_limited(say or _default_say)
+    _configure_logging()
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +100,12 @@ def run_coordinator(
     summary: dict[str, Any] = {}
     server = None
     try:
+        guard_federation_start(
+            settings.state_dir,
+            store.get_meta("federation_id"),
+            new_federation=new_federation,
+            say=emit,
+        )
         registry = Registry(
             settings.participants,
             store,
@@ -89,9 +122,11 @@ def run_coordinator(
             federation.prepare()
         except FederationFailed as exc:
             raise ValueError(str(exc)) from None
+        write_marker(settings.state_dir, federation.federation_id)
         accounting = Accounting()
         service = CoordinatorService(settings, registry, federation, store, accounting)
-        server, port = build_server(settings, service)
+        health = HealthReporter()
+        server, port = build_server(settings, service, health=health)
         server.start()
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
@@ -108,6 +143,7 @@ def run_coordinator(
         previous = _stop_on_sigterm(federation)
         try:
             federation.run()
+            health.serving(False)  # ended: only lingering to tell participants
             federation.linger()
         finally:
             summary = federation.summary()
@@ -123,6 +159,7 @@ def run_coordinator(
                 signal.signal(signal.SIGTERM, previous)
     finally:
         if server is not None:
+            health.shutdown()
             server.stop(grace=2).wait()
         store.close()
     return summary

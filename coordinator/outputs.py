@@ -6,12 +6,15 @@ in docs/deployment.md).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from proto.codec import model_spec_to_json
 
 from .conduct import Conduct
 from .model import GlobalModel, file_sha256
@@ -39,25 +42,9 @@ def save_outputs(
         path = out / f"model_{name}.pt"
         digest = model.save(progress.global_vector, path, heads.get(name))
         models[name] = {"path": str(path), "sha256": digest}
-    spec = model.spec
-    (out / "model_spec.json").write_text(
-        json.dumps(
-            {
-                "extractor": spec.extractor,
-                "head": spec.head,
-                "norm": spec.norm,
-                "classifier": spec.classifier,
-                "classifier_seed": spec.classifier_seed,
-                "init_seed": spec.init_seed,
-                "num_classes": spec.num_classes,
-                "in_channels": spec.in_channels,
-                "image_size": list(settings.model.image_size),
-                "feature_dim": model.feature_dim,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    # the realised feature dimension (the extractor's default when the spec left it unset)
+    spec = replace(model.spec, feature_dim=model.feature_dim)
+    (out / "model_spec.json").write_text(json.dumps(model_spec_to_json(spec), indent=2) + "\n")
     if heads:
         heads_path = out / "classifiers.pt"
         torch.save(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -24,6 +25,7 @@ import grpc
 import crypto
 from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
+from proto.federation_end import ended_details
 
 from .accounting import Accounting
 from .conduct import REFUSAL_KINDS
@@ -41,6 +43,19 @@ __all__ = ["CoordinatorService"]
 #: A MaskedChunk's framing on top of its payload (magic, ids, index, lengths).
 CHUNK_FRAMING_BYTES = 512
 MAX_REASON_CHARS = 300
+#: Task and job ids are lowercase hex, matched exactly: no whitespace, no case folding.
+_HEX_ID = re.compile(r"(?:[0-9a-f]{2}){1,64}")
+
+
+def check_hex_id(text: str, what: str) -> str:
+    """``text`` if it is a well-formed task/job id, else INVALID_ARGUMENT (why: an id is
+    compared exactly; ``bytes.fromhex`` alone would accept ``" ab cd"``)."""
+    if _HEX_ID.fullmatch(text) is None:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what} must be 2-128 lowercase hex digits, got {text[:32]!r}",
+        )
+    return text
 
 
 def _sha(data: bytes) -> str:
@@ -96,6 +111,7 @@ class CoordinatorService:
         return error
 
     def _task(self, task_id: str, participant: str) -> Task:
+        check_hex_id(task_id, "task_id")
         found = self.federation.board.current_task(task_id)
         if isinstance(found, str):
             if found == "over":
@@ -115,6 +131,7 @@ class CoordinatorService:
         raw = request.SerializeToString()
         pid = request.participant_id
         try:
+            self._refuse_after_end()
             self._check_data_shape(request.data)
             member = self.registry.join(request, peer)
         except ServiceError as exc:
@@ -134,6 +151,19 @@ class CoordinatorService:
         self.federation.say(f"{pid} joined" + (" again" if member.joins > 1 else ""))
         self.federation.notify()
         return reply
+
+    def _refuse_after_end(self) -> None:
+        """A join after the end cannot lead anywhere: say so in a way the participant
+        recognises (``proto.federation_end``) so it stops at once."""
+        board = self.federation.board
+        with board.cond:
+            done = board.done
+        if done is not None:
+            status, message = done
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                ended_details(board.federation_id, status, message),
+            )
 
     def _check_data_shape(self, shape: pb.DataShape) -> None:
         m = self.settings.model
@@ -472,15 +502,15 @@ class CoordinatorService:
         pid = member.participant_id
         raw = request.SerializeToString()
         reason = request.reason[:MAX_REASON_CHARS]
+        try:
+            check_hex_id(request.task_id, "task_id")
+        except ServiceError as exc:
+            raise self._reject(pid, "report", "FailureReport", raw, exc) from None
         failure = failure_kind(request)
         kind = pb.FailureKind.Name(failure)
         found = self.federation.board.current_task(request.task_id)
         if isinstance(found, str):
-            job = (
-                self.federation.board.job(bytes.fromhex(request.task_id))
-                if _is_hex(request.task_id)
-                else None
-            )
+            job = self.federation.board.job(bytes.fromhex(request.task_id))
             if job is None:
                 raise self._reject(
                     pid,
@@ -554,11 +584,3 @@ class CoordinatorService:
             ],
             error="; ".join(fed.errors),
         )
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return bool(text)

@@ -11,6 +11,14 @@ Durability: :meth:`Store.call` returns only after the transaction holding its wo
 has committed, so "round 3 is complete" is on disk before round 4 starts; audit rows
 (:meth:`Store.audit`) are fire-and-forget and committed with the next batch.
 
+State that cannot be silently lost (issue #10): every completed round and every
+close checkpoint the WAL into the main file (``wal_checkpoint(TRUNCATE)``), so a
+``state.db`` copied without its ``state.db-wal`` still holds every completed round;
+opening runs ``PRAGMA quick_check`` and refuses a damaged, truncated or non-SQLite
+file with one :class:`~coordinator.state_dir.StateDamaged` line; checkpoint paths are
+stored relative to the state directory (absolute ones from older versions are
+migrated when read), so a copied state directory reads its own checkpoints.
+
 The audit log records, for every payload the coordinator receives: sender, job, stage,
 kind, size and SHA-256 — never the payload itself (masked bytes are uniformly random
 anyway, and plaintext updates are a deployment's own choice to allow).
@@ -28,6 +36,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from .state_dir import StateDamaged
 
 __all__ = ["RoundRecord", "Store"]
 
@@ -142,6 +152,47 @@ class RoundRecord:
 
 
 _STOP = object()
+_WAL_CHECKPOINT = object()
+
+
+def _open_checked(path: Path) -> sqlite3.Connection:
+    """Open ``path`` in WAL mode after ``PRAGMA quick_check``; a damaged, truncated or
+    non-SQLite file raises :class:`StateDamaged` (one line, no traceback at the CLI)."""
+    existed = path.exists() and path.stat().st_size > 0
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    try:
+        if existed:
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+            problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+            if problems:
+                raise StateDamaged(
+                    f"state database {path} is damaged ({len(problems)} problem(s), first: "
+                    f"{problems[0][:120]}); restore it from a backup or start elsewhere"
+                )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(SCHEMA)
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StateDamaged(
+            f"state database {path} is not a usable SQLite database ({exc}); restore it "
+            "from a backup or start elsewhere"
+        ) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """Copy the WAL into the main file and truncate it (busy, log pages, checkpointed)."""
+    row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return (int(row[0]), int(row[1]), int(row[2])) if row else (1, -1, -1)
 
 
 class Store:
@@ -149,6 +200,8 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        #: The state directory: checkpoint paths are stored relative to it.
+        self.root = self.path.parent
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._ready: Future[None] = Future()
@@ -159,15 +212,7 @@ class Store:
     # ------------------------------------------------------------ writer thread
     def _run(self) -> None:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.executescript(SCHEMA)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
+            conn = _open_checked(self.path)
         except BaseException as exc:  # surface open errors to the constructor
             self._ready.set_exception(exc)
             return
@@ -182,12 +227,16 @@ class Store:
                     break
             done: list[tuple[Future[Any], Any]] = []
             failed: list[tuple[Future[Any], BaseException]] = []
+            checkpoints: list[Future[Any]] = []
             conn.execute("BEGIN")
             for item in batch:
                 if item is _STOP:
                     stop = True
                     continue
                 fn, future = item
+                if fn is _WAL_CHECKPOINT:  # runs after the commit, outside a transaction
+                    checkpoints.append(future)
+                    continue
                 try:
                     result = fn(conn)
                 except BaseException as error:
@@ -207,12 +256,28 @@ class Store:
                 future.set_result(result)
             for future, failure in failed:
                 future.set_exception(failure)
-        conn.close()
+            for future in checkpoints:
+                try:
+                    future.set_result(_wal_checkpoint(conn))
+                except sqlite3.Error as error:
+                    future.set_exception(error)
+        try:
+            _wal_checkpoint(conn)  # at exit: the main file alone holds everything
+        finally:
+            conn.close()
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on the writer thread; return after its batch committed."""
         future: Future[T] = Future()
         self._queue.put((fn, future))
+        return future.result()
+
+    def checkpoint_wal(self) -> tuple[int, int, int]:
+        """Commit everything queued so far, then copy the WAL into ``state.db`` and
+        truncate it; returns SQLite's (busy, log pages, checkpointed pages). Called at
+        every completed round and at close, so the main file alone is a usable copy."""
+        future: Future[tuple[int, int, int]] = Future()
+        self._queue.put((_WAL_CHECKPOINT, future))
         return future.result()
 
     def post(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
@@ -303,22 +368,60 @@ class Store:
         checkpoint: tuple[str, str] | None = None,
     ) -> None:
         path, digest = checkpoint if checkpoint is not None else (None, None)
+        stored = None if path is None else self.relative_to_state(path)
         self.call(
             lambda c: c.execute(
                 "UPDATE rounds SET status=?, finished=?, metrics=?, checkpoint_path=?, "
                 "checkpoint_sha256=? WHERE round=?",
-                (status, time.time(), json.dumps(metrics), path, digest, round_index),
+                (status, time.time(), json.dumps(metrics), stored, digest, round_index),
             )
         )
+        if status == "completed":
+            self.checkpoint_wal()
+
+    def relative_to_state(self, path: str | Path) -> str:
+        """``path`` as stored: relative to the state directory when inside it.
+
+        An absolute path outside it (written by an older version into a state
+        directory that was then copied) is mapped to the same file name under this
+        state directory's ``checkpoints/`` — the SHA-256 recorded next to it still
+        decides whether that file is the right one."""
+        target = Path(path)
+        root = self.root.resolve()
+        resolved = target.resolve() if target.is_absolute() else (Path.cwd() / target).resolve()
+        try:
+            return resolved.relative_to(root).as_posix()
+        except ValueError:
+            pass
+        if target.is_absolute() and target.parent.name == "checkpoints":
+            return f"checkpoints/{target.name}"
+        return str(path)
 
     def completed_rounds(self) -> list[RoundRecord]:
-        rows = self.call(
-            lambda c: c.execute(
+        """Completed rounds with absolute checkpoint paths under this state directory
+        (stored absolute paths are migrated to relative ones on the way)."""
+
+        def read(c: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            rows = c.execute(
                 "SELECT round, status, checkpoint_path, checkpoint_sha256, metrics FROM rounds "
                 "WHERE status='completed' ORDER BY round"
             ).fetchall()
-        )
-        return [RoundRecord(int(r), str(s), p, d, json.loads(m or "{}")) for r, s, p, d, m in rows]
+            for r, _s, p, _d, _m in rows:
+                if p is not None and Path(p).is_absolute():
+                    c.execute(
+                        "UPDATE rounds SET checkpoint_path=? WHERE round=?",
+                        (self.relative_to_state(p), r),
+                    )
+            return list(rows)
+
+        rows = self.call(read)
+        out = []
+        for r, s, p, d, m in rows:
+            if p is not None and Path(p).is_absolute():
+                p = self.relative_to_state(p)
+            path = None if p is None else str(self.root / p)
+            out.append(RoundRecord(int(r), str(s), path, d, json.loads(m or "{}")))
+        return out
 
     # ------------------------------------------------------------ jobs
     def job_created(

@@ -56,18 +56,28 @@ class ReleaseLedger:
     """Reserve-then-consume ledger of releases (thread-safe, durable, autocommit)."""
 
     def __init__(self, path: Path, *, enforce: bool = True) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self.enforce = enforce
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(
-            path, check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(_SCHEMA)
+        self._db: sqlite3.Connection | None = None
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """Opened on first use (a participant that never releases creates no file)."""
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=30.0
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        return self._db
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
 
     def _conflict(self, kind: str, federation: str, digest: bytes, job: str) -> str | None:
         params: tuple[object, ...]

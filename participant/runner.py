@@ -47,7 +47,7 @@ from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
-from .backoff import Backoff, ParticipantExit
+from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .evaluation import check_evaluation, counts_vector, evaluation_digest, evaluation_length
 from .failures import failure_kind, policy_rule
@@ -241,6 +241,7 @@ class ParticipantRunner:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
             except TransportError as exc:
+                stop_if_ended(exc.code, exc.message)
                 if exc.session_expired:
                     self.session = None
                 elif exc.retryable:
@@ -250,6 +251,7 @@ class ParticipantRunner:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
     def _on_control_error(self, exc: TransportError) -> None:
+        stop_if_ended(exc.code, exc.message)
         if exc.session_expired:
             self.log("session expired; joining again")
             self.session = None

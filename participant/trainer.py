@@ -40,7 +40,7 @@ FEATURE_BATCH = 512
 
 
 def model_spec_from_plan(spec: pb.ModelSpec) -> ModelSpec:
-    return model_spec_from_proto(spec)
+    return ModelSpec(**model_spec_from_proto(spec))
 
 
 def local_config_from_plan(training: pb.LocalTraining) -> LocalTrainConfig:

@@ -6,9 +6,10 @@ shape, SHA-256) followed by raw chunks can only ever decode to a numeric array o
 the announced size — and the receiver decides up front how large that may be, so a
 hostile header cannot make it allocate unbounded memory.
 
-The model a federation trains (:class:`spherefed.network.ModelSpec`) crosses the wire
-in the ``Plan`` and is written next to the saved models as ``model_spec.json``; both
-conversions live here too (:func:`model_spec_to_proto`, :func:`model_spec_from_proto`,
+The model a federation trains (``spherefed.network.ModelSpec``) crosses the wire in
+the ``Plan`` and is written next to the saved models as ``model_spec.json``; both
+conversions live here too (as plain fields: ``proto`` is the lowest layer and imports
+none of ours) (:func:`model_spec_to_proto`, :func:`model_spec_from_proto`,
 :func:`model_spec_to_json`, :func:`model_spec_from_json`), so a new field is added in
 one place.
 
@@ -22,13 +23,12 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
 from proto import spherecal_pb2 as pb
-from spherefed.network import ModelSpec
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -40,6 +40,8 @@ __all__ = [
     "header_for",
     "header_nbytes",
     "iter_chunks",
+    "ModelSpecFields",
+    "ModelSpecLike",
     "model_spec_from_json",
     "model_spec_from_proto",
     "model_spec_to_json",
@@ -212,12 +214,54 @@ class TensorAssembler:
 # ----------------------------------------------------------------------------- ModelSpec
 
 
-def _image_size(spec: ModelSpec) -> tuple[int, int]:
+class ModelSpecLike(Protocol):
+    """The fields of :class:`spherefed.network.ModelSpec` (``proto`` is the lowest
+    layer and does not import ``spherefed``; callers build the dataclass from
+    :class:`ModelSpecFields`)."""
+
+    @property
+    def extractor(self) -> str: ...
+    @property
+    def head(self) -> str: ...
+    @property
+    def norm(self) -> str: ...
+    @property
+    def classifier(self) -> str: ...
+    @property
+    def classifier_seed(self) -> int: ...
+    @property
+    def init_seed(self) -> int: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def in_channels(self) -> int: ...
+    @property
+    def image_size(self) -> int | tuple[int, int]: ...
+    @property
+    def feature_dim(self) -> int | None: ...
+
+
+class ModelSpecFields(TypedDict):
+    """Constructor arguments of ``spherefed.network.ModelSpec``: ``ModelSpec(**fields)``."""
+
+    extractor: str
+    head: str
+    norm: str
+    classifier: str
+    classifier_seed: int
+    init_seed: int
+    num_classes: int
+    in_channels: int
+    image_size: tuple[int, int]
+    feature_dim: int | None
+
+
+def _image_size(spec: ModelSpecLike) -> tuple[int, int]:
     size = spec.image_size
     return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
-def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:
+def model_spec_to_proto(spec: ModelSpecLike) -> pb.ModelSpec:
     """``spec`` as the ``Plan``'s ``ModelSpec`` (``feature_dim`` 0 = the default)."""
     h, w = _image_size(spec)
     return pb.ModelSpec(
@@ -235,9 +279,9 @@ def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:
     )
 
 
-def model_spec_from_proto(message: pb.ModelSpec) -> ModelSpec:
-    """The inverse of :func:`model_spec_to_proto`."""
-    return ModelSpec(
+def model_spec_from_proto(message: pb.ModelSpec) -> ModelSpecFields:
+    """The inverse of :func:`model_spec_to_proto` (``ModelSpec(**fields)``)."""
+    return ModelSpecFields(
         extractor=message.extractor,
         head=message.head,
         norm=message.norm,
@@ -263,7 +307,7 @@ _JSON_FIELDS: dict[str, type] = {
 }
 
 
-def model_spec_to_json(spec: ModelSpec) -> dict[str, Any]:
+def model_spec_to_json(spec: ModelSpecLike) -> dict[str, Any]:
     """``spec`` as the ``model_spec.json`` object (``image_size`` as ``[h, w]``)."""
     out: dict[str, Any] = {name: getattr(spec, name) for name in _JSON_FIELDS}
     out["image_size"] = list(_image_size(spec))
@@ -271,7 +315,7 @@ def model_spec_to_json(spec: ModelSpec) -> dict[str, Any]:
     return out
 
 
-def model_spec_from_json(data: Mapping[str, Any]) -> ModelSpec:
+def model_spec_from_json(data: Mapping[str, Any]) -> ModelSpecFields:
     """The inverse of :func:`model_spec_to_json`, refusing missing or mistyped fields."""
     values: dict[str, Any] = {}
     for name, kind in _JSON_FIELDS.items():
@@ -291,4 +335,4 @@ def model_spec_from_json(data: Mapping[str, Any]) -> ModelSpec:
         not isinstance(feature_dim, int) or isinstance(feature_dim, bool)
     ):
         raise ValueError(f"model spec: feature_dim must be an integer or null, got {feature_dim!r}")
-    return ModelSpec(**values, image_size=(size[0], size[1]), feature_dim=feature_dim)
+    return ModelSpecFields(**values, image_size=(size[0], size[1]), feature_dim=feature_dim)  # type: ignore[typeddict-item]

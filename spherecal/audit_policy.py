@@ -23,7 +23,8 @@ def check_policy(conn: sqlite3.Connection) -> dict[str, Any]:
         "SELECT ts, type, participant, job, purpose, kind, rule, reason FROM policy_events "
         "ORDER BY id"
     ).fetchall()
-    refusals, excluded = [], []
+    refusals: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
     for ts, type_, participant, job, purpose, kind, rule, reason in rows:
         entry = {
             "participant": participant,
@@ -43,9 +44,8 @@ def check_policy(conn: sqlite3.Connection) -> dict[str, Any]:
             if entry["participant"] in json.loads(participants):
                 violations.append({"participant": entry["participant"], "job": job_id})
     ok = not violations
-    summary = (
-        f"{len(refusals)} typed refusals, {len(excluded)} exclusions"
-        + ("" if ok else f"; {len(violations)} later jobs include an excluded participant")
+    summary = f"{len(refusals)} typed refusals, {len(excluded)} exclusions" + (
+        "" if ok else f"; {len(violations)} later jobs include an excluded participant"
     )
     return {
         "ok": ok,

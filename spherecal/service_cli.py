@@ -55,6 +55,20 @@ def add_coordinator_parser(sub: SubParsers) -> None:
         "(after a key compromise or loss; run while the coordinator is stopped)",
     )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
+    p.add_argument(
+        "--check-state",
+        action="store_true",
+        help="print what the state directory holds (federation id, rounds completed, "
+        "checkpoints, jobs, privacy ledger), check the database's integrity, and exit "
+        "(exit 2 on a damaged database)",
+    )
+    p.add_argument(
+        "--new-federation",
+        action="store_true",
+        help="start a new federation even though the state directory holds checkpoints or "
+        "a federation marker its database does not know (they are moved to "
+        "set-aside-TIME/, never deleted); without it such a start is refused",
+    )
     p.set_defaults(func=_cmd_coordinator)
 
 
@@ -67,9 +81,11 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
     settings, threads = load_coordinator_config(args.config)
     if args.unpin is not None:
         return _unpin(settings, args.unpin)
+    if args.check_state:
+        return _check_state(settings)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
-    summary = run_coordinator(settings, threads=threads)
+    summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
     print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
     return 0 if summary.get("status") == "completed" else 1
 
@@ -94,6 +110,13 @@ def _unpin(settings: Any, participant_id: str) -> int:
         )
     else:
         print(f"{participant_id} has no pinned identity key in {db}; nothing to do")
+    return 0
+
+
+def _check_state(settings: Any) -> int:
+    from coordinator.state_dir import format_report, inspect_state
+
+    print(format_report(inspect_state(settings.state_dir)))
     return 0
 
 

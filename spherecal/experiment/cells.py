@@ -22,6 +22,7 @@ import torch
 from spherefed.runner import ReferenceConfig, run_federation
 
 from .grid import Progress, RunSpec
+from .service_engine import train_cell_as_service
 
 __all__ = ["ProgressBar", "execute_run", "fmt_time", "limit_blas", "run_cells", "write_json"]
 
@@ -42,6 +43,13 @@ def execute_run(spec: RunSpec, base: ReferenceConfig) -> dict[str, Any]:
         },
         "identity": spec.identity(base),
     }
+    if spec.engine == "service":
+        if spec.oracle:
+            raise ValueError("the oracle re-run is in-process only")
+        record.update(train_cell_as_service(spec, base))
+        record["warnings"] = []
+        record["seconds"] = time.perf_counter() - t0
+        return record
     seen: list[str] = []
     try:
         with warnings.catch_warnings(record=True) as caught:

@@ -15,7 +15,7 @@ from spherefed.data import DATASET_NAMES, SyntheticConfig
 from spherefed.models import EXTRACTOR_NAMES
 
 from .cells import limit_blas
-from .grid import QUICK_LR_GRID, QUICK_OVERRIDES, TABLES, ExperimentSettings
+from .grid import ENGINES, QUICK_LR_GRID, QUICK_OVERRIDES, TABLES, ExperimentSettings
 from .report import command_line
 from .run import run_experiment
 
@@ -100,6 +100,14 @@ def add_experiment_parser(
         action="store_true",
         help="a smoke run: 1 seed, 15 rounds, 3-point lr grid (unless given explicitly)",
     )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=d.engine,
+        help="inprocess: the reference runner in one process; service: every cell a real "
+        "federation (coordinator + participant processes on loopback, secure aggregation "
+        "on); methods the service cannot run are listed as skipped",
+    )
     p.add_argument("--workers", type=_positive_int, default=1, help="parallel cell processes")
     p.add_argument(
         "--threads", type=_positive_int, default=1, help="torch/BLAS threads per process"
@@ -153,6 +161,7 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
             feature_shift=args.feature_shift,
         ),
         quick=bool(args.quick),
+        engine=args.engine,
     )
 
 

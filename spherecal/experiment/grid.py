@@ -27,6 +27,7 @@ from spherefed.runner import ReferenceConfig
 __all__ = [
     "CALIBRATIONS",
     "CELL_FORMAT",
+    "ENGINES",
     "QUICK_LR_GRID",
     "QUICK_OVERRIDES",
     "SCHEMA",
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 TABLES: tuple[str, ...] = ("methods", "ablation", "calibration")
+ENGINES: tuple[str, ...] = ("inprocess", "service")
+"""How a cell is trained: ``inprocess`` (:func:`spherefed.runner.run_federation`, one
+process) or ``service`` (a real federation: a coordinator and a process per
+participant on loopback, secure aggregation on — :mod:`spherecal.simulate`)."""
 CALIBRATIONS: tuple[str, ...] = ("none", "ccvr", "ffc")
 SCHEMA = "spherecal.experiment/1"
 CELL_FORMAT = 1
@@ -113,10 +118,24 @@ class ExperimentSettings:
     fedopt_lr: float = 0.01
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     quick: bool = False
+    engine: str = "inprocess"
 
     def __post_init__(self) -> None:
         if self.table not in TABLES:
             raise ValueError(f"unknown table {self.table!r}; expected one of {TABLES}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; expected one of {ENGINES}")
+        if (
+            self.engine == "service"
+            and self.dataset == "synthetic"
+            and self.synthetic != SyntheticConfig()
+        ):
+            raise ValueError(
+                "--engine service loads data in each participant process, which knows only "
+                "the default synthetic dataset; drop the --synthetic-*/--feature-shift options"
+            )
+        if self.engine == "service" and self.participants < 2:
+            raise ValueError("--engine service needs at least 2 participants (secure aggregation)")
         if self.dataset not in DATASET_NAMES:
             raise ValueError(f"unknown dataset {self.dataset!r}")
         if self.seeds < 1 or self.participants < 1 or self.rounds < 1 or self.local_epochs < 1:
@@ -165,6 +184,21 @@ class ExperimentSettings:
             ms = [m for m in ms if m.key in self.methods]
         return ms
 
+    def runnable_methods(self) -> list[MethodSpec]:
+        """The table's methods this engine can train (all of them in-process)."""
+        skipped = self.skipped_methods()
+        return [m for m in self.table_methods() if m.key not in skipped]
+
+    def skipped_methods(self) -> dict[str, str]:
+        """Method key → why this engine cannot train it (empty in-process)."""
+        if self.engine == "inprocess":
+            return {}
+        return {
+            m.key: SERVICE_SKIP_REASONS.get(m.algorithm, SERVICE_SKIP_DEFAULT)
+            for m in self.table_methods()
+            if m.service_options() is None
+        }
+
     def grid_for(self, method: MethodSpec) -> tuple[float, ...]:
         return self.lr_grid if self.lr_grid is not None else method.lr_grid
 
@@ -178,6 +212,15 @@ class ExperimentSettings:
             del out["synthetic"]
         return out
 
+
+SERVICE_SKIP_REASONS: dict[str, str] = {
+    "fednova": "needs the extra sum Σ n_k‖a_k‖₁, which the service does not aggregate yet",
+    "scaffold": "needs control variates broadcast and summed, not in the service yet",
+}
+SERVICE_SKIP_DEFAULT = (
+    "a custom local objective (FedUV terms or a CE temperature τ ≠ 1) the service's "
+    "local training does not carry"
+)
 
 QUICK_OVERRIDES: dict[str, Any] = {"seeds": 1, "rounds": 15, "lr_grid": QUICK_LR_GRID}
 """``--quick``: one seed, 15 rounds, lr grid {0.01, 0.1, 1} (each only if not given)."""
@@ -193,19 +236,25 @@ class RunSpec:
     lr: float
     temperature: float
     oracle: bool = False
+    engine: str = "inprocess"
 
     def config(self, base: ReferenceConfig) -> ReferenceConfig:
         cfg = self.column.apply(replace(base, seed=self.seed))
         return self.method.reference_config(cfg, lr=self.lr)
 
     def identity(self, base: ReferenceConfig) -> dict[str, Any]:
-        """Everything that determines the run's numbers (and nothing else)."""
-        return {
+        """Everything that determines the run's numbers (and nothing else). The
+        engine joins the identity only when it is not the in-process one, so cells
+        made before engines existed keep their keys."""
+        out: dict[str, Any] = {
             "format": CELL_FORMAT,
             "config": self.config(base).to_json(),
             "method": self.method.describe(self.temperature),
             "oracle": self.oracle,
         }
+        if self.engine != "inprocess":
+            out["engine"] = self.engine
+        return out
 
     def key(self, base: ReferenceConfig) -> str:
         text = json.dumps(self.identity(base), sort_keys=True, default=str)
@@ -222,8 +271,12 @@ def grid_runs(settings: ExperimentSettings) -> list[RunSpec]:
     runs = []
     for column in settings.columns:
         for seed in range(settings.seeds):
-            for method in settings.table_methods():
+            for method in settings.runnable_methods():
                 for tau in method.temperatures():
                     for lr in settings.grid_for(method):
-                        runs.append(RunSpec(method, column, seed, float(lr), float(tau)))
+                        runs.append(
+                            RunSpec(
+                                method, column, seed, float(lr), float(tau), engine=settings.engine
+                            )
+                        )
     return runs

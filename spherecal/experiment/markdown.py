@@ -8,6 +8,17 @@ from .grid import CALIBRATIONS
 
 __all__ = ["CALIBRATION_LABELS", "render_markdown"]
 
+ENGINE_TEXT = {
+    "inprocess": "Engine: **inprocess** — every cell trained in one process by the "
+    "reference runner (`spherefed.runner.run_federation`).",
+    "service": "Engine: **service** — every cell trained as a real federation: a "
+    "coordinator and one process per participant over gRPC on loopback, secure "
+    "aggregation of updates and statistics on (`spherecal simulate`). Test accuracy is "
+    "the coordinator's central evaluation; validation accuracy (for selection) is "
+    "computed by the harness from the saved models. No oracle column.",
+}
+"""The line of ``table.md`` that says which engine made the numbers."""
+
 CALIBRATION_LABELS = {"none": "none", "ccvr": "+CCVR", "ffc": "+FFC", "oracle": "oracle"}
 
 
@@ -67,7 +78,14 @@ def _header(report: dict[str, Any]) -> list[str]:
         "split (never on test); **bold** = best mean in the column. "
         "CCVR and FFC calibrate the trained model's classifier from summed statistics.",
         "",
+        ENGINE_TEXT.get(report.get("engine", "inprocess"), f"Engine: {report.get('engine')}."),
+        "",
     ]
+    skipped = report.get("skipped_methods") or []
+    if skipped:
+        lines += ["Not run by this engine (no row below):", ""]
+        lines += [f"- {m['label']} (`{m['key']}`): {m['reason']}" for m in skipped]
+        lines.append("")
     return lines
 
 

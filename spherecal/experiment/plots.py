@@ -65,7 +65,7 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     gains = report["calibration"]
     written = []
 
-    fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(cols), figsize=(max(6.5, 4.2 * len(cols)), 3.8), squeeze=False)
     cals_drawn: set[str] = set()
     for ax, col in zip(axes[0], cols, strict=True):
         for key in keys:
@@ -74,7 +74,10 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
                 continue
             mean = 100 * np.asarray(curve["mean"])
             rounds = np.arange(1, mean.size + 1)
-            ax.plot(rounds, mean, label=labels[key], color=colors[key], lw=1.2, ls="-")
+            ax.plot(
+                rounds, mean, label=labels[key], color=colors[key], lw=1.2, ls="-",
+                marker="o" if mean.size == 1 else None, ms=3,
+            )  # fmt: skip
             # the calibrated accuracies of the same model: a segment after the last round
             g = gains.get(key, {}).get(col["key"], {})
             span = (mean.size, mean.size + max(1.0, 0.15 * mean.size))

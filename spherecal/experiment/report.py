@@ -45,7 +45,8 @@ def build_report(
     workers: int = 1,
 ) -> dict[str, Any]:
     """The ``results.json`` document (see ``docs/baselines.md`` for the schema)."""
-    methods = settings.table_methods()
+    methods = settings.runnable_methods()
+    skipped = settings.skipped_methods()
     columns = settings.columns
     seeds = list(range(settings.seeds))
     cands = candidates(specs, records, base)
@@ -124,6 +125,12 @@ def build_report(
     return {
         "schema": SCHEMA,
         "table": settings.table,
+        "engine": settings.engine,
+        "skipped_methods": [
+            {"key": m.key, "label": m.label, "reason": skipped[m.key]}
+            for m in settings.table_methods()
+            if m.key in skipped
+        ],
         "command": command or command_line(settings),
         "settings": {
             **settings.to_json(),
@@ -256,6 +263,8 @@ def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
         parts.append("--lr-grid " + " ".join(f"{lr:g}" for lr in settings.lr_grid))
     if settings.methods is not None:
         parts.append("--methods " + " ".join(settings.methods))
+    if settings.engine != "inprocess":
+        parts.append(f"--engine {settings.engine}")
     parts.append(f"--out {out}")
     return " ".join(parts)
 

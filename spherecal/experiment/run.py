@@ -42,7 +42,7 @@ def run_experiment(
         specs, base, cells_dir, workers=workers, threads=threads, progress=say, phase="grid: "
     )
     oracle_records: dict[str, dict[str, Any]] = {}
-    if settings.table == "calibration":
+    if settings.table == "calibration" and settings.engine == "inprocess":
         chosen = select_runs(settings, specs, records, base, criterion="none")
         oracle_specs = [replace(s, oracle=True) for s in chosen.values() if s is not None]
         oracle_records, ran2, cached2 = run_cells(

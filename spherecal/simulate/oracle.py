@@ -16,7 +16,7 @@ import torch
 from participant.data import load_local_data
 from participant.settings import DataSettings
 from proto.codec import model_spec_from_json
-from spherefed.network import build_model
+from spherefed.network import ModelSpec, build_model
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
 
 from .settings import SimulationSettings
@@ -38,7 +38,7 @@ def clear_statistics(
     meta = json.loads((out / "model_spec.json").read_text())
     # the harness's own feature_dim (None = the extractor's default) rebuilds the
     # network exactly as the coordinator built it
-    spec = replace(model_spec_from_json(meta), feature_dim=settings.feature_dim)
+    spec = replace(ModelSpec(**model_spec_from_json(meta)), feature_dim=settings.feature_dim)
     model = build_model(spec)
     model.load_state_dict(torch.load(out / "model_none.pt", weights_only=True))
     model.eval()

@@ -12,6 +12,7 @@ from crypto import (
     ForgedShare,
     InconsistentSurvivors,
     JobAborted,
+    KeySubstitution,
     OutOfStage,
     OverlappingReveal,
     WrongJob,
@@ -34,8 +35,9 @@ def test_coordinator_substituting_a_key_is_caught_by_the_signature() -> None:
         else a
         for a in roster.adverts
     )
-    with pytest.raises(BadSignature, match="p01"):
+    with pytest.raises(KeySubstitution, match="p01") as err:
         net.clients["p00"].share_keys(replace(roster, adverts=swapped))
+    assert isinstance(err.value.__cause__, BadSignature)
 
 
 def test_replayed_advertisement_from_another_job_is_rejected() -> None:

@@ -23,7 +23,7 @@ def test_meta_rounds_and_jobs_survive_reopening(tmp_path: Path) -> None:
     assert again.get_meta("fingerprint") == "abc"
     records = again.completed_rounds()
     assert [(r.round, r.checkpoint_path, r.metrics["train_loss"]) for r in records] == [
-        (0, "ck.pt", 0.5)
+        (0, str(tmp_path / "ck.pt"), 0.5)
     ]
     assert again.query("SELECT status, error FROM jobs") == [("failed", "TooFewSurvivors: ...")]
     again.close()

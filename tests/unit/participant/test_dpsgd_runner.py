@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 def _federation(tmp: Path, privacy: PrivacySettings) -> InProcessFederation:
     torch.set_num_threads(1)
-    ids = ("p0", "p1", "p2")
+    ids = ("p0", "p1", "p2")  # participants' default policy refuses 2-party secure jobs
     cs = CoordinatorSettings(
         participants=ids,
         model=ModelSettings(extractor="mlp"),
@@ -47,7 +47,7 @@ def _federation(tmp: Path, privacy: PrivacySettings) -> InProcessFederation:
             insecure=True,
             long_poll_ms=300,
             state_dir=tmp / p,
-            data=DataSettings(slice_index=k, slice_of=3),
+            data=DataSettings(slice_index=k, slice_of=len(ids)),
             privacy=privacy,
         )
         for k, p in enumerate(ids)

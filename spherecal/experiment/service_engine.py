@@ -1,0 +1,139 @@
+"""``--engine service``: one cell trained as a real federation.
+
+A coordinator process and one process per participant talk gRPC on loopback with
+secure aggregation of updates *and* statistics on (:mod:`spherecal.simulate`), with
+the cell's reference config; the method's server algorithm comes from
+:meth:`spherefed.algorithms.methods.MethodSpec.service_options`. The record has the
+in-process engine's shape, so selection and the report are shared:
+
+- test accuracy (none / +FFC / +CCVR) and accuracy per round: the coordinator's
+  central evaluation on the reference's test split;
+- validation accuracy: the harness evaluates the saved models
+  (``model_{none,ffc,ccvr}.pt``, loaded ``weights_only``) on the reference's
+  validation split — the coordinator never sees it, and selection needs it. Like
+  :func:`spherecal.simulate.clear_statistics`, this is a privilege of the harness,
+  which can read every participant's data; a real deployment would evaluate
+  federatedly.
+
+A federation that does not complete is recorded as failed (``diverged`` with an
+``error``): it is left out of the means and marked in the table, never hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from proto.codec import model_spec_from_json
+from spherefed.fl import evaluate
+from spherefed.network import ModelSpec, build_model
+from spherefed.runner import ReferenceConfig, prepare_data
+
+from .grid import RunSpec
+
+__all__ = ["service_config", "train_cell_as_service"]
+
+CALIBRATIONS = ("none", "ffc", "ccvr")
+
+
+def service_config(spec: RunSpec, base: ReferenceConfig) -> ReferenceConfig:
+    """The cell's reference config with the method's server algorithm for the service."""
+    options = spec.method.service_options()
+    if options is None:
+        raise ValueError(f"{spec.method.key} cannot run through the service")
+    cfg = spec.config(base)
+    return replace(
+        cfg,
+        algorithm=options["algorithm"],
+        fedopt_lr=float(options.get("fedopt_lr", cfg.fedopt_lr)),
+    )
+
+
+def _validation_accuracy(cfg: ReferenceConfig, out: Path) -> dict[str, float]:
+    data = prepare_data(cfg)
+    x, y = torch.from_numpy(data.validation.x), torch.from_numpy(data.validation.y)
+    meta = json.loads((out / "model_spec.json").read_text())
+    model = build_model(replace(ModelSpec(**model_spec_from_json(meta)), feature_dim=None))
+    model.eval()
+    accuracy: dict[str, float] = {}
+    for name in CALIBRATIONS:
+        path = out / f"model_{name}.pt"
+        if not path.exists():
+            accuracy[name] = math.nan
+            continue
+        model.load_state_dict(torch.load(path, weights_only=True))
+        accuracy[name] = evaluate(model, x, y)
+    return accuracy
+
+
+def _log_tail(logs: Path, lines: int = 5) -> str:
+    path = logs / "coordinator.log"
+    if not path.exists():
+        return ""
+    tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+    return " | ".join(tail)
+
+
+def train_cell_as_service(
+    spec: RunSpec, base: ReferenceConfig, *, work_dir: Path | None = None, threads: int = 1
+) -> dict[str, Any]:
+    """Train one cell through the service; the record :func:`.cells.execute_run`
+    returns (never raises for a federation that fails: it is recorded)."""
+    from spherecal.simulate import SimulationError, SimulationSettings, run_simulation
+
+    cfg = service_config(spec, base)
+    parent = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="spherecal-"))
+    out = parent / "federation"
+    record: dict[str, Any] = {"engine": "service"}
+    try:
+        settings = SimulationSettings(
+            reference=cfg,
+            out=out,
+            calibration=("ffc", "ccvr"),
+            secure_updates=True,
+            secure_statistics=True,
+            threads=threads,
+        )
+        try:
+            results = run_simulation(settings)
+        except (SimulationError, ValueError) as exc:
+            tail = _log_tail(out / "logs")
+            return {**record, "diverged": True, "error": f"{exc}{' — ' + tail if tail else ''}"}
+        if results.get("status") != "completed":
+            errors = "; ".join(str(e) for e in results.get("errors", []))[:400]
+            return {
+                **record,
+                "diverged": True,
+                "error": f"federation {results.get('status')}: {errors}",
+            }
+        central = results.get("central_accuracy") or {}
+        test = {
+            name: float(central[name]) if central.get(name) is not None else math.nan
+            for name in CALIBRATIONS
+        }
+        per_round = results.get("per_round", [])
+        record.update(
+            {
+                "diverged": False,
+                "accuracy": test,
+                "validation_accuracy": _validation_accuracy(cfg, out / "coordinator" / "out"),
+                "per_round": [r.get("test_accuracy") for r in per_round],
+                "train_loss": [r.get("train_loss") for r in per_round],
+                "service": {
+                    "wall_s": results.get("timings", {}).get("wall_s"),
+                    "bytes": results.get("bytes", {}),
+                    "dropped": results.get("dropped", []),
+                },
+            }
+        )
+        return record
+    finally:
+        if work_dir is None:
+            shutil.rmtree(parent, ignore_errors=True)
