@@ -66,6 +66,11 @@ class PolicySettings:
     reset it."""
     max_evaluation_heads: int = DEFAULT_MAX_EVALUATION_HEADS
     """Most calibrated heads one evaluation may carry (besides the model's own)."""
+    min_local_work_s: float = 0.0
+    """Hold a secure job's input until this many seconds after its task arrived, so
+    the time of the share and masked messages does not reveal how long the local
+    work took (it grows with the number of local examples). 0: off. Set it above the
+    slowest local work of the federation; a task that takes longer is logged."""
 
     def __post_init__(self) -> None:
         self.secagg()  # validates the secure-aggregation keys (typed InvalidSpec)
@@ -74,6 +79,9 @@ class PolicySettings:
         heads = self.max_evaluation_heads
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
             raise ValueError(f"policy max_evaluation_heads must be an integer >= 0, got {heads!r}")
+        hold = self.min_local_work_s
+        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < 86400:
+            raise ValueError(f"policy min_local_work_s must be in [0, 86400) s, got {hold!r}")
 
     def secagg(self) -> SecAggPolicy:
         """The rules :class:`crypto.SecAggParticipant` enforces itself."""

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import crypto
 from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
-from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
+from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
@@ -49,6 +49,7 @@ from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
+from .downloads import download
 from .evaluation import check_evaluation, counts_vector, evaluation_digest, evaluation_length
 from .failures import failure_kind, policy_rule
 from .faults import Halter
@@ -279,37 +280,7 @@ class ParticipantRunner:
         return self.trainer
 
     def _download(self, ref: pb.TensorRef, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
-        cached = self._cache.get(ref.name)
-        if cached is not None and cached[0] == bytes(ref.header.sha256):
-            return cached[1]
-        stream = self.transport.download_tensor(
-            pb.DownloadRequest(caller=self._caller(), name=ref.name)
-        )
-        first = next(stream, None)
-        if first is None or first.WhichOneof("part") != "header":
-            raise TransportError(grpc.StatusCode.DATA_LOSS, f"{ref.name}: no tensor header")
-        if first.header.SerializeToString() != ref.header.SerializeToString():
-            raise TransportError(
-                grpc.StatusCode.DATA_LOSS, f"{ref.name}: header differs from the announced one"
-            )
-        try:
-            assembler = TensorAssembler(
-                first.header,
-                dtype=pb.FLOAT64,
-                shape=shape,
-                max_bytes=8 * int(np.prod(shape)),
-                finite=True,
-            )
-            for chunk in stream:
-                assembler.add(chunk.data)
-            array = np.asarray(assembler.finish(), dtype=np.float64)
-        except TensorFormatError as exc:
-            raise TransportError(grpc.StatusCode.DATA_LOSS, f"{ref.name}: {exc}") from None
-        array.setflags(write=False)
-        if len(self._cache) > 4:
-            self._cache.clear()
-        self._cache[ref.name] = (bytes(ref.header.sha256), array)
-        return array
+        return download(self.transport, self._caller(), self._cache, ref, shape)
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
         """Withdraw from a task or job, telling the coordinator why: the typed

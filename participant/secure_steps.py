@@ -70,6 +70,8 @@ class SecureSteps:
         self.halter = halter
         self.releases = releases
         self.policy = policy.secagg()
+        self.min_local_work_s = float(policy.min_local_work_s)
+        self._started: dict[bytes, float] = {}
         self.caller = caller
         self.refuse = refuse
         self.log = log
@@ -78,6 +80,7 @@ class SecureSteps:
 
     def clear(self) -> None:
         self.jobs.clear()
+        self._started.clear()
 
     # ---------------------------------------------------------------- start
     def start(
@@ -114,6 +117,7 @@ class SecureSteps:
             "advertise", purpose=session.purpose, round_index=round_index, what=task_id
         )
         self.jobs[session.job_id] = session
+        self._started[session.job_id] = time.monotonic()
         self._submit(session, pb.ADVERTISE, session.advertise())
         self.log(f"job {session.job_id.hex()[:8]}: advertised keys ({session.purpose})")
         return session
@@ -126,7 +130,19 @@ class SecureSteps:
         *,
         noise: npt.NDArray[np.int64] | None = None,
     ) -> bool:
-        """Fix the job's input once computed; False (reported) when it cannot be."""
+        """Fix the job's input once computed; False (reported) when it cannot be.
+        With ``[policy] min_local_work_s`` it first waits until that long after the
+        task arrived (so the next messages' timing says nothing about the data)."""
+        started = self._started.pop(session.job_id, None)
+        if self.min_local_work_s > 0 and started is not None:
+            left = started + self.min_local_work_s - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+            else:
+                self.log(
+                    f"job {session.job_id.hex()[:8]}: local work took longer than "
+                    f"min_local_work_s = {self.min_local_work_s:g} s; its timing is not hidden"
+                )
         try:
             session.set_input(vector, noise=noise)
         except crypto.SecAggError as exc:
@@ -137,6 +153,7 @@ class SecureSteps:
     def abandon(self, task_id: str, session: SecureSession, error: BaseException) -> None:
         """Withdraw from a started job (the local work failed or was refused)."""
         self.jobs.pop(session.job_id, None)
+        self._started.pop(session.job_id, None)
         self.refuse(task_id, error)
 
     # ---------------------------------------------------------------- stages
