@@ -39,6 +39,8 @@ def test_defaults_are_safe_and_map_onto_secagg_policy() -> None:
         {"require_consistency_round": 1},
         {"one_release_per_model": "yes"},
         {"max_evaluation_heads": -1},
+        {"min_local_work_s": -1.0},
+        {"min_local_work_s": True},
     ],
 )
 def test_bad_policy_values_are_config_errors(bad: dict[str, object]) -> None:
