@@ -545,7 +545,9 @@ class CoordinatorService:
             nbytes=len(raw),
             sha256=_sha(raw),
         )
-        message = f"{pid} withdrew from {request.task_id[:16]}: {kind}: {reason}"
+        rule = policy_rule(request)
+        shown = kind + (f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else "")
+        message = f"{pid} withdrew from {request.task_id[:16]}: {shown}: {reason}"
         self.store.event("warning", message)
         self.federation.say(message)
         self.federation.notify()
