@@ -12,7 +12,8 @@ one. A dealer is excluded from the rest of the federation when a strict majority
 its *other* share holders in the job complained — so a corrupt dealer facing honest
 holders is always excluded, while a minority of malicious complainants cannot get an
 honest dealer excluded (``docs/threat_model.md``). The driver then retries the job
-without it, and every later task (rounds, statistics, evaluation) leaves it out.
+without it, and every later task (rounds, statistics, evaluation) leaves it out —
+also after a coordinator restart (the record is reloaded from the database).
 """
 
 from __future__ import annotations
@@ -62,6 +63,24 @@ class Conduct:
         self._lock = threading.Lock()
         self.refusals: list[Refusal] = []
         self.excluded: dict[str, Exclusion] = {}
+        self._reload()
+
+    def _reload(self) -> None:
+        """A resumed coordinator keeps its record (one state directory is one
+        federation): an excluded participant stays excluded after a restart."""
+        rows = self.store.query(
+            "SELECT type, participant, job, purpose, kind, rule, reason FROM policy_events "
+            "ORDER BY id"
+        )
+        for type_, participant, job, purpose, kind, rule, reason in rows:
+            if type_ == "exclusion":
+                self.excluded.setdefault(
+                    participant, Exclusion(participant, job or "", purpose or "", reason, ())
+                )
+            else:
+                self.refusals.append(
+                    Refusal(participant, job or "", purpose or "", kind, rule or "", reason)
+                )
 
     def refusal(
         self,
