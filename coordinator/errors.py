@@ -17,11 +17,13 @@ PERMISSION_DENIED      a participant not on the roster, a signature that does no
                        a key different from the one pinned for that participant
 NOT_FOUND              an unknown task, job or tensor name
 FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old job); the
-                       federation has ended or cannot continue (``FederationFailed``)
+                       federation has ended or cannot continue (``FederationFailed``); a
+                       participant's privacy policy refuses the job (``PolicyViolation``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
 UNAVAILABLE            every masked-upload slot is busy: retry shortly
-ABORTED                the job has failed (too few survivors); nothing more is accepted
+ABORTED                the job has failed (too few survivors, a sum out of range); nothing
+                       more is accepted
 INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
 =====================  ==================================================================
 
@@ -45,6 +47,9 @@ complete)::
     │   ├── TensorFormatError    proto: a tensor header/payload not as announced
     │   ├── CertificateError     proto: a certificate without a usable identity
     │   ├── ConfigError          spherecal: a config file that cannot be used as written
+    │   ├── PortInUse            coordinator: the listen port is held by another process
+    │   ├── StateDamaged         coordinator: the state database fails its integrity check
+    │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
@@ -157,6 +162,15 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.ForgedShare, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.UnexpectedShare, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.OverlappingReveal, grpc.StatusCode.INVALID_ARGUMENT),
+    (crypto.BadComplaint, grpc.StatusCode.INVALID_ARGUMENT),
+    (crypto.KeySubstitution, grpc.StatusCode.PERMISSION_DENIED),
+    # A participant's privacy policy refuses the job as specified (crypto.policy).
+    (crypto.ConsistencyRoundRequired, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.ThresholdTooLow, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewParticipants, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.TooFewInputs, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.DoubleReveal, grpc.StatusCode.FAILED_PRECONDITION),
+    (crypto.PolicyViolation, grpc.StatusCode.FAILED_PRECONDITION),
     (crypto.SenderMismatch, grpc.StatusCode.UNAUTHENTICATED),
     (crypto.UnknownParticipant, grpc.StatusCode.PERMISSION_DENIED),
     (crypto.BadSignature, grpc.StatusCode.PERMISSION_DENIED),
@@ -169,6 +183,7 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.UploadSlotsBusy, grpc.StatusCode.UNAVAILABLE),
     (crypto.JobAborted, grpc.StatusCode.ABORTED),
     (crypto.TooFewSurvivors, grpc.StatusCode.ABORTED),
+    (crypto.AggregateOutOfRange, grpc.StatusCode.ABORTED),
 )
 
 
@@ -210,15 +225,6 @@ def failure_kind(report: pb.FailureReport) -> pb.FailureKind:
     return pb.INTERNAL_ERROR if kind == pb.FAILURE_KIND_UNSPECIFIED else kind
 
 
-def policy_rule(report: pb.FailureReport) -> pb.PolicyRule:
-    """The policy rule of a ``POLICY_REFUSAL`` report (unknown values read as
-    ``RULE_UNSPECIFIED``; the rule is recorded, never acted on)."""
-    rule = int(report.rule)
-    if report.kind != pb.POLICY_REFUSAL or rule not in pb.PolicyRule.values():
-        return pb.RULE_UNSPECIFIED
-    return pb.PolicyRule.ValueType(rule)
-
-
 def status_for(exc: BaseException) -> ServiceError | None:
     """The documented status for an exception at the RPC boundary; None if unmapped
     (the transport then answers INTERNAL and logs the traceback)."""
@@ -230,3 +236,12 @@ def status_for(exc: BaseException) -> ServiceError | None:
         if isinstance(exc, kind):
             return ServiceError(code, f"{type(exc).__name__}: {exc}")
     return None
+
+
+def policy_rule(report: pb.FailureReport) -> pb.PolicyRule:
+    """The policy rule of a ``POLICY_REFUSAL`` report (unknown values read as
+    ``RULE_UNSPECIFIED``; the rule is recorded, never acted on)."""
+    rule = int(report.rule)
+    if report.kind != pb.POLICY_REFUSAL or rule not in pb.PolicyRule.values():
+        return pb.RULE_UNSPECIFIED
+    return pb.PolicyRule.ValueType(rule)

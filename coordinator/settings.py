@@ -178,6 +178,7 @@ class SecAggSettings:
     a strict majority of the share holders (``2t > n``), which participants' default
     policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
+    """Fraction behind the default threshold."""
     min_participants: int = 3
     """Fewest inputs a job may aggregate; participants' default policy refuses jobs of
     fewer than 3 participants and sums of fewer than 3 inputs."""

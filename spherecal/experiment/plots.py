@@ -65,7 +65,9 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     gains = report["calibration"]
     written = []
 
-    fig, axes = plt.subplots(1, len(cols), figsize=(max(6.5, 4.2 * len(cols)), 3.8), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(cols), figsize=(max(6.5, 4.2 * len(cols)), 3.8), squeeze=False
+    )
     cals_drawn: set[str] = set()
     for ax, col in zip(axes[0], cols, strict=True):
         for key in keys:

@@ -55,7 +55,7 @@ def test_full_secure_run_completes_with_every_participant(
     assert results["status"] == "completed", results["errors"]
     assert results["errors"] == []
     assert results["exit_codes"] == {f"p{k}": 0 for k in range(5)}
-    assert [j["purpose"] for j in results["jobs"]] == ["update", "update", "ccvr"]
+    assert [j["purpose"] for j in results["jobs"]] == ["update", "update", "ccvr", "evaluate"]
     for job in results["jobs"]:
         assert job["status"] == "done"
         assert job["contributors"] == [f"p{k}" for k in range(5)]
@@ -71,7 +71,8 @@ def test_results_json_schema(secure_run: tuple[dict[str, Any], SimulationSetting
     for key in ("train_loss", "test_accuracy", "contributors", "dropped", "seconds"):
         assert key in results["per_round"][0]
     stages = results["timings"]["secagg_stages_s"]
-    assert set(stages) == {"advertise", "share", "masked", "unmask"}
+    # The signed survivor-set round is on by default (participants' policy requires it).
+    assert set(stages) == {"advertise", "share", "masked", "consistency", "unmask"}
     for key in ("train_s", "statistics_ccvr_s", "ffc_s", "ccvr_s", "evaluate_s", "wall_s"):
         assert key in results["timings"]
     p0 = results["bytes"]["p0"]
