@@ -15,7 +15,10 @@ it exits with status 3.
 
 Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
 participant refuses to upload any model update or statistics in the clear; it only
-ever sends masked vectors, key material for the protocol, and evaluation counts.
+ever sends masked vectors and key material for the protocol (evaluation counts too
+go through secure aggregation unless the coordinator asks for them in plaintext,
+which it then also refuses). Its ``[policy]`` (``participant.policy``) decides what
+it takes part in at all.
 Nothing it logs contains data, statistics or keys.
 
 (Length: the task handlers stay next to the loop that dispatches them; the secure
