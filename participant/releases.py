@@ -41,13 +41,15 @@ EVALUATE = "evaluate"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
-    job         TEXT PRIMARY KEY,
+    participant TEXT NOT NULL,
+    job         TEXT NOT NULL,
     kind        TEXT NOT NULL,
     federation  TEXT NOT NULL,
     digest      BLOB NOT NULL,
     state       TEXT NOT NULL,
     reserved    REAL NOT NULL,
-    released    REAL
+    released    REAL,
+    PRIMARY KEY (participant, job)
 );
 """
 
@@ -55,8 +57,10 @@ CREATE TABLE IF NOT EXISTS releases (
 class ReleaseLedger:
     """Reserve-then-consume ledger of releases (thread-safe, durable, autocommit)."""
 
-    def __init__(self, path: Path, *, enforce: bool = True) -> None:
+    def __init__(self, path: Path, *, participant: str = "", enforce: bool = True) -> None:
         self.path = path
+        self.participant = participant
+        """Whose releases (one state directory may, in tests, serve several ids)."""
         self.enforce = enforce
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
@@ -86,9 +90,9 @@ class ReleaseLedger:
         else:
             where, params = "(federation = ? OR digest = ?)", (federation, digest)
         row = self._conn.execute(
-            f"SELECT job, federation, digest FROM releases WHERE kind = ? AND state = "
-            f"'released' AND job != ? AND {where} LIMIT 1",
-            (kind, job, *params),
+            f"SELECT job, federation, digest FROM releases WHERE participant = ? AND kind = ? "
+            f"AND state = 'released' AND job != ? AND {where} LIMIT 1",
+            (self.participant, kind, job, *params),
         ).fetchone()
         if row is None:
             return None
@@ -109,9 +113,9 @@ class ReleaseLedger:
                 if conflict is not None:
                     raise ReleaseRepeated(conflict)
             self._conn.execute(
-                "INSERT OR IGNORE INTO releases (job, kind, federation, digest, state, reserved) "
-                "VALUES (?, ?, ?, ?, 'reserved', ?)",
-                (job, kind, federation, bytes(digest), time.time()),
+                "INSERT OR IGNORE INTO releases (participant, job, kind, federation, digest, "
+                "state, reserved) VALUES (?, ?, ?, ?, ?, 'reserved', ?)",
+                (self.participant, job, kind, federation, bytes(digest), time.time()),
             )
 
     def consume(self, job: str) -> None:
@@ -119,7 +123,9 @@ class ReleaseLedger:
         Idempotent for one job (a retried upload); unknown jobs are a no-op."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT kind, federation, digest, state FROM releases WHERE job = ?", (job,)
+                "SELECT kind, federation, digest, state FROM releases WHERE participant = ? "
+                "AND job = ?",
+                (self.participant, job),
             ).fetchone()
             if row is None or row[3] == "released":
                 return
@@ -130,8 +136,9 @@ class ReleaseLedger:
                     if conflict is not None:
                         raise ReleaseRepeated(conflict)
                 self._conn.execute(
-                    "UPDATE releases SET state = 'released', released = ? WHERE job = ?",
-                    (time.time(), job),
+                    "UPDATE releases SET state = 'released', released = ? WHERE participant = ? "
+                    "AND job = ?",
+                    (time.time(), self.participant, job),
                 )
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -142,7 +149,8 @@ class ReleaseLedger:
         """(job, kind, federation) of every consumed release (tests, audit)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT job, kind, federation FROM releases WHERE state = 'released' "
-                "ORDER BY released"
+                "SELECT job, kind, federation FROM releases WHERE participant = ? "
+                "AND state = 'released' ORDER BY released",
+                (self.participant,),
             ).fetchall()
         return [(str(a), str(b), str(c)) for a, b, c in rows]

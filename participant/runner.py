@@ -107,7 +107,9 @@ class ParticipantRunner:
         self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
         self.policy = settings.policy
         self.releases = ReleaseLedger(
-            settings.state_dir / "privacy.db", enforce=settings.policy.one_release_per_model
+            settings.state_dir / "privacy.db",
+            participant=self.pid,
+            enforce=settings.policy.one_release_per_model,
         )
         self.secure = SecureSteps(
             participant_id=self.pid,

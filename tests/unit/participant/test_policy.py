@@ -205,3 +205,18 @@ def test_counts_layout_and_digest() -> None:
     renamed = _task([(10, 4), (10, 4)], ["ccvr", "ffc"])
     assert evaluation_digest(task) != evaluation_digest(renamed)
     assert evaluation_digest(task) == evaluation_digest(_task([(10, 4), (10, 4)], ["ffc", "ccvr"]))
+
+
+def test_the_ledger_is_per_participant(tmp_path: Path) -> None:
+    """One state directory holding two ids (tests, a shared host): their releases are
+    their own."""
+    a = ReleaseLedger(tmp_path / "privacy.db", participant="a")
+    b = ReleaseLedger(tmp_path / "privacy.db", participant="b")
+    a.reserve(kind="ffc", federation="F", digest=b"m", job="j")
+    a.consume("j")
+    b.reserve(kind="ffc", federation="F", digest=b"m", job="j")
+    b.consume("j")
+    with pytest.raises(ReleaseRepeated):
+        a.reserve(kind="ffc", federation="F", digest=b"m", job="k")
+    a.close()
+    b.close()
