@@ -216,7 +216,11 @@ class Fuzzer:
             )
         if choice == 6:
             return "ReportFailure", pb.FailureReport(
-                caller=caller, task_id=self.text(), error_type=self.text(), reason=self.text()
+                caller=caller,
+                task_id=self.text(),
+                kind=r.choice([0, 1, 5, 9, 42, 2**31 - 1]),  # type: ignore[arg-type]
+                rule=r.choice([0, 3, 8, 99]),  # type: ignore[arg-type]
+                reason=self.text(),
             )
         if choice == 7:
             return "GetStatus", pb.StatusRequest(caller=caller)
