@@ -20,6 +20,14 @@ from spherefed.privacy.plan import CalibrationPlan
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc_layout_size
 
 from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
+from .invariants import (
+    UNIT_NORM_HEADS,
+    AggregateInvariantViolated,
+    Tolerance,
+    check_ccvr,
+    check_ffc,
+    check_pair,
+)
 from .model import GlobalModel
 from .privacy import CoordinatorPrivacy
 from .secure_job import SecureJob, guaranteed_inputs
@@ -39,121 +47,210 @@ def record_statistics_failure(ctx: StageContext, kind: str, error: str) -> None:
     ctx.store.event("error", message)
 
 
+def check_aggregate(
+    stats: FFCStatistics | CCVRStatistics, *, unit_norm: bool, tol: Tolerance
+) -> None:
+    if isinstance(stats, FFCStatistics):
+        check_ffc(stats, unit_norm=unit_norm, tol=tol)
+    else:
+        check_ccvr(stats, unit_norm=unit_norm, tol=tol)
+
+
+def refuse_aggregate(
+    ctx: StageContext,
+    kind: str,
+    job: SecureJob | None,
+    contributors: list[str],
+    exc: AggregateInvariantViolated,
+) -> None:
+    """A violating aggregate never becomes a classifier: the job is marked failed
+    with the invariant that failed, and the calibration is recorded as failed."""
+    error = f"AggregateInvariantViolated: {exc}"
+    record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+    job_hex = job.job_hex if job is not None else None
+    for summary in ctx.progress.job_summaries:
+        if summary.get("purpose") == kind and summary.get("job_id") == job_hex:
+            summary["status"] = "failed"
+            summary["error"] = error
+    if job is not None:
+        ctx.store.job_finished(
+            job.job_hex,
+            "failed",
+            contributors=contributors,
+            dropouts=[],
+            excluded=[],
+            error=error,
+        )
+
+
 def collect_statistics(
     ctx: StageContext, model: GlobalModel, privacy: CoordinatorPrivacy | None
 ) -> Aggregates:
     """One job per kind in ``calibration.jobs``; a failed kind is recorded, not fatal."""
     s = ctx.settings
-    progress = ctx.progress
     out: Aggregates = {}
-    final = ctx.board.publish("final", progress.global_vector)
-    dim, classes = model.feature_dim, model.num_classes
+    final = ctx.board.publish("final", ctx.progress.global_vector)
     for kind in s.calibration.jobs:
-        t0 = time.monotonic()
-        length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
-        participants = sorted(ctx.registry.alive(), key=ctx.registry.index_of)
-        job: SecureJob | None = None
-        plan: CalibrationPlan | None = None
-        if s.secagg.statistics:
-            try:
-                if privacy is not None:
-                    n = len(participants)
-                    plan = privacy.plan(
-                        kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
-                    )
-                job = ctx.new_job(
-                    kind,
-                    None,
-                    participants,
-                    length,
-                    s.secagg.statistics_bound,
-                    s.timeouts.round_s,
-                    spec_arguments=plan.job_spec_arguments() if plan is not None else None,
-                )
-            except (crypto.SecAggError, ValueError) as exc:
-                record_statistics_failure(ctx, kind, f"cannot create the job: {exc}")
-                continue
-        code = pb.FFC if kind == "ffc" else pb.CCVR
-        task = Task(
-            kind="statistics",
-            expected=frozenset(participants),
-            instructions={
-                p: pb.Instruction(
-                    statistics=pb.StatisticsTask(
-                        kind=code,
-                        model=final,
-                        secure=job.job_message() if job is not None else None,
-                        privacy=(
-                            privacy.release_message(plan)
-                            if privacy is not None and plan is not None
-                            else None
-                        ),
-                    )
-                )
-                for p in participants
-            },
-            purpose=kind,
-            job=job,
-            expected_shape=(length,),
-        )
-        ctx.board.set_task(task, f"statistics: {kind}")
-        ctx.say(f"statistics {kind}: {len(participants)} participants, {length} entries")
-        gathered = ctx.gather(
-            task, timeout_s=s.timeouts.round_s, phase_after=f"statistics: {kind} done"
-        )
-        if job is not None and privacy is not None:
-            for line in privacy.note_refusals(job.job_hex, kind, gathered.dropped):
-                ctx.say(line)
-                ctx.store.event("warning", line)
-        if gathered.error is not None:
-            record_statistics_failure(ctx, kind, gathered.error)
-            continue
-        if gathered.values is None:
-            record_statistics_failure(ctx, kind, "no participant uploaded statistics")
-            continue
-        vector = gathered.values
-        contributors = gathered.contributors
-        if job is None:
-            progress.job_summaries.append(
-                {
-                    "job_id": None,
-                    "purpose": kind,
-                    "round": None,
-                    "status": "done",
-                    "participants": participants,
-                    "contributors": contributors,
-                    "dropped": gathered.dropped,
-                    "secure": False,
-                    "vector_length": length,
-                }
-            )
-        elif privacy is not None and plan is not None:
-            release = privacy.record(job.job_hex, plan, contributors)
-            ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
-            sigma = float(release["stddev_real_units"])
-            progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
-            if kind == "ccvr":
-                progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(
-                    plan, sigma, summed_blocks=classes
-                )
-            ctx.say(
-                f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
-                f"at δ = {plan.delta:g} with {len(contributors)} contributors"
-            )
-        if s.calibration.save_statistics:
-            target = s.out_dir / f"statistics_{kind}.npz"
-            s.out_dir.mkdir(parents=True, exist_ok=True)
-            np.savez(target, vector=vector, dim=dim, num_classes=classes)
-            progress.results.setdefault("saved_statistics", {})[kind] = str(target)
-        stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
-        out[kind] = stats
-        progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
-        samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
-        progress.results.setdefault("statistics", {})[kind] = {
-            "contributors": sorted(contributors, key=ctx.registry.index_of),
-            "samples": samples,
-        }
+        for attempt in range(1, s.training.max_round_attempts + 1):
+            excluded_before = len(ctx.conduct.excluded)
+            result = _collect_kind(ctx, model, privacy, kind, final)
+            if result is not _RETRY:
+                break
+            if len(ctx.conduct.excluded) == excluded_before:
+                break  # nobody new to leave out: a retry would fail the same way
+            ctx.say(f"statistics {kind}: attempt {attempt} failed; retrying without the excluded")
+        if isinstance(result, (FFCStatistics, CCVRStatistics)):
+            out[kind] = result
+    _check_pair(ctx, out)
     return out
+
+
+def _check_pair(ctx: StageContext, out: Aggregates) -> None:
+    """FFC and CCVR from the same contributors must agree on the sample count; if
+    they do not, neither is trusted."""
+    ffc, ccvr = out.get("ffc"), out.get("ccvr")
+    if not (isinstance(ffc, FFCStatistics) and isinstance(ccvr, CCVRStatistics)):
+        return
+    stats = ctx.progress.results.get("statistics", {})
+    if stats.get("ffc", {}).get("contributors") != stats.get("ccvr", {}).get("contributors"):
+        return
+    if ctx.progress.dp_ridge:  # independent noise in each release: no exact identity
+        return
+    try:
+        check_pair(ffc, ccvr, tol=Tolerance(quantum=1e-6 * max(1.0, ffc.count)))
+    except AggregateInvariantViolated as exc:
+        for kind in ("ffc", "ccvr"):
+            record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+            out.pop(kind, None)
+
+
+_RETRY = object()
+
+
+def _collect_kind(
+    ctx: StageContext,
+    model: GlobalModel,
+    privacy: CoordinatorPrivacy | None,
+    kind: str,
+    final: pb.TensorRef,
+) -> FFCStatistics | CCVRStatistics | object | None:
+    """One statistics job of ``kind``: the aggregate, None (failed, recorded) or
+    ``_RETRY`` (the secure job failed; the caller may retry)."""
+    s = ctx.settings
+    progress = ctx.progress
+    dim, classes = model.feature_dim, model.num_classes
+    t0 = time.monotonic()
+    length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
+    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    job: SecureJob | None = None
+    plan: CalibrationPlan | None = None
+    if s.secagg.statistics:
+        try:
+            if privacy is not None:
+                n = len(participants)
+                plan = privacy.plan(
+                    kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
+                )
+            job = ctx.new_job(
+                kind,
+                None,
+                participants,
+                length,
+                s.secagg.statistics_bound,
+                s.timeouts.round_s,
+                spec_arguments=plan.job_spec_arguments() if plan is not None else None,
+            )
+        except (crypto.SecAggError, ValueError) as exc:
+            record_statistics_failure(ctx, kind, f"cannot create the job: {exc}")
+            return None
+    code = pb.FFC if kind == "ffc" else pb.CCVR
+    task = Task(
+        kind="statistics",
+        expected=frozenset(participants),
+        instructions={
+            p: pb.Instruction(
+                statistics=pb.StatisticsTask(
+                    kind=code,
+                    model=final,
+                    secure=job.job_message() if job is not None else None,
+                    privacy=(
+                        privacy.release_message(plan)
+                        if privacy is not None and plan is not None
+                        else None
+                    ),
+                )
+            )
+            for p in participants
+        },
+        purpose=kind,
+        job=job,
+        expected_shape=(length,),
+    )
+    ctx.board.set_task(task, f"statistics: {kind}")
+    ctx.say(f"statistics {kind}: {len(participants)} participants, {length} entries")
+    gathered = ctx.gather(
+        task, timeout_s=s.timeouts.round_s, phase_after=f"statistics: {kind} done"
+    )
+    if job is not None and privacy is not None:
+        for line in privacy.note_refusals(job.job_hex, kind, gathered.dropped):
+            ctx.say(line)
+            ctx.store.event("warning", line)
+    if gathered.error is not None:
+        record_statistics_failure(ctx, kind, gathered.error)
+        return _RETRY
+    if gathered.values is None:
+        record_statistics_failure(ctx, kind, "no participant uploaded statistics")
+        return None
+    vector = gathered.values
+    contributors = gathered.contributors
+    sigma = 0.0
+    if job is None:
+        progress.job_summaries.append(
+            {
+                "job_id": None,
+                "purpose": kind,
+                "round": None,
+                "status": "done",
+                "participants": participants,
+                "contributors": contributors,
+                "dropped": gathered.dropped,
+                "secure": False,
+                "vector_length": length,
+            }
+        )
+    elif privacy is not None and plan is not None:
+        release = privacy.record(job.job_hex, plan, contributors)
+        ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
+        sigma = float(release["stddev_real_units"])
+        progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
+        if kind == "ccvr":
+            progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(plan, sigma, summed_blocks=classes)
+        ctx.say(
+            f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
+            f"at δ = {plan.delta:g} with {len(contributors)} contributors"
+        )
+    if s.calibration.save_statistics:
+        target = s.out_dir / f"statistics_{kind}.npz"
+        s.out_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(target, vector=vector, dim=dim, num_classes=classes)
+        progress.results.setdefault("saved_statistics", {})[kind] = str(target)
+    stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
+    tol = Tolerance(
+        quantum=len(contributors) * 2.0**-job.spec.scale_bits if job is not None else 0.0,
+        noise_sigma=sigma,
+    )
+    try:
+        check_aggregate(stats, unit_norm=s.model.head in UNIT_NORM_HEADS, tol=tol)
+    except AggregateInvariantViolated as exc:
+        refuse_aggregate(ctx, kind, job, contributors, exc)
+        return None
+    progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
+    samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
+    progress.results.setdefault("statistics", {})[kind] = {
+        "contributors": sorted(contributors, key=ctx.registry.index_of),
+        "samples": samples,
+    }
+    return stats
 
 
 def calibrate(

@@ -16,15 +16,17 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+import crypto
 from proto import spherecal_pb2 as pb
 from spherefed.data import load_dataset
 from spherefed.fl import evaluate
 from spherefed.network import classifier_swapped
 
 from .model import GlobalModel
+from .secure_job import SecureJob
 from .settings import CoordinatorSettings
 from .stages import StageContext
-from .tasks import EvaluationResult, Task
+from .tasks import Task
 
 __all__ = ["CentralEvaluator", "federated_evaluation", "final_evaluation"]
 
@@ -76,7 +78,12 @@ def federated_evaluation(
     round_index: int | None,
 ) -> dict[str, Any]:
     """Every live participant evaluates the model (without calibration, ``"none"``, and
-    with each head) on its test data; accuracies are Σ correct / Σ total."""
+    with each head) on its test data; accuracies are Σ correct / Σ total.
+
+    With ``[secure_aggregation] evaluation`` (default) the counts are one secure
+    job's sum — ``[total, correct("none"), correct(head)…]`` — so the coordinator
+    sees federation totals only (a crafted head cannot read one participant's label
+    histogram); otherwise participants report plaintext counts."""
     s = ctx.settings
     board = ctx.board
     model_name = "final" if round_index is None else f"eval-r{round_index}"
@@ -85,7 +92,22 @@ def federated_evaluation(
         pb.NamedTensorRef(name=name, tensor=board.publish(f"head-{name}", weight))
         for name, weight in heads.items()
     ]
-    participants = sorted(ctx.registry.alive(), key=ctx.registry.index_of)
+    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    names = ("none", *heads)
+    job: SecureJob | None = None
+    error: str | None = None
+    if s.secagg.evaluation:
+        try:
+            job = ctx.new_job(
+                "evaluate",
+                round_index,
+                participants,
+                1 + len(names),
+                s.secagg.statistics_bound,
+                s.timeouts.evaluation_s,
+            )
+        except (crypto.SecAggError, ValueError) as exc:
+            error = f"cannot create the evaluation job: {exc}"
     task = Task(
         kind="evaluate",
         expected=frozenset(participants),
@@ -95,30 +117,51 @@ def federated_evaluation(
                     model=model_ref,
                     heads=refs,
                     round=-1 if round_index is None else round_index,
+                    secure=job.job_message() if job is not None else None,
                 )
             )
             for p in participants
         },
         round=round_index,
         purpose="evaluate",
-        heads=("none", *heads),
+        heads=names,
+        job=job,
     )
-    board.set_task(task, "evaluating")
-    dropped = ctx.wait_task(task, s.timeouts.evaluation_s)
-    board.set_task(None, "evaluated")
+    accuracy: dict[str, float | None] = {name: None for name in names}
+    total = 0
+    contributors: list[str] = []
+    dropped: dict[str, str] = {}
+    if error is None:
+        board.set_task(task, "evaluating")
+        if job is not None:
+            gathered = ctx.gather(task, timeout_s=s.timeouts.evaluation_s, phase_after="evaluated")
+            dropped, error = gathered.dropped, gathered.error
+            if gathered.values is not None:
+                sums = np.rint(gathered.values).astype(np.int64)
+                total = int(sums[0])
+                correct = dict(zip(names, (int(c) for c in sums[1:]), strict=True))
+                contributors = sorted(gathered.contributors, key=ctx.registry.index_of)
+        else:
+            dropped = ctx.wait_task(task, s.timeouts.evaluation_s)
+            board.set_task(None, "evaluated")
+            results = [task.evaluations[p] for p in sorted(task.evaluations)]
+            total = sum(r.total for r in results)
+            correct = {n: sum(r.correct.get(n, 0) for r in results) for n in names}
+            contributors = sorted(task.evaluations, key=ctx.registry.index_of)
+        if total > 0:
+            accuracy = {n: correct[n] / total for n in names}
+    if error is not None:
+        ctx.say(f"federated evaluation failed: {error}")
+        ctx.store.event("error", f"federated evaluation failed: {error}")
     if round_index is not None:
         board.unpublish(model_name)
-    results: list[EvaluationResult] = [task.evaluations[p] for p in sorted(task.evaluations)]
-    total = sum(r.total for r in results)
-    accuracy: dict[str, float | None] = {}
-    for name in task.heads:
-        correct = sum(r.correct.get(name, 0) for r in results)
-        accuracy[name] = correct / total if total else None
     return {
         "accuracy": accuracy,
-        "participants": sorted(task.evaluations, key=ctx.registry.index_of),
+        "participants": contributors,
         "samples": total,
         "dropped": dropped,
+        "secure": job is not None,
+        "error": error,
     }
 
 

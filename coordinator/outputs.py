@@ -16,6 +16,7 @@ import torch
 
 from proto.codec import model_spec_to_json
 
+from .conduct import Conduct
 from .model import GlobalModel, file_sha256
 from .privacy import CoordinatorPrivacy
 from .settings import CoordinatorSettings
@@ -62,6 +63,7 @@ def summary(
     model: GlobalModel,
     audit_log: Path,
     privacy: CoordinatorPrivacy | None,
+    conduct: Conduct | None = None,
 ) -> dict[str, Any]:
     """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
     s = settings
@@ -113,6 +115,7 @@ def summary(
         },
         "audit_log": str(audit_log),
         "privacy": privacy.summary() if privacy is not None else {"enabled": False},
+        **(conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}),
     }
 
 

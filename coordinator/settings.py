@@ -173,6 +173,10 @@ class SecAggSettings:
     """Aggregate model updates through secure aggregation."""
     statistics: bool = True
     """Aggregate calibration statistics through secure aggregation."""
+    evaluation: bool = True
+    """Sum federated evaluation counts through secure aggregation: the coordinator
+    learns only federation totals, never one participant's counts (participants
+    refuse plaintext counts unless ``allow_plaintext``)."""
     threshold: int | None = None
     """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
     a strict majority of the share holders (``2t > n``), which participants' default

@@ -29,6 +29,7 @@ class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MASKED: _ClassVar[SecAggStage]
     CONSISTENCY: _ClassVar[SecAggStage]
     UNMASK: _ClassVar[SecAggStage]
+    COMPLAINT: _ClassVar[SecAggStage]
 
 class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +43,22 @@ class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_ABORTED: _ClassVar[FailureKind]
     PROTOCOL_VIOLATION: _ClassVar[FailureKind]
     INTERNAL_ERROR: _ClassVar[FailureKind]
+
+class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RULE_UNSPECIFIED: _ClassVar[PolicyRule]
+    RULE_CONSISTENCY_ROUND_REQUIRED: _ClassVar[PolicyRule]
+    RULE_THRESHOLD_TOO_LOW: _ClassVar[PolicyRule]
+    RULE_TOO_FEW_PARTICIPANTS: _ClassVar[PolicyRule]
+    RULE_TOO_FEW_INPUTS: _ClassVar[PolicyRule]
+    RULE_DOUBLE_REVEAL: _ClassVar[PolicyRule]
+    RULE_BOTH_SHARE_KINDS: _ClassVar[PolicyRule]
+    RULE_KEY_SUBSTITUTION: _ClassVar[PolicyRule]
+    RULE_RELEASE_REPEATED: _ClassVar[PolicyRule]
+    RULE_EVALUATION_HEADS: _ClassVar[PolicyRule]
+    RULE_PLAINTEXT_REFUSED: _ClassVar[PolicyRule]
+    RULE_DP_REQUIRED: _ClassVar[PolicyRule]
+    RULE_DP_PLAN: _ClassVar[PolicyRule]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -62,6 +79,7 @@ SHARE: SecAggStage
 MASKED: SecAggStage
 CONSISTENCY: SecAggStage
 UNMASK: SecAggStage
+COMPLAINT: SecAggStage
 FAILURE_KIND_UNSPECIFIED: FailureKind
 POLICY_REFUSAL: FailureKind
 BUDGET_EXCEEDED: FailureKind
@@ -72,6 +90,19 @@ UNTRUSTED_DIRECTORY: FailureKind
 JOB_ABORTED: FailureKind
 PROTOCOL_VIOLATION: FailureKind
 INTERNAL_ERROR: FailureKind
+RULE_UNSPECIFIED: PolicyRule
+RULE_CONSISTENCY_ROUND_REQUIRED: PolicyRule
+RULE_THRESHOLD_TOO_LOW: PolicyRule
+RULE_TOO_FEW_PARTICIPANTS: PolicyRule
+RULE_TOO_FEW_INPUTS: PolicyRule
+RULE_DOUBLE_REVEAL: PolicyRule
+RULE_BOTH_SHARE_KINDS: PolicyRule
+RULE_KEY_SUBSTITUTION: PolicyRule
+RULE_RELEASE_REPEATED: PolicyRule
+RULE_EVALUATION_HEADS: PolicyRule
+RULE_PLAINTEXT_REFUSED: PolicyRule
+RULE_DP_REQUIRED: PolicyRule
+RULE_DP_PLAN: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason
@@ -337,14 +368,16 @@ class DPRelease(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., dim: _Optional[int] = ..., num_classes: _Optional[int] = ..., participants: _Optional[int] = ..., min_contributors: _Optional[int] = ..., max_examples: _Optional[int] = ..., epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., mechanism: _Optional[str] = ..., quant_bits: _Optional[int] = ..., colluders: _Optional[int] = ...) -> None: ...
 
 class EvaluateTask(_message.Message):
-    __slots__ = ("model", "heads", "round")
+    __slots__ = ("model", "heads", "round", "secure")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
     model: TensorRef
     heads: _containers.RepeatedCompositeFieldContainer[NamedTensorRef]
     round: int
-    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ...) -> None: ...
+    secure: SecAggJob
+    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
 
 class NamedTensorRef(_message.Message):
     __slots__ = ("name", "tensor")
@@ -481,16 +514,18 @@ class EvaluationReport(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., total: _Optional[int] = ..., counts: _Optional[_Iterable[_Union[HeadCount, _Mapping]]] = ...) -> None: ...
 
 class FailureReport(_message.Message):
-    __slots__ = ("caller", "task_id", "reason", "kind")
+    __slots__ = ("caller", "task_id", "reason", "kind", "rule")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     task_id: str
     reason: str
     kind: FailureKind
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[_Union[FailureKind, str]] = ...) -> None: ...
+    rule: PolicyRule
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., rule: _Optional[_Union[PolicyRule, str]] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason",)

@@ -202,6 +202,7 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "threshold": None,
     "separate_ffc": False,
     "drop": None,
+    "corrupt_shares": None,
     "tls": False,
     "threads": 1,
     "timeout": 3600.0,
@@ -276,6 +277,14 @@ def add_simulate_parser(sub: SubParsers) -> None:
         help="run an FFC statistics job even when CCVR is on (default: FFC from CCVR)",
     )
     p.add_argument("--drop", default=S, metavar="SPEC", help="e.g. p3:share,p5:train@r2")
+    p.add_argument(
+        "--corrupt-shares",
+        default=S,
+        metavar="IDS",
+        help="TEST ONLY: these participants (comma list, e.g. p3) deal shares that fail "
+        "authentication in every job; the honest ones complain and the coordinator "
+        "excludes them",
+    )
     p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
     p.add_argument("--threads", type=int, default=S, help="torch threads per process (1)")
     p.add_argument("--timeout", type=float, default=S, help="seconds for the whole run")
@@ -321,6 +330,16 @@ def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
     if options["out"] is None:
         raise ValueError("--out DIR is required")
     return options
+
+
+def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    if not text:
+        return ()
+    chosen = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    unknown = sorted(set(chosen) - set(ids))
+    if unknown:
+        raise ValueError(f"--corrupt-shares: unknown participant(s) {unknown}")
+    return chosen
 
 
 def simulation_settings_from(options: dict[str, Any]) -> Any:
@@ -390,6 +409,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         if o["secure_statistics"] is None
         else bool(o["secure_statistics"]),
         drops=parse_drops(o["drop"], ids),
+        corrupt_shares=_corrupt_ids(o["corrupt_shares"], ids),
         threshold=None if o["threshold"] is None else int(o["threshold"]),
         ffc_from_ccvr=not bool(o["separate_ffc"]),
         threads=int(o["threads"]),

@@ -98,6 +98,7 @@ def coordinator_settings(
         secagg=SecAggSettings(
             updates=s.secure_updates,
             statistics=s.secure_statistics,
+            evaluation=s.secure_statistics,  # evaluation counts are statistics too
             threshold=s.threshold,
             chunk_entries=s.chunk_entries,
             update_bound=s.update_bound,
@@ -163,6 +164,7 @@ def participant_settings(
         reconnect_max_s=2.0,
         give_up_s=300.0,
         halt_before=tuple(d.point for d in s.drops if d.participant == pid),
+        corrupt_shares=pid in s.corrupt_shares,
         identity_key=certs / f"{pid}.identity.key" if s.tls else None,
         tls=ClientTLS(
             ca=certs / "ca.pem" if s.tls else None,

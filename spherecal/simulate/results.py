@@ -68,5 +68,7 @@ def build_results(
         "saved_statistics": summary.get("saved_statistics", {}),
         "model": summary.get("model"),
         "privacy": summary.get("privacy", {"enabled": False}),
+        "refusals": summary.get("refusals", []),
+        "excluded": summary.get("excluded", []),
         "logs": str(logs),
     }

@@ -29,6 +29,9 @@ class SimulationSettings:
     secure_updates: bool = True
     secure_statistics: bool = True
     drops: tuple[Drop, ...] = ()
+    corrupt_shares: tuple[str, ...] = ()
+    """TEST ONLY (``--corrupt-shares``): these participants deal shares that fail
+    authentication in every job (their processes get ``SPHERECAL_TEST_FAULTS=1``)."""
     threshold: int | None = None
     ffc_from_ccvr: bool = True
     threads: int = 1

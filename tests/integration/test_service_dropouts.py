@@ -154,9 +154,13 @@ def test_too_few_survivors_fail_the_job_and_the_coordinator_carries_on(
     assert ffc["status"] == "failed"
     assert "TooFewSurvivors" in ffc["error"] and "needed at least 3" in ffc["error"]
     assert any("too few" in e for e in results["errors"])
-    # Still serving: the federation evaluated, saved the model and told the survivors.
+    # Still serving: the federation saved the model and told the survivors. Evaluation
+    # counts are securely aggregated too, and two survivors are below the policy's
+    # minimum of three inputs, so the federation reports no accuracy rather than a
+    # two-party sum (each survivor would learn the other's counts).
     assert results["status"] == "completed"
-    assert results["accuracy"]["ffc"] is None
-    assert results["accuracy"]["none"] is not None
-    assert results["federated_evaluation"]["participants"] == ["p0", "p1"]
+    assert results["accuracy"] == {"none": None, "ffc": None, "ccvr": None}
+    evaluation = results["federated_evaluation"]
+    assert evaluation["secure"] is True and evaluation["participants"] == []
+    assert "too few" in evaluation["error"]
     assert results["exit_codes"]["p0"] == 0 and results["exit_codes"]["p1"] == 0
