@@ -1,5 +1,6 @@
 """After training: one statistics job per configured kind, then FFC / CCVR solved on
-the aggregate (the solvers themselves are in ``calibration``).
+the aggregate (the solvers themselves are in ``calibration``), and FFC+bias / LDA /
+QDA from the same CCVR sums (``closed_forms``; chosen on validation).
 
 CCVR implies FFC by default, as in the reference runner: FFC is then solved from the
 CCVR statistics' class blocks summed (``CCVRStatistics.to_ffc``). With distributed
@@ -12,7 +13,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import numpy.typing as npt
 
 import crypto
 from proto import spherecal_pb2 as pb
@@ -20,6 +20,8 @@ from spherefed.privacy.plan import CalibrationPlan
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc_layout_size
 
 from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
+from .closed_forms import select_closed_forms
+from .evaluation import Heads
 from .invariants import (
     UNIT_NORM_HEADS,
     AggregateInvariantViolated,
@@ -253,14 +255,13 @@ def _collect_kind(
     return stats
 
 
-def calibrate(
-    ctx: StageContext, model: GlobalModel, aggregates: Aggregates
-) -> dict[str, npt.NDArray[np.float64]]:
-    """The calibrated heads (``"ffc"``, ``"ccvr"``) that could be solved."""
+def calibrate(ctx: StageContext, model: GlobalModel, aggregates: Aggregates) -> Heads:
+    """The calibrated heads that could be solved: ``"ffc"``, ``"ccvr"`` (weights) and
+    the closed forms ``"ffc_bias"``, ``"lda"``, ``"qda"`` (``closed_forms``)."""
     s = ctx.settings
     progress = ctx.progress
     ctx.board.set_task(None, "calibrating")
-    heads: dict[str, npt.NDArray[np.float64]] = {}
+    heads: Heads = {}
     ccvr = aggregates.get("ccvr")
     ffc = aggregates.get("ffc")
     if "ffc" in s.calibration.methods:
@@ -298,4 +299,10 @@ def calibrate(
         except (ValueError, FloatingPointError) as exc:
             record_statistics_failure(ctx, "ccvr", f"calibration failed: {exc}")
         progress.timings["ccvr_s"] = time.monotonic() - t0
+    if s.calibration.closed_forms:
+        if isinstance(ccvr, CCVRStatistics):
+            heads.update(select_closed_forms(ctx, progress.global_vector, ccvr))
+        else:
+            for name in s.calibration.closed_forms:
+                record_statistics_failure(ctx, name, "no CCVR statistics to solve from")
     return heads

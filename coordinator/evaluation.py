@@ -19,18 +19,51 @@ import torch
 import crypto
 from proto import spherecal_pb2 as pb
 from spherefed.data import load_dataset
+from spherefed.discriminant import CalibratedHead
 from spherefed.fl import evaluate
-from spherefed.network import classifier_swapped
+from spherefed.network import classifier_swapped, compute_features
 
+from .board import Board
 from .model import GlobalModel
 from .secure_job import SecureJob
 from .settings import CoordinatorSettings
 from .stages import StageContext
 from .tasks import Task
 
-__all__ = ["CentralEvaluator", "federated_evaluation", "final_evaluation"]
+__all__ = [
+    "CentralEvaluator",
+    "Head",
+    "Heads",
+    "federated_evaluation",
+    "final_evaluation",
+    "publish_head",
+]
 
-Heads = dict[str, npt.NDArray[np.float64]]
+Head = npt.NDArray[np.float64] | CalibratedHead
+"""A calibrated head: a weight swapped into the classifier (FFC, CCVR) or a
+:class:`~spherefed.discriminant.CalibratedHead` with a bias (and QDA's quadratic term)."""
+Heads = dict[str, Head]
+
+_KIND = {"affine": pb.HEAD_AFFINE, "quadratic": pb.HEAD_QUADRATIC}
+
+
+def publish_head(board: Board, name: str, head: Head) -> pb.NamedTensorRef:
+    """Publish ``head``'s tensors and return the reference an evaluation task carries
+    (its kind, weight, bias and quadratic term; the bias finite on the wire)."""
+    if not isinstance(head, CalibratedHead):
+        return pb.NamedTensorRef(name=name, tensor=board.publish(f"head-{name}", head))
+    quadratic = (
+        board.publish(f"head-{name}-quadratic", head.quadratic)
+        if head.quadratic is not None
+        else None
+    )
+    return pb.NamedTensorRef(
+        name=name,
+        kind=_KIND[head.kind],
+        tensor=board.publish(f"head-{name}", head.weight),
+        bias=board.publish(f"head-{name}-bias", head.finite_bias()),
+        quadratic=quadratic,
+    )
 
 
 class CentralEvaluator:
@@ -63,10 +96,11 @@ class CentralEvaluator:
     def size(self) -> int:
         return int(self.y.shape[0])
 
-    def accuracy(
-        self, vector: npt.NDArray[np.float64], head: npt.NDArray[np.float64] | None = None
-    ) -> float:
+    def accuracy(self, vector: npt.NDArray[np.float64], head: Head | None = None) -> float:
         net = self.model.load(vector)
+        if isinstance(head, CalibratedHead):
+            z = compute_features(net, self.x)
+            return float(np.mean(head.predict(z) == self.y.numpy()))
         with classifier_swapped(net, head):
             return evaluate(net, self.x, self.y)
 
@@ -76,9 +110,12 @@ def federated_evaluation(
     global_vector: npt.NDArray[np.float64],
     heads: Heads,
     round_index: int | None,
+    *,
+    split: str = "test",
 ) -> dict[str, Any]:
     """Every live participant evaluates the model (without calibration, ``"none"``, and
-    with each head) on its test data; accuracies are Σ correct / Σ total.
+    with each head) on its test data — or, with ``split="validation"``, on its
+    validation split (the calibrators' grid); accuracies are Σ correct / Σ total.
 
     With ``[secure_aggregation] evaluation`` (default) the counts are one secure
     job's sum — ``[total, correct("none"), correct(head)…]`` — so the coordinator
@@ -88,10 +125,8 @@ def federated_evaluation(
     board = ctx.board
     model_name = "final" if round_index is None else f"eval-r{round_index}"
     model_ref = board.publish(model_name, global_vector)
-    refs = [
-        pb.NamedTensorRef(name=name, tensor=board.publish(f"head-{name}", weight))
-        for name, weight in heads.items()
-    ]
+    refs = [publish_head(board, name, head) for name, head in heads.items()]
+    split_code = pb.SPLIT_VALIDATION if split == "validation" else pb.SPLIT_TEST
     participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
     names = ("none", *heads)
     job: SecureJob | None = None
@@ -118,6 +153,7 @@ def federated_evaluation(
                     heads=refs,
                     round=-1 if round_index is None else round_index,
                     secure=job.job_message() if job is not None else None,
+                    split=split_code,
                 )
             )
             for p in participants
@@ -170,17 +206,15 @@ def final_evaluation(ctx: StageContext, heads: Heads, evaluator: CentralEvaluato
     progress = ctx.progress
     t0 = time.monotonic()
     fed = federated_evaluation(ctx, progress.global_vector, heads, round_index=None)
-    acc = {name: fed["accuracy"].get(name) for name in ("none", "ffc", "ccvr")}
+    shown_names = ("none", "ffc", "ccvr", *(m for m in ctx.settings.calibration.methods))
+    acc = {name: fed["accuracy"].get(name) for name in dict.fromkeys(shown_names)}
     progress.results["accuracy"] = acc
     progress.results["federated_evaluation"] = fed
     if evaluator is not None:
-        central: dict[str, float | None] = {
-            "none": evaluator.accuracy(progress.global_vector),
-            "ffc": None,
-            "ccvr": None,
-        }
-        for name, weight in heads.items():
-            central[name] = evaluator.accuracy(progress.global_vector, weight)
+        central: dict[str, float | None] = {name: None for name in acc}
+        central["none"] = evaluator.accuracy(progress.global_vector)
+        for name, head in heads.items():
+            central[name] = evaluator.accuracy(progress.global_vector, head)
         progress.results["central_accuracy"] = central
         progress.results["central_test_samples"] = evaluator.size
     else:

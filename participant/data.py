@@ -7,7 +7,11 @@ data the reference runner gives participant ``k``. The local *test* split is the
 reference test split partitioned with the same scheme under seed
 ``derive_seed(seed, "partition", "test")`` (no minimum size); the slices cover the
 test split exactly once, so summing every participant's correct/total counts gives
-the reference runner's test accuracy.
+the reference runner's test accuracy. The local *validation* split is the reference
+validation split partitioned the same way under ``derive_seed(seed, "partition",
+"validation")``, so the summed validation counts are the reference's validation
+accuracy (the calibrators' grid is chosen there). In whole mode a stratified
+``validation_fraction`` of the local train split is held out.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spherefed.data import ArrayDataset, load_dataset
+from spherefed.data import ArrayDataset, load_dataset, stratified_split
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
 from spherefed.runner import ReferenceConfig, prepare_data
@@ -35,6 +39,9 @@ class LocalData:
     num_classes: int
     image_shape: tuple[int, int, int]
     name: str
+    val_x: torch.Tensor | None = None
+    val_y: torch.Tensor | None = None
+    """The local validation split: the calibrators' grid is scored here, never on test."""
 
     @property
     def train_size(self) -> int:
@@ -49,15 +56,18 @@ def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ds.x), torch.from_numpy(ds.y)
 
 
-def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> list[ArrayDataset]:
-    """The reference test split partitioned into ``n`` local test splits."""
+def local_test_slices(
+    settings: DataSettings, test: ArrayDataset, n: int, *, split: str = "test"
+) -> list[ArrayDataset]:
+    """The reference test (or validation) split partitioned into ``n`` local splits
+    (seed ``derive_seed(seed, "partition", split)``); together they cover it once."""
     parts = partition(
         test.y,
         n,
         scheme=settings.partition,
         alpha=settings.alpha if settings.partition == "dirichlet" else None,
         shards_per_client=settings.shards_per_client if settings.partition == "shards" else None,
-        seed=derive_seed(settings.seed, "partition", "test"),
+        seed=derive_seed(settings.seed, "partition", split),
         min_size=0,
     )
     return [test.subset(p) for p in parts]
@@ -69,6 +79,14 @@ def load_local_data(settings: DataSettings) -> LocalData:
             settings.dataset, root=settings.root, seed=settings.seed, samples=settings.samples
         )
         train, test = splits.train, splits.test
+        validation = None
+        if settings.validation_fraction > 0:
+            train_idx, val_idx = stratified_split(
+                train.y,
+                test_fraction=settings.validation_fraction,
+                seed=derive_seed(settings.seed, "validation"),
+            )
+            train, validation = train.subset(train_idx), train.subset(val_idx)
         name = f"{settings.dataset} (whole)"
     else:
         config = ReferenceConfig(
@@ -85,7 +103,21 @@ def load_local_data(settings: DataSettings) -> LocalData:
         data = prepare_data(config)
         train = data.participant(settings.slice_index)
         test = local_test_slices(settings, data.test, settings.slice_of)[settings.slice_index]
+        validation = local_test_slices(
+            settings, data.validation, settings.slice_of, split="validation"
+        )[settings.slice_index]
         name = f"{settings.dataset} slice {settings.slice_index}/{settings.slice_of}"
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
-    return LocalData(train_x, train_y, test_x, test_y, train.num_classes, train.image_shape, name)
+    val_x, val_y = _tensors(validation) if validation is not None else (None, None)
+    return LocalData(
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        train.num_classes,
+        train.image_shape,
+        name,
+        val_x=val_x,
+        val_y=val_y,
+    )

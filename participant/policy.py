@@ -22,6 +22,7 @@ from .privacy import PrivacyRefused
 
 __all__ = [
     "DEFAULT_MAX_EVALUATION_HEADS",
+    "DEFAULT_MAX_VALIDATION_HEADS",
     "EvaluationRefused",
     "PolicySettings",
     "ReleaseRepeated",
@@ -29,6 +30,11 @@ __all__ = [
 
 DEFAULT_MAX_EVALUATION_HEADS = 2
 """FFC and CCVR: the calibrated heads a federation evaluates besides the model's own."""
+
+DEFAULT_MAX_VALIDATION_HEADS = 16
+"""One validation evaluation scores every grid point of the closed-form calibrators
+(FFC+bias, LDA, QDA × a 5-point grid = 15, plus one spare) on the local
+*validation* split, never on test; its counts go through secure aggregation."""
 
 
 class ReleaseRepeated(PrivacyRefused):
@@ -66,6 +72,9 @@ class PolicySettings:
     reset it."""
     max_evaluation_heads: int = DEFAULT_MAX_EVALUATION_HEADS
     """Most calibrated heads one evaluation may carry (besides the model's own)."""
+    max_validation_heads: int = DEFAULT_MAX_VALIDATION_HEADS
+    """Most candidate heads one *validation-split* evaluation (the calibrators'
+    ridge/shrinkage grid) may carry; such an evaluation never touches the test split."""
     min_local_work_s: float = 0.0
     """Hold a secure job's input until this many seconds after its task arrived, so
     the time of the share and masked messages does not reveal how long the local
@@ -79,6 +88,9 @@ class PolicySettings:
         heads = self.max_evaluation_heads
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
             raise ValueError(f"policy max_evaluation_heads must be an integer >= 0, got {heads!r}")
+        vheads = self.max_validation_heads
+        if isinstance(vheads, bool) or not isinstance(vheads, int) or vheads < 0:
+            raise ValueError(f"policy max_validation_heads must be an integer >= 0, got {vheads!r}")
         hold = self.min_local_work_s
         if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < 86400:
             raise ValueError(f"policy min_local_work_s must be in [0, 86400) s, got {hold!r}")
@@ -104,5 +116,10 @@ class PolicySettings:
             out.append(
                 f"max_evaluation_heads = {self.max_evaluation_heads} (default "
                 f"{DEFAULT_MAX_EVALUATION_HEADS}): crafted heads count local test labels"
+            )
+        if self.max_validation_heads > DEFAULT_MAX_VALIDATION_HEADS:
+            out.append(
+                f"max_validation_heads = {self.max_validation_heads} (default "
+                f"{DEFAULT_MAX_VALIDATION_HEADS}): crafted heads count local validation labels"
             )
         return tuple(out)

@@ -21,9 +21,8 @@ which it then also refuses). Its ``[policy]`` (``participant.policy``) decides w
 it takes part in at all.
 Nothing it logs contains data, statistics or keys.
 
-(Length: the task handlers stay next to the loop that dispatches them; the secure
-jobs live in ``secure_steps``, the policy checks in ``policy``/``releases``/
-``evaluation``, back-off in ``backoff``.)
+(Length: the task handlers stay next to their loop; secure jobs, policy checks,
+DP-SGD rounds and back-off live in their own modules.)
 """
 
 from __future__ import annotations
@@ -46,15 +45,20 @@ from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.identity import join_payload, public_key_bytes
-from spherefed.fl import LocalUpdate
-from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .downloads import download
-from .evaluation import check_evaluation, counts_vector, evaluation_digest, evaluation_length
+from .dpsgd_round import dpsgd_round
+from .evaluation import (
+    check_evaluation,
+    counts_vector,
+    download_heads,
+    evaluation_digest,
+    evaluation_length,
+)
 from .failures import failure_kind, policy_rule
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PlaintextRefused, PrivacyRefused
@@ -340,7 +344,17 @@ class ParticipantRunner:
             except ValueError as exc:
                 self._withdraw(task_id, session, exc)
                 return
-            dp_update = self._train_dpsgd(task_id, vector)
+            p = self.settings.privacy
+            dp_update = dpsgd_round(
+                trainer,
+                p,
+                self.privacy,
+                self.pid,
+                task_id,
+                vector,
+                refuse=self._refuse,
+                log=self.log,
+            )
             if dp_update is None:
                 if session is not None:
                     self.secure.jobs.pop(session.job_id, None)
@@ -377,45 +391,15 @@ class ParticipantRunner:
 
     def _withdraw(self, task_id: str, session: SecureSession | None, error: Exception) -> None:
         """Refuse a task, leaving its secure job too when one was already joined."""
-        if session is not None:
-            self.secure.abandon(task_id, session, error)
-        else:
-            self._refuse(task_id, error)
+        (self._refuse if session is None else lambda t, e: self.secure.abandon(t, session, e))(
+            task_id, error
+        )
 
     def _client_states(self) -> ClientStateStore:
         """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""
         plan = self.plan
         federation_id = plan.federation_id if plan is not None else ""
         return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
-
-    def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
-        """DP-SGD for this round: charge the ledger first (the cost is known before
-        training), refuse over budget; None when refused."""
-        trainer = self._trainer()
-        p = self.settings.privacy
-        config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
-        rate, steps = trainer.dpsgd_steps()
-        charge = dpsgd_charge(
-            p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
-        )
-        try:
-            entry = self.privacy.ledger(p.delta).charge(
-                self.pid, charge, release_id=f"dpsgd-{task_id}"
-            )
-        except BudgetExceeded as exc:
-            self._refuse(task_id, exc)
-            return None
-        try:
-            update, result = trainer.train_dpsgd(vector, config)
-        except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
-            self._refuse(task_id, exc)
-            return None
-        self.log(
-            f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "
-            f"σ = {result.noise_multiplier:g}, {result.steps} steps; local total ε = "
-            f"{entry.epsilon_total:.4g}"
-        )
-        return update
 
     def _reserve(self, task_id: str, kind: str, job: pb.SecAggJob | None, digest: bytes) -> str:
         """Reserve this release in the ledger (raises ``ReleaseRepeated``); returns its
@@ -547,7 +531,6 @@ class ParticipantRunner:
             if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
                 raise
 
-    # ---------------------------------------------------------------- evaluation
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
         """Counts on the local test split: securely aggregated when the task carries a
         job, plaintext only with ``allow_plaintext``; heads checked against the plan
@@ -560,6 +543,7 @@ class ParticipantRunner:
                 num_classes=trainer.num_classes,
                 feature_dim=trainer.feature_dim,
                 max_heads=self.policy.max_evaluation_heads,
+                max_validation_heads=self.policy.max_validation_heads,
             )
             if not secure and not self.settings.allow_plaintext:
                 raise self._no_plaintext("evaluation counts")
@@ -581,11 +565,15 @@ class ParticipantRunner:
             if session is None:
                 return
         vector = self._download(task.model, (trainer.length,))
-        heads = {
-            named.name: self._download(named.tensor, (trainer.num_classes, trainer.feature_dim))
-            for named in task.heads
-        }
-        total, counts = trainer.evaluate(vector, heads)
+        heads = download_heads(
+            self._download, task, num_classes=trainer.num_classes, feature_dim=trainer.feature_dim
+        )
+        split = "validation" if task.split == pb.SPLIT_VALIDATION else "test"
+        try:
+            total, counts = trainer.evaluate(vector, heads, split=split)
+        except ValueError as exc:
+            self._withdraw(task_id, session, exc)
+            return
         if session is not None:
             self.secure.set_input(task_id, session, counts_vector(task, total, counts))
             return

@@ -21,6 +21,17 @@ class StatisticsKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FFC: _ClassVar[StatisticsKind]
     CCVR: _ClassVar[StatisticsKind]
 
+class EvaluationSplit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPLIT_TEST: _ClassVar[EvaluationSplit]
+    SPLIT_VALIDATION: _ClassVar[EvaluationSplit]
+
+class HeadKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEAD_LINEAR: _ClassVar[HeadKind]
+    HEAD_AFFINE: _ClassVar[HeadKind]
+    HEAD_QUADRATIC: _ClassVar[HeadKind]
+
 class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SECAGG_STAGE_UNSPECIFIED: _ClassVar[SecAggStage]
@@ -73,6 +84,11 @@ UINT64: DType
 STATISTICS_UNSPECIFIED: StatisticsKind
 FFC: StatisticsKind
 CCVR: StatisticsKind
+SPLIT_TEST: EvaluationSplit
+SPLIT_VALIDATION: EvaluationSplit
+HEAD_LINEAR: HeadKind
+HEAD_AFFINE: HeadKind
+HEAD_QUADRATIC: HeadKind
 SECAGG_STAGE_UNSPECIFIED: SecAggStage
 ADVERTISE: SecAggStage
 SHARE: SecAggStage
@@ -368,24 +384,32 @@ class DPRelease(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., dim: _Optional[int] = ..., num_classes: _Optional[int] = ..., participants: _Optional[int] = ..., min_contributors: _Optional[int] = ..., max_examples: _Optional[int] = ..., epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., mechanism: _Optional[str] = ..., quant_bits: _Optional[int] = ..., colluders: _Optional[int] = ...) -> None: ...
 
 class EvaluateTask(_message.Message):
-    __slots__ = ("model", "heads", "round", "secure")
+    __slots__ = ("model", "heads", "round", "secure", "split")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
     model: TensorRef
     heads: _containers.RepeatedCompositeFieldContainer[NamedTensorRef]
     round: int
     secure: SecAggJob
-    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
+    split: EvaluationSplit
+    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ..., split: _Optional[_Union[EvaluationSplit, str]] = ...) -> None: ...
 
 class NamedTensorRef(_message.Message):
-    __slots__ = ("name", "tensor")
+    __slots__ = ("name", "tensor", "kind", "bias", "quadratic")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
+    QUADRATIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     tensor: TensorRef
-    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+    kind: HeadKind
+    bias: TensorRef
+    quadratic: TensorRef
+    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ..., kind: _Optional[_Union[HeadKind, str]] = ..., bias: _Optional[_Union[TensorRef, _Mapping]] = ..., quadratic: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
 
 class Done(_message.Message):
     __slots__ = ("status", "message")

@@ -276,6 +276,13 @@ def _read_value(section: Section, key: Key, default: Any) -> Any:
         args = typing.get_args(kind)
         if len(args) == 2 and args[1] is Ellipsis and args[0] is str:
             return section.strings(name, default)
+        if len(args) == 2 and args[1] is Ellipsis and args[0] is float:
+            value = section.get(name, list, list(default) if default is not None else None)
+            if value is None:
+                return None
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                raise ConfigError(f"{section.where(name)} must be a list of numbers")
+            return tuple(float(v) for v in value)
         if all(a is int for a in args):
             value = section.get(name, list, list(default) if default is not None else None)
             if value is None:

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from spherefed.calibration_suite import (
+    CALIBRATION_NAMES,
+    DEFAULT_RIDGE_GRID,
+    DEFAULT_SHRINKAGE_GRID,
+)
 
 __all__ = [
     "add_certs_parser",
@@ -196,6 +201,8 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "tukey": False,
     "seed": 0,
     "calibration": "ffc,ccvr",
+    "ridge_grid": None,
+    "shrinkage_grid": None,
     "secure": True,
     "secure_updates": None,
     "secure_statistics": None,
@@ -260,7 +267,27 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--ccvr-virtual", type=int, default=S)
     p.add_argument("--tukey", action="store_true", default=S)
     p.add_argument("--seed", type=int, default=S)
-    p.add_argument("--calibration", default=S, help="comma list of ffc, ccvr (default both)")
+    p.add_argument(
+        "--calibration",
+        default=S,
+        help="comma list of " + ", ".join(CALIBRATION_NAMES) + " (default ffc,ccvr)",
+    )
+    p.add_argument(
+        "--ridge-grid",
+        type=float,
+        nargs="+",
+        default=S,
+        help="FFC+bias ridge candidates, chosen on the participants' validation splits "
+        "(default " + " ".join(f"{v:g}" for v in DEFAULT_RIDGE_GRID) + ")",
+    )
+    p.add_argument(
+        "--shrinkage-grid",
+        type=float,
+        nargs="+",
+        default=S,
+        help="LDA/QDA shrinkage candidates in [0, 1], chosen on validation "
+        "(default " + " ".join(f"{v:g}" for v in DEFAULT_SHRINKAGE_GRID) + ")",
+    )
     p.add_argument(
         "--secure",
         action=argparse.BooleanOptionalAction,
@@ -332,6 +359,13 @@ def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _grid(value: Any, default: tuple[float, ...]) -> tuple[float, ...]:
+    """A grid option (CLI list or TOML list), or ``default`` when unset."""
+    if value is None:
+        return default
+    return tuple(float(v) for v in value)
+
+
 def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if not text:
         return ()
@@ -392,6 +426,8 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         ccvr=replace(
             CCVRConfig(), virtual_per_class=int(o["ccvr_virtual"]), tukey=bool(o["tukey"])
         ),
+        ridge_grid=_grid(o["ridge_grid"], DEFAULT_RIDGE_GRID),
+        shrinkage_grid=_grid(o["shrinkage_grid"], DEFAULT_SHRINKAGE_GRID),
     )
     secure = bool(o["secure"])
     ids = tuple(f"p{k}" for k in range(reference.participants))

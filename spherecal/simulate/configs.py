@@ -24,6 +24,7 @@ from coordinator.settings import (
     TLSSettings,
     TrainingSettings,
 )
+from participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
 from participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherecal.config import coordinator_document as _coordinator_toml
 from spherecal.config import dump_toml
@@ -94,6 +95,8 @@ def coordinator_settings(
             ffc_from_ccvr=s.ffc_from_ccvr,
             save_statistics=s.save_statistics,
             ccvr=ref.ccvr,
+            ridge_grid=ref.ridge_grid,
+            shrinkage_grid=ref.shrinkage_grid,
         ),
         secagg=SecAggSettings(
             updates=s.secure_updates,
@@ -178,6 +181,7 @@ def participant_settings(
             if s.privacy
             else PrivacySettings()
         ),
+        policy=_policy(s),
         data=DataSettings(
             dataset=ref.dataset,
             root=ref.data_root,
@@ -191,6 +195,17 @@ def participant_settings(
             validation_fraction=ref.validation_fraction,
         ),
     )
+
+
+def _policy(s: SimulationSettings) -> PolicySettings:
+    """The participants' ``[policy]``: the defaults, except that a federation which
+    evaluates more calibrated heads than ``max_evaluation_heads`` allows (FFC and
+    CCVR) raises it to their number — explicit in the generated config, and logged
+    at WARNING by each participant as a relaxation."""
+    heads = len(s.calibration)
+    if heads <= DEFAULT_MAX_EVALUATION_HEADS:
+        return PolicySettings()
+    return PolicySettings(max_evaluation_heads=heads)
 
 
 def participant_document(

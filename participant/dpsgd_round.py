@@ -1,0 +1,58 @@
+"""One round of DP-SGD on the participant: charge the ledger first, then train.
+
+Why a module of its own: the cost of a DP-SGD round is known before any data is
+touched (``spherefed.privacy.charge.dpsgd_charge``), so the participant charges its
+own ledger first and refuses over budget; only then does it train. Kept out of
+``runner`` so that the task loop stays under the module size limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from spherefed.fl import LocalUpdate
+from spherefed.privacy.charge import dpsgd_charge
+
+from .privacy import BudgetExceeded, ParticipantPrivacy
+from .settings import PrivacySettings
+from .trainer import LocalTrainer
+
+__all__ = ["dpsgd_round"]
+
+
+def dpsgd_round(
+    trainer: LocalTrainer,
+    p: PrivacySettings,
+    privacy: ParticipantPrivacy,
+    pid: str,
+    task_id: str,
+    vector: npt.NDArray[np.float64],
+    *,
+    refuse: Callable[[str, BaseException], None],
+    log: Callable[[str], None],
+) -> LocalUpdate | None:
+    """DP-SGD for this round; None when refused (already reported via ``refuse``)."""
+    config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
+    rate, steps = trainer.dpsgd_steps()
+    charge = dpsgd_charge(
+        p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
+    )
+    try:
+        entry = privacy.ledger(p.delta).charge(pid, charge, release_id=f"dpsgd-{task_id}")
+    except BudgetExceeded as exc:
+        refuse(task_id, exc)
+        return None
+    try:
+        update, result = trainer.train_dpsgd(vector, config)
+    except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
+        refuse(task_id, exc)
+        return None
+    log(
+        f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "
+        f"σ = {result.noise_multiplier:g}, {result.steps} steps; local total ε = "
+        f"{entry.epsilon_total:.4g}"
+    )
+    return update
