@@ -378,7 +378,10 @@ def _type_text(key: Key) -> str:
         text = "path"
     elif typing.get_origin(kind) is tuple:
         args = typing.get_args(kind)
-        text = "list of strings" if args[-1] is Ellipsis else f"[{', '.join('int' for _ in args)}]"
+        if args[-1] is Ellipsis:
+            text = "list of numbers" if args[0] is float else "list of strings"
+        else:
+            text = f"[{', '.join('int' for _ in args)}]"
     else:
         text = {bool: "boolean", int: "integer", float: "number", str: "string"}[kind]
     return text
