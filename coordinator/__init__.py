@@ -15,8 +15,8 @@ Modules, one idea each:
 ``tasks``        work handed to participants (train / statistics / evaluate)
 ``secure_job``   one ``crypto.SecAggServer`` job with deadlines, liveness, streaming
 ``spool``        plaintext uploads spooled and summed in roster order (determinism)
-``strategy``     FedAvg / FedProx / FedAdam / FedYogi server steps on sums (registry;
-                 resumable server state)
+``strategy``     adapter around spherefed.algorithms' one registry: named sums laid out
+                 in the aggregation vector, broadcasts, resumable server state
 ``calibration``  FFC and CCVR from aggregated statistics
 ``model``        the global network's layout, checkpoints, saved models
 ``evaluation``   federated evaluation, and central when the coordinator has test data
@@ -25,7 +25,7 @@ Modules, one idea each:
 ``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
 ``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
 ``store``        SQLite (one writer thread): participants, rounds, jobs, audit, events
-``accounting``   bytes per participant per stage
+``traffic``      bytes on the wire per participant per stage
 ``errors``       typed service errors and the gRPC status of each
 ``main``         ``run_coordinator``: wire it all up and run one federation
 """

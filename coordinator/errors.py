@@ -51,6 +51,7 @@ complete)::
     │   ├── StateDamaged         coordinator: the state database fails its integrity check
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
+    │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
     │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives

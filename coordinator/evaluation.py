@@ -46,7 +46,12 @@ class CentralEvaluator:
         name = settings.evaluation.test_dataset
         if not name:
             return None
-        splits = load_dataset(name, root=settings.evaluation.test_data_root, seed=settings.seed)
+        splits = load_dataset(
+            name,
+            root=settings.evaluation.test_data_root,
+            seed=settings.seed,
+            samples=settings.evaluation.test_samples,
+        )
         test = splits.test
         if test.num_classes != model.num_classes:
             raise ValueError(

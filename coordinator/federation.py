@@ -39,7 +39,7 @@ from .settings import CoordinatorSettings
 from .spool import Spool
 from .stages import Progress, Say, StageContext
 from .store import Store
-from .strategy import Strategy, make_strategy
+from .strategy import Strategy
 
 __all__ = ["Federation", "FederationFailed", "write_json"]
 
@@ -64,7 +64,11 @@ class Federation:
         self.say = say
         self.model = model if model is not None else GlobalModel(settings.model.spec(settings.seed))
         self.evaluator = evaluator
-        self.strategy = strategy if strategy is not None else make_strategy(settings.training)
+        self.strategy = (
+            strategy
+            if strategy is not None
+            else Strategy(settings.training, num_participants=len(settings.participants))
+        )
         self.spool = Spool(settings.state_dir / "spool")
         self.checkpoints = Checkpoints(settings.state_dir / "checkpoints")
         self.board = Board()
@@ -154,6 +158,7 @@ class Federation:
                 feature_dim=spec.feature_dim or 0,
             ),
             training=pb.LocalTraining(
+                algorithm=plan.algorithm,
                 epochs=plan.epochs,
                 batch_size=plan.batch_size,
                 lr=plan.lr,

@@ -55,7 +55,7 @@ from .revocation import RevocationList
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
 
-__all__ = ["SERVICE_NAME", "PortInUse", "build_server"]
+__all__ = ["SERVICE_NAME", "PortInUse", "build_server", "ensure_port_free"]
 
 SERVICE_NAME = "spherecal.v1.Coordinator"
 
@@ -304,10 +304,29 @@ def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials 
     )
 
 
-def _bind_error(host: str, port: int, listen: str) -> PortInUse:
-    """Why ``listen`` cannot be bound, in one line (probing the port once)."""
+def ensure_port_free(listen: str) -> None:
+    """Raise :class:`PortInUse` now if another process listens on ``listen``'s port.
+
+    Why before anything else: a second coordinator started with the same config must
+    not open (and write) the first one's state database before it finds the port
+    taken. ``build_server`` (``so_reuseport`` = 0) stays the authority; this is the
+    early, cheap answer. Port 0 (any free port) needs no check."""
+    host, port = split_host_port(listen)
+    if port == 0:
+        return
+    error = _bind_error(host, port, listen, reuse_addr=True)
+    if error is not None:
+        raise error
+
+
+def _bind_error(host: str, port: int, listen: str, *, reuse_addr: bool = False) -> PortInUse | None:
+    """Why ``listen`` cannot be bound, in one line (probing the port once); None if
+    the probe binds. ``reuse_addr`` tolerates a port in TIME_WAIT after a restart
+    (a port some process listens on still refuses)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     probe = socket.socket(family, socket.SOCK_STREAM)
+    if reuse_addr:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((host.strip("[]") or "0.0.0.0", port))
     except OSError as exc:
@@ -319,6 +338,8 @@ def _bind_error(host: str, port: int, listen: str) -> PortInUse:
         return PortInUse(f"cannot listen on {listen}: {exc.strerror or exc}")
     finally:
         probe.close()
+    if reuse_addr:
+        return None
     return PortInUse(f"cannot listen on {listen} (port {port}); is the address local?")
 
 
@@ -361,5 +382,5 @@ def build_server(
     except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
         port = 0
     if port == 0:
-        raise _bind_error(host, wanted, listen)
+        raise _bind_error(host, wanted, listen) or PortInUse(f"cannot listen on {listen}")
     return server, port

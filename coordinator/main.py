@@ -23,11 +23,10 @@ import torch
 
 from proto.address import split_host_port
 
-from .accounting import Accounting
 from .errors import FederationFailed
 from .evaluation import CentralEvaluator
 from .federation import Federation
-from .grpc_server import build_server
+from .grpc_server import build_server, ensure_port_free
 from .log_limit import RepeatFilter, rate_limited
 from .model import GlobalModel
 from .observability import HealthReporter
@@ -37,6 +36,7 @@ from .service import CoordinatorService
 from .settings import CoordinatorSettings
 from .state_dir import guard_federation_start, write_marker
 from .store import Store
+from .traffic import Traffic
 
 __all__ = ["run_coordinator"]
 
@@ -96,6 +96,7 @@ def run_coordinator(
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    ensure_port_free(settings.server.listen)  # before touching the state directory
     store = Store(settings.state_dir / "state.db")
     summary: dict[str, Any] = {}
     server = None
@@ -123,8 +124,8 @@ def run_coordinator(
         except FederationFailed as exc:
             raise ValueError(str(exc)) from None
         write_marker(settings.state_dir, federation.federation_id)
-        accounting = Accounting()
-        service = CoordinatorService(settings, registry, federation, store, accounting)
+        traffic = Traffic()
+        service = CoordinatorService(settings, registry, federation, store, traffic)
         health = HealthReporter()
         server, port = build_server(settings, service, health=health)
         server.start()
@@ -147,7 +148,7 @@ def run_coordinator(
             federation.linger()
         finally:
             summary = federation.summary()
-            summary["bytes"] = accounting.snapshot()
+            summary["bytes"] = traffic.snapshot()
             summary["resources"] = {
                 "rss_after_setup_mb": rss_after_setup,
                 "peak_rss_mb": _peak_rss_mb(),

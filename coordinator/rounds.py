@@ -1,15 +1,19 @@
-"""The round driver: publish the global model, let the selected participants train,
-sum their updates (one path for secure and plaintext, :meth:`StageContext.gather`),
-take the strategy's server step and checkpoint.
+"""The round driver: publish the global model (and what the strategy broadcasts),
+let the selected participants train, sum their payloads (one path for secure and
+plaintext, :meth:`StageContext.gather`), take the strategy's server step, checkpoint.
 
-Round ``r`` (0-based) reproduces ``spherefed.runner.run_reference``:
+Round ``r`` (0-based) reproduces ``spherefed.runner.run_federation`` with the same
+strategy object type (``spherefed.algorithms.STRATEGIES``):
 
 * participants ``select_participants(config, r)`` of the roster (index = roster
-  position), each training with seed ``derive_seed(seed, "train", r, k)``;
-* ``Σ_k n_k Δ_k`` and ``Σ_k n_k`` from plaintext uploads summed in roster order, or
-  from one secure-aggregation job over ``[n_k Δ_k, n_k, mean_loss_k]``;
-* the strategy's server step (FedAvg/FedProx: ``θ + Σ n_k Δ_k / Σ n_k``;
-  FedAdam/FedYogi: a server optimiser on that average);
+  position), each running the strategy's local step with seed
+  ``derive_seed(seed, "train", r, k)``;
+* the strategy's named sums (FedAvg: ``Σ n_k Δ_k``, ``Σ n_k``; FedNova adds
+  ``Σ n_k‖a_k‖₁``; SCAFFOLD ``Σ (c_k⁺ − c_k)``) and ``Σ mean_loss_k``, flattened in
+  one vector (``Strategy.layout``): one secure-aggregation job, or plaintext uploads
+  of that vector summed in roster order;
+* the strategy's server step on the named sums (FedAdam/FedYogi: a server optimiser;
+  SCAFFOLD also updates its control variate);
 * a checkpoint of the new global vector (and the strategy's server state), committed
   before the next round starts, so a killed coordinator resumes from the last
   completed round.
@@ -22,11 +26,7 @@ exclusion policy, a rejoin grace or round metrics hook in.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 import crypto
 from proto import spherecal_pb2 as pb
@@ -39,24 +39,9 @@ from .model import Checkpoints, GlobalModel
 from .secure_job import SecureJob
 from .stages import Gathered, StageContext
 from .strategy import Strategy
-from .tasks import PlainUpload, Task
+from .tasks import Task
 
 __all__ = ["RoundDriver"]
-
-
-def _update_tail(uploads: Sequence[PlainUpload]) -> npt.NDArray[np.float64]:
-    """``[Σ n_k, Σ loss_k]`` — the two entries after ``n_k Δ_k`` in the secure layout.
-
-    ``np.sum(losses) / K`` is bit-identical to the reference's ``np.mean(losses)``
-    (NumPy's mean is the same reduction divided by the count).
-    """
-    return np.array(
-        [
-            float(sum(int(u.num_samples) for u in uploads)),
-            float(np.sum([u.mean_loss for u in uploads])),
-        ],
-        dtype=np.float64,
-    )
 
 
 class RoundDriver:
@@ -132,12 +117,21 @@ class RoundDriver:
                 f"connected (minimum {minimum})"
             )
         ref = ctx.board.publish(f"global-r{r}", ctx.progress.global_vector)
-        length = self.model.length
+        broadcast = [
+            pb.NamedTensorRef(name=name, tensor=ctx.board.publish(f"{name}-r{r}", value))
+            for name, value in self.strategy.broadcast(ctx.progress.global_vector).items()
+        ]
+        layout = self.strategy.layout(self.model.length)
         job: SecureJob | None = None
         if s.secagg.updates:
             try:
                 job = ctx.new_job(
-                    "update", r, candidates, length + 2, s.secagg.update_bound, s.timeouts.round_s
+                    "update",
+                    r,
+                    candidates,
+                    layout.length,
+                    s.secagg.update_bound,
+                    s.timeouts.round_s,
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
@@ -151,6 +145,7 @@ class RoundDriver:
                         model=ref,
                         seed=derive_seed(s.seed, "train", r, ctx.registry.index_of(p)),
                         secure=job.job_message() if job is not None else None,
+                        broadcast=broadcast,
                     )
                 )
                 for p in candidates
@@ -158,7 +153,7 @@ class RoundDriver:
             round=r,
             purpose="update",
             job=job,
-            expected_shape=(length,),
+            expected_shape=(layout.length,),
         )
         ctx.board.set_task(task, f"round {r + 1}/{s.training.rounds}: training")
         ctx.say(
@@ -170,7 +165,6 @@ class RoundDriver:
             timeout_s=s.timeouts.round_s,
             phase_after=f"round {r + 1}: aggregating",
             minimum=minimum,
-            plain_tail=_update_tail,
         )
         dropped.update(gathered.dropped)
         if gathered.error is not None:
@@ -178,16 +172,22 @@ class RoundDriver:
             return gathered.error
         if gathered.values is None or len(gathered.contributors) < minimum:
             return f"only {len(gathered.contributors)} updates (minimum {minimum})"
-        values = gathered.values
-        delta_sum = values[:length].copy()
-        weight_sum = float(values[length])
-        train_loss = float(values[length + 1]) / max(len(gathered.contributors), 1)
-        if weight_sum <= 0:
+        sums = layout.unflatten(gathered.values)
+        # Σ loss_k / K is bit-identical to the reference's np.mean(losses): NumPy's
+        # mean is the same ordered reduction divided by the count.
+        train_loss = float(sums.pop("loss")) / max(len(gathered.contributors), 1)
+        if float(sums["weight"]) <= 0:
             return "the round's updates carry no samples (weight sum 0)"
-        ctx.progress.global_vector = self.strategy.aggregate(
-            ctx.progress.global_vector, delta_sum, weight_sum
-        )
+        try:
+            new_vector = self.strategy.step(
+                ctx.progress.global_vector, sums, num_selected=len(selected)
+            )
+        except ValueError as exc:
+            return f"the server step refused the round's sums: {exc}"
+        ctx.progress.global_vector = new_vector
         ctx.board.unpublish(f"global-r{r}")
+        for ref_ in broadcast:
+            ctx.board.unpublish(ref_.tensor.name)
         self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss)
         return None
 

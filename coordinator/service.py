@@ -27,7 +27,6 @@ from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
 from proto.federation_end import ended_details
 
-from .accounting import Accounting
 from .conduct import REFUSAL_KINDS
 from .errors import ServiceError, failure_kind, policy_rule
 from .federation import Federation
@@ -37,6 +36,7 @@ from .secure_job import STAGE_NAMES
 from .settings import CoordinatorSettings
 from .store import Store
 from .tasks import EvaluationResult, PlainUpload, Task
+from .traffic import Traffic
 
 __all__ = ["CoordinatorService"]
 
@@ -78,13 +78,13 @@ class CoordinatorService:
         registry: Registry,
         federation: Federation,
         store: Store,
-        accounting: Accounting,
+        traffic: Traffic,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.federation = federation
         self.store = store
-        self.accounting = accounting
+        self.traffic = traffic
         self.max_chunk = settings.server.max_chunk_bytes
 
     # ---------------------------------------------------------------- helpers
@@ -145,8 +145,8 @@ class CoordinatorService:
             nbytes=len(raw),
             sha256=_sha(raw),
         )
-        self.accounting.received(pid, "join", len(raw))
-        self.accounting.sent(pid, "join", reply.ByteSize())
+        self.traffic.received(pid, "join", len(raw))
+        self.traffic.sent(pid, "join", reply.ByteSize())
         self.store.event("info", f"{pid} joined (join #{member.joins})")
         self.federation.say(f"{pid} joined" + (" again" if member.joins > 1 else ""))
         self.federation.notify()
@@ -182,14 +182,14 @@ class CoordinatorService:
             phase=self.federation.phase,
             interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
         )
-        self.accounting.received(member.participant_id, "control", request.ByteSize())
-        self.accounting.sent(member.participant_id, "control", reply.ByteSize())
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.sent(member.participant_id, "control", reply.ByteSize())
         return reply
 
     def presence_open(self, request: pb.HeartbeatRequest, peer: Peer) -> Member:
         member = self.registry.authenticate(request.caller, peer)
         self.registry.presence_opened(member)
-        self.accounting.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
         return member
 
     def presence_close(self, member: Member) -> None:
@@ -201,7 +201,7 @@ class CoordinatorService:
             phase=self.federation.phase,
             interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
         )
-        self.accounting.sent(member.participant_id, "control", reply.ByteSize())
+        self.traffic.sent(member.participant_id, "control", reply.ByteSize())
         return reply
 
     def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
@@ -209,8 +209,8 @@ class CoordinatorService:
         wait_s = min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
         instruction = self.federation.board.wait_instruction(member, wait_s)
         stage = _instruction_stage(instruction)
-        self.accounting.received(member.participant_id, "control", request.ByteSize())
-        self.accounting.sent(member.participant_id, stage, instruction.ByteSize())
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.sent(member.participant_id, stage, instruction.ByteSize())
         return instruction
 
     # ---------------------------------------------------------------- downloads
@@ -220,20 +220,20 @@ class CoordinatorService:
         if published is None:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no tensor named {request.name[:64]!r}")
         pid = member.participant_id
-        self.accounting.received(pid, "download", request.ByteSize())
+        self.traffic.received(pid, "download", request.ByteSize())
         return self._stream(pid, published.header, published.array.data)
 
     def _stream(
         self, pid: str, header: pb.TensorHeader, data: memoryview
     ) -> Iterator[pb.TensorChunk]:
         first = pb.TensorChunk(header=header)
-        self.accounting.sent(pid, "download", first.ByteSize())
+        self.traffic.sent(pid, "download", first.ByteSize())
         yield first
         raw = data.cast("B")
         step = min(self.max_chunk, 2 << 20)
         for start in range(0, len(raw), step):
             chunk = pb.TensorChunk(data=bytes(raw[start : start + step]))
-            self.accounting.sent(pid, "download", chunk.ByteSize())
+            self.traffic.sent(pid, "download", chunk.ByteSize())
             yield chunk
 
     # ---------------------------------------------------------------- plaintext uploads
@@ -263,7 +263,7 @@ class CoordinatorService:
                 ServiceError(grpc.StatusCode.ALREADY_EXISTS, "an upload is already in progress"),
             )
         writer = None
-        self.accounting.received(pid, stage, len(raw_header))
+        self.traffic.received(pid, stage, len(raw_header))
         try:
             try:
                 writer = self.federation.spool.writer(
@@ -282,7 +282,7 @@ class CoordinatorService:
                         f"chunk of {len(message.data)} bytes exceeds the limit of "
                         f"{self.max_chunk} bytes",
                     )
-                self.accounting.received(pid, stage, message.ByteSize())
+                self.traffic.received(pid, stage, message.ByteSize())
                 try:
                     writer.add(message.data)
                 except TensorFormatError as exc:
@@ -367,7 +367,7 @@ class CoordinatorService:
         )
         if request.stage == pb.UNMASK:
             self._record_reveals(job_hex, pid, data)
-        self.accounting.received(pid, stage, request.ByteSize())
+        self.traffic.received(pid, stage, request.ByteSize())
         self.federation.notify()
         return pb.Receipt(message="accepted")
 
@@ -418,7 +418,7 @@ class CoordinatorService:
                         nbytes=len(data),
                         sha256=chunk_sha,
                     )
-                    self.accounting.received(pid, "masked", message.ByteSize())
+                    self.traffic.received(pid, "masked", message.ByteSize())
                     total += len(data)
                     chunks += 1
                 message = next(iterator, None)
@@ -493,7 +493,7 @@ class CoordinatorService:
             nbytes=len(raw),
             sha256=_sha(raw),
         )
-        self.accounting.received(pid, "evaluate", len(raw))
+        self.traffic.received(pid, "evaluate", len(raw))
         self.federation.notify()
         return pb.Receipt(message="accepted")
 

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spherefed.algorithms.registry import ALGORITHM_NAMES
 from spherefed.calibrate import CCVRConfig
-from spherefed.fl import ALGORITHMS, model_seeds
+from spherefed.fl import model_seeds
 from spherefed.network import ModelSpec
 from spherefed.privacy.settings import PrivacySettings
 
@@ -96,7 +97,10 @@ class TrainingSettings:
     loss: str = "mse"
     """Local loss; default ``mse`` for the ``sphere`` head, else ``ce``."""
     algorithm: str = "fedavg"
-    """Aggregation strategy: ``fedavg``, ``fedprox``, ``fedadam``, ``fedyogi``."""
+    """Algorithm from the one registry ``spherefed.algorithms.STRATEGIES``: ``fedavg``,
+    ``fedprox``, ``fednova``, ``fedadam``, ``fedyogi``, ``scaffold`` (its server control
+    variate is broadcast and checkpointed; each participant keeps its own in
+    ``state_dir/algorithm/``). See docs/extending.md, "Add an algorithm"."""
     prox_mu: float = 0.01
     """FedProx proximal weight μ (``fedprox`` only)."""
     fedopt_lr: float = 0.01
@@ -112,8 +116,8 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.algorithm not in ALGORITHM_NAMES:
+            raise ValueError(f"algorithm must be one of {ALGORITHM_NAMES}, got {self.algorithm!r}")
         if not 0 < self.sample_fraction <= 1:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
         if not self.fedopt_lr > 0:
@@ -178,7 +182,7 @@ class SecAggSettings:
     a strict majority of the share holders (``2t > n``), which participants' default
     policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
-    """Fraction behind the default threshold."""
+    """Fraction of the share holders below the default threshold (t = ⌊fraction·n⌋ + 1)."""
     min_participants: int = 3
     """Fewest inputs a job may aggregate; participants' default policy refuses jobs of
     fewer than 3 participants and sums of fewer than 3 inputs."""
@@ -188,7 +192,10 @@ class SecAggSettings:
     """The signed survivor-set round (Bonawitz et al. 2017, round 3). On by default:
     participants' default policy refuses jobs without it."""
     update_bound: float = 1e5
-    """Declared bound on every entry of ``[n_k(θ_k−θ), n_k, mean_loss]``."""
+    """Declared bound on every entry of the round's vector: the algorithm's named sums
+    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; FedNova's
+    ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum) can exceed 1e5 for large
+    local datasets: raise the bound; SCAFFOLD adds ``c_k⁺ − c_k``)."""
     statistics_bound: float = 1e6
     """Declared bound on every statistics entry (|z|≤1 ⇒ entries are bounded by n_k)."""
     chunk_entries: int = 1 << 18
@@ -283,6 +290,8 @@ class EvaluationSettings:
     federated evaluation always runs."""
     test_data_root: str | None = None
     """Where ``test_dataset`` lives (CIFAR directory or ``.npz``)."""
+    test_samples: int | None = None
+    """Dataset size for ``mnist1d`` (``spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
 

@@ -16,7 +16,7 @@ errors, timings, results); the summary is rendered from it (``outputs``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,15 +30,11 @@ from .secure_job import JobOutcome, SecureJob
 from .settings import CoordinatorSettings
 from .spool import Spool, ordered_sum
 from .store import Store
-from .tasks import PlainUpload, Task
+from .tasks import Task
 
-__all__ = ["Gathered", "PlainTail", "Progress", "Say", "StageContext"]
+__all__ = ["Gathered", "Progress", "Say", "StageContext"]
 
 Say = Callable[[str], None]
-
-#: Builds the entries that follow the uploaded vector in the job's layout from the
-#: plaintext uploads' metadata (roster order); e.g. ``[Σ n_k, Σ loss_k]`` for a round.
-PlainTail = Callable[[Sequence[PlainUpload]], npt.NDArray[np.float64]]
 
 
 @dataclass
@@ -240,15 +236,13 @@ class StageContext:
         timeout_s: float,
         phase_after: str,
         minimum: int = 1,
-        plain_tail: PlainTail | None = None,
     ) -> Gathered:
         """Wait for ``task`` and sum what came back, securely or in plaintext.
 
         Secure (``task.job`` set): drive the job; the result is its unmasked sum.
-        Plaintext: wait for the uploads, sum them in roster order (bit-identical to the
-        reference runner's loop, see ``spool``) and append ``plain_tail(uploads)`` —
-        the entries a participant puts *after* its vector in the secure layout but
-        sends as metadata in plaintext — so both modes return the same layout.
+        Plaintext: wait for the uploads — the same vector a participant would mask —
+        and sum them in roster order (bit-identical to the reference runner's loop,
+        see ``spool``). Both modes return the same layout.
         """
         job = task.job
         if job is not None:
@@ -275,9 +269,6 @@ class StageContext:
         if len(order) < max(minimum, 1):
             self.spool.discard(task.task_id)
             return Gathered(None, order, dropped)
-        uploads = [task.uploads[p] for p in order]
-        body = ordered_sum([u.path for u in uploads], task.expected_shape[0])
+        total = ordered_sum([task.uploads[p].path for p in order], task.expected_shape[0])
         self.spool.discard(task.task_id)
-        if plain_tail is not None:
-            body = np.concatenate([body, plain_tail(uploads)])
-        return Gathered(body, order, dropped)
+        return Gathered(total, order, dropped)

@@ -1,42 +1,40 @@
-"""Aggregation strategies: how local training is configured and how sums become a
-new global model. A small registry the baselines work extends.
+"""The coordinator's view of an algorithm: an adapter around the ONE registry,
+``spherefed.algorithms.STRATEGIES`` — no hierarchy or registry of its own.
 
-A strategy sees only *sums* (``Σ n_k Δ_k``, ``Σ n_k``) — exactly what secure
-aggregation delivers — never a single participant's update. FedAvg and FedProx
-share the server step; FedProx differs only in the local objective (``prox_mu``).
-FedAdam and FedYogi (Reddi et al. 2021, Algorithm 2) keep FedAvg's local step and
-feed the averaged update to a server optimiser; their moments ``m``, ``v`` are
-server state, saved with each round's checkpoint (:meth:`Strategy.state_dict`) so a
-restarted coordinator resumes the optimiser exactly where it stopped.
+The strategy (the same object the reference runner and the baselines harness step)
+declares the named sums its server step reads (``ServerStrategy.sums``: FedAvg
+``Σ n_k Δ_k``, ``Σ n_k``; FedNova adds ``Σ n_k‖a_k‖₁``; SCAFFOLD adds
+``Σ (c_k⁺ − c_k)``). :meth:`Strategy.layout` lays them end to end, followed by the
+service's own ``loss`` sum (``Σ mean_loss_k``, for the round's metrics), in the one
+vector a secure-aggregation job sums (or a plaintext upload carries); the aggregate
+is split back into named sums for :meth:`Strategy.step`. What the strategy
+broadcasts (SCAFFOLD's server control variate ``c``) is published next to the model.
 
-FedNova and SCAFFOLD need more than these two sums (``Σ n_k τ_k``; control variates
-broadcast and summed), so they run in ``spherefed.algorithms`` / ``spherecal
-experiment`` but not yet through the service.
+Server state (FedOpt's moments, SCAFFOLD's ``c``) is checkpointed with every round
+(:meth:`state_dict`: named float64 arrays) so a restarted coordinator resumes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spherefed.algorithms.strategies import FedAdam, FedOpt, FedYogi
-from spherefed.fl import server_step
+from spherefed.algorithms.base import (
+    LOSS_SUM,
+    AlgorithmSettings,
+    Payload,
+    ServerStrategy,
+    SumLayout,
+)
+from spherefed.algorithms.registry import configured_strategy
 
 from .settings import TrainingSettings
 
-__all__ = [
-    "STRATEGIES",
-    "FedAvg",
-    "FedProx",
-    "ServerOptimizer",
-    "Strategy",
-    "make_strategy",
-    "register_strategy",
-]
+__all__ = ["LOSS_SUM", "LocalPlan", "Strategy", "StrategyState"]
 
 #: A strategy's resumable state: named float64 arrays (saved in the round checkpoint).
 StrategyState = dict[str, npt.NDArray[np.float64]]
@@ -44,6 +42,7 @@ StrategyState = dict[str, npt.NDArray[np.float64]]
 
 @dataclass(frozen=True)
 class LocalPlan:
+    algorithm: str
     epochs: int
     batch_size: int
     lr: float
@@ -53,146 +52,88 @@ class LocalPlan:
     prox_mu: float
 
 
-class Strategy(Protocol):
+class Strategy:
+    """``training.algorithm`` from the registry, configured by the training settings."""
+
+    def __init__(self, training: TrainingSettings, *, num_participants: int) -> None:
+        self.training = training
+        self.server: ServerStrategy = configured_strategy(
+            training.algorithm,
+            AlgorithmSettings(
+                prox_mu=training.prox_mu,
+                fedopt_lr=training.fedopt_lr,
+                num_participants=num_participants,
+            ),
+        )
+
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        return self.server.name
 
     def local_plan(self, round_index: int) -> LocalPlan:
-        """Local training settings for a round."""
-        ...
-
-    def aggregate(
-        self,
-        global_vector: npt.NDArray[np.float64],
-        delta_sum: npt.NDArray[np.float64],
-        weight_sum: float,
-    ) -> npt.NDArray[np.float64]:
-        """The next global model from the round's sums."""
-        ...
-
-    def state_dict(self) -> StrategyState:
-        """Server state to checkpoint with the global model ({} when stateless)."""
-        ...
-
-    def load_state_dict(self, state: StrategyState) -> None:
-        """Restore :meth:`state_dict` output (on resume); refuse what does not fit."""
-        ...
-
-
-@dataclass(frozen=True)
-class FedAvg:
-    training: TrainingSettings
-    name: str = "fedavg"
-
-    def local_plan(self, round_index: int) -> LocalPlan:
+        """Local training settings (FedProx's μ only for FedProx)."""
         t = self.training
         return LocalPlan(
-            t.local_epochs, t.batch_size, t.lr, t.momentum, t.weight_decay, t.loss, 0.0
+            self.name,
+            t.local_epochs,
+            t.batch_size,
+            t.lr,
+            t.momentum,
+            t.weight_decay,
+            t.loss,
+            t.effective_prox_mu,
         )
 
-    def aggregate(
-        self,
-        global_vector: npt.NDArray[np.float64],
-        delta_sum: npt.NDArray[np.float64],
-        weight_sum: float,
+    def layout(self, model_length: int) -> SumLayout:
+        """The aggregated vector: the strategy's sums, then :data:`LOSS_SUM`."""
+        return self.server.layout(model_length, LOSS_SUM)
+
+    def broadcast(self, global_vector: npt.NDArray[np.float64]) -> dict[str, Any]:
+        """What participants need besides the model this round (SCAFFOLD: ``c``)."""
+        return self.server.broadcast(global_vector)
+
+    def step(
+        self, global_vector: npt.NDArray[np.float64], sums: Payload, *, num_selected: int
     ) -> npt.NDArray[np.float64]:
-        return server_step(global_vector, delta_sum, weight_sum)
-
-    def state_dict(self) -> StrategyState:
-        return {}
-
-    def load_state_dict(self, state: StrategyState) -> None:
-        if state:
-            raise ValueError(f"{self.name} keeps no server state; got {sorted(state)}")
-
-
-@dataclass(frozen=True)
-class FedProx(FedAvg):
-    name: str = "fedprox"
-
-    def local_plan(self, round_index: int) -> LocalPlan:
-        t = self.training
-        return LocalPlan(
-            t.local_epochs, t.batch_size, t.lr, t.momentum, t.weight_decay, t.loss, t.prox_mu
-        )
-
-
-@dataclass
-class ServerOptimizer:
-    """FedAdam / FedYogi: FedAvg's local step; the round's average update
-    ``Σ n_k Δ_k / Σ n_k`` is the pseudo-gradient of a server optimiser (Reddi et al.
-    2021, Algorithm 2) with η = ``training.fedopt_lr`` and the paper's β₁, β₂, τ.
-
-    The arithmetic is :class:`spherefed.algorithms.strategies.FedOpt`'s, the same
-    object the reference runner steps, so service and reference agree to the bit.
-    """
-
-    training: TrainingSettings
-    optimizer: FedOpt
-    name: str
-
-    def local_plan(self, round_index: int) -> LocalPlan:
-        return FedAvg(self.training).local_plan(round_index)
-
-    def aggregate(
-        self,
-        global_vector: npt.NDArray[np.float64],
-        delta_sum: npt.NDArray[np.float64],
-        weight_sum: float,
-    ) -> npt.NDArray[np.float64]:
-        sums = {"delta": delta_sum, "weight": np.asarray(weight_sum, dtype=np.float64)}
+        """The next global model from the round's named sums (``loss`` removed)."""
         return np.asarray(
-            self.optimizer.server_step(global_vector, sums, num_selected=0), dtype=np.float64
+            self.server.server_step(global_vector, sums, num_selected=num_selected),
+            dtype=np.float64,
         )
 
+    # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> StrategyState:
-        state = self.optimizer.state_dict()
-        if state["m"] is None:
-            return {}  # no round aggregated yet: the moments start from their defaults
-        return {
-            "m": np.asarray(state["m"], dtype=np.float64),
-            "v": np.asarray(state["v"], dtype=np.float64),
-            "steps": np.array([state["steps"]], dtype=np.float64),
-        }
+        """Server state as float64 arrays: unset entries (``None``) are left out,
+        numbers become one-entry arrays."""
+        out: StrategyState = {}
+        for key, value in self.server.state_dict().items():
+            if value is None:
+                continue
+            array = np.asarray(value, dtype=np.float64)
+            out[key] = array.reshape(1) if array.ndim == 0 else array
+        return out
 
-    def load_state_dict(self, state: StrategyState) -> None:
-        if not state:
-            self.optimizer.load_state_dict({"m": None, "v": None, "steps": 0})
-            return
-        if set(state) != {"m", "v", "steps"}:
-            raise ValueError(f"{self.name} state needs m, v and steps; got {sorted(state)}")
-        m, v = state["m"], state["v"]
-        if m.shape != v.shape or m.ndim != 1:
-            raise ValueError(f"{self.name} state: m {m.shape} and v {v.shape} do not match")
-        if not (np.isfinite(m).all() and np.isfinite(v).all()) or (v < 0).any():
-            raise ValueError(f"{self.name} state: m and v must be finite, v non-negative")
-        self.optimizer.load_state_dict({"m": m, "v": v, "steps": int(state["steps"][0])})
-
-
-def _fedadam(t: TrainingSettings) -> ServerOptimizer:
-    return ServerOptimizer(t, FedAdam(lr=t.fedopt_lr), "fedadam")
-
-
-def _fedyogi(t: TrainingSettings) -> ServerOptimizer:
-    return ServerOptimizer(t, FedYogi(lr=t.fedopt_lr), "fedyogi")
-
-
-STRATEGIES: dict[str, Callable[[TrainingSettings], Strategy]] = {
-    "fedavg": lambda t: FedAvg(t),
-    "fedprox": lambda t: FedProx(t),
-    "fedadam": _fedadam,
-    "fedyogi": _fedyogi,
-}
-
-
-def register_strategy(name: str, factory: Callable[[TrainingSettings], Strategy]) -> None:
-    STRATEGIES[name] = factory
-
-
-def make_strategy(training: TrainingSettings) -> Strategy:
-    try:
-        return STRATEGIES[training.algorithm](training)
-    except KeyError:
-        raise ValueError(
-            f"no aggregation strategy {training.algorithm!r}; known: {sorted(STRATEGIES)}"
-        ) from None
+    def load_state_dict(self, state: Mapping[str, npt.NDArray[np.float64]]) -> None:
+        """Restore :meth:`state_dict` output (on resume); refuse what does not fit."""
+        template = self.server.state_dict()
+        unknown = sorted(set(state) - set(template))
+        if unknown:
+            if not template:
+                raise ValueError(f"{self.name} keeps no server state; got {sorted(state)}")
+            raise ValueError(f"{self.name} state has unknown entries {unknown}")
+        restored: dict[str, Any] = {}
+        for key, fresh in template.items():
+            value = state.get(key)
+            if value is not None and not np.isfinite(value).all():
+                raise ValueError(f"{self.name} state: {key} must be finite")
+            if isinstance(fresh, int | float) and not isinstance(fresh, bool):
+                if value is None:
+                    raise ValueError(
+                        f"{self.name} state needs {sorted(template)}; got {sorted(state)}"
+                    )
+                if value.size != 1:
+                    raise ValueError(f"{self.name} state: {key} must be one number")
+                restored[key] = type(fresh)(value.reshape(-1)[0])
+            else:
+                restored[key] = None if value is None else np.array(value, dtype=np.float64)
+        self.server.load_state_dict(restored)

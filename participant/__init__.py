@@ -9,6 +9,7 @@ Modules, one idea each:
 ``grpc_transport``  the gRPC transport (TLS / mutual TLS; plaintext on loopback only)
 ``data``            local data, or this participant's slice of a shared dataset
 ``trainer``         local training, statistics and evaluation (as the reference runner)
+``algorithm_state`` the participant's own algorithm state (SCAFFOLD's c_k) on disk
 ``secure``          one secure-aggregation job over the network; persistent job ledger
 ``trust``           verifying peers' identity keys against the federation CA
 ``faults``          fault injection (halt at a protocol stage) for tests and simulate

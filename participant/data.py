@@ -65,13 +65,16 @@ def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> lis
 
 def load_local_data(settings: DataSettings) -> LocalData:
     if settings.slice_index is None or settings.slice_of is None:
-        splits = load_dataset(settings.dataset, root=settings.root, seed=settings.seed)
+        splits = load_dataset(
+            settings.dataset, root=settings.root, seed=settings.seed, samples=settings.samples
+        )
         train, test = splits.train, splits.test
         name = f"{settings.dataset} (whole)"
     else:
         config = ReferenceConfig(
             dataset=settings.dataset,
             data_root=settings.root,
+            samples=settings.samples,
             participants=settings.slice_of,
             partition=settings.partition,
             alpha=settings.alpha,

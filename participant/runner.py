@@ -47,12 +47,13 @@ from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
-from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
+from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .downloads import download
+from .dpsgd_round import dpsgd_round
 from .evaluation import check_evaluation, counts_vector, evaluation_digest, evaluation_length
 from .failures import failure_kind, policy_rule
 from .faults import Halter
@@ -149,8 +150,12 @@ class ParticipantRunner:
         reply = self.transport.join(request)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
+            try:
+                trainer = LocalTrainer(reply.plan, self.data)
+            except ValueError as exc:  # e.g. an algorithm this build does not know
+                raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
             self.plan = reply.plan
-            self.trainer = LocalTrainer(reply.plan, self.data)
+            self.trainer = trainer
             self._cache.clear()
         self.secure.clear()  # a new session never continues an old job
         self.log(
@@ -321,66 +326,71 @@ class ParticipantRunner:
         session = None
         if task.HasField("secure"):  # advertise before the data-dependent work
             session = self.secure.start(
-                task_id, task.secure, round_index=task.round, expected_length=trainer.length + 2
+                task_id, task.secure, round_index=task.round, expected_length=trainer.layout.length
             )
             if session is None:
                 return
         vector = self._download(task.model, (trainer.length,))
+        broadcast = {b.name: self._download(b.tensor, (trainer.length,)) for b in task.broadcast}
         t0 = time.monotonic()
         if self.settings.privacy.dpsgd:
-            dp_update = self._train_dpsgd(task_id, vector)
-            if dp_update is None:
-                if session is not None:
-                    self.secure.jobs.pop(session.job_id, None)
+            try:
+                trainer.require_dpsgd_compatible()
+            except ValueError as exc:
+                self.secure.abandon(task_id, session, exc)
                 return
-            update = dp_update
+            dp_update = self._train_dpsgd(task_id, vector)
+            if dp_update is None:  # refused (reported); drop the job's state
+                self.secure.forget(session)
+                return
+            try:
+                result = trainer.dpsgd_result(dp_update)
+            except ValueError as exc:
+                self.secure.abandon(task_id, session, exc)
+                return
         else:
-            update = trainer.train(vector, task.seed)
+            try:
+                store = self._client_states()
+                before = store.for_round(task.round)
+                result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
+            except (CorruptClientState, ValueError) as exc:
+                self.secure.abandon(task_id, session, exc)
+                return
+            if result.client_state is not None:
+                store.commit(task.round, before, result.client_state)
         self.log(
-            f"round {task.round + 1}: trained {update.num_steps} steps on {update.num_samples} "
+            f"round {task.round + 1}: trained {result.num_steps} steps on {result.num_samples} "
             f"samples in {time.monotonic() - t0:.1f}s"
         )
+        payload = trainer.flatten(result)
         if session is not None:
-            payload = np.concatenate(
-                [update.weighted_delta, [float(update.num_samples), update.mean_loss]]
-            )
             self.secure.set_input(task_id, session, payload)
         else:
             meta = pb.UpdateMeta(
-                num_samples=update.num_samples,
-                mean_loss=update.mean_loss,
-                num_steps=update.num_steps,
+                num_samples=result.num_samples,
+                mean_loss=result.mean_loss,
+                num_steps=result.num_steps,
             )
-            self._upload_plain(task_id, update.weighted_delta, meta)
+            self._upload_plain(task_id, payload, meta)
+
+    def _client_states(self) -> ClientStateStore:
+        """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""
+        plan = self.plan
+        federation_id = plan.federation_id if plan is not None else ""
+        return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
 
     def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
-        """DP-SGD for this round: charge the ledger first (the cost is known before
-        training), refuse over budget; None when refused."""
-        trainer = self._trainer()
-        p = self.settings.privacy
-        config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
-        rate, steps = trainer.dpsgd_steps()
-        charge = dpsgd_charge(
-            p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
+        """DP-SGD for this round (``participant.dpsgd_round``); None when refused."""
+        return dpsgd_round(
+            self._trainer(),
+            self.settings.privacy,
+            self.privacy,
+            self.pid,
+            task_id,
+            vector,
+            refuse=self._refuse,
+            log=self.log,
         )
-        try:
-            entry = self.privacy.ledger(p.delta).charge(
-                self.pid, charge, release_id=f"dpsgd-{task_id}"
-            )
-        except BudgetExceeded as exc:
-            self._refuse(task_id, exc)
-            return None
-        try:
-            update, result = trainer.train_dpsgd(vector, config)
-        except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
-            self._refuse(task_id, exc)
-            return None
-        self.log(
-            f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "
-            f"σ = {result.noise_multiplier:g}, {result.steps} steps; local total ε = "
-            f"{entry.epsilon_total:.4g}"
-        )
-        return update
 
     def _reserve(self, task_id: str, kind: str, job: pb.SecAggJob | None, digest: bytes) -> str:
         """Reserve this release in the ledger (raises ``ReleaseRepeated``); returns its

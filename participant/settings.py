@@ -44,10 +44,14 @@ class DataSettings:
     """Slice mode: shards per participant."""
     seed: int = 0
     """Slice mode: the federation seed the partition derives from."""
+    samples: int | None = None
+    """Dataset size for ``mnist1d`` (default 12,000); must be unset for other datasets."""
     validation_fraction: float = 0.1
     """Share of the local train split held out for validation."""
 
     def __post_init__(self) -> None:
+        if self.samples is not None and self.dataset != "mnist1d":
+            raise ValueError(f"data.samples is only read for mnist1d, not {self.dataset!r}")
         if (self.slice_index is None) != (self.slice_of is None):
             raise ValueError("data.slice_index and data.slice_of go together")
         if (
@@ -83,7 +87,8 @@ class ParticipantSettings:
     tls: ClientTLS = field(default_factory=ClientTLS)
     data: DataSettings = field(default_factory=DataSettings)
     state_dir: Path = Path("participant-state")
-    """Job ledger (refuses to run a job id twice), privacy ledger; default ``participant-<id>``."""
+    """Job ledger (refuses to run a job id twice), privacy ledger, the algorithm's own
+    state (SCAFFOLD's ``c_k``, in ``algorithm/``); default ``participant-<id>``."""
     identity_key: Path | None = None
     """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``, created once."""
     threads: int = 1

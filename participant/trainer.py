@@ -5,7 +5,10 @@ Everything mirrors ``spherefed.runner.run_reference`` operation for operation �
 of 512 in eval mode; statistics with ``spherefed.stats``; evaluation batches of 512
 with the classifier swapped in and restored — so a participant process computes the
 same floats the reference runner computes for participant ``k`` (given the same
-torch build and thread count).
+torch build and thread count). Local training is the plan's algorithm's own local
+step (``spherefed.algorithms.STRATEGIES``, the object the harness calls), and its
+payload is flattened in the layout the coordinator unflattens
+(``ServerStrategy.layout`` + ``LOSS_SUM``).
 """
 
 from __future__ import annotations
@@ -19,13 +22,21 @@ import torch
 
 from proto import spherecal_pb2 as pb
 from proto.codec import model_spec_from_proto
+from spherefed.algorithms.base import (
+    LOSS_SUM,
+    AlgorithmSettings,
+    ClientResult,
+    ServerStrategy,
+    SumLayout,
+    as_payload,
+)
+from spherefed.algorithms.registry import configured_strategy
 from spherefed.fl import (
     LocalTrainConfig,
     LocalUpdate,
     aggregated_keys,
     count_correct,
     load_state_vector,
-    local_train,
     state_vector,
 )
 from spherefed.network import ModelSpec, Net, build_model, classifier_swapped, compute_features
@@ -55,14 +66,25 @@ def local_config_from_plan(training: pb.LocalTraining) -> LocalTrainConfig:
     )
 
 
+def strategy_from_plan(training: pb.LocalTraining) -> ServerStrategy:
+    """The plan's algorithm (``""`` = FedAvg) from the one registry; ValueError when
+    this participant does not know it."""
+    return configured_strategy(
+        training.algorithm or "fedavg", AlgorithmSettings(prox_mu=float(training.prox_mu))
+    )
+
+
 class LocalTrainer:
     def __init__(self, plan: pb.Plan, data: LocalData) -> None:
         self.spec = model_spec_from_plan(plan.model)
         self.config = local_config_from_plan(plan.training)
+        self.strategy = strategy_from_plan(plan.training)
         self.data = data
         self.model: Net = build_model(self.spec)
         self.keys = aggregated_keys(self.model)
         self.length = int(state_vector(self.model, self.keys).shape[0])
+        #: The vector this participant sends each round: the strategy's sums, then Σ loss.
+        self.layout: SumLayout = self.strategy.layout(self.length, LOSS_SUM)
 
     @property
     def feature_dim(self) -> int:
@@ -77,10 +99,50 @@ class LocalTrainer:
         # about (and must not alias) read-only numpy memory.
         load_state_vector(self.model, np.array(vector, dtype=np.float64), self.keys)
 
-    def train(self, vector: npt.NDArray[np.float64], seed: int) -> LocalUpdate:
+    def train(
+        self,
+        vector: npt.NDArray[np.float64],
+        seed: int,
+        *,
+        broadcast: dict[str, npt.NDArray[np.float64]] | None = None,
+        client_state: dict[str, npt.NDArray[np.float64]] | None = None,
+    ) -> ClientResult:
+        """The strategy's local step from ``vector`` (what the harness runs for this
+        participant): payload, diagnostics and the new client state."""
         self.load(vector)
-        return local_train(
-            self.model, self.data.train_x, self.data.train_y, self.config, seed=int(seed)
+        return self.strategy.local_step(
+            self.model,
+            self.data.train_x,
+            self.data.train_y,
+            self.config,
+            seed=int(seed),
+            broadcast=broadcast or {},
+            client_state=client_state,
+        )
+
+    def flatten(self, result: ClientResult) -> npt.NDArray[np.float64]:
+        """The payload plus ``loss = mean_loss``, as the one vector to send."""
+        return self.layout.flatten({**result.payload, LOSS_SUM.name: result.mean_loss})
+
+    def require_dpsgd_compatible(self) -> None:
+        """Refuse DP-SGD with an algorithm whose sums are not FedAvg's (FedNova's
+        ``τ``, SCAFFOLD's control variates: their sensitivity is not bounded by
+        DP-SGD's clipping). Checked before any privacy budget is charged."""
+        if self.strategy.sum_keys != ("delta", "weight"):
+            raise ValueError(
+                f"DP-SGD updates fit FedAvg-style sums only, not {self.strategy.name}'s "
+                f"{list(self.strategy.sum_keys)}"
+            )
+
+    def dpsgd_result(self, update: LocalUpdate) -> ClientResult:
+        """A DP-SGD update as this strategy's payload; only strategies whose sums are
+        FedAvg's (``Σ n_k Δ_k``, ``Σ n_k``) can take it."""
+        self.require_dpsgd_compatible()
+        return ClientResult(
+            as_payload(delta=update.weighted_delta, weight=update.num_samples),
+            update.num_samples,
+            update.num_steps,
+            update.mean_loss,
         )
 
     def dpsgd_config(self, noise_multiplier: float, max_grad_norm: float, delta: float) -> Any:

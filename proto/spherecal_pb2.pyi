@@ -248,7 +248,7 @@ class ModelSpec(_message.Message):
     def __init__(self, extractor: _Optional[str] = ..., head: _Optional[str] = ..., norm: _Optional[str] = ..., classifier: _Optional[str] = ..., classifier_seed: _Optional[int] = ..., init_seed: _Optional[int] = ..., num_classes: _Optional[int] = ..., in_channels: _Optional[int] = ..., image_height: _Optional[int] = ..., image_width: _Optional[int] = ..., feature_dim: _Optional[int] = ...) -> None: ...
 
 class LocalTraining(_message.Message):
-    __slots__ = ("epochs", "batch_size", "lr", "momentum", "weight_decay", "loss", "prox_mu")
+    __slots__ = ("epochs", "batch_size", "lr", "momentum", "weight_decay", "loss", "prox_mu", "algorithm")
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class LocalTraining(_message.Message):
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     PROX_MU_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     epochs: int
     batch_size: int
     lr: float
@@ -263,7 +264,8 @@ class LocalTraining(_message.Message):
     weight_decay: float
     loss: str
     prox_mu: float
-    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., lr: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., loss: _Optional[str] = ..., prox_mu: _Optional[float] = ...) -> None: ...
+    algorithm: str
+    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., lr: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., loss: _Optional[str] = ..., prox_mu: _Optional[float] = ..., algorithm: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("caller",)
@@ -314,16 +316,18 @@ class Wait(_message.Message):
     def __init__(self, retry_after_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TrainTask(_message.Message):
-    __slots__ = ("round", "model", "seed", "secure")
+    __slots__ = ("round", "model", "seed", "secure", "broadcast")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_FIELD_NUMBER: _ClassVar[int]
     round: int
     model: TensorRef
     seed: int
     secure: SecAggJob
-    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., seed: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ...) -> None: ...
+    broadcast: _containers.RepeatedCompositeFieldContainer[NamedTensorRef]
+    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., seed: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ..., broadcast: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ...) -> None: ...
 
 class StatisticsTask(_message.Message):
     __slots__ = ("kind", "model", "secure", "privacy")

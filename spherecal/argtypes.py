@@ -51,3 +51,18 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         ):
             return action.help
         return super()._get_help_string(action)
+
+
+def calibration_list(text: str) -> list[str]:
+    """A comma list of calibrator names (``ffc,ccvr,ffc_bias,lda,qda``), no repeats."""
+    from spherefed.calibration_suite import CALIBRATION_NAMES
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CALIBRATION_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--calibration takes a comma list of {', '.join(CALIBRATION_NAMES)}; got {text!r}"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--calibration names a calibrator twice: {text!r}")
+    return names

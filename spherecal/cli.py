@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, positive_float
+from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, calibration_list, positive_float
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from spherefed.calibrate import CCVRConfig
+from spherefed.calibration_suite import CALIBRATION_NAMES
 from spherefed.classifier import CLASSIFIER_KINDS
 from spherefed.data import DATASET_NAMES
-from spherefed.fl import ALGORITHMS
 from spherefed.heads import HEAD_KINDS
 from spherefed.losses import LOSS_NAMES
 from spherefed.models import EXTRACTOR_NAMES, NORM_NAMES
@@ -44,7 +45,15 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--dataset", default=d.dataset, choices=DATASET_NAMES)
     p.add_argument(
-        "--data-root", default=None, help="CIFAR directory or .npz file (not needed for digits)"
+        "--data-root",
+        default=None,
+        help="CIFAR directory, .npz file, or the mnist1d cache directory (not needed for digits)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="mnist1d: samples generated, train + test (default 12000)",
     )
     p.add_argument("--participants", type=int, default=d.participants)
     p.add_argument(
@@ -85,6 +94,32 @@ def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--sample-fraction", type=float, default=d.sample_fraction)
     p.add_argument("--ridge", type=float, default=d.ffc_ridge, help="FFC ridge λ (appendix C.1)")
     p.add_argument(
+        "--calibration",
+        type=calibration_list,
+        default=",".join(d.calibrations),
+        help="comma list of calibrators to run: " + ", ".join(CALIBRATION_NAMES),
+    )
+    p.add_argument(
+        "--secure-sum",
+        action="store_true",
+        help="sum the calibration statistics with the in-process secure-aggregation protocol "
+        "(real masks and shares) at the service's fixed-point scale",
+    )
+    p.add_argument(
+        "--ridge-grid",
+        type=float,
+        nargs="+",
+        default=list(d.ridge_grid),
+        help="FFC+bias ridge candidates, chosen on the validation split",
+    )
+    p.add_argument(
+        "--shrinkage-grid",
+        type=float,
+        nargs="+",
+        default=list(d.shrinkage_grid),
+        help="LDA/QDA shrinkage candidates in [0, 1], chosen on the validation split",
+    )
+    p.add_argument(
         "--ccvr-virtual", type=int, default=d.ccvr.virtual_per_class, help="virtual features/class"
     )
     p.add_argument(
@@ -115,6 +150,7 @@ def _reference_config(args: argparse.Namespace) -> ReferenceConfig:
     return ReferenceConfig(
         dataset=args.dataset,
         data_root=args.data_root,
+        samples=args.samples,
         participants=args.participants,
         partition=scheme,
         alpha=alpha,
@@ -134,6 +170,10 @@ def _reference_config(args: argparse.Namespace) -> ReferenceConfig:
         sample_fraction=args.sample_fraction,
         seed=args.seed,
         ffc_ridge=args.ridge,
+        calibrations=tuple(args.calibration),
+        secure_sum=bool(args.secure_sum),
+        ridge_grid=tuple(args.ridge_grid),
+        shrinkage_grid=tuple(args.shrinkage_grid),
         ccvr=replace(CCVRConfig(), virtual_per_class=args.ccvr_virtual, tukey=args.tukey),
     )
 

@@ -56,6 +56,7 @@ __all__ = [
 #: (num_classes, in_channels, (height, width)) of the built-in datasets.
 DATASET_SHAPES: dict[str, tuple[int, int, tuple[int, int]]] = {
     "digits": (10, 1, (8, 8)),
+    "mnist1d": (10, 40, (1, 1)),
     "cifar10": (10, 3, (32, 32)),
     "cifar100": (100, 3, (32, 32)),
 }

@@ -17,7 +17,6 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from coordinator.accounting import Accounting
 from coordinator.errors import ServiceError
 from coordinator.evaluation import CentralEvaluator
 from coordinator.federation import Federation
@@ -26,6 +25,7 @@ from coordinator.registry import Peer, Registry
 from coordinator.service import CoordinatorService
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
+from coordinator.traffic import Traffic
 from crypto import MemoryJobLedger, generate_identity
 from participant.data import load_local_data
 from participant.runner import ParticipantRunner
@@ -163,9 +163,9 @@ class InProcessFederation:
             settings, self.store, self.registry, say=say, model=model, evaluator=evaluator
         )
         self.federation.prepare()
-        self.accounting = Accounting()
+        self.traffic = Traffic()
         self.service = CoordinatorService(
-            settings, self.registry, self.federation, self.store, self.accounting
+            settings, self.registry, self.federation, self.store, self.traffic
         )
         self.runners: dict[str, ParticipantRunner] = {}
         self.exit_codes: dict[str, int] = {}
@@ -197,7 +197,7 @@ class InProcessFederation:
             self.federation.linger()
         finally:
             self.summary = self.federation.summary()
-            self.summary["bytes"] = self.accounting.snapshot()
+            self.summary["bytes"] = self.traffic.snapshot()
 
     def _participant(self, pid: str) -> None:
         self.exit_codes[pid] = self.runners[pid].run()

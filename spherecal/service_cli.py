@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spherefed.fl import ALGORITHMS
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 
 __all__ = [
     "add_certs_parser",
@@ -174,6 +174,7 @@ def _cmd_participant(args: argparse.Namespace) -> int:
 _SIMULATE_DEFAULTS: dict[str, Any] = {
     "dataset": "digits",
     "data_root": None,
+    "samples": None,
     "participants": 10,
     "alpha": 0.1,
     "shards": None,
@@ -234,8 +235,11 @@ def add_simulate_parser(sub: SubParsers) -> None:
     S = argparse.SUPPRESS
     p.add_argument("--config", type=Path, default=None, help="TOML with a [simulate] table")
     p.add_argument("--out", type=Path, default=S, help="output directory (required)")
-    p.add_argument("--dataset", default=S, help="digits (default), cifar10, cifar100 or npz")
+    p.add_argument(
+        "--dataset", default=S, help="digits (default), mnist1d, cifar10, cifar100 or npz"
+    )
     p.add_argument("--data-root", default=S)
+    p.add_argument("--samples", type=int, default=S, help="mnist1d: samples (default 12000)")
     p.add_argument("--participants", type=int, default=S, help="N (default 10)")
     p.add_argument("--alpha", default=S, help="Dirichlet α (default 0.1) or 'iid'")
     p.add_argument("--shards", type=int, default=S, help="shards per participant instead")
@@ -365,6 +369,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     reference = ReferenceConfig(
         dataset=str(o["dataset"]),
         data_root=o["data_root"],
+        samples=None if o["samples"] is None else int(o["samples"]),
         participants=int(o["participants"]),
         partition=scheme,
         alpha=alpha,

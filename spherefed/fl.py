@@ -33,12 +33,6 @@ from torch import nn
 
 from spherefed.losses import make_loss
 
-#: Algorithms the reference runner and the service both run. Each needs nothing
-#: beyond the round's sums ``Σ n_k Δ_k`` and ``Σ n_k`` (what secure aggregation
-#: carries): FedProx changes only the local objective, FedAdam / FedYogi (Reddi et al.
-#: 2021, Algorithm 2) only the server step, with server-side state ``m``, ``v``.
-ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "fedadam", "fedyogi")
-
 #: A local training objective: ``objective(model, x_batch, y_batch) -> scalar loss``.
 LocalObjective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -33,9 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from spherefed.algorithms.base import Payload, ServerStrategy, add_payloads
-from spherefed.algorithms.strategies import FedAdam, FedAvg, FedProx, FedYogi
+from spherefed.algorithms.base import AlgorithmSettings, Payload, ServerStrategy, add_payloads
+from spherefed.algorithms.registry import ALGORITHM_NAMES, configured_strategy
 from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve, retrain_classifier
+from spherefed.calibration_suite import (
+    CALIBRATION_NAMES,
+    CLOSED_FORMS,
+    DEFAULT_RIDGE_GRID,
+    DEFAULT_SHRINKAGE_GRID,
+    head_accuracy,
+    select_on_validation,
+)
 from spherefed.data import (
     ArrayDataset,
     SyntheticConfig,
@@ -45,7 +53,6 @@ from spherefed.data import (
     stratified_split,
 )
 from spherefed.fl import (
-    ALGORITHMS,
     LocalObjective,
     LocalTrainConfig,
     aggregated_keys,
@@ -65,6 +72,7 @@ from spherefed.network import (
     compute_features,
 )
 from spherefed.partition import partition, partition_summary
+from spherefed.privacy.secure_sum import secure_sum_statistics
 from spherefed.stats import CCVRStatistics, ccvr_statistics
 
 Progress = Callable[[str], None]
@@ -77,6 +85,9 @@ class ReferenceConfig:
 
     dataset: str = "digits"
     data_root: str | None = None
+    samples: int | None = None
+    """Dataset size for ``mnist1d`` (default ``spherefed.data.MNIST1D_SAMPLES``); unused
+    otherwise (and then absent from ``to_json``)."""
     participants: int = 10
     partition: str = "dirichlet"
     alpha: float = 0.1
@@ -101,6 +112,15 @@ class ReferenceConfig:
     seed: int = 0
     ffc_ridge: float = 0.0
     ccvr: CCVRConfig = field(default_factory=CCVRConfig)
+    calibrations: tuple[str, ...] = CALIBRATION_NAMES
+    """Which calibrators to run (``spherefed.calibration_suite.CALIBRATION_NAMES``)."""
+    ridge_grid: tuple[float, ...] = DEFAULT_RIDGE_GRID
+    """FFC+bias ridge candidates, chosen on the validation split."""
+    shrinkage_grid: tuple[float, ...] = DEFAULT_SHRINKAGE_GRID
+    """LDA/QDA shrinkage candidates, chosen on the validation split."""
+    secure_sum: bool = False
+    """Sum the calibration statistics with the in-process secure-aggregation protocol at
+    the service's fixed-point scale (``spherefed.privacy.secure_sum``) instead of in float64."""
     oracle_lrs: tuple[float, ...] = (0.01, 0.1, 1.0)
     oracle_epochs: int = 30
     #: Only read when ``dataset == "synthetic"`` (and only then written by ``to_json``).
@@ -113,12 +133,26 @@ class ReferenceConfig:
             raise ValueError(f"participants must be >= 1, got {self.participants}")
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHMS}")
+        if self.algorithm not in ALGORITHM_NAMES:
+            raise ValueError(
+                f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHM_NAMES}"
+            )
         if not 0 < self.sample_fraction <= 1:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
         if not self.fedopt_lr > 0:
             raise ValueError(f"fedopt_lr must be > 0, got {self.fedopt_lr}")
+        unknown = [c for c in self.calibrations if c not in CALIBRATION_NAMES]
+        if unknown or not self.calibrations:
+            raise ValueError(
+                f"calibrations must be a non-empty subset of {CALIBRATION_NAMES}, "
+                f"got {list(self.calibrations)}"
+            )
+        if not self.ridge_grid or any(not (r >= 0 and np.isfinite(r)) for r in self.ridge_grid):
+            raise ValueError(f"ridge_grid needs finite values >= 0, got {self.ridge_grid}")
+        if not self.shrinkage_grid or any(not 0 <= g <= 1 for g in self.shrinkage_grid):
+            raise ValueError(f"shrinkage_grid needs values in [0, 1], got {self.shrinkage_grid}")
+        if self.samples is not None and self.dataset != "mnist1d":
+            raise ValueError(f"samples is only read for dataset 'mnist1d', not {self.dataset!r}")
 
     def local_config(self) -> LocalTrainConfig:
         return LocalTrainConfig(
@@ -134,6 +168,12 @@ class ReferenceConfig:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["oracle_lrs"] = list(self.oracle_lrs)
+        for key in ("calibrations", "ridge_grid", "shrinkage_grid"):
+            out[key] = list(out[key])
+        if self.samples is None:
+            del out["samples"]
+        if not self.secure_sum:
+            del out["secure_sum"]  # keeps the float-sum runs' JSON (and cell keys) unchanged
         if self.dataset != "synthetic":
             del out["synthetic"]  # keeps the other datasets' settings JSON unchanged
         return out
@@ -161,7 +201,11 @@ def prepare_data(config: ReferenceConfig) -> FederationData:
     participant — the global test distribution is the mixture of all domains.
     """
     splits = load_dataset(
-        config.dataset, root=config.data_root, seed=config.seed, synthetic=config.synthetic
+        config.dataset,
+        root=config.data_root,
+        seed=config.seed,
+        synthetic=config.synthetic,
+        samples=config.samples,
     )
     train_idx, val_idx = stratified_split(
         splits.train.y,
@@ -279,16 +323,18 @@ def run_reference(config: ReferenceConfig, *, progress: Progress | None = None) 
 
 
 def default_strategy(config: ReferenceConfig) -> ServerStrategy:
-    """The strategy :func:`run_reference` uses for ``config.algorithm``: FedAvg,
-    FedProx with ``config.prox_mu``, or FedAdam / FedYogi with server η
-    ``config.fedopt_lr`` (the paper's β₁, β₂, τ)."""
-    if config.algorithm == "fedprox":
-        return FedProx(mu=config.prox_mu)
-    if config.algorithm == "fedadam":
-        return FedAdam(lr=config.fedopt_lr)
-    if config.algorithm == "fedyogi":
-        return FedYogi(lr=config.fedopt_lr)
-    return FedAvg()
+    """The strategy :func:`run_reference` uses for ``config.algorithm`` (the registry's
+    ``configured_strategy``): FedProx with ``config.prox_mu``, FedAdam / FedYogi with
+    server η ``config.fedopt_lr`` (the paper's β₁, β₂, τ), SCAFFOLD with
+    ``N = config.participants``, FedAvg / FedNova as they are."""
+    return configured_strategy(
+        config.algorithm,
+        AlgorithmSettings(
+            prox_mu=config.prox_mu,
+            fedopt_lr=config.fedopt_lr,
+            num_participants=config.participants,
+        ),
+    )
 
 
 def _safe_calibration(fn: Callable[[], np.ndarray], robust: bool) -> np.ndarray | None:
@@ -401,37 +447,62 @@ def run_federation(
     # aggregation will deliver). FFC follows exactly from the CCVR sums.
     t_stats = time.perf_counter()
     C, dim = data.train.num_classes, model.feature_dim
-    total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
-    for k in range(config.participants):
-        xk, yk = client_data[k]
-        total = total + ccvr_statistics(compute_features(model, xk), yk.numpy(), C)
+    parts = [ccvr_statistics(compute_features(model, xk), yk.numpy(), C) for xk, yk in client_data]
+    if config.secure_sum:
+        total = secure_sum_statistics(parts)
+    else:
+        total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
+        for part in parts:
+            total = total + part
     ffc = total.to_ffc()
     timings["statistics_s"] = time.perf_counter() - t_stats
 
     t_cal = time.perf_counter()
-    w_ffc = _safe_calibration(
-        lambda: ffc_solve(ffc.V, ffc.U, ridge=config.ffc_ridge), robust_calibration
+    cals = config.calibrations
+    w_ffc = (
+        _safe_calibration(
+            lambda: ffc_solve(ffc.V, ffc.U, ridge=config.ffc_ridge), robust_calibration
+        )
+        if "ffc" in cals
+        else None
     )
     timings["ffc_s"] = time.perf_counter() - t_cal
     t_cal = time.perf_counter()
     init = model.head.weight.detach().double().numpy()
     ccvr_cfg = replace(config.ccvr, seed=derive_seed(config.seed, "ccvr", config.ccvr.seed))
-    w_ccvr = _safe_calibration(lambda: ccvr_calibrate(total, init, ccvr_cfg), robust_calibration)
+    w_ccvr = (
+        _safe_calibration(lambda: ccvr_calibrate(total, init, ccvr_cfg), robust_calibration)
+        if "ccvr" in cals
+        else None
+    )
     timings["ccvr_s"] = time.perf_counter() - t_cal
 
     def with_weight(w: np.ndarray | None, x: torch.Tensor, y: torch.Tensor) -> float:
         return float("nan") if w is None else _accuracy_with(model, w, x, y)
 
-    accuracy = {
-        "none": evaluate(model, x_test, y_test),
-        "ffc": with_weight(w_ffc, x_test, y_test),
-        "ccvr": with_weight(w_ccvr, x_test, y_test),
-    }
-    validation = {
-        "none": evaluate(model, x_val, y_val),
-        "ffc": with_weight(w_ffc, x_val, y_val),
-        "ccvr": with_weight(w_ccvr, x_val, y_val),
-    }
+    accuracy = {"none": evaluate(model, x_test, y_test)}
+    validation = {"none": evaluate(model, x_val, y_val)}
+    for name, w in (("ffc", w_ffc), ("ccvr", w_ccvr)):
+        if name in cals:
+            accuracy[name] = with_weight(w, x_test, y_test)
+            validation[name] = with_weight(w, x_val, y_val)
+    chosen: dict[str, Any] = {}
+    closed = [c for c in CLOSED_FORMS if c in cals]
+    if closed:
+        t_cal = time.perf_counter()
+        z_val = compute_features(model, x_val)
+        z_test = compute_features(model, x_test)
+        for name in closed:
+            grid = config.ridge_grid if name == "ffc_bias" else config.shrinkage_grid
+            sel = select_on_validation(name, total, grid, z_val, data.validation.y)
+            if sel.head is None and not robust_calibration:
+                raise ValueError(f"{name}: every grid point failed: {sel.grid}")
+            validation[name] = sel.validation
+            accuracy[name] = (
+                float("nan") if sel.head is None else head_accuracy(sel.head, z_test, data.test.y)
+            )
+            chosen[name] = sel.to_json()
+        timings["closed_forms_s"] = time.perf_counter() - t_cal
     oracle_info: dict[str, Any] | None = None
     if oracle:
         t_or = time.perf_counter()
@@ -449,6 +520,8 @@ def run_federation(
         "validation_accuracy": validation,
         "per_round": per_round,
     }
+    if chosen:
+        result["calibration"] = chosen
     if oracle_info is not None:
         result["oracle"] = oracle_info
     result.update(

@@ -74,6 +74,8 @@ def execute_run(spec: RunSpec, base: ReferenceConfig) -> dict[str, Any]:
         )
         if "oracle" in res:
             record["oracle"] = res["oracle"]["best"]
+        if "calibration" in res:  # the ridge / shrinkage each closed form chose on validation
+            record["calibration"] = {k: v["chosen"] for k, v in res["calibration"].items()}
     except FloatingPointError as exc:
         record.update({"diverged": True, "error": str(exc)})
     record["warnings"] = seen

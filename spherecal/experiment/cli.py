@@ -52,7 +52,15 @@ def add_experiment_parser(
     )
     p.add_argument("--table", required=True, choices=TABLES)
     p.add_argument("--dataset", default=d.dataset, choices=DATASET_NAMES)
-    p.add_argument("--data-root", default=None, help="CIFAR directory or .npz file")
+    p.add_argument(
+        "--data-root", default=None, help="CIFAR directory, .npz file or the mnist1d cache dir"
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=None,
+        help="mnist1d: samples generated, train + test (default 12000)",
+    )
     p.add_argument(
         "--alpha",
         type=alpha_or_iid,
@@ -142,6 +150,7 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
         table=args.table,
         dataset=args.dataset,
         data_root=args.data_root,
+        samples=args.samples,
         alphas=alphas,
         shards=tuple(args.shards),
         seeds=seeds,

@@ -47,7 +47,7 @@ process) or ``service`` (a real federation: a coordinator and a process per
 participant on loopback, secure aggregation on — :mod:`spherecal.simulate`)."""
 CALIBRATIONS: tuple[str, ...] = ("none", "ccvr", "ffc")
 SCHEMA = "spherecal.experiment/1"
-CELL_FORMAT = 1
+CELL_FORMAT = 2
 """Part of every cell's identity: bump it when a code change alters what a cell
 computes, so that old cells are not silently reused."""
 QUICK_LR_GRID: tuple[float, ...] = (0.01, 0.1, 1.0)
@@ -105,6 +105,8 @@ class ExperimentSettings:
     table: str = "methods"
     dataset: str = "digits"
     data_root: str | None = None
+    samples: int | None = None
+    """``mnist1d``: samples generated (train + test); ``None`` = the default 12,000."""
     alphas: tuple[float | str, ...] = (0.1, 0.5, "iid")
     shards: tuple[int, ...] = ()
     seeds: int = 3
@@ -156,6 +158,7 @@ class ExperimentSettings:
         return ReferenceConfig(
             dataset=self.dataset,
             data_root=self.data_root,
+            samples=self.samples,
             participants=self.participants,
             model=self.model,
             rounds=self.rounds,
@@ -194,9 +197,7 @@ class ExperimentSettings:
         if self.engine == "inprocess":
             return {}
         return {
-            m.key: SERVICE_SKIP_REASONS.get(m.algorithm, SERVICE_SKIP_DEFAULT)
-            for m in self.table_methods()
-            if m.service_options() is None
+            m.key: SERVICE_SKIP_DEFAULT for m in self.table_methods() if m.service_options() is None
         }
 
     def grid_for(self, method: MethodSpec) -> tuple[float, ...]:
@@ -213,10 +214,6 @@ class ExperimentSettings:
         return out
 
 
-SERVICE_SKIP_REASONS: dict[str, str] = {
-    "fednova": "needs the extra sum Σ n_k‖a_k‖₁, which the service does not aggregate yet",
-    "scaffold": "needs control variates broadcast and summed, not in the service yet",
-}
 SERVICE_SKIP_DEFAULT = (
     "a custom local objective (FedUV terms or a CE temperature τ ≠ 1) the service's "
     "local training does not carry"

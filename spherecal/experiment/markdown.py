@@ -6,7 +6,7 @@ from typing import Any
 
 from .grid import CALIBRATIONS
 
-__all__ = ["CALIBRATION_LABELS", "render_markdown"]
+__all__ = ["CALIBRATION_LABELS", "GAIN_ORDER", "render_markdown"]
 
 ENGINE_TEXT = {
     "inprocess": "Engine: **inprocess** — every cell trained in one process by the "
@@ -19,7 +19,17 @@ ENGINE_TEXT = {
 }
 """The line of ``table.md`` that says which engine made the numbers."""
 
-CALIBRATION_LABELS = {"none": "none", "ccvr": "+CCVR", "ffc": "+FFC", "oracle": "oracle"}
+CALIBRATION_LABELS = {
+    "none": "none",
+    "ccvr": "+CCVR",
+    "ffc": "+FFC",
+    "ffc_bias": "+FFC+bias",
+    "lda": "+LDA",
+    "qda": "+QDA",
+    "oracle": "oracle",
+}
+GAIN_ORDER: tuple[str, ...] = ("ffc", "ffc_bias", "ccvr", "lda", "qda")
+"""Calibrations of the ``calibration`` table, in row order (those a cell has)."""
 
 
 def _pct(stats: dict[str, Any], *, signed: bool = False) -> str:
@@ -191,27 +201,39 @@ def _calibration_table(
     report: dict[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
 ) -> list[str]:
     lines = [
-        "Same trained model in every column group (its lr chosen on validation *without* "
-        "calibration); +CCVR / +FFC / oracle show the gain over that model in points. The "
-        "oracle fine-tunes the classifier on all pooled real features and picks the best "
-        "of CE/MSE × 3 lrs **on test** — an optimistic upper bound (SphereFed §5.4).",
+        "The same trained model in every row of a column (its lr chosen on validation "
+        "*without* calibration); each row calibrates that model's classifier from the "
+        "summed statistics. Cells: test accuracy, mean ± std over seeds, and in brackets "
+        "the difference to the oracle in points (row − oracle, mean over seeds; negative "
+        "= below the oracle). FFC+bias' ridge "
+        "and LDA/QDA's shrinkage are chosen per seed on the validation split. The oracle "
+        "fine-tunes the classifier on all pooled real features and picks the best of "
+        "CE/MSE × 3 lrs **on test** — an optimistic upper bound (SphereFed §5.4).",
         "",
     ]
-    for c in cols:
+    for key, per_col in report["calibration"].items():
         lines += [
-            f"### {c['label']}",
+            f"### {labels[key]}",
             "",
-            "| Method | none | +CCVR | +FFC | oracle |",
-            "|---|---|---|---|---|",
+            "| Calibration | " + " | ".join(c["label"] for c in cols) + " |",
+            "|---|" + "---|" * len(cols),
         ]
-        for key, per_col in report["calibration"].items():
-            g = per_col[c["key"]]
-            cells = [_pct(g["none"])]
-            for cal in ("ccvr", "ffc", "oracle"):
-                if f"{cal}_gain" in g:
-                    cells.append(f"{_pct(g[cal])} ({_pct(g[f'{cal}_gain'], signed=True)})")
-                else:
+        present = [
+            cal
+            for cal in ("none", *GAIN_ORDER, "oracle")
+            if any(cal in per_col[c["key"]] for c in cols)
+        ]
+        for cal in present:
+            cells = []
+            for c in cols:
+                g = per_col[c["key"]]
+                if cal not in g:
                     cells.append("—")
-            lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+                    continue
+                text = _pct(g[cal])
+                if f"{cal}_gap" in g and g[f"{cal}_gap"].get("mean") is not None:
+                    text += f" ({-100 * g[f'{cal}_gap']['mean']:+.1f})"
+                cells.append(text)
+            lines.append(f"| {CALIBRATION_LABELS[cal]} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .markdown import CALIBRATION_LABELS, GAIN_ORDER
+
 __all__ = ["CALIBRATION_STYLES", "gain_panels", "method_colors", "write_plots"]
 
 CALIBRATION_STYLES: dict[str, str] = {"none": "-", "ccvr": "--", "ffc": ":", "oracle": "-."}
@@ -65,9 +67,7 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     gains = report["calibration"]
     written = []
 
-    fig, axes = plt.subplots(
-        1, len(cols), figsize=(max(6.5, 4.2 * len(cols)), 3.8), squeeze=False
-    )
+    fig, axes = plt.subplots(1, len(cols), figsize=(max(6.5, 4.2 * len(cols)), 3.8), squeeze=False)
     cals_drawn: set[str] = set()
     for ax, col in zip(axes[0], cols, strict=True):
         for key in keys:
@@ -154,4 +154,54 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     written.append(path)
+    if report["table"] == "calibration":
+        written += _oracle_gap_plot(report, out_dir, plt)
     return written
+
+
+def _oracle_gap_plot(report: dict[str, Any], out_dir: Path, plt: Any) -> list[Path]:
+    """``calibration_accuracy.png``: every calibration's accuracy per column (one panel
+    per method), the oracle as a bar too, error bars = std over seeds."""
+    cols = report["settings"]["columns"]
+    labels = {m["key"]: m["label"] for m in report["methods"]}
+    keys = list(report["calibration"])
+    fig, axes = plt.subplots(
+        1, len(keys), figsize=(max(6.5, 1.6 * len(cols)) * len(keys), 3.8), squeeze=False
+    )
+    for ax, key in zip(axes[0], keys, strict=True):
+        per_col = report["calibration"][key]
+        cals = [
+            c for c in ("none", *GAIN_ORDER, "oracle") if any(c in per_col[k["key"]] for k in cols)
+        ]
+        width = 0.8 / max(len(cals), 1)
+        x = np.arange(len(cols))
+        for j, cal in enumerate(cals):
+            vals = [100 * (per_col[c["key"]].get(cal, {}).get("mean") or np.nan) for c in cols]
+            errs = [100 * (per_col[c["key"]].get(cal, {}).get("std") or 0.0) for c in cols]
+            ax.bar(
+                x + (j - (len(cals) - 1) / 2) * width,
+                vals,
+                width,
+                yerr=errs,
+                capsize=2,
+                label=CALIBRATION_LABELS[cal],
+            )
+        ax.set_xticks(x)
+        ax.set_xticklabels([c["label"] for c in cols])
+        ax.set_ylabel("test accuracy (%)")
+        finite = [
+            100 * per_col[c["key"]][cal]["mean"]
+            for c in cols
+            for cal in cals
+            if isinstance(per_col[c["key"]].get(cal, {}).get("mean"), float)
+        ]
+        if finite:
+            ax.set_ylim(max(0.0, min(finite) - 5), min(100.0, max(finite) + 3))
+        ax.set_title(f"{labels[key]}: calibration vs oracle")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out_dir / "calibration_accuracy.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return [path]

@@ -25,7 +25,7 @@ from spherefed.runner import ReferenceConfig
 
 from .cells import write_json
 from .grid import CALIBRATIONS, SCHEMA, Column, ExperimentSettings, RunSpec
-from .markdown import render_markdown
+from .markdown import GAIN_ORDER, render_markdown
 from .plots import write_plots
 from .selection import Candidate, Slot, candidates, finite, select, stats
 
@@ -78,6 +78,8 @@ def build_report(
                     "test": dict(rec["accuracy"]),
                     "cell": rec["key"],
                 }
+                if "calibration" in rec:
+                    entry["chosen"] = rec["calibration"]
                 orec = oracle_records.get(replace(spec, oracle=True).key(base))
                 if orec is not None and not orec.get("diverged"):
                     entry["test"]["oracle"] = orec["accuracy"].get("oracle")
@@ -85,10 +87,22 @@ def build_report(
                 seeds_out.append(entry)
                 curve_runs.append(rec["per_round"])
             ok = [s for s in seeds_out if not s.get("diverged")]
-            cal_keys = ["ccvr", "ffc"] + (
-                ["oracle"] if any("oracle" in s["test"] for s in ok) else []
-            )
+            has_oracle = any("oracle" in s["test"] for s in ok)
+            cal_keys = [c for c in GAIN_ORDER if any(c in s["test"] for s in ok)]
+            cal_keys += ["oracle"] if has_oracle else []
+            gaps = {
+                f"{c}_gap": stats(
+                    [
+                        s["test"]["oracle"] - s["test"][c]
+                        for s in ok
+                        if finite(s["test"].get(c)) and finite(s["test"].get("oracle"))
+                    ]
+                )
+                for c in ["none", *cal_keys]
+                if has_oracle and c != "oracle"
+            }
             gains[m.key][col.key] = {
+                **gaps,
                 "none": stats([s["test"]["none"] for s in ok]),
                 **{
                     f"{c}_gain": stats(
@@ -248,6 +262,8 @@ def _row(
 def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
     """An equivalent ``spherecal experiment`` command for these settings."""
     parts = ["spherecal experiment", f"--table {settings.table}", f"--dataset {settings.dataset}"]
+    if settings.samples is not None:
+        parts.append(f"--samples {settings.samples}")
     if settings.alphas:
         parts.append("--alpha " + " ".join(str(a) for a in settings.alphas))
     if settings.shards:

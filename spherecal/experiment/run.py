@@ -38,11 +38,20 @@ def run_experiment(
     cells_dir = cells_dir if cells_dir is not None else out_dir / "cells"
     base = settings.base_config()
     specs = grid_runs(settings)
+    single_lr = all(len(settings.grid_for(m)) == 1 for m in settings.table_methods())
+    oracle_in_grid = settings.table == "calibration" and settings.engine == "inprocess"
+    oracle_in_grid = oracle_in_grid and single_lr
+    if oracle_in_grid:
+        # One lr per method: the grid run *is* the selected model, so compute its oracle
+        # in the same run instead of training the model a second time.
+        specs = [replace(s, oracle=True) for s in specs]
     records, ran, cached = run_cells(
         specs, base, cells_dir, workers=workers, threads=threads, progress=say, phase="grid: "
     )
     oracle_records: dict[str, dict[str, Any]] = {}
-    if settings.table == "calibration" and settings.engine == "inprocess":
+    if oracle_in_grid:
+        oracle_records = records
+    elif settings.table == "calibration" and settings.engine == "inprocess":
         chosen = select_runs(settings, specs, records, base, criterion="none")
         oracle_specs = [replace(s, oracle=True) for s in chosen.values() if s is not None]
         oracle_records, ran2, cached2 = run_cells(

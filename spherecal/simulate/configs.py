@@ -125,6 +125,7 @@ def coordinator_settings(
         evaluation=EvaluationSettings(
             test_dataset=ref.dataset,
             test_data_root=ref.data_root,
+            test_samples=ref.samples,
             federated_every=s.federated_every,
         ),
         privacy=(
@@ -186,6 +187,7 @@ def participant_settings(
             alpha=ref.alpha,
             shards_per_client=ref.shards_per_client,
             seed=ref.seed,
+            samples=ref.samples,
             validation_fraction=ref.validation_fraction,
         ),
     )

@@ -79,7 +79,7 @@ class Simulation:
         self.port: int | None = None
         self._coordinator_starts = 0
         ref = settings.reference
-        splits = load_dataset(ref.dataset, root=ref.data_root, seed=ref.seed)
+        splits = load_dataset(ref.dataset, root=ref.data_root, seed=ref.seed, samples=ref.samples)
         c, h, w = splits.train.image_shape
         self.shape: DataShape = (splits.num_classes, c, (h, w))
         if settings.tls:

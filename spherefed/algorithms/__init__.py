@@ -3,16 +3,21 @@
 - :mod:`~spherefed.algorithms.base`: payloads (what secure aggregation sums) and the
   :class:`ServerStrategy` interface (``state_dict`` / ``load_state_dict`` to resume).
 - :mod:`~spherefed.algorithms.strategies`: FedAvg, FedProx, FedNova, FedOpt (Adam,
-  Yogi, Adagrad), SCAFFOLD.
+  Yogi, Adagrad); :mod:`~spherefed.algorithms.scaffold`: SCAFFOLD.
+- :mod:`~spherefed.algorithms.registry`: THE registry of algorithm names.
 - :mod:`~spherefed.algorithms.objectives`: CE with a temperature, FedUV's regularisers.
 - :mod:`~spherefed.algorithms.methods`: every method of the papers as a recipe
   (BABU, FedFN, FedUV, SphereFed-CE, SphereFed, the SphereFed Tab. 3 ablation).
 """
 
 from spherefed.algorithms.base import (
+    LOSS_SUM,
+    AlgorithmSettings,
     ClientResult,
+    NamedSum,
     Payload,
     ServerStrategy,
+    SumLayout,
     add_payloads,
     as_payload,
     parameter_mask,
@@ -20,7 +25,6 @@ from spherefed.algorithms.base import (
 )
 from spherefed.algorithms.methods import (
     ABLATION,
-    BASE_ALGORITHMS,
     BASES,
     DEFAULT_LR_GRID,
     METHODS,
@@ -37,36 +41,42 @@ from spherefed.algorithms.objectives import (
     feduv_variance_loss,
     temperature_objective,
 )
-from spherefed.algorithms.strategies import (
+from spherefed.algorithms.registry import (
     ALGORITHM_NAMES,
-    FEDOPT_VARIANTS,
     STRATEGIES,
+    configured_strategy,
+    make_strategy,
+)
+from spherefed.algorithms.scaffold import (
+    Scaffold,
+    scaffold_control_update,
+    scaffold_local_step,
+    scaffold_server_step,
+)
+from spherefed.algorithms.strategies import (
+    FEDOPT_VARIANTS,
     FedAdam,
     FedAvg,
     FedNova,
     FedOpt,
     FedProx,
     FedYogi,
-    Scaffold,
     fedavg_local_step,
     fedavg_server_step,
     fednova_local_step,
     fednova_norm,
     fednova_server_step,
     fedopt_update,
-    make_strategy,
-    scaffold_control_update,
-    scaffold_local_step,
-    scaffold_server_step,
 )
 
 __all__ = [
     "ABLATION",
     "ALGORITHM_NAMES",
+    "AlgorithmSettings",
     "BASES",
-    "BASE_ALGORITHMS",
     "DEFAULT_LR_GRID",
     "FEDOPT_VARIANTS",
+    "LOSS_SUM",
     "METHODS",
     "RIVALS",
     "STRATEGIES",
@@ -79,11 +89,14 @@ __all__ = [
     "FedUVConfig",
     "FedYogi",
     "MethodSpec",
+    "NamedSum",
     "Payload",
     "Scaffold",
     "ServerStrategy",
+    "SumLayout",
     "add_payloads",
     "as_payload",
+    "configured_strategy",
     "fedavg_local_step",
     "fedavg_server_step",
     "feduv_objective",

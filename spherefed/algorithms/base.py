@@ -13,14 +13,19 @@ nothing per participant. So every algorithm here is written as
 :class:`ServerStrategy` bundles the two for one algorithm, keeps the server state, and
 can be checkpointed (``state_dict`` / ``load_state_dict``) so a coordinator that
 restarts mid-federation resumes with identical numbers.
+
+A strategy *declares* its sums (:attr:`ServerStrategy.sums`, each a :class:`NamedSum`
+that is either one value per model-vector entry or a scalar). The service lays them
+out end to end in one vector (:class:`SumLayout`) — the single vector one
+secure-aggregation job sums — and splits the aggregate back into named sums.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -68,6 +73,93 @@ def sum_payloads(payloads: list[Payload]) -> Payload:
 
 
 @dataclass(frozen=True)
+class NamedSum:
+    """One named sum a server step reads: ``per_entry`` sums have one value per entry
+    of the model vector (``Σ n_k Δ_k``, control-variate sums), the others are scalars
+    (``Σ n_k``, FedNova's ``Σ n_k‖a_k‖₁``)."""
+
+    name: str
+    per_entry: bool = False
+
+    def size(self, model_length: int) -> int:
+        return model_length if self.per_entry else 1
+
+
+@dataclass(frozen=True)
+class SumLayout:
+    """Named sums laid end to end in one float64 vector (declaration order).
+
+    Why: secure aggregation sums exactly one vector per job, and a plaintext upload is
+    one tensor; flattening every named sum into it keeps *one* aggregation path for
+    any algorithm. Summation is entrywise, so the flattened sum of payloads is the
+    flattening of the summed payloads.
+    """
+
+    entries: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, sums: Sequence[NamedSum], model_length: int) -> SumLayout:
+        names = [s.name for s in sums]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate sum names in {names}")
+        return cls(tuple((s.name, s.size(model_length)) for s in sums))
+
+    @property
+    def length(self) -> int:
+        return sum(size for _, size in self.entries)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.entries)
+
+    def flatten(self, payload: Mapping[str, np.ndarray | float | int]) -> np.ndarray:
+        """The payload as one vector; refuses missing, extra or mis-sized entries."""
+        if set(payload) != set(self.names):
+            raise ValueError(
+                f"payload has {sorted(payload)}, the layout needs {sorted(self.names)}"
+            )
+        parts = []
+        for name, size in self.entries:
+            value = np.ravel(np.asarray(payload[name], dtype=np.float64))
+            if value.shape[0] != size:
+                raise ValueError(f"sum {name!r} has {value.shape[0]} entries, expected {size}")
+            parts.append(value)
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def unflatten(self, vector: np.ndarray) -> Payload:
+        """Named sums from an aggregate; scalars come back as 0-d arrays (copies)."""
+        flat = np.asarray(vector, dtype=np.float64)
+        if flat.shape != (self.length,):
+            raise ValueError(f"aggregate has shape {flat.shape}, the layout {self.length}")
+        out: Payload = {}
+        start = 0
+        for name, size in self.entries:
+            part = flat[start : start + size]
+            out[name] = part.copy() if size != 1 else np.array(part[0], dtype=np.float64)
+            start += size
+        return out
+
+
+#: The service's own sum after a strategy's: ``Σ_k mean_loss_k`` (the round's training
+#: loss, a metric; no server step reads it). Participant and coordinator both append it.
+LOSS_SUM = NamedSum("loss")
+
+
+@dataclass(frozen=True)
+class AlgorithmSettings:
+    """The knobs a deployment sets for any algorithm; each strategy reads what applies
+    (:meth:`ServerStrategy.configured`): FedProx ``μ``, FedOpt's server ``η``, and
+    SCAFFOLD's ``N`` (``None``: the number selected each round)."""
+
+    prox_mu: float = 0.01
+    fedopt_lr: float = 0.01
+    num_participants: int | None = None
+
+
+_S = TypeVar("_S", bound="ServerStrategy")
+
+
+@dataclass(frozen=True)
 class ClientResult:
     """One participant's output of a local step.
 
@@ -100,12 +192,30 @@ def parameter_mask(model: nn.Module, keys: list[str]) -> np.ndarray:
 class ServerStrategy(ABC):
     """One federated algorithm: its local step, its server step on sums, its state.
 
-    Subclasses declare ``name`` and ``sum_keys`` (the payload entries the server step
-    reads — the complete list of what secure aggregation must carry).
+    Subclasses declare ``name`` and ``sums`` (the payload entries the server step
+    reads — the complete list of what secure aggregation must carry); ``sum_keys`` is
+    derived from ``sums``. Register a new algorithm in
+    ``spherefed.algorithms.registry.STRATEGIES`` (see docs/extending.md).
     """
 
     name: ClassVar[str]
+    sums: ClassVar[tuple[NamedSum, ...]]
     sum_keys: ClassVar[tuple[str, ...]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "sums" in cls.__dict__:
+            cls.sum_keys = tuple(s.name for s in cls.sums)
+
+    @classmethod
+    def configured(cls: type[_S], settings: AlgorithmSettings) -> _S:
+        """This strategy with the deployment's settings (default: no arguments)."""
+        return cls()
+
+    def layout(self, model_length: int, *extra: NamedSum) -> SumLayout:
+        """Where each declared sum (then ``extra``, e.g. the service's loss) lies in the
+        one aggregated vector."""
+        return SumLayout.of((*self.sums, *extra), model_length)
 
     def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
         """What the server sends besides the global model (nothing, by default)."""

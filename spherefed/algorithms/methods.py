@@ -40,32 +40,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spherefed.algorithms.base import ServerStrategy
+from spherefed.algorithms.base import AlgorithmSettings, ServerStrategy
 from spherefed.algorithms.objectives import FedUVConfig, feduv_objective, temperature_objective
-from spherefed.algorithms.strategies import (
-    FedAdam,
-    FedAvg,
-    FedNova,
-    FedProx,
-    FedYogi,
-    Scaffold,
-)
-from spherefed.fl import ALGORITHMS, LocalObjective
+from spherefed.algorithms.registry import configured_strategy
+from spherefed.fl import LocalObjective
 
 if TYPE_CHECKING:
     from spherefed.runner import ReferenceConfig
 
 DEFAULT_LR_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
 """Every method's default local learning-rate grid (tuned on validation)."""
-
-BASE_ALGORITHMS: tuple[str, ...] = (
-    "fedavg",
-    "fedprox",
-    "fednova",
-    "fedadam",
-    "fedyogi",
-    "scaffold",
-)
 
 
 @dataclass(frozen=True)
@@ -105,20 +89,16 @@ class MethodSpec:
         )
 
     def strategy(self, base: ReferenceConfig) -> ServerStrategy:
-        """A fresh server strategy for one federation."""
-        if self.algorithm == "fedavg":
-            return FedAvg()
-        if self.algorithm == "fedprox":
-            return FedProx(mu=base.prox_mu)
-        if self.algorithm == "fednova":
-            return FedNova()
-        if self.algorithm == "fedadam":
-            return FedAdam(lr=self.fedopt_lr)
-        if self.algorithm == "fedyogi":
-            return FedYogi(lr=self.fedopt_lr)
-        if self.algorithm == "scaffold":
-            return Scaffold(num_participants=base.participants)
-        raise ValueError(f"unknown algorithm {self.algorithm!r}")
+        """A fresh server strategy for one federation (SCAFFOLD's ``N`` = every
+        participant, as in the paper; FedProx's ``μ`` from ``base``)."""
+        return configured_strategy(
+            self.algorithm,
+            AlgorithmSettings(
+                prox_mu=base.prox_mu,
+                fedopt_lr=self.fedopt_lr,
+                num_participants=base.participants,
+            ),
+        )
 
     def objective(self, temperature: float | None = None) -> LocalObjective | None:
         """The local loss, or ``None`` for plain ``config.loss`` (the reference path)."""
@@ -134,14 +114,13 @@ class MethodSpec:
         than the service carries.
 
         The service carries a model plan (extractor, head, classifier), a local loss,
-        and the round's sums ``Σ n_k Δ_k``, ``Σ n_k``; so any head/classifier/loss
-        with FedAvg, FedProx, FedAdam or FedYogi runs there (``spherefed.fl.ALGORITHMS``).
-        Not: FedNova (an extra sum ``Σ n_k‖a_k‖₁``), SCAFFOLD (control variates
-        broadcast and summed), and custom local objectives (FedUV's terms, a CE
+        any algorithm of the registry (``spherefed.algorithms.STRATEGIES``: the named
+        sums it declares travel through secure aggregation, what it broadcasts is
+        published with the model). Not: custom local objectives (FedUV's terms, a CE
         temperature τ ≠ 1). The keys are those of ``spherecal simulate`` options and
         of the coordinator's ``[model]`` / ``[training]`` tables.
         """
-        if self.algorithm not in ALGORITHMS or self.objective() is not None:
+        if self.objective() is not None:
             return None
         if self.temperature_grid and set(self.temperature_grid) != {1.0}:
             return None

@@ -42,7 +42,7 @@ is used; it reduces to the paper's formula at momentum 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -51,16 +51,16 @@ import torch
 from torch import nn
 
 from spherefed.algorithms.base import (
+    AlgorithmSettings,
     ClientResult,
+    NamedSum,
     Payload,
     ServerStrategy,
     as_payload,
-    parameter_mask,
 )
 from spherefed.fl import (
     LocalObjective,
     LocalTrainConfig,
-    aggregated_keys,
     local_train,
     server_step,
 )
@@ -99,7 +99,7 @@ class FedAvg(ServerStrategy):
     """FedAvg (McMahan et al. 2017): sample-weighted average of the local updates."""
 
     name: ClassVar[str] = "fedavg"
-    sum_keys: ClassVar[tuple[str, ...]] = ("delta", "weight")
+    sums: ClassVar[tuple[NamedSum, ...]] = (NamedSum("delta", per_entry=True), NamedSum("weight"))
 
     def local_step(
         self,
@@ -135,6 +135,10 @@ class FedProx(FedAvg):
         if not mu >= 0:
             raise ValueError(f"FedProx mu must be >= 0, got {mu}")
         self.mu = float(mu)
+
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> FedProx:
+        return cls(mu=settings.prox_mu)
 
     def local_step(
         self,
@@ -227,7 +231,11 @@ class FedNova(FedAvg):
     """FedNova (Wang et al. 2020): normalised averaging, robust to unequal local steps."""
 
     name: ClassVar[str] = "fednova"
-    sum_keys: ClassVar[tuple[str, ...]] = ("delta", "tau", "weight")
+    sums: ClassVar[tuple[NamedSum, ...]] = (
+        NamedSum("delta", per_entry=True),
+        NamedSum("tau"),
+        NamedSum("weight"),
+    )
 
     def __init__(self, *, server_lr: float = 1.0) -> None:
         if not server_lr > 0:
@@ -369,8 +377,13 @@ class FedOpt(FedAvg):
         m, v = state["m"], state["v"]
         if (m is None) != (v is None):
             raise ValueError("FedOpt state: m and v must both be set or both be None")
-        self.m = None if m is None else np.array(m, dtype=np.float64)
-        self.v = None if v is None else np.array(v, dtype=np.float64)
+        if m is not None:
+            m, v = np.array(m, dtype=np.float64), np.array(v, dtype=np.float64)
+            if m.shape != v.shape or m.ndim != 1:
+                raise ValueError(f"FedOpt state: m {m.shape} and v {v.shape} do not match")
+            if not (np.isfinite(m).all() and np.isfinite(v).all()) or (v < 0).any():
+                raise ValueError("FedOpt state: m and v must be finite, v non-negative")
+        self.m, self.v = m, v
         self.steps = int(state["steps"])
 
     def hyperparameters(self) -> dict[str, Any]:
@@ -393,6 +406,10 @@ class FedAdam(FedOpt):
     ) -> None:
         super().__init__(variant="adam", lr=lr, beta1=beta1, beta2=beta2, tau=tau)
 
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> FedAdam:
+        return cls(lr=settings.fedopt_lr)
+
 
 class FedYogi(FedOpt):
     """FedOpt with server Yogi (additive, sign-controlled second-moment update)."""
@@ -404,187 +421,6 @@ class FedYogi(FedOpt):
     ) -> None:
         super().__init__(variant="yogi", lr=lr, beta1=beta1, beta2=beta2, tau=tau)
 
-
-# ----------------------------------------------------------------------------- SCAFFOLD
-
-
-def scaffold_control_update(
-    client_control: np.ndarray,
-    server_control: np.ndarray,
-    delta: np.ndarray,
-    *,
-    lr: float,
-    effective_steps: float,
-) -> np.ndarray:
-    """Option II of SCAFFOLD (Algorithm 1): ``c_k⁺ = c_k − c + (x − y_k)/(K η)``.
-
-    ``delta = y_k − x``; ``effective_steps`` is ``K`` (``‖a_k‖₁`` under momentum, see
-    :func:`fednova_norm`). ``(x − y_k)/(Kη)`` is the participant's average corrected
-    gradient; subtracting the correction ``c − c_k`` leaves its average *raw* gradient.
-    """
-    if effective_steps <= 0:
-        return np.array(client_control, dtype=np.float64, copy=True)
-    return client_control - server_control - delta / (lr * effective_steps)
-
-
-def scaffold_local_step(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    config: LocalTrainConfig,
-    *,
-    seed: int,
-    server_control: np.ndarray,
-    client_control: np.ndarray | None = None,
-    objective: LocalObjective | None = None,
-) -> ClientResult:
-    """SCAFFOLD's participant half: corrected local SGD, then the control update.
-
-    Payload ``delta = n_k Δ_k``, ``weight = n_k``, ``control_delta = c_k⁺ − c_k``; the
-    new ``c_k`` is returned as ``client_state["control"]`` and stays local. Control
-    variates live in the state-vector layout and are zero on buffers.
-    """
-    keys = aggregated_keys(model)
-    mask = parameter_mask(model, keys)
-    c = np.asarray(server_control, dtype=np.float64)
-    if c.shape != mask.shape:
-        raise ValueError(f"server control has {c.shape} entries, the model {mask.shape}")
-    ck = np.zeros_like(c) if client_control is None else np.asarray(client_control, np.float64)
-    if ck.shape != c.shape:
-        raise ValueError(f"client control has {ck.shape} entries, the model {c.shape}")
-    upd = local_train(
-        model, x, y, config, seed=seed, objective=objective, gradient_correction=(c - ck) * mask
-    )
-    if upd.num_samples == 0:
-        new_ck = ck.copy()
-    else:
-        steps = fednova_norm(
-            upd.num_steps, momentum=config.momentum, lr=config.lr, prox_mu=config.prox_mu
-        )
-        delta = upd.weighted_delta / upd.num_samples
-        new_ck = scaffold_control_update(ck, c, delta, lr=config.lr, effective_steps=steps) * mask
-    return ClientResult(
-        as_payload(delta=upd.weighted_delta, weight=upd.num_samples, control_delta=new_ck - ck),
-        upd.num_samples,
-        upd.num_steps,
-        upd.mean_loss,
-        client_state={"control": new_ck},
-    )
-
-
-def scaffold_server_step(
-    global_vector: np.ndarray,
-    server_control: np.ndarray,
-    sums: Payload,
-    *,
-    num_participants: int,
-    server_lr: float = 1.0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``x + η_g Σ n_kΔ_k/Σ n_k`` and ``c + Σ Δc_k / N`` (Algorithm 1, server update)."""
-    if num_participants < 1:
-        raise ValueError(f"num_participants must be >= 1, got {num_participants}")
-    weight = float(sums["weight"])
-    if weight <= 0:
-        raise ValueError("no samples in this round's updates (weight sum is 0)")
-    x = global_vector + server_lr * sums["delta"] / weight
-    c = server_control + sums["control_delta"] / num_participants
-    return x, c
-
-
-class Scaffold(ServerStrategy):
-    """SCAFFOLD (Karimireddy et al. 2020): control variates against client drift.
-
-    ``num_participants`` is ``N`` in ``c ← c + (1/N) Σ Δc_k``; ``None`` (default)
-    uses the number of participants selected in each round, which equals ``N`` under
-    full participation.
-    """
-
-    name: ClassVar[str] = "scaffold"
-    sum_keys: ClassVar[tuple[str, ...]] = ("delta", "weight", "control_delta")
-
-    def __init__(self, *, num_participants: int | None = None, server_lr: float = 1.0) -> None:
-        if num_participants is not None and num_participants < 1:
-            raise ValueError(f"num_participants must be >= 1, got {num_participants}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        self.num_participants = num_participants
-        self.server_lr = float(server_lr)
-        self.control: np.ndarray | None = None
-
-    def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
-        if self.control is None:
-            self.control = np.zeros_like(global_vector)
-        return {"control": self.control.copy()}
-
-    def local_step(
-        self,
-        model: nn.Module,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        config: LocalTrainConfig,
-        *,
-        seed: int,
-        broadcast: Mapping[str, np.ndarray],
-        client_state: Mapping[str, np.ndarray] | None = None,
-        objective: LocalObjective | None = None,
-    ) -> ClientResult:
-        if "control" not in broadcast:
-            raise ValueError("SCAFFOLD's local step needs the server control variate c")
-        return scaffold_local_step(
-            model,
-            x,
-            y,
-            config,
-            seed=seed,
-            server_control=broadcast["control"],
-            client_control=None if client_state is None else client_state.get("control"),
-            objective=objective,
-        )
-
-    def server_step(
-        self, global_vector: np.ndarray, sums: Payload, *, num_selected: int
-    ) -> np.ndarray:
-        self._check_sums(global_vector, sums)
-        if self.control is None:
-            self.control = np.zeros_like(global_vector)
-        n = self.num_participants if self.num_participants is not None else num_selected
-        x, self.control = scaffold_server_step(
-            global_vector, self.control, sums, num_participants=n, server_lr=self.server_lr
-        )
-        return x
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"control": None if self.control is None else self.control.copy()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if set(state) != {"control"}:
-            raise ValueError(f"SCAFFOLD state needs the key control; got {sorted(state)}")
-        c = state["control"]
-        self.control = None if c is None else np.array(c, dtype=np.float64)
-
-    def hyperparameters(self) -> dict[str, Any]:
-        return {"num_participants": self.num_participants, "server_lr": self.server_lr}
-
-
-# ----------------------------------------------------------------------------- registry
-
-STRATEGIES: dict[str, Callable[..., ServerStrategy]] = {
-    "fedavg": FedAvg,
-    "fedprox": FedProx,
-    "fednova": FedNova,
-    "fedadam": FedAdam,
-    "fedyogi": FedYogi,
-    "scaffold": Scaffold,
-}
-"""Every base algorithm by name (FedOpt appears as its Adam and Yogi variants)."""
-
-ALGORITHM_NAMES: tuple[str, ...] = tuple(STRATEGIES)
-
-
-def make_strategy(name: str, **kwargs: Any) -> ServerStrategy:
-    """A fresh strategy for algorithm ``name`` (keyword arguments go to its constructor)."""
-    try:
-        factory = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; expected one of {ALGORITHM_NAMES}") from None
-    return factory(**kwargs)
+    @classmethod
+    def configured(cls, settings: AlgorithmSettings) -> FedYogi:
+        return cls(lr=settings.fedopt_lr)

@@ -17,7 +17,7 @@ from spherecal.cli import main
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ARGS = [
-    "experiment", "--table", "methods", "--methods", "fedavg", "fednova",
+    "experiment", "--table", "methods", "--methods", "fedavg", "feduv",
     "--participants", "3", "--rounds", "1", "--local-epochs", "1", "--seeds", "1",
     "--lr-grid", "0.1", "--alpha", "0.5", "--no-plots", "--quiet",
 ]  # fmt: skip
@@ -34,7 +34,7 @@ def test_service_engine_matches_inprocess_and_reuses_cells(
     assert service["engine"] == "service" and inprocess["engine"] == "inprocess"
     assert [m["key"] for m in service["methods"]] == ["fedavg"]
     (skipped,) = service["skipped_methods"]
-    assert skipped["key"] == "fednova" and "Σ n_k‖a_k‖₁" in skipped["reason"]
+    assert skipped["key"] == "feduv" and "custom local objective" in skipped["reason"]
     assert inprocess["skipped_methods"] == [] and len(inprocess["methods"]) == 2
 
     # the real federation reproduces the reference runner: test and validation
@@ -45,8 +45,8 @@ def test_service_engine_matches_inprocess_and_reuses_cells(
         assert a["validation"] == pytest.approx(b["validation"], abs=1e-6)
         assert a["cell"] != b["cell"]  # the engine is part of a cell's identity
     table = (tmp_path / "service" / "table.md").read_text()
-    assert "Engine: **service**" in table and "FedNova (`fednova`)" in table
-    assert "| FedAvg | +FFC |" in table and "| FedNova |" not in table
+    assert "Engine: **service**" in table and "FedUV (`feduv`)" in table
+    assert "| FedAvg | +FFC |" in table and "| FedUV |" not in table
     (cell,) = (tmp_path / "service" / "cells").glob("*.json")
     record = json.loads(cell.read_text())
     assert record["engine"] == "service" and record["service"]["bytes"]

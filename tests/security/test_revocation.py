@@ -18,7 +18,6 @@ import grpc
 import pytest
 from cryptography import x509
 
-from coordinator.accounting import Accounting
 from coordinator.federation import Federation
 from coordinator.grpc_server import build_server
 from coordinator.registry import Registry
@@ -26,6 +25,7 @@ from coordinator.revocation import RevocationList, load_verified_crl
 from coordinator.service import CoordinatorService
 from coordinator.settings import ServerSettings, TLSSettings
 from coordinator.store import Store
+from coordinator.traffic import Traffic
 from crypto import generate_identity
 from proto import grpc_services
 from proto import spherecal_pb2 as pb
@@ -141,7 +141,7 @@ def server(ca: Path, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     )
     federation = Federation(settings, store, registry, say=lambda m: None)
     federation.prepare()
-    service = CoordinatorService(settings, registry, federation, store, Accounting())
+    service = CoordinatorService(settings, registry, federation, store, Traffic())
     grpc_server, port = build_server(settings, service)
     grpc_server.start()
     try:

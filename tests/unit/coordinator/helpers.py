@@ -147,6 +147,7 @@ def plaintext_federation(
             allow_plaintext=True,
             long_poll_ms=300,
             data=DataSettings(slice_index=k, slice_of=n),
+            state_dir=tmp / "participants" / p,
         )
         for k, p in enumerate(ids)
     ]

@@ -13,7 +13,6 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from coordinator.accounting import Accounting
 from coordinator.errors import ServiceError
 from coordinator.federation import Federation
 from coordinator.model import GlobalModel
@@ -29,6 +28,7 @@ from coordinator.settings import (
     TrainingSettings,
 )
 from coordinator.store import Store
+from coordinator.traffic import Traffic
 from crypto import generate_identity
 from proto import spherecal_pb2 as pb
 from proto.identity import join_payload, public_key_bytes
@@ -74,7 +74,7 @@ class Harness:
         )
         self.federation.prepare()
         self.service = CoordinatorService(
-            settings, self.registry, self.federation, self.store, Accounting()
+            settings, self.registry, self.federation, self.store, Traffic()
         )
         self.keys: dict[str, Ed25519PrivateKey] = {
             p: generate_identity() for p in settings.participants

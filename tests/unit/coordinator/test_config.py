@@ -70,7 +70,7 @@ def test_example_parses_with_defaults_and_relative_paths(tmp_path: Path) -> None
         ({"model": {"dataset": "npz"}}, "required for dataset"),
         ({"timeouts": {"heartbeat_interval_s": 5.0, "heartbeat_timeout_s": 1.0}}, "exceed"),
         ({"calibration": {"methods": ["fcc"]}}, "unknown calibration"),
-        ({"training": {"algorithm": "fednova"}}, "algorithm must be one of"),
+        ({"training": {"algorithm": "fedsgd"}}, "algorithm must be one of"),
         ({"training": {"algorithm": "fedyogi", "fedopt_lr": -0.1}}, "fedopt_lr must be > 0"),
     ],
 )

@@ -16,7 +16,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 import coordinator.errors as errors_module
 import crypto
 from coordinator.errors import DOCUMENTED_CODES, ERROR_CODES, ServiceError, from_secagg, status_for
-from coordinator.grpc_server import _METHODS, SERVICE_NAME, PortInUse, build_server
+from coordinator.grpc_server import (
+    _METHODS,
+    SERVICE_NAME,
+    PortInUse,
+    build_server,
+    ensure_port_free,
+)
 from coordinator.log_limit import RepeatFilter, RepeatLimiter, rate_limited
 from coordinator.observability import HealthReporter
 from coordinator.registry import Peer
@@ -198,6 +204,9 @@ def test_a_second_server_on_a_busy_port_is_refused(
     )
     with pytest.raises(PortInUse, match=f"port {port} is already in use"):
         build_server(settings, harness.service)
+    with pytest.raises(PortInUse, match=f"port {port} is already in use"):
+        ensure_port_free(f"127.0.0.1:{port}")  # the early check, before any state is opened
+    ensure_port_free("127.0.0.1:0")
 
 
 def test_health_reports_serving_then_not_serving(

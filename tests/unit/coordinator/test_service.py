@@ -97,8 +97,13 @@ def test_plaintext_upload_validation_then_the_round_completes(plain: Harness) ->
         plain.join(pid)
     instruction = plain.poll("p0", {"train"})
     task_id = instruction.task_id
-    length = plain.model.length
-    ok = np.zeros(length)
+    # FedAvg's layout: Σ n_k Δ_k (model length), then Σ n_k, then Σ loss.
+    length = plain.model.length + 2
+
+    def update(delta: float) -> np.ndarray:
+        return np.concatenate([np.full(plain.model.length, delta), [10.0, 0.5]])
+
+    ok = update(0.0)
     meta = pb.UpdateMeta(num_samples=10, mean_loss=0.5, num_steps=1)
     s = plain.service
 
@@ -141,7 +146,7 @@ def test_plaintext_upload_validation_then_the_round_completes(plain: Harness) ->
     # The others carry on: the round completes from the two valid uploads.
     for pid in ("p1", "p2"):
         t = plain.poll(pid, {"train"})
-        _upload(plain, pid, t.task_id, np.full(length, 0.1), meta=meta)
+        _upload(plain, pid, t.task_id, update(0.1), meta=meta)
     instruction = plain.poll("p0", {"statistics"})
     assert plain.federation.completed_rounds == 1
     np.testing.assert_allclose(

@@ -1,6 +1,8 @@
 """Every method of the baselines harness that needs no more than the service carries
 (``MethodSpec.service_options``) runs through the service core and reproduces the
-in-process harness run exactly: same head, classifier, loss and server step."""
+in-process harness run exactly: same head, classifier, loss, local step, named sums
+and server step — FedNova's ``Σ n_k‖a_k‖₁`` and SCAFFOLD's broadcast control variate
+and control-variate sums included."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,8 +35,13 @@ def _service_methods() -> list[MethodSpec]:
 
 
 def test_service_options_say_which_methods_need_more_than_sums() -> None:
-    assert METHODS["fednova"].service_options() is None  # an extra Σ n_k‖a_k‖₁
-    assert METHODS["scaffold"].service_options() is None  # control variates
+    for algorithm in ("fednova", "scaffold"):  # extra sums / a broadcast: carried now
+        assert METHODS[algorithm].service_options() == {
+            "algorithm": algorithm,
+            "head": "learnable",
+            "classifier": "orthonormal",
+            "loss": "ce",
+        }
     assert METHODS["feduv"].service_options() is None  # local objective terms
     assert METHODS["spherefed_ce"].service_options() is None  # temperature τ
     assert METHODS["babu"].service_options() == {
@@ -42,10 +50,18 @@ def test_service_options_say_which_methods_need_more_than_sums() -> None:
         "classifier": "random",
         "loss": "ce",
     }
-    assert {m.key for m in _service_methods()} >= {"fedavg", "fedyogi", "babu", "fedfn"}
+    assert {m.key for m in _service_methods()} >= {
+        "fedavg",
+        "fednova",
+        "fedyogi",
+        "scaffold",
+        "babu",
+        "fedfn",
+        "scaffold_spherefed",
+    }
 
 
-def _service_run(tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
+def _service_run(tmp: Path, options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     model = ModelSettings(extractor="mlp", head=options["head"], classifier=options["classifier"])
     training = TrainingSettings(
         rounds=BASE.rounds,
@@ -57,7 +73,7 @@ def _service_run(tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
     fed = InProcessFederation(cs, ps).start()
     summary = fed.join(timeout=240)
     assert summary["status"] == "completed", fed.messages[-20:]
-    return summary
+    return summary, ps
 
 
 @pytest.mark.parametrize("method", _service_methods(), ids=lambda m: m.key)
@@ -65,7 +81,7 @@ def test_method_through_the_service_equals_the_harness(method: MethodSpec, tmp_p
     torch.set_num_threads(1)
     options = method.service_options()
     assert options is not None
-    summary = _service_run(tmp_path, options)
+    summary, participants = _service_run(tmp_path, options)
     harness = run_federation(
         method.reference_config(BASE, lr=BASE.lr),
         strategy=method.strategy(BASE),
@@ -76,3 +92,14 @@ def test_method_through_the_service_equals_the_harness(method: MethodSpec, tmp_p
     assert summary["central_accuracy"]["ffc"] == harness["accuracy"]["ffc"]
     for ours, theirs in zip(summary["per_round"], harness["per_round"], strict=True):
         assert ours["train_loss"] == theirs["train_loss"]
+        assert ours["test_accuracy"] == theirs["test_accuracy"]
+    # SCAFFOLD's c_k stays with each participant, on disk (survives a restart).
+    stored = [sorted((p.state_dir / "algorithm").glob("*.npz")) for p in participants]
+    if options["algorithm"] == "scaffold":
+        for files in stored:
+            assert len(files) == 1
+            with np.load(files[0], allow_pickle=False) as data:
+                assert int(data["round"][0]) == BASE.rounds - 1
+                assert np.abs(data["after.control"]).max() > 0
+    else:
+        assert stored == [[] for _ in participants]

@@ -12,7 +12,6 @@ import grpc
 import pytest
 
 import crypto
-from coordinator.accounting import Accounting
 from coordinator.errors import ServiceError, failure_kind, from_secagg
 from coordinator.federation import Federation
 from coordinator.grpc_server import build_server
@@ -21,6 +20,7 @@ from coordinator.registry import Peer, Registry
 from coordinator.service import CoordinatorService
 from coordinator.settings import ServerSettings
 from coordinator.store import Store
+from coordinator.traffic import Traffic
 from participant.failures import failure_kind as participant_kind
 from participant.grpc_transport import GrpcTransport
 from participant.privacy import PrivacyRefused
@@ -171,7 +171,7 @@ def server(tmp_path: Path) -> Iterator[int]:
     )  # fmt: skip
     federation = Federation(settings, store, registry, say=lambda m: None)
     federation.prepare()
-    service = CoordinatorService(settings, registry, federation, store, Accounting())
+    service = CoordinatorService(settings, registry, federation, store, Traffic())
     grpc_server, port = build_server(settings, service)
     grpc_server.start()
     try:

@@ -31,6 +31,11 @@ def test_reference_writes_json_with_settings(
             "mlp",
             "--alpha",
             "iid",
+            "--calibration",
+            "ffc,ccvr,qda",
+            "--shrinkage-grid",
+            "0.1",
+            "0.5",
             "--json",
             str(out),
             "--quiet",
@@ -38,7 +43,9 @@ def test_reference_writes_json_with_settings(
     )
     assert code == 0
     result = json.loads(out.read_text())
-    assert set(result["accuracy"]) == {"none", "ffc", "ccvr", "oracle"}
+    assert set(result["accuracy"]) == {"none", "ffc", "ccvr", "qda", "oracle"}
+    assert result["calibration"]["qda"]["chosen"] in (0.1, 0.5)
+    assert result["settings"]["shrinkage_grid"] == [0.1, 0.5]
     assert result["settings"]["partition"] == "iid"
     assert result["settings"]["loss"] == "mse"  # sphere head defaults to MSE
     printed = json.loads(capsys.readouterr().out)

@@ -234,6 +234,26 @@ def test_parallel_workers_give_the_serial_numbers(tmp_path: Path) -> None:
     assert parallel["environment"]["workers"] == 2
 
 
+def test_calibration_table_with_one_lr_has_every_calibrator_and_no_reruns(tmp_path: Path) -> None:
+    args = [a for a in TINY_ARGS if a not in ("0.03",)]  # --lr-grid 0.1 only
+    code = main(
+        ["experiment", "--table", "calibration", "--methods", "fedavg_spherefed", "--alpha",
+         "0.5", *args, "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    assert len(list((tmp_path / "cells").glob("*.json"))) == 1  # the oracle ran in the grid run
+    results = json.loads((tmp_path / "results.json").read_text())
+    g = results["calibration"]["fedavg_spherefed"]["a0.5"]
+    for cal in ("ffc", "ffc_bias", "ccvr", "lda", "qda"):
+        assert f"{cal}_gain" in g and f"{cal}_gap" in g
+        gap = g["oracle"]["mean"] - g[cal]["mean"]
+        assert g[f"{cal}_gap"]["mean"] == pytest.approx(gap, abs=2e-6)  # JSON keeps 6 decimals
+    assert set(g["per_seed"][0]["chosen"]) == {"ffc_bias", "lda", "qda"}
+    table = (tmp_path / "table.md").read_text()
+    for row in ("| +FFC+bias |", "| +LDA |", "| +QDA |", "| oracle |"):
+        assert row in table
+
+
 def test_methods_get_distinct_colours_and_help_shows_real_defaults(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -20,6 +20,7 @@ from spherefed.algorithms import (
     sphere_variant,
 )
 from spherefed.calibrate import CCVRConfig
+from spherefed.calibration_suite import CALIBRATION_NAMES
 from spherefed.data import SyntheticConfig, apply_feature_shift, load_dataset, load_synthetic
 from spherefed.runner import ReferenceConfig, prepare_data, run_federation, run_reference
 
@@ -89,7 +90,7 @@ def test_every_method_trains_and_calibrates(key: str) -> None:
         robust_calibration=True,
         describe=m.describe(m.temperature),
     )
-    assert set(res["accuracy"]) == {"none", "ffc", "ccvr"}
+    assert set(res["accuracy"]) == {"none", *CALIBRATION_NAMES}
     assert 0.0 <= res["accuracy"]["none"] <= 1.0
     assert res["method"]["algorithm"] == m.algorithm
     assert res["settings"]["head"] == m.head and res["settings"]["loss"] == m.loss

@@ -400,7 +400,7 @@ def test_npz_errors(tmp_path: Path) -> None:
 def test_load_dataset_dispatch() -> None:
     d = load_dataset("digits", seed=0)
     assert d.train.image_shape == (1, 8, 8)
-    with pytest.raises(ValueError, match="valid names: digits, cifar10, cifar100, npz"):
+    with pytest.raises(ValueError, match="valid names: digits, mnist1d, cifar10, cifar100, npz"):
         load_dataset("mnist")
     with pytest.raises(ValueError, match="root"):
         load_dataset("npz")

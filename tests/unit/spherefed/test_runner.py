@@ -70,3 +70,71 @@ def test_invalid_config_is_refused() -> None:
         ReferenceConfig(algorithm="sgd")
     with pytest.raises(ValueError, match="participants"):
         ReferenceConfig(participants=0)
+
+
+def test_closed_form_calibrators_are_chosen_on_validation() -> None:
+    cfg = ReferenceConfig(
+        participants=3,
+        rounds=2,
+        local_epochs=1,
+        model="mlp",
+        alpha=0.5,
+        calibrations=("ffc", "ffc_bias", "lda", "qda"),
+        ridge_grid=(0.0, 1.0),
+        shrinkage_grid=(0.0, 0.1, 0.5),
+    )
+    res = run_reference(cfg)
+    assert "ccvr" not in res["accuracy"]  # not asked for: not run, not reported
+    for name, grid in (
+        ("ffc_bias", [0.0, 1.0]),
+        ("lda", [0.0, 0.1, 0.5]),
+        ("qda", [0.0, 0.1, 0.5]),
+    ):
+        info = res["calibration"][name]
+        assert [g["value"] for g in info["grid"]] == grid
+        scores = [g["validation"] for g in info["grid"]]
+        # the chosen value is the first best *validation* score: test never decides
+        assert info["chosen"] == grid[scores.index(max(scores))]
+        assert res["validation_accuracy"][name] == max(scores)
+        assert 0.0 <= res["accuracy"][name] <= 1.0
+    assert res["settings"]["calibrations"] == ["ffc", "ffc_bias", "lda", "qda"]
+
+
+def test_bad_calibration_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="calibrations"):
+        ReferenceConfig(calibrations=("ffc", "svm"))
+    with pytest.raises(ValueError, match="shrinkage_grid"):
+        ReferenceConfig(shrinkage_grid=(0.0, 2.0))
+    with pytest.raises(ValueError, match="ridge_grid"):
+        ReferenceConfig(ridge_grid=())
+    with pytest.raises(ValueError, match="samples"):
+        ReferenceConfig(samples=100)  # digits has a fixed size
+
+
+def test_secure_sum_gives_the_float_sums_calibrations() -> None:
+    """Every calibrator from the statistics summed by the real in-process secure-
+    aggregation protocol (service fixed-point scale) = the float64 sum's, to the
+    fixed-point precision: the same predictions, hence the same accuracies."""
+    from coordinator.settings import SecAggSettings
+    from spherefed.privacy.secure_sum import SERVICE_STATISTICS_BOUND
+
+    assert SecAggSettings().statistics_bound == SERVICE_STATISTICS_BOUND
+    cfg = ReferenceConfig(
+        participants=3,
+        rounds=1,
+        local_epochs=1,
+        model="mlp",
+        alpha=0.5,
+        ridge_grid=(0.0, 1.0),
+        shrinkage_grid=(0.0, 0.1),
+        oracle_lrs=(0.1,),
+        oracle_epochs=1,
+    )
+    plain = run_reference(cfg)
+    secure = run_reference(ReferenceConfig(**{**cfg.__dict__, "secure_sum": True}))
+    assert secure["settings"]["secure_sum"] is True and "secure_sum" not in plain["settings"]
+    for name in ("ffc", "ccvr", "ffc_bias", "lda", "qda"):
+        assert secure["accuracy"][name] == plain["accuracy"][name], name
+        assert secure["validation_accuracy"][name] == plain["validation_accuracy"][name], name
+    for name in ("ffc_bias", "lda", "qda"):
+        assert secure["calibration"][name]["chosen"] == plain["calibration"][name]["chosen"]

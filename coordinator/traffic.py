@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-__all__ = ["Accounting"]
+__all__ = ["Traffic"]
 
 
-class Accounting:
+class Traffic:
+    """Thread-safe byte counters: (participant, stage) → sent, received."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, list[int]]] = defaultdict(
