@@ -196,7 +196,7 @@ def federated_evaluation(
         "participants": contributors,
         "samples": total,
         "dropped": dropped,
-        "secure": job is not None,
+        "secure": bool(s.secagg.evaluation),
         "error": error,
     }
 

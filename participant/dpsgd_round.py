@@ -1,9 +1,8 @@
-"""One round of DP-SGD on the participant: charge the ledger first, then train.
+"""One DP-SGD training round of a participant, charged to its own ledger first.
 
-Why a module of its own: the cost of a DP-SGD round is known before any data is
-touched (``spherefed.privacy.charge.dpsgd_charge``), so the participant charges its
-own ledger first and refuses over budget; only then does it train. Kept out of
-``runner`` so that the task loop stays under the module size limit.
+Why first: the privacy cost of the round (noise multiplier, sampling rate, steps) is
+known before training, so the participant charges its local ledger
+(``state_dir/privacy.db``) and refuses over budget *before* its data is touched.
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ import numpy.typing as npt
 
 from spherefed.fl import LocalUpdate
 from spherefed.privacy.charge import dpsgd_charge
+from spherefed.privacy.settings import PrivacySettings
 
 from .privacy import BudgetExceeded, ParticipantPrivacy
-from .settings import PrivacySettings
 from .trainer import LocalTrainer
 
 __all__ = ["dpsgd_round"]
@@ -27,21 +26,23 @@ def dpsgd_round(
     trainer: LocalTrainer,
     p: PrivacySettings,
     privacy: ParticipantPrivacy,
-    pid: str,
+    participant_id: str,
     task_id: str,
     vector: npt.NDArray[np.float64],
     *,
     refuse: Callable[[str, BaseException], None],
     log: Callable[[str], None],
 ) -> LocalUpdate | None:
-    """DP-SGD for this round; None when refused (already reported via ``refuse``)."""
+    """Charge, then train with DP-SGD; None when refused (already reported)."""
     config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
     rate, steps = trainer.dpsgd_steps()
     charge = dpsgd_charge(
         p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
     )
     try:
-        entry = privacy.ledger(p.delta).charge(pid, charge, release_id=f"dpsgd-{task_id}")
+        entry = privacy.ledger(p.delta).charge(
+            participant_id, charge, release_id=f"dpsgd-{task_id}"
+        )
     except BudgetExceeded as exc:
         refuse(task_id, exc)
         return None

@@ -45,6 +45,7 @@ from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.identity import join_payload, public_key_bytes
+from spherefed.fl import LocalUpdate
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .algorithm_state import ClientStateStore, CorruptClientState
@@ -63,7 +64,6 @@ from .failures import failure_kind, policy_rule
 from .faults import Halter
 from .privacy import BudgetExceeded, ParticipantPrivacy, PlaintextRefused, PrivacyRefused
 from .releases import EVALUATE, ReleaseLedger
-from .secure import SecureSession
 from .secure_steps import SecureSteps
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
@@ -342,27 +342,16 @@ class ParticipantRunner:
             try:
                 trainer.require_dpsgd_compatible()
             except ValueError as exc:
-                self._withdraw(task_id, session, exc)
+                self.secure.abandon(task_id, session, exc)
                 return
-            p = self.settings.privacy
-            dp_update = dpsgd_round(
-                trainer,
-                p,
-                self.privacy,
-                self.pid,
-                task_id,
-                vector,
-                refuse=self._refuse,
-                log=self.log,
-            )
-            if dp_update is None:
-                if session is not None:
-                    self.secure.jobs.pop(session.job_id, None)
+            dp_update = self._train_dpsgd(task_id, vector)
+            if dp_update is None:  # refused (reported); drop the job's state
+                self.secure.forget(session)
                 return
             try:
                 result = trainer.dpsgd_result(dp_update)
             except ValueError as exc:
-                self._withdraw(task_id, session, exc)
+                self.secure.abandon(task_id, session, exc)
                 return
         else:
             try:
@@ -370,7 +359,7 @@ class ParticipantRunner:
                 before = store.for_round(task.round)
                 result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
             except (CorruptClientState, ValueError) as exc:
-                self._withdraw(task_id, session, exc)
+                self.secure.abandon(task_id, session, exc)
                 return
             if result.client_state is not None:
                 store.commit(task.round, before, result.client_state)
@@ -389,17 +378,24 @@ class ParticipantRunner:
             )
             self._upload_plain(task_id, payload, meta)
 
-    def _withdraw(self, task_id: str, session: SecureSession | None, error: Exception) -> None:
-        """Refuse a task, leaving its secure job too when one was already joined."""
-        (self._refuse if session is None else lambda t, e: self.secure.abandon(t, session, e))(
-            task_id, error
-        )
-
     def _client_states(self) -> ClientStateStore:
         """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""
         plan = self.plan
         federation_id = plan.federation_id if plan is not None else ""
         return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
+
+    def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
+        """DP-SGD for this round (``participant.dpsgd_round``); None when refused."""
+        return dpsgd_round(
+            self._trainer(),
+            self.settings.privacy,
+            self.privacy,
+            self.pid,
+            task_id,
+            vector,
+            refuse=self._refuse,
+            log=self.log,
+        )
 
     def _reserve(self, task_id: str, kind: str, job: pb.SecAggJob | None, digest: bytes) -> str:
         """Reserve this release in the ledger (raises ``ReleaseRepeated``); returns its
@@ -532,7 +528,7 @@ class ParticipantRunner:
                 raise
 
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
-        """Counts on the local test split: securely aggregated when the task carries a
+        """Counts on the local test (or validation) split: securely aggregated when the task carries a
         job, plaintext only with ``allow_plaintext``; heads checked against the plan
         and the policy, each (model, heads) evaluated once (``participant.evaluation``)."""
         trainer = self._trainer()
@@ -572,7 +568,7 @@ class ParticipantRunner:
         try:
             total, counts = trainer.evaluate(vector, heads, split=split)
         except ValueError as exc:
-            self._withdraw(task_id, session, exc)
+            self.secure.abandon(task_id, session, exc)
             return
         if session is not None:
             self.secure.set_input(task_id, session, counts_vector(task, total, counts))

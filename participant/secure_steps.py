@@ -150,11 +150,17 @@ class SecureSteps:
             return False
         return True
 
-    def abandon(self, task_id: str, session: SecureSession, error: BaseException) -> None:
-        """Withdraw from a started job (the local work failed or was refused)."""
-        self.jobs.pop(session.job_id, None)
-        self._started.pop(session.job_id, None)
+    def abandon(self, task_id: str, session: SecureSession | None, error: BaseException) -> None:
+        """Withdraw from a task, and from its job if one was started (the local work
+        failed or was refused)."""
+        self.forget(session)
         self.refuse(task_id, error)
+
+    def forget(self, session: SecureSession | None) -> None:
+        """Drop a started job's state (it answers nothing more in that job)."""
+        if session is not None:
+            self.jobs.pop(session.job_id, None)
+            self._started.pop(session.job_id, None)
 
     # ---------------------------------------------------------------- stages
     def _submit(self, session: SecureSession, stage: pb.SecAggStage, data: bytes) -> None:

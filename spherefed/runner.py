@@ -72,7 +72,7 @@ from spherefed.network import (
     compute_features,
 )
 from spherefed.partition import partition, partition_summary
-from spherefed.secure_sum import secure_sum_statistics
+from spherefed.privacy.secure_sum import secure_sum_statistics
 from spherefed.stats import CCVRStatistics, ccvr_statistics
 
 Progress = Callable[[str], None]
@@ -120,7 +120,7 @@ class ReferenceConfig:
     """LDA/QDA shrinkage candidates, chosen on the validation split."""
     secure_sum: bool = False
     """Sum the calibration statistics with the in-process secure-aggregation protocol at
-    the service's fixed-point scale (``spherefed.secure_sum``) instead of in float64."""
+    the service's fixed-point scale (``spherefed.privacy.secure_sum``) instead of in float64."""
     oracle_lrs: tuple[float, ...] = (0.01, 0.1, 1.0)
     oracle_epochs: int = 30
     #: Only read when ``dataset == "synthetic"`` (and only then written by ``to_json``).

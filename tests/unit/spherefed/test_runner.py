@@ -116,7 +116,7 @@ def test_secure_sum_gives_the_float_sums_calibrations() -> None:
     aggregation protocol (service fixed-point scale) = the float64 sum's, to the
     fixed-point precision: the same predictions, hence the same accuracies."""
     from coordinator.settings import SecAggSettings
-    from spherefed.secure_sum import SERVICE_STATISTICS_BOUND
+    from spherefed.privacy.secure_sum import SERVICE_STATISTICS_BOUND
 
     assert SecAggSettings().statistics_bound == SERVICE_STATISTICS_BOUND
     cfg = ReferenceConfig(
