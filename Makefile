@@ -13,7 +13,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev,ray]"
 	touch $(STAMP)
 
 # The default federation: a coordinator and 10 participants as separate processes on

@@ -5,7 +5,14 @@ handlers on many. Everything they share — the current task, the published tens
 the secure jobs, the phase, the final ``Done`` — lives here behind one condition
 variable, and nothing else is shared. The driver *writes* the board (publish a
 tensor, set a task, finish); the handlers *read* it and feed results into the task
-objects it hands out, then :meth:`notify` so the waiting driver wakes up.
+objects it hands out, then :meth:`notify_driver` so the waiting driver wakes up.
+
+Two wake-ups, on purpose: the driver is woken by every submission, the long-polling
+handlers (``NextInstruction``, one per waiting participant) only when what they
+could be told changes — a new task, a secure-aggregation stage closed, the end.
+Waking every long poll on every submission made one stage cost O(n) wake-ups per
+submission, O(n²) in all: at 1,000 participants a million re-evaluated
+instructions per stage, all on the coordinator's CPU (``bench/long_poll.py``).
 """
 
 from __future__ import annotations
@@ -50,11 +57,28 @@ class Board:
         self.done_delivered: set[str] = set()
         self.federation_id = ""
         self.stopping: str | None = None
+        self._polls = threading.Condition(threading.Lock())
+        self._epoch = 0
+        """Bumped whenever an instruction may have changed (see the docstring)."""
 
     # ---------------------------------------------------------------- driver side
     def notify(self) -> None:
+        """Instructions may have changed (a stage closed): wake the driver and every
+        long poll."""
         with self.cond:
             self.cond.notify_all()
+        self._wake_polls()
+
+    def notify_driver(self) -> None:
+        """A submission arrived: wake the driver only (it closes stages and then
+        calls :meth:`notify`)."""
+        with self.cond:
+            self.cond.notify_all()
+
+    def _wake_polls(self) -> None:
+        with self._polls:
+            self._epoch += 1
+            self._polls.notify_all()
 
     def wait(self, seconds: float) -> None:
         """Sleep until notified or ``seconds`` passed (the driver's polling step)."""
@@ -66,6 +90,7 @@ class Board:
         with self.cond:
             self.stopping = reason
             self.cond.notify_all()
+        self._wake_polls()
 
     def check_stop(self) -> None:
         if self.stopping is not None:
@@ -93,6 +118,7 @@ class Board:
             if task is not None and task.job is not None:
                 self.jobs[task.job.job_hex] = task.job
             self.cond.notify_all()
+        self._wake_polls()
 
     def finish(self, status: str, message: str) -> None:
         """The federation is over: every later instruction is ``Done(status)``."""
@@ -100,6 +126,7 @@ class Board:
         with self.cond:
             self.done = (status, message)
             self.cond.notify_all()
+        self._wake_polls()
 
     # ---------------------------------------------------------------- handler side
     def instruction_for(self, member: Member) -> pb.Instruction:
@@ -125,12 +152,15 @@ class Board:
         """Long poll: the next non-Wait instruction, or Wait after ``timeout_s``."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
+            with self._polls:
+                epoch = self._epoch
             instruction = self.instruction_for(member)
             remaining = deadline - time.monotonic()
             if not instruction.HasField("wait") or remaining <= 0:
                 return instruction
-            with self.cond:
-                self.cond.wait(min(remaining, 0.5))
+            with self._polls:
+                if self._epoch == epoch:  # nothing changed since we looked
+                    self._polls.wait(min(remaining, 0.5))
 
     def tensor(self, name: str) -> Published | None:
         with self.cond:

@@ -53,6 +53,10 @@ complete)::
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
+    │   ├── CustomExtractorError spherefed: a package.module:factory breaking the contract
+    │   ├── SavedModelError      spherefed: a saved model directory that does not load
+    │   ├── OutputPathError      spherecal: an output path that cannot be written
+    │   ├── PreflightError       spherecal: a configured file or directory unusable
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
     │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives
     ├── TransportError           participant: a call failed (code, message, reason)

@@ -125,12 +125,21 @@ class Federation:
         return self.progress.errors
 
     @property
+    def warnings(self) -> list[str]:
+        return self.progress.warnings
+
+    @property
+    def started_monotonic(self) -> float:
+        return self._started
+
+    @property
     def peak_secagg_bytes(self) -> int:
         return self.progress.peak_secagg_bytes
 
     # ---------------------------------------------------------------- handler side
     def notify(self) -> None:
-        self.board.notify()
+        """A handler fed a result in: wake the driver (not every long poll)."""
+        self.board.notify_driver()
 
     def stop(self, reason: str) -> None:
         """Ask the driver to end the federation now (SIGTERM, tests); it fails the
@@ -260,8 +269,14 @@ class Federation:
             if time.monotonic() >= deadline:
                 if len(joined) >= needed:
                     missing = sorted(roster - joined)
-                    self.say(f"join deadline passed; continuing without {missing}")
-                    self.store.event("warning", f"started without {missing}")
+                    warning = (
+                        f"join window of {self.settings.timeouts.join_s:.0f}s expired: "
+                        f"continuing with {len(joined)} of {len(roster)} participants, "
+                        f"without {missing}"
+                    )
+                    self.progress.warnings.append(warning)
+                    self.say(f"WARNING: {warning}")
+                    self.store.event("warning", warning)
                     break
                 raise FederationFailed(
                     f"only {len(joined)} of {len(roster)} participants joined within "

@@ -148,6 +148,7 @@ _METHODS: tuple[tuple[str, bool, bool, Any, Any], ...] = (
     ("ReportEvaluation", False, False, pb.EvaluationReport, pb.Receipt),
     ("ReportFailure", False, False, pb.FailureReport, pb.Receipt),
     ("GetStatus", False, False, pb.StatusRequest, pb.StatusReply),
+    ("GetFederationStatus", False, False, pb.FederationStatusRequest, pb.FederationStatus),
 )
 
 
@@ -263,6 +264,11 @@ class _Servicer:
 
     def GetStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         return self._call(context, request, lambda p: self.service.get_status(request, p))
+
+    def GetFederationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._call(
+            context, request, lambda p: self.service.get_federation_status(request, p)
+        )
 
 
 def revocation_list(

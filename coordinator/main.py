@@ -28,6 +28,7 @@ from .evaluation import CentralEvaluator
 from .federation import Federation
 from .grpc_server import build_server, ensure_port_free
 from .log_limit import RepeatFilter, rate_limited
+from .metrics import MetricsServer, start_metrics
 from .model import GlobalModel
 from .observability import HealthReporter
 from .outputs import write_json
@@ -100,6 +101,7 @@ def run_coordinator(
     store = Store(settings.state_dir / "state.db")
     summary: dict[str, Any] = {}
     server = None
+    metrics: MetricsServer | None = None
     try:
         guard_federation_start(
             settings.state_dir,
@@ -129,6 +131,10 @@ def run_coordinator(
         health = HealthReporter()
         server, port = build_server(settings, service, health=health)
         server.start()
+        metrics = start_metrics(service)
+        if metrics is not None:
+            mhost, _ = split_host_port(settings.metrics.listen or "")
+            emit(f"metrics on http://{mhost}:{metrics.port}/metrics")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
         emit(
@@ -159,6 +165,8 @@ def run_coordinator(
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
     finally:
+        if metrics is not None:
+            metrics.close()
         if server is not None:
             health.shutdown()
             server.stop(grace=2).wait()

@@ -110,6 +110,7 @@ def summary(
         "federation_id": federation_id,
         "status": status,
         "errors": list(progress.errors),
+        "warnings": list(progress.warnings),
         "settings": {
             "name": s.name,
             "participants": list(s.participants),

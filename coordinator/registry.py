@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 from cryptography import x509
@@ -74,6 +74,8 @@ class Member:
     joins: int = 0
     presence: int = 0
     data_shape: tuple[int, int, int, int] | None = None
+    last_contact: float = 0.0
+    """Wall-clock time of the last call or disconnect (0: never); for the status view."""
 
 
 @dataclass
@@ -138,14 +140,21 @@ class Registry:
         with self._lock:
             member.presence += 1
             member.last_seen = time.monotonic()
+            member.last_contact = time.time()
 
     def presence_closed(self, member: Member) -> None:
         """A presence stream ended; with none left the participant is gone *now*
         (its next call, if it is in fact alive, revives it)."""
         with self._lock:
             member.presence = max(0, member.presence - 1)
+            member.last_contact = time.time()
             if member.presence == 0:
                 member.last_seen = float("-inf")
+
+    def members(self) -> list[Member]:
+        """Copies of every roster member, in roster order (for the status view)."""
+        with self._lock:
+            return [replace(m) for m in sorted(self._members.values(), key=lambda m: m.index)]
 
     def joined(self) -> frozenset[str]:
         with self._lock:
@@ -216,6 +225,7 @@ class Registry:
                     reason=pb.SESSION_EXPIRED,
                 )
             member.last_seen = time.monotonic()
+            member.last_contact = time.time()
         return member
 
     def authenticate_any(self, caller: pb.Caller, peer: Peer) -> str:
@@ -286,6 +296,7 @@ class Registry:
             member.certificate_pem = peer.certificate_pem
             member.session = secrets.token_urlsafe(24)
             member.last_seen = time.monotonic()
+            member.last_contact = time.time()
             member.joins += 1
             shape = request.data
             member.data_shape = (

@@ -34,6 +34,7 @@ from .privacy import PRIVACY_REFUSALS
 from .registry import Member, Peer, Registry
 from .secure_job import STAGE_NAMES
 from .settings import CoordinatorSettings
+from .status import RefusalCounter, authorize_admin, federation_status
 from .store import Store
 from .tasks import EvaluationResult, PlainUpload, Task
 from .traffic import Traffic
@@ -86,6 +87,7 @@ class CoordinatorService:
         self.store = store
         self.traffic = traffic
         self.max_chunk = settings.server.max_chunk_bytes
+        self.refusals = RefusalCounter()
 
     # ---------------------------------------------------------------- helpers
     def _reject(
@@ -97,6 +99,7 @@ class CoordinatorService:
         error: ServiceError,
         job: str | None = None,
     ) -> ServiceError:
+        self.refusals.add(error.code)
         self.store.audit(
             sender=sender[:64] or "?",
             job=job,
@@ -135,6 +138,12 @@ class CoordinatorService:
             self._check_data_shape(request.data)
             member = self.registry.join(request, peer)
         except ServiceError as exc:
+            # Operators need to see who was turned away and why (wrong certificate,
+            # not on the roster, data that does not fit the model, a replay).
+            line = f"refused join from {pid[:64]!r} ({peer.address or 'in-process'}): "
+            line += f"{exc.code.name}: {exc.message}"
+            self.federation.say(line)
+            self.store.event("warning", line)
             raise self._reject(pid, "join", "JoinRequest", raw, exc) from None
         reply = pb.JoinReply(session=member.session or "", plan=self.federation.plan_for(member))
         self.store.audit(
@@ -586,3 +595,14 @@ class CoordinatorService:
             ],
             error="; ".join(fed.errors),
         )
+
+    def get_federation_status(
+        self, request: pb.FederationStatusRequest, peer: Peer
+    ) -> pb.FederationStatus:
+        """The operator's status view (``coordinator.status``); admin callers only."""
+        raw = request.SerializeToString()
+        try:
+            authorize_admin(self.settings, peer)
+        except ServiceError as exc:
+            raise self._reject(peer.identity or "?", "status", "StatusRequest", raw, exc) from None
+        return federation_status(self.settings, self.registry, self.federation, self.refusals)

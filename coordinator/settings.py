@@ -54,7 +54,8 @@ class ModelSettings:
     which derive from the federation seed exactly as the reference runner does)."""
 
     extractor: str = "digits_cnn"
-    """Feature extractor (``spherefed.models``)."""
+    """Feature extractor (``spherefed.models``), or your own ``"package.module:factory"``
+    (docs/models.md; every participant must list it in ``[participant] extractors``)."""
     head: str = "sphere"
     """Projection head: ``sphere`` (SphereFed) or a plain one."""
     norm: str = "group"
@@ -293,6 +294,27 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class AdminSettings:
+    """Who may read the operator's status view (``GetFederationStatus``)."""
+
+    allow: tuple[str, ...] = ()
+    """Certificate identities (as ``spherecal certs issue NAME`` writes them) allowed
+    the read-only status view over mutual TLS. Empty: nobody over TLS. In plaintext
+    loopback mode (``[server] insecure``) loopback callers are allowed."""
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus endpoint (``coordinator.metrics``); off unless ``listen`` is set."""
+
+    listen: str | None = None
+    """``host:port`` for ``/metrics`` (e.g. ``"127.0.0.1:9464"``). Plain HTTP: a
+    non-loopback address must be allowed explicitly with ``allow_remote``."""
+    allow_remote: bool = False
+    """Allow a non-loopback ``listen`` (the endpoint is plain HTTP: expose it deliberately)."""
+
+
+@dataclass(frozen=True)
 class Timeouts:
     join_s: float = 300.0
     """Wait this long for the roster."""
@@ -350,6 +372,8 @@ class CoordinatorSettings:
     """SQLite database and round checkpoints."""
     out_dir: Path = Path("coordinator-out")
     """Outputs: ``summary.json``, models, ``model_spec.json``."""
+    admin: AdminSettings = field(default_factory=AdminSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def __post_init__(self) -> None:
         ids = self.participants

@@ -46,6 +46,7 @@ class Progress:
     resumed_from: int | None = None
     round_metrics: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=lambda: {"secagg_stages_s": {}})
     results: dict[str, Any] = field(default_factory=dict)
     job_summaries: list[dict[str, Any]] = field(default_factory=list)

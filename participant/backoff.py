@@ -1,9 +1,16 @@
-"""Stopping and waiting: the participant's exit reasons and its reconnect back-off."""
+"""Stopping and waiting: the participant's exit reasons and its reconnect back-off.
+
+When the coordinator is unreachable the participant says so once, then retries with a
+jittered exponential back-off (0.2 s doubling up to ``reconnect_max_s``), logging
+every attempt with its delay and the reason, and exits with status 3 after
+``give_up_s`` of continuous failure.
+"""
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -28,18 +35,38 @@ class Backoff:
         self.give_up = give_up
         self._delay = 0.2
         self._failing_since: float | None = None
+        self.attempts = 0
 
     def reset(self) -> None:
         self._delay = 0.2
         self._failing_since = None
 
-    def wait(self, what: str) -> None:
+    @property
+    def failing(self) -> bool:
+        return self._failing_since is not None
+
+    def wait(
+        self, what: str, log: Callable[[str], None] | None = None, *, address: str = ""
+    ) -> None:
+        """Sleep the next back-off (jittered, doubling up to ``maximum``); with ``log``,
+        say which attempt comes next, after how long and why — and, on the first
+        failure with ``address``, that the coordinator there cannot be reached."""
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
+            self.attempts = 0
+            if log is not None and address:
+                log(f"cannot reach the coordinator at {address} ({what}); retrying with back-off")
         elif now - self._failing_since > self.give_up:
             raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
-        time.sleep(self._delay * (0.5 + random.random()))
+        delay = self._delay * (0.5 + random.random())
+        self.attempts += 1
+        if log is not None:
+            log(
+                f"reconnect attempt {self.attempts} in {delay:.1f}s ({what}; giving up after "
+                f"{self.give_up:.0f}s without success)"
+            )
+        time.sleep(delay)
         self._delay = min(self.maximum, self._delay * 2)
 
 

@@ -16,18 +16,20 @@ accuracy (the calibrators' grid is chosen there). In whole mode a stratified
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
-from spherefed.data import ArrayDataset, load_dataset, stratified_split
+from spherefed.data import ArrayDataset, load_dataset, load_npz_pair, stratified_split
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
-from spherefed.runner import ReferenceConfig, prepare_data
+from spherefed.runner import FederationData, ReferenceConfig, prepare_data
 
 from .settings import DataSettings
 
-__all__ = ["LocalData", "load_local_data"]
+__all__ = ["LocalData", "load_local_data", "load_local_slices"]
 
 
 @dataclass(frozen=True)
@@ -60,53 +62,110 @@ def local_test_slices(
     settings: DataSettings, test: ArrayDataset, n: int, *, split: str = "test"
 ) -> list[ArrayDataset]:
     """The reference test (or validation) split partitioned into ``n`` local splits
-    (seed ``derive_seed(seed, "partition", split)``); together they cover it once."""
+    (seed ``derive_seed(seed, "partition", split)``); together they cover it once.
+
+    No minimum size: with more participants than test samples (1,000 participants
+    on digits' 449 test images) an IID split gives some participants an empty test
+    slice — the same permutation cut as ``spherefed.partition.iid_partition``, which
+    refuses empty parts because it partitions *training* data."""
+    seed = derive_seed(settings.seed, "partition", split)
+    if settings.partition == "iid" and n > len(test.y):
+        perm = np.random.default_rng(seed).permutation(len(test.y))
+        return [test.subset(np.sort(p).astype(np.int64)) for p in np.array_split(perm, n)]
     parts = partition(
         test.y,
         n,
         scheme=settings.partition,
         alpha=settings.alpha if settings.partition == "dirichlet" else None,
         shards_per_client=settings.shards_per_client if settings.partition == "shards" else None,
-        seed=derive_seed(settings.seed, "partition", split),
+        seed=seed,
         min_size=0,
     )
     return [test.subset(p) for p in parts]
 
 
 def load_local_data(settings: DataSettings) -> LocalData:
-    if settings.slice_index is None or settings.slice_of is None:
-        splits = load_dataset(
-            settings.dataset, root=settings.root, seed=settings.seed, samples=settings.samples
-        )
-        train, test = splits.train, splits.test
-        validation = None
-        if settings.validation_fraction > 0:
-            train_idx, val_idx = stratified_split(
-                train.y,
-                test_fraction=settings.validation_fraction,
-                seed=derive_seed(settings.seed, "validation"),
+    return load_local_slices([settings])[0]
+
+
+def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
+    """:func:`load_local_data` for many participants at once: settings that differ
+    only in ``slice_index`` share one load-split-partition of the dataset (a host of
+    hundreds of virtual participants would otherwise repeat it hundreds of times).
+    The slices are exactly the ones :func:`load_local_data` gives one by one."""
+    prepared: dict[DataSettings, tuple[FederationData, list[ArrayDataset], list[ArrayDataset]]] = {}
+    out: list[LocalData] = []
+    for settings in many:
+        if settings.slice_index is None or settings.slice_of is None:
+            out.append(_load_whole(settings))
+            continue
+        key = replace(settings, slice_index=0)
+        if key not in prepared:
+            data = prepare_data(
+                ReferenceConfig(
+                    dataset=settings.dataset,
+                    data_root=settings.root,
+                    samples=settings.samples,
+                    participants=settings.slice_of,
+                    partition=settings.partition,
+                    alpha=settings.alpha,
+                    shards_per_client=settings.shards_per_client,
+                    validation_fraction=settings.validation_fraction,
+                    seed=settings.seed,
+                )
             )
-            train, validation = train.subset(train_idx), train.subset(val_idx)
-        name = f"{settings.dataset} (whole)"
+            prepared[key] = (
+                data,
+                local_test_slices(settings, data.test, settings.slice_of),
+                local_test_slices(settings, data.validation, settings.slice_of, split="validation"),
+            )
+        data, tests, validations = prepared[key]
+        k = settings.slice_index
+        train, test = data.participant(k), tests[k]
+        name = f"{settings.dataset} slice {k}/{settings.slice_of}"
+        out.append(_local(train, test, name, settings, validations[k]))
+    return out
+
+
+def _load_whole(settings: DataSettings) -> LocalData:
+    if settings.test_root is not None:
+        if settings.root is None:
+            raise ValueError("[data] root is required with test_root")
+        splits = load_npz_pair(settings.root, settings.test_root)
     else:
-        config = ReferenceConfig(
-            dataset=settings.dataset,
-            data_root=settings.root,
-            samples=settings.samples,
-            participants=settings.slice_of,
-            partition=settings.partition,
-            alpha=settings.alpha,
-            shards_per_client=settings.shards_per_client,
-            validation_fraction=settings.validation_fraction,
+        splits = load_dataset(
+            settings.dataset,
+            root=settings.root,
             seed=settings.seed,
+            samples=settings.samples,
+            test_fraction=settings.test_fraction,
         )
-        data = prepare_data(config)
-        train = data.participant(settings.slice_index)
-        test = local_test_slices(settings, data.test, settings.slice_of)[settings.slice_index]
-        validation = local_test_slices(
-            settings, data.validation, settings.slice_of, split="validation"
-        )[settings.slice_index]
-        name = f"{settings.dataset} slice {settings.slice_index}/{settings.slice_of}"
+    train, validation = splits.train, None
+    if settings.validation_fraction > 0:
+        train_idx, val_idx = stratified_split(
+            train.y,
+            test_fraction=settings.validation_fraction,
+            seed=derive_seed(settings.seed, "validation"),
+        )
+        train, validation = train.subset(train_idx), train.subset(val_idx)
+    return _local(train, splits.test, f"{settings.dataset} (whole)", settings, validation)
+
+
+def _local(
+    train: ArrayDataset,
+    test: ArrayDataset,
+    name: str,
+    settings: DataSettings,
+    validation: ArrayDataset | None = None,
+) -> LocalData:
+    num_classes = train.num_classes
+    if settings.num_classes is not None:  # a site without the highest classes
+        if settings.num_classes < num_classes:
+            raise ValueError(
+                f"[data] num_classes = {settings.num_classes}, but the data has labels up to "
+                f"{num_classes - 1}"
+            )
+        num_classes = settings.num_classes
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
     val_x, val_y = _tensors(validation) if validation is not None else (None, None)
@@ -115,7 +174,7 @@ def load_local_data(settings: DataSettings) -> LocalData:
         train_y,
         test_x,
         test_y,
-        train.num_classes,
+        num_classes,
         train.image_shape,
         name,
         val_x=val_x,

@@ -26,9 +26,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["HALT_MARKER", "HALT_STAGES", "HaltPoint", "parse_halt"]
+__all__ = ["HALT_MARKER", "HALT_STAGES", "HaltPoint", "Halter", "OnHalt", "parse_halt"]
 
 HALT_STAGES = ("train", "advertise", "share", "masked", "unmask")
 HALT_MARKER = "SPHERECAL-HALT"
@@ -67,16 +68,34 @@ def parse_halt(text: str) -> HaltPoint:
     return HaltPoint(stage.strip(), when.strip() or None)
 
 
-class Halter:
-    """Checks halt points; each point fires once."""
+OnHalt = Callable[[str, str, str], None]
+"""``on_halt(stage, purpose, what)``: kill the participant now; must not return."""
 
-    def __init__(self, points: tuple[HaltPoint, ...]) -> None:
+
+def _announce_and_wait(stage: str, purpose: str, what: str) -> None:
+    """The process engine's halt: announce on stdout, block until the SIGKILL."""
+    print(f"{HALT_MARKER} {stage} {purpose} {what}", file=sys.stdout, flush=True)
+    threading.Event().wait()  # until SIGKILL
+
+
+class Halter:
+    """Checks halt points; each point fires once.
+
+    ``on_halt`` is what halting means: by default the process announces the point
+    on stdout and blocks until the harness SIGKILLs it; a virtual participant
+    hosted with many others in one process (``spherecal.engines``) passes a
+    callback that cuts its own connection and raises instead — the process-wide
+    stdout and SIGKILL would take every neighbour down with it.
+    """
+
+    def __init__(self, points: tuple[HaltPoint, ...], on_halt: OnHalt | None = None) -> None:
         self._points = list(points)
+        self._on_halt = on_halt or _announce_and_wait
 
     def check(self, stage: str, *, purpose: str, round_index: int | None, what: str) -> None:
         for point in self._points:
             if point.matches(stage, purpose=purpose, round_index=round_index):
                 if stage == "masked":
                     time.sleep(1.0)  # let the first chunk leave: the upload is cut mid-stream
-                print(f"{HALT_MARKER} {stage} {purpose} {what}", file=sys.stdout, flush=True)
-                threading.Event().wait()  # until SIGKILL
+                self._on_halt(stage, purpose, what)
+                raise AssertionError("on_halt returned: a halted participant must not go on")

@@ -54,6 +54,10 @@ class GrpcTransport:
             ("grpc.max_send_message_length", limit),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.enable_retries", 0),
+            # One connection per participant even when many share a process (the
+            # Ray engine's virtual participants): a dropped participant drops its
+            # own connection, as a separate process would, not a shared one.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if credentials is None:
             self._channel = grpc.insecure_channel(settings.coordinator, options=options)

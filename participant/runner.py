@@ -6,12 +6,10 @@ it is told — train a round, compute statistics, take a secure-aggregation step
 evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly alive while
 it computes.
 
-Resilience: when the coordinator is unreachable (UNAVAILABLE — e.g. it is being
-restarted) the participant backs off exponentially and retries; when its session is
-unknown (a restarted coordinator) it joins again and continues with whatever it is
-told next. Work in flight when the coordinator went away is dropped — the resumed
-coordinator re-issues what it still needs. After ``give_up_s`` of continuous failure
-it exits with status 3.
+Resilience: an unreachable coordinator is retried with back-off
+(``participant.backoff``); an unknown session (a restarted coordinator) means joining
+again. Work in flight when the coordinator went away is dropped: the resumed
+coordinator re-issues what it still needs.
 
 Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
 participant refuses to upload any model update or statistics in the clear; it only
@@ -53,17 +51,12 @@ from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
 from .downloads import download
 from .dpsgd_round import dpsgd_round
-from .evaluation import (
-    check_evaluation,
-    counts_vector,
-    download_heads,
-    evaluation_digest,
-    evaluation_length,
-)
+from .evaluate_task import evaluate_task
 from .failures import failure_kind, policy_rule
-from .faults import Halter
+from .faults import Halter, OnHalt
 from .privacy import BudgetExceeded, ParticipantPrivacy, PlaintextRefused, PrivacyRefused
-from .releases import EVALUATE, ReleaseLedger
+from .releases import ReleaseLedger
+from .results import FinalModels, refuse_extractor, save_after_completion
 from .secure_steps import SecureSteps
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
@@ -90,6 +83,7 @@ class ParticipantRunner:
         trust: DirectoryTrust,
         *,
         log: Callable[[str], None],
+        on_halt: OnHalt | None = None,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -99,7 +93,7 @@ class ParticipantRunner:
         self.ledger = ledger
         self.trust = trust
         self.log = log
-        self.halter = Halter(settings.halt_before)
+        self.halter = Halter(settings.halt_before, on_halt)
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None
@@ -131,6 +125,7 @@ class ParticipantRunner:
             log=log,
             corrupt_shares=settings.corrupt_shares,
         )
+        self._final: FinalModels | None = None
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -153,6 +148,9 @@ class ParticipantRunner:
             ),
         )
         reply = self.transport.join(request)
+        refused = refuse_extractor(reply.plan.model.extractor, self.settings.extractors)
+        if refused is not None:
+            raise ParticipantExit(2, refused)
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
@@ -166,6 +164,13 @@ class ParticipantRunner:
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
+        )
+
+    def _save_final_models(self) -> int:
+        if self.trainer is None or self.plan is None or self.settings.out_dir is None:
+            return 0
+        return save_after_completion(
+            self.settings.out_dir, self.trainer, self._final, self.plan.federation_id, self.log
         )
 
     def _presence_loop(self) -> None:
@@ -245,6 +250,8 @@ class ParticipantRunner:
             except TransportError as exc:
                 self._on_control_error(exc)
                 continue
+            if self._backoff.failing:
+                self.log(f"reached the coordinator at {self.settings.coordinator} again")
             self._backoff.reset()
             kind = instruction.WhichOneof("kind")
             if kind == "wait" or kind is None:
@@ -252,7 +259,9 @@ class ParticipantRunner:
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                return 0 if done.status == "completed" else 1
+                if done.status != "completed":
+                    return 1
+                return self._save_final_models()
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
@@ -262,7 +271,7 @@ class ParticipantRunner:
                     self.session = None
                 elif exc.retryable:
                     self.log(f"lost the coordinator during {kind}: {exc.message}")
-                    self._backoff.wait("coordinator unavailable")
+                    self._backoff.wait(f"coordinator unavailable during {kind}", self.log)
                 else:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
 
@@ -273,7 +282,8 @@ class ParticipantRunner:
             self.session = None
             return
         if exc.retryable:
-            self._backoff.wait(f"coordinator unavailable ({exc.message})")
+            reason = f"{exc.code.name}: {' '.join(exc.message.split())[:200]}"
+            self._backoff.wait(reason, self.log, address=self.settings.coordinator)
             return
         raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
 
@@ -528,68 +538,4 @@ class ParticipantRunner:
                 raise
 
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
-        """Counts on the local test (or validation) split: securely aggregated when the task carries a
-        job, plaintext only with ``allow_plaintext``; heads checked against the plan
-        and the policy, each (model, heads) evaluated once (``participant.evaluation``)."""
-        trainer = self._trainer()
-        secure = task.HasField("secure")
-        try:
-            check_evaluation(
-                task,
-                num_classes=trainer.num_classes,
-                feature_dim=trainer.feature_dim,
-                max_heads=self.policy.max_evaluation_heads,
-                max_validation_heads=self.policy.max_validation_heads,
-            )
-            if not secure and not self.settings.allow_plaintext:
-                raise self._no_plaintext("evaluation counts")
-            release = self._reserve(
-                task_id, EVALUATE, task.secure if secure else None, evaluation_digest(task)
-            )
-        except (PrivacyRefused, crypto.SecAggError) as exc:
-            self._refuse(task_id, exc)
-            return
-        session = None
-        if secure:
-            session = self.secure.start(
-                task_id,
-                task.secure,
-                round_index=None,
-                expected_length=evaluation_length(task),
-                release=release,
-            )
-            if session is None:
-                return
-        vector = self._download(task.model, (trainer.length,))
-        heads = download_heads(
-            self._download, task, num_classes=trainer.num_classes, feature_dim=trainer.feature_dim
-        )
-        split = "validation" if task.split == pb.SPLIT_VALIDATION else "test"
-        try:
-            total, counts = trainer.evaluate(vector, heads, split=split)
-        except ValueError as exc:
-            self.secure.abandon(task_id, session, exc)
-            return
-        if session is not None:
-            self.secure.set_input(task_id, session, counts_vector(task, total, counts))
-            return
-        try:
-            self.releases.consume(release)
-        except PrivacyRefused as exc:
-            self._refuse(task_id, exc)
-            return
-        try:
-            self.transport.report_evaluation(
-                pb.EvaluationReport(
-                    caller=self._caller(),
-                    task_id=task_id,
-                    total=total,
-                    counts=[pb.HeadCount(head=k, correct=v) for k, v in counts.items()],
-                )
-            )
-        except TransportError as exc:
-            if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
-                raise
-        if task.round < 0:
-            shown = ", ".join(f"{k} {v}/{total}" for k, v in counts.items())
-            self.log(f"final evaluation: {shown}")
+        evaluate_task(self, task_id, task)  # participant.evaluate_task

@@ -48,8 +48,23 @@ class DataSettings:
     """Dataset size for ``mnist1d`` (default 12,000); must be unset for other datasets."""
     validation_fraction: float = 0.1
     """Share of the local train split held out for validation."""
+    test_fraction: float = 0.25
+    """Whole mode, ``npz``/``digits`` with ``x``, ``y`` only: the stratified share held
+    out as the local test split (docs/data.md)."""
+    num_classes: int | None = None
+    """Whole mode: the federation's number of classes when this site's labels do not
+    reach the highest one (default: ``max(label) + 1``)."""
+    test_root: str | None = None
+    """Whole mode, ``npz``: a separate test file (its ``x``, ``y``); then all of
+    ``root`` trains and ``test_fraction`` is unused."""
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.test_root is not None and self.dataset != "npz":
+            raise ValueError("test_root is only for dataset 'npz'")
+        if self.test_root is not None and self.slice_index is not None:
+            raise ValueError("test_root is for whole mode (no slice_index)")
         if self.samples is not None and self.dataset != "mnist1d":
             raise ValueError(f"data.samples is only read for mnist1d, not {self.dataset!r}")
         if (self.slice_index is None) != (self.slice_of is None):
@@ -89,6 +104,15 @@ class ParticipantSettings:
     state_dir: Path = Path("participant-state")
     """Job ledger (refuses to run a job id twice), privacy ledger, the algorithm's own
     state (SCAFFOLD's ``c_k``, in ``algorithm/``); default ``participant-<id>``."""
+    out_dir: Path | None = None
+    """Where the final models land when the federation completes (``spherefed.saved``
+    layout: ``model_spec.json``, ``model_<calibration>.pt``, ``models.json``). The TOML
+    loader always sets one (default ``participant-ID-out`` next to the config); None
+    (programmatic use, in-process tests) saves nothing."""
+    extractors: tuple[str, ...] = ()
+    """User extractors (``"package.module:factory"``) this participant agrees to import
+    when the coordinator's plan names one. Built-in extractors need no entry; any
+    other name in a plan is refused, so a coordinator cannot make a site import code."""
     identity_key: Path | None = None
     """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``, created once."""
     threads: int = 1

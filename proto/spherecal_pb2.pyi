@@ -608,3 +608,93 @@ class StatusReply(_message.Message):
     participants: _containers.RepeatedCompositeFieldContainer[ParticipantStatus]
     error: str
     def __init__(self, federation_id: _Optional[str] = ..., phase: _Optional[str] = ..., completed_rounds: _Optional[int] = ..., rounds: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., participants: _Optional[_Iterable[_Union[ParticipantStatus, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class FederationStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RosterEntry(_message.Message):
+    __slots__ = ("participant_id", "index", "joined", "connected", "seconds_since_seen", "joins")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_SEEN_FIELD_NUMBER: _ClassVar[int]
+    JOINS_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    index: int
+    joined: bool
+    connected: bool
+    seconds_since_seen: float
+    joins: int
+    def __init__(self, participant_id: _Optional[str] = ..., index: _Optional[int] = ..., joined: _Optional[bool] = ..., connected: _Optional[bool] = ..., seconds_since_seen: _Optional[float] = ..., joins: _Optional[int] = ...) -> None: ...
+
+class RoundSummary(_message.Message):
+    __slots__ = ("round", "selected", "contributors", "train_loss", "test_accuracy", "federated_accuracy", "seconds", "dropped")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SELECTED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    FEDERATED_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    selected: int
+    contributors: int
+    train_loss: float
+    test_accuracy: float
+    federated_accuracy: float
+    seconds: float
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., contributors: _Optional[int] = ..., train_loss: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., federated_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EpsilonSpent(_message.Message):
+    __slots__ = ("subject", "epsilon")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    epsilon: float
+    def __init__(self, subject: _Optional[str] = ..., epsilon: _Optional[float] = ...) -> None: ...
+
+class FederationStatus(_message.Message):
+    __slots__ = ("federation_id", "name", "status", "phase", "rounds", "completed_rounds", "current_round", "task", "stage", "job_id", "roster", "completed", "jobs", "privacy_enabled", "epsilon", "refusals", "warnings", "errors", "uptime_s")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROSTER_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    PRIVACY_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    name: str
+    status: str
+    phase: str
+    rounds: int
+    completed_rounds: int
+    current_round: int
+    task: str
+    stage: str
+    job_id: str
+    roster: _containers.RepeatedCompositeFieldContainer[RosterEntry]
+    completed: _containers.RepeatedCompositeFieldContainer[RoundSummary]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    privacy_enabled: bool
+    epsilon: _containers.RepeatedCompositeFieldContainer[EpsilonSpent]
+    refusals: int
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    uptime_s: float
+    def __init__(self, federation_id: _Optional[str] = ..., name: _Optional[str] = ..., status: _Optional[str] = ..., phase: _Optional[str] = ..., rounds: _Optional[int] = ..., completed_rounds: _Optional[int] = ..., current_round: _Optional[int] = ..., task: _Optional[str] = ..., stage: _Optional[str] = ..., job_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[RosterEntry, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., privacy_enabled: _Optional[bool] = ..., epsilon: _Optional[_Iterable[_Union[EpsilonSpent, _Mapping]]] = ..., refusals: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., uptime_s: _Optional[float] = ...) -> None: ...

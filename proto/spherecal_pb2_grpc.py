@@ -89,6 +89,11 @@ class CoordinatorStub:
                 request_serializer=proto_dot_spherecal__pb2.StatusRequest.SerializeToString,
                 response_deserializer=proto_dot_spherecal__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.GetFederationStatus = channel.unary_unary(
+                '/spherecal.v1.Coordinator/GetFederationStatus',
+                request_serializer=proto_dot_spherecal__pb2.FederationStatusRequest.SerializeToString,
+                response_deserializer=proto_dot_spherecal__pb2.FederationStatus.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -176,6 +181,16 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetFederationStatus(self, request, context):
+        """The operator's live view (`spherecal status`): roster with liveness, current round
+        and secure-aggregation stage, completed rounds, jobs, epsilon spent per subject.
+        Read-only and metadata only. Allowed for the certificate identities on the
+        coordinator's `[admin] allow` list, or (plaintext loopback mode) for loopback callers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +248,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=proto_dot_spherecal__pb2.StatusRequest.FromString,
                     response_serializer=proto_dot_spherecal__pb2.StatusReply.SerializeToString,
+            ),
+            'GetFederationStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFederationStatus,
+                    request_deserializer=proto_dot_spherecal__pb2.FederationStatusRequest.FromString,
+                    response_serializer=proto_dot_spherecal__pb2.FederationStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -532,6 +552,33 @@ class Coordinator:
             '/spherecal.v1.Coordinator/GetStatus',
             proto_dot_spherecal__pb2.StatusRequest.SerializeToString,
             proto_dot_spherecal__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFederationStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spherecal.v1.Coordinator/GetFederationStatus',
+            proto_dot_spherecal__pb2.FederationStatusRequest.SerializeToString,
+            proto_dot_spherecal__pb2.FederationStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,6 +29,10 @@ from spherefed.heads import HEAD_KINDS
 from spherefed.losses import LOSS_NAMES
 from spherefed.models import EXTRACTOR_NAMES, NORM_NAMES
 from spherefed.runner import SELECT_BY, ReferenceConfig, run_reference, run_reference_sweep
+
+#: Exit statuses of every command (docs/cli.md): 0 ok, 1 the federation failed,
+#: 2 bad input (config, data, paths, certificates).
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -182,6 +187,10 @@ def _cmd_reference(args: argparse.Namespace) -> int:
     config = _reference_config(args)
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.json is not None:  # before training: a run must not be lost to a bad path
+        from spherecal.outputs import check_output_file
+
+        check_output_file(args.json, what="--json")
     torch.set_num_threads(args.threads)
 
     def progress(msg: str) -> None:
@@ -220,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     from spherecal.audit import add_audit_parser
 
     add_audit_parser(sub)
+    from spherecal.predict import add_predict_parser
+
+    add_predict_parser(sub)
+    from spherecal.status_cli import add_status_parser
+
+    add_status_parser(sub)
     return parser
 
 
@@ -228,9 +243,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
-        print(f"spherecal {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError, FloatingPointError, pickle.UnpicklingError) as exc:
+        # Bad input (config, data, paths, certificates): one line, exit status 2
+        # (docs/cli.md). OSError covers missing/unreadable files and permissions.
+        print(f"spherecal {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"spherecal {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    return " ".join(text.split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

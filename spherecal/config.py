@@ -21,9 +21,11 @@ from typing import Any
 import tomli_w
 
 from coordinator.settings import (
+    AdminSettings,
     CalibrationSettings,
     CoordinatorSettings,
     EvaluationSettings,
+    MetricsSettings,
     ModelSettings,
     SecAggSettings,
     ServerSettings,
@@ -79,7 +81,7 @@ PRIVACY = Table(
 
 _SUB_TABLES = frozenset(
     {"model", "training", "calibration", "secagg", "server", "tls", "timeouts", "evaluation"}
-    | {"privacy"}
+    | {"privacy", "admin", "metrics"}
 )
 
 COORDINATOR_TABLES: tuple[Table, ...] = (
@@ -138,6 +140,8 @@ COORDINATOR_TABLES: tuple[Table, ...] = (
     Table("timeouts", Timeouts, note="seconds"),
     Table("evaluation", EvaluationSettings),
     PRIVACY,
+    Table("admin", AdminSettings, note="who may read the live status view (`spherecal status`)"),
+    Table("metrics", MetricsSettings, note="Prometheus endpoint, off by default"),
 )
 
 PARTICIPANT_TABLES: tuple[Table, ...] = (
@@ -151,11 +155,12 @@ PARTICIPANT_TABLES: tuple[Table, ...] = (
         hidden=frozenset({"halt_before", "corrupt_shares"}),
         default_text={
             "state_dir": "`participant-<id>`",
+            "out_dir": "`participant-<id>-out`",
             "identity_key": "`state_dir/identity.key`",
         },
     ),
     Table("tls", ClientTLS, note="required unless `insecure`"),
-    Table("data", DataSettings, paths=frozenset({"root"})),
+    Table("data", DataSettings, paths=frozenset({"root", "test_root"})),
     PRIVACY,
     Table(
         "policy",
@@ -278,6 +283,8 @@ def _parse_coordinator(
         raise ConfigError(f"{source}: [timeouts] heartbeat_timeout_s must exceed the interval")
     evaluation = EvaluationSettings(**read_table(s["evaluation"], tables["evaluation"]))
     privacy = _privacy(s["privacy"])
+    admin = AdminSettings(**read_table(s["admin"], tables["admin"]))
+    metrics = MetricsSettings(**read_table(s["metrics"], tables["metrics"]))
     for section in s.values():
         section.finish()
     try:
@@ -292,6 +299,8 @@ def _parse_coordinator(
             timeouts=timeouts,
             evaluation=evaluation,
             privacy=privacy,
+            admin=admin,
+            metrics=metrics,
         )
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
@@ -314,6 +323,8 @@ def coordinator_document(settings: CoordinatorSettings, *, threads: int = 1) -> 
         "timeouts": settings.timeouts,
         "evaluation": settings.evaluation,
         "privacy": settings.privacy,
+        "admin": settings.admin,
+        "metrics": settings.metrics,
     }
     extras = {"federation": {"threads": threads}}
     return {
@@ -346,7 +357,13 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
     if not pid:
         raise ConfigError(f"{source}: [participant] id is required")
     top = read_table(
-        p, tables["participant"], {"id": pid, "state_dir": base / f"participant-{pid}"}
+        p,
+        tables["participant"],
+        {
+            "id": pid,
+            "state_dir": base / f"participant-{pid}",
+            "out_dir": base / f"participant-{pid}-out",
+        },
     )
     tls = ClientTLS(**read_table(s["tls"], tables["tls"]))
     try:

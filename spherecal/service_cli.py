@@ -90,8 +90,12 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
         return _check_state(settings)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
+    from .preflight import check_coordinator
+
+    check_coordinator(settings, str(args.config))
     summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
-    print(json.dumps({k: summary.get(k) for k in ("status", "accuracy", "errors")}, indent=2))
+    shown = ("status", "accuracy", "errors", "warnings")
+    print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
     return 0 if summary.get("status") == "completed" else 1
 
 
@@ -143,8 +147,8 @@ def add_participant_parser(sub: SubParsers) -> None:
         description=(
             "Join a federation: dial out to the coordinator, train locally, compute "
             "statistics and take part in secure aggregation until the coordinator says "
-            "done. Exit status 0 completed, 1 federation failed, 2 refused, 3 gave up "
-            "reconnecting."
+            "done; then save the final models in [participant] out_dir. Exit status 0 "
+            "completed, 1 federation failed, 2 bad input or refused, 3 gave up reconnecting."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
@@ -172,6 +176,9 @@ def _cmd_participant(args: argparse.Namespace) -> int:
     if args.halt_before:
         points = tuple(parse_halt(h) for h in args.halt_before)
         settings = replace(settings, halt_before=settings.halt_before + points)
+    from .preflight import check_participant
+
+    check_participant(settings, str(args.config))
     return run_participant(settings)
 
 
@@ -222,6 +229,11 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "dp_mechanism": "skellam",
     "dp_budget": None,
     "out": None,
+    "engine": "processes",
+    "workers": None,
+    "worker_cpus": 1.0,
+    "ray_address": None,
+    "coordinator_host": "127.0.0.1",
 }
 
 
@@ -329,6 +341,32 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--dp-mechanism", default=S, choices=("skellam", "dgauss"))
     p.add_argument(
         "--dp-budget", type=float, default=S, help="DP: total ε budget of each participant"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("processes", "ray"),
+        default=S,
+        help="processes: one OS process per participant (default); ray: many virtual "
+        "participants per Ray worker (needs the ray extra; docs/scaling.md)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=S, help="ray: worker actors (default: one per CPU)"
+    )
+    p.add_argument(
+        "--worker-cpus", type=float, default=S, help="ray: logical CPUs per worker (default 1)"
+    )
+    p.add_argument(
+        "--ray-address",
+        default=S,
+        metavar="ADDR",
+        help="ray: join this existing cluster (default: start a local Ray instance)",
+    )
+    p.add_argument(
+        "--coordinator-host",
+        default=S,
+        metavar="HOST",
+        help="ray: address the participants dial and the coordinator listens on "
+        "(default 127.0.0.1; anything else needs --tls)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_simulate)
@@ -463,17 +501,57 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     return settings
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulate import SimulationError, run_simulation
+def _engine_runner(options: dict[str, Any]) -> Any:
+    """The run function of the chosen engine (``run_simulation``'s signature)."""
+    from .simulate import run_simulation
 
-    settings = simulation_settings_from(_simulate_options(args))
+    engine = str(options["engine"])
+    ray_only = ("workers", "ray_address")
+    if engine == "processes":
+        used = [k for k in ray_only if options[k] is not None]
+        if options["coordinator_host"] != "127.0.0.1":
+            used.append("coordinator_host")
+        if used:
+            flags = ", ".join("--" + k.replace("_", "-") for k in used)
+            raise ValueError(f"{flags} only apply to --engine ray")
+        return run_simulation
+    if engine != "ray":
+        raise ValueError(f"--engine must be processes or ray, got {engine!r}")
+    try:
+        from .engines.ray import RayEngineSettings, run_ray_simulation
+    except ImportError as exc:
+        raise ValueError(
+            f"--engine ray needs Ray ({exc}); install the extra: pip install -e '.[ray]'"
+        ) from None
+    chosen = RayEngineSettings(
+        workers=None if options["workers"] is None else int(options["workers"]),
+        worker_cpus=float(options["worker_cpus"]),
+        address=options["ray_address"],
+        coordinator_host=str(options["coordinator_host"]),
+    )
+
+    def run(settings: Any, progress: Any) -> Any:
+        return run_ray_simulation(settings, chosen, progress)
+
+    return run
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import SimulationError
+
+    options = _simulate_options(args)
+    settings = simulation_settings_from(options)
+    run = _engine_runner(options)
+    from .outputs import check_output_dir
+
+    check_output_dir(settings.out, what="--out")  # before any process starts
 
     def progress(message: str) -> None:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
     try:
-        results = run_simulation(settings, progress)
+        results = run(settings, progress)
     except SimulationError as exc:
         print(f"spherecal simulate: error: {exc}", file=sys.stderr)
         return 1
@@ -486,6 +564,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
                 ],
                 "errors": results["errors"],
+                "warnings": results.get("warnings", []),
                 "results": str(settings.out / "results.json"),
             },
             indent=2,

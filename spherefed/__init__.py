@@ -13,4 +13,19 @@ No network, no I/O beyond reading datasets. Modules:
 - ``data`` / ``partition``: digits, CIFAR, ``.npz``; IID, Dirichlet(α), shards.
 - ``fl``: local training and server aggregation (FedAvg, FedProx).
 - ``runner``: the deterministic in-process reference runner.
+- ``saved``: ``model_spec.json`` + state dicts; ``load_model(dir)`` (also ``spherefed.load_model``).
+- ``custom``: a user's own extractor, ``"package.module:factory"``.
 """
+
+from typing import Any
+
+__all__ = ["load_model"]
+
+
+def __getattr__(name: str) -> Any:
+    """``spherefed.load_model`` without importing torch on ``import spherefed``."""
+    if name == "load_model":
+        from spherefed.saved import load_model
+
+        return load_model
+    raise AttributeError(f"module 'spherefed' has no attribute {name!r}")

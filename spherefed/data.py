@@ -53,6 +53,7 @@ __all__ = [
     "load_digits",
     "load_mnist1d",
     "load_npz",
+    "load_npz_pair",
     "load_synthetic",
     "stratified_split",
 ]
@@ -426,7 +427,19 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def _load_restricted(path: Path) -> dict[bytes, Any]:
     data = path.read_bytes()
-    obj = RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+    if not data:
+        raise ValueError(f"{path}: empty file (expected a CIFAR python-pickle batch)")
+    try:
+        obj = RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except pickle.UnpicklingError as exc:
+        if "refusing to load global" in str(exc):
+            raise pickle.UnpicklingError(f"{path}: {exc}") from None
+        raise ValueError(f"{path}: not a CIFAR python-pickle batch ({exc})") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as exc:
+        # A truncated or garbled pickle surfaces as any of these from the unpickler.
+        raise ValueError(
+            f"{path}: not a CIFAR python-pickle batch (truncated or garbled: {type(exc).__name__})"
+        ) from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a dict, got {type(obj).__name__}")
     return obj
@@ -568,8 +581,8 @@ def load_npz(path: str | Path, *, seed: int = 0, test_fraction: float = 0.25) ->
     split_keys = ("x_train", "y_train", "x_test", "y_test")
     try:
         loaded = np.load(path, allow_pickle=False)
-    except ValueError as exc:  # e.g. a pickle file renamed to .npz
-        raise ValueError(f"{path}: not a valid .npz file ({exc})") from exc
+    except (ValueError, OSError, EOFError) as exc:  # a pickle renamed .npz, empty, garbled
+        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
     with loaded as npz:
@@ -623,6 +636,48 @@ def load_npz(path: str | Path, *, seed: int = 0, test_fraction: float = 0.25) ->
         train=ArrayDataset(x_tr, y_tr, num_classes, f"npz:{stem}/train"),
         test=ArrayDataset(x_te, y_te, num_classes, f"npz:{stem}/test"),
     )
+
+
+def load_npz_pair(train_path: str | Path, test_path: str | Path) -> DatasetSplits:
+    """A site's data as two files: all of ``train_path``'s ``x``, ``y`` trains, all of
+    ``test_path``'s evaluates (same conversions and checks as :func:`load_npz`)."""
+    train = _whole_npz(Path(train_path))
+    test = _whole_npz(Path(test_path))
+    if train.x.shape[1:] != test.x.shape[1:]:
+        raise ValueError(
+            f"{train_path}: samples have shape {train.x.shape[1:]} but {test_path}'s "
+            f"have {test.x.shape[1:]}"
+        )
+    num_classes = max(train.num_classes, test.num_classes)
+    return DatasetSplits(
+        train=ArrayDataset(train.x, train.y, num_classes, train.name),
+        test=ArrayDataset(test.x, test.y, num_classes, test.name),
+    )
+
+
+def _whole_npz(path: Path) -> ArrayDataset:
+    if not path.is_file():
+        raise FileNotFoundError(f"npz dataset not found: {path}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
+    with loaded as npz:
+        missing = [k for k in ("x", "y") if k not in npz.files]
+        if missing:
+            raise ValueError(f"{path}: missing keys {missing} (found {sorted(npz.files)})")
+        try:
+            x = _npz_images(npz["x"], "x", path)
+            y = _npz_labels(npz["y"], "y", x.shape[0], path)
+        except ValueError as exc:
+            if "allow_pickle" in str(exc):
+                raise ValueError(f"{path}: object arrays are not allowed in a dataset") from None
+            raise
+    if y.size == 0:
+        raise ValueError(f"{path}: no samples")
+    return ArrayDataset(x, y, int(y.max()) + 1, f"npz:{path.stem}")
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -734,8 +789,12 @@ def load_dataset(
     seed: int = 0,
     synthetic: SyntheticConfig | None = None,
     samples: int | None = None,
+    test_fraction: float = 0.25,
 ) -> DatasetSplits:
     """Load a dataset by name (one of :data:`DATASET_NAMES`).
+
+    ``test_fraction`` is the stratified test share for ``digits`` and for an ``npz``
+    holding only ``x``, ``y`` (CIFAR keeps its official split).
 
     - ``"digits"``: :func:`load_digits` (``root`` is ignored; ``seed`` picks the split).
     - ``"mnist1d"``: :func:`load_mnist1d` with ``samples`` (default
@@ -750,7 +809,7 @@ def load_dataset(
     if samples is not None and name != "mnist1d":
         raise ValueError(f"samples= is only read for 'mnist1d', not for {name!r}")
     if name == "digits":
-        return load_digits(seed=seed)
+        return load_digits(seed=seed, test_fraction=test_fraction)
     if name == "mnist1d":
         return load_mnist1d(
             num_samples=MNIST1D_SAMPLES if samples is None else samples, cache_dir=root
@@ -762,7 +821,7 @@ def load_dataset(
     if name == "npz":
         if root is None:
             raise ValueError("dataset 'npz' needs root= the path of the .npz file")
-        return load_npz(root, seed=seed)
+        return load_npz(root, seed=seed, test_fraction=test_fraction)
     if name == "synthetic":
         return load_synthetic(synthetic, seed=seed)
     raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")

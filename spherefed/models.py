@@ -508,7 +508,9 @@ def build_extractor(
     norm: str = "group",
     feature_dim: int | None = None,
 ) -> FeatureExtractor:
-    """Build a feature extractor by name (one of :data:`EXTRACTOR_NAMES`).
+    """Build a feature extractor by name (one of :data:`EXTRACTOR_NAMES`; a user's
+    ``"package.module:factory"`` is built by :mod:`spherefed.custom`, see
+    :func:`spherefed.network.build_model`).
 
     Args:
         name: architecture name.
@@ -526,7 +528,10 @@ def build_extractor(
     reproducible (byte-identical) weights.
     """
     if name not in EXTRACTOR_NAMES:
-        raise ValueError(f"unknown extractor {name!r}; valid names: {', '.join(EXTRACTOR_NAMES)}")
+        raise ValueError(
+            f"unknown extractor {name!r}; valid names: {', '.join(EXTRACTOR_NAMES)}, "
+            "or 'package.module:factory' for your own network (docs/models.md)"
+        )
     if norm not in NORM_NAMES:
         raise ValueError(f"unknown norm {norm!r}; valid norms: {', '.join(NORM_NAMES)}")
     if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:

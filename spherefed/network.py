@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from spherefed.custom import build_custom_extractor, is_custom
 from spherefed.heads import Head, make_head
 from spherefed.models import FeatureExtractor, build_extractor
 
@@ -98,13 +99,23 @@ def build_model(spec: ModelSpec) -> Net:
     """Build ``spec``'s network; same spec ⇒ identical parameters in any process."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.init_seed)
-        extractor = build_extractor(
-            spec.extractor,
-            in_channels=spec.in_channels,
-            image_size=spec.image_size,
-            norm=spec.norm,
-            feature_dim=spec.feature_dim,
-        )
+        extractor: FeatureExtractor
+        if is_custom(spec.extractor):  # a user's own network, "package.module:factory"
+            size = spec.image_size
+            extractor = build_custom_extractor(
+                spec.extractor,
+                in_channels=spec.in_channels,
+                image_size=(size, size) if isinstance(size, int) else (size[0], size[1]),
+                feature_dim=spec.feature_dim,
+            )
+        else:
+            extractor = build_extractor(
+                spec.extractor,
+                in_channels=spec.in_channels,
+                image_size=spec.image_size,
+                norm=spec.norm,
+                feature_dim=spec.feature_dim,
+            )
         head = make_head(
             spec.head,
             feature_dim=extractor.feature_dim,

@@ -151,6 +151,35 @@ def fmt_time(seconds: float) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
+def _run_on_ray(
+    todo: list[tuple[str, RunSpec]],
+    base: ReferenceConfig,
+    cells_dir: Path,
+    records: dict[str, dict[str, Any]],
+    bar: ProgressBar,
+    *,
+    threads: int,
+    address: str | None,
+) -> None:
+    """Every cell a Ray task (``threads`` CPUs each) on a local instance or the cluster
+    at ``address``. Each record comes back to this process and is cached here, on the
+    driver's disk, as it arrives: a worker on another machine could not write it."""
+    from spherecal.engines.ray import connect, disconnect, map_on_ray
+
+    def store(index: int, record: dict[str, Any]) -> None:
+        key, spec = todo[index]
+        write_json(cells_dir / f"{key}.json", record)
+        records[key] = record
+        bar.update(spec.label(), record)
+
+    started = connect(address, cpus=threads, threads=threads)
+    try:
+        map_on_ray(execute_run, [(spec, base) for _, spec in todo], store, cpus_per_call=threads)
+    finally:
+        if started:
+            disconnect()
+
+
 def run_cells(
     specs: Iterable[RunSpec],
     base: ReferenceConfig,
@@ -160,6 +189,8 @@ def run_cells(
     threads: int = 1,
     progress: Progress | None = None,
     phase: str = "",
+    ray: bool = False,
+    ray_address: str | None = None,
 ) -> tuple[dict[str, dict[str, Any]], int, int]:
     """Run every cell not yet on disk; return ``(records by key, ran, cached)``.
 
@@ -185,7 +216,9 @@ def run_cells(
     cached = len(records)
     say(f"{phase}{len(unique)} cells: {cached} already done, {len(todo)} to run")
     bar = ProgressBar(len(unique), cached, say)
-    if workers <= 1:
+    if ray or ray_address:
+        _run_on_ray(todo, base, cells_dir, records, bar, threads=threads, address=ray_address)
+    elif workers <= 1:
         for key, spec in todo:
             records[key] = _run_and_store(spec, base, str(cells_dir / f"{key}.json"))
             bar.update(spec.label(), records[key])

@@ -118,6 +118,18 @@ def add_experiment_parser(
     )
     p.add_argument("--workers", type=_positive_int, default=1, help="parallel cell processes")
     p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the cells as Ray tasks (a local Ray instance; needs the ray extra; "
+        "docs/scaling.md) instead of --workers processes; still cached in --cells",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --ray: the Ray cluster to run the cells on (implies --ray)",
+    )
+    p.add_argument(
         "--threads", type=_positive_int, default=1, help="torch/BLAS threads per process"
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -189,6 +201,8 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         args.out,
         workers=args.workers,
         threads=args.threads,
+        ray=bool(args.ray or args.ray_address),
+        ray_address=args.ray_address,
         command=command,
         progress=progress,
         plots=not args.no_plots,

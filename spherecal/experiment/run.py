@@ -21,6 +21,8 @@ def run_experiment(
     *,
     workers: int = 1,
     threads: int = 1,
+    ray: bool = False,
+    ray_address: str | None = None,
     command: str | None = None,
     progress: Progress | None = None,
     plots: bool = True,
@@ -46,7 +48,15 @@ def run_experiment(
         # in the same run instead of training the model a second time.
         specs = [replace(s, oracle=True) for s in specs]
     records, ran, cached = run_cells(
-        specs, base, cells_dir, workers=workers, threads=threads, progress=say, phase="grid: "
+        specs,
+        base,
+        cells_dir,
+        workers=workers,
+        threads=threads,
+        progress=say,
+        phase="grid: ",
+        ray=ray,
+        ray_address=ray_address,
     )
     oracle_records: dict[str, dict[str, Any]] = {}
     if oracle_in_grid:
@@ -60,6 +70,8 @@ def run_experiment(
             cells_dir,
             workers=workers,
             threads=threads,
+            ray=ray,
+            ray_address=ray_address,
             progress=say,
             phase="oracle re-runs of the selected models: ",
         )

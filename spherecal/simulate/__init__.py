@@ -30,6 +30,7 @@ Layout of ``--out DIR``::
     participants/pK.toml
     coordinator/state/state.db SQLite: rounds, jobs, audit log, events
     coordinator/out/           summary.json, model_{none,ffc,ccvr}.pt, model_spec.json
+    out/pK/                    participant pK's copy of the final models (models.json)
     logs/                      one log per process
     certs/                     (with --tls) CA, server and client certificates
 """

@@ -146,7 +146,10 @@ def coordinator_document(
 ) -> dict[str, dict[str, Any]]:
     """The coordinator's TOML document for this simulation."""
     coordinator = coordinator_settings(settings, shape, out, listen)
-    return _coordinator_toml(coordinator, threads=settings.threads)
+    document = _coordinator_toml(coordinator, threads=settings.threads)
+    for section, table in settings.extra_coordinator.items():  # raw per-test overrides
+        document.setdefault(section, {}).update(table)
+    return document
 
 
 def participant_settings(
@@ -161,6 +164,8 @@ def participant_settings(
         coordinator=f"127.0.0.1:{port}",
         insecure=not s.tls,
         state_dir=Path(f"../state/{pid}"),
+        out_dir=Path(f"../out/{pid}"),
+        extractors=(ref.model,) if ":" in ref.model else (),
         threads=s.threads,
         allow_plaintext=not (s.secure_updates and s.secure_statistics),
         long_poll_ms=2000,

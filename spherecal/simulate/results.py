@@ -34,6 +34,7 @@ def build_results(
         "schema": RESULTS_SCHEMA,
         "status": summary.get("status"),
         "errors": summary.get("errors", []),
+        "warnings": summary.get("warnings", []),
         "settings": {
             **s.reference.to_json(),
             "calibration": list(s.calibration),

@@ -49,6 +49,8 @@ class SimulationSettings:
     update_bound: float = SecAggSettings().update_bound
     statistics_bound: float = SecAggSettings().statistics_bound
     extra_participant: dict[str, Any] = field(default_factory=dict)
+    extra_coordinator: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra coordinator TOML tables/keys (tests: ``[admin]``, ``[metrics]``)."""
     epsilon: float | None = None
     """Target ε per calibration release (``--epsilon``): switches DP noise on."""
     delta: float = 1e-5

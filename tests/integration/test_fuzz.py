@@ -56,6 +56,7 @@ METHODS = {  # name -> (request streams, response streams)
     "ReportEvaluation": (False, False),
     "ReportFailure": (False, False),
     "GetStatus": (False, False),
+    "GetFederationStatus": (False, False),
 }
 REQUESTS = 2_400
 DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)

@@ -9,6 +9,7 @@ import pytest
 
 from participant.data import load_local_data, local_test_slices
 from participant.settings import DataSettings
+from spherefed.fl import derive_seed
 from spherefed.runner import ReferenceConfig, prepare_data
 
 
@@ -24,6 +25,42 @@ def test_slices_are_the_reference_partition_and_cover_the_test_split() -> None:
         assert np.array_equal(local.train_x.numpy(), expected.x)
         assert np.array_equal(local.train_y.numpy(), expected.y)
         assert np.array_equal(local.test_y.numpy(), tests[k].y)
+
+
+def test_many_slices_at_once_equal_one_by_one() -> None:
+    from dataclasses import replace
+
+    from participant.data import load_local_slices
+
+    base = DataSettings(dataset="digits", slice_index=0, slice_of=5, alpha=0.5, seed=2)
+    wanted = [replace(base, slice_index=k) for k in (4, 0, 2)] + [
+        replace(base, slice_index=1, seed=3)  # another partition in the same call
+    ]
+    together = load_local_slices(wanted)
+    for settings, got in zip(wanted, together, strict=True):
+        alone = load_local_data(settings)
+        assert got.name == alone.name
+        for field in ("train_x", "train_y", "test_x", "test_y"):
+            assert np.array_equal(getattr(got, field).numpy(), getattr(alone, field).numpy())
+    assert not np.array_equal(together[2].train_y.numpy(), together[3].train_y.numpy())
+
+
+def test_iid_test_slices_allow_more_participants_than_test_samples() -> None:
+    from spherefed.partition import iid_partition
+
+    data = prepare_data(ReferenceConfig(dataset="digits", participants=8, partition="iid"))
+    settings = DataSettings(dataset="digits", slice_index=0, slice_of=8, partition="iid")
+    n_test = len(data.test.y)
+    many = local_test_slices(settings, data.test, n_test + 51)
+    sizes = [len(s.y) for s in many]
+    assert sum(sizes) == n_test and min(sizes) == 0 and max(sizes) == 1
+    flat = [s.x.reshape(len(s.y), 64) for s in many]  # digits: 8x8 images
+    covered = np.sort(np.concatenate(flat), axis=0)
+    assert np.array_equal(covered, np.sort(data.test.x.reshape(n_test, 64), axis=0))
+    # up to one participant per test sample: exactly the IID partition, as before
+    few = local_test_slices(settings, data.test, 8)
+    parts = iid_partition(data.test.y, 8, seed=derive_seed(0, "partition", "test"))
+    assert [len(s.y) for s in few] == [len(p) for p in parts]
 
 
 def test_mnist1d_slice_is_the_reference_partition_with_the_sample_count(

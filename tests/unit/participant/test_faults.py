@@ -22,3 +22,31 @@ def test_parse_and_match() -> None:
 def test_invalid_points_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_halt(text)
+
+
+def test_on_halt_replaces_the_process_halt_and_fires_once() -> None:
+    from participant.faults import Halter
+
+    calls: list[tuple[str, str, str]] = []
+
+    class Killed(Exception):
+        pass
+
+    def on_halt(stage: str, purpose: str, what: str) -> None:
+        calls.append((stage, purpose, what))
+        raise Killed
+
+    halter = Halter((parse_halt("share@ffc"),), on_halt)
+    halter.check("share", purpose="update", round_index=0, what="job-a")  # not this one
+    assert calls == []
+    with pytest.raises(Killed):
+        halter.check("share", purpose="ffc", round_index=None, what="job-b")
+    assert calls == [("share", "ffc", "job-b")]
+
+
+def test_an_on_halt_that_returns_does_not_let_the_participant_go_on() -> None:
+    from participant.faults import Halter
+
+    halter = Halter((parse_halt("advertise"),), lambda *_: None)
+    with pytest.raises(AssertionError, match="must not go on"):
+        halter.check("advertise", purpose="update", round_index=0, what="job")

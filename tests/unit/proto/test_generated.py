@@ -39,6 +39,7 @@ def test_grpc_services_expose_every_rpc() -> None:
         "ReportEvaluation",
         "ReportFailure",
         "GetStatus",
+        "GetFederationStatus",
     }
     for name in names:
         assert hasattr(module.CoordinatorServicer, name)

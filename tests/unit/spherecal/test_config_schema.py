@@ -81,6 +81,7 @@ def test_participant_settings_round_trip_through_toml(tmp_path: Path) -> None:
         participant_id="p1",
         coordinator="10.0.0.1:9",
         state_dir=tmp_path / "s",
+        out_dir=tmp_path / "o",  # the loader always sets one (None: programmatic only)
         identity_key=tmp_path / "id.key",
         max_message_bytes=5 << 20,
         give_up_s=3.5,

@@ -265,3 +265,28 @@ def test_methods_get_distinct_colours_and_help_shows_real_defaults(
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in text and "(default 3)" in text
     assert "(default: 10)" in text  # --participants: a real default is still shown
+
+
+@pytest.mark.slow
+def test_ray_cells_give_the_serial_numbers_and_are_cached(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    args = ("--table", "methods", "--methods", "fedavg", "--alpha", "0.5")
+    assert _run(tmp_path / "serial", *args) == 0
+    cells = tmp_path / "ray-cells"
+    code = main(
+        [
+            "experiment",
+            *args,
+            *TINY_ARGS,
+            "--ray",
+            "--cells",
+            str(cells),
+            "--out",
+            str(tmp_path / "ray"),
+        ]
+    )
+    assert code == 0
+    serial = json.loads((tmp_path / "serial" / "results.json").read_text())
+    on_ray = json.loads((tmp_path / "ray" / "results.json").read_text())
+    assert on_ray["rows"] == serial["rows"]
+    assert len(list(cells.glob("*.json"))) == on_ray["timings"]["cells_run"] > 0

@@ -1,0 +1,132 @@
+"""``spherecal predict``: classify a site's own ``.npz`` data with a saved model.
+
+Every site gets the federation's final models in its ``out_dir`` (see
+``docs/models.md``); this command loads one with :func:`spherefed.load_model`
+(``weights_only=True``), classifies the images of an ``.npz`` file in batches, and
+writes one CSV row per sample. With labels in the file it also prints the accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_predict_parser", "load_prediction_data"]
+
+SubParsers = argparse._SubParsersAction
+
+#: Key pairs tried in order: (images, labels); labels are optional.
+_KEYS = (("x", "y"), ("x_test", "y_test"))
+
+
+def add_predict_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="classify an .npz file with a saved (calibrated) model",
+        description=(
+            "Load the model saved in --model-dir (model_spec.json + model_<calibration>.pt, "
+            "as every site receives at the end of a federation), classify the images in "
+            "--data (an .npz with 'x' [and 'y'], or 'x_test' [and 'y_test']; same layout "
+            "and scaling as the training data, see docs/data.md) and write index,predicted"
+            "[,label] rows to --out. Prints a JSON summary, with the accuracy when the file "
+            "has labels. Exit status 0 ok, 2 bad input."
+        ),
+    )
+    p.add_argument("--model-dir", type=Path, required=True, help="directory of a saved model")
+    p.add_argument("--data", type=Path, required=True, help=".npz file to classify")
+    p.add_argument(
+        "--calibration",
+        choices=("none", "ffc", "ccvr"),
+        default=None,
+        help="which saved classifier (default: ffc if saved, else ccvr, else none)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="CSV of predictions (default: none)")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.set_defaults(func=_cmd_predict)
+
+
+def load_prediction_data(path: Path) -> tuple[Any, Any]:
+    """(images float32 (N, C, H, W), labels int64 (N,) or None) from an ``.npz``."""
+    import numpy as np
+
+    from spherefed.data import _npz_images, _npz_labels
+
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
+    with loaded as npz:
+        for image_key, label_key in _KEYS:
+            if image_key in npz.files:
+                try:
+                    x = _npz_images(npz[image_key], image_key, path)
+                    y = (
+                        _npz_labels(npz[label_key], label_key, x.shape[0], path)
+                        if label_key in npz.files
+                        else None
+                    )
+                except ValueError as exc:
+                    if "allow_pickle" in str(exc):
+                        raise ValueError(f"{path}: object arrays are not allowed") from None
+                    raise
+                return x, y
+    raise ValueError(f"{path}: no 'x' or 'x_test' array (found {sorted(loaded.files)})")
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.out is not None:
+        from .outputs import check_output_file
+
+        check_output_file(args.out, what="--out")
+    import torch
+
+    from spherefed.saved import available_calibrations, load_model
+
+    x, y = load_prediction_data(args.data)
+    calibration = args.calibration or next(iter(available_calibrations(args.model_dir)), None)
+    net = load_model(args.model_dir, calibration)
+    spec = json.loads((args.model_dir / "model_spec.json").read_text())
+    expected = (int(spec["in_channels"]), *(int(v) for v in spec["image_size"]))
+    if tuple(x.shape[1:]) != expected:
+        raise ValueError(
+            f"{args.data}: samples of shape {tuple(x.shape[1:])} do not fit the model's "
+            f"input (channels, height, width) = {expected}"
+        )
+    images = torch.from_numpy(x)
+    predicted: list[Any] = []
+    with torch.no_grad():
+        for lo in range(0, images.shape[0], args.batch_size):
+            predicted.append(net(images[lo : lo + args.batch_size]).argmax(dim=1))
+    labels = torch.cat(predicted).numpy() if predicted else torch.zeros(0, dtype=torch.long).numpy()
+    summary: dict[str, Any] = {
+        "model_dir": str(args.model_dir),
+        "calibration": calibration,
+        "samples": int(x.shape[0]),
+        "accuracy": None,
+    }
+    if y is not None and x.shape[0] > 0:
+        summary["accuracy"] = float((labels == y).mean())
+        summary["correct"] = int((labels == y).sum())
+    if args.out is not None:
+        import numpy as np
+
+        columns = [np.arange(x.shape[0]), labels] + ([y] if y is not None else [])
+        header = "index,predicted" + (",label" if y is not None else "")
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        np.savetxt(
+            tmp, np.column_stack(columns), fmt="%d", delimiter=",", header=header, comments=""
+        )
+        tmp.replace(args.out)
+        summary["out"] = str(args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,98 @@
+"""The virtual-participant host and the ray engine's pieces that need no cluster."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+
+from participant.settings import ClientTLS, ParticipantSettings
+from participant.transport import TransportError
+from proto import spherecal_pb2 as pb
+from spherecal.engines.virtual import (
+    KillableTransport,
+    ParticipantKilled,
+    VirtualParticipant,
+)
+
+
+def _settings(tmp_path: Path, port: int = 1) -> ParticipantSettings:
+    return ParticipantSettings(
+        participant_id="p0",
+        coordinator=f"127.0.0.1:{port}",
+        insecure=True,
+        state_dir=tmp_path / "state",
+        rpc_timeout_s=2.0,
+    )
+
+
+def test_shipped_files_land_private_in_the_state_dir(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    files = {"ca": b"CA", "cert": b"CERT", "key": b"KEY", "identity": b"ID"}
+    out = VirtualParticipant(settings, files).materialise()
+    assert out.tls == ClientTLS(
+        ca=tmp_path / "state/tls/ca.pem",
+        cert=tmp_path / "state/tls/cert.pem",
+        key=tmp_path / "state/tls/key.pem",
+    )
+    assert out.identity_path == tmp_path / "state/tls/identity.pem"
+    for name, content in files.items():
+        path = tmp_path / "state" / "tls" / f"{name}.pem"
+        assert path.read_bytes() == content
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert VirtualParticipant(settings).materialise() == settings  # nothing shipped
+
+
+def test_unknown_shipped_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown shipped file"):
+        VirtualParticipant(_settings(tmp_path), {"passwd": b"x"}).materialise()
+
+
+def test_a_killed_transport_sends_nothing_more(tmp_path: Path) -> None:
+    transport = KillableTransport(_settings(tmp_path))  # nothing listens on port 1
+    request = pb.HeartbeatRequest(caller=pb.Caller(participant_id="p0"))
+    with pytest.raises(TransportError) as failed:
+        transport.heartbeat(request)
+    assert failed.value.code is grpc.StatusCode.UNAVAILABLE  # alive: a normal failure
+    transport.kill()
+    assert transport.killed
+    with pytest.raises(ParticipantKilled):
+        transport.heartbeat(request)
+    with pytest.raises(ParticipantKilled):
+        list(transport.download_tensor(pb.DownloadRequest(name="model")))
+    assert list(transport.presence(request)) == []  # its presence ends at once
+    transport.close()
+
+
+def test_contiguous_blocks_cover_the_roster_once() -> None:
+    pytest.importorskip("ray")
+    from spherecal.engines.ray import _contiguous
+
+    for n, parts in ((10, 3), (3, 3), (1000, 7)):
+        blocks = _contiguous(n, parts)
+        assert len(blocks) == parts
+        assert [k for b in blocks for k in b] == list(range(n))
+        assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+
+
+def test_engine_settings_are_checked() -> None:
+    pytest.importorskip("ray")
+    from spherecal.engines.ray import RayEngineSettings
+
+    with pytest.raises(ValueError, match="--workers"):
+        RayEngineSettings(workers=0)
+    with pytest.raises(ValueError, match="--worker-cpus"):
+        RayEngineSettings(worker_cpus=0)
+    assert RayEngineSettings(workers=8).worker_count(3) == 3
+    assert RayEngineSettings(workers=2).worker_count(100) == 2
+
+
+def test_ray_flags_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spherecal.cli import main
+
+    code = main(["simulate", "--out", str(tmp_path), "--workers", "2", "--participants", "2"])
+    assert code != 0
+    assert "--workers only apply to --engine ray" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()

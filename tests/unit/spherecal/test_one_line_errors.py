@@ -1,0 +1,216 @@
+"""Bad input ends in one line on stderr and exit status 2 — never a traceback.
+
+One test per row of the table in ``docs/cli.md``. Output paths are checked *before*
+any work: the stderr of those rows holds nothing but the error line (a run that had
+started training would have printed progress first).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spherecal.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], code: int, *needles: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("spherecal ") and ": error: " in lines[0], lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _cifar_dir(tmp_path: Path, content: bytes) -> Path:
+    folder = tmp_path / "cifar" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        (folder / name).write_bytes(content)
+    return folder.parent
+
+
+def _reference(*extra: str) -> list[str]:
+    return ["reference", "--participants", "2", "--rounds", "1", "--quiet", *extra]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"this is a text file, not a pickle\n", "not a CIFAR python-pickle batch"),
+        (b"", "empty file"),
+        (pickle.dumps({b"data": 1}, protocol=2)[:9], "not a CIFAR python-pickle batch"),
+    ],
+    ids=["text", "empty", "truncated"],
+)
+def test_unusable_cifar_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, needle: str
+) -> None:
+    root = _cifar_dir(tmp_path, content)
+    code = main(_reference("--dataset", "cifar10", "--data-root", str(root), "--model", "mlp"))
+    _one_line_error(capsys, code, "data_batch_1", needle)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [(b"", "not a valid .npz"), (b"x,y\n1,2\n", "not a valid .npz")],
+    ids=["empty", "text"],
+)
+def test_unusable_npz_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, needle: str
+) -> None:
+    path = tmp_path / "site.npz"
+    path.write_bytes(content)
+    code = main(_reference("--dataset", "npz", "--data-root", str(path), "--model", "mlp"))
+    _one_line_error(capsys, code, str(path), needle)
+
+
+def test_npz_with_wrong_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "site.npz"
+    np.savez(path, images=np.zeros((4, 3), dtype=np.float32))
+    code = main(_reference("--dataset", "npz", "--data-root", str(path), "--model", "mlp"))
+    _one_line_error(capsys, code, "missing keys")
+
+
+def test_missing_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(_reference("--dataset", "npz", "--data-root", str(tmp_path / "nope.npz")))
+    _one_line_error(capsys, code, "nope.npz")
+
+
+def test_reference_json_under_a_regular_file_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code = main(["reference", "--participants", "2", "--json", str(blocker / "out.json")])
+    # Without --quiet, a started run would have printed "[reference] ..." progress.
+    _one_line_error(capsys, code, "--json", f"{blocker} is a regular file")
+
+
+def _denied_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot write into (root ignores mode bits: /sys)."""
+    if os.geteuid() == 0:
+        return Path("/sys/spherecal-test-denied")
+    target = tmp_path / "locked"
+    target.mkdir()
+    target.chmod(0o500)
+    return target
+
+
+def test_reference_json_permission_denied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = _denied_dir(tmp_path) / "out.json"
+    code = main(["reference", "--participants", "2", "--json", str(target)])
+    _one_line_error(capsys, code, "--json", "permission denied")
+
+
+def test_reference_json_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["reference", "--participants", "2", "--json", str(tmp_path)])
+    _one_line_error(capsys, code, "it is a directory")
+
+
+def test_simulate_out_under_a_regular_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code = main(["simulate", "--out", str(blocker / "run"), "--participants", "2"])
+    _one_line_error(capsys, code, "--out", "is a regular file")
+
+
+def test_simulate_out_permission_denied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--out", str(_denied_dir(tmp_path) / "run"), "--participants", "2"])
+    _one_line_error(capsys, code, "--out", "permission denied")
+
+
+def test_predict_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data.npz"
+    data.write_text("garbled")
+    code = main(["predict", "--model-dir", str(tmp_path), "--data", str(data)])
+    _one_line_error(capsys, code, "not a valid .npz")
+    np.savez(data, x=np.zeros((2, 1, 8, 8), dtype=np.float32))
+    code = main(["predict", "--model-dir", str(tmp_path), "--data", str(data)])
+    _one_line_error(capsys, code, "no model_spec.json")
+    code = main(
+        ["predict", "--model-dir", str(tmp_path), "--data", str(data), "--out", str(data / "p")]
+    )
+    _one_line_error(capsys, code, "--out", "is a regular file")
+
+
+# ---------------------------------------------------------------- service configs
+def _participant_toml(tmp_path: Path, **extra: str) -> Path:
+    lines = [
+        "[participant]",
+        'id = "p0"',
+        'coordinator = "127.0.0.1:1"',
+        *(f"{k} = {v}" for k, v in extra.items()),
+        "[tls]",
+        'ca = "certs/ca.pem"',
+        'cert = "certs/p0.pem"',
+        'key = "certs/p0.key"',
+    ]
+    path = tmp_path / "participant.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_participant_missing_certificate_names_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _participant_toml(tmp_path)
+    code = main(["participant", "--config", str(config)])
+    _one_line_error(capsys, code, "[tls] ca", "does not exist", str(config))
+
+
+def test_participant_out_dir_under_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "certs").mkdir()
+    for name in ("ca.pem", "p0.pem", "p0.key"):
+        (tmp_path / "certs" / name).write_text("x")
+    (tmp_path / "blocker").write_text("x")
+    config = _participant_toml(tmp_path, out_dir='"blocker/out"')
+    code = main(["participant", "--config", str(config)])
+    _one_line_error(capsys, code, "[participant] out_dir", "is a regular file")
+
+
+def test_coordinator_missing_certificate_names_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "coordinator.toml"
+    config.write_text(
+        '[federation]\nparticipants = ["p0", "p1"]\n'
+        '[tls]\ncert = "server.pem"\nkey = "server.key"\nclient_ca = "ca.pem"\n'
+    )
+    (tmp_path / "server.pem").write_text("x")
+    code = main(["coordinator", "--config", str(config)])
+    _one_line_error(capsys, code, "[tls] key", "does not exist")
+
+
+def test_as_a_process_no_traceback(tmp_path: Path) -> None:
+    """The real entry point (``python -m spherecal.cli``) behaves the same."""
+    path = tmp_path / "site.npz"
+    path.write_bytes(b"")
+    proc = subprocess.run(
+        [sys.executable, "-m", "spherecal.cli", *_reference("--dataset", "npz")]
+        + ["--data-root", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
