@@ -10,8 +10,9 @@ test split exactly once, so summing every participant's correct/total counts giv
 the reference runner's test accuracy. The local *validation* split is the reference
 validation split partitioned the same way under ``derive_seed(seed, "partition",
 "validation")``, so the summed validation counts are the reference's validation
-accuracy (the calibrators' grid is chosen there). In whole mode a stratified
-``validation_fraction`` of the local train split is held out.
+accuracy (the calibrators' grid is chosen there). In whole mode there is no
+validation split yet (a site trains on all its data; a validation evaluation is
+refused with a typed withdrawal).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from spherefed.data import ArrayDataset, load_dataset, load_npz_pair, stratified_split
+from spherefed.data import ArrayDataset, load_dataset, load_npz_pair
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
 from spherefed.runner import FederationData, ReferenceConfig, prepare_data
@@ -140,15 +141,9 @@ def _load_whole(settings: DataSettings) -> LocalData:
             samples=settings.samples,
             test_fraction=settings.test_fraction,
         )
-    train, validation = splits.train, None
-    if settings.validation_fraction > 0:
-        train_idx, val_idx = stratified_split(
-            train.y,
-            test_fraction=settings.validation_fraction,
-            seed=derive_seed(settings.seed, "validation"),
-        )
-        train, validation = train.subset(train_idx), train.subset(val_idx)
-    return _local(train, splits.test, f"{settings.dataset} (whole)", settings, validation)
+    # A real site trains on all of its train split (no validation held out): the
+    # calibrators' validation grid needs slice mode (simulation) for now.
+    return _local(splits.train, splits.test, f"{settings.dataset} (whole)", settings)
 
 
 def _local(
