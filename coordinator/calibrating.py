@@ -1,5 +1,6 @@
 """After training: one statistics job per configured kind, then FFC / CCVR solved on
-the aggregate (the solvers themselves are in ``calibration``).
+the aggregate (the solvers themselves are in ``calibration``), and FFC+bias / LDA /
+QDA from the same CCVR sums (``closed_forms``; chosen on validation).
 
 CCVR implies FFC by default, as in the reference runner: FFC is then solved from the
 CCVR statistics' class blocks summed (``CCVRStatistics.to_ffc``). With distributed
@@ -12,7 +13,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import numpy.typing as npt
 
 import crypto
 from proto import spherecal_pb2 as pb
@@ -20,6 +20,16 @@ from spherefed.privacy.plan import CalibrationPlan
 from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_layout_size, ffc_layout_size
 
 from .calibration import ccvr_classifier, ffc_classifier, unpack_statistics
+from .closed_forms import select_closed_forms
+from .evaluation import Heads
+from .invariants import (
+    UNIT_NORM_HEADS,
+    AggregateInvariantViolated,
+    Tolerance,
+    check_ccvr,
+    check_ffc,
+    check_pair,
+)
 from .model import GlobalModel
 from .privacy import CoordinatorPrivacy
 from .rejoin import wait_before_retry
@@ -40,6 +50,42 @@ def record_statistics_failure(ctx: StageContext, kind: str, error: str) -> None:
     ctx.store.event("error", message)
 
 
+def check_aggregate(
+    stats: FFCStatistics | CCVRStatistics, *, unit_norm: bool, tol: Tolerance
+) -> None:
+    if isinstance(stats, FFCStatistics):
+        check_ffc(stats, unit_norm=unit_norm, tol=tol)
+    else:
+        check_ccvr(stats, unit_norm=unit_norm, tol=tol)
+
+
+def refuse_aggregate(
+    ctx: StageContext,
+    kind: str,
+    job: SecureJob | None,
+    contributors: list[str],
+    exc: AggregateInvariantViolated,
+) -> None:
+    """A violating aggregate never becomes a classifier: the job is marked failed
+    with the invariant that failed, and the calibration is recorded as failed."""
+    error = f"AggregateInvariantViolated: {exc}"
+    record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+    job_hex = job.job_hex if job is not None else None
+    for summary in ctx.progress.job_summaries:
+        if summary.get("purpose") == kind and summary.get("job_id") == job_hex:
+            summary["status"] = "failed"
+            summary["error"] = error
+    if job is not None:
+        ctx.store.job_finished(
+            job.job_hex,
+            "failed",
+            contributors=contributors,
+            dropouts=[],
+            excluded=[],
+            error=error,
+        )
+
+
 def collect_statistics(
     ctx: StageContext, model: GlobalModel, privacy: CoordinatorPrivacy | None
 ) -> Aggregates:
@@ -52,6 +98,7 @@ def collect_statistics(
     attempts = s.training.max_round_attempts
     for kind in s.calibration.jobs:
         error = ""
+        result: FFCStatistics | CCVRStatistics | str | None = None
         for attempt in range(1, attempts + 1):
             if attempt > 1:
                 wait_before_retry(
@@ -65,16 +112,37 @@ def collect_statistics(
                 ctx, model, privacy, kind, final, accept_short=attempt == attempts
             )
             if not isinstance(result, str):
-                out[kind] = result
-                break
+                break  # the aggregate, or a refusal already recorded (no retry helps)
             error = result
             if attempt < attempts:
                 line = f"statistics {kind}: attempt {attempt} failed: {error}"
                 ctx.say(line)
                 ctx.store.event("warning", line)
-        else:
+        if isinstance(result, (FFCStatistics, CCVRStatistics)):
+            out[kind] = result
+        elif isinstance(result, str):
             record_statistics_failure(ctx, kind, error)
+    _check_pair(ctx, out)
     return out
+
+
+def _check_pair(ctx: StageContext, out: Aggregates) -> None:
+    """FFC and CCVR from the same contributors must agree on the sample count; if
+    they do not, neither is trusted."""
+    ffc, ccvr = out.get("ffc"), out.get("ccvr")
+    if not (isinstance(ffc, FFCStatistics) and isinstance(ccvr, CCVRStatistics)):
+        return
+    stats = ctx.progress.results.get("statistics", {})
+    if stats.get("ffc", {}).get("contributors") != stats.get("ccvr", {}).get("contributors"):
+        return
+    if ctx.progress.dp_ridge:  # independent noise in each release: no exact identity
+        return
+    try:
+        check_pair(ffc, ccvr, tol=Tolerance(quantum=1e-6 * max(1.0, ffc.count)))
+    except AggregateInvariantViolated as exc:
+        for kind in ("ffc", "ccvr"):
+            record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+            out.pop(kind, None)
 
 
 def _collect_kind(
@@ -85,16 +153,18 @@ def _collect_kind(
     final: pb.TensorRef,
     *,
     accept_short: bool,
-) -> FFCStatistics | CCVRStatistics | str:
-    """One attempt at the ``kind`` statistics job: the aggregate, or why it failed.
-    Fewer contributors than ``calibration_minimum`` is a failure unless
-    ``accept_short`` (the last attempt: a short sum beats none; the status says so)."""
+) -> FFCStatistics | CCVRStatistics | str | None:
+    """One attempt at the ``kind`` statistics job: the aggregate; why it failed (a
+    string: the caller retries, without any peer excluded meanwhile); or None (refused
+    and recorded: no retry helps). Fewer contributors than ``calibration_minimum`` is a
+    failure unless ``accept_short`` (the last attempt: a short sum beats none; the
+    status says so)."""
     s = ctx.settings
     progress = ctx.progress
     dim, classes = model.feature_dim, model.num_classes
     t0 = time.monotonic()
     length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
-    participants = sorted(ctx.registry.alive(), key=ctx.registry.index_of)
+    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
     job: SecureJob | None = None
     plan: CalibrationPlan | None = None
     if s.secagg.statistics:
@@ -156,6 +226,7 @@ def _collect_kind(
         return f"only {len(gathered.contributors)} participants summed (minimum {minimum})"
     vector = gathered.values
     contributors = gathered.contributors
+    sigma = 0.0
     if job is None:
         progress.job_summaries.append(
             {
@@ -187,6 +258,15 @@ def _collect_kind(
         np.savez(target, vector=vector, dim=dim, num_classes=classes)
         progress.results.setdefault("saved_statistics", {})[kind] = str(target)
     stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
+    tol = Tolerance(
+        quantum=len(contributors) * 2.0**-job.spec.scale_bits if job is not None else 0.0,
+        noise_sigma=sigma,
+    )
+    try:
+        check_aggregate(stats, unit_norm=s.model.head in UNIT_NORM_HEADS, tol=tol)
+    except AggregateInvariantViolated as exc:
+        refuse_aggregate(ctx, kind, job, contributors, exc)
+        return None
     progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
     samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
     progress.results.setdefault("statistics", {})[kind] = {
@@ -196,14 +276,13 @@ def _collect_kind(
     return stats
 
 
-def calibrate(
-    ctx: StageContext, model: GlobalModel, aggregates: Aggregates
-) -> dict[str, npt.NDArray[np.float64]]:
-    """The calibrated heads (``"ffc"``, ``"ccvr"``) that could be solved."""
+def calibrate(ctx: StageContext, model: GlobalModel, aggregates: Aggregates) -> Heads:
+    """The calibrated heads that could be solved: ``"ffc"``, ``"ccvr"`` (weights) and
+    the closed forms ``"ffc_bias"``, ``"lda"``, ``"qda"`` (``closed_forms``)."""
     s = ctx.settings
     progress = ctx.progress
     ctx.board.set_task(None, "calibrating")
-    heads: dict[str, npt.NDArray[np.float64]] = {}
+    heads: Heads = {}
     ccvr = aggregates.get("ccvr")
     ffc = aggregates.get("ffc")
     if "ffc" in s.calibration.methods:
@@ -241,4 +320,10 @@ def calibrate(
         except (ValueError, FloatingPointError) as exc:
             record_statistics_failure(ctx, "ccvr", f"calibration failed: {exc}")
         progress.timings["ccvr_s"] = time.monotonic() - t0
+    if s.calibration.closed_forms:
+        if isinstance(ccvr, CCVRStatistics):
+            heads.update(select_closed_forms(ctx, progress.global_vector, ccvr))
+        else:
+            for name in s.calibration.closed_forms:
+                record_statistics_failure(ctx, name, "no CCVR statistics to solve from")
     return heads

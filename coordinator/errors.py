@@ -57,9 +57,14 @@ complete)::
     │   ├── SavedModelError      spherefed: a saved model directory that does not load
     │   ├── OutputPathError      spherecal: an output path that cannot be written
     │   ├── PreflightError       spherecal: a configured file or directory unusable
-    │   └── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
+    │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
+    │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives
     ├── TransportError           participant: a call failed (code, message, reason)
     ├── PrivacyRefused           participant: its own privacy policy refuses a task
+    │   ├── NoiseRequired        statistics without the DP noise it demands
+    │   ├── PlaintextRefused     a plaintext upload/report (also a PermissionError)
+    │   ├── ReleaseRepeated      a statistic already released (federation / model)
+    │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
     ├── AuditError               spherecal audit: a database it cannot read
     └── LedgerError              spherefed: the privacy ledger refuses a charge
@@ -94,6 +99,7 @@ __all__ = [
     "ServiceError",
     "failure_kind",
     "from_secagg",
+    "policy_rule",
     "status_for",
 ]
 
@@ -235,3 +241,12 @@ def status_for(exc: BaseException) -> ServiceError | None:
         if isinstance(exc, kind):
             return ServiceError(code, f"{type(exc).__name__}: {exc}")
     return None
+
+
+def policy_rule(report: pb.FailureReport) -> pb.PolicyRule:
+    """The policy rule of a ``POLICY_REFUSAL`` report (unknown values read as
+    ``RULE_UNSPECIFIED``; the rule is recorded, never acted on)."""
+    rule = int(report.rule)
+    if report.kind != pb.POLICY_REFUSAL or rule not in pb.PolicyRule.values():
+        return pb.RULE_UNSPECIFIED
+    return pb.PolicyRule.ValueType(rule)

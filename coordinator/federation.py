@@ -330,4 +330,5 @@ class Federation:
             model=self.model,
             audit_log=self.store.path,
             privacy=self.privacy,
+            conduct=self.stages.conduct,
         )

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from proto.codec import model_spec_to_json
+from spherefed.discriminant import WIRE_NEVER, CalibratedHead
 
+from .conduct import Conduct
+from .evaluation import Heads
 from .model import GlobalModel, file_sha256
 from .privacy import CoordinatorPrivacy
 from .settings import CoordinatorSettings
@@ -29,29 +31,65 @@ def save_outputs(
     settings: CoordinatorSettings,
     model: GlobalModel,
     progress: Progress,
-    heads: dict[str, npt.NDArray[np.float64]],
+    heads: Heads,
 ) -> None:
     """``model_{none,ffc,ccvr}.pt``, ``model_spec.json`` and ``classifiers.pt`` in
-    ``out_dir``; their paths and SHA-256 go into the results."""
+    ``out_dir``; a closed-form head (FFC+bias, LDA, QDA) is not a linear layer, so it
+    is saved as tensors (``head_{name}.pt``: ``weight``, ``bias``, QDA's
+    ``quadratic``; load with ``torch.load(..., weights_only=True)``) next to the
+    uncalibrated model, and described under ``heads`` in ``model_spec.json``. Paths
+    and SHA-256 go into the results."""
     out = settings.out_dir
     out.mkdir(parents=True, exist_ok=True)
     models: dict[str, Any] = {}
+    linear = {k: v for k, v in heads.items() if not isinstance(v, CalibratedHead)}
     for name in ("none", "ffc", "ccvr"):
-        if name != "none" and name not in heads:
+        if name != "none" and name not in linear:
             continue
         path = out / f"model_{name}.pt"
-        digest = model.save(progress.global_vector, path, heads.get(name))
+        weight = linear.get(name)
+        digest = model.save(
+            progress.global_vector, path, None if weight is None else np.asarray(weight)
+        )
         models[name] = {"path": str(path), "sha256": digest}
+    described: dict[str, Any] = {}
+    for name, head in heads.items():
+        if not isinstance(head, CalibratedHead):
+            continue
+        path = out / f"head_{name}.pt"
+        tensors = {"weight": head.weight, "bias": head.finite_bias()}
+        if head.quadratic is not None:
+            tensors["quadratic"] = head.quadratic
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, path)
+        models[name] = {"path": str(path), "sha256": file_sha256(path), "model": "none"}
+        described[name] = {
+            "file": path.name,
+            "kind": head.kind,
+            "logits": HEAD_FORMULA[head.kind],
+            "features": "the network's features of model_none.pt",
+            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+            "never_predicted_bias": WIRE_NEVER,
+        }
     # the realised feature dimension (the extractor's default when the spec left it unset)
     spec = replace(model.spec, feature_dim=model.feature_dim)
-    (out / "model_spec.json").write_text(json.dumps(model_spec_to_json(spec), indent=2) + "\n")
-    if heads:
+    document = model_spec_to_json(spec)
+    if described:
+        document["heads"] = described
+    (out / "model_spec.json").write_text(json.dumps(document, indent=2) + "\n")
+    if linear:
         heads_path = out / "classifiers.pt"
         torch.save(
-            {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in heads.items()}, heads_path
+            {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in linear.items()}, heads_path
         )
         models["classifiers"] = {"path": str(heads_path), "sha256": file_sha256(heads_path)}
     progress.results["models"] = models
+
+
+HEAD_FORMULA = {
+    "affine": "z @ weight.T + bias",
+    "quadratic": "z @ weight.T + bias - 0.5 * einsum('ni,cij,nj->nc', z, quadratic, z)",
+}
+"""How a saved closed-form head maps features ``z`` (N×l) to logits (N×C)."""
 
 
 def summary(
@@ -63,6 +101,7 @@ def summary(
     model: GlobalModel,
     audit_log: Path,
     privacy: CoordinatorPrivacy | None,
+    conduct: Conduct | None = None,
 ) -> dict[str, Any]:
     """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
     s = settings
@@ -92,6 +131,8 @@ def summary(
                 "classifier": s.model.classifier,
             },
             "calibration": list(s.calibration.methods),
+            "ridge_grid": list(s.calibration.ridge_grid),
+            "shrinkage_grid": list(s.calibration.shrinkage_grid),
             "secure_updates": s.secagg.updates,
             "secure_statistics": s.secagg.statistics,
             "update_bound": s.secagg.update_bound,
@@ -99,6 +140,9 @@ def summary(
         },
         "accuracy": results.get("accuracy", {"none": None, "ffc": None, "ccvr": None}),
         "accuracy_covers": headline_coverage(s, progress),
+        "validation_accuracy": results.get("validation_accuracy"),
+        "calibration_selection": results.get("calibration"),
+        "validation_evaluation": results.get("validation_evaluation"),
         "central_accuracy": results.get("central_accuracy"),
         "central_test_samples": results.get("central_test_samples"),
         "federated_evaluation": results.get("federated_evaluation"),
@@ -123,6 +167,7 @@ def summary(
         },
         "audit_log": str(audit_log),
         "privacy": privacy.summary() if privacy is not None else {"enabled": False},
+        **(conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}),
     }
 
 

@@ -102,8 +102,15 @@ class RoundDriver:
         roster = self.ctx.settings.participants
         selected = [roster[k] for k in select_participants(self.reference, r)]
         alive = self.ctx.registry.alive()
-        candidates = [p for p in selected if p in alive]
-        dropped = {p: "not connected at round start" for p in selected if p not in alive}
+        eligible = set(self.ctx.eligible(selected))
+        candidates = [p for p in selected if p in alive and p in eligible]
+        dropped = {
+            p: "excluded (shares failed authentication)"
+            if p not in eligible
+            else "not connected at round start"
+            for p in selected
+            if p not in candidates
+        }
         return selected, candidates, dropped
 
     def attempt(self, r: int, attempt: int) -> str | None:

@@ -48,6 +48,7 @@ STAGE_NAMES: dict[pb.SecAggStage, str] = {
     pb.MASKED: "masked",
     pb.CONSISTENCY: "consistency",
     pb.UNMASK: "unmask",
+    pb.COMPLAINT: "complaint",
 }
 
 
@@ -204,6 +205,7 @@ class SecureJob:
         pb.SHARE: crypto.ShareKeys.from_bytes,
         pb.CONSISTENCY: crypto.ConsistencySignature.from_bytes,
         pb.UNMASK: crypto.UnmaskResponse.from_bytes,
+        pb.COMPLAINT: crypto.ShareComplaint.from_bytes,
     }
 
     def submit(self, participant: str, stage: pb.SecAggStage, data: bytes) -> None:
@@ -219,6 +221,15 @@ class SecureJob:
             message = decoder(data)
         except crypto.SecAggError as exc:
             raise from_secagg(exc) from None
+        if isinstance(message, crypto.ShareComplaint):
+            # accepted in any stage after share routing, even once the job has ended:
+            # the complaint is what lets the retry exclude the dealer
+            with self.lock:
+                try:
+                    self.server.receive_complaint(message, sender=participant)
+                except crypto.SecAggError as exc:
+                    raise from_secagg(exc) from None
+            return
         with self.lock:
             self._check_open()
             current = self.server.stage
@@ -288,6 +299,21 @@ class SecureJob:
             if not complete:
                 self.server.abandon_upload(participant)
             return complete
+
+    def accused(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """Dealers named by verified complaints -> (complainants, the dealer's other
+        share holders in this job)."""
+        with self.lock:
+            accused = self.server.accused()
+            holders = self.server.shared
+            graph = self.spec.masking_graph
+            return {
+                dealer: (
+                    complainants,
+                    sum(1 for h in graph.holders(dealer, holders) if h != dealer),
+                )
+                for dealer, complainants in accused.items()
+            }
 
     def withdraw(self, participant: str, reason: str) -> None:
         with self.lock:
@@ -381,7 +407,11 @@ class SecureJob:
                 lines.append(f"{self.label()}: FAILED — {exc}")
                 return tuple(lines)
             self._stage_started = t
-            self._deadline = t + self._stage_s
+            # Participants advertise before their local work (participant.secure_steps)
+            # and answer the share stage after it: the share stage gets the first
+            # stage's (training-sized) deadline.
+            long_stage = server.stage is Stage.SHARE
+            self._deadline = t + (self._first_stage_s if long_stage else self._stage_s)
             return tuple(lines)
 
     def abort(self, reason: str) -> None:

@@ -27,7 +27,8 @@ from proto import spherecal_pb2 as pb
 from proto.codec import TensorFormatError
 from proto.federation_end import ended_details
 
-from .errors import ServiceError, failure_kind
+from .conduct import REFUSAL_KINDS
+from .errors import ServiceError, failure_kind, policy_rule
 from .federation import Federation
 from .privacy import PRIVACY_REFUSALS
 from .registry import Member, Peer, Registry
@@ -528,9 +529,20 @@ class CoordinatorService:
                     ServiceError(grpc.StatusCode.NOT_FOUND, "no such current task or job"),
                 )
             job.withdraw(pid, f"{kind}: {reason}")
+            purpose = job.purpose
         else:
             found.withdraw(pid, f"{kind}: {reason}")
             job = found.job
+            purpose = found.purpose or found.kind
+        if failure in REFUSAL_KINDS:
+            self.federation.stages.conduct.refusal(
+                participant=pid,
+                job=job.job_hex if job is not None else request.task_id[:64],
+                purpose=purpose,
+                kind=failure,
+                rule=policy_rule(request),
+                reason=reason,
+            )
         privacy = self.federation.privacy
         if privacy is not None and job is not None and failure in PRIVACY_REFUSALS:
             privacy.record_refusal(job.job_hex, pid, failure)
@@ -542,7 +554,9 @@ class CoordinatorService:
             nbytes=len(raw),
             sha256=_sha(raw),
         )
-        message = f"{pid} withdrew from {request.task_id[:16]}: {kind}: {reason}"
+        rule = policy_rule(request)
+        shown = kind + (f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else "")
+        message = f"{pid} withdrew from {request.task_id[:16]}: {shown}: {reason}"
         self.store.event("warning", message)
         self.federation.say(message)
         self.federation.notify()

@@ -22,6 +22,12 @@ from typing import Any
 
 from spherefed.algorithms.registry import ALGORITHM_NAMES
 from spherefed.calibrate import CCVRConfig
+from spherefed.calibration_suite import (
+    CALIBRATION_NAMES,
+    CLOSED_FORMS,
+    DEFAULT_RIDGE_GRID,
+    DEFAULT_SHRINKAGE_GRID,
+)
 from spherefed.fl import model_seeds
 from spherefed.network import ModelSpec
 from spherefed.privacy.settings import PrivacySettings
@@ -38,7 +44,7 @@ __all__ = [
     "TrainingSettings",
 ]
 
-CALIBRATION_METHODS = ("ffc", "ccvr")
+CALIBRATION_METHODS = CALIBRATION_NAMES  # ffc, ccvr, ffc_bias, lda, qda
 GRAPHS = ("auto", "complete", "harary")
 
 
@@ -136,12 +142,20 @@ class TrainingSettings:
 @dataclass(frozen=True)
 class CalibrationSettings:
     methods: tuple[str, ...] = ("ffc",)
-    """Calibrations to run: ``ffc``, ``ccvr``."""
+    """Calibrations to run: ``ffc``, ``ccvr``, ``ffc_bias``, ``lda``, ``qda``
+    (docs/baselines.md, "Which calibrator when"). The last three are closed forms
+    from the CCVR sums, their ridge / shrinkage chosen on the participants'
+    validation splits (one evaluation job for the whole grid)."""
     ffc_ridge: float = 0.0
     """λ of FFC's ``(V + λI)⁻¹U``."""
     ffc_from_ccvr: bool = True
-    """With CCVR configured, derive FFC from the CCVR sums (one job, as the reference
-    runner does) instead of running a separate, smaller FFC job."""
+    """With the CCVR sums collected (``ccvr``, ``ffc_bias``, ``lda`` or ``qda``
+    configured), derive FFC from them (one job, as the reference runner does)
+    instead of running a separate, smaller FFC job."""
+    ridge_grid: tuple[float, ...] = DEFAULT_RIDGE_GRID
+    """FFC+bias ridge candidates λ, scored on the validation split."""
+    shrinkage_grid: tuple[float, ...] = DEFAULT_SHRINKAGE_GRID
+    """LDA / QDA shrinkage candidates γ ∈ [0, 1], scored on the validation split."""
     ccvr: CCVRConfig = field(default_factory=CCVRConfig)
     min_participants: int = 0
     """Fewest participants each statistics job (and the final federated evaluation)
@@ -163,14 +177,31 @@ class CalibrationSettings:
             raise ValueError("ffc_ridge must be >= 0")
         if self.min_participants < 0:
             raise ValueError("calibration min_participants must be >= 0")
+        object.__setattr__(self, "ridge_grid", tuple(float(v) for v in self.ridge_grid))
+        object.__setattr__(self, "shrinkage_grid", tuple(float(v) for v in self.shrinkage_grid))
+        if not self.ridge_grid or any(not (0 <= v < float("inf")) for v in self.ridge_grid):
+            raise ValueError(f"ridge_grid must be non-empty, finite, >= 0: {self.ridge_grid}")
+        if not self.shrinkage_grid or any(not 0 <= v <= 1 for v in self.shrinkage_grid):
+            raise ValueError(f"shrinkage_grid must be non-empty, in [0, 1]: {self.shrinkage_grid}")
+
+    @property
+    def closed_forms(self) -> tuple[str, ...]:
+        """The configured calibrators chosen on validation (``ffc_bias``, ``lda``, ``qda``)."""
+        return tuple(m for m in CLOSED_FORMS if m in self.methods)
+
+    def grid(self, name: str) -> tuple[float, ...]:
+        return self.ridge_grid if name == "ffc_bias" else self.shrinkage_grid
 
     @property
     def jobs(self) -> tuple[str, ...]:
-        """Which statistics jobs to run, in order."""
+        """Which statistics jobs to run, in order: the CCVR sums whenever any
+        calibrator needs ``N_c``, ``S_c``, ``M_c`` (``ccvr``, ``ffc_bias``, ``lda``,
+        ``qda``); a separate FFC job only when FFC cannot come from them."""
+        needs_ccvr = "ccvr" in self.methods or bool(self.closed_forms)
         out: list[str] = []
-        if "ffc" in self.methods and not ("ccvr" in self.methods and self.ffc_from_ccvr):
+        if "ffc" in self.methods and not (needs_ccvr and self.ffc_from_ccvr):
             out.append("ffc")
-        if "ccvr" in self.methods:
+        if needs_ccvr:
             out.append("ccvr")
         return tuple(out)
 
@@ -181,6 +212,10 @@ class SecAggSettings:
     """Aggregate model updates through secure aggregation."""
     statistics: bool = True
     """Aggregate calibration statistics through secure aggregation."""
+    evaluation: bool = True
+    """Sum federated evaluation counts through secure aggregation: the coordinator
+    learns only federation totals, never one participant's counts (participants
+    refuse plaintext counts unless ``allow_plaintext``)."""
     threshold: int | None = None
     """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
     a strict majority of the share holders (``2t > n``), which participants' default

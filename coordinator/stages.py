@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .board import Board
+from .conduct import Conduct, should_exclude
 from .registry import Registry
 from .secure_job import JobOutcome, SecureJob
 from .settings import CoordinatorSettings
@@ -82,7 +83,9 @@ class StageContext:
         spool: Spool,
         progress: Progress,
         say: Say,
+        conduct: Conduct | None = None,
     ) -> None:
+        self.conduct = conduct if conduct is not None else Conduct(store)
         self.settings = settings
         self.store = store
         self.registry = registry
@@ -202,7 +205,33 @@ class StageContext:
         )
         if outcome.status == "failed":
             progress.errors.append(f"{job.label()}: {outcome.error}")
+        self.exclude_accused(job)
         return outcome
+
+    def exclude_accused(self, job: SecureJob) -> list[str]:
+        """Exclude every dealer a strict majority of its other share holders signed a
+        complaint about (``coordinator.conduct``); returns the newly excluded."""
+        out = []
+        for dealer, (complainants, holders) in job.accused().items():
+            if not should_exclude(len(complainants), holders):
+                line = (
+                    f"{job.label()}: {dealer} accused by {len(complainants)} of its "
+                    f"{holders} other share holders; not excluded (no majority)"
+                )
+                self.say(line)
+                self.store.event("warning", line)
+                continue
+            entry = self.conduct.exclude(
+                dealer, job=job.job_hex, purpose=job.purpose, complainants=complainants
+            )
+            if entry is not None:
+                self.say(f"EXCLUDED {dealer}: {entry.reason}")
+                out.append(dealer)
+        return out
+
+    def eligible(self, participants: list[str]) -> list[str]:
+        """Who may take part in a new task: ``participants`` minus the excluded."""
+        return self.conduct.eligible(participants)
 
     # ---------------------------------------------------------------- the one sum
     def gather(

@@ -122,6 +122,17 @@ CREATE TABLE IF NOT EXISTS dp_releases (
     contributors  TEXT NOT NULL,
     charge_json   TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS policy_events (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts           REAL NOT NULL,
+    type         TEXT NOT NULL,
+    participant  TEXT NOT NULL,
+    job          TEXT,
+    purpose      TEXT,
+    kind         TEXT NOT NULL,
+    rule         TEXT,
+    reason       TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     ts       REAL NOT NULL,
@@ -536,6 +547,28 @@ class Store:
             lambda c: c.execute(
                 "INSERT OR REPLACE INTO dp_releases (job_id, kind, ts, plan_json, contributors, "
                 "charge_json) VALUES (?,?,?,?,?,?)",
+                row,
+            )
+        )
+
+    def policy_event(
+        self,
+        *,
+        type: str,
+        participant: str,
+        job: str | None,
+        purpose: str | None,
+        kind: str,
+        rule: str | None,
+        reason: str,
+    ) -> None:
+        """A participant's typed refusal (``type`` ``refusal``) or its exclusion by the
+        coordinator (``exclusion``), for ``spherecal audit``."""
+        row = (time.time(), type, participant, job, purpose, kind, rule, reason)
+        self.post(
+            lambda c: c.execute(
+                "INSERT INTO policy_events (ts, type, participant, job, purpose, kind, rule, "
+                "reason) VALUES (?,?,?,?,?,?,?,?)",
                 row,
             )
         )

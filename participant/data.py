@@ -7,7 +7,12 @@ data the reference runner gives participant ``k``. The local *test* split is the
 reference test split partitioned with the same scheme under seed
 ``derive_seed(seed, "partition", "test")`` (no minimum size); the slices cover the
 test split exactly once, so summing every participant's correct/total counts gives
-the reference runner's test accuracy.
+the reference runner's test accuracy. The local *validation* split is the reference
+validation split partitioned the same way under ``derive_seed(seed, "partition",
+"validation")``, so the summed validation counts are the reference's validation
+accuracy (the calibrators' grid is chosen there). In whole mode there is no
+validation split yet (a site trains on all its data; a validation evaluation is
+refused with a typed withdrawal).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class LocalData:
     num_classes: int
     image_shape: tuple[int, int, int]
     name: str
+    val_x: torch.Tensor | None = None
+    val_y: torch.Tensor | None = None
+    """The local validation split: the calibrators' grid is scored here, never on test."""
 
     @property
     def train_size(self) -> int:
@@ -51,14 +59,17 @@ def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ds.x), torch.from_numpy(ds.y)
 
 
-def local_test_slices(settings: DataSettings, test: ArrayDataset, n: int) -> list[ArrayDataset]:
-    """The reference test split partitioned into ``n`` local test splits.
+def local_test_slices(
+    settings: DataSettings, test: ArrayDataset, n: int, *, split: str = "test"
+) -> list[ArrayDataset]:
+    """The reference test (or validation) split partitioned into ``n`` local splits
+    (seed ``derive_seed(seed, "partition", split)``); together they cover it once.
 
     No minimum size: with more participants than test samples (1,000 participants
     on digits' 449 test images) an IID split gives some participants an empty test
     slice — the same permutation cut as ``spherefed.partition.iid_partition``, which
     refuses empty parts because it partitions *training* data."""
-    seed = derive_seed(settings.seed, "partition", "test")
+    seed = derive_seed(settings.seed, "partition", split)
     if settings.partition == "iid" and n > len(test.y):
         perm = np.random.default_rng(seed).permutation(len(test.y))
         return [test.subset(np.sort(p).astype(np.int64)) for p in np.array_split(perm, n)]
@@ -83,7 +94,7 @@ def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
     only in ``slice_index`` share one load-split-partition of the dataset (a host of
     hundreds of virtual participants would otherwise repeat it hundreds of times).
     The slices are exactly the ones :func:`load_local_data` gives one by one."""
-    prepared: dict[DataSettings, tuple[FederationData, list[ArrayDataset]]] = {}
+    prepared: dict[DataSettings, tuple[FederationData, list[ArrayDataset], list[ArrayDataset]]] = {}
     out: list[LocalData] = []
     for settings in many:
         if settings.slice_index is None or settings.slice_of is None:
@@ -104,12 +115,16 @@ def load_local_slices(many: Sequence[DataSettings]) -> list[LocalData]:
                     seed=settings.seed,
                 )
             )
-            prepared[key] = (data, local_test_slices(settings, data.test, settings.slice_of))
-        data, tests = prepared[key]
+            prepared[key] = (
+                data,
+                local_test_slices(settings, data.test, settings.slice_of),
+                local_test_slices(settings, data.validation, settings.slice_of, split="validation"),
+            )
+        data, tests, validations = prepared[key]
         k = settings.slice_index
         train, test = data.participant(k), tests[k]
         name = f"{settings.dataset} slice {k}/{settings.slice_of}"
-        out.append(_local(train, test, name, settings))
+        out.append(_local(train, test, name, settings, validations[k]))
     return out
 
 
@@ -126,11 +141,17 @@ def _load_whole(settings: DataSettings) -> LocalData:
             samples=settings.samples,
             test_fraction=settings.test_fraction,
         )
+    # A real site trains on all of its train split (no validation held out): the
+    # calibrators' validation grid needs slice mode (simulation) for now.
     return _local(splits.train, splits.test, f"{settings.dataset} (whole)", settings)
 
 
 def _local(
-    train: ArrayDataset, test: ArrayDataset, name: str, settings: DataSettings
+    train: ArrayDataset,
+    test: ArrayDataset,
+    name: str,
+    settings: DataSettings,
+    validation: ArrayDataset | None = None,
 ) -> LocalData:
     num_classes = train.num_classes
     if settings.num_classes is not None:  # a site without the highest classes
@@ -142,5 +163,15 @@ def _local(
         num_classes = settings.num_classes
     train_x, train_y = _tensors(train)
     test_x, test_y = _tensors(test)
-    return LocalData(train_x, train_y, test_x, test_y, num_classes, train.image_shape, name)
-
+    val_x, val_y = _tensors(validation) if validation is not None else (None, None)
+    return LocalData(
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        num_classes,
+        train.image_shape,
+        name,
+        val_x=val_x,
+        val_y=val_y,
+    )

@@ -15,14 +15,18 @@ from proto.codec import TensorFormatError
 from spherefed.privacy.dpsgd import UnsupportedModel
 from spherefed.privacy.ledger import BudgetExceeded
 
-from .privacy import PrivacyRefused
+from .policy import EvaluationRefused, ReleaseRepeated
+from .privacy import NoiseRequired, PlaintextRefused, PrivacyRefused
 from .trust import UntrustedDirectory
 
-__all__ = ["KINDS", "failure_kind"]
+__all__ = ["KINDS", "RULES", "failure_kind", "policy_rule"]
 
 KINDS: tuple[tuple[type[BaseException], pb.FailureKind], ...] = (
     (BudgetExceeded, pb.BUDGET_EXCEEDED),
     (PrivacyRefused, pb.POLICY_REFUSAL),
+    # the participant's secure-aggregation policy (crypto.policy), before the
+    # protocol errors below that some of its rules also are
+    (crypto.PolicyViolation, pb.POLICY_REFUSAL),
     (PermissionError, pb.POLICY_REFUSAL),  # e.g. a plaintext upload it does not allow
     (UntrustedDirectory, pb.UNTRUSTED_DIRECTORY),
     (crypto.TooFewSurvivors, pb.TOO_FEW_SURVIVORS),
@@ -53,6 +57,32 @@ KINDS: tuple[tuple[type[BaseException], pb.FailureKind], ...] = (
     (UnsupportedModel, pb.BAD_INPUT),
     (ValueError, pb.BAD_INPUT),
 )
+
+
+RULES: tuple[tuple[type[BaseException], pb.PolicyRule], ...] = (
+    (crypto.ConsistencyRoundRequired, pb.RULE_CONSISTENCY_ROUND_REQUIRED),
+    (crypto.ThresholdTooLow, pb.RULE_THRESHOLD_TOO_LOW),
+    (crypto.TooFewParticipants, pb.RULE_TOO_FEW_PARTICIPANTS),
+    (crypto.TooFewInputs, pb.RULE_TOO_FEW_INPUTS),
+    (crypto.DoubleReveal, pb.RULE_DOUBLE_REVEAL),
+    (crypto.OverlappingReveal, pb.RULE_BOTH_SHARE_KINDS),
+    (crypto.KeySubstitution, pb.RULE_KEY_SUBSTITUTION),
+    (ReleaseRepeated, pb.RULE_RELEASE_REPEATED),
+    (EvaluationRefused, pb.RULE_EVALUATION_HEADS),
+    (PlaintextRefused, pb.RULE_PLAINTEXT_REFUSED),
+    (PermissionError, pb.RULE_PLAINTEXT_REFUSED),
+    (NoiseRequired, pb.RULE_DP_REQUIRED),
+    (PrivacyRefused, pb.RULE_DP_PLAN),
+)
+"""Which policy rule a ``POLICY_REFUSAL`` is (most specific first)."""
+
+
+def policy_rule(error: BaseException) -> pb.PolicyRule:
+    """The rule behind a policy refusal (``RULE_UNSPECIFIED`` for anything else)."""
+    for cls, rule in RULES:
+        if isinstance(error, cls):
+            return rule
+    return pb.RULE_UNSPECIFIED
 
 
 def failure_kind(error: BaseException) -> pb.FailureKind:

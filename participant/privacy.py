@@ -34,11 +34,27 @@ from spherefed.privacy.ledger import (
 from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
 from spherefed.privacy.settings import PrivacySettings
 
-__all__ = ["BudgetExceeded", "ParticipantPrivacy", "PrivacyRefused"]
+__all__ = [
+    "BudgetExceeded",
+    "NoiseRequired",
+    "ParticipantPrivacy",
+    "PlaintextRefused",
+    "PrivacyRefused",
+]
 
 
 class PrivacyRefused(Exception):
-    """A calibration job this participant's privacy policy does not allow."""
+    """A task this participant's privacy policy does not allow (here: a DP plan it
+    does not accept; subclasses name the other rules)."""
+
+
+class NoiseRequired(PrivacyRefused):
+    """Calibration statistics without DP noise, or not securely aggregated, while this
+    participant's ``[privacy] enabled`` demands it."""
+
+
+class PlaintextRefused(PrivacyRefused, PermissionError):
+    """A plaintext upload or report while ``allow_plaintext`` is false."""
 
 
 class ParticipantPrivacy:
@@ -76,12 +92,12 @@ class ParticipantPrivacy:
         if not self.settings.enabled:
             return
         if not task.HasField("privacy"):
-            raise PrivacyRefused(
+            raise NoiseRequired(
                 "this participant releases calibration statistics only with DP noise "
                 "([privacy] enabled); the job carries no DP plan"
             )
         if not task.HasField("secure"):
-            raise PrivacyRefused("a DP release must be securely aggregated (noise before masking)")
+            raise NoiseRequired("a DP release must be securely aggregated (noise before masking)")
 
     def admit(
         self,

@@ -13,13 +13,20 @@ coordinator re-issues what it still needs.
 
 Privacy stance: with ``allow_plaintext = false`` (the default for deployments) the
 participant refuses to upload any model update or statistics in the clear; it only
-ever sends masked vectors, key material for the protocol, and evaluation counts.
+ever sends masked vectors and key material for the protocol (evaluation counts too
+go through secure aggregation unless the coordinator asks for them in plaintext,
+which it then also refuses). Its ``[policy]`` (``participant.policy``) decides what
+it takes part in at all.
 Nothing it logs contains data, statistics or keys.
+
+(Length: the task handlers stay next to their loop; secure jobs, policy checks,
+DP-SGD rounds and back-off live in their own modules.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -33,23 +40,25 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import crypto
 from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
-from proto.codec import DEFAULT_CHUNK_BYTES, TensorAssembler, TensorFormatError, header_for
+from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
 from proto.federation_end import SUCCESSFUL_STATUSES
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
-from spherefed.privacy.charge import dpsgd_charge
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 from .algorithm_state import ClientStateStore, CorruptClientState
 from .backoff import Backoff, ParticipantExit, stop_if_ended
 from .data import LocalData
-from .failures import failure_kind
+from .downloads import download
+from .dpsgd_round import dpsgd_round
+from .evaluate_task import evaluate_task
+from .failures import failure_kind, policy_rule
 from .faults import Halter, OnHalt
-from .privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
+from .privacy import BudgetExceeded, ParticipantPrivacy, PlaintextRefused, PrivacyRefused
+from .releases import ReleaseLedger
 from .results import FinalModels, refuse_extractor, save_after_completion
-from .secure import SecureSession
-from .secure_steps import SecureAggregationSteps
+from .secure_steps import SecureSteps
 from .settings import ParticipantSettings
 from .trainer import LocalTrainer
 from .transport import PresenceStream, Transport, TransportError
@@ -58,9 +67,13 @@ from .trust import DirectoryTrust
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
 SOFTWARE_VERSION = "spherecal/0.1"
+TEST_FAULTS_ENV = "SPHERECAL_TEST_FAULTS"
+"""Must be ``1`` for a test-only fault (``corrupt_shares``) to be honoured."""
+
+logger = logging.getLogger("spherecal.participant")
 
 
-class ParticipantRunner(SecureAggregationSteps):
+class ParticipantRunner:
     def __init__(
         self,
         settings: ParticipantSettings,
@@ -85,7 +98,6 @@ class ParticipantRunner(SecureAggregationSteps):
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None
-        self.jobs: dict[bytes, SecureSession] = {}
         self._cache: dict[str, tuple[bytes, npt.NDArray[np.float64]]] = {}
         self._backoff = Backoff(settings.reconnect_max_s, settings.give_up_s)
         self._stop = threading.Event()
@@ -94,6 +106,26 @@ class ParticipantRunner(SecureAggregationSteps):
         self._lock = threading.Lock()
         self.completed_tasks = 0
         self.privacy = ParticipantPrivacy(settings.privacy, self.pid, settings.state_dir)
+        self.policy = settings.policy
+        self.releases = ReleaseLedger(
+            settings.state_dir / "privacy.db",
+            participant=self.pid,
+            enforce=settings.policy.one_release_per_model,
+        )
+        self.secure = SecureSteps(
+            participant_id=self.pid,
+            identity=identity,
+            ledger=ledger,
+            trust=trust,
+            transport=transport,
+            halter=self.halter,
+            releases=self.releases,
+            policy=settings.policy,
+            caller=self._caller,
+            refuse=self._refuse,
+            log=log,
+            corrupt_shares=settings.corrupt_shares,
+        )
         self._final: FinalModels | None = None
 
     # ---------------------------------------------------------------- plumbing
@@ -129,7 +161,7 @@ class ParticipantRunner(SecureAggregationSteps):
             self.plan = reply.plan
             self.trainer = trainer
             self._cache.clear()
-        self.jobs.clear()  # a new session never continues an old job
+        self.secure.clear()  # a new session never continues an old job
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
@@ -183,6 +215,19 @@ class ParticipantRunner(SecureAggregationSteps):
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> int:
+        for relaxed in self.policy.relaxations():
+            logger.warning("policy weakened: %s", relaxed)
+            self.log(f"WARNING: policy weakened: {relaxed}")
+        if self.settings.corrupt_shares:
+            if os.environ.get(TEST_FAULTS_ENV) != "1":
+                self.log(
+                    f"refusing to start: corrupt_shares is a test-only fault and needs "
+                    f"{TEST_FAULTS_ENV}=1"
+                )
+                self.privacy.close()
+                self.releases.close()
+                return 2
+            self.log("TEST FAULT: dealing corrupted shares in every job")
         self._heartbeat = threading.Thread(target=self._presence_loop, daemon=True)
         self._heartbeat.start()
         try:
@@ -193,6 +238,7 @@ class ParticipantRunner(SecureAggregationSteps):
         finally:
             self._stop_presence()
             self.privacy.close()
+            self.releases.close()
 
     def _loop(self) -> int:
         while True:
@@ -214,9 +260,9 @@ class ParticipantRunner(SecureAggregationSteps):
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                if done.status not in SUCCESSFUL_STATUSES:
+                if done.status != "completed":
                     return 1
-                return self._save_final_models()  # completed or degraded: outputs exist
+                return self._save_final_models()
             try:
                 self._dispatch(instruction)
                 self.completed_tasks += 1
@@ -250,7 +296,7 @@ class ParticipantRunner(SecureAggregationSteps):
         elif kind == "statistics":
             self._statistics(instruction.task_id, instruction.statistics)
         elif kind == "secagg":
-            self._secagg_step(instruction.secagg)
+            self.secure.step(instruction.secagg)
         elif kind == "evaluate":
             self._evaluate(instruction.task_id, instruction.evaluate)
 
@@ -260,59 +306,46 @@ class ParticipantRunner(SecureAggregationSteps):
         return self.trainer
 
     def _download(self, ref: pb.TensorRef, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
-        cached = self._cache.get(ref.name)
-        if cached is not None and cached[0] == bytes(ref.header.sha256):
-            return cached[1]
-        stream = self.transport.download_tensor(
-            pb.DownloadRequest(caller=self._caller(), name=ref.name)
-        )
-        first = next(stream, None)
-        if first is None or first.WhichOneof("part") != "header":
-            raise TransportError(grpc.StatusCode.DATA_LOSS, f"{ref.name}: no tensor header")
-        if first.header.SerializeToString() != ref.header.SerializeToString():
-            raise TransportError(
-                grpc.StatusCode.DATA_LOSS, f"{ref.name}: header differs from the announced one"
-            )
-        try:
-            assembler = TensorAssembler(
-                first.header,
-                dtype=pb.FLOAT64,
-                shape=shape,
-                max_bytes=8 * int(np.prod(shape)),
-                finite=True,
-            )
-            for chunk in stream:
-                assembler.add(chunk.data)
-            array = np.asarray(assembler.finish(), dtype=np.float64)
-        except TensorFormatError as exc:
-            raise TransportError(grpc.StatusCode.DATA_LOSS, f"{ref.name}: {exc}") from None
-        array.setflags(write=False)
-        if len(self._cache) > 4:
-            self._cache.clear()
-        self._cache[ref.name] = (bytes(ref.header.sha256), array)
-        return array
+        return download(self.transport, self._caller(), self._cache, ref, shape)
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
         """Withdraw from a task or job, telling the coordinator why: the typed
         :func:`failure_kind` is the meaning, the text only a message for people."""
         reason = str(error)
         kind = failure_kind(error)
-        self.log(f"withdrawing from {task_id[:16]}: {pb.FailureKind.Name(kind)}: {reason}")
+        rule = policy_rule(error) if kind == pb.POLICY_REFUSAL else pb.RULE_UNSPECIFIED
+        shown = pb.FailureKind.Name(kind) + (
+            f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else ""
+        )
+        self.log(f"withdrawing from {task_id[:16]}: {shown}: {reason}")
         try:
             self.transport.report_failure(
                 pb.FailureReport(
-                    caller=self._caller(), task_id=task_id, reason=reason[:300], kind=kind
+                    caller=self._caller(),
+                    task_id=task_id,
+                    reason=reason[:300],
+                    kind=kind,
+                    rule=rule,
                 )
             )
         except TransportError as exc:
             self.log(f"could not report the withdrawal: {exc}")
 
     # ---------------------------------------------------------------- tasks
+    def _federation(self) -> str:
+        return self.plan.federation_id if self.plan is not None else ""
+
     def _train(self, task_id: str, task: pb.TrainTask) -> None:
         trainer = self._trainer()
-        secure = task.HasField("secure")
         purpose = "update"
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
+        session = None
+        if task.HasField("secure"):  # advertise before the data-dependent work
+            session = self.secure.start(
+                task_id, task.secure, round_index=task.round, expected_length=trainer.layout.length
+            )
+            if session is None:
+                return
         vector = self._download(task.model, (trainer.length,))
         broadcast = {b.name: self._download(b.tensor, (trainer.length,)) for b in task.broadcast}
         t0 = time.monotonic()
@@ -320,15 +353,16 @@ class ParticipantRunner(SecureAggregationSteps):
             try:
                 trainer.require_dpsgd_compatible()
             except ValueError as exc:
-                self._refuse(task_id, exc)
+                self.secure.abandon(task_id, session, exc)
                 return
             dp_update = self._train_dpsgd(task_id, vector)
-            if dp_update is None:
+            if dp_update is None:  # refused (reported); drop the job's state
+                self.secure.forget(session)
                 return
             try:
                 result = trainer.dpsgd_result(dp_update)
             except ValueError as exc:
-                self._refuse(task_id, exc)
+                self.secure.abandon(task_id, session, exc)
                 return
         else:
             try:
@@ -336,7 +370,7 @@ class ParticipantRunner(SecureAggregationSteps):
                 before = store.for_round(task.round)
                 result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
             except (CorruptClientState, ValueError) as exc:
-                self._refuse(task_id, exc)
+                self.secure.abandon(task_id, session, exc)
                 return
             if result.client_state is not None:
                 store.commit(task.round, before, result.client_state)
@@ -345,8 +379,8 @@ class ParticipantRunner(SecureAggregationSteps):
             f"samples in {time.monotonic() - t0:.1f}s"
         )
         payload = trainer.flatten(result)
-        if secure:
-            self._start_secure(task_id, task.secure, payload, task.round, trainer.layout.length)
+        if session is not None:
+            self.secure.set_input(task_id, session, payload)
         else:
             meta = pb.UpdateMeta(
                 num_samples=result.num_samples,
@@ -362,33 +396,24 @@ class ParticipantRunner(SecureAggregationSteps):
         return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
 
     def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
-        """DP-SGD for this round: charge the ledger first (the cost is known before
-        training), refuse over budget; None when refused."""
-        trainer = self._trainer()
-        p = self.settings.privacy
-        config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
-        rate, steps = trainer.dpsgd_steps()
-        charge = dpsgd_charge(
-            p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
+        """DP-SGD for this round (``participant.dpsgd_round``); None when refused."""
+        return dpsgd_round(
+            self._trainer(),
+            self.settings.privacy,
+            self.privacy,
+            self.pid,
+            task_id,
+            vector,
+            refuse=self._refuse,
+            log=self.log,
         )
-        try:
-            entry = self.privacy.ledger(p.delta).charge(
-                self.pid, charge, release_id=f"dpsgd-{task_id}"
-            )
-        except BudgetExceeded as exc:
-            self._refuse(task_id, exc)
-            return None
-        try:
-            update, result = trainer.train_dpsgd(vector, config)
-        except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
-            self._refuse(task_id, exc)
-            return None
-        self.log(
-            f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "
-            f"σ = {result.noise_multiplier:g}, {result.steps} steps; local total ε = "
-            f"{entry.epsilon_total:.4g}"
-        )
-        return update
+
+    def _reserve(self, task_id: str, kind: str, job: pb.SecAggJob | None, digest: bytes) -> str:
+        """Reserve this release in the ledger (raises ``ReleaseRepeated``); returns its
+        key: the secure job's id, or the task id for a plaintext release."""
+        key = crypto.JobSpec.from_bytes(job.spec).job_id.hex() if job else f"task-{task_id}"
+        self.releases.reserve(kind=kind, federation=self._federation(), digest=digest, job=key)
+        return key
 
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
         trainer = self._trainer()
@@ -396,26 +421,41 @@ class ParticipantRunner(SecureAggregationSteps):
         if kind is None:
             self._refuse(task_id, ValueError(f"unknown statistics kind {task.kind}"))
             return
+        secure = task.HasField("secure")
         try:
             self.privacy.require_noise(task)
-        except PrivacyRefused as exc:
+            if not secure and not self.settings.allow_plaintext:
+                raise self._no_plaintext("statistics")
+            release = self._reserve(
+                task_id, kind, task.secure if secure else None, bytes(task.model.header.sha256)
+            )
+        except (PrivacyRefused, crypto.SecAggError) as exc:
             self._refuse(task_id, exc)
             return
-        if task.HasField("privacy") and task.HasField("secure"):
-            self._private_statistics(task_id, task, kind)
+        if task.HasField("privacy") and secure:
+            self._private_statistics(task_id, task, kind, release)
             return
+        d, c = trainer.feature_dim, trainer.num_classes
+        length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
+        session = None
+        if secure:
+            session = self.secure.start(
+                task_id, task.secure, round_index=None, expected_length=length, release=release
+            )
+            if session is None:
+                return
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
         stats = trainer.statistics(vector, kind)
         self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
-        d, c = trainer.feature_dim, trainer.num_classes
-        length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
-        if task.HasField("secure"):
-            self._start_secure(task_id, task.secure, stats, None, length)
+        if session is not None:
+            self.secure.set_input(task_id, session, stats)
         else:
-            self._upload_plain(task_id, stats, None)
+            self._upload_plain(task_id, stats, None, release=release)
 
-    def _private_statistics(self, task_id: str, task: pb.StatisticsTask, kind: str) -> None:
+    def _private_statistics(
+        self, task_id: str, task: pb.StatisticsTask, kind: str, release_key: str
+    ) -> None:
         """A DP release: plan and charge locally first (refusing over budget), then
         exact statistics in the isometric layout, plus integer noise in the ring."""
         trainer = self._trainer()
@@ -440,28 +480,44 @@ class ParticipantRunner(SecureAggregationSteps):
             f"{kind} DP release: {plan.mechanism}, ε = {entry['epsilon']:.4g} at δ = "
             f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"
         )
+        session = self.secure.start(
+            task_id, task.secure, round_index=None, expected_length=plan.length, release=release_key
+        )
+        if session is None:
+            return
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
         try:
             stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
         except ValueError as exc:
-            self._refuse(task_id, exc)
+            self.secure.abandon(task_id, session, exc)
             return
         noise = sample_noise(noise_plan)
         self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
-        self._start_secure(task_id, task.secure, stats, None, plan.length, noise=noise)
+        self.secure.set_input(task_id, session, stats, noise=noise)
+
+    @staticmethod
+    def _no_plaintext(what: str) -> PlaintextRefused:
+        return PlaintextRefused(
+            f"the coordinator asked for plaintext {what}; this participant only sends "
+            "securely aggregated results (allow_plaintext = false)"
+        )
 
     def _upload_plain(
-        self, task_id: str, vector: npt.NDArray[np.float64], meta: pb.UpdateMeta | None
+        self,
+        task_id: str,
+        vector: npt.NDArray[np.float64],
+        meta: pb.UpdateMeta | None,
+        *,
+        release: str | None = None,
     ) -> None:
-        if not self.settings.allow_plaintext:
-            self._refuse(
-                task_id,
-                PermissionError(
-                    "the coordinator asked for a plaintext upload; this participant only "
-                    "sends securely aggregated results (allow_plaintext = false)"
-                ),
-            )
+        try:
+            if not self.settings.allow_plaintext:
+                raise self._no_plaintext("uploads")
+            if release is not None:
+                self.releases.consume(release)
+        except PrivacyRefused as exc:
+            self._refuse(task_id, exc)
             return
         plan = self.plan
         chunk = min(DEFAULT_CHUNK_BYTES, plan.max_chunk_bytes if plan else DEFAULT_CHUNK_BYTES)
@@ -482,34 +538,5 @@ class ParticipantRunner(SecureAggregationSteps):
             if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
                 raise
 
-    # ---------------------------------------------------------------- evaluation
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
-        trainer = self._trainer()
-        vector = self._download(task.model, (trainer.length,))
-        heads = {
-            named.name: self._download(named.tensor, (trainer.num_classes, trainer.feature_dim))
-            for named in task.heads
-        }
-        total, counts = trainer.evaluate(vector, heads)
-        if task.round < 0:  # the final models: kept to be saved once the run completes
-            self._final = FinalModels(
-                vector=vector,
-                vector_sha256=bytes(task.model.header.sha256).hex(),
-                heads=heads,
-                head_sha256={n.name: bytes(n.tensor.header.sha256).hex() for n in task.heads},
-            )
-        try:
-            self.transport.report_evaluation(
-                pb.EvaluationReport(
-                    caller=self._caller(),
-                    task_id=task_id,
-                    total=total,
-                    counts=[pb.HeadCount(head=k, correct=v) for k, v in counts.items()],
-                )
-            )
-        except TransportError as exc:
-            if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
-                raise
-        if task.round < 0:
-            shown = ", ".join(f"{k} {v}/{total}" for k, v in counts.items())
-            self.log(f"final evaluation: {shown}")
+        evaluate_task(self, task_id, task)  # participant.evaluate_task

@@ -15,6 +15,7 @@ run the same job id twice, even across restarts.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -30,7 +31,19 @@ from proto import spherecal_pb2 as pb
 
 from .trust import DirectoryTrust
 
-__all__ = ["SecureSession", "SqliteJobLedger"]
+__all__ = ["SecureSession", "SqliteJobLedger", "corrupt"]
+
+
+def corrupt(shares: crypto.ShareKeys) -> crypto.ShareKeys:
+    """TEST ONLY (``corrupt_shares``): flip one ciphertext bit of every share dealt
+    to another holder, so each holder's AES-GCM check fails and it complains."""
+    out = []
+    for share in shares.shares:
+        if share.receiver != shares.sender:
+            flipped = bytes([share.ciphertext[0] ^ 1]) + share.ciphertext[1:]
+            share = dataclasses.replace(share, ciphertext=flipped)
+        out.append(share)
+    return dataclasses.replace(shares, shares=tuple(out))
 
 
 class SqliteJobLedger:
@@ -65,8 +78,10 @@ class SqliteJobLedger:
 
 
 class SecureSession:
-    """One job: construct (validates the spec and directory, claims the job id, fixes
-    the input), then :meth:`advertise`, then :meth:`respond` to each step."""
+    """One job: construct (validates the spec and directory against this
+    participant's policy, claims the job id), then :meth:`advertise` — before any
+    local work, so the advertisement's timing says nothing about the data —, then
+    :meth:`set_input` once the vector is computed, then :meth:`respond` to each step."""
 
     def __init__(
         self,
@@ -76,12 +91,15 @@ class SecureSession:
         identity: Ed25519PrivateKey,
         ledger: crypto.JobLedger,
         trust: DirectoryTrust,
-        vector: npt.NDArray[np.float64],
+        vector: npt.NDArray[np.float64] | None = None,
         round_index: int | None = None,
         noise: npt.NDArray[np.int64] | None = None,
+        policy: crypto.SecAggPolicy | None = None,
+        release: str | None = None,
+        corrupt_shares: bool = False,
     ) -> None:
         spec = JobSpec.from_bytes(job.spec)
-        if spec.length != vector.shape[0]:
+        if vector is not None and spec.length != vector.shape[0]:
             raise crypto.WrongLength(
                 f"job expects {spec.length} entries but this participant's input has "
                 f"{vector.shape[0]}"
@@ -90,9 +108,25 @@ class SecureSession:
         self.spec = spec
         self.purpose = job.purpose
         self.round = round_index
-        self.client = SecAggParticipant(spec, participant_id, identity, directory, ledger=ledger)
-        self.client.set_input(vector, noise=noise)
+        self.release = release
+        """Release-ledger key consumed right before the masked input leaves."""
+        self._corrupt = corrupt_shares
+        self.client = SecAggParticipant(
+            spec, participant_id, identity, directory, ledger=ledger, policy=policy
+        )
+        if vector is not None:
+            self.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
+
+    def set_input(
+        self, vector: npt.NDArray[np.float64], *, noise: npt.NDArray[np.int64] | None = None
+    ) -> None:
+        if self.spec.length != vector.shape[0]:
+            raise crypto.WrongLength(
+                f"job expects {self.spec.length} entries but this participant's input has "
+                f"{vector.shape[0]}"
+            )
+        self.client.set_input(vector, noise=noise)
 
     @property
     def job_id(self) -> bytes:
@@ -115,7 +149,8 @@ class SecureSession:
             return self._sent[stage]
         data = bytes(step.message)
         if stage == pb.SHARE:
-            out = self.client.share_keys(crypto.KeyRoster.from_bytes(data)).to_bytes()
+            shares = self.client.share_keys(crypto.KeyRoster.from_bytes(data))
+            out = (corrupt(shares) if self._corrupt else shares).to_bytes()
         elif stage == pb.MASKED:
             if self.client.stage is ParticipantStage.RECEIVE_SHARES:
                 self.client.receive_shares(crypto.ShareBundle.from_bytes(data))

@@ -9,6 +9,7 @@ from pathlib import Path
 from spherefed.privacy.settings import PrivacySettings
 
 from .faults import HaltPoint
+from .policy import PolicySettings
 
 __all__ = ["ClientTLS", "DataSettings", "ParticipantSettings"]
 
@@ -132,10 +133,18 @@ class ParticipantSettings:
     halt_before: tuple[HaltPoint, ...] = ()
     """Fault injection for tests and ``spherecal simulate --drop``: stop (and wait to be
     killed) right before the named step."""
+    corrupt_shares: bool = False
+    """TEST ONLY: deal shares that fail authentication in every job (the
+    malicious-participant fault of ``spherecal simulate --corrupt-shares``). Refused
+    at start unless the environment sets ``SPHERECAL_TEST_FAULTS=1``."""
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     """This participant's own privacy policy: with ``enabled`` it refuses calibration
     statistics without DP noise, and every noisy release is charged to its local
     ledger (``state_dir/privacy.db``) and refused beyond its budget."""
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    """What this participant refuses whatever the coordinator asks (``[policy]``):
+    the secure-aggregation rules, one release per statistic and model, evaluation
+    heads (``participant.policy``)."""
 
     @property
     def identity_path(self) -> Path:

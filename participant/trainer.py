@@ -14,6 +14,7 @@ payload is flattened in the layout the coordinator unflattens
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from spherefed.algorithms.base import (
     as_payload,
 )
 from spherefed.algorithms.registry import configured_strategy
+from spherefed.discriminant import CalibratedHead
 from spherefed.fl import (
     LocalTrainConfig,
     LocalUpdate,
@@ -220,16 +222,34 @@ class LocalTrainer:
             )
         raise ValueError(f"unknown statistics kind {kind!r}")
 
-    def _correct(self) -> int:
-        return count_correct(self.model, self.data.test_x, self.data.test_y, FEATURE_BATCH)
-
     def evaluate(
-        self, vector: npt.NDArray[np.float64], heads: dict[str, npt.NDArray[np.float64]]
+        self,
+        vector: npt.NDArray[np.float64],
+        heads: Mapping[str, npt.NDArray[np.float64] | CalibratedHead],
+        *,
+        split: str = "test",
     ) -> tuple[int, dict[str, int]]:
-        """(test samples, correct predictions per head); head ``none`` is the model's own."""
+        """(samples, correct predictions per head) on the local ``test`` or
+        ``validation`` split; head ``none`` is the model's own. A weight matrix is
+        swapped into the network's classifier (FFC, CCVR); a
+        :class:`~spherefed.discriminant.CalibratedHead` (bias, QDA's quadratic term)
+        scores the network's features, as the reference runner does."""
+        if split == "validation":
+            x, y = self.data.val_x, self.data.val_y
+            if x is None or y is None:
+                raise ValueError("this participant holds no validation split")
+        else:
+            x, y = self.data.test_x, self.data.test_y
         self.load(vector)
-        counts = {"none": self._correct()}
-        for name, weight in heads.items():
-            with classifier_swapped(self.model, np.array(weight, dtype=np.float64)):
-                counts[name] = self._correct()
-        return self.data.test_size, counts
+        counts = {"none": count_correct(self.model, x, y, FEATURE_BATCH)}
+        features: npt.NDArray[np.float64] | None = None
+        labels = y.numpy()
+        for name, head in heads.items():
+            if isinstance(head, CalibratedHead):
+                if features is None:
+                    features = self.features(x)
+                counts[name] = int(np.sum(head.predict(features) == labels))
+                continue
+            with classifier_swapped(self.model, np.array(head, dtype=np.float64)):
+                counts[name] = count_correct(self.model, x, y, FEATURE_BATCH)
+        return int(y.shape[0]), counts

@@ -21,6 +21,17 @@ class StatisticsKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FFC: _ClassVar[StatisticsKind]
     CCVR: _ClassVar[StatisticsKind]
 
+class EvaluationSplit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPLIT_TEST: _ClassVar[EvaluationSplit]
+    SPLIT_VALIDATION: _ClassVar[EvaluationSplit]
+
+class HeadKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEAD_LINEAR: _ClassVar[HeadKind]
+    HEAD_AFFINE: _ClassVar[HeadKind]
+    HEAD_QUADRATIC: _ClassVar[HeadKind]
+
 class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SECAGG_STAGE_UNSPECIFIED: _ClassVar[SecAggStage]
@@ -29,6 +40,7 @@ class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MASKED: _ClassVar[SecAggStage]
     CONSISTENCY: _ClassVar[SecAggStage]
     UNMASK: _ClassVar[SecAggStage]
+    COMPLAINT: _ClassVar[SecAggStage]
 
 class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +55,22 @@ class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROTOCOL_VIOLATION: _ClassVar[FailureKind]
     INTERNAL_ERROR: _ClassVar[FailureKind]
 
+class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RULE_UNSPECIFIED: _ClassVar[PolicyRule]
+    RULE_CONSISTENCY_ROUND_REQUIRED: _ClassVar[PolicyRule]
+    RULE_THRESHOLD_TOO_LOW: _ClassVar[PolicyRule]
+    RULE_TOO_FEW_PARTICIPANTS: _ClassVar[PolicyRule]
+    RULE_TOO_FEW_INPUTS: _ClassVar[PolicyRule]
+    RULE_DOUBLE_REVEAL: _ClassVar[PolicyRule]
+    RULE_BOTH_SHARE_KINDS: _ClassVar[PolicyRule]
+    RULE_KEY_SUBSTITUTION: _ClassVar[PolicyRule]
+    RULE_RELEASE_REPEATED: _ClassVar[PolicyRule]
+    RULE_EVALUATION_HEADS: _ClassVar[PolicyRule]
+    RULE_PLAINTEXT_REFUSED: _ClassVar[PolicyRule]
+    RULE_DP_REQUIRED: _ClassVar[PolicyRule]
+    RULE_DP_PLAN: _ClassVar[PolicyRule]
+
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
@@ -56,12 +84,18 @@ UINT64: DType
 STATISTICS_UNSPECIFIED: StatisticsKind
 FFC: StatisticsKind
 CCVR: StatisticsKind
+SPLIT_TEST: EvaluationSplit
+SPLIT_VALIDATION: EvaluationSplit
+HEAD_LINEAR: HeadKind
+HEAD_AFFINE: HeadKind
+HEAD_QUADRATIC: HeadKind
 SECAGG_STAGE_UNSPECIFIED: SecAggStage
 ADVERTISE: SecAggStage
 SHARE: SecAggStage
 MASKED: SecAggStage
 CONSISTENCY: SecAggStage
 UNMASK: SecAggStage
+COMPLAINT: SecAggStage
 FAILURE_KIND_UNSPECIFIED: FailureKind
 POLICY_REFUSAL: FailureKind
 BUDGET_EXCEEDED: FailureKind
@@ -72,6 +106,19 @@ UNTRUSTED_DIRECTORY: FailureKind
 JOB_ABORTED: FailureKind
 PROTOCOL_VIOLATION: FailureKind
 INTERNAL_ERROR: FailureKind
+RULE_UNSPECIFIED: PolicyRule
+RULE_CONSISTENCY_ROUND_REQUIRED: PolicyRule
+RULE_THRESHOLD_TOO_LOW: PolicyRule
+RULE_TOO_FEW_PARTICIPANTS: PolicyRule
+RULE_TOO_FEW_INPUTS: PolicyRule
+RULE_DOUBLE_REVEAL: PolicyRule
+RULE_BOTH_SHARE_KINDS: PolicyRule
+RULE_KEY_SUBSTITUTION: PolicyRule
+RULE_RELEASE_REPEATED: PolicyRule
+RULE_EVALUATION_HEADS: PolicyRule
+RULE_PLAINTEXT_REFUSED: PolicyRule
+RULE_DP_REQUIRED: PolicyRule
+RULE_DP_PLAN: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason
@@ -337,22 +384,32 @@ class DPRelease(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., dim: _Optional[int] = ..., num_classes: _Optional[int] = ..., participants: _Optional[int] = ..., min_contributors: _Optional[int] = ..., max_examples: _Optional[int] = ..., epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., mechanism: _Optional[str] = ..., quant_bits: _Optional[int] = ..., colluders: _Optional[int] = ...) -> None: ...
 
 class EvaluateTask(_message.Message):
-    __slots__ = ("model", "heads", "round")
+    __slots__ = ("model", "heads", "round", "secure", "split")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
     model: TensorRef
     heads: _containers.RepeatedCompositeFieldContainer[NamedTensorRef]
     round: int
-    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ...) -> None: ...
+    secure: SecAggJob
+    split: EvaluationSplit
+    def __init__(self, model: _Optional[_Union[TensorRef, _Mapping]] = ..., heads: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., round: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ..., split: _Optional[_Union[EvaluationSplit, str]] = ...) -> None: ...
 
 class NamedTensorRef(_message.Message):
-    __slots__ = ("name", "tensor")
+    __slots__ = ("name", "tensor", "kind", "bias", "quadratic")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
+    QUADRATIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     tensor: TensorRef
-    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+    kind: HeadKind
+    bias: TensorRef
+    quadratic: TensorRef
+    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ..., kind: _Optional[_Union[HeadKind, str]] = ..., bias: _Optional[_Union[TensorRef, _Mapping]] = ..., quadratic: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
 
 class Done(_message.Message):
     __slots__ = ("status", "message")
@@ -481,16 +538,18 @@ class EvaluationReport(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., total: _Optional[int] = ..., counts: _Optional[_Iterable[_Union[HeadCount, _Mapping]]] = ...) -> None: ...
 
 class FailureReport(_message.Message):
-    __slots__ = ("caller", "task_id", "reason", "kind")
+    __slots__ = ("caller", "task_id", "reason", "kind", "rule")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     task_id: str
     reason: str
     kind: FailureKind
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[_Union[FailureKind, str]] = ...) -> None: ...
+    rule: PolicyRule
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., rule: _Optional[_Union[PolicyRule, str]] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason",)

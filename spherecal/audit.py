@@ -468,6 +468,7 @@ def run_audit(
 ) -> dict[str, Any]:
     """Run every check; write ``audit.json`` (next to the run, or ``out``) and, with
     ``html``, the one-page report for a privacy officer; return the report."""
+    from spherecal.audit_policy import check_policy
     from spherecal.audit_report import describe_protection
 
     db, sim_dir = locate(path)
@@ -483,6 +484,7 @@ def run_audit(
             "share_reveals": check_reveals(conn),
             "dp_releases": check_dp(conn),
             "budgets": check_budgets(conn, sim_dir),
+            "participant_policy": check_policy(conn),
         }
         privacy = json.loads(_meta(conn, "privacy") or "{}")
         federation_id = _meta(conn, "federation_id")

@@ -63,6 +63,12 @@ CHECK_EXPLANATIONS: dict[str, tuple[str, str]] = {
         "Privacy budgets respected",
         "Neither the federation nor any site spent more privacy budget (ε) than it allowed.",
     ),
+    "participant_policy": (
+        "Refusals and exclusions",
+        "What sites refused under their own privacy policy, which participants were excluded "
+        "for dealing shares that failed authentication, and that no excluded participant "
+        "took part in a later job.",
+    ),
 }
 
 

@@ -33,7 +33,9 @@ from coordinator.settings import (
     TLSSettings,
     TrainingSettings,
 )
+from crypto import SecAggError
 from participant.faults import parse_halt
+from participant.policy import PolicySettings
 from participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherefed.privacy.settings import PrivacySettings
 
@@ -147,10 +149,10 @@ PARTICIPANT_TABLES: tuple[Table, ...] = (
         "participant",
         ParticipantSettings,
         rename={"participant_id": "id", "max_message_bytes": "max_message_mb"},
-        skip=frozenset({"tls", "data", "privacy"}),
+        skip=frozenset({"tls", "data", "privacy", "policy"}),
         mebibytes=frozenset({"max_message_bytes"}),
         codecs={"halt_before": Codec(parse_halt)},
-        hidden=frozenset({"halt_before"}),
+        hidden=frozenset({"halt_before", "corrupt_shares"}),
         default_text={
             "state_dir": "`participant-<id>`",
             "out_dir": "`participant-<id>-out`",
@@ -160,6 +162,11 @@ PARTICIPANT_TABLES: tuple[Table, ...] = (
     Table("tls", ClientTLS, note="required unless `insecure`"),
     Table("data", DataSettings, paths=frozenset({"root", "test_root"})),
     PRIVACY,
+    Table(
+        "policy",
+        PolicySettings,
+        note="what this participant refuses ([privacy.md](privacy.md#participant-policy))",
+    ),
 )
 
 
@@ -194,6 +201,15 @@ def _privacy(section: Section) -> PrivacySettings:
         raise
     except ValueError as exc:
         raise ConfigError(f"{section.source}: [privacy] {exc}") from None
+
+
+def _policy(section: Section, table: Table) -> PolicySettings:
+    try:
+        return PolicySettings(**read_table(section, table))
+    except ConfigError:
+        raise
+    except (ValueError, SecAggError) as exc:
+        raise ConfigError(f"{section.source}: [policy] {exc}") from None
 
 
 # ====================================================================== coordinator
@@ -356,7 +372,13 @@ def _parse_participant(document: Mapping[str, Any], source: str, base: Path) -> 
         raise
     except ValueError as exc:
         raise ConfigError(f"{source}: [data] {exc}") from None
-    settings = ParticipantSettings(**top, tls=tls, data=data, privacy=_privacy(s["privacy"]))
+    settings = ParticipantSettings(
+        **top,
+        tls=tls,
+        data=data,
+        privacy=_privacy(s["privacy"]),
+        policy=_policy(s["policy"], tables["policy"]),
+    )
     for section in s.values():
         section.finish()
     return settings
@@ -370,6 +392,7 @@ def participant_document(settings: ParticipantSettings) -> dict[str, Any]:
         "tls": write_table(tables["tls"], settings.tls),
         "data": write_table(tables["data"], settings.data),
         "privacy": write_table(tables["privacy"], settings.privacy),
+        "policy": write_table(tables["policy"], settings.policy),
     }
 
 

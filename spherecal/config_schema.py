@@ -276,6 +276,13 @@ def _read_value(section: Section, key: Key, default: Any) -> Any:
         args = typing.get_args(kind)
         if len(args) == 2 and args[1] is Ellipsis and args[0] is str:
             return section.strings(name, default)
+        if len(args) == 2 and args[1] is Ellipsis and args[0] is float:
+            value = section.get(name, list, list(default) if default is not None else None)
+            if value is None:
+                return None
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                raise ConfigError(f"{section.where(name)} must be a list of numbers")
+            return tuple(float(v) for v in value)
         if all(a is int for a in args):
             value = section.get(name, list, list(default) if default is not None else None)
             if value is None:
@@ -371,7 +378,10 @@ def _type_text(key: Key) -> str:
         text = "path"
     elif typing.get_origin(kind) is tuple:
         args = typing.get_args(kind)
-        text = "list of strings" if args[-1] is Ellipsis else f"[{', '.join('int' for _ in args)}]"
+        if args[-1] is Ellipsis:
+            text = "list of numbers" if args[0] is float else "list of strings"
+        else:
+            text = f"[{', '.join('int' for _ in args)}]"
     else:
         text = {bool: "boolean", int: "integer", float: "number", str: "string"}[kind]
     return text

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -119,6 +120,9 @@ class _InProcessPresence:
         self._cancelled.set()
 
 
+DEFAULT_STATE_DIR = ParticipantSettings.__dataclass_fields__["state_dir"].default
+
+
 class InProcessFederation:
     """A coordinator core and participant runners in threads of one process.
 
@@ -166,6 +170,10 @@ class InProcessFederation:
         self.runners: dict[str, ParticipantRunner] = {}
         self.exit_codes: dict[str, int] = {}
         for ps in participants:
+            if ps.state_dir == DEFAULT_STATE_DIR:  # keep each one's ledgers apart, not in cwd
+                ps = replace(
+                    ps, state_dir=settings.state_dir.parent / f"participant-{ps.participant_id}"
+                )
             identity = generate_identity()
             data = load_local_data(ps.data)
             self.runners[ps.participant_id] = ParticipantRunner(

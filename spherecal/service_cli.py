@@ -18,6 +18,11 @@ from typing import Any
 
 from proto.federation_end import SUCCESSFUL_STATUSES
 from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from spherefed.calibration_suite import (
+    CALIBRATION_NAMES,
+    DEFAULT_RIDGE_GRID,
+    DEFAULT_SHRINKAGE_GRID,
+)
 
 from .certs_cli import add_certs_parser
 
@@ -210,12 +215,15 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "tukey": False,
     "seed": 0,
     "calibration": "ffc,ccvr",
+    "ridge_grid": None,
+    "shrinkage_grid": None,
     "secure": True,
     "secure_updates": None,
     "secure_statistics": None,
     "threshold": None,
     "separate_ffc": False,
     "drop": None,
+    "corrupt_shares": None,
     "tls": False,
     "threads": 1,
     "timeout": 3600.0,
@@ -280,7 +288,27 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--ccvr-virtual", type=int, default=S)
     p.add_argument("--tukey", action="store_true", default=S)
     p.add_argument("--seed", type=int, default=S)
-    p.add_argument("--calibration", default=S, help="comma list of ffc, ccvr (default both)")
+    p.add_argument(
+        "--calibration",
+        default=S,
+        help="comma list of " + ", ".join(CALIBRATION_NAMES) + " (default ffc,ccvr)",
+    )
+    p.add_argument(
+        "--ridge-grid",
+        type=float,
+        nargs="+",
+        default=S,
+        help="FFC+bias ridge candidates, chosen on the participants' validation splits "
+        "(default " + " ".join(f"{v:g}" for v in DEFAULT_RIDGE_GRID) + ")",
+    )
+    p.add_argument(
+        "--shrinkage-grid",
+        type=float,
+        nargs="+",
+        default=S,
+        help="LDA/QDA shrinkage candidates in [0, 1], chosen on validation "
+        "(default " + " ".join(f"{v:g}" for v in DEFAULT_SHRINKAGE_GRID) + ")",
+    )
     p.add_argument(
         "--secure",
         action=argparse.BooleanOptionalAction,
@@ -297,6 +325,14 @@ def add_simulate_parser(sub: SubParsers) -> None:
         help="run an FFC statistics job even when CCVR is on (default: FFC from CCVR)",
     )
     p.add_argument("--drop", default=S, metavar="SPEC", help="e.g. p3:share,p5:train@r2")
+    p.add_argument(
+        "--corrupt-shares",
+        default=S,
+        metavar="IDS",
+        help="TEST ONLY: these participants (comma list, e.g. p3) deal shares that fail "
+        "authentication in every job; the honest ones complain and the coordinator "
+        "excludes them",
+    )
     p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
     p.add_argument("--threads", type=int, default=S, help="torch threads per process (1)")
     p.add_argument("--timeout", type=float, default=S, help="seconds for the whole run")
@@ -370,6 +406,23 @@ def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _grid(value: Any, default: tuple[float, ...]) -> tuple[float, ...]:
+    """A grid option (CLI list or TOML list), or ``default`` when unset."""
+    if value is None:
+        return default
+    return tuple(float(v) for v in value)
+
+
+def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    if not text:
+        return ()
+    chosen = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    unknown = sorted(set(chosen) - set(ids))
+    if unknown:
+        raise ValueError(f"--corrupt-shares: unknown participant(s) {unknown}")
+    return chosen
+
+
 def simulation_settings_from(options: dict[str, Any]) -> Any:
     from spherefed.calibrate import CCVRConfig
     from spherefed.runner import ReferenceConfig
@@ -420,6 +473,8 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         ccvr=replace(
             CCVRConfig(), virtual_per_class=int(o["ccvr_virtual"]), tukey=bool(o["tukey"])
         ),
+        ridge_grid=_grid(o["ridge_grid"], DEFAULT_RIDGE_GRID),
+        shrinkage_grid=_grid(o["shrinkage_grid"], DEFAULT_SHRINKAGE_GRID),
     )
     secure = bool(o["secure"])
     ids = tuple(f"p{k}" for k in range(reference.participants))
@@ -437,6 +492,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         if o["secure_statistics"] is None
         else bool(o["secure_statistics"]),
         drops=parse_drops(o["drop"], ids),
+        corrupt_shares=_corrupt_ids(o["corrupt_shares"], ids),
         threshold=None if o["threshold"] is None else int(o["threshold"]),
         ffc_from_ccvr=not bool(o["separate_ffc"]),
         threads=int(o["threads"]),

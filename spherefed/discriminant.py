@@ -36,6 +36,7 @@ from spherefed.calibrate import EmptyStatisticsError, SingularStatisticsWarning,
 from spherefed.stats import CCVRStatistics
 
 __all__ = [
+    "WIRE_NEVER",
     "CalibratedHead",
     "class_moments",
     "ffc_bias_solve",
@@ -43,6 +44,12 @@ __all__ = [
     "qda_solve",
     "shrink",
 ]
+
+
+WIRE_NEVER = -1e300
+"""A never-predicted class's bias as sent and saved: tensors on the wire must be
+finite (``proto.codec``), and ``-1e300`` loses every argmax that ``-inf`` loses
+(logits are ``O(1e3)`` at most; ``-1e300 + x`` stays finite)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +93,15 @@ class CalibratedHead:
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
         return np.argmax(self.logits(features), axis=1)
+
+    @property
+    def kind(self) -> str:
+        """``"quadratic"`` (QDA) or ``"affine"`` (FFC+bias, LDA)."""
+        return "affine" if self.quadratic is None else "quadratic"
+
+    def finite_bias(self) -> np.ndarray:
+        """The bias with ``-inf`` (a class never predicted) as :data:`WIRE_NEVER`."""
+        return np.where(np.isneginf(self.bias), WIRE_NEVER, self.bias)
 
 
 @dataclass(frozen=True)

@@ -124,9 +124,7 @@ def connect(address: str | None, *, cpus: int = 1, threads: int = 1) -> bool:
         # machine that is not always enough, and a second try usually is.
         for attempt in range(3):
             try:
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common
-                )
+                ray.init(num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common)
                 break
             except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
                 if "timed out during startup" not in str(exc) or attempt == 2:

@@ -24,6 +24,7 @@ from coordinator.settings import (
     TLSSettings,
     TrainingSettings,
 )
+from participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
 from participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherecal.config import coordinator_document as _coordinator_toml
 from spherecal.config import dump_toml
@@ -94,10 +95,13 @@ def coordinator_settings(
             ffc_from_ccvr=s.ffc_from_ccvr,
             save_statistics=s.save_statistics,
             ccvr=ref.ccvr,
+            ridge_grid=ref.ridge_grid,
+            shrinkage_grid=ref.shrinkage_grid,
         ),
         secagg=SecAggSettings(
             updates=s.secure_updates,
             statistics=s.secure_statistics,
+            evaluation=s.secure_statistics,  # evaluation counts are statistics too
             threshold=s.threshold,
             chunk_entries=s.chunk_entries,
             update_bound=s.update_bound,
@@ -169,6 +173,7 @@ def participant_settings(
         reconnect_max_s=2.0,
         give_up_s=300.0,
         halt_before=tuple(d.point for d in s.drops if d.participant == pid),
+        corrupt_shares=pid in s.corrupt_shares,
         identity_key=certs / f"{pid}.identity.key" if s.tls else None,
         tls=ClientTLS(
             ca=certs / "ca.pem" if s.tls else None,
@@ -182,6 +187,7 @@ def participant_settings(
             if s.privacy
             else PrivacySettings()
         ),
+        policy=_policy(s),
         data=DataSettings(
             dataset=ref.dataset,
             root=ref.data_root,
@@ -195,6 +201,17 @@ def participant_settings(
             validation_fraction=ref.validation_fraction,
         ),
     )
+
+
+def _policy(s: SimulationSettings) -> PolicySettings:
+    """The participants' ``[policy]``: the defaults, except that a federation which
+    evaluates more calibrated heads than ``max_evaluation_heads`` allows (FFC and
+    CCVR) raises it to their number — explicit in the generated config, and logged
+    at WARNING by each participant as a relaxation."""
+    heads = len(s.calibration)
+    if heads <= DEFAULT_MAX_EVALUATION_HEADS:
+        return PolicySettings()
+    return PolicySettings(max_evaluation_heads=heads)
 
 
 def participant_document(

@@ -54,6 +54,9 @@ def build_results(
         "accuracy": summary.get("accuracy"),
         "accuracy_covers": summary.get("accuracy_covers"),
         "central_accuracy": summary.get("central_accuracy"),
+        "validation_accuracy": summary.get("validation_accuracy"),
+        "calibration": summary.get("calibration_selection"),
+        "validation_evaluation": summary.get("validation_evaluation"),
         "federated_evaluation": summary.get("federated_evaluation"),
         "per_round": summary.get("per_round", []),
         "jobs": summary.get("jobs", []),
@@ -73,5 +76,7 @@ def build_results(
         "saved_statistics": summary.get("saved_statistics", {}),
         "model": summary.get("model"),
         "privacy": summary.get("privacy", {"enabled": False}),
+        "refusals": summary.get("refusals", []),
+        "excluded": summary.get("excluded", []),
         "logs": str(logs),
     }

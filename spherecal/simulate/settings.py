@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.settings import SecAggSettings
+from spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
 from spherefed.runner import ReferenceConfig
 
 from .drops import Drop
@@ -29,6 +30,9 @@ class SimulationSettings:
     secure_updates: bool = True
     secure_statistics: bool = True
     drops: tuple[Drop, ...] = ()
+    corrupt_shares: tuple[str, ...] = ()
+    """TEST ONLY (``--corrupt-shares``): these participants deal shares that fail
+    authentication in every job (their processes get ``SPHERECAL_TEST_FAULTS=1``)."""
     threshold: int | None = None
     ffc_from_ccvr: bool = True
     threads: int = 1
@@ -69,18 +73,23 @@ class SimulationSettings:
 
     @property
     def statistics_jobs(self) -> tuple[str, ...]:
+        """As the coordinator's ``CalibrationSettings.jobs``: the CCVR sums whenever a
+        calibrator needs them (``ccvr``, ``ffc_bias``, ``lda``, ``qda``)."""
+        needs_ccvr = any(c in self.calibration for c in ("ccvr", *CLOSED_FORMS))
         jobs = []
-        if "ffc" in self.calibration and not ("ccvr" in self.calibration and self.ffc_from_ccvr):
+        if "ffc" in self.calibration and not (needs_ccvr and self.ffc_from_ccvr):
             jobs.append("ffc")
-        if "ccvr" in self.calibration:
+        if needs_ccvr:
             jobs.append("ccvr")
         return tuple(jobs)
 
     def validate(self) -> None:
         ref = self.reference
-        unknown = set(self.calibration) - {"ffc", "ccvr"}
+        unknown = set(self.calibration) - set(CALIBRATION_NAMES)
         if unknown:
-            raise ValueError(f"--calibration accepts ffc and ccvr, got {sorted(unknown)}")
+            raise ValueError(
+                f"--calibration accepts {', '.join(CALIBRATION_NAMES)}, got {sorted(unknown)}"
+            )
         per_round = max(1, round(ref.sample_fraction * ref.participants))
         if self.secure_updates and per_round < 2:
             raise ValueError(

@@ -220,6 +220,7 @@ class Fuzzer:
                 caller=caller,
                 task_id=self.text(),
                 kind=r.choice([0, 1, 4, 9, 99, -3, 2**31 - 1]),  # incl. unknown enum values
+                rule=r.choice([0, 3, 8, 99]),  # type: ignore[arg-type]
                 reason=self.text(),
             )
         if choice == 7:

@@ -55,7 +55,7 @@ def test_full_secure_run_completes_with_every_participant(
     assert results["status"] == "completed", results["errors"]
     assert results["errors"] == []
     assert results["exit_codes"] == {f"p{k}": 0 for k in range(5)}
-    assert [j["purpose"] for j in results["jobs"]] == ["update", "update", "ccvr"]
+    assert [j["purpose"] for j in results["jobs"]] == ["update", "update", "ccvr", "evaluate"]
     for job in results["jobs"]:
         assert job["status"] == "done"
         assert job["contributors"] == [f"p{k}" for k in range(5)]
@@ -133,8 +133,10 @@ def test_audit_log_has_a_hash_for_every_payload_and_no_payloads(
         "GROUP BY stage"
     ).fetchall()
     by_stage = {stage: (count, hash_len) for stage, count, hash_len in rows}
-    for stage in ("join", "advertise", "share", "masked", "unmask", "evaluate"):
+    # evaluation counts travel through secure aggregation: no plaintext report
+    assert "evaluate" not in by_stage
+    for stage in ("join", "advertise", "share", "masked", "unmask"):
         assert by_stage[stage][1] == 64
-    assert by_stage["advertise"][0] == 15  # 5 participants × 3 jobs
+    assert by_stage["advertise"][0] == 20  # 5 participants × 4 jobs
     jobs = db.execute("SELECT purpose, status FROM jobs ORDER BY created").fetchall()
-    assert jobs == [("update", "done"), ("update", "done"), ("ccvr", "done")]
+    assert jobs == [("update", "done"), ("update", "done"), ("ccvr", "done"), ("evaluate", "done")]

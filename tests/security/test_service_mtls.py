@@ -217,7 +217,9 @@ def test_wrong_stage_requests_during_a_job_then_the_federation_completes(
     assert codes == {"p0": 0, "p1": 0, "p2": 0}
     summary = sim.summary()
     assert summary["status"] == "completed", summary["errors"]
-    assert [j["contributors"] for j in summary["jobs"]] == [["p0", "p1", "p2"]] * 2
+    # the round, the statistics and the (secure) federated evaluation
+    assert [j["purpose"] for j in summary["jobs"]][-1] == "evaluate"
+    assert [j["contributors"] for j in summary["jobs"]] == [["p0", "p1", "p2"]] * 3
     db = sqlite3.connect(summary["audit_log"])
     codes_seen = {row[0] for row in db.execute("SELECT code FROM audit WHERE status='rejected'")}
     assert {

@@ -131,7 +131,7 @@ def plaintext_federation(
         model=model,
         training=training,
         calibration=CalibrationSettings(methods=("ffc",)),
-        secagg=SecAggSettings(updates=False, statistics=False),
+        secagg=SecAggSettings(updates=False, statistics=False, evaluation=False),
         server=ServerSettings(insecure=True),
         timeouts=Timeouts(
             heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5

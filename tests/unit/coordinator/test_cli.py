@@ -77,7 +77,7 @@ def test_simulate_carries_the_server_optimizer_to_the_coordinator_config(
         (["--drop", "p1:train@r9"], "only 2 rounds"),
         (["--drop", "p1:nap"], "unknown halt stage"),
         (["--participants", "1"], "at least 2"),
-        (["--calibration", "ffc,oracle"], "accepts ffc and ccvr"),
+        (["--calibration", "ffc,oracle"], "accepts ffc, ccvr"),
     ],
 )
 def test_simulate_refuses_impossible_runs(

@@ -57,6 +57,8 @@ def _federation(tmp: Path, privacy: PrivacySettings) -> InProcessFederation:
 
 def _ledger(path: Path) -> list[tuple[str, str, float]]:
     conn = sqlite3.connect(path)
+    if not conn.execute("SELECT name FROM sqlite_master WHERE name='privacy_ledger'").fetchall():
+        return []  # privacy.db holds only the release ledger: nothing was charged
     rows = conn.execute("SELECT kind, mechanism, epsilon FROM privacy_ledger").fetchall()
     conn.close()
     return [(str(k), str(m), float(e)) for k, m, e in rows]

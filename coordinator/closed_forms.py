@@ -1,0 +1,116 @@
+"""FFC+bias, LDA and QDA through the service: solved from the CCVR secure sums, their
+ridge / shrinkage chosen on the participants' validation splits.
+
+Why here and so: the closed forms (``spherefed.discriminant``; ESL Eq. 4.10 / 4.12,
+SphereFed Eq. 12 on ``[z; 1]``) need only ``N_c``, ``S_c``, ``M_c`` — the sums the
+CCVR statistics job already delivers through secure aggregation — so no further
+upload is asked for. Each has one knob; every grid point is a local solve, and
+the *whole* grid is scored in ONE federated evaluation on the participants'
+**validation** splits (``EvaluateTask.split = SPLIT_VALIDATION``; counts summed
+through secure aggregation when ``[secure_aggregation] evaluation`` is on), never
+on test. The best per calibrator (ties → the earlier, i.e. smaller, value — the
+rule of ``spherefed.calibration_suite.select_on_validation``) becomes its head;
+the chosen value and the validation grid go into ``results.json``
+(``calibration.<name>``), exactly the reference runner's keys.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from spherefed.calibration_suite import PARAMETER, closed_form_head
+from spherefed.discriminant import CalibratedHead
+from spherefed.stats import CCVRStatistics
+
+from .evaluation import federated_evaluation
+from .stages import StageContext
+
+__all__ = ["candidate_name", "select_closed_forms"]
+
+
+def candidate_name(name: str, value: float) -> str:
+    """The evaluation head name of grid point ``value`` of calibrator ``name``."""
+    return f"{name}@{value!r}"
+
+
+def _candidates(
+    names: tuple[str, ...], grids: dict[str, tuple[float, ...]], stats: CCVRStatistics
+) -> tuple[dict[str, CalibratedHead], dict[str, list[dict[str, Any]]], dict[str, set[str]]]:
+    heads: dict[str, CalibratedHead] = {}
+    rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    notes: dict[str, set[str]] = {n: set() for n in names}
+    for name in names:
+        for value in grids[name]:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    heads[candidate_name(name, value)] = closed_form_head(name, stats, value)
+                except (ValueError, np.linalg.LinAlgError) as exc:
+                    rows[name].append({"value": value, "validation": None, "error": str(exc)})
+                    continue
+            notes[name].update(str(w.message)[:160] for w in caught)
+            rows[name].append({"value": value, "validation": None})
+    return heads, rows, notes
+
+
+def select_closed_forms(
+    ctx: StageContext, global_vector: npt.NDArray[np.float64], stats: CCVRStatistics
+) -> dict[str, CalibratedHead]:
+    """The chosen head of every configured closed form (a calibrator whose whole grid
+    failed, or whose validation evaluation failed, is recorded as an error and left
+    out — never replaced by an unvalidated guess)."""
+    s = ctx.settings.calibration
+    progress = ctx.progress
+    names = s.closed_forms
+    if not names:
+        return {}
+    t0 = time.monotonic()
+    grids = {n: s.grid(n) for n in names}
+    candidates, rows, notes = _candidates(names, grids, stats)
+    ctx.say(f"closed forms: {len(candidates)} candidate heads scored on validation")
+    fed: dict[str, Any] = (
+        federated_evaluation(ctx, global_vector, dict(candidates), None, split="validation")
+        if candidates
+        else {"accuracy": {}, "error": "every grid point failed", "samples": 0}
+    )
+    accuracy: dict[str, float | None] = fed["accuracy"]
+    chosen: dict[str, CalibratedHead] = {}
+    report: dict[str, Any] = progress.results.setdefault("calibration", {})
+    validation: dict[str, Any] = progress.results.setdefault("validation_accuracy", {})
+    if accuracy.get("none") is not None:
+        validation["none"] = accuracy["none"]
+    for name in names:
+        best: tuple[float, float] | None = None
+        for row in rows[name]:
+            if "error" in row:
+                continue
+            acc = accuracy.get(candidate_name(name, row["value"]))
+            row["validation"] = acc
+            if acc is not None and (best is None or acc > best[1]):
+                best = (row["value"], acc)
+        report[name] = {
+            "parameter": PARAMETER[name],
+            "chosen": None if best is None else best[0],
+            "grid": rows[name],
+            "warnings": sorted(notes[name]),
+        }
+        if best is None:
+            why = fed.get("error") or "no validation counts"
+            message = f"{name}: not calibrated ({why})"
+            progress.errors.append(message)
+            ctx.say(message)
+            ctx.store.event("error", message)
+            continue
+        chosen[name] = candidates[candidate_name(name, best[0])]
+        validation[name] = best[1]
+        ctx.say(f"{name}: {PARAMETER[name]} {best[0]:g} chosen on validation ({best[1]:.4f})")
+    progress.results["validation_evaluation"] = {
+        k: fed.get(k) for k in ("participants", "samples", "secure", "error")
+    }
+    progress.timings["closed_forms_s"] = time.monotonic() - t0
+    return chosen

@@ -1,0 +1,125 @@
+"""The participant's ``[policy]`` table: what it refuses, whatever the coordinator asks.
+
+Why on the participant: it is the party whose data is at stake, and a malicious
+coordinator chooses every job spec, survivor view, model and evaluation head. The
+secure-aggregation rules are enforced in :class:`crypto.SecAggParticipant` itself
+(:class:`crypto.policy.SecAggPolicy`, built by :meth:`PolicySettings.secagg`); the
+process-level rules — at most one release of each statistic per federation and per
+model (:mod:`participant.releases`), evaluation heads of the plan's shape and at
+most ``max_evaluation_heads`` of them — are checked by the runner before it computes
+anything. Every default is the safe setting; weakening one is logged at WARNING when
+the process starts (:meth:`PolicySettings.relaxations`). Keys, defaults and refusal
+kinds: ``docs/privacy.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crypto.policy import DEFAULT_MIN_INPUTS, DEFAULT_MIN_PARTICIPANTS, SecAggPolicy
+
+from .privacy import PrivacyRefused
+
+__all__ = [
+    "DEFAULT_MAX_EVALUATION_HEADS",
+    "DEFAULT_MAX_VALIDATION_HEADS",
+    "EvaluationRefused",
+    "PolicySettings",
+    "ReleaseRepeated",
+]
+
+DEFAULT_MAX_EVALUATION_HEADS = 2
+"""FFC and CCVR: the calibrated heads a federation evaluates besides the model's own."""
+
+DEFAULT_MAX_VALIDATION_HEADS = 16
+"""One validation evaluation scores every grid point of the closed-form calibrators
+(FFC+bias, LDA, QDA × a 5-point grid = 15, plus one spare) on the local
+*validation* split, never on test; its counts go through secure aggregation."""
+
+
+class ReleaseRepeated(PrivacyRefused):
+    """This statistic was already released for this federation or this model: a
+    second release over a different set of participants would give one participant's
+    statistics by differencing (``[policy] one_release_per_model``)."""
+
+
+class EvaluationRefused(PrivacyRefused):
+    """An evaluation this participant will not run: heads of a shape other than the
+    plan's, more heads than ``max_evaluation_heads``, or duplicate head names (each
+    crafted head would be one more count over the local test labels)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicySettings:
+    """The ``[policy]`` table of a participant config (every default is the safe one)."""
+
+    require_consistency_round: bool = True
+    """Refuse secure-aggregation jobs without the signed survivor-set round
+    (Bonawitz et al. 2017, round 3): without it a coordinator that shows different
+    survivor sets to different holders rebuilds one input alone."""
+    require_majority_threshold: bool = True
+    """Refuse thresholds with ``2t <=`` share holders (two disjoint groups of ``t``
+    holders could reveal both secrets of one participant)."""
+    min_participants: int = DEFAULT_MIN_PARTICIPANTS
+    """Refuse jobs with fewer participants (three 2-party jobs give each input by
+    differencing); at least 2."""
+    min_inputs: int = DEFAULT_MIN_INPUTS
+    """Reveal unmask shares only for a sum of at least this many inputs; at least 2."""
+    one_release_per_model: bool = True
+    """Release each calibration statistic (``ffc``, ``ccvr``) at most once per
+    federation and at most once per model digest, and each evaluation at most once
+    per (model, heads); recorded in ``state_dir/privacy.db`` so a restart does not
+    reset it."""
+    max_evaluation_heads: int = DEFAULT_MAX_EVALUATION_HEADS
+    """Most calibrated heads one evaluation may carry (besides the model's own)."""
+    max_validation_heads: int = DEFAULT_MAX_VALIDATION_HEADS
+    """Most candidate heads one *validation-split* evaluation (the calibrators'
+    ridge/shrinkage grid) may carry; such an evaluation never touches the test split."""
+    min_local_work_s: float = 0.0
+    """Hold a secure job's input until this many seconds after its task arrived, so
+    the time of the share and masked messages does not reveal how long the local
+    work took (it grows with the number of local examples). 0: off. Set it above the
+    slowest local work of the federation; a task that takes longer is logged."""
+
+    def __post_init__(self) -> None:
+        self.secagg()  # validates the secure-aggregation keys (typed InvalidSpec)
+        if not isinstance(self.one_release_per_model, bool):
+            raise ValueError("policy one_release_per_model must be true or false")
+        heads = self.max_evaluation_heads
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
+            raise ValueError(f"policy max_evaluation_heads must be an integer >= 0, got {heads!r}")
+        vheads = self.max_validation_heads
+        if isinstance(vheads, bool) or not isinstance(vheads, int) or vheads < 0:
+            raise ValueError(f"policy max_validation_heads must be an integer >= 0, got {vheads!r}")
+        hold = self.min_local_work_s
+        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < 86400:
+            raise ValueError(f"policy min_local_work_s must be in [0, 86400) s, got {hold!r}")
+
+    def secagg(self) -> SecAggPolicy:
+        """The rules :class:`crypto.SecAggParticipant` enforces itself."""
+        return SecAggPolicy(
+            require_consistency_round=self.require_consistency_round,
+            require_majority_threshold=self.require_majority_threshold,
+            min_participants=self.min_participants,
+            min_inputs=self.min_inputs,
+        )
+
+    def relaxations(self) -> tuple[str, ...]:
+        """Every rule weaker than its default, with what it exposes (logged at start)."""
+        out = list(self.secagg().relaxations())
+        if not self.one_release_per_model:
+            out.append(
+                "one_release_per_model = false: repeated statistics requests over different "
+                "participant sets give one participant's statistics by differencing"
+            )
+        if self.max_evaluation_heads > DEFAULT_MAX_EVALUATION_HEADS:
+            out.append(
+                f"max_evaluation_heads = {self.max_evaluation_heads} (default "
+                f"{DEFAULT_MAX_EVALUATION_HEADS}): crafted heads count local test labels"
+            )
+        if self.max_validation_heads > DEFAULT_MAX_VALIDATION_HEADS:
+            out.append(
+                f"max_validation_heads = {self.max_validation_heads} (default "
+                f"{DEFAULT_MAX_VALIDATION_HEADS}): crafted heads count local validation labels"
+            )
+        return tuple(out)

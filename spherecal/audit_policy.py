@@ -1,0 +1,56 @@
+"""``spherecal audit``: participants' typed refusals and the coordinator's exclusions.
+
+Reads the coordinator database's ``policy_events`` table (written by
+``coordinator.conduct``). Refusals are evidence, not failures: a site refusing what
+its policy forbids is the system working. The check fails only when an excluded
+participant appears in a job created after its exclusion — the coordinator would then
+not have honoured its own record.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+__all__ = ["check_policy"]
+
+
+def check_policy(conn: sqlite3.Connection) -> dict[str, Any]:
+    if not conn.execute("SELECT name FROM sqlite_master WHERE name='policy_events'").fetchall():
+        return {"ok": True, "summary": "no policy records (older database)", "refusals": []}
+    rows = conn.execute(
+        "SELECT ts, type, participant, job, purpose, kind, rule, reason FROM policy_events "
+        "ORDER BY id"
+    ).fetchall()
+    refusals: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
+    for ts, type_, participant, job, purpose, kind, rule, reason in rows:
+        entry = {
+            "participant": participant,
+            "job": job,
+            "purpose": purpose,
+            "kind": kind,
+            "rule": rule,
+            "reason": reason,
+            "ts": ts,
+        }
+        (refusals if type_ == "refusal" else excluded).append(entry)
+    violations = []
+    for entry in excluded:
+        for job_id, participants in conn.execute(
+            "SELECT job_id, participants FROM jobs WHERE created > ?", (entry["ts"],)
+        ).fetchall():
+            if entry["participant"] in json.loads(participants):
+                violations.append({"participant": entry["participant"], "job": job_id})
+    ok = not violations
+    summary = f"{len(refusals)} typed refusals, {len(excluded)} exclusions" + (
+        "" if ok else f"; {len(violations)} later jobs include an excluded participant"
+    )
+    return {
+        "ok": ok,
+        "summary": summary,
+        "refusals": refusals,
+        "excluded": excluded,
+        "violations": violations,
+    }

@@ -1,0 +1,388 @@
+"""A malicious coordinator against a real participant runner (issue #9, service half).
+
+The double (:class:`HostileCoordinator`) implements the participant's ``Transport``
+— the whole coordinator surface a participant sees — and plays a scripted list of
+hostile instructions to a real :class:`participant.runner.ParticipantRunner` with
+its real trainer, data, crypto, policy and SQLite state directory. Each attack must
+end in a *typed* withdrawal (``FailureReport.kind`` + ``rule``) and nothing of the
+participant's data leaving: repeated statistics requests, the same statistic for
+another model (and for the same model under another federation name, and after a
+restart), crafted evaluation heads, plaintext counts, tiny jobs, a low threshold, a
+job without the consistency round. ``test_each_policy_key_is_what_stops_its_attack``
+weakens one ``[policy]`` key at a time and shows the matching attack then proceeds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import crypto
+from coordinator.model import GlobalModel
+from coordinator.settings import ModelSettings
+from crypto.replay import MemoryJobLedger
+from participant.data import load_local_data
+from participant.policy import PolicySettings
+from participant.runner import ParticipantRunner
+from participant.settings import DataSettings, ParticipantSettings
+from participant.trust import DirectoryTrust
+from proto import spherecal_pb2 as pb
+from proto.codec import header_for, iter_chunks, model_spec_to_proto
+
+PEERS = ("p0", "p1", "p2", "p3", "p4")
+ME = "p0"
+
+
+class _Presence:
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+
+    def __iter__(self) -> Iterator[pb.HeartbeatReply]:
+        while not self._stop.wait(0.05):
+            yield pb.HeartbeatReply(phase="hostile")
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+
+class HostileCoordinator:
+    """Transport double: answers a real runner with scripted instructions, records
+    everything it sends back."""
+
+    def __init__(self, *, federation: str, model: GlobalModel, script: list[pb.Instruction]):
+        self.federation = federation
+        self.model = model
+        self.script = list(script)
+        self.tensors: dict[str, np.ndarray] = {}
+        self.failures: list[pb.FailureReport] = []
+        self.uploads: list[str] = []  # task ids of plaintext uploads
+        self.evaluations: list[pb.EvaluationReport] = []
+        self.secagg: list[pb.SecAggSubmission] = []
+
+    def publish(self, name: str, array: np.ndarray) -> pb.TensorRef:
+        array = np.ascontiguousarray(array, dtype=np.float64)
+        self.tensors[name] = array
+        return pb.TensorRef(name=name, header=header_for(array))
+
+    # ----------------------------------------------------------- Transport
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        spec = self.model.spec
+        plan = pb.Plan(
+            federation_id=self.federation,
+            model=model_spec_to_proto(spec),
+            training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
+            rounds=1,
+            heartbeat_interval_ms=1000,
+            secure_updates=True,
+            secure_statistics=True,
+            participant_index=0,
+            num_participants=len(PEERS),
+            max_chunk_bytes=1 << 20,
+        )
+        return pb.JoinReply(session="s", plan=plan)
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return pb.HeartbeatReply(phase="hostile")
+
+    def presence(self, request: pb.HeartbeatRequest) -> _Presence:
+        return _Presence()
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self.script:
+            return self.script.pop(0)
+        return pb.Instruction(done=pb.Done(status="completed", message="over"))
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
+        array = self.tensors[request.name]
+        yield pb.TensorChunk(header=header_for(array))
+        for data in iter_chunks(array, 1 << 20):
+            yield pb.TensorChunk(data=data)
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        parts = list(messages)
+        self.uploads.append(parts[0].header.task_id)
+        return pb.UploadReceipt()
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        self.secagg.append(request)
+        return pb.Receipt()
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
+        list(messages)
+        return pb.UploadReceipt()
+
+    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
+        self.evaluations.append(request)
+        return pb.Receipt()
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
+        self.failures.append(request)
+        return pb.Receipt()
+
+    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        return pb.StatusReply()
+
+    def close(self) -> None:
+        pass
+
+    # ----------------------------------------------------------- results
+    def refusal(self, task_id: str) -> tuple[str, str]:
+        """(kind, rule) of the one failure report for ``task_id``."""
+        (report,) = [f for f in self.failures if f.task_id == task_id]
+        return pb.FailureKind.Name(report.kind), pb.PolicyRule.Name(report.rule)
+
+
+@pytest.fixture(scope="module")
+def model() -> GlobalModel:
+    torch.set_num_threads(1)
+    return GlobalModel(ModelSettings(extractor="mlp").spec(0))
+
+
+IDENTITIES = {p: crypto.generate_identity() for p in PEERS}
+
+
+def _settings(tmp: Path, **overrides: object) -> ParticipantSettings:
+    base = ParticipantSettings(
+        participant_id=ME,
+        insecure=True,
+        allow_plaintext=False,
+        long_poll_ms=100,
+        state_dir=tmp / "state",
+        data=DataSettings(slice_index=0, slice_of=5),
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def _run(settings: ParticipantSettings, coordinator: HostileCoordinator) -> int:
+    data = load_local_data(settings.data)
+    runner = ParticipantRunner(
+        settings,
+        coordinator,
+        data,
+        IDENTITIES[ME],
+        MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=lambda _m: None,
+    )
+    return runner.run()
+
+
+def _directory(ids: tuple[str, ...]) -> list[pb.DirectoryEntry]:
+    return [
+        pb.DirectoryEntry(
+            participant_id=p, identity_public_key=crypto.identity_public_bytes(IDENTITIES[p])
+        )
+        for p in ids
+    ]
+
+
+def _job(
+    purpose: str, length: int, *, ids: tuple[str, ...] = PEERS, **spec: object
+) -> pb.SecAggJob:
+    arguments: dict[str, object] = {"threshold": len(ids) // 2 + 1, "length": length, "bound": 1e6}
+    arguments.update(spec)
+    job_spec = crypto.JobSpec.create(ids, **arguments)  # type: ignore[arg-type]
+    return pb.SecAggJob(spec=job_spec.to_bytes(), directory=_directory(ids), purpose=purpose)
+
+
+def _statistics(task_id: str, model_ref: pb.TensorRef) -> pb.Instruction:
+    return pb.Instruction(
+        task_id=task_id, statistics=pb.StatisticsTask(kind=pb.FFC, model=model_ref)
+    )
+
+
+def _ffc_length(model: GlobalModel) -> int:
+    from spherefed.stats import ffc_layout_size
+
+    return ffc_layout_size(model.feature_dim, model.num_classes)
+
+
+# ====================================================================== releases
+def test_repeated_statistics_requests_are_refused_even_after_a_restart(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """Plaintext mode (allowed here) so the first release really leaves; then the
+    same statistic again, for another model, and under another federation name."""
+    settings = _settings(tmp_path, allow_plaintext=True)
+    hostile = HostileCoordinator(federation="fed-A", model=model, script=[])
+    m1 = hostile.publish("m1", model.initial_vector)
+    m2 = hostile.publish("m2", model.initial_vector + 1e-3)
+    hostile.script = [
+        _statistics("first", m1),
+        _statistics("again-same-model", m1),
+        _statistics("other-model", m2),
+    ]
+    assert _run(settings, hostile) == 0
+    assert hostile.uploads == ["first"]
+    assert hostile.refusal("again-same-model") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert hostile.refusal("other-model") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    # a restarted participant (same state directory) under a new federation name
+    renamed = HostileCoordinator(federation="fed-B", model=model, script=[])
+    m1 = renamed.publish("m1", model.initial_vector)
+    renamed.script = [_statistics("renamed-federation", m1)]
+    assert _run(settings, renamed) == 0
+    assert renamed.uploads == []
+    assert renamed.refusal("renamed-federation") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
+def test_a_retry_after_a_failure_before_release_is_admitted(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """A secure job this participant never uploaded to (the coordinator moved on)
+    consumed nothing: the coordinator's retry with a fresh job id is admitted."""
+    settings = _settings(tmp_path)
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    ref = hostile.publish("final", model.initial_vector)
+    length = _ffc_length(model)
+    first = pb.Instruction(
+        task_id="t1",
+        statistics=pb.StatisticsTask(kind=pb.FFC, model=ref, secure=_job("ffc", length)),
+    )
+    retry = pb.Instruction(
+        task_id="t2",
+        statistics=pb.StatisticsTask(kind=pb.FFC, model=ref, secure=_job("ffc", length)),
+    )
+    hostile.script = [first, retry]
+    assert _run(settings, hostile) == 0
+    assert hostile.failures == []
+    adverts = [s for s in hostile.secagg if s.stage == pb.ADVERTISE]
+    assert len(adverts) == 2  # both jobs admitted (advertised) — nothing was released
+
+
+# ====================================================================== evaluation
+def _evaluate(
+    hostile: HostileCoordinator, model: GlobalModel, task_id: str, heads: int, **extra: object
+) -> pb.Instruction:
+    ref = hostile.publish(f"model-{task_id}", model.initial_vector)
+    shape = extra.pop("shape", (model.num_classes, model.feature_dim))
+    named = []
+    for h in range(heads):
+        weight = np.zeros(shape)  # type: ignore[arg-type]
+        if weight.ndim == 2 and weight.shape[0] > h:
+            weight[h % weight.shape[0], :] = 1.0  # "always class h": a label counter
+        named.append(
+            pb.NamedTensorRef(name=f"h{h}", tensor=hostile.publish(f"{task_id}-h{h}", weight))
+        )
+    return pb.Instruction(
+        task_id=task_id,
+        evaluate=pb.EvaluateTask(model=ref, heads=named, round=-1, **extra),  # type: ignore[arg-type]
+    )
+
+
+def test_crafted_evaluation_heads_are_refused(tmp_path: Path, model: GlobalModel) -> None:
+    settings = _settings(tmp_path, allow_plaintext=True)
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [
+        _evaluate(hostile, model, "ten-heads", 10),
+        _evaluate(
+            hostile, model, "wrong-shape", 1, shape=(model.num_classes + 5, model.feature_dim)
+        ),
+    ]
+    assert _run(settings, hostile) == 0
+    assert hostile.evaluations == []
+    assert hostile.refusal("ten-heads") == ("POLICY_REFUSAL", "RULE_EVALUATION_HEADS")
+    assert hostile.refusal("wrong-shape") == ("POLICY_REFUSAL", "RULE_EVALUATION_HEADS")
+
+
+def test_plaintext_evaluation_counts_need_allow_plaintext(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_evaluate(hostile, model, "plain", 2)]
+    assert _run(_settings(tmp_path), hostile) == 0
+    assert hostile.evaluations == []
+    assert hostile.refusal("plain") == ("POLICY_REFUSAL", "RULE_PLAINTEXT_REFUSED")
+
+
+def test_the_same_evaluation_is_answered_once(tmp_path: Path, model: GlobalModel) -> None:
+    settings = _settings(tmp_path, allow_plaintext=True)
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    first = _evaluate(hostile, model, "e1", 2)
+    again = pb.Instruction()
+    again.CopyFrom(first)
+    again.task_id = "e2"
+    hostile.script = [first, again]
+    assert _run(settings, hostile) == 0
+    assert [e.task_id for e in hostile.evaluations] == ["e1"]
+    assert hostile.refusal("e2") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
+# ====================================================================== job specs
+def _train(
+    hostile: HostileCoordinator, model: GlobalModel, task_id: str, job: pb.SecAggJob
+) -> pb.Instruction:
+    ref = hostile.publish(f"global-{task_id}", model.initial_vector)
+    return pb.Instruction(
+        task_id=task_id, train=pb.TrainTask(round=0, model=ref, seed=1, secure=job)
+    )
+
+
+ATTACKS = {
+    "tiny": (lambda n: _job("update", n, ids=("p0", "p1")), "RULE_TOO_FEW_PARTICIPANTS"),
+    "low-threshold": (lambda n: _job("update", n, threshold=2), "RULE_THRESHOLD_TOO_LOW"),
+    "no-consistency": (
+        lambda n: _job("update", n, consistency_check=False),
+        "RULE_CONSISTENCY_ROUND_REQUIRED",
+    ),
+}
+
+
+def test_tiny_jobs_low_thresholds_and_missing_consistency_are_refused(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    n = model.length + 2
+    hostile.script = [_train(hostile, model, name, make(n)) for name, (make, _) in ATTACKS.items()]
+    assert _run(_settings(tmp_path), hostile) == 0
+    assert not [s for s in hostile.secagg if s.stage == pb.ADVERTISE]  # refused before keys
+    for name, (_, rule) in ATTACKS.items():
+        assert hostile.refusal(name) == ("POLICY_REFUSAL", rule), name
+
+
+WEAKENED = {
+    "tiny": {"min_participants": 2},
+    # a job with 2t <= holders cannot carry the consistency round at all (crypto.spec)
+    "low-threshold": {"require_majority_threshold": False, "require_consistency_round": False},
+    "no-consistency": {"require_consistency_round": False},
+}
+
+
+@pytest.mark.parametrize("attack", sorted(WEAKENED))
+def test_each_policy_key_is_what_stops_its_attack(
+    tmp_path: Path, model: GlobalModel, attack: str
+) -> None:
+    """Mutation check through the config surface: with the matching [policy] key(s)
+    weakened, the participant advertises keys for the hostile job."""
+    make, _ = ATTACKS[attack]
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_train(hostile, model, attack, make(model.length + 2))]
+    policy = PolicySettings(**WEAKENED[attack])  # type: ignore[arg-type]
+    assert _run(_settings(tmp_path, policy=policy), hostile) == 0
+    assert [s.stage for s in hostile.secagg] == [pb.ADVERTISE]
+    assert hostile.failures == []
+
+
+def test_the_threshold_rule_alone_stops_a_low_threshold(tmp_path: Path, model: GlobalModel) -> None:
+    make, _ = ATTACKS["low-threshold"]
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_train(hostile, model, "low", make(model.length + 2))]
+    policy = PolicySettings(require_consistency_round=False)
+    assert _run(_settings(tmp_path, policy=policy), hostile) == 0
+    assert hostile.refusal("low") == ("POLICY_REFUSAL", "RULE_THRESHOLD_TOO_LOW")
+
+
+def test_release_key_weakened_lets_the_repeat_through(tmp_path: Path, model: GlobalModel) -> None:
+    settings = _settings(
+        tmp_path, allow_plaintext=True, policy=PolicySettings(one_release_per_model=False)
+    )
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    m1 = hostile.publish("m1", model.initial_vector)
+    hostile.script = [_statistics("a", m1), _statistics("b", m1)]
+    assert _run(settings, hostile) == 0
+    assert hostile.uploads == ["a", "b"]

@@ -1,0 +1,53 @@
+"""The coordinator's record of refusals and exclusions (``coordinator.conduct``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coordinator.conduct import Conduct, should_exclude
+from coordinator.store import Store
+from proto import spherecal_pb2 as pb
+
+
+def test_a_strict_majority_of_other_holders_excludes() -> None:
+    assert should_exclude(3, 4) and should_exclude(4, 4) and should_exclude(1, 1)
+    assert not should_exclude(2, 4)  # half is not a majority: two liars cannot exclude
+    assert not should_exclude(1, 2) and not should_exclude(0, 0)
+
+
+def test_exclusion_and_refusal_are_recorded_and_survive_a_restart(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    conduct = Conduct(store)
+    entry = conduct.exclude("p3", job="ab" * 16, purpose="update", complainants=("p0", "p1"))
+    assert entry is not None and "p0, p1" in entry.reason
+    assert conduct.exclude("p3", job="cd" * 16, purpose="ffc", complainants=("p2",)) is None
+    assert conduct.eligible(["p0", "p3", "p4"]) == ["p0", "p4"]
+    conduct.refusal(
+        participant="p4",
+        job="ef" * 16,
+        purpose="ffc",
+        kind=pb.POLICY_REFUSAL,
+        rule=pb.RULE_RELEASE_REPEATED,
+        reason="already released",
+    )
+    summary = conduct.summary()
+    assert [e["participant"] for e in summary["excluded"]] == ["p3"]
+    assert summary["excluded"][0]["complainants"] == ["p0", "p1"]
+    assert summary["refusals"] == [
+        {
+            "participant": "p4",
+            "job": "ef" * 16,
+            "purpose": "ffc",
+            "kind": "POLICY_REFUSAL",
+            "rule": "RULE_RELEASE_REPEATED",
+            "reason": "already released",
+        }
+    ]
+    store.close()
+    reopened = Store(tmp_path / "state.db")
+    again = Conduct(reopened)
+    assert again.is_excluded("p3") and not again.is_excluded("p4")
+    assert [r.rule for r in again.refusals] == ["RULE_RELEASE_REPEATED"]
+    rows = reopened.query("SELECT type, participant FROM policy_events ORDER BY id")
+    assert rows == [("exclusion", "p3"), ("refusal", "p4")]
+    reopened.close()

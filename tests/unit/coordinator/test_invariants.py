@@ -1,0 +1,153 @@
+"""Aggregate invariants: honest sums pass, each violated invariant is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coordinator.invariants import (
+    AggregateInvariantViolated,
+    Tolerance,
+    check_ccvr,
+    check_ffc,
+    check_pair,
+)
+from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
+
+DIM, CLASSES = 6, 4
+
+
+def _features(n: int, seed: int, *, unit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, DIM))
+    if unit:
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+    return z, rng.integers(0, CLASSES, size=n)
+
+
+def _honest(unit: bool = True) -> tuple[FFCStatistics, CCVRStatistics]:
+    """Three participants' statistics, summed (what an honest aggregate is)."""
+    parts = [_features(n, seed, unit=unit) for seed, n in enumerate((40, 7, 90))]
+    ffc = ffc_statistics(*parts[0], CLASSES)
+    ccvr = ccvr_statistics(*parts[0], CLASSES)
+    for z, y in parts[1:]:
+        ffc = ffc + ffc_statistics(z, y, CLASSES)
+        ccvr = ccvr + ccvr_statistics(z, y, CLASSES)
+    return ffc, ccvr
+
+
+def _quantised(vector: np.ndarray, scale_bits: int = 24) -> np.ndarray:
+    """What secure aggregation returns: each of 3 inputs rounded to the scale."""
+    step = 2.0**-scale_bits
+    return np.rint(vector / step) * step
+
+
+TOL = Tolerance(quantum=3 * 2.0**-24)
+
+
+def test_honest_sums_pass_with_and_without_unit_norm() -> None:
+    ffc, ccvr = _honest()
+    check_ffc(ffc, unit_norm=True, tol=TOL)
+    check_ccvr(ccvr, unit_norm=True, tol=TOL)
+    check_pair(ffc, ccvr, tol=TOL)
+    check_ffc(ccvr.to_ffc(), unit_norm=True, tol=TOL)
+    raw_ffc, raw_ccvr = _honest(unit=False)
+    check_ffc(raw_ffc, unit_norm=False, tol=TOL)
+    check_ccvr(raw_ccvr, unit_norm=False, tol=TOL)
+
+
+def test_fixed_point_rounding_is_within_tolerance() -> None:
+    ffc, ccvr = _honest()
+    packed = _quantised(ffc.pack())
+    check_ffc(FFCStatistics.unpack(packed, DIM, CLASSES), unit_norm=True, tol=TOL)
+    packed = _quantised(ccvr.pack())
+    check_ccvr(CCVRStatistics.unpack(packed, DIM, CLASSES), unit_norm=True, tol=TOL)
+
+
+def _violates(invariant: str, check: object, stats: object, *, unit_norm: bool = True) -> None:
+    with pytest.raises(AggregateInvariantViolated) as info:
+        check(stats, unit_norm=unit_norm, tol=TOL)  # type: ignore[operator]
+    assert info.value.invariant == invariant
+
+
+def test_negative_or_fractional_counts_are_refused() -> None:
+    ffc, ccvr = _honest()
+    _violates("counts", check_ffc, FFCStatistics(ffc.V, ffc.U, -3.0), unit_norm=False)
+    _violates("counts", check_ffc, FFCStatistics(ffc.V, ffc.U, ffc.count + 0.5), unit_norm=False)
+    counts = ccvr.counts.astype(np.float64).copy()
+    counts[1] = -1.0
+    _violates(
+        "counts",
+        check_ccvr,
+        CCVRStatistics(counts, ccvr.sums, ccvr.second_moments),
+        unit_norm=False,
+    )
+
+
+def test_indefinite_second_moments_are_refused() -> None:
+    ffc, ccvr = _honest(unit=False)
+    v = ffc.V.copy()
+    v[0, 0] = -5.0
+    _violates("psd", check_ffc, FFCStatistics(v, ffc.U, ffc.count), unit_norm=False)
+    m = ccvr.second_moments.copy()
+    m[2] = -m[2]
+    _violates("psd", check_ccvr, CCVRStatistics(ccvr.counts, ccvr.sums, m), unit_norm=False)
+
+
+def test_class_sums_larger_than_the_counts_allow_are_refused() -> None:
+    """S_c ties to N_c through the PSD augmented moment matrix: a class sum the class
+    could not produce is refused even though M_c alone is PSD."""
+    ffc, ccvr = _honest()
+    sums = ccvr.sums.copy()
+    sums[0] *= 50.0
+    _violates(
+        "moments",
+        check_ccvr,
+        CCVRStatistics(ccvr.counts, sums, ccvr.second_moments),
+        unit_norm=False,
+    )
+    u = ffc.U * 50.0
+    _violates("moments", check_ffc, FFCStatistics(ffc.V, u, ffc.count), unit_norm=False)
+
+
+def test_trace_identities_for_unit_norm_features() -> None:
+    ffc, ccvr = _honest()
+    _violates("trace", check_ffc, FFCStatistics(ffc.V * 2.0, ffc.U, ffc.count))
+    counts = ccvr.counts.astype(np.float64) + np.array([0, 3, 0, 0])
+    _violates("trace", check_ccvr, CCVRStatistics(counts, ccvr.sums, ccvr.second_moments))
+    # the same statistics are fine when the head does not normalise
+    check_ffc(FFCStatistics(ffc.V * 2.0, ffc.U, ffc.count), unit_norm=False, tol=TOL)
+
+
+def test_ffc_count_must_equal_the_class_counts() -> None:
+    ffc, ccvr = _honest()
+    with pytest.raises(AggregateInvariantViolated) as info:
+        check_pair(FFCStatistics(ffc.V, ffc.U, ffc.count + 5), ccvr, tol=TOL)
+    assert info.value.invariant == "pair"
+
+
+def test_nan_is_refused() -> None:
+    ffc, _ = _honest()
+    v = ffc.V.copy()
+    v[1, 2] = np.nan
+    with pytest.raises(AggregateInvariantViolated):
+        check_ffc(FFCStatistics(v, ffc.U, ffc.count), unit_norm=False, tol=TOL)
+
+
+def test_dp_noise_widens_the_tolerance_instead_of_breaking_the_path() -> None:
+    """Honest statistics plus noise of σ per entry pass with σ in the tolerance (and
+    fail the exact-integer count check without it)."""
+    ffc, ccvr = _honest()
+    rng = np.random.default_rng(7)
+    sigma = 0.5
+    noisy = ccvr.pack() + rng.normal(scale=sigma, size=ccvr.pack().shape)
+    stats = CCVRStatistics.unpack(noisy, DIM, CLASSES)
+    check_ccvr(stats, unit_norm=True, tol=Tolerance(noise_sigma=sigma))
+    with pytest.raises(AggregateInvariantViolated):
+        check_ccvr(stats, unit_norm=True, tol=TOL)
+    noisy_ffc = ffc.pack() + rng.normal(scale=sigma, size=ffc.pack().shape)
+    check_ffc(
+        FFCStatistics.unpack(noisy_ffc, DIM, CLASSES),
+        unit_norm=True,
+        tol=Tolerance(noise_sigma=sigma),
+    )

@@ -1,0 +1,222 @@
+"""The participant's [policy] table, release ledger, evaluation checks and typed rules."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import crypto
+from participant.evaluation import check_evaluation, counts_vector, evaluation_digest
+from participant.failures import failure_kind, policy_rule
+from participant.policy import EvaluationRefused, PolicySettings, ReleaseRepeated
+from participant.privacy import NoiseRequired, PlaintextRefused, PrivacyRefused
+from participant.releases import EVALUATE, ReleaseLedger
+from proto import spherecal_pb2 as pb
+from proto.codec import header_for
+from spherecal.config import ConfigError, dump_toml, parse_participant_config, participant_document
+
+
+# ====================================================================== [policy]
+def test_defaults_are_safe_and_map_onto_secagg_policy() -> None:
+    p = PolicySettings()
+    assert p.relaxations() == ()
+    assert p.secagg() == crypto.SecAggPolicy()
+    weak = PolicySettings(min_inputs=2, one_release_per_model=False, max_evaluation_heads=5)
+    text = " ".join(weak.relaxations())
+    assert "min_inputs = 2" in text and "one_release_per_model" in text
+    assert "max_evaluation_heads = 5" in text
+    assert weak.secagg().min_inputs == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"min_participants": 1},
+        {"min_inputs": "3"},
+        {"require_consistency_round": 1},
+        {"one_release_per_model": "yes"},
+        {"max_evaluation_heads": -1},
+        {"min_local_work_s": -1.0},
+        {"min_local_work_s": True},
+    ],
+)
+def test_bad_policy_values_are_config_errors(bad: dict[str, object]) -> None:
+    document = {"participant": {"id": "p0"}, "policy": bad}
+    with pytest.raises(ConfigError, match="policy"):
+        parse_participant_config(document)
+
+
+def test_policy_table_round_trips_and_refuses_unknown_keys() -> None:
+    document = {
+        "participant": {"id": "p0"},
+        "policy": {"min_participants": 5, "min_inputs": 4, "max_evaluation_heads": 1},
+    }
+    settings = parse_participant_config(document)
+    assert settings.policy == PolicySettings(
+        min_participants=5, min_inputs=4, max_evaluation_heads=1
+    )
+    import tomllib
+
+    again = parse_participant_config(tomllib.loads(dump_toml(participant_document(settings))))
+    assert again.policy == settings.policy
+    with pytest.raises(ConfigError, match="threshold"):
+        parse_participant_config({"participant": {"id": "p0"}, "policy": {"threshold": 2}})
+    assert parse_participant_config({"participant": {"id": "p0"}}).policy == PolicySettings()
+
+
+def test_corrupt_shares_is_a_hidden_test_only_key() -> None:
+    settings = parse_participant_config({"participant": {"id": "p0", "corrupt_shares": True}})
+    assert settings.corrupt_shares is True
+    from spherecal.config import PARTICIPANT_TABLES
+    from spherecal.config_docs import BLOCKS  # noqa: F401 - the docs table is generated
+
+    assert "corrupt_shares" in PARTICIPANT_TABLES[0].hidden
+
+
+# ====================================================================== typed rules
+@pytest.mark.parametrize(
+    ("error", "kind", "rule"),
+    [
+        (
+            crypto.ConsistencyRoundRequired("x"),
+            pb.POLICY_REFUSAL,
+            pb.RULE_CONSISTENCY_ROUND_REQUIRED,
+        ),
+        (crypto.ThresholdTooLow("x"), pb.POLICY_REFUSAL, pb.RULE_THRESHOLD_TOO_LOW),
+        (crypto.TooFewParticipants("x"), pb.POLICY_REFUSAL, pb.RULE_TOO_FEW_PARTICIPANTS),
+        (crypto.TooFewInputs("x"), pb.POLICY_REFUSAL, pb.RULE_TOO_FEW_INPUTS),
+        (crypto.DoubleReveal("x"), pb.POLICY_REFUSAL, pb.RULE_DOUBLE_REVEAL),
+        (crypto.OverlappingReveal("x"), pb.POLICY_REFUSAL, pb.RULE_BOTH_SHARE_KINDS),
+        (crypto.KeySubstitution("x"), pb.POLICY_REFUSAL, pb.RULE_KEY_SUBSTITUTION),
+        (ReleaseRepeated("x"), pb.POLICY_REFUSAL, pb.RULE_RELEASE_REPEATED),
+        (EvaluationRefused("x"), pb.POLICY_REFUSAL, pb.RULE_EVALUATION_HEADS),
+        (PlaintextRefused("x"), pb.POLICY_REFUSAL, pb.RULE_PLAINTEXT_REFUSED),
+        (NoiseRequired("x"), pb.POLICY_REFUSAL, pb.RULE_DP_REQUIRED),
+        (PrivacyRefused("x"), pb.POLICY_REFUSAL, pb.RULE_DP_PLAN),
+        (crypto.ForgedShare("x"), pb.SHARE_AUTHENTICATION, pb.RULE_UNSPECIFIED),
+    ],
+)
+def test_each_refusal_has_its_kind_and_rule(
+    error: BaseException, kind: pb.FailureKind, rule: pb.PolicyRule
+) -> None:
+    assert failure_kind(error) == kind
+    assert policy_rule(error) == rule
+
+
+# ====================================================================== releases
+def test_release_is_consumed_only_when_the_input_leaves(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+    ledger.reserve(kind="ffc", federation="F", digest=b"m1", job="j1")
+    # j1 failed before its input left: a retry (new job id) is admitted
+    ledger.reserve(kind="ffc", federation="F", digest=b"m1", job="j2")
+    ledger.consume("j2")
+    ledger.consume("j2")  # idempotent (a retried upload)
+    for job, federation, digest in (("j3", "F", b"m1"), ("j4", "F", b"m2"), ("j5", "G", b"m1")):
+        with pytest.raises(ReleaseRepeated):
+            ledger.reserve(kind="ffc", federation=federation, digest=digest, job=job)
+    # another kind, or another federation *and* model, is a different release
+    ledger.reserve(kind="ccvr", federation="F", digest=b"m1", job="j6")
+    ledger.reserve(kind="ffc", federation="G", digest=b"m2", job="j7")
+    # j1 was reserved before j2 was released: consuming it now re-checks and refuses
+    with pytest.raises(ReleaseRepeated):
+        ledger.consume("j1")
+    assert [r[0] for r in ledger.released()] == ["j2"]
+    ledger.close()
+    reopened = ReleaseLedger(tmp_path / "privacy.db")  # a restart does not reset it
+    with pytest.raises(ReleaseRepeated):
+        reopened.reserve(kind="ffc", federation="F", digest=b"m9", job="j8")
+    reopened.close()
+
+
+def test_evaluations_are_unique_per_model_and_heads_only(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+    ledger.reserve(kind=EVALUATE, federation="F", digest=b"round-1", job="e1")
+    ledger.consume("e1")
+    ledger.reserve(kind=EVALUATE, federation="F", digest=b"round-2", job="e2")  # new model
+    ledger.consume("e2")
+    with pytest.raises(ReleaseRepeated):
+        ledger.reserve(kind=EVALUATE, federation="G", digest=b"round-1", job="e3")
+    ledger.close()
+
+
+def test_concurrent_jobs_for_one_release_cannot_both_be_consumed(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+    jobs = [f"job{k}" for k in range(8)]
+    for job in jobs:
+        ledger.reserve(kind="ffc", federation="F", digest=b"m", job=job)
+    outcomes: list[str] = []
+
+    def consume(job: str) -> None:
+        try:
+            ledger.consume(job)
+            outcomes.append("released")
+        except ReleaseRepeated:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=consume, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused"] * 7 + ["released"]
+    ledger.close()
+
+
+def test_unenforced_ledger_records_but_never_refuses(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db", enforce=False)
+    for job in ("a", "b"):
+        ledger.reserve(kind="ffc", federation="F", digest=b"m", job=job)
+        ledger.consume(job)
+    assert len(ledger.released()) == 2
+    ledger.close()
+
+
+# ====================================================================== evaluation
+def _task(shapes: list[tuple[int, ...]], names: list[str] | None = None) -> pb.EvaluateTask:
+    heads = []
+    for k, shape in enumerate(shapes):
+        name = names[k] if names else f"h{k}"
+        header = header_for(np.zeros(shape))
+        heads.append(pb.NamedTensorRef(name=name, tensor=pb.TensorRef(name=name, header=header)))
+    model = pb.TensorRef(name="m", header=header_for(np.zeros(7)))
+    return pb.EvaluateTask(model=model, heads=heads, round=-1)
+
+
+def test_evaluation_heads_must_match_the_plan() -> None:
+    ok = _task([(10, 4), (10, 4)], ["ffc", "ccvr"])
+    check_evaluation(ok, num_classes=10, feature_dim=4, max_heads=2)
+    for task, why in (
+        (_task([(10, 4)] * 3), "heads"),
+        (_task([(11, 4)]), "shape"),
+        (_task([(10, 4), (10, 4)], ["a", "a"]), "distinct"),
+        (_task([(10, 4)], ["none"]), "distinct"),
+    ):
+        with pytest.raises(EvaluationRefused, match=why):
+            check_evaluation(task, num_classes=10, feature_dim=4, max_heads=2)
+
+
+def test_counts_layout_and_digest() -> None:
+    task = _task([(10, 4), (10, 4)], ["ffc", "ccvr"])
+    vector = counts_vector(task, 50, {"none": 30, "ccvr": 41, "ffc": 44})
+    assert vector.tolist() == [50.0, 30.0, 44.0, 41.0]
+    renamed = _task([(10, 4), (10, 4)], ["ccvr", "ffc"])
+    assert evaluation_digest(task) != evaluation_digest(renamed)
+    assert evaluation_digest(task) == evaluation_digest(_task([(10, 4), (10, 4)], ["ffc", "ccvr"]))
+
+
+def test_the_ledger_is_per_participant(tmp_path: Path) -> None:
+    """One state directory holding two ids (tests, a shared host): their releases are
+    their own."""
+    a = ReleaseLedger(tmp_path / "privacy.db", participant="a")
+    b = ReleaseLedger(tmp_path / "privacy.db", participant="b")
+    a.reserve(kind="ffc", federation="F", digest=b"m", job="j")
+    a.consume("j")
+    b.reserve(kind="ffc", federation="F", digest=b"m", job="j")
+    b.consume("j")
+    with pytest.raises(ReleaseRepeated):
+        a.reserve(kind="ffc", federation="F", digest=b"m", job="k")
+    a.close()
+    b.close()
