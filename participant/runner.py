@@ -42,7 +42,6 @@ from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
-from proto.federation_end import SUCCESSFUL_STATUSES
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
