@@ -42,6 +42,7 @@ from crypto.dp import sample_noise
 from proto import spherecal_pb2 as pb
 from proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from proto.codec import iter_chunks as tensor_chunks
+from proto.federation_end import SUCCESSFUL_STATUSES
 from proto.identity import join_payload, public_key_bytes
 from spherefed.fl import LocalUpdate
 from spherefed.stats import ccvr_layout_size, ffc_layout_size
@@ -259,7 +260,7 @@ class ParticipantRunner:
             if kind == "done":
                 done = instruction.done
                 self.log(f"coordinator says done ({done.status}): {done.message}")
-                if done.status != "completed":
+                if done.status not in SUCCESSFUL_STATUSES:
                     return 1
                 return self._save_final_models()
             try:
