@@ -42,7 +42,8 @@ complete)::
     ├── ServiceError             coordinator: a request refused at the boundary (above)
     ├── RuntimeError
     │   ├── FederationFailed     coordinator: the federation cannot go on (status failed)
-    │   └── SimulationError      spherecal simulate: the processes gave no results
+    │   ├── SimulationError      spherecal simulate: the processes gave no results
+    │   └── ParticipantKilled    simulate engines: a participant killed by fault injection
     ├── ValueError
     │   ├── TensorFormatError    proto: a tensor header/payload not as announced
     │   ├── CertificateError     proto: a certificate without a usable identity
