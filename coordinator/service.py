@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -30,6 +29,7 @@ from proto.federation_end import ended_details
 from .conduct import REFUSAL_KINDS
 from .errors import ServiceError, failure_kind, policy_rule
 from .federation import Federation
+from .ids import check_hex_id
 from .privacy import PRIVACY_REFUSALS
 from .registry import Member, Peer, Registry
 from .secure_job import STAGE_NAMES
@@ -44,21 +44,6 @@ __all__ = ["CoordinatorService"]
 #: A MaskedChunk's framing on top of its payload (magic, ids, index, lengths).
 CHUNK_FRAMING_BYTES = 512
 MAX_REASON_CHARS = 300
-#: Task and job ids are lowercase hex, matched exactly: no whitespace, no case folding.
-_HEX_ID = re.compile(r"(?:[0-9a-f]{2}){1,64}")
-
-
-def check_hex_id(text: str, what: str) -> str:
-    """``text`` if it is a well-formed task/job id, else INVALID_ARGUMENT (why: an id is
-    compared exactly; ``bytes.fromhex`` alone would accept ``" ab cd"``)."""
-    if _HEX_ID.fullmatch(text) is None:
-        raise ServiceError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{what} must be 2-128 lowercase hex digits, got {text[:32]!r}",
-        )
-    return text
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
