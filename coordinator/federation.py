@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from proto import spherecal_pb2 as pb
+from proto.codec import model_spec_to_proto
 
 from .board import Board
 from .calibrating import calibrate, collect_statistics
@@ -151,23 +152,10 @@ class Federation:
     def plan_for(self, member: Member) -> pb.Plan:
         s = self.settings
         spec = self.model.spec
-        h, w = s.model.image_size
         plan = self.strategy.local_plan(0)
         return pb.Plan(
             federation_id=self.federation_id,
-            model=pb.ModelSpec(
-                extractor=spec.extractor,
-                head=spec.head,
-                norm=spec.norm,
-                classifier=spec.classifier,
-                classifier_seed=spec.classifier_seed,
-                init_seed=spec.init_seed,
-                num_classes=spec.num_classes,
-                in_channels=spec.in_channels,
-                image_height=h,
-                image_width=w,
-                feature_dim=spec.feature_dim or 0,
-            ),
+            model=model_spec_to_proto(spec),
             training=pb.LocalTraining(
                 algorithm=plan.algorithm,
                 epochs=plan.epochs,
