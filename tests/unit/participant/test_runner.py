@@ -38,7 +38,8 @@ def _federation(tmp: Path, *, allow_plaintext: bool) -> InProcessFederation:
         model=ModelSettings(extractor="mlp"),
         training=TrainingSettings(rounds=1, max_round_attempts=1),
         calibration=CalibrationSettings(methods=("ffc",)),
-        secagg=SecAggSettings(updates=False, statistics=False),
+        # plaintext throughout (evaluation counts too), as `simulate --no-secure`
+        secagg=SecAggSettings(updates=False, statistics=False, evaluation=False),
         server=ServerSettings(insecure=True),
         timeouts=Timeouts(
             heartbeat_interval_s=0.2, heartbeat_timeout_s=5, long_poll_s=0.3, linger_s=3
