@@ -5,6 +5,7 @@ with ``prometheus_client.parser``, and refused joins in the coordinator's log.""
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import sys
@@ -32,9 +33,20 @@ ROSTER = ("p0", "p1", "p2")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port BELOW the kernel's ephemeral range: the coordinator's gRPC port is
+    picked by binding port 0, which could otherwise be handed this very port once we
+    release it (then the scrape reaches the gRPC server and is reset)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Run:
