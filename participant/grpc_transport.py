@@ -22,12 +22,12 @@ from proto.error_detail import reason_from_metadata
 from .settings import ParticipantSettings
 from .transport import TransportError
 
-__all__ = ["GrpcTransport", "is_loopback_address"]
+__all__ = ["GrpcTransport", "channel_options", "credentials_for", "is_loopback_address"]
 
 T = TypeVar("T")
 
 
-def _credentials(settings: ParticipantSettings) -> grpc.ChannelCredentials | None:
+def credentials_for(settings: ParticipantSettings) -> grpc.ChannelCredentials | None:
     if settings.insecure:
         if not is_loopback_address(settings.coordinator):
             raise ValueError(
@@ -45,25 +45,31 @@ def _credentials(settings: ParticipantSettings) -> grpc.ChannelCredentials | Non
     )
 
 
+def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:
+    """The channel options of every participant transport (sync or asyncio)."""
+    limit = settings.max_message_bytes
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.enable_retries", 0),
+        # One connection per participant even when many share a process (the
+        # Ray engine's virtual participants): a dropped participant drops its
+        # own connection, as a separate process would, not a shared one.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    if not settings.insecure and settings.tls.server_name:
+        options.append(("grpc.ssl_target_name_override", settings.tls.server_name))
+    return options
+
+
 class GrpcTransport:
     def __init__(self, settings: ParticipantSettings) -> None:
-        credentials = _credentials(settings)
-        limit = settings.max_message_bytes
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.enable_retries", 0),
-            # One connection per participant even when many share a process (the
-            # Ray engine's virtual participants): a dropped participant drops its
-            # own connection, as a separate process would, not a shared one.
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
+        credentials = credentials_for(settings)
+        options = channel_options(settings)
         if credentials is None:
             self._channel = grpc.insecure_channel(settings.coordinator, options=options)
         else:
-            if settings.tls.server_name:
-                options.append(("grpc.ssl_target_name_override", settings.tls.server_name))
             self._channel = grpc.secure_channel(settings.coordinator, credentials, options=options)
         self._stub = grpc_services().CoordinatorStub(self._channel)
         self._timeout = settings.rpc_timeout_s
@@ -73,7 +79,7 @@ class GrpcTransport:
         try:
             return fn(request, timeout=timeout or self._timeout)
         except grpc.RpcError as exc:
-            raise _to_transport_error(exc) from None
+            raise to_transport_error(exc) from None
 
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         return self._unary(self._stub.Join, request)
@@ -93,7 +99,7 @@ class GrpcTransport:
         try:
             yield from self._stub.DownloadTensor(request, timeout=self._timeout * 10)
         except grpc.RpcError as exc:
-            raise _to_transport_error(exc) from None
+            raise to_transport_error(exc) from None
 
     def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
         return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)
@@ -125,13 +131,13 @@ class _GrpcPresence:
         try:
             yield from self._call
         except grpc.RpcError as exc:
-            raise _to_transport_error(exc) from None
+            raise to_transport_error(exc) from None
 
     def cancel(self) -> None:
         self._call.cancel()
 
 
-def _to_transport_error(exc: grpc.RpcError) -> TransportError:
+def to_transport_error(exc: grpc.RpcError) -> TransportError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     metadata = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None

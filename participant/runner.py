@@ -31,6 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import grpc
 import numpy as np
@@ -85,6 +86,7 @@ class ParticipantRunner:
         *,
         log: Callable[[str], None],
         on_halt: OnHalt | None = None,
+        compute_slot: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -95,6 +97,11 @@ class ParticipantRunner:
         self.trust = trust
         self.log = log
         self.halter = Halter(settings.halt_before, on_halt)
+        self._compute_slot = compute_slot or contextlib.nullcontext
+        """Held while this participant computes (builds its trainer, carries out an
+        instruction). A host of many participants passes a bounded semaphore so at
+        most a few of them want the CPU at once; the others wait for the
+        coordinator without competing for the interpreter (``spherecal.engines``)."""
         self.session: str | None = None
         self.plan: pb.Plan | None = None
         self.trainer: LocalTrainer | None = None
@@ -155,7 +162,8 @@ class ParticipantRunner:
         self.session = reply.session
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
-                trainer = LocalTrainer(reply.plan, self.data)
+                with self._compute_slot():
+                    trainer = LocalTrainer(reply.plan, self.data)
             except ValueError as exc:  # e.g. an algorithm this build does not know
                 raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
             self.plan = reply.plan
@@ -264,7 +272,8 @@ class ParticipantRunner:
                     return 1
                 return self._save_final_models()
             try:
-                self._dispatch(instruction)
+                with self._compute_slot():
+                    self._dispatch(instruction)
                 self.completed_tasks += 1
             except TransportError as exc:
                 stop_if_ended(exc.code, exc.message)

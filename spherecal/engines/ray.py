@@ -85,6 +85,12 @@ class RayEngineSettings:
         if not (math.isfinite(self.worker_cpus) and self.worker_cpus > 0):
             raise ValueError("--worker-cpus must be > 0")
 
+    @property
+    def compute_slots(self) -> int:
+        """How many of a worker's participants may compute at once: its CPUs, at
+        least one (the rest wait for the coordinator, not for the interpreter)."""
+        return max(1, math.ceil(self.worker_cpus))
+
     def worker_count(self, participants: int) -> int:
         wanted = self.workers if self.workers is not None else (os.cpu_count() or 1)
         return max(1, min(wanted, participants))
@@ -165,8 +171,10 @@ def map_on_ray(
 class _HostActor:
     """The Ray actor: a :class:`ParticipantHost` in a worker process."""
 
-    def __init__(self, log_path: str, threads: int) -> None:
-        self.host = ParticipantHost(log_path=Path(log_path), threads=threads)
+    def __init__(self, log_path: str, threads: int, compute_slots: int) -> None:
+        self.host = ParticipantHost(
+            log_path=Path(log_path), threads=threads, compute_slots=compute_slots
+        )
 
     def node(self) -> str:
         return self.host.report.node
@@ -247,7 +255,11 @@ class RaySimulation(Simulation):
             num_cpus=self.engine.worker_cpus, max_concurrency=4
         )
         self._actors = [
-            actor_class.remote(str(self.out / "logs" / f"worker-{w}.log"), self.settings.threads)
+            actor_class.remote(
+                str(self.out / "logs" / f"worker-{w}.log"),
+                self.settings.threads,
+                self.engine.compute_slots,
+            )
             for w in range(workers)
         ]
 

@@ -39,7 +39,7 @@ import torch
 
 from crypto import generate_identity
 from participant.data import LocalData, load_local_slices
-from participant.grpc_transport import GrpcTransport, _GrpcPresence
+from participant.loop_transport import EventLoopThread, LoopTransport, _LoopPresence
 from participant.runner import ParticipantRunner
 from participant.secure import SqliteJobLedger
 from participant.settings import ClientTLS, ParticipantSettings
@@ -118,11 +118,11 @@ class _DeadPresence:
         pass
 
 
-class KillableTransport(GrpcTransport):
+class KillableTransport(LoopTransport):
     """The participant's gRPC transport with a kill switch (see module docstring)."""
 
-    def __init__(self, settings: ParticipantSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: ParticipantSettings, loop: EventLoopThread) -> None:
+        super().__init__(settings, loop)
         self._killed = threading.Event()
 
     @property
@@ -132,7 +132,7 @@ class KillableTransport(GrpcTransport):
     def kill(self) -> None:
         """Cut the connection: every call in flight fails, every later one too."""
         self._killed.set()
-        self._channel.close()
+        self.close()
 
     def _check(self) -> None:
         if self._killed.is_set():
@@ -154,7 +154,7 @@ class KillableTransport(GrpcTransport):
             self._check()
             raise
 
-    def presence(self, request: pb.HeartbeatRequest) -> _GrpcPresence | _DeadPresence:  # type: ignore[override]
+    def presence(self, request: pb.HeartbeatRequest) -> _LoopPresence | _DeadPresence:  # type: ignore[override]
         if self._killed.is_set():
             return _DeadPresence()
         try:
@@ -178,9 +178,13 @@ class HostReport:
 class ParticipantHost:
     """Runs virtual participants in threads of this process."""
 
-    def __init__(self, *, log_path: Path, threads: int = 1) -> None:
+    def __init__(self, *, log_path: Path, threads: int = 1, compute_slots: int = 1) -> None:
+        if compute_slots < 1:
+            raise ValueError("a host needs at least one compute slot")
         if threads > 0:
             torch.set_num_threads(threads)
+        self._loop = EventLoopThread(name="vp-grpc")
+        self._slots = threading.BoundedSemaphore(compute_slots)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[str] = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - close()
         self._log_lock = threading.Lock()
@@ -244,7 +248,7 @@ class ParticipantHost:
             save_identity_key(identity, key_path)
             say(f"created identity key {key_path}")
         ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
-        transport = KillableTransport(settings)
+        transport = KillableTransport(settings, self._loop)
         with self._lock:
             self._transports[pid] = transport
         ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
@@ -267,7 +271,7 @@ class ParticipantHost:
         try:
             runner = ParticipantRunner(
                 settings, transport, data, identity, ledger, DirectoryTrust(ca),
-                log=say, on_halt=on_halt,
+                log=say, on_halt=on_halt, compute_slot=lambda: self._slots,
             )  # fmt: skip
             code = runner.run()
             if transport.killed:
@@ -303,5 +307,6 @@ class ParticipantHost:
     def close(self) -> None:
         for pid in list(self._threads):
             self.kill(pid)
+        self._loop.stop()
         with self._log_lock:
             self._log.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from participant.loop_transport import EventLoopThread
 from participant.settings import ClientTLS, ParticipantSettings
 from participant.transport import TransportError
 from proto import spherecal_pb2 as pb
@@ -51,7 +52,8 @@ def test_unknown_shipped_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_killed_transport_sends_nothing_more(tmp_path: Path) -> None:
-    transport = KillableTransport(_settings(tmp_path))  # nothing listens on port 1
+    loop = EventLoopThread()
+    transport = KillableTransport(_settings(tmp_path), loop)  # nothing listens on port 1
     request = pb.HeartbeatRequest(caller=pb.Caller(participant_id="p0"))
     with pytest.raises(TransportError) as failed:
         transport.heartbeat(request)
@@ -64,6 +66,7 @@ def test_a_killed_transport_sends_nothing_more(tmp_path: Path) -> None:
         list(transport.download_tensor(pb.DownloadRequest(name="model")))
     assert list(transport.presence(request)) == []  # its presence ends at once
     transport.close()
+    loop.stop()
 
 
 def test_contiguous_blocks_cover_the_roster_once() -> None:

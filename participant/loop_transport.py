@@ -1,0 +1,252 @@
+"""The participant's gRPC transport on a shared asyncio loop, for hosts of many
+participants (the Ray engine's virtual participants).
+
+Why not :class:`~participant.grpc_transport.GrpcTransport` there: a synchronous gRPC
+channel costs every participant a *channel spin thread* while its presence stream is
+open, and every blocked synchronous call wakes up several times a second to check
+for signals (the spin thread and a blocking unary call every 200 ms, a streaming
+iterator every 100 ms), each time taking the GIL. Measured on this machine with 500
+idle participants in one process (an open server stream and a 2 s long poll each,
+``bench/idle_channels.py``): 1,501 threads and about 20,000 context switches a
+second with sync channels, 503 threads and about 5,000 with this transport. Under
+load the wake-ups are worse than their CPU: hundreds of threads queueing for the GIL
+each force the computing thread off it every switch interval.
+
+Here every participant still has **its own** channel, TCP connection (local
+subchannel pool), TLS credentials and calls — only the event loop that drives the
+channels is shared, one thread per host (:class:`EventLoopThread`). The participant's
+own thread waits for a call on a ``concurrent.futures.Future`` (an untimed futex
+wait: no wake-ups while the coordinator long-polls), and its presence stream is an
+asyncio task; the caller's thread waiting on :meth:`_LoopPresence.__iter__` blocks
+without waking until the stream ends or is cancelled.
+
+Same semantics as the synchronous transport: every gRPC failure becomes a
+:class:`~participant.transport.TransportError`; a call on a closed channel raises
+``ValueError``; :meth:`LoopTransport.close` cancels every call in flight (a
+streaming upload breaks off mid-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from proto import grpc_services
+from proto import spherecal_pb2 as pb
+
+from .grpc_transport import channel_options, credentials_for, to_transport_error
+from .settings import ParticipantSettings
+
+__all__ = ["EventLoopThread", "LoopTransport"]
+
+T = TypeVar("T")
+
+_END = object()
+"""Marks the end of a streamed request."""
+
+
+class EventLoopThread:
+    """One asyncio loop in a daemon thread, shared by the transports of a host."""
+
+    def __init__(self, *, name: str = "grpc-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop; block this thread (without waking) until done."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("EventLoopThread.run called from its own loop")
+        return self.submit(coroutine).result()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+async def _await(fn: Callable[..., Awaitable[T]], request: object, timeout: float) -> T:
+    return await fn(request, timeout=timeout)
+
+
+async def _collect(fn: Callable[..., Any], request: object, timeout: float) -> list[Any]:
+    return [item async for item in fn(request, timeout=timeout)]
+
+
+class LoopTransport:
+    """:class:`~participant.transport.Transport` over a ``grpc.aio`` channel driven by
+    a shared :class:`EventLoopThread`."""
+
+    def __init__(self, settings: ParticipantSettings, loop: EventLoopThread) -> None:
+        credentials = credentials_for(settings)
+        options = channel_options(settings)
+        target = settings.coordinator
+
+        async def open_channel() -> grpc.aio.Channel:
+            if credentials is None:
+                return grpc.aio.insecure_channel(target, options=options)
+            return grpc.aio.secure_channel(target, credentials, options=options)
+
+        self._loop = loop
+        self._channel = loop.run(open_channel())
+        self._stub = grpc_services().CoordinatorStub(self._channel)
+        self._timeout = settings.rpc_timeout_s
+        self._long_poll_s = settings.long_poll_ms / 1000.0
+        self._closed = False
+
+    # ------------------------------------------------------------ plumbing
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coroutine.close()
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        try:
+            return self._loop.run(coroutine)
+        except grpc.RpcError as exc:
+            raise to_transport_error(exc) from None
+        except (grpc.aio.UsageError, asyncio.CancelledError, concurrent.futures.CancelledError):
+            raise ValueError("the channel was closed during the call") from None
+
+    def _unary(self, fn: Callable[..., Any], request: object, timeout: float | None = None) -> Any:
+        wait = timeout or self._timeout
+        if isinstance(request, Iterator):
+            return self._stream_request(fn, request, wait)
+        return self._run(_await(fn, request, wait))
+
+    def _stream_request(self, fn: Callable[..., Any], messages: Iterator[Any], timeout: float) -> Any:
+        """A client-streaming call whose messages are produced by *this* thread (a
+        masked upload masks chunk by chunk here, and its fault point may cut the
+        stream between chunks), handed to the loop as they come."""
+        if self._closed:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        loop = self._loop.loop
+
+        async def requests() -> Any:
+            while (item := await queue.get()) is not _END:
+                yield item
+
+        async def call() -> Any:
+            return await fn(requests(), timeout=timeout)
+
+        future = self._loop.submit(call())
+        try:
+            for message in messages:
+                if future.done():  # the call already ended (refused, cut): stop producing
+                    break
+                loop.call_soon_threadsafe(queue.put_nowait, message)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, _END)
+        try:
+            return future.result()
+        except grpc.RpcError as exc:
+            raise to_transport_error(exc) from None
+        except (grpc.aio.UsageError, asyncio.CancelledError, concurrent.futures.CancelledError):
+            raise ValueError("the channel was closed during the call") from None
+
+    # ------------------------------------------------------------ the protocol
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        return self._unary(self._stub.Join, request)  # type: ignore[no-any-return]
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return self._unary(self._stub.Heartbeat, request, timeout=10.0)  # type: ignore[no-any-return]
+
+    def presence(self, request: pb.HeartbeatRequest) -> _LoopPresence:
+        if self._closed:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        return _LoopPresence(self._loop, self._stub.Presence, request)
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        return self._unary(  # type: ignore[no-any-return]
+            self._stub.NextInstruction, request, timeout=self._long_poll_s + self._timeout
+        )
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
+        # A tensor is a model or a broadcast vector: collected on the loop and handed
+        # over whole (the caller assembles it whole anyway).
+        yield from self._run(_collect(self._stub.DownloadTensor, request, self._timeout * 10))
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)  # type: ignore[no-any-return]
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        return self._unary(self._stub.SubmitSecAgg, request)  # type: ignore[no-any-return]
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
+        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)  # type: ignore[no-any-return]
+
+    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
+        return self._unary(self._stub.ReportEvaluation, request)  # type: ignore[no-any-return]
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
+        return self._unary(self._stub.ReportFailure, request)  # type: ignore[no-any-return]
+
+    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        return self._unary(self._stub.GetStatus, request)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close the channel: every call in flight is cancelled, later ones fail."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop.loop.is_closed():
+            return
+        channel = self._channel
+
+        async def close_channel() -> None:
+            await channel.close()
+
+        try:
+            self._loop.submit(close_channel()).result(timeout=10.0)
+        except concurrent.futures.TimeoutError:
+            pass
+
+
+class _LoopPresence:
+    """A presence stream read by a task on the loop. Iterating it blocks the caller
+    (without waking) until the stream ends; it yields no replies, which only
+    tell the participant the stream is alive."""
+
+    def __init__(
+        self, loop: EventLoopThread, method: Callable[..., Any], request: pb.HeartbeatRequest
+    ) -> None:
+        self._loop = loop
+        self._call: Any = None
+
+        async def read() -> None:
+            self._call = method(request)
+            try:
+                async for _reply in self._call:
+                    pass
+            finally:
+                self._call.cancel()
+
+        self._future = loop.submit(read())
+
+    def __iter__(self) -> Iterator[pb.HeartbeatReply]:
+        try:
+            self._future.result()
+        except grpc.RpcError as exc:
+            raise to_transport_error(exc) from None
+        except (grpc.aio.UsageError, asyncio.CancelledError, concurrent.futures.CancelledError):
+            return
+        return
+        yield  # a generator that yields nothing
+
+    def cancel(self) -> None:
+        self._future.cancel()
