@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -128,7 +129,9 @@ class LoopTransport:
             return self._stream_request(fn, request, wait)
         return self._run(_await(fn, request, wait))
 
-    def _stream_request(self, fn: Callable[..., Any], messages: Iterator[Any], timeout: float) -> Any:
+    def _stream_request(
+        self, fn: Callable[..., Any], messages: Iterator[Any], timeout: float
+    ) -> Any:
         """A client-streaming call whose messages are produced by *this* thread (a
         masked upload masks chunk by chunk here, and its fault point may cut the
         stream between chunks), handed to the loop as they come."""
@@ -161,10 +164,10 @@ class LoopTransport:
 
     # ------------------------------------------------------------ the protocol
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        return self._unary(self._stub.Join, request)  # type: ignore[no-any-return]
+        return self._unary(self._stub.Join, request)
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        return self._unary(self._stub.Heartbeat, request, timeout=10.0)  # type: ignore[no-any-return]
+        return self._unary(self._stub.Heartbeat, request, timeout=10.0)
 
     def presence(self, request: pb.HeartbeatRequest) -> _LoopPresence:
         if self._closed:
@@ -172,7 +175,7 @@ class LoopTransport:
         return _LoopPresence(self._loop, self._stub.Presence, request)
 
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
-        return self._unary(  # type: ignore[no-any-return]
+        return self._unary(
             self._stub.NextInstruction, request, timeout=self._long_poll_s + self._timeout
         )
 
@@ -182,22 +185,22 @@ class LoopTransport:
         yield from self._run(_collect(self._stub.DownloadTensor, request, self._timeout * 10))
 
     def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
-        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)  # type: ignore[no-any-return]
+        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
-        return self._unary(self._stub.SubmitSecAgg, request)  # type: ignore[no-any-return]
+        return self._unary(self._stub.SubmitSecAgg, request)
 
     def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
-        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)  # type: ignore[no-any-return]
+        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)
 
     def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
-        return self._unary(self._stub.ReportEvaluation, request)  # type: ignore[no-any-return]
+        return self._unary(self._stub.ReportEvaluation, request)
 
     def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
-        return self._unary(self._stub.ReportFailure, request)  # type: ignore[no-any-return]
+        return self._unary(self._stub.ReportFailure, request)
 
     def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
-        return self._unary(self._stub.GetStatus, request)  # type: ignore[no-any-return]
+        return self._unary(self._stub.GetStatus, request)
 
     def close(self) -> None:
         """Close the channel: every call in flight is cancelled, later ones fail."""
@@ -211,10 +214,8 @@ class LoopTransport:
         async def close_channel() -> None:
             await channel.close()
 
-        try:
+        with contextlib.suppress(concurrent.futures.TimeoutError):
             self._loop.submit(close_channel()).result(timeout=10.0)
-        except concurrent.futures.TimeoutError:
-            pass
 
 
 class _LoopPresence:

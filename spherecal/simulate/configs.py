@@ -123,7 +123,7 @@ def coordinator_settings(
             heartbeat_interval_s=s.heartbeat_interval_s,
             heartbeat_timeout_s=s.heartbeat_timeout_s,
             linger_s=20.0,
-            long_poll_s=2.0,
+            long_poll_s=s.long_poll_s,
             rejoin_grace_s=s.rejoin_grace_s,
         ),
         evaluation=EvaluationSettings(
@@ -169,7 +169,7 @@ def participant_settings(
         extractors=(ref.model,) if ":" in ref.model else (),
         threads=s.threads,
         allow_plaintext=not (s.secure_updates and s.secure_statistics),
-        long_poll_ms=2000,
+        long_poll_ms=round(s.long_poll_s * 1000),
         reconnect_max_s=2.0,
         give_up_s=300.0,
         halt_before=tuple(d.point for d in s.drops if d.participant == pid),

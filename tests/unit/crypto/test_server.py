@@ -446,6 +446,28 @@ def test_consistency_round_then_unmask_only_asks_signers() -> None:
     assert_correct(net, net.unmask(), set(net.ids))  # p04's input is in the sum
 
 
+def test_harary_unmask_requests_carry_only_the_signatures_each_holder_counts() -> None:
+    """SecAgg+: a holder's check needs ``t`` signatures among the holders of each
+    owner it reveals for — its 2-hop neighbourhood — so that is all it is sent (not
+    all n, which made the whole job n² verifications); a dropout's holders still
+    get what they need, and the sum is exact."""
+    net = Net(16, threshold=3, graph="harary", degree=4, consistency=True)
+    net.advertise()
+    net.share()
+    net.masked(skip=["p05"])  # p05 drops: its holders reveal its mask key
+    net.consistency()
+    graph = net.server.spec.masking_graph
+    u1 = net.server.advertised
+    for p in sorted(net.server.pending()):
+        request = net.server.unmask_request_for(p)
+        sent = [s.signer for s in request.signatures]
+        owners = graph.closed(p) & (set(request.survivors) | set(request.dropouts))
+        wanted = set().union(*(graph.holders(o, u1) for o in owners)) & set(request.survivors)
+        assert sent == sorted(wanted)
+        assert len(sent) < len(request.survivors)
+    assert_correct(net, net.unmask(), set(net.ids) - {"p05"})
+
+
 def test_server_construction_checks() -> None:
     net = Net(3, threshold=2)
     with pytest.raises(InvalidSpec):
