@@ -160,7 +160,10 @@ class Board:
                 return instruction
             with self._polls:
                 if self._epoch == epoch:  # nothing changed since we looked
-                    self._polls.wait(min(remaining, 0.5))
+                    # Woken by _wake_polls; the timeout is only a safety net. At
+                    # 0.5 s, 1,000 waiting polls were 2,000 thread wake-ups a second
+                    # queueing for the GIL (docs/scaling.md).
+                    self._polls.wait(min(remaining, 5.0))
 
     def tensor(self, name: str) -> Published | None:
         with self.cond:

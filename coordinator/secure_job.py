@@ -171,8 +171,8 @@ class SecureJob:
     # ---------------------------------------------------------------- participant side
     def has_advertised(self, participant: str) -> bool:
         with self.lock:
-            return self.server.stage is not Stage.ADVERTISE or participant not in (
-                self.server.pending()
+            return self.server.stage is not Stage.ADVERTISE or not self.server.is_pending(
+                participant
             )
 
     def step_for(self, participant: str) -> pb.SecAggStep | None:
@@ -183,7 +183,7 @@ class SecureJob:
             stage = self.server.stage
             if stage in (Stage.ADVERTISE, Stage.DONE, Stage.ABORTED):
                 return None
-            if participant not in self.server.pending():
+            if not self.server.is_pending(participant):
                 return None
             message: crypto.Message
             if stage is Stage.SHARE:
@@ -262,7 +262,7 @@ class SecureJob:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{participant!r} is not in this job's masked stage (left out earlier)",
                 )
-            if participant in self.server.survivors or participant not in self.server.pending():
+            if participant in self.server.survivors or not self.server.is_pending(participant):
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{participant!r} already uploaded its complete masked input",
@@ -295,7 +295,7 @@ class SecureJob:
             self._streaming.discard(participant)
             if self.server.stage is not Stage.MASKED:
                 return participant in self.server.survivors
-            complete = participant not in self.server.pending()
+            complete = not self.server.is_pending(participant)
             if not complete:
                 self.server.abandon_upload(participant)
             return complete

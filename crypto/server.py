@@ -76,7 +76,7 @@ from ._exceptions import (
     WrongJob,
 )
 from .complaints import ComplaintRecord, verify_complaint
-from .graph import COMPLETE
+from .consistency import signers_counted
 from .keys import load_identity_public, survivors_payload, verify
 from .messages import (
     AdvertiseKeys,
@@ -225,6 +225,22 @@ class SecAggServer:
         if self._stage is Stage.UNMASK:
             return self._responders - self._responded
         return frozenset()
+
+    def is_pending(self, participant: str) -> bool:
+        """``participant in pending()`` in O(1) (every long poll asks)."""
+        stage = self._stage
+        if stage is Stage.ADVERTISE:
+            return participant in self._participants and participant not in self._router.adverts
+        if stage is Stage.SHARE:
+            return participant in self._u1 and participant not in self._router.share_msgs
+        if stage is Stage.MASKED:
+            assert self._sum is not None
+            return participant in self._u2 and participant not in self._sum.completed
+        if stage is Stage.CONSISTENCY:
+            return participant in self._u3 and participant not in self._signatures
+        if stage is Stage.UNMASK:
+            return participant in self._responders and participant not in self._responded
+        return False
 
     def memory_bytes(self) -> int:
         """Bytes held in vectors (accumulator + staging slots)."""
@@ -455,7 +471,14 @@ class SecAggServer:
             raise Excluded(f"{participant!r} is not asked to unmask")
         signatures = tuple(
             SurvivorSignature(signer=s, signature=self._signatures[s])
-            for s in self._signers_for(participant)
+            for s in signers_counted(
+                self._graph,
+                participant,
+                revealed=self._u3 | self._needed_keys,
+                members1=self._u1,
+                signed=self._signatures,
+                threshold=self.spec.threshold,
+            )
         )
         return UnmaskRequest(
             job_id=self.spec.job_id,
@@ -464,30 +487,6 @@ class SecAggServer:
             dropouts=tuple(sorted(self._needed_keys)),
             signatures=signatures,
         )
-
-    def _signers_for(self, holder: str) -> list[str]:
-        """The consistency signatures ``holder``'s check counts (sorted signers).
-
-        Its check (:func:`crypto.consistency.verify_signed_view`, Bell et al. 2020)
-        needs, for every owner whose share it would reveal, ``t`` signatures among
-        that owner's share holders. On the complete graph that is everyone's. On a
-        Harary graph the owners are ``holder``'s closed neighbourhood and their
-        holders its 2-hop neighbourhood: O(k²) signatures, not all n — sending all
-        n made every holder verify n signatures, n² Ed25519 verifications per job
-        (at 1,000 participants a million, minutes of CPU). Fewer signatures can
-        only make the holder's check fail, never pass: it still verifies every
-        one it gets. Topped up to ``t`` in all, for the overall count."""
-        if self._graph.kind == COMPLETE:
-            return sorted(self._signatures)
-        revealed = self._u3 | self._needed_keys
-        wanted: set[str] = set()
-        for owner in self._graph.closed(holder) & revealed:
-            wanted.update(self._graph.holders(owner, self._u1))
-        chosen = sorted(s for s in wanted if s in self._signatures)
-        if len(chosen) < self.spec.threshold:
-            others = sorted(set(self._signatures) - set(chosen))
-            chosen = sorted(chosen + others[: self.spec.threshold - len(chosen)])
-        return chosen
 
     def receive_unmask(self, msg: UnmaskResponse, *, sender: str | None = None) -> None:
         """Check every revealed share against its dealer's commitment; store all or

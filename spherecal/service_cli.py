@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -138,11 +139,12 @@ def _check_state(settings: Any) -> int:
 def _enable_faulthandler() -> None:
     """A long-running service process that dies on a signal (SIGSEGV, SIGABRT from a
     native library) leaves Python tracebacks of every thread in its log instead of
-    just an exit status."""
+    just an exit status; ``kill -USR1 PID`` writes them without stopping it."""
     import faulthandler
 
     if not faulthandler.is_enabled():
         faulthandler.enable(file=sys.stderr, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 # ====================================================================== participant
