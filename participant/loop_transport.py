@@ -33,6 +33,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import grpc
@@ -94,7 +95,16 @@ class LoopTransport:
     """:class:`~participant.transport.Transport` over a ``grpc.aio`` channel driven by
     a shared :class:`EventLoopThread`."""
 
-    def __init__(self, settings: ParticipantSettings, loop: EventLoopThread) -> None:
+    def __init__(
+        self,
+        settings: ParticipantSettings,
+        loop: EventLoopThread,
+        *,
+        while_waiting: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> None:
+        """``while_waiting``: entered around every wait for the coordinator (a host
+        gives back its participant's compute slot there)."""
+        self._waiting = while_waiting or contextlib.nullcontext
         credentials = credentials_for(settings)
         options = channel_options(settings)
         target = settings.coordinator
@@ -117,7 +127,8 @@ class LoopTransport:
             coroutine.close()
             raise ValueError("Cannot invoke RPC on closed channel!")
         try:
-            return self._loop.run(coroutine)
+            with self._waiting():
+                return self._loop.run(coroutine)
         except grpc.RpcError as exc:
             raise to_transport_error(exc) from None
         except (grpc.aio.UsageError, asyncio.CancelledError, concurrent.futures.CancelledError):
@@ -156,7 +167,8 @@ class LoopTransport:
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, _END)
         try:
-            return future.result()
+            with self._waiting():
+                return future.result()
         except grpc.RpcError as exc:
             raise to_transport_error(exc) from None
         except (grpc.aio.UsageError, asyncio.CancelledError, concurrent.futures.CancelledError):

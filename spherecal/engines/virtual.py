@@ -27,6 +27,7 @@ own state directory with mode 0600; nothing here logs data, statistics or keys.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -50,6 +51,7 @@ from proto.identity import load_identity_key, save_identity_key
 
 __all__ = [
     "KILLED_EXIT_CODE",
+    "ComputeSlots",
     "HostReport",
     "ParticipantHost",
     "ParticipantKilled",
@@ -118,11 +120,63 @@ class _DeadPresence:
         pass
 
 
+class ComputeSlots:
+    """At most ``slots`` participants of a host compute at once.
+
+    A participant holds a slot while it builds its trainer or carries out an
+    instruction, and gives it back while it waits for the coordinator inside one
+    (a download, a submission): the slots bound the threads that want the CPU —
+    hundreds of threads queueing for the GIL is what stalled a host
+    (docs/scaling.md) — without serialising the round trips."""
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError("a host needs at least one compute slot")
+        self.slots = slots
+        self._semaphore = threading.BoundedSemaphore(slots)
+        self._mine = threading.local()
+
+    def _holding(self) -> bool:
+        return bool(getattr(self._mine, "holding", False))
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        if self._holding():  # nested: already counted
+            yield
+            return
+        self._semaphore.acquire()
+        self._mine.holding = True
+        try:
+            yield
+        finally:
+            self._mine.holding = False
+            self._semaphore.release()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Give this thread's slot back for the duration (if it holds one)."""
+        if not self._holding():
+            yield
+            return
+        self._mine.holding = False
+        self._semaphore.release()
+        try:
+            yield
+        finally:
+            self._semaphore.acquire()
+            self._mine.holding = True
+
+
 class KillableTransport(LoopTransport):
     """The participant's gRPC transport with a kill switch (see module docstring)."""
 
-    def __init__(self, settings: ParticipantSettings, loop: EventLoopThread) -> None:
-        super().__init__(settings, loop)
+    def __init__(
+        self,
+        settings: ParticipantSettings,
+        loop: EventLoopThread,
+        slots: ComputeSlots | None = None,
+    ) -> None:
+        super().__init__(settings, loop, while_waiting=slots.waiting if slots else None)
         self._killed = threading.Event()
 
     @property
@@ -179,12 +233,10 @@ class ParticipantHost:
     """Runs virtual participants in threads of this process."""
 
     def __init__(self, *, log_path: Path, threads: int = 1, compute_slots: int = 1) -> None:
-        if compute_slots < 1:
-            raise ValueError("a host needs at least one compute slot")
+        self.slots = ComputeSlots(compute_slots)
         if threads > 0:
             torch.set_num_threads(threads)
         self._loop = EventLoopThread(name="vp-grpc")
-        self._slots = threading.BoundedSemaphore(compute_slots)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[str] = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - close()
         self._log_lock = threading.Lock()
@@ -248,7 +300,7 @@ class ParticipantHost:
             save_identity_key(identity, key_path)
             say(f"created identity key {key_path}")
         ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
-        transport = KillableTransport(settings, self._loop)
+        transport = KillableTransport(settings, self._loop, self.slots)
         with self._lock:
             self._transports[pid] = transport
         ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
@@ -271,7 +323,7 @@ class ParticipantHost:
         try:
             runner = ParticipantRunner(
                 settings, transport, data, identity, ledger, DirectoryTrust(ca),
-                log=say, on_halt=on_halt, compute_slot=lambda: self._slots,
+                log=say, on_halt=on_halt, compute_slot=self.slots.hold,
             )  # fmt: skip
             code = runner.run()
             if transport.killed:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -13,6 +15,7 @@ from participant.settings import ClientTLS, ParticipantSettings
 from participant.transport import TransportError
 from proto import spherecal_pb2 as pb
 from spherecal.engines.virtual import (
+    ComputeSlots,
     KillableTransport,
     ParticipantKilled,
     VirtualParticipant,
@@ -99,3 +102,43 @@ def test_ray_flags_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFix
     assert code != 0
     assert "--workers only apply to --engine ray" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_compute_slots_bound_computing_threads_and_are_given_back_while_waiting() -> None:
+    slots = ComputeSlots(1)
+    inside_wait, b_done, a_may_go = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def a() -> None:
+        with slots.hold():
+            order.append("a computes")
+            with slots.waiting():  # a round trip to the coordinator
+                inside_wait.set()
+                a_may_go.wait(10)
+            order.append("a computes again")
+
+    def b() -> None:
+        with slots.hold():
+            order.append("b computes")
+        b_done.set()
+
+    first = threading.Thread(target=a)
+    first.start()
+    assert inside_wait.wait(10)
+    second = threading.Thread(target=b)
+    second.start()
+    assert b_done.wait(10)  # b got the one slot while a waited
+    # a cannot compute again while someone holds the slot
+    with slots.hold():
+        a_may_go.set()
+        time.sleep(0.2)
+        assert order == ["a computes", "b computes"]
+    first.join(10)
+    second.join(10)
+    assert order == ["a computes", "b computes", "a computes again"]
+    with slots.hold(), slots.hold():  # nested holds count once (no self-deadlock)
+        pass
+    with slots.waiting():  # not holding: nothing to give back
+        pass
+    with pytest.raises(ValueError, match="compute slot"):
+        ComputeSlots(0)
