@@ -58,10 +58,21 @@ PHASES = {
     "coordinator_listening": "listening on",
     "workers_started": "virtual participants on",
     "all_joined": "participants joined",
-    "rounds_done": "round {rounds}/{rounds}:",
-    "ffc_done": "aggregated",  # the last secure job's line before evaluation
+    "rounds_done": "round {rounds}/{rounds}: *updates",  # not "round 2/2: training"
+    "ffc_done": "ffc job *aggregated",
     "evaluated": "federated accuracy",
 }
+"""Progress-line needles; ``*`` separates parts that must appear in this order."""
+
+
+def _matches(needle: str, line: str) -> bool:
+    at = 0
+    for part in needle.split("*"):
+        found = line.find(part, at)
+        if found < 0:
+            return False
+        at = found + len(part)
+    return True
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -157,12 +168,10 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         sim = holder.get("sim")
         if sim is not None and sim.monitor is not None:
             for phase in ("all_joined",):
-                if phase not in cpu_marks and needles[phase] in line:
+                if phase not in cpu_marks and _matches(needles[phase], line):
                     cpu_marks[phase] = sim.monitor.cpu_s
         for phase, needle in needles.items():
-            if needle in line and (phase not in marks or phase == "ffc_done"):
-                if phase == "ffc_done" and "rounds_done" not in marks:
-                    continue
+            if phase not in marks and _matches(needle, line):
                 marks[phase] = time.monotonic() - t0
         if args.verbose:
             print(line, file=sys.stderr, flush=True)
