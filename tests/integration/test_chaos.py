@@ -189,13 +189,14 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
 # ---------------------------------------------------------------- churn
 @pytest.fixture(scope="module")
 def churn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    # Long enough (more local work, an evaluation after every round) that several
-    # participant restarts — seconds each — fall inside the federation.
+    # Long enough (an evaluation after every round) that several participant
+    # restarts — seconds each — fall inside the federation; every restart also
+    # lengthens it (the round waits for the rejoin), so 12 rounds give at least two.
     settings = _settings(
         tmp_path_factory.mktemp("chaos-churn"),
-        rounds=25,
+        rounds=12,
         secure=True,
-        local_epochs=8,
+        local_epochs=4,
         federated_every=1,
     )
     watcher = Watcher()
