@@ -6,11 +6,12 @@ channel costs every participant a *channel spin thread* while its presence strea
 open, and every blocked synchronous call wakes up several times a second to check
 for signals (the spin thread and a blocking unary call every 200 ms, a streaming
 iterator every 100 ms), each time taking the GIL. Measured on this machine with 500
-idle participants in one process (an open server stream and a 2 s long poll each,
-``bench/idle_channels.py``): 1,501 threads and about 20,000 context switches a
-second with sync channels, 503 threads and about 5,000 with this transport. Under
-load the wake-ups are worse than their CPU: hundreds of threads queueing for the GIL
-each force the computing thread off it every switch interval.
+idle participants in one process (an open server stream and a 2 s long poll each)
+next to one computing thread (``bench/idle_channels.py``): 1,501 threads, ~37,000
+context switches and 0.38 s of kernel CPU a second with sync channels; 503 threads,
+~4,600 and 0.06 s with this transport, and the computing thread did 1.5× the work.
+Under load the wake-ups are worse than their CPU: hundreds of threads queueing for
+the GIL each force the computing thread off it every switch interval.
 
 Here every participant still has **its own** channel, TCP connection (local
 subchannel pool), TLS credentials and calls — only the event loop that drives the

@@ -3,7 +3,8 @@
 A simulation engine that hosts hundreds of participants per worker process (the Ray
 engine, :mod:`spherecal.engines.ray`) runs each one exactly as ``spherecal
 participant`` would — its own Ed25519 identity key, its own gRPC channel (own TCP
-connection: ``participant.grpc_transport`` uses a local subchannel pool), TLS
+connection, a local subchannel pool; driven by the host's one event loop,
+``participant.loop_transport``, so a waiting participant costs no wake-ups), TLS
 credentials, job ledger, privacy ledger, state directory and data slice, the same
 :class:`~participant.runner.ParticipantRunner` speaking the real protocol to the
 real coordinator — but as a thread of a shared process, so the torch import, the
