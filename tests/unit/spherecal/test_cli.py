@@ -89,3 +89,27 @@ def test_console_script_entry_point_runs() -> None:
         [sys.executable, "-m", "spherecal.cli", "--help"], cwd=REPO, capture_output=True, text=True
     )
     assert out.returncode == 0 and "reference" in out.stdout
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on() -> None:
+    """``spherecal coordinator`` / ``participant`` register SIGUSR1 with faulthandler
+    (docs/deployment.md): a stuck run can be looked into without stopping it."""
+    code = (
+        "import os, signal, threading, time\n"
+        "from spherecal.service_cli import _enable_faulthandler\n"
+        "_enable_faulthandler()\n"
+        "def parked_in_a_named_function():\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=parked_in_a_named_function, daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "time.sleep(0.2)\n"
+        "print('still running')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "still running"
+    assert "parked_in_a_named_function" in done.stderr  # the other thread's stack too
+    assert "most recent call first" in done.stderr
