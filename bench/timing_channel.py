@@ -140,12 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.measure:
         done = [d for d in args.measure if (d / "results.json").exists()]
-        report = {"runs": [{"out": str(d), **measure(d)} for d in done], "pooled": pooled(done)}
-        print(json.dumps(report, indent=2))
+        runs = [{"out": str(d), **measure(d)} for d in done]
+        print(json.dumps({"runs": runs, "pooled": pooled(done)}, indent=2))
         return 0
     from spherecal.cli import main as cli_main  # the CLI under test, imported late
 
-    runs = []
+    runs: list[dict[str, Any]] = []
     outs = []
     for k in range(args.runs):
         root = args.keep or Path(tempfile.mkdtemp(prefix="timing-channel-"))
