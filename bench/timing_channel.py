@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.measure:
         done = [d for d in args.measure if (d / "results.json").exists()]
-        runs = [{"out": str(d), **measure(d)} for d in done]
-        print(json.dumps({"runs": runs, "pooled": pooled(done)}, indent=2))
+        analysed = [{"out": str(d), **measure(d)} for d in done]
+        print(json.dumps({"runs": analysed, "pooled": pooled(done)}, indent=2))
         return 0
     from spherecal.cli import main as cli_main  # the CLI under test, imported late
 
