@@ -6,8 +6,8 @@ Why advertise and share first: the moments a participant advertises its keys and
 sends its shares are recorded by the coordinator (audit table). If either followed
 training or computing statistics, that moment would reveal how long the local work
 took — and with it the number of local examples (issue #9 measured a correlation of
-0.9 for the advertisement, then 0.95 for the share answer once only the
-advertisement moved). Neither depends on the input, so a job is started and
+0.9 for the advertisement; once only the advertisement moved, 0.78 for the share
+answer, pooled over six runs of ``bench/timing_channel.py``). Neither depends on the input, so a job is started and
 advertised as soon as the task arrives, its share step is awaited and answered
 (:meth:`SecureSteps.answer_share`, bounded by ``[policy] share_wait_s``), and only
 then does the local work run; :meth:`SecureSteps.set_input` fixes the vector
