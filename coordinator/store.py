@@ -22,6 +22,11 @@ migrated when read), so a copied state directory reads its own checkpoints.
 The audit log records, for every payload the coordinator receives: sender, job, stage,
 kind, size and SHA-256 — never the payload itself (masked bytes are uniformly random
 anyway, and plaintext updates are a deployment's own choice to allow).
+
+Every query lives here, with the one writer thread that runs it, so no SQL that
+writes is composed anywhere else in the coordinator; the table definitions and
+their migrations are in :mod:`coordinator.store_schema` (which only this module
+uses), which keeps this one under the ~500-line guideline.
 """
 
 from __future__ import annotations
