@@ -7,10 +7,10 @@ sends its shares are recorded by the coordinator (audit table). If either follow
 training or computing statistics, that moment would reveal how long the local work
 took — and with it the number of local examples (issue #9 measured a correlation of
 0.9 for the advertisement; once only the advertisement moved, 0.78 for the share
-answer, pooled over six runs of ``bench/timing_channel.py``). Neither depends on the input, so a job is started and
-advertised as soon as the task arrives, its share step is awaited and answered
-(:meth:`SecureSteps.answer_share`, bounded by ``[policy] share_wait_s``), and only
-then does the local work run; :meth:`SecureSteps.set_input` fixes the vector
+answer, pooled over six runs of ``bench/timing_channel.py``). Neither depends on
+the input, so a job is started and advertised as soon as the task arrives, its share
+step is awaited and answered (:meth:`SecureSteps.answer_share`, bounded by
+``[policy] share_wait_s``), and only then does the local work run; :meth:`SecureSteps.set_input` fixes the vector
 (``crypto`` allows it at any stage before unmasking). What remains is the masked
 upload, which needs the input by nature; ``[policy] min_local_work_s`` hides it.
 
