@@ -10,8 +10,9 @@ took — and with it the number of local examples (issue #9 measured a correlati
 answer, pooled over six runs of ``bench/timing_channel.py``). Neither depends on
 the input, so a job is started and advertised as soon as the task arrives, its share
 step is awaited and answered (:meth:`SecureSteps.answer_share`, bounded by
-``[policy] share_wait_s``), and only then does the local work run; :meth:`SecureSteps.set_input` fixes the vector
-(``crypto`` allows it at any stage before unmasking). What remains is the masked
+``[policy] share_wait_s``), and only then does the local work run;
+:meth:`SecureSteps.set_input` fixes the vector (``crypto`` allows it at any stage
+before unmasking). What remains is the masked
 upload, which needs the input by nature; ``[policy] min_local_work_s`` hides it.
 
 Why here, not in the runner: one idea per module — the runner decides *what* to
