@@ -116,6 +116,13 @@ def add_experiment_parser(
         "federation (coordinator + participant processes on loopback, secure aggregation "
         "on); methods the service cannot run are listed as skipped",
     )
+    p.add_argument(
+        "--secure-sum",
+        action="store_true",
+        help="inprocess engine: sum the calibration statistics through the real "
+        "secure-aggregation protocol at the service's fixed-point scale (pairwise masks, "
+        "Shamir shares; only the network is missing) instead of in float64",
+    )
     p.add_argument("--workers", type=_positive_int, default=1, help="parallel cell processes")
     p.add_argument(
         "--ray",
@@ -183,6 +190,7 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
         ),
         quick=bool(args.quick),
         engine=args.engine,
+        secure_sum=bool(args.secure_sum),
     )
 
 

@@ -121,6 +121,11 @@ class ExperimentSettings:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     quick: bool = False
     engine: str = "inprocess"
+    secure_sum: bool = False
+    """In-process engine: sum the calibration statistics through the real
+    secure-aggregation protocol at the service's fixed-point scale
+    (``ReferenceConfig.secure_sum``, ``spherefed.privacy.secure_sum``) instead of in
+    float64 — the calibrators then see exactly the numbers the service delivers."""
 
     def __post_init__(self) -> None:
         if self.table not in TABLES:
@@ -135,6 +140,13 @@ class ExperimentSettings:
             raise ValueError(
                 "--engine service loads data in each participant process, which knows only "
                 "the default synthetic dataset; drop the --synthetic-*/--feature-shift options"
+            )
+        if self.secure_sum and self.engine != "inprocess":
+            raise ValueError("--secure-sum is for the inprocess engine (the service is secure)")
+        if self.secure_sum and self.participants < 3:
+            raise ValueError(
+                "--secure-sum needs at least 3 participants (the participants' default "
+                "[policy] min_participants: smaller jobs give inputs away by differencing)"
             )
         if self.engine == "service" and self.participants < 2:
             raise ValueError("--engine service needs at least 2 participants (secure aggregation)")
@@ -165,6 +177,7 @@ class ExperimentSettings:
             local_epochs=self.local_epochs,
             batch_size=self.batch_size,
             synthetic=self.synthetic,
+            secure_sum=self.secure_sum,
         )
 
     def table_methods(self) -> list[MethodSpec]:
@@ -211,6 +224,8 @@ class ExperimentSettings:
         out["methods"] = None if self.methods is None else list(self.methods)
         if self.dataset != "synthetic":
             del out["synthetic"]
+        if not self.secure_sum:
+            del out["secure_sum"]  # keeps the float-sum tables' JSON unchanged
         return out
 
 

@@ -19,6 +19,13 @@ ENGINE_TEXT = {
 }
 """The line of ``table.md`` that says which engine made the numbers."""
 
+SECURE_SUM_TEXT = (
+    "Statistics: **through secure aggregation** (`--secure-sum`) — every calibrator is "
+    "solved from CCVR sums computed by the real secure-aggregation protocol in process "
+    "(identity keys, pairwise masks, Shamir shares, fixed-point ring at the service's "
+    "scale; only the network is missing), i.e. the numbers the service delivers."
+)
+
 CALIBRATION_LABELS = {
     "none": "none",
     "ccvr": "+CCVR",
@@ -91,6 +98,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         ENGINE_TEXT.get(report.get("engine", "inprocess"), f"Engine: {report.get('engine')}."),
         "",
     ]
+    if s.get("secure_sum"):
+        lines += [SECURE_SUM_TEXT, ""]
     skipped = report.get("skipped_methods") or []
     if skipped:
         lines += ["Not run by this engine (no row below):", ""]

@@ -281,6 +281,8 @@ def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
         parts.append("--methods " + " ".join(settings.methods))
     if settings.engine != "inprocess":
         parts.append(f"--engine {settings.engine}")
+    if settings.secure_sum:
+        parts.append("--secure-sum")
     parts.append(f"--out {out}")
     return " ".join(parts)
 

@@ -290,3 +290,34 @@ def test_ray_cells_give_the_serial_numbers_and_are_cached(tmp_path: Path) -> Non
     on_ray = json.loads((tmp_path / "ray" / "results.json").read_text())
     assert on_ray["rows"] == serial["rows"]
     assert len(list(cells.glob("*.json"))) == on_ray["timings"]["cells_run"] > 0
+
+
+@pytest.mark.slow
+def test_secure_sum_table_says_so_and_matches_the_float_sum(tmp_path: Path) -> None:
+    args = [a for a in TINY_ARGS if a not in ("0.03",)]  # --lr-grid 0.1 only
+    args[args.index("--participants") + 1] = "3"  # the secure sum's minimum
+    base = ["experiment", "--table", "calibration", "--methods", "fedavg_spherefed",
+            "--alpha", "0.5", *args]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "float")]) == 0
+    assert main([*base, "--secure-sum", "--out", str(tmp_path / "secure")]) == 0
+    plain = json.loads((tmp_path / "float" / "results.json").read_text())
+    secure = json.loads((tmp_path / "secure" / "results.json").read_text())
+    assert "secure_sum" not in plain["settings"] and secure["settings"]["secure_sum"] is True
+    assert "--secure-sum" in secure["command"] and "--secure-sum" not in plain["command"]
+    table = (tmp_path / "secure" / "table.md").read_text()
+    assert "through secure aggregation" in table
+    assert "through secure aggregation" not in (tmp_path / "float" / "table.md").read_text()
+    a = plain["calibration"]["fedavg_spherefed"]["a0.5"]["per_seed"][0]
+    b = secure["calibration"]["fedavg_spherefed"]["a0.5"]["per_seed"][0]
+    assert a["cell"] != b["cell"]  # a different computation: never reused for the other
+    # the fixed-point ring moves no prediction of the well-posed calibrators ...
+    for name in ("none", "ffc", "ccvr", "ffc_bias", "oracle"):
+        assert a["test"][name] == b["test"][name], name
+    assert a["chosen"] == b["chosen"]
+    # ... but LDA/QDA at shrinkage 0 invert this tiny model's near-singular covariance,
+    # whose smallest eigenvalues sit below the ring's rounding (reported in #11's
+    # notes): there the two sums may disagree, and only validity is asserted.
+    for name in ("lda", "qda"):
+        assert 0.0 <= b["test"][name] <= 1.0
+    assert main(["experiment", "--table", "methods", "--engine", "service", "--secure-sum",
+                 "--out", str(tmp_path / "x")]) == 2  # fmt: skip
