@@ -215,7 +215,7 @@ def guard_noisy_statistics(stats: CCVRStatistics) -> tuple[CCVRStatistics, Noisy
     scatter = second - outer
     scatter = (scatter + np.swapaxes(scatter, 1, 2)) / 2.0
     eigvals, eigvecs = np.linalg.eigh(scatter)  # batched over classes
-    negative = (eigvals < 0).any(axis=1)
+    negative: np.ndarray = np.asarray((eigvals < 0).any(axis=1))
     fixed = np.einsum("cij,cj,ckj->cik", eigvecs, np.clip(eigvals, 0.0, None), eigvecs)
     scatter = np.where(negative[:, None, None], fixed, scatter)
     guarded = CCVRStatistics(counts, sums, scatter + outer)
