@@ -1,11 +1,17 @@
 """``--engine service``: one cell trained as a real federation.
 
-A coordinator process and one process per participant talk gRPC on loopback with
-secure aggregation of updates *and* statistics on (:mod:`spherecal.simulate`), with
+A coordinator process and the participants talk gRPC on loopback with secure
+aggregation of updates *and* statistics on (:mod:`spherecal.simulate`), with
 the cell's reference config; the method's server algorithm comes from
 :meth:`spherefed.algorithms.methods.MethodSpec.service_options`. The record has the
 in-process engine's shape, so selection and the report are shared:
 
+- participants: virtual participants in this process by default (``hosting=
+  "threads"``, :mod:`spherecal.engines.threads`: each with its own identity key, gRPC
+  connection, ledgers and data slice) — one interpreter and torch import instead of
+  one per participant — or one OS process each (``hosting="processes"``); the
+  numbers are the same either way (tested), so the hosting is recorded in the cell
+  but is not part of its identity;
 - test accuracy (none / +FFC / +CCVR) and accuracy per round: the coordinator's
   central evaluation on the reference's test split;
 - validation accuracy: the harness evaluates the saved models
@@ -36,7 +42,7 @@ from spherefed.fl import evaluate
 from spherefed.network import ModelSpec, build_model
 from spherefed.runner import ReferenceConfig, prepare_data
 
-from .grid import RunSpec
+from .grid import HOSTINGS, RunSpec
 
 __all__ = ["service_config", "train_cell_as_service"]
 
@@ -86,12 +92,17 @@ def train_cell_as_service(
 ) -> dict[str, Any]:
     """Train one cell through the service; the record :func:`.cells.execute_run`
     returns (never raises for a federation that fails: it is recorded)."""
-    from spherecal.simulate import SimulationError, SimulationSettings, run_simulation
+    from spherecal.engines.threads import ThreadSimulation
+    from spherecal.simulate import Simulation, SimulationError, SimulationSettings, run_simulation
+
+    if spec.hosting not in HOSTINGS:
+        raise ValueError(f"unknown hosting {spec.hosting!r}; expected one of {HOSTINGS}")
+    factory = ThreadSimulation if spec.hosting == "threads" else Simulation
 
     cfg = service_config(spec, base)
     parent = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="spherecal-"))
     out = parent / "federation"
-    record: dict[str, Any] = {"engine": "service"}
+    record: dict[str, Any] = {"engine": "service", "service": {"hosting": spec.hosting}}
     try:
         settings = SimulationSettings(
             reference=cfg,
@@ -102,7 +113,7 @@ def train_cell_as_service(
             threads=threads,
         )
         try:
-            results = run_simulation(settings)
+            results = run_simulation(settings, factory=factory)
         except (SimulationError, ValueError) as exc:
             tail = _log_tail(out / "logs")
             return {**record, "diverged": True, "error": f"{exc}{' — ' + tail if tail else ''}"}
@@ -128,6 +139,7 @@ def train_cell_as_service(
                 "per_round": [r.get("test_accuracy") for r in per_round],
                 "train_loss": [r.get("train_loss") for r in per_round],
                 "service": {
+                    "hosting": spec.hosting,
                     "wall_s": results.get("timings", {}).get("wall_s"),
                     "bytes": results.get("bytes", {}),
                     "dropped": results.get("dropped", []),
