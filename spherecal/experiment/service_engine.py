@@ -21,6 +21,13 @@ in-process engine's shape, so selection and the report are shared:
   which can read every participant's data; a real deployment would evaluate
   federatedly.
 
+The harness never restarts a participant, so the coordinator is told not to wait
+for one to come back before retrying a failed round (``rejoin_grace_s = 0``; the
+back-off stays): a participant whose local training diverged has crashed for good,
+and the default 60 s grace made every diverging cell wait two minutes for it
+before failing the same way. A cell whose rounds all succeed at the first attempt
+never waits, so its numbers do not depend on this.
+
 A federation that does not complete is recorded as failed (``diverged`` with an
 ``error``): it is left out of the means and marked in the table, never hidden.
 """
@@ -111,6 +118,7 @@ def train_cell_as_service(
             secure_updates=True,
             secure_statistics=True,
             threads=threads,
+            rejoin_grace_s=0.0,
         )
         try:
             results = run_simulation(settings, factory=factory)
