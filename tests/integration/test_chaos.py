@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +58,17 @@ class Watcher:
         with self._cond:
             self._mark = len(self.lines)
 
-    def wait_for(self, needle: str, timeout: float = WAIT_S) -> None:
+    def wait_for(
+        self, needle: str, timeout: float = WAIT_S, *, gone: Callable[[], bool] | None = None
+    ) -> None:
+        """Wait for a line containing ``needle``; AssertionError on timeout, or as soon
+        as ``gone()`` says the coordinator has exited (no such line can come)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not any(needle in line for line in self.lines[self._mark :]):
                 left = deadline - time.monotonic()
                 assert left > 0, f"never saw {needle!r}; last lines: {self.lines[-15:]}"
+                assert gone is None or not gone(), f"coordinator exited before {needle!r}"
                 self._cond.wait(min(left, 0.5))
             self._mark = len(self.lines)
 
@@ -206,17 +211,23 @@ def churn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         sim.start_participants()
         watcher.wait_for("4/4 participants joined")
         assert sim.coordinator is not None
+        coordinator = sim.coordinator.popen
         for pid in _cycle(PIDS):
-            if sim.coordinator.popen.poll() is not None:
+            if coordinator.poll() is not None:
                 break
             sim.kill_participant(pid)
             kills += 1
             time.sleep(0.5)
             sim.start_participants(only=[pid])
             try:
-                watcher.wait_for(f"{pid} joined again", timeout=90)
+                watcher.wait_for(
+                    f"{pid} joined again", timeout=90, gone=lambda: coordinator.poll() is not None
+                )
             except AssertionError:
-                break  # the federation ended meanwhile; nobody lets it in again
+                # The federation ended meanwhile; nobody lets this one in again, and a
+                # participant that never joined keeps retrying: stop it now.
+                sim.kill_participant(pid, "never rejoined: the federation had ended")
+                break
             time.sleep(0.5)
         results = _finish(sim, t0)
     results["kills"] = kills
