@@ -113,8 +113,9 @@ def add_experiment_parser(
         choices=ENGINES,
         default=d.engine,
         help="inprocess: the reference runner in one process; service: every cell a real "
-        "federation (coordinator + participant processes on loopback, secure aggregation "
-        "on); methods the service cannot run are listed as skipped",
+        "federation (a coordinator process and the participants on loopback, secure "
+        "aggregation on; see --hosting); methods the service cannot run are listed as "
+        "skipped",
     )
     p.add_argument(
         "--hosting",

@@ -44,8 +44,9 @@ __all__ = [
 TABLES: tuple[str, ...] = ("methods", "ablation", "calibration")
 ENGINES: tuple[str, ...] = ("inprocess", "service")
 """How a cell is trained: ``inprocess`` (:func:`spherefed.runner.run_federation`, one
-process) or ``service`` (a real federation: a coordinator and a process per
-participant on loopback, secure aggregation on — :mod:`spherecal.simulate`)."""
+process) or ``service`` (a real federation: a coordinator process and the
+participants on loopback, secure aggregation on — :mod:`spherecal.simulate`; where
+the participants run: :data:`HOSTINGS`)."""
 HOSTINGS: tuple[str, ...] = ("threads", "processes")
 """Where ``--engine service`` runs a cell's participants: ``threads`` (virtual
 participants in the cell's process, :mod:`spherecal.engines.threads`) or
