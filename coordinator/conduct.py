@@ -13,11 +13,13 @@ its *other* share holders in the job complained — so a corrupt dealer facing h
 holders is always excluded, while a minority of malicious complainants cannot get an
 honest dealer excluded (``docs/threat_model.md``). The driver then retries the job
 without it, and every later task (rounds, statistics, evaluation) leaves it out —
-also after a coordinator restart (the record is reloaded from the database).
+also after a coordinator restart (the record, complainants included, is reloaded
+from the database: ``results.json`` ``excluded`` reads the same before and after).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -69,13 +71,15 @@ class Conduct:
         """A resumed coordinator keeps its record (one state directory is one
         federation): an excluded participant stays excluded after a restart."""
         rows = self.store.query(
-            "SELECT type, participant, job, purpose, kind, rule, reason FROM policy_events "
-            "ORDER BY id"
+            "SELECT type, participant, job, purpose, kind, rule, reason, complainants "
+            "FROM policy_events ORDER BY id"
         )
-        for type_, participant, job, purpose, kind, rule, reason in rows:
+        for type_, participant, job, purpose, kind, rule, reason, named in rows:
             if type_ == "exclusion":
+                complainants = tuple(str(p) for p in json.loads(named)) if named else ()
                 self.excluded.setdefault(
-                    participant, Exclusion(participant, job or "", purpose or "", reason, ())
+                    participant,
+                    Exclusion(participant, job or "", purpose or "", reason, complainants),
                 )
             else:
                 self.refusals.append(
@@ -134,6 +138,7 @@ class Conduct:
             kind="SHARE_AUTHENTICATION",
             rule=None,
             reason=reason,
+            complainants=complainants,
         )
         self.store.event("warning", f"excluded {participant}: {reason}")
         return entry

@@ -42,6 +42,9 @@ STAGE_CODES: dict[Stage, pb.SecAggStage] = {
     Stage.CONSISTENCY: pb.CONSISTENCY,
     Stage.UNMASK: pb.UNMASK,
 }
+LONG_STAGES = frozenset({Stage.SHARE, Stage.MASKED})
+"""Stages that may wait on a participant's local work, so they get the job's first
+stage deadline (``[timeouts] round_s`` for an update) rather than ``stage_s``."""
 STAGE_NAMES: dict[pb.SecAggStage, str] = {
     pb.ADVERTISE: "advertise",
     pb.SHARE: "share",
@@ -407,10 +410,12 @@ class SecureJob:
                 lines.append(f"{self.label()}: FAILED — {exc}")
                 return tuple(lines)
             self._stage_started = t
-            # Participants advertise before their local work (participant.secure_steps)
-            # and answer the share stage after it: the share stage gets the first
-            # stage's (training-sized) deadline.
-            long_stage = server.stage is Stage.SHARE
+            # Participants advertise and answer the share stage before their local work
+            # (participant.secure_steps) and upload their masked input after it: the
+            # masked stage gets the first stage's (training-sized) deadline. So does the
+            # share stage, for a participant whose share wait ran out ([policy]
+            # share_wait_s): it answers after its local work.
+            long_stage = server.stage in LONG_STAGES
             self._deadline = t + (self._first_stage_s if long_stage else self._stage_s)
             return tuple(lines)
 

@@ -44,6 +44,8 @@ __all__ = ["CoordinatorService"]
 #: A MaskedChunk's framing on top of its payload (magic, ids, index, lengths).
 CHUNK_FRAMING_BYTES = 512
 MAX_REASON_CHARS = 300
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

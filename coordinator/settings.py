@@ -326,9 +326,11 @@ class Timeouts:
     join_s: float = 300.0
     """Wait this long for the roster."""
     round_s: float = 900.0
-    """A round's training (and a statistics job's computation)."""
+    """A round's training (and a statistics job's computation). In a secure job it is
+    the deadline of each stage that can wait on local work: advertise, share, and
+    masked (participants share keys before their local work and upload after it)."""
     stage_s: float = 120.0
-    """Each later secure-aggregation stage."""
+    """Each later secure-aggregation stage (consistency, unmask)."""
     evaluation_s: float = 300.0
     """Federated evaluation."""
     heartbeat_interval_s: float = 2.0

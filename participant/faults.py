@@ -10,8 +10,9 @@ The kill is still a real SIGKILL of a real process (sockets reset, nothing flush
 Stages (what the participant has *not* done when it halts):
 
 ``train``      the local training of a round (it received the Train instruction)
-``advertise``  sending its key advertisement (its input is computed)
-``share``      sending its encrypted Shamir shares (it has the key roster)
+``advertise``  sending its key advertisement (before its local work)
+``share``      sending its encrypted Shamir shares (it has the key roster; before its
+               local work, unless its ``[policy] share_wait_s`` ran out)
 ``masked``     finishing its masked upload: it halts after the first chunk, with the
                stream open, so the coordinator sees a broken upload (one-chunk
                inputs halt before any chunk)

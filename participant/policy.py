@@ -23,6 +23,7 @@ from .privacy import PrivacyRefused
 __all__ = [
     "DEFAULT_MAX_EVALUATION_HEADS",
     "DEFAULT_MAX_VALIDATION_HEADS",
+    "DEFAULT_SHARE_WAIT_S",
     "EvaluationRefused",
     "PolicySettings",
     "ReleaseRepeated",
@@ -30,6 +31,10 @@ __all__ = [
 
 DEFAULT_MAX_EVALUATION_HEADS = 2
 """FFC and CCVR: the calibrated heads a federation evaluates besides the model's own."""
+
+DEFAULT_SHARE_WAIT_S = 900.0
+"""The coordinator's default first-stage deadline (``[timeouts] round_s``): an honest
+coordinator sends the share step (or moves on) within it."""
 
 DEFAULT_MAX_VALIDATION_HEADS = 16
 """One validation evaluation scores every grid point of the closed-form calibrators
@@ -77,9 +82,17 @@ class PolicySettings:
     ridge/shrinkage grid) may carry; such an evaluation never touches the test split."""
     min_local_work_s: float = 0.0
     """Hold a secure job's input until this many seconds after its task arrived, so
-    the time of the share and masked messages does not reveal how long the local
-    work took (it grows with the number of local examples). 0: off. Set it above the
-    slowest local work of the federation; a task that takes longer is logged."""
+    the time of the masked upload does not reveal how long the local work took (it
+    grows with the number of local examples). 0: off. Set it above the slowest local
+    work of the federation; a task that takes longer is logged."""
+    share_wait_s: float = DEFAULT_SHARE_WAIT_S
+    """Answer a secure job's share stage *before* the local work: after advertising
+    its keys the participant waits up to this long for the job's share step (key
+    sharing does not depend on the data, so its timing then says nothing about it),
+    and only then trains, computes statistics or evaluates. If the step has not come
+    by then, it does the local work first and answers the share step afterwards.
+    0: off (shares follow the local work and their time tracks the example count;
+    logged as a weakening)."""
 
     def __post_init__(self) -> None:
         self.secagg()  # validates the secure-aggregation keys (typed InvalidSpec)
@@ -91,9 +104,14 @@ class PolicySettings:
         vheads = self.max_validation_heads
         if isinstance(vheads, bool) or not isinstance(vheads, int) or vheads < 0:
             raise ValueError(f"policy max_validation_heads must be an integer >= 0, got {vheads!r}")
-        hold = self.min_local_work_s
-        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < 86400:
-            raise ValueError(f"policy min_local_work_s must be in [0, 86400) s, got {hold!r}")
+        for key in ("min_local_work_s", "share_wait_s"):
+            seconds = getattr(self, key)
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, (int, float))
+                or not 0 <= seconds < 86400
+            ):
+                raise ValueError(f"policy {key} must be in [0, 86400) s, got {seconds!r}")
 
     def secagg(self) -> SecAggPolicy:
         """The rules :class:`crypto.SecAggParticipant` enforces itself."""
@@ -121,5 +139,10 @@ class PolicySettings:
             out.append(
                 f"max_validation_heads = {self.max_validation_heads} (default "
                 f"{DEFAULT_MAX_VALIDATION_HEADS}): crafted heads count local validation labels"
+            )
+        if self.share_wait_s == 0:
+            out.append(
+                "share_wait_s = 0: shares are sent after the local work, so their time "
+                "tracks how long it took (and with it the local example count)"
             )
         return tuple(out)

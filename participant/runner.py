@@ -124,6 +124,7 @@ class ParticipantRunner:
             caller=self._caller,
             refuse=self._refuse,
             log=log,
+            poll_ms=settings.long_poll_ms,
             corrupt_shares=settings.corrupt_shares,
         )
         self._final: FinalModels | None = None
@@ -245,9 +246,8 @@ class ParticipantRunner:
             try:
                 if self.session is None:
                     self._join()
-                instruction = self.transport.next_instruction(
-                    pb.InstructionRequest(caller=self._caller(), wait_ms=self.settings.long_poll_ms)
-                )
+                deferred = self.secure.take_deferred()  # ended a share wait (secure_steps)
+                instruction = deferred if deferred is not None else self._poll()
             except TransportError as exc:
                 self._on_control_error(exc)
                 continue
@@ -275,6 +275,11 @@ class ParticipantRunner:
                     self._backoff.wait(f"coordinator unavailable during {kind}", self.log)
                 else:
                     self.log(f"coordinator refused {kind}: {exc.code.name}: {exc.message}")
+
+    def _poll(self) -> pb.Instruction:
+        return self.transport.next_instruction(
+            pb.InstructionRequest(caller=self._caller(), wait_ms=self.settings.long_poll_ms)
+        )
 
     def _on_control_error(self, exc: TransportError) -> None:
         stop_if_ended(exc.code, exc.message)
@@ -340,7 +345,7 @@ class ParticipantRunner:
         purpose = "update"
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
         session = None
-        if task.HasField("secure"):  # advertise before the data-dependent work
+        if task.HasField("secure"):  # advertise and share before the data-dependent work
             session = self.secure.start(
                 task_id, task.secure, round_index=task.round, expected_length=trainer.layout.length
             )

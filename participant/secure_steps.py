@@ -1,13 +1,19 @@
 """The participant's secure-aggregation jobs over the network: start one (advertise
-first), fix its input, answer each stage, stream the masked input.
+first), answer its share stage, fix its input, answer each later stage, stream the
+masked input.
 
-Why advertise first: the moment a participant advertises its keys is recorded by
-the coordinator (audit table). If it advertised after training or computing its
-statistics, that moment would reveal how long the local work took — and with it
-the number of local examples (issue #9 measured a correlation of 0.9). So a job is
-started and advertised as soon as the task arrives, the local work runs afterwards,
-and :meth:`SecureSteps.set_input` fixes the vector (``crypto`` allows it at any
-stage before unmasking).
+Why advertise and share first: the moments a participant advertises its keys and
+sends its shares are recorded by the coordinator (audit table). If either followed
+training or computing statistics, that moment would reveal how long the local work
+took — and with it the number of local examples (issue #9 measured a correlation of
+0.9 for the advertisement; once only the advertisement moved, 0.78 for the share
+answer, pooled over six runs of ``bench/timing_channel.py``). Neither depends on
+the input, so a job is started and advertised as soon as the task arrives, its share
+step is awaited and answered (:meth:`SecureSteps.answer_share`, bounded by
+``[policy] share_wait_s``), and only then does the local work run;
+:meth:`SecureSteps.set_input` fixes the vector (``crypto`` allows it at any stage
+before unmasking). What remains is the masked
+upload, which needs the input by nature; ``[policy] min_local_work_s`` hides it.
 
 Why here, not in the runner: one idea per module — the runner decides *what* to
 compute; this module owns the job sessions, the release consumption at the moment
@@ -19,9 +25,11 @@ when it retries.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -38,9 +46,26 @@ from .secure import SecureSession
 from .transport import Transport, TransportError
 from .trust import DirectoryTrust, UntrustedDirectory
 
-__all__ = ["SecureSteps"]
+__all__ = ["EarlyShare", "SecureSteps"]
 
 Refuse = Callable[[str, BaseException], None]
+
+TRANSPORT_RETRY_S = 0.5
+"""Pause before polling again when the coordinator was briefly unreachable while the
+participant waited for a share step (the wait's own bound still applies)."""
+
+
+@dataclass(frozen=True)
+class EarlyShare:
+    """How waiting for a job's share step ended (:meth:`SecureSteps.answer_share`)."""
+
+    proceed: bool
+    """Do the local work: the job is still this participant's (shares answered, or
+    the step did not come within the wait and is answered after the work)."""
+    deferred: pb.Instruction | None = None
+    """An instruction that arrived meanwhile, for the main loop to act on next (a
+    later step of this job, or — the coordinator moved on — the next task or
+    ``Done``)."""
 
 
 class SecureSteps:
@@ -60,6 +85,7 @@ class SecureSteps:
         caller: Callable[[], pb.Caller],
         refuse: Refuse,
         log: Callable[[str], None],
+        poll_ms: int = 2000,
         corrupt_shares: bool = False,
     ) -> None:
         self.pid = participant_id
@@ -71,6 +97,9 @@ class SecureSteps:
         self.releases = releases
         self.policy = policy.secagg()
         self.min_local_work_s = float(policy.min_local_work_s)
+        self.share_wait_s = float(policy.share_wait_s)
+        self.poll_ms = poll_ms
+        self._deferred: pb.Instruction | None = None
         self._started: dict[bytes, float] = {}
         self.caller = caller
         self.refuse = refuse
@@ -81,6 +110,13 @@ class SecureSteps:
     def clear(self) -> None:
         self.jobs.clear()
         self._started.clear()
+        self._deferred = None
+
+    def take_deferred(self) -> pb.Instruction | None:
+        """The instruction that ended a share wait, if one is pending: the main loop
+        acts on it before polling again."""
+        instruction, self._deferred = self._deferred, None
+        return instruction
 
     # ---------------------------------------------------------------- start
     def start(
@@ -93,7 +129,9 @@ class SecureSteps:
         release: str | None = None,
     ) -> SecureSession | None:
         """Validate the job against this participant's policy, claim it, advertise
-        keys — before any local work. None when refused (already reported)."""
+        keys and answer the share step — before any local work. None when refused
+        (already reported) or when the coordinator moved on meanwhile: the caller
+        then skips the local work."""
         try:
             session = SecureSession(
                 job,
@@ -120,7 +158,58 @@ class SecureSteps:
         self._started[session.job_id] = time.monotonic()
         self._submit(session, pb.ADVERTISE, session.advertise())
         self.log(f"job {session.job_id.hex()[:8]}: advertised keys ({session.purpose})")
-        return session
+        early = self.answer_share(session, wait_s=self.share_wait_s, poll_ms=self.poll_ms)
+        if early.deferred is not None:
+            self._deferred = early.deferred
+        return session if early.proceed else None
+
+    def answer_share(self, session: SecureSession, *, wait_s: float, poll_ms: int) -> EarlyShare:
+        """Wait (long polls, at most ``wait_s``) for this job's share step and answer
+        it, before any local work: the share answer's time then depends on the
+        slowest *advertisement*, not on this participant's data.
+
+        Any other instruction ends the wait: a later step of the same job is kept for
+        after the local work; anything else means the coordinator moved on (the job
+        failed or was abandoned), so the job is forgotten and its local work skipped
+        — the instruction goes back to the main loop. If ``wait_s`` passes without
+        the step, the local work runs first and the share step is answered afterwards
+        from the main loop (as with ``share_wait_s = 0``), logged."""
+        job = session.job_id
+        deadline = time.monotonic() + wait_s
+        while job in self.jobs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if wait_s > 0:
+                    self.log(
+                        f"job {job.hex()[:8]}: no share step within share_wait_s = {wait_s:g} s;"
+                        " local work first (its timing is not hidden)"
+                    )
+                return EarlyShare(proceed=True)
+            request = pb.InstructionRequest(
+                caller=self.caller(), wait_ms=max(1, min(poll_ms, math.ceil(remaining * 1000)))
+            )
+            try:
+                instruction = self.transport.next_instruction(request)
+            except TransportError as exc:
+                if exc.session_expired or not exc.retryable:
+                    raise
+                time.sleep(min(TRANSPORT_RETRY_S, max(0.0, remaining)))
+                continue
+            kind = instruction.WhichOneof("kind")
+            if kind == "wait" or kind is None:
+                continue
+            if kind == "secagg" and bytes(instruction.secagg.job_id) == job:
+                if instruction.secagg.stage != pb.SHARE:
+                    return EarlyShare(proceed=True, deferred=instruction)
+                self.step(instruction.secagg)
+                answered = job in self.jobs  # a refusal or a closed stage drops the job
+                if answered:
+                    self.log(f"job {job.hex()[:8]}: shared keys before the local work")
+                return EarlyShare(proceed=answered)
+            self.log(f"job {job.hex()[:8]}: the coordinator moved on before its share stage")
+            self.forget(session)
+            return EarlyShare(proceed=False, deferred=instruction)
+        return EarlyShare(proceed=False)
 
     def set_input(
         self,

@@ -32,6 +32,7 @@ def make_job(
     bound: float = 10.0,
     chunk_entries: int = 1 << 18,
     stage_s: float = 60.0,
+    first_stage_s: float | None = None,
     max_in_flight: int = 2,
     consistency_check: bool = True,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
@@ -53,7 +54,7 @@ def make_job(
         settings=settings,
         length=length,
         bound=bound,
-        first_stage_s=stage_s,
+        first_stage_s=stage_s if first_stage_s is None else first_stage_s,
         stage_s=stage_s,
     )
     ledger = crypto.MemoryJobLedger()

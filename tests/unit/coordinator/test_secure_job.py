@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -85,6 +87,52 @@ def test_silent_but_alive_participant_is_dropped_at_the_deadline() -> None:
     lines = job.advance(alive, now=float("inf"))
     assert lines and "stage deadline" in lines[0]
     assert job.server.advertised == frozenset({"p0", "p1", "p2"})
+
+
+@pytest.mark.parametrize("silent_at", ["share", "masked"])
+def test_stages_that_wait_on_local_work_get_the_first_stage_deadline(silent_at: str) -> None:
+    """Participants share before their local work and upload after it
+    (``participant.secure_steps``): the masked stage — and the share stage, for a
+    participant whose share wait ran out — waits the job's first-stage deadline
+    (training-sized); later stages only ``stage_s``."""
+    job, clients = make_job(4, 20, threshold=3, stage_s=5.0, first_stage_s=100.0)
+    alive = frozenset(clients)
+    for p, c in clients.items():
+        c.set_input(np.zeros(20))
+        job.submit(p, pb.ADVERTISE, c.advertise_keys().to_bytes())
+    t = time.monotonic()
+    assert job.advance(alive, now=t)  # everyone advertised
+    sharing = ["p0", "p1", "p2"] if silent_at == "share" else sorted(clients)
+    for p in sharing:
+        step = job.step_for(p)
+        assert step is not None
+        shares = clients[p].share_keys(crypto.KeyRoster.from_bytes(step.message))
+        job.submit(p, pb.SHARE, shares.to_bytes())
+    if silent_at == "share":
+        assert job.advance(alive, now=t + 50.0) == ()  # 50 s > stage_s: still waiting
+        t += 101.0
+        (line,) = job.advance(alive, now=t)
+        assert "p3 (share: stage deadline)" in line
+    else:
+        assert job.advance(alive, now=t)
+    for p in ("p0", "p1", "p2"):  # p3 (still in the job when silent_at is masked) is silent
+        step = job.step_for(p)
+        assert step is not None
+        clients[p].receive_shares(crypto.ShareBundle.from_bytes(step.message))
+        job.begin_upload(p)
+        for chunk in clients[p].masked_chunks():
+            job.absorb(p, chunk.to_bytes())
+        assert job.end_upload(p)
+    if silent_at == "masked":
+        assert job.advance(alive, now=t + 50.0) == ()
+        t += 101.0
+        (line,) = job.advance(alive, now=t)
+        assert "p3 (masked: stage deadline)" in line
+    else:
+        assert job.advance(alive, now=t)
+    assert job.stage_name == "consistency"
+    assert job.advance(alive, now=t + 4.0) == ()
+    assert job.advance(alive, now=t + 6.0)  # later stages: stage_s
 
 
 def test_boundary_rejections_store_nothing() -> None:

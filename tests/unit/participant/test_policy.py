@@ -29,6 +29,10 @@ def test_defaults_are_safe_and_map_onto_secagg_policy() -> None:
     assert "min_inputs = 2" in text and "one_release_per_model" in text
     assert "max_evaluation_heads = 5" in text
     assert weak.secagg().min_inputs == 2
+    assert PolicySettings().share_wait_s > 0  # shares before local work by default
+    (off,) = PolicySettings(share_wait_s=0).relaxations()
+    assert off.startswith("share_wait_s = 0") and "example count" in off
+    assert PolicySettings(share_wait_s=5).relaxations() == ()
 
 
 @pytest.mark.parametrize(
@@ -41,6 +45,9 @@ def test_defaults_are_safe_and_map_onto_secagg_policy() -> None:
         {"max_evaluation_heads": -1},
         {"min_local_work_s": -1.0},
         {"min_local_work_s": True},
+        {"share_wait_s": -1.0},
+        {"share_wait_s": "60"},
+        {"share_wait_s": 86400},
     ],
 )
 def test_bad_policy_values_are_config_errors(bad: dict[str, object]) -> None:
