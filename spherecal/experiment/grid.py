@@ -28,6 +28,7 @@ __all__ = [
     "CALIBRATIONS",
     "CELL_FORMAT",
     "ENGINES",
+    "HOSTINGS",
     "QUICK_LR_GRID",
     "QUICK_OVERRIDES",
     "SCHEMA",
@@ -43,8 +44,15 @@ __all__ = [
 TABLES: tuple[str, ...] = ("methods", "ablation", "calibration")
 ENGINES: tuple[str, ...] = ("inprocess", "service")
 """How a cell is trained: ``inprocess`` (:func:`spherefed.runner.run_federation`, one
-process) or ``service`` (a real federation: a coordinator and a process per
-participant on loopback, secure aggregation on — :mod:`spherecal.simulate`)."""
+process) or ``service`` (a real federation: a coordinator process and the
+participants on loopback, secure aggregation on — :mod:`spherecal.simulate`; where
+the participants run: :data:`HOSTINGS`)."""
+HOSTINGS: tuple[str, ...] = ("threads", "processes")
+"""Where ``--engine service`` runs a cell's participants: ``threads`` (virtual
+participants in the cell's process, :mod:`spherecal.engines.threads`) or
+``processes`` (one OS process each). The coordinator is its own process either way,
+and the numbers are the same (tested), so the hosting is not part of a cell's
+identity: cells made either way are reused by both."""
 CALIBRATIONS: tuple[str, ...] = ("none", "ccvr", "ffc")
 SCHEMA = "spherecal.experiment/1"
 CELL_FORMAT = 2
@@ -121,6 +129,8 @@ class ExperimentSettings:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     quick: bool = False
     engine: str = "inprocess"
+    hosting: str = "threads"
+    """``--engine service``: where a cell's participants run (:data:`HOSTINGS`)."""
     secure_sum: bool = False
     """In-process engine: sum the calibration statistics through the real
     secure-aggregation protocol at the service's fixed-point scale
@@ -132,6 +142,8 @@ class ExperimentSettings:
             raise ValueError(f"unknown table {self.table!r}; expected one of {TABLES}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; expected one of {ENGINES}")
+        if self.hosting not in HOSTINGS:
+            raise ValueError(f"unknown hosting {self.hosting!r}; expected one of {HOSTINGS}")
         if (
             self.engine == "service"
             and self.dataset == "synthetic"
@@ -224,6 +236,8 @@ class ExperimentSettings:
         out["methods"] = None if self.methods is None else list(self.methods)
         if self.dataset != "synthetic":
             del out["synthetic"]
+        if self.engine == "inprocess":
+            del out["hosting"]
         if not self.secure_sum:
             del out["secure_sum"]  # keeps the float-sum tables' JSON unchanged
         return out
@@ -249,6 +263,9 @@ class RunSpec:
     temperature: float
     oracle: bool = False
     engine: str = "inprocess"
+    hosting: str = "threads"
+    """``engine="service"``: where the participants run; not part of :meth:`identity`
+    (see :data:`HOSTINGS`)."""
 
     def config(self, base: ReferenceConfig) -> ReferenceConfig:
         cfg = self.column.apply(replace(base, seed=self.seed))
@@ -288,7 +305,13 @@ def grid_runs(settings: ExperimentSettings) -> list[RunSpec]:
                     for lr in settings.grid_for(method):
                         runs.append(
                             RunSpec(
-                                method, column, seed, float(lr), float(tau), engine=settings.engine
+                                method,
+                                column,
+                                seed,
+                                float(lr),
+                                float(tau),
+                                engine=settings.engine,
+                                hosting=settings.hosting,
                             )
                         )
     return runs
