@@ -322,7 +322,8 @@ def calibrate(ctx: StageContext, model: GlobalModel, aggregates: Aggregates) -> 
         progress.timings["ccvr_s"] = time.monotonic() - t0
     if s.calibration.closed_forms:
         if isinstance(ccvr, CCVRStatistics):
-            heads.update(select_closed_forms(ctx, progress.global_vector, ccvr))
+            dp_ridge = progress.dp_ridge.get("ffc-from-ccvr")  # set only for a DP release
+            heads.update(select_closed_forms(ctx, progress.global_vector, ccvr, dp_ridge=dp_ridge))
         else:
             for name in s.calibration.closed_forms:
                 record_statistics_failure(ctx, name, "no CCVR statistics to solve from")

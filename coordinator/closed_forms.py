@@ -11,7 +11,13 @@ through secure aggregation when ``[secure_aggregation] evaluation`` is on), neve
 on test. The best per calibrator (ties → the earlier, i.e. smaller, value — the
 rule of ``spherefed.calibration_suite.select_on_validation``) becomes its head;
 the chosen value and the validation grid go into ``results.json``
-(``calibration.<name>``), exactly the reference runner's keys.
+(``calibration.<name>``), exactly the reference runner's keys, plus ``selection``:
+``"validation"``, or ``"default, no validation"`` when the evaluation succeeded but
+no participant holds a validation sample (every site set ``[data]
+validation_fraction = 0``) — then each calibrator takes
+:data:`~spherefed.calibration_suite.DEFAULT_VALUE`, with a logged warning. A
+*failed* validation evaluation is different: the calibrator is left out with an
+error (a run that lost what was asked for is not reported as if it had it).
 """
 
 from __future__ import annotations
@@ -23,14 +29,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spherefed.calibration_suite import PARAMETER, closed_form_head
+from spherefed.calibration_suite import (
+    DEFAULT_VALUE,
+    PARAMETER,
+    closed_form_head,
+    dp_grid,
+    guard_noisy_statistics,
+)
 from spherefed.discriminant import CalibratedHead
 from spherefed.stats import CCVRStatistics
 
 from .evaluation import federated_evaluation
 from .stages import StageContext
 
-__all__ = ["candidate_name", "select_closed_forms"]
+__all__ = ["NO_VALIDATION", "candidate_name", "select_closed_forms"]
+
+NO_VALIDATION = "default, no validation"
+"""``calibration.<name>.selection`` when no participant had a validation sample."""
 
 
 def candidate_name(name: str, value: float) -> str:
@@ -59,11 +74,22 @@ def _candidates(
 
 
 def select_closed_forms(
-    ctx: StageContext, global_vector: npt.NDArray[np.float64], stats: CCVRStatistics
+    ctx: StageContext,
+    global_vector: npt.NDArray[np.float64],
+    stats: CCVRStatistics,
+    *,
+    dp_ridge: float | None = None,
 ) -> dict[str, CalibratedHead]:
     """The chosen head of every configured closed form (a calibrator whose whole grid
     failed, or whose validation evaluation failed, is recorded as an error and left
-    out — never replaced by an unvalidated guess)."""
+    out — never replaced by an unvalidated guess).
+
+    ``dp_ridge`` (set when the CCVR sums are a DP release: ``≈ 2√l·σ`` of the noise
+    on ``V = Σ_c M_c``): the sums are first guarded
+    (:func:`~spherefed.calibration_suite.guard_noisy_statistics`: counts ≥ 1, each
+    class scatter projected to PSD) and the grids widened
+    (:func:`~spherefed.calibration_suite.dp_grid`); both are reported under
+    ``calibration.dp_guard``."""
     s = ctx.settings.calibration
     progress = ctx.progress
     names = s.closed_forms
@@ -71,6 +97,18 @@ def select_closed_forms(
         return {}
     t0 = time.monotonic()
     grids = {n: s.grid(n) for n in names}
+    if dp_ridge is not None:
+        stats, guard = guard_noisy_statistics(stats)
+        grids = {n: dp_grid(n, g, dp_ridge) for n, g in grids.items()}
+        progress.results.setdefault("calibration", {})["dp_guard"] = {
+            **guard.to_json(),
+            "dp_ridge": dp_ridge,
+            "grids": {n: list(g) for n, g in grids.items()},
+        }
+        ctx.say(
+            f"closed forms on DP-noised sums: counts clipped at 1 for classes "
+            f"{guard.clipped_counts}, scatter made PSD for classes {guard.psd_projected}"
+        )
     candidates, rows, notes = _candidates(names, grids, stats)
     ctx.say(f"closed forms: {len(candidates)} candidate heads scored on validation")
     fed: dict[str, Any] = (
@@ -84,6 +122,13 @@ def select_closed_forms(
     validation: dict[str, Any] = progress.results.setdefault("validation_accuracy", {})
     if accuracy.get("none") is not None:
         validation["none"] = accuracy["none"]
+    if fed.get("error") is None and candidates and int(fed.get("samples") or 0) == 0:
+        chosen = _defaults(ctx, names, rows, notes, stats)
+        progress.results["validation_evaluation"] = {
+            k: fed.get(k) for k in ("participants", "samples", "secure", "error")
+        }
+        progress.timings["closed_forms_s"] = time.monotonic() - t0
+        return chosen
     for name in names:
         best: tuple[float, float] | None = None
         for row in rows[name]:
@@ -96,6 +141,7 @@ def select_closed_forms(
         report[name] = {
             "parameter": PARAMETER[name],
             "chosen": None if best is None else best[0],
+            "selection": "validation",
             "grid": rows[name],
             "warnings": sorted(notes[name]),
         }
@@ -113,4 +159,49 @@ def select_closed_forms(
         k: fed.get(k) for k in ("participants", "samples", "secure", "error")
     }
     progress.timings["closed_forms_s"] = time.monotonic() - t0
+    return chosen
+
+
+def _defaults(
+    ctx: StageContext,
+    names: tuple[str, ...],
+    rows: dict[str, list[dict[str, Any]]],
+    notes: dict[str, set[str]],
+    stats: CCVRStatistics,
+) -> dict[str, CalibratedHead]:
+    """No participant holds a validation sample: every calibrator at its
+    :data:`DEFAULT_VALUE`, warned about and reported as such — never chosen on test."""
+    progress = ctx.progress
+    report: dict[str, Any] = progress.results.setdefault("calibration", {})
+    chosen: dict[str, CalibratedHead] = {}
+    line = (
+        "closed forms: no participant holds a validation split ([data] validation_fraction "
+        "= 0 everywhere); using default hyper-parameters, not chosen on data"
+    )
+    ctx.say(line)
+    ctx.store.event("warning", line)
+    progress.warnings.append(line)
+    for name in names:
+        value = DEFAULT_VALUE[name]
+        entry: dict[str, Any] = {
+            "parameter": PARAMETER[name],
+            "chosen": value,
+            "selection": NO_VALIDATION,
+            "grid": rows[name],
+            "warnings": sorted(notes[name]),
+        }
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                chosen[name] = closed_form_head(name, stats, value)
+            except (ValueError, np.linalg.LinAlgError) as exc:
+                entry["chosen"] = None
+                message = f"{name}: not calibrated (default {PARAMETER[name]} {value:g}: {exc})"
+                progress.errors.append(message)
+                ctx.say(message)
+                ctx.store.event("error", message)
+        entry["warnings"] = sorted({*entry["warnings"], *(str(w.message)[:160] for w in caught)})
+        report[name] = entry
+        if name in chosen:
+            ctx.say(f"{name}: {PARAMETER[name]} {value:g} ({NO_VALIDATION})")
     return chosen

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from proto.codec import model_spec_to_json
-from spherefed.discriminant import WIRE_NEVER, CalibratedHead
+from spherefed.discriminant import CalibratedHead
+from spherefed.saved import head_document, save_head
 
 from .conduct import Conduct
 from .evaluation import Heads
@@ -57,19 +58,9 @@ def save_outputs(
         if not isinstance(head, CalibratedHead):
             continue
         path = out / f"head_{name}.pt"
-        tensors = {"weight": head.weight, "bias": head.finite_bias()}
-        if head.quadratic is not None:
-            tensors["quadratic"] = head.quadratic
-        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, path)
+        save_head(head, path)
         models[name] = {"path": str(path), "sha256": file_sha256(path), "model": "none"}
-        described[name] = {
-            "file": path.name,
-            "kind": head.kind,
-            "logits": HEAD_FORMULA[head.kind],
-            "features": "the network's features of model_none.pt",
-            "tensors": {k: list(v.shape) for k, v in tensors.items()},
-            "never_predicted_bias": WIRE_NEVER,
-        }
+        described[name] = head_document(head, path.name)
     # the realised feature dimension (the extractor's default when the spec left it unset)
     spec = replace(model.spec, feature_dim=model.feature_dim)
     document = model_spec_to_json(spec)
@@ -83,13 +74,6 @@ def save_outputs(
         )
         models["classifiers"] = {"path": str(heads_path), "sha256": file_sha256(heads_path)}
     progress.results["models"] = models
-
-
-HEAD_FORMULA = {
-    "affine": "z @ weight.T + bias",
-    "quadratic": "z @ weight.T + bias - 0.5 * einsum('ni,cij,nj->nc', z, quadratic, z)",
-}
-"""How a saved closed-form head maps features ``z`` (N×l) to logits (N×C)."""
 
 
 def summary(

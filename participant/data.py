@@ -10,9 +10,16 @@ test split exactly once, so summing every participant's correct/total counts giv
 the reference runner's test accuracy. The local *validation* split is the reference
 validation split partitioned the same way under ``derive_seed(seed, "partition",
 "validation")``, so the summed validation counts are the reference's validation
-accuracy (the calibrators' grid is chosen there). In whole mode there is no
-validation split yet (a site trains on all its data; a validation evaluation is
-refused with a typed withdrawal).
+accuracy (the calibrators' grid is chosen there).
+
+In whole mode (a real site with its own files) ``validation_fraction`` of the site's
+train split is held out by a seeded stratified split
+(:func:`~spherefed.data.arrays.stratified_split`, seed ``derive_seed(seed,
+"validation")`` — the reference runner's rule, applied to the site's own data), so
+the same files always give the same split; the rest trains. With
+``validation_fraction = 0`` nothing is held out: such a site contributes zero
+validation counts, and when no site has any the coordinator uses default
+hyper-parameters and reports them as such (never a choice made on test).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 import torch
 
 from spherefed.data import ArrayDataset, load_dataset, load_npz_pair
+from spherefed.data.arrays import stratified_split
 from spherefed.fl import derive_seed
 from spherefed.partition import partition
 from spherefed.runner import FederationData, ReferenceConfig, prepare_data
@@ -141,9 +149,30 @@ def _load_whole(settings: DataSettings) -> LocalData:
             samples=settings.samples,
             test_fraction=settings.test_fraction,
         )
-    # A real site trains on all of its train split (no validation held out): the
-    # calibrators' validation grid needs slice mode (simulation) for now.
-    return _local(splits.train, splits.test, f"{settings.dataset} (whole)", settings)
+    train, validation = split_off_validation(splits.train, settings)
+    return _local(train, splits.test, f"{settings.dataset} (whole)", settings, validation)
+
+
+def split_off_validation(
+    train: ArrayDataset, settings: DataSettings
+) -> tuple[ArrayDataset, ArrayDataset | None]:
+    """A whole-mode site's (train, validation): ``validation_fraction`` of its train
+    split, stratified and seeded (``derive_seed(seed, "validation")``), or ``None``
+    with ``validation_fraction = 0``. A train split too small to spare a sample
+    (fewer than 2) is refused: the site would train on nothing."""
+    if settings.validation_fraction == 0.0:
+        return train, None
+    if len(train.y) < 2:
+        raise ValueError(
+            f"[data] validation_fraction = {settings.validation_fraction}: the train split "
+            f"has {len(train.y)} sample(s), too few to hold any out (set it to 0)"
+        )
+    train_idx, val_idx = stratified_split(
+        train.y,
+        test_fraction=settings.validation_fraction,
+        seed=derive_seed(settings.seed, "validation"),
+    )
+    return train.subset(train_idx), train.subset(val_idx)
 
 
 def _local(

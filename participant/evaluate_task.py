@@ -15,6 +15,7 @@ import numpy as np
 
 import crypto
 from proto import spherecal_pb2 as pb
+from spherefed.discriminant import CalibratedHead
 
 from .evaluation import (
     check_evaluation,
@@ -86,6 +87,7 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
             head_sha256={
                 n.name: bytes(n.tensor.header.sha256).hex() for n in task.heads if n.name in linear
             },
+            closed={n: h for n, h in heads.items() if isinstance(h, CalibratedHead)},
         )
     if session is not None:
         runner.secure.set_input(task_id, session, counts_vector(task, total, counts))

@@ -6,9 +6,11 @@ downloaded through ``DownloadTensor`` and checked against the SHA-256 in the ann
 header (``proto.codec.TensorAssembler``). The participant keeps them and, once the
 coordinator says the federation *completed*, writes the same directory layout the
 coordinator writes (``spherefed.saved``): ``model_spec.json`` and ``model_<name>.pt``
-per classifier, plus ``models.json`` recording which federation they came from and
-the SHA-256 of every tensor and file. A failed federation writes nothing (status is
-honest: no half result that looks final).
+per linear classifier (FFC, CCVR), ``head_<name>.pt`` per closed-form head (FFC+bias,
+LDA, QDA — described under ``heads`` in ``model_spec.json``, loaded by
+``spherefed.load_model(d, name)``), plus ``models.json`` recording which federation
+they came from and the SHA-256 of every tensor and file. A failed federation writes
+nothing (status is honest: no half result that looks final).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from spherefed.discriminant import CalibratedHead
 from spherefed.network import classifier_swapped
-from spherefed.saved import model_spec_document, save_state_dict
+from spherefed.saved import head_document, model_spec_document, save_head, save_state_dict
 
 from .trainer import LocalTrainer
 
@@ -43,6 +46,8 @@ class FinalModels:
     vector_sha256: str
     heads: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
     head_sha256: dict[str, str] = field(default_factory=dict)
+    closed: dict[str, CalibratedHead] = field(default_factory=dict)
+    """The closed-form heads (FFC+bias, LDA, QDA) on the features of the final model."""
 
 
 def _file_sha256(path: Path) -> str:
@@ -56,9 +61,9 @@ def _file_sha256(path: Path) -> str:
 def write_final_models(
     out_dir: Path, trainer: LocalTrainer, final: FinalModels, *, federation_id: str
 ) -> dict[str, Any]:
-    """Write ``model_spec.json``, ``model_none.pt``, ``model_<head>.pt`` and
-    ``models.json`` into ``out_dir``; returns the manifest."""
-    bad = [n for n in final.heads if not _SAFE_NAME.match(n) or n == "none"]
+    """Write ``model_spec.json``, ``model_none.pt``, ``model_<head>.pt``,
+    ``head_<closed form>.pt`` and ``models.json`` into ``out_dir``; returns the manifest."""
+    bad = [n for n in (*final.heads, *final.closed) if not _SAFE_NAME.match(n) or n == "none"]
     if bad:  # names come from the coordinator: never let one pick a path
         raise ValueError(f"refusing classifier names {bad!r} from the coordinator")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +82,18 @@ def write_final_models(
             "sha256": _file_sha256(path),
             "classifier_sha256": final.head_sha256.get(name),
         }
+    described: dict[str, Any] = {}
+    for name in sorted(final.closed):
+        path = out_dir / f"head_{name}.pt"
+        save_head(final.closed[name], path)
+        files[name] = {"path": path.name, "sha256": _file_sha256(path), "model": "none"}
+        described[name] = head_document(final.closed[name], path.name)
+    document = model_spec_document(trainer.spec, net.feature_dim)
+    if described:
+        document["heads"] = described
     spec_path = out_dir / "model_spec.json"
     tmp = spec_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(model_spec_document(trainer.spec, net.feature_dim), indent=2) + "\n")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
     tmp.replace(spec_path)
     manifest = {
         "schema": "spherecal.participant-models/1",

@@ -47,7 +47,12 @@ class DataSettings:
     samples: int | None = None
     """Dataset size for ``mnist1d`` (default 12,000); must be unset for other datasets."""
     validation_fraction: float = 0.1
-    """Share of the local train split held out for validation."""
+    """Share of the local train split held out for validation (the calibrators'
+    ridge / shrinkage grid is scored there, never on test). Slice mode: the reference
+    runner's split, in ``(0, 1)``. Whole mode: a seeded stratified split of this
+    site's own train split (seed ``derive_seed(seed, "validation")``); ``0`` holds
+    nothing out — the coordinator then falls back to default hyper-parameters and
+    says so in the results (docs/data.md)."""
     test_fraction: float = 0.25
     """Whole mode, ``npz``/``digits`` with ``x``, ``y`` only: the stratified share held
     out as the local test split (docs/data.md)."""
@@ -61,6 +66,15 @@ class DataSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(
+                f"validation_fraction must be in [0, 1), got {self.validation_fraction}"
+            )
+        if self.slice_index is not None and self.validation_fraction == 0.0:
+            raise ValueError(
+                "validation_fraction = 0 is for whole mode; slice mode reproduces the "
+                "reference runner's split, which needs a share in (0, 1)"
+            )
         if self.test_root is not None and self.dataset != "npz":
             raise ValueError("test_root is only for dataset 'npz'")
         if self.test_root is not None and self.slice_index is not None:

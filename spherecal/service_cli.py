@@ -355,10 +355,11 @@ def add_simulate_parser(sub: SubParsers) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("processes", "ray"),
+        choices=("processes", "threads", "ray"),
         default=S,
-        help="processes: one OS process per participant (default); ray: many virtual "
-        "participants per Ray worker (needs the ray extra; docs/scaling.md)",
+        help="processes: one OS process per participant (default); threads: every "
+        "participant a virtual participant in this process (one torch import); ray: many "
+        "virtual participants per Ray worker (needs the ray extra; docs/scaling.md)",
     )
     p.add_argument(
         "--workers", type=int, default=S, help="ray: worker actors (default: one per CPU)"
@@ -518,16 +519,20 @@ def _engine_runner(options: dict[str, Any]) -> Any:
 
     engine = str(options["engine"])
     ray_only = ("workers", "ray_address")
-    if engine == "processes":
+    if engine in ("processes", "threads"):
         used = [k for k in ray_only if options[k] is not None]
         if options["coordinator_host"] != "127.0.0.1":
             used.append("coordinator_host")
         if used:
             flags = ", ".join("--" + k.replace("_", "-") for k in used)
             raise ValueError(f"{flags} only apply to --engine ray")
+        if engine == "threads":
+            from .engines.threads import run_threads_simulation
+
+            return run_threads_simulation
         return run_simulation
     if engine != "ray":
-        raise ValueError(f"--engine must be processes or ray, got {engine!r}")
+        raise ValueError(f"--engine must be processes, threads or ray, got {engine!r}")
     try:
         from .engines.ray import RayEngineSettings, run_ray_simulation
     except ImportError as exc:

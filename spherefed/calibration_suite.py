@@ -42,9 +42,14 @@ __all__ = [
     "CALIBRATION_NAMES",
     "CLOSED_FORMS",
     "DEFAULT_RIDGE_GRID",
+    "DEFAULT_VALUE",
     "DEFAULT_SHRINKAGE_GRID",
     "Selection",
+    "DP_SHRINKAGE_EXTRA",
+    "NoisyGuard",
     "closed_form_head",
+    "dp_grid",
+    "guard_noisy_statistics",
     "head_accuracy",
     "select_on_validation",
     "upload_size",
@@ -62,6 +67,16 @@ DEFAULT_RIDGE_GRID: tuple[float, ...] = (0.0, 0.1, 1.0, 10.0, 100.0)
 
 DEFAULT_SHRINKAGE_GRID: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3)
 """LDA/QDA shrinkage ``γ`` candidates (``0`` = the plain estimate, ``1`` = spherical)."""
+
+DEFAULT_VALUE: dict[str, float] = {"ffc_bias": 0.1, "lda": 0.01, "qda": 0.03}
+"""The value used when no validation sample exists anywhere (every site set
+``[data] validation_fraction = 0``): the values the MNIST-1D calibration table chose
+most often (``docs/baselines/mnist1d-calibration``) — a fixed guess, reported as
+``"selection": "default, no validation"``, never a value picked on test."""
+
+DP_SHRINKAGE_EXTRA: tuple[float, ...] = (0.6, 0.9)
+"""Shrinkage values added to the grid when the sums carry DP noise (noisy covariances
+want more shrinkage; ``bench/calibration_dp.py`` uses the same widening)."""
 
 PARAMETER: dict[str, str] = {"ffc_bias": "ridge", "lda": "shrinkage", "qda": "shrinkage"}
 
@@ -163,3 +178,72 @@ def select_on_validation(
         warnings=sorted(notes),
         validation=float("nan") if best is None else best[1],
     )
+
+
+@dataclass(frozen=True)
+class NoisyGuard:
+    """What :func:`guard_noisy_statistics` changed (for ``results.json``)."""
+
+    clipped_counts: list[int]
+    """Classes whose noisy count was below 1 (raised to 1)."""
+    psd_projected: list[int]
+    """Classes whose within-class scatter had a negative eigenvalue (clipped to 0)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clipped_counts": self.clipped_counts, "psd_projected": self.psd_projected}
+
+
+def guard_noisy_statistics(stats: CCVRStatistics) -> tuple[CCVRStatistics, NoisyGuard]:
+    """Make DP-noised CCVR sums fit for the closed forms (post-processing of the
+    release: no privacy cost).
+
+    Noise can push a small class's count ``N_c`` to or below zero (``μ_c = S_c/N_c``
+    explodes or the solve refuses negative counts) and leave the within-class scatter
+    ``M_c − N_c μ_c μ_cᵀ`` indefinite (a "covariance" with negative variances, whose
+    inverse rewards distance). So counts are clipped at 1 (as ``bench/calibration_dp.py``)
+    and each class's scatter is projected onto the positive semi-definite cone
+    (negative eigenvalues set to 0), ``M_c`` rebuilt from it; ``V = Σ_c M_c`` then is
+    PSD too. One ``l×l`` eigen-decomposition per class.
+    """
+    counts = np.asarray(stats.counts, dtype=np.float64)
+    sums = np.asarray(stats.sums, dtype=np.float64)
+    second = np.asarray(stats.second_moments, dtype=np.float64)
+    low = counts < 1.0
+    counts = np.maximum(counts, 1.0)
+    means = sums / counts[:, None]
+    outer = counts[:, None, None] * np.einsum("ci,cj->cij", means, means)
+    scatter = second - outer
+    scatter = (scatter + np.swapaxes(scatter, 1, 2)) / 2.0
+    eigvals, eigvecs = np.linalg.eigh(scatter)  # batched over classes
+    negative: np.ndarray = np.asarray((eigvals < 0).any(axis=1))
+    fixed = np.einsum("cij,cj,ckj->cik", eigvecs, np.clip(eigvals, 0.0, None), eigvecs)
+    scatter = np.where(negative[:, None, None], fixed, scatter)
+    guarded = CCVRStatistics(counts, sums, scatter + outer)
+    return guarded, NoisyGuard(
+        clipped_counts=[int(c) for c in np.flatnonzero(low)],
+        psd_projected=[int(c) for c in np.flatnonzero(negative)],
+    )
+
+
+def dp_grid(name: str, grid: Sequence[float], dp_ridge: float) -> tuple[float, ...]:
+    """``grid`` moved to the DP noise's scale, *same length* (so a validation
+    evaluation carries no more heads than without DP; the participants'
+    ``max_validation_heads`` policy still holds).
+
+    FFC+bias: ridges around ``dp_ridge ≈ 2√l·σ`` (the noise matrix's spectral norm),
+    ``dp_ridge · 2^(k − (n−1)/2)`` for ``k = 0 … n−1`` (``n = 5``: ¼ … 4 × it) —
+    a ridge far below the noise leaves ``V + λI`` indefinite. LDA/QDA: the ``n``
+    largest of ``grid ∪`` :data:`DP_SHRINKAGE_EXTRA` (noisy covariances want more
+    shrinkage; ``bench/calibration_dp.py`` widens the same way). Sorted ascending.
+    """
+    n = len(grid)
+    if n == 0:
+        raise ValueError(f"{name}: the hyper-parameter grid is empty")
+    if name == "ffc_bias":
+        if not (dp_ridge > 0 and np.isfinite(dp_ridge)):
+            raise ValueError(f"dp_ridge must be a finite positive number, got {dp_ridge}")
+        return tuple(float(dp_ridge * 2.0 ** (k - (n - 1) / 2)) for k in range(n))
+    if name in ("lda", "qda"):
+        values = sorted({float(v) for v in (*grid, *DP_SHRINKAGE_EXTRA)})
+        return tuple(values[-n:])
+    raise ValueError(f"unknown closed-form calibration {name!r}; expected one of {CLOSED_FORMS}")

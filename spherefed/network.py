@@ -7,6 +7,7 @@ from the spec's seeds instead of relying on whatever the global RNG holds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ from torch import nn
 from spherefed.custom import build_custom_extractor, is_custom
 from spherefed.heads import Head, make_head
 from spherefed.models import FeatureExtractor, build_extractor
+
+_GLOBAL_RNG = threading.Lock()
+"""Held while :func:`build_model` uses torch's process-global RNG: participants
+hosted as threads of one process (``spherecal.engines.virtual``) build their models
+concurrently, and interleaved draws from the one generator would give each a
+different initialisation than it gets alone in its own process."""
 
 
 class Net(nn.Module):
@@ -96,8 +103,9 @@ class ModelSpec:
 
 
 def build_model(spec: ModelSpec) -> Net:
-    """Build ``spec``'s network; same spec ⇒ identical parameters in any process."""
-    with torch.random.fork_rng(devices=[]):
+    """Build ``spec``'s network; same spec ⇒ identical parameters in any process
+    (and in any thread: the seeded scope is held under a lock)."""
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.init_seed)
         extractor: FeatureExtractor
         if is_custom(spec.extractor):  # a user's own network, "package.module:factory"

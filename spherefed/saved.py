@@ -7,11 +7,17 @@ every participant (``[participant] out_dir``), a directory::
     model_none.pt       the federated model with its own (fixed) classifier
     model_ffc.pt        ... with the FFC-calibrated classifier (if the run made it)
     model_ccvr.pt       ... with the CCVR-calibrated classifier (if the run made it)
+    head_ffc_bias.pt    a closed-form head (FFC+bias, LDA, QDA; ``spherefed.discriminant``)
+    head_lda.pt         on the features of model_none.pt: ``weight``, ``bias`` and, for
+    head_qda.pt         QDA, ``quadratic`` — described under ``heads`` in model_spec.json
 
 Each ``.pt`` holds a plain state dict of tensors (``torch.save``), read back with
 ``torch.load(weights_only=True)`` — no code is unpickled. :func:`load_model` rebuilds
 the network from the spec and loads one of them (``strict``: a file that does not fit
-the spec is refused).
+the spec is refused). A closed-form head is not a linear layer (QDA's logits are
+quadratic in the features), so ``load_model(d, "qda")`` returns a
+:class:`CalibratedNet`: the uncalibrated network whose ``forward`` scores its features
+with that head.
 """
 
 from __future__ import annotations
@@ -22,17 +28,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from spherefed.models import _FLEXIBLE_DIM
+from spherefed.discriminant import WIRE_NEVER, CalibratedHead
+from spherefed.heads import Head
+from spherefed.models import _FLEXIBLE_DIM, FeatureExtractor
 from spherefed.network import ModelSpec, Net, build_model
 
 __all__ = [
     "CALIBRATIONS",
+    "CLOSED_FORM_HEADS",
+    "HEAD_FORMULA",
+    "CalibratedNet",
     "SavedModelError",
     "available_calibrations",
+    "head_document",
+    "head_tensors",
+    "load_head",
     "load_model",
     "model_spec_document",
+    "save_head",
     "save_state_dict",
     "spec_from_document",
 ]
@@ -40,6 +56,15 @@ __all__ = [
 #: Which saved model :func:`load_model` picks when none is named: FFC (SphereFed
 #: Eq. 10, the paper's method), then CCVR, then the uncalibrated one.
 CALIBRATIONS: tuple[str, ...] = ("ffc", "ccvr", "none")
+
+#: The closed-form heads (``head_<name>.pt``), loadable by name only.
+CLOSED_FORM_HEADS: tuple[str, ...] = ("ffc_bias", "lda", "qda")
+
+HEAD_FORMULA = {
+    "affine": "z @ weight.T + bias",
+    "quadratic": "z @ weight.T + bias - 0.5 * einsum('ni,cij,nj->nc', z, quadratic, z)",
+}
+"""How a saved closed-form head maps features ``z`` (N×l) to logits (N×C)."""
 
 _SPEC_KEYS = (
     "extractor",
@@ -103,9 +128,90 @@ def spec_from_document(document: Mapping[str, Any], source: str = "model_spec.js
 
 
 def available_calibrations(directory: str | Path) -> list[str]:
-    """The calibrations saved in ``directory`` (in :data:`CALIBRATIONS` order)."""
+    """The calibrations saved in ``directory``: :data:`CALIBRATIONS` order, then the
+    closed-form heads (:data:`CLOSED_FORM_HEADS`) that sit next to ``model_none.pt``."""
     root = Path(directory)
-    return [c for c in CALIBRATIONS if (root / f"model_{c}.pt").is_file()]
+    linear = [c for c in CALIBRATIONS if (root / f"model_{c}.pt").is_file()]
+    closed = [
+        c
+        for c in CLOSED_FORM_HEADS
+        if (root / f"head_{c}.pt").is_file() and (root / "model_none.pt").is_file()
+    ]
+    return linear + closed
+
+
+def head_tensors(head: CalibratedHead) -> dict[str, np.ndarray]:
+    """What ``head_<name>.pt`` holds: ``weight`` C×l, ``bias`` C (a never-predicted
+    class as :data:`~spherefed.discriminant.WIRE_NEVER`), QDA's ``quadratic`` C×l×l."""
+    tensors = {"weight": head.weight, "bias": head.finite_bias()}
+    if head.quadratic is not None:
+        tensors["quadratic"] = head.quadratic
+    return tensors
+
+
+def save_head(head: CalibratedHead, path: Path) -> None:
+    """``head_<name>.pt`` (float64 tensors, atomic) — read by :func:`load_head`."""
+    save_state_dict(
+        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in head_tensors(head).items()},
+        path,
+    )
+
+
+def head_document(head: CalibratedHead, file_name: str) -> dict[str, Any]:
+    """The ``heads.<name>`` entry of ``model_spec.json`` for a saved closed-form head."""
+    return {
+        "file": file_name,
+        "kind": head.kind,
+        "logits": HEAD_FORMULA[head.kind],
+        "features": "the network's features of model_none.pt",
+        "tensors": {k: list(v.shape) for k, v in head_tensors(head).items()},
+        "never_predicted_bias": WIRE_NEVER,
+    }
+
+
+def load_head(path: Path, *, num_classes: int, feature_dim: int) -> CalibratedHead:
+    """A saved closed-form head (``weights_only=True``), its shapes checked against
+    the model's; raises :class:`SavedModelError` for a file that does not fit."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+        raise SavedModelError(f"{path}: not a loadable head ({exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SavedModelError(f"{path}: expected a dict of tensors")
+    keys = set(state)
+    if keys not in ({"weight", "bias"}, {"weight", "bias", "quadratic"}):
+        raise SavedModelError(f"{path}: expected weight, bias [, quadratic], got {sorted(keys)}")
+    c, dim = num_classes, feature_dim
+    wanted = {"weight": (c, dim), "bias": (c,), "quadratic": (c, dim, dim)}
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != wanted[key]:
+            raise SavedModelError(
+                f"{path}: {key} has shape {list(tensor.shape)}, the model needs {list(wanted[key])}"
+            )
+    arrays = {k: v.detach().double().numpy().copy() for k, v in state.items()}
+    if not all(np.isfinite(a).all() for a in arrays.values()):
+        raise SavedModelError(f"{path}: contains NaN or Inf")
+    return CalibratedHead(
+        weight=arrays["weight"], bias=arrays["bias"], quadratic=arrays.get("quadratic")
+    )
+
+
+class CalibratedNet(Net):
+    """The federated network with a closed-form head (FFC+bias, LDA, QDA) on its
+    features: ``forward(x)`` returns ``head.logits(features(x))`` (float64), the very
+    computation the participants' evaluation runs
+    (:meth:`~spherefed.discriminant.CalibratedHead.logits`), so predictions match the
+    federation's reported accuracy. Inference only: the head is a fixed solve, not a
+    trained parameter (no gradient flows through it)."""
+
+    def __init__(self, extractor: FeatureExtractor, head: Head, closed: CalibratedHead) -> None:
+        super().__init__(extractor, head)
+        self.calibrated_head = closed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            z = self.features(x)
+        return torch.from_numpy(self.calibrated_head.logits(z))
 
 
 def load_model(directory: str | Path, calibration: str | None = None) -> Net:
@@ -131,10 +237,21 @@ def load_model(directory: str | Path, calibration: str | None = None) -> Net:
         if not saved:
             raise SavedModelError(f"{root}: no model_*.pt files")
         calibration = saved[0]
-    if calibration not in CALIBRATIONS:
+    if calibration not in (*CALIBRATIONS, *CLOSED_FORM_HEADS):
         raise SavedModelError(
-            f"calibration must be one of {list(CALIBRATIONS)}, not {calibration!r}"
+            f"calibration must be one of {[*CALIBRATIONS, *CLOSED_FORM_HEADS]}, not {calibration!r}"
         )
+    closed: CalibratedHead | None = None
+    if calibration in CLOSED_FORM_HEADS:
+        head_path = root / f"head_{calibration}.pt"
+        if not head_path.is_file():
+            raise SavedModelError(f"{root}: no {head_path.name} (saved: {saved or 'none'})")
+        closed = load_head(
+            head_path,
+            num_classes=int(document["num_classes"]),
+            feature_dim=int(document["feature_dim"]),
+        )
+        calibration = "none"  # the head scores the uncalibrated network's features
     weights = root / f"model_{calibration}.pt"
     if not weights.is_file():
         raise SavedModelError(f"{root}: no {weights.name} (saved: {saved or 'none'})")
@@ -155,6 +272,8 @@ def load_model(directory: str | Path, calibration: str | None = None) -> Net:
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
         raise SavedModelError(f"{weights} does not fit {spec_path}: {first}") from None
+    if closed is not None:
+        net = CalibratedNet(net.extractor, net.head, closed)
     net.eval()
     return net
 

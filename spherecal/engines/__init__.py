@@ -1,9 +1,11 @@
 """Simulation engines beyond one OS process per participant.
 
 ``spherecal simulate --engine processes`` (the default, ``spherecal.simulate``)
-starts every participant as its own process. ``--engine ray``
-(:mod:`spherecal.engines.ray`) hosts many *virtual participants*
-(:mod:`spherecal.engines.virtual`) per Ray actor, on one machine or a Ray cluster.
+starts every participant as its own process. ``--engine threads``
+(:mod:`spherecal.engines.threads`) hosts every participant as a *virtual participant*
+(:mod:`spherecal.engines.virtual`) in the simulate process itself; ``--engine ray``
+(:mod:`spherecal.engines.ray`) hosts many per Ray actor, on one machine or a Ray
+cluster.
 """
 
 from __future__ import annotations

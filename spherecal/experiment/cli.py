@@ -15,7 +15,7 @@ from spherefed.data import DATASET_NAMES, SyntheticConfig
 from spherefed.models import EXTRACTOR_NAMES
 
 from .cells import limit_blas
-from .grid import ENGINES, QUICK_LR_GRID, QUICK_OVERRIDES, TABLES, ExperimentSettings
+from .grid import ENGINES, HOSTINGS, QUICK_LR_GRID, QUICK_OVERRIDES, TABLES, ExperimentSettings
 from .report import command_line
 from .run import run_experiment
 
@@ -113,8 +113,24 @@ def add_experiment_parser(
         choices=ENGINES,
         default=d.engine,
         help="inprocess: the reference runner in one process; service: every cell a real "
-        "federation (coordinator + participant processes on loopback, secure aggregation "
-        "on); methods the service cannot run are listed as skipped",
+        "federation (a coordinator process and the participants on loopback, secure "
+        "aggregation on; see --hosting); methods the service cannot run are listed as "
+        "skipped",
+    )
+    p.add_argument(
+        "--hosting",
+        choices=HOSTINGS,
+        default=d.hosting,
+        help="--engine service: where each cell's participants run — threads: virtual "
+        "participants in the cell's process (own identity key and gRPC connection each); "
+        "processes: one OS process each. Same numbers; cells are reused across both",
+    )
+    p.add_argument(
+        "--secure-sum",
+        action="store_true",
+        help="inprocess engine: sum the calibration statistics through the real "
+        "secure-aggregation protocol at the service's fixed-point scale (pairwise masks, "
+        "Shamir shares; only the network is missing) instead of in float64",
     )
     p.add_argument("--workers", type=_positive_int, default=1, help="parallel cell processes")
     p.add_argument(
@@ -183,6 +199,8 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
         ),
         quick=bool(args.quick),
         engine=args.engine,
+        hosting=args.hosting,
+        secure_sum=bool(args.secure_sum),
     )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "CALIBRATIONS",
     "CELL_FORMAT",
     "ENGINES",
+    "HOSTINGS",
     "QUICK_LR_GRID",
     "QUICK_OVERRIDES",
     "SCHEMA",
@@ -43,8 +44,15 @@ __all__ = [
 TABLES: tuple[str, ...] = ("methods", "ablation", "calibration")
 ENGINES: tuple[str, ...] = ("inprocess", "service")
 """How a cell is trained: ``inprocess`` (:func:`spherefed.runner.run_federation`, one
-process) or ``service`` (a real federation: a coordinator and a process per
-participant on loopback, secure aggregation on — :mod:`spherecal.simulate`)."""
+process) or ``service`` (a real federation: a coordinator process and the
+participants on loopback, secure aggregation on — :mod:`spherecal.simulate`; where
+the participants run: :data:`HOSTINGS`)."""
+HOSTINGS: tuple[str, ...] = ("threads", "processes")
+"""Where ``--engine service`` runs a cell's participants: ``threads`` (virtual
+participants in the cell's process, :mod:`spherecal.engines.threads`) or
+``processes`` (one OS process each). The coordinator is its own process either way,
+and the numbers are the same (tested), so the hosting is not part of a cell's
+identity: cells made either way are reused by both."""
 CALIBRATIONS: tuple[str, ...] = ("none", "ccvr", "ffc")
 SCHEMA = "spherecal.experiment/1"
 CELL_FORMAT = 2
@@ -121,12 +129,21 @@ class ExperimentSettings:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     quick: bool = False
     engine: str = "inprocess"
+    hosting: str = "threads"
+    """``--engine service``: where a cell's participants run (:data:`HOSTINGS`)."""
+    secure_sum: bool = False
+    """In-process engine: sum the calibration statistics through the real
+    secure-aggregation protocol at the service's fixed-point scale
+    (``ReferenceConfig.secure_sum``, ``spherefed.privacy.secure_sum``) instead of in
+    float64 — the calibrators then see exactly the numbers the service delivers."""
 
     def __post_init__(self) -> None:
         if self.table not in TABLES:
             raise ValueError(f"unknown table {self.table!r}; expected one of {TABLES}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; expected one of {ENGINES}")
+        if self.hosting not in HOSTINGS:
+            raise ValueError(f"unknown hosting {self.hosting!r}; expected one of {HOSTINGS}")
         if (
             self.engine == "service"
             and self.dataset == "synthetic"
@@ -135,6 +152,13 @@ class ExperimentSettings:
             raise ValueError(
                 "--engine service loads data in each participant process, which knows only "
                 "the default synthetic dataset; drop the --synthetic-*/--feature-shift options"
+            )
+        if self.secure_sum and self.engine != "inprocess":
+            raise ValueError("--secure-sum is for the inprocess engine (the service is secure)")
+        if self.secure_sum and self.participants < 3:
+            raise ValueError(
+                "--secure-sum needs at least 3 participants (the participants' default "
+                "[policy] min_participants: smaller jobs give inputs away by differencing)"
             )
         if self.engine == "service" and self.participants < 2:
             raise ValueError("--engine service needs at least 2 participants (secure aggregation)")
@@ -165,6 +189,7 @@ class ExperimentSettings:
             local_epochs=self.local_epochs,
             batch_size=self.batch_size,
             synthetic=self.synthetic,
+            secure_sum=self.secure_sum,
         )
 
     def table_methods(self) -> list[MethodSpec]:
@@ -211,6 +236,10 @@ class ExperimentSettings:
         out["methods"] = None if self.methods is None else list(self.methods)
         if self.dataset != "synthetic":
             del out["synthetic"]
+        if self.engine == "inprocess":
+            del out["hosting"]
+        if not self.secure_sum:
+            del out["secure_sum"]  # keeps the float-sum tables' JSON unchanged
         return out
 
 
@@ -234,6 +263,9 @@ class RunSpec:
     temperature: float
     oracle: bool = False
     engine: str = "inprocess"
+    hosting: str = "threads"
+    """``engine="service"``: where the participants run; not part of :meth:`identity`
+    (see :data:`HOSTINGS`)."""
 
     def config(self, base: ReferenceConfig) -> ReferenceConfig:
         cfg = self.column.apply(replace(base, seed=self.seed))
@@ -273,7 +305,13 @@ def grid_runs(settings: ExperimentSettings) -> list[RunSpec]:
                     for lr in settings.grid_for(method):
                         runs.append(
                             RunSpec(
-                                method, column, seed, float(lr), float(tau), engine=settings.engine
+                                method,
+                                column,
+                                seed,
+                                float(lr),
+                                float(tau),
+                                engine=settings.engine,
+                                hosting=settings.hosting,
                             )
                         )
     return runs

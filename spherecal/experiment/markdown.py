@@ -12,12 +12,40 @@ ENGINE_TEXT = {
     "inprocess": "Engine: **inprocess** — every cell trained in one process by the "
     "reference runner (`spherefed.runner.run_federation`).",
     "service": "Engine: **service** — every cell trained as a real federation: a "
-    "coordinator and one process per participant over gRPC on loopback, secure "
+    "coordinator process and the participants over gRPC on loopback, secure "
     "aggregation of updates and statistics on (`spherecal simulate`). Test accuracy is "
     "the coordinator's central evaluation; validation accuracy (for selection) is "
     "computed by the harness from the saved models. No oracle column.",
 }
 """The line of ``table.md`` that says which engine made the numbers."""
+
+HOSTING_TEXT = {
+    "threads": "as virtual participants, threads of the cell's process (own identity key "
+    "and gRPC connection each; `spherecal simulate --engine threads`)",
+    "processes": "one OS process per participant (`spherecal simulate --engine processes`)",
+}
+
+
+def engine_line(report: dict[str, Any]) -> str:
+    """Which engine made the numbers, and (service) how the participants were hosted."""
+    engine = report.get("engine", "inprocess")
+    text = ENGINE_TEXT.get(engine, f"Engine: {engine}.")
+    hosting: dict[str, int] = report.get("hosting") or {}
+    if engine == "service" and hosting:
+        parts = [
+            f"{n} cell{'s' if n != 1 else ''} {HOSTING_TEXT.get(h, h)}"
+            for h, n in sorted(hosting.items())
+        ]
+        text += " Participants hosted: " + "; ".join(parts) + "."
+    return text
+
+
+SECURE_SUM_TEXT = (
+    "Statistics: **through secure aggregation** (`--secure-sum`) — every calibrator is "
+    "solved from CCVR sums computed by the real secure-aggregation protocol in process "
+    "(identity keys, pairwise masks, Shamir shares, fixed-point ring at the service's "
+    "scale; only the network is missing), i.e. the numbers the service delivers."
+)
 
 CALIBRATION_LABELS = {
     "none": "none",
@@ -88,9 +116,11 @@ def _header(report: dict[str, Any]) -> list[str]:
         "split (never on test); **bold** = best mean in the column. "
         "CCVR and FFC calibrate the trained model's classifier from summed statistics.",
         "",
-        ENGINE_TEXT.get(report.get("engine", "inprocess"), f"Engine: {report.get('engine')}."),
+        engine_line(report),
         "",
     ]
+    if s.get("secure_sum"):
+        lines += [SECURE_SUM_TEXT, ""]
     skipped = report.get("skipped_methods") or []
     if skipped:
         lines += ["Not run by this engine (no row below):", ""]

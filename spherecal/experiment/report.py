@@ -140,6 +140,11 @@ def build_report(
         "schema": SCHEMA,
         "table": settings.table,
         "engine": settings.engine,
+        **(
+            {"hosting": _hosting_counts(specs, records, base)}
+            if settings.engine != "inprocess"
+            else {}
+        ),
         "skipped_methods": [
             {"key": m.key, "label": m.label, "reason": skipped[m.key]}
             for m in settings.table_methods()
@@ -186,6 +191,22 @@ def build_report(
             "cpus": os.cpu_count(),
         },
     }
+
+
+def _hosting_counts(
+    specs: Sequence[RunSpec], records: dict[str, dict[str, Any]], base: ReferenceConfig
+) -> dict[str, int]:
+    """How many of the table's service cells had their participants hosted which way
+    (cells are reused across hostings; a cell made before the hosting was recorded
+    ran one process per participant)."""
+    counts: dict[str, int] = {}
+    for key in dict.fromkeys(spec.key(base) for spec in specs):
+        rec = records.get(key)
+        if rec is None or rec.get("engine") != "service":
+            continue
+        hosting = str(rec.get("service", {}).get("hosting", "processes"))
+        counts[hosting] = counts.get(hosting, 0) + 1
+    return counts
 
 
 def _summarise_warnings(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -281,6 +302,10 @@ def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
         parts.append("--methods " + " ".join(settings.methods))
     if settings.engine != "inprocess":
         parts.append(f"--engine {settings.engine}")
+        if settings.hosting != ExperimentSettings().hosting:
+            parts.append(f"--hosting {settings.hosting}")
+    if settings.secure_sum:
+        parts.append("--secure-sum")
     parts.append(f"--out {out}")
     return " ".join(parts)
 

@@ -1,11 +1,17 @@
 """``--engine service``: one cell trained as a real federation.
 
-A coordinator process and one process per participant talk gRPC on loopback with
-secure aggregation of updates *and* statistics on (:mod:`spherecal.simulate`), with
+A coordinator process and the participants talk gRPC on loopback with secure
+aggregation of updates *and* statistics on (:mod:`spherecal.simulate`), with
 the cell's reference config; the method's server algorithm comes from
 :meth:`spherefed.algorithms.methods.MethodSpec.service_options`. The record has the
 in-process engine's shape, so selection and the report are shared:
 
+- participants: virtual participants in this process by default (``hosting=
+  "threads"``, :mod:`spherecal.engines.threads`: each with its own identity key, gRPC
+  connection, ledgers and data slice) — one interpreter and torch import instead of
+  one per participant — or one OS process each (``hosting="processes"``); the
+  numbers are the same either way (tested), so the hosting is recorded in the cell
+  but is not part of its identity;
 - test accuracy (none / +FFC / +CCVR) and accuracy per round: the coordinator's
   central evaluation on the reference's test split;
 - validation accuracy: the harness evaluates the saved models
@@ -14,6 +20,13 @@ in-process engine's shape, so selection and the report are shared:
   :func:`spherecal.simulate.clear_statistics`, this is a privilege of the harness,
   which can read every participant's data; a real deployment would evaluate
   federatedly.
+
+The harness never restarts a participant, so the coordinator is told not to wait
+for one to come back before retrying a failed round (``rejoin_grace_s = 0``; the
+back-off stays): a participant whose local training diverged has crashed for good,
+and the default 60 s grace made every diverging cell wait two minutes for it
+before failing the same way. A cell whose rounds all succeed at the first attempt
+never waits, so its numbers do not depend on this.
 
 A federation that does not complete is recorded as failed (``diverged`` with an
 ``error``): it is left out of the means and marked in the table, never hidden.
@@ -36,7 +49,7 @@ from spherefed.fl import evaluate
 from spherefed.network import ModelSpec, build_model
 from spherefed.runner import ReferenceConfig, prepare_data
 
-from .grid import RunSpec
+from .grid import HOSTINGS, RunSpec
 
 __all__ = ["service_config", "train_cell_as_service"]
 
@@ -86,12 +99,17 @@ def train_cell_as_service(
 ) -> dict[str, Any]:
     """Train one cell through the service; the record :func:`.cells.execute_run`
     returns (never raises for a federation that fails: it is recorded)."""
-    from spherecal.simulate import SimulationError, SimulationSettings, run_simulation
+    from spherecal.engines.threads import ThreadSimulation
+    from spherecal.simulate import Simulation, SimulationError, SimulationSettings, run_simulation
+
+    if spec.hosting not in HOSTINGS:
+        raise ValueError(f"unknown hosting {spec.hosting!r}; expected one of {HOSTINGS}")
+    factory = ThreadSimulation if spec.hosting == "threads" else Simulation
 
     cfg = service_config(spec, base)
     parent = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="spherecal-"))
     out = parent / "federation"
-    record: dict[str, Any] = {"engine": "service"}
+    record: dict[str, Any] = {"engine": "service", "service": {"hosting": spec.hosting}}
     try:
         settings = SimulationSettings(
             reference=cfg,
@@ -100,9 +118,10 @@ def train_cell_as_service(
             secure_updates=True,
             secure_statistics=True,
             threads=threads,
+            rejoin_grace_s=0.0,
         )
         try:
-            results = run_simulation(settings)
+            results = run_simulation(settings, factory=factory)
         except (SimulationError, ValueError) as exc:
             tail = _log_tail(out / "logs")
             return {**record, "diverged": True, "error": f"{exc}{' — ' + tail if tail else ''}"}
@@ -128,6 +147,7 @@ def train_cell_as_service(
                 "per_round": [r.get("test_accuracy") for r in per_round],
                 "train_loss": [r.get("train_loss") for r in per_round],
                 "service": {
+                    "hosting": spec.hosting,
                     "wall_s": results.get("timings", {}).get("wall_s"),
                     "bytes": results.get("bytes", {}),
                     "dropped": results.get("dropped", []),

@@ -53,8 +53,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
-from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+# Opacus is imported where it is called, not here: importing it pulls in
+# torch.distributed, sympy and scipy.stats — about 4 of the 7 s it takes to import
+# ``spherecal.cli`` — and every coordinator and participant process imports this
+# module whether or not it adds DP noise.
 
 __all__ = [
     "ORDERS",
@@ -73,7 +76,11 @@ __all__ = [
     "skellam_variance_for",
 ]
 
-ORDERS: tuple[float, ...] = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS) + tuple(
+OPACUS_DEFAULT_ORDERS: tuple[float, ...] = tuple(
+    [1 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)]
+)
+"""``opacus.accountants.RDPAccountant.DEFAULT_ALPHAS`` (a test keeps them equal)."""
+ORDERS: tuple[float, ...] = OPACUS_DEFAULT_ORDERS + tuple(
     float(a) for a in (64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 768, 1024, 2048)
 )
 """Opacus's default orders (1.1 … 63) extended upwards for small per-release ε."""
@@ -99,6 +106,8 @@ def gaussian_rdp(
     """Gaussian mechanism with ``σ = noise_multiplier · Δ₂`` (Opacus ``compute_rdp``)."""
     if noise_multiplier <= 0:
         return np.full(_orders(orders).shape, np.inf)
+    from opacus.accountants.analysis.rdp import compute_rdp
+
     alphas = _orders(orders)
     rdp = compute_rdp(
         q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=list(alphas)
@@ -182,6 +191,8 @@ def epsilon(
     rdp: npt.ArrayLike, delta: float, *, orders: Sequence[float] | None = None
 ) -> tuple[float, float]:
     """``(ε, best order)`` at ``δ`` via Opacus's ``get_privacy_spent``."""
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     alphas = _orders(orders)

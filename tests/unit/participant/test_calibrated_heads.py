@@ -162,6 +162,9 @@ def test_local_validation_slices_cover_the_reference_validation_split_once() -> 
     np.testing.assert_array_equal(np.sort(np.concatenate(labels)), np.sort(reference.validation.y))
 
 
-def test_whole_mode_trains_on_everything_and_has_no_validation_split() -> None:
-    local = load_local_data(DataSettings(validation_fraction=0.2))
-    assert local.val_y is None and local.val_x is None
+def test_whole_mode_holds_out_validation_and_zero_holds_out_nothing() -> None:
+    none = load_local_data(DataSettings(validation_fraction=0.0))
+    assert none.val_y is None and none.val_x is None
+    held = load_local_data(DataSettings(validation_fraction=0.2))
+    assert held.val_y is not None
+    assert held.train_size + int(held.val_y.shape[0]) == none.train_size

@@ -135,3 +135,30 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         epsilon([1.0, 2.0], DELTA)
     assert math.isinf(epsilon(skellam_rdp(0.0, 1.0, 1.0), DELTA)[0])
+
+
+def test_orders_start_with_opacus_defaults() -> None:
+    """The orders are written out (Opacus is imported lazily); they stay Opacus's."""
+    from spherefed.privacy.accounting import OPACUS_DEFAULT_ORDERS
+
+    assert tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS) == OPACUS_DEFAULT_ORDERS
+    assert ORDERS[: len(OPACUS_DEFAULT_ORDERS)] == OPACUS_DEFAULT_ORDERS
+
+
+def test_service_processes_start_without_opacus() -> None:
+    """Every coordinator and participant process imports the CLI; Opacus (torch.
+    distributed, sympy, scipy.stats: seconds per process) is imported only by what
+    calls it — DP-SGD and the RDP conversions."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, spherecal.cli, coordinator.main, participant.main, participant.runner; "
+        "print(sorted(m for m in ('opacus', 'sympy') if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.strip() == "[]"

@@ -290,3 +290,87 @@ def test_ray_cells_give_the_serial_numbers_and_are_cached(tmp_path: Path) -> Non
     on_ray = json.loads((tmp_path / "ray" / "results.json").read_text())
     assert on_ray["rows"] == serial["rows"]
     assert len(list(cells.glob("*.json"))) == on_ray["timings"]["cells_run"] > 0
+
+
+def test_service_hosting_setting_and_identity() -> None:
+    """``--hosting`` picks where a service cell's participants run; it is checked,
+    reaches every cell, and leaves the cell's identity alone (same numbers)."""
+    from dataclasses import replace
+
+    from spherecal.experiment.grid import ExperimentSettings
+
+    parser = __import__("spherecal.cli").cli.build_parser()
+    base = ["experiment", "--table", "methods", "--engine", "service", "--out", "x"]
+    s = settings_from_args(parser.parse_args(base))
+    assert s.hosting == "threads"
+    p = settings_from_args(parser.parse_args([*base, "--hosting", "processes"]))
+    assert p.hosting == "processes" and p.to_json()["hosting"] == "processes"
+    assert {r.hosting for r in grid_runs(p)} == {"processes"}
+    threads, processes = grid_runs(s), grid_runs(p)
+    assert [r.key(s.base_config()) for r in threads] == [r.key(p.base_config()) for r in processes]
+    assert "hosting" not in replace(s, engine="inprocess").to_json()
+    with pytest.raises(ValueError, match="unknown hosting"):
+        ExperimentSettings(engine="service", hosting="fibres")
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--hosting", "fibres"])
+
+
+def test_hosting_counts_and_engine_line() -> None:
+    """The table says how many cells ran their participants which way; a cell made
+    before the hosting was recorded ran one process per participant."""
+    from spherecal.experiment.grid import ExperimentSettings
+    from spherecal.experiment.markdown import engine_line
+    from spherecal.experiment.report import _hosting_counts
+
+    s = ExperimentSettings(
+        engine="service", methods=("fedavg",), alphas=(0.1,), seeds=1, lr_grid=(0.01, 0.1, 1.0)
+    )
+    specs = grid_runs(s)
+    base = s.base_config()
+    keys = [r.key(base) for r in specs]
+    assert len(set(keys)) == 3
+    records = {
+        keys[0]: {"engine": "service", "service": {"hosting": "threads"}},
+        keys[1]: {"engine": "service", "diverged": True, "service": {"hosting": "threads"}},
+        keys[2]: {"engine": "service"},  # made before hostings were recorded
+        "stray": {"engine": "service", "service": {"hosting": "threads"}},
+    }
+    counts = _hosting_counts([*specs, specs[0]], records, base)  # duplicates count once
+    assert counts == {"threads": 2, "processes": 1}
+    line = engine_line({"engine": "service", "hosting": counts})
+    assert line.startswith("Engine: **service**")
+    assert "1 cell one OS process per participant" in line
+    assert "2 cells as virtual participants, threads of the cell's process" in line
+    assert "hosted" not in engine_line({"engine": "inprocess"})
+
+
+@pytest.mark.slow
+def test_secure_sum_table_says_so_and_matches_the_float_sum(tmp_path: Path) -> None:
+    args = [a for a in TINY_ARGS if a not in ("0.03",)]  # --lr-grid 0.1 only
+    args[args.index("--participants") + 1] = "3"  # the secure sum's minimum
+    base = ["experiment", "--table", "calibration", "--methods", "fedavg_spherefed",
+            "--alpha", "0.5", *args]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "float")]) == 0
+    assert main([*base, "--secure-sum", "--out", str(tmp_path / "secure")]) == 0
+    plain = json.loads((tmp_path / "float" / "results.json").read_text())
+    secure = json.loads((tmp_path / "secure" / "results.json").read_text())
+    assert "secure_sum" not in plain["settings"] and secure["settings"]["secure_sum"] is True
+    assert "--secure-sum" in secure["command"] and "--secure-sum" not in plain["command"]
+    table = (tmp_path / "secure" / "table.md").read_text()
+    assert "through secure aggregation" in table
+    assert "through secure aggregation" not in (tmp_path / "float" / "table.md").read_text()
+    a = plain["calibration"]["fedavg_spherefed"]["a0.5"]["per_seed"][0]
+    b = secure["calibration"]["fedavg_spherefed"]["a0.5"]["per_seed"][0]
+    assert a["cell"] != b["cell"]  # a different computation: never reused for the other
+    # the fixed-point ring moves no prediction of the well-posed calibrators ...
+    for name in ("none", "ffc", "ccvr", "ffc_bias", "oracle"):
+        assert a["test"][name] == b["test"][name], name
+    assert a["chosen"] == b["chosen"]
+    # ... but LDA/QDA at shrinkage 0 invert this tiny run's singular covariance (about
+    # 40 training samples, l = 128: 88 eigenvalues are 0 in float64 and ±3e-10 after
+    # the ring's rounding, both above the 1e-12 relative floor): there the two sums
+    # may disagree, and only validity is asserted.
+    for name in ("lda", "qda"):
+        assert 0.0 <= b["test"][name] <= 1.0
+    assert main(["experiment", "--table", "methods", "--engine", "service", "--secure-sum",
+                 "--out", str(tmp_path / "x")]) == 2  # fmt: skip

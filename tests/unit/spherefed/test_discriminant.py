@@ -12,6 +12,7 @@ from scipy.stats import multivariate_normal
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
 from spherefed.calibrate import EmptyStatisticsError, SingularStatisticsWarning
+from spherefed.calibration_suite import closed_form_head
 from spherefed.discriminant import CalibratedHead, ffc_bias_solve, lda_solve, qda_solve, shrink
 from spherefed.stats import CCVRStatistics, ccvr_statistics
 
@@ -149,3 +150,53 @@ def test_shrink_keeps_trace() -> None:
     for g in (0.0, 0.4, 1.0):
         assert np.trace(shrink(cov, g)) == pytest.approx(np.trace(cov))
     np.testing.assert_allclose(shrink(cov, 1.0), np.trace(cov) / 5 * np.eye(5))
+
+
+def test_guard_noisy_statistics_clips_counts_and_projects_scatter_to_psd() -> None:
+    from spherefed.calibration_suite import guard_noisy_statistics
+
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((400, 4))
+    y = np.arange(400) % 3
+    onehot = np.eye(3)[y]
+    clean = CCVRStatistics(
+        onehot.sum(axis=0), onehot.T @ z, np.einsum("nc,ni,nj->cij", onehot, z, z)
+    )
+    same, report = guard_noisy_statistics(clean)  # clean sums: nothing to change
+    assert report.clipped_counts == [] and report.psd_projected == []
+    np.testing.assert_allclose(same.second_moments, clean.second_moments, rtol=1e-12, atol=1e-9)
+    noise = rng.standard_normal((3, 4, 4)) * 60.0
+    noisy = CCVRStatistics(
+        np.array([-2.0, 0.4, clean.counts[2]]),
+        clean.sums,
+        clean.second_moments + (noise + np.swapaxes(noise, 1, 2)) / 2,
+    )
+    guarded, report = guard_noisy_statistics(noisy)
+    assert report.clipped_counts == [0, 1]
+    np.testing.assert_array_equal(guarded.counts, [1.0, 1.0, clean.counts[2]])
+    means = guarded.sums / guarded.counts[:, None]
+    scatter = guarded.second_moments - guarded.counts[:, None, None] * np.einsum(
+        "ci,cj->cij", means, means
+    )
+    assert np.linalg.eigvalsh(scatter).min() > -1e-8  # PSD now
+    assert report.psd_projected  # the noise made at least one scatter indefinite
+    for name in ("lda", "qda"):
+        head = closed_form_head(name, guarded, 0.0)
+        assert np.isfinite(head.logits(z)).all()
+
+
+def test_dp_grid_keeps_the_grid_length() -> None:
+    from spherefed.calibration_suite import (
+        DEFAULT_RIDGE_GRID,
+        DEFAULT_SHRINKAGE_GRID,
+        dp_grid,
+    )
+
+    ridge = dp_grid("ffc_bias", DEFAULT_RIDGE_GRID, 8.0)
+    assert ridge == (2.0, 4.0, 8.0, 16.0, 32.0)
+    assert dp_grid("lda", DEFAULT_SHRINKAGE_GRID, 8.0) == (0.03, 0.1, 0.3, 0.6, 0.9)
+    assert dp_grid("qda", (0.0, 0.5), 1.0) == (0.6, 0.9)
+    with pytest.raises(ValueError):
+        dp_grid("ffc_bias", DEFAULT_RIDGE_GRID, 0.0)
+    with pytest.raises(ValueError):
+        dp_grid("ccvr", DEFAULT_RIDGE_GRID, 1.0)

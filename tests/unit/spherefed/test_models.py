@@ -198,3 +198,40 @@ def test_bad_arguments_raise() -> None:
         build_extractor("convnet", in_channels=0)
     with pytest.raises(ValueError, match="image_size"):
         build_extractor("convnet", image_size=0)
+
+
+def test_build_model_is_the_same_in_concurrent_threads() -> None:
+    """Virtual participants build their models in threads of one process at once;
+    each must get exactly the weights a lone build gets (torch's RNG is global)."""
+    import threading
+
+    from spherefed.network import ModelSpec, build_model
+
+    spec = ModelSpec(extractor="digits_cnn", init_seed=7)
+    expected = {k: v.clone() for k, v in build_model(spec).state_dict().items()}
+    torch.manual_seed(1234)
+    outside = torch.rand(3)  # the caller's RNG stream is left where it was, too
+    workers = 8
+    barrier = threading.Barrier(workers)
+    built: list[dict[str, torch.Tensor]] = []
+    lock = threading.Lock()
+
+    def build() -> None:
+        barrier.wait()
+        for _ in range(3):
+            state = build_model(spec).state_dict()
+            with lock:
+                built.append(state)
+
+    threads = [threading.Thread(target=build) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.manual_seed(1234)
+    assert torch.equal(torch.rand(3), outside)
+    assert len(built) == 3 * workers
+    for state in built:
+        assert state.keys() == expected.keys()
+        for name, value in expected.items():
+            assert torch.equal(state[name], value), name
