@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spherecal.cli import main
-from spherecal.service_cli import _simulate_options, simulation_settings_from
+from spherecal.simulate_cli import _simulate_options, simulation_settings_from
 
 
 def test_certs_init_and_issue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

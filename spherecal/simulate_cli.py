@@ -1,0 +1,440 @@
+"""CLI subcommand ``simulate``: a coordinator and N participants on loopback, as
+processes, threads or Ray-hosted virtual participants (:mod:`spherecal.engines`).
+
+Registered by :func:`spherecal.service_cli.add_service_parsers`. Heavy imports happen
+inside the command function so ``--help`` stays fast. Errors a user can fix print one
+line ``spherecal simulate: error: ...`` and exit with status 2; a failed federation
+exits 1 with one line saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from proto.federation_end import SUCCESSFUL_STATUSES
+from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from spherefed.calibration_suite import (
+    CALIBRATION_NAMES,
+    DEFAULT_RIDGE_GRID,
+    DEFAULT_SHRINKAGE_GRID,
+)
+
+__all__ = ["add_simulate_parser", "simulation_settings_from", "status_line"]
+
+SubParsers = argparse._SubParsersAction
+
+
+_SIMULATE_DEFAULTS: dict[str, Any] = {
+    "dataset": "digits",
+    "data_root": None,
+    "samples": None,
+    "participants": 10,
+    "alpha": 0.1,
+    "shards": None,
+    "rounds": 30,
+    "local_epochs": 2,
+    "batch_size": 32,
+    "lr": 0.1,
+    "model": "digits_cnn",
+    "norm": "group",
+    "head": "sphere",
+    "classifier": "orthonormal",
+    "loss": None,
+    "algorithm": "fedavg",
+    "prox_mu": 0.01,
+    "fedopt_lr": 0.01,
+    "sample_fraction": 1.0,
+    "ridge": 0.0,
+    "ccvr_virtual": 100,
+    "tukey": False,
+    "seed": 0,
+    "calibration": "ffc,ccvr",
+    "ridge_grid": None,
+    "shrinkage_grid": None,
+    "secure": True,
+    "secure_updates": None,
+    "secure_statistics": None,
+    "threshold": None,
+    "separate_ffc": False,
+    "drop": None,
+    "corrupt_shares": None,
+    "tls": False,
+    "threads": 1,
+    "timeout": 3600.0,
+    "heartbeat_timeout": 4.0,
+    "federated_every": 0,
+    "update_bound": None,
+    "statistics_bound": None,
+    "epsilon": None,
+    "delta": 1e-5,
+    "dp_mechanism": "skellam",
+    "dp_budget": None,
+    "out": None,
+    "engine": "processes",
+    "workers": None,
+    "worker_cpus": 1.0,
+    "ray_address": None,
+    "coordinator_host": "127.0.0.1",
+}
+
+
+def add_simulate_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run a coordinator and N participants as processes on loopback",
+        description=(
+            "Start one coordinator and N participants as separate OS processes talking "
+            "real gRPC on 127.0.0.1, with the data partitioned as the reference runner "
+            "does, and write OUT/results.json. Options may also come from --config FILE "
+            "(a [simulate] table with the same names, dashes as underscores); command-line "
+            "options win. --drop SPEC kills participants with SIGKILL at a stage: "
+            "PARTICIPANT:STAGE[@WHEN], comma-separated; STAGE in train, advertise, share, "
+            "masked, unmask; WHEN rN (1-based round), update, ffc or ccvr. Exit status 0 "
+            "completed or degraded (one line on stderr says why degraded), 1 failed (one "
+            "line on stderr says why) or the harness could not run it."
+        ),
+    )
+    S = argparse.SUPPRESS
+    p.add_argument("--config", type=Path, default=None, help="TOML with a [simulate] table")
+    p.add_argument("--out", type=Path, default=S, help="output directory (required)")
+    p.add_argument(
+        "--dataset", default=S, help="digits (default), mnist1d, cifar10, cifar100 or npz"
+    )
+    p.add_argument("--data-root", default=S)
+    p.add_argument("--samples", type=int, default=S, help="mnist1d: samples (default 12000)")
+    p.add_argument("--participants", type=int, default=S, help="N (default 10)")
+    p.add_argument("--alpha", default=S, help="Dirichlet α (default 0.1) or 'iid'")
+    p.add_argument("--shards", type=int, default=S, help="shards per participant instead")
+    p.add_argument("--rounds", type=int, default=S, help="default 30")
+    p.add_argument("--local-epochs", type=int, default=S)
+    p.add_argument("--batch-size", type=int, default=S)
+    p.add_argument("--lr", type=float, default=S)
+    p.add_argument("--model", default=S, help="digits_cnn (default), mlp, ...")
+    p.add_argument("--norm", default=S)
+    p.add_argument("--head", default=S)
+    p.add_argument("--classifier", default=S)
+    p.add_argument("--loss", default=S)
+    p.add_argument("--algorithm", default=S, choices=ALGORITHMS)
+    p.add_argument("--prox-mu", type=float, default=S, help="FedProx μ")
+    p.add_argument("--fedopt-lr", type=float, default=S, help="FedAdam/FedYogi server η")
+    p.add_argument("--sample-fraction", type=float, default=S)
+    p.add_argument("--ridge", type=float, default=S, help="FFC ridge λ")
+    p.add_argument("--ccvr-virtual", type=int, default=S)
+    p.add_argument("--tukey", action="store_true", default=S)
+    p.add_argument("--seed", type=int, default=S)
+    p.add_argument(
+        "--calibration",
+        default=S,
+        help="comma list of " + ", ".join(CALIBRATION_NAMES) + " (default ffc,ccvr)",
+    )
+    p.add_argument(
+        "--ridge-grid",
+        type=float,
+        nargs="+",
+        default=S,
+        help="FFC+bias ridge candidates, chosen on the participants' validation splits "
+        "(default " + " ".join(f"{v:g}" for v in DEFAULT_RIDGE_GRID) + ")",
+    )
+    p.add_argument(
+        "--shrinkage-grid",
+        type=float,
+        nargs="+",
+        default=S,
+        help="LDA/QDA shrinkage candidates in [0, 1], chosen on validation "
+        "(default " + " ".join(f"{v:g}" for v in DEFAULT_SHRINKAGE_GRID) + ")",
+    )
+    p.add_argument(
+        "--secure",
+        action=argparse.BooleanOptionalAction,
+        default=S,
+        help="secure aggregation of updates and statistics (default on)",
+    )
+    p.add_argument("--secure-updates", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--secure-statistics", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--threshold", type=int, default=S, help="Shamir threshold t (default majority)")
+    p.add_argument(
+        "--separate-ffc",
+        action="store_true",
+        default=S,
+        help="run an FFC statistics job even when CCVR is on (default: FFC from CCVR)",
+    )
+    p.add_argument("--drop", default=S, metavar="SPEC", help="e.g. p3:share,p5:train@r2")
+    p.add_argument(
+        "--corrupt-shares",
+        default=S,
+        metavar="IDS",
+        help="TEST ONLY: these participants (comma list, e.g. p3) deal shares that fail "
+        "authentication in every job; the honest ones complain and the coordinator "
+        "excludes them",
+    )
+    p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
+    p.add_argument("--threads", type=int, default=S, help="torch threads per process (1)")
+    p.add_argument("--timeout", type=float, default=S, help="seconds for the whole run")
+    p.add_argument("--heartbeat-timeout", type=float, default=S)
+    p.add_argument("--federated-every", type=int, default=S)
+    p.add_argument("--update-bound", type=float, default=S)
+    p.add_argument("--statistics-bound", type=float, default=S)
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=S,
+        help="DP: target ε per calibration release (adds noise in the ring; default off)",
+    )
+    p.add_argument("--delta", type=float, default=S, help="DP: δ (default 1e-5)")
+    p.add_argument("--dp-mechanism", default=S, choices=("skellam", "dgauss"))
+    p.add_argument(
+        "--dp-budget", type=float, default=S, help="DP: total ε budget of each participant"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("processes", "threads", "ray"),
+        default=S,
+        help="processes: one OS process per participant (default); threads: every "
+        "participant a virtual participant in this process (one torch import); ray: many "
+        "virtual participants per Ray worker (needs the ray extra; docs/scaling.md)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=S, help="ray: worker actors (default: one per CPU)"
+    )
+    p.add_argument(
+        "--worker-cpus", type=float, default=S, help="ray: logical CPUs per worker (default 1)"
+    )
+    p.add_argument(
+        "--ray-address",
+        default=S,
+        metavar="ADDR",
+        help="ray: join this existing cluster (default: start a local Ray instance)",
+    )
+    p.add_argument(
+        "--coordinator-host",
+        default=S,
+        metavar="HOST",
+        help="ray: address the participants dial and the coordinator listens on "
+        "(default 127.0.0.1; anything else needs --tls)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
+    import tomllib
+
+    options = dict(_SIMULATE_DEFAULTS)
+    if args.config is not None:
+        with open(args.config, "rb") as fh:
+            document = tomllib.load(fh)
+        table = document.get("simulate")
+        if not isinstance(table, dict) or set(document) != {"simulate"}:
+            raise ValueError(f"{args.config}: expected exactly one [simulate] table")
+        unknown = set(table) - set(options)
+        if unknown:
+            raise ValueError(f"{args.config}: [simulate] unknown key(s) {sorted(unknown)}")
+        options.update(table)
+        if "out" in table and table["out"] is not None:
+            out = Path(str(table["out"]))
+            options["out"] = out if out.is_absolute() else args.config.parent / out
+    for key in options:
+        if hasattr(args, key):
+            options[key] = getattr(args, key)
+    if options["out"] is None:
+        raise ValueError("--out DIR is required")
+    return options
+
+
+def _grid(value: Any, default: tuple[float, ...]) -> tuple[float, ...]:
+    """A grid option (CLI list or TOML list), or ``default`` when unset."""
+    if value is None:
+        return default
+    return tuple(float(v) for v in value)
+
+
+def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    if not text:
+        return ()
+    chosen = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    unknown = sorted(set(chosen) - set(ids))
+    if unknown:
+        raise ValueError(f"--corrupt-shares: unknown participant(s) {unknown}")
+    return chosen
+
+
+def simulation_settings_from(options: dict[str, Any]) -> Any:
+    from spherefed.calibrate import CCVRConfig
+    from spherefed.runner import ReferenceConfig
+
+    from .simulate import SimulationSettings, parse_drops
+
+    o = options
+    alpha_text = str(o["alpha"])
+    base = ReferenceConfig()
+    if o["shards"] is not None:
+        scheme, alpha = "shards", base.alpha
+    elif alpha_text.lower() == "iid":
+        scheme, alpha = "iid", base.alpha
+    else:
+        try:
+            alpha = float(alpha_text)
+        except ValueError:
+            raise ValueError(
+                f"--alpha must be a positive number or 'iid', got {alpha_text!r}"
+            ) from None
+        if not alpha > 0:
+            raise ValueError("--alpha must be > 0")
+        scheme = "dirichlet"
+    head = str(o["head"])
+    reference = ReferenceConfig(
+        dataset=str(o["dataset"]),
+        data_root=o["data_root"],
+        samples=None if o["samples"] is None else int(o["samples"]),
+        participants=int(o["participants"]),
+        partition=scheme,
+        alpha=alpha,
+        shards_per_client=int(o["shards"]) if o["shards"] is not None else base.shards_per_client,
+        model=str(o["model"]),
+        norm=str(o["norm"]),
+        head=head,
+        classifier=str(o["classifier"]),
+        loss=str(o["loss"] or ("mse" if head == "sphere" else "ce")),
+        algorithm=str(o["algorithm"]),
+        prox_mu=float(o["prox_mu"]),
+        fedopt_lr=float(o["fedopt_lr"]),
+        rounds=int(o["rounds"]),
+        local_epochs=int(o["local_epochs"]),
+        batch_size=int(o["batch_size"]),
+        lr=float(o["lr"]),
+        sample_fraction=float(o["sample_fraction"]),
+        seed=int(o["seed"]),
+        ffc_ridge=float(o["ridge"]),
+        ccvr=replace(
+            CCVRConfig(), virtual_per_class=int(o["ccvr_virtual"]), tukey=bool(o["tukey"])
+        ),
+        ridge_grid=_grid(o["ridge_grid"], DEFAULT_RIDGE_GRID),
+        shrinkage_grid=_grid(o["shrinkage_grid"], DEFAULT_SHRINKAGE_GRID),
+    )
+    secure = bool(o["secure"])
+    ids = tuple(f"p{k}" for k in range(reference.participants))
+    extra: dict[str, Any] = {}
+    for key in ("update_bound", "statistics_bound"):
+        if o[key] is not None:
+            extra[key] = float(o[key])
+    calibration = tuple(c.strip() for c in str(o["calibration"]).split(",") if c.strip())
+    settings = SimulationSettings(
+        reference=reference,
+        out=Path(o["out"]).resolve(),
+        calibration=calibration,
+        secure_updates=secure if o["secure_updates"] is None else bool(o["secure_updates"]),
+        secure_statistics=secure
+        if o["secure_statistics"] is None
+        else bool(o["secure_statistics"]),
+        drops=parse_drops(o["drop"], ids),
+        corrupt_shares=_corrupt_ids(o["corrupt_shares"], ids),
+        threshold=None if o["threshold"] is None else int(o["threshold"]),
+        ffc_from_ccvr=not bool(o["separate_ffc"]),
+        threads=int(o["threads"]),
+        tls=bool(o["tls"]),
+        timeout_s=float(o["timeout"]),
+        heartbeat_timeout_s=float(o["heartbeat_timeout"]),
+        federated_every=int(o["federated_every"]),
+        epsilon=None if o["epsilon"] is None else float(o["epsilon"]),
+        delta=float(o["delta"]),
+        dp_mechanism=str(o["dp_mechanism"]),
+        dp_budget=None if o["dp_budget"] is None else float(o["dp_budget"]),
+        **extra,
+    )
+    settings.validate()
+    return settings
+
+
+def _engine_runner(options: dict[str, Any]) -> Any:
+    """The run function of the chosen engine (``run_simulation``'s signature)."""
+    from .simulate import run_simulation
+
+    engine = str(options["engine"])
+    ray_only = ("workers", "ray_address")
+    if engine in ("processes", "threads"):
+        used = [k for k in ray_only if options[k] is not None]
+        if options["coordinator_host"] != "127.0.0.1":
+            used.append("coordinator_host")
+        if used:
+            flags = ", ".join("--" + k.replace("_", "-") for k in used)
+            raise ValueError(f"{flags} only apply to --engine ray")
+        if engine == "threads":
+            from .engines.threads import run_threads_simulation
+
+            return run_threads_simulation
+        return run_simulation
+    if engine != "ray":
+        raise ValueError(f"--engine must be processes, threads or ray, got {engine!r}")
+    try:
+        from .engines.ray import RayEngineSettings, run_ray_simulation
+    except ImportError as exc:
+        raise ValueError(
+            f"--engine ray needs Ray ({exc}); install the extra: pip install -e '.[ray]'"
+        ) from None
+    chosen = RayEngineSettings(
+        workers=None if options["workers"] is None else int(options["workers"]),
+        worker_cpus=float(options["worker_cpus"]),
+        address=options["ray_address"],
+        coordinator_host=str(options["coordinator_host"]),
+    )
+
+    def run(settings: Any, progress: Any) -> Any:
+        return run_ray_simulation(settings, chosen, progress)
+
+    return run
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import SimulationError
+
+    options = _simulate_options(args)
+    settings = simulation_settings_from(options)
+    run = _engine_runner(options)
+    from .outputs import check_output_dir
+
+    check_output_dir(settings.out, what="--out")  # before any process starts
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    try:
+        results = run(settings, progress)
+    except SimulationError as exc:
+        print(f"spherecal simulate: error: {exc}", file=sys.stderr)
+        return 1
+    line = status_line(results)
+    if line:
+        print(line, file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "status": results["status"],
+                "status_reasons": results.get("status_reasons", []),
+                "accuracy": results["accuracy"],
+                "accuracy_covers": results.get("accuracy_covers"),
+                "dropped": [
+                    f"{d['participant']}@{d['stage']}/{d['job']}" for d in results["dropped"]
+                ],
+                "errors": results["errors"],
+                "warnings": results.get("warnings", []),
+                "results": str(settings.out / "results.json"),
+            },
+            indent=2,
+        )
+    )
+    return 0 if results["status"] in SUCCESSFUL_STATUSES else 1
+
+
+def status_line(results: dict[str, Any]) -> str:
+    """One line saying why a simulated federation is not ``completed`` ("" if it is)."""
+    status = results.get("status")
+    if status == "completed":
+        return ""
+    reasons = results.get("status_reasons") or results.get("errors") or ["no reason recorded"]
+    return f"spherecal simulate: federation {status}: " + "; ".join(str(r) for r in reasons)
