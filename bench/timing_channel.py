@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import re
-import sqlite3
 import sys
 import tempfile
 import time
@@ -36,35 +35,9 @@ from typing import Any
 
 import numpy as np
 
-MESSAGES = {  # audit (stage, kind) of each measured message
-    "advertise": ("advertise", "SecAggSubmission"),
-    "share": ("share", "SecAggSubmission"),
-    "masked": ("masked", "MaskedChunk[0]"),
-}
+from spherecal.timing_channel import MESSAGES, message_offsets
+
 SAMPLES = re.compile(r"trained \d+ steps on (\d+) samples")
-
-
-def offsets(db: Path, stage: str, kind: str) -> dict[str, list[float]]:
-    """Per update job: seconds from the job's first ``stage`` message, by sender."""
-    conn = sqlite3.connect(db)
-    try:
-        rows = conn.execute(
-            "SELECT a.job, a.sender, a.ts FROM audit a JOIN jobs j ON a.job = j.job_id "
-            "WHERE a.stage = ? AND a.kind = ? AND a.status = 'accepted' "
-            "AND j.purpose = 'update' ORDER BY a.ts",
-            (stage, kind),
-        ).fetchall()
-    finally:
-        conn.close()
-    jobs: dict[str, dict[str, float]] = {}
-    for job, sender, ts in rows:
-        jobs.setdefault(job, {}).setdefault(sender, ts)
-    out: dict[str, list[float]] = {}
-    for senders in jobs.values():
-        start = min(senders.values())
-        for sender, ts in senders.items():
-            out.setdefault(sender, []).append(ts - start)
-    return out
 
 
 def sample_counts(out: Path) -> dict[str, int]:
@@ -85,7 +58,7 @@ def pairs(out: Path) -> dict[str, tuple[list[int], list[float]]]:
     for name, (stage, kind) in MESSAGES.items():
         xs: list[int] = []
         ys: list[float] = []
-        for pid, values in offsets(db, stage, kind).items():
+        for pid, values in message_offsets(db, stage, kind).items():
             if pid in samples:
                 xs.extend([samples[pid]] * len(values))
                 ys.extend(values)

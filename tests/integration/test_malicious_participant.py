@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import pytest
 
 from spherecal.audit import run_audit
 from spherecal.cli import main as cli_main
+from spherecal.timing_channel import MESSAGES, message_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -96,36 +96,8 @@ def _samples(log: Path) -> int:
     return int(found.group(1))
 
 
-def _offsets(db: Path, stage: str, kind: str) -> dict[str, list[float]]:
-    """Per update job: seconds from the job's first ``stage`` message, by sender."""
-    conn = sqlite3.connect(db)
-    try:
-        rows = conn.execute(
-            "SELECT a.job, a.sender, a.ts FROM audit a JOIN jobs j ON a.job = j.job_id "
-            "WHERE a.stage = ? AND a.kind = ? AND a.status = 'accepted' "
-            "AND j.purpose = 'update' ORDER BY a.ts",
-            (stage, kind),
-        ).fetchall()
-    finally:
-        conn.close()
-    jobs: dict[str, dict[str, float]] = {}
-    for job, sender, ts in rows:
-        jobs.setdefault(job, {}).setdefault(sender, ts)
-    out: dict[str, list[float]] = {}
-    for senders in jobs.values():
-        start = min(senders.values())
-        for sender, ts in senders.items():
-            out.setdefault(sender, []).append(ts - start)
-    return out
-
-
 LOCAL_WORK = re.compile(r"trained \d+ steps|(ffc|ccvr) statistics: \d+ entries")
 ADVERTISED = re.compile(r"job ([0-9a-f]{8}): advertised keys \((update|ffc|ccvr)\)")
-MESSAGES = {  # audit (stage, kind) of each message whose timing is measured
-    "advertise": ("advertise", "SecAggSubmission"),
-    "share": ("share", "SecAggSubmission"),
-    "masked": ("masked", "MaskedChunk[0]"),
-}
 
 
 def test_keys_and_shares_precede_local_work_in_every_secure_job(
@@ -151,7 +123,7 @@ def test_keys_and_shares_precede_local_work_in_every_secure_job(
     db = out / "coordinator" / "state" / "state.db"
     measured = {}
     for name, (stage, kind) in MESSAGES.items():
-        offsets = _offsets(db, stage, kind)
+        offsets = message_offsets(db, stage, kind)
         xs, ys = [], []
         for pid in HONEST:
             for offset in offsets.get(pid, []):
