@@ -9,7 +9,7 @@ send its masked data, keys or even its identity over a network in the clear.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -20,7 +20,7 @@ from proto.address import is_loopback_address
 from proto.error_detail import reason_from_metadata
 
 from .settings import ParticipantSettings
-from .transport import TransportError
+from .transport import StubCalls, TransportError
 
 __all__ = ["GrpcTransport", "channel_options", "credentials_for", "is_loopback_address"]
 
@@ -63,7 +63,7 @@ def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:
     return options
 
 
-class GrpcTransport:
+class GrpcTransport(StubCalls):
     def __init__(self, settings: ParticipantSettings) -> None:
         credentials = credentials_for(settings)
         options = channel_options(settings)
@@ -81,12 +81,6 @@ class GrpcTransport:
         except grpc.RpcError as exc:
             raise to_transport_error(exc) from None
 
-    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        return self._unary(self._stub.Join, request)
-
-    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        return self._unary(self._stub.Heartbeat, request, timeout=10.0)
-
     def presence(self, request: pb.HeartbeatRequest) -> _GrpcPresence:
         return _GrpcPresence(self._stub.Presence(request))
 
@@ -100,24 +94,6 @@ class GrpcTransport:
             yield from self._stub.DownloadTensor(request, timeout=self._timeout * 10)
         except grpc.RpcError as exc:
             raise to_transport_error(exc) from None
-
-    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
-        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)
-
-    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
-        return self._unary(self._stub.SubmitSecAgg, request)
-
-    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
-        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)
-
-    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
-        return self._unary(self._stub.ReportEvaluation, request)
-
-    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
-        return self._unary(self._stub.ReportFailure, request)
-
-    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
-        return self._unary(self._stub.GetStatus, request)
 
     def close(self) -> None:
         self._channel.close()

@@ -33,7 +33,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -45,6 +45,7 @@ from proto import spherecal_pb2 as pb
 
 from .grpc_transport import channel_options, credentials_for, to_transport_error
 from .settings import ParticipantSettings
+from .transport import StubCalls
 
 __all__ = ["EventLoopThread", "LoopTransport"]
 
@@ -92,7 +93,7 @@ async def _collect(fn: Callable[..., Any], request: object, timeout: float) -> l
     return [item async for item in fn(request, timeout=timeout)]
 
 
-class LoopTransport:
+class LoopTransport(StubCalls):
     """:class:`~participant.transport.Transport` over a ``grpc.aio`` channel driven by
     a shared :class:`EventLoopThread`."""
 
@@ -176,11 +177,6 @@ class LoopTransport:
             raise ValueError("the channel was closed during the call") from None
 
     # ------------------------------------------------------------ the protocol
-    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        return self._unary(self._stub.Join, request)
-
-    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        return self._unary(self._stub.Heartbeat, request, timeout=10.0)
 
     def presence(self, request: pb.HeartbeatRequest) -> _LoopPresence:
         if self._closed:
@@ -196,24 +192,6 @@ class LoopTransport:
         # A tensor is a model or a broadcast vector: collected on the loop and handed
         # over whole (the caller assembles it whole anyway).
         yield from self._run(_collect(self._stub.DownloadTensor, request, self._timeout * 10))
-
-    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
-        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)
-
-    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
-        return self._unary(self._stub.SubmitSecAgg, request)
-
-    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
-        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)
-
-    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
-        return self._unary(self._stub.ReportEvaluation, request)
-
-    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
-        return self._unary(self._stub.ReportFailure, request)
-
-    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
-        return self._unary(self._stub.GetStatus, request)
 
     def close(self) -> None:
         """Close the channel: every call in flight is cancelled, later ones fail."""

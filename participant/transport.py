@@ -13,7 +13,7 @@ the transport; :data:`RETRYABLE` are the codes worth retrying after a backoff
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -90,3 +90,41 @@ class Transport(Protocol):
     def get_status(self, request: pb.StatusRequest) -> pb.StatusReply: ...
 
     def close(self) -> None: ...
+
+
+class StubCalls:
+    """The protocol's plain calls, written once for every gRPC transport: each is one
+    call of the coordinator stub ``_stub`` through the transport's ``_unary`` (which
+    maps gRPC errors to :class:`TransportError`; a synchronous channel and the shared
+    event-loop channel implement it differently). Uploads get ten times the call
+    timeout: they stream a whole model or masked vector."""
+
+    _stub: Any
+    _timeout: float
+
+    def _unary(self, fn: Any, request: object, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        return self._unary(self._stub.Join, request)
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return self._unary(self._stub.Heartbeat, request, timeout=10.0)
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        return self._unary(self._stub.UploadTensor, iter(messages), timeout=self._timeout * 10)
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        return self._unary(self._stub.SubmitSecAgg, request)
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
+        return self._unary(self._stub.UploadMasked, iter(messages), timeout=self._timeout * 10)
+
+    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
+        return self._unary(self._stub.ReportEvaluation, request)
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
+        return self._unary(self._stub.ReportFailure, request)
+
+    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        return self._unary(self._stub.GetStatus, request)
