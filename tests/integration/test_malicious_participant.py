@@ -87,6 +87,10 @@ def test_audit_records_the_exclusion_and_that_it_held(
     policy = report["checks"]["participant_policy"]
     assert policy["ok"] is True, policy
     assert [e["participant"] for e in policy["excluded"]] == ["p3"]
+    # excluded on the signed complaints of a strict majority of its other share holders
+    # (all honest: p3 holds shares of its own, and corrupts only the ones it deals)
+    complainants = policy["excluded"][0]["complainants"]
+    assert set(complainants) <= set(HONEST) and 2 * len(complainants) > len(HONEST)
     assert policy["violations"] == []
 
 
