@@ -38,7 +38,7 @@ from .privacy import PRIVACY_REFUSALS
 from .registry import Member, Peer, Registry
 from .secure_job import STAGE_NAMES
 from .settings import CoordinatorSettings
-from .status import RefusalCounter, authorize_admin, federation_status
+from .status import RefusalCounter, authorize_admin, federation_status, job_statuses
 from .store import Store
 from .tasks import EvaluationResult, PlainUpload, Task
 from .traffic import Traffic
@@ -559,27 +559,12 @@ class CoordinatorService:
         fed = self.federation
         alive = self.registry.alive()
         joined = self.registry.joined()
-        jobs = []
-        job_list = fed.board.all_jobs()
-        for job in job_list:
-            outcome = job.outcome
-            jobs.append(
-                pb.JobStatus(
-                    job_id=job.job_hex,
-                    purpose=job.purpose,
-                    round=-1 if job.round is None else job.round + 1,
-                    state="running" if outcome is None else outcome.status,
-                    stage=job.stage_name,
-                    contributors=list(outcome.contributors) if outcome else [],
-                    error=(outcome.error or "") if outcome else "",
-                )
-            )
         return pb.StatusReply(
             federation_id=fed.federation_id,
             phase=fed.phase,
             completed_rounds=fed.completed_rounds,
             rounds=self.settings.training.rounds,
-            jobs=jobs,
+            jobs=job_statuses(fed),
             participants=[
                 pb.ParticipantStatus(participant_id=p, joined=p in joined, alive=p in alive)
                 for p in self.settings.participants

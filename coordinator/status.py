@@ -72,11 +72,8 @@ def authorize_admin(settings: CoordinatorSettings, peer: Peer) -> str:
 
 
 def job_statuses(federation: Federation) -> list[pb.JobStatus]:
-    board = federation.board
-    with board.cond:
-        jobs = list(board.jobs.values())
     out = []
-    for job in jobs:
+    for job in federation.board.all_jobs():
         outcome = job.outcome
         out.append(
             pb.JobStatus(
