@@ -153,3 +153,36 @@ def plaintext_federation(
         for k, p in enumerate(ids)
     ]
     return cs, ps
+
+
+def secure_federation(
+    tmp: Path, ids: tuple[str, ...], **participant: object
+) -> tuple[CoordinatorSettings, list[ParticipantSettings]]:
+    """Settings of a one-round in-process federation over secure aggregation (the
+    defaults), FFC only, digits slices, fast timeouts; ``participant`` fields (e.g.
+    ``privacy``) are set on every participant."""
+    cs = CoordinatorSettings(
+        participants=ids,
+        model=ModelSettings(extractor="mlp"),
+        training=TrainingSettings(rounds=1, max_round_attempts=1, local_epochs=1),
+        calibration=CalibrationSettings(methods=("ffc",)),
+        secagg=SecAggSettings(),
+        server=ServerSettings(insecure=True),
+        timeouts=Timeouts(
+            heartbeat_interval_s=0.2, heartbeat_timeout_s=5, long_poll_s=0.3, linger_s=3
+        ),
+        state_dir=tmp / "state",
+        out_dir=tmp / "out",
+    )
+    ps = [
+        ParticipantSettings(
+            participant_id=p,
+            insecure=True,
+            long_poll_ms=300,
+            state_dir=tmp / p,
+            data=DataSettings(slice_index=k, slice_of=len(ids)),
+            **participant,  # type: ignore[arg-type]
+        )
+        for k, p in enumerate(ids)
+    ]
+    return cs, ps

@@ -9,18 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.settings import (
-    CalibrationSettings,
-    CoordinatorSettings,
-    ModelSettings,
-    SecAggSettings,
-    ServerSettings,
-    Timeouts,
-    TrainingSettings,
-)
-from participant.settings import DataSettings, ParticipantSettings
 from spherecal.inprocess import InProcessFederation
 from spherefed.privacy.settings import PrivacySettings
+from tests.unit.coordinator.helpers import secure_federation
 
 pytestmark = pytest.mark.slow
 
@@ -28,30 +19,7 @@ pytestmark = pytest.mark.slow
 def _federation(tmp: Path, privacy: PrivacySettings) -> InProcessFederation:
     torch.set_num_threads(1)
     ids = ("p0", "p1", "p2")  # participants' default policy refuses 2-party secure jobs
-    cs = CoordinatorSettings(
-        participants=ids,
-        model=ModelSettings(extractor="mlp"),
-        training=TrainingSettings(rounds=1, max_round_attempts=1, local_epochs=1),
-        calibration=CalibrationSettings(methods=("ffc",)),
-        secagg=SecAggSettings(updates=True, statistics=True),
-        server=ServerSettings(insecure=True),
-        timeouts=Timeouts(
-            heartbeat_interval_s=0.2, heartbeat_timeout_s=5, long_poll_s=0.3, linger_s=3
-        ),
-        state_dir=tmp / "state",
-        out_dir=tmp / "out",
-    )
-    ps = [
-        ParticipantSettings(
-            participant_id=p,
-            insecure=True,
-            long_poll_ms=300,
-            state_dir=tmp / p,
-            data=DataSettings(slice_index=k, slice_of=len(ids)),
-            privacy=privacy,
-        )
-        for k, p in enumerate(ids)
-    ]
+    cs, ps = secure_federation(tmp, ids, privacy=privacy)
     return InProcessFederation(cs, ps)
 
 

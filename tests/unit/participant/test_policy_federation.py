@@ -13,18 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.settings import (
-    CalibrationSettings,
-    CoordinatorSettings,
-    ModelSettings,
-    SecAggSettings,
-    ServerSettings,
-    Timeouts,
-    TrainingSettings,
-)
 from participant.policy import PolicySettings
-from participant.settings import DataSettings, ParticipantSettings
 from spherecal.inprocess import InProcessFederation
+from tests.unit.coordinator.helpers import secure_federation
 
 pytestmark = pytest.mark.slow
 
@@ -33,29 +24,7 @@ IDS = ("p0", "p1", "p2", "p3")
 
 def _federation(tmp: Path, *, max_heads_p3: int = 2) -> InProcessFederation:
     torch.set_num_threads(1)
-    cs = CoordinatorSettings(
-        participants=IDS,
-        model=ModelSettings(extractor="mlp"),
-        training=TrainingSettings(rounds=1, max_round_attempts=1, local_epochs=1),
-        calibration=CalibrationSettings(methods=("ffc",)),
-        secagg=SecAggSettings(),
-        server=ServerSettings(insecure=True),
-        timeouts=Timeouts(
-            heartbeat_interval_s=0.2, heartbeat_timeout_s=5, long_poll_s=0.3, linger_s=3
-        ),
-        state_dir=tmp / "state",
-        out_dir=tmp / "out",
-    )
-    ps = [
-        ParticipantSettings(
-            participant_id=p,
-            insecure=True,
-            long_poll_ms=300,
-            state_dir=tmp / p,
-            data=DataSettings(slice_index=k, slice_of=len(IDS)),
-        )
-        for k, p in enumerate(IDS)
-    ]
+    cs, ps = secure_federation(tmp, IDS)
     # p3 weakens one key (logged) and refuses evaluations with any calibrated head
     ps[3] = replace(ps[3], policy=PolicySettings(min_inputs=2, max_evaluation_heads=max_heads_p3))
     return InProcessFederation(cs, ps)
