@@ -93,7 +93,7 @@ from .policy import SecAggPolicy
 from .replay import JobLedger, MemoryJobLedger
 from .ring import choose_scale_bits, decode, encode
 from .server import AggregateResult, SecAggServer, Stage
-from .spec import JobSpec
+from .spec import JobSpec, keys_needed
 
 __all__ = [
     "AdvertiseKeys",
@@ -162,6 +162,7 @@ __all__ = [
     "encode",
     "generate_identity",
     "identity_public_bytes",
+    "keys_needed",
     "run_protocol",
     "simulate_secure_sum",
 ]

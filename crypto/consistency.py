@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ._exceptions import InconsistentSurvivors, TooFewSurvivors
 from .graph import COMPLETE, Graph
-from .keys import survivors_payload, verify
+from .keys import pinned_key, survivors_payload, verify
 from .messages import UnmaskRequest
 from .spec import JobSpec
 
@@ -38,23 +38,35 @@ def verify_signed_view(
 ) -> None:
     """Raise unless ``request`` carries the survivor set this holder ``signed`` with
     ``t`` valid signatures overall and ``t`` among the holders of every owner in
-    ``owners`` (whose shares the request would reveal); ``members1`` is ``U1``."""
+    ``owners`` (whose shares the request would reveal); ``members1`` is ``U1``.
+
+    Only signatures of those holders are verified and counted — they are the only
+    ones either count can use, and their keys are the ones a participant holds
+    (:func:`crypto.spec.keys_needed`: its closed 2-hop neighbourhood). Any other
+    survivor's signature is *ignored*: not verified, never counted toward ``t``, so
+    it can neither help nor fail the check (a coordinator sending all ``n``
+    signatures still works, and costs this holder no extra verifications). Ignoring
+    is safe because the overall count then counts a subset of what it counted before
+    and each owner's count never included them. A counted signer whose key is not in
+    ``directory`` is refused (:class:`KeySubstitution`), never a ``KeyError``."""
     if request.survivors != signed:
         raise InconsistentSurvivors("survivor set differs from the one this participant signed")
     survivors = frozenset(request.survivors)
     payload = survivors_payload(
         spec_digest=spec.digest, job_id=spec.job_id, survivors=request.survivors
     )
+    holders_of = {owner: graph.holders(owner, members1) for owner in sorted(owners)}
+    countable: set[str] = set()
+    for holders in holders_of.values():
+        countable.update(holders)
     signers = set()
     for entry in request.signatures:
         if entry.signer not in survivors:
             raise InconsistentSurvivors(f"signature from {entry.signer!r}, who is not a survivor")
-        verify(
-            directory[entry.signer],
-            entry.signature,
-            payload,
-            what=f"survivor-set signature of {entry.signer!r}",
-        )
+        if entry.signer not in countable:
+            continue  # outside every revealed owner's holders: ignored, never counted
+        what = f"survivor-set signature of {entry.signer!r}"
+        verify(pinned_key(directory, entry.signer, what=what), entry.signature, payload, what=what)
         signers.add(entry.signer)
     if len(signers) < spec.threshold:
         raise TooFewSurvivors(
@@ -63,8 +75,7 @@ def verify_signed_view(
             stage="unmask",
             what="consistency signatures",
         )
-    for owner in sorted(owners):
-        holders = graph.holders(owner, members1)
+    for owner, holders in holders_of.items():
         count = sum(1 for h in holders if h in signers)
         if count < spec.threshold:
             raise TooFewSurvivors(
@@ -82,7 +93,6 @@ def signers_counted(
     revealed: frozenset[str],
     members1: frozenset[str],
     signed: Mapping[str, bytes],
-    threshold: int,
 ) -> list[str]:
     """The signers (sorted) whose consistency signatures ``holder``'s check in
     :func:`verify_signed_view` counts — what the coordinator sends it.
@@ -91,18 +101,14 @@ def signers_counted(
     (``revealed``: survivors and dropouts), ``t`` signatures among that owner's
     share holders. On the complete graph that is everyone's. On a Harary graph the
     owners are the holder's closed neighbourhood and their holders its 2-hop
-    neighbourhood: O(k²) signatures, not all n — sending all n made every holder
-    verify n signatures, n² Ed25519 verifications per job (at 1,000 participants
-    a million, minutes of CPU). Fewer signatures can only make the holder's check
-    fail, never pass: it still verifies every one it gets. Topped up to ``t`` in
-    all, for its overall count."""
+    neighbourhood: O(k), not all n — sending all n made every holder verify n
+    signatures, n² Ed25519 verifications per job (at 1,000 participants a million,
+    minutes of CPU). Fewer signatures can only make the holder's check fail, never
+    pass: it verifies every one it counts, and it ignores (never counts) any other,
+    so nothing outside this set is sent."""
     if graph.kind == COMPLETE:
         return sorted(signed)
     wanted: set[str] = set()
     for owner in graph.closed(holder) & revealed:
         wanted.update(graph.holders(owner, members1))
-    chosen = sorted(s for s in wanted if s in signed)
-    if len(chosen) < threshold:
-        others = sorted(set(signed) - set(chosen))
-        chosen = sorted(chosen + others[: threshold - len(chosen)])
-    return chosen
+    return sorted(s for s in wanted if s in signed)

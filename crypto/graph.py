@@ -91,6 +91,9 @@ class Graph:
                 adj[order[j]].add(order[i])
             self._adj = {p: frozenset(v) for p, v in adj.items()}
 
+    def __contains__(self, u: object) -> bool:
+        return u in self._all
+
     def neighbours(self, u: str) -> frozenset[str]:
         """``N(u)``: the participants ``u`` shares a pairwise mask with."""
         if self.kind == COMPLETE:
@@ -106,6 +109,24 @@ class Graph:
     def closed(self, u: str) -> frozenset[str]:
         """``N(u) ∪ {u}``: who holds shares of ``u``'s secrets."""
         return self.neighbours(u) | {u}
+
+    def closed_two_hop(self, u: str) -> frozenset[str]:
+        """``u`` and everyone within two hops: ``⋃_{v ∈ N(u) ∪ {u}} N(v) ∪ {v}``.
+
+        Why: ``u`` holds shares of the owners in ``N(u) ∪ {u}``, and before revealing
+        them its consistency check (:mod:`crypto.consistency`) counts signatures among
+        *their* holders — so these are the only parties whose identity keys ``u`` ever
+        needs (:func:`crypto.spec.keys_needed`). On ``H_{k,n}`` that is at most the
+        ``2k + 1`` cycle positions around ``u`` plus the diameters' ends: O(k), not n.
+        The complete graph: everyone."""
+        if self.kind == COMPLETE:
+            if u not in self._all:
+                raise KeyError(u)
+            return self._all
+        out = set(self.closed(u))
+        for v in self._adj[u]:
+            out |= self._adj[v]
+        return frozenset(out)
 
     def holders(self, u: str, live: Iterable[str]) -> tuple[str, ...]:
         """Sorted share holders of ``u`` among ``live``; holder ``i`` gets x = i+1."""

@@ -35,7 +35,7 @@ from .participant import SecAggParticipant
 from .policy import SecAggPolicy
 from .replay import MemoryJobLedger
 from .server import AggregateResult, SecAggServer, Stage
-from .spec import JobSpec, default_degree
+from .spec import JobSpec, default_degree, keys_needed
 
 DROP_STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 """Where a participant can vanish: the stage whose message it never sends."""
@@ -69,9 +69,14 @@ def run_protocol(
     max_in_flight: int = 2,
     record: bool = False,
     policy: SecAggPolicy | None = None,
+    full_directory: bool = False,
 ) -> SimulationReport:
     """Run one job. ``inputs`` maps every participant id to its vector; ``drop`` maps
     an id to the stage whose message it never sends (:data:`DROP_STAGES`).
+
+    Each participant gets only the identity keys it needs (:func:`crypto.spec.keys_needed`),
+    as the service sends them; ``full_directory`` gives every participant all ``n``
+    (the result must be the same).
 
     Raises whatever the protocol raises (e.g. :class:`TooFewSurvivors`); a refusal by
     a participant propagates too. ``policy`` is every participant's privacy policy
@@ -100,7 +105,14 @@ def run_protocol(
     started = time.perf_counter()
     server = SecAggServer(spec, directory, max_in_flight=max_in_flight)
     clients = {
-        p: SecAggParticipant(spec, p, identities[p], directory, ledger=ledger, policy=policy)
+        p: SecAggParticipant(
+            spec,
+            p,
+            identities[p],
+            directory if full_directory else {q: directory[q] for q in keys_needed(spec, p)},
+            ledger=ledger,
+            policy=policy,
+        )
         for p in spec.participants
     }
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from ._codec import encode_context
-from ._exceptions import BadKey, BadSignature
+from ._exceptions import BadKey, BadSignature, KeySubstitution
 from .kdf import LABEL
 
 KEY_BYTES = 32
@@ -51,6 +51,7 @@ __all__ = [
     "generate_identity",
     "identity_public_bytes",
     "load_identity_public",
+    "pinned_key",
     "seed_commitment",
     "sign",
     "survivors_payload",
@@ -190,6 +191,22 @@ def verify(public: Ed25519PublicKey, signature: bytes, payload: bytes, *, what: 
         public.verify(signature, payload)
     except InvalidSignature as exc:
         raise BadSignature(f"{what}: signature does not verify") from exc
+
+
+def pinned_key(
+    directory: Mapping[str, Ed25519PublicKey], signer: str, *, what: str
+) -> Ed25519PublicKey:
+    """``signer``'s pinned identity key, or a refusal: a participant holds keys only for
+    the parties whose signatures it checks (:func:`crypto.spec.keys_needed`), so a
+    signature it is asked to check from anyone else cannot be checked and is refused
+    (:class:`KeySubstitution`) rather than failing with a ``KeyError``."""
+    key = directory.get(signer)
+    if key is None:
+        raise KeySubstitution(
+            f"{what}: this participant holds no pinned identity key for {signer!r} "
+            "(not among the parties whose signatures it checks in this job)"
+        )
+    return key
 
 
 def digests_equal(a: bytes, b: bytes) -> bool:

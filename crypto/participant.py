@@ -92,7 +92,7 @@ from .policy import SecAggPolicy
 from .prg import MaskExpander, MaskSeed
 from .replay import JobLedger, default_ledger
 from .ring import RING_DTYPE, add_noise, encode
-from .spec import JobSpec
+from .spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
 
@@ -116,11 +116,14 @@ class SecAggParticipant:
         spec: the job, as received from the coordinator (validated on construction).
         participant_id: this participant's id; must be in ``spec.participants``.
         identity_key: the participant's long-term Ed25519 key.
-        directory: id -> Ed25519 public key (raw 32 bytes or key object) for every
-            participant of the job. It must come from the deployment's trust root
-            (e.g. certificates issued by the federation's CA), not from the
-            coordinator: signatures protect against a malicious coordinator only
-            if it cannot choose the keys they are checked with.
+        directory: id -> Ed25519 public key (raw 32 bytes or key object), at least
+            for every participant in :func:`crypto.spec.keys_needed` (this
+            participant, its masking-graph neighbours and, with the consistency
+            round, their neighbours; everyone on the complete graph); other entries
+            are ignored. It must come from the deployment's trust root (e.g.
+            certificates issued by the federation's CA), not from the coordinator:
+            signatures protect against a malicious coordinator only if it cannot
+            choose the keys they are checked with.
         ledger: where job ids are claimed to refuse replays (default: in-memory,
             process-wide; pass a persistent one in production).
         policy: what this participant demands of the job (default: the safe
@@ -143,17 +146,22 @@ class SecAggParticipant:
         spec.validate()
         if participant_id not in spec.participants:
             raise UnknownParticipant(f"{participant_id!r} is not a participant of this job")
-        missing = [p for p in spec.participants if p not in directory]
+        needed = sorted(keys_needed(spec, participant_id))
+        missing = [p for p in needed if p not in directory]
         if missing:
             raise InvalidSpec(
-                f"identity directory lacks {len(missing)} participants, e.g. {missing[0]!r}"
+                f"identity directory lacks {len(missing)} of the {len(needed)} participants "
+                f"whose signatures {participant_id!r} checks in this job, e.g. {missing[0]!r}"
             )
         self.policy = policy if policy is not None else SecAggPolicy()
         _policy.check_spec(self.policy, spec)
         self.spec = spec
         self.participant_id = participant_id
         self._identity = identity_key
-        self._directory = {p: load_identity_public(directory[p]) for p in spec.participants}
+        # Only the keys this participant checks signatures with (its neighbours, and
+        # with the consistency round its 2-hop neighbourhood): O(k), not n. Entries
+        # for anyone else are not loaded; a signature from them is refused.
+        self._directory = {p: load_identity_public(directory[p]) for p in needed}
         if identity_public_bytes(identity_key) != identity_public_bytes(
             self._directory[participant_id]
         ):

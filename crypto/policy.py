@@ -52,7 +52,7 @@ from ._exceptions import (
     TooFewParticipants,
 )
 from .graph import max_closed_size
-from .keys import advert_payload, verify
+from .keys import advert_payload, pinned_key, verify
 from .messages import AdvertiseKeys, UnmaskRequest
 from .spec import JobSpec
 
@@ -204,12 +204,15 @@ def check_roster_keys(
     own: AdvertiseKeys | None,
 ) -> None:
     """Every advertisement signed by its sender's pinned key; ours unchanged; no key
-    used twice (raises :class:`KeySubstitution`)."""
+    used twice (raises :class:`KeySubstitution`). ``directory`` holds only the keys
+    this participant needs (:func:`crypto.spec.keys_needed`); an advertisement from
+    anyone else has no pinned key to check it with and is refused the same way."""
     seen: set[bytes] = set()
     for advert in adverts:
+        what = f"key advertisement of {advert.sender!r}"
         try:
             verify(
-                directory[advert.sender],
+                pinned_key(directory, advert.sender, what=what),
                 advert.signature,
                 advert_payload(
                     spec_digest=spec.digest,
@@ -219,7 +222,7 @@ def check_roster_keys(
                     masking_public=advert.masking_public,
                     commitment=advert.seed_commitment,
                 ),
-                what=f"key advertisement of {advert.sender!r}",
+                what=what,
             )
         except BadSignature as exc:
             raise KeySubstitution(

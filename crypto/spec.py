@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ._codec import MAX_ID_BYTES, Reader, Writer
-from ._exceptions import InvalidSpec, MalformedMessage
+from ._exceptions import InvalidSpec, MalformedMessage, UnknownParticipant
 from .graph import COMPLETE, GRAPH_KINDS, HARARY, Graph, max_closed_size, min_closed_size
 from .ring import MAX_SCALE_BITS, choose_scale_bits, sum_fits
 
@@ -45,7 +45,7 @@ MAX_JOB_ID_BYTES = 64
 MAX_PARTICIPANTS = 1 << 16
 MAX_LENGTH = 1 << 40
 
-__all__ = ["DEFAULT_CHUNK_ENTRIES", "JobSpec", "default_degree"]
+__all__ = ["DEFAULT_CHUNK_ENTRIES", "JobSpec", "default_degree", "keys_needed"]
 
 
 def default_degree(n: int, threshold: int) -> int:
@@ -254,3 +254,27 @@ class JobSpec:
             chunk_size=chunk,
             noise_bound=noise,
         )
+
+
+def keys_needed(spec: JobSpec, participant: str) -> frozenset[str]:
+    """The participants whose identity keys ``participant`` needs in ``spec``'s job:
+    exactly those whose signatures it checks.
+
+    * itself (its own directory entry must match its identity key);
+    * its masking-graph neighbours ``N(u)``: the roster's key advertisements are those
+      of its share holders ``N(u) ∪ {u}`` among ``U1``, each checked against its
+      sender's pinned key (:func:`crypto.policy.check_roster_keys`);
+    * with ``consistency_check``, the share holders of every owner whose shares it
+      holds — its closed 2-hop neighbourhood (:meth:`Graph.closed_two_hop`) — whose
+      survivor-set signatures :func:`crypto.consistency.verify_signed_view` counts.
+
+    The complete graph: everyone. A Harary graph: O(k) of the n participants, so the
+    identity directory a participant receives and verifies (under TLS one certificate
+    per entry) stops growing with n (Bell et al. 2020 bound each client's work by its
+    neighbourhood; this is the directory's share of that)."""
+    graph = spec.masking_graph
+    if participant not in graph:
+        raise UnknownParticipant(f"{participant!r} is not a participant of this job")
+    if spec.consistency_check:
+        return graph.closed_two_hop(participant)
+    return graph.closed(participant)

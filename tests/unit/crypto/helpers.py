@@ -18,6 +18,7 @@ from crypto import (
     Stage,
     generate_identity,
     identity_public_bytes,
+    keys_needed,
 )
 from crypto.messages import (
     ConsistencySignature,
@@ -79,9 +80,15 @@ class Net:
         self.identities = {p: generate_identity() for p in self.ids}
         self.directory = {p: identity_public_bytes(k) for p, k in self.identities.items()}
         self.ledger = MemoryJobLedger()
+        # Each participant holds only the keys it needs, as the service sends them.
         self.clients = {
             p: SecAggParticipant(
-                self.spec, p, self.identities[p], self.directory, ledger=self.ledger, policy=policy
+                self.spec,
+                p,
+                self.identities[p],
+                {q: self.directory[q] for q in keys_needed(self.spec, p)},
+                ledger=self.ledger,
+                policy=policy,
             )
             for p in self.ids
         }
