@@ -194,7 +194,7 @@ def _collect_kind(
                 statistics=pb.StatisticsTask(
                     kind=code,
                     model=final,
-                    secure=job.job_message() if job is not None else None,
+                    secure=job.job_message(p) if job is not None else None,
                     privacy=(
                         privacy.release_message(plan)
                         if privacy is not None and plan is not None

@@ -152,7 +152,7 @@ def federated_evaluation(
                     model=model_ref,
                     heads=refs,
                     round=-1 if round_index is None else round_index,
-                    secure=job.job_message() if job is not None else None,
+                    secure=job.job_message(p) if job is not None else None,
                     split=split_code,
                 )
             )

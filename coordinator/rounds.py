@@ -154,7 +154,7 @@ class RoundDriver:
                         round=r,
                         model=ref,
                         seed=derive_seed(s.seed, "train", r, ctx.registry.index_of(p)),
-                        secure=job.job_message() if job is not None else None,
+                        secure=job.job_message(p) if job is not None else None,
                         broadcast=broadcast,
                     )
                 )

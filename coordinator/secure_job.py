@@ -141,7 +141,8 @@ class SecureJob:
         self.job_hex = self.spec.job_id.hex()
         self.spec_bytes = self.spec.to_bytes()
         self.spec_sha256 = hashlib.sha256(self.spec_bytes).hexdigest()
-        self.directory = directory
+        self._directory = {entry.participant_id: entry for entry in directory}
+        self._entries: dict[str, list[pb.DirectoryEntry]] = {}
         self.lock = threading.RLock()
         self.server = SecAggServer(self.spec, identity_keys, max_in_flight=settings.max_in_flight)
         self._first_stage_s = first_stage_s
@@ -164,8 +165,31 @@ class SecureJob:
     def stage_name(self) -> str:
         return self.server.stage.value
 
-    def job_message(self) -> pb.SecAggJob:
-        return pb.SecAggJob(spec=self.spec_bytes, directory=self.directory, purpose=self.purpose)
+    def job_message(self, participant: str) -> pb.SecAggJob:
+        """``participant``'s job instruction: the spec and only the directory entries
+        whose signatures it checks (``crypto.keys_needed``: on a Harary graph its
+        2-hop neighbourhood, O(k) entries, not all n — under TLS each entry is a
+        certificate the participant verifies). The entry list is computed once per
+        participant and job."""
+        return pb.SecAggJob(
+            spec=self.spec_bytes, directory=self.directory_for(participant), purpose=self.purpose
+        )
+
+    def directory_for(self, participant: str) -> list[pb.DirectoryEntry]:
+        """The directory entries ``participant`` needs, sorted by id (cached)."""
+        with self.lock:
+            entries = self._entries.get(participant)
+            if entries is None:
+                try:
+                    needed = crypto.keys_needed(self.spec, participant)
+                    entries = [self._directory[p] for p in sorted(needed)]
+                except (crypto.SecAggError, KeyError):
+                    raise ServiceError(
+                        grpc.StatusCode.INTERNAL,
+                        f"{participant!r} is not in {self.label()} or lacks a directory entry",
+                    ) from None
+                self._entries[participant] = entries
+            return entries
 
     def label(self) -> str:
         where = f" round {self.round + 1}" if self.round is not None else ""

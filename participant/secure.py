@@ -104,7 +104,7 @@ class SecureSession:
                 f"job expects {spec.length} entries but this participant's input has "
                 f"{vector.shape[0]}"
             )
-        directory = trust.verify(job.directory, spec.participants)
+        directory = trust.verify(job.directory, crypto.keys_needed(spec, participant_id))
         self.spec = spec
         self.purpose = job.purpose
         self.round = round_index

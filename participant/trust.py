@@ -11,12 +11,17 @@ certificate is signed by the CA this participant trusts, is currently valid, nam
 the entry's participant id, and binds exactly the entry's Ed25519 key (the spherecal
 identity extension). On loopback ``--insecure`` simulations there is no CA and the
 directory is taken as given — acceptable only because everything runs on one host.
+
+Only the entries a participant needs are checked: the coordinator sends each
+participant the entries of the parties whose signatures it verifies
+(``crypto.keys_needed``), and a directory carrying more (an older coordinator's
+whole directory) costs no extra certificate verification.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -40,19 +45,31 @@ class DirectoryTrust:
         return self._ca is not None
 
     def verify(
-        self, entries: Sequence[pb.DirectoryEntry], participants: Sequence[str]
+        self, entries: Sequence[pb.DirectoryEntry], participants: Collection[str]
     ) -> dict[str, bytes]:
-        """``{participant: Ed25519 public key}`` for every job participant, verified."""
+        """``{participant: Ed25519 public key}`` for every id in ``participants``,
+        verified — the ids whose signatures this participant checks in the job
+        (``crypto.keys_needed``: on a Harary graph its 2-hop neighbourhood, O(log n)
+        of the n). A needed entry that is missing, listed twice or fails its
+        certificate check is :class:`UntrustedDirectory`; entries for anyone else
+        are ignored — not verified (no certificate parsed) and not returned."""
+        wanted = participants if isinstance(participants, (set, frozenset)) else set(participants)
         by_id: dict[str, pb.DirectoryEntry] = {}
         for entry in entries:
-            if entry.participant_id in by_id:
-                raise UntrustedDirectory(f"directory lists {entry.participant_id!r} twice")
-            by_id[entry.participant_id] = entry
+            pid = entry.participant_id
+            if pid not in wanted:
+                continue
+            if pid in by_id:
+                raise UntrustedDirectory(f"directory lists {pid!r} twice")
+            by_id[pid] = entry
         out: dict[str, bytes] = {}
-        for pid in participants:
+        for pid in sorted(wanted):
             found = by_id.get(pid)
             if found is None:
-                raise UntrustedDirectory(f"directory has no entry for job participant {pid!r}")
+                raise UntrustedDirectory(
+                    f"directory has no entry for job participant {pid!r}, whose signatures "
+                    "this participant checks"
+                )
             key = bytes(found.identity_public_key)
             if len(key) != 32:
                 raise UntrustedDirectory(f"directory key of {pid!r} is not an Ed25519 key")

@@ -58,8 +58,16 @@ def make_job(
         stage_s=stage_s,
     )
     ledger = crypto.MemoryJobLedger()
+    # Each participant gets the directory its instruction carries (its needed entries).
     clients = {
-        p: crypto.SecAggParticipant(job.spec, p, identities[p], keys, ledger=ledger) for p in ids
+        p: crypto.SecAggParticipant(
+            job.spec,
+            p,
+            identities[p],
+            {e.participant_id: e.identity_public_key for e in job.job_message(p).directory},
+            ledger=ledger,
+        )
+        for p in ids
     }
     return job, clients
 

@@ -9,7 +9,7 @@ import pytest
 
 import crypto
 from participant.secure import SecureSession, SqliteJobLedger
-from participant.trust import DirectoryTrust
+from participant.trust import DirectoryTrust, UntrustedDirectory
 from proto import spherecal_pb2 as pb
 from proto.identity import public_key_bytes
 
@@ -91,4 +91,41 @@ def test_out_of_bound_input_is_refused_not_wrapped() -> None:
             ledger=crypto.MemoryJobLedger(),
             trust=DirectoryTrust(None),
             vector=np.full(16, 1e9),
+        )
+
+
+def test_a_harary_job_with_only_the_needed_entries_is_accepted_and_a_gap_refused() -> None:
+    """At n = 40 (Harary) the instruction carries only ``crypto.keys_needed``'s
+    entries; the session accepts exactly those, and one missing is refused."""
+    identities = {f"p{k:02d}": crypto.generate_identity() for k in range(40)}
+    spec = crypto.JobSpec.create(
+        identities, threshold=4, length=4, bound=1.0, graph="harary", degree=5
+    )
+    me = "p00"
+    needed = sorted(crypto.keys_needed(spec, me))
+    assert len(needed) < 40
+
+    def job(ids: list[str]) -> pb.SecAggJob:
+        entries = [
+            pb.DirectoryEntry(participant_id=p, identity_public_key=public_key_bytes(identities[p]))
+            for p in ids
+        ]
+        return pb.SecAggJob(spec=spec.to_bytes(), directory=entries, purpose="ffc")
+
+    session = SecureSession(
+        job(needed),
+        participant_id=me,
+        identity=identities[me],
+        ledger=crypto.MemoryJobLedger(),
+        trust=DirectoryTrust(None),
+    )
+    assert session.advertise()
+    gap = next(p for p in needed if p != me)
+    with pytest.raises(UntrustedDirectory, match=f"no entry for job participant {gap!r}"):
+        SecureSession(
+            job([p for p in needed if p != gap]),
+            participant_id=me,
+            identity=identities[me],
+            ledger=crypto.MemoryJobLedger(),
+            trust=DirectoryTrust(None),
         )

@@ -65,3 +65,19 @@ def test_without_a_ca_the_directory_is_taken_as_given() -> None:
     entry = pb.DirectoryEntry(participant_id="p0", identity_public_key=b"k" * 32)
     assert trust.verify([entry], ["p0"]) == {"p0": b"k" * 32}
     assert not trust.verifies_certificates
+
+
+def test_only_the_needed_entries_are_verified_and_returned(pki: Path) -> None:
+    """The participant checks the entries of the parties whose signatures it checks
+    (``crypto.keys_needed``); entries for anyone else are ignored — a foreign
+    certificate or a duplicate there neither fails nor is returned."""
+    trust = DirectoryTrust((pki / "ca" / "ca.pem").read_bytes())
+    good = _entry(pki / "ca", "p0")
+    foreign = _entry(pki / "other", "p1")
+    assert trust.verify([good, foreign, foreign], {"p0"}) == {"p0": good.identity_public_key}
+    bogus = pb.DirectoryEntry(participant_id="p9", identity_public_key=b"short")
+    assert trust.verify([bogus, good], ["p0"]) == {"p0": good.identity_public_key}
+    with pytest.raises(UntrustedDirectory, match="no entry for job participant 'p1'"):
+        trust.verify([good, bogus], {"p0", "p1"})
+    with pytest.raises(UntrustedDirectory, match="not issued"):
+        trust.verify([good, foreign], {"p0", "p1"})
