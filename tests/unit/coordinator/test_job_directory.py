@@ -21,7 +21,8 @@ from .helpers import make_job, run_job
 def _full_message(job_n: int) -> tuple[int, int]:
     """(bytes of p0's instruction, bytes with the whole directory) for a job of n."""
     job, _ = make_job(job_n, 8)
-    entries = [job._directory[p] for p in job.spec.participants]
+    everyone = {e.participant_id: e for p in job.spec.participants for e in job.directory_for(p)}
+    entries = [everyone[p] for p in job.spec.participants]
     full = pb.SecAggJob(spec=job.spec_bytes, directory=entries, purpose=job.purpose)
     return job.job_message("p0").ByteSize(), full.ByteSize()
 
@@ -39,8 +40,13 @@ def test_a_job_message_at_n_200_carries_the_needed_entries_not_all_n() -> None:
         assert len(ids) <= (k + 2) ** 2 and len(ids) < spec.n // 4  # O(k²) bound, not n
         if k % 2 == 0:  # the circulant's 2-hop ball: 2k + 1
             assert len(ids) == 2 * k + 1
-        for e in message.directory:  # the registry's entries, unchanged
-            assert e.identity_public_key == job._directory[e.participant_id].identity_public_key
+        for e in message.directory:  # the same entry for a peer in every message
+            own = next(
+                x
+                for x in job.directory_for(e.participant_id)
+                if x.participant_id == e.participant_id
+            )
+            assert e == own and len(e.identity_public_key) == 32
         assert message.spec == job.spec_bytes  # the spec (all n ids) is unchanged
     assert job.directory_for("p7") is job.directory_for("p7")  # computed once
     small, full = _full_message(200)
