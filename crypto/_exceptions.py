@@ -57,8 +57,9 @@ parsing strings::
         ├── DoubleReveal     a second, different unmask request in the same job
         ├── OverlappingReveal  an unmask request asking for both share kinds of one
         │                    peer (survivor and dropout sets overlap)
-        └── KeySubstitution  roster keys not signed by the peer's pinned identity,
-                             this participant's own keys altered, or one key listed twice
+        └── KeySubstitution  roster keys not signed by the peer's pinned identity
+                             (or from a peer it holds no pinned key for), this
+                             participant's own keys altered, or one key listed twice
 
 Every class has a stable ``kind`` string (its name in snake_case, e.g.
 ``"threshold_too_low"``): the wire layer maps it to a protocol enum, so callers never
@@ -350,5 +351,7 @@ class OverlappingReveal(PolicyViolation):
 
 
 class KeySubstitution(PolicyViolation):
-    """A roster key not signed by its owner's pinned identity key, this participant's
-    own advertisement altered, or one public key listed for two roles or peers."""
+    """A roster key not signed by its owner's pinned identity key (or a signature to
+    check from a party this participant holds no pinned key for — it holds only
+    :func:`crypto.spec.keys_needed`'s), this participant's own advertisement
+    altered, or one public key listed for two roles or peers."""
