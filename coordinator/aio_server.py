@@ -38,6 +38,9 @@ from .errors import ServiceError
 
 __all__ = ["CoordinatorServer", "RequestBridge"]
 
+_DRAIN_S = 5.0
+"""How long a stopped server's cancelled calls get to finish their handlers."""
+
 log = logging.getLogger("spherecal.coordinator")
 T = TypeVar("T")
 
@@ -113,6 +116,11 @@ class CoordinatorServer:
             try:
                 if self.server is not None:
                     await self.server.stop(grace)
+                # The calls the stop cancelled end their handlers (a presence
+                # stream's close) before the loop stops.
+                rest = asyncio.all_tasks() - {asyncio.current_task()}
+                if rest:
+                    await asyncio.wait(rest, timeout=_DRAIN_S)
             finally:
                 self.loop.stop()
 

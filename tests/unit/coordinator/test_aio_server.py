@@ -145,6 +145,10 @@ def test_waiting_polls_and_presence_streams_hold_no_thread_and_a_wake_up_answers
         answers = await asyncio.gather(*polls)
         for stream in streams:
             stream.cancel()
+        await _until_async(
+            lambda: all(harness.registry.member(p).presence == 0 for p in clients.pids),
+            "the server saw every stream end",
+        )
         await clients.close()
         return added, answers
 
