@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -41,7 +40,6 @@ __all__ = ["CoordinatorServer", "RequestBridge"]
 _DRAIN_S = 5.0
 """How long a stopped server's cancelled calls get to finish their handlers."""
 
-log = logging.getLogger("spherecal.coordinator")
 T = TypeVar("T")
 
 
