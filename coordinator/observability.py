@@ -55,7 +55,9 @@ class HealthReporter:
         if _running_in(loop):
             loop.create_task(make())
             return
-        with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
+        # The loop stopped meanwhile (RuntimeError), or stops before running it: the
+        # server is going away, and its health with it.
+        with contextlib.suppress(RuntimeError, TimeoutError):
             asyncio.run_coroutine_threadsafe(make(), loop).result(timeout=10)
 
     def serving(self, running: bool) -> None:
