@@ -10,6 +10,7 @@ outside:
                         ``getrusage(RUSAGE_CHILDREN)`` around its exit); also its CPU
                         when it started listening (start-up: imports, test data) and
                         when all had joined (polled ``/proc/<pid>/stat``)
+``coordinator_kernel_share``  the part of that CPU spent in the kernel (``ru_stime``)
 ``coordinator_peak_rss_mb``  its ``VmHWM`` (``/proc/<pid>/status``, polled)
 ``coordinator_peak_threads`` its peak thread count (same poll)
 ``phases_s``            seconds from the start until: the coordinator listens, the
@@ -122,6 +123,8 @@ class _Measured(RaySimulation):
 
     monitor: _Monitor | None = None
     coordinator_cpu_s: float | None = None
+    coordinator_system_s: float | None = None
+    """Its kernel-mode share of ``coordinator_cpu_s`` (``ru_stime``)."""
     startup_cpu_s: float = 0.0
     """Its CPU when it started listening (imports, test data)."""
 
@@ -139,6 +142,7 @@ class _Measured(RaySimulation):
         self.coordinator_cpu_s = (after.ru_utime - before.ru_utime) + (
             after.ru_stime - before.ru_stime
         )
+        self.coordinator_system_s = after.ru_stime - before.ru_stime
         if self.monitor is not None:
             self.monitor.stop()
         return code
@@ -217,6 +221,11 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         "phases_s": phases,
         "round_s": [r["seconds"] for r in results["per_round"]],
         "coordinator_cpu_s": round(cpu, 2),
+        "coordinator_kernel_share": (
+            round(sim.coordinator_system_s / cpu, 3)
+            if cpu and sim.coordinator_system_s is not None
+            else None
+        ),
         "coordinator_cpu_at_listening_s": round(sim.startup_cpu_s, 2),
         "coordinator_cpu_at_all_joined_s": round(cpu_marks.get("all_joined", 0.0), 2),
         "coordinator_peak_rss_mb": round(rss_kb / 1024, 1),
@@ -322,12 +331,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         brief = {k: row.get(k) for k in ("participants", "status", "wall_s", "phases_s", "errors")}
         print(json.dumps(brief), file=sys.stderr, flush=True)
+    extra: dict[str, Any] = {}
     if args.merge and args.json and args.json.exists():
-        kept = json.loads(args.json.read_text())["runs"]
+        previous = json.loads(args.json.read_text())
+        kept = previous["runs"]
         rows = sorted(
             [r for r in kept if r["participants"] not in counts] + rows,
             key=lambda r: int(r["participants"]),
         )
+        # Runs this one replaces are kept, not lost: earlier code's numbers are the
+        # "before" of whatever changed since.
+        replaced = [r for r in kept if r["participants"] in counts]
+        extra = {k: v for k, v in previous.items() if k not in ("runs", "machine", "settings")}
+        extra["earlier_runs"] = [*previous.get("earlier_runs", []), *replaced]
     document = {
         "benchmark": "scale",
         "machine": {
@@ -346,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             "worker_cpus": args.worker_cpus,
         },
         "runs": rows,
+        **{k: v for k, v in extra.items() if k != "benchmark"},
     }
     text = json.dumps(document, indent=2)
     print(text)

@@ -23,6 +23,7 @@ Modules, one idea each:
 ``registry``     roster, join proofs, pinned identity keys, sessions, liveness
 ``service``      RPC semantics and boundary validation, independent of gRPC
 ``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
+``aio_server``   that server's event-loop thread and worker pools (grpc.aio)
 ``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
 ``store``        SQLite (one writer thread): participants, rounds, jobs, audit, events
 ``traffic``      bytes on the wire per participant per stage

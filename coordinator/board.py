@@ -13,12 +13,22 @@ could be told changes — a new task, a secure-aggregation stage closed, the end
 Waking every long poll on every submission made one stage cost O(n) wake-ups per
 submission, O(n²) in all: at 1,000 participants a million re-evaluated
 instructions per stage, all on the coordinator's CPU (``bench/long_poll.py``).
+
+Two kinds of long poll: :meth:`Board.wait_instruction` blocks a thread (the
+in-process engine, ``spherecal.inprocess``); :meth:`Board.wait_instruction_async`
+is what the gRPC server's polls await (issue #14) — one asyncio future per event
+loop and *generation* (between two wake-ups), resolved from the waking thread with
+``call_soon_threadsafe``, so n waiting polls cost no thread and a wake-up costs one
+cross-thread call per loop, not n.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +56,11 @@ class Published:
 class Board:
     """Shared, lock-protected federation state (see the module docstring)."""
 
+    recheck_s: float = 5.0
+    """A waiting long poll's safety re-check between the wake-ups that matter. At
+    0.5 s, 1,000 waiting polls were 2,000 thread wake-ups a second queueing for the
+    GIL (docs/scaling.md)."""
+
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.phase = "starting"
@@ -60,6 +75,8 @@ class Board:
         self._polls = threading.Condition(threading.Lock())
         self._epoch = 0
         """Bumped whenever an instruction may have changed (see the docstring)."""
+        self._generations: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
+        """Per event loop, the future the async polls of this epoch await."""
 
     # ---------------------------------------------------------------- driver side
     def notify(self) -> None:
@@ -79,6 +96,10 @@ class Board:
         with self._polls:
             self._epoch += 1
             self._polls.notify_all()
+            generations, self._generations = self._generations, {}
+        for loop, changed in generations.items():
+            with contextlib.suppress(RuntimeError):  # that loop closed: its polls are gone
+                loop.call_soon_threadsafe(_resolve, changed)
 
     def wait(self, seconds: float) -> None:
         """Sleep until notified or ``seconds`` passed (the driver's polling step)."""
@@ -160,10 +181,28 @@ class Board:
                 return instruction
             with self._polls:
                 if self._epoch == epoch:  # nothing changed since we looked
-                    # Woken by _wake_polls; the timeout is only a safety net. At
-                    # 0.5 s, 1,000 waiting polls were 2,000 thread wake-ups a second
-                    # queueing for the GIL (docs/scaling.md).
-                    self._polls.wait(min(remaining, 5.0))
+                    # Woken by _wake_polls; the timeout is only a safety net.
+                    self._polls.wait(min(remaining, self.recheck_s))
+
+    async def wait_instruction_async(
+        self, member: Member, timeout_s: float, executor: Executor
+    ) -> pb.Instruction:
+        """:meth:`wait_instruction` for a coroutine: awaits this generation's future
+        instead of blocking a thread. The instruction is evaluated on ``executor``
+        (it may wait for a secure job's lock, which the event loop must not)."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            with self._polls:  # taken before evaluating: no wake-up can be missed
+                changed = self._generations.get(loop)
+                if changed is None:
+                    changed = self._generations[loop] = loop.create_future()
+            instruction = await loop.run_in_executor(executor, self.instruction_for, member)
+            remaining = deadline - time.monotonic()
+            if not instruction.HasField("wait") or remaining <= 0:
+                return instruction
+            # asyncio.wait, not wait_for: a timeout must not cancel the shared future.
+            await asyncio.wait((changed,), timeout=min(remaining, self.recheck_s))
 
     def tensor(self, name: str) -> Published | None:
         with self.cond:
@@ -183,3 +222,9 @@ class Board:
     def all_jobs(self) -> list[SecureJob]:
         with self.cond:
             return list(self.jobs.values())
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """Wake every poll awaiting ``future`` (runs on its loop)."""
+    if not future.done():
+        future.set_result(None)

@@ -29,17 +29,25 @@ Busy port (issue #13): ``grpc.so_reuseport`` is 0, so a second coordinator on a 
 in use fails to bind and exits 2 with :class:`PortInUse` naming the port, instead of
 sharing it silently. The standard health service and server reflection are
 registered next to the Coordinator service (``coordinator.observability``).
+
+Threading (issue #14): the server is ``grpc.aio`` on an event loop of its own
+(:mod:`coordinator.aio_server`). ``Presence`` and ``NextInstruction`` are coroutines
+that hold no thread while they wait; every other handler is a coroutine too, but
+hands the synchronous service call to a worker thread (``loop.run_in_executor``), so
+aborts, trailing metadata and cancellation are handled on the loop, where the aio
+``ServicerContext`` lives.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from cryptography import x509
@@ -48,6 +56,7 @@ from proto import spherecal_pb2 as pb
 from proto.address import is_loopback, split_host_port
 from proto.identity import CertificateError, certificate_identity
 
+from .aio_server import CoordinatorServer, RequestBridge
 from .errors import ServiceError, status_for
 from .observability import HealthReporter, enable_reflection
 from .registry import Peer
@@ -55,9 +64,12 @@ from .revocation import RevocationList
 from .service import CoordinatorService
 from .settings import CoordinatorSettings
 
-__all__ = ["SERVICE_NAME", "PortInUse", "build_server", "ensure_port_free"]
+__all__ = ["SERVICE_NAME", "CoordinatorServer", "PortInUse", "build_server", "ensure_port_free"]
 
 SERVICE_NAME = "spherecal.v1.Coordinator"
+POLL_THREADS = 4
+"""Threads that evaluate woken long polls (``Board.wait_instruction_async``): a few
+suffice (the work holds the GIL); a thread per poll is what issue #14 removed."""
 
 
 class PortInUse(ValueError):
@@ -77,7 +89,7 @@ class _PeerCache:
         self._cache: dict[bytes, tuple[str, int]] = {}
         self._revocation = revocation
 
-    def peer(self, context: grpc.ServicerContext) -> Peer:
+    def peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> Peer:
         auth = context.auth_context() or {}
         pems = auth.get("x509_pem_cert") or []
         if not pems:
@@ -90,19 +102,19 @@ class _PeerCache:
                 cert = x509.load_pem_x509_certificate(pem)
                 known = (certificate_identity(cert), cert.serial_number)
             except (CertificateError, ValueError) as exc:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, f"bad client certificate: {exc}")
-                raise AssertionError("unreachable") from exc
+                raise ServiceError(
+                    grpc.StatusCode.UNAUTHENTICATED, f"bad client certificate: {exc}"
+                ) from None
             with self._lock:
                 if len(self._cache) > 4096:
                     self._cache.clear()
                 self._cache[pem] = known
         identity, serial = known
         if self._revocation is not None and self._revocation.is_revoked(serial):
-            context.abort(
+            raise ServiceError(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"the client certificate of {identity!r} (serial {serial:x}) is revoked",
             )
-            raise AssertionError("unreachable")
         return Peer(identity=identity, certificate_pem=pem, address=context.peer())
 
 
@@ -171,102 +183,148 @@ def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
 
 
 class _Servicer:
-    """Maps each RPC to the service core."""
+    """Maps each RPC to the service core (every handler a coroutine on the loop)."""
 
     def __init__(
-        self, service: CoordinatorService, revocation: RevocationList | None = None
+        self,
+        service: CoordinatorService,
+        revocation: RevocationList | None,
+        calls: futures.Executor,
+        polls: futures.Executor,
     ) -> None:
         self.service = service
         self._peers = _PeerCache(revocation)
+        self._calls = calls
+        self._polls = polls
 
-    def _call(self, context: grpc.ServicerContext, request: Any, fn: Callable[[Peer], T]) -> T:
+    async def _call(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        request: Any,
+        fn: Callable[[Peer], T],
+        pool: futures.Executor | None,
+    ) -> T:
+        """``fn(peer)`` on a worker thread of ``pool`` (inline on the loop when None:
+        only for calls that take a short lock and never wait); an exception is
+        answered with its documented code."""
         if isinstance(request, _Malformed):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
-        peer = self._peers.peer(context)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         try:
-            return fn(peer)
+            peer = self._peers.peer(context)
+            if pool is None:
+                return fn(peer)
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, peer)
         except Exception as exc:  # noqa: BLE001 - never leak internals to callers
-            self._abort_for(context, exc)
-            raise AssertionError("unreachable") from exc
+            failure = exc
+        await self._abort_for(context, failure)
 
-    def _abort_for(self, context: grpc.ServicerContext, exc: Exception) -> None:
+    async def _abort_for(
+        self, context: grpc.aio.ServicerContext[Any, Any], exc: Exception
+    ) -> NoReturn:
         """Answer ``exc`` with its documented code (always raises, via abort)."""
-        if not context.is_active():  # the client is gone (cancelled, deadline): quietly
-            context.abort(grpc.StatusCode.CANCELLED, "the call ended before its answer")
+        if context.cancelled():  # the client is gone (cancelled, deadline): quietly
+            await context.abort(grpc.StatusCode.CANCELLED, "the call ended before its answer")
         mapped = status_for(exc)
         if mapped is not None:
-            context.set_trailing_metadata(mapped.trailing_metadata())
-            context.abort(mapped.code, mapped.message)
+            await context.abort(mapped.code, mapped.message, mapped.trailing_metadata())
         log.error("internal error in RPC", exc_info=exc)
         self.service.federation.say(f"internal error: {type(exc).__name__}: {exc}")
-        context.abort(grpc.StatusCode.INTERNAL, "internal error (see coordinator log)")
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error (see coordinator log)")
+        raise AssertionError("unreachable")  # abort raises
 
-    def _stream(
-        self, context: grpc.ServicerContext, request: Any, fn: Callable[[Peer], Iterator[T]]
-    ) -> Iterator[T]:
-        iterator = self._call(context, request, fn)
+    async def _unary(
+        self, context: grpc.aio.ServicerContext[Any, Any], request: Any, fn: Callable[[Peer], T]
+    ) -> T:
+        return await self._call(context, request, fn, self._calls)
+
+    async def _upload(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        consume: Callable[[Iterator[Any], Peer], T],
+    ) -> T:
+        """A client-streamed upload: the service consumes the stream on a worker
+        thread, one message read on the loop at a time (:class:`RequestBridge`)."""
+        bridge = RequestBridge(context, asyncio.get_running_loop())
         try:
-            yield from iterator
-        except Exception as exc:  # noqa: BLE001
-            self._abort_for(context, exc)
+            return await self._call(
+                context, None, lambda p: consume(_parsed(iter(bridge)), p), self._calls
+            )
+        finally:
+            bridge.close()  # cancelled: the worker's waiting read ends too
 
-    def Join(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.join(request, p))
+    async def Join(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(context, request, lambda p: self.service.join(request, p))
 
-    def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.heartbeat(request, p))
+    async def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(context, request, lambda p: self.service.heartbeat(request, p))
 
-    def Presence(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        member = self._call(context, request, lambda p: self.service.presence_open(request, p))
-        closed = threading.Event()
-        lock = threading.Lock()
-
-        def on_done() -> None:
-            with lock:
-                if closed.is_set():
-                    return
-                closed.set()
-            self.service.presence_close(member)
-
-        if not context.add_callback(on_done):
-            on_done()
-            return
+    async def Presence(self, request: Any, context: Any) -> None:  # noqa: N802
+        """A coroutine per open stream: a reply every five heartbeat intervals until
+        the client goes (the stream is cancelled) or the server stops; then the
+        participant is gone at once, as it was with the synchronous server."""
+        member = await self._call(
+            context, request, lambda p: self.service.presence_open(request, p), None
+        )
         interval = max(0.2, self.service.settings.timeouts.heartbeat_interval_s)
         try:
-            while context.is_active() and not closed.is_set():
-                yield self.service.presence_reply(member)
-                closed.wait(interval * 5)
+            while not context.done():
+                await context.write(self.service.presence_reply(member))
+                await asyncio.sleep(interval * 5)
         finally:
-            on_done()
+            self.service.presence_close(member)
 
-    def NextInstruction(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.next_instruction(request, p))
+    async def NextInstruction(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Long poll: awaits the board's wake-up (no thread while it waits); the
+        instruction is evaluated on a ``polls`` thread each time it may have changed."""
+        member, wait_s = await self._call(
+            context, request, lambda p: self.service.open_poll(request, p), None
+        )
+        try:
+            board = self.service.federation.board
+            instruction = await board.wait_instruction_async(member, wait_s, self._polls)
+            return self.service.answer_poll(member, request, instruction)
+        except Exception as exc:  # noqa: BLE001
+            failure = exc
+        await self._abort_for(context, failure)
 
-    def DownloadTensor(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._stream(context, request, lambda p: self.service.download_tensor(request, p))
+    async def DownloadTensor(self, request: Any, context: Any) -> None:  # noqa: N802
+        # Authentication and lookup take short locks; the chunks are slices of a
+        # frozen array (at most 2 MiB each), cut on the loop as they are written.
+        chunks = await self._call(
+            context, request, lambda p: self.service.download_tensor(request, p), None
+        )
+        try:
+            for chunk in chunks:
+                await context.write(chunk)
+            return
+        except Exception as exc:  # noqa: BLE001
+            failure = exc
+        await self._abort_for(context, failure)
 
-    def UploadTensor(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        messages = _parsed(request_iterator)
-        return self._call(context, None, lambda p: self.service.upload_tensor(messages, p))
+    async def UploadTensor(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
+        return await self._upload(context, self.service.upload_tensor)
 
-    def SubmitSecAgg(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.submit_secagg(request, p))
+    async def SubmitSecAgg(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(context, request, lambda p: self.service.submit_secagg(request, p))
 
-    def UploadMasked(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        messages = _parsed(request_iterator)
-        return self._call(context, None, lambda p: self.service.upload_masked(messages, p))
+    async def UploadMasked(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
+        return await self._upload(context, self.service.upload_masked)
 
-    def ReportEvaluation(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.report_evaluation(request, p))
+    async def ReportEvaluation(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(
+            context, request, lambda p: self.service.report_evaluation(request, p)
+        )
 
-    def ReportFailure(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.report_failure(request, p))
+    async def ReportFailure(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(
+            context, request, lambda p: self.service.report_failure(request, p)
+        )
 
-    def GetStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(context, request, lambda p: self.service.get_status(request, p))
+    async def GetStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(context, request, lambda p: self.service.get_status(request, p))
 
-    def GetFederationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return self._call(
+    async def GetFederationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._unary(
             context, request, lambda p: self.service.get_federation_status(request, p)
         )
 
@@ -354,39 +412,59 @@ def build_server(
     service: CoordinatorService,
     *,
     health: HealthReporter | None = None,
-) -> tuple[grpc.Server, int]:
-    """A started-ready (not yet started) server and the port it bound; ``health``
-    (created here when not given) reports the federation's state to health checks."""
+) -> tuple[CoordinatorServer, int]:
+    """A bound, not yet started server and its port; ``health`` (created here when
+    not given) reports the federation's state to health checks.
+
+    The server is ``grpc.aio`` on its own event-loop thread (module docstring);
+    :class:`CoordinatorServer` has the ``start()`` / ``stop(grace).wait()`` API of
+    ``grpc.Server``. A port in use raises :class:`PortInUse` and leaves no thread."""
     credentials = server_credentials(settings)
-    workers = settings.server.max_workers or (4 * len(settings.participants) + 16)
+    workers = settings.server.max_workers or (len(settings.participants) + 16)
     limit = settings.server.max_message_bytes
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-            # Never share a port with another process (gRPC's default would).
-            ("grpc.so_reuseport", 0),
-        ],
-    )
     revocation = revocation_list(settings, report=service.federation.say)
-    handlers = _handlers(_Servicer(service, revocation))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    (health or HealthReporter()).register(server)
-    enable_reflection(server, SERVICE_NAME)
+    calls = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
+    polls = futures.ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="poll")
+    servicer = _Servicer(service, revocation, calls, polls)
     listen = settings.server.listen
     host, wanted = split_host_port(listen)
-    try:
-        if credentials is None:
-            port = server.add_insecure_port(listen)
-        else:
-            port = server.add_secure_port(listen, credentials)
-    except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
-        port = 0
-    if port == 0:
-        raise _bind_error(host, wanted, listen) or PortInUse(f"cannot listen on {listen}")
-    return server, port
+
+    def make() -> grpc.aio.Server:
+        server = grpc.aio.server(
+            # Only for handlers that are not coroutines (none of ours: health and
+            # reflection are their aio servicers); gRPC runs those there.
+            migration_thread_pool=calls,
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                # Never share a port with another process (gRPC's default would).
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        handlers = _handlers(servicer)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        (health or HealthReporter()).register(server)
+        enable_reflection(server, SERVICE_NAME)
+        return server
+
+    def bind(server: grpc.aio.Server) -> int:
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(listen)
+            else:
+                port = server.add_secure_port(listen, credentials)
+        except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
+            port = 0
+        if port == 0:
+            raise _bind_error(host, wanted, listen) or PortInUse(f"cannot listen on {listen}")
+        return port
+
+    wrapper = CoordinatorServer(calls, polls)
+    wrapper.build(make, bind)
+    return wrapper, wrapper.port

@@ -7,10 +7,17 @@ federation runs, and NOT_SERVING once it has ended (the process then only linger
 tell participants). Reflection lets ``grpcurl -plaintext HOST:PORT list`` show the
 API. Both answer without a client certificate only where the transport allows it: on
 a mutual-TLS listener the TLS handshake still requires one.
+
+The server is ``grpc.aio`` (issue #14), so health is grpc_health's asyncio servicer,
+whose ``set`` is a coroutine on the server's loop; :class:`HealthReporter` keeps the
+blocking API the driver thread calls and runs each change on that loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -23,31 +30,60 @@ _COORDINATOR = "spherecal.v1.Coordinator"
 
 
 class HealthReporter:
-    """The health servicer plus the one switch the coordinator flips."""
+    """The health servicer plus the one switch the coordinator flips (from any
+    thread: the change runs on the server's loop and is in effect on return)."""
 
     def __init__(self) -> None:
-        self.servicer: Any = health.HealthServicer()
-        self.serving(True)
+        self.servicer: Any = health.aio.HealthServicer()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._status = health_pb2.HealthCheckResponse.SERVING
 
-    def register(self, server: grpc.Server) -> None:
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the servicer to ``server``; called on the server's loop."""
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
+        self._loop = asyncio.get_running_loop()
+        self._loop.create_task(self._set_all(self._status))
+
+    async def _set_all(self, status: Any) -> None:
+        for name in ("", _COORDINATOR):
+            await self.servicer.set(name, status)
+
+    def _on_loop(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not serving (yet, or any more): applied at register / moot
+        if _running_in(loop):
+            loop.create_task(make())
+            return
+        # The loop stopped meanwhile (RuntimeError), or stops before running it: the
+        # server is going away, and its health with it.
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            asyncio.run_coroutine_threadsafe(make(), loop).result(timeout=10)
 
     def serving(self, running: bool) -> None:
         """SERVING while the federation runs, NOT_SERVING after it ended."""
-        status = (
+        self._status = (
             health_pb2.HealthCheckResponse.SERVING
             if running
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", _COORDINATOR):
-            self.servicer.set(name, status)
+        status = self._status
+        self._on_loop(lambda: self._set_all(status))
 
     def shutdown(self) -> None:
         """Every watcher sees NOT_SERVING before the server stops."""
-        self.servicer.enter_graceful_shutdown()
+        self._status = health_pb2.HealthCheckResponse.NOT_SERVING
+        self._on_loop(self.servicer.enter_graceful_shutdown)
 
 
-def enable_reflection(server: grpc.Server, *service_names: str) -> None:
+def _running_in(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def enable_reflection(server: grpc.aio.Server, *service_names: str) -> None:
     """Server reflection for ``service_names``, health and reflection itself."""
     names = (
         *service_names,

@@ -205,9 +205,20 @@ class CoordinatorService:
         return reply
 
     def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
+        member, wait_s = self.open_poll(request, peer)
+        return self.answer_poll(
+            member, request, self.federation.board.wait_instruction(member, wait_s)
+        )
+
+    def open_poll(self, request: pb.InstructionRequest, peer: Peer) -> tuple[Member, float]:
+        """A long poll's caller and how long it may wait (the gRPC server awaits the
+        board itself, ``Board.wait_instruction_async``, between this and the answer)."""
         member = self.registry.authenticate(request.caller, peer)
-        wait_s = min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
-        instruction = self.federation.board.wait_instruction(member, wait_s)
+        return member, min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
+
+    def answer_poll(
+        self, member: Member, request: pb.InstructionRequest, instruction: pb.Instruction
+    ) -> pb.Instruction:
         stage = _instruction_stage(instruction)
         self.traffic.received(member.participant_id, "control", request.ByteSize())
         self.traffic.sent(member.participant_id, stage, instruction.ByteSize())

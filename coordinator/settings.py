@@ -295,7 +295,8 @@ class ServerSettings:
     max_chunk_bytes: int = 4 << 20
     """Largest upload chunk."""
     max_workers: int = 0
-    """gRPC worker threads; 0 chooses ``4·participants + 16``."""
+    """Most threads for synchronous RPC work (uploads, joins, submissions; presence
+    streams and long polls hold none); 0 chooses ``participants + 16``."""
     port_file: Path | None = None
     """Write the bound port here."""
 
