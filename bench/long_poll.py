@@ -44,10 +44,10 @@ class _CountingBoard(Board):
         self.evaluations = 0
         self._count_lock = threading.Lock()
 
-    def instruction_for(self, member: Member) -> pb.Instruction:
+    def instruction_for(self, member: Member, session: str | None = None) -> pb.Instruction:
         with self._count_lock:
             self.evaluations += 1
-        return super().instruction_for(member)
+        return super().instruction_for(member, session)
 
 
 def measure(n: int, wake: str, gap_s: float) -> dict[str, object]:

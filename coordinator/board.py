@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import threading
 import time
 from concurrent.futures import Executor
@@ -150,8 +151,22 @@ class Board:
         self._wake_polls()
 
     # ---------------------------------------------------------------- handler side
-    def instruction_for(self, member: Member) -> pb.Instruction:
+    def instruction_for(self, member: Member, session: str | None = None) -> pb.Instruction:
+        """What ``member`` does next, for the poll that authenticated with ``session``
+        (default: the member's current one).
+
+        Why the poll's own session: a task's instruction is handed out once per
+        session (``Task.instruction_for``). A participant process that dies with a
+        long poll open and restarts fast (a crash and a supervisor restart, or a
+        forked test participant) joins again — a new session on the same
+        :class:`Member` — while the dead incarnation's poll may still be waiting
+        here. Woken by the next task, that zombie poll must not claim the new
+        session's instruction for a connection nobody reads (seen as a federation
+        stuck until the round deadline); it answers Wait instead."""
         pid = member.participant_id
+        current = member.session
+        if _superseded(current, session):
+            return pb.Instruction(wait=pb.Wait(retry_after_ms=200, reason="session replaced"))
         with self.cond:
             if self.done is not None:
                 self.done_delivered.add(pid)
@@ -159,8 +174,8 @@ class Board:
                 return pb.Instruction(done=pb.Done(status=status, message=message))
             task = self.task
             phase = self.phase
-        if task is not None and member.session is not None:
-            instruction = task.instruction_for(pid, member.session)
+        if task is not None and current is not None:
+            instruction = task.instruction_for(pid, current)
             if instruction is not None:
                 return instruction
             if task.job is not None and pid in task.expected:
@@ -169,13 +184,18 @@ class Board:
                     return pb.Instruction(task_id=task.task_id, secagg=step)
         return pb.Instruction(wait=pb.Wait(retry_after_ms=200, reason=phase))
 
-    def wait_instruction(self, member: Member, timeout_s: float) -> pb.Instruction:
-        """Long poll: the next non-Wait instruction, or Wait after ``timeout_s``."""
+    def wait_instruction(
+        self, member: Member, timeout_s: float, session: str | None = None
+    ) -> pb.Instruction:
+        """Long poll: the next non-Wait instruction, or Wait after ``timeout_s``
+        (``session``: the poll's own, see :meth:`instruction_for`)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
             with self._polls:
                 epoch = self._epoch
-            instruction = self.instruction_for(member)
+            instruction = self.instruction_for(member, session)
+            if _superseded(member.session, session):
+                return instruction  # a newer join replaced this poll's session: end it
             remaining = deadline - time.monotonic()
             if not instruction.HasField("wait") or remaining <= 0:
                 return instruction
@@ -185,7 +205,7 @@ class Board:
                     self._polls.wait(min(remaining, self.recheck_s))
 
     async def wait_instruction_async(
-        self, member: Member, timeout_s: float, executor: Executor
+        self, member: Member, timeout_s: float, executor: Executor, session: str | None = None
     ) -> pb.Instruction:
         """:meth:`wait_instruction` for a coroutine: awaits this generation's future
         instead of blocking a thread. The instruction is evaluated on ``executor``
@@ -197,7 +217,11 @@ class Board:
                 changed = self._generations.get(loop)
                 if changed is None:
                     changed = self._generations[loop] = loop.create_future()
-            instruction = await loop.run_in_executor(executor, self.instruction_for, member)
+            instruction = await loop.run_in_executor(
+                executor, self.instruction_for, member, session
+            )
+            if _superseded(member.session, session):
+                return instruction  # a newer join replaced this poll's session: end it
             remaining = deadline - time.monotonic()
             if not instruction.HasField("wait") or remaining <= 0:
                 return instruction
@@ -222,6 +246,14 @@ class Board:
     def all_jobs(self) -> list[SecureJob]:
         with self.cond:
             return list(self.jobs.values())
+
+
+def _superseded(current: str | None, session: str | None) -> bool:
+    """Whether a poll that authenticated with ``session`` is no longer the member's
+    (constant-time: the session is a bearer token)."""
+    if session is None:
+        return False
+    return current is None or not secrets.compare_digest(current, session)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

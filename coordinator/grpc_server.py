@@ -281,7 +281,9 @@ class _Servicer:
         )
         try:
             board = self.service.federation.board
-            instruction = await board.wait_instruction_async(member, wait_s, self._polls)
+            instruction = await board.wait_instruction_async(
+                member, wait_s, self._polls, request.caller.session
+            )
             return self.service.answer_poll(member, request, instruction)
         except Exception as exc:  # noqa: BLE001
             failure = exc

@@ -207,7 +207,9 @@ class CoordinatorService:
     def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
         member, wait_s = self.open_poll(request, peer)
         return self.answer_poll(
-            member, request, self.federation.board.wait_instruction(member, wait_s)
+            member,
+            request,
+            self.federation.board.wait_instruction(member, wait_s, request.caller.session),
         )
 
     def open_poll(self, request: pb.InstructionRequest, peer: Peer) -> tuple[Member, float]:

@@ -19,6 +19,7 @@ import pytest
 from coordinator.errors import ServiceError
 from coordinator.grpc_server import POLL_THREADS, SERVICE_NAME, CoordinatorServer, build_server
 from coordinator.registry import Peer
+from coordinator.tasks import Task
 from proto import spherecal_pb2 as pb
 
 from .service_harness import Harness, settings_for
@@ -294,3 +295,47 @@ def test_a_cancelled_upload_ends_its_worker_thread(
         assert ended[0].code is grpc.StatusCode.CANCELLED
     finally:
         channel.close()
+
+
+def test_a_dead_incarnations_poll_does_not_take_the_new_sessions_instruction(
+    served: tuple[Harness, CoordinatorServer, int],
+) -> None:
+    """A participant process killed with a long poll open restarts and joins again
+    before that poll ends. When the next task appears, the zombie poll (old session)
+    wakes first or together with the new one; the task's instruction must reach the
+    new session's poll, and the zombie gets Wait. (Before the fix the zombie claimed
+    the once-per-session delivery for the *new* session and the restarted participant
+    waited for an instruction that never came: a secure stage stuck until the round
+    deadline, seen in the chaos test once restarts became fast.)"""
+    harness, _, port = served
+    board = harness.federation.board
+    registry = harness.registry
+
+    async def scenario() -> tuple[pb.Instruction, pb.Instruction, str]:
+        clients = _Clients(harness, port)
+        await clients.channels[0].channel_ready()
+        seen = registry.member("p0").last_seen
+        zombie = asyncio.ensure_future(clients.poll(0))  # the old incarnation's session
+        await _until_async(lambda: registry.member("p0").last_seen > seen, "zombie arrived")
+        loop = asyncio.get_running_loop()
+        new_session = await loop.run_in_executor(None, harness.join, "p0")
+        # The task appears while only the zombie waits: it is woken and evaluated
+        # first, the restarted participant's poll comes after.
+        instruction = pb.Instruction(task_id="t-new", evaluate=pb.EvaluateTask())
+        task = Task(
+            kind="evaluate",
+            expected=frozenset({"p0"}),
+            instructions={"p0": instruction},
+            task_id="t-new",
+        )
+        await loop.run_in_executor(None, board.set_task, task, "evaluate")
+        got_zombie = await zombie
+        got_fresh = await clients.poll(0)  # caller() now carries the new session
+        await clients.close()
+        return got_zombie, got_fresh, new_session
+
+    got_zombie, got_fresh, new_session = asyncio.run(scenario())
+    assert got_fresh.WhichOneof("kind") == "evaluate" and got_fresh.task_id == "t-new"
+    assert got_zombie.WhichOneof("kind") == "wait"
+    assert got_zombie.wait.reason == "session replaced"
+    assert registry.member("p0").session == new_session
