@@ -154,6 +154,9 @@ def measure(n: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
             participants=n, model="mlp", rounds=args.rounds, partition="iid", seed=args.seed
         ),
         out=out,
+        # a fresh interpreter per process: its CPU and memory are measured from here
+        # (getrusage of our children, /proc/<pid>), which needs it to be our child
+        launcher="exec",
         calibration=("ffc",),
         timeout_s=args.timeout,  # stage, round and join timeouts: `spherecal simulate`'s
     )

@@ -164,6 +164,9 @@ class Soak:
                 participants=a.participants, model="mlp", rounds=a.rounds, alpha=0.5, seed=n
             ),
             out=out,
+            # a fresh interpreter per process: its CPU and memory are measured from here
+            # (getrusage of our children, /proc/<pid>), which needs it to be our child
+            launcher="exec",
             calibration=("ffc", "ccvr"),
             secure_updates=not a.no_secure,
             secure_statistics=not a.no_secure,

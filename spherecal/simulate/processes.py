@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -27,6 +25,7 @@ from spherecal.certs import init_ca, issue_participant
 from spherefed.data import load_dataset
 
 from .configs import DataShape, coordinator_document, participant_document, write_toml
+from .launch import Child, launch
 from .results import build_results
 from .settings import Progress, SimulationError, SimulationSettings
 
@@ -36,16 +35,14 @@ __all__ = ["Simulation"]
 class _Proc:
     """A child process with its log file and output pump threads."""
 
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    def __init__(self, name: str, popen: Child, log: IO[bytes]) -> None:
         self.name = name
         self.popen = popen
         self.log = log
         self.threads: list[threading.Thread] = []
 
     def kill(self) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(signal.SIGKILL)
+        self.popen.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
 
@@ -139,16 +136,15 @@ class Simulation:
     # ------------------------------------------------------------------ processes
     def _spawn(self, name: str, args: list[str], *, pipe_stdout: bool) -> _Proc:
         log = open(self.out / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - _Proc closes it
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "spherecal.cli", *args],
+        child = launch(
+            self.settings.launcher,
+            args,
             cwd=self.out,
             env=self._env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if pipe_stdout else log,
-            stderr=subprocess.PIPE if name == "coordinator" else log,
-            start_new_session=True,
+            stdout_log=None if pipe_stdout else log,
+            stderr_log=None if name == "coordinator" else log,
         )
-        return _Proc(name, popen, log)
+        return _Proc(name, child, log)
 
     def start_coordinator(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> int:
         """Start (or restart) the coordinator; returns the port it listens on."""
@@ -170,7 +166,7 @@ class Simulation:
         while not port_file.exists():
             if proc.popen.poll() is not None:
                 raise SimulationError(
-                    f"the coordinator exited with {proc.popen.returncode} before listening; "
+                    f"the coordinator exited with {proc.popen.poll()} before listening; "
                     f"see {self.out / 'logs' / 'coordinator.log'}"
                 )
             if time.monotonic() > deadline:

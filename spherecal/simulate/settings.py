@@ -12,6 +12,7 @@ from spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
 from spherefed.runner import ReferenceConfig
 
 from .drops import Drop
+from .launch import LAUNCHERS
 
 __all__ = ["Progress", "SimulationError", "SimulationSettings"]
 
@@ -62,6 +63,11 @@ class SimulationSettings:
     """Total ε budget of every participant's local ledger (``--dp-budget``)."""
     participant_privacy: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-participant overrides of its ``[privacy]`` table (tests: a tiny budget)."""
+    launcher: str = "forkserver"
+    """How each OS process starts (``--launcher``, :mod:`spherecal.simulate.launch`):
+    ``forkserver`` forks it from a helper that imported torch and the project once
+    (milliseconds instead of ~2 CPU-seconds of imports per process), ``exec`` runs a
+    fresh interpreter for each."""
 
     @property
     def privacy(self) -> bool:
@@ -94,6 +100,8 @@ class SimulationSettings:
 
     def validate(self) -> None:
         ref = self.reference
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"--launcher accepts {', '.join(LAUNCHERS)}, got {self.launcher!r}")
         unknown = set(self.calibration) - set(CALIBRATION_NAMES)
         if unknown:
             raise ValueError(
