@@ -56,7 +56,7 @@ PRELOAD = (
 class Child(Protocol):
     """What the harness needs of a child process (a subset of ``subprocess.Popen``)."""
 
-    pid: int | None
+    pid: int
     stdout: IO[bytes] | None
     stderr: IO[bytes] | None
 
@@ -88,7 +88,7 @@ class ExecChild:
             stderr=subprocess.PIPE if stderr is None else stderr,
             start_new_session=True,
         )
-        self.pid: int | None = self._popen.pid
+        self.pid: int = self._popen.pid
         self.stdout = self._popen.stdout
         self.stderr = self._popen.stderr
 
@@ -182,7 +182,8 @@ class ForkedChild:
             if isinstance(end, socket.socket):
                 end.close()  # the child holds its own copy; EOF when it exits
         self._process = process
-        self.pid: int | None = process.pid
+        assert process.pid is not None  # started
+        self.pid: int = process.pid
         streams = iter(ours)
         self.stdout: IO[bytes] | None = next(streams).makefile("rb") if stdout is None else None
         self.stderr: IO[bytes] | None = next(streams).makefile("rb") if stderr is None else None

@@ -1,0 +1,117 @@
+"""The simulation's process launchers (``spherecal.simulate.launch``): a child forked
+from the preloaded fork server behaves as the fresh interpreter it replaces — its
+own environment, working directory, streams and exit status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spherecal.simulate import Simulation, SimulationSettings
+from spherecal.simulate.launch import launch
+from spherefed.runner import ReferenceConfig
+
+LAUNCHERS = ("forkserver", "exec")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_help_on_a_pipe_with_the_childs_own_environment(launcher: str, tmp_path: Path) -> None:
+    # argparse wraps its help to $COLUMNS: the child must see the environment it was
+    # given, not the one the fork server started with.
+    widths = {}
+    for columns in ("40", "200"):
+        child = launch(
+            launcher,
+            ["--help"],
+            cwd=tmp_path,
+            env=_env(COLUMNS=columns),
+            stdout_log=None,
+            stderr_log=None,
+        )
+        assert child.stdout is not None and child.stderr is not None
+        out = child.stdout.read().decode()
+        err = child.stderr.read().decode()
+        assert child.wait(timeout=60) == 0, err
+        assert out.startswith("usage: "), out[:200]
+        widths[columns] = max(len(line) for line in out.splitlines())
+    assert widths["40"] <= 40 < widths["200"], widths
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_bad_config_exit_status_and_stderr_to_the_log_in_the_childs_directory(
+    launcher: str, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "coordinator.toml").write_text("this is = = not toml\n")
+    log_path = tmp_path / "coordinator.log"
+    with open(log_path, "ab") as log:
+        child = launch(
+            launcher,
+            ["coordinator", "--config", "coordinator.toml"],  # relative: resolved in cwd
+            cwd=work,
+            env=_env(),
+            stdout_log=log,
+            stderr_log=log,
+        )
+        code = child.wait(timeout=120)
+    text = log_path.read_text()
+    assert code == 2, text
+    assert "spherecal coordinator: error:" in text
+    assert "No such file" not in text  # it found the file: the working directory is the child's
+    assert child.poll() == 2
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_running_child_times_out_then_dies_of_sigkill(launcher: str, tmp_path: Path) -> None:
+    # A participant whose coordinator is not there retries with back-off until killed.
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=2, model="mlp", rounds=1), out=tmp_path
+    )
+    config = Simulation(settings).participant_config(0, port=_unused_port())
+    log_path = tmp_path / "p0.log"
+    with open(log_path, "ab") as log:
+        child = launch(
+            launcher,
+            ["participant", "--config", str(config)],
+            cwd=tmp_path,
+            env=_env(),
+            stdout_log=log,
+            stderr_log=log,
+        )
+        deadline = time.monotonic() + 120
+        while "unreachable" not in log_path.read_text() and "retry" not in log_path.read_text():
+            assert child.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.2)
+        assert child.poll() is None
+        child.kill()
+        assert child.wait(timeout=60) == -signal.SIGKILL
+        child.kill()  # already dead: a no-op
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unknown_launcher_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown launcher 'spawn'"):
+        launch("spawn", ["--help"], cwd=tmp_path, env={}, stdout_log=None, stderr_log=None)
