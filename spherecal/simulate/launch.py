@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import io
 import multiprocessing
 import os
@@ -138,9 +139,9 @@ def _forked_main(
     sys.argv = [sys.executable, *args]
     code: int | str | None = 1
     try:
-        from spherecal.cli import main
-
-        code = main(args)
+        # By name, as `python -m spherecal.cli` would: the entry point is run, not a
+        # dependency of this module (spherecal.cli itself reaches the simulation).
+        code = importlib.import_module("spherecal.cli").main(args)
     except SystemExit as exc:
         code = exc.code
     finally:
