@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from proto import grpc_services
 from proto import spherecal_pb2 as pb
 from proto.address import is_loopback_address
 from proto.error_detail import reason_from_metadata
+from proto.services import grpc_services
 
 from .settings import ParticipantSettings
 from .transport import StubCalls, TransportError

@@ -40,8 +40,8 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from proto import grpc_services
 from proto import spherecal_pb2 as pb
+from proto.services import grpc_services
 
 from .grpc_transport import channel_options, credentials_for, to_transport_error
 from .settings import ParticipantSettings

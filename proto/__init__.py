@@ -9,16 +9,4 @@ identities (join proof, certificate extension).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-__all__ = ["grpc_services"]
-
-
-def grpc_services() -> Any:
-    """The generated ``spherecal_pb2_grpc`` module (stub, servicer, registration).
-
-    Imported dynamically because grpc's generated code is untyped and our mypy
-    settings refuse untyped definitions; callers wrap what they use in typed code.
-    """
-    return importlib.import_module("proto.spherecal_pb2_grpc")
+# Nothing is defined here: see proto/services.py for why (proto-plus's ``proto``).

@@ -91,8 +91,8 @@ def fetch_status(
     import grpc
 
     from participant.grpc_transport import is_loopback_address
-    from proto import grpc_services
     from proto import spherecal_pb2 as pb
+    from proto.services import grpc_services
 
     options: list[tuple[str, Any]] = []
     if insecure:

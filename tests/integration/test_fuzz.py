@@ -34,9 +34,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from crypto import generate_identity
-from proto import grpc_services
 from proto import spherecal_pb2 as pb
 from proto.identity import join_payload, public_key_bytes, save_identity_key
+from proto.services import grpc_services
 from spherecal.config import dump_toml
 from spherecal.simulate import Simulation, SimulationSettings
 from spherefed.runner import ReferenceConfig

@@ -19,8 +19,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proto import grpc_services
 from proto import spherecal_pb2 as pb
+from proto.services import grpc_services
 from spherecal.certs import issue_participant
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.status_cli import fetch_status, render_status

@@ -27,9 +27,9 @@ from coordinator.settings import ServerSettings, TLSSettings
 from coordinator.store import Store
 from coordinator.traffic import Traffic
 from crypto import generate_identity
-from proto import grpc_services
 from proto import spherecal_pb2 as pb
 from proto.identity import join_payload, load_identity_key, public_key_bytes
+from proto.services import grpc_services
 from spherecal.certs import init_ca, issue_participant, revoke_participant
 from spherecal.cli import main
 from tests.unit.coordinator.service_harness import settings_for

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import crypto
-from proto import grpc_services
 from proto import spherecal_pb2 as pb
 from proto.codec import header_for
 from proto.identity import join_payload, load_identity_key, public_key_bytes
+from proto.services import grpc_services
 from spherecal.certs import init_ca, issue_participant
 from spherecal.simulate import Simulation, SimulationSettings
 from spherefed.runner import ReferenceConfig

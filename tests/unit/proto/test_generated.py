@@ -22,7 +22,8 @@ def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
 
 
 def test_grpc_services_expose_every_rpc() -> None:
-    from proto import grpc_services, spherecal_pb2
+    from proto import spherecal_pb2
+    from proto.services import grpc_services
 
     module = grpc_services()
     service = spherecal_pb2.DESCRIPTOR.services_by_name["Coordinator"]
