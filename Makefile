@@ -3,8 +3,9 @@
 # CUDA packages), then this project with its dev extra.
 PYTHON ?= python3
 # pytest-xdist workers for `make test`: 2, one per core of the 2-core CI box. Measured
-# on a clean clone there (session 4, quiet box, one run): 1133 tests in 6 min 52 s with
-# 2 workers; serially about 12 min (session 3). Each test file stays on one worker
+# on a clean clone there (session 5, quiet box, one run): 1183 tests in 3 min 51 s with
+# 2 workers (6 min 12 s before simulations forked their processes from a preloaded
+# fork server, spherecal/simulate/launch.py). Each test file stays on one worker
 # (--dist loadfile); integration tests are safe in parallel (ports from 0, dirs from
 # tmp_path). `make test TEST_WORKERS=0` runs in one process (better on a box already
 # loaded by other work), `TEST_WORKERS=auto` one worker per CPU.
