@@ -33,7 +33,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
+from multiprocessing import forkserver
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO, Protocol
@@ -206,10 +208,31 @@ class ForkedChild:
                 self._process.kill()
 
 
+#: Thread pools sized when a native library loads (OpenBLAS, OpenMP, MKL) read these
+#: once, in the fork server; a fresh interpreter gets them from the harness as 1
+#: (``Simulation._env`` with ``threads = 1``). The fork server is started with the
+#: same, so a forked child's BLAS runs as a fresh one's would; torch's own pool is
+#: set by each process (``torch.set_num_threads``).
+_POOL_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_start_lock = threading.Lock()
+
+
 def _ensure_preload() -> None:
-    """Ask the fork server to import :data:`PRELOAD` (before it starts; a server
-    already running keeps what it has, which only costs speed)."""
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    """Start the fork server once per harness process, importing :data:`PRELOAD`,
+    with single-threaded native pools (see :data:`_POOL_ENV`)."""
+    with _start_lock:
+        multiprocessing.set_forkserver_preload(list(PRELOAD))
+        saved = {name: os.environ.get(name) for name in _POOL_ENV}
+        try:
+            for name in _POOL_ENV:
+                os.environ.setdefault(name, "1")
+            forkserver.ensure_running()  # a no-op once it runs
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def launch(

@@ -115,3 +115,27 @@ def _unused_port() -> int:
 def test_unknown_launcher_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown launcher 'spawn'"):
         launch("spawn", ["--help"], cwd=tmp_path, env={}, stdout_log=None, stderr_log=None)
+
+
+def test_the_fork_server_is_single_threaded_with_single_threaded_native_pools(
+    tmp_path: Path,
+) -> None:
+    """Forking is safe only from a process with one thread: no BLAS/OpenMP worker may
+    exist in the fork server when it forks. It starts with the pools a fresh
+    interpreter of ``threads = 1`` gets, and the harness's environment is untouched."""
+    from multiprocessing import forkserver
+
+    before = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    child = launch(
+        "forkserver", ["--help"], cwd=tmp_path, env=_env(), stdout_log=None, stderr_log=None
+    )
+    assert child.stdout is not None
+    child.stdout.read()
+    assert child.wait(timeout=60) == 0  # served: the preload imports are done
+    server_pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    assert server_pid is not None
+    environ = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
+    wanted = (before["OPENBLAS_NUM_THREADS"] or "1").encode()
+    assert b"OPENBLAS_NUM_THREADS=" + wanted in environ
+    assert len(os.listdir(f"/proc/{server_pid}/task")) == 1
+    assert {k: os.environ.get(k) for k in before} == before
