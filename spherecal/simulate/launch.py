@@ -166,14 +166,16 @@ class ForkedChild:
         stderr: Path | None,
     ) -> None:
         context = multiprocessing.get_context("forkserver")
-        ours: list[socket.socket] = []
+        readers: list[IO[bytes] | None] = []  # our ends of the piped streams
         theirs: list[socket.socket | str] = []
         for target in (stdout, stderr):
             if target is None:
                 mine, child_end = socket.socketpair()
-                ours.append(mine)
+                readers.append(mine.makefile("rb"))
+                mine.close()  # the reader keeps the socket open until it is closed
                 theirs.append(child_end)
             else:
+                readers.append(None)
                 theirs.append(str(target))
         process: BaseProcess = context.Process(
             target=_forked_main,
@@ -187,10 +189,7 @@ class ForkedChild:
         self._process = process
         assert process.pid is not None  # started
         self.pid: int = process.pid
-        streams = iter(ours)
-        self.stdout: IO[bytes] | None = next(streams).makefile("rb") if stdout is None else None
-        self.stderr: IO[bytes] | None = next(streams).makefile("rb") if stderr is None else None
-        self._sockets = ours
+        self.stdout, self.stderr = readers
 
     def poll(self) -> int | None:
         return self._process.exitcode
