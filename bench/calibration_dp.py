@@ -4,7 +4,7 @@ Trains SphereFed once with the reference runner (FedAvg, fixed orthonormal class
 MSE), then for each target ε releases the participants' statistics through the noisy
 secure sum *in process*, as ``bench/privacy.py`` does (exact quantised statistics,
 isometric packing, ring encoding, per-participant noise sized by
-:func:`spherefed.privacy.plan_calibration_release` so that any ``t`` contributors
+:func:`spherecal.spherefed.privacy.plan_calibration_release` so that any ``t`` contributors
 reach the target, the wrapping ring sum, decoding): one FFC release (for ``ffc``) and
 one CCVR release (for ``ffc_bias``, ``lda``, ``qda`` and ``ccvr``, which all derive
 from the CCVR sums). Each calibrator's ε is that of *its* release.
@@ -35,22 +35,22 @@ from typing import Any
 import numpy as np
 import torch
 
-import spherefed.runner as runner
+import spherecal.spherefed.reference as runner
 from bench.privacy import train_once
-from crypto.dp import sample_noise
-from crypto.ring import RING_DTYPE, add_noise, decode, encode
-from spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve
-from spherefed.calibration_suite import (
+from spherecal.crypto.dp import sample_noise
+from spherecal.crypto.ring import RING_DTYPE, add_noise, decode, encode
+from spherecal.spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve
+from spherecal.spherefed.calibration_suite import (
     DEFAULT_RIDGE_GRID,
     head_accuracy,
     select_on_validation,
 )
-from spherefed.discriminant import CalibratedHead
-from spherefed.fl import derive_seed
-from spherefed.network import compute_features
-from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
-from spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
-from spherefed.stats import CCVRStatistics, FFCStatistics
+from spherecal.spherefed.discriminant import CalibratedHead
+from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.network import compute_features
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
+from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
 
 DEFAULT_EPSILONS = (1.0, 4.0, 16.0)
 DP_SHRINKAGE_GRID = (0.0, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9)

@@ -1,12 +1,13 @@
 """Size of one participant's secure-job instruction and its job-setup CPU, vs n.
 
-For each n a real ``coordinator.secure_job.SecureJob`` is built the way the
+For each n a real ``spherecal.coordinator.driver.secure_job.SecureJob`` is built the way the
 coordinator builds it (``plan_graph``: Harary above 32 participants, consistency
 round on), and measured:
 
 * ``message_bytes``: the serialized ``SecAggJob`` one participant receives (spec +
   identity-directory entries), and ``directory_entries`` in it;
-* ``setup_cpu_ms``: that participant's job setup — ``participant.secure.SecureSession``,
+* ``setup_cpu_ms``: that participant's job setup —
+``spherecal.participant.secure_session.SecureSession``,
   i.e. ``DirectoryTrust.verify`` (with ``--certs``: one CA-signed certificate per entry
   it checks) plus ``crypto.SecAggParticipant`` construction (keys loaded, policy,
   graph) — process CPU, median over ``--runs`` × ``--samples`` participants;
@@ -35,14 +36,14 @@ from typing import Any, cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-import crypto
-from coordinator.secure_job import SecureJob
-from coordinator.settings import SecAggSettings
-from participant.secure import SecureSession
-from participant.trust import DirectoryTrust
-from proto import spherecal_pb2 as pb
-from proto.identity import load_identity_key, public_key_bytes
+from spherecal import crypto
 from spherecal.certs import init_ca, issue_participant
+from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.settings import SecAggSettings
+from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import load_identity_key, public_key_bytes
 
 
 def _identities(n: int, pki: Path | None) -> tuple[dict[str, Ed25519PrivateKey], dict[str, bytes]]:

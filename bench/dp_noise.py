@@ -1,8 +1,8 @@
-"""Throughput of the exact integer DP-noise samplers (:func:`crypto.dp.sample_noise`).
+"""Throughput of the exact integer DP-noise samplers (:func:`spherecal.crypto.dp.sample_noise`).
 
 For each mechanism and per-participant standard deviation, draws one participant's
 noise vector of ``--entries`` entries (default 13 M, the size of a small CNN's
-update) with an OS-keyed :class:`crypto.entropy.RandomSource`, exactly as a
+update) with an OS-keyed :class:`spherecal.crypto.entropy.RandomSource`, exactly as a
 participant does, and reports wall time and entries per second (best of
 ``--repeats``). Single process, single thread; the machine may be shared, so run on
 an idle one when the numbers matter. Prints JSON::
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from crypto.dp import DGAUSS, SKELLAM, plan_noise, sample_noise
+from spherecal.crypto.dp import DGAUSS, SKELLAM, plan_noise, sample_noise
 
 
 def measure(mechanism: str, stddev: float, entries: int, repeats: int) -> dict[str, object]:

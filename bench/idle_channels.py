@@ -9,9 +9,9 @@ switches per second (``getrusage``), plus the work rate of one computing thread 
 what the waiting participants leave to the one that computes.
 
 ``sync``: ``grpc`` channels, a thread per presence stream and per long poll (what
-``participant.grpc_transport`` does). ``loop``: ``grpc.aio`` channels on one event
+``spherecal.participant.grpc_transport`` does). ``loop``: ``grpc.aio`` channels on one event
 loop thread, the long-polling threads waiting on futures (what
-``participant.loop_transport`` does for the Ray engine's virtual participants).
+``spherecal.participant.loop_transport`` does for the Ray engine's virtual participants).
 
     python bench/idle_channels.py --participants 500 --json out.json
 """

@@ -1,6 +1,6 @@
 """Cost of the coordinator's long polls while submissions arrive (one secure stage).
 
-``n`` handler threads wait in :meth:`coordinator.board.Board.wait_instruction` (the
+``n`` handler threads wait in :meth:`spherecal.coordinator.driver.board.Board.wait_instruction` (the
 ``NextInstruction`` long poll of participants that already answered the stage), and
 ``n`` submissions arrive one per millisecond, each announced the way the service does
 it. Counted: how many times a waiting handler woke and re-evaluated its instruction,
@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from coordinator.board import Board
-from coordinator.registry import Member
-from proto import spherecal_pb2 as pb
+from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.state.registry import Member
+from spherecal.proto import spherecal_pb2 as pb
 
 
 class _CountingBoard(Board):

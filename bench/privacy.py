@@ -1,14 +1,15 @@
 """Utility of differentially private FFC calibration: test accuracy versus ε on digits.
 
 Trains SphereFed once with the deterministic reference runner
-(:func:`spherefed.runner.run_federation`, FedAvg, the fixed orthonormal classifier),
+(:func:`spherecal.spherefed.reference.run_federation`, FedAvg, the fixed orthonormal classifier),
 then, for each target ε, releases the participants' FFC statistics through the noisy
 secure sum *in process* — exactly the participants' code path, minus the masks that
-cancel: exact quantised statistics (:func:`spherefed.privacy.exact_ffc_statistics`),
-isometric packing, :func:`crypto.ring.encode`, per-participant noise from
-:func:`crypto.dp.sample_noise` sized by :func:`spherefed.privacy.plan_calibration_release`
-so that any ``t`` contributors reach the target, :func:`crypto.ring.add_noise`, the
-wrapping ring sum, :func:`crypto.ring.decode` — and solves FFC on the noisy sums.
+cancel: exact quantised statistics (:func:`spherecal.spherefed.privacy.exact_ffc_statistics`),
+isometric packing, :func:`spherecal.crypto.ring.encode`, per-participant noise from
+:func:`spherecal.crypto.dp.sample_noise` sized by
+:func:`spherecal.spherefed.privacy.plan_calibration_release`
+so that any ``t`` contributors reach the target, :func:`spherecal.crypto.ring.add_noise`, the
+wrapping ring sum, :func:`spherecal.crypto.ring.decode` — and solves FFC on the noisy sums.
 
 Reference lines: the uncalibrated model and non-private FFC on the same quantised
 statistics. The noisy ``V`` can be indefinite; FFC is solved with a ridge
@@ -38,15 +39,15 @@ from typing import Any
 import numpy as np
 import torch
 
-import spherefed.runner as runner
-from crypto.dp import sample_noise
-from crypto.ring import RING_DTYPE, add_noise, decode, encode
-from spherefed.calibrate import ffc_solve
-from spherefed.fl import evaluate
-from spherefed.network import Net, classifier_swapped, compute_features
-from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
-from spherefed.privacy.sensitivity import exact_ffc_statistics
-from spherefed.stats import FFCStatistics
+import spherecal.spherefed.reference as runner
+from spherecal.crypto.dp import sample_noise
+from spherecal.crypto.ring import RING_DTYPE, add_noise, decode, encode
+from spherecal.spherefed.calibrate import ffc_solve
+from spherecal.spherefed.fl import evaluate
+from spherecal.spherefed.network import Net, classifier_swapped, compute_features
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.sensitivity import exact_ffc_statistics
+from spherecal.spherefed.stats import FFCStatistics
 
 DEFAULT_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
@@ -78,7 +79,7 @@ def participant_statistics(
     model: Net, data: runner.FederationData, quant_bits: int
 ) -> list[FFCStatistics]:
     """Each participant's exact FFC statistics of its features (the participant's
-    feature function, :func:`spherefed.network.compute_features`)."""
+    feature function, :func:`spherecal.spherefed.network.compute_features`)."""
     out = []
     c = data.train.num_classes
     for k in range(len(data.parts)):

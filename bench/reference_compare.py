@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spherefed.runner import ReferenceConfig, run_reference_sweep
+from spherecal.spherefed.reference import ReferenceConfig, run_reference_sweep
 
 METHODS: dict[str, dict[str, Any]] = {
     "SphereFed (MSE, fixed orthonormal W)": {"head": "sphere", "loss": "mse"},

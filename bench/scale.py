@@ -53,7 +53,7 @@ from spherecal.simulate import (
     SimulationSettings,
     run_simulation,
 )
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 PHASES = {
     "coordinator_listening": "listening on",

@@ -38,7 +38,7 @@ Definitions (all measured in the same process, on the same machine, in this run)
     encodings, chunk framing included). ``upload_bytes_per_entry`` divides by
     ``dim``; target at most 8.1.
 ``policy_overhead``
-    The cost of the participants' privacy policy (:mod:`crypto.policy`): every
+    The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
     default (signed survivor-set round + the default ``SecAggPolicy``'s checks) and
     once without the consistency round and with every policy rule relaxed.
@@ -77,10 +77,10 @@ from typing import Any
 
 import numpy as np
 
-from crypto.inprocess import run_protocol
-from crypto.policy import SecAggPolicy
-from crypto.prg import raw_keystream_seconds
-from crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
+from spherecal.crypto.policy import SecAggPolicy
+from spherecal.crypto.prg import raw_keystream_seconds
+from spherecal.crypto.simulation import run_protocol
+from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
 
 ENTRY_BYTES = 8
 SMALL_DIM = 64

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from spherecal.simulate import SimulationSettings, run_simulation
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 
 def _say(message: str) -> None:
@@ -88,7 +88,7 @@ def _resources(results: dict[str, Any]) -> dict[str, Any]:
 def digits_demo(root: Path, rounds: int, verbose: bool) -> dict[str, Any]:
     import torch
 
-    from spherefed.runner import run_reference
+    from spherecal.spherefed.reference import run_reference
 
     reference = ReferenceConfig(participants=10, alpha=0.1, rounds=rounds)
     settings = SimulationSettings(

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from spherecal.simulate import Simulation, SimulationSettings
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 FAULT_KINDS = ("participant", "three", "coordinator")
 

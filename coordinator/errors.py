@@ -28,7 +28,7 @@ INTERNAL               a coordinator bug (logged with its traceback; never cause
 =====================  ==================================================================
 
 Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
-typed ``pb.ErrorReason`` as trailing metadata (``proto.error_detail``):
+typed ``pb.ErrorReason`` as trailing metadata (``spherecal.proto.error_detail``):
 ``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later). In the other
 direction a participant's ``FailureReport`` carries a ``pb.FailureKind``
 (:func:`failure_kind`); its ``reason`` is only ever logged.
@@ -73,7 +73,8 @@ complete)::
         └── BudgetExceeded       a release would cross the budget (every number kept)
 
 Undecodable request bytes are answered INVALID_ARGUMENT by the transport's request
-deserializers (``coordinator.grpc_server``) before any handler runs. Every exception
+deserializers (``spherecal.coordinator.server.grpc_server``) before any handler runs. Every
+exception
 class that can reach the RPC boundary has an explicit entry in :data:`ERROR_CODES`
 (a test walks every ``crypto.SecAggError`` subclass); :func:`status_for` returns None
 for anything else, which the transport answers INTERNAL *and logs loudly*, so no
@@ -83,15 +84,16 @@ unmapped error silently becomes a plausible-looking code.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import grpc
 
-import crypto
-from crypto.dp import NoiseTooLarge, RingOverflowRisk
-from proto import spherecal_pb2 as pb
-from proto.codec import TensorFormatError
-from proto.error_detail import error_metadata
-from proto.identity import CertificateError
+from spherecal import crypto
+from spherecal.crypto.dp import NoiseTooLarge, RingOverflowRisk
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import TensorFormatError
+from spherecal.proto.error_detail import error_metadata
+from spherecal.proto.identity import CertificateError
 
 __all__ = [
     "DOCUMENTED_CODES",
@@ -144,10 +146,10 @@ class ServiceError(Exception):
         self.message = message
         self.reason = reason
         """A typed reason where the client must act on more than the code
-        (``proto.error_detail``): sent as trailing metadata."""
+        (``spherecal.proto.error_detail``): sent as trailing metadata."""
 
     def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
-        """What the gRPC layer sets before ``abort`` (``proto.error_detail``)."""
+        """What the gRPC layer sets before ``abort`` (``spherecal.proto.error_detail``)."""
         return error_metadata(self.reason)
 
     def __repr__(self) -> str:
@@ -170,7 +172,7 @@ _SECAGG_CODES: tuple[tuple[type[crypto.SecAggError], grpc.StatusCode], ...] = (
     (crypto.OverlappingReveal, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.BadComplaint, grpc.StatusCode.INVALID_ARGUMENT),
     (crypto.KeySubstitution, grpc.StatusCode.PERMISSION_DENIED),
-    # A participant's privacy policy refuses the job as specified (crypto.policy).
+    # A participant's privacy policy refuses the job as specified (spherecal.crypto.policy).
     (crypto.ConsistencyRoundRequired, grpc.StatusCode.FAILED_PRECONDITION),
     (crypto.ThresholdTooLow, grpc.StatusCode.FAILED_PRECONDITION),
     (crypto.TooFewParticipants, grpc.StatusCode.FAILED_PRECONDITION),
@@ -250,4 +252,4 @@ def policy_rule(report: pb.FailureReport) -> pb.PolicyRule:
     rule = int(report.rule)
     if report.kind != pb.POLICY_REFUSAL or rule not in pb.PolicyRule.values():
         return pb.RULE_UNSPECIFIED
-    return pb.PolicyRule.ValueType(rule)
+    return cast("pb.PolicyRule", rule)

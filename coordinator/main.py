@@ -21,23 +21,22 @@ from typing import Any
 
 import torch
 
-from proto.address import split_host_port
-
-from .errors import FederationFailed
-from .evaluation import CentralEvaluator
-from .federation import Federation
-from .grpc_server import build_server, ensure_port_free
-from .log_limit import RepeatFilter, rate_limited
-from .metrics import MetricsServer, start_metrics
-from .model import GlobalModel
-from .observability import HealthReporter
-from .outputs import write_json
-from .registry import Registry
-from .service import CoordinatorService
-from .settings import CoordinatorSettings
-from .state_dir import guard_federation_start, write_marker
-from .store import Store
-from .traffic import Traffic
+from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.driver.outputs import write_json
+from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
+from spherecal.coordinator.server.health import HealthReporter
+from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
+from spherecal.coordinator.server.metrics import MetricsServer, start_metrics
+from spherecal.coordinator.server.service import CoordinatorService
+from spherecal.coordinator.server.traffic import Traffic
+from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.state.registry import Registry
+from spherecal.coordinator.state.state_dir import guard_federation_start, write_marker
+from spherecal.coordinator.state.store import Store
+from spherecal.proto.address import split_host_port
 
 __all__ = ["run_coordinator"]
 
@@ -91,7 +90,7 @@ def run_coordinator(
 
     ``new_federation`` allows starting a new federation in a state directory holding
     checkpoints or a federation marker its database does not know (they are set aside,
-    see :mod:`coordinator.state_dir`); without it that start is refused."""
+    see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
     emit = rate_limited(say or _default_say)
     _configure_logging()
     if threads is not None:

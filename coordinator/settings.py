@@ -20,17 +20,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spherefed.algorithms.registry import ALGORITHM_NAMES
-from spherefed.calibrate import CCVRConfig
-from spherefed.calibration_suite import (
+from spherecal.spherefed.algorithms.registry import ALGORITHM_NAMES
+from spherecal.spherefed.calibrate import CCVRConfig
+from spherecal.spherefed.calibration_suite import (
     CALIBRATION_NAMES,
     CLOSED_FORMS,
     DEFAULT_RIDGE_GRID,
     DEFAULT_SHRINKAGE_GRID,
 )
-from spherefed.fl import model_seeds
-from spherefed.network import ModelSpec
-from spherefed.privacy.settings import PrivacySettings
+from spherecal.spherefed.fl import model_seeds
+from spherecal.spherefed.network import ModelSpec
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "CalibrationSettings",
@@ -50,11 +50,11 @@ GRAPHS = ("auto", "complete", "harary")
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The network every participant builds (``spherefed.network.ModelSpec`` minus seeds,
+    """The network every participant builds (``spherecal.spherefed.network.ModelSpec`` minus seeds,
     which derive from the federation seed exactly as the reference runner does)."""
 
     extractor: str = "digits_cnn"
-    """Feature extractor (``spherefed.models``), or your own ``"package.module:factory"``
+    """Feature extractor (``spherecal.spherefed.models``), or your own ``"package.module:factory"``
     (docs/models.md; every participant must list it in ``[participant] extractors``)."""
     head: str = "sphere"
     """Projection head: ``sphere`` (SphereFed) or a plain one."""
@@ -104,7 +104,7 @@ class TrainingSettings:
     loss: str = "mse"
     """Local loss; default ``mse`` for the ``sphere`` head, else ``ce``."""
     algorithm: str = "fedavg"
-    """Algorithm from the one registry ``spherefed.algorithms.STRATEGIES``: ``fedavg``,
+    """Algorithm from the one registry ``spherecal.spherefed.algorithms.STRATEGIES``: ``fedavg``,
     ``fedprox``, ``fednova``, ``fedadam``, ``fedyogi``, ``scaffold`` (its server control
     variate is broadcast and checkpointed; each participant keeps its own in
     ``state_dir/algorithm/``). See docs/extending.md, "Add an algorithm"."""
@@ -219,7 +219,7 @@ class SecAggSettings:
     threshold: int | None = None
     """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
     a strict majority of the share holders (``2t > n``), which participants' default
-    policy (``crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
+    policy (``spherecal.crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
     threshold_fraction: float = 0.5
     """Fraction of the share holders below the default threshold (t = ⌊fraction·n⌋ + 1)."""
     min_participants: int = 3
@@ -281,7 +281,8 @@ class TLSSettings:
     """CA that signs the participants' client certificates."""
     crl: Path | None = None
     """A PEM CRL signed by ``client_ca``: revoked client certificates are refused on
-    every call; the file is re-read when it changes (``coordinator.revocation``)."""
+    every call; the file is re-read when it changes
+    (``spherecal.coordinator.server.revocation``)."""
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,8 @@ class AdminSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    """The Prometheus endpoint (``coordinator.metrics``); off unless ``listen`` is set."""
+    """The Prometheus endpoint (``spherecal.coordinator.server.metrics``); off unless ``listen`` is
+    set."""
 
     listen: str | None = None
     """``host:port`` for ``/metrics`` (e.g. ``"127.0.0.1:9464"``). Plain HTTP: a
@@ -369,7 +371,7 @@ class EvaluationSettings:
     test_data_root: str | None = None
     """Where ``test_dataset`` lives (CIFAR directory or ``.npz``)."""
     test_samples: int | None = None
-    """Dataset size for ``mnist1d`` (``spherefed.data.load_dataset``'s ``samples``)."""
+    """Dataset size for ``mnist1d`` (``spherecal.spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
 

@@ -27,11 +27,14 @@ Modules, one idea each:
 ``staging``      the streaming masked sum with staging slots (O(vector) memory)
 ``unmask``       round 4 on the server: checking reveals, rebuilding secrets, stripping
 ``server``       ``SecAggServer`` state machine (the stages; calls the three above)
-``inprocess``    ``simulate_secure_sum`` and ``run_protocol`` (in-process)
+``simulation``   ``simulate_secure_sum`` and ``run_protocol``: the whole protocol in-process
 ``dp``           distributed DP noise in the ring (sizing, exact sampling)
+``exact``        exact integer samplers: Bernoulli(exp(-γ)), discrete Laplace and Gaussian
+``poisson``      exact Poisson and symmetric Skellam samplers
+``entropy``      cryptographically secure random integers for noise (AES-CTR from the OS)
 """
 
-from ._exceptions import (
+from spherecal.crypto._exceptions import (
     AggregateOutOfRange,
     BadComplaint,
     BadKey,
@@ -66,10 +69,9 @@ from ._exceptions import (
     WrongLength,
     WrongRecipient,
 )
-from .channel import ShareKind
-from .inprocess import SimulationReport, run_protocol, simulate_secure_sum
-from .keys import generate_identity, identity_public_bytes
-from .messages import (
+from spherecal.crypto.channel import ShareKind
+from spherecal.crypto.keys import generate_identity, identity_public_bytes
+from spherecal.crypto.messages import (
     AdvertiseKeys,
     ComplaintReason,
     ConsistencyRequest,
@@ -88,12 +90,13 @@ from .messages import (
     UnmaskResponse,
     decode_message,
 )
-from .participant import ParticipantStage, SecAggParticipant
-from .policy import SecAggPolicy
-from .replay import JobLedger, MemoryJobLedger
-from .ring import choose_scale_bits, decode, encode
-from .server import AggregateResult, SecAggServer, Stage
-from .spec import JobSpec, keys_needed
+from spherecal.crypto.participant import ParticipantStage, SecAggParticipant
+from spherecal.crypto.policy import SecAggPolicy
+from spherecal.crypto.replay import JobLedger, MemoryJobLedger
+from spherecal.crypto.ring import choose_scale_bits, decode, encode
+from spherecal.crypto.server import AggregateResult, SecAggServer, Stage
+from spherecal.crypto.simulation import SimulationReport, run_protocol, simulate_secure_sum
+from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = [
     "AdvertiseKeys",

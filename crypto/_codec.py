@@ -15,7 +15,7 @@ import math
 import struct
 from collections.abc import Iterable
 
-from ._exceptions import MalformedMessage
+from spherecal.crypto._exceptions import MalformedMessage
 
 MAX_BYTES = 1 << 31  # one field; chunk payloads are far smaller in practice
 MAX_ITEMS = 1 << 20  # entries in one list (participants, shares, ...)

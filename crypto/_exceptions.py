@@ -47,7 +47,7 @@ parsing strings::
     │                        remain; carries ``needed``, ``remaining`` and ``stage``
     ├── JobAborted           any call on a job that has already failed
     └── PolicyViolation      the participant's own privacy policy
-        │                    (:class:`crypto.policy.SecAggPolicy`) refuses the job
+        │                    (:class:`spherecal.crypto.policy.SecAggPolicy`) refuses the job
         ├── ConsistencyRoundRequired  a spec without the signed survivor-set round,
         │                    or an unmask request before this participant signed
         ├── ThresholdTooLow  ``2t <=`` share holders: two disjoint holder groups
@@ -67,13 +67,13 @@ parse messages. Kinds never change once released.
 
 How the state machines use them:
 
-* :class:`~crypto.server.SecAggServer` — every error raised by a ``receive_*`` /
+* :class:`~spherecal.crypto.server.SecAggServer` — every error raised by a ``receive_*`` /
   ``absorb*`` method means *that message was rejected and nothing was stored*: the
   job stays alive for everyone else. Only :class:`TooFewSurvivors` (from
   ``close_stage``/``finish``), :class:`ForgedShare` from ``finish`` (a secret that
   cannot be reconstructed consistently) and :class:`AggregateOutOfRange` from
   ``finish`` abort the job.
-* :class:`~crypto.participant.SecAggParticipant` — an error raised while processing
+* :class:`~spherecal.crypto.participant.SecAggParticipant` — an error raised while processing
   a message from the coordinator is a *refusal*: the participant wipes its job
   secrets and answers every later call with :class:`JobAborted`. A participant that
   has seen the coordinator misbehave must not keep talking to it. A
@@ -89,7 +89,7 @@ from __future__ import annotations
 import math
 import re
 
-_MAX_SIGNED = (1 << 63) - 1  # crypto.ring.MAX_SIGNED (not imported: ring imports us)
+_MAX_SIGNED = (1 << 63) - 1  # spherecal.crypto.ring.MAX_SIGNED (not imported: ring imports us)
 
 __all__ = [
     "AggregateOutOfRange",
@@ -203,7 +203,7 @@ class ForgedShare(SecAggError):
     """A share failed authentication, its commitment, or consistent reconstruction.
 
     When a participant detects it on a share addressed to it, ``complaint`` is the
-    signed :class:`crypto.messages.ShareComplaint` naming the dealer (send it to the
+    signed :class:`spherecal.crypto.messages.ShareComplaint` naming the dealer (send it to the
     coordinator so it can exclude the dealer on retry); otherwise ``None``."""
 
     def __init__(self, message: str, *, complaint: object | None = None) -> None:
@@ -316,7 +316,7 @@ class NoiseTooLarge(InvalidSpec):
 
 # ------------------------------------------------------------- participant policy
 class PolicyViolation(SecAggError):
-    """The participant's privacy policy (:class:`crypto.policy.SecAggPolicy`) refuses.
+    """The participant's privacy policy (:class:`spherecal.crypto.policy.SecAggPolicy`) refuses.
 
     Raised by :class:`crypto.SecAggParticipant`, the party whose data is at stake;
     ``kind`` says which rule (see ``docs/privacy.md``, "Participant policy")."""
@@ -353,5 +353,5 @@ class OverlappingReveal(PolicyViolation):
 class KeySubstitution(PolicyViolation):
     """A roster key not signed by its owner's pinned identity key (or a signature to
     check from a party this participant holds no pinned key for — it holds only
-    :func:`crypto.spec.keys_needed`'s), this participant's own advertisement
+    :func:`spherecal.crypto.spec.keys_needed`'s), this participant's own advertisement
     altered, or one public key listed for two roles or peers."""

@@ -1,16 +1,16 @@
-"""Framing and structural checks shared by every message type of :mod:`crypto.messages`.
+"""Framing and structural checks shared by every message type of :mod:`spherecal.crypto.messages`.
 
 Each helper raises :class:`MalformedMessage`, so a message object that violates its
-structure cannot even be constructed (see :mod:`crypto.messages`).
+structure cannot even be constructed (see :mod:`spherecal.crypto.messages`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._codec import Reader, Writer
-from ._exceptions import MalformedMessage
-from .spec import MAGIC, MAX_JOB_ID_BYTES, VERSION
+from spherecal.crypto._codec import Reader, Writer
+from spherecal.crypto._exceptions import MalformedMessage
+from spherecal.crypto.spec import MAGIC, MAX_JOB_ID_BYTES, VERSION
 
 __all__ = ["fixed", "header", "job", "need", "open_message", "pid", "sorted_unique"]
 

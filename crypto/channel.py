@@ -4,7 +4,7 @@ Why: the coordinator routes every share (pull model, participants never talk to
 each other), so shares must be confidential and authenticated end to end
 (Bonawitz et al. 2017, round 1 "ShareKeys": ``e_{u,v} = AE.enc(KA(c_u^SK, c_v^PK),
 u||v||shares)``).
-The key comes from X25519 on the ``c`` pairs through HKDF (:mod:`crypto.kdf`); the
+The key comes from X25519 on the ``c`` pairs through HKDF (:mod:`spherecal.crypto.kdf`); the
 associated data binds (job, sender, receiver, x, commitments), so the coordinator
 can neither redirect a ciphertext to another receiver nor replay one from another
 job or direction — decryption simply fails (:class:`ForgedShare`).
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ._codec import encode_context
-from ._exceptions import ForgedShare, MalformedMessage
-from .kdf import LABEL
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto._exceptions import ForgedShare, MalformedMessage
+from spherecal.crypto.kdf import LABEL
 
 NONCE_BYTES = 12
 TAG_BYTES = 16

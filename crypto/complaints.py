@@ -1,8 +1,8 @@
 """Signed share complaints: how an honest holder names a dealer whose share failed.
 
 Why: a malicious participant can deal shares that fail authentication and so make
-every retry of a job fail. The holder that detects it (:mod:`crypto.participant`)
-signs a :class:`~crypto.messages.ShareComplaint` with its long-term identity key
+every retry of a job fail. The holder that detects it (:mod:`spherecal.crypto.participant`)
+signs a :class:`~spherecal.crypto.messages.ShareComplaint` with its long-term identity key
 over (spec digest, job id, complainant, dealer, reason); the coordinator verifies it
 (:func:`verify_complaint`, used by :meth:`crypto.SecAggServer.receive_complaint`) and
 may exclude every dealer accused by at least one valid complaint when it retries.
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ._exceptions import DuplicateMessage, WrongJob
-from .keys import complaint_payload, sign, verify
-from .messages import ComplaintReason, ShareComplaint
-from .spec import JobSpec
+from spherecal.crypto._exceptions import DuplicateMessage, WrongJob
+from spherecal.crypto.keys import complaint_payload, sign, verify
+from spherecal.crypto.messages import ComplaintReason, ShareComplaint
+from spherecal.crypto.spec import JobSpec
 
 __all__ = ["ComplaintRecord", "sign_complaint", "verify_complaint"]
 

@@ -3,7 +3,7 @@
 Bonawitz et al. 2017, round 3 "ConsistencyCheck": every survivor signs the survivor
 set ``U3``; before revealing anything, a holder checks that the set in the unmask
 request is the one it signed and that at least ``t`` survivors signed that very set.
-With ``2t >`` share holders (checked by the spec and by :mod:`crypto.policy`) no
+With ``2t >`` share holders (checked by the spec and by :mod:`spherecal.crypto.policy`) no
 second set can gather ``t`` signatures among the same holders, so the coordinator
 cannot show one holder group "X survived" and another "X dropped".
 
@@ -17,11 +17,11 @@ from collections.abc import Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ._exceptions import InconsistentSurvivors, TooFewSurvivors
-from .graph import COMPLETE, Graph
-from .keys import pinned_key, survivors_payload, verify
-from .messages import UnmaskRequest
-from .spec import JobSpec
+from spherecal.crypto._exceptions import InconsistentSurvivors, TooFewSurvivors
+from spherecal.crypto.graph import COMPLETE, Graph
+from spherecal.crypto.keys import pinned_key, survivors_payload, verify
+from spherecal.crypto.messages import UnmaskRequest
+from spherecal.crypto.spec import JobSpec
 
 __all__ = ["signers_counted", "verify_signed_view"]
 
@@ -42,7 +42,7 @@ def verify_signed_view(
 
     Only signatures of those holders are verified and counted — they are the only
     ones either count can use, and their keys are the ones a participant holds
-    (:func:`crypto.spec.keys_needed`: its closed 2-hop neighbourhood). Any other
+    (:func:`spherecal.crypto.spec.keys_needed`: its closed 2-hop neighbourhood). Any other
     survivor's signature is *ignored*: not verified, never counted toward ``t``, so
     it can neither help nor fail the check (a coordinator sending all ``n``
     signatures still works, and costs this holder no extra verifications). Ignoring

@@ -2,20 +2,20 @@
 
 A dealer Shamir-splits its mask key ``s_sk`` and self-mask seed ``b_u`` ``t``-of-``h``
 among its holders ``N(u) ∪ {u}`` (holder ``i`` gets x = ``i+1``), commits to each
-share (:mod:`crypto.channel`) and seals both shares for each holder under their
+share (:mod:`spherecal.crypto.channel`) and seals both shares for each holder under their
 pairwise channel key, with the commitments bound as associated data. A holder opens
 its share and checks both commitments; :func:`open_dealt_share` says *why* a share is
 refused, so the holder can sign a complaint naming the dealer
-(:mod:`crypto.complaints`).
+(:mod:`spherecal.crypto.complaints`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from . import shamir
-from ._exceptions import ForgedShare
-from .channel import (
+from spherecal.crypto import shamir
+from spherecal.crypto._exceptions import ForgedShare
+from spherecal.crypto.channel import (
     ShareKind,
     SharePlaintext,
     commitment_matches,
@@ -23,8 +23,8 @@ from .channel import (
     seal_share,
     share_aad,
 )
-from .messages import ComplaintReason, EncryptedShare
-from .spec import JobSpec
+from spherecal.crypto.messages import ComplaintReason, EncryptedShare
+from spherecal.crypto.spec import JobSpec
 
 __all__ = ["deal_shares", "open_dealt_share"]
 

@@ -12,12 +12,12 @@ the contributors' noises. Two mechanisms:
   adds ``N_Z(0, σ²)``; the sum of ``m`` is not discrete Gaussian, and KLS21 bound the
   gap (their ``τ``) inside the RDP bound.
 
-Samplers are exact (:mod:`crypto.exact`, :mod:`crypto.poisson`) and draw from an
-AES-CTR stream keyed by ``os.urandom`` (:mod:`crypto.entropy`); :func:`sample_noise`
+Samplers are exact (:mod:`spherecal.crypto.exact`, :mod:`spherecal.crypto.poisson`) and draw from an
+AES-CTR stream keyed by ``os.urandom`` (:mod:`spherecal.crypto.entropy`); :func:`sample_noise`
 takes no seed.
 
 **Sizing against dropouts.** The target is a *total* variance ``v`` (ring units²) of
-the released sum, from the accountant (``spherefed.privacy``). Every participant adds
+the released sum, from the accountant (``spherecal.spherefed.privacy``). Every participant adds
 ``v / (t - c)``, rounded *up* to what the sampler can represent, where ``t`` is the
 number of contributors the job guarantees (the secure-aggregation server refuses to
 unmask fewer than ``max(threshold, min_participants)`` masked inputs) and ``c`` an
@@ -27,7 +27,7 @@ noise. :func:`realised_noise` reports what a release actually carried, from the
 number of contributors in the aggregate; that is what the ledger records.
 
 **Bounded noise.** The job spec's ``noise_bound`` ``B`` is enforced on every entry
-(:func:`crypto.ring.add_noise`), because the ring's overflow guarantee counts on it.
+(:func:`spherecal.crypto.ring.add_noise`), because the ring's overflow guarantee counts on it.
 Both noises are unbounded, so :func:`sample_noise` redraws any entry with
 ``|x| > B`` — a truncation. ``B`` is chosen by a Chernoff bound so that the probability
 that *any* entry of *any* participant's vector would be redrawn is at most
@@ -37,7 +37,7 @@ The plan carries ``η`` (``tail_probability``) so the accountant can add it.
 
 **Overflow.** :func:`check_ring_headroom` refuses — naming the cause — any job whose
 ``n · (⌈B_x 2^f⌉ + B)`` could exceed ``2^63 - 1`` (values bound ``B_x``, scale ``2^f``,
-noise bound ``B``), the same inequality :class:`crypto.spec.JobSpec` enforces; ``B``
+noise bound ``B``), the same inequality :class:`spherecal.crypto.spec.JobSpec` enforces; ``B``
 is itself "``k`` standard deviations" with ``k`` from the tail bound (≈ 11–12 for
 ``2^-64`` and millions of entries).
 """
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._exceptions import InvalidSpec, NoiseTooLarge, RingOverflowRisk
-from .entropy import RandomSource
-from .exact import MAX_SIGMA, discrete_gaussian
-from .poisson import MU_MAX, skellam
-from .ring import MAX_SIGNED, max_entry_magnitude
-from .spec import JobSpec
+from spherecal.crypto._exceptions import InvalidSpec, NoiseTooLarge, RingOverflowRisk
+from spherecal.crypto.entropy import RandomSource
+from spherecal.crypto.exact import MAX_SIGMA, discrete_gaussian
+from spherecal.crypto.poisson import MU_MAX, skellam
+from spherecal.crypto.ring import MAX_SIGNED, max_entry_magnitude
+from spherecal.crypto.spec import JobSpec
 
 __all__ = [
     "DEFAULT_MECHANISM",

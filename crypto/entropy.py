@@ -6,7 +6,7 @@ anyone who guesses it — a DP guarantee then protects nothing. Why not ``os.ura
 for every word: it is a system call per request and an order of magnitude slower
 than AES in hardware. So a :class:`RandomSource` draws a fresh 128-bit key and a
 fresh 128-bit counter block from ``os.urandom`` (the kernel CSPRNG) and expands them
-with AES-128-CTR (the same primitive and library as :mod:`crypto.prg`). A source
+with AES-128-CTR (the same primitive and library as :mod:`spherecal.crypto.prg`). A source
 must never be reused across processes or forked (it holds key material); make one
 per noise vector — construction is cheap.
 
@@ -17,7 +17,7 @@ arbitrary-precision Python integers (the rare slow paths of the samplers).
 
 Tests need reproducible streams to check the samplers' distributions against a
 fixed seed; :meth:`RandomSource.deterministic` exists for that and is named so that
-a reviewer can grep for it. The participant-facing API (:func:`crypto.dp.sample_noise`)
+a reviewer can grep for it. The participant-facing API (:func:`spherecal.crypto.dp.sample_noise`)
 never takes a seed: it only ever builds ``RandomSource()``.
 """
 
@@ -49,7 +49,7 @@ class RandomSource:
         """A reproducible stream for **tests only** (key and counter from SHA-256(seed)).
 
         Never use it for noise that protects anyone: whoever knows ``seed`` knows the
-        noise. :func:`crypto.dp.sample_noise` does not accept a source from its callers'
+        noise. :func:`spherecal.crypto.dp.sample_noise` does not accept a source from its callers'
         configuration; only tests and benchmarks inject one.
         """
         material = hashlib.sha256(

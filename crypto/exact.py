@@ -53,7 +53,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from .entropy import RandomSource
+from spherecal.crypto.entropy import RandomSource
 
 __all__ = [
     "MAX_SIGMA",

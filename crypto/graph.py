@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from ._codec import encode_context
-from .kdf import LABEL
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto.kdf import LABEL
 
 COMPLETE = "complete"
 HARARY = "harary"
@@ -114,9 +114,9 @@ class Graph:
         """``u`` and everyone within two hops: ``⋃_{v ∈ N(u) ∪ {u}} N(v) ∪ {v}``.
 
         Why: ``u`` holds shares of the owners in ``N(u) ∪ {u}``, and before revealing
-        them its consistency check (:mod:`crypto.consistency`) counts signatures among
+        them its consistency check (:mod:`spherecal.crypto.consistency`) counts signatures among
         *their* holders — so these are the only parties whose identity keys ``u`` ever
-        needs (:func:`crypto.spec.keys_needed`). On ``H_{k,n}`` that is at most the
+        needs (:func:`spherecal.crypto.spec.keys_needed`). On ``H_{k,n}`` that is at most the
         ``2k + 1`` cycle positions around ``u`` plus the diameters' ends: O(k), not n.
         The complete graph: everyone."""
         if self.kind == COMPLETE:

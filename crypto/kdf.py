@@ -6,12 +6,12 @@ a mask or a key across jobs"). Every derivation therefore binds
 
 * the protocol label and version (``spherecal/secagg/v1``),
 * the *purpose* (pairwise mask, self mask, share channel),
-* the job: its id and the digest of the whole canonical :class:`~crypto.spec.JobSpec`
+* the job: its id and the digest of the whole canonical :class:`~spherecal.crypto.spec.JobSpec`
   (used as the HKDF salt), so two coordinators that disagree on any job parameter
   derive unrelated keys instead of silently mixing jobs,
 * the parties, in a canonical order where the key is symmetric.
 
-The info string is an injective encoding (:func:`crypto._codec.encode_context`), so
+The info string is an injective encoding (:func:`spherecal.crypto._codec.encode_context`), so
 no two distinct (purpose, job, parties) tuples share a key (RFC 5869 §3.2).
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ._codec import encode_context
-from .prg import MaskSeed
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto.prg import MaskSeed
 
 LABEL = "spherecal/secagg/v1"
 
@@ -86,7 +86,7 @@ def channel_key(
     shared_secret: bytes, *, spec_digest: bytes, job_id: bytes, a: str, b: str
 ) -> bytes:
     """AES-256-GCM key of the share channel between ``a`` and ``b`` (symmetric; the
-    direction is bound by the associated data, see :mod:`crypto.channel`)."""
+    direction is bound by the associated data, see :mod:`spherecal.crypto.channel`)."""
     lo, hi = sorted((a, b))
     return derive(
         shared_secret,

@@ -30,9 +30,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from ._codec import encode_context
-from ._exceptions import BadKey, BadSignature, KeySubstitution
-from .kdf import LABEL
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto._exceptions import BadKey, BadSignature, KeySubstitution
+from spherecal.crypto.kdf import LABEL
 
 KEY_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -197,7 +197,7 @@ def pinned_key(
     directory: Mapping[str, Ed25519PublicKey], signer: str, *, what: str
 ) -> Ed25519PublicKey:
     """``signer``'s pinned identity key, or a refusal: a participant holds keys only for
-    the parties whose signatures it checks (:func:`crypto.spec.keys_needed`), so a
+    the parties whose signatures it checks (:func:`spherecal.crypto.spec.keys_needed`), so a
     signature it is asked to check from anyone else cannot be checked and is refused
     (:class:`KeySubstitution`) rather than failing with a ``KeyError``."""
     key = directory.get(signer)

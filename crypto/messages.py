@@ -3,7 +3,7 @@
 Why canonical bytes: the service carries these bytes inside protobuf ``bytes``
 fields and records their SHA-256 in the audit log. A decoder that accepts exactly
 one encoding per message (fixed-width integers, length-prefixed fields, sets in
-sorted order, no trailing bytes — see :mod:`crypto._codec`) means the hash in the
+sorted order, no trailing bytes — see :mod:`spherecal.crypto._codec`) means the hash in the
 audit log identifies the message, and ``from_bytes(to_bytes(m)) == m`` always.
 pickle is never used. (Near 600 lines on purpose: the whole wire contract in one file.)
 
@@ -35,16 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from ._codec import Reader, Writer
-from ._exceptions import MalformedMessage
-from ._fields import fixed as _fixed
-from ._fields import header as _header
-from ._fields import job as _job
-from ._fields import need as _need
-from ._fields import open_message as _open
-from ._fields import pid as _pid
-from ._fields import sorted_unique as _sorted_unique
-from .channel import (
+from spherecal.crypto._codec import Reader, Writer
+from spherecal.crypto._exceptions import MalformedMessage
+from spherecal.crypto._fields import fixed as _fixed
+from spherecal.crypto._fields import header as _header
+from spherecal.crypto._fields import job as _job
+from spherecal.crypto._fields import need as _need
+from spherecal.crypto._fields import open_message as _open
+from spherecal.crypto._fields import pid as _pid
+from spherecal.crypto._fields import sorted_unique as _sorted_unique
+from spherecal.crypto.channel import (
     CIPHERTEXT_BYTES,
     COMMITMENT_BYTES,
     NONCE_BYTES,
@@ -52,8 +52,8 @@ from .channel import (
     ShareKind,
     share_length,
 )
-from .keys import KEY_BYTES, SIGNATURE_BYTES
-from .spec import MAGIC, MAX_JOB_ID_BYTES
+from spherecal.crypto.keys import KEY_BYTES, SIGNATURE_BYTES
+from spherecal.crypto.spec import MAGIC, MAX_JOB_ID_BYTES
 
 TYPE_ADVERTISE_KEYS = 0x10
 TYPE_KEY_ROSTER = 0x11

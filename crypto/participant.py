@@ -14,9 +14,9 @@ ConsistencyCheck, Unmasking) with the sparse neighbour graph of Bell et al. 2020
    kinds for one participant — and forgets its secrets (round 4).
 
 Every coordinator message is checked before it is used; any violation is a
-*refusal*: the typed error (tree in :mod:`crypto._exceptions`) propagates, the
+*refusal*: the typed error (tree in :mod:`spherecal.crypto._exceptions`) propagates, the
 participant wipes its job secrets and answers all later calls with
-:class:`JobAborted`. The participant's privacy policy (:mod:`crypto.policy`) is
+:class:`JobAborted`. The participant's privacy policy (:mod:`spherecal.crypto.policy`) is
 enforced here: spec rules at construction, key, reveal and input-count rules when
 the roster and the unmask request arrive. A share that fails authentication yields a
 signed complaint naming its dealer (:attr:`SecAggParticipant.complaints`). A vector
@@ -41,8 +41,8 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import policy as _policy
-from ._exceptions import (
+from spherecal.crypto import policy as _policy
+from spherecal.crypto._exceptions import (
     BadKey,
     Excluded,
     ForgedShare,
@@ -56,15 +56,15 @@ from ._exceptions import (
     WrongJob,
     WrongRecipient,
 )
-from .channel import (
+from spherecal.crypto.channel import (
     ShareKind,
     SharePlaintext,
 )
-from .complaints import sign_complaint
-from .consistency import verify_signed_view
-from .dealing import deal_shares, open_dealt_share
-from .kdf import channel_key, pairwise_mask_seed, self_mask_seed
-from .keys import (
+from spherecal.crypto.complaints import sign_complaint
+from spherecal.crypto.consistency import verify_signed_view
+from spherecal.crypto.dealing import deal_shares, open_dealt_share
+from spherecal.crypto.kdf import channel_key, pairwise_mask_seed, self_mask_seed
+from spherecal.crypto.keys import (
     JobKeys,
     advert_payload,
     agree,
@@ -74,7 +74,7 @@ from .keys import (
     sign,
     survivors_payload,
 )
-from .messages import (
+from spherecal.crypto.messages import (
     AdvertiseKeys,
     ComplaintReason,
     ConsistencyRequest,
@@ -88,11 +88,11 @@ from .messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
-from .policy import SecAggPolicy
-from .prg import MaskExpander, MaskSeed
-from .replay import JobLedger, default_ledger
-from .ring import RING_DTYPE, add_noise, encode
-from .spec import JobSpec, keys_needed
+from spherecal.crypto.policy import SecAggPolicy
+from spherecal.crypto.prg import MaskExpander, MaskSeed
+from spherecal.crypto.replay import JobLedger, default_ledger
+from spherecal.crypto.ring import RING_DTYPE, add_noise, encode
+from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
 
@@ -117,7 +117,7 @@ class SecAggParticipant:
         participant_id: this participant's id; must be in ``spec.participants``.
         identity_key: the participant's long-term Ed25519 key.
         directory: id -> Ed25519 public key (raw 32 bytes or key object), at least
-            for every participant in :func:`crypto.spec.keys_needed` (this
+            for every participant in :func:`spherecal.crypto.spec.keys_needed` (this
             participant, its masking-graph neighbours and, with the consistency
             round, their neighbours; everyone on the complete graph); other entries
             are ignored. It must come from the deployment's trust root (e.g.
@@ -127,7 +127,7 @@ class SecAggParticipant:
         ledger: where job ids are claimed to refuse replays (default: in-memory,
             process-wide; pass a persistent one in production).
         policy: what this participant demands of the job (default: the safe
-            :class:`~crypto.policy.SecAggPolicy`); the spec-time rules run here, so a
+            :class:`~spherecal.crypto.policy.SecAggPolicy`); the spec-time rules run here, so a
             refused job raises a :class:`PolicyViolation` before any key is made.
     """
 

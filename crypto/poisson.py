@@ -8,7 +8,7 @@ a fixed-point ring needs.
 **Algorithm** (rejection sampling, Devroye 1986 §II.3 / §X.5 in spirit):
 
 * propose ``K = μ + Y`` with ``Y`` discrete Laplace of integer scale ``s = ⌊√μ⌋``,
-  sampled exactly (CKS20 Algorithm 2, :func:`crypto.exact.discrete_laplace`);
+  sampled exactly (CKS20 Algorithm 2, :func:`spherecal.crypto.exact.discrete_laplace`);
 * accept with probability ``A(Y) = [p(μ+Y)/p(μ)] · e^{|Y|/s} / C``, where ``p`` is the
   Poisson pmf. The output is then *exactly* Poisson(μ) provided ``A <= 1`` everywhere
   and each acceptance is decided exactly.
@@ -62,8 +62,8 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from .entropy import RandomSource
-from .exact import discrete_laplace
+from spherecal.crypto.entropy import RandomSource
+from spherecal.crypto.exact import discrete_laplace
 
 __all__ = ["MU_MAX", "PoissonEnvelope", "envelope", "poisson", "skellam"]
 

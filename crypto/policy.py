@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ._exceptions import (
+from spherecal.crypto._exceptions import (
     BadSignature,
     ConsistencyRoundRequired,
     DoubleReveal,
@@ -51,10 +51,10 @@ from ._exceptions import (
     TooFewInputs,
     TooFewParticipants,
 )
-from .graph import max_closed_size
-from .keys import advert_payload, pinned_key, verify
-from .messages import AdvertiseKeys, UnmaskRequest
-from .spec import JobSpec
+from spherecal.crypto.graph import max_closed_size
+from spherecal.crypto.keys import advert_payload, pinned_key, verify
+from spherecal.crypto.messages import AdvertiseKeys, UnmaskRequest
+from spherecal.crypto.spec import JobSpec
 
 DEFAULT_MIN_PARTICIPANTS = 3
 DEFAULT_MIN_INPUTS = 3
@@ -205,7 +205,7 @@ def check_roster_keys(
 ) -> None:
     """Every advertisement signed by its sender's pinned key; ours unchanged; no key
     used twice (raises :class:`KeySubstitution`). ``directory`` holds only the keys
-    this participant needs (:func:`crypto.spec.keys_needed`); an advertisement from
+    this participant needs (:func:`spherecal.crypto.spec.keys_needed`); an advertisement from
     anyone else has no pinned key to check it with and is refused the same way."""
     seen: set[bytes] = set()
     for advert in adverts:

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
-from .ring import RING_DTYPE
+from spherecal.crypto.ring import RING_DTYPE
 
 BLOCK_BYTES = 16
 ENTRY_BYTES = RING_DTYPE.itemsize

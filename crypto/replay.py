@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from ._exceptions import JobReplayed
+from spherecal.crypto._exceptions import JobReplayed
 
 __all__ = ["JobLedger", "MemoryJobLedger", "default_ledger"]
 

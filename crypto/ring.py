@@ -30,7 +30,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from ._exceptions import EncodingOverflow, InvalidSpec, WrongLength
+from spherecal.crypto._exceptions import EncodingOverflow, InvalidSpec, WrongLength
 
 RING_DTYPE = np.dtype("<u8")
 """Wire and accumulator dtype: little-endian uint64 on every platform."""

@@ -3,12 +3,12 @@
 The server never sees a share in the clear: it checks each advertisement's signature
 and keys, hands every participant the adverts of its share holders (SecAgg+ graph of
 Bell et al. 2020), stores the encrypted shares each dealer addressed to its holders,
-and keeps the dealers' share commitments so that round 4 (:mod:`crypto.unmask`) can
+and keeps the dealers' share commitments so that round 4 (:mod:`spherecal.crypto.unmask`) can
 reject a forged reveal. :func:`prune_unrecoverable` is the rule that decides who may
 still be masked against after each of these rounds.
 
 :class:`ShareRouter` knows nothing of stages or senders' eligibility: the
-:class:`~crypto.server.SecAggServer` checks those first. Every ``add_*`` stores the
+:class:`~spherecal.crypto.server.SecAggServer` checks those first. Every ``add_*`` stores the
 whole message or raises a typed error and stores nothing.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ._exceptions import BadKey, DuplicateMessage, MalformedMessage, WrongRecipient
-from .graph import Graph
-from .keys import advert_payload, check_public_key, verify
-from .messages import (
+from spherecal.crypto._exceptions import BadKey, DuplicateMessage, MalformedMessage, WrongRecipient
+from spherecal.crypto.graph import Graph
+from spherecal.crypto.keys import advert_payload, check_public_key, verify
+from spherecal.crypto.messages import (
     AdvertiseKeys,
     EncryptedShare,
     KeyRoster,
@@ -29,8 +29,8 @@ from .messages import (
     ShareBundle,
     ShareKeys,
 )
-from .spec import JobSpec
-from .unmask import Commitments
+from spherecal.crypto.spec import JobSpec
+from spherecal.crypto.unmask import Commitments
 
 __all__ = ["ShareRouter", "prune_unrecoverable"]
 

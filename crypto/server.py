@@ -2,8 +2,9 @@
 
 (Over 500 lines on purpose: this is one state machine whose methods are the protocol's
 stage transitions, each checking stage and sender before delegating; the work itself
-is already split out — key and share routing in :mod:`crypto.routing`, the streaming
-sum in :mod:`crypto.staging`, round 4 in :mod:`crypto.unmask`. Splitting the class
+is already split out — key and share routing in :mod:`spherecal.crypto.routing`, the streaming
+sum in :mod:`spherecal.crypto.staging`, round 4 in :mod:`spherecal.crypto.unmask`. Splitting the
+class
 further would scatter the stage checks that make it safe.)
 
 Protocol: Bonawitz et al. 2017 (rounds 0-4) with the SecAgg+ neighbour graph of Bell
@@ -13,7 +14,7 @@ the end reconstructs exactly the secrets needed to cancel the masks: self-mask s
 sharing. It learns the sum of the survivors' inputs and nothing else (see
 ``docs/threat_model.md``).
 
-Driving it (the service does this over gRPC; :mod:`crypto.inprocess` does it
+Driving it (the service does this over gRPC; :mod:`spherecal.crypto.simulation` does it
 in-process)::
 
     stage ADVERTISE   receive_advertise(msg) from each participant ... close_stage()
@@ -46,9 +47,9 @@ exposed).
 
 Streaming and memory: masked chunks are summed in place as they arrive, with
 ``max_in_flight`` staging slots so that an incomplete upload never enters the sum;
-memory is ``(1 + max_in_flight) × 8 × length`` bytes (:mod:`crypto.staging`). Round 4
+memory is ``(1 + max_in_flight) × 8 × length`` bytes (:mod:`spherecal.crypto.staging`). Round 4
 — checking revealed shares, rebuilding secrets, stripping masks — is in
-:mod:`crypto.unmask`; this module is the stage machine that calls both.
+:mod:`spherecal.crypto.unmask`; this module is the stage machine that calls both.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ._exceptions import (
+from spherecal.crypto._exceptions import (
     BadComplaint,
     DuplicateMessage,
     Excluded,
@@ -75,10 +76,10 @@ from ._exceptions import (
     UnknownParticipant,
     WrongJob,
 )
-from .complaints import ComplaintRecord, verify_complaint
-from .consistency import signers_counted
-from .keys import load_identity_public, survivors_payload, verify
-from .messages import (
+from spherecal.crypto.complaints import ComplaintRecord, verify_complaint
+from spherecal.crypto.consistency import signers_counted
+from spherecal.crypto.keys import load_identity_public, survivors_payload, verify
+from spherecal.crypto.messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
@@ -93,11 +94,11 @@ from .messages import (
     UnmaskResponse,
     decode_message,
 )
-from .ring import decode
-from .routing import ShareRouter, prune_unrecoverable
-from .spec import JobSpec
-from .staging import StagedSum
-from .unmask import (
+from spherecal.crypto.ring import decode
+from spherecal.crypto.routing import ShareRouter, prune_unrecoverable
+from spherecal.crypto.spec import JobSpec
+from spherecal.crypto.staging import StagedSum
+from spherecal.crypto.unmask import (
     Reveals,
     aggregate_out_of_range,
     checked_reveals,
@@ -509,7 +510,7 @@ class SecAggServer:
 
     # ------------------------------------------------------------- complaints
     def receive_complaint(self, msg: ShareComplaint, *, sender: str | None = None) -> None:
-        """Record a signed complaint (:mod:`crypto.complaints`): accepted in any stage
+        """Record a signed complaint (:mod:`spherecal.crypto.complaints`): accepted in any stage
         after shares were routed — including after an abort, so the coordinator
         learns whom to exclude on retry. Rejected, storing nothing: another job
         (:class:`WrongJob`), a transport sender other than the complainant

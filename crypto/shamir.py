@@ -22,8 +22,8 @@ check this module against pycryptodome's multiplication, inversion and ``combine
 pycryptodome's sharing cannot detect a wrong share — interpolation just yields a
 different secret. Forged shares are caught one level up: each share carries a
 hash commitment its dealer sent alongside the AES-GCM ciphertext (see
-:mod:`crypto.channel`), and a rebuilt secret is checked against the owner's signed
-public key or seed commitment (:mod:`crypto.server`).
+:mod:`spherecal.crypto.channel`), and a rebuilt secret is checked against the owner's signed
+public key or seed commitment (:mod:`spherecal.crypto.server`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Invariants checked on construction (including from bytes):
   ``k+1`` for Harary): ``t = 1`` would let any single holder rebuild a secret.
 * ``2 <= min_participants <= n``: an aggregate of one input *is* that input.
 * ``n * (ceil(B * 2^f) + noise_bound) <= 2^63 - 1``: the sum cannot wrap
-  (:mod:`crypto.ring`).
+  (:mod:`spherecal.crypto.ring`).
 * with ``consistency_check`` (the active-adversary variant of Bonawitz et al. 2017,
   round 3 "ConsistencyCheck"), ``2t >`` the largest share-holder set: otherwise a malicious
   coordinator could split the honest holders of one participant's shares into two
@@ -30,10 +30,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from ._codec import MAX_ID_BYTES, Reader, Writer
-from ._exceptions import InvalidSpec, MalformedMessage, UnknownParticipant
-from .graph import COMPLETE, GRAPH_KINDS, HARARY, Graph, max_closed_size, min_closed_size
-from .ring import MAX_SCALE_BITS, choose_scale_bits, sum_fits
+from spherecal.crypto._codec import MAX_ID_BYTES, Reader, Writer
+from spherecal.crypto._exceptions import InvalidSpec, MalformedMessage, UnknownParticipant
+from spherecal.crypto.graph import (
+    COMPLETE,
+    GRAPH_KINDS,
+    HARARY,
+    Graph,
+    max_closed_size,
+    min_closed_size,
+)
+from spherecal.crypto.ring import MAX_SCALE_BITS, choose_scale_bits, sum_fits
 
 MAGIC = b"SCSA"
 VERSION = 1
@@ -101,7 +108,7 @@ class JobSpec:
         the finest overflow-safe scale, ``degree = n - 1`` (complete) or
         :func:`default_degree` (Harary), and the consistency round whenever the
         threshold allows it (``2t >`` share holders) — participants' default policy
-        (:mod:`crypto.policy`) refuses jobs without it."""
+        (:mod:`spherecal.crypto.policy`) refuses jobs without it."""
         ids = tuple(sorted(participants))
         n = len(ids)
         if job_id is None:
@@ -263,10 +270,10 @@ def keys_needed(spec: JobSpec, participant: str) -> frozenset[str]:
     * itself (its own directory entry must match its identity key);
     * its masking-graph neighbours ``N(u)``: the roster's key advertisements are those
       of its share holders ``N(u) ∪ {u}`` among ``U1``, each checked against its
-      sender's pinned key (:func:`crypto.policy.check_roster_keys`);
+      sender's pinned key (:func:`spherecal.crypto.policy.check_roster_keys`);
     * with ``consistency_check``, the share holders of every owner whose shares it
       holds — its closed 2-hop neighbourhood (:meth:`Graph.closed_two_hop`) — whose
-      survivor-set signatures :func:`crypto.consistency.verify_signed_view` counts.
+      survivor-set signatures :func:`spherecal.crypto.consistency.verify_signed_view` counts.
 
     The complete graph: everyone. A Harary graph: O(k) of the n participants, so the
     identity directory a participant receives and verifies (under TLS one certificate

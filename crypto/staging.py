@@ -13,7 +13,7 @@ attempt is safe: the participant's chunks are deterministic, so the server sees
 identical bytes.
 
 :class:`StagedSum` knows nothing of stages or senders' eligibility: the
-:class:`~crypto.server.SecAggServer` checks those first and owns one while its ``MASKED``
+:class:`~spherecal.crypto.server.SecAggServer` checks those first and owns one while its ``MASKED``
 stage is open (and the accumulator until ``finish``).
 """
 
@@ -24,9 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ._exceptions import DuplicateMessage, MalformedMessage, UploadSlotsBusy, WrongLength
-from .ring import RING_DTYPE
-from .spec import JobSpec
+from spherecal.crypto._exceptions import (
+    DuplicateMessage,
+    MalformedMessage,
+    UploadSlotsBusy,
+    WrongLength,
+)
+from spherecal.crypto.ring import RING_DTYPE
+from spherecal.crypto.spec import JobSpec
 
 __all__ = ["StagedSum"]
 

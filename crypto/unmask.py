@@ -8,7 +8,7 @@ commitment when it arrives, and every rebuilt secret against the dealer's advert
 commitment or public key before the accumulator is touched, so a forged share can
 abort the job but never corrupt a returned sum.
 
-Pure functions over the server's records; :class:`~crypto.server.SecAggServer` calls
+Pure functions over the server's records; :class:`~spherecal.crypto.server.SecAggServer` calls
 them and turns their errors into an abort.
 """
 
@@ -20,16 +20,16 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from . import shamir
-from ._exceptions import AggregateOutOfRange, ForgedShare, UnexpectedShare
-from .channel import ShareKind, commitment, commitment_matches
-from .graph import Graph
-from .kdf import pairwise_mask_seed, self_mask_seed
-from .keys import agree, digests_equal, seed_commitment, x25519_public_from_private
-from .messages import AdvertiseKeys, RevealedShare
-from .prg import MaskExpander, MaskSeed
-from .ring import entries_out_of_range
-from .spec import JobSpec
+from spherecal.crypto import shamir
+from spherecal.crypto._exceptions import AggregateOutOfRange, ForgedShare, UnexpectedShare
+from spherecal.crypto.channel import ShareKind, commitment, commitment_matches
+from spherecal.crypto.graph import Graph
+from spherecal.crypto.kdf import pairwise_mask_seed, self_mask_seed
+from spherecal.crypto.keys import agree, digests_equal, seed_commitment, x25519_public_from_private
+from spherecal.crypto.messages import AdvertiseKeys, RevealedShare
+from spherecal.crypto.prg import MaskExpander, MaskSeed
+from spherecal.crypto.ring import entries_out_of_range
+from spherecal.crypto.spec import JobSpec
 
 __all__ = [
     "Commitments",
@@ -178,7 +178,7 @@ def aggregate_out_of_range(
     spec: JobSpec, acc: npt.NDArray[np.uint64], *, inputs: int
 ) -> AggregateOutOfRange | None:
     """The error refusing a sum no set of ``inputs`` in-bound inputs could produce
-    (see :mod:`crypto.server`), or ``None`` when every entry is in range."""
+    (see :mod:`spherecal.crypto.server`), or ``None`` when every entry is in range."""
     outside = entries_out_of_range(
         acc,
         inputs=inputs,

@@ -3,15 +3,27 @@ secure-aggregation client, and the gRPC client (pull model: it never listens).
 
 Modules, one idea each:
 
-``settings``        every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
-``runner``          the main loop: join, pull instructions, act, push results, reconnect
-``transport``       the transport protocol (gRPC in deployments, in-process in unit tests)
-``grpc_transport``  the gRPC transport (TLS / mutual TLS; plaintext on loopback only)
-``data``            local data, or this participant's slice of a shared dataset
-``trainer``         local training, statistics and evaluation (as the reference runner)
-``algorithm_state`` the participant's own algorithm state (SCAFFOLD's c_k) on disk
-``secure``          one secure-aggregation job over the network; persistent job ledger
-``trust``           verifying peers' identity keys against the federation CA
-``faults``          fault injection (halt at a protocol stage) for tests and simulate
-``main``            ``run_participant``: wire it all up and run until done
+``settings``           every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
+``main``               ``run_participant``: wire it all up and run until done
+``runner``             the main loop: join, pull instructions, act, push results, reconnect
+``backoff``            exit reasons and the reconnect back-off
+``transport``          the transport protocol (gRPC in deployments, in-process in unit tests)
+``grpc_transport``     the gRPC transport (TLS / mutual TLS; plaintext on loopback only)
+``loop_transport``     the gRPC transport on a shared asyncio loop (many virtual participants)
+``downloads``          a published tensor downloaded with its checks
+``data``               local data, or this participant's slice of a shared dataset
+``trainer``            local training, statistics and evaluation (as the reference runner)
+``algorithm_state``    the participant's own algorithm state (SCAFFOLD's c_k) on disk
+``dpsgd_round``        one DP-SGD round, charged to the site's own ledger first
+``secure_session``     one secure-aggregation job's message cache; the persistent job ledger
+``secure_jobs``        driving secure jobs over the network: advertise, share, mask, unmask
+``trust``              verifying peers' identity keys against the federation CA
+``policy``             the ``[policy]`` table: what the site refuses, whatever it is asked
+``release_ledger``     what has left the site: each release at most once per its key
+``dp_gate``            the privacy gate of noisy calibration releases (plan, charge, refuse)
+``evaluation_checks``  the checks on an evaluation task, and the counts' secure layout
+``evaluation_task``    the evaluation task: counts of the model and its calibrated heads
+``results``            every site's final models, written to its ``out_dir``
+``failures``           the typed withdrawal a participant reports, and why
+``faults``             fault injection (halt at a protocol stage) for tests and simulate
 """

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
-from proto.federation_end import SUCCESSFUL_STATUSES, ended_status
+from spherecal.proto.federation_end import SUCCESSFUL_STATUSES, ended_status
 
 __all__ = ["Backoff", "ParticipantExit", "stop_if_ended"]
 

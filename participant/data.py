@@ -1,6 +1,6 @@
 """The participant's local data: its own files, or its slice of a shared dataset.
 
-Slice mode reproduces ``spherefed.runner.prepare_data`` bit for bit — each
+Slice mode reproduces ``spherecal.spherefed.reference.prepare_data`` bit for bit — each
 participant loads the dataset, splits off validation, partitions with the run's seed
 and keeps partition ``k`` — so that a simulated federation trains on exactly the
 data the reference runner gives participant ``k``. The local *test* split is the
@@ -14,7 +14,7 @@ accuracy (the calibrators' grid is chosen there).
 
 In whole mode (a real site with its own files) ``validation_fraction`` of the site's
 train split is held out by a seeded stratified split
-(:func:`~spherefed.data.arrays.stratified_split`, seed ``derive_seed(seed,
+(:func:`~spherecal.spherefed.data.arrays.stratified_split`, seed ``derive_seed(seed,
 "validation")`` — the reference runner's rule, applied to the site's own data), so
 the same files always give the same split; the rest trains. With
 ``validation_fraction = 0`` nothing is held out: such a site contributes zero
@@ -30,13 +30,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from spherefed.data import ArrayDataset, load_dataset, load_npz_pair
-from spherefed.data.arrays import stratified_split
-from spherefed.fl import derive_seed
-from spherefed.partition import partition
-from spherefed.runner import FederationData, ReferenceConfig, prepare_data
-
-from .settings import DataSettings
+from spherecal.participant.settings import DataSettings
+from spherecal.spherefed.data import ArrayDataset, load_dataset, load_npz_pair
+from spherecal.spherefed.data.arrays import stratified_split
+from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.partition import partition
+from spherecal.spherefed.reference import FederationData, ReferenceConfig, prepare_data
 
 __all__ = ["LocalData", "load_local_data", "load_local_slices"]
 
@@ -75,7 +74,7 @@ def local_test_slices(
 
     No minimum size: with more participants than test samples (1,000 participants
     on digits' 449 test images) an IID split gives some participants an empty test
-    slice — the same permutation cut as ``spherefed.partition.iid_partition``, which
+    slice — the same permutation cut as ``spherecal.spherefed.partition.iid_partition``, which
     refuses empty parts because it partitions *training* data."""
     seed = derive_seed(settings.seed, "partition", split)
     if settings.partition == "iid" and n > len(test.y):

@@ -12,10 +12,9 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from proto import spherecal_pb2 as pb
-from proto.codec import TensorAssembler, TensorFormatError
-
-from .transport import Transport, TransportError
+from spherecal.participant.transport import Transport, TransportError
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import TensorAssembler, TensorFormatError
 
 __all__ = ["Cache", "download"]
 

@@ -12,12 +12,11 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from spherefed.fl import LocalUpdate
-from spherefed.privacy.charge import dpsgd_charge
-from spherefed.privacy.settings import PrivacySettings
-
-from .privacy import BudgetExceeded, ParticipantPrivacy
-from .trainer import LocalTrainer
+from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.spherefed.fl import LocalUpdate
+from spherecal.spherefed.privacy.charge import dpsgd_charge
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = ["dpsgd_round"]
 

@@ -9,22 +9,21 @@ the most general, so a subclass is never swallowed by its parent (e.g.
 
 from __future__ import annotations
 
-import crypto
-from proto import spherecal_pb2 as pb
-from proto.codec import TensorFormatError
-from spherefed.privacy.dpsgd import UnsupportedModel
-from spherefed.privacy.ledger import BudgetExceeded
-
-from .policy import EvaluationRefused, ReleaseRepeated
-from .privacy import NoiseRequired, PlaintextRefused, PrivacyRefused
-from .trust import UntrustedDirectory
+from spherecal import crypto
+from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, PrivacyRefused
+from spherecal.participant.policy import EvaluationRefused, ReleaseRepeated
+from spherecal.participant.trust import UntrustedDirectory
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import TensorFormatError
+from spherecal.spherefed.privacy.dpsgd import UnsupportedModel
+from spherecal.spherefed.privacy.ledger import BudgetExceeded
 
 __all__ = ["KINDS", "RULES", "failure_kind", "policy_rule"]
 
 KINDS: tuple[tuple[type[BaseException], pb.FailureKind], ...] = (
     (BudgetExceeded, pb.BUDGET_EXCEEDED),
     (PrivacyRefused, pb.POLICY_REFUSAL),
-    # the participant's secure-aggregation policy (crypto.policy), before the
+    # the participant's secure-aggregation policy (spherecal.crypto.policy), before the
     # protocol errors below that some of its rules also are
     (crypto.PolicyViolation, pb.POLICY_REFUSAL),
     (PermissionError, pb.POLICY_REFUSAL),  # e.g. a plaintext upload it does not allow

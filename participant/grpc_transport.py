@@ -14,13 +14,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from proto import spherecal_pb2 as pb
-from proto.address import is_loopback_address
-from proto.error_detail import reason_from_metadata
-from proto.services import grpc_services
-
-from .settings import ParticipantSettings
-from .transport import StubCalls, TransportError
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.transport import StubCalls, TransportError
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.address import is_loopback_address
+from spherecal.proto.error_detail import reason_from_metadata
+from spherecal.proto.services import grpc_services
 
 __all__ = ["GrpcTransport", "channel_options", "credentials_for", "is_loopback_address"]
 

@@ -1,7 +1,7 @@
 """The participant's gRPC transport on a shared asyncio loop, for hosts of many
 participants (the Ray engine's virtual participants).
 
-Why not :class:`~participant.grpc_transport.GrpcTransport` there: a synchronous gRPC
+Why not :class:`~spherecal.participant.grpc_transport.GrpcTransport` there: a synchronous gRPC
 channel costs every participant a *channel spin thread* while its presence stream is
 open, and every blocked synchronous call wakes up several times a second to check
 for signals (the spin thread and a blocking unary call every 200 ms, a streaming
@@ -22,7 +22,7 @@ asyncio task; the caller's thread waiting on :meth:`_LoopPresence.__iter__` bloc
 without waking until the stream ends or is cancelled.
 
 Same semantics as the synchronous transport: every gRPC failure becomes a
-:class:`~participant.transport.TransportError`; a call on a closed channel raises
+:class:`~spherecal.participant.transport.TransportError`; a call on a closed channel raises
 ``ValueError``; :meth:`LoopTransport.close` cancels every call in flight (a
 streaming upload breaks off mid-stream).
 """
@@ -40,12 +40,15 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from proto import spherecal_pb2 as pb
-from proto.services import grpc_services
-
-from .grpc_transport import channel_options, credentials_for, to_transport_error
-from .settings import ParticipantSettings
-from .transport import StubCalls
+from spherecal.participant.grpc_transport import (
+    channel_options,
+    credentials_for,
+    to_transport_error,
+)
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.transport import StubCalls
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.services import grpc_services
 
 __all__ = ["EventLoopThread", "LoopTransport"]
 
@@ -94,7 +97,7 @@ async def _collect(fn: Callable[..., Any], request: object, timeout: float) -> l
 
 
 class LoopTransport(StubCalls):
-    """:class:`~participant.transport.Transport` over a ``grpc.aio`` channel driven by
+    """:class:`~spherecal.participant.transport.Transport` over a ``grpc.aio`` channel driven by
     a shared :class:`EventLoopThread`."""
 
     def __init__(

@@ -2,7 +2,7 @@
 
 Loads (or, on first start, creates) the participant's Ed25519 identity key, its
 local data, the persistent job ledger and the trust root, then hands over to
-:class:`~participant.runner.ParticipantRunner` over a gRPC transport. Returns the
+:class:`~spherecal.participant.runner.ParticipantRunner` over a gRPC transport. Returns the
 process exit status: 0 when the federation completed or degraded (it reached its end
 with less than was asked; the coordinator's summary says what), 1 when it failed, 2 when the
 coordinator refused this participant, 3 when it gave up reconnecting.
@@ -16,15 +16,14 @@ from collections.abc import Callable
 
 import torch
 
-from crypto import generate_identity
-from proto.identity import load_identity_key, save_identity_key
-
-from .data import load_local_data
-from .grpc_transport import GrpcTransport
-from .runner import ParticipantRunner
-from .secure import SqliteJobLedger
-from .settings import ParticipantSettings
-from .trust import DirectoryTrust
+from spherecal.crypto import generate_identity
+from spherecal.participant.data import load_local_data
+from spherecal.participant.grpc_transport import GrpcTransport
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.secure_session import SqliteJobLedger
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto.identity import load_identity_key, save_identity_key
 
 __all__ = ["run_participant"]
 

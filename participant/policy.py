@@ -3,9 +3,9 @@
 Why on the participant: it is the party whose data is at stake, and a malicious
 coordinator chooses every job spec, survivor view, model and evaluation head. The
 secure-aggregation rules are enforced in :class:`crypto.SecAggParticipant` itself
-(:class:`crypto.policy.SecAggPolicy`, built by :meth:`PolicySettings.secagg`); the
+(:class:`spherecal.crypto.policy.SecAggPolicy`, built by :meth:`PolicySettings.secagg`); the
 process-level rules — at most one release of each statistic per federation and per
-model (:mod:`participant.releases`), evaluation heads of the plan's shape and at
+model (:mod:`spherecal.participant.release_ledger`), evaluation heads of the plan's shape and at
 most ``max_evaluation_heads`` of them — are checked by the runner before it computes
 anything. Every default is the safe setting; weakening one is logged at WARNING when
 the process starts (:meth:`PolicySettings.relaxations`). Keys, defaults and refusal
@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crypto.policy import DEFAULT_MIN_INPUTS, DEFAULT_MIN_PARTICIPANTS, SecAggPolicy
-
-from .privacy import PrivacyRefused
+from spherecal.crypto.policy import DEFAULT_MIN_INPUTS, DEFAULT_MIN_PARTICIPANTS, SecAggPolicy
+from spherecal.participant.dp_gate import PrivacyRefused
 
 __all__ = [
     "DEFAULT_MAX_EVALUATION_HEADS",

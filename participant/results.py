@@ -3,9 +3,9 @@
 The final evaluation task already hands each participant the final global model and
 every calibrated classifier the run made (FFC, CCVR, ...) as :class:`pb.TensorRef` s,
 downloaded through ``DownloadTensor`` and checked against the SHA-256 in the announced
-header (``proto.codec.TensorAssembler``). The participant keeps them and, once the
+header (``spherecal.proto.codec.TensorAssembler``). The participant keeps them and, once the
 coordinator says the federation *completed*, writes the same directory layout the
-coordinator writes (``spherefed.saved``): ``model_spec.json`` and ``model_<name>.pt``
+coordinator writes (``spherecal.spherefed.saved``): ``model_spec.json`` and ``model_<name>.pt``
 per linear classifier (FFC, CCVR), ``head_<name>.pt`` per closed-form head (FFC+bias,
 LDA, QDA — described under ``heads`` in ``model_spec.json``, loaded by
 ``spherefed.load_model(d, name)``), plus ``models.json`` recording which federation
@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spherefed.discriminant import CalibratedHead
-from spherefed.network import classifier_swapped
-from spherefed.saved import head_document, model_spec_document, save_head, save_state_dict
-
-from .trainer import LocalTrainer
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.spherefed.discriminant import CalibratedHead
+from spherecal.spherefed.network import classifier_swapped
+from spherecal.spherefed.saved import head_document, model_spec_document, save_head, save_state_dict
 
 _SAFE_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 

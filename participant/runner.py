@@ -7,7 +7,7 @@ evaluate — until it is told ``Done``. A heartbeat thread keeps it visibly aliv
 it computes.
 
 Resilience: an unreachable coordinator is retried with back-off
-(``participant.backoff``); an unknown session (a restarted coordinator) means joining
+(``spherecal.participant.backoff``); an unknown session (a restarted coordinator) means joining
 again. Work in flight when the coordinator went away is dropped: the resumed
 coordinator re-issues what it still needs.
 
@@ -15,7 +15,7 @@ Privacy stance: with ``allow_plaintext = false`` (the default for deployments) t
 participant refuses to upload any model update or statistics in the clear; it only
 ever sends masked vectors and key material for the protocol (evaluation counts too
 go through secure aggregation unless the coordinator asks for them in plaintext,
-which it then also refuses). Its ``[policy]`` (``participant.policy``) decides what
+which it then also refuses). Its ``[policy]`` (``spherecal.participant.policy``) decides what
 it takes part in at all.
 Nothing it logs contains data, statistics or keys.
 
@@ -38,32 +38,36 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-import crypto
-from crypto.dp import sample_noise
-from proto import spherecal_pb2 as pb
-from proto.codec import DEFAULT_CHUNK_BYTES, header_for
-from proto.codec import iter_chunks as tensor_chunks
-from proto.federation_end import SUCCESSFUL_STATUSES
-from proto.identity import join_payload, public_key_bytes
-from spherefed.fl import LocalUpdate
-from spherefed.stats import ccvr_layout_size, ffc_layout_size
-
-from .algorithm_state import ClientStateStore, CorruptClientState
-from .backoff import Backoff, ParticipantExit, stop_if_ended
-from .data import LocalData
-from .downloads import download
-from .dpsgd_round import dpsgd_round
-from .evaluate_task import evaluate_task
-from .failures import failure_kind, policy_rule
-from .faults import Halter, OnHalt
-from .privacy import BudgetExceeded, ParticipantPrivacy, PlaintextRefused, PrivacyRefused
-from .releases import ReleaseLedger
-from .results import FinalModels, refuse_extractor, save_after_completion
-from .secure_steps import SecureSteps
-from .settings import ParticipantSettings
-from .trainer import LocalTrainer
-from .transport import PresenceStream, Transport, TransportError
-from .trust import DirectoryTrust
+from spherecal import crypto
+from spherecal.crypto.dp import sample_noise
+from spherecal.participant.algorithm_state import ClientStateStore, CorruptClientState
+from spherecal.participant.backoff import Backoff, ParticipantExit, stop_if_ended
+from spherecal.participant.data import LocalData
+from spherecal.participant.downloads import download
+from spherecal.participant.dp_gate import (
+    BudgetExceeded,
+    ParticipantPrivacy,
+    PlaintextRefused,
+    PrivacyRefused,
+)
+from spherecal.participant.dpsgd_round import dpsgd_round
+from spherecal.participant.evaluation_task import evaluate_task
+from spherecal.participant.failures import failure_kind, policy_rule
+from spherecal.participant.faults import Halter, OnHalt
+from spherecal.participant.release_ledger import ReleaseLedger
+from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
+from spherecal.participant.secure_jobs import SecureSteps
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.transport import PresenceStream, Transport, TransportError
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import DEFAULT_CHUNK_BYTES, header_for
+from spherecal.proto.codec import iter_chunks as tensor_chunks
+from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
+from spherecal.proto.identity import join_payload, public_key_bytes
+from spherecal.spherefed.fl import LocalUpdate
+from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
@@ -410,7 +414,7 @@ class ParticipantRunner:
         return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
 
     def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
-        """DP-SGD for this round (``participant.dpsgd_round``); None when refused."""
+        """DP-SGD for this round (``spherecal.participant.dpsgd_round``); None when refused."""
         return dpsgd_round(
             self._trainer(),
             self.settings.privacy,
@@ -553,4 +557,4 @@ class ParticipantRunner:
                 raise
 
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
-        evaluate_task(self, task_id, task)  # participant.evaluate_task
+        evaluate_task(self, task_id, task)  # spherecal.participant.evaluation_task

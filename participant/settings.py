@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spherefed.privacy.settings import PrivacySettings
-
-from .faults import HaltPoint
-from .policy import PolicySettings
+from spherecal.participant.faults import HaltPoint
+from spherecal.participant.policy import PolicySettings
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = ["ClientTLS", "DataSettings", "ParticipantSettings"]
 
@@ -19,7 +18,7 @@ class DataSettings:
     """Where the local data comes from.
 
     *Slice mode* (``slice_index`` set — simulation and benchmarks): load ``dataset``,
-    split and partition it exactly like ``spherefed.runner.prepare_data`` with these
+    split and partition it exactly like ``spherecal.spherefed.reference.prepare_data`` with these
     settings, and keep partition ``slice_index`` of ``slice_of`` as the training data;
     the test split is partitioned the same way with seed
     ``derive_seed(seed, "partition", "test")`` and slice ``slice_index`` is the local
@@ -119,7 +118,7 @@ class ParticipantSettings:
     """Job ledger (refuses to run a job id twice), privacy ledger, the algorithm's own
     state (SCAFFOLD's ``c_k``, in ``algorithm/``); default ``participant-<id>``."""
     out_dir: Path | None = None
-    """Where the final models land when the federation completes (``spherefed.saved``
+    """Where the final models land when the federation completes (``spherecal.spherefed.saved``
     layout: ``model_spec.json``, ``model_<calibration>.pt``, ``models.json``). The TOML
     loader always sets one (default ``participant-ID-out`` next to the config); None
     (programmatic use, in-process tests) saves nothing."""
@@ -158,7 +157,7 @@ class ParticipantSettings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     """What this participant refuses whatever the coordinator asks (``[policy]``):
     the secure-aggregation rules, one release per statistic and model, evaluation
-    heads (``participant.policy``)."""
+    heads (``spherecal.participant.policy``)."""
 
     @property
     def identity_path(self) -> Path:

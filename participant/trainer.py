@@ -1,12 +1,12 @@
 """Local work of a participant: train a round, compute statistics, evaluate.
 
-Everything mirrors ``spherefed.runner.run_reference`` operation for operation —
+Everything mirrors ``spherecal.spherefed.reference.run_reference`` operation for operation —
 ``load_state_vector`` then ``local_train`` with the round's seed; features in batches
-of 512 in eval mode; statistics with ``spherefed.stats``; evaluation batches of 512
+of 512 in eval mode; statistics with ``spherecal.spherefed.stats``; evaluation batches of 512
 with the classifier swapped in and restored — so a participant process computes the
 same floats the reference runner computes for participant ``k`` (given the same
 torch build and thread count). Local training is the plan's algorithm's own local
-step (``spherefed.algorithms.STRATEGIES``, the object the harness calls), and its
+step (``spherecal.spherefed.algorithms.STRATEGIES``, the object the harness calls), and its
 payload is flattened in the layout the coordinator unflattens
 (``ServerStrategy.layout`` + ``LOSS_SUM``).
 """
@@ -21,9 +21,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from proto import spherecal_pb2 as pb
-from proto.codec import model_spec_from_proto
-from spherefed.algorithms.base import (
+from spherecal.participant.data import LocalData
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import model_spec_from_proto
+from spherecal.spherefed.algorithms.base import (
     LOSS_SUM,
     AlgorithmSettings,
     ClientResult,
@@ -31,9 +32,9 @@ from spherefed.algorithms.base import (
     SumLayout,
     as_payload,
 )
-from spherefed.algorithms.registry import configured_strategy
-from spherefed.discriminant import CalibratedHead
-from spherefed.fl import (
+from spherecal.spherefed.algorithms.registry import configured_strategy
+from spherecal.spherefed.discriminant import CalibratedHead
+from spherecal.spherefed.fl import (
     LocalTrainConfig,
     LocalUpdate,
     aggregated_keys,
@@ -41,11 +42,15 @@ from spherefed.fl import (
     load_state_vector,
     state_vector,
 )
-from spherefed.network import ModelSpec, Net, build_model, classifier_swapped, compute_features
-from spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
-from spherefed.stats import ccvr_statistics, ffc_statistics
-
-from .data import LocalData
+from spherecal.spherefed.network import (
+    ModelSpec,
+    Net,
+    build_model,
+    classifier_swapped,
+    compute_features,
+)
+from spherecal.spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
+from spherecal.spherefed.stats import ccvr_statistics, ffc_statistics
 
 __all__ = ["LocalTrainer", "model_spec_from_plan"]
 
@@ -150,7 +155,7 @@ class LocalTrainer:
     def dpsgd_config(self, noise_multiplier: float, max_grad_norm: float, delta: float) -> Any:
         """The plan's local training as DP-SGD (momentum, lr, epochs, batch size, loss;
         weight decay and FedProx's term are not applied under DP-SGD)."""
-        from spherefed.privacy.dpsgd import DPSGDConfig
+        from spherecal.spherefed.privacy.dpsgd import DPSGDConfig
 
         return DPSGDConfig(
             epochs=self.config.epochs,
@@ -173,7 +178,7 @@ class LocalTrainer:
 
     def train_dpsgd(self, vector: npt.NDArray[np.float64], config: Any) -> tuple[LocalUpdate, Any]:
         """One round of DP-SGD from ``vector``; (update, DPSGDResult)."""
-        from spherefed.privacy.dpsgd import dp_local_train
+        from spherecal.spherefed.privacy.dpsgd import dp_local_train
 
         self.load(vector)
         start = state_vector(self.model, self.keys)
@@ -207,7 +212,7 @@ class LocalTrainer:
     ) -> npt.NDArray[np.float64]:
         """Statistics for a DP release: exact sums of quantised unit features, packed
         with the isometric triangle layout. Only statistics computed this way are
-        covered by the release's sensitivity bound (``spherefed.privacy.sensitivity``);
+        covered by the release's sensitivity bound (``spherecal.spherefed.privacy.sensitivity``);
         plain float statistics are not."""
         self.load(vector)
         z = self.features(self.data.train_x)
@@ -232,7 +237,7 @@ class LocalTrainer:
         """(samples, correct predictions per head) on the local ``test`` or
         ``validation`` split; head ``none`` is the model's own. A weight matrix is
         swapped into the network's classifier (FFC, CCVR); a
-        :class:`~spherefed.discriminant.CalibratedHead` (bias, QDA's quadratic term)
+        :class:`~spherecal.spherefed.discriminant.CalibratedHead` (bias, QDA's quadratic term)
         scores the network's features, as the reference runner does."""
         if split == "validation":
             x, y = self.data.val_x, self.data.val_y

@@ -1,9 +1,9 @@
 """How a participant talks to its coordinator, abstracted from gRPC.
 
-The participant's logic (``participant.runner``) only sees this :class:`Transport`
-protocol, so the same logic runs over real gRPC (``participant.grpc_transport``) in
+The participant's logic (``spherecal.participant.runner``) only sees this :class:`Transport`
+protocol, so the same logic runs over real gRPC (``spherecal.participant.grpc_transport``) in
 deployments and integration tests, and in-process against the coordinator's service
-core in unit tests (``spherecal.inprocess``) — like httpx's swappable transports.
+core in unit tests (``spherecal.inprocess_transport``) — like httpx's swappable transports.
 
 Failures surface as :class:`TransportError` carrying a gRPC status code, whatever
 the transport; :data:`RETRYABLE` are the codes worth retrying after a backoff
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from proto import spherecal_pb2 as pb
+from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = ["RETRYABLE", "PresenceStream", "Transport", "TransportError"]
 
@@ -40,7 +40,7 @@ class TransportError(Exception):
         self.code = code
         self.message = message
         self.reason = reason
-        """The coordinator's typed reason (``proto.error_detail``), if it sent one."""
+        """The coordinator's typed reason (``spherecal.proto.error_detail``), if it sent one."""
 
     @property
     def retryable(self) -> bool:

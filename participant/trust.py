@@ -26,8 +26,12 @@ from collections.abc import Collection, Sequence
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from proto import spherecal_pb2 as pb
-from proto.identity import CertificateError, certificate_identity, identity_key_from_certificate
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import (
+    CertificateError,
+    certificate_identity,
+    identity_key_from_certificate,
+)
 
 __all__ = ["DirectoryTrust", "UntrustedDirectory"]
 

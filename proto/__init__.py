@@ -1,12 +1,20 @@
 """The wire contract: ``spherecal.proto`` and its generated modules.
 
-Tensors travel as dtype + shape + raw bytes (:mod:`proto.codec`); nothing is
+Tensors travel as dtype + shape + raw bytes (:mod:`spherecal.proto.codec`); nothing is
 pickled. The generated ``*_pb2.py`` modules are committed (regenerate with
-``python -m proto._generate``) and a test fails when they are stale against the
-``.proto``. :mod:`proto.identity` holds the bytes both sides sign or parse for
+``python -m spherecal.proto._generate``) and a test fails when they are stale against the
+``.proto``. :mod:`spherecal.proto.identity` holds the bytes both sides sign or parse for
 identities (join proof, certificate extension).
+
+``codec``           tensors and ``ModelSpec`` as dtype + shape + raw bytes
+``identity``        the bytes both sides sign or parse for identities
+``address``         ``host:port`` parsing and the loopback check
+``error_detail``    typed error details as gRPC trailing metadata
+``federation_end``  the statuses that end a federation, and which of them succeeded
+``services``        the generated gRPC module, from one place
+Generated and committed: ``spherecal_pb2`` (messages) and ``spherecal_pb2_grpc`` (stubs).
 """
 
 from __future__ import annotations
 
-# Nothing is defined here: see proto/services.py for why (proto-plus's ``proto``).
+# Nothing is defined here: the package is imported by every process, so it stays light.

@@ -6,7 +6,7 @@ shape, SHA-256) followed by raw chunks can only ever decode to a numeric array o
 the announced size — and the receiver decides up front how large that may be, so a
 hostile header cannot make it allocate unbounded memory.
 
-The model a federation trains (``spherefed.network.ModelSpec``) crosses the wire in
+The model a federation trains (``spherecal.spherefed.network.ModelSpec``) crosses the wire in
 the ``Plan`` and is written next to the saved models as ``model_spec.json``; both
 conversions live here too (as plain fields: ``proto`` is the lowest layer and imports
 none of ours) (:func:`model_spec_to_proto`, :func:`model_spec_from_proto`,
@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypedDict
 import numpy as np
 import numpy.typing as npt
 
-from proto import spherecal_pb2 as pb
+from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -215,7 +215,7 @@ class TensorAssembler:
 
 
 class ModelSpecLike(Protocol):
-    """The fields of :class:`spherefed.network.ModelSpec` (``proto`` is the lowest
+    """The fields of :class:`spherecal.spherefed.network.ModelSpec` (``proto`` is the lowest
     layer and does not import ``spherefed``; callers build the dataclass from
     :class:`ModelSpecFields`)."""
 
@@ -242,7 +242,8 @@ class ModelSpecLike(Protocol):
 
 
 class ModelSpecFields(TypedDict):
-    """Constructor arguments of ``spherefed.network.ModelSpec``: ``ModelSpec(**fields)``."""
+    """Constructor arguments of ``spherecal.spherefed.network.ModelSpec``:
+    ``ModelSpec(**fields)``."""
 
     extractor: str
     head: str

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 
-from proto import spherecal_pb2 as pb
+from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = ["ERROR_DETAIL_KEY", "error_metadata", "reason_from_metadata"]
 

@@ -1,27 +1,19 @@
-"""The generated gRPC module, typed loosely on purpose.
+"""The generated gRPC module (stub, servicer, registration), typed by its committed stub.
 
-Why a module of its own (not a name in ``proto/__init__.py``): ``ray[default]``
-installs proto-plus, whose top-level package is also called ``proto``. In an
-editable install run from outside the repository, Python finds proto-plus's
-``proto/__init__.py`` first; our *submodules* are still found (by the editable
-finder, proto-plus has none of their names), but a name defined in our
-``__init__`` is not — ``spherecal participant`` then failed with "cannot import name
-'grpc_services' from 'proto'". ``tests/unit/proto/test_outside_the_repo.py`` imports
-the gRPC clients from another directory.
+Kept as one accessor so that every caller takes the gRPC module from one place; the
+module now lives inside the ``spherecal`` namespace (``spherecal.proto``), so no
+other distribution's top-level ``proto`` (proto-plus) can shadow it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from types import ModuleType
+
+from spherecal.proto import spherecal_pb2_grpc
 
 __all__ = ["grpc_services"]
 
 
-def grpc_services() -> Any:
-    """The generated ``spherecal_pb2_grpc`` module (stub, servicer, registration).
-
-    Imported dynamically because grpc's generated code is untyped and our mypy
-    settings refuse untyped definitions; callers wrap what they use in typed code.
-    """
-    return importlib.import_module("proto.spherecal_pb2_grpc")
+def grpc_services() -> ModuleType:
+    """The generated ``spherecal_pb2_grpc`` module (stub, servicer, registration)."""
+    return spherecal_pb2_grpc

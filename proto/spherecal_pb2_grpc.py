@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import spherecal_pb2 as proto_dot_spherecal__pb2
+from spherecal.proto import spherecal_pb2 as spherecal_dot_proto_dot_spherecal__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/spherecal_pb2_grpc.py depends on'
+        + ' but the generated code in spherecal/proto/spherecal_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,63 +36,63 @@ class CoordinatorStub:
         """
         self.Join = channel.unary_unary(
                 '/spherecal.v1.Coordinator/Join',
-                request_serializer=proto_dot_spherecal__pb2.JoinRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.JoinReply.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.JoinRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.JoinReply.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/spherecal.v1.Coordinator/Heartbeat',
-                request_serializer=proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.HeartbeatReply.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
         self.Presence = channel.unary_stream(
                 '/spherecal.v1.Coordinator/Presence',
-                request_serializer=proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.HeartbeatReply.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
         self.NextInstruction = channel.unary_unary(
                 '/spherecal.v1.Coordinator/NextInstruction',
-                request_serializer=proto_dot_spherecal__pb2.InstructionRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.Instruction.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.InstructionRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.Instruction.FromString,
                 _registered_method=True)
         self.DownloadTensor = channel.unary_stream(
                 '/spherecal.v1.Coordinator/DownloadTensor',
-                request_serializer=proto_dot_spherecal__pb2.DownloadRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.TensorChunk.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.DownloadRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.TensorChunk.FromString,
                 _registered_method=True)
         self.UploadTensor = channel.stream_unary(
                 '/spherecal.v1.Coordinator/UploadTensor',
-                request_serializer=proto_dot_spherecal__pb2.TensorUpload.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.UploadReceipt.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.TensorUpload.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.UploadReceipt.FromString,
                 _registered_method=True)
         self.SubmitSecAgg = channel.unary_unary(
                 '/spherecal.v1.Coordinator/SubmitSecAgg',
-                request_serializer=proto_dot_spherecal__pb2.SecAggSubmission.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.Receipt.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.SecAggSubmission.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.Receipt.FromString,
                 _registered_method=True)
         self.UploadMasked = channel.stream_unary(
                 '/spherecal.v1.Coordinator/UploadMasked',
-                request_serializer=proto_dot_spherecal__pb2.MaskedUpload.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.UploadReceipt.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.MaskedUpload.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.UploadReceipt.FromString,
                 _registered_method=True)
         self.ReportEvaluation = channel.unary_unary(
                 '/spherecal.v1.Coordinator/ReportEvaluation',
-                request_serializer=proto_dot_spherecal__pb2.EvaluationReport.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.Receipt.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.EvaluationReport.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.Receipt.FromString,
                 _registered_method=True)
         self.ReportFailure = channel.unary_unary(
                 '/spherecal.v1.Coordinator/ReportFailure',
-                request_serializer=proto_dot_spherecal__pb2.FailureReport.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.Receipt.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.FailureReport.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.Receipt.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/spherecal.v1.Coordinator/GetStatus',
-                request_serializer=proto_dot_spherecal__pb2.StatusRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.StatusReply.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.StatusRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.StatusReply.FromString,
                 _registered_method=True)
         self.GetFederationStatus = channel.unary_unary(
                 '/spherecal.v1.Coordinator/GetFederationStatus',
-                request_serializer=proto_dot_spherecal__pb2.FederationStatusRequest.SerializeToString,
-                response_deserializer=proto_dot_spherecal__pb2.FederationStatus.FromString,
+                request_serializer=spherecal_dot_proto_dot_spherecal__pb2.FederationStatusRequest.SerializeToString,
+                response_deserializer=spherecal_dot_proto_dot_spherecal__pb2.FederationStatus.FromString,
                 _registered_method=True)
 
 
@@ -196,63 +196,63 @@ def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=proto_dot_spherecal__pb2.JoinRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.JoinReply.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.JoinRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.JoinReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=proto_dot_spherecal__pb2.HeartbeatRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatReply.SerializeToString,
             ),
             'Presence': grpc.unary_stream_rpc_method_handler(
                     servicer.Presence,
-                    request_deserializer=proto_dot_spherecal__pb2.HeartbeatRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.HeartbeatReply.SerializeToString,
             ),
             'NextInstruction': grpc.unary_unary_rpc_method_handler(
                     servicer.NextInstruction,
-                    request_deserializer=proto_dot_spherecal__pb2.InstructionRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.Instruction.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.InstructionRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.Instruction.SerializeToString,
             ),
             'DownloadTensor': grpc.unary_stream_rpc_method_handler(
                     servicer.DownloadTensor,
-                    request_deserializer=proto_dot_spherecal__pb2.DownloadRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.TensorChunk.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.DownloadRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.TensorChunk.SerializeToString,
             ),
             'UploadTensor': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadTensor,
-                    request_deserializer=proto_dot_spherecal__pb2.TensorUpload.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.UploadReceipt.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.TensorUpload.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.UploadReceipt.SerializeToString,
             ),
             'SubmitSecAgg': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitSecAgg,
-                    request_deserializer=proto_dot_spherecal__pb2.SecAggSubmission.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.Receipt.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.SecAggSubmission.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.Receipt.SerializeToString,
             ),
             'UploadMasked': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadMasked,
-                    request_deserializer=proto_dot_spherecal__pb2.MaskedUpload.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.UploadReceipt.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.MaskedUpload.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.UploadReceipt.SerializeToString,
             ),
             'ReportEvaluation': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportEvaluation,
-                    request_deserializer=proto_dot_spherecal__pb2.EvaluationReport.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.Receipt.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.EvaluationReport.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.Receipt.SerializeToString,
             ),
             'ReportFailure': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFailure,
-                    request_deserializer=proto_dot_spherecal__pb2.FailureReport.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.Receipt.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.FailureReport.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.Receipt.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=proto_dot_spherecal__pb2.StatusRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.StatusReply.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.StatusRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.StatusReply.SerializeToString,
             ),
             'GetFederationStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFederationStatus,
-                    request_deserializer=proto_dot_spherecal__pb2.FederationStatusRequest.FromString,
-                    response_serializer=proto_dot_spherecal__pb2.FederationStatus.SerializeToString,
+                    request_deserializer=spherecal_dot_proto_dot_spherecal__pb2.FederationStatusRequest.FromString,
+                    response_serializer=spherecal_dot_proto_dot_spherecal__pb2.FederationStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -280,8 +280,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/Join',
-            proto_dot_spherecal__pb2.JoinRequest.SerializeToString,
-            proto_dot_spherecal__pb2.JoinReply.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.JoinRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -307,8 +307,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/Heartbeat',
-            proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
-            proto_dot_spherecal__pb2.HeartbeatReply.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -334,8 +334,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/Presence',
-            proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
-            proto_dot_spherecal__pb2.HeartbeatReply.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.HeartbeatRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -361,8 +361,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/NextInstruction',
-            proto_dot_spherecal__pb2.InstructionRequest.SerializeToString,
-            proto_dot_spherecal__pb2.Instruction.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.InstructionRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.Instruction.FromString,
             options,
             channel_credentials,
             insecure,
@@ -388,8 +388,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/DownloadTensor',
-            proto_dot_spherecal__pb2.DownloadRequest.SerializeToString,
-            proto_dot_spherecal__pb2.TensorChunk.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.DownloadRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -415,8 +415,8 @@ class Coordinator:
             request_iterator,
             target,
             '/spherecal.v1.Coordinator/UploadTensor',
-            proto_dot_spherecal__pb2.TensorUpload.SerializeToString,
-            proto_dot_spherecal__pb2.UploadReceipt.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.TensorUpload.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.UploadReceipt.FromString,
             options,
             channel_credentials,
             insecure,
@@ -442,8 +442,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/SubmitSecAgg',
-            proto_dot_spherecal__pb2.SecAggSubmission.SerializeToString,
-            proto_dot_spherecal__pb2.Receipt.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.SecAggSubmission.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.Receipt.FromString,
             options,
             channel_credentials,
             insecure,
@@ -469,8 +469,8 @@ class Coordinator:
             request_iterator,
             target,
             '/spherecal.v1.Coordinator/UploadMasked',
-            proto_dot_spherecal__pb2.MaskedUpload.SerializeToString,
-            proto_dot_spherecal__pb2.UploadReceipt.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.MaskedUpload.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.UploadReceipt.FromString,
             options,
             channel_credentials,
             insecure,
@@ -496,8 +496,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/ReportEvaluation',
-            proto_dot_spherecal__pb2.EvaluationReport.SerializeToString,
-            proto_dot_spherecal__pb2.Receipt.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.EvaluationReport.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.Receipt.FromString,
             options,
             channel_credentials,
             insecure,
@@ -523,8 +523,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/ReportFailure',
-            proto_dot_spherecal__pb2.FailureReport.SerializeToString,
-            proto_dot_spherecal__pb2.Receipt.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.FailureReport.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.Receipt.FromString,
             options,
             channel_credentials,
             insecure,
@@ -550,8 +550,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/GetStatus',
-            proto_dot_spherecal__pb2.StatusRequest.SerializeToString,
-            proto_dot_spherecal__pb2.StatusReply.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.StatusRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -577,8 +577,8 @@ class Coordinator:
             request,
             target,
             '/spherecal.v1.Coordinator/GetFederationStatus',
-            proto_dot_spherecal__pb2.FederationStatusRequest.SerializeToString,
-            proto_dot_spherecal__pb2.FederationStatus.FromString,
+            spherecal_dot_proto_dot_spherecal__pb2.FederationStatusRequest.SerializeToString,
+            spherecal_dot_proto_dot_spherecal__pb2.FederationStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,7 +55,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def calibration_list(text: str) -> list[str]:
     """A comma list of calibrator names (``ffc,ccvr,ffc_bias,lda,qda``), no repeats."""
-    from spherefed.calibration_suite import CALIBRATION_NAMES
+    from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in names if c not in CALIBRATION_NAMES]

@@ -24,7 +24,7 @@ in ``audit.json`` with ``ok`` and the evidence:
 ``budgets``             ε spent per participant (and the federation) against budget
 
 ``--empirical`` adds a canary audit of the calibration mechanism
-(:func:`spherefed.privacy.empirical.run_canary_audit`): ``epsilon_claimed``,
+(:func:`spherecal.spherefed.privacy.empirical.run_canary_audit`): ``epsilon_claimed``,
 ``epsilon_empirical_lower`` and ``tightness`` at the top level of ``audit.json`` — on a
 DP run only; without DP there is no claim to test and it says so.
 
@@ -279,8 +279,8 @@ def check_reveals(conn: sqlite3.Connection) -> dict[str, Any]:
 
 def _recomputed_epsilon(plan_json: dict[str, Any], charge: dict[str, Any]) -> dict[str, Any]:
     """Re-plan a release from its public inputs and re-account the *recorded* noise."""
-    from crypto.dp import NoisePlan
-    from spherefed.privacy.plan import plan_calibration_release
+    from spherecal.crypto.dp import NoisePlan
+    from spherecal.spherefed.privacy.plan import plan_calibration_release
 
     noise = plan_json["noise"]
     plan = plan_calibration_release(
@@ -380,7 +380,7 @@ def check_dp(conn: sqlite3.Connection) -> dict[str, Any]:
 
 
 def _ledger_totals(conn: sqlite3.Connection, delta: float) -> dict[str, dict[str, Any]]:
-    from spherefed.privacy.ledger import PrivacyBudget, PrivacyLedger, SqliteLedgerStore
+    from spherecal.spherefed.privacy.ledger import PrivacyBudget, PrivacyLedger, SqliteLedgerStore
 
     if not _rows(conn, "SELECT name FROM sqlite_master WHERE name='privacy_ledger'"):
         return {}
@@ -521,7 +521,7 @@ def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
     """The canary audit on a small setting with this federation's mechanism, δ and
     target ε. A federation without DP made no noisy release, so there is no claim to
     test: say so rather than audit a made-up target."""
-    from spherefed.privacy.empirical import AuditSettings, run_canary_audit
+    from spherecal.spherefed.privacy.empirical import AuditSettings, run_canary_audit
 
     epsilon = privacy.get("epsilon") or privacy.get("total_epsilon")
     if not privacy.get("enabled") or epsilon is None:

@@ -1,7 +1,7 @@
 """``spherecal audit``: participants' typed refusals and the coordinator's exclusions.
 
 Reads the coordinator database's ``policy_events`` table (written by
-``coordinator.conduct``); each exclusion lists the participants whose signed
+``spherecal.coordinator.driver.conduct``); each exclusion lists the participants whose signed
 complaints caused it. Refusals are evidence, not failures: a site refusing what
 its policy forbids is the system working. The check fails only when an excluded
 participant appears in a job created after its exclusion — the coordinator would then

@@ -4,7 +4,7 @@
 ``spherecal certs issue NAME --dir DIR`` makes a participant's client certificate and
 its Ed25519 identity key, and binds the two: the certificate's CN (and a
 ``urn:spherecal:participant:NAME`` SAN) is the participant id, and a private extension
-carries the identity public key (``proto.identity``), so every participant can check
+carries the identity public key (``spherecal.proto.identity``), so every participant can check
 its peers' secure-aggregation keys against the CA instead of trusting the coordinator.
 
 For production, issue the same shape of certificates from the federation's own PKI;
@@ -38,8 +38,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from crypto import generate_identity
-from proto.identity import (
+from spherecal.crypto import generate_identity
+from spherecal.proto.identity import (
     SAN_URI_PREFIX,
     identity_extension,
     load_identity_key,
@@ -223,7 +223,7 @@ def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:
         .next_update(now + dt.timedelta(days=days))
     )
     if crl_path.exists():
-        from coordinator.revocation import load_verified_crl
+        from spherecal.coordinator.server.revocation import load_verified_crl
 
         for entry in load_verified_crl(crl_path.read_bytes(), ca_cert):
             if entry.serial_number != cert.serial_number:

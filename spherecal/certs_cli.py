@@ -64,7 +64,7 @@ def add_certs_parser(sub: SubParsers) -> None:
 
 
 def _cmd_certs_init(args: argparse.Namespace) -> int:
-    from .certs import DEFAULT_HOSTS, init_ca
+    from spherecal.certs import DEFAULT_HOSTS, init_ca
 
     try:
         paths = init_ca(args.dir, hosts=args.host or DEFAULT_HOSTS, days=args.days)
@@ -76,7 +76,7 @@ def _cmd_certs_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_certs_issue(args: argparse.Namespace) -> int:
-    from .certs import issue_participant
+    from spherecal.certs import issue_participant
 
     paths = issue_participant(args.dir, args.name, days=args.days, new_identity=args.new_identity)
     for path in paths:
@@ -85,7 +85,7 @@ def _cmd_certs_issue(args: argparse.Namespace) -> int:
 
 
 def _cmd_certs_revoke(args: argparse.Namespace) -> int:
-    from .certs import revoke_participant
+    from spherecal.certs import revoke_participant
 
     print(revoke_participant(args.dir, args.name, days=args.days))
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,19 +19,23 @@ from typing import Any
 import torch
 
 from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, calibration_list, positive_float
-from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
-from spherefed.calibrate import CCVRConfig
-from spherefed.calibration_suite import CALIBRATION_NAMES
-from spherefed.classifier import CLASSIFIER_KINDS
-from spherefed.data import DATASET_NAMES
-from spherefed.heads import HEAD_KINDS
-from spherefed.losses import LOSS_NAMES
-from spherefed.models import EXTRACTOR_NAMES, NORM_NAMES
-from spherefed.runner import SELECT_BY, ReferenceConfig, run_reference, run_reference_sweep
+from spherecal.spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from spherecal.spherefed.calibrate import CCVRConfig
+from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES
+from spherecal.spherefed.classifier import CLASSIFIER_KINDS
+from spherecal.spherefed.data import DATASET_NAMES
+from spherecal.spherefed.heads import HEAD_KINDS
+from spherecal.spherefed.losses import LOSS_NAMES
+from spherecal.spherefed.models import EXTRACTOR_NAMES, NORM_NAMES
+from spherecal.spherefed.reference import (
+    SELECT_BY,
+    ReferenceConfig,
+    run_reference,
+    run_reference_sweep,
+)
 
 #: Exit statuses of every command (docs/cli.md): 0 ok, 1 the federation failed,
 #: 2 bad input (config, data, paths, certificates).
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _add_reference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -220,9 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"spherecal {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_reference(sub)
-    from spherecal.service_cli import add_service_parsers
+    from spherecal.certs_cli import add_certs_parser
+    from spherecal.service_cli import add_coordinator_parser, add_participant_parser
+    from spherecal.simulate_cli import add_simulate_parser
 
-    add_service_parsers(sub)  # coordinator, participant, simulate, certs
+    add_coordinator_parser(sub)
+    add_participant_parser(sub)
+    add_simulate_parser(sub)
+    add_certs_parser(sub)
     from spherecal.experiment import add_experiment_parser
 
     add_experiment_parser(sub)
@@ -241,23 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except (ValueError, OSError, FloatingPointError, pickle.UnpicklingError) as exc:
-        # Bad input (config, data, paths, certificates): one line, exit status 2
-        # (docs/cli.md). OSError covers missing/unreadable files and permissions.
-        print(f"spherecal {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print(f"spherecal {args.command}: interrupted", file=sys.stderr)
-        return 130
+    from spherecal.daemon import run_command
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-    return " ".join(text.split()) or type(exc).__name__
+    return run_command(args)
 
 
 if __name__ == "__main__":

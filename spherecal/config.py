@@ -5,7 +5,8 @@ naming the file, table and key — a typo in a privacy setting must not be silen
 ignored. Relative paths are resolved against the directory of the config file.
 
 The keys are not spelled out here: every table is a settings dataclass
-(``coordinator.settings``, ``participant.settings``, ``spherefed.privacy.settings``)
+(``spherecal.coordinator.settings``, ``spherecal.participant.settings``,
+``spherecal.spherefed.privacy.settings``)
 mapped by :mod:`spherecal.config_schema`, which also writes configs back
 (:func:`coordinator_document`, :func:`participant_document`, :func:`dump_toml` with
 ``tomli-w``) and renders the key reference in ``docs/deployment.md``.
@@ -20,7 +21,16 @@ from typing import Any
 
 import tomli_w
 
-from coordinator.settings import (
+from spherecal.config_schema import (
+    Codec,
+    ConfigError,
+    Extra,
+    Section,
+    Table,
+    read_table,
+    write_table,
+)
+from spherecal.coordinator.settings import (
     AdminSettings,
     CalibrationSettings,
     CoordinatorSettings,
@@ -33,13 +43,11 @@ from coordinator.settings import (
     TLSSettings,
     TrainingSettings,
 )
-from crypto import SecAggError
-from participant.faults import parse_halt
-from participant.policy import PolicySettings
-from participant.settings import ClientTLS, DataSettings, ParticipantSettings
-from spherefed.privacy.settings import PrivacySettings
-
-from .config_schema import Codec, ConfigError, Extra, Section, Table, read_table, write_table
+from spherecal.crypto import SecAggError
+from spherecal.participant.faults import parse_halt
+from spherecal.participant.policy import PolicySettings
+from spherecal.participant.settings import ClientTLS, DataSettings, ParticipantSettings
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "COORDINATOR_TABLES",

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import COORDINATOR_TABLES, PARTICIPANT_TABLES
-from .config_schema import markdown_table
+from spherecal.config import COORDINATOR_TABLES, PARTICIPANT_TABLES
+from spherecal.config_schema import markdown_table
 
 __all__ = ["DOC", "main", "render"]
 

@@ -1,8 +1,8 @@
 """The TOML shape of the settings dataclasses — read, written and documented from one source.
 
 Every key of a coordinator or participant config file is a field of a frozen
-dataclass (``coordinator.settings``, ``participant.settings``,
-``spherefed.privacy.settings``): its TOML type comes from the field's annotation, its
+dataclass (``spherecal.coordinator.settings``, ``spherecal.participant.settings``,
+``spherecal.spherefed.privacy.settings``): its TOML type comes from the field's annotation, its
 default from the field's default, its meaning from the field's docstring. A
 :class:`Table` only says how a dataclass maps onto one TOML table where the two
 differ (a renamed key, a nested dataclass flattened under a prefix, bytes written as

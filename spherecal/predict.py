@@ -57,7 +57,7 @@ def load_prediction_data(path: Path) -> tuple[Any, Any]:
     """(images float32 (N, C, H, W), labels int64 (N,) or None) from an ``.npz``."""
     import numpy as np
 
-    from spherefed.data.npz import _npz_images, _npz_labels
+    from spherecal.spherefed.data.npz import _npz_images, _npz_labels
 
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
@@ -89,12 +89,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.out is not None:
-        from .outputs import check_output_file
+        from spherecal.outputs import check_output_file
 
         check_output_file(args.out, what="--out")
     import torch
 
-    from spherefed.saved import available_calibrations, load_model
+    from spherecal.spherefed.saved import available_calibrations, load_model
 
     x, y = load_prediction_data(args.data)
     calibration = args.calibration or next(iter(available_calibrations(args.model_dir)), None)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .outputs import check_output_dir
+from spherecal.outputs import check_output_dir
 
 __all__ = ["PreflightError", "check_coordinator", "check_participant"]
 

@@ -1,10 +1,12 @@
 """CLI subcommands of the service: ``coordinator`` and ``participant`` (``simulate``
 lives in :mod:`spherecal.simulate_cli`, ``certs`` in :mod:`spherecal.certs_cli`).
 
-Registered by ``spherecal.cli.build_parser``. Heavy imports (torch, grpc servers)
-happen inside the command functions so that ``spherecal certs`` and ``--help`` stay
-fast. Errors a user can fix (bad config, missing file, refused insecure address)
-print one line ``spherecal COMMAND: error: ...`` and exit with status 2.
+Registered by ``spherecal.cli.build_parser``, and by :mod:`spherecal.daemon` (the entry
+point the simulation's fork server runs, which must not reach the simulation itself).
+Heavy imports (torch, grpc servers) happen inside the command functions so that
+``spherecal certs`` and ``--help`` stay fast. Errors a user can fix (bad config, missing
+file, refused insecure address) print one line ``spherecal COMMAND: error: ...``
+and exit with status 2.
 """
 
 from __future__ import annotations
@@ -17,27 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from proto.federation_end import SUCCESSFUL_STATUSES
+from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 
-from .certs_cli import add_certs_parser
-from .simulate_cli import add_simulate_parser
-
-__all__ = [
-    "add_certs_parser",
-    "add_coordinator_parser",
-    "add_participant_parser",
-    "add_simulate_parser",
-    "add_service_parsers",
-]
+__all__ = ["add_coordinator_parser", "add_participant_parser"]
 
 SubParsers = argparse._SubParsersAction
-
-
-def add_service_parsers(sub: SubParsers) -> None:
-    add_coordinator_parser(sub)
-    add_participant_parser(sub)
-    add_simulate_parser(sub)
-    add_certs_parser(sub)
 
 
 # ====================================================================== coordinator
@@ -80,9 +66,8 @@ def add_coordinator_parser(sub: SubParsers) -> None:
 
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
-    from coordinator.main import run_coordinator
-
-    from .config import load_coordinator_config
+    from spherecal.config import load_coordinator_config
+    from spherecal.coordinator.main import run_coordinator
 
     _enable_faulthandler()
     settings, threads = load_coordinator_config(args.config)
@@ -92,7 +77,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
         return _check_state(settings)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
-    from .preflight import check_coordinator
+    from spherecal.preflight import check_coordinator
 
     check_coordinator(settings, str(args.config))
     summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
@@ -102,7 +87,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def _unpin(settings: Any, participant_id: str) -> int:
-    from coordinator.store import Store
+    from spherecal.coordinator.state.store import Store
 
     if participant_id not in settings.participants:
         raise ValueError(f"{participant_id!r} is not on the roster {list(settings.participants)}")
@@ -125,7 +110,7 @@ def _unpin(settings: Any, participant_id: str) -> int:
 
 
 def _check_state(settings: Any) -> int:
-    from coordinator.state_dir import format_report, inspect_state
+    from spherecal.coordinator.state.state_dir import format_report, inspect_state
 
     print(format_report(inspect_state(settings.state_dir)))
     return 0
@@ -168,10 +153,9 @@ def add_participant_parser(sub: SubParsers) -> None:
 
 
 def _cmd_participant(args: argparse.Namespace) -> int:
-    from participant.faults import parse_halt
-    from participant.main import run_participant
-
-    from .config import load_participant_config
+    from spherecal.config import load_participant_config
+    from spherecal.participant.faults import parse_halt
+    from spherecal.participant.main import run_participant
 
     _enable_faulthandler()
     settings = load_participant_config(args.config)
@@ -180,7 +164,7 @@ def _cmd_participant(args: argparse.Namespace) -> int:
     if args.halt_before:
         points = tuple(parse_halt(h) for h in args.halt_before)
         settings = replace(settings, halt_before=settings.halt_before + points)
-    from .preflight import check_participant
+    from spherecal.preflight import check_participant
 
     check_participant(settings, str(args.config))
     return run_participant(settings)

@@ -1,7 +1,7 @@
 """CLI subcommand ``simulate``: a coordinator and N participants on loopback, as
 processes, threads or Ray-hosted virtual participants (:mod:`spherecal.engines`).
 
-Registered by :func:`spherecal.service_cli.add_service_parsers`. Heavy imports happen
+Registered by :func:`spherecal.cli.build_parser`. Heavy imports happen
 inside the command function so ``--help`` stays fast. Errors a user can fix print one
 line ``spherecal simulate: error: ...`` and exit with status 2; a failed federation
 exits 1 with one line saying why.
@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from proto.federation_end import SUCCESSFUL_STATUSES
+from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 from spherecal.simulate.launch import LAUNCHERS
-from spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
-from spherefed.calibration_suite import (
+from spherecal.spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from spherecal.spherefed.calibration_suite import (
     CALIBRATION_NAMES,
     DEFAULT_RIDGE_GRID,
     DEFAULT_SHRINKAGE_GRID,
@@ -274,10 +274,9 @@ def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]
 
 
 def simulation_settings_from(options: dict[str, Any]) -> Any:
-    from spherefed.calibrate import CCVRConfig
-    from spherefed.runner import ReferenceConfig
-
-    from .simulate import SimulationSettings, parse_drops
+    from spherecal.simulate import SimulationSettings, parse_drops
+    from spherecal.spherefed.calibrate import CCVRConfig
+    from spherecal.spherefed.reference import ReferenceConfig
 
     o = options
     alpha_text = str(o["alpha"])
@@ -363,7 +362,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
 
 def _engine_runner(options: dict[str, Any]) -> Any:
     """The run function of the chosen engine (``run_simulation``'s signature)."""
-    from .simulate import run_simulation
+    from spherecal.simulate import run_simulation
 
     engine = str(options["engine"])
     ray_only = ("workers", "ray_address")
@@ -375,14 +374,14 @@ def _engine_runner(options: dict[str, Any]) -> Any:
             flags = ", ".join("--" + k.replace("_", "-") for k in used)
             raise ValueError(f"{flags} only apply to --engine ray")
         if engine == "threads":
-            from .engines.threads import run_threads_simulation
+            from spherecal.engines.threads import run_threads_simulation
 
             return run_threads_simulation
         return run_simulation
     if engine != "ray":
         raise ValueError(f"--engine must be processes, threads or ray, got {engine!r}")
     try:
-        from .engines.ray import RayEngineSettings, run_ray_simulation
+        from spherecal.engines.ray import RayEngineSettings, run_ray_simulation
     except ImportError as exc:
         raise ValueError(
             f"--engine ray needs Ray ({exc}); install the extra: pip install -e '.[ray]'"
@@ -401,12 +400,12 @@ def _engine_runner(options: dict[str, Any]) -> Any:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulate import SimulationError
+    from spherecal.simulate import SimulationError
 
     options = _simulate_options(args)
     settings = simulation_settings_from(options)
     run = _engine_runner(options)
-    from .outputs import check_output_dir
+    from spherecal.outputs import check_output_dir
 
     check_output_dir(settings.out, what="--out")  # before any process starts
 

@@ -1,6 +1,7 @@
 """``spherecal status``: a one-screen live view of a running federation.
 
-Calls the coordinator's read-only ``GetFederationStatus`` RPC (``coordinator.status``)
+Calls the coordinator's read-only ``GetFederationStatus`` RPC
+(``spherecal.coordinator.server.status``)
 with the operator's certificate — the coordinator allows only identities on its
 ``[admin] allow`` list, or loopback callers in plaintext mode — and prints the roster
 with liveness, the current round and secure-aggregation stage, the completed rounds,
@@ -59,7 +60,7 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None]:
     """(address, insecure, CA) from the flags and/or the coordinator's config."""
     address, insecure, ca = args.address, bool(args.insecure), args.ca
     if args.config is not None:
-        from .config import load_coordinator_config
+        from spherecal.config import load_coordinator_config
 
         settings, _ = load_coordinator_config(args.config)
         if address is None:
@@ -90,9 +91,9 @@ def fetch_status(
     """One ``GetFederationStatus`` call; raises ValueError with a one-line reason."""
     import grpc
 
-    from participant.grpc_transport import is_loopback_address
-    from proto import spherecal_pb2 as pb
-    from proto.services import grpc_services
+    from spherecal.participant.grpc_transport import is_loopback_address
+    from spherecal.proto import spherecal_pb2 as pb
+    from spherecal.proto.services import grpc_services
 
     options: list[tuple[str, Any]] = []
     if insecure:

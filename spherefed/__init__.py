@@ -12,7 +12,13 @@ No network, no I/O beyond reading datasets. Modules:
   classifier retraining).
 - ``data`` / ``partition``: digits, CIFAR, ``.npz``; IID, Dirichlet(α), shards.
 - ``fl``: local training and server aggregation (FedAvg, FedProx).
-- ``runner``: the deterministic in-process reference runner.
+- ``reference``: the deterministic in-process reference runner;
+  ``reference_config``: its validated settings.
+- ``network``: a classification network (extractor + head), built deterministically.
+- ``calibration_suite``: every calibrator by name, its hyper-parameter chosen on
+  validation; ``discriminant``: the closed forms with a bias (FFC+bias, LDA, QDA).
+- ``algorithms``: the federated algorithms and rival fixes (local steps + server steps).
+- ``privacy``: DP planning, sensitivity, accounting, ledger, DP-SGD.
 - ``saved``: ``model_spec.json`` + state dicts; ``load_model(dir)`` (also ``spherefed.load_model``).
 - ``custom``: a user's own extractor, ``"package.module:factory"``.
 """
@@ -25,7 +31,7 @@ __all__ = ["load_model"]
 def __getattr__(name: str) -> Any:
     """``spherefed.load_model`` without importing torch on ``import spherefed``."""
     if name == "load_model":
-        from spherefed.saved import load_model
+        from spherecal.spherefed.saved import load_model
 
         return load_model
     raise AttributeError(f"module 'spherefed' has no attribute {name!r}")

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from spherefed.losses import make_loss
-from spherefed.stats import CCVRStatistics
+from spherecal.spherefed.losses import make_loss
+from spherecal.spherefed.stats import CCVRStatistics
 
 
 class SingularStatisticsWarning(UserWarning):

@@ -1,6 +1,6 @@
 """Every calibrator by name, with its hyper-parameter chosen on validation, never on test.
 
-The closed forms of :mod:`spherefed.discriminant` each have one knob — FFC+bias a
+The closed forms of :mod:`spherecal.spherefed.discriminant` each have one knob — FFC+bias a
 ridge ``λ``, LDA and QDA a shrinkage ``γ`` — and the right value depends on the
 features (unit-norm sphere features vs raw ones, ``l`` vs ``N``, DP noise). A small
 grid is solved from the *same* summed statistics (one upload, every grid point is a
@@ -9,7 +9,7 @@ local solve) and each candidate head is scored on the **validation** split; the 
 is scored on test. The chosen value and the whole validation grid are reported.
 
 Upload each calibrator needs (``l`` = feature dim, ``C`` = classes; secure
-aggregation carries these sums, see ``spherefed.stats``):
+aggregation carries these sums, see ``spherecal.spherefed.stats``):
 
 =========  ==========================================  ==========================
 name       sums                                        numbers uploaded
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from spherefed.discriminant import CalibratedHead, ffc_bias_solve, lda_solve, qda_solve
-from spherefed.stats import CCVRStatistics, triangle_size
+from spherecal.spherefed.discriminant import CalibratedHead, ffc_bias_solve, lda_solve, qda_solve
+from spherecal.spherefed.stats import CCVRStatistics, triangle_size
 
 __all__ = [
     "CALIBRATION_NAMES",
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 CALIBRATION_NAMES: tuple[str, ...] = ("ffc", "ccvr", "ffc_bias", "lda", "qda")
-"""Every calibrator: ``ffc`` and ``ccvr`` (bias-free, :mod:`spherefed.calibrate`) and the
+"""Every calibrator: ``ffc`` and ``ccvr`` (bias-free, :mod:`spherecal.spherefed.calibrate`) and the
 closed forms with a bias term (:data:`CLOSED_FORMS`)."""
 
 CLOSED_FORMS: tuple[str, ...] = ("ffc_bias", "lda", "qda")

@@ -22,7 +22,7 @@ attribute ``factory`` — the module must be importable (installed, or on
 ``PYTHONPATH``) in *every* process that builds the network (coordinator,
 participants, ``spherecal predict``). Nothing is ever imported from a network
 message alone: a participant builds a custom extractor only when its own config
-allows that name (``[participant] extractors``), see ``participant.runner``.
+allows that name (``[participant] extractors``), see ``spherecal.participant.runner``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from spherefed.models import FeatureExtractor
+from spherecal.spherefed.models import FeatureExtractor
 
 __all__ = ["CustomExtractor", "CustomExtractorError", "build_custom_extractor", "is_custom"]
 

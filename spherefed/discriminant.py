@@ -1,7 +1,7 @@
 """Closed-form calibrators with a bias term, from the same secure sums as FFC/CCVR.
 
 Every function here needs only the *summed* per-class statistics that secure
-aggregation already delivers (``spherefed.stats``): class counts ``N_c``, class sums
+aggregation already delivers (``spherecal.spherefed.stats``): class counts ``N_c``, class sums
 ``S_c = Σ_{y=c} z`` and second moments ``M_c = Σ_{y=c} z zᵀ`` — or, for FFC+bias, the
 FFC sums plus the ``C`` class counts. No virtual features, no SGD: one solve each.
 
@@ -32,8 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spherefed.calibrate import EmptyStatisticsError, SingularStatisticsWarning, _to_numpy64
-from spherefed.stats import CCVRStatistics
+from spherecal.spherefed.calibrate import (
+    EmptyStatisticsError,
+    SingularStatisticsWarning,
+    _to_numpy64,
+)
+from spherecal.spherefed.stats import CCVRStatistics
 
 __all__ = [
     "WIRE_NEVER",
@@ -48,7 +52,7 @@ __all__ = [
 
 WIRE_NEVER = -1e300
 """A never-predicted class's bias as sent and saved: tensors on the wire must be
-finite (``proto.codec``), and ``-1e300`` loses every argmax that ``-inf`` loses
+finite (``spherecal.proto.codec``), and ``-1e300`` loses every argmax that ``-inf`` loses
 (logits are ``O(1e3)`` at most; ``-1e300 + x`` stays finite)."""
 
 
@@ -150,7 +154,7 @@ def _floored_eigh(matrix: np.ndarray, what: str, rcond: float) -> tuple[np.ndarr
 
     DP noise or collapsed features can leave a covariance singular or slightly
     indefinite; flooring keeps the solve and the log-determinant finite, the same
-    policy as :func:`spherefed.calibrate.ffc_solve`'s fallback.
+    policy as :func:`spherecal.spherefed.calibrate.ffc_solve`'s fallback.
     """
     eigvals, eigvecs = np.linalg.eigh(matrix)
     top = float(np.max(eigvals))

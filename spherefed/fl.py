@@ -13,7 +13,7 @@ model and a batch, e.g. FedUV's regularised loss or CE with a temperature) and a
 optional ``gradient_correction`` (SCAFFOLD's ``c − c_k``, added to every minibatch
 gradient). Both default to ``None``, which is the FedAvg/FedProx path exactly; the
 other algorithms (FedNova, FedOpt, SCAFFOLD) and the rival fixes live in
-:mod:`spherefed.algorithms`.
+:mod:`spherecal.spherefed.algorithms`.
 
 Determinism: all randomness in local training (minibatch order) comes from a
 ``torch.Generator`` seeded by :func:`derive_seed` from ``(run seed, round,
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherefed.losses import make_loss
+from spherecal.spherefed.losses import make_loss
 
 #: A local training objective: ``objective(model, x_batch, y_batch) -> scalar loss``.
 LocalObjective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]

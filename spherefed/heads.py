@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherefed.classifier import fixed_classifier
+from spherecal.spherefed.classifier import fixed_classifier
 
 HEAD_KINDS: tuple[str, ...] = ("sphere", "learnable", "fn", "fixed")
 

@@ -2,14 +2,14 @@
 
 SphereFed (and FFC / CCVR on top of it) only ever sees the *features* ``f(x)`` of
 a sample: the head normalises them to ``z = f(x)/‖f(x)‖`` and multiplies by a fixed
-classifier (``spherefed.heads``). So everything here returns **raw, un-normalised
+classifier (``spherecal.spherefed.heads``). So everything here returns **raw, un-normalised
 features** of shape ``(N, feature_dim)``; ``feature_dim`` is the paper's ``l``
 (the width of the classifier ``W ∈ R^{C×l}`` and of the statistics ``V``, ``U``).
 
 Architectures
 -------------
 - ``mlp`` and ``digits_cnn``: small models for the embedded 8×8 digits data (and
-  flat tabular ``.npz`` data, see ``spherefed.data.load_npz``).
+  flat tabular ``.npz`` data, see ``spherecal.spherefed.data.load_npz``).
 - ``convnet``, ``vgg13``, ``senet18``, ``mobilenetv2``, ``resnet18``: the five models
   of appendix F.1 of the SphereFed paper (Tables 11–15), in their CIFAR variants.
   Deviations from a literal reading of those tables are deliberate and documented
@@ -513,8 +513,8 @@ def build_extractor(
     feature_dim: int | None = None,
 ) -> FeatureExtractor:
     """Build a feature extractor by name (one of :data:`EXTRACTOR_NAMES`; a user's
-    ``"package.module:factory"`` is built by :mod:`spherefed.custom`, see
-    :func:`spherefed.network.build_model`).
+    ``"package.module:factory"`` is built by :mod:`spherecal.spherefed.custom`, see
+    :func:`spherecal.spherefed.network.build_model`).
 
     Args:
         name: architecture name.

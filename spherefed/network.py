@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherefed.custom import build_custom_extractor, is_custom
-from spherefed.heads import Head, make_head
-from spherefed.models import FeatureExtractor, build_extractor
+from spherecal.spherefed.custom import build_custom_extractor, is_custom
+from spherecal.spherefed.heads import Head, make_head
+from spherecal.spherefed.models import FeatureExtractor, build_extractor
 
 _GLOBAL_RNG = threading.Lock()
 """Held while :func:`build_model` uses torch's process-global RNG: participants

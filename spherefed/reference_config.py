@@ -2,7 +2,7 @@
 
 Its own module because everything that reproduces the reference — the runner, the
 participant's data slicing, the coordinator's rounds, the experiment harness — needs
-the settings without the pipeline; :mod:`spherefed.runner` re-exports it.
+the settings without the pipeline; :mod:`spherecal.spherefed.reference` re-exports it.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from spherefed.algorithms.registry import ALGORITHM_NAMES
-from spherefed.calibrate import CCVRConfig
-from spherefed.calibration_suite import (
+from spherecal.spherefed.algorithms.registry import ALGORITHM_NAMES
+from spherecal.spherefed.calibrate import CCVRConfig
+from spherecal.spherefed.calibration_suite import (
     CALIBRATION_NAMES,
     DEFAULT_RIDGE_GRID,
     DEFAULT_SHRINKAGE_GRID,
 )
-from spherefed.data import (
+from spherecal.spherefed.data import (
     SyntheticConfig,
 )
-from spherefed.fl import (
+from spherecal.spherefed.fl import (
     LocalTrainConfig,
     local_train,  # noqa: F401  (re-exported: the service imports it from here too)
     server_step,  # noqa: F401  (re-exported: the service imports it from here too)
@@ -39,7 +39,7 @@ class ReferenceConfig:
     dataset: str = "digits"
     data_root: str | None = None
     samples: int | None = None
-    """Dataset size for ``mnist1d`` (default ``spherefed.data.MNIST1D_SAMPLES``); unused
+    """Dataset size for ``mnist1d`` (default ``spherecal.spherefed.data.MNIST1D_SAMPLES``); unused
     otherwise (and then absent from ``to_json``)."""
     participants: int = 10
     partition: str = "dirichlet"
@@ -66,14 +66,15 @@ class ReferenceConfig:
     ffc_ridge: float = 0.0
     ccvr: CCVRConfig = field(default_factory=CCVRConfig)
     calibrations: tuple[str, ...] = CALIBRATION_NAMES
-    """Which calibrators to run (``spherefed.calibration_suite.CALIBRATION_NAMES``)."""
+    """Which calibrators to run (``spherecal.spherefed.calibration_suite.CALIBRATION_NAMES``)."""
     ridge_grid: tuple[float, ...] = DEFAULT_RIDGE_GRID
     """FFC+bias ridge candidates, chosen on the validation split."""
     shrinkage_grid: tuple[float, ...] = DEFAULT_SHRINKAGE_GRID
     """LDA/QDA shrinkage candidates, chosen on the validation split."""
     secure_sum: bool = False
     """Sum the calibration statistics with the in-process secure-aggregation protocol at
-    the service's fixed-point scale (``spherefed.privacy.secure_sum``) instead of in float64."""
+    the service's fixed-point scale (``spherecal.spherefed.privacy.secure_sum``) instead of in
+    float64."""
     oracle_lrs: tuple[float, ...] = (0.01, 0.1, 1.0)
     oracle_epochs: int = 30
     #: Only read when ``dataset == "synthetic"`` (and only then written by ``to_json``).

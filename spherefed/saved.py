@@ -7,7 +7,8 @@ every participant (``[participant] out_dir``), a directory::
     model_none.pt       the federated model with its own (fixed) classifier
     model_ffc.pt        ... with the FFC-calibrated classifier (if the run made it)
     model_ccvr.pt       ... with the CCVR-calibrated classifier (if the run made it)
-    head_ffc_bias.pt    a closed-form head (FFC+bias, LDA, QDA; ``spherefed.discriminant``)
+    head_ffc_bias.pt    a closed-form head (FFC+bias, LDA, QDA;
+    ``spherecal.spherefed.discriminant``)
     head_lda.pt         on the features of model_none.pt: ``weight``, ``bias`` and, for
     head_qda.pt         QDA, ``quadratic`` — described under ``heads`` in model_spec.json
 
@@ -31,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from spherefed.discriminant import WIRE_NEVER, CalibratedHead
-from spherefed.heads import Head
-from spherefed.models import _FLEXIBLE_DIM, FeatureExtractor
-from spherefed.network import ModelSpec, Net, build_model
+from spherecal.spherefed.discriminant import WIRE_NEVER, CalibratedHead
+from spherecal.spherefed.heads import Head
+from spherecal.spherefed.models import _FLEXIBLE_DIM, FeatureExtractor
+from spherecal.spherefed.network import ModelSpec, Net, build_model
 
 __all__ = [
     "CALIBRATIONS",
@@ -142,7 +143,7 @@ def available_calibrations(directory: str | Path) -> list[str]:
 
 def head_tensors(head: CalibratedHead) -> dict[str, np.ndarray]:
     """What ``head_<name>.pt`` holds: ``weight`` C×l, ``bias`` C (a never-predicted
-    class as :data:`~spherefed.discriminant.WIRE_NEVER`), QDA's ``quadratic`` C×l×l."""
+    class as :data:`~spherecal.spherefed.discriminant.WIRE_NEVER`), QDA's ``quadratic`` C×l×l."""
     tensors = {"weight": head.weight, "bias": head.finite_bias()}
     if head.quadratic is not None:
         tensors["quadratic"] = head.quadratic
@@ -200,7 +201,7 @@ class CalibratedNet(Net):
     """The federated network with a closed-form head (FFC+bias, LDA, QDA) on its
     features: ``forward(x)`` returns ``head.logits(features(x))`` (float64), the very
     computation the participants' evaluation runs
-    (:meth:`~spherefed.discriminant.CalibratedHead.logits`), so predictions match the
+    (:meth:`~spherecal.spherefed.discriminant.CalibratedHead.logits`), so predictions match the
     federation's reported accuracy. Inference only: the head is a fixed solve, not a
     trained parameter (no gradient flows through it)."""
 

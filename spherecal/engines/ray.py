@@ -41,6 +41,7 @@ import ray  # spherecal.engines chose the authentication mode before this import
 
 from spherecal.certs import DEFAULT_HOSTS, init_ca, issue_participant
 from spherecal.config import load_participant_config
+from spherecal.engines.virtual import HostReport, ParticipantHost, VirtualParticipant
 from spherecal.simulate import (
     Progress,
     Simulation,
@@ -48,8 +49,6 @@ from spherecal.simulate import (
     SimulationSettings,
     run_simulation,
 )
-
-from .virtual import HostReport, ParticipantHost, VirtualParticipant
 
 __all__ = [
     "RayEngineSettings",

@@ -6,7 +6,7 @@ participants are :class:`~spherecal.engines.virtual.VirtualParticipant` threads 
 the calling process, hosted by one :class:`~spherecal.engines.virtual.ParticipantHost`
 — each with its own Ed25519 identity key, its own gRPC channel (own TCP connection),
 ledgers, state directory and data slice, running the same
-:class:`~participant.runner.ParticipantRunner` over real gRPC to the real
+:class:`~spherecal.participant.runner.ParticipantRunner` over real gRPC to the real
 coordinator, with secure aggregation exactly as configured. It is the Ray engine
 (:mod:`spherecal.engines.ray`) with one local worker and no Ray.
 
@@ -19,7 +19,7 @@ dataset load and torch's first-call warm-up are paid once.
 
 What changes for the participants: nothing they compute. The one process-global
 thing a participant touches, torch's global RNG while building its model, is
-guarded in :func:`spherefed.network.build_model`; the aggregate is an exact sum in
+guarded in :func:`spherecal.spherefed.network.build_model`; the aggregate is an exact sum in
 the ring, independent of arrival order. Tests assert the numbers equal the process
 engine's and the in-process reference's.
 
@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spherecal.config import load_participant_config
+from spherecal.engines.virtual import ParticipantHost, VirtualParticipant
 from spherecal.simulate import (
     Progress,
     Simulation,
@@ -44,8 +45,6 @@ from spherecal.simulate import (
     SimulationSettings,
     run_simulation,
 )
-
-from .virtual import ParticipantHost, VirtualParticipant
 
 __all__ = ["ThreadSimulation", "run_threads_simulation"]
 

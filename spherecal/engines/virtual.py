@@ -4,9 +4,9 @@ A simulation engine that hosts hundreds of participants per worker process (the 
 engine, :mod:`spherecal.engines.ray`) runs each one exactly as ``spherecal
 participant`` would — its own Ed25519 identity key, its own gRPC channel (own TCP
 connection, a local subchannel pool; driven by the host's one event loop,
-``participant.loop_transport``, so a waiting participant costs no wake-ups), TLS
+``spherecal.participant.loop_transport``, so a waiting participant costs no wake-ups), TLS
 credentials, job ledger, privacy ledger, state directory and data slice, the same
-:class:`~participant.runner.ParticipantRunner` speaking the real protocol to the
+:class:`~spherecal.participant.runner.ParticipantRunner` speaking the real protocol to the
 real coordinator — but as a thread of a shared process, so the torch import, the
 dataset and the interpreter are paid once per worker instead of once per
 participant.
@@ -15,7 +15,7 @@ What may not be shared is kept apart: nothing in the participant code is
 process-global except torch's thread count (set once per host, identically for
 all). Fault injection is the one place where "process" mattered: a halted process
 participant announces itself on stdout and is SIGKILLed by the harness. Here the
-participant's :class:`~participant.faults.Halter` calls :meth:`ParticipantHost`'s
+participant's :class:`~spherecal.participant.faults.Halter` calls :meth:`ParticipantHost`'s
 kill instead, at exactly the same point: the participant's channel is closed (every
 call in flight is cut, its presence stream ends, a masked upload breaks off
 mid-stream — what the coordinator sees of a SIGKILL) and its thread unwinds with
@@ -39,16 +39,16 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from crypto import generate_identity
-from participant.data import LocalData, load_local_slices
-from participant.loop_transport import EventLoopThread, LoopTransport, _LoopPresence
-from participant.runner import ParticipantRunner
-from participant.secure import SqliteJobLedger
-from participant.settings import ClientTLS, ParticipantSettings
-from participant.transport import TransportError
-from participant.trust import DirectoryTrust
-from proto import spherecal_pb2 as pb
-from proto.identity import load_identity_key, save_identity_key
+from spherecal.crypto import generate_identity
+from spherecal.participant.data import LocalData, load_local_slices
+from spherecal.participant.loop_transport import EventLoopThread, LoopTransport, _LoopPresence
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.secure_session import SqliteJobLedger
+from spherecal.participant.settings import ClientTLS, ParticipantSettings
+from spherecal.participant.transport import TransportError
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import load_identity_key, save_identity_key
 
 __all__ = [
     "KILLED_EXIT_CODE",
@@ -286,7 +286,7 @@ class ParticipantHost:
             self.report.exit_codes[pid] = code
 
     def _participate(self, settings: ParticipantSettings, data: LocalData) -> int:
-        """``participant.main.run_participant`` minus the process-wide parts."""
+        """``spherecal.participant.main.run_participant`` minus the process-wide parts."""
         pid = settings.participant_id
 
         def say(message: str) -> None:

@@ -3,11 +3,11 @@
 The grid
 --------
 A *table* (``methods``, ``ablation`` or ``calibration``) names a set of training
-methods (:mod:`spherefed.algorithms.methods`). Each method is trained for every
+methods (:mod:`spherecal.spherefed.algorithms.methods`). Each method is trained for every
 *column* (a data partition: Dirichlet ``α``, IID, or ``S`` shards per participant),
 every seed and every point of its learning-rate grid (× temperature grid, where a
 method has one). One such training run is a **cell**: it goes through
-:func:`spherefed.runner.run_federation` — the reference runner's data preparation,
+:func:`spherecal.spherefed.reference.run_federation` — the reference runner's data preparation,
 statistics and FFC/CCVR code — and its result (test and validation accuracy for no
 calibration, +CCVR and +FFC, accuracy per round) is written to
 ``DIR/cells/<hash>.json`` the moment it finishes. The hash covers everything that
@@ -32,6 +32,7 @@ The package, one idea per module (imports only point down this list):
 
 - :mod:`.grid` — tables, columns, :class:`ExperimentSettings`, :class:`RunSpec` cells;
 - :mod:`.cells` — run each cell once, store it, reuse it;
+- :mod:`.service_engine` — ``--engine service``: one cell trained as a real federation;
 - :mod:`.selection` — learning-rate selection on validation;
 - :mod:`.markdown`, :mod:`.plots` — ``table.md`` and the PNGs from the report;
 - :mod:`.report` — the ``results.json`` document and writing the outputs;
@@ -41,13 +42,20 @@ The package, one idea per module (imports only point down this list):
 
 from __future__ import annotations
 
-from .cells import execute_run, run_cells
-from .cli import add_experiment_parser, settings_from_args
-from .grid import TABLES, Column, ExperimentSettings, RunSpec, grid_runs, make_columns
-from .markdown import render_markdown
-from .report import build_report
-from .run import run_experiment
-from .selection import select, select_runs
+from spherecal.experiment.cells import execute_run, run_cells
+from spherecal.experiment.cli import add_experiment_parser, settings_from_args
+from spherecal.experiment.grid import (
+    TABLES,
+    Column,
+    ExperimentSettings,
+    RunSpec,
+    grid_runs,
+    make_columns,
+)
+from spherecal.experiment.markdown import render_markdown
+from spherecal.experiment.report import build_report
+from spherecal.experiment.run import run_experiment
+from spherecal.experiment.selection import select, select_runs
 
 __all__ = [
     "TABLES",

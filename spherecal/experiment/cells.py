@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 
-from spherefed.runner import ReferenceConfig, run_federation
-
-from .grid import Progress, RunSpec
-from .service_engine import train_cell_as_service
+from spherecal.experiment.grid import Progress, RunSpec
+from spherecal.experiment.service_engine import train_cell_as_service
+from spherecal.spherefed.reference import ReferenceConfig, run_federation
 
 __all__ = ["ProgressBar", "execute_run", "fmt_time", "limit_blas", "run_cells", "write_json"]
 

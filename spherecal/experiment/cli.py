@@ -10,14 +10,20 @@ from typing import Any
 import torch
 
 from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, positive_float
-from spherefed.algorithms.methods import DEFAULT_LR_GRID
-from spherefed.data import DATASET_NAMES, SyntheticConfig
-from spherefed.models import EXTRACTOR_NAMES
-
-from .cells import limit_blas
-from .grid import ENGINES, HOSTINGS, QUICK_LR_GRID, QUICK_OVERRIDES, TABLES, ExperimentSettings
-from .report import command_line
-from .run import run_experiment
+from spherecal.experiment.cells import limit_blas
+from spherecal.experiment.grid import (
+    ENGINES,
+    HOSTINGS,
+    QUICK_LR_GRID,
+    QUICK_OVERRIDES,
+    TABLES,
+    ExperimentSettings,
+)
+from spherecal.experiment.report import command_line
+from spherecal.experiment.run import run_experiment
+from spherecal.spherefed.algorithms.methods import DEFAULT_LR_GRID
+from spherecal.spherefed.data import DATASET_NAMES, SyntheticConfig
+from spherecal.spherefed.models import EXTRACTOR_NAMES
 
 __all__ = ["add_experiment_parser", "settings_from_args"]
 

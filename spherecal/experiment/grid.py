@@ -1,6 +1,6 @@
 """The grid of ``spherecal experiment``: tables, columns, settings, one run per cell.
 
-A *table* names a set of training methods (:mod:`spherefed.algorithms.methods`); each
+A *table* names a set of training methods (:mod:`spherecal.spherefed.algorithms.methods`); each
 is trained for every *column* (a data partition), seed and point of its learning-rate
 grid (× temperature grid). One such training run is a :class:`RunSpec` (a *cell*),
 identified by a hash of everything that defines its numbers.
@@ -14,15 +14,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from spherefed.algorithms.methods import (
+from spherecal.spherefed.algorithms.methods import (
     ABLATION,
     BASES,
     RIVALS,
     MethodSpec,
     sphere_variant,
 )
-from spherefed.data import DATASET_NAMES, SyntheticConfig
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.data import DATASET_NAMES, SyntheticConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 __all__ = [
     "CALIBRATIONS",
@@ -43,7 +43,7 @@ __all__ = [
 
 TABLES: tuple[str, ...] = ("methods", "ablation", "calibration")
 ENGINES: tuple[str, ...] = ("inprocess", "service")
-"""How a cell is trained: ``inprocess`` (:func:`spherefed.runner.run_federation`, one
+"""How a cell is trained: ``inprocess`` (:func:`spherecal.spherefed.reference.run_federation`, one
 process) or ``service`` (a real federation: a coordinator process and the
 participants on loopback, secure aggregation on — :mod:`spherecal.simulate`; where
 the participants run: :data:`HOSTINGS`)."""
@@ -134,7 +134,7 @@ class ExperimentSettings:
     secure_sum: bool = False
     """In-process engine: sum the calibration statistics through the real
     secure-aggregation protocol at the service's fixed-point scale
-    (``ReferenceConfig.secure_sum``, ``spherefed.privacy.secure_sum``) instead of in
+    (``ReferenceConfig.secure_sum``, ``spherecal.spherefed.privacy.secure_sum``) instead of in
     float64 — the calibrators then see exactly the numbers the service delivers."""
 
     def __post_init__(self) -> None:

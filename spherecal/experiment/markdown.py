@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .grid import CALIBRATIONS
+from spherecal.experiment.grid import CALIBRATIONS
 
 __all__ = ["CALIBRATION_LABELS", "GAIN_ORDER", "render_markdown"]
 
 ENGINE_TEXT = {
     "inprocess": "Engine: **inprocess** — every cell trained in one process by the "
-    "reference runner (`spherefed.runner.run_federation`).",
+    "reference runner (`spherecal.spherefed.reference.run_federation`).",
     "service": "Engine: **service** — every cell trained as a real federation: a "
     "coordinator process and the participants over gRPC on loopback, secure "
     "aggregation of updates and statistics on (`spherecal simulate`). Test accuracy is "

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .markdown import CALIBRATION_LABELS, GAIN_ORDER
+from spherecal.experiment.markdown import CALIBRATION_LABELS, GAIN_ORDER
 
 __all__ = ["CALIBRATION_STYLES", "gain_panels", "method_colors", "write_plots"]
 

@@ -20,14 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from spherefed.algorithms.methods import MethodSpec
-from spherefed.runner import ReferenceConfig
-
-from .cells import write_json
-from .grid import CALIBRATIONS, SCHEMA, Column, ExperimentSettings, RunSpec
-from .markdown import GAIN_ORDER, render_markdown
-from .plots import write_plots
-from .selection import Candidate, Slot, candidates, finite, select, stats
+from spherecal.experiment.cells import write_json
+from spherecal.experiment.grid import CALIBRATIONS, SCHEMA, Column, ExperimentSettings, RunSpec
+from spherecal.experiment.markdown import GAIN_ORDER, render_markdown
+from spherecal.experiment.plots import write_plots
+from spherecal.experiment.selection import Candidate, Slot, candidates, finite, select, stats
+from spherecal.spherefed.algorithms.methods import MethodSpec
+from spherecal.spherefed.reference import ReferenceConfig
 
 __all__ = ["build_report", "command_line", "load_results", "write_outputs"]
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .cells import fmt_time, run_cells
-from .grid import ExperimentSettings, Progress, grid_runs
-from .report import build_report, write_outputs
-from .selection import select_runs
+from spherecal.experiment.cells import fmt_time, run_cells
+from spherecal.experiment.grid import ExperimentSettings, Progress, grid_runs
+from spherecal.experiment.report import build_report, write_outputs
+from spherecal.experiment.selection import select_runs
 
 __all__ = ["run_experiment"]
 

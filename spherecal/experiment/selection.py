@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from spherefed.runner import ReferenceConfig
-
-from .grid import ExperimentSettings, RunSpec
+from spherecal.experiment.grid import ExperimentSettings, RunSpec
+from spherecal.spherefed.reference import ReferenceConfig
 
 __all__ = ["Candidate", "Slot", "candidates", "finite", "select", "select_runs", "stats"]
 

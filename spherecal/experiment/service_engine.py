@@ -3,7 +3,7 @@
 A coordinator process and the participants talk gRPC on loopback with secure
 aggregation of updates *and* statistics on (:mod:`spherecal.simulate`), with
 the cell's reference config; the method's server algorithm comes from
-:meth:`spherefed.algorithms.methods.MethodSpec.service_options`. The record has the
+:meth:`spherecal.spherefed.algorithms.methods.MethodSpec.service_options`. The record has the
 in-process engine's shape, so selection and the report are shared:
 
 - participants: virtual participants in this process by default (``hosting=
@@ -44,12 +44,11 @@ from typing import Any
 
 import torch
 
-from proto.codec import model_spec_from_json
-from spherefed.fl import evaluate
-from spherefed.network import ModelSpec, build_model
-from spherefed.runner import ReferenceConfig, prepare_data
-
-from .grid import HOSTINGS, RunSpec
+from spherecal.experiment.grid import HOSTINGS, RunSpec
+from spherecal.proto.codec import model_spec_from_json
+from spherecal.spherefed.fl import evaluate
+from spherecal.spherefed.network import ModelSpec, build_model
+from spherecal.spherefed.reference import ReferenceConfig, prepare_data
 
 __all__ = ["service_config", "train_cell_as_service"]
 

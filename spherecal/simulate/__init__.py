@@ -4,7 +4,7 @@ One coordinator process and N participant processes (``python -m spherecal.cli
 coordinator|participant``) talk real gRPC over 127.0.0.1 — with mutual TLS and a
 throwaway CA under ``--tls``, otherwise plaintext, which both sides allow only on
 loopback. Each participant takes its slice of the dataset exactly as the reference
-runner partitions it (``participant.data``), so with the same settings and seed the
+runner partitions it (``spherecal.participant.data``), so with the same settings and seed the
 federation reproduces ``spherecal reference``.
 
 ``--drop SPEC`` kills participants with SIGKILL at a named point (grammar in
@@ -18,10 +18,11 @@ The package, one idea per module:
 - :mod:`.processes` — :class:`Simulation`: spawning, watching and killing processes;
 - :mod:`.results` — the ``results.json`` document;
 - :mod:`.run` — :func:`run_simulation`, start to finish;
-- :mod:`.oracle` — :func:`clear_statistics`, the plaintext truth tests compare with.
+- :mod:`.oracle` — :func:`clear_statistics`, the plaintext truth tests compare with;
+- :mod:`.launch` — starting the processes: a preloaded fork server, or fresh interpreters.
 
 "In-process" simulation (every party a Python object in one process) is a different
-thing: see :mod:`spherecal.inprocess`.
+thing: see :mod:`spherecal.inprocess_transport`.
 
 Layout of ``--out DIR``::
 
@@ -37,11 +38,11 @@ Layout of ``--out DIR``::
 
 from __future__ import annotations
 
-from .drops import Drop, parse_drops
-from .oracle import clear_statistics
-from .processes import Simulation
-from .run import run_simulation
-from .settings import Progress, SimulationError, SimulationSettings
+from spherecal.simulate.drops import Drop, parse_drops
+from spherecal.simulate.oracle import clear_statistics
+from spherecal.simulate.processes import Simulation
+from spherecal.simulate.run import run_simulation
+from spherecal.simulate.settings import Progress, SimulationError, SimulationSettings
 
 __all__ = [
     "Drop",

@@ -2,10 +2,11 @@
 
 One TOML file per process (``DIR/coordinator.toml``, ``DIR/participants/pK.toml``),
 written so that the run can be repeated by hand. The settings are built as the
-service's own dataclasses (``coordinator.settings``, ``participant.settings``) and
+service's own dataclasses (``spherecal.coordinator.settings``, ``spherecal.participant.settings``)
+and
 written by :mod:`spherecal.config` — no key is spelled out here, so a new setting
 cannot be forgotten on one side. Every participant reads its slice of the dataset
-exactly as the reference runner partitions it (``participant.data``).
+exactly as the reference runner partitions it (``spherecal.participant.data``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coordinator.settings import (
+from spherecal.config import coordinator_document as _coordinator_toml
+from spherecal.config import dump_toml
+from spherecal.config import participant_document as _participant_toml
+from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     EvaluationSettings,
@@ -24,14 +28,10 @@ from coordinator.settings import (
     TLSSettings,
     TrainingSettings,
 )
-from participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
-from participant.settings import ClientTLS, DataSettings, ParticipantSettings
-from spherecal.config import coordinator_document as _coordinator_toml
-from spherecal.config import dump_toml
-from spherecal.config import participant_document as _participant_toml
-from spherefed.privacy.settings import PrivacySettings
-
-from .settings import SimulationSettings
+from spherecal.participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
+from spherecal.participant.settings import ClientTLS, DataSettings, ParticipantSettings
+from spherecal.simulate.settings import SimulationSettings
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "DataShape",

@@ -9,7 +9,7 @@ Grammar::
 
 e.g. ``p3:share`` (p3 dies right before sending its shares, in the first job that
 gets there), ``p5:train@r2`` (dies during round 2's training), ``p4:masked@ccvr``
-(dies half-way through its masked CCVR upload). See ``participant.faults`` for what
+(dies half-way through its masked CCVR upload). See ``spherecal.participant.faults`` for what
 each stage means. The participant announces the point on stdout and waits; the
 harness (:mod:`spherecal.simulate.processes`) kills it with SIGKILL, so the kill lands
 exactly there.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from participant.faults import HaltPoint, parse_halt
+from spherecal.participant.faults import HaltPoint, parse_halt
 
 __all__ = ["Drop", "parse_drops"]
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import io
 import multiprocessing
 import os
@@ -49,10 +48,10 @@ PRELOAD = (
     "torch",
     "grpc",
     "sklearn.datasets",  # digits: the dataset most simulations use
-    "spherefed.data",
+    "spherecal.spherefed.data",
     "spherecal.cli",
-    "coordinator.main",
-    "participant.main",
+    "spherecal.coordinator.main",
+    "spherecal.participant.main",
 )
 
 
@@ -141,9 +140,11 @@ def _forked_main(
     sys.argv = [sys.executable, *args]
     code: int | str | None = 1
     try:
-        # By name, as `python -m spherecal.cli` would: the entry point is run, not a
-        # dependency of this module (spherecal.cli itself reaches the simulation).
-        code = importlib.import_module("spherecal.cli").main(args)
+        # The daemons' own entry point (coordinator, participant): it never reaches the
+        # simulation, so importing it here is no cycle.
+        from spherecal.daemon import main as daemon_main
+
+        code = daemon_main(args)
     except SystemExit as exc:
         code = exc.code
     finally:

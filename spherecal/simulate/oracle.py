@@ -13,13 +13,12 @@ from dataclasses import replace
 
 import torch
 
-from participant.data import load_local_data
-from participant.settings import DataSettings
-from proto.codec import model_spec_from_json
-from spherefed.network import ModelSpec, build_model
-from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
-
-from .settings import SimulationSettings
+from spherecal.participant.data import load_local_data
+from spherecal.participant.settings import DataSettings
+from spherecal.proto.codec import model_spec_from_json
+from spherecal.simulate.settings import SimulationSettings
+from spherecal.spherefed.network import ModelSpec, build_model
+from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
 
 __all__ = ["clear_statistics"]
 

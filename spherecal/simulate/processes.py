@@ -4,7 +4,7 @@ One coordinator process and N participant processes (``python -m spherecal.cli
 coordinator|participant``) talk real gRPC over 127.0.0.1 — with mutual TLS and a
 throwaway CA under ``--tls``, otherwise plaintext, which both sides allow only on
 loopback. A participant that reaches its ``--drop`` point announces it on stdout
-(:data:`participant.faults.HALT_MARKER`); the pump thread here kills it with SIGKILL
+(:data:`spherecal.participant.faults.HALT_MARKER`); the pump thread here kills it with SIGKILL
 at once, so the kill lands exactly there.
 """
 
@@ -20,14 +20,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from participant.faults import HALT_MARKER
 from spherecal.certs import init_ca, issue_participant
-from spherefed.data import load_dataset
-
-from .configs import DataShape, coordinator_document, participant_document, write_toml
-from .launch import Child, launch
-from .results import build_results
-from .settings import Progress, SimulationError, SimulationSettings
+from spherecal.participant.faults import HALT_MARKER
+from spherecal.simulate.configs import (
+    DataShape,
+    coordinator_document,
+    participant_document,
+    write_toml,
+)
+from spherecal.simulate.launch import Child, launch
+from spherecal.simulate.results import build_results
+from spherecal.simulate.settings import Progress, SimulationError, SimulationSettings
+from spherecal.spherefed.data import load_dataset
 
 __all__ = ["Simulation"]
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .settings import SimulationSettings
+from spherecal.simulate.settings import SimulationSettings
 
 __all__ = ["RESULTS_SCHEMA", "build_results"]
 

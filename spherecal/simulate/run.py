@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .processes import Simulation
-from .settings import Progress, SimulationSettings
+from spherecal.simulate.processes import Simulation
+from spherecal.simulate.settings import Progress, SimulationSettings
 
 __all__ = ["run_simulation"]
 

@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.settings import SecAggSettings
-from spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
-from spherefed.runner import ReferenceConfig
-
-from .drops import Drop
-from .launch import LAUNCHERS
+from spherecal.coordinator.settings import SecAggSettings
+from spherecal.simulate.drops import Drop
+from spherecal.simulate.launch import LAUNCHERS
+from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
+from spherecal.spherefed.reference import ReferenceConfig
 
 __all__ = ["Progress", "SimulationError", "SimulationSettings"]
 
@@ -76,7 +75,8 @@ class SimulationSettings:
     @property
     def long_poll_s(self) -> float:
         """How long a ``NextInstruction`` long poll waits. A waiting poll is woken
-        the moment its instruction may change (``coordinator.board``), so the length
+        the moment its instruction may change (``spherecal.coordinator.driver.board``), so the
+        length
         only sets how often an idle participant asks again: 2 s up to 100
         participants, 10 s beyond — at 1,000, 2 s polls are 500 empty RPCs a second
         on both sides."""

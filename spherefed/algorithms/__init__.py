@@ -1,16 +1,16 @@
 """Federated algorithms and rival fixes, as pure local steps + server steps on sums.
 
-- :mod:`~spherefed.algorithms.base`: payloads (what secure aggregation sums) and the
+- :mod:`~spherecal.spherefed.algorithms.base`: payloads (what secure aggregation sums) and the
   :class:`ServerStrategy` interface (``state_dict`` / ``load_state_dict`` to resume).
-- :mod:`~spherefed.algorithms.strategies`: FedAvg, FedProx, FedNova, FedOpt (Adam,
-  Yogi, Adagrad); :mod:`~spherefed.algorithms.scaffold`: SCAFFOLD.
-- :mod:`~spherefed.algorithms.registry`: THE registry of algorithm names.
-- :mod:`~spherefed.algorithms.objectives`: CE with a temperature, FedUV's regularisers.
-- :mod:`~spherefed.algorithms.methods`: every method of the papers as a recipe
+- :mod:`~spherecal.spherefed.algorithms.strategies`: FedAvg, FedProx, FedNova, FedOpt (Adam,
+  Yogi, Adagrad); :mod:`~spherecal.spherefed.algorithms.scaffold`: SCAFFOLD.
+- :mod:`~spherecal.spherefed.algorithms.registry`: THE registry of algorithm names.
+- :mod:`~spherecal.spherefed.algorithms.objectives`: CE with a temperature, FedUV's regularisers.
+- :mod:`~spherecal.spherefed.algorithms.methods`: every method of the papers as a recipe
   (BABU, FedFN, FedUV, SphereFed-CE, SphereFed, the SphereFed Tab. 3 ablation).
 """
 
-from spherefed.algorithms.base import (
+from spherecal.spherefed.algorithms.base import (
     LOSS_SUM,
     AlgorithmSettings,
     ClientResult,
@@ -23,7 +23,7 @@ from spherefed.algorithms.base import (
     parameter_mask,
     sum_payloads,
 )
-from spherefed.algorithms.methods import (
+from spherecal.spherefed.algorithms.methods import (
     ABLATION,
     BASES,
     DEFAULT_LR_GRID,
@@ -33,7 +33,7 @@ from spherefed.algorithms.methods import (
     get_method,
     sphere_variant,
 )
-from spherefed.algorithms.objectives import (
+from spherecal.spherefed.algorithms.objectives import (
     FedUVConfig,
     feduv_objective,
     feduv_uniformity_loss,
@@ -41,19 +41,19 @@ from spherefed.algorithms.objectives import (
     feduv_variance_loss,
     temperature_objective,
 )
-from spherefed.algorithms.registry import (
+from spherecal.spherefed.algorithms.registry import (
     ALGORITHM_NAMES,
     STRATEGIES,
     configured_strategy,
     make_strategy,
 )
-from spherefed.algorithms.scaffold import (
+from spherecal.spherefed.algorithms.scaffold import (
     Scaffold,
     scaffold_control_update,
     scaffold_local_step,
     scaffold_server_step,
 )
-from spherefed.algorithms.strategies import (
+from spherecal.spherefed.algorithms.strategies import (
     FEDOPT_VARIANTS,
     FedAdam,
     FedAvg,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherefed.fl import LocalObjective, LocalTrainConfig
+from spherecal.spherefed.fl import LocalObjective, LocalTrainConfig
 
 #: Named float64 arrays (scalars as 0-d arrays). Every entry is summed elementwise
 #: over the round's participants — exactly what secure aggregation carries.
@@ -176,7 +176,7 @@ class ClientResult:
 
 
 def parameter_mask(model: nn.Module, keys: list[str]) -> np.ndarray:
-    """1.0 on entries of the :func:`~spherefed.fl.state_vector` layout that are
+    """1.0 on entries of the :func:`~spherecal.spherefed.fl.state_vector` layout that are
     trainable parameters, 0.0 on buffers (e.g. BatchNorm running statistics).
 
     Control variates (SCAFFOLD) are estimates of *gradients*; a buffer has none.
@@ -195,7 +195,7 @@ class ServerStrategy(ABC):
     Subclasses declare ``name`` and ``sums`` (the payload entries the server step
     reads — the complete list of what secure aggregation must carry); ``sum_keys`` is
     derived from ``sums``. Register a new algorithm in
-    ``spherefed.algorithms.registry.STRATEGIES`` (see docs/extending.md).
+    ``spherecal.spherefed.algorithms.registry.STRATEGIES`` (see docs/extending.md).
     """
 
     name: ClassVar[str]

@@ -6,7 +6,7 @@ the FFC classifier swapped in (FFC applies to any features — SphereFed App. C.
 
 Base algorithms (learnable bias-free classifier, cross-entropy — the "Baseline" rows
 of SphereFed Tab. 2 and FedFN Tab. 2): FedAvg, FedProx, FedNova, FedOpt (server Adam
-and Yogi), SCAFFOLD — see :mod:`spherefed.algorithms.strategies`.
+and Yogi), SCAFFOLD — see :mod:`spherecal.spherefed.algorithms.strategies`.
 
 Rival fixes (all on FedAvg):
 
@@ -40,13 +40,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spherefed.algorithms.base import AlgorithmSettings, ServerStrategy
-from spherefed.algorithms.objectives import FedUVConfig, feduv_objective, temperature_objective
-from spherefed.algorithms.registry import configured_strategy
-from spherefed.fl import LocalObjective
+from spherecal.spherefed.algorithms.base import AlgorithmSettings, ServerStrategy
+from spherecal.spherefed.algorithms.objectives import (
+    FedUVConfig,
+    feduv_objective,
+    temperature_objective,
+)
+from spherecal.spherefed.algorithms.registry import configured_strategy
+from spherecal.spherefed.fl import LocalObjective
 
 if TYPE_CHECKING:
-    from spherefed.runner import ReferenceConfig
+    from spherecal.spherefed.reference import ReferenceConfig
 
 DEFAULT_LR_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
 """Every method's default local learning-rate grid (tuned on validation)."""
@@ -114,7 +118,7 @@ class MethodSpec:
         than the service carries.
 
         The service carries a model plan (extractor, head, classifier), a local loss,
-        any algorithm of the registry (``spherefed.algorithms.STRATEGIES``: the named
+        any algorithm of the registry (``spherecal.spherefed.algorithms.STRATEGIES``: the named
         sums it declares travel through secure aggregation, what it broadcasts is
         published with the model). Not: custom local objectives (FedUV's terms, a CE
         temperature τ ≠ 1). The keys are those of ``spherecal simulate`` options and

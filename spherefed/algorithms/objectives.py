@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spherefed.fl import LocalObjective
-from spherefed.losses import make_loss
-from spherefed.network import Net
+from spherecal.spherefed.fl import LocalObjective
+from spherecal.spherefed.losses import make_loss
+from spherecal.spherefed.network import Net
 
 
 def temperature_objective(loss: str = "ce", temperature: float = 1.0) -> LocalObjective:
@@ -123,7 +123,7 @@ def feduv_uniformity_loss(representations: torch.Tensor) -> torch.Tensor:
 def feduv_objective(
     num_classes: int | None = None, config: FedUVConfig | None = None
 ) -> LocalObjective:
-    """FedUV's local loss (Eq. 1) for a :class:`~spherefed.network.Net`.
+    """FedUV's local loss (Eq. 1) for a :class:`~spherecal.spherefed.network.Net`.
 
     ``num_classes`` (``D``, which sets ``c`` and the default ``λ = D/4``) defaults to
     the width of the model's logits.
@@ -145,7 +145,7 @@ def feduv_objective(
 
     def objective(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not isinstance(model, Net):
-            raise TypeError("FedUV needs a spherefed.network.Net (extractor + head)")
+            raise TypeError("FedUV needs a spherecal.spherefed.network.Net (extractor + head)")
         h = model.extractor(x)
         logits = model.head(h)
         d = int(logits.shape[1])

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from spherefed.algorithms.base import AlgorithmSettings, ServerStrategy
-from spherefed.algorithms.scaffold import Scaffold
-from spherefed.algorithms.strategies import FedAdam, FedAvg, FedNova, FedProx, FedYogi
+from spherecal.spherefed.algorithms.base import AlgorithmSettings, ServerStrategy
+from spherecal.spherefed.algorithms.scaffold import Scaffold
+from spherecal.spherefed.algorithms.strategies import FedAdam, FedAvg, FedNova, FedProx, FedYogi
 
 __all__ = ["ALGORITHM_NAMES", "STRATEGIES", "configured_strategy", "make_strategy"]
 

@@ -3,7 +3,7 @@ drift. Local steps on ``g + c − c_k``; afterwards (option II)
 ``c_k⁺ = c_k − c + (x − y_k)/(η K_k)``. Server: ``x ← x + η_g Σ n_k Δ_k / Σ n_k`` and
 ``c ← c + (1/N) Σ_{k∈S} (c_k⁺ − c_k)``. Sums: [``delta``, ``weight``,
 ``control_delta``]; ``c`` is server state and is broadcast; ``c_k`` never leaves
-participant ``k`` (see :mod:`spherefed.algorithms.strategies` for the notation).
+participant ``k`` (see :mod:`spherecal.spherefed.algorithms.strategies` for the notation).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherefed.algorithms.base import (
+from spherecal.spherefed.algorithms.base import (
     AlgorithmSettings,
     ClientResult,
     NamedSum,
@@ -24,8 +24,8 @@ from spherefed.algorithms.base import (
     as_payload,
     parameter_mask,
 )
-from spherefed.algorithms.strategies import fednova_norm
-from spherefed.fl import LocalObjective, LocalTrainConfig, aggregated_keys, local_train
+from spherecal.spherefed.algorithms.strategies import fednova_norm
+from spherecal.spherefed.fl import LocalObjective, LocalTrainConfig, aggregated_keys, local_train
 
 __all__ = ["Scaffold", "scaffold_control_update", "scaffold_local_step", "scaffold_server_step"]
 

@@ -34,7 +34,7 @@ brackets), so it runs unchanged on top of secure aggregation.
   comparable with the other rows), the control update uses ``1/N`` as in the paper.
 
 Local optimiser: every algorithm uses the same local SGD with momentum
-(:func:`spherefed.fl.local_train`), as the SphereFed and FedFN experiments do. Where
+(:func:`spherecal.spherefed.fl.local_train`), as the SphereFed and FedFN experiments do. Where
 an algorithm's formula assumes plain SGD (FedNova's ``‖a‖₁``, SCAFFOLD's ``K η``) the
 momentum-aware effective step count of FedNova's Appendix (and its reference code)
 is used; it reduces to the paper's formula at momentum 0.
@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherefed.algorithms.base import (
+from spherecal.spherefed.algorithms.base import (
     AlgorithmSettings,
     ClientResult,
     NamedSum,
@@ -58,7 +58,7 @@ from spherefed.algorithms.base import (
     ServerStrategy,
     as_payload,
 )
-from spherefed.fl import (
+from spherecal.spherefed.fl import (
     LocalObjective,
     LocalTrainConfig,
     local_train,
@@ -91,7 +91,7 @@ def fedavg_local_step(
 
 
 def fedavg_server_step(global_vector: np.ndarray, sums: Payload) -> np.ndarray:
-    """``x + Σ n_k Δ_k / Σ n_k`` — :func:`spherefed.fl.server_step` on a payload."""
+    """``x + Σ n_k Δ_k / Σ n_k`` — :func:`spherecal.spherefed.fl.server_step` on a payload."""
     return server_step(global_vector, sums["delta"], float(sums["weight"]))
 
 

@@ -2,7 +2,7 @@
 
 Every loader returns a :class:`DatasetSplits` of two :class:`ArrayDataset` s holding
 ``float32`` images ``(N, C, H, W)`` and ``int64`` labels ``(N,)``. Numpy (not a torch
-``Dataset`` class) because partitions (``spherefed.partition``) index by label
+``Dataset`` class) because partitions (``spherecal.spherefed.partition``) index by label
 arrays, and because a participant process needs nothing more than its own arrays.
 
 A ``synthetic`` dataset (:func:`load_synthetic`) needs no file at all: class-conditional
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arrays import ArrayDataset, DatasetSplits, stratified_split
-from .cifar import (
+from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits, stratified_split
+from spherecal.spherefed.data.cifar import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
@@ -39,16 +39,21 @@ from .cifar import (
     RestrictedUnpickler,
     load_cifar,
 )
-from .digits import load_digits
-from .mnist1d import (
+from spherecal.spherefed.data.digits import load_digits
+from spherecal.spherefed.data.mnist1d import (
     MNIST1D_ARGS,
     MNIST1D_ENV_CACHE,
     MNIST1D_SAMPLES,
     load_mnist1d,
     mnist1d_cache_dir,
 )
-from .npz import load_npz, load_npz_pair
-from .synthetic import SyntheticConfig, apply_feature_shift, feature_shift_offsets, load_synthetic
+from spherecal.spherefed.data.npz import load_npz, load_npz_pair
+from spherecal.spherefed.data.synthetic import (
+    SyntheticConfig,
+    apply_feature_shift,
+    feature_shift_offsets,
+    load_synthetic,
+)
 
 __all__ = [
     "CIFAR10_MEAN",

@@ -1,6 +1,6 @@
 """Containers for a dataset as plain numpy arrays, and the stratified train/test split.
 
-Numpy (not a torch ``Dataset`` class) because partitions (``spherefed.partition``)
+Numpy (not a torch ``Dataset`` class) because partitions (``spherecal.spherefed.partition``)
 index by label arrays, and because a participant process needs nothing more than
 its own arrays.
 """

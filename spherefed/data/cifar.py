@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import ArrayDataset, DatasetSplits
+from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits
 
 # Per-channel statistics of the CIFAR training sets on the [0, 1] scale (the values
 # computed from the training images themselves, as used by most CIFAR FL code).

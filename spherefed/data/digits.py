@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import ArrayDataset, DatasetSplits, stratified_split
+from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits, stratified_split
 
 # ----------------------------------------------------------------------------- digits
 

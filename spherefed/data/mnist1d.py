@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import ArrayDataset, DatasetSplits
+from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits
 
 # ----------------------------------------------------------------------------- MNIST-1D
 

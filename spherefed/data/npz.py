@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrays import ArrayDataset, DatasetSplits, stratified_split
+from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits, stratified_split
 
 # ----------------------------------------------------------------------------- npz
 

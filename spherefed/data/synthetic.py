@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import ArrayDataset, DatasetSplits
+from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits
 
 # ----------------------------------------------------------------------------- synthetic
 

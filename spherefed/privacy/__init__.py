@@ -1,6 +1,6 @@
 """Privacy for the calibration service: sensitivity, accounting, ledger, audits, DP-SGD.
 
-Modules, one idea each (``crypto.dp`` holds the ring-side noise; this package may
+Modules, one idea each (``spherecal.crypto.dp`` holds the ring-side noise; this package may
 import torch and Opacus):
 
 ``sensitivity``  L2/L1 sensitivity of FFC/CCVR releases in ring units, exact statistics
@@ -11,14 +11,16 @@ import torch and Opacus):
 ``ledger``       :class:`PrivacyLedger` with memory / SQLite stores and budget refusal
 ``empirical``    canary audit: an empirical lower bound on ε beside the claimed one
 ``dpsgd``        local DP-SGD through Opacus, charged to the same ledger
+``settings``     the ``[privacy]`` table shared by coordinator and participant configs
+``secure_sum``   the calibration statistics summed by the real protocol, in process
 
 Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
 explicitly by their users.
 """
 
-from spherefed.privacy.accounting import ORDERS, compose, epsilon
-from spherefed.privacy.charge import PrivacyCharge, dpsgd_charge, gaussian_charge
-from spherefed.privacy.ledger import (
+from spherecal.spherefed.privacy.accounting import ORDERS, compose, epsilon
+from spherecal.spherefed.privacy.charge import PrivacyCharge, dpsgd_charge, gaussian_charge
+from spherecal.spherefed.privacy.ledger import (
     BudgetExceeded,
     DuplicateRelease,
     LedgerEntry,
@@ -28,8 +30,8 @@ from spherefed.privacy.ledger import (
     PrivacyLedger,
     SqliteLedgerStore,
 )
-from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
-from spherefed.privacy.sensitivity import (
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.sensitivity import (
     Sensitivity,
     exact_ccvr_statistics,
     exact_ffc_statistics,

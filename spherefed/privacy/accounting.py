@@ -36,7 +36,7 @@ Both papers state their bounds for integer orders; Rényi divergence is
 non-decreasing in the order (van Erven & Harremoës 2014, Thm. 3), so on a fractional
 order we use the bound at ``⌈α⌉`` — valid, if slightly loose.
 
-**Truncation.** The noise is truncated at the job's noise bound (``crypto.dp``); a
+**Truncation.** The noise is truncated at the job's noise bound (``spherecal.crypto.dp``); a
 mechanism within total variation ``η`` of an ``(ε, δ)``-DP one is
 ``(ε, δ + (1 + e^ε)η)``-DP. :func:`delta_with_truncation` does that arithmetic; with
 ``η <= 2^-64`` it never matters, but it is reported, not assumed.

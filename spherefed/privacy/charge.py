@@ -1,7 +1,7 @@
 """What one release costs: its RDP curve, ε(δ) alone, and what produced it.
 
 A :class:`PrivacyCharge` is the unit the ledger records and composes. It keeps the
-whole RDP curve on :data:`~spherefed.privacy.accounting.ORDERS` (so composition is
+whole RDP curve on :data:`~spherecal.spherefed.privacy.accounting.ORDERS` (so composition is
 exact RDP addition) and, for the reader, the mechanism, noise and sensitivity that
 determined it, as plain JSON.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spherefed.privacy.accounting import ORDERS, dpsgd_rdp, epsilon, gaussian_rdp
+from spherecal.spherefed.privacy.accounting import ORDERS, dpsgd_rdp, epsilon, gaussian_rdp
 
 __all__ = ["PrivacyCharge", "dpsgd_charge", "gaussian_charge"]
 

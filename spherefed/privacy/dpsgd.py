@@ -10,13 +10,13 @@ unit-norm feature map and the classifier cost nothing. Models must use GroupNorm
 validator refuses it, and so do we, before training).
 
 ε is Opacus's RDP accountant on the sampled Gaussian mechanism; the returned
-:class:`~spherefed.privacy.charge.PrivacyCharge` carries the same curve on the
+:class:`~spherecal.spherefed.privacy.charge.PrivacyCharge` carries the same curve on the
 ledger's orders so DP-SGD composes with the calibration releases.
 
 What is *not* exact here, and documented as such: Opacus draws its Gaussian noise
 with torch's floating-point sampler (``secure_mode=False``; ``secure_mode=True``
 needs ``torchcsprng``, which is not installed). The integer-exact noise of
-:mod:`crypto.dp` covers the calibration statistics only.
+:mod:`spherecal.crypto.dp` covers the calibration statistics only.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from spherefed.losses import make_loss
-from spherefed.privacy.charge import PrivacyCharge, dpsgd_charge
+from spherecal.spherefed.losses import make_loss
+from spherecal.spherefed.privacy.charge import PrivacyCharge, dpsgd_charge
 
 __all__ = ["DPSGDConfig", "DPSGDResult", "UnsupportedModel", "dp_local_train"]
 

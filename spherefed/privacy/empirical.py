@@ -5,11 +5,11 @@ what the proof assumes. The audit plays the DP distinguishing game many times: a
 federation of small synthetic participants releases its noisy FFC statistic, with a
 unit-norm canary example ``(z_c, y_c)`` at participant 0 ("in") or without it
 ("out"). Each release goes through the participants' code path — exact quantised
-statistics (:func:`~spherefed.privacy.sensitivity.exact_ffc_statistics`), isometric
-packing, :func:`crypto.ring.encode`, noise from :func:`crypto.dp.sample_noise`
-(the exact samplers, OS-keyed), :func:`crypto.ring.add_noise`, the wrapping ring sum
+statistics (:func:`~spherecal.spherefed.privacy.sensitivity.exact_ffc_statistics`), isometric
+packing, :func:`spherecal.crypto.ring.encode`, noise from :func:`spherecal.crypto.dp.sample_noise`
+(the exact samplers, OS-keyed), :func:`spherecal.crypto.ring.add_noise`, the wrapping ring sum
 that secure aggregation computes (masks cancel exactly, so summing noisy encodings
-in ``Z_2^64`` *is* its output), and :func:`crypto.ring.decode`.
+in ``Z_2^64`` *is* its output), and :func:`spherecal.crypto.ring.decode`.
 
 The attacker knows everything except the canary bit and scores each release by a
 likelihood-ratio statistic:
@@ -57,13 +57,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from crypto.dp import DEFAULT_MECHANISM, NoisePlan, plan_noise, sample_noise
-from crypto.entropy import RandomSource
-from crypto.ring import RING_DTYPE, add_noise, decode, encode
-from spherefed.privacy.accounting import gdp_epsilon
-from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
-from spherefed.privacy.sensitivity import exact_ffc_statistics, quantize_unit_features
-from spherefed.stats import FFCStatistics
+from spherecal.crypto.dp import DEFAULT_MECHANISM, NoisePlan, plan_noise, sample_noise
+from spherecal.crypto.entropy import RandomSource
+from spherecal.crypto.ring import RING_DTYPE, add_noise, decode, encode
+from spherecal.spherefed.privacy.accounting import gdp_epsilon
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.sensitivity import exact_ffc_statistics, quantize_unit_features
+from spherecal.spherefed.stats import FFCStatistics
 
 __all__ = ["AuditResult", "AuditSettings", "clopper_pearson_upper", "run_canary_audit"]
 
@@ -338,7 +338,7 @@ def run_canary_audit(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spherefed.privacy.empirical --out DIR``: write ``DIR/audit.json``."""
+    """``python -m spherecal.spherefed.privacy.empirical --out DIR``: write ``DIR/audit.json``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--trials", type=int, default=AuditSettings.trials)

@@ -10,7 +10,7 @@ and the composed total after it — the numbers a privacy officer signs off on.
 one δ. :meth:`PrivacyLedger.check` projects the composition with a prospective charge
 and raises :class:`BudgetExceeded` — carrying the numbers — if either limit would be
 crossed; :meth:`PrivacyLedger.charge` checks and records in one step under a lock.
-Composition is RDP addition of the stored curves (:mod:`spherefed.privacy.accounting`);
+Composition is RDP addition of the stored curves (:mod:`spherecal.spherefed.privacy.accounting`);
 the reported δ adds the truncation term ``(1 + e^ε)·Σ η`` of the integer noise.
 
 **Storage** is a :class:`LedgerStore`: :class:`MemoryLedgerStore`, or
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spherefed.privacy.accounting import compose, delta_with_truncation, epsilon
-from spherefed.privacy.charge import PrivacyCharge
+from spherecal.spherefed.privacy.accounting import compose, delta_with_truncation, epsilon
+from spherecal.spherefed.privacy.charge import PrivacyCharge
 
 __all__ = [
     "BudgetExceeded",

@@ -6,16 +6,16 @@ federation (``n`` participants, ``t`` guaranteed contributors), the per-release 
 
 1. fixes the fixed-point scale ``f = 2q`` (exact statistics of ``q``-bit features
    encode without rounding except the ``√2`` off-diagonals; see
-   :mod:`spherefed.privacy.sensitivity`);
+   :mod:`spherecal.spherefed.privacy.sensitivity`);
 2. bounds the ring-unit sensitivity ``Δ̃₂``, ``Δ̃₁``;
 3. finds the smallest total noise variance (Skellam) or per-party ``σ`` (distributed
    discrete Gaussian) whose RDP bound meets ε at δ with only ``t - c`` honest
-   contributors (``c`` colluders), and the per-participant noise (:mod:`crypto.dp`);
+   contributors (``c`` colluders), and the per-participant noise (:mod:`spherecal.crypto.dp`);
 4. checks the ring cannot wrap and returns the ``JobSpec.create`` arguments.
 
 Coordinator and participants run it with the same public inputs and get the same
 plan; a participant additionally checks the job spec against it
-(:func:`crypto.dp.verify_plan`) before joining.
+(:func:`spherecal.crypto.dp.verify_plan`) before joining.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crypto.dp import (
+from spherecal.crypto.dp import (
     DEFAULT_MECHANISM,
     DEFAULT_TAIL_LOG2,
     DGAUSS,
@@ -33,7 +33,7 @@ from crypto.dp import (
     plan_noise,
     realised_noise,
 )
-from spherefed.privacy.accounting import (
+from spherecal.spherefed.privacy.accounting import (
     ddg_rdp,
     ddg_sigma_for,
     delta_with_truncation,
@@ -41,8 +41,8 @@ from spherefed.privacy.accounting import (
     skellam_rdp,
     skellam_variance_for,
 )
-from spherefed.privacy.charge import PrivacyCharge
-from spherefed.privacy.sensitivity import (
+from spherecal.spherefed.privacy.charge import PrivacyCharge
+from spherecal.spherefed.privacy.sensitivity import (
     DEFAULT_QUANT_BITS,
     Sensitivity,
     release_length,
@@ -78,7 +78,7 @@ class CalibrationPlan:
         return self.noise.length
 
     def job_spec_arguments(self) -> dict[str, Any]:
-        """Keyword arguments for :meth:`crypto.spec.JobSpec.create`."""
+        """Keyword arguments for :meth:`spherecal.crypto.spec.JobSpec.create`."""
         return {
             "length": self.length,
             "bound": self.value_bound,
@@ -148,8 +148,8 @@ def plan_calibration_release(
 ) -> CalibrationPlan:
     """Plan one noisy FFC (``kind="ffc"``) or CCVR (``"ccvr"``) release (module docstring).
 
-    Raises :class:`crypto.dp.RingOverflowRisk` (the noisy sum could wrap: lower
-    ``quant_bits`` or ``max_examples``) or :class:`crypto.dp.NoiseTooLarge`.
+    Raises :class:`spherecal.crypto.dp.RingOverflowRisk` (the noisy sum could wrap: lower
+    ``quant_bits`` or ``max_examples``) or :class:`spherecal.crypto.dp.NoiseTooLarge`.
     """
     if epsilon_target <= 0:
         raise ValueError("epsilon_target must be positive")

@@ -2,10 +2,10 @@
 
 ``spherecal reference --secure-sum`` (``ReferenceConfig.secure_sum``) replaces the
 reference runner's float sum of the participants' CCVR statistics by
-:func:`crypto.inprocess.simulate_secure_sum`: real identity keys, pairwise masks,
+:func:`spherecal.crypto.simulation.simulate_secure_sum`: real identity keys, pairwise masks,
 Shamir shares and every check of both state machines, messages through their
 canonical bytes — only the network is missing. The fixed-point scale is the one the
-coordinator uses for a statistics job (:func:`crypto.ring.choose_scale_bits` of the
+coordinator uses for a statistics job (:func:`spherecal.crypto.ring.choose_scale_bits` of the
 participant count and the declared bound ``[secagg] statistics_bound``, default 1e6),
 so every calibrator computed from the result sees exactly the numbers the service's
 secure aggregation delivers: the in-process evidence that a calibrator's accuracy is
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spherefed.stats import CCVRStatistics
+from spherecal.spherefed.stats import CCVRStatistics
 
 SERVICE_STATISTICS_BOUND = 1e6
-"""``coordinator.settings.SecAggSettings.statistics_bound``'s default (kept in sync by a test)."""
+"""``spherecal.coordinator.settings.SecAggSettings.statistics_bound``'s default (kept in sync by a
+test)."""
 
 
 def secure_sum_statistics(
@@ -31,8 +32,8 @@ def secure_sum_statistics(
     it); the threshold is a majority, ``⌊n/2⌋ + 1``. Raises the protocol's typed
     errors (e.g. a value beyond ``bound``).
     """
-    from crypto.inprocess import simulate_secure_sum
-    from crypto.ring import choose_scale_bits
+    from spherecal.crypto.ring import choose_scale_bits
+    from spherecal.crypto.simulation import simulate_secure_sum
 
     if len(parts) < 2:
         raise ValueError("secure aggregation needs at least 2 participants")

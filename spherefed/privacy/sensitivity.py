@@ -2,7 +2,7 @@
 
 **Neighbouring datasets** differ by adding or removing one example ``(x, y)`` at one
 participant (the relation of DP-SGD and of Opacus). The released vector is the packed
-statistic of :mod:`spherefed.stats` with ``isometric=True``, summed over participants;
+statistic of :mod:`spherecal.spherefed.stats` with ``isometric=True``, summed over participants;
 one example changes only its owner's term, by exactly its own contribution.
 
 **Derivation** (``z`` = the example's feature, ``‖z‖₂ <= 1``; SphereFed §4.1 puts every
@@ -19,7 +19,7 @@ feature on the unit sphere):
 * Jointly, three blocks each of norm ``<= 1`` change: ``Δ₂ <= √(1 + 1 + 1) = √3`` —
   in general ``√(number of blocks released together)``.
 
-**Fixed point.** The ring carries ``F(x) = rint(2^f x)`` (:func:`crypto.ring.encode`).
+**Fixed point.** The ring carries ``F(x) = rint(2^f x)`` (:func:`spherecal.crypto.ring.encode`).
 Rounding can *inflate* the sensitivity: ``|rint(a) - rint(b)| <= |a - b| + 1``. We use
 an explicit inflated bound rather than conditional randomised rounding (Kairouz et al.
 2021), because randomised rounding bounds a *participant's* vector norm, whereas our
@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spherefed.stats import (
+from spherecal.spherefed.stats import (
     CCVRStatistics,
     FFCStatistics,
     ccvr_layout_size,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from crypto.dp import DGAUSS, SKELLAM
-from spherefed.privacy.ledger import PrivacyBudget
-from spherefed.privacy.sensitivity import DEFAULT_QUANT_BITS
+from spherecal.crypto.dp import DGAUSS, SKELLAM
+from spherecal.spherefed.privacy.ledger import PrivacyBudget
+from spherecal.spherefed.privacy.sensitivity import DEFAULT_QUANT_BITS
 
 __all__ = ["MECHANISMS", "PrivacySettings"]
 

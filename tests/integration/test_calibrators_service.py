@@ -2,7 +2,7 @@
 
 A real federation (coordinator + 3 participant processes on loopback, secure
 aggregation of updates, statistics and evaluation counts) with
-``--calibration ffc,ccvr,ffc_bias,lda,qda`` against ``spherefed.runner.run_reference``
+``--calibration ffc,ccvr,ffc_bias,lda,qda`` against ``spherecal.spherefed.reference.run_reference``
 on the same data, model and seed: the ridge / shrinkage chosen on the validation
 splits (one secure evaluation job for the whole grid) must be the reference's, and
 every calibrated test accuracy must match to the fixed-point precision of the
@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from proto.codec import model_spec_from_json
+from spherecal.proto.codec import model_spec_from_json
 from spherecal.simulate import SimulationSettings, run_simulation
-from spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
-from spherefed.data import load_dataset
-from spherefed.discriminant import CalibratedHead
-from spherefed.network import ModelSpec, build_model, compute_features
-from spherefed.runner import ReferenceConfig, run_reference
+from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
+from spherecal.spherefed.data import load_dataset
+from spherecal.spherefed.discriminant import CalibratedHead
+from spherecal.spherefed.network import ModelSpec, build_model, compute_features
+from spherecal.spherefed.reference import ReferenceConfig, run_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

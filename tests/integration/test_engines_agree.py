@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from participant.faults import HaltPoint
 from spherecal.engines.threads import ThreadSimulation, run_threads_simulation
+from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationError, SimulationSettings, run_simulation
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -33,13 +33,13 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from crypto import generate_identity
-from proto import spherecal_pb2 as pb
-from proto.identity import join_payload, public_key_bytes, save_identity_key
-from proto.services import grpc_services
 from spherecal.config import dump_toml
+from spherecal.crypto import generate_identity
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import join_payload, public_key_bytes, save_identity_key
+from spherecal.proto.services import grpc_services
 from spherecal.simulate import Simulation, SimulationSettings
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,12 +19,12 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proto import spherecal_pb2 as pb
-from proto.services import grpc_services
 from spherecal.certs import issue_participant
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.services import grpc_services
 from spherecal.simulate import Simulation, SimulationSettings
+from spherecal.spherefed.reference import ReferenceConfig
 from spherecal.status_cli import fetch_status, render_status
-from spherefed.runner import ReferenceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -194,10 +194,10 @@ def test_status_is_only_for_the_admin_certificate(run: Run) -> None:
 
 def test_status_refuses_a_participant_certificate(tmp_path: Path) -> None:
     """Checked with the in-process authorization: a roster member is not an admin."""
-    from coordinator.errors import ServiceError
-    from coordinator.registry import Peer
-    from coordinator.settings import AdminSettings, CoordinatorSettings, ServerSettings
-    from coordinator.status import authorize_admin
+    from spherecal.coordinator.errors import ServiceError
+    from spherecal.coordinator.server.status import authorize_admin
+    from spherecal.coordinator.settings import AdminSettings, CoordinatorSettings, ServerSettings
+    from spherecal.coordinator.state.registry import Peer
 
     settings = CoordinatorSettings(participants=ROSTER, admin=AdminSettings(allow=("operator",)))
     assert authorize_admin(settings, Peer(identity="operator")) == "operator"

@@ -24,7 +24,7 @@ import pytest
 from spherecal.audit import run_audit
 from spherecal.cli import main as cli_main
 from spherecal.simulate import SimulationSettings, run_simulation
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

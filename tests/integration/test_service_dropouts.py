@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.calibration import ffc_classifier
-from participant.faults import HaltPoint
+from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
+from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationSettings, clear_statistics, run_simulation
-from spherefed.stats import CCVRStatistics, FFCStatistics
+from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ DROPS = (
 def dropout_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[dict[str, Any], SimulationSettings]:
-    from spherefed.runner import ReferenceConfig
+    from spherecal.spherefed.reference import ReferenceConfig
 
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=8, model="mlp", rounds=2, alpha=0.5),
@@ -133,7 +133,7 @@ def test_broken_masked_upload_left_only_audit_rows(
 def too_few_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[dict[str, Any], SimulationSettings]:
-    from spherefed.runner import ReferenceConfig
+    from spherecal.spherefed.reference import ReferenceConfig
 
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=3, model="mlp", rounds=1),

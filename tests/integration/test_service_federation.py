@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.calibration import ffc_classifier
+from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
 from spherecal.simulate import SimulationSettings, clear_statistics, run_simulation
-from spherefed.runner import ReferenceConfig, run_reference
-from spherefed.stats import CCVRStatistics
+from spherecal.spherefed.reference import ReferenceConfig, run_reference
+from spherecal.spherefed.stats import CCVRStatistics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

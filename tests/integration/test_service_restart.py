@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from spherecal.simulate import Simulation, SimulationSettings
-from spherefed.runner import ReferenceConfig, run_reference
+from spherecal.spherefed.reference import ReferenceConfig, run_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

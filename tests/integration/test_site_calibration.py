@@ -30,11 +30,11 @@ from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.simulate.configs import participant_document, write_toml
 from spherecal.simulate.processes import Simulation
 from spherecal.simulate.settings import Progress
-from spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS, DEFAULT_VALUE
-from spherefed.data import load_dataset
-from spherefed.data.arrays import stratified_split
-from spherefed.fl import derive_seed
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS, DEFAULT_VALUE
+from spherecal.spherefed.data import load_dataset
+from spherecal.spherefed.data.arrays import stratified_split
+from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.reference import ReferenceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

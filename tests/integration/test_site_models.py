@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from participant.data import load_local_data
 from spherecal.cli import main
 from spherecal.config import load_participant_config
-from spherefed.saved import load_model
+from spherecal.participant.data import load_local_data
+from spherecal.spherefed.saved import load_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

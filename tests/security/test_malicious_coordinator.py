@@ -8,7 +8,7 @@ function ``attack(policy) -> Outcome``: either the coordinator ends with the tar
 
 * with the rule relaxed the attack really works (the check is not vacuous);
 * with the default :class:`SecAggPolicy` it ends in the typed refusal;
-* **mutation check**: with exactly one policy check function of :mod:`crypto.policy`
+* **mutation check**: with exactly one policy check function of :mod:`spherecal.crypto.policy`
   replaced by a no-op, the matching attack test fails — for the five checks that
   are the only barrier, the attack then recovers the input. Two checks have a
   second line of defence in the state machine (``DoubleReveal``: secrets are wiped
@@ -33,8 +33,8 @@ import numpy.typing as npt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-import crypto.policy as policy_module
-from crypto import (
+import spherecal.crypto.policy as policy_module
+from spherecal.crypto import (
     AdvertiseKeys,
     JobSpec,
     KeyRoster,
@@ -53,12 +53,12 @@ from crypto import (
     run_protocol,
     shamir,
 )
-from crypto.dealing import deal_shares, open_dealt_share
-from crypto.kdf import channel_key, pairwise_mask_seed, self_mask_seed
-from crypto.keys import JobKeys, advert_payload, agree, seed_commitment, sign
-from crypto.messages import ShareKeys
-from crypto.prg import keystream_words
-from crypto.ring import decode
+from spherecal.crypto.dealing import deal_shares, open_dealt_share
+from spherecal.crypto.kdf import channel_key, pairwise_mask_seed, self_mask_seed
+from spherecal.crypto.keys import JobKeys, advert_payload, agree, seed_commitment, sign
+from spherecal.crypto.messages import ShareKeys
+from spherecal.crypto.prg import keystream_words
+from spherecal.crypto.ring import decode
 
 LENGTH = 6
 RELAXED = SecAggPolicy(
@@ -440,7 +440,7 @@ def both_kinds(policy: SecAggPolicy) -> Outcome:
 class Attack:
     run: Callable[[SecAggPolicy], Outcome]
     kind: str  # the refusal the default policy gives
-    check: str  # the crypto.policy function that refuses it
+    check: str  # the spherecal.crypto.policy function that refuses it
     baseline: SecAggPolicy  # default with any back-stop rule relaxed
     unsafe: SecAggPolicy | None  # a policy under which the attack works (None: none)
 

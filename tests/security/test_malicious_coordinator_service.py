@@ -2,7 +2,7 @@
 
 The double (:class:`HostileCoordinator`) implements the participant's ``Transport``
 — the whole coordinator surface a participant sees — and plays a scripted list of
-hostile instructions to a real :class:`participant.runner.ParticipantRunner` with
+hostile instructions to a real :class:`spherecal.participant.runner.ParticipantRunner` with
 its real trainer, data, crypto, policy and SQLite state directory. Each attack must
 end in a *typed* withdrawal (``FailureReport.kind`` + ``rule``) and nothing of the
 participant's data leaving: repeated statistics requests, the same statistic for
@@ -23,17 +23,17 @@ import numpy as np
 import pytest
 import torch
 
-import crypto
-from coordinator.model import GlobalModel
-from coordinator.settings import ModelSettings
-from crypto.replay import MemoryJobLedger
-from participant.data import load_local_data
-from participant.policy import PolicySettings
-from participant.runner import ParticipantRunner
-from participant.settings import DataSettings, ParticipantSettings
-from participant.trust import DirectoryTrust
-from proto import spherecal_pb2 as pb
-from proto.codec import header_for, iter_chunks, model_spec_to_proto
+from spherecal import crypto
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.settings import ModelSettings
+from spherecal.crypto.replay import MemoryJobLedger
+from spherecal.participant.data import load_local_data
+from spherecal.participant.policy import PolicySettings
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for, iter_chunks, model_spec_to_proto
 
 PEERS = ("p0", "p1", "p2", "p3", "p4")
 ME = "p0"
@@ -198,7 +198,7 @@ def _statistics(task_id: str, model_ref: pb.TensorRef) -> pb.Instruction:
 
 
 def _ffc_length(model: GlobalModel) -> int:
-    from spherefed.stats import ffc_layout_size
+    from spherecal.spherefed.stats import ffc_layout_size
 
     return ffc_layout_size(model.feature_dim, model.num_classes)
 
@@ -347,7 +347,7 @@ def test_tiny_jobs_low_thresholds_and_missing_consistency_are_refused(
 
 WEAKENED = {
     "tiny": {"min_participants": 2},
-    # a job with 2t <= holders cannot carry the consistency round at all (crypto.spec)
+    # a job with 2t <= holders cannot carry the consistency round at all (spherecal.crypto.spec)
     "low-threshold": {"require_majority_threshold": False, "require_consistency_round": False},
     "no-consistency": {"require_consistency_round": False},
 }

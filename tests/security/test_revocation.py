@@ -18,20 +18,20 @@ import grpc
 import pytest
 from cryptography import x509
 
-from coordinator.federation import Federation
-from coordinator.grpc_server import build_server
-from coordinator.registry import Registry
-from coordinator.revocation import RevocationList, load_verified_crl
-from coordinator.service import CoordinatorService
-from coordinator.settings import ServerSettings, TLSSettings
-from coordinator.store import Store
-from coordinator.traffic import Traffic
-from crypto import generate_identity
-from proto import spherecal_pb2 as pb
-from proto.identity import join_payload, load_identity_key, public_key_bytes
-from proto.services import grpc_services
 from spherecal.certs import init_ca, issue_participant, revoke_participant
 from spherecal.cli import main
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.server.grpc_server import build_server
+from spherecal.coordinator.server.revocation import RevocationList, load_verified_crl
+from spherecal.coordinator.server.service import CoordinatorService
+from spherecal.coordinator.server.traffic import Traffic
+from spherecal.coordinator.settings import ServerSettings, TLSSettings
+from spherecal.coordinator.state.registry import Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.crypto import generate_identity
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import join_payload, load_identity_key, public_key_bytes
+from spherecal.proto.services import grpc_services
 from tests.unit.coordinator.service_harness import settings_for
 
 DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)

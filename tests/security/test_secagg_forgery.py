@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from crypto import (
+from spherecal.crypto import (
     BadSignature,
     ForgedShare,
     InconsistentSurvivors,
@@ -17,8 +17,8 @@ from crypto import (
     OverlappingReveal,
     WrongJob,
 )
-from crypto.keys import JobKeys
-from crypto.messages import ConsistencyRequest, UnmaskRequest
+from spherecal.crypto.keys import JobKeys
+from spherecal.crypto.messages import ConsistencyRequest, UnmaskRequest
 from tests.unit.crypto.helpers import Net, flip
 
 
@@ -114,7 +114,7 @@ def test_split_view_attack_is_stopped_by_the_consistency_round() -> None:
         )
         for p in ("p02", "p03")
     }
-    from crypto.messages import SurvivorSignature
+    from spherecal.crypto.messages import SurvivorSignature
 
     # Only two signatures exist for each view: below t = 3 for both.
     request_all = UnmaskRequest(

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from crypto import JobSpec, ShareKind, run_protocol
-from crypto.messages import MaskedChunk, UnmaskResponse
-from crypto.ring import encode
+from spherecal.crypto import JobSpec, ShareKind, run_protocol
+from spherecal.crypto.messages import MaskedChunk, UnmaskResponse
+from spherecal.crypto.ring import encode
 from tests.unit.crypto.helpers import MECHANICS_POLICY, Net
 
 CRYPTO_DIR = Path(__file__).resolve().parents[2] / "crypto"
@@ -158,13 +158,14 @@ def test_crypto_is_pure_no_io_no_heavy_imports() -> None:
                 assert node.func.id not in {"open", "print", "eval", "exec"}, path.name
             # Randomness for secrets comes from os.urandom / secrets only.
             if isinstance(node, ast.Attribute) and node.attr == "random":
-                assert path.name == "inprocess.py", path.name
-        if path.name != "inprocess.py":
+                assert path.name == "simulation.py", path.name
+        if path.name != "simulation.py":
             assert "import random" not in path.read_text(), path.name
     # (numpy itself imports pickle; the AST scan above covers our own code.)
     code = (
-        "import sys, crypto\n"
-        "bad = {'torch', 'grpc', 'spherefed', 'participant', 'coordinator'} & set(sys.modules)\n"
+        "import sys, spherecal.crypto\n"
+        "bad = {'torch', 'grpc', 'spherecal.spherefed', 'spherecal.participant',\n"
+        "       'spherecal.coordinator', 'spherecal.proto'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=CRYPTO_DIR.parent, timeout=60)

@@ -17,14 +17,14 @@ import grpc
 import numpy as np
 import pytest
 
-import crypto
-from proto import spherecal_pb2 as pb
-from proto.codec import header_for
-from proto.identity import join_payload, load_identity_key, public_key_bytes
-from proto.services import grpc_services
+from spherecal import crypto
 from spherecal.certs import init_ca, issue_participant
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for
+from spherecal.proto.identity import join_payload, load_identity_key, public_key_bytes
+from spherecal.proto.services import grpc_services
 from spherecal.simulate import Simulation, SimulationSettings
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.reference import ReferenceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

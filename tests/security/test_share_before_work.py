@@ -19,15 +19,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import crypto
-from coordinator.model import GlobalModel
-from crypto.replay import MemoryJobLedger
-from participant.data import load_local_data
-from participant.policy import PolicySettings
-from participant.runner import ParticipantRunner
-from participant.settings import ParticipantSettings
-from participant.trust import DirectoryTrust
-from proto import spherecal_pb2 as pb
+from spherecal import crypto
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.crypto.replay import MemoryJobLedger
+from spherecal.participant.data import load_local_data
+from spherecal.participant.policy import PolicySettings
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
 from tests.security.test_malicious_coordinator_service import (
     IDENTITIES,
     ME,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-import crypto
-from coordinator.secure_job import SecureJob
-from coordinator.settings import (
+from spherecal import crypto
+from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     EvaluationSettings,
@@ -19,9 +19,9 @@ from coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
-from participant.settings import DataSettings, ParticipantSettings
-from proto import spherecal_pb2 as pb
-from proto.identity import public_key_bytes
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import public_key_bytes
 
 
 def make_job(

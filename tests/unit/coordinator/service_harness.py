@@ -13,12 +13,12 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from coordinator.errors import ServiceError
-from coordinator.federation import Federation
-from coordinator.model import GlobalModel
-from coordinator.registry import Peer, Registry
-from coordinator.service import CoordinatorService
-from coordinator.settings import (
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.server.service import CoordinatorService
+from spherecal.coordinator.server.traffic import Traffic
+from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     ModelSettings,
@@ -27,11 +27,11 @@ from coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
-from coordinator.store import Store
-from coordinator.traffic import Traffic
-from crypto import generate_identity
-from proto import spherecal_pb2 as pb
-from proto.identity import join_payload, public_key_bytes
+from spherecal.coordinator.state.registry import Peer, Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.crypto import generate_identity
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import join_payload, public_key_bytes
 
 DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
 

@@ -16,11 +16,16 @@ from typing import Any
 import grpc
 import pytest
 
-from coordinator.errors import ServiceError
-from coordinator.grpc_server import POLL_THREADS, SERVICE_NAME, CoordinatorServer, build_server
-from coordinator.registry import Peer
-from coordinator.tasks import Task
-from proto import spherecal_pb2 as pb
+from spherecal.coordinator.driver.tasks import Task
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.server.grpc_server import (
+    POLL_THREADS,
+    SERVICE_NAME,
+    CoordinatorServer,
+    build_server,
+)
+from spherecal.coordinator.state.registry import Peer
+from spherecal.proto import spherecal_pb2 as pb
 
 from .service_harness import Harness, settings_for
 

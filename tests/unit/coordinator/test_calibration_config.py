@@ -6,10 +6,10 @@ import tomllib
 
 import pytest
 
-from coordinator.closed_forms import candidate_name
-from coordinator.settings import CalibrationSettings
 from spherecal.config import ConfigError, parse_coordinator_config
-from spherefed.calibration_suite import DEFAULT_RIDGE_GRID, DEFAULT_SHRINKAGE_GRID
+from spherecal.coordinator.driver.discriminant_heads import candidate_name
+from spherecal.coordinator.settings import CalibrationSettings
+from spherecal.spherefed.calibration_suite import DEFAULT_RIDGE_GRID, DEFAULT_SHRINKAGE_GRID
 
 BASE = """
 [federation]

@@ -1,13 +1,14 @@
-"""The coordinator's record of refusals and exclusions (``coordinator.conduct``)."""
+"""The coordinator's record of refusals and exclusions
+(``spherecal.coordinator.driver.conduct``)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from coordinator.conduct import Conduct, should_exclude
-from coordinator.store import Store
-from proto import spherecal_pb2 as pb
+from spherecal.coordinator.driver.conduct import Conduct, should_exclude
+from spherecal.coordinator.state.store import Store
+from spherecal.proto import spherecal_pb2 as pb
 
 
 def test_a_strict_majority_of_other_holders_excludes() -> None:

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.calibration import ffc_classifier
-from coordinator.federation import Federation
-from coordinator.model import GlobalModel
-from coordinator.registry import Registry
-from coordinator.settings import (
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     EvaluationSettings,
@@ -26,13 +25,14 @@ from coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
-from coordinator.store import Store
-from participant.data import load_local_data
-from participant.settings import DataSettings, ParticipantSettings
-from proto import spherecal_pb2 as pb
-from spherecal.inprocess import InProcessFederation
-from spherefed.runner import ReferenceConfig, run_reference
-from spherefed.stats import FFCStatistics, ffc_statistics
+from spherecal.coordinator.state.registry import Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.participant.data import load_local_data
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.reference import ReferenceConfig, run_reference
+from spherecal.spherefed.stats import FFCStatistics, ffc_statistics
 
 N, ROUNDS = 3, 2
 
@@ -166,7 +166,7 @@ def test_resume_loads_the_last_checkpoint_and_refuses_other_settings(
         assert len(fed.round_metrics) == ROUNDS
         state = torch.load(tmp / "out" / "model_none.pt", weights_only=True)
         fed.model.net.load_state_dict(state)
-        from spherefed.fl import state_vector
+        from spherecal.spherefed.fl import state_vector
 
         assert np.array_equal(
             state_vector(fed.model.net, fed.model.keys).astype(np.float32),

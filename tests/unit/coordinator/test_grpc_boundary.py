@@ -13,22 +13,28 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-import coordinator.errors as errors_module
-import crypto
-from coordinator.errors import DOCUMENTED_CODES, ERROR_CODES, ServiceError, from_secagg, status_for
-from coordinator.grpc_server import (
+import spherecal.coordinator.errors as errors_module
+from spherecal import crypto
+from spherecal.coordinator.errors import (
+    DOCUMENTED_CODES,
+    ERROR_CODES,
+    ServiceError,
+    from_secagg,
+    status_for,
+)
+from spherecal.coordinator.server.grpc_server import (
     _METHODS,
     SERVICE_NAME,
     PortInUse,
     build_server,
     ensure_port_free,
 )
-from coordinator.log_limit import RepeatFilter, RepeatLimiter, rate_limited
-from coordinator.observability import HealthReporter
-from coordinator.registry import Peer
-from participant.backoff import ParticipantExit, stop_if_ended
-from proto import spherecal_pb2 as pb
-from proto.federation_end import ended_status
+from spherecal.coordinator.server.health import HealthReporter
+from spherecal.coordinator.server.log_limit import RepeatFilter, RepeatLimiter, rate_limited
+from spherecal.coordinator.state.registry import Peer
+from spherecal.participant.backoff import ParticipantExit, stop_if_ended
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.federation_end import ended_status
 
 from .service_harness import Harness, code_of, settings_for
 
@@ -118,7 +124,9 @@ def _all_subclasses(cls: type) -> set[type]:
 def test_every_secagg_error_class_has_an_explicit_documented_code() -> None:
     explicit = {kind for kind, _ in ERROR_CODES}
     subclasses = {
-        c for c in _all_subclasses(crypto.SecAggError) if c.__module__.startswith("crypto")
+        c
+        for c in _all_subclasses(crypto.SecAggError)
+        if c.__module__.startswith("spherecal.crypto")
     }
     assert subclasses, "crypto defines its error classes"
     assert subclasses <= explicit, f"unmapped: {sorted(c.__name__ for c in subclasses - explicit)}"

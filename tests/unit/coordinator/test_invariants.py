@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.invariants import (
+from spherecal.coordinator.driver.invariants import (
     AggregateInvariantViolated,
     Tolerance,
     check_ccvr,
     check_ffc,
     check_pair,
 )
-from spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
+from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
 
 DIM, CLASSES = 6, 4
 

@@ -11,9 +11,9 @@ import grpc
 import numpy as np
 import pytest
 
-import crypto
-from coordinator.errors import ServiceError
-from proto import spherecal_pb2 as pb
+from spherecal import crypto
+from spherecal.coordinator.errors import ServiceError
+from spherecal.proto import spherecal_pb2 as pb
 
 from .helpers import make_job, run_job
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.errors import ServiceError
-from coordinator.registry import Peer, Registry
-from coordinator.store import Store
-from crypto import generate_identity
-from proto import spherecal_pb2 as pb
-from proto.identity import join_payload, public_key_bytes
 from spherecal.certs import init_ca, issue_participant
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.state.registry import Peer, Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.crypto import generate_identity
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import join_payload, public_key_bytes
 
 
 def _join(
@@ -99,7 +99,7 @@ def test_pinned_keys_survive_a_restart(tmp_path: Path) -> None:
 def test_certificate_identity_must_match_every_request(tmp_path: Path) -> None:
     init_ca(tmp_path)
     issue_participant(tmp_path, "p0")
-    from proto.identity import load_identity_key
+    from spherecal.proto.identity import load_identity_key
 
     key = load_identity_key(tmp_path / "p0.identity.key")
     pem = (tmp_path / "p0.pem").read_bytes()

@@ -16,17 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.board import Board
-from coordinator.errors import FederationFailed
-from coordinator.registry import Member, Peer, Registry
-from coordinator.rejoin import MAX_BACKOFF_S, backoff_delay, wait_before_retry
-from coordinator.settings import CoordinatorSettings, Timeouts
-from coordinator.spool import Spool
-from coordinator.stages import Progress, StageContext
-from coordinator.store import Store
-from crypto import generate_identity
-from proto import spherecal_pb2 as pb
-from proto.identity import join_payload, public_key_bytes
+from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.driver.rejoin import MAX_BACKOFF_S, backoff_delay, wait_before_retry
+from spherecal.coordinator.driver.stages import Progress, StageContext
+from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.settings import CoordinatorSettings, Timeouts
+from spherecal.coordinator.state.registry import Member, Peer, Registry
+from spherecal.coordinator.state.spool import Spool
+from spherecal.coordinator.state.store import Store
+from spherecal.crypto import generate_identity
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import join_payload, public_key_bytes
 
 ROSTER = ("p0", "p1", "p2", "p3")
 

@@ -8,11 +8,11 @@ import grpc
 import numpy as np
 import pytest
 
-import crypto
-from coordinator.errors import ServiceError
-from coordinator.secure_job import plan_graph
-from coordinator.settings import SecAggSettings
-from proto import spherecal_pb2 as pb
+from spherecal import crypto
+from spherecal.coordinator.driver.secure_job import plan_graph
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.settings import SecAggSettings
+from spherecal.proto import spherecal_pb2 as pb
 
 from .helpers import make_job, run_job
 
@@ -92,7 +92,7 @@ def test_silent_but_alive_participant_is_dropped_at_the_deadline() -> None:
 @pytest.mark.parametrize("silent_at", ["share", "masked"])
 def test_stages_that_wait_on_local_work_get_the_first_stage_deadline(silent_at: str) -> None:
     """Participants share before their local work and upload after it
-    (``participant.secure_steps``): the masked stage — and the share stage, for a
+    (``spherecal.participant.secure_jobs``): the masked stage — and the share stage, for a
     participant whose share wait ran out — waits the job's first-stage deadline
     (training-sized); later stages only ``stage_s``."""
     job, clients = make_job(4, 20, threshold=3, stage_s=5.0, first_stage_s=100.0)

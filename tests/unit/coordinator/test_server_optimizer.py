@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.federation import Federation
-from coordinator.model import Checkpoints
-from coordinator.registry import Registry
-from coordinator.settings import CoordinatorSettings, ModelSettings, TrainingSettings
-from coordinator.store import Store
-from coordinator.strategy import Strategy
-from participant.settings import ParticipantSettings
-from spherecal.inprocess import InProcessFederation
-from spherefed.runner import ReferenceConfig, run_reference
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.model import Checkpoints
+from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.settings import CoordinatorSettings, ModelSettings, TrainingSettings
+from spherecal.coordinator.state.registry import Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from tests.unit.coordinator.helpers import plaintext_federation
 
 B1, B2, TAU = 0.9, 0.99, 1e-3  # Reddi et al. 2021's defaults
@@ -101,7 +101,7 @@ def test_stateless_checkpoints_and_bad_state_are_refused(tmp_path: Path) -> None
         TrainingSettings(algorithm="fedadam", fedopt_lr=0.0)
     # A checkpoint with an entry that is neither the vector nor strategy state.
     torch.save({"vector": torch.zeros(4, dtype=torch.float64), "x": torch.zeros(1)}, path)
-    from coordinator.model import file_sha256
+    from spherecal.coordinator.driver.model import file_sha256
 
     with pytest.raises(ValueError, match="unknown entry"):
         Checkpoints.load_with_state(path, file_sha256(Path(path)), 4)

@@ -10,10 +10,10 @@ import grpc
 import numpy as np
 import pytest
 
-import crypto
-from coordinator.registry import Peer
-from proto import spherecal_pb2 as pb
-from proto.codec import header_for, iter_chunks
+from spherecal import crypto
+from spherecal.coordinator.state.registry import Peer
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for, iter_chunks
 
 from .service_harness import Harness, code_of, settings_for
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.settings import ModelSettings, TrainingSettings
-from spherecal.inprocess import InProcessFederation
-from spherefed.algorithms.methods import BASES, METHODS, MethodSpec, sphere_variant
-from spherefed.runner import ReferenceConfig, run_federation
+from spherecal.coordinator.settings import ModelSettings, TrainingSettings
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.spherefed.algorithms.methods import BASES, METHODS, MethodSpec, sphere_variant
+from spherecal.spherefed.reference import ReferenceConfig, run_federation
 from tests.unit.coordinator.helpers import plaintext_federation
 
 N = 3

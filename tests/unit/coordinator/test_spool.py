@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.spool import Spool, ordered_sum
-from proto.codec import TensorFormatError, header_for, iter_chunks
+from spherecal.coordinator.state.spool import Spool, ordered_sum
+from spherecal.proto.codec import TensorFormatError, header_for, iter_chunks
 
 
 def test_ordered_sum_is_bitwise_the_sequential_sum(tmp_path: Path) -> None:

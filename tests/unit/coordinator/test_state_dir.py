@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.federation import Federation
-from coordinator.model import Checkpoints, GlobalModel
-from coordinator.registry import Registry
-from coordinator.settings import ModelSettings, TrainingSettings
-from coordinator.state_dir import (
+from spherecal.cli import main
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
+from spherecal.coordinator.settings import ModelSettings, TrainingSettings
+from spherecal.coordinator.state.registry import Registry
+from spherecal.coordinator.state.state_dir import (
     MARKER_NAME,
     StateConflict,
     StateDamaged,
@@ -29,8 +30,7 @@ from coordinator.state_dir import (
     read_marker,
     write_marker,
 )
-from coordinator.store import Store
-from spherecal.cli import main
+from spherecal.coordinator.state.store import Store
 
 from .helpers import plaintext_federation
 

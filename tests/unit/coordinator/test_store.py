@@ -6,7 +6,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from coordinator.store import Store
+from spherecal.coordinator.state.store import Store
 
 
 def test_meta_rounds_and_jobs_survive_reopening(tmp_path: Path) -> None:

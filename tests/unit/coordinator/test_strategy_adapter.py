@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.model import Checkpoints
-from coordinator.settings import TrainingSettings
-from coordinator.strategy import Strategy
-from spherefed.algorithms import ALGORITHM_NAMES, Scaffold
+from spherecal.coordinator.driver.model import Checkpoints
+from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.settings import TrainingSettings
+from spherecal.spherefed.algorithms import ALGORITHM_NAMES, Scaffold
 
 L = 6
 

@@ -11,26 +11,26 @@ from pathlib import Path
 import grpc
 import pytest
 
-import crypto
-from coordinator.errors import ServiceError, failure_kind, from_secagg
-from coordinator.federation import Federation
-from coordinator.grpc_server import build_server
-from coordinator.privacy import CoordinatorPrivacy
-from coordinator.registry import Peer, Registry
-from coordinator.service import CoordinatorService
-from coordinator.settings import ServerSettings
-from coordinator.store import Store
-from coordinator.traffic import Traffic
-from participant.failures import failure_kind as participant_kind
-from participant.grpc_transport import GrpcTransport
-from participant.privacy import PrivacyRefused
-from participant.settings import ParticipantSettings
-from participant.transport import TransportError
-from participant.trust import UntrustedDirectory
-from proto import spherecal_pb2 as pb
-from proto.error_detail import ERROR_DETAIL_KEY, error_metadata, reason_from_metadata
-from spherefed.privacy.ledger import BudgetExceeded
-from spherefed.privacy.settings import PrivacySettings
+from spherecal import crypto
+from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.errors import ServiceError, failure_kind, from_secagg
+from spherecal.coordinator.server.grpc_server import build_server
+from spherecal.coordinator.server.service import CoordinatorService
+from spherecal.coordinator.server.traffic import Traffic
+from spherecal.coordinator.settings import ServerSettings
+from spherecal.coordinator.state.registry import Peer, Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.participant.dp_gate import PrivacyRefused
+from spherecal.participant.failures import failure_kind as participant_kind
+from spherecal.participant.grpc_transport import GrpcTransport
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.transport import TransportError
+from spherecal.participant.trust import UntrustedDirectory
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.error_detail import ERROR_DETAIL_KEY, error_metadata, reason_from_metadata
+from spherecal.spherefed.privacy.ledger import BudgetExceeded
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 from .service_harness import Harness, settings_for
 
@@ -236,10 +236,10 @@ def _exception_classes() -> list[tuple[str, str]]:
 
 
 def test_every_exception_class_is_in_a_documented_tree() -> None:
-    import coordinator.errors
-    import crypto._exceptions
+    from spherecal.coordinator import errors as coordinator_errors
+    from spherecal.crypto import _exceptions as crypto_exceptions
 
-    trees = (crypto._exceptions.__doc__ or "") + (coordinator.errors.__doc__ or "")
+    trees = (crypto_exceptions.__doc__ or "") + (coordinator_errors.__doc__ or "")
     classes = _exception_classes()
     assert ("coordinator/errors.py", "ServiceError") in classes  # the scan finds them
     missing = [

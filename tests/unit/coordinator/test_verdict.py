@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from coordinator.settings import (
+from spherecal.coordinator.driver.stages import Progress
+from spherecal.coordinator.driver.verdict import assess, coverage, headline_coverage
+from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     SecAggSettings,
     TrainingSettings,
 )
-from coordinator.stages import Progress
-from coordinator.verdict import assess, coverage, headline_coverage
 
 ROSTER = ("p0", "p1", "p2", "p3")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from crypto import (
+from spherecal.crypto import (
     AggregateResult,
     JobSpec,
     MemoryJobLedger,
@@ -20,7 +20,7 @@ from crypto import (
     identity_public_bytes,
     keys_needed,
 )
-from crypto.messages import (
+from spherecal.crypto.messages import (
     ConsistencySignature,
     KeyRoster,
     ShareBundle,
@@ -28,7 +28,7 @@ from crypto.messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
-from crypto.policy import SecAggPolicy
+from spherecal.crypto.policy import SecAggPolicy
 
 MECHANICS_POLICY = SecAggPolicy(
     require_consistency_round=False,

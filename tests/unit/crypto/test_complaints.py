@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from crypto import (
+from spherecal.crypto import (
     BadComplaint,
     BadSignature,
     ComplaintReason,
@@ -24,9 +24,9 @@ from crypto import (
     WrongJob,
     decode_message,
 )
-from crypto.complaints import sign_complaint, verify_complaint
-from crypto.keys import load_identity_public
-from crypto.messages import ShareBundle
+from spherecal.crypto.complaints import sign_complaint, verify_complaint
+from spherecal.crypto.keys import load_identity_public
+from spherecal.crypto.messages import ShareBundle
 
 from .helpers import Net, flip
 

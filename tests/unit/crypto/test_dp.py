@@ -19,8 +19,8 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-from crypto import InvalidSpec, JobSpec, run_protocol
-from crypto.dp import (
+from spherecal.crypto import InvalidSpec, JobSpec, run_protocol
+from spherecal.crypto.dp import (
     DGAUSS,
     SKELLAM,
     NoiseTooLarge,
@@ -35,8 +35,8 @@ from crypto.dp import (
     tail_log2_probability,
     verify_plan,
 )
-from crypto.entropy import RandomSource
-from crypto.exact import (
+from spherecal.crypto.entropy import RandomSource
+from spherecal.crypto.exact import (
     _count_below,
     _leading_j,
     bernoulli_exp,
@@ -46,7 +46,7 @@ from crypto.exact import (
     geometric_exp1,
     lazy_less,
 )
-from crypto.poisson import (
+from spherecal.crypto.poisson import (
     accept_bounds,
     envelope,
     log_accept,
@@ -54,7 +54,7 @@ from crypto.poisson import (
     skellam,
     slow_accept,
 )
-from crypto.ring import RING_DTYPE, decode, encode
+from spherecal.crypto.ring import RING_DTYPE, decode, encode
 
 P_MIN = 1e-6  # fixed seeds: a p-value below this is a real discrepancy, not bad luck
 
@@ -247,7 +247,7 @@ def test_slow_path_decides_consistently_with_exact_bounds() -> None:
 def test_poisson_stays_exact_when_every_decision_takes_the_slow_path(
     mu: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import crypto.poisson as P
+    import spherecal.crypto.poisson as P
 
     monkeypatch.setattr(P, "_SAFETY", 1e15)  # no float certificate: all decisions exact
     x = poisson(src(f"pois-slow{mu}"), 6000, mu)
@@ -404,5 +404,5 @@ def test_noise_goes_through_secure_aggregation_exactly() -> None:
 
 
 def test_crypto_dp_does_not_import_torch() -> None:
-    code = "import sys, crypto, crypto.dp; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, spherecal.crypto.dp; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

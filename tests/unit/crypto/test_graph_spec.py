@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto import InvalidSpec, JobSpec, MalformedMessage
-from crypto.graph import Graph, harary_edges, max_closed_size, min_closed_size
-from crypto.ring import sum_fits
+from spherecal.crypto import InvalidSpec, JobSpec, MalformedMessage
+from spherecal.crypto.graph import Graph, harary_edges, max_closed_size, min_closed_size
+from spherecal.crypto.ring import sum_fits
 
 
 # ----------------------------------------------------------------------- graph

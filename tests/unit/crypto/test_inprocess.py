@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crypto import (
+from spherecal.crypto import (
     EncodingOverflow,
     InvalidSpec,
     JobSpec,
@@ -21,8 +21,8 @@ from crypto import (
     run_protocol,
     simulate_secure_sum,
 )
-from crypto.graph import max_closed_size, min_closed_size
-from crypto.inprocess import DROP_STAGES, parse_graph
+from spherecal.crypto.graph import max_closed_size, min_closed_size
+from spherecal.crypto.simulation import DROP_STAGES, parse_graph
 
 from .helpers import MECHANICS_POLICY
 
@@ -158,7 +158,7 @@ def test_noise_hook_adds_integer_noise_in_the_ring() -> None:
     result = run_protocol(
         spec, inputs, noise=noise, drop={"c": "masked"}, policy=MECHANICS_POLICY
     ).result
-    from crypto.ring import RING_DTYPE, encode
+    from spherecal.crypto.ring import RING_DTYPE, encode
 
     expected = np.zeros(6, dtype=RING_DTYPE)
     for p in ("a", "b"):

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from crypto import (
+from spherecal.crypto import (
     InvalidSpec,
     JobSpec,
     KeySubstitution,
@@ -30,13 +30,13 @@ from crypto import (
     keys_needed,
     run_protocol,
 )
-from crypto._codec import encode_context
-from crypto.consistency import verify_signed_view
-from crypto.graph import harary_edges, max_closed_size
-from crypto.kdf import LABEL
-from crypto.keys import load_identity_public, sign, survivors_payload
-from crypto.policy import check_roster_keys
-from crypto.ring import decode, encode
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto.consistency import verify_signed_view
+from spherecal.crypto.graph import harary_edges, max_closed_size
+from spherecal.crypto.kdf import LABEL
+from spherecal.crypto.keys import load_identity_public, sign, survivors_payload
+from spherecal.crypto.policy import check_roster_keys
+from spherecal.crypto.ring import decode, encode
 
 from .helpers import Net, flip
 

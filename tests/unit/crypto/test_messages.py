@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crypto import MalformedMessage, ShareKind
-from crypto.messages import (
+from spherecal.crypto import MalformedMessage, ShareKind
+from spherecal.crypto.messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,

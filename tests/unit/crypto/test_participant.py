@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from crypto import (
+from spherecal.crypto import (
     BadKey,
     BadSignature,
     ComplaintReason,
@@ -35,16 +35,16 @@ from crypto import (
     generate_identity,
     identity_public_bytes,
 )
-from crypto.keys import JobKeys, advert_payload, seed_commitment, sign, survivors_payload
-from crypto.messages import (
+from spherecal.crypto.keys import JobKeys, advert_payload, seed_commitment, sign, survivors_payload
+from spherecal.crypto.messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     RoutedShare,
     SurvivorSignature,
     UnmaskRequest,
 )
-from crypto.replay import default_ledger
-from crypto.ring import encode
+from spherecal.crypto.replay import default_ledger
+from spherecal.crypto.ring import encode
 
 from .helpers import Net, flip
 
@@ -596,7 +596,7 @@ def test_share_whose_content_does_not_match_its_commitment_is_refused(
     make the holder look like a forger at unmasking; the holder refuses up front."""
     import os
 
-    from crypto.channel import SharePlaintext
+    from spherecal.crypto.channel import SharePlaintext
 
     net = advertised(4, threshold=3)
     with monkeypatch.context() as m:

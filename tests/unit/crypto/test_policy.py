@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-import crypto
-import crypto._exceptions as exceptions_module
-from crypto import (
+import spherecal.crypto._exceptions as exceptions_module
+from spherecal import crypto
+from spherecal.crypto import (
     ConsistencyRoundRequired,
     InvalidSpec,
     JobSpec,
@@ -24,7 +24,7 @@ from crypto import (
     generate_identity,
     identity_public_bytes,
 )
-from crypto.policy import check_threshold
+from spherecal.crypto.policy import check_threshold
 
 
 def _participant(

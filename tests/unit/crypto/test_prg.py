@@ -8,18 +8,18 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto.prg import (
+from spherecal.crypto.prg import (
     MaskExpander,
     MaskSeed,
     counter_block,
     keystream_words,
     raw_keystream_seconds,
 )
-from crypto.ring import RING_DTYPE
+from spherecal.crypto.ring import RING_DTYPE
 
 
 def reference_stream(seed: MaskSeed, n_entries: int) -> np.ndarray:
-    """AES-128-CTR keystream from block 0, computed independently of crypto.prg."""
+    """AES-128-CTR keystream from block 0, computed independently of spherecal.crypto.prg."""
     enc = Cipher(algorithms.AES(seed.key), modes.CTR(seed.iv)).encryptor()
     data = enc.update(bytes(8 * n_entries))
     return np.frombuffer(data, dtype=RING_DTYPE).copy()

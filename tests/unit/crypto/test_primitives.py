@@ -10,9 +10,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto import BadKey, BadSignature, ForgedShare, shamir
-from crypto._codec import encode_context
-from crypto.channel import (
+from spherecal.crypto import BadKey, BadSignature, ForgedShare, shamir
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto.channel import (
     CIPHERTEXT_BYTES,
     ShareKind,
     SharePlaintext,
@@ -21,8 +21,8 @@ from crypto.channel import (
     seal_share,
     share_aad,
 )
-from crypto.kdf import channel_key, derive, pairwise_mask_seed, self_mask_seed
-from crypto.keys import (
+from spherecal.crypto.kdf import channel_key, derive, pairwise_mask_seed, self_mask_seed
+from spherecal.crypto.keys import (
     JobKeys,
     agree,
     check_public_key,

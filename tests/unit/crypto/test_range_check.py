@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from crypto import AggregateOutOfRange, JobAborted, SecAggPolicy, Stage
-from crypto.ring import RING_DTYPE, entries_out_of_range, max_entry_magnitude
+from spherecal.crypto import AggregateOutOfRange, JobAborted, SecAggPolicy, Stage
+from spherecal.crypto.ring import RING_DTYPE, entries_out_of_range, max_entry_magnitude
 
 from .helpers import Net
 

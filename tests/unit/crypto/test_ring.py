@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto import EncodingOverflow, InvalidSpec, WrongLength
-from crypto.ring import (
+from spherecal.crypto import EncodingOverflow, InvalidSpec, WrongLength
+from spherecal.crypto.ring import (
     MAX_SIGNED,
     PRECISION_BITS,
     RING_DTYPE,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from crypto import (
+from spherecal.crypto import (
     BadKey,
     BadSignature,
     DuplicateMessage,
@@ -29,8 +29,8 @@ from crypto import (
     WrongRecipient,
     shamir,
 )
-from crypto.keys import JobKeys, advert_payload, seed_commitment, sign
-from crypto.messages import AdvertiseKeys, MaskedChunk, RevealedShare
+from spherecal.crypto.keys import JobKeys, advert_payload, seed_commitment, sign
+from spherecal.crypto.messages import AdvertiseKeys, MaskedChunk, RevealedShare
 
 from .helpers import Net, flip
 
@@ -394,7 +394,7 @@ def test_inconsistently_dealt_shares_are_detected(monkeypatch: pytest.MonkeyPatc
             shares[-1] = (x, flip(s))
         return shares
 
-    import crypto.dealing as participant_module
+    import spherecal.crypto.dealing as participant_module
 
     monkeypatch.setattr(participant_module.shamir, "split", corrupt)
     roster = net.server.roster_for("p03")
@@ -554,7 +554,7 @@ def test_inconsistent_mask_key_shares_of_a_dropout_are_detected(
             shares[0] = (x, flip(s))
         return shares
 
-    import crypto.dealing as participant_module
+    import spherecal.crypto.dealing as participant_module
 
     with monkeypatch.context() as m:
         m.setattr(participant_module.shamir, "split", corrupt)

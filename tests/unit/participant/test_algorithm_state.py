@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from participant.algorithm_state import ClientStateStore, CorruptClientState
+from spherecal.participant.algorithm_state import ClientStateStore, CorruptClientState
 
 
 def test_state_before_and_after_each_round(tmp_path: Path) -> None:

@@ -9,14 +9,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from participant.data import load_local_data
-from participant.evaluation import check_evaluation, download_heads, evaluation_digest
-from participant.policy import EvaluationRefused, PolicySettings
-from participant.settings import DataSettings
-from proto import spherecal_pb2 as pb
-from proto.codec import header_for
-from spherefed.discriminant import WIRE_NEVER, CalibratedHead
-from spherefed.runner import ReferenceConfig, prepare_data
+from spherecal.participant.data import load_local_data
+from spherecal.participant.evaluation_checks import (
+    check_evaluation,
+    download_heads,
+    evaluation_digest,
+)
+from spherecal.participant.policy import EvaluationRefused, PolicySettings
+from spherecal.participant.settings import DataSettings
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for
+from spherecal.spherefed.discriminant import WIRE_NEVER, CalibratedHead
+from spherecal.spherefed.reference import ReferenceConfig, prepare_data
 
 C, L = 10, 4
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from participant.faults import HaltPoint
 from spherecal.config import ConfigError, load_participant_config, parse_participant_config
+from spherecal.participant.faults import HaltPoint
 
 
 def test_participant_config(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from participant.data import load_local_data, local_test_slices
-from participant.settings import DataSettings
-from spherefed.fl import derive_seed
-from spherefed.runner import ReferenceConfig, prepare_data
+from spherecal.participant.data import load_local_data, local_test_slices
+from spherecal.participant.settings import DataSettings
+from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.reference import ReferenceConfig, prepare_data
 
 
 def test_slices_are_the_reference_partition_and_cover_the_test_split() -> None:
@@ -30,7 +30,7 @@ def test_slices_are_the_reference_partition_and_cover_the_test_split() -> None:
 def test_many_slices_at_once_equal_one_by_one() -> None:
     from dataclasses import replace
 
-    from participant.data import load_local_slices
+    from spherecal.participant.data import load_local_slices
 
     base = DataSettings(dataset="digits", slice_index=0, slice_of=5, alpha=0.5, seed=2)
     wanted = [replace(base, slice_index=k) for k in (4, 0, 2)] + [
@@ -46,7 +46,7 @@ def test_many_slices_at_once_equal_one_by_one() -> None:
 
 
 def test_iid_test_slices_allow_more_participants_than_test_samples() -> None:
-    from spherefed.partition import iid_partition
+    from spherecal.spherefed.partition import iid_partition
 
     data = prepare_data(ReferenceConfig(dataset="digits", participants=8, partition="iid"))
     settings = DataSettings(dataset="digits", slice_index=0, slice_of=8, partition="iid")

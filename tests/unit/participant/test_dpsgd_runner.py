@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spherecal.inprocess import InProcessFederation
-from spherefed.privacy.settings import PrivacySettings
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.spherefed.privacy.settings import PrivacySettings
 from tests.unit.coordinator.helpers import secure_federation
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from participant.faults import HaltPoint, parse_halt
+from spherecal.participant.faults import HaltPoint, parse_halt
 
 
 def test_parse_and_match() -> None:
@@ -25,7 +25,7 @@ def test_invalid_points_are_refused(text: str) -> None:
 
 
 def test_on_halt_replaces_the_process_halt_and_fires_once() -> None:
-    from participant.faults import Halter
+    from spherecal.participant.faults import Halter
 
     calls: list[tuple[str, str, str]] = []
 
@@ -45,7 +45,7 @@ def test_on_halt_replaces_the_process_halt_and_fires_once() -> None:
 
 
 def test_an_on_halt_that_returns_does_not_let_the_participant_go_on() -> None:
-    from participant.faults import Halter
+    from spherecal.participant.faults import Halter
 
     halter = Halter((parse_halt("advertise"),), lambda *_: None)
     with pytest.raises(AssertionError, match="must not go on"):

@@ -1,14 +1,14 @@
 """A participant told the federation ended exits 0 when it reached its end (completed
 or degraded: the outputs exist) and 1 when it failed — the wording is the contract
-(``proto.federation_end``)."""
+(``spherecal.proto.federation_end``)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from participant.backoff import ParticipantExit, stop_if_ended
-from proto.federation_end import SUCCESSFUL_STATUSES, ended_details, ended_status
+from spherecal.participant.backoff import ParticipantExit, stop_if_ended
+from spherecal.proto.federation_end import SUCCESSFUL_STATUSES, ended_details, ended_status
 
 
 @pytest.mark.parametrize(("status", "code"), [("completed", 0), ("degraded", 0), ("failed", 1)])

@@ -14,12 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.grpc_server import build_server
-from participant.grpc_transport import GrpcTransport
-from participant.loop_transport import EventLoopThread, LoopTransport
-from participant.settings import ParticipantSettings
-from participant.transport import TransportError
-from proto import spherecal_pb2 as pb
+from spherecal.coordinator.server.grpc_server import build_server
+from spherecal.participant.grpc_transport import GrpcTransport
+from spherecal.participant.loop_transport import EventLoopThread, LoopTransport
+from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.transport import TransportError
+from spherecal.proto import spherecal_pb2 as pb
 
 from ..coordinator.service_harness import Harness, settings_for
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.registry import Peer
-from coordinator.settings import ModelSettings, TrainingSettings
-from participant.main import run_participant
-from participant.settings import DataSettings, ParticipantSettings
-from proto import spherecal_pb2 as pb
-from spherecal.inprocess import InProcessFederation
+from spherecal.coordinator.settings import ModelSettings, TrainingSettings
+from spherecal.coordinator.state.registry import Peer
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.participant.main import run_participant
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.saved import load_model
 from spherecal.status_cli import render_status
-from spherefed.saved import load_model
 from tests.unit.coordinator.helpers import plaintext_federation
 
 
@@ -125,7 +125,7 @@ def test_data_settings_validate_the_test_split() -> None:
 
 
 def test_classifier_names_from_the_coordinator_cannot_pick_a_path(tmp_path: Path) -> None:
-    from participant.results import FinalModels, write_final_models
+    from spherecal.participant.results import FinalModels, write_final_models
 
     final = FinalModels(
         vector=np.zeros(3), vector_sha256="", heads={"../../evil": np.zeros((2, 2))}

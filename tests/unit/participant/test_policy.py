@@ -8,15 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import crypto
-from participant.evaluation import check_evaluation, counts_vector, evaluation_digest
-from participant.failures import failure_kind, policy_rule
-from participant.policy import EvaluationRefused, PolicySettings, ReleaseRepeated
-from participant.privacy import NoiseRequired, PlaintextRefused, PrivacyRefused
-from participant.releases import EVALUATE, ReleaseLedger
-from proto import spherecal_pb2 as pb
-from proto.codec import header_for
+from spherecal import crypto
 from spherecal.config import ConfigError, dump_toml, parse_participant_config, participant_document
+from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, PrivacyRefused
+from spherecal.participant.evaluation_checks import (
+    check_evaluation,
+    counts_vector,
+    evaluation_digest,
+)
+from spherecal.participant.failures import failure_kind, policy_rule
+from spherecal.participant.policy import EvaluationRefused, PolicySettings, ReleaseRepeated
+from spherecal.participant.release_ledger import EVALUATE, ReleaseLedger
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for
 
 
 # ====================================================================== [policy]

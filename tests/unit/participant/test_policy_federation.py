@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from participant.policy import PolicySettings
-from spherecal.inprocess import InProcessFederation
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.participant.policy import PolicySettings
 from tests.unit.coordinator.helpers import secure_federation
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.settings import (
+from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     ModelSettings,
@@ -20,14 +20,14 @@ from coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
-from crypto import generate_identity
-from crypto.replay import MemoryJobLedger
-from participant.data import load_local_data
-from participant.runner import ParticipantRunner
-from participant.settings import DataSettings, ParticipantSettings
-from participant.trust import DirectoryTrust
-from proto import spherecal_pb2 as pb
-from spherecal.inprocess import InProcessFederation
+from spherecal.crypto import generate_identity
+from spherecal.crypto.replay import MemoryJobLedger
+from spherecal.inprocess_transport import InProcessFederation
+from spherecal.participant.data import load_local_data
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
 
 
 def _federation(tmp: Path, *, allow_plaintext: bool) -> InProcessFederation:

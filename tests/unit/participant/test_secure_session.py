@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import crypto
-from participant.secure import SecureSession, SqliteJobLedger
-from participant.trust import DirectoryTrust, UntrustedDirectory
-from proto import spherecal_pb2 as pb
-from proto.identity import public_key_bytes
+from spherecal import crypto
+from spherecal.participant.secure_session import SecureSession, SqliteJobLedger
+from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import public_key_bytes
 
 
 def test_ledger_refuses_a_replayed_job_across_restarts(tmp_path: Path) -> None:

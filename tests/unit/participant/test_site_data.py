@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from participant.data import load_local_data
-from participant.settings import DataSettings
 from spherecal.config import parse_participant_config
+from spherecal.participant.data import load_local_data
+from spherecal.participant.settings import DataSettings
 
 
 def _npz(path: Path, n: int, classes: int = 5, seed: int = 0) -> Path:

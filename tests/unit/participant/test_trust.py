@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from participant.trust import DirectoryTrust, UntrustedDirectory
-from proto import spherecal_pb2 as pb
-from proto.identity import load_identity_key, public_key_bytes
 from spherecal.certs import init_ca, issue_participant
+from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import load_identity_key, public_key_bytes
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from spherefed.privacy.accounting import (
+from spherecal.spherefed.privacy.accounting import (
     ORDERS,
     calibrate,
     compose,
@@ -139,7 +139,7 @@ def test_bad_arguments() -> None:
 
 def test_orders_start_with_opacus_defaults() -> None:
     """The orders are written out (Opacus is imported lazily); they stay Opacus's."""
-    from spherefed.privacy.accounting import OPACUS_DEFAULT_ORDERS
+    from spherecal.spherefed.privacy.accounting import OPACUS_DEFAULT_ORDERS
 
     assert tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS) == OPACUS_DEFAULT_ORDERS
     assert ORDERS[: len(OPACUS_DEFAULT_ORDERS)] == OPACUS_DEFAULT_ORDERS
@@ -154,7 +154,8 @@ def test_service_processes_start_without_opacus() -> None:
     from pathlib import Path
 
     code = (
-        "import sys, spherecal.cli, coordinator.main, participant.main, participant.runner; "
+        "import sys, spherecal.cli, spherecal.coordinator.main, spherecal.participant.main, "
+        "spherecal.participant.runner; "
         "print(sorted(m for m in ('opacus', 'sympy') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[3]

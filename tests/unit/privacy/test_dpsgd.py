@@ -6,8 +6,8 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from spherefed.network import ModelSpec, build_model
-from spherefed.privacy.dpsgd import DPSGDConfig, UnsupportedModel, dp_local_train
+from spherecal.spherefed.network import ModelSpec, build_model
+from spherecal.spherefed.privacy.dpsgd import DPSGDConfig, UnsupportedModel, dp_local_train
 
 
 def tiny(norm: str = "group") -> torch.nn.Module:

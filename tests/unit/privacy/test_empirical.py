@@ -9,8 +9,12 @@ from decimal import Decimal
 
 import pytest
 
-from crypto.entropy import RandomSource
-from spherefed.privacy.empirical import AuditSettings, clopper_pearson_upper, run_canary_audit
+from spherecal.crypto.entropy import RandomSource
+from spherecal.spherefed.privacy.empirical import (
+    AuditSettings,
+    clopper_pearson_upper,
+    run_canary_audit,
+)
 
 FAST = {"trials": 1200, "dim": 3, "examples_per_participant": 8}
 

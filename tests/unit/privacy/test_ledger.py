@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherefed.privacy.accounting import compose, epsilon
-from spherefed.privacy.charge import PrivacyCharge, dpsgd_charge, gaussian_charge
-from spherefed.privacy.ledger import (
+from spherecal.spherefed.privacy.accounting import compose, epsilon
+from spherecal.spherefed.privacy.charge import PrivacyCharge, dpsgd_charge, gaussian_charge
+from spherecal.spherefed.privacy.ledger import (
     BudgetExceeded,
     DuplicateRelease,
     LedgerStore,
@@ -20,7 +20,7 @@ from spherefed.privacy.ledger import (
     PrivacyLedger,
     SqliteLedgerStore,
 )
-from spherefed.privacy.plan import plan_calibration_release
+from spherecal.spherefed.privacy.plan import plan_calibration_release
 
 DELTA = 1e-5
 

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from crypto import JobSpec, run_protocol
-from crypto.dp import RingOverflowRisk, sample_noise, verify_plan
-from crypto.entropy import RandomSource
-from spherefed.calibrate import ffc_solve
-from spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
-from spherefed.privacy.sensitivity import exact_ffc_statistics
-from spherefed.stats import FFCStatistics
+from spherecal.crypto import JobSpec, run_protocol
+from spherecal.crypto.dp import RingOverflowRisk, sample_noise, verify_plan
+from spherecal.crypto.entropy import RandomSource
+from spherecal.spherefed.calibrate import ffc_solve
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.sensitivity import exact_ffc_statistics
+from spherecal.spherefed.stats import FFCStatistics
 
 DELTA = 1e-5
 

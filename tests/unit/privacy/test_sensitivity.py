@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from crypto.ring import encode
-from spherefed.privacy.sensitivity import (
+from spherecal.crypto.ring import encode
+from spherecal.spherefed.privacy.sensitivity import (
     exact_ccvr_statistics,
     exact_ffc_statistics,
     l2_sensitivity,
@@ -16,7 +16,7 @@ from spherefed.privacy.sensitivity import (
     release_length,
     ring_sensitivity,
 )
-from spherefed.stats import ffc_statistics
+from spherecal.spherefed.stats import ffc_statistics
 
 Q = 10
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crypto import JobSpec
-from participant.privacy import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
-from proto import spherecal_pb2 as pb
 from spherecal.audit import byte_chi_square, ring_difference
 from spherecal.config import ConfigError, parse_coordinator_config, parse_participant_config
+from spherecal.crypto import JobSpec
+from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy, PrivacyRefused
+from spherecal.proto import spherecal_pb2 as pb
 from spherecal.simulate import SimulationSettings
-from spherefed.privacy.plan import plan_calibration_release
-from spherefed.privacy.settings import PrivacySettings
-from spherefed.runner import ReferenceConfig
+from spherecal.spherefed.privacy.plan import plan_calibration_release
+from spherecal.spherefed.privacy.settings import PrivacySettings
+from spherecal.spherefed.reference import ReferenceConfig
 
 IDS = ["p0", "p1", "p2", "p3"]
 DIM, CLASSES, T = 8, 3, 3

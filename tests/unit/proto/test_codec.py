@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from proto import spherecal_pb2 as pb
-from proto.codec import (
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import (
     TensorAssembler,
     TensorFormatError,
     decode_tensor,

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from proto._generate import GENERATED, PROTO_DIR, generate
+from spherecal.proto._generate import GENERATED, ROOT, generate
+
+PROTO_DIR = ROOT / "proto"
 
 
 def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
@@ -16,14 +18,15 @@ def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
         path.name for path in fresh if path.read_bytes() != (PROTO_DIR / path.name).read_bytes()
     ]
     assert not stale, (
-        f"generated modules are stale: {stale}; run `python -m proto._generate` and commit"
+        f"generated modules are stale: {stale}; "
+        "run `python -m spherecal.proto._generate` and commit"
     )
     assert {p.name for p in fresh} == set(GENERATED)
 
 
 def test_grpc_services_expose_every_rpc() -> None:
-    from proto import spherecal_pb2
-    from proto.services import grpc_services
+    from spherecal.proto import spherecal_pb2
+    from spherecal.proto.services import grpc_services
 
     module = grpc_services()
     service = spherecal_pb2.DESCRIPTOR.services_by_name["Coordinator"]

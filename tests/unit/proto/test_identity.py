@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from crypto import generate_identity
-from proto.identity import (
+from spherecal.certs import init_ca, issue_participant
+from spherecal.crypto import generate_identity
+from spherecal.proto.identity import (
     CertificateError,
     certificate_identity,
     identity_key_from_certificate,
@@ -17,7 +18,6 @@ from proto.identity import (
     public_key_bytes,
     save_identity_key,
 )
-from spherecal.certs import init_ca, issue_participant
 
 
 def test_join_payload_is_unambiguous() -> None:
@@ -62,7 +62,7 @@ def test_malformed_extension_is_refused(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from proto.identity import IDENTITY_EXTENSION_OID
+    from spherecal.proto.identity import IDENTITY_EXTENSION_OID
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "p0")])

@@ -1,5 +1,5 @@
-"""``ModelSpec`` ↔ protobuf/JSON in one place (``proto.codec``), and the one
-``host:port`` / loopback parser (``proto.address``) both sides use."""
+"""``ModelSpec`` ↔ protobuf/JSON in one place (``spherecal.proto.codec``), and the one
+``host:port`` / loopback parser (``spherecal.proto.address``) both sides use."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from participant.grpc_transport import is_loopback_address as participant_check
-from proto import spherecal_pb2 as pb
-from proto.address import is_loopback, is_loopback_address, split_host_port
-from proto.codec import (
+from spherecal.participant.grpc_transport import is_loopback_address as participant_check
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.address import is_loopback, is_loopback_address, split_host_port
+from spherecal.proto.codec import (
     model_spec_from_json,
     model_spec_from_proto,
     model_spec_to_json,
     model_spec_to_proto,
 )
-from spherefed.network import ModelSpec
+from spherecal.spherefed.network import ModelSpec
 
 SPEC = ModelSpec(
     extractor="convnet",

@@ -1,7 +1,6 @@
-"""Run from another directory, as an installed ``spherecal`` is: our ``proto`` package
-shares its name with proto-plus's (installed with ``ray[default]``), whose
-``__init__`` then wins; everything the services import must still resolve to ours
-(``proto/services.py`` says why)."""
+"""Run from another directory, as an installed ``spherecal`` is: the gRPC clients
+import, and only through the ``spherecal`` namespace — proto-plus (installed with
+``ray[default]``) owns the top-level ``proto``, and importing ours must not touch it."""
 
 from __future__ import annotations
 
@@ -11,8 +10,12 @@ import sys
 from pathlib import Path
 
 IMPORTS = (
-    "import participant.grpc_transport, participant.loop_transport, spherecal.status_cli; "
-    "from proto.services import grpc_services; from proto import spherecal_pb2; "
+    "import sys; "
+    "import spherecal.participant.grpc_transport, spherecal.participant.loop_transport; "
+    "import spherecal.status_cli; "
+    "from spherecal.proto.services import grpc_services; "
+    "from spherecal.proto import spherecal_pb2; "
+    "assert 'proto' not in sys.modules and 'crypto' not in sys.modules, 'top-level name'; "
     "assert hasattr(grpc_services(), 'CoordinatorStub'); "
     "assert spherecal_pb2.Instruction.DESCRIPTOR.full_name.endswith('Instruction'); "
     "print('ok')"

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from coordinator.store import Store
 from spherecal.audit import run_audit
 from spherecal.audit_html import epsilon_chart, payload_chart, render_html, site_colours
 from spherecal.audit_report import format_report, human_bytes
 from spherecal.cli import main as cli_main
+from spherecal.coordinator.state.store import Store
 
 
 def make_db(tmp_path: Path, *, privacy: dict[str, Any], plaintext_statistics: bool = False) -> Path:

@@ -10,18 +10,6 @@ from typing import Any
 
 import pytest
 
-from coordinator.settings import (
-    CalibrationSettings,
-    CoordinatorSettings,
-    ModelSettings,
-    SecAggSettings,
-    ServerSettings,
-    Timeouts,
-    TLSSettings,
-    TrainingSettings,
-)
-from participant.faults import parse_halt
-from participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherecal.config import (
     COORDINATOR_TABLES,
     PARTICIPANT_TABLES,
@@ -34,8 +22,20 @@ from spherecal.config import (
 )
 from spherecal.config_docs import DOC, main, render
 from spherecal.config_schema import field_docs, table_keys
-from spherefed.calibrate import CCVRConfig
-from spherefed.privacy.settings import PrivacySettings
+from spherecal.coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    ModelSettings,
+    SecAggSettings,
+    ServerSettings,
+    Timeouts,
+    TLSSettings,
+    TrainingSettings,
+)
+from spherecal.participant.faults import parse_halt
+from spherecal.participant.settings import ClientTLS, DataSettings, ParticipantSettings
+from spherecal.spherefed.calibrate import CCVRConfig
+from spherecal.spherefed.privacy.settings import PrivacySettings
 
 
 def _coordinator(tmp: Path) -> CoordinatorSettings:

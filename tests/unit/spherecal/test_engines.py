@@ -10,16 +10,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from participant.loop_transport import EventLoopThread
-from participant.settings import ClientTLS, ParticipantSettings
-from participant.transport import TransportError
-from proto import spherecal_pb2 as pb
 from spherecal.engines.virtual import (
     ComputeSlots,
     KillableTransport,
     ParticipantKilled,
     VirtualParticipant,
 )
+from spherecal.participant.loop_transport import EventLoopThread
+from spherecal.participant.settings import ClientTLS, ParticipantSettings
+from spherecal.participant.transport import TransportError
+from spherecal.proto import spherecal_pb2 as pb
 
 
 def _settings(tmp_path: Path, port: int = 1) -> ParticipantSettings:

@@ -14,7 +14,7 @@ from spherecal.experiment import RunSpec, grid_runs, make_columns, settings_from
 from spherecal.experiment.markdown import render_markdown
 from spherecal.experiment.plots import gain_panels, method_colors
 from spherecal.experiment.selection import select
-from spherefed.algorithms import get_method
+from spherecal.spherefed.algorithms import get_method
 
 TINY_ARGS = [
     "--dataset",

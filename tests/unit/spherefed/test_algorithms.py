@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from spherefed.algorithms import (
+from spherecal.spherefed.algorithms import (
     FedAdam,
     FedAvg,
     FedNova,
@@ -30,7 +30,7 @@ from spherefed.algorithms import (
     scaffold_server_step,
     sum_payloads,
 )
-from spherefed.fl import (
+from spherecal.spherefed.fl import (
     LocalTrainConfig,
     aggregated_keys,
     load_state_vector,
@@ -38,7 +38,7 @@ from spherefed.fl import (
     server_step,
     state_vector,
 )
-from spherefed.network import ModelSpec, build_model
+from spherecal.spherefed.network import ModelSpec, build_model
 
 
 def _spec(**kw: object) -> ModelSpec:

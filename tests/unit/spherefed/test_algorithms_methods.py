@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from spherefed.algorithms import (
+from spherecal.spherefed.algorithms import (
     ABLATION,
     BASES,
     METHODS,
@@ -19,10 +19,20 @@ from spherefed.algorithms import (
     get_method,
     sphere_variant,
 )
-from spherefed.calibrate import CCVRConfig
-from spherefed.calibration_suite import CALIBRATION_NAMES
-from spherefed.data import SyntheticConfig, apply_feature_shift, load_dataset, load_synthetic
-from spherefed.runner import ReferenceConfig, prepare_data, run_federation, run_reference
+from spherecal.spherefed.calibrate import CCVRConfig
+from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES
+from spherecal.spherefed.data import (
+    SyntheticConfig,
+    apply_feature_shift,
+    load_dataset,
+    load_synthetic,
+)
+from spherecal.spherefed.reference import (
+    ReferenceConfig,
+    prepare_data,
+    run_federation,
+    run_reference,
+)
 
 SYN = SyntheticConfig(num_classes=3, dim=6, train_per_class=24, test_per_class=8)
 TINY = ReferenceConfig(

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spherefed.algorithms import (
+from spherecal.spherefed.algorithms import (
     FedUVConfig,
     feduv_objective,
     feduv_uniformity_loss,
@@ -17,9 +17,9 @@ from spherefed.algorithms import (
     feduv_variance_loss,
     temperature_objective,
 )
-from spherefed.fl import LocalTrainConfig, local_train
-from spherefed.heads import make_head
-from spherefed.network import ModelSpec, build_model
+from spherecal.spherefed.fl import LocalTrainConfig, local_train
+from spherecal.spherefed.heads import make_head
+from spherecal.spherefed.network import ModelSpec, build_model
 
 
 def test_variance_constant_from_the_identity_matrix() -> None:
@@ -136,6 +136,6 @@ def test_fixed_head_keeps_raw_features_and_a_frozen_classifier() -> None:
         )
     )
     assert "head.fixed_weight" in model.state_dict()
-    from spherefed.fl import aggregated_keys
+    from spherecal.spherefed.fl import aggregated_keys
 
     assert not any(k.startswith("head") for k in aggregated_keys(model))

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from spherefed.calibrate import (
+from spherecal.spherefed.calibrate import (
     CCVRConfig,
     DegenerateClassWarning,
     EmptyStatisticsError,
@@ -20,7 +20,7 @@ from spherefed.calibrate import (
     tukey_transform,
     virtual_counts,
 )
-from spherefed.stats import CCVRStatistics, ccvr_statistics, ffc_statistics
+from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics, ffc_statistics
 
 
 def _data(n: int, l: int, C: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

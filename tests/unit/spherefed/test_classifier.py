@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from spherefed.classifier import fixed_classifier, orthonormal_classifier, tammes_classifier
-from spherefed.heads import FNHead, LearnableHead, SphereHead, make_head
-from spherefed.losses import ce_loss, make_loss, mse_onehot_loss
+from spherecal.spherefed.classifier import (
+    fixed_classifier,
+    orthonormal_classifier,
+    tammes_classifier,
+)
+from spherecal.spherefed.heads import FNHead, LearnableHead, SphereHead, make_head
+from spherecal.spherefed.losses import ce_loss, make_loss, mse_onehot_loss
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -39,7 +43,7 @@ def test_seed_changes_classifier_and_same_seed_is_identical() -> None:
 
 def _digest_in_subprocess(kind: str) -> str:
     code = (
-        "import hashlib; from spherefed.classifier import fixed_classifier; "
+        "import hashlib; from spherecal.spherefed.classifier import fixed_classifier; "
         f"print(hashlib.sha256(fixed_classifier(10, 32, kind={kind!r}, seed=7).tobytes())"
         ".hexdigest())"
     )

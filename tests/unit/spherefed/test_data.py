@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spherefed.data import (
+from spherecal.spherefed.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
@@ -161,7 +161,7 @@ def _digest(splits: DatasetSplits) -> str:
 
 def test_digits_split_identical_in_another_process() -> None:
     code = (
-        "import hashlib; from spherefed.data import load_digits\n"
+        "import hashlib; from spherecal.spherefed.data import load_digits\n"
         "d = load_digits(seed=3); h = hashlib.sha256()\n"
         "for a in (d.train.x, d.train.y, d.test.x, d.test.y): h.update(a.tobytes())\n"
         "print(h.hexdigest())\n"

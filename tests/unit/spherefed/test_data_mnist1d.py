@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherefed.data import MNIST1D_ARGS, load_dataset, load_mnist1d
+from spherecal.spherefed.data import MNIST1D_ARGS, load_dataset, load_mnist1d
 
 SMALL = 200
 
 _DIGEST = """
 import hashlib, sys
-from spherefed.data import load_mnist1d
+from spherecal.spherefed.data import load_mnist1d
 s = load_mnist1d(num_samples={n}, cache_dir=sys.argv[1])
 h = hashlib.sha256()
 for a in (s.train.x, s.train.y, s.test.x, s.test.y):

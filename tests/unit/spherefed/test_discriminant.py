@@ -11,10 +11,16 @@ import pytest
 from scipy.stats import multivariate_normal
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
-from spherefed.calibrate import EmptyStatisticsError, SingularStatisticsWarning
-from spherefed.calibration_suite import closed_form_head
-from spherefed.discriminant import CalibratedHead, ffc_bias_solve, lda_solve, qda_solve, shrink
-from spherefed.stats import CCVRStatistics, ccvr_statistics
+from spherecal.spherefed.calibrate import EmptyStatisticsError, SingularStatisticsWarning
+from spherecal.spherefed.calibration_suite import closed_form_head
+from spherecal.spherefed.discriminant import (
+    CalibratedHead,
+    ffc_bias_solve,
+    lda_solve,
+    qda_solve,
+    shrink,
+)
+from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics
 
 
 def _blobs(n: int, l: int, C: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +159,7 @@ def test_shrink_keeps_trace() -> None:
 
 
 def test_guard_noisy_statistics_clips_counts_and_projects_scatter_to_psd() -> None:
-    from spherefed.calibration_suite import guard_noisy_statistics
+    from spherecal.spherefed.calibration_suite import guard_noisy_statistics
 
     rng = np.random.default_rng(5)
     z = rng.standard_normal((400, 4))
@@ -186,7 +192,7 @@ def test_guard_noisy_statistics_clips_counts_and_projects_scatter_to_psd() -> No
 
 
 def test_dp_grid_keeps_the_grid_length() -> None:
-    from spherefed.calibration_suite import (
+    from spherecal.spherefed.calibration_suite import (
         DEFAULT_RIDGE_GRID,
         DEFAULT_SHRINKAGE_GRID,
         dp_grid,

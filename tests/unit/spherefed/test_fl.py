@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spherefed.fl import (
+from spherecal.spherefed.fl import (
     LocalTrainConfig,
     aggregated_keys,
     count_correct,
@@ -17,7 +17,7 @@ from spherefed.fl import (
     server_step,
     state_vector,
 )
-from spherefed.network import ModelSpec, build_model, compute_features
+from spherecal.spherefed.network import ModelSpec, build_model, compute_features
 
 
 def _spec(**kw: object) -> ModelSpec:
@@ -159,7 +159,7 @@ def test_evaluate_and_features() -> None:
 
 
 def test_classifier_swapped_restores_even_on_error() -> None:
-    from spherefed.network import classifier_swapped
+    from spherecal.spherefed.network import classifier_swapped
 
     model = build_model(_spec(head="sphere"))
     before = model.head.weight.detach().clone()
@@ -174,7 +174,7 @@ def test_classifier_swapped_restores_even_on_error() -> None:
 
 
 def test_model_seeds_are_the_documented_derivation() -> None:
-    from spherefed.fl import model_seeds
+    from spherecal.spherefed.fl import model_seeds
 
     assert model_seeds(3) == (derive_seed(3, "classifier") % 2**32, derive_seed(3, "init"))
     assert model_seeds(3) != model_seeds(4)

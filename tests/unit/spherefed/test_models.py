@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from spherefed.models import (
+from spherecal.spherefed.models import (
     EXTRACTOR_NAMES,
     NORM_NAMES,
     FeatureExtractor,
@@ -205,7 +205,7 @@ def test_build_model_is_the_same_in_concurrent_threads() -> None:
     each must get exactly the weights a lone build gets (torch's RNG is global)."""
     import threading
 
-    from spherefed.network import ModelSpec, build_model
+    from spherecal.spherefed.network import ModelSpec, build_model
 
     spec = ModelSpec(extractor="digits_cnn", init_seed=7)
     expected = {k: v.clone() for k, v in build_model(spec).state_dict().items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spherefed.algorithms import (
+from spherecal.spherefed.algorithms import (
     ALGORITHM_NAMES,
     LOSS_SUM,
     STRATEGIES,
@@ -20,7 +20,7 @@ from spherefed.algorithms import (
     as_payload,
     configured_strategy,
 )
-from spherefed.runner import ReferenceConfig, default_strategy
+from spherecal.spherefed.reference import ReferenceConfig, default_strategy
 
 L = 7
 

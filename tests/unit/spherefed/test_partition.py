@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spherefed.partition import (
+from spherecal.spherefed.partition import (
     SCHEMES,
     dirichlet_partition,
     iid_partition,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spherefed.runner import (
+from spherecal.spherefed.reference import (
     ReferenceConfig,
     prepare_data,
     run_reference,
@@ -115,8 +115,8 @@ def test_secure_sum_gives_the_float_sums_calibrations() -> None:
     """Every calibrator from the statistics summed by the real in-process secure-
     aggregation protocol (service fixed-point scale) = the float64 sum's, to the
     fixed-point precision: the same predictions, hence the same accuracies."""
-    from coordinator.settings import SecAggSettings
-    from spherefed.privacy.secure_sum import SERVICE_STATISTICS_BOUND
+    from spherecal.coordinator.settings import SecAggSettings
+    from spherecal.spherefed.privacy.secure_sum import SERVICE_STATISTICS_BOUND
 
     assert SecAggSettings().statistics_bound == SERVICE_STATISTICS_BOUND
     cfg = ReferenceConfig(

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import spherefed
-from participant.results import refuse_extractor
-from spherefed.custom import CustomExtractorError
-from spherefed.network import ModelSpec, build_model, classifier_swapped
-from spherefed.saved import SavedModelError, load_model, model_spec_document
+from spherecal import spherefed
+from spherecal.participant.results import refuse_extractor
+from spherecal.spherefed.custom import CustomExtractorError
+from spherecal.spherefed.network import ModelSpec, build_model, classifier_swapped
+from spherecal.spherefed.saved import SavedModelError, load_model, model_spec_document
 
 CUSTOM = "tests.custom_extractor:tiny_cnn"
 

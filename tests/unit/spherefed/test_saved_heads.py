@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import spherefed
+from spherecal import spherefed
 from spherecal.cli import main
-from spherefed.discriminant import WIRE_NEVER, CalibratedHead, lda_solve, qda_solve
-from spherefed.network import ModelSpec, build_model, compute_features
-from spherefed.saved import (
+from spherecal.spherefed.discriminant import WIRE_NEVER, CalibratedHead, lda_solve, qda_solve
+from spherecal.spherefed.network import ModelSpec, build_model, compute_features
+from spherecal.spherefed.saved import (
     CalibratedNet,
     SavedModelError,
     available_calibrations,
@@ -23,7 +23,7 @@ from spherefed.saved import (
     model_spec_document,
     save_head,
 )
-from spherefed.stats import CCVRStatistics
+from spherecal.spherefed.stats import CCVRStatistics
 
 SPEC = ModelSpec(extractor="mlp", in_channels=1, image_size=(8, 8), feature_dim=12, init_seed=2)
 C, L = 10, 12

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spherefed.stats import (
+from spherecal.spherefed.stats import (
     CCVRAccumulator,
     CCVRStatistics,
     FFCAccumulator,

@@ -1,0 +1,23 @@
+"""The federation driver: what happens, in order, and what it yields.
+
+``federation``          the driver: rounds → statistics → calibration → evaluation → outputs
+``resume``              open the state directory or resume after the last completed round
+``board``               what the RPC handlers read ("what does participant p do next?")
+``tasks``               work handed to participants (train / statistics / evaluate)
+``stages``              waiting on tasks, driving secure jobs, the one aggregation helper
+``secure_job``          one ``crypto.SecAggServer`` job with deadlines, liveness, streaming
+``rejoin``              between two attempts at a stage: back off, wait for participants
+``training_rounds``     the training rounds: selection, server step, checkpoint
+``strategy``            adapter around spherefed.algorithms' one registry: named sums laid
+                        out in the aggregation vector, broadcasts, resumable server state
+``model``               the global network's layout, checkpoints, saved models
+``calibration_stage``   statistics jobs after training, then every configured head solved
+``ffc_ccvr_heads``      FFC's closed form and CCVR's retraining from the secure sums
+``discriminant_heads``  FFC+bias, LDA and QDA from the CCVR sums, ridge chosen on validation
+``invariants``          what every honest calibration aggregate satisfies, checked first
+``dp_releases``         the coordinator's side of noisy (DP) calibration releases
+``evaluation_stage``    federated evaluation, and central when the coordinator has test data
+``conduct``             what participants refused, and whom the coordinator excluded
+``verdict``             the honest final status, and what each part of the result covers
+``outputs``             saved models and the JSON summary
+"""

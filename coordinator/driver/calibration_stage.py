@@ -1,0 +1,338 @@
+"""After training: one statistics job per configured kind, then FFC / CCVR solved on
+the aggregate (the solvers themselves are in ``calibration``), and FFC+bias / LDA /
+QDA from the same CCVR sums (``closed_forms``; chosen on validation).
+
+CCVR implies FFC by default, as in the reference runner: FFC is then solved from the
+CCVR statistics' class blocks summed (``CCVRStatistics.to_ffc``). With distributed
+DP on, each statistics job is a DP release; its noise sets a floor on the ridge
+(``CoordinatorPrivacy.ridge``, ≈ 2√l·σ).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from spherecal import crypto
+from spherecal.coordinator.driver.discriminant_heads import select_closed_forms
+from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
+from spherecal.coordinator.driver.evaluation_stage import Heads
+from spherecal.coordinator.driver.ffc_ccvr_heads import (
+    ccvr_classifier,
+    ffc_classifier,
+    unpack_statistics,
+)
+from spherecal.coordinator.driver.invariants import (
+    UNIT_NORM_HEADS,
+    AggregateInvariantViolated,
+    Tolerance,
+    check_ccvr,
+    check_ffc,
+    check_pair,
+)
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.driver.rejoin import wait_before_retry
+from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
+from spherecal.coordinator.driver.stages import StageContext
+from spherecal.coordinator.driver.tasks import Task
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.plan import CalibrationPlan
+from spherecal.spherefed.stats import (
+    CCVRStatistics,
+    FFCStatistics,
+    ccvr_layout_size,
+    ffc_layout_size,
+)
+
+__all__ = ["Aggregates", "calibrate", "collect_statistics"]
+
+Aggregates = dict[str, FFCStatistics | CCVRStatistics]
+
+
+def record_statistics_failure(ctx: StageContext, kind: str, error: str) -> None:
+    message = f"{kind} statistics failed: {error}"
+    if message not in ctx.progress.errors:
+        ctx.progress.errors.append(message)
+    ctx.say(message)
+    ctx.store.event("error", message)
+
+
+def check_aggregate(
+    stats: FFCStatistics | CCVRStatistics, *, unit_norm: bool, tol: Tolerance
+) -> None:
+    if isinstance(stats, FFCStatistics):
+        check_ffc(stats, unit_norm=unit_norm, tol=tol)
+    else:
+        check_ccvr(stats, unit_norm=unit_norm, tol=tol)
+
+
+def refuse_aggregate(
+    ctx: StageContext,
+    kind: str,
+    job: SecureJob | None,
+    contributors: list[str],
+    exc: AggregateInvariantViolated,
+) -> None:
+    """A violating aggregate never becomes a classifier: the job is marked failed
+    with the invariant that failed, and the calibration is recorded as failed."""
+    error = f"AggregateInvariantViolated: {exc}"
+    record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+    job_hex = job.job_hex if job is not None else None
+    for summary in ctx.progress.job_summaries:
+        if summary.get("purpose") == kind and summary.get("job_id") == job_hex:
+            summary["status"] = "failed"
+            summary["error"] = error
+    if job is not None:
+        ctx.store.job_finished(
+            job.job_hex,
+            "failed",
+            contributors=contributors,
+            dropouts=[],
+            excluded=[],
+            error=error,
+        )
+
+
+def collect_statistics(
+    ctx: StageContext, model: GlobalModel, privacy: CoordinatorPrivacy | None
+) -> Aggregates:
+    """One job per kind in ``calibration.jobs``, each retried like a round (up to
+    ``max_round_attempts``, waiting for participants to rejoin in between, see
+    ``rejoin``); a kind that still fails is recorded, not fatal."""
+    s = ctx.settings
+    out: Aggregates = {}
+    final = ctx.board.publish("final", ctx.progress.global_vector)
+    attempts = s.training.max_round_attempts
+    for kind in s.calibration.jobs:
+        error = ""
+        result: FFCStatistics | CCVRStatistics | str | None = None
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                wait_before_retry(
+                    ctx,
+                    stage=f"statistics {kind}",
+                    next_attempt=attempt,
+                    reason=error,
+                    wanted=ctx.registry.joined(),
+                )
+            result = _collect_kind(
+                ctx, model, privacy, kind, final, accept_short=attempt == attempts
+            )
+            if not isinstance(result, str):
+                break  # the aggregate, or a refusal already recorded (no retry helps)
+            error = result
+            if attempt < attempts:
+                line = f"statistics {kind}: attempt {attempt} failed: {error}"
+                ctx.say(line)
+                ctx.store.event("warning", line)
+        if isinstance(result, (FFCStatistics, CCVRStatistics)):
+            out[kind] = result
+        elif isinstance(result, str):
+            record_statistics_failure(ctx, kind, error)
+    _check_pair(ctx, out)
+    return out
+
+
+def _check_pair(ctx: StageContext, out: Aggregates) -> None:
+    """FFC and CCVR from the same contributors must agree on the sample count; if
+    they do not, neither is trusted."""
+    ffc, ccvr = out.get("ffc"), out.get("ccvr")
+    if not (isinstance(ffc, FFCStatistics) and isinstance(ccvr, CCVRStatistics)):
+        return
+    stats = ctx.progress.results.get("statistics", {})
+    if stats.get("ffc", {}).get("contributors") != stats.get("ccvr", {}).get("contributors"):
+        return
+    if ctx.progress.dp_ridge:  # independent noise in each release: no exact identity
+        return
+    try:
+        check_pair(ffc, ccvr, tol=Tolerance(quantum=1e-6 * max(1.0, ffc.count)))
+    except AggregateInvariantViolated as exc:
+        for kind in ("ffc", "ccvr"):
+            record_statistics_failure(ctx, kind, f"aggregate refused: {exc}")
+            out.pop(kind, None)
+
+
+def _collect_kind(
+    ctx: StageContext,
+    model: GlobalModel,
+    privacy: CoordinatorPrivacy | None,
+    kind: str,
+    final: pb.TensorRef,
+    *,
+    accept_short: bool,
+) -> FFCStatistics | CCVRStatistics | str | None:
+    """One attempt at the ``kind`` statistics job: the aggregate; why it failed (a
+    string: the caller retries, without any peer excluded meanwhile); or None (refused
+    and recorded: no retry helps). Fewer contributors than ``calibration_minimum`` is a
+    failure unless ``accept_short`` (the last attempt: a short sum beats none; the
+    status says so)."""
+    s = ctx.settings
+    progress = ctx.progress
+    dim, classes = model.feature_dim, model.num_classes
+    t0 = time.monotonic()
+    length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
+    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    job: SecureJob | None = None
+    plan: CalibrationPlan | None = None
+    if s.secagg.statistics:
+        try:
+            if privacy is not None:
+                n = len(participants)
+                plan = privacy.plan(
+                    kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
+                )
+            job = ctx.new_job(
+                kind,
+                None,
+                participants,
+                length,
+                s.secagg.statistics_bound,
+                s.timeouts.round_s,
+                spec_arguments=plan.job_spec_arguments() if plan is not None else None,
+            )
+        except (crypto.SecAggError, ValueError) as exc:
+            return f"cannot create the job: {exc}"
+    code = pb.FFC if kind == "ffc" else pb.CCVR
+    task = Task(
+        kind="statistics",
+        expected=frozenset(participants),
+        instructions={
+            p: pb.Instruction(
+                statistics=pb.StatisticsTask(
+                    kind=code,
+                    model=final,
+                    secure=job.job_message(p) if job is not None else None,
+                    privacy=(
+                        privacy.release_message(plan)
+                        if privacy is not None and plan is not None
+                        else None
+                    ),
+                )
+            )
+            for p in participants
+        },
+        purpose=kind,
+        job=job,
+        expected_shape=(length,),
+    )
+    ctx.board.set_task(task, f"statistics: {kind}")
+    ctx.say(f"statistics {kind}: {len(participants)} participants, {length} entries")
+    gathered = ctx.gather(
+        task, timeout_s=s.timeouts.round_s, phase_after=f"statistics: {kind} done"
+    )
+    if job is not None and privacy is not None:
+        for line in privacy.note_refusals(job.job_hex, kind, gathered.dropped):
+            ctx.say(line)
+            ctx.store.event("warning", line)
+    if gathered.error is not None:
+        return gathered.error
+    if gathered.values is None:
+        return "no participant uploaded statistics"
+    minimum = s.calibration_minimum
+    if len(gathered.contributors) < minimum and not accept_short:
+        return f"only {len(gathered.contributors)} participants summed (minimum {minimum})"
+    vector = gathered.values
+    contributors = gathered.contributors
+    sigma = 0.0
+    if job is None:
+        progress.job_summaries.append(
+            {
+                "job_id": None,
+                "purpose": kind,
+                "round": None,
+                "status": "done",
+                "participants": participants,
+                "contributors": contributors,
+                "dropped": gathered.dropped,
+                "secure": False,
+                "vector_length": length,
+            }
+        )
+    elif privacy is not None and plan is not None:
+        release = privacy.record(job.job_hex, plan, contributors)
+        ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
+        sigma = float(release["stddev_real_units"])
+        progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
+        if kind == "ccvr":
+            progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(plan, sigma, summed_blocks=classes)
+        ctx.say(
+            f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
+            f"at δ = {plan.delta:g} with {len(contributors)} contributors"
+        )
+    if s.calibration.save_statistics:
+        target = s.out_dir / f"statistics_{kind}.npz"
+        s.out_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(target, vector=vector, dim=dim, num_classes=classes)
+        progress.results.setdefault("saved_statistics", {})[kind] = str(target)
+    stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
+    tol = Tolerance(
+        quantum=len(contributors) * 2.0**-job.spec.scale_bits if job is not None else 0.0,
+        noise_sigma=sigma,
+    )
+    try:
+        check_aggregate(stats, unit_norm=s.model.head in UNIT_NORM_HEADS, tol=tol)
+    except AggregateInvariantViolated as exc:
+        refuse_aggregate(ctx, kind, job, contributors, exc)
+        return None
+    progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
+    samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
+    progress.results.setdefault("statistics", {})[kind] = {
+        "contributors": sorted(contributors, key=ctx.registry.index_of),
+        "samples": samples,
+    }
+    return stats
+
+
+def calibrate(ctx: StageContext, model: GlobalModel, aggregates: Aggregates) -> Heads:
+    """The calibrated heads that could be solved: ``"ffc"``, ``"ccvr"`` (weights) and
+    the closed forms ``"ffc_bias"``, ``"lda"``, ``"qda"`` (``closed_forms``)."""
+    s = ctx.settings
+    progress = ctx.progress
+    ctx.board.set_task(None, "calibrating")
+    heads: Heads = {}
+    ccvr = aggregates.get("ccvr")
+    ffc = aggregates.get("ffc")
+    if "ffc" in s.calibration.methods:
+        source = (
+            ffc
+            if ffc is not None
+            else (ccvr.to_ffc() if isinstance(ccvr, CCVRStatistics) else None)
+        )
+        if isinstance(source, FFCStatistics):
+            t0 = time.monotonic()
+            try:
+                ridge = s.calibration.ffc_ridge
+                dp_ridge = progress.dp_ridge.get("ffc" if ffc is not None else "ffc-from-ccvr")
+                if dp_ridge is not None and dp_ridge > ridge:
+                    ctx.say(f"ffc: ridge {dp_ridge:.4g} (≈ 2√l·σ of the DP noise)")
+                    ridge = dp_ridge
+                progress.results.setdefault("ffc_ridge", ridge)
+                heads["ffc"], notes = ffc_classifier(source, ridge)
+                for note in notes:
+                    ctx.say(f"ffc: {note}")
+            except ValueError as exc:
+                record_statistics_failure(ctx, "ffc", f"solve failed: {exc}")
+            progress.timings["ffc_s"] = time.monotonic() - t0
+    if "ccvr" in s.calibration.methods and isinstance(ccvr, CCVRStatistics):
+        t0 = time.monotonic()
+        try:
+            init = model.head_weight(progress.global_vector)
+            heads["ccvr"], notes = ccvr_classifier(ccvr, init, s.calibration.ccvr, s.seed)
+            for note in notes:
+                ctx.say(f"ccvr: {note}")
+            progress.results["ccvr"] = {
+                "empty_classes": [int(c) for c in np.flatnonzero(ccvr.counts == 0)],
+                "singleton_classes": [int(c) for c in np.flatnonzero(ccvr.counts == 1)],
+            }
+        except (ValueError, FloatingPointError) as exc:
+            record_statistics_failure(ctx, "ccvr", f"calibration failed: {exc}")
+        progress.timings["ccvr_s"] = time.monotonic() - t0
+    if s.calibration.closed_forms:
+        if isinstance(ccvr, CCVRStatistics):
+            dp_ridge = progress.dp_ridge.get("ffc-from-ccvr")  # set only for a DP release
+            heads.update(select_closed_forms(ctx, progress.global_vector, ccvr, dp_ridge=dp_ridge))
+        else:
+            for name in s.calibration.closed_forms:
+                record_statistics_failure(ctx, name, "no CCVR statistics to solve from")
+    return heads

@@ -1,0 +1,173 @@
+"""The coordinator's side of noisy (differentially private) calibration releases.
+
+Per statistics job it plans the release from public inputs only
+(:func:`spherecal.spherefed.privacy.plan.plan_calibration_release`: kind, l, C, the job's ``n``
+and guaranteed contributor count ``t``, the configured ε, δ, mechanism, quantisation,
+colluders and the public bound ``max_examples``), hands the participants the same
+inputs (:class:`spherecal.proto.spherecal_pb2.DPRelease`) so each can re-plan and verify, and
+fixes the job spec's scale, bound and noise bound from the plan.
+
+After the job it records what the release *actually* cost — from the aggregate's
+real contributor count — in the coordinator's ledger (a ``privacy_ledger`` table in
+its own SQLite database): once against ``"federation"`` and, mirroring what each
+contributor charged locally (the planned worst case of ``t`` contributors), once per
+contributor. The FFC solve gets a ridge ``≈ 2√l·σ`` so the noise cannot make the
+regularised Gram matrix indefinite.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.ledger import PrivacyLedger, SqliteLedgerStore
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.settings import PrivacySettings
+
+__all__ = ["FEDERATION", "PRIVACY_REFUSALS", "CoordinatorPrivacy"]
+
+FEDERATION = "federation"
+PRIVACY_REFUSALS: frozenset[pb.FailureKind] = frozenset({pb.POLICY_REFUSAL, pb.BUDGET_EXCEEDED})
+"""The ``FailureReport`` kinds that are a participant refusing a DP release (its
+own policy or its budget) rather than an ordinary dropout."""
+
+
+class CoordinatorPrivacy:
+    """Plans, ledger and summary of a federation's DP releases."""
+
+    def __init__(self, settings: PrivacySettings, db_path: Path) -> None:
+        self.settings = settings
+        self._conn = sqlite3.connect(db_path, check_same_thread=False, timeout=60.0)
+        self._lock = threading.Lock()
+        self.ledger = PrivacyLedger(SqliteLedgerStore(self._conn), settings.budget())
+        self.releases: list[dict[str, Any]] = []
+        self.refusals: list[dict[str, Any]] = []
+        self._refused: dict[tuple[str, str], pb.FailureKind] = {}
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def plan(self, kind: str, *, dim: int, num_classes: int, n: int, t: int) -> CalibrationPlan:
+        """Plan one release (raises ``ValueError``/``crypto.SecAggError`` subclasses
+        such as ``RingOverflowRisk`` when it cannot be done safely)."""
+        s = self.settings
+        return plan_calibration_release(
+            kind,
+            dim=dim,
+            num_classes=num_classes,
+            participants=n,
+            min_contributors=t,
+            epsilon_target=s.release_epsilon,
+            delta=s.delta,
+            max_examples=s.max_examples,
+            mechanism=s.mechanism,
+            quant_bits=s.quant_bits,
+            colluders=s.colluders,
+        )
+
+    def release_message(self, plan: CalibrationPlan) -> pb.DPRelease:
+        s = self.settings
+        return pb.DPRelease(
+            kind=plan.kind,
+            dim=plan.dim,
+            num_classes=plan.num_classes,
+            participants=plan.noise.participants,
+            min_contributors=plan.noise.min_contributors,
+            max_examples=s.max_examples,
+            epsilon=plan.target_epsilon,
+            delta=plan.delta,
+            mechanism=plan.mechanism,
+            quant_bits=plan.quant_bits,
+            colluders=plan.noise.colluders,
+        )
+
+    def record(
+        self, job_hex: str, plan: CalibrationPlan, contributors: list[str]
+    ) -> dict[str, Any]:
+        """Charge a finished release; return its summary (also kept for the results)."""
+        charge = plan.charge(len(contributors))
+        with self._lock:
+            entry = self.ledger.record(FEDERATION, charge, release_id=job_hex)
+            mirrored = plan.charge(plan.noise.min_contributors)
+            for pid in contributors:
+                self.ledger.record(pid, mirrored, release_id=job_hex)
+        sigma = float(charge.noise["stddev_real_units"])
+        summary = {
+            "job_id": job_hex,
+            "kind": plan.kind,
+            "mechanism": plan.mechanism,
+            "target_epsilon": plan.target_epsilon,
+            "planned_epsilon": plan.planned_epsilon,
+            "epsilon": charge.epsilon,
+            "delta": plan.delta,
+            "contributors": len(contributors),
+            "min_contributors": plan.noise.min_contributors,
+            "noise": charge.noise,
+            "stddev_real_units": sigma,
+            "federation_epsilon_total": entry.epsilon_total,
+        }
+        self.releases.append(summary)
+        return summary
+
+    @staticmethod
+    def ridge(plan: CalibrationPlan, sigma: float, *, summed_blocks: int = 1) -> float:
+        """``2√l·σ_V``: the spectral norm of an ``l×l`` symmetric noise matrix with
+        entry deviation ``σ_V`` is about ``2√l·σ_V``; a ridge that large keeps
+        ``V + λI`` positive definite. ``summed_blocks`` noisy blocks added together
+        (FFC derived from CCVR sums ``C`` class blocks) multiply ``σ_V`` by their root."""
+        return 2.0 * math.sqrt(plan.dim) * sigma * math.sqrt(summed_blocks)
+
+    def record_refusal(self, job_hex: str, participant: str, failure: pb.FailureKind) -> None:
+        """A participant's typed ``FailureReport`` said it refused this job's release."""
+        with self._lock:
+            self._refused[(job_hex, participant)] = failure
+
+    def note_refusals(self, job_hex: str, kind: str, dropped: dict[str, str]) -> list[str]:
+        """Keep the privacy refusals among a job's dropouts (those whose report was
+        typed a refusal — never guessed from the text); return them as log lines."""
+        lines = []
+        for pid, reason in sorted(dropped.items()):
+            with self._lock:
+                failure = self._refused.pop((job_hex, pid), None)
+            if failure is not None:
+                self.refusals.append(
+                    {
+                        "participant": pid,
+                        "job_id": job_hex,
+                        "kind": kind,
+                        "refusal": pb.FailureKind.Name(failure),
+                        "reason": reason,
+                    }
+                )
+                lines.append(f"{kind}: {pid} refused the DP release: {reason}")
+        return lines
+
+    def summary(self) -> dict[str, Any]:
+        s = self.settings
+        with self._lock:
+            report = self.ledger.report()
+        subjects = report["subjects"]
+        return {
+            "enabled": True,
+            "mechanism": s.mechanism,
+            "epsilon_per_release": s.epsilon,
+            "total_epsilon": s.total_epsilon,
+            "delta": s.delta,
+            "max_examples": s.max_examples,
+            "quant_bits": s.quant_bits,
+            "colluders": s.colluders,
+            "releases": list(self.releases),
+            "refusals": list(self.refusals),
+            "totals": {
+                "federation": subjects.get(FEDERATION, {}).get("epsilon", 0.0),
+                "participants": {
+                    k: v["epsilon"] for k, v in sorted(subjects.items()) if k != FEDERATION
+                },
+            },
+            "ledger": report,
+        }

@@ -1,0 +1,226 @@
+"""Evaluation: federated (participants report correct/total counts on their own test
+data) and, optionally, central on held-out test data the coordinator was given.
+
+A real coordinator usually holds no data; then only federated evaluation (the sum of
+participants' correct/total counts) is reported. When it is given test data — the
+simulation harness gives it the reference runner's test split — it also evaluates
+centrally, exactly as the reference runner does (same batches, same head swap).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from spherecal import crypto
+from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.stages import StageContext
+from spherecal.coordinator.driver.tasks import Task
+from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.data import load_dataset
+from spherecal.spherefed.discriminant import CalibratedHead
+from spherecal.spherefed.fl import evaluate
+from spherecal.spherefed.network import classifier_swapped, compute_features
+
+__all__ = [
+    "CentralEvaluator",
+    "Head",
+    "Heads",
+    "federated_evaluation",
+    "final_evaluation",
+    "publish_head",
+]
+
+Head = npt.NDArray[np.float64] | CalibratedHead
+"""A calibrated head: a weight swapped into the classifier (FFC, CCVR) or a
+:class:`~spherecal.spherefed.discriminant.CalibratedHead` with a bias (and QDA's quadratic term)."""
+Heads = dict[str, Head]
+
+_KIND = {"affine": pb.HEAD_AFFINE, "quadratic": pb.HEAD_QUADRATIC}
+
+
+def publish_head(board: Board, name: str, head: Head) -> pb.NamedTensorRef:
+    """Publish ``head``'s tensors and return the reference an evaluation task carries
+    (its kind, weight, bias and quadratic term; the bias finite on the wire)."""
+    if not isinstance(head, CalibratedHead):
+        return pb.NamedTensorRef(name=name, tensor=board.publish(f"head-{name}", head))
+    quadratic = (
+        board.publish(f"head-{name}-quadratic", head.quadratic)
+        if head.quadratic is not None
+        else None
+    )
+    return pb.NamedTensorRef(
+        name=name,
+        kind=_KIND[head.kind],
+        tensor=board.publish(f"head-{name}", head.weight),
+        bias=board.publish(f"head-{name}-bias", head.finite_bias()),
+        quadratic=quadratic,
+    )
+
+
+class CentralEvaluator:
+    def __init__(self, model: GlobalModel, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model = model
+        self.x = x
+        self.y = y
+
+    @classmethod
+    def from_settings(
+        cls, settings: CoordinatorSettings, model: GlobalModel
+    ) -> CentralEvaluator | None:
+        name = settings.evaluation.test_dataset
+        if not name:
+            return None
+        splits = load_dataset(
+            name,
+            root=settings.evaluation.test_data_root,
+            seed=settings.seed,
+            samples=settings.evaluation.test_samples,
+        )
+        test = splits.test
+        if test.num_classes != model.num_classes:
+            raise ValueError(
+                f"test data has {test.num_classes} classes, the model {model.num_classes}"
+            )
+        return cls(model, torch.from_numpy(test.x), torch.from_numpy(test.y))
+
+    @property
+    def size(self) -> int:
+        return int(self.y.shape[0])
+
+    def accuracy(self, vector: npt.NDArray[np.float64], head: Head | None = None) -> float:
+        net = self.model.load(vector)
+        if isinstance(head, CalibratedHead):
+            z = compute_features(net, self.x)
+            return float(np.mean(head.predict(z) == self.y.numpy()))
+        with classifier_swapped(net, head):
+            return evaluate(net, self.x, self.y)
+
+
+def federated_evaluation(
+    ctx: StageContext,
+    global_vector: npt.NDArray[np.float64],
+    heads: Heads,
+    round_index: int | None,
+    *,
+    split: str = "test",
+) -> dict[str, Any]:
+    """Every live participant evaluates the model (without calibration, ``"none"``, and
+    with each head) on its test data — or, with ``split="validation"``, on its
+    validation split (the calibrators' grid); accuracies are Σ correct / Σ total.
+
+    With ``[secure_aggregation] evaluation`` (default) the counts are one secure
+    job's sum — ``[total, correct("none"), correct(head)…]`` — so the coordinator
+    sees federation totals only (a crafted head cannot read one participant's label
+    histogram); otherwise participants report plaintext counts."""
+    s = ctx.settings
+    board = ctx.board
+    model_name = "final" if round_index is None else f"eval-r{round_index}"
+    model_ref = board.publish(model_name, global_vector)
+    refs = [publish_head(board, name, head) for name, head in heads.items()]
+    split_code = pb.SPLIT_VALIDATION if split == "validation" else pb.SPLIT_TEST
+    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    names = ("none", *heads)
+    job: SecureJob | None = None
+    error: str | None = None
+    if s.secagg.evaluation:
+        try:
+            job = ctx.new_job(
+                "evaluate",
+                round_index,
+                participants,
+                1 + len(names),
+                s.secagg.statistics_bound,
+                s.timeouts.evaluation_s,
+            )
+        except (crypto.SecAggError, ValueError) as exc:
+            error = f"cannot create the evaluation job: {exc}"
+    task = Task(
+        kind="evaluate",
+        expected=frozenset(participants),
+        instructions={
+            p: pb.Instruction(
+                evaluate=pb.EvaluateTask(
+                    model=model_ref,
+                    heads=refs,
+                    round=-1 if round_index is None else round_index,
+                    secure=job.job_message(p) if job is not None else None,
+                    split=split_code,
+                )
+            )
+            for p in participants
+        },
+        round=round_index,
+        purpose="evaluate",
+        heads=names,
+        job=job,
+    )
+    accuracy: dict[str, float | None] = {name: None for name in names}
+    total = 0
+    contributors: list[str] = []
+    dropped: dict[str, str] = {}
+    if error is None:
+        board.set_task(task, "evaluating")
+        if job is not None:
+            gathered = ctx.gather(task, timeout_s=s.timeouts.evaluation_s, phase_after="evaluated")
+            dropped, error = gathered.dropped, gathered.error
+            if gathered.values is not None:
+                sums = np.rint(gathered.values).astype(np.int64)
+                total = int(sums[0])
+                correct = dict(zip(names, (int(c) for c in sums[1:]), strict=True))
+                contributors = sorted(gathered.contributors, key=ctx.registry.index_of)
+        else:
+            dropped = ctx.wait_task(task, s.timeouts.evaluation_s)
+            board.set_task(None, "evaluated")
+            results = [task.evaluations[p] for p in sorted(task.evaluations)]
+            total = sum(r.total for r in results)
+            correct = {n: sum(r.correct.get(n, 0) for r in results) for n in names}
+            contributors = sorted(task.evaluations, key=ctx.registry.index_of)
+        if total > 0:
+            accuracy = {n: correct[n] / total for n in names}
+    if error is not None:
+        ctx.say(f"federated evaluation failed: {error}")
+        ctx.store.event("error", f"federated evaluation failed: {error}")
+    if round_index is not None:
+        board.unpublish(model_name)
+    return {
+        "accuracy": accuracy,
+        "participants": contributors,
+        "samples": total,
+        "dropped": dropped,
+        "secure": bool(s.secagg.evaluation),
+        "error": error,
+    }
+
+
+def final_evaluation(ctx: StageContext, heads: Heads, evaluator: CentralEvaluator | None) -> None:
+    """The final model, federated and (with test data) central, into the results."""
+    progress = ctx.progress
+    t0 = time.monotonic()
+    fed = federated_evaluation(ctx, progress.global_vector, heads, round_index=None)
+    shown_names = ("none", "ffc", "ccvr", *(m for m in ctx.settings.calibration.methods))
+    acc = {name: fed["accuracy"].get(name) for name in dict.fromkeys(shown_names)}
+    progress.results["accuracy"] = acc
+    progress.results["federated_evaluation"] = fed
+    if evaluator is not None:
+        central: dict[str, float | None] = {name: None for name in acc}
+        central["none"] = evaluator.accuracy(progress.global_vector)
+        for name, head in heads.items():
+            central[name] = evaluator.accuracy(progress.global_vector, head)
+        progress.results["central_accuracy"] = central
+        progress.results["central_test_samples"] = evaluator.size
+    else:
+        progress.results["central_accuracy"] = None
+    progress.timings["evaluate_s"] = time.monotonic() - t0
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in acc.items() if v is not None)
+    ctx.say(
+        f"federated accuracy ({fed['samples']} test samples on "
+        f"{len(fed['participants'])} of {len(ctx.settings.participants)} participants): {shown}"
+    )

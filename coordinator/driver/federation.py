@@ -1,0 +1,321 @@
+"""The federation: a linear driver (rounds → statistics → calibration → evaluation →
+outputs) composed from one module per idea.
+
+Why a linear driver: the reference runner is a loop, and the service must reproduce
+it. Writing the coordinator as the same loop — publish a task, wait (with deadlines
+and liveness) until the participants are done, aggregate, step — keeps the
+correspondence obvious; concurrency lives only at the edges (RPC handlers feed
+results in under the board's lock, the driver waits on its condition variable).
+
+Where things are:
+
+``board``        what the RPC handlers read (task, published tensors, jobs, phase, Done)
+``resume``       open the state directory or resume after the last completed round
+``stages``       waiting, secure jobs, and the ONE aggregation helper (both modes)
+``rounds``       the training rounds (selection, server step, checkpoint)
+``calibrating``  statistics jobs and the FFC / CCVR solve
+``evaluation``   federated and central evaluation
+``outputs``      saved models and the JSON summary
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.driver.calibration_stage import calibrate, collect_statistics
+from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
+from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
+from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
+from spherecal.coordinator.driver.outputs import save_outputs, summary, write_json
+from spherecal.coordinator.driver.rejoin import wait_before_retry
+from spherecal.coordinator.driver.resume import open_state
+from spherecal.coordinator.driver.stages import Progress, Say, StageContext
+from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.driver.training_rounds import RoundDriver
+from spherecal.coordinator.driver.verdict import assess
+from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.state.registry import Member, Registry
+from spherecal.coordinator.state.spool import Spool
+from spherecal.coordinator.state.store import Store
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import model_spec_to_proto
+
+__all__ = ["Federation", "FederationFailed", "write_json"]
+
+
+class Federation:
+    """One federation: its board, its progress, and the driver thread's program."""
+
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        store: Store,
+        registry: Registry,
+        *,
+        say: Say,
+        model: GlobalModel | None = None,
+        evaluator: CentralEvaluator | None = None,
+        strategy: Strategy | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry
+        self.say = say
+        self.model = model if model is not None else GlobalModel(settings.model.spec(settings.seed))
+        self.evaluator = evaluator
+        self.strategy = (
+            strategy
+            if strategy is not None
+            else Strategy(settings.training, num_participants=len(settings.participants))
+        )
+        self.spool = Spool(settings.state_dir / "spool")
+        self.checkpoints = Checkpoints(settings.state_dir / "checkpoints")
+        self.board = Board()
+        self.progress = Progress(global_vector=self.model.initial_vector.copy())
+        self.privacy: CoordinatorPrivacy | None = (
+            CoordinatorPrivacy(settings.privacy, store.path) if settings.privacy.enabled else None
+        )
+        self.stages = StageContext(
+            settings=settings,
+            store=store,
+            registry=registry,
+            board=self.board,
+            spool=self.spool,
+            progress=self.progress,
+            say=say,
+        )
+        self.rounds = RoundDriver(
+            self.stages,
+            model=self.model,
+            strategy=self.strategy,
+            checkpoints=self.checkpoints,
+            evaluator=evaluator,
+        )
+        self._started = time.monotonic()
+        self._prepared = False
+
+    # ---------------------------------------------------------------- read-only views
+    @property
+    def federation_id(self) -> str:
+        return self.board.federation_id
+
+    @property
+    def phase(self) -> str:
+        return self.board.phase
+
+    @property
+    def global_vector(self) -> Any:
+        return self.progress.global_vector
+
+    @property
+    def completed_rounds(self) -> int:
+        return self.progress.completed_rounds
+
+    @property
+    def resumed_from(self) -> int | None:
+        return self.progress.resumed_from
+
+    @property
+    def round_metrics(self) -> list[dict[str, Any]]:
+        return self.progress.round_metrics
+
+    @property
+    def errors(self) -> list[str]:
+        return self.progress.errors
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.progress.warnings
+
+    @property
+    def started_monotonic(self) -> float:
+        return self._started
+
+    @property
+    def peak_secagg_bytes(self) -> int:
+        return self.progress.peak_secagg_bytes
+
+    # ---------------------------------------------------------------- handler side
+    def notify(self) -> None:
+        """A handler fed a result in: wake the driver (not every long poll)."""
+        self.board.notify_driver()
+
+    def stop(self, reason: str) -> None:
+        """Ask the driver to end the federation now (SIGTERM, tests); it fails the
+        current stage, records ``reason`` and tells participants it is over."""
+        self.board.stop(reason)
+
+    def plan_for(self, member: Member) -> pb.Plan:
+        s = self.settings
+        spec = self.model.spec
+        plan = self.strategy.local_plan(0)
+        return pb.Plan(
+            federation_id=self.federation_id,
+            model=model_spec_to_proto(spec),
+            training=pb.LocalTraining(
+                algorithm=plan.algorithm,
+                epochs=plan.epochs,
+                batch_size=plan.batch_size,
+                lr=plan.lr,
+                momentum=plan.momentum,
+                weight_decay=plan.weight_decay,
+                loss=plan.loss,
+                prox_mu=plan.prox_mu,
+            ),
+            rounds=s.training.rounds,
+            heartbeat_interval_ms=int(s.timeouts.heartbeat_interval_s * 1000),
+            secure_updates=s.secagg.updates,
+            secure_statistics=s.secagg.statistics,
+            calibration=list(s.calibration.methods),
+            participant_index=member.index,
+            num_participants=len(s.participants),
+            max_chunk_bytes=s.server.max_chunk_bytes,
+        )
+
+    # ---------------------------------------------------------------- driver
+    def run(self) -> None:
+        """The whole federation; never raises for federation-level failures (they
+        are recorded and announced with ``Done(status="failed")``)."""
+        progress = self.progress
+        try:
+            self.prepare()
+            self._await_participants()
+            t0 = time.monotonic()
+            for r in range(progress.completed_rounds, self.settings.training.rounds):
+                self.rounds.run(r)
+            progress.timings["train_s"] = time.monotonic() - t0
+            aggregates = collect_statistics(self.stages, self.model, self.privacy)
+            heads = calibrate(self.stages, self.model, aggregates)
+            self._final_evaluation(heads)
+            save_outputs(self.settings, self.model, progress, heads)
+            verdict = assess(self.settings, progress, set(heads))
+            progress.status_reasons = list(verdict.reasons)
+            for reason in verdict.reasons:
+                self.say(f"DEGRADED: {reason}")
+                self.store.event("warning", f"degraded: {reason}")
+            self._finish(
+                verdict.status,
+                "federation completed"
+                if not verdict.reasons
+                else "federation degraded: " + "; ".join(verdict.reasons),
+            )
+        except FederationFailed as exc:
+            progress.status_reasons = [str(exc)]
+            progress.errors.append(str(exc))
+            self.say(f"FAILED: {exc}")
+            self.store.event("error", str(exc))
+            self._finish("failed", str(exc))
+        finally:
+            progress.timings["total_s"] = time.monotonic() - self._started
+
+    def _final_evaluation(self, heads: dict[str, Any]) -> None:
+        """The final evaluation, repeated (after waiting for participants to rejoin,
+        ``rejoin``) while it covers fewer than the calibration minimum — the headline
+        accuracy of a short outage must not come from one participant's test split."""
+        s = self.settings
+        minimum = s.calibration_minimum
+        covered = 0
+        for attempt in range(1, s.training.max_round_attempts + 1):
+            if attempt > 1:
+                wait_before_retry(
+                    self.stages,
+                    stage="final evaluation",
+                    next_attempt=attempt,
+                    reason=f"covered {covered} participants (minimum {minimum})",
+                    wanted=self.registry.joined(),
+                )
+            final_evaluation(self.stages, heads, self.evaluator)
+            fed = self.progress.results.get("federated_evaluation") or {}
+            covered = len(fed.get("participants", []))
+            if covered >= minimum:
+                return
+
+    def _finish(self, status: str, message: str) -> None:
+        self.board.finish(status, message)
+        self.store.set_meta("status", status)
+        self.store.event("info", f"federation {status}: {message}")
+
+    def linger(self) -> None:
+        """After the end: keep answering until every live participant was told Done."""
+        board = self.board
+        deadline = time.monotonic() + self.settings.timeouts.linger_s
+        while time.monotonic() < deadline and board.stopping is None:
+            alive = self.registry.alive()
+            with board.cond:
+                if alive <= board.done_delivered:
+                    return
+                board.cond.wait(0.2)
+
+    def prepare(self) -> None:
+        """Open or resume the federation's state (idempotent). Call before serving, so
+        that joining participants already get the federation id and plan."""
+        if self._prepared:
+            return
+        s = self.settings
+        opened = open_state(s, self.store, self.strategy, self.model.length)
+        self.board.federation_id = opened.federation_id
+        if opened.global_vector is not None:
+            self.progress.global_vector = opened.global_vector
+            self.progress.completed_rounds = opened.completed_rounds
+            self.progress.resumed_from = opened.resumed_from
+            self.progress.round_metrics = list(opened.round_metrics)
+            self.say(
+                f"resuming federation {opened.federation_id} after round "
+                f"{opened.completed_rounds} (checkpoint {opened.checkpoint_path})"
+            )
+            self.store.event("info", f"resumed after round {opened.completed_rounds}")
+        else:
+            self.say(
+                f"federation {opened.federation_id}: {len(s.participants)} "
+                f"participants, {s.training.rounds} rounds, "
+                f"secure updates {'on' if s.secagg.updates else 'off'}, "
+                f"secure statistics {'on' if s.secagg.statistics else 'off'}"
+            )
+        self._prepared = True
+
+    def _await_participants(self) -> None:
+        board = self.board
+        s = self.settings
+        board.set_task(None, "waiting for participants")
+        roster = set(s.participants)
+        deadline = time.monotonic() + s.timeouts.join_s
+        needed = max(s.training.min_participants, 2 if s.secure else 1)
+        while True:
+            board.check_stop()
+            joined = self.registry.joined()
+            if joined >= roster:
+                break
+            if time.monotonic() >= deadline:
+                if len(joined) >= needed:
+                    missing = sorted(roster - joined)
+                    warning = (
+                        f"join window of {self.settings.timeouts.join_s:.0f}s expired: "
+                        f"continuing with {len(joined)} of {len(roster)} participants, "
+                        f"without {missing}"
+                    )
+                    self.progress.warnings.append(warning)
+                    self.say(f"WARNING: {warning}")
+                    self.store.event("warning", warning)
+                    break
+                raise FederationFailed(
+                    f"only {len(joined)} of {len(roster)} participants joined within "
+                    f"{s.timeouts.join_s:.0f}s (need {needed})"
+                )
+            board.wait(0.2)
+        self.say(f"{len(self.registry.joined())}/{len(roster)} participants joined")
+
+    def summary(self) -> dict[str, Any]:
+        """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
+        return summary(
+            settings=self.settings,
+            federation_id=self.federation_id,
+            status=self.board.done[0] if self.board.done else "running",
+            progress=self.progress,
+            model=self.model,
+            audit_log=self.store.path,
+            privacy=self.privacy,
+            conduct=self.stages.conduct,
+        )

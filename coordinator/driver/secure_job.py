@@ -1,0 +1,453 @@
+"""One secure-aggregation job on the coordinator: ``crypto.SecAggServer`` plus the
+things a network needs — deadlines, liveness, instruction rendering, streaming.
+
+The state machine itself (``crypto``) is message-in/message-out and knows nothing of
+time or connections. This wrapper decides *when* a stage closes: as soon as every
+participant the stage still waits for is either done, dead (heartbeat timeout) or
+has withdrawn, or at the stage deadline — whichever comes first. Whoever has not
+sent by then is a dropout of that stage, which the protocol handles (left out before
+sharing, recovered from shares after). A shortfall below the threshold aborts the
+job with :class:`crypto.TooFewSurvivors`, recorded as the job's error.
+
+Masked uploads stream straight into the server's accumulator (``absorb``) under the
+job's lock; an upload cut off mid-way is abandoned, freeing its staging slot.
+Memory is O(vector), as ``spherecal.crypto.server`` documents: ``(1 + max_in_flight)`` vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from spherecal import crypto
+from spherecal.coordinator.errors import ServiceError, from_secagg
+from spherecal.coordinator.settings import SecAggSettings
+from spherecal.crypto import JobSpec, SecAggServer, Stage
+from spherecal.proto import spherecal_pb2 as pb
+
+__all__ = ["JobOutcome", "SecureJob", "guaranteed_inputs", "plan_graph"]
+
+STAGE_CODES: dict[Stage, pb.SecAggStage] = {
+    Stage.ADVERTISE: pb.ADVERTISE,
+    Stage.SHARE: pb.SHARE,
+    Stage.MASKED: pb.MASKED,
+    Stage.CONSISTENCY: pb.CONSISTENCY,
+    Stage.UNMASK: pb.UNMASK,
+}
+LONG_STAGES = frozenset({Stage.SHARE, Stage.MASKED})
+"""Stages that may wait on a participant's local work, so they get the job's first
+stage deadline (``[timeouts] round_s`` for an update) rather than ``stage_s``."""
+STAGE_NAMES: dict[pb.SecAggStage, str] = {
+    pb.ADVERTISE: "advertise",
+    pb.SHARE: "share",
+    pb.MASKED: "masked",
+    pb.CONSISTENCY: "consistency",
+    pb.UNMASK: "unmask",
+    pb.COMPLAINT: "complaint",
+}
+
+
+def guaranteed_inputs(settings: SecAggSettings, n: int) -> int:
+    """The fewest inputs a job over ``n`` participants can aggregate: what a DP plan
+    must assume survive (``spherecal.crypto.dp.guaranteed_contributors`` of the spec built here)."""
+    _, _, threshold = plan_graph(settings, n)
+    return max(threshold, min(n, max(2, settings.min_participants)))
+
+
+def plan_graph(settings: SecAggSettings, n: int) -> tuple[str, int, int]:
+    """(graph kind, degree, threshold) for ``n`` participants.
+
+    ``auto`` uses the complete graph up to 32 participants and a Harary graph beyond
+    (SecAgg+, Bell et al. 2020) of degree ``~2·log2(n)`` unless ``harary:K`` fixes it.
+    The default threshold is a strict majority of one participant's share holders
+    (``n`` for the complete graph, ``k+1`` for Harary), never below 2.
+    """
+    graph = settings.graph
+    if graph == "auto":
+        graph = "complete" if n <= 32 else "harary"
+    if graph == "complete":
+        return "complete", n - 1, settings.threshold_for(n)
+    if ":" in graph:
+        degree = int(graph.split(":", 1)[1])
+    else:
+        floor_t = settings.threshold if settings.threshold is not None else 2
+        degree = max(2, floor_t - 1, 2 * math.ceil(math.log2(max(n, 2))))
+    degree = min(degree, n - 1)
+    return "harary", degree, settings.threshold_for(degree + 1)
+
+
+@dataclass
+class JobOutcome:
+    """What the driver needs when a job ends."""
+
+    status: str  # "done" or "failed"
+    values: object = None  # numpy float64 vector when done
+    contributors: tuple[str, ...] = ()
+    dropouts: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    error: str | None = None
+    dropped: dict[str, str] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class SecureJob:
+    """A job plus its stage deadlines; thread-safe (one lock per job)."""
+
+    def __init__(
+        self,
+        *,
+        purpose: str,
+        round_index: int | None,
+        participants: list[str],
+        identity_keys: dict[str, bytes],
+        directory: list[pb.DirectoryEntry],
+        settings: SecAggSettings,
+        length: int,
+        bound: float,
+        first_stage_s: float,
+        stage_s: float,
+        spec_arguments: dict[str, Any] | None = None,
+    ) -> None:
+        n = len(participants)
+        kind, degree, threshold = plan_graph(settings, n)
+        needed = max(threshold, settings.min_participants)
+        if n < needed:
+            raise crypto.TooFewSurvivors(
+                needed=needed, remaining=n, stage="create", what="participants"
+            )
+        fixed: dict[str, Any] = {"length": length, "bound": bound}
+        fixed.update(spec_arguments or {})  # a DP plan fixes scale, bound and noise bound
+        self.spec = JobSpec.create(
+            participants,
+            threshold=threshold,
+            min_participants=min(n, max(2, settings.min_participants)),
+            graph=kind,
+            degree=degree,
+            consistency_check=settings.consistency_check,
+            chunk_size=min(settings.chunk_entries, max(2, length + (length % 2))),
+            **fixed,
+        )
+        self.purpose = purpose
+        self.round = round_index
+        self.job_id = self.spec.job_id
+        self.job_hex = self.spec.job_id.hex()
+        self.spec_bytes = self.spec.to_bytes()
+        self.spec_sha256 = hashlib.sha256(self.spec_bytes).hexdigest()
+        self._directory = {entry.participant_id: entry for entry in directory}
+        self._entries: dict[str, list[pb.DirectoryEntry]] = {}
+        self.lock = threading.RLock()
+        self.server = SecAggServer(self.spec, identity_keys, max_in_flight=settings.max_in_flight)
+        self._first_stage_s = first_stage_s
+        self._stage_s = stage_s
+        self._stage_started = time.monotonic()
+        self._deadline = self._stage_started + first_stage_s
+        self._streaming: set[str] = set()
+        self._stage_expected = len(self.spec.participants)
+        self.withdrawn: dict[str, str] = {}
+        self.dropped: dict[str, str] = {}
+        self.stage_seconds: dict[str, float] = {}
+        self.outcome: JobOutcome | None = None
+
+    # ---------------------------------------------------------------- describe
+    @property
+    def threshold(self) -> int:
+        return self.spec.threshold
+
+    @property
+    def stage_name(self) -> str:
+        return self.server.stage.value
+
+    def job_message(self, participant: str) -> pb.SecAggJob:
+        """``participant``'s job instruction: the spec and only the directory entries
+        whose signatures it checks (``crypto.keys_needed``: on a Harary graph its
+        2-hop neighbourhood, O(k) entries, not all n — under TLS each entry is a
+        certificate the participant verifies). The entry list is computed once per
+        participant and job."""
+        return pb.SecAggJob(
+            spec=self.spec_bytes, directory=self.directory_for(participant), purpose=self.purpose
+        )
+
+    def directory_for(self, participant: str) -> list[pb.DirectoryEntry]:
+        """The directory entries ``participant`` needs, sorted by id (cached)."""
+        with self.lock:
+            entries = self._entries.get(participant)
+            if entries is None:
+                try:
+                    needed = crypto.keys_needed(self.spec, participant)
+                    entries = [self._directory[p] for p in sorted(needed)]
+                except (crypto.SecAggError, KeyError):
+                    raise ServiceError(
+                        grpc.StatusCode.INTERNAL,
+                        f"{participant!r} is not in {self.label()} or lacks a directory entry",
+                    ) from None
+                self._entries[participant] = entries
+            return entries
+
+    def label(self) -> str:
+        where = f" round {self.round + 1}" if self.round is not None else ""
+        return f"{self.purpose}{where} job {self.job_hex[:8]}"
+
+    # ---------------------------------------------------------------- participant side
+    def has_advertised(self, participant: str) -> bool:
+        with self.lock:
+            return self.server.stage is not Stage.ADVERTISE or not self.server.is_pending(
+                participant
+            )
+
+    def step_for(self, participant: str) -> pb.SecAggStep | None:
+        """The secure-aggregation message ``participant`` must act on now, if any."""
+        with self.lock:
+            if self.outcome is not None or participant in self.withdrawn:
+                return None
+            stage = self.server.stage
+            if stage in (Stage.ADVERTISE, Stage.DONE, Stage.ABORTED):
+                return None
+            if not self.server.is_pending(participant):
+                return None
+            message: crypto.Message
+            if stage is Stage.SHARE:
+                message = self.server.roster_for(participant)
+            elif stage is Stage.MASKED:
+                if participant in self._streaming:
+                    return None
+                message = self.server.bundle_for(participant)
+            elif stage is Stage.CONSISTENCY:
+                message = self.server.consistency_request()
+            else:
+                message = self.server.unmask_request_for(participant)
+            return pb.SecAggStep(
+                job_id=self.job_id, stage=STAGE_CODES[stage], message=message.to_bytes()
+            )
+
+    _DECODERS: dict[pb.SecAggStage, Callable[[bytes], crypto.Message]] = {
+        pb.ADVERTISE: crypto.AdvertiseKeys.from_bytes,
+        pb.SHARE: crypto.ShareKeys.from_bytes,
+        pb.CONSISTENCY: crypto.ConsistencySignature.from_bytes,
+        pb.UNMASK: crypto.UnmaskResponse.from_bytes,
+        pb.COMPLAINT: crypto.ShareComplaint.from_bytes,
+    }
+
+    def submit(self, participant: str, stage: pb.SecAggStage, data: bytes) -> None:
+        """Accept one participant message for ``stage`` (all or nothing)."""
+        decoder = self._DECODERS.get(stage)
+        if decoder is None:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"stage {stage} does not take a submitted message (masked inputs stream "
+                "through UploadMasked)",
+            )
+        try:
+            message = decoder(data)
+        except crypto.SecAggError as exc:
+            raise from_secagg(exc) from None
+        if isinstance(message, crypto.ShareComplaint):
+            # accepted in any stage after share routing, even once the job has ended:
+            # the complaint is what lets the retry exclude the dealer
+            with self.lock:
+                try:
+                    self.server.receive_complaint(message, sender=participant)
+                except crypto.SecAggError as exc:
+                    raise from_secagg(exc) from None
+            return
+        with self.lock:
+            self._check_open()
+            current = self.server.stage
+            if STAGE_CODES.get(current) != stage:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{self.label()} is at stage {current.value!r}, not "
+                    f"{STAGE_NAMES.get(stage, stage)!r}",
+                )
+            try:
+                self.server.receive(message, sender=participant)
+            except crypto.SecAggError as exc:
+                raise from_secagg(exc) from None
+
+    def begin_upload(self, participant: str) -> None:
+        with self.lock:
+            self._check_open()
+            if self.server.stage is not Stage.MASKED:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{self.label()} is at stage {self.server.stage.value!r}, not 'masked'",
+                )
+            if participant in self._streaming:
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{participant!r} already has a masked upload in progress",
+                )
+            if participant not in self.server.shared:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{participant!r} is not in this job's masked stage (left out earlier)",
+                )
+            if participant in self.server.survivors or not self.server.is_pending(participant):
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{participant!r} already uploaded its complete masked input",
+                )
+            self._streaming.add(participant)
+
+    def absorb(self, participant: str, data: bytes) -> int:
+        """Absorb one canonical MaskedChunk; returns its index."""
+        try:
+            chunk = crypto.MaskedChunk.from_bytes(data)
+        except crypto.SecAggError as exc:
+            raise from_secagg(exc) from None
+        with self.lock:
+            self._check_open()
+            if self.server.stage is not Stage.MASKED:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{self.label()} closed its masked stage",
+                )
+            try:
+                self.server.absorb(chunk, sender=participant)
+            except crypto.SecAggError as exc:
+                raise from_secagg(exc) from None
+        return chunk.index
+
+    def end_upload(self, participant: str) -> bool:
+        """Stream ended (normally or not). Returns whether the upload is complete;
+        an incomplete one is abandoned so its slot frees and it can be retried."""
+        with self.lock:
+            self._streaming.discard(participant)
+            if self.server.stage is not Stage.MASKED:
+                return participant in self.server.survivors
+            complete = not self.server.is_pending(participant)
+            if not complete:
+                self.server.abandon_upload(participant)
+            return complete
+
+    def accused(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """Dealers named by verified complaints -> (complainants, the dealer's other
+        share holders in this job)."""
+        with self.lock:
+            accused = self.server.accused()
+            holders = self.server.shared
+            graph = self.spec.masking_graph
+            return {
+                dealer: (
+                    complainants,
+                    sum(1 for h in graph.holders(dealer, holders) if h != dealer),
+                )
+                for dealer, complainants in accused.items()
+            }
+
+    def withdraw(self, participant: str, reason: str) -> None:
+        with self.lock:
+            if participant in self.spec.participants:
+                self.withdrawn[participant] = reason
+
+    def _check_open(self) -> None:
+        if self.outcome is not None:
+            raise ServiceError(
+                grpc.StatusCode.ABORTED
+                if self.outcome.status == "failed"
+                else (grpc.StatusCode.FAILED_PRECONDITION),
+                f"{self.label()} has ended ({self.outcome.status})",
+            )
+
+    # ---------------------------------------------------------------- driver side
+    def waiting_on(self, alive: frozenset[str]) -> frozenset[str]:
+        with self.lock:
+            return frozenset(
+                p for p in self.server.pending() if p in alive and p not in self.withdrawn
+            )
+
+    def advance(self, alive: frozenset[str], now: float | None = None) -> tuple[str, ...]:
+        """Close the current stage if nobody live is pending or the deadline passed.
+
+        Returns log lines describing what happened (empty when nothing changed).
+        Sets :attr:`outcome` when the job ends."""
+        t = time.monotonic() if now is None else now
+        with self.lock:
+            if self.outcome is not None:
+                return ()
+            server = self.server
+            stage = server.stage
+            pending = server.pending()
+            waiting = frozenset(p for p in pending if p in alive and p not in self.withdrawn)
+            expired = t >= self._deadline
+            # Every stage, unmasking included, waits for all *live* participants: with
+            # instant disconnect detection (presence streams) that costs nothing, and it
+            # keeps the protocol's view of who took part complete and deterministic.
+            if waiting and not expired:
+                return ()
+            for p in sorted(pending):
+                if p in self.withdrawn:
+                    reason = f"withdrew: {self.withdrawn[p]}"
+                elif p not in alive:
+                    reason = "disconnected / heartbeat timeout"
+                else:
+                    reason = "stage deadline"
+                self.dropped.setdefault(p, f"{stage.value}: {reason}")
+            self.stage_seconds[stage.value] = t - self._stage_started
+            lines = [
+                f"{self.label()}: stage {stage.value} closed, "
+                f"{self._stage_expected - len(pending)}/{self._stage_expected} sent"
+                + (
+                    "; dropped "
+                    + ", ".join(
+                        f"{p} ({self.dropped[p]})" for p in sorted(pending) if p in self.dropped
+                    )
+                    if any(p in self.dropped for p in pending)
+                    else ""
+                )
+            ]
+            try:
+                if stage is Stage.UNMASK:
+                    result = server.finish()
+                    self.outcome = JobOutcome(
+                        status="done",
+                        values=result.values,
+                        contributors=result.contributors,
+                        dropouts=result.dropouts,
+                        excluded=result.excluded,
+                        dropped=dict(self.dropped),
+                        stage_seconds=dict(self.stage_seconds),
+                    )
+                    lines.append(
+                        f"{self.label()}: aggregated {len(result.contributors)} inputs "
+                        f"(dropouts {list(result.dropouts)}, excluded {list(result.excluded)})"
+                    )
+                else:
+                    server.close_stage()
+                    self._streaming.clear()
+                    self._stage_expected = len(server.pending())
+            except crypto.SecAggError as exc:
+                self.outcome = JobOutcome(
+                    status="failed",
+                    error=f"{type(exc).__name__}: {exc}",
+                    contributors=tuple(sorted(server.survivors)),
+                    dropped=dict(self.dropped),
+                    stage_seconds=dict(self.stage_seconds),
+                )
+                lines.append(f"{self.label()}: FAILED — {exc}")
+                return tuple(lines)
+            self._stage_started = t
+            # Participants advertise and answer the share stage before their local work
+            # (spherecal.participant.secure_jobs) and upload their masked input after it: the
+            # masked stage gets the first stage's (training-sized) deadline. So does the
+            # share stage, for a participant whose share wait ran out ([policy]
+            # share_wait_s): it answers after its local work.
+            long_stage = server.stage in LONG_STAGES
+            self._deadline = t + (self._first_stage_s if long_stage else self._stage_s)
+            return tuple(lines)
+
+    def abort(self, reason: str) -> None:
+        with self.lock:
+            if self.outcome is None:
+                self.outcome = JobOutcome(
+                    status="failed",
+                    error=reason,
+                    dropped=dict(self.dropped),
+                    stage_seconds=dict(self.stage_seconds),
+                )

@@ -1,0 +1,138 @@
+"""The coordinator's view of an algorithm: an adapter around the ONE registry,
+``spherecal.spherefed.algorithms.STRATEGIES`` — no hierarchy or registry of its own.
+
+The strategy (the same object the reference runner and the baselines harness step)
+declares the named sums its server step reads (``ServerStrategy.sums``: FedAvg
+``Σ n_k Δ_k``, ``Σ n_k``; FedNova adds ``Σ n_k‖a_k‖₁``; SCAFFOLD adds
+``Σ (c_k⁺ − c_k)``). :meth:`Strategy.layout` lays them end to end, followed by the
+service's own ``loss`` sum (``Σ mean_loss_k``, for the round's metrics), in the one
+vector a secure-aggregation job sums (or a plaintext upload carries); the aggregate
+is split back into named sums for :meth:`Strategy.step`. What the strategy
+broadcasts (SCAFFOLD's server control variate ``c``) is published next to the model.
+
+Server state (FedOpt's moments, SCAFFOLD's ``c``) is checkpointed with every round
+(:meth:`state_dict`: named float64 arrays) so a restarted coordinator resumes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from spherecal.coordinator.settings import TrainingSettings
+from spherecal.spherefed.algorithms.base import (
+    LOSS_SUM,
+    AlgorithmSettings,
+    Payload,
+    ServerStrategy,
+    SumLayout,
+)
+from spherecal.spherefed.algorithms.registry import configured_strategy
+
+__all__ = ["LOSS_SUM", "LocalPlan", "Strategy", "StrategyState"]
+
+#: A strategy's resumable state: named float64 arrays (saved in the round checkpoint).
+StrategyState = dict[str, npt.NDArray[np.float64]]
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    algorithm: str
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    loss: str
+    prox_mu: float
+
+
+class Strategy:
+    """``training.algorithm`` from the registry, configured by the training settings."""
+
+    def __init__(self, training: TrainingSettings, *, num_participants: int) -> None:
+        self.training = training
+        self.server: ServerStrategy = configured_strategy(
+            training.algorithm,
+            AlgorithmSettings(
+                prox_mu=training.prox_mu,
+                fedopt_lr=training.fedopt_lr,
+                num_participants=num_participants,
+            ),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    def local_plan(self, round_index: int) -> LocalPlan:
+        """Local training settings (FedProx's μ only for FedProx)."""
+        t = self.training
+        return LocalPlan(
+            self.name,
+            t.local_epochs,
+            t.batch_size,
+            t.lr,
+            t.momentum,
+            t.weight_decay,
+            t.loss,
+            t.effective_prox_mu,
+        )
+
+    def layout(self, model_length: int) -> SumLayout:
+        """The aggregated vector: the strategy's sums, then :data:`LOSS_SUM`."""
+        return self.server.layout(model_length, LOSS_SUM)
+
+    def broadcast(self, global_vector: npt.NDArray[np.float64]) -> dict[str, Any]:
+        """What participants need besides the model this round (SCAFFOLD: ``c``)."""
+        return self.server.broadcast(global_vector)
+
+    def step(
+        self, global_vector: npt.NDArray[np.float64], sums: Payload, *, num_selected: int
+    ) -> npt.NDArray[np.float64]:
+        """The next global model from the round's named sums (``loss`` removed)."""
+        return np.asarray(
+            self.server.server_step(global_vector, sums, num_selected=num_selected),
+            dtype=np.float64,
+        )
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> StrategyState:
+        """Server state as float64 arrays: unset entries (``None``) are left out,
+        numbers become one-entry arrays."""
+        out: StrategyState = {}
+        for key, value in self.server.state_dict().items():
+            if value is None:
+                continue
+            array = np.asarray(value, dtype=np.float64)
+            out[key] = array.reshape(1) if array.ndim == 0 else array
+        return out
+
+    def load_state_dict(self, state: Mapping[str, npt.NDArray[np.float64]]) -> None:
+        """Restore :meth:`state_dict` output (on resume); refuse what does not fit."""
+        template = self.server.state_dict()
+        unknown = sorted(set(state) - set(template))
+        if unknown:
+            if not template:
+                raise ValueError(f"{self.name} keeps no server state; got {sorted(state)}")
+            raise ValueError(f"{self.name} state has unknown entries {unknown}")
+        restored: dict[str, Any] = {}
+        for key, fresh in template.items():
+            value = state.get(key)
+            if value is not None and not np.isfinite(value).all():
+                raise ValueError(f"{self.name} state: {key} must be finite")
+            if isinstance(fresh, int | float) and not isinstance(fresh, bool):
+                if value is None:
+                    raise ValueError(
+                        f"{self.name} state needs {sorted(template)}; got {sorted(state)}"
+                    )
+                if value.size != 1:
+                    raise ValueError(f"{self.name} state: {key} must be one number")
+                restored[key] = type(fresh)(value.reshape(-1)[0])
+            else:
+                restored[key] = None if value is None else np.array(value, dtype=np.float64)
+        self.server.load_state_dict(restored)

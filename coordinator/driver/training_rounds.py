@@ -1,0 +1,247 @@
+"""The round driver: publish the global model (and what the strategy broadcasts),
+let the selected participants train, sum their payloads (one path for secure and
+plaintext, :meth:`StageContext.gather`), take the strategy's server step, checkpoint.
+
+Round ``r`` (0-based) reproduces ``spherecal.spherefed.reference.run_federation`` with the same
+strategy object type (``spherecal.spherefed.algorithms.STRATEGIES``):
+
+* participants ``select_participants(config, r)`` of the roster (index = roster
+  position), each running the strategy's local step with seed
+  ``derive_seed(seed, "train", r, k)``;
+* the strategy's named sums (FedAvg: ``Σ n_k Δ_k``, ``Σ n_k``; FedNova adds
+  ``Σ n_k‖a_k‖₁``; SCAFFOLD ``Σ (c_k⁺ − c_k)``) and ``Σ mean_loss_k``, flattened in
+  one vector (``Strategy.layout``): one secure-aggregation job, or plaintext uploads
+  of that vector summed in roster order;
+* the strategy's server step on the named sums (FedAdam/FedYogi: a server optimiser;
+  SCAFFOLD also updates its control variate);
+* a checkpoint of the new global vector (and the strategy's server state), committed
+  before the next round starts, so a killed coordinator resumes from the last
+  completed round.
+
+Extension points: :meth:`RoundDriver.candidates` (who trains this round) and
+:meth:`RoundDriver.finish_round` (what is recorded) are the places a participant
+exclusion policy, a rejoin grace or round metrics hook in.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spherecal import crypto
+from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, federated_evaluation
+from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
+from spherecal.coordinator.driver.rejoin import wait_before_retry
+from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.stages import Gathered, StageContext
+from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.driver.tasks import Task
+from spherecal.coordinator.errors import FederationFailed
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.reference import ReferenceConfig, select_participants
+
+__all__ = ["RoundDriver"]
+
+
+class RoundDriver:
+    """Runs the training rounds on a :class:`StageContext`."""
+
+    def __init__(
+        self,
+        ctx: StageContext,
+        *,
+        model: GlobalModel,
+        strategy: Strategy,
+        checkpoints: Checkpoints,
+        evaluator: CentralEvaluator | None,
+    ) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.strategy = strategy
+        self.checkpoints = checkpoints
+        self.evaluator = evaluator
+        s = ctx.settings
+        self.reference = ReferenceConfig(
+            participants=len(s.participants),
+            sample_fraction=s.training.sample_fraction,
+            seed=s.seed,
+        )
+
+    def run(self, r: int) -> None:
+        """Round ``r``, retried up to ``max_round_attempts`` times."""
+        ctx = self.ctx
+        s = ctx.settings
+        last_error = ""
+        for attempt in range(1, s.training.max_round_attempts + 1):
+            ctx.board.check_stop()
+            if attempt > 1:
+                # back off, then wait for the selected participants to reconnect
+                selected, _, _ = self.candidates(r)
+                wait_before_retry(
+                    ctx,
+                    stage=f"round {r + 1}",
+                    next_attempt=attempt,
+                    reason=last_error,
+                    wanted=selected,
+                )
+            outcome = self.attempt(r, attempt)
+            if outcome is None:
+                return
+            last_error = outcome
+            ctx.say(f"round {r + 1} attempt {attempt} failed: {outcome}")
+            ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
+            ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
+        raise FederationFailed(
+            f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
+        )
+
+    def candidates(self, r: int) -> tuple[list[str], list[str], dict[str, str]]:
+        """(selected, connected candidates, dropped-with-reason) for round ``r``."""
+        roster = self.ctx.settings.participants
+        selected = [roster[k] for k in select_participants(self.reference, r)]
+        alive = self.ctx.registry.alive()
+        eligible = set(self.ctx.eligible(selected))
+        candidates = [p for p in selected if p in alive and p in eligible]
+        dropped = {
+            p: "excluded (shares failed authentication)"
+            if p not in eligible
+            else "not connected at round start"
+            for p in selected
+            if p not in candidates
+        }
+        return selected, candidates, dropped
+
+    def attempt(self, r: int, attempt: int) -> str | None:
+        """One attempt at round ``r``; returns None on success, else the reason."""
+        ctx = self.ctx
+        s = ctx.settings
+        t0 = time.monotonic()
+        ctx.store.round_started(r, attempt)
+        selected, candidates, dropped = self.candidates(r)
+        minimum = s.training.min_participants
+        if len(candidates) < minimum:
+            return (
+                f"only {len(candidates)} of the {len(selected)} selected participants are "
+                f"connected (minimum {minimum})"
+            )
+        ref = ctx.board.publish(f"global-r{r}", ctx.progress.global_vector)
+        broadcast = [
+            pb.NamedTensorRef(name=name, tensor=ctx.board.publish(f"{name}-r{r}", value))
+            for name, value in self.strategy.broadcast(ctx.progress.global_vector).items()
+        ]
+        layout = self.strategy.layout(self.model.length)
+        job: SecureJob | None = None
+        if s.secagg.updates:
+            try:
+                job = ctx.new_job(
+                    "update",
+                    r,
+                    candidates,
+                    layout.length,
+                    s.secagg.update_bound,
+                    s.timeouts.round_s,
+                )
+            except (crypto.SecAggError, ValueError) as exc:
+                return f"cannot create the secure job: {exc}"
+        task = Task(
+            kind="train",
+            expected=frozenset(candidates),
+            instructions={
+                p: pb.Instruction(
+                    train=pb.TrainTask(
+                        round=r,
+                        model=ref,
+                        seed=derive_seed(s.seed, "train", r, ctx.registry.index_of(p)),
+                        secure=job.job_message(p) if job is not None else None,
+                        broadcast=broadcast,
+                    )
+                )
+                for p in candidates
+            },
+            round=r,
+            purpose="update",
+            job=job,
+            expected_shape=(layout.length,),
+        )
+        ctx.board.set_task(task, f"round {r + 1}/{s.training.rounds}: training")
+        ctx.say(
+            f"round {r + 1}/{s.training.rounds}: training on {len(candidates)} participants"
+            + (f" (not connected: {sorted(dropped)})" if dropped else "")
+        )
+        gathered = ctx.gather(
+            task,
+            timeout_s=s.timeouts.round_s,
+            phase_after=f"round {r + 1}: aggregating",
+            minimum=minimum,
+        )
+        dropped.update(gathered.dropped)
+        if gathered.error is not None:
+            ctx.board.set_task(None, f"round {r + 1}: failed")
+            return gathered.error
+        if gathered.values is None or len(gathered.contributors) < minimum:
+            return f"only {len(gathered.contributors)} updates (minimum {minimum})"
+        sums = layout.unflatten(gathered.values)
+        # Σ loss_k / K is bit-identical to the reference's np.mean(losses): NumPy's
+        # mean is the same ordered reduction divided by the count.
+        train_loss = float(sums.pop("loss")) / max(len(gathered.contributors), 1)
+        if float(sums["weight"]) <= 0:
+            return "the round's updates carry no samples (weight sum 0)"
+        try:
+            new_vector = self.strategy.step(
+                ctx.progress.global_vector, sums, num_selected=len(selected)
+            )
+        except ValueError as exc:
+            return f"the server step refused the round's sums: {exc}"
+        ctx.progress.global_vector = new_vector
+        ctx.board.unpublish(f"global-r{r}")
+        for ref_ in broadcast:
+            ctx.board.unpublish(ref_.tensor.name)
+        self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss)
+        return None
+
+    def finish_round(
+        self,
+        r: int,
+        attempt: int,
+        t0: float,
+        selected: list[str],
+        gathered: Gathered,
+        dropped: dict[str, str],
+        train_loss: float,
+    ) -> None:
+        """Metrics, optional evaluation, checkpoint, and the round's log line."""
+        ctx = self.ctx
+        s = ctx.settings
+        progress = ctx.progress
+        contributors = gathered.contributors
+        metrics: dict[str, Any] = {
+            "round": r + 1,
+            "attempt": attempt,
+            "selected": selected,
+            "contributors": sorted(contributors, key=ctx.registry.index_of),
+            "dropped": dropped,
+            "train_loss": train_loss,
+            "test_accuracy": None,
+            "federated_accuracy": None,
+            "secure_job": gathered.job.job_hex if gathered.job is not None else None,
+        }
+        if self.evaluator is not None:
+            metrics["test_accuracy"] = self.evaluator.accuracy(progress.global_vector)
+        every = s.evaluation.federated_every
+        if every > 0 and (r + 1) % every == 0:
+            fed = federated_evaluation(ctx, progress.global_vector, {}, round_index=r)
+            metrics["federated_accuracy"] = fed["accuracy"].get("none")
+        metrics["seconds"] = time.monotonic() - t0
+        checkpoint = self.checkpoints.save(r, progress.global_vector, self.strategy.state_dict())
+        ctx.store.round_finished(r, "completed", metrics, checkpoint)
+        progress.round_metrics.append(metrics)
+        progress.completed_rounds = r + 1
+        acc = metrics["test_accuracy"]
+        ctx.say(
+            f"round {r + 1}/{s.training.rounds}: {len(contributors)} updates, loss "
+            f"{train_loss:.4f}"
+            + (f", test acc {acc:.4f}" if acc is not None else "")
+            + (f", dropped {dropped}" if dropped else "")
+            + f" ({metrics['seconds']:.1f}s)"
+        )

@@ -1,0 +1,140 @@
+"""The federation's honest final status, and what each part of the result covers.
+
+Why: a federation that "ran to the end" is not the same as one that delivered what
+was asked. Under churn a statistics job can fail (no FFC/CCVR head) or sum one
+participant, and the headline accuracy can come from one participant's 127 test
+samples; calling that ``completed`` hides it (issue #10). So the driver ends with
+
+``completed``  every requested calibration produced its head from statistics summed
+               over at least ``CoordinatorSettings.calibration_minimum`` participants,
+               and the final federated evaluation covered at least that many;
+``degraded``   the run reached its end but one of those did not hold — the reasons
+               say which, and ``coverage`` lists, per round and per job, who was
+               missing and how many inputs were summed;
+``failed``     the federation stopped (a round failed every attempt, join deadline,
+               SIGTERM); no outputs.
+
+Rounds that trained without some selected participants do not degrade the status by
+themselves (partial participation is how federated training works, and a round
+below ``training.min_participants`` is retried or fails the run); they are listed in
+``coverage.rounds``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spherecal.coordinator.driver.stages import Progress
+from spherecal.coordinator.settings import CoordinatorSettings
+
+__all__ = ["Verdict", "assess", "coverage", "headline_coverage"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "completed" or "degraded"
+    reasons: list[str] = field(default_factory=list)
+
+
+def _source_job(settings: CoordinatorSettings, method: str) -> str:
+    """The statistics job a calibration method is solved from."""
+    if method == "ffc" and "ffc" not in settings.calibration.jobs:
+        return "ccvr"  # FFC from the CCVR sums
+    return method
+
+
+def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -> Verdict:
+    """``completed`` or ``degraded`` (with reasons) for a federation that reached its
+    end with the calibrated ``heads`` (see the module docstring)."""
+    reasons: list[str] = []
+    minimum = settings.calibration_minimum
+    statistics: dict[str, Any] = progress.results.get("statistics", {})
+    roster = settings.participants
+    for method in settings.calibration.methods:
+        if method in heads:
+            continue
+        source = _source_job(settings, method)
+        why = [e for e in progress.errors if e.startswith((f"{source} ", f"{method} "))]
+        reasons.append(
+            f"{method}: no calibrated classifier"
+            + (f" ({'; '.join(why)})" if why else f" (the {source} statistics are missing)")
+        )
+    for kind, info in statistics.items():
+        summed = list(info.get("contributors", []))
+        if len(summed) < minimum:
+            missing = [p for p in roster if p not in summed]
+            reasons.append(
+                f"{kind} statistics summed {len(summed)} participants (minimum {minimum}); "
+                f"missing {missing}"
+            )
+    fed = progress.results.get("federated_evaluation")
+    if isinstance(fed, dict):
+        evaluated = list(fed.get("participants", []))
+        if len(evaluated) < minimum:
+            reasons.append(
+                f"the final evaluation covered {len(evaluated)} participants "
+                f"({fed.get('samples', 0)} test samples; minimum {minimum}); "
+                f"missing {[p for p in roster if p not in evaluated]}"
+            )
+    return Verdict("degraded" if reasons else "completed", reasons)
+
+
+def coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any]:
+    """Per round and per job: who was asked, how many inputs were summed, who was
+    missing and why."""
+    rounds = []
+    for m in progress.round_metrics:
+        selected = list(m.get("selected", []))
+        summed = list(m.get("contributors", []))
+        dropped = dict(m.get("dropped", {}))
+        rounds.append(
+            {
+                "round": m.get("round"),
+                "attempt": m.get("attempt"),
+                "selected": len(selected),
+                "summed": len(summed),
+                "missing": {
+                    p: dropped.get(p, "did not contribute") for p in selected if p not in summed
+                },
+            }
+        )
+    jobs = []
+    for j in progress.job_summaries:
+        asked = list(j.get("participants", []))
+        summed = list(j.get("contributors", []))
+        dropped = dict(j.get("dropped", {}))
+        jobs.append(
+            {
+                "purpose": j.get("purpose"),
+                "round": j.get("round"),
+                "status": j.get("status"),
+                "asked": len(asked),
+                "summed": len(summed) if j.get("status") == "done" else 0,
+                "missing": {
+                    p: dropped.get(p, "did not contribute") for p in asked if p not in summed
+                },
+                "not_asked": [p for p in settings.participants if p not in asked],
+                "error": j.get("error"),
+            }
+        )
+    return {
+        "rounds": rounds,
+        "jobs": jobs,
+        "evaluation": headline_coverage(settings, progress),
+    }
+
+
+def headline_coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any]:
+    """What the headline accuracy (federated evaluation of the final model) covers."""
+    fed = progress.results.get("federated_evaluation")
+    roster = list(settings.participants)
+    if not isinstance(fed, dict):
+        return {"participants": 0, "of": len(roster), "test_samples": 0, "missing": roster}
+    evaluated = list(fed.get("participants", []))
+    return {
+        "participants": len(evaluated),
+        "of": len(roster),
+        "test_samples": int(fed.get("samples", 0)),
+        "missing": [p for p in roster if p not in evaluated],
+    }

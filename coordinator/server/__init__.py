@@ -1,0 +1,13 @@
+"""The coordinator's RPC boundary: everything a call passes through.
+
+``service``      RPC semantics and boundary validation, independent of gRPC
+``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
+``aio_server``   that server's event-loop thread and worker pools (grpc.aio)
+``ids``          task and job identifiers as they arrive on the wire, checked exactly
+``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
+``status``       the operator's live view: connected, round, stage, refusals
+``metrics``      the Prometheus endpoint
+``health``       standard gRPC health checking and server reflection
+``traffic``      bytes on the wire per participant per stage
+``log_limit``    rate limiting of repeated identical log lines
+"""

@@ -1,0 +1,602 @@
+"""The coordinator's RPC semantics, independent of gRPC.
+
+Every method takes protobuf messages plus the transport's :class:`Peer` and either
+returns the reply or raises :class:`ServiceError`. The gRPC servicer
+(:mod:`spherecal.coordinator.server.grpc_server`) is a thin adapter over this class, and unit tests
+drive it in-process through the same methods — so the validation tested in-process
+is the validation deployed.
+
+Validation at the boundary, before any state changes: the caller (certificate
+identity, roster, session), the task or job and its stage, the message's type and
+length, chunk sizes, tensor dtype/shape/finiteness. A rejected request leaves the
+federation untouched and is recorded in the audit log as ``rejected`` with its
+status code, so probing is visible to an operator.
+
+(Near 600 lines on purpose: one method per RPC with its boundary checks, so every
+check a request passes is read in one place; what the methods do once a request is
+valid lives in ``board``, ``stages``, ``rounds`` and the other modules.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Iterator
+
+import grpc
+
+from spherecal import crypto
+from spherecal.coordinator.driver.conduct import REFUSAL_KINDS
+from spherecal.coordinator.driver.dp_releases import PRIVACY_REFUSALS
+from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.secure_job import STAGE_NAMES
+from spherecal.coordinator.driver.tasks import EvaluationResult, PlainUpload, Task
+from spherecal.coordinator.errors import ServiceError, failure_kind, policy_rule
+from spherecal.coordinator.server.ids import check_hex_id
+from spherecal.coordinator.server.status import (
+    RefusalCounter,
+    authorize_admin,
+    federation_status,
+    job_statuses,
+)
+from spherecal.coordinator.server.traffic import Traffic
+from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.state.registry import Member, Peer, Registry
+from spherecal.coordinator.state.store import Store
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import TensorFormatError
+from spherecal.proto.federation_end import ended_details
+
+__all__ = ["CoordinatorService"]
+
+#: A MaskedChunk's framing on top of its payload (magic, ids, index, lengths).
+CHUNK_FRAMING_BYTES = 512
+MAX_REASON_CHARS = 300
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _instruction_stage(instruction: pb.Instruction) -> str:
+    kind = instruction.WhichOneof("kind")
+    if kind == "secagg":
+        return STAGE_NAMES.get(instruction.secagg.stage, "secagg")
+    if kind in ("train", "statistics", "evaluate"):
+        return str(kind)
+    return "control"
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        registry: Registry,
+        federation: Federation,
+        store: Store,
+        traffic: Traffic,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.federation = federation
+        self.store = store
+        self.traffic = traffic
+        self.max_chunk = settings.server.max_chunk_bytes
+        self.refusals = RefusalCounter()
+
+    # ---------------------------------------------------------------- helpers
+    def _reject(
+        self,
+        sender: str,
+        stage: str,
+        kind: str,
+        data: bytes,
+        error: ServiceError,
+        job: str | None = None,
+    ) -> ServiceError:
+        self.refusals.add(error.code)
+        self.store.audit(
+            sender=sender[:64] or "?",
+            job=job,
+            stage=stage,
+            kind=kind,
+            nbytes=len(data),
+            sha256=_sha(data),
+            status="rejected",
+            code=error.code.name,
+            detail=error.message[:200],
+        )
+        return error
+
+    def _task(self, task_id: str, participant: str) -> Task:
+        check_hex_id(task_id, "task_id")
+        found = self.federation.board.current_task(task_id)
+        if isinstance(found, str):
+            if found == "over":
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"task {task_id[:32]!r} is over"
+                )
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no task {task_id[:32]!r}")
+        if participant not in found.expected:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{participant!r} is not part of task {task_id[:32]!r}",
+            )
+        return found
+
+    # ---------------------------------------------------------------- join / liveness
+    def join(self, request: pb.JoinRequest, peer: Peer) -> pb.JoinReply:
+        raw = request.SerializeToString()
+        pid = request.participant_id
+        try:
+            self._refuse_after_end()
+            self._check_data_shape(request.data)
+            member = self.registry.join(request, peer)
+        except ServiceError as exc:
+            # Operators need to see who was turned away and why (wrong certificate,
+            # not on the roster, data that does not fit the model, a replay).
+            line = f"refused join from {pid[:64]!r} ({peer.address or 'in-process'}): "
+            line += f"{exc.code.name}: {exc.message}"
+            self.federation.say(line)
+            self.store.event("warning", line)
+            raise self._reject(pid, "join", "JoinRequest", raw, exc) from None
+        reply = pb.JoinReply(session=member.session or "", plan=self.federation.plan_for(member))
+        self.store.audit(
+            sender=pid,
+            job=None,
+            stage="join",
+            kind="JoinRequest",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        self.traffic.received(pid, "join", len(raw))
+        self.traffic.sent(pid, "join", reply.ByteSize())
+        self.store.event("info", f"{pid} joined (join #{member.joins})")
+        self.federation.say(f"{pid} joined" + (" again" if member.joins > 1 else ""))
+        self.federation.notify()
+        return reply
+
+    def _refuse_after_end(self) -> None:
+        """A join after the end cannot lead anywhere: say so in a way the participant
+        recognises (``spherecal.proto.federation_end``) so it stops at once."""
+        board = self.federation.board
+        with board.cond:
+            done = board.done
+        if done is not None:
+            status, message = done
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                ended_details(board.federation_id, status, message),
+            )
+
+    def _check_data_shape(self, shape: pb.DataShape) -> None:
+        m = self.settings.model
+        want = (m.num_classes, m.in_channels, m.image_size[0], m.image_size[1])
+        got = (shape.num_classes, shape.in_channels, shape.image_height, shape.image_width)
+        if got != want:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"local data (classes, channels, height, width) = {got} does not fit the "
+                f"federation's model {want}",
+            )
+
+    def heartbeat(self, request: pb.HeartbeatRequest, peer: Peer) -> pb.HeartbeatReply:
+        member = self.registry.authenticate(request.caller, peer)
+        reply = pb.HeartbeatReply(
+            phase=self.federation.phase,
+            interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
+        )
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.sent(member.participant_id, "control", reply.ByteSize())
+        return reply
+
+    def presence_open(self, request: pb.HeartbeatRequest, peer: Peer) -> Member:
+        member = self.registry.authenticate(request.caller, peer)
+        self.registry.presence_opened(member)
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        return member
+
+    def presence_close(self, member: Member) -> None:
+        self.registry.presence_closed(member)
+        self.federation.notify()
+
+    def presence_reply(self, member: Member) -> pb.HeartbeatReply:
+        reply = pb.HeartbeatReply(
+            phase=self.federation.phase,
+            interval_ms=int(self.settings.timeouts.heartbeat_interval_s * 1000),
+        )
+        self.traffic.sent(member.participant_id, "control", reply.ByteSize())
+        return reply
+
+    def next_instruction(self, request: pb.InstructionRequest, peer: Peer) -> pb.Instruction:
+        member, wait_s = self.open_poll(request, peer)
+        return self.answer_poll(
+            member,
+            request,
+            self.federation.board.wait_instruction(member, wait_s, request.caller.session),
+        )
+
+    def open_poll(self, request: pb.InstructionRequest, peer: Peer) -> tuple[Member, float]:
+        """A long poll's caller and how long it may wait (the gRPC server awaits the
+        board itself, ``Board.wait_instruction_async``, between this and the answer)."""
+        member = self.registry.authenticate(request.caller, peer)
+        return member, min(request.wait_ms / 1000.0, self.settings.timeouts.long_poll_s)
+
+    def answer_poll(
+        self, member: Member, request: pb.InstructionRequest, instruction: pb.Instruction
+    ) -> pb.Instruction:
+        stage = _instruction_stage(instruction)
+        self.traffic.received(member.participant_id, "control", request.ByteSize())
+        self.traffic.sent(member.participant_id, stage, instruction.ByteSize())
+        return instruction
+
+    # ---------------------------------------------------------------- downloads
+    def download_tensor(self, request: pb.DownloadRequest, peer: Peer) -> Iterator[pb.TensorChunk]:
+        member = self.registry.authenticate(request.caller, peer)
+        published = self.federation.board.tensor(request.name)
+        if published is None:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no tensor named {request.name[:64]!r}")
+        pid = member.participant_id
+        self.traffic.received(pid, "download", request.ByteSize())
+        return self._stream(pid, published.header, published.array.data)
+
+    def _stream(
+        self, pid: str, header: pb.TensorHeader, data: memoryview
+    ) -> Iterator[pb.TensorChunk]:
+        first = pb.TensorChunk(header=header)
+        self.traffic.sent(pid, "download", first.ByteSize())
+        yield first
+        raw = data.cast("B")
+        step = min(self.max_chunk, 2 << 20)
+        for start in range(0, len(raw), step):
+            chunk = pb.TensorChunk(data=bytes(raw[start : start + step]))
+            self.traffic.sent(pid, "download", chunk.ByteSize())
+            yield chunk
+
+    # ---------------------------------------------------------------- plaintext uploads
+    def upload_tensor(self, requests: Iterable[pb.TensorUpload], peer: Peer) -> pb.UploadReceipt:
+        iterator = iter(requests)
+        first = next(iterator, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT, "an upload must start with its header"
+            )
+        header = first.header
+        member = self.registry.authenticate(header.caller, peer)
+        pid = member.participant_id
+        raw_header = first.SerializeToString()
+        try:
+            task = self._task(header.task_id, pid)
+            stage = "update" if task.kind == "train" else "statistics"
+            self._check_plain_upload(task, header, pid)
+        except ServiceError as exc:
+            raise self._reject(pid, "upload", "UploadHeader", raw_header, exc) from None
+        if not task.begin_upload(pid):
+            raise self._reject(
+                pid,
+                stage,
+                "UploadHeader",
+                raw_header,
+                ServiceError(grpc.StatusCode.ALREADY_EXISTS, "an upload is already in progress"),
+            )
+        writer = None
+        self.traffic.received(pid, stage, len(raw_header))
+        try:
+            try:
+                writer = self.federation.spool.writer(
+                    task.task_id, pid, header.tensor, task.expected_shape
+                )
+            except TensorFormatError as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            for message in iterator:
+                if message.WhichOneof("part") != "data":
+                    raise ServiceError(
+                        grpc.StatusCode.INVALID_ARGUMENT, "only one header per upload"
+                    )
+                if len(message.data) > self.max_chunk:
+                    raise ServiceError(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"chunk of {len(message.data)} bytes exceeds the limit of "
+                        f"{self.max_chunk} bytes",
+                    )
+                self.traffic.received(pid, stage, message.ByteSize())
+                try:
+                    writer.add(message.data)
+                except TensorFormatError as exc:
+                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            try:
+                digest = writer.finish()
+            except TensorFormatError as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            meta = header.update
+            upload = PlainUpload(
+                path=writer.path,
+                sha256=digest,
+                num_samples=int(meta.num_samples),
+                mean_loss=float(meta.mean_loss),
+                num_steps=int(meta.num_steps),
+            )
+            if not task.add_upload(pid, upload):
+                writer.path.unlink(missing_ok=True)
+                raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, "already uploaded")
+            self.store.audit(
+                sender=pid,
+                job=task.task_id,
+                stage=stage,
+                kind="TensorUpload",
+                nbytes=writer.nbytes,
+                sha256=digest,
+            )
+            receipt = pb.UploadReceipt(
+                num_bytes=writer.nbytes, chunks=writer.chunks, sha256=bytes.fromhex(digest)
+            )
+            writer = None
+            self.federation.notify()
+            return receipt
+        except ServiceError as exc:
+            raise self._reject(pid, stage, "TensorUpload", raw_header, exc, task.task_id) from None
+        finally:
+            if writer is not None:
+                writer.abort()
+            task.end_upload(pid)
+
+    def _check_plain_upload(self, task: Task, header: pb.UploadHeader, pid: str) -> None:
+        if task.kind not in ("train", "statistics"):
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"task {task.task_id} takes no upload"
+            )
+        if task.job is not None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this task aggregates securely: plaintext uploads are refused",
+            )
+        if task.finished(pid):
+            raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, f"{pid!r} already uploaded")
+        if task.kind == "train":
+            if not header.HasField("update"):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "a model update needs its UpdateMeta"
+                )
+            if not math.isfinite(header.update.mean_loss):
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "mean_loss is not finite")
+
+    # ---------------------------------------------------------------- secure aggregation
+    def submit_secagg(self, request: pb.SecAggSubmission, peer: Peer) -> pb.Receipt:
+        member = self.registry.authenticate(request.caller, peer)
+        pid = member.participant_id
+        stage = STAGE_NAMES.get(request.stage, "secagg")
+        data = bytes(request.message)
+        job = self.federation.board.job(request.job_id)
+        job_hex = bytes(request.job_id).hex()[:64]
+        try:
+            if job is None:
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, "no such secure-aggregation job")
+            job.submit(pid, request.stage, data)
+        except ServiceError as exc:
+            raise self._reject(pid, stage, "SecAggSubmission", data, exc, job_hex) from None
+        self.store.audit(
+            sender=pid,
+            job=job_hex,
+            stage=stage,
+            kind="SecAggSubmission",
+            nbytes=len(data),
+            sha256=_sha(data),
+        )
+        if request.stage == pb.UNMASK:
+            self._record_reveals(job_hex, pid, data)
+        self.traffic.received(pid, stage, request.ByteSize())
+        self.federation.notify()
+        return pb.Receipt(message="accepted")
+
+    def upload_masked(self, requests: Iterable[pb.MaskedUpload], peer: Peer) -> pb.UploadReceipt:
+        iterator = iter(requests)
+        first = next(iterator, None)
+        if first is None:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "empty masked upload")
+        member = self.registry.authenticate(first.caller, peer)
+        pid = member.participant_id
+        job = self.federation.board.job(first.job_id)
+        job_hex = bytes(first.job_id).hex()[:64]
+        try:
+            if job is None:
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, "no such secure-aggregation job")
+            job.begin_upload(pid)
+        except ServiceError as exc:
+            raise self._reject(
+                pid, "masked", "MaskedUpload", bytes(first.chunk), exc, job_hex
+            ) from None
+        total, chunks = 0, 0
+        digest = hashlib.sha256()
+        limit = self.max_chunk + CHUNK_FRAMING_BYTES
+        try:
+            message: pb.MaskedUpload | None = first
+            while message is not None:
+                data = bytes(message.chunk)
+                if data:
+                    if len(data) > limit:
+                        raise ServiceError(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"masked chunk of {len(data)} bytes exceeds the limit of {limit}",
+                        )
+                    if message.job_id and message.job_id != first.job_id:
+                        raise ServiceError(
+                            grpc.StatusCode.INVALID_ARGUMENT, "one upload carries one job"
+                        )
+                    index = job.absorb(pid, data)
+                    if index == 0:
+                        self._record_sample(job_hex, pid, job.purpose, data)
+                    chunk_sha = _sha(data)
+                    digest.update(data)
+                    self.store.audit(
+                        sender=pid,
+                        job=job_hex,
+                        stage="masked",
+                        kind=f"MaskedChunk[{index}]",
+                        nbytes=len(data),
+                        sha256=chunk_sha,
+                    )
+                    self.traffic.received(pid, "masked", message.ByteSize())
+                    total += len(data)
+                    chunks += 1
+                message = next(iterator, None)
+        except ServiceError as exc:
+            raise self._reject(pid, "masked", "MaskedUpload", b"", exc, job_hex) from None
+        finally:
+            complete = job.end_upload(pid)
+            self.federation.notify()
+        if not complete:
+            raise self._reject(
+                pid,
+                "masked",
+                "MaskedUpload",
+                b"",
+                ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"upload ended after {chunks} chunks without the whole masked input; "
+                    "it was discarded (send every chunk in one stream)",
+                ),
+                job_hex,
+            )
+        return pb.UploadReceipt(num_bytes=total, chunks=chunks, sha256=digest.digest())
+
+    def _record_reveals(self, job_hex: str, pid: str, data: bytes) -> None:
+        try:
+            response = crypto.UnmaskResponse.from_bytes(data)
+        except crypto.SecAggError:
+            return  # the job already accepted it, so this cannot happen; never fail here
+        shares = [(r.owner, r.kind.name.lower()) for r in response.shares]
+        self.store.revealed_shares(job_hex, pid, shares)
+
+    def _record_sample(self, job_hex: str, pid: str, purpose: str, data: bytes) -> None:
+        limit = self.federation.settings.secagg.audit_sample_bytes
+        if limit <= 0:
+            return
+        try:
+            payload = crypto.MaskedChunk.from_bytes(data).payload
+        except crypto.SecAggError:
+            return
+        self.store.masked_sample(job_hex, pid, purpose, bytes(payload[:limit]))
+
+    # ---------------------------------------------------------------- reports
+    def report_evaluation(self, request: pb.EvaluationReport, peer: Peer) -> pb.Receipt:
+        member = self.registry.authenticate(request.caller, peer)
+        pid = member.participant_id
+        raw = request.SerializeToString()
+        try:
+            task = self._task(request.task_id, pid)
+            if task.kind != "evaluate":
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION, "this task is not an evaluation"
+                )
+            counts = {c.head: int(c.correct) for c in request.counts}
+            if len(counts) != len(request.counts) or set(counts) != set(task.heads):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"report counts for exactly the heads {list(task.heads)}",
+                )
+            if request.total > 1 << 40 or any(c > request.total for c in counts.values()):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "correct counts cannot exceed the total"
+                )
+            if not task.add_evaluation(pid, EvaluationResult(int(request.total), counts)):
+                raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, "evaluation already reported")
+        except ServiceError as exc:
+            raise self._reject(pid, "evaluate", "EvaluationReport", raw, exc) from None
+        self.store.audit(
+            sender=pid,
+            job=request.task_id[:64],
+            stage="evaluate",
+            kind="EvaluationReport",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        self.traffic.received(pid, "evaluate", len(raw))
+        self.federation.notify()
+        return pb.Receipt(message="accepted")
+
+    def report_failure(self, request: pb.FailureReport, peer: Peer) -> pb.Receipt:
+        member = self.registry.authenticate(request.caller, peer)
+        pid = member.participant_id
+        raw = request.SerializeToString()
+        reason = request.reason[:MAX_REASON_CHARS]
+        try:
+            check_hex_id(request.task_id, "task_id")
+        except ServiceError as exc:
+            raise self._reject(pid, "report", "FailureReport", raw, exc) from None
+        failure = failure_kind(request)
+        kind = pb.FailureKind.Name(failure)
+        found = self.federation.board.current_task(request.task_id)
+        if isinstance(found, str):
+            job = self.federation.board.job(bytes.fromhex(request.task_id))
+            if job is None:
+                raise self._reject(
+                    pid,
+                    "report",
+                    "FailureReport",
+                    raw,
+                    ServiceError(grpc.StatusCode.NOT_FOUND, "no such current task or job"),
+                )
+            job.withdraw(pid, f"{kind}: {reason}")
+            purpose = job.purpose
+        else:
+            found.withdraw(pid, f"{kind}: {reason}")
+            job = found.job
+            purpose = found.purpose or found.kind
+        if failure in REFUSAL_KINDS:
+            self.federation.stages.conduct.refusal(
+                participant=pid,
+                job=job.job_hex if job is not None else request.task_id[:64],
+                purpose=purpose,
+                kind=failure,
+                rule=policy_rule(request),
+                reason=reason,
+            )
+        privacy = self.federation.privacy
+        if privacy is not None and job is not None and failure in PRIVACY_REFUSALS:
+            privacy.record_refusal(job.job_hex, pid, failure)
+        self.store.audit(
+            sender=pid,
+            job=request.task_id[:64],
+            stage="report",
+            kind="FailureReport",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        rule = policy_rule(request)
+        shown = kind + (f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else "")
+        message = f"{pid} withdrew from {request.task_id[:16]}: {shown}: {reason}"
+        self.store.event("warning", message)
+        self.federation.say(message)
+        self.federation.notify()
+        return pb.Receipt(message="noted")
+
+    # ---------------------------------------------------------------- status
+    def get_status(self, request: pb.StatusRequest, peer: Peer) -> pb.StatusReply:
+        self.registry.authenticate_any(request.caller, peer)
+        fed = self.federation
+        alive = self.registry.alive()
+        joined = self.registry.joined()
+        return pb.StatusReply(
+            federation_id=fed.federation_id,
+            phase=fed.phase,
+            completed_rounds=fed.completed_rounds,
+            rounds=self.settings.training.rounds,
+            jobs=job_statuses(fed),
+            participants=[
+                pb.ParticipantStatus(participant_id=p, joined=p in joined, alive=p in alive)
+                for p in self.settings.participants
+            ],
+            error="; ".join(fed.errors),
+        )
+
+    def get_federation_status(
+        self, request: pb.FederationStatusRequest, peer: Peer
+    ) -> pb.FederationStatus:
+        """The operator's status view (``spherecal.coordinator.server.status``); admin callers
+        only."""
+        raw = request.SerializeToString()
+        try:
+            authorize_admin(self.settings, peer)
+        except ServiceError as exc:
+            raise self._reject(peer.identity or "?", "status", "StatusRequest", raw, exc) from None
+        return federation_status(self.settings, self.registry, self.federation, self.refusals)

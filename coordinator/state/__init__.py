@@ -1,0 +1,8 @@
+"""What the coordinator keeps: durable state and the roster.
+
+``store``      SQLite (one writer thread): participants, rounds, jobs, audit, events
+``schema``     the database schema, and how an older database is brought up to date
+``registry``   roster, join proofs, pinned identity keys, sessions, liveness
+``spool``      plaintext uploads spooled and summed in roster order (determinism)
+``state_dir``  what a state directory holds, and the checks before it is used
+"""

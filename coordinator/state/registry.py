@@ -1,0 +1,310 @@
+"""Who may take part, who has joined, who is alive — and authentication of every call.
+
+Identity model (see ``proto/identity.py``):
+
+* The **roster** (coordinator settings) lists every participant id, in partition
+  order. An id not on it is refused with PERMISSION_DENIED.
+* **Join** proves possession of the participant's Ed25519 identity key (a signature
+  over id, key, timestamp and nonce; replays within the clock-skew window are
+  refused). The first key seen for an id is *pinned* in SQLite; a later join with a
+  different key is refused — so a restart or reconnect cannot be hijacked.
+* Under **mTLS** the certificate's identity must equal the id named in every request,
+  and the key in the certificate's spherecal extension must equal the joining key.
+* A **session** token (random, per join) ties later calls to the current join; a
+  restarted coordinator has none, so participants simply join again.
+
+Liveness: a participant is alive while it keeps a ``Presence`` stream open — when
+that connection drops (process killed, host gone) it is dead *at once*, and a busy
+participant whose connection stays up is never mistaken for a dead one. Without an
+open stream, any authenticated call refreshes ``last_seen`` and a participant silent
+for longer than the heartbeat timeout is dead. The driver never waits for the dead
+(it drops them from the stage they are in, with the reason logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.state.store import Store
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import (
+    CertificateError,
+    certificate_identity,
+    identity_key_from_certificate,
+    join_payload,
+)
+
+__all__ = ["Peer", "Registry"]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What the transport authenticated about a caller.
+
+    ``identity`` is the participant id from the verified client certificate (mTLS),
+    or None on a transport without client certificates (loopback ``--insecure``, or
+    the in-process transport of unit tests).
+    """
+
+    identity: str | None = None
+    certificate_pem: bytes | None = None
+    address: str = ""
+
+
+@dataclass
+class Member:
+    participant_id: str
+    index: int
+    identity_key: bytes | None = None
+    certificate_pem: bytes | None = None
+    session: str | None = None
+    last_seen: float = 0.0
+    joins: int = 0
+    presence: int = 0
+    data_shape: tuple[int, int, int, int] | None = None
+    last_contact: float = 0.0
+    """Wall-clock time of the last call or disconnect (0: never); for the status view."""
+
+
+@dataclass
+class _NonceCache:
+    window_s: float
+    seen: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
+
+    def claim(self, nonce: bytes, now: float) -> bool:
+        while self.seen:
+            oldest, ts = next(iter(self.seen.items()))
+            if now - ts <= 2 * self.window_s:
+                break
+            self.seen.pop(oldest)
+        if nonce in self.seen:
+            return False
+        self.seen[nonce] = now
+        return True
+
+
+class Registry:
+    """Roster, pinned identity keys, sessions and liveness (thread-safe)."""
+
+    def __init__(
+        self,
+        roster: tuple[str, ...],
+        store: Store,
+        *,
+        require_certificates: bool,
+        heartbeat_timeout_s: float,
+        clock_skew_s: float,
+    ) -> None:
+        self.roster = roster
+        self._store = store
+        self._require_certs = require_certificates
+        self._timeout = heartbeat_timeout_s
+        self._skew = clock_skew_s
+        self._lock = threading.Lock()
+        self._members = {pid: Member(pid, k) for k, pid in enumerate(roster)}
+        for pid, key in store.pinned_keys().items():
+            if pid in self._members:
+                self._members[pid].identity_key = key
+        self._nonces = _NonceCache(clock_skew_s)
+
+    # ---------------------------------------------------------------- lookups
+    def index_of(self, participant_id: str) -> int:
+        return self._members[participant_id].index
+
+    def member(self, participant_id: str) -> Member:
+        return self._members[participant_id]
+
+    def alive(self, now: float | None = None) -> frozenset[str]:
+        """Joined participants heard from within the heartbeat timeout."""
+        t = time.monotonic() if now is None else now
+        with self._lock:
+            return frozenset(
+                m.participant_id
+                for m in self._members.values()
+                if m.session is not None and (m.presence > 0 or t - m.last_seen <= self._timeout)
+            )
+
+    def presence_opened(self, member: Member) -> None:
+        with self._lock:
+            member.presence += 1
+            member.last_seen = time.monotonic()
+            member.last_contact = time.time()
+
+    def presence_closed(self, member: Member) -> None:
+        """A presence stream ended; with none left the participant is gone *now*
+        (its next call, if it is in fact alive, revives it)."""
+        with self._lock:
+            member.presence = max(0, member.presence - 1)
+            member.last_contact = time.time()
+            if member.presence == 0:
+                member.last_seen = float("-inf")
+
+    def members(self) -> list[Member]:
+        """Copies of every roster member, in roster order (for the status view)."""
+        with self._lock:
+            return [replace(m) for m in sorted(self._members.values(), key=lambda m: m.index)]
+
+    def joined(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(m.participant_id for m in self._members.values() if m.session)
+
+    def directory(self, participants: list[str]) -> list[pb.DirectoryEntry]:
+        with self._lock:
+            out = []
+            for pid in participants:
+                m = self._members[pid]
+                if m.identity_key is None:
+                    raise ServiceError(
+                        grpc.StatusCode.INTERNAL, f"no identity key pinned for {pid!r}"
+                    )
+                out.append(
+                    pb.DirectoryEntry(
+                        participant_id=pid,
+                        identity_public_key=m.identity_key,
+                        certificate_pem=m.certificate_pem or b"",
+                    )
+                )
+            return out
+
+    def identity_keys(self, participants: list[str]) -> dict[str, bytes]:
+        with self._lock:
+            keys = {p: self._members[p].identity_key for p in participants}
+        missing = [p for p, k in keys.items() if k is None]
+        if missing:
+            raise ServiceError(grpc.StatusCode.INTERNAL, f"no identity key pinned for {missing}")
+        return {p: k for p, k in keys.items() if k is not None}
+
+    # ---------------------------------------------------------------- auth
+    def _known(self, participant_id: str) -> Member:
+        member = self._members.get(participant_id)
+        if member is None:
+            raise ServiceError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"participant {participant_id[:64]!r} is not on this federation's roster",
+            )
+        return member
+
+    def _check_peer(self, participant_id: str, peer: Peer) -> None:
+        if peer.identity is None:
+            if self._require_certs:
+                raise ServiceError(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "a client certificate is required (mutual TLS)",
+                )
+            return
+        if peer.identity != participant_id:
+            raise ServiceError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"certificate identity {peer.identity[:64]!r} does not match participant id "
+                f"{participant_id[:64]!r}",
+            )
+
+    def authenticate(self, caller: pb.Caller, peer: Peer) -> Member:
+        """Check a request's caller against the transport identity and its session."""
+        if not caller.participant_id:
+            raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, "request names no caller")
+        self._check_peer(caller.participant_id, peer)
+        member = self._known(caller.participant_id)
+        with self._lock:
+            if member.session is None or not secrets.compare_digest(member.session, caller.session):
+                raise ServiceError(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "unknown or expired session: join again",
+                    reason=pb.SESSION_EXPIRED,
+                )
+            member.last_seen = time.monotonic()
+            member.last_contact = time.time()
+        return member
+
+    def authenticate_any(self, caller: pb.Caller, peer: Peer) -> str:
+        """For read-only status calls: a valid certificate (mTLS) or a valid session."""
+        if peer.identity is not None:
+            self._check_peer(caller.participant_id or peer.identity, peer)
+            return peer.identity
+        return self.authenticate(caller, peer).participant_id
+
+    def join(self, request: pb.JoinRequest, peer: Peer) -> Member:
+        """Verify a join and open a new session (invalidating any previous one)."""
+        pid = request.participant_id
+        if not pid:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "participant_id is required")
+        self._check_peer(pid, peer)
+        member = self._known(pid)
+        key = bytes(request.identity_public_key)
+        if len(key) != 32 or len(request.nonce) != 16 or len(request.signature) != 64:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "join needs a 32-byte Ed25519 key, a 16-byte nonce and a 64-byte signature",
+            )
+        now_ms = time.time() * 1000.0
+        if abs(now_ms - request.timestamp_ms) > self._skew * 1000.0:
+            raise ServiceError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"join timestamp is more than {self._skew:.0f}s away from the coordinator's clock",
+            )
+        try:
+            Ed25519PublicKey.from_public_bytes(key).verify(
+                bytes(request.signature),
+                join_payload(pid, key, request.timestamp_ms, bytes(request.nonce)),
+            )
+        except (InvalidSignature, ValueError):
+            raise ServiceError(
+                grpc.StatusCode.UNAUTHENTICATED, "join signature does not verify"
+            ) from None
+        cert_sha: str | None = None
+        if peer.certificate_pem is not None:
+            cert_sha = hashlib.sha256(peer.certificate_pem).hexdigest()
+            try:
+                cert = x509.load_pem_x509_certificate(peer.certificate_pem)
+                bound = identity_key_from_certificate(cert)
+                certificate_identity(cert)
+            except (CertificateError, ValueError) as exc:
+                raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+            if bound is None:
+                raise ServiceError(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "client certificate carries no spherecal identity key "
+                    "(issue it with `spherecal certs issue`)",
+                )
+            if bound != key:
+                raise ServiceError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "identity key differs from the one bound in the client certificate",
+                )
+        with self._lock:
+            if member.identity_key is not None and member.identity_key != key:
+                raise ServiceError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{pid!r} joined before with a different identity key",
+                )
+            if not self._nonces.claim(bytes(request.nonce), time.monotonic()):
+                raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, "replayed join request")
+            first = member.identity_key is None
+            member.identity_key = key
+            member.certificate_pem = peer.certificate_pem
+            member.session = secrets.token_urlsafe(24)
+            member.last_seen = time.monotonic()
+            member.last_contact = time.time()
+            member.joins += 1
+            shape = request.data
+            member.data_shape = (
+                shape.num_classes,
+                shape.in_channels,
+                shape.image_height,
+                shape.image_width,
+            )
+        self._store.record_join(pid, member.index, key, cert_sha)
+        if first:
+            self._store.event("info", f"pinned identity key of {pid}")
+        return member

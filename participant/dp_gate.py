@@ -1,0 +1,172 @@
+"""The participant's privacy gate for noisy calibration releases.
+
+A participant does not take the coordinator's word for the noise: from the job's
+public inputs (:class:`spherecal.proto.spherecal_pb2.DPRelease` — kind, l, C, n, t, the bound on
+examples, ε, δ, mechanism, quantisation, colluders) it plans the release itself
+(:func:`spherecal.spherefed.privacy.plan.plan_calibration_release`), checks that the job spec
+the coordinator signed carries that plan (length, scale, bound, noise bound, enough
+guaranteed contributors — :func:`spherecal.crypto.dp.verify_plan`), and charges the release
+to its **own** ledger in its state directory *before* computing anything. A release
+that would exceed its budget is refused with the numbers (:class:`BudgetExceeded`),
+and the coordinator is told why.
+
+The charge uses the planned worst case (exactly ``t`` contributors), so the local
+ledger never under-counts whatever the dropouts turn out to be.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from spherecal.crypto import JobSpec, SecAggError
+from spherecal.crypto.dp import NoisePlan, guaranteed_contributors, verify_plan
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.ledger import (
+    BudgetExceeded,
+    PrivacyBudget,
+    PrivacyLedger,
+    SqliteLedgerStore,
+)
+from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
+from spherecal.spherefed.privacy.settings import PrivacySettings
+
+__all__ = [
+    "BudgetExceeded",
+    "NoiseRequired",
+    "ParticipantPrivacy",
+    "PlaintextRefused",
+    "PrivacyRefused",
+]
+
+
+class PrivacyRefused(Exception):
+    """A task this participant's privacy policy does not allow (here: a DP plan it
+    does not accept; subclasses name the other rules)."""
+
+
+class NoiseRequired(PrivacyRefused):
+    """Calibration statistics without DP noise, or not securely aggregated, while this
+    participant's ``[privacy] enabled`` demands it."""
+
+
+class PlaintextRefused(PrivacyRefused, PermissionError):
+    """A plaintext upload or report while ``allow_plaintext`` is false."""
+
+
+class ParticipantPrivacy:
+    """Policy + local ledger (``state_dir/privacy.db``) of one participant."""
+
+    def __init__(self, settings: PrivacySettings, participant_id: str, state_dir: Path) -> None:
+        self.settings = settings
+        self.pid = participant_id
+        self.path = state_dir / "privacy.db"
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ ledger
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False)
+        return self._conn
+
+    def ledger(self, delta: float) -> PrivacyLedger:
+        """The local ledger under this participant's budget (or, with privacy not
+        enabled locally, an unlimited one at the job's δ — still recorded)."""
+        budget = self.settings.budget() if self.settings.enabled else PrivacyBudget(delta=delta)
+        return PrivacyLedger(SqliteLedgerStore(self._connection()), budget)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # ------------------------------------------------------------ gate
+    def require_noise(self, task: pb.StatisticsTask) -> None:
+        """Refuse statistics without DP noise when this participant demands it."""
+        if not self.settings.enabled:
+            return
+        if not task.HasField("privacy"):
+            raise NoiseRequired(
+                "this participant releases calibration statistics only with DP noise "
+                "([privacy] enabled); the job carries no DP plan"
+            )
+        if not task.HasField("secure"):
+            raise NoiseRequired("a DP release must be securely aggregated (noise before masking)")
+
+    def admit(
+        self,
+        job_id: str,
+        release: pb.DPRelease,
+        spec: JobSpec,
+        *,
+        dim: int,
+        num_classes: int,
+        examples: int,
+    ) -> tuple[CalibrationPlan, NoisePlan, dict[str, Any]]:
+        """Plan, verify and charge one release; return (plan, noise plan, ledger entry).
+
+        Raises :class:`PrivacyRefused` (the job does not match this participant's plan
+        or policy) or :class:`BudgetExceeded` (with its numbers)."""
+        s = self.settings
+        if release.kind not in ("ffc", "ccvr"):
+            raise PrivacyRefused(f"unknown release kind {release.kind!r}")
+        if (release.dim, release.num_classes) != (dim, num_classes):
+            raise PrivacyRefused(
+                f"the job declares l={release.dim}, C={release.num_classes}; this model has "
+                f"l={dim}, C={num_classes}"
+            )
+        if release.participants != spec.n:
+            raise PrivacyRefused(
+                f"the DP plan assumes {release.participants} participants, the job has {spec.n}"
+            )
+        if examples > release.max_examples:
+            raise PrivacyRefused(
+                f"this participant holds {examples} examples, above the job's public bound "
+                f"max_examples={release.max_examples}: the sensitivity bound would not hold"
+            )
+        if s.enabled and not math.isclose(release.delta, s.delta, rel_tol=1e-12):
+            raise PrivacyRefused(f"the job's δ = {release.delta:g} differs from ours ({s.delta:g})")
+        colluders = max(int(release.colluders), s.colluders if s.enabled else 0)
+        t = int(release.min_contributors)
+        if guaranteed_contributors(spec) < t:
+            raise PrivacyRefused(
+                f"the job guarantees only {guaranteed_contributors(spec)} contributors, "
+                f"the DP plan assumes {t}"
+            )
+        try:
+            plan = plan_calibration_release(
+                release.kind,
+                dim=dim,
+                num_classes=num_classes,
+                participants=spec.n,
+                min_contributors=t,
+                epsilon_target=float(release.epsilon),
+                delta=float(release.delta),
+                max_examples=int(release.max_examples),
+                mechanism=release.mechanism,
+                quant_bits=int(release.quant_bits),
+                colluders=colluders,
+            )
+        except (ValueError, SecAggError) as exc:  # RingOverflowRisk, NoiseTooLarge…
+            raise PrivacyRefused(f"cannot plan the release: {exc}") from None
+        try:
+            verify_plan(spec, plan.noise)
+        except SecAggError as exc:
+            raise PrivacyRefused(str(exc)) from None
+        if spec.scale_bits != plan.scale_bits or spec.bound != plan.value_bound:
+            raise PrivacyRefused(
+                f"job scale 2^-{spec.scale_bits} / bound {spec.bound:g} differ from the plan's "
+                f"2^-{plan.scale_bits} / {plan.value_bound:g}"
+            )
+        with self._lock:
+            ledger = self.ledger(float(release.delta))
+            entry = ledger.charge(
+                self.pid, plan.charge(plan.noise.min_contributors), release_id=job_id
+            )
+        return plan, plan.noise, entry.to_json()

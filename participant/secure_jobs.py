@@ -1,0 +1,352 @@
+"""The participant's secure-aggregation jobs over the network: start one (advertise
+first), answer its share stage, fix its input, answer each later stage, stream the
+masked input.
+
+Why advertise and share first: the moments a participant advertises its keys and
+sends its shares are recorded by the coordinator (audit table). If either followed
+training or computing statistics, that moment would reveal how long the local work
+took — and with it the number of local examples (issue #9 measured a correlation of
+0.9 for the advertisement; once only the advertisement moved, 0.78 for the share
+answer, pooled over six runs of ``bench/timing_channel.py``). Neither depends on
+the input, so a job is started and advertised as soon as the task arrives, its share
+step is awaited and answered (:meth:`SecureSteps.answer_share`, bounded by
+``[policy] share_wait_s``), and only then does the local work run;
+:meth:`SecureSteps.set_input` fixes the vector (``crypto`` allows it at any stage
+before unmasking). What remains is the masked
+upload, which needs the input by nature; ``[policy] min_local_work_s`` hides it.
+
+Why here, not in the runner: one idea per module — the runner decides *what* to
+compute; this module owns the job sessions, the release consumption at the moment
+the input leaves (:mod:`spherecal.participant.release_ledger`), and complaints: a share that fails
+authentication is answered with the signed complaint naming its dealer (stage
+``COMPLAINT``) before the typed withdrawal, so the coordinator can exclude the dealer
+when it retries.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from spherecal import crypto
+from spherecal.participant.faults import Halter
+from spherecal.participant.policy import PolicySettings, ReleaseRepeated
+from spherecal.participant.release_ledger import ReleaseLedger
+from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.transport import Transport, TransportError
+from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
+from spherecal.proto import spherecal_pb2 as pb
+
+__all__ = ["EarlyShare", "SecureSteps"]
+
+Refuse = Callable[[str, BaseException], None]
+
+TRANSPORT_RETRY_S = 0.5
+"""Pause before polling again when the coordinator was briefly unreachable while the
+participant waited for a share step (the wait's own bound still applies)."""
+
+
+@dataclass(frozen=True)
+class EarlyShare:
+    """How waiting for a job's share step ended (:meth:`SecureSteps.answer_share`)."""
+
+    proceed: bool
+    """Do the local work: the job is still this participant's (shares answered, or
+    the step did not come within the wait and is answered after the work)."""
+    deferred: pb.Instruction | None = None
+    """An instruction that arrived meanwhile, for the main loop to act on next (a
+    later step of this job, or — the coordinator moved on — the next task or
+    ``Done``)."""
+
+
+class SecureSteps:
+    """The live secure-aggregation sessions of one participant process."""
+
+    def __init__(
+        self,
+        *,
+        participant_id: str,
+        identity: Ed25519PrivateKey,
+        ledger: crypto.JobLedger,
+        trust: DirectoryTrust,
+        transport: Transport,
+        halter: Halter,
+        releases: ReleaseLedger,
+        policy: PolicySettings,
+        caller: Callable[[], pb.Caller],
+        refuse: Refuse,
+        log: Callable[[str], None],
+        poll_ms: int = 2000,
+        corrupt_shares: bool = False,
+    ) -> None:
+        self.pid = participant_id
+        self.identity = identity
+        self.ledger = ledger
+        self.trust = trust
+        self.transport = transport
+        self.halter = halter
+        self.releases = releases
+        self.policy = policy.secagg()
+        self.min_local_work_s = float(policy.min_local_work_s)
+        self.share_wait_s = float(policy.share_wait_s)
+        self.poll_ms = poll_ms
+        self._deferred: pb.Instruction | None = None
+        self._started: dict[bytes, float] = {}
+        self.caller = caller
+        self.refuse = refuse
+        self.log = log
+        self.corrupt_shares = corrupt_shares
+        self.jobs: dict[bytes, SecureSession] = {}
+
+    def clear(self) -> None:
+        self.jobs.clear()
+        self._started.clear()
+        self._deferred = None
+
+    def take_deferred(self) -> pb.Instruction | None:
+        """The instruction that ended a share wait, if one is pending: the main loop
+        acts on it before polling again."""
+        instruction, self._deferred = self._deferred, None
+        return instruction
+
+    # ---------------------------------------------------------------- start
+    def start(
+        self,
+        task_id: str,
+        job: pb.SecAggJob,
+        *,
+        round_index: int | None,
+        expected_length: int,
+        release: str | None = None,
+    ) -> SecureSession | None:
+        """Validate the job against this participant's policy, claim it, advertise
+        keys and answer the share step — before any local work. None when refused
+        (already reported) or when the coordinator moved on meanwhile: the caller
+        then skips the local work."""
+        try:
+            session = SecureSession(
+                job,
+                participant_id=self.pid,
+                identity=self.identity,
+                ledger=self.ledger,
+                trust=self.trust,
+                round_index=round_index,
+                policy=self.policy,
+                release=release,
+                corrupt_shares=self.corrupt_shares,
+            )
+            if session.spec.length != expected_length:
+                raise crypto.WrongLength(
+                    f"job length {session.spec.length} is not the expected {expected_length}"
+                )
+        except (crypto.SecAggError, UntrustedDirectory) as exc:
+            self.refuse(task_id, exc)
+            return None
+        self.halter.check(
+            "advertise", purpose=session.purpose, round_index=round_index, what=task_id
+        )
+        self.jobs[session.job_id] = session
+        self._started[session.job_id] = time.monotonic()
+        self._submit(session, pb.ADVERTISE, session.advertise())
+        self.log(f"job {session.job_id.hex()[:8]}: advertised keys ({session.purpose})")
+        early = self.answer_share(session, wait_s=self.share_wait_s, poll_ms=self.poll_ms)
+        if early.deferred is not None:
+            self._deferred = early.deferred
+        return session if early.proceed else None
+
+    def answer_share(self, session: SecureSession, *, wait_s: float, poll_ms: int) -> EarlyShare:
+        """Wait (long polls, at most ``wait_s``) for this job's share step and answer
+        it, before any local work: the share answer's time then depends on the
+        slowest *advertisement*, not on this participant's data.
+
+        Any other instruction ends the wait: a later step of the same job is kept for
+        after the local work; anything else means the coordinator moved on (the job
+        failed or was abandoned), so the job is forgotten and its local work skipped
+        — the instruction goes back to the main loop. If ``wait_s`` passes without
+        the step, the local work runs first and the share step is answered afterwards
+        from the main loop (as with ``share_wait_s = 0``), logged."""
+        job = session.job_id
+        deadline = time.monotonic() + wait_s
+        while job in self.jobs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if wait_s > 0:
+                    self.log(
+                        f"job {job.hex()[:8]}: no share step within share_wait_s = {wait_s:g} s;"
+                        " local work first (its timing is not hidden)"
+                    )
+                return EarlyShare(proceed=True)
+            request = pb.InstructionRequest(
+                caller=self.caller(), wait_ms=max(1, min(poll_ms, math.ceil(remaining * 1000)))
+            )
+            try:
+                instruction = self.transport.next_instruction(request)
+            except TransportError as exc:
+                if exc.session_expired or not exc.retryable:
+                    raise
+                time.sleep(min(TRANSPORT_RETRY_S, max(0.0, remaining)))
+                continue
+            kind = instruction.WhichOneof("kind")
+            if kind == "wait" or kind is None:
+                continue
+            if kind == "secagg" and bytes(instruction.secagg.job_id) == job:
+                if instruction.secagg.stage != pb.SHARE:
+                    return EarlyShare(proceed=True, deferred=instruction)
+                self.step(instruction.secagg)
+                answered = job in self.jobs  # a refusal or a closed stage drops the job
+                if answered:
+                    self.log(f"job {job.hex()[:8]}: shared keys before the local work")
+                return EarlyShare(proceed=answered)
+            self.log(f"job {job.hex()[:8]}: the coordinator moved on before its share stage")
+            self.forget(session)
+            return EarlyShare(proceed=False, deferred=instruction)
+        return EarlyShare(proceed=False)
+
+    def set_input(
+        self,
+        task_id: str,
+        session: SecureSession,
+        vector: npt.NDArray[np.float64],
+        *,
+        noise: npt.NDArray[np.int64] | None = None,
+    ) -> bool:
+        """Fix the job's input once computed; False (reported) when it cannot be.
+        With ``[policy] min_local_work_s`` it first waits until that long after the
+        task arrived (so the next messages' timing says nothing about the data)."""
+        started = self._started.pop(session.job_id, None)
+        if self.min_local_work_s > 0 and started is not None:
+            left = started + self.min_local_work_s - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+            else:
+                self.log(
+                    f"job {session.job_id.hex()[:8]}: local work took longer than "
+                    f"min_local_work_s = {self.min_local_work_s:g} s; its timing is not hidden"
+                )
+        try:
+            session.set_input(vector, noise=noise)
+        except crypto.SecAggError as exc:
+            self.abandon(task_id, session, exc)
+            return False
+        return True
+
+    def abandon(self, task_id: str, session: SecureSession | None, error: BaseException) -> None:
+        """Withdraw from a task, and from its job if one was started (the local work
+        failed or was refused)."""
+        self.forget(session)
+        self.refuse(task_id, error)
+
+    def forget(self, session: SecureSession | None) -> None:
+        """Drop a started job's state (it answers nothing more in that job)."""
+        if session is not None:
+            self.jobs.pop(session.job_id, None)
+            self._started.pop(session.job_id, None)
+
+    # ---------------------------------------------------------------- stages
+    def _submit(self, session: SecureSession, stage: pb.SecAggStage, data: bytes) -> None:
+        try:
+            self.transport.submit_secagg(
+                pb.SecAggSubmission(
+                    caller=self.caller(), job_id=session.job_id, stage=stage, message=data
+                )
+            )
+        except TransportError as exc:
+            if exc.code is grpc.StatusCode.ALREADY_EXISTS:
+                return
+            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
+                self.log(f"job {session.job_id.hex()[:8]} moved on without us: {exc.message}")
+                self.jobs.pop(session.job_id, None)
+                return
+            raise
+
+    def step(self, step: pb.SecAggStep) -> None:
+        session = self.jobs.get(bytes(step.job_id))
+        job_hex = bytes(step.job_id).hex()
+        if session is None:
+            self.refuse(job_hex, crypto.JobAborted("this participant holds no state for the job"))
+            return
+        stage_name = {pb.SHARE: "share", pb.MASKED: "masked", pb.UNMASK: "unmask"}.get(step.stage)
+        if stage_name is not None and stage_name != "masked":
+            self.halter.check(
+                stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
+            )
+        try:
+            out = session.respond(step)
+        except crypto.SecAggError as exc:
+            self.jobs.pop(session.job_id, None)
+            complaint = getattr(exc, "complaint", None)
+            if isinstance(complaint, crypto.ShareComplaint):
+                self._complain(session, complaint)
+            self.refuse(job_hex, exc)
+            return
+        if out is not None:
+            self._submit(session, step.stage, out)
+        else:
+            self._upload_masked(session)
+        if step.stage == pb.UNMASK:
+            self.jobs.pop(session.job_id, None)
+
+    def _complain(self, session: SecureSession, complaint: crypto.ShareComplaint) -> None:
+        """Send the signed complaint naming the dealer (best effort: the withdrawal
+        follows either way)."""
+        self.log(
+            f"job {session.job_id.hex()[:8]}: shares of {complaint.dealer} failed; complaining"
+        )
+        try:
+            self.transport.submit_secagg(
+                pb.SecAggSubmission(
+                    caller=self.caller(),
+                    job_id=session.job_id,
+                    stage=pb.COMPLAINT,
+                    message=complaint.to_bytes(),
+                )
+            )
+        except TransportError as exc:
+            self.log(f"could not deliver the complaint: {exc.message}")
+
+    def _upload_masked(self, session: SecureSession) -> None:
+        job_id = session.job_id
+        if session.release is not None:
+            try:
+                self.releases.consume(session.release)
+            except ReleaseRepeated as exc:  # a concurrent job was released first
+                self.abandon(job_id.hex(), session, exc)
+                return
+        n = session.n_chunks
+
+        def messages() -> Iterator[pb.MaskedUpload]:
+            for index in range(n):
+                if index == 1 or n == 1:
+                    self.halter.check(
+                        "masked",
+                        purpose=session.purpose,
+                        round_index=session.round,
+                        what=job_id.hex(),
+                    )
+                chunk = session.masked_chunk(index)
+                if index == 0:
+                    yield pb.MaskedUpload(caller=self.caller(), job_id=job_id, chunk=chunk)
+                else:
+                    yield pb.MaskedUpload(chunk=chunk)
+
+        try:
+            self.transport.upload_masked(messages())
+        except TransportError as exc:
+            if exc.code is grpc.StatusCode.ALREADY_EXISTS:
+                return
+            if exc.slots_busy:
+                time.sleep(0.2 + random.random() * 0.5)  # coordinator busy: it re-asks
+                return
+            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
+                self.log(f"job {job_id.hex()[:8]} closed its masked stage: {exc.message}")
+                self.jobs.pop(job_id, None)
+                return
+            raise

@@ -1,0 +1,176 @@
+"""The participant's side of one secure-aggregation job over the network.
+
+Wraps ``crypto.SecAggParticipant`` with what a flaky network needs: every outgoing
+message is cached by stage, so when a reply is lost and the coordinator repeats a
+step the participant already acted on, it re-sends the *same* bytes (the coordinator
+answers ALREADY_EXISTS if it had them) instead of computing a new message — never
+two different messages for one stage, which could leak. Masked chunks are
+deterministic (CTR seeking) and computed one at a time while streaming, so a
+participant's memory is O(vector), and a broken upload can simply be retried.
+
+Job ids are claimed in a persistent ledger (SQLite in the participant's state
+directory) before any key is generated, so a coordinator cannot make a participant
+run the same job id twice, even across restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from spherecal import crypto
+from spherecal.crypto import JobSpec, ParticipantStage, SecAggParticipant
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+
+__all__ = ["SecureSession", "SqliteJobLedger", "corrupt"]
+
+
+def corrupt(shares: crypto.ShareKeys) -> crypto.ShareKeys:
+    """TEST ONLY (``corrupt_shares``): flip one ciphertext bit of every share dealt
+    to another holder, so each holder's AES-GCM check fails and it complains."""
+    out = []
+    for share in shares.shares:
+        if share.receiver != shares.sender:
+            flipped = bytes([share.ciphertext[0] ^ 1]) + share.ciphertext[1:]
+            share = dataclasses.replace(share, ciphertext=flipped)
+        out.append(share)
+    return dataclasses.replace(shares, shares=tuple(out))
+
+
+class SqliteJobLedger:
+    """``crypto.JobLedger`` that survives restarts."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS jobs (participant TEXT, job_id BLOB, "
+            "PRIMARY KEY (participant, job_id))"
+        )
+
+    def claim(self, participant_id: str, job_id: bytes) -> None:
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "INSERT INTO jobs (participant, job_id) VALUES (?, ?)",
+                    (participant_id, bytes(job_id)),
+                )
+            except sqlite3.IntegrityError:
+                raise crypto.JobReplayed(
+                    f"participant {participant_id!r} already ran job {bytes(job_id).hex()[:32]}; "
+                    "a job id is never run twice"
+                ) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class SecureSession:
+    """One job: construct (validates the spec and directory against this
+    participant's policy, claims the job id), then :meth:`advertise` — before any
+    local work, so the advertisement's timing says nothing about the data —, then
+    :meth:`set_input` once the vector is computed, then :meth:`respond` to each step."""
+
+    def __init__(
+        self,
+        job: pb.SecAggJob,
+        *,
+        participant_id: str,
+        identity: Ed25519PrivateKey,
+        ledger: crypto.JobLedger,
+        trust: DirectoryTrust,
+        vector: npt.NDArray[np.float64] | None = None,
+        round_index: int | None = None,
+        noise: npt.NDArray[np.int64] | None = None,
+        policy: crypto.SecAggPolicy | None = None,
+        release: str | None = None,
+        corrupt_shares: bool = False,
+    ) -> None:
+        spec = JobSpec.from_bytes(job.spec)
+        if vector is not None and spec.length != vector.shape[0]:
+            raise crypto.WrongLength(
+                f"job expects {spec.length} entries but this participant's input has "
+                f"{vector.shape[0]}"
+            )
+        directory = trust.verify(job.directory, crypto.keys_needed(spec, participant_id))
+        self.spec = spec
+        self.purpose = job.purpose
+        self.round = round_index
+        self.release = release
+        """Release-ledger key consumed right before the masked input leaves."""
+        self._corrupt = corrupt_shares
+        self.client = SecAggParticipant(
+            spec, participant_id, identity, directory, ledger=ledger, policy=policy
+        )
+        if vector is not None:
+            self.set_input(vector, noise=noise)
+        self._sent: dict[pb.SecAggStage, bytes] = {}
+
+    def set_input(
+        self, vector: npt.NDArray[np.float64], *, noise: npt.NDArray[np.int64] | None = None
+    ) -> None:
+        if self.spec.length != vector.shape[0]:
+            raise crypto.WrongLength(
+                f"job expects {self.spec.length} entries but this participant's input has "
+                f"{vector.shape[0]}"
+            )
+        self.client.set_input(vector, noise=noise)
+
+    @property
+    def job_id(self) -> bytes:
+        return self.spec.job_id
+
+    @property
+    def done(self) -> bool:
+        return self.client.stage in (ParticipantStage.DONE, ParticipantStage.FAILED)
+
+    def advertise(self) -> bytes:
+        if pb.ADVERTISE not in self._sent:
+            self._sent[pb.ADVERTISE] = self.client.advertise_keys().to_bytes()
+        return self._sent[pb.ADVERTISE]
+
+    def respond(self, step: pb.SecAggStep) -> bytes | None:
+        """The message to submit for ``step`` (SHARE/CONSISTENCY/UNMASK), or None for
+        MASKED (the caller then streams :meth:`masked_chunks`)."""
+        stage = step.stage
+        if stage in self._sent:
+            return self._sent[stage]
+        data = bytes(step.message)
+        if stage == pb.SHARE:
+            shares = self.client.share_keys(crypto.KeyRoster.from_bytes(data))
+            out = (corrupt(shares) if self._corrupt else shares).to_bytes()
+        elif stage == pb.MASKED:
+            if self.client.stage is ParticipantStage.RECEIVE_SHARES:
+                self.client.receive_shares(crypto.ShareBundle.from_bytes(data))
+            return None
+        elif stage == pb.CONSISTENCY:
+            request = crypto.ConsistencyRequest.from_bytes(data)
+            out = self.client.consistency_signature(request).to_bytes()
+        elif stage == pb.UNMASK:
+            out = self.client.unmask(crypto.UnmaskRequest.from_bytes(data)).to_bytes()
+        else:
+            raise crypto.OutOfStage(f"unknown secure-aggregation stage {stage}")
+        self._sent[stage] = out
+        return out
+
+    @property
+    def n_chunks(self) -> int:
+        return self.spec.n_chunks
+
+    def masked_chunk(self, index: int) -> bytes:
+        return self.client.masked_chunk(index).to_bytes()
+
+    def masked_chunks(self) -> Iterator[bytes]:
+        for index in range(self.spec.n_chunks):
+            yield self.masked_chunk(index)
