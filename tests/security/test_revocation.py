@@ -19,7 +19,7 @@ import pytest
 from cryptography import x509
 
 from spherecal.certs import init_ca, issue_participant, revoke_participant
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.server.grpc_server import build_server
 from spherecal.coordinator.server.revocation import RevocationList, load_verified_crl

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 
 REPO = Path(__file__).resolve().parents[3]
 
