@@ -192,7 +192,7 @@ class CoordinatorService:
 
     def presence_open(self, request: pb.HeartbeatRequest, peer: Peer) -> Member:
         member = self.registry.authenticate(request.caller, peer)
-        self.registry.presence_opened(member)
+        self.registry.presence_opened(member, peer.address)
         self.traffic.received(member.participant_id, "control", request.ByteSize())
         return member
 
