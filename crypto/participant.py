@@ -91,7 +91,7 @@ from spherecal.crypto.messages import (
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import MaskExpander, MaskSeed
 from spherecal.crypto.replay import JobLedger, default_ledger
-from spherecal.crypto.ring import RING_DTYPE, add_noise, encode
+from spherecal.crypto.ring import add_noise, encode
 from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
@@ -177,9 +177,9 @@ class SecAggParticipant:
         self._members2: frozenset[str] = frozenset()
         self._held: dict[str, tuple[int, SharePlaintext]] = {}
         self._plan: list[tuple[MaskSeed, int]] = []
-        self._encoded: npt.NDArray[np.uint64] | None = None
+        self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._expander: MaskExpander | None = None
-        self._work: npt.NDArray[np.uint64] = np.empty(0, dtype=RING_DTYPE)
+        self._work: npt.NDArray[np.unsignedinteger] = np.empty(0, dtype=spec.dtype)
         self._signed_survivors: tuple[str, ...] | None = None
         self._complete_x: int | None = None
         self._answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
@@ -394,8 +394,8 @@ class SecAggParticipant:
         self._held = held
         self._plan = plan
         self._members2 = members
-        self._expander = MaskExpander(min(spec.chunk_size, spec.length))
-        self._work = np.empty(min(spec.chunk_size, spec.length), dtype=RING_DTYPE)
+        self._expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
+        self._work = np.empty(min(spec.chunk_size, spec.length), dtype=spec.dtype)
         self._stage = ParticipantStage.MASKED
 
     def _complain(self, dealer: str, reason: ComplaintReason) -> ForgedShare:
@@ -434,7 +434,13 @@ class SecAggParticipant:
         if self._encoded is not None:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        encoded = encode(vector, scale_bits=spec.scale_bits, bound=spec.bound, length=spec.length)
+        encoded = encode(
+            vector,
+            scale_bits=spec.scale_bits,
+            bound=spec.bound,
+            length=spec.length,
+            ring_bits=spec.ring_bits,
+        )
         if noise is not None:
             add_noise(encoded, noise, noise_bound=spec.noise_bound)
         self._encoded = encoded
@@ -450,9 +456,11 @@ class SecAggParticipant:
             raise JobAborted("mask state is gone")
         start, stop = self.spec.chunk_bounds(index)
         out = self._work[: stop - start]
-        np.copyto(out, self._encoded[start:stop])
+        source: npt.NDArray[np.unsignedinteger] | None = self._encoded[start:stop]
         for seed, sign_ in self._plan:
-            self._expander.apply(out, seed, start, sign_)
+            # The first mask reads the encoded input directly (no separate copy pass).
+            self._expander.apply(out, seed, start, sign_, source=source)
+            source = None
         return MaskedChunk(
             job_id=self.spec.job_id, sender=self.participant_id, index=index, payload=out.tobytes()
         )

@@ -53,7 +53,7 @@ def test_pairwise_seed_is_symmetric_and_separated_by_everything() -> None:
     assert all(v != base for v in variants)
     # Same secret, different purpose: unrelated keys.
     chan = channel_key(secret, spec_digest=DIGEST, job_id=JOB, a="alice", b="bob")
-    assert chan != base.key + base.iv
+    assert chan != base.key + base.nonce
     assert self_mask_seed(secret, spec_digest=DIGEST, job_id=JOB, owner="alice") != (
         self_mask_seed(secret, spec_digest=DIGEST, job_id=JOB, owner="bob")
     )
