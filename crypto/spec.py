@@ -131,7 +131,8 @@ class JobSpec:
 
         ``resolution`` (with ``scale_bits`` left to choose) picks the ring by
         :func:`spherecal.crypto.ring.choose_ring`: 32 bits when a step ``2^-f <=
-        resolution`` fits, else 64; without it the ring is ``ring_bits`` (default 64)."""
+        resolution`` fits, else 64 (``chunk_size`` rounded up to whole AES blocks of the
+        chosen ring); without it the ring is ``ring_bits`` (default 64)."""
         ids = tuple(sorted(participants))
         n = len(ids)
         if job_id is None:
@@ -150,12 +151,13 @@ class JobSpec:
                     n, float(bound), resolution=resolution, noise_bound=noise_bound
                 )
                 ring_bits, scale_bits = choice.ring_bits, choice.scale_bits
+                per_block = 128 // ring_bits  # the chosen ring's chunks: whole AES blocks
+                chunk_size = -(-chunk_size // per_block) * per_block
             else:
                 scale_bits = choose_scale_bits(n, float(bound), noise_bound, ring_bits)
         if consistency_check is None:
             consistency_check = 2 * threshold > max_closed_size(graph, n, degree)
-        per_block = 128 // ring_bits if ring_bits in RING_WIDTHS else 1
-        chunk_size = -(-chunk_size // per_block) * per_block  # whole AES blocks
+
         return cls(
             job_id=job_id_bytes,
             participants=ids,

@@ -117,8 +117,11 @@ def test_header_checks() -> None:
     data = advert().to_bytes()
     with pytest.raises(MalformedMessage, match="magic"):
         AdvertiseKeys.from_bytes(b"XXXX" + data[4:])
-    with pytest.raises(MalformedMessage, match="version"):
-        AdvertiseKeys.from_bytes(data[:4] + b"\x02" + data[5:])
+    with pytest.raises(MalformedMessage, match="unsupported protocol version 3"):
+        AdvertiseKeys.from_bytes(data[:4] + b"\x03" + data[5:])
+    # The retired version 1 is refused by name, so an old peer learns why.
+    with pytest.raises(MalformedMessage, match="version 1 .* no longer supported"):
+        AdvertiseKeys.from_bytes(data[:4] + b"\x01" + data[5:])
     with pytest.raises(MalformedMessage, match="different message type"):
         ShareKeys.from_bytes(data)
     with pytest.raises(MalformedMessage, match="unknown message type"):
@@ -141,7 +144,7 @@ def test_construction_enforces_structure() -> None:
             seed_commitment=bytes(32),
             signature=bytes(64),
         )
-    with pytest.raises(MalformedMessage, match="whole uint64"):
+    with pytest.raises(MalformedMessage, match="whole ring words"):
         MaskedChunk(job_id=b"j", sender="a", index=0, payload=b"1234567")
     with pytest.raises(MalformedMessage, match="revealed share"):
         RevealedShare("a", ShareKind.SEED, 1, os.urandom(32), os.urandom(16))

@@ -48,8 +48,10 @@ def test_known_answer_against_fixed_bytes() -> None:
     # AES-128 (FIPS-197 key 000102..0f) of the block 00..00 || 00000002: the first
     # keystream block of a mask with that key and an all-zero nonce.
     seed = MaskSeed(key=bytes(range(16)), nonce=bytes(12))
-    block = Cipher(algorithms.AES(seed.key), modes.ECB()).encryptor().update(
-        bytes(12) + b"\x00\x00\x00\x02"
+    block = (
+        Cipher(algorithms.AES(seed.key), modes.ECB())
+        .encryptor()
+        .update(bytes(12) + b"\x00\x00\x00\x02")
     )
     for engine in ENGINES:
         words = keystream_words(seed, 0, 2, engine=engine)
