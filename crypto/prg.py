@@ -111,10 +111,11 @@ def counter_block(nonce: bytes, block_index: int) -> bytes:
 def _context(seed: MaskSeed, block_index: int, engine: str) -> CipherContext:
     segment, j = divmod(block_index, SEGMENT_BLOCKS)
     if engine == "gcm" and j == 0:
-        mode: modes.Mode = modes.GCM(segment_nonce(seed.nonce, segment))
-    else:
-        mode = modes.CTR(counter_block(seed.nonce, block_index))
-    return Cipher(algorithms.AES(seed.key), mode).encryptor()
+        # The encryptor is never finalised: only its keystream is used, never a tag.
+        gcm = Cipher(algorithms.AES(seed.key), modes.GCM(segment_nonce(seed.nonce, segment)))
+        return gcm.encryptor()
+    ctr = Cipher(algorithms.AES(seed.key), modes.CTR(counter_block(seed.nonce, block_index)))
+    return ctr.encryptor()
 
 
 def keystream_rate_gbps(engine: str, total_bytes: int = 32 << 20, passes: int = 3) -> float:

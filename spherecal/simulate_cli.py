@@ -70,6 +70,7 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout": 4.0,
     "federated_every": 0,
     "update_bound": None,
+    "update_resolution": None,
     "statistics_bound": None,
     "epsilon": None,
     "delta": 1e-5,
@@ -180,6 +181,12 @@ def add_simulate_parser(sub: SubParsers) -> None:
     p.add_argument("--heartbeat-timeout", type=float, default=S)
     p.add_argument("--federated-every", type=int, default=S)
     p.add_argument("--update-bound", type=float, default=S)
+    p.add_argument(
+        "--update-resolution",
+        type=float,
+        default=S,
+        help="largest fixed-point step on update entries (2^-10; 0: always the 64-bit ring)",
+    )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(
         "--epsilon",
@@ -328,7 +335,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     secure = bool(o["secure"])
     ids = tuple(f"p{k}" for k in range(reference.participants))
     extra: dict[str, Any] = {}
-    for key in ("update_bound", "statistics_bound"):
+    for key in ("update_bound", "update_resolution", "statistics_bound"):
         if o[key] is not None:
             extra[key] = float(o[key])
     calibration = tuple(c.strip() for c in str(o["calibration"]).split(",") if c.strip())
