@@ -185,7 +185,7 @@ def add_simulate_parser(sub: SubParsers) -> None:
         "--update-resolution",
         type=float,
         default=S,
-        help="largest fixed-point step on update entries (2^-10; 0: always the 64-bit ring)",
+        help="largest fixed-point step on update entries (default 0: the 64-bit ring)",
     )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(

@@ -44,7 +44,10 @@ def _settings(tmp: Path, *, secure: bool) -> tuple[CoordinatorSettings, list[Par
         model=ModelSettings(extractor="mlp"),
         training=TrainingSettings(rounds=ROUNDS),
         calibration=CalibrationSettings(methods=("ffc", "ccvr")),
-        secagg=SecAggSettings(updates=secure, statistics=secure, chunk_entries=8192),
+        # update jobs opt in to the 32-bit ring: the service path of issue #24
+        secagg=SecAggSettings(
+            updates=secure, statistics=secure, chunk_entries=8192, update_resolution=2.0**-10
+        ),
         server=ServerSettings(insecure=True),
         timeouts=Timeouts(
             heartbeat_interval_s=0.2, heartbeat_timeout_s=10, long_poll_s=0.3, linger_s=5
