@@ -176,6 +176,7 @@ class SecAggParticipant:
         self._members1: frozenset[str] = frozenset()
         self._members2: frozenset[str] = frozenset()
         self._held: dict[str, tuple[int, SharePlaintext]] = {}
+        self._channel_keys: dict[str, bytes] = {}
         self._plan: list[tuple[MaskSeed, int]] = []
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._expander: MaskExpander | None = None
@@ -226,6 +227,7 @@ class SecAggParticipant:
         # reference lets the secrets be collected and keeps them out of later calls.
         self._keys = None
         self._held = {}
+        self._channel_keys = {}
         self._plan = []
         self._encoded = None
         if self._expander is not None:
@@ -326,14 +328,21 @@ class SecAggParticipant:
         return ShareKeys(job_id=spec.job_id, sender=me, shares=out)
 
     def _channel_key(self, peer: str) -> bytes:
+        """The share-channel key with ``peer``, derived once per job: round 1 seals a
+        share to each holder and round 2 opens one from each dealer — the same peers —
+        so the X25519 agreement and HKDF run once per neighbour, not twice."""
+        cached = self._channel_keys.get(peer)
+        if cached is not None:
+            return cached
         shared = agree(self._secrets().channel, self._adverts[peer].channel_public)
-        return channel_key(
+        key = self._channel_keys[peer] = channel_key(
             shared,
             spec_digest=self.spec.digest,
             job_id=self.spec.job_id,
             a=self.participant_id,
             b=peer,
         )
+        return key
 
     # ------------------------------------------------------------------ round 2
     def receive_shares(self, bundle: ShareBundle) -> None:
@@ -392,6 +401,7 @@ class SecAggParticipant:
             # so the pair's masks cancel in the sum.
             plan.append((seed, +1 if me < peer else -1))
         self._held = held
+        self._channel_keys = {}  # no share travels after this round
         self._plan = plan
         self._members2 = members
         self._expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
