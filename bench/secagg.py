@@ -49,6 +49,14 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``dim``; at most ``w/8 + 0.1`` for a ``w``-bit ring. ``rings`` repeats the main
     figures for one run in the other ring (the 64-bit statistics ring and the 32-bit
     update ring), so one invocation reports the bytes per entry of both.
+``kernel``
+    The masking kernel alone, interleaved so that load on a shared machine hits both
+    sides alike: per pass, one participant's whole vector (``--dim`` entries, 11 masks,
+    chunk by chunk as ``masked_chunk`` does it: encoded input + masks, serialised) and
+    the same number of keystream bytes from the faster engine with nothing else; the
+    ratio of the best passes (contention only adds time), per ring:
+    ``mask_over_keystream`` (issue #24 target: at least 0.75) and ``input_over_keystream``
+    (float vector → upload bytes, encoding included; target at most 1.3).
 ``scaling``
     With ``--scaling 10,100,500,1000``: one SecAgg+ job (Harary graph, ``--scaling-dim``
     entries, 10 % of the participants dropping before their masked input) per n;
@@ -91,6 +99,7 @@ import math
 import random
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +357,45 @@ def run(
     return out
 
 
+def kernel(dim: int, *, ring_bits: int, masks: int = 11, passes: int = 7) -> dict[str, Any]:
+    """Interleaved best-of-``passes``: masking one vector vs the bare keystream."""
+    from spherecal.crypto.prg import MaskExpander, MaskSeed
+    from spherecal.crypto.ring import encode, ring_dtype
+
+    dtype = ring_dtype(ring_bits)
+    chunk = DEFAULT_CHUNK_ENTRIES
+    x = np.random.default_rng(0).uniform(-1.0, 1.0, dim)
+    seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
+    total_bytes = masks * dim * dtype.itemsize
+    best = {"keystream": math.inf, "mask": math.inf, "input": math.inf}
+    for _ in range(passes):
+        best["keystream"] = min(best["keystream"], raw_keystream_seconds(total_bytes))
+        for key, with_encode in (("mask", False), ("input", True)):
+            encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
+            expander = MaskExpander(chunk, dtype)
+            work = np.empty(chunk, dtype=dtype)
+            t0 = time.perf_counter()
+            if with_encode:
+                encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
+            for start in range(0, dim, chunk):
+                out = work[: min(chunk, dim - start)]
+                source: Any = encoded[start : start + chunk]
+                for i, seed in enumerate(seeds):
+                    expander.apply(out, seed, start, 1 if i % 2 else -1, source=source)
+                    source = None
+                out.tobytes()
+            best[key] = min(best[key], time.perf_counter() - t0)
+    return {
+        "ring_bits": ring_bits,
+        "masks": masks,
+        "keystream_gbps": round(total_bytes / best["keystream"] / 1e9, 3),
+        "mask_gbps": round(total_bytes / best["mask"] / 1e9, 3),
+        "mask_over_keystream": round(best["keystream"] / best["mask"], 4),
+        "input_over_keystream": round(best["input"] / best["keystream"], 4),
+        "passes": passes,
+    }
+
+
 def scaling(
     counts: list[int], *, dim: int, drop_fraction: float, seed: int, ring_bits: int
 ) -> dict[str, Any]:
@@ -459,7 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scaling-dim", type=int, default=100_000)
     parser.add_argument(
-        "--skip-main", action="store_true", help="only the --scaling block (no main runs)"
+        "--skip-main",
+        action="store_true",
+        help="only the --kernel/--scaling blocks (no main runs)",
+    )
+    parser.add_argument(
+        "--kernel", action="store_true", help="also the interleaved masking-kernel block"
     )
     parser.add_argument(
         "--json",
@@ -470,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     result: dict[str, Any] = {}
+    if args.kernel:
+        result["kernel"] = {str(b): kernel(args.dim, ring_bits=b) for b in (64, 32)}
+        result["kernel"]["keystream_engine"] = fastest_engine()
     if args.scaling:
         counts = [int(c) for c in args.scaling.split(",") if c]
         result["scaling"] = scaling(
