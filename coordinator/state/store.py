@@ -268,8 +268,9 @@ class Store:
 
     def close(self) -> None:
         if self._thread.is_alive():
-            with contextlib.suppress(StorageFailed):
-                self._put(_STOP)
+            # Past the gate on purpose: a store that failed elsewhere (the spool)
+            # still has a live writer to stop, and must not wait for it in vain.
+            self._queue.put(_STOP)
             self._thread.join(timeout=10)
 
     # ------------------------------------------------------------ meta

@@ -217,3 +217,19 @@ def test_a_full_disk_under_the_spool_is_reported_as_a_storage_fault(tiny_disk: P
     writer.abort()
     assert reported == [info.value] and "ENOSPC" in info.value.cause
     assert not list((tiny_disk / "spool" / "t1").glob("*.part"))  # nothing left behind
+
+
+def test_a_fault_reported_by_the_spool_refuses_writes_and_close_still_stops_the_writer(
+    tmp_path: Path,
+) -> None:
+    seen: list[StorageFailed] = []
+    store = Store(tmp_path / "state.db", on_failure=seen.append)
+    fault = StorageFailed(str(tmp_path / "spool" / "x.part"), "No space left on device (ENOSPC)")
+    assert store.report_failure(fault) is fault
+    assert store.report_failure(StorageFailed("/other", "later")) is fault  # the first one
+    assert seen == [fault]
+    with pytest.raises(StorageFailed):
+        store.set_meta("k", "v")
+    writer = store._thread
+    store.close()
+    assert not writer.is_alive()  # stopped, not left to a 10 s join timeout
