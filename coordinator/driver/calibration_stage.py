@@ -280,6 +280,13 @@ def _collect_kind(
     progress.results.setdefault("statistics", {})[kind] = {
         "contributors": sorted(contributors, key=ctx.registry.index_of),
         "samples": samples,
+        # Classes no summed participant has (the verdict's coverage; counts under
+        # DP noise below one half read as none). FFC's sums carry no per-class count.
+        "missing_classes": (
+            [int(c) for c in np.flatnonzero(stats.counts < 0.5)]
+            if isinstance(stats, CCVRStatistics)
+            else []
+        ),
     }
     return stats
 
