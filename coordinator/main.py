@@ -33,6 +33,7 @@ from spherecal.coordinator.server.grpc_server import build_server, ensure_port_f
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
 from spherecal.coordinator.server.metrics import MetricsServer, start_metrics
+from spherecal.coordinator.server.native_log import NativeStderr
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
@@ -148,12 +149,15 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _configure_logging() -> None:
+def _configure_logging() -> NativeStderr | None:
     """In a coordinator process with no logging set up: records to stderr, identical
-    ones rate-limited (a flood of bad requests must not flood the log)."""
+    ones rate-limited (a flood of bad requests must not flood the log) — gRPC core's
+    own lines on fd 2 too (:mod:`~spherecal.coordinator.server.native_log`); returns
+    that capture, to stop at the end."""
     root = logging.getLogger()
     if root.handlers:
-        return  # embedded (tests, notebooks): the host's logging decides
+        return None  # embedded (tests, notebooks): the host's logging decides
+    native = NativeStderr().start()  # first: the handler below takes the new sys.stderr
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         logging.Formatter(
@@ -163,6 +167,7 @@ def _configure_logging() -> None:
     handler.addFilter(RepeatFilter())
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    return native
 
 
 def run_coordinator(
@@ -178,7 +183,21 @@ def run_coordinator(
     checkpoints or a federation marker its database does not know (they are set aside,
     see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
     emit = rate_limited(say or _default_say)
-    _configure_logging()
+    native = _configure_logging()
+    try:
+        return _run(settings, emit, threads=threads, new_federation=new_federation)
+    finally:
+        if native is not None:
+            native.stop()
+
+
+def _run(
+    settings: CoordinatorSettings,
+    emit: Callable[[str], None],
+    *,
+    threads: int | None,
+    new_federation: bool,
+) -> dict[str, Any]:
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -15,11 +15,12 @@ samples; calling that ``completed`` hides it (issue #10). So the driver ends wit
                SIGTERM); no outputs.
 
 Coverage (issue #20): a calibration must also cover what the federation *has* —
-every participant whose update was summed in a training round, and every class (``calibration_gaps``). Statistics above the minimum that still lack
-such a participant, or whose per-class counts (in the CCVR sums) are zero for a
-class, are ``degraded`` with a reason naming who or which class is missing: a head
-solved without class 0 silently never predicts it, and one solved without a site
-fits the others' feature distribution.
+every participant whose update was summed in a training round, and every class
+(``calibration_gaps``). Statistics above the minimum that still lack such a
+participant, or whose per-class counts (in the CCVR sums) are zero for a class, are
+``degraded`` with a reason naming who or which class is missing: a head solved
+without class 0 silently never predicts it, and one solved without a site fits the
+others' feature distribution.
 
 Rounds that trained without some selected participants do not degrade the status by
 themselves (partial participation is how federated training works, and a round
