@@ -73,7 +73,7 @@ def wan_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     results["healed_after_s"] = healed_after
     results["lines"] = watcher.lines
     if os.environ.get("SPHERECAL_SHOW_LOGS"):
-        print("\n".join(watcher.lines), f"\nwall {results['wall_s']:.1f}s")
+        print("\n".join(watcher.lines), f"\nwall {results['timings']['wall_s']:.1f}s")
     yield results
 
 
