@@ -84,6 +84,12 @@ class _Stopper:
         self._stop(f"state storage failed: {fault}")
 
     def sigterm(self, signum: int, frame: object) -> None:
+        """The handler runs on the main thread between two bytecodes — possibly
+        inside a lock the stop needs, or a write to stderr — so it only hands the
+        work to a thread of its own."""
+        threading.Thread(target=self._on_sigterm, name="sigterm", daemon=True).start()
+
+    def _on_sigterm(self) -> None:
         with self._lock:
             again = self._reason is not None
         if again:
