@@ -84,6 +84,7 @@ def test_the_federation_completes_over_wan_links_despite_the_partition(
     assert r["status"] == "completed", (r["status_reasons"], r["errors"])
     assert r["accuracy"]["ffc"] is not None and r["accuracy"]["ccvr"] is not None
     assert r["statistics"]["ccvr"]["contributors"] == list(PIDS)
+    assert r["statistics"]["ccvr"]["missing_classes"] == []  # every digit was summed
     assert [m["round"] for m in r["per_round"]] == [1, 2]
     assert all(code == 0 for code in r["exit_codes"].values()), r["exit_codes"]
 
