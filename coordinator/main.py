@@ -192,6 +192,8 @@ def run_coordinator(
     native = _configure_logging()
     try:
         return _run(settings, emit, threads=threads, new_federation=new_federation)
+    except StorageFailed as exc:  # before the federation ran: it cannot start (exit 2)
+        raise OSError(f"state storage failed: {exc}") from None
     finally:
         if native is not None:
             native.stop()
