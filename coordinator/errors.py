@@ -142,7 +142,7 @@ class StorageFailed(RuntimeError):
     and a restart after the fault is fixed resumes from what was committed
     (``spherecal.coordinator.state.storage_faults``)."""
 
-    def __init__(self, path: str, cause: str) -> None:
+    def __init__(self, path: str, cause: str = "the write failed") -> None:
         super().__init__(f"cannot write {path}: {cause}")
         self.path = path
         self.cause = cause

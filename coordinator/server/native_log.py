@@ -125,13 +125,22 @@ class NativeStderr:
                     held += chunk
                     *lines, held = held.split(b"\n")
                     for raw in lines:
-                        self._line(raw.decode("utf-8", "replace"))
+                        self._safely(raw)
                 for summary in self.limiter.expired():  # the periodic count
                     self._write(summary)
             if held:
-                self._line(held.decode("utf-8", "replace"))
+                self._safely(held)
         finally:
             os.close(self._read)
+
+    def _safely(self, raw: bytes) -> None:
+        """One line, whatever happens: this thread must never die, or the C library's
+        next writes to fd 2 would block once the pipe is full."""
+        try:
+            self._line(raw.decode("utf-8", "replace"))
+        except Exception:  # noqa: BLE001 - pass the raw line on rather than stop reading
+            with contextlib.suppress(Exception):
+                self._write(raw.decode("utf-8", "replace"))
 
     def _line(self, raw: str) -> None:
         if not raw.strip():
