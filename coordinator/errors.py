@@ -30,7 +30,8 @@ INTERNAL               a coordinator bug (logged with its traceback; never cause
 
 Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
 typed ``pb.ErrorReason`` as trailing metadata (``spherecal.proto.error_detail``):
-``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later). In the other
+``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later),
+``IDENTITY_IN_USE`` (another live process holds the identity: retry later). In the other
 direction a participant's ``FailureReport`` carries a ``pb.FailureKind``
 (:func:`failure_kind`); its ``reason`` is only ever logged.
 
@@ -55,6 +56,7 @@ complete)::
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
+    │   ├── IdentityMissing      participant: a configured identity key that is not there
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   ├── CustomExtractorError spherefed: a package.module:factory breaking the contract
     │   ├── SavedModelError      spherefed: a saved model directory that does not load
