@@ -41,7 +41,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from spherecal import crypto
 from spherecal.crypto.dp import sample_noise
 from spherecal.participant.algorithm_state import ClientStateStore, CorruptClientState
-from spherecal.participant.backoff import Backoff, ParticipantExit, stop_if_ended
+from spherecal.participant.backoff import (
+    Backoff,
+    ParticipantExit,
+    stop_if_ended,
+    wait_if_stopping,
+)
 from spherecal.participant.data import LocalData
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
@@ -271,6 +276,9 @@ class ParticipantRunner:
                 continue
             if kind == "done":
                 done = instruction.done
+                if wait_if_stopping(done, self._backoff, self.log):
+                    self.session = None  # its restart resumes the federation: rejoin
+                    continue
                 self.log(f"coordinator says done ({done.status}): {done.message}")
                 if done.status not in SUCCESSFUL_STATUSES:
                     return 1

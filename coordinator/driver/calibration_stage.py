@@ -280,6 +280,16 @@ def _collect_kind(
     progress.results.setdefault("statistics", {})[kind] = {
         "contributors": sorted(contributors, key=ctx.registry.index_of),
         "samples": samples,
+        # Classes no summed participant has (the verdict's coverage): a CCVR count
+        # below one half (DP noise included); without DP noise, an FFC class whose
+        # feature sum U[:, c] is exactly zero (no sample of it was summed).
+        "missing_classes": (
+            [int(c) for c in np.flatnonzero(stats.counts < 0.5)]
+            if isinstance(stats, CCVRStatistics)
+            else [int(c) for c in np.flatnonzero(~np.any(stats.U != 0, axis=0))]
+            if plan is None
+            else []
+        ),
     }
     return stats
 

@@ -20,6 +20,7 @@ Where things are:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -35,15 +36,20 @@ from spherecal.coordinator.driver.stages import Progress, Say, StageContext
 from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.driver.training_rounds import RoundDriver
 from spherecal.coordinator.driver.verdict import assess
-from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Member, Registry
 from spherecal.coordinator.state.spool import Spool
+from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 
-__all__ = ["Federation", "FederationFailed", "write_json"]
+__all__ = ["SUSPEND_LINGER_S", "Federation", "FederationFailed", "write_json"]
+
+SUSPEND_LINGER_S = 2.0
+"""How long a stopping coordinator keeps answering so that the participants polling
+it hear ``stopping`` (a poll is answered within milliseconds of the stop)."""
 
 
 class Federation:
@@ -71,7 +77,7 @@ class Federation:
             if strategy is not None
             else Strategy(settings.training, num_participants=len(settings.participants))
         )
-        self.spool = Spool(settings.state_dir / "spool")
+        self.spool = Spool(settings.state_dir / "spool", report=store.report_failure)
         self.checkpoints = Checkpoints(settings.state_dir / "checkpoints")
         self.board = Board()
         self.progress = Progress(global_vector=self.model.initial_vector.copy())
@@ -203,11 +209,15 @@ class Federation:
                 else "federation degraded: " + "; ".join(verdict.reasons),
             )
         except FederationFailed as exc:
-            progress.status_reasons = [str(exc)]
-            progress.errors.append(str(exc))
-            self.say(f"FAILED: {exc}")
-            self.store.event("error", str(exc))
-            self._finish("failed", str(exc))
+            self._failed(str(exc))
+        except (StorageFailed, OSError) as exc:
+            fault = storage_failure(self.settings.state_dir, exc)
+            if fault is None:
+                raise
+            # Reported (idempotently) so the process stops, and sites are told so.
+            fault = self.store.report_failure(fault)
+            self.board.suspend(f"state storage failed: {fault}")
+            self._failed(f"stopped: state storage failed: {fault}")
         finally:
             progress.timings["total_s"] = time.monotonic() - self._started
 
@@ -233,16 +243,35 @@ class Federation:
             if covered >= minimum:
                 return
 
+    def _failed(self, reason: str) -> None:
+        progress = self.progress
+        progress.status_reasons = [reason]
+        progress.errors.append(reason)
+        self.say(f"FAILED: {reason}")
+        self._finish("failed", reason)
+
     def _finish(self, status: str, message: str) -> None:
         self.board.finish(status, message)
-        self.store.set_meta("status", status)
-        self.store.event("info", f"federation {status}: {message}")
+        # A process stopped mid-federation (SIGTERM, storage fault) is "stopped" in
+        # the database: its restart resumes it. A store that failed refuses these
+        # writes; the fault was already reported (the process is stopping).
+        stored = "stopped" if self.board.suspended is not None else status
+        with contextlib.suppress(StorageFailed):
+            self.store.set_meta("status", stored)
+            self.store.event(
+                "error" if status == "failed" else "info", f"federation {stored}: {message}"
+            )
 
     def linger(self) -> None:
         """After the end: keep answering until every live participant was told Done."""
         board = self.board
-        deadline = time.monotonic() + self.settings.timeouts.linger_s
-        while time.monotonic() < deadline and board.stopping is None:
+        linger_s = self.settings.timeouts.linger_s
+        if board.suspended is not None:  # stopping: tell the polls we hold, briefly
+            linger_s = min(linger_s, SUSPEND_LINGER_S)
+        deadline = time.monotonic() + linger_s
+        while time.monotonic() < deadline and (
+            board.stopping is None or board.suspended is not None
+        ):
             alive = self.registry.alive()
             with board.cond:
                 if alive <= board.done_delivered:

@@ -10,4 +10,5 @@
 ``health``       standard gRPC health checking and server reflection
 ``traffic``      bytes on the wire per participant per stage
 ``log_limit``    rate limiting of repeated identical log lines
+``native_log``   gRPC core's own lines (fd 2) through the same rate limit
 """
