@@ -119,6 +119,7 @@ def summary(
             "secure_updates": s.secagg.updates,
             "secure_statistics": s.secagg.statistics,
             "update_bound": s.secagg.update_bound,
+            "update_resolution": s.secagg.update_resolution,
             "statistics_bound": s.secagg.statistics_bound,
         },
         "accuracy": results.get("accuracy", {"none": None, "ffc": None, "ccvr": None}),

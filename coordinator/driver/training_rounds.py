@@ -141,6 +141,12 @@ class RoundDriver:
                     layout.length,
                     s.secagg.update_bound,
                     s.timeouts.round_s,
+                    # the 32-bit ring when the bound, n and this step allow it
+                    spec_arguments=(
+                        {"resolution": s.secagg.update_resolution}
+                        if s.secagg.update_resolution > 0
+                        else None
+                    ),
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"

@@ -67,6 +67,7 @@ def simulate_defaults() -> dict[str, Any]:
         "heartbeat_timeout": s.heartbeat_timeout_s,
         "federated_every": s.federated_every,
         "update_bound": None,  # None: SimulationSettings' own default
+        "update_resolution": None,
         "statistics_bound": None,
         "epsilon": s.epsilon,
         "delta": s.delta,
@@ -141,6 +142,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--federated-every", type=int, default=S)
     p.add_argument("--update-bound", type=float, default=S)
+    p.add_argument(
+        "--update-resolution",
+        type=float,
+        default=S,
+        help="largest fixed-point step on update entries (default 0: the 64-bit ring)",
+    )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(
         "--epsilon",
@@ -301,7 +308,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     secure = bool(o["secure"])
     ids = tuple(f"p{k}" for k in range(reference.participants))
     extra: dict[str, Any] = {}
-    for key in ("update_bound", "statistics_bound"):
+    for key in ("update_bound", "update_resolution", "statistics_bound"):
         if o[key] is not None:
             extra[key] = float(o[key])
     chosen = o["calibration"]  # a list from the command line, a string from TOML

@@ -105,6 +105,7 @@ def coordinator_settings(
             threshold=s.threshold,
             chunk_entries=s.chunk_entries,
             update_bound=s.update_bound,
+            update_resolution=s.update_resolution,
             statistics_bound=s.statistics_bound,
         ),
         server=ServerSettings(

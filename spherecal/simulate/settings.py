@@ -50,6 +50,7 @@ class SimulationSettings:
     feature_dim: int | None = None
     save_statistics: bool = False
     update_bound: float = SecAggSettings().update_bound
+    update_resolution: float = SecAggSettings().update_resolution
     statistics_bound: float = SecAggSettings().statistics_bound
     extra_participant: dict[str, Any] = field(default_factory=dict)
     extra_coordinator: dict[str, dict[str, Any]] = field(default_factory=dict)
