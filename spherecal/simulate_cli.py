@@ -64,6 +64,7 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
     "separate_ffc": False,
     "drop": None,
     "corrupt_shares": None,
+    "adversary": None,
     "tls": False,
     "threads": 1,
     "timeout": 3600.0,
@@ -174,6 +175,14 @@ def add_simulate_parser(sub: SubParsers) -> None:
         "authentication in every job; the honest ones complain and the coordinator "
         "excludes them",
     )
+    p.add_argument(
+        "--adversary",
+        default=S,
+        metavar="ID:ATTACK[:N]",
+        help="TEST ONLY: replace this participant's local computation by an attack "
+        "(directions, relabel, replace, blast; e.g. p4:directions:300; "
+        "spherecal.participant.adversary)",
+    )
     p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
     p.add_argument("--threads", type=int, default=S, help="torch threads per process (1)")
     p.add_argument("--timeout", type=float, default=S, help="seconds for the whole run")
@@ -273,6 +282,22 @@ def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]
     return chosen
 
 
+def _adversaries(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
+    """``ID:ATTACK[:N]`` (comma list) → ((id, attack spec), …), each spec checked."""
+    from spherecal.participant.adversary import parse_adversary
+
+    if not text:
+        return ()
+    out = []
+    for item in (p.strip() for p in str(text).split(",") if p.strip()):
+        pid, _, spec = item.partition(":")
+        if pid not in ids:
+            raise ValueError(f"--adversary: unknown participant {pid!r}")
+        parse_adversary(spec)
+        out.append((pid, spec))
+    return tuple(out)
+
+
 def simulation_settings_from(options: dict[str, Any]) -> Any:
     from spherecal.simulate import SimulationSettings, parse_drops
     from spherecal.spherefed.calibrate import CCVRConfig
@@ -342,6 +367,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         else bool(o["secure_statistics"]),
         drops=parse_drops(o["drop"], ids),
         corrupt_shares=_corrupt_ids(o["corrupt_shares"], ids),
+        adversaries=_adversaries(o["adversary"], ids),
         threshold=None if o["threshold"] is None else int(o["threshold"]),
         ffc_from_ccvr=not bool(o["separate_ffc"]),
         threads=int(o["threads"]),
