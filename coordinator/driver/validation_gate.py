@@ -18,6 +18,10 @@ model on the same samples. A rejected head is left out (the sites save no model 
 it) and recorded as an error, so the run is ``degraded`` with the reason; every
 decision is in ``results.json`` (``integrity.gate.heads``) and ``spherecal audit``.
 
+The uncalibrated model itself must score above chance (``1/C`` plus the same
+uncertainty): a model one site's update blew up scores at chance, which honest
+training does not end at; below it is a failed check (``degraded``).
+
 With no validation sample anywhere the gate cannot decide: it says so (a warning)
 and ships. With the validation evaluation failed, it ships nothing it could not
 check.
@@ -37,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spherecal.coordinator.driver.evaluation_stage import Heads, federated_evaluation
-from spherecal.coordinator.driver.integrity import integrity_record
+from spherecal.coordinator.driver.integrity import integrity_record, note
 from spherecal.coordinator.driver.stages import StageContext
 
 __all__ = ["RoundGate", "gate_heads", "margin"]
@@ -84,6 +88,7 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
             k: fed.get(k) for k in ("participants", "samples", "secure", "error")
         }
     p0 = validation.get("none")
+    _check_chance(ctx, p0, samples, noise_sigma)
     shipped: Heads = {}
     for name, head in heads.items():
         ph = validation.get(name)
@@ -115,6 +120,28 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
             shipped[name] = head
         record[name] = entry
     return shipped
+
+
+def _check_chance(ctx: StageContext, p0: float | None, n: int, noise_sigma: float) -> None:
+    """The trained model itself: no better than guessing the most likely of ``C``
+    classes (``1/C``) on federated validation is what an update one site blew up
+    leaves behind (and never what an honest training run ends with). Recorded as a
+    failed check, so the run is ``degraded``."""
+    if p0 is None or n <= 0:
+        return
+    classes = ctx.settings.model.num_classes
+    chance = 1.0 / classes
+    limit = chance + margin(
+        chance, chance, n, sigmas=ctx.settings.gate_sigmas, noise_sigma=noise_sigma
+    )
+    note(
+        ctx,
+        "trained model above chance",
+        p0 > limit,
+        f"the trained model scores {p0:.4f} on federated validation ({n} samples); chance "
+        f"is {chance:.4f}, the check needs more than {limit:.4f}",
+        limit - chance,
+    )
 
 
 def _reject(ctx: StageContext, name: str, reason: str) -> None:
