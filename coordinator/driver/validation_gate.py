@@ -15,7 +15,10 @@ samples, the head is not shipped when
 ``z = [federation] gate_sigmas`` (3), ``σ`` the DP noise of one count (0 when the
 counts are exact). Both accuracies come from one secure evaluation of the same
 model on the same samples. A rejected head is left out (the sites save no model for
-it) and recorded as an error, so the run is ``degraded`` with the reason; every
+it) and recorded as an error, so the run is ``degraded`` with the reason. A head
+below ``p₀`` but within the uncertainty is shipped (chance may explain it) and still
+recorded as a failed check: the run is ``degraded`` and the audit fails, so no run
+reads ``completed`` with a calibrated head worse than none on validation. Every
 decision is in ``results.json`` (``integrity.gate.heads``) and ``spherecal audit``.
 
 The uncalibrated model itself must score above chance (``1/C`` plus the same
@@ -115,6 +118,14 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
             )
             entry.update(shipped=False, reason=reason)
             _reject(ctx, name, reason)
+        elif ph < p0:
+            reason = (
+                f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f}, "
+                f"within its uncertainty ({m:.4f}, {samples} samples): shipped, not vouched for"
+            )
+            entry.update(shipped=True, reason=reason)
+            shipped[name] = head
+            note(ctx, f"{name} no worse than uncalibrated", False, reason, m)
         else:
             entry.update(shipped=True, reason="no worse than uncalibrated on validation")
             shipped[name] = head
