@@ -55,7 +55,14 @@ def test_full_secure_run_completes_with_every_participant(
     assert results["status"] == "completed", results["errors"]
     assert results["errors"] == []
     assert results["exit_codes"] == {f"p{k}": 0 for k in range(5)}
-    assert [j["purpose"] for j in results["jobs"]] == ["update", "update", "ccvr", "evaluate"]
+    # the validation gate's evaluation of FFC and CCVR, then the final one on test
+    assert [j["purpose"] for j in results["jobs"]] == [
+        "update",
+        "update",
+        "ccvr",
+        "evaluate",
+        "evaluate",
+    ]
     for job in results["jobs"]:
         assert job["status"] == "done"
         assert job["contributors"] == [f"p{k}" for k in range(5)]
