@@ -14,7 +14,7 @@ It is enabled only by ``ParticipantSettings.adversary`` (hidden in the TOML sche
 *and* the environment ``SPHERECAL_TEST_FAULTS=1`` — the participant refuses to start
 otherwise — which ``spherecal simulate --adversary`` sets for that process alone.
 
-Attacks (the table of issue #22; ``ATTACK[:COUNT]``):
+Attacks (the table of issue #22; ``ATTACK[:COUNT][@ROUND]``):
 
 ``directions[:m]``  statistics: ``m`` fake examples per class placed at the public
                     classifier direction ``w_c`` and labelled ``π(c) = c + 1 mod C``
@@ -24,8 +24,9 @@ Attacks (the table of issue #22; ``ATTACK[:COUNT]``):
 ``replace[:m]``     statistics of ``m`` examples per class at the relabelled
                     directions *instead of* its own, with the honest total count
                     (no count disagreement to catch: the validation gate must);
-``blast[:w]``       training: an update of ``0.9 × bound`` per entry along a random
-                    sign direction, claiming weight ``w`` (default 10⁵).
+``blast[:w][@R]``  training: an update of ``0.9 × bound`` per entry along a random
+                    sign direction, claiming weight ``w`` (default 10⁵); with ``@R``
+                    honest before round ``R`` (1-based).
 """
 
 from __future__ import annotations
@@ -50,15 +51,21 @@ class Adversary:
 
     attack: str
     amount: float = DEFAULT_AMOUNT
+    from_round: int = 1
+    """``blast@R``: honest updates before round ``R`` (1-based), the attack from it on."""
 
     def __post_init__(self) -> None:
         if self.attack not in ATTACKS:
             raise ValueError(f"unknown attack {self.attack!r}; use one of {ATTACKS}")
         if not (np.isfinite(self.amount) and self.amount > 0):
             raise ValueError(f"attack amount must be > 0, got {self.amount}")
+        if self.from_round < 1:
+            raise ValueError(f"attack round must be >= 1, got {self.from_round}")
 
     def __str__(self) -> str:
-        return f"{self.attack}:{self.amount:g}"
+        return f"{self.attack}:{self.amount:g}" + (
+            f"@{self.from_round}" if self.from_round > 1 else ""
+        )
 
     @property
     def attacks_statistics(self) -> bool:
@@ -75,12 +82,13 @@ class Adversary:
         *,
         bound: float,
         seed: int,
+        round_index: int = 0,
     ) -> npt.NDArray[np.float64]:
         """The ``blast`` update: ``n_k Δ_k`` replaced by ``±0.9·bound`` per entry and
         ``n_k`` by the claimed weight (within the bound, so the site's own range check
         passes); ``entries`` is the round's ``SumLayout.entries``."""
         out = np.array(payload, dtype=np.float64)
-        if not self.attacks_update:
+        if not self.attacks_update or round_index + 1 < self.from_round:
             return out
         offset = 0
         for name, size in entries:
@@ -145,12 +153,14 @@ def _zero_like(kind: str, dim: int, classes: int) -> npt.NDArray[np.float64]:
 
 
 def parse_adversary(text: str) -> Adversary:
-    """``ATTACK[:AMOUNT]`` → :class:`Adversary` (ValueError on a bad spec)."""
-    attack, _, amount = text.strip().partition(":")
-    if not amount:
-        return Adversary(attack)
+    """``ATTACK[:AMOUNT][@ROUND]`` → :class:`Adversary` (ValueError on a bad spec)."""
+    head, _, when = text.strip().partition("@")
+    attack, _, amount = head.partition(":")
     try:
-        value = float(amount)
+        value = float(amount) if amount else DEFAULT_AMOUNT
+        start = int(when) if when else 1
     except ValueError:
-        raise ValueError(f"attack amount {amount!r} is not a number") from None
-    return Adversary(attack, value)
+        raise ValueError(f"attack {text!r}: amount and round must be numbers") from None
+    if when and attack != "blast":
+        raise ValueError(f"attack {text!r}: only blast takes @ROUND")
+    return Adversary(attack, value, start)

@@ -417,6 +417,7 @@ class ParticipantRunner:
                 trainer.layout.entries,
                 bound=crypto.JobSpec.from_bytes(task.secure.spec).bound,
                 seed=int(task.seed),
+                round_index=int(task.round),
             )
         if session is not None:
             self.secure.set_input(task_id, session, payload)

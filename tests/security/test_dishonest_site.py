@@ -131,3 +131,44 @@ def test_mutation_without_the_gate_the_wrecked_head_ships_as_completed(tmp_path:
     assert any("validation gate off" in w for w in results["warnings"])  # logged weakening
     test = results["accuracy"]
     assert test["ccvr"] < test["none"]  # the wrecked head shipped
+
+
+def _run_with(out: Path, attack: str, federation: dict[str, Any]) -> dict[str, Any]:
+    from spherecal.simulate import run_simulation
+    from spherecal.simulate_cli import _SIMULATE_DEFAULTS, simulation_settings_from
+
+    settings = simulation_settings_from(
+        {
+            **_SIMULATE_DEFAULTS,
+            "participants": 5,
+            "rounds": 2,
+            "adversary": f"p4:{attack}",
+            "out": str(out),
+        }
+    )
+    settings = replace(settings, extra_coordinator={"federation": federation})
+    return run_simulation(settings, progress=lambda _line: None)
+
+
+@pytest.mark.parametrize("mode", ["rollback", "flag"])
+def test_the_round_gate_flags_a_round_that_wrecks_the_model_and_can_undo_it(
+    tmp_path: Path, mode: str
+) -> None:
+    """p4 trains honestly in round 1 and blasts its update in round 2 (claiming its
+    true weight, so no count disagrees). ``round_gate = "rollback"`` undoes round 2;
+    the mutation ``"flag"`` only reports it, and the model stays wrecked."""
+    results = _run_with(tmp_path, "blast:302@2", {"round_gate": mode})
+    rounds = results["integrity"]["gate"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert not rounds[0]["flagged"]
+    assert rounds[1]["flagged"] and rounds[1]["rolled_back"] is (mode == "rollback")
+    assert rounds[1]["before"] - rounds[1]["after"] > rounds[1]["limit"]
+    assert results["status"] == "degraded"
+    assert any(r.startswith("round 2: federated validation accuracy dropped") for r in
+               results["status_reasons"])  # fmt: skip
+    none = results["accuracy"]["none"]
+    if mode == "rollback":  # the round-1 model, which validation scored well above chance
+        assert results["validation_accuracy"]["none"] == pytest.approx(rounds[0]["after"])
+        assert none > 0.3
+    else:
+        assert none < 0.2

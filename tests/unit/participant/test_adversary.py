@@ -90,6 +90,11 @@ def test_blast_stays_inside_the_bound_and_claims_its_weight() -> None:
     assert np.all(np.abs(out) <= 1e5)
     small = parse_adversary("blast:302").update(payload, entries, bound=1e5, seed=4)
     assert small[6] == 302
+    later = parse_adversary("blast:302@2")
+    np.testing.assert_array_equal(
+        later.update(payload, entries, bound=1e5, seed=4, round_index=0), payload
+    )
+    assert later.update(payload, entries, bound=1e5, seed=4, round_index=1)[6] == 302
     # a statistics attack leaves updates alone, and vice versa
     np.testing.assert_array_equal(
         parse_adversary("directions").update(payload, entries, bound=1e5, seed=4), payload
@@ -100,7 +105,9 @@ def test_blast_stays_inside_the_bound_and_claims_its_weight() -> None:
     assert adversary.statistics("ccvr", honest, features=z, labels=y, classifier=w) is honest
 
 
-@pytest.mark.parametrize("spec", ["nope", "directions:x", "blast:-1", "relabel:0"])
+@pytest.mark.parametrize(
+    "spec", ["nope", "directions:x", "blast:-1", "relabel:0", "blast@0", "replace@2"]
+)
 def test_a_bad_attack_is_a_clear_error(spec: str) -> None:
     with pytest.raises(ValueError):
         parse_adversary(spec)
