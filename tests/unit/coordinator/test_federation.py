@@ -108,13 +108,14 @@ def test_secure_federation_matches_within_fixed_point_rounding(
         assert abs(summary["accuracy"][name] - reference["accuracy"][name]) <= 0.01
     for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-9)
-    # federated evaluation (each round and final) is a secure job of its own
+    # federated evaluation (each round, the validation gate's, final) is a secure job
     assert [j["purpose"] for j in summary["jobs"]] == [
         "update",
         "evaluate",
         "update",
         "evaluate",
         "ccvr",
+        "evaluate",
         "evaluate",
     ]
     for row in summary["per_round"]:  # per-round federated evaluation covers the test split
