@@ -19,6 +19,11 @@ federation makes agree, each computed by the sites independently:
 * every count sum is at most ``contributors × [federation] max_examples_per_site``
   (the *bound*: what the sites' declared data could give at most).
 
+Validation, test and training totals count *different* examples (each site's
+splits), so no identity ties one to another: each is checked against itself across
+evaluations and against the bound. With sampled rounds (``sample_fraction < 1``) a
+round is compared with a statistics job only when their contributors are the same.
+
 Tolerances: exact (a fixed-point quantum) without DP; with DP noise of standard
 deviation ``σ`` per count entry, ``gate_sigmas · σ · √(entries summed)``.
 
