@@ -144,6 +144,12 @@ def test_audit_log_has_a_hash_for_every_payload_and_no_payloads(
     assert "evaluate" not in by_stage
     for stage in ("join", "advertise", "share", "masked", "unmask"):
         assert by_stage[stage][1] == 64
-    assert by_stage["advertise"][0] == 20  # 5 participants × 4 jobs
+    assert by_stage["advertise"][0] == 25  # 5 participants × 5 jobs
     jobs = db.execute("SELECT purpose, status FROM jobs ORDER BY created").fetchall()
-    assert jobs == [("update", "done"), ("update", "done"), ("ccvr", "done"), ("evaluate", "done")]
+    assert jobs == [
+        ("update", "done"),
+        ("update", "done"),
+        ("ccvr", "done"),
+        ("evaluate", "done"),  # the validation gate's
+        ("evaluate", "done"),
+    ]
