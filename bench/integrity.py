@@ -51,12 +51,11 @@ def run_one(
     out: Path, *, seed: int, adversary: str | None, extra: dict[str, Any]
 ) -> dict[str, Any]:
     from spherecal.audit import run_audit
+    from spherecal.cli.simulate import simulate_defaults, simulation_settings_from
     from spherecal.simulate import run_simulation
-    from spherecal.simulate_cli import _SIMULATE_DEFAULTS as SIM_DEFAULTS
-    from spherecal.simulate_cli import simulation_settings_from
 
     options = {
-        **SIM_DEFAULTS,
+        **simulate_defaults(),
         "participants": 5,
         "rounds": 2,
         "seed": seed,

@@ -26,7 +26,7 @@ import pytest
 
 from spherecal.audit import run_audit
 from spherecal.audit_report import format_report
-from spherecal.cli import main as cli_main
+from spherecal.cli.app import main as cli_main
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -113,12 +113,12 @@ def test_fake_statistics_with_an_honest_count_are_caught_by_the_validation_gate(
 
 
 def test_mutation_without_the_gate_the_wrecked_head_ships_as_completed(tmp_path: Path) -> None:
+    from spherecal.cli.simulate import simulate_defaults, simulation_settings_from
     from spherecal.simulate import run_simulation
-    from spherecal.simulate_cli import _SIMULATE_DEFAULTS, simulation_settings_from
 
     settings = simulation_settings_from(
         {
-            **_SIMULATE_DEFAULTS,
+            **simulate_defaults(),
             "participants": 5,
             "rounds": 2,
             "adversary": "p4:replace",
@@ -134,12 +134,12 @@ def test_mutation_without_the_gate_the_wrecked_head_ships_as_completed(tmp_path:
 
 
 def _run_with(out: Path, attack: str, federation: dict[str, Any]) -> dict[str, Any]:
+    from spherecal.cli.simulate import simulate_defaults, simulation_settings_from
     from spherecal.simulate import run_simulation
-    from spherecal.simulate_cli import _SIMULATE_DEFAULTS, simulation_settings_from
 
     settings = simulation_settings_from(
         {
-            **_SIMULATE_DEFAULTS,
+            **simulate_defaults(),
             "participants": 5,
             "rounds": 2,
             "adversary": f"p4:{attack}",
