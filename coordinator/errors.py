@@ -64,6 +64,7 @@ complete)::
     │   ├── PreflightError       spherecal: a configured file or directory unusable
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
     │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives
+    │       └── IntegrityCheckFailed    coordinator: two sums disagree, or a sum over the bound
     ├── TransportError           participant: a call failed (code, message, reason)
     ├── PrivacyRefused           participant: its own privacy policy refuses a task
     │   ├── NoiseRequired        statistics without the DP noise it demands

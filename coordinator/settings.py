@@ -46,6 +46,7 @@ __all__ = [
 
 CALIBRATION_METHODS = CALIBRATION_NAMES  # ffc, ccvr, ffc_bias, lda, qda
 GRAPHS = ("auto", "complete", "harary")
+ROUND_GATES = ("off", "flag", "rollback")
 
 
 @dataclass(frozen=True)
@@ -413,8 +414,40 @@ class CoordinatorSettings:
     """Outputs: ``summary.json``, models, ``model_spec.json``."""
     admin: AdminSettings = field(default_factory=AdminSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    max_examples_per_site: int = 100_000
+    """Most training examples one honest site may hold: every decoded sum of example
+    counts (a round's weights ``Σ n_k``, the statistics' counts, an evaluation's
+    total) must be at most ``contributors ×`` this, or the aggregate is refused
+    (``spherecal.coordinator.driver.integrity``). It bounds what one dishonest site
+    can claim; raise it for larger sites."""
+    validation_gate: bool = True
+    """Ship no calibrated head (FFC, CCVR, FFC+bias, LDA, QDA) that scores worse on
+    the federated validation split than the uncalibrated model beyond the
+    difference's uncertainty (``gate_sigmas``); the run is then ``degraded``, saying
+    why. Turning it off is a logged weakening."""
+    gate_sigmas: float = 3.0
+    """How many standard errors of a validation-accuracy difference (plus the counts'
+    DP noise, if any) the gates allow before they reject."""
+    round_gate: str = "off"
+    """After each training round, score the new model on the federated validation
+    split and compare with the previous round's: ``off``; ``flag`` (a drop of more
+    than ``round_max_drop`` and ``gate_sigmas`` standard errors makes the run
+    ``degraded``); ``rollback`` (the same, and the round's step is undone). Each
+    check is one more secure evaluation job (one more release of validation counts)
+    per round."""
+    round_max_drop: float = 0.1
+    """Smallest drop of federated validation accuracy between rounds that
+    ``round_gate`` treats as sharp."""
 
     def __post_init__(self) -> None:
+        if self.max_examples_per_site < 1:
+            raise ValueError("max_examples_per_site must be >= 1")
+        if self.round_gate not in ROUND_GATES:
+            raise ValueError(f"round_gate must be one of {ROUND_GATES}, got {self.round_gate!r}")
+        if not (math.isfinite(self.gate_sigmas) and self.gate_sigmas >= 0):
+            raise ValueError(f"gate_sigmas must be a number >= 0, got {self.gate_sigmas}")
+        if not 0 <= self.round_max_drop <= 1:
+            raise ValueError(f"round_max_drop must be in [0, 1], got {self.round_max_drop}")
         ids = self.participants
         if not ids:
             raise ValueError("the roster (participants) is empty")

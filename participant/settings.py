@@ -155,6 +155,11 @@ class ParticipantSettings:
     """TEST ONLY: deal shares that fail authentication in every job (the
     malicious-participant fault of ``spherecal simulate --corrupt-shares``). Refused
     at start unless the environment sets ``SPHERECAL_TEST_FAULTS=1``."""
+    adversary: str | None = None
+    """TEST ONLY: replace this participant's local computation by an attack
+    (``ATTACK[:AMOUNT]``, ``spherecal.participant.adversary``; ``spherecal simulate
+    --adversary``). Refused at start unless the environment sets
+    ``SPHERECAL_TEST_FAULTS=1``."""
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     """This participant's own privacy policy: with ``enabled`` it refuses calibration
     statistics without DP noise, and every noisy release is charged to its local

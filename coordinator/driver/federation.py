@@ -21,6 +21,7 @@ Where things are:
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import Any
 
@@ -28,6 +29,11 @@ from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.calibration_stage import calibrate, collect_statistics
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
+from spherecal.coordinator.driver.integrity import (
+    cross_check_evaluations,
+    integrity_reasons,
+    integrity_record,
+)
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.outputs import save_outputs, summary, write_json
 from spherecal.coordinator.driver.rejoin import wait_before_retry
@@ -35,6 +41,7 @@ from spherecal.coordinator.driver.resume import open_state
 from spherecal.coordinator.driver.stages import Progress, Say, StageContext
 from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.driver.training_rounds import RoundDriver
+from spherecal.coordinator.driver.validation_gate import gate_heads
 from spherecal.coordinator.driver.verdict import assess
 from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.settings import CoordinatorSettings
@@ -100,6 +107,7 @@ class Federation:
             checkpoints=self.checkpoints,
             evaluator=evaluator,
         )
+        integrity_record(self.progress, settings)
         self._started = time.monotonic()
         self._prepared = False
 
@@ -195,18 +203,21 @@ class Federation:
             progress.timings["train_s"] = time.monotonic() - t0
             aggregates = collect_statistics(self.stages, self.model, self.privacy)
             heads = calibrate(self.stages, self.model, aggregates)
+            heads = gate_heads(self.stages, progress.global_vector, heads)
             self._final_evaluation(heads)
+            cross_check_evaluations(self.stages)
             save_outputs(self.settings, self.model, progress, heads)
             verdict = assess(self.settings, progress, set(heads))
-            progress.status_reasons = list(verdict.reasons)
-            for reason in verdict.reasons:
+            reasons = [*verdict.reasons, *integrity_reasons(progress)]
+            progress.status_reasons = list(reasons)
+            for reason in reasons:
                 self.say(f"DEGRADED: {reason}")
                 self.store.event("warning", f"degraded: {reason}")
             self._finish(
-                verdict.status,
+                "degraded" if reasons else verdict.status,
                 "federation completed"
-                if not verdict.reasons
-                else "federation degraded: " + "; ".join(verdict.reasons),
+                if not reasons
+                else "federation degraded: " + "; ".join(reasons),
             )
         except FederationFailed as exc:
             self._failed(str(exc))
@@ -251,6 +262,11 @@ class Federation:
         self._finish("failed", reason)
 
     def _finish(self, status: str, message: str) -> None:
+        record = integrity_record(self.progress, self.settings)
+        self.store.set_meta(
+            "integrity",
+            json.dumps({k: v for k, v in record.items() if k != "evaluations"}, default=str),
+        )
         self.board.finish(status, message)
         # A process stopped mid-federation (SIGTERM, storage fault) is "stopped" in
         # the database: its restart resumes it. A store that failed refuses these

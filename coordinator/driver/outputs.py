@@ -131,6 +131,7 @@ def summary(
         "central_test_samples": results.get("central_test_samples"),
         "federated_evaluation": results.get("federated_evaluation"),
         "statistics": results.get("statistics", {}),
+        "integrity": results.get("integrity"),
         "ccvr": results.get("ccvr"),
         "per_round": list(progress.round_metrics),
         "resumed_after_round": progress.resumed_from,

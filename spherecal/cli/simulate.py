@@ -61,6 +61,7 @@ def simulate_defaults() -> dict[str, Any]:
         "separate_ffc": not s.ffc_from_ccvr,
         "drop": None,
         "corrupt_shares": None,
+        "adversary": None,
         "tls": s.tls,
         "threads": s.threads,
         "timeout": s.timeout_s,
@@ -129,6 +130,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="TEST ONLY: these participants (comma list, e.g. p3) deal shares that fail "
         "authentication in every job; the honest ones complain and the coordinator "
         "excludes them",
+    )
+    p.add_argument(
+        "--adversary",
+        default=S,
+        metavar="ID:ATTACK[:N]",
+        help="TEST ONLY: replace this participant's local computation by an attack "
+        "(directions, relabel, replace, blast; e.g. p4:directions:300; "
+        "spherecal.participant.adversary)",
     )
     p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
     p.add_argument(
@@ -239,6 +248,22 @@ def _grid(value: Any, default: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
+def _adversaries(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
+    """``ID:ATTACK[:N]`` (comma list) → ((id, attack spec), …), each spec checked."""
+    from spherecal.participant.adversary import parse_adversary
+
+    if not text:
+        return ()
+    out = []
+    for item in (p.strip() for p in str(text).split(",") if p.strip()):
+        pid, _, spec = item.partition(":")
+        if pid not in ids:
+            raise ValueError(f"--adversary: unknown participant {pid!r}")
+        parse_adversary(spec)
+        out.append((pid, spec))
+    return tuple(out)
+
+
 def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if not text:
         return ()
@@ -325,6 +350,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         else bool(o["secure_statistics"]),
         drops=parse_drops(o["drop"], ids),
         corrupt_shares=_corrupt_ids(o["corrupt_shares"], ids),
+        adversaries=_adversaries(o["adversary"], ids),
         threshold=None if o["threshold"] is None else int(o["threshold"]),
         ffc_from_ccvr=not bool(o["separate_ffc"]),
         threads=int(o["threads"]),

@@ -33,6 +33,10 @@ class SimulationSettings:
     corrupt_shares: tuple[str, ...] = ()
     """TEST ONLY (``--corrupt-shares``): these participants deal shares that fail
     authentication in every job (their processes get ``SPHERECAL_TEST_FAULTS=1``)."""
+    adversaries: tuple[tuple[str, str], ...] = ()
+    """TEST ONLY (``--adversary``): (participant, ``ATTACK[:N]``) pairs whose local
+    computation is replaced (``spherecal.participant.adversary``; their processes get
+    ``SPHERECAL_TEST_FAULTS=1``)."""
     threshold: int | None = None
     ffc_from_ccvr: bool = True
     threads: int = 1

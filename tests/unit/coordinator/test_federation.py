@@ -119,13 +119,14 @@ def test_secure_federation_matches_within_fixed_point_rounding(
     ):
         step = 2.0 ** -job["scale_bits"]
         assert abs(ours["train_loss"] - theirs["train_loss"]) <= step / 2 + 1e-9
-    # federated evaluation (each round and final) is a secure job of its own
+    # federated evaluation (each round, the validation gate's, final) is a secure job
     assert [j["purpose"] for j in summary["jobs"]] == [
         "update",
         "evaluate",
         "update",
         "evaluate",
         "ccvr",
+        "evaluate",
         "evaluate",
     ]
     for row in summary["per_round"]:  # per-round federated evaluation covers the test split
