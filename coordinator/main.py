@@ -29,7 +29,7 @@ from spherecal.coordinator.errors import FederationFailed
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
-from spherecal.coordinator.server.metrics import MetricsServer, start_metrics
+from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
@@ -133,7 +133,7 @@ def run_coordinator(
         metrics = start_metrics(service)
         if metrics is not None:
             mhost, _ = split_host_port(settings.metrics.listen or "")
-            emit(f"metrics on http://{mhost}:{metrics.port}/metrics")
+            emit(f"metrics and probes on http://{mhost}:{metrics.port}/metrics, /healthz, /readyz")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
         emit(
