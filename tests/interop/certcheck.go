@@ -10,7 +10,8 @@
 // urn:spherecal:ed25519:HEX URI equals the public key in NAME.identity.key. With
 // crl.pem present, parse it and check the CA's signature. With -addr, call the
 // standard gRPC health service (grpc.health.v1.Health/Check) over HTTP/2 with
-// each client pair: a complete mutual-TLS handshake and a real gRPC response.
+// each client pair: a complete mutual-TLS handshake and a real gRPC response; with
+// -reflect also, list the services over server reflection v1 and v1alpha.
 //
 // Prints one JSON object per checked item and exits 1 on the first failure.
 package main
@@ -20,6 +21,7 @@ import (
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -103,8 +105,10 @@ func binding(dir, name string, cert *x509.Certificate) (bool, error) {
 	return true, nil
 }
 
-// healthCheck calls grpc.health.v1.Health/Check for service "" over HTTP/2.
-func healthCheck(addr, serverName string, roots *x509.CertPool, pair tls.Certificate) (string, error) {
+// grpcCall sends one gRPC message to path over HTTP/2 with a client key pair and
+// returns the first response message (a unary call, or a stream that answers one
+// message and ends when the client half-closes).
+func grpcCall(addr, serverName, path string, roots *x509.CertPool, pair tls.Certificate, msg []byte) ([]byte, error) {
 	config := &tls.Config{
 		RootCAs:      roots,
 		Certificates: []tls.Certificate{pair},
@@ -116,47 +120,145 @@ func healthCheck(addr, serverName string, roots *x509.CertPool, pair tls.Certifi
 		Transport: &http.Transport{TLSClientConfig: config, ForceAttemptHTTP2: true},
 		Timeout:   20 * time.Second,
 	}
-	// a gRPC message: uncompressed flag, 4-byte length, the (empty) HealthCheckRequest
-	body := bytes.NewReader([]byte{0, 0, 0, 0, 0})
-	req, err := http.NewRequest("POST", "https://"+addr+"/grpc.health.v1.Health/Check", body)
+	// a gRPC message: uncompressed flag, 4-byte big-endian length, the protobuf bytes
+	frame := make([]byte, 5, 5+len(msg))
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
+	frame = append(frame, msg...)
+	req, err := http.NewRequest("POST", "https://"+addr+path, bytes.NewReader(frame))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/grpc")
 	req.Header.Set("TE", "trailers")
 	resp, err := client.Do(req)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	payload, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if resp.ProtoMajor != 2 {
-		return "", fmt.Errorf("answered over HTTP/%d", resp.ProtoMajor)
+		return nil, fmt.Errorf("answered over HTTP/%d", resp.ProtoMajor)
 	}
 	if code := resp.Trailer.Get("Grpc-Status"); code != "0" {
-		return "", fmt.Errorf("grpc-status %q: %s", code, resp.Trailer.Get("Grpc-Message"))
+		return nil, fmt.Errorf("grpc-status %q: %s", code, resp.Trailer.Get("Grpc-Message"))
 	}
-	// HealthCheckResponse{status: SERVING=1} is field 1 varint: 08 01
-	if len(payload) < 5 {
-		return "", fmt.Errorf("short gRPC response %x", payload)
+	if len(payload) < 5 || payload[0] != 0 {
+		return nil, fmt.Errorf("bad gRPC response frame %x", payload)
 	}
-	switch msg := payload[5:]; {
-	case bytes.Equal(msg, []byte{0x08, 0x01}):
+	n := int(payload[1])<<24 | int(payload[2])<<16 | int(payload[3])<<8 | int(payload[4])
+	if len(payload) < 5+n {
+		return nil, fmt.Errorf("truncated gRPC response frame")
+	}
+	return payload[5 : 5+n], nil
+}
+
+// fields decodes one level of protobuf wire format: field number -> LEN values
+// (varints are returned as their value in a 1-element slice under -number).
+func fields(msg []byte) (map[int][][]byte, error) {
+	out := map[int][][]byte{}
+	for len(msg) > 0 {
+		key, n := uvarint(msg)
+		if n <= 0 {
+			return nil, fmt.Errorf("bad field key")
+		}
+		msg = msg[n:]
+		number, wire := int(key>>3), key&7
+		switch wire {
+		case 0:
+			v, n := uvarint(msg)
+			if n <= 0 {
+				return nil, fmt.Errorf("bad varint")
+			}
+			out[-number] = append(out[-number], []byte{byte(v)})
+			msg = msg[n:]
+		case 2:
+			length, n := uvarint(msg)
+			if n <= 0 || uint64(len(msg)-n) < length {
+				return nil, fmt.Errorf("bad length")
+			}
+			out[number] = append(out[number], msg[n:n+int(length)])
+			msg = msg[n+int(length):]
+		case 1:
+			msg = msg[8:]
+		case 5:
+			msg = msg[4:]
+		default:
+			return nil, fmt.Errorf("wire type %d", wire)
+		}
+	}
+	return out, nil
+}
+
+func uvarint(b []byte) (uint64, int) {
+	var v uint64
+	for i := 0; i < len(b) && i < 10; i++ {
+		v |= uint64(b[i]&0x7f) << (7 * uint(i))
+		if b[i] < 0x80 {
+			return v, i + 1
+		}
+	}
+	return 0, 0
+}
+
+// healthCheck calls grpc.health.v1.Health/Check for service "".
+func healthCheck(addr, serverName string, roots *x509.CertPool, pair tls.Certificate) (string, error) {
+	msg, err := grpcCall(addr, serverName, "/grpc.health.v1.Health/Check", roots, pair, nil)
+	if err != nil {
+		return "", err
+	}
+	f, err := fields(msg)
+	if err != nil {
+		return "", err
+	}
+	// HealthCheckResponse.status (field 1): SERVING = 1, NOT_SERVING = 2
+	if v := f[-1]; len(v) == 1 && v[0][0] == 1 {
 		return "SERVING", nil
-	case bytes.Equal(msg, []byte{0x08, 0x02}):
+	} else if len(v) == 1 && v[0][0] == 2 {
 		return "NOT_SERVING", nil
-	default:
-		return "", fmt.Errorf("unexpected HealthCheckResponse %x", msg)
 	}
+	return "", fmt.Errorf("unexpected HealthCheckResponse %x", msg)
+}
+
+// listServices asks ServerReflection (package grpc.reflection.VERSION) for the
+// service names: ServerReflectionRequest{list_services: ""} is field 7, empty.
+func listServices(addr, serverName, version string, roots *x509.CertPool, pair tls.Certificate) ([]string, error) {
+	path := "/grpc.reflection." + version + ".ServerReflection/ServerReflectionInfo"
+	msg, err := grpcCall(addr, serverName, path, roots, pair, []byte{0x3a, 0x00})
+	if err != nil {
+		return nil, err
+	}
+	response, err := fields(msg)
+	if err != nil {
+		return nil, err
+	}
+	// ServerReflectionResponse.list_services_response = 6 { repeated service = 1 { name = 1 } }
+	if len(response[6]) != 1 {
+		return nil, fmt.Errorf("no list_services_response in %x", msg)
+	}
+	list, err := fields(response[6][0])
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, service := range list[1] {
+		f, err := fields(service)
+		if err != nil || len(f[1]) != 1 {
+			return nil, fmt.Errorf("bad ServiceResponse %x", service)
+		}
+		names = append(names, string(f[1][0]))
+	}
+	sort.Strings(names)
+	return names, nil
 }
 
 func main() {
 	dir := flag.String("dir", "", "the CA directory `spherecal certs` wrote")
 	addr := flag.String("addr", "", "HOST:PORT of a coordinator to handshake with")
 	serverName := flag.String("server-name", "localhost", "name to verify on the server certificate")
+	reflect := flag.Bool("reflect", false, "with -addr: list services over reflection v1 and v1alpha")
 	flag.Parse()
 	if *dir == "" {
 		fail("-dir is required")
@@ -224,5 +326,14 @@ func main() {
 			fail("%s: mutual TLS with %s: %v", name, *addr, err)
 		}
 		report(map[string]interface{}{"handshake": name, "health": status})
+	}
+	if *reflect && len(names) > 0 {
+		for _, version := range []string{"v1", "v1alpha"} {
+			services, err := listServices(*addr, *serverName, version, roots, clients[names[0]])
+			if err != nil {
+				fail("reflection %s: %v", version, err)
+			}
+			report(map[string]interface{}{"reflection": version, "services": services})
+		}
 	}
 }
