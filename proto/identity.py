@@ -26,7 +26,7 @@ participant id:
   strong as before: the CA's signature covers the SAN extension, and the SAN holds
   the full key, so accepting a substituted key means forging the CA's signature.
 
-  Up to 0.x (issue #26) the key was an extension under the UUID OID
+  Before issue #26 the key was an extension under the UUID OID
   :data:`LEGACY_IDENTITY_EXTENSION_OID`, whose 128-bit arc Go's parser and grpcurl
   reject (``x509: malformed extension OID field``), so no Go tool could load the
   client certificate. A certificate still carrying it is refused with one line

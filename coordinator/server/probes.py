@@ -26,7 +26,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from spherecal.coordinator.server.metrics import metrics_registry
 from spherecal.coordinator.server.service import CoordinatorService
@@ -34,6 +33,8 @@ from spherecal.proto.address import is_loopback, split_host_port
 
 __all__ = ["MetricsServer", "ProbeServer", "start_metrics"]
 
+#: The classic text format ``generate_latest`` writes (what Prometheus 2.x expects).
+CONTENT_TYPE_PLAIN_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 #: ``ready()`` answers (ready?, reason when not).
 Readiness = Callable[[], tuple[bool, str]]
 
