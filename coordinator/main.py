@@ -62,15 +62,18 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _configure_logging() -> None:
+def _configure_logging(formatter: logging.Formatter | None = None) -> None:
     """In a coordinator process with no logging set up: records to stderr, identical
-    ones rate-limited (a flood of bad requests must not flood the log)."""
+    ones rate-limited (a flood of bad requests must not flood the log). ``formatter``
+    is the CLI's (``spherecal.logs.LineFormatter``: ISO-8601 UTC, level, text or
+    JSON)."""
     root = logging.getLogger()
     if root.handlers:
         return  # embedded (tests, notebooks): the host's logging decides
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter(
+        formatter
+        or logging.Formatter(
             "[coordinator %(asctime)s] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
         )
     )
@@ -85,6 +88,7 @@ def run_coordinator(
     say: Callable[[str], None] | None = None,
     threads: int | None = 1,
     new_federation: bool = False,
+    log_formatter: logging.Formatter | None = None,
 ) -> dict[str, Any]:
     """Run one coordinator until the federation ends; return its summary.
 
@@ -92,7 +96,7 @@ def run_coordinator(
     checkpoints or a federation marker its database does not know (they are set aside,
     see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
     emit = rate_limited(say or _default_say)
-    _configure_logging()
+    _configure_logging(log_formatter)
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from spherecal.logs import quiet_grpc_core
+
+    quiet_grpc_core()  # before anything imports grpc
     parser = build_parser()
     args = parser.parse_args(argv)
     from spherecal.daemon import run_command

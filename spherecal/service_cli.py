@@ -48,6 +48,7 @@ def add_coordinator_parser(sub: SubParsers) -> None:
         "(after a key compromise or loss; run while the coordinator is stopped)",
     )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
+    _add_log_format(p, "[server] log_format")
     p.add_argument(
         "--check-state",
         action="store_true",
@@ -80,10 +81,40 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
     from spherecal.preflight import check_coordinator
 
     check_coordinator(settings, str(args.config))
-    summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
+    from spherecal.logs import LineFormatter, line_writer
+
+    fmt = args.log_format or settings.server.log_format
+    summary = run_coordinator(
+        settings,
+        threads=threads,
+        new_federation=args.new_federation,
+        say=line_writer("coordinator", fmt),
+        log_formatter=LineFormatter("coordinator", fmt),
+    )
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
-    print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
-    return 0 if summary.get("status") in SUCCESSFUL_STATUSES else 1
+    print(json.dumps({k: summary.get(k) for k in shown}, indent=2), flush=True)
+    code = 0 if summary.get("status") in SUCCESSFUL_STATUSES else 1
+    _closing_line("coordinator", fmt, f"federation {summary.get('status')}", code)
+    return code
+
+
+def _add_log_format(p: argparse.ArgumentParser, key: str) -> None:
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help=f"stderr log lines: text or one JSON object a line, each with an ISO-8601 UTC "
+        f"timestamp and a level (default: the config's {key}, else text)",
+    )
+
+
+def _closing_line(component: str, fmt: str, what: str, code: int) -> None:
+    """The last line on stderr: how the process ends and its exit status."""
+    from spherecal.logs import format_line
+
+    level = "INFO" if code == 0 else "ERROR"
+    line = format_line(component, f"exiting: {what} (exit status {code})", fmt=fmt, level=level)
+    print(line, file=sys.stderr, flush=True)
 
 
 def _unpin(settings: Any, participant_id: str) -> int:
@@ -142,6 +173,7 @@ def add_participant_parser(sub: SubParsers) -> None:
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
     p.add_argument("--coordinator", default=None, help="override [participant] coordinator")
+    _add_log_format(p, "[participant] log_format")
     p.add_argument(
         "--halt-before",
         action="append",
@@ -167,4 +199,33 @@ def _cmd_participant(args: argparse.Namespace) -> int:
     from spherecal.preflight import check_participant
 
     check_participant(settings, str(args.config))
-    return run_participant(settings)
+    from spherecal.logs import LineFormatter, line_writer
+
+    fmt = args.log_format or settings.log_format
+    pid = settings.participant_id
+    _log_records(LineFormatter(pid, fmt))
+    code = run_participant(settings, log=line_writer(pid, fmt))
+    _closing_line(pid, fmt, PARTICIPANT_EXITS.get(code, "ended"), code)
+    return code
+
+
+#: What a participant's exit status says (docs/cli.md).
+PARTICIPANT_EXITS = {
+    0: "federation completed or degraded",
+    1: "federation failed",
+    2: "refused by the coordinator",
+    3: "gave up reconnecting",
+}
+
+
+def _log_records(formatter: Any) -> None:
+    """``logging`` records (warnings and up) to stderr in the process's log format."""
+    import logging
+
+    root = logging.getLogger()
+    if root.handlers:
+        return  # embedded: the host's logging decides
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
