@@ -37,7 +37,7 @@ def add_status_parser(sub: SubParsers) -> None:
             "client_ca as the CA to trust); --address HOST:PORT names it directly. Over "
             "mutual TLS pass the operator's --cert and --key (an identity on the "
             "coordinator's [admin] allow list). Exit status 0 ok, 2 bad input or the "
-            "coordinator unreachable or refusing."
+            "coordinator refusing, 4 the coordinator unreachable."
         ),
     )
     p.add_argument("--config", type=Path, default=None, help="the coordinator's TOML file")
@@ -122,9 +122,14 @@ def fetch_status(
         stub = grpc_services().CoordinatorStub(channel)
         return stub.GetFederationStatus(pb.FederationStatusRequest(), timeout=timeout)
     except grpc.RpcError as exc:
+        from spherecal.daemon import CoordinatorUnreachable
+
         code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = " ".join((exc.details() if hasattr(exc, "details") else "").split())
-        raise ValueError(f"coordinator at {address}: {code}: {details[:300]}") from None
+        message = f"coordinator at {address}: {code}: {details[:300]}"
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            raise CoordinatorUnreachable(message) from None
+        raise ValueError(message) from None
     finally:
         channel.close()
 
@@ -242,7 +247,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         except ValueError as exc:
             if not seen:
                 raise
-            raise ValueError(
+            raise type(exc)(
                 f"the coordinator no longer answers (the federation ended or it stopped; "
                 f"last status above): {exc}"
             ) from None
