@@ -55,19 +55,10 @@ def add_predict_parser(sub: SubParsers) -> None:
 
 def load_prediction_data(path: Path) -> tuple[Any, Any]:
     """(images float32 (N, C, H, W), labels int64 (N,) or None) from an ``.npz``."""
-    import numpy as np
 
-    from spherecal.spherefed.data.npz import _npz_images, _npz_labels
+    from spherecal.spherefed.data.npz import _npz_images, _npz_labels, open_npz
 
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
-    with loaded as npz:
+    with open_npz(path) as npz:
         for image_key, label_key in _KEYS:
             if image_key in npz.files:
                 try:
@@ -82,7 +73,8 @@ def load_prediction_data(path: Path) -> tuple[Any, Any]:
                         raise ValueError(f"{path}: object arrays are not allowed") from None
                     raise
                 return x, y
-    raise ValueError(f"{path}: no 'x' or 'x_test' array (found {sorted(loaded.files)})")
+        found = sorted(npz.files)
+    raise ValueError(f"{path}: no 'x' or 'x_test' array (found {found})")
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -105,6 +97,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.data}: samples of shape {tuple(x.shape[1:])} do not fit the model's "
             f"input (channels, height, width) = {expected}"
+        )
+    num_classes = int(spec["num_classes"])
+    if y is not None and y.size and int(y.max()) >= num_classes:
+        outside = int((y >= num_classes).sum())
+        raise ValueError(
+            f"{args.data}: {outside} of {y.size} labels are not classes of this model "
+            f"(it has {num_classes}: 0..{num_classes - 1}; the largest label is {int(y.max())}); "
+            "an accuracy over them would count them as wrong"
         )
     images = torch.from_numpy(x)
     predicted: list[Any] = []

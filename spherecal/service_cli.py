@@ -175,6 +175,13 @@ def add_participant_parser(sub: SubParsers) -> None:
     p.add_argument("--coordinator", default=None, help="override [participant] coordinator")
     _add_log_format(p, "[participant] log_format")
     p.add_argument(
+        "--init",
+        action="store_true",
+        help="enrol this site: create its Ed25519 identity key at [participant] "
+        "identity_key (default state_dir/identity.key) if it has none, print its path and "
+        "exit; an existing key is never replaced",
+    )
+    p.add_argument(
         "--halt-before",
         action="append",
         default=None,
@@ -191,6 +198,12 @@ def _cmd_participant(args: argparse.Namespace) -> int:
 
     _enable_faulthandler()
     settings = load_participant_config(args.config)
+    if args.init:
+        from spherecal.participant.enrolment import enrol
+
+        path, created = enrol(settings)
+        print(f"{'created' if created else 'kept the existing'} identity key {path}")
+        return 0
     if args.coordinator:
         settings = replace(settings, coordinator=args.coordinator)
     if args.halt_before:
