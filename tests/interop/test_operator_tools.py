@@ -264,3 +264,33 @@ def test_python_reflection_client_lists_services(live: Live) -> None:
         assert set(database.get_services()) == SERVICES
         v1 = database.FindFileContainingSymbol("grpc.reflection.v1.ServerReflection")
         assert v1.package == "grpc.reflection.v1"
+
+
+def test_a_site_with_an_old_certificate_is_told_to_reissue(tmp_path: Path) -> None:
+    """The participant's own preflight names the old format in one line, before it
+    dials the coordinator (which would refuse the join with the same reason)."""
+    from types import SimpleNamespace
+
+    from spherecal.preflight import PreflightError, check_participant
+
+    init_ca(tmp_path)
+    issue_participant(tmp_path, "p0")
+    _legacy_certificate(tmp_path)
+
+    def site(name: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            insecure=False,
+            tls=SimpleNamespace(
+                ca=tmp_path / "ca.pem", cert=tmp_path / f"{name}.pem", key=tmp_path / f"{name}.key"
+            ),
+            identity_key=None,
+            data=SimpleNamespace(dataset="digits", root=None, test_root=None),
+            out_dir=tmp_path / "out",
+        )
+
+    check_participant(site("p0"), "p0.toml")
+    with pytest.raises(PreflightError) as info:
+        check_participant(site("old"), "old.toml")
+    message = str(info.value)
+    assert message.startswith("old.toml: [tls] cert = ") and "\n" not in message
+    assert "re-issue it with `spherecal certs issue" in message
