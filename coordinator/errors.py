@@ -54,6 +54,7 @@ complete)::
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
+    │   ├── IdentityMissing      participant: a configured identity key that is not there
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   ├── CustomExtractorError spherefed: a package.module:factory breaking the contract
     │   ├── SavedModelError      spherefed: a saved model directory that does not load

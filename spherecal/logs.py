@@ -32,15 +32,18 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = [
     "LOG_FORMATS",
     "LineFormatter",
+    "add_log_format_option",
     "check_log_format",
+    "closing_line",
     "format_line",
     "level_of",
     "line_writer",
+    "log_records",
     "quiet_grpc_core",
     "timestamp",
 ]
@@ -140,3 +143,33 @@ class LineFormatter(logging.Formatter):
 def quiet_grpc_core() -> None:
     """Only gRPC core's errors by default (must run before ``import grpc``)."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def add_log_format_option(parser: Any, key: str) -> None:
+    """``--log-format text|json`` on a service command (``key``: its config key)."""
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help=f"stderr log lines: text or one JSON object a line, each with an ISO-8601 UTC "
+        f"timestamp and a level (default: the config's {key}, else text)",
+    )
+
+
+def closing_line(component: str, fmt: str, what: str, code: int) -> None:
+    """The last line on stderr: how the process ends and its exit status."""
+    level = "INFO" if code == 0 else "ERROR"
+    line = format_line(component, f"exiting: {what} (exit status {code})", fmt=fmt, level=level)
+    print(line, file=sys.stderr, flush=True)
+
+
+def log_records(component: str, fmt: str, level: int = logging.WARNING) -> None:
+    """``logging`` records (``level`` and up) to stderr in the process's format,
+    unless the host already set up logging (embedded: it decides)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(component, fmt))
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -14,43 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_predict_parser", "load_prediction_data"]
+from spherecal.cli.exit_codes import ExitCode
 
-SubParsers = argparse._SubParsersAction
+__all__ = ["load_prediction_data", "predict"]
 
 #: Key pairs tried in order: (images, labels); labels are optional.
 _KEYS = (("x", "y"), ("x_test", "y_test"))
-
-
-def add_predict_parser(sub: SubParsers) -> None:
-    p = sub.add_parser(
-        "predict",
-        help="classify an .npz file with a saved (calibrated) model",
-        description=(
-            "Load the model saved in --model-dir (model_spec.json + model_<calibration>.pt, "
-            "or model_none.pt + head_<calibration>.pt for a closed-form head, as every "
-            "site receives at the end of a federation), classify the images in "
-            "--data (an .npz with 'x' [and 'y'], or 'x_test' [and 'y_test']; same layout "
-            "and scaling as the training data, see docs/data.md) and write index,predicted"
-            "[,label] rows to --out. Prints a JSON summary, with the accuracy when the file "
-            "has labels. Exit status 0 ok, 2 bad input."
-        ),
-    )
-    p.add_argument("--model-dir", type=Path, required=True, help="directory of a saved model")
-    p.add_argument("--data", type=Path, required=True, help=".npz file to classify")
-    p.add_argument(
-        "--calibration",
-        choices=("none", "ffc", "ccvr", "ffc_bias", "lda", "qda"),
-        default=None,
-        help=(
-            "which saved classifier (default: ffc if saved, else ccvr, else none); "
-            "ffc_bias, lda, qda: a closed-form head (head_<name>.pt) on the features of "
-            "model_none.pt"
-        ),
-    )
-    p.add_argument("--out", type=Path, default=None, help="CSV of predictions (default: none)")
-    p.add_argument("--batch-size", type=int, default=512)
-    p.set_defaults(func=_cmd_predict)
 
 
 def load_prediction_data(path: Path) -> tuple[Any, Any]:
@@ -77,7 +46,8 @@ def load_prediction_data(path: Path) -> tuple[Any, Any]:
     raise ValueError(f"{path}: no 'x' or 'x_test' array (found {found})")
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
+def predict(args: argparse.Namespace) -> int:
+    """``spherecal predict`` (its parser: :mod:`spherecal.cli.predict`)."""
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.out is not None:
@@ -134,4 +104,4 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         summary["out"] = str(args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     print(json.dumps(summary, indent=2))
-    return 0
+    return ExitCode.OK

@@ -7,7 +7,6 @@ operator give a participant a new identity key after a compromise."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -19,7 +18,7 @@ import pytest
 from cryptography import x509
 
 from spherecal.certs import init_ca, issue_participant, revoke_participant
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.server.grpc_server import build_server
 from spherecal.coordinator.server.revocation import RevocationList, load_verified_crl
@@ -30,11 +29,10 @@ from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, load_identity_key, public_key_bytes
+from spherecal.proto.identity import load_identity_key, public_key_bytes
 from spherecal.proto.services import grpc_services
+from tests.joins import signed_join
 from tests.unit.coordinator.service_harness import settings_for
-
-DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
 
 
 def _serial(path: Path) -> int:
@@ -104,17 +102,7 @@ def test_a_list_the_ca_did_not_sign_is_never_applied(ca: Path, tmp_path: Path) -
 
 
 def _join_request(pid: str, key_path: Path) -> pb.JoinRequest:
-    key = load_identity_key(key_path)
-    public = public_key_bytes(key)
-    ts, nonce = int(time.time() * 1000), os.urandom(16)
-    return pb.JoinRequest(
-        participant_id=pid,
-        identity_public_key=public,
-        timestamp_ms=ts,
-        nonce=nonce,
-        signature=key.sign(join_payload(pid, public, ts, nonce)),
-        data=DIGITS,
-    )
+    return signed_join(pid, load_identity_key(key_path))
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal.certs import init_ca, issue_participant
 from spherecal.coordinator.errors import ServiceError
@@ -15,23 +16,17 @@ from spherecal.coordinator.state.registry import Peer, Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, public_key_bytes
+from tests.joins import signed_join
 
 
 def _join(
-    pid: str, key=None, *, ts: int | None = None, nonce: bytes | None = None
+    pid: str,
+    key: Ed25519PrivateKey | None = None,
+    *,
+    ts: int | None = None,
+    nonce: bytes | None = None,
 ) -> pb.JoinRequest:
-    key = key or generate_identity()
-    public = public_key_bytes(key)
-    ts = int(time.time() * 1000) if ts is None else ts
-    nonce = nonce or os.urandom(16)
-    return pb.JoinRequest(
-        participant_id=pid,
-        identity_public_key=public,
-        timestamp_ms=ts,
-        nonce=nonce,
-        signature=key.sign(join_payload(pid, public, ts, nonce)),
-    )
+    return signed_join(pid, key, ts=ts, nonce=nonce, data=None)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.participant.enrolment import IdentityMissing, enrol, load_or_enrol
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.proto.identity import load_identity_key

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -182,9 +182,10 @@ def test_participant_missing_certificate_names_the_key(
 def test_participant_out_dir_under_a_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "certs").mkdir()
-    for name in ("ca.pem", "p0.pem", "p0.key"):
-        (tmp_path / "certs" / name).write_text("x")
+    from spherecal.certs import init_ca, issue_participant
+
+    init_ca(tmp_path / "certs")  # real TLS material: preflight checks it before out_dir
+    issue_participant(tmp_path / "certs", "p0")
     (tmp_path / "blocker").write_text("x")
     config = _participant_toml(tmp_path, out_dir='"blocker/out"')
     code = main(["participant", "--config", str(config)])

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from spherecal.certs import init_ca, issue_participant
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.preflight import PreflightError, check_coordinator, check_participant
 
 

@@ -10,7 +10,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.status_cli import status_json
+from spherecal.status import status_json
 
 
 def _check_keys(obj: dict[str, Any], descriptor: Descriptor) -> int:

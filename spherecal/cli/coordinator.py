@@ -1,0 +1,139 @@
+"""``spherecal coordinator --config FILE``: run a coordinator (the gRPC server) from a
+TOML config (docs/deployment.md). Also what :mod:`spherecal.daemon` runs in a
+simulation's coordinator process.
+
+Heavy imports (torch, the gRPC server) happen in :func:`run`, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from spherecal.cli.exit_codes import ExitCode
+
+__all__ = ["HELP", "NAME", "enable_faulthandler", "register", "run"]
+
+NAME = "coordinator"
+HELP = "run a coordinator (gRPC server) from a TOML config"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        NAME,
+        help=HELP,
+        description=(
+            "Run the federation described by a coordinator TOML file: serve gRPC, run the "
+            "rounds, the secure-aggregation jobs and the calibration, write summary.json "
+            "and the final models. Progress goes to stderr. Exit status 0 completed or "
+            "degraded (summary.json's status_reasons say what is missing), 1 failed. See "
+            "docs/deployment.md."
+        ),
+    )
+    p.add_argument("--config", type=Path, required=True, help="coordinator TOML file")
+    p.add_argument(
+        "--unpin",
+        metavar="ID",
+        default=None,
+        help="forget participant ID's pinned identity key in the state database and exit "
+        "(after a key compromise or loss; run while the coordinator is stopped)",
+    )
+    p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
+    from spherecal.logs import add_log_format_option
+
+    add_log_format_option(p, "[server] log_format")
+    p.add_argument(
+        "--check-state",
+        action="store_true",
+        help="print what the state directory holds (federation id, rounds completed, "
+        "checkpoints, jobs, privacy ledger), check the database's integrity, and exit "
+        "(exit 2 on a damaged database)",
+    )
+    p.add_argument(
+        "--new-federation",
+        action="store_true",
+        help="start a new federation even though the state directory holds checkpoints or "
+        "a federation marker its database does not know (they are moved to "
+        "set-aside-TIME/, never deleted); without it such a start is refused",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from spherecal.config import load_coordinator_config
+    from spherecal.coordinator.main import run_coordinator
+    from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
+
+    enable_faulthandler()
+    settings, threads = load_coordinator_config(args.config)
+    if args.unpin is not None:
+        return _unpin(settings, args.unpin)
+    if args.check_state:
+        return _check_state(settings)
+    if args.listen:
+        settings = replace(settings, server=replace(settings.server, listen=args.listen))
+    from spherecal.preflight import check_coordinator
+
+    check_coordinator(settings, str(args.config))
+    from spherecal.logs import LineFormatter, closing_line, line_writer
+
+    fmt = args.log_format or settings.server.log_format
+    summary = run_coordinator(
+        settings,
+        threads=threads,
+        new_federation=args.new_federation,
+        say=line_writer("coordinator", fmt),
+        log_formatter=LineFormatter("coordinator", fmt),
+    )
+    shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
+    print(json.dumps({k: summary.get(k) for k in shown}, indent=2), flush=True)
+    code = ExitCode.OK if summary.get("status") in SUCCESSFUL_STATUSES else ExitCode.FAILED
+    closing_line("coordinator", fmt, f"federation {summary.get('status')}", int(code))
+    return code
+
+
+def _unpin(settings: Any, participant_id: str) -> int:
+    from spherecal.coordinator.state.store import Store
+
+    if participant_id not in settings.participants:
+        raise ValueError(f"{participant_id!r} is not on the roster {list(settings.participants)}")
+    db = settings.state_dir / "state.db"
+    if not db.exists():
+        raise FileNotFoundError(f"no coordinator state at {db}")
+    store = Store(db)
+    try:
+        changed = store.unpin(participant_id)
+    finally:
+        store.close()
+    if changed:
+        print(
+            f"unpinned the identity key of {participant_id} in {db}; its next join pins "
+            "the key it presents (with mTLS: the key bound in its certificate)"
+        )
+    else:
+        print(f"{participant_id} has no pinned identity key in {db}; nothing to do")
+    return ExitCode.OK
+
+
+def _check_state(settings: Any) -> int:
+    from spherecal.coordinator.state.state_dir import format_report, inspect_state
+
+    print(format_report(inspect_state(settings.state_dir)))
+    return ExitCode.OK
+
+
+def enable_faulthandler() -> None:
+    """A long-running service process that dies on a signal (SIGSEGV, SIGABRT from a
+    native library) leaves Python tracebacks of every thread in its log instead of
+    just an exit status; ``kill -USR1 PID`` writes them without stopping it."""
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
