@@ -32,8 +32,8 @@ from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
-from spherecal.coordinator.server.metrics import MetricsServer, start_metrics
 from spherecal.coordinator.server.native_log import NativeStderr
+from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
@@ -155,18 +155,20 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _configure_logging() -> NativeStderr | None:
+def _configure_logging(formatter: logging.Formatter | None = None) -> NativeStderr | None:
     """In a coordinator process with no logging set up: records to stderr, identical
     ones rate-limited (a flood of bad requests must not flood the log) — gRPC core's
     own lines on fd 2 too (:mod:`~spherecal.coordinator.server.native_log`); returns
-    that capture, to stop at the end."""
+    that capture, to stop at the end. ``formatter`` is the CLI's
+    (``spherecal.logs.LineFormatter``: ISO-8601 UTC, level, text or JSON)."""
     root = logging.getLogger()
     if root.handlers:
         return None  # embedded (tests, notebooks): the host's logging decides
     native = NativeStderr().start()  # first: the handler below takes the new sys.stderr
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter(
+        formatter
+        or logging.Formatter(
             "[coordinator %(asctime)s] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
         )
     )
@@ -182,6 +184,7 @@ def run_coordinator(
     say: Callable[[str], None] | None = None,
     threads: int | None = 1,
     new_federation: bool = False,
+    log_formatter: logging.Formatter | None = None,
 ) -> dict[str, Any]:
     """Run one coordinator until the federation ends; return its summary.
 
@@ -189,7 +192,7 @@ def run_coordinator(
     checkpoints or a federation marker its database does not know (they are set aside,
     see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
     emit = rate_limited(say or _default_say)
-    native = _configure_logging()
+    native = _configure_logging(log_formatter)
     try:
         return _run(settings, emit, threads=threads, new_federation=new_federation)
     except StorageFailed as exc:  # before the federation ran: it cannot start (exit 2)
@@ -255,7 +258,7 @@ def _run(
         metrics = start_metrics(service)
         if metrics is not None:
             mhost, _ = split_host_port(settings.metrics.listen or "")
-            emit(f"metrics on http://{mhost}:{metrics.port}/metrics")
+            emit(f"metrics and probes on http://{mhost}:{metrics.port}/metrics, /healthz, /readyz")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
         emit(

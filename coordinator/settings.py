@@ -313,6 +313,13 @@ class ServerSettings:
     streams and long polls hold none); 0 chooses ``participants + 16``."""
     port_file: Path | None = None
     """Write the bound port here."""
+    log_format: str = "text"
+    """``text`` or ``json``: stderr log lines with an ISO-8601 UTC timestamp and a level
+    (``--log-format`` overrides; ``spherecal.logs``)."""
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,9 @@ class ParticipantSettings:
     """Give up after the coordinator was unreachable this long."""
     rpc_timeout_s: float = 60.0
     """Deadline of one RPC."""
+    log_format: str = "text"
+    """``text`` or ``json``: stderr log lines with an ISO-8601 UTC timestamp and a level
+    (``--log-format`` overrides; ``spherecal.logs``)."""
     halt_before: tuple[HaltPoint, ...] = ()
     """Fault injection for tests and ``spherecal simulate --drop``: stop (and wait to be
     killed) right before the named step."""
@@ -168,6 +171,10 @@ class ParticipantSettings:
     """What this participant refuses whatever the coordinator asks (``[policy]``):
     the secure-aggregation rules, one release per statistic and model, evaluation
     heads (``spherecal.participant.policy``)."""
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
 
     @property
     def identity_path(self) -> Path:
