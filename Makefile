@@ -30,14 +30,21 @@ demo: $(STAMP)
 	$(BIN)/spherecal simulate --participants 10 --alpha 0.1 --calibration ffc,ccvr \
 		--secure --out demo-out
 
-# The HTML audit report is tested in a real headless Chromium (Debian package); install
-# it when missing and we can (root, apt-get), otherwise that test skips and says why.
+# Tools from outside Python check us independently (Debian packages): headless
+# Chromium renders the HTML audit report; Go's standard library (golang-go) loads
+# every certificate `spherecal certs` issues and does mutual TLS with a coordinator;
+# promtool (prometheus) checks the metrics; curl and jq as an operator uses them
+# (tests/interop/). Installed when missing and we can (root, apt-get; about 35 s for
+# golang-go and prometheus on the CI box), otherwise those tests skip and say why.
+TEST_TOOLS := chromium:chromium go:golang-go promtool:prometheus curl:curl jq:jq
 test: $(STAMP)
-	@command -v chromium >/dev/null 2>&1 || { \
+	@missing=""; for pair in $(TEST_TOOLS); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
-	      || echo "make test: could not install chromium; the HTML report test will skip"; \
-	  else echo "make test: no chromium and cannot install it (needs root and apt-get); the HTML report test will skip"; fi; }
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "make test: could not install$$missing; the tests needing them will skip"; \
+	  else echo "make test: missing$$missing and cannot install (needs root and apt-get); the tests needing them will skip"; fi; fi
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile

@@ -7,10 +7,20 @@ their masked input (the expensive case: the server must rebuild their pairwise m
 
 Definitions (all measured in the same process, on the same machine, in this run):
 
-``raw_aes_ctr_gbps``
-    AES-128-CTR keystream rate of ``cryptography``'s ``update_into`` into one
-    preallocated 1 MiB buffer and nothing else — the best case the hardware gives
-    (best of 3 passes of 256 MiB).
+``aes_ctr_gbps``, ``aes_gcm_gbps``
+    Keystream rates of OpenSSL's AES-128-CTR and AES-128-GCM paths (``update_into`` of
+    256 KiB tiles into one preallocated buffer, best of 3 passes of 64 MiB each). Both
+    produce the v2 mask keystream bit for bit (:mod:`spherecal.crypto.prg`);
+    ``keystream_engine`` is the faster, the one masking uses, and ``raw_aes_ctr_gbps``
+    (kept under its old name) is the faster rate, the yardstick of every ratio below.
+``mask_gen_over_keystream``
+    ``mask_gen_gbps / raw_aes_ctr_gbps``: mask generation as a fraction of the faster
+    keystream (issue #24 target: at least 0.75).
+``input_over_keystream``
+    A participant's float vector → upload bytes (``set_input``'s range check and
+    encoding, every masked chunk and its serialisation; ``input_seconds``) divided by
+    the time the faster keystream needs for the masks it must expand (issue #24 target:
+    at most 1.3).
 ``mask_gen_gbps``
     Mask bytes a participant expands and adds into its chunks, divided by the time
     it takes to produce all its masked chunks (copying its encoded input, expanding
@@ -36,7 +46,24 @@ Definitions (all measured in the same process, on the same machine, in this run)
 ``upload_bytes_per_participant``
     Bytes an uploading participant sends in the whole job (all messages, canonical
     encodings, chunk framing included). ``upload_bytes_per_entry`` divides by
-    ``dim``; target at most 8.1.
+    ``dim``; at most ``w/8 + 0.1`` for a ``w``-bit ring. ``rings`` repeats the main
+    figures for one run in the other ring (the 64-bit statistics ring and the 32-bit
+    update ring), so one invocation reports the bytes per entry of both.
+``kernel``
+    The masking kernel alone, interleaved so that load on a shared machine hits both
+    sides alike: per pass, one participant's whole vector (``--dim`` entries, 11 masks,
+    chunk by chunk as ``masked_chunk`` does it: encoded input + masks, serialised) and
+    the same number of keystream bytes from the faster engine with nothing else; the
+    ratio of the best passes (contention only adds time), per ring:
+    ``mask_over_keystream`` (issue #24 target: at least 0.75) and ``input_over_keystream``
+    (float vector → upload bytes, encoding included; target at most 1.3).
+``scaling``
+    With ``--scaling 10,100,500,1000``: one SecAgg+ job (Harary graph, ``--scaling-dim``
+    entries, 10 % of the participants dropping before their masked input) per n;
+    ``participant_ms`` is the median over participants of the wall time inside each
+    participant's own calls over the whole job (construction, every round, every
+    message encoding), ``server_s`` the rest of the job; ``ratio_to_first`` divides by
+    the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5).
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
@@ -72,17 +99,17 @@ import math
 import random
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spherecal.crypto.policy import SecAggPolicy
-from spherecal.crypto.prg import raw_keystream_seconds
+from spherecal.crypto.prg import fastest_engine, keystream_rate_gbps, raw_keystream_seconds
 from spherecal.crypto.simulation import run_protocol
-from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
+from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec, default_degree
 
-ENTRY_BYTES = 8
 SMALL_DIM = 64
 SMALL_PAIRS = 15
 RELAXED_POLICY = SecAggPolicy(
@@ -91,11 +118,21 @@ RELAXED_POLICY = SecAggPolicy(
     min_participants=2,
     min_inputs=2,
 )
-RAW_PASS_BYTES = 256 << 20
+RAW_PASS_BYTES = 64 << 20
+
+
+def engine_rates() -> dict[str, float]:
+    """Best-of-3 keystream rates of both engines in GB/s (1e9 bytes), interleaved."""
+    best: dict[str, float] = {}
+    for _ in range(3):
+        for engine in ("ctr", "gcm"):
+            rate = keystream_rate_gbps(engine, total_bytes=RAW_PASS_BYTES, passes=1)
+            best[engine] = max(best.get(engine, 0.0), rate)
+    return best
 
 
 def raw_rate_gbps(passes: int = 3) -> float:
-    """Best-of-``passes`` raw AES-128-CTR keystream rate in GB/s (1e9 bytes)."""
+    """Best-of-``passes`` rate of the faster keystream engine in GB/s (1e9 bytes)."""
     best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
     return RAW_PASS_BYTES / best / 1e9
 
@@ -110,7 +147,8 @@ def _one_run(
     policy: SecAggPolicy | None = None,
     raw_gbps: float | None = None,
 ) -> dict[str, Any]:
-    raw_gbps = raw_rate_gbps() if raw_gbps is None else raw_gbps
+    rates = engine_rates() if raw_gbps is None else {}
+    raw_gbps = max(rates.values()) if raw_gbps is None else raw_gbps
     report = run_protocol(
         spec,
         inputs,
@@ -123,7 +161,7 @@ def _one_run(
     graph_ = spec.masking_graph
     u2 = set(result.contributors) | set(result.dropouts)
     u3 = set(result.contributors)
-    vector_bytes = ENTRY_BYTES * spec.length
+    vector_bytes = spec.entry_bytes * spec.length
 
     masks_per_uploader = {p: len(graph_.neighbours(p) & u2) + 1 for p in report.mask_seconds}
     mask_gbps = [
@@ -135,8 +173,17 @@ def _one_run(
 
     expected = np.sum([inputs[p] for p in sorted(u3)], axis=0)
     upload = max(report.upload_bytes[p] for p in report.mask_seconds)
+    input_ratio = [
+        report.input_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_gbps * 1e9))
+        for p in report.input_seconds
+    ]
     return {
+        **({"aes_ctr_gbps": rates["ctr"], "aes_gcm_gbps": rates["gcm"]} if rates else {}),
         "raw_aes_ctr_gbps": raw_gbps,
+        "mask_gen_over_keystream": float(np.mean(mask_gbps)) / raw_gbps,
+        "input_s": float(np.mean(list(report.input_seconds.values()))),
+        "input_over_keystream": float(np.mean(input_ratio)),
+        "participant_s": float(np.mean(list(report.participant_seconds.values()))),
         "mask_gen_gbps": float(np.mean(mask_gbps)),
         "participant_mask_s": float(np.mean(list(report.mask_seconds.values()))),
         "server_unmask_s": report.server_unmask_seconds,
@@ -164,6 +211,7 @@ def run(
     max_in_flight: int,
     seed: int,
     repeats: int,
+    ring_bits: int = 64,
 ) -> dict[str, Any]:
     """Warm-up, then ``repeats`` runs; returns medians (JSON-ready)."""
     if not 0 <= dropouts <= participants - 2:
@@ -178,7 +226,7 @@ def run(
     inputs = {p: data_rng.uniform(-1.0, 1.0, dim) for p in ids}
     dropped = random.Random(seed).sample(ids, dropouts)
 
-    def make_spec(length: int, consistency: bool = True) -> JobSpec:
+    def make_spec(length: int, consistency: bool = True, ring: int = ring_bits) -> JobSpec:
         # a fresh job (new id, keys, masks) per run
         return JobSpec.create(
             ids,
@@ -188,6 +236,7 @@ def run(
             graph=graph,
             chunk_size=chunk_size,
             consistency_check=consistency,
+            ring_bits=ring,
         )
 
     # Warm-up on a small vector: imports, OpenSSL/numpy first-call costs.
@@ -273,7 +322,23 @@ def run(
     )
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out["upload_bytes_per_entry"] = round(out["upload_bytes_per_participant"] / dim, 5)
-    out["server_vector_bytes"] = (1 + max_in_flight) * ENTRY_BYTES * dim
+    out["server_vector_bytes"] = (1 + max_in_flight) * spec.entry_bytes * dim
+    other = 96 - ring_bits  # the other ring: 32 <-> 64
+    extra = _one_run(
+        make_spec(dim, ring=other), inputs, dropped, seed=seed, max_in_flight=max_in_flight
+    )
+    out["rings"] = {
+        str(bits): {
+            "upload_bytes_per_entry": round(r["upload_bytes_per_participant"] / dim, 5),
+            "mask_gen_over_keystream": round(r["mask_gen_over_keystream"], 4),
+            "input_over_keystream": round(r["input_over_keystream"], 4),
+            "participant_mask_s": round(r["participant_mask_s"], 4),
+            "protocol_s": round(r["protocol_s"], 4),
+            "runs": count,
+        }
+        for bits, r, count in ((ring_bits, out, repeats), (other, extra, 1))
+    }
+    out["keystream_engine"] = fastest_engine()
     out.update(
         dim=dim,
         participants=participants,
@@ -285,10 +350,95 @@ def run(
         consistency_check=spec.consistency_check,
         chunk_entries=chunk_size,
         scale_bits=spec.scale_bits,
+        ring_bits=ring_bits,
         repeats=repeats,
         statistic="median over repeats after one small warm-up job",
     )
     return out
+
+
+def kernel(dim: int, *, ring_bits: int, masks: int = 11, passes: int = 7) -> dict[str, Any]:
+    """Interleaved best-of-``passes``: masking one vector vs the bare keystream."""
+    from spherecal.crypto.prg import MaskExpander, MaskSeed
+    from spherecal.crypto.ring import encode, ring_dtype
+
+    dtype = ring_dtype(ring_bits)
+    chunk = DEFAULT_CHUNK_ENTRIES
+    x = np.random.default_rng(0).uniform(-1.0, 1.0, dim)
+    seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
+    total_bytes = masks * dim * dtype.itemsize
+    best = {"keystream": math.inf, "mask": math.inf, "input": math.inf}
+    for _ in range(passes):
+        best["keystream"] = min(best["keystream"], raw_keystream_seconds(total_bytes))
+        for key, with_encode in (("mask", False), ("input", True)):
+            encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
+            expander = MaskExpander(chunk, dtype)
+            work = np.empty(chunk, dtype=dtype)
+            t0 = time.perf_counter()
+            if with_encode:
+                encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
+            for start in range(0, dim, chunk):
+                out = work[: min(chunk, dim - start)]
+                source: Any = encoded[start : start + chunk]
+                for i, seed in enumerate(seeds):
+                    expander.apply(out, seed, start, 1 if i % 2 else -1, source=source)
+                    source = None
+                out.tobytes()
+            best[key] = min(best[key], time.perf_counter() - t0)
+    return {
+        "ring_bits": ring_bits,
+        "masks": masks,
+        "keystream_gbps": round(total_bytes / best["keystream"] / 1e9, 3),
+        "mask_gbps": round(total_bytes / best["mask"] / 1e9, 3),
+        "mask_over_keystream": round(best["keystream"] / best["mask"], 4),
+        "input_over_keystream": round(best["input"] / best["keystream"], 4),
+        "passes": passes,
+    }
+
+
+def scaling(
+    counts: list[int], *, dim: int, drop_fraction: float, seed: int, ring_bits: int
+) -> dict[str, Any]:
+    """One SecAgg+ job (Harary graph) per participant count; per-participant cost."""
+    rows: dict[str, Any] = {}
+    first: float | None = None
+    for n in counts:
+        ids = [f"p{i:04d}" for i in range(n)]
+        rng = np.random.default_rng(seed)
+        inputs = {p: rng.uniform(-1.0, 1.0, dim) for p in ids}
+        dropped = random.Random(seed).sample(ids, int(drop_fraction * n))
+        degree = default_degree(n, 2)
+        t = max(2, (degree + 1) // 2 + 1)  # strict majority of the k + 1 share holders
+        spec = JobSpec.create(
+            ids, threshold=t, length=dim, bound=1.0, graph="harary", ring_bits=ring_bits
+        )
+        report = run_protocol(
+            spec, inputs, drop=dict.fromkeys(dropped, "masked"), rng=random.Random(seed)
+        )
+        per = float(np.median(list(report.participant_seconds.values())))
+        first = per if first is None else first
+        rows[str(n)] = {
+            "participant_ms": round(per * 1e3, 3),
+            "participant_ms_max": round(max(report.participant_seconds.values()) * 1e3, 3),
+            "ratio_to_first": round(per / first, 3),
+            "server_s": round(
+                report.protocol_seconds - sum(report.participant_seconds.values()), 4
+            ),
+            "protocol_s": round(report.protocol_seconds, 4),
+            "protocol_ms_per_participant": round(report.protocol_seconds / n * 1e3, 3),
+            "degree": spec.degree,
+            "threshold": t,
+            "dropouts": len(dropped),
+            "survivors": len(report.result.contributors),
+        }
+    return {
+        "dim": dim,
+        "graph": "harary",
+        "ring_bits": ring_bits,
+        "drop_fraction": drop_fraction,
+        "per_n": rows,
+        "statistic": "one job per n; participant_ms is the median over participants",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,6 +494,27 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=0, help="seeds the test data and the choice of dropouts only"
     )
     parser.add_argument(
+        "--ring-bits",
+        type=int,
+        choices=(32, 64),
+        default=64,
+        help="ring of the main runs (default 64, the statistics ring; one run in the other)",
+    )
+    parser.add_argument(
+        "--scaling",
+        default="",
+        help="also run one SecAgg+ job per participant count, e.g. 10,100,500,1000",
+    )
+    parser.add_argument("--scaling-dim", type=int, default=100_000)
+    parser.add_argument(
+        "--skip-main",
+        action="store_true",
+        help="only the --kernel/--scaling blocks (no main runs)",
+    )
+    parser.add_argument(
+        "--kernel", action="store_true", help="also the interleaved masking-kernel block"
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -351,7 +522,23 @@ def main(argv: list[str] | None = None) -> int:
         help="also write the JSON result to this file",
     )
     args = parser.parse_args(argv)
-    result = run(
+    result: dict[str, Any] = {}
+    if args.kernel:
+        result["kernel"] = {str(b): kernel(args.dim, ring_bits=b) for b in (64, 32)}
+        result["kernel"]["keystream_engine"] = fastest_engine()
+    if args.scaling:
+        counts = [int(c) for c in args.scaling.split(",") if c]
+        result["scaling"] = scaling(
+            counts, dim=args.scaling_dim, drop_fraction=0.1, seed=args.seed, ring_bits=32
+        )
+    if args.skip_main:
+        text = json.dumps(result, indent=2, sort_keys=True)
+        print(text)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(text + "\n")
+        return 0
+    result |= run(
         dim=args.dim,
         participants=args.participants,
         dropouts=args.dropouts,
@@ -361,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         max_in_flight=args.max_in_flight,
         seed=args.seed,
         repeats=args.repeats,
+        ring_bits=args.ring_bits,
     )
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)

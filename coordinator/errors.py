@@ -21,7 +21,8 @@ FAILED_PRECONDITION    the right message at the wrong stage (or for a closed/old
                        participant's privacy policy refuses the job (``PolicyViolation``)
 ALREADY_EXISTS         a replay: the second upload / message of a kind sent once
 RESOURCE_EXHAUSTED     an oversized chunk or message
-UNAVAILABLE            every masked-upload slot is busy: retry shortly
+UNAVAILABLE            every masked-upload slot is busy: retry shortly; the coordinator
+                       cannot write its state directory (``StorageFailed``) and is stopping
 ABORTED                the job has failed (too few survivors, a sum out of range); nothing
                        more is accepted
 INTERNAL               a coordinator bug (logged with its traceback; never caused by input)
@@ -43,6 +44,7 @@ complete)::
     ├── ServiceError             coordinator: a request refused at the boundary (above)
     ├── RuntimeError
     │   ├── FederationFailed     coordinator: the federation cannot go on (status failed)
+    │   ├── StorageFailed        coordinator: a write to the state directory failed (fatal)
     │   ├── SimulationError      spherecal simulate: the processes gave no results
     │   └── ParticipantKilled    simulate engines: a participant killed by fault injection
     ├── ValueError
@@ -54,6 +56,7 @@ complete)::
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
+    │   ├── IdentityMissing      participant: a configured identity key that is not there
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   ├── CustomExtractorError spherefed: a package.module:factory breaking the contract
     │   ├── SavedModelError      spherefed: a saved model directory that does not load
@@ -61,6 +64,7 @@ complete)::
     │   ├── PreflightError       spherecal: a configured file or directory unusable
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
     │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives
+    │       └── IntegrityCheckFailed    coordinator: two sums disagree, or a sum over the bound
     ├── TransportError           participant: a call failed (code, message, reason)
     ├── PrivacyRefused           participant: its own privacy policy refuses a task
     │   ├── NoiseRequired        statistics without the DP noise it demands
@@ -101,6 +105,7 @@ __all__ = [
     "ERROR_CODES",
     "FederationFailed",
     "ServiceError",
+    "StorageFailed",
     "failure_kind",
     "from_secagg",
     "policy_rule",
@@ -130,6 +135,20 @@ class FederationFailed(RuntimeError):
     """The federation cannot continue (a round failed every attempt, a stop was
     requested, the state directory cannot be resumed); the driver records it and
     announces ``Done(status="failed")``."""
+
+
+class StorageFailed(RuntimeError):
+    """A write to the state directory failed (disk full, I/O error, read-only file
+    system, a database SQLite can no longer write). Fatal by design: a coordinator
+    that cannot record progress must not go on computing what it cannot keep, nor
+    wait forever; it stops within seconds, tells the participants it is stopping,
+    and a restart after the fault is fixed resumes from what was committed
+    (``spherecal.coordinator.state.storage_faults``)."""
+
+    def __init__(self, path: str, cause: str = "the write failed") -> None:
+        super().__init__(f"cannot write {path}: {cause}")
+        self.path = path
+        self.cause = cause
 
 
 class ServiceError(Exception):
@@ -204,6 +223,8 @@ ERROR_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (CertificateError, grpc.StatusCode.UNAUTHENTICATED),
     # The federation cannot continue (stopped, failed): nothing can be done for a caller.
     (FederationFailed, grpc.StatusCode.FAILED_PRECONDITION),
+    # The coordinator cannot keep state and is stopping: come back after its restart.
+    (StorageFailed, grpc.StatusCode.UNAVAILABLE),
 )
 
 

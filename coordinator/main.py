@@ -10,14 +10,17 @@ statistics, updates or keys.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import resource
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
@@ -25,11 +28,12 @@ from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.outputs import write_json
-from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
-from spherecal.coordinator.server.metrics import MetricsServer, start_metrics
+from spherecal.coordinator.server.native_log import NativeStderr
+from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
@@ -41,16 +45,105 @@ from spherecal.proto.address import split_host_port
 __all__ = ["run_coordinator"]
 
 
-def _stop_on_sigterm(federation: Federation) -> Any:
-    """SIGTERM ends the federation cleanly (summary written, participants told);
-    SIGKILL of course cannot, and the next start resumes from the last round."""
+STOP_GRACE_S = 6.0
+"""After SIGTERM or a storage fault, how long the driver has to end by itself
+(summary, participants told) before the process exits regardless (issue #20: a
+coordinator never hangs on a fault, and SIGTERM is always honoured)."""
+
+
+class _Stopper:
+    """Ends the process within seconds on SIGTERM or a storage fault.
+
+    Both *suspend* the federation (``Board.suspend``): the driver fails its stage
+    and ends, polling participants are told ``stopping`` and wait for the restart,
+    which resumes after the last completed round. A watchdog then gives the driver
+    :data:`STOP_GRACE_S`; past it — the driver stuck in a computation or a system
+    call — the process writes a minimal summary (best effort) and exits 1. A second
+    SIGTERM exits at once."""
+
+    def __init__(
+        self, federation: Federation, say: Callable[[str], None], summary_path: Path
+    ) -> None:
+        self.federation = federation
+        self.say = say
+        self.summary_path = summary_path
+        self.grace_s = STOP_GRACE_S
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._watchdog: threading.Timer | None = None
+        self.finished = threading.Event()
+        """Set by the main thread once its summary is written (the watchdog stands down)."""
+
+    def storage_failed(self, fault: StorageFailed) -> None:
+        """The store's ``on_failure``: say it in one line, then stop (any thread)."""
+        rounds = self.federation.completed_rounds
+        self.say(
+            f"FATAL: state storage failed: {fault}; stopping (after the fault is fixed, a "
+            f"restart with the same state_dir resumes after round {rounds})"
+        )
+        self._stop(f"state storage failed: {fault}")
+
+    def sigterm(self, signum: int, frame: object) -> None:
+        """The handler runs on the main thread between two bytecodes — possibly
+        inside a lock the stop needs, or a write to stderr — so it only hands the
+        work to a thread of its own."""
+        threading.Thread(target=self._on_sigterm, name="sigterm", daemon=True).start()
+
+    def _on_sigterm(self) -> None:
+        with self._lock:
+            again = self._reason is not None
+        if again:
+            self.say("second SIGTERM: exiting now")
+            self._exit_now("terminated by a second SIGTERM")
+        self._stop("terminated by SIGTERM")
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            if self._reason is not None:
+                return
+            self._reason = reason
+            self._watchdog = threading.Timer(self.grace_s, self._expired)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        self.federation.board.suspend(reason)
+
+    def _expired(self) -> None:
+        if self.finished.is_set():
+            return
+        self.say(f"did not stop within {self.grace_s:.0f}s after: {self._reason}; exiting now")
+        self._exit_now(f"stopped: {self._reason}")
+
+    def _exit_now(self, reason: str) -> NoReturn:
+        """Best-effort summary (the disk may be full), then exit 1 without unwinding."""
+        if not self.finished.is_set():
+            with contextlib.suppress(Exception):
+                write_json(
+                    self.summary_path,
+                    {
+                        "federation_id": self.federation.federation_id,
+                        "status": "failed",
+                        "status_reasons": [reason],
+                        "completed_rounds": self.federation.completed_rounds,
+                    },
+                )
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
+
+    def cancel(self) -> None:
+        self.finished.set()
+        with self._lock:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+
+
+def _on_sigterm(stopper: _Stopper) -> Any:
+    """SIGTERM stops this process cleanly (summary written, participants told to
+    wait for the restart); SIGKILL of course cannot, and the next start resumes from
+    the last round either way."""
     if threading.current_thread() is not threading.main_thread():
         return None
-
-    def handler(signum: int, frame: object) -> None:
-        federation.stop("terminated by SIGTERM")
-
-    return signal.signal(signal.SIGTERM, handler)
+    return signal.signal(signal.SIGTERM, stopper.sigterm)
 
 
 def _peak_rss_mb() -> float:
@@ -62,21 +155,27 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _configure_logging() -> None:
+def _configure_logging(formatter: logging.Formatter | None = None) -> NativeStderr | None:
     """In a coordinator process with no logging set up: records to stderr, identical
-    ones rate-limited (a flood of bad requests must not flood the log)."""
+    ones rate-limited (a flood of bad requests must not flood the log) — gRPC core's
+    own lines on fd 2 too (:mod:`~spherecal.coordinator.server.native_log`); returns
+    that capture, to stop at the end. ``formatter`` is the CLI's
+    (``spherecal.logs.LineFormatter``: ISO-8601 UTC, level, text or JSON)."""
     root = logging.getLogger()
     if root.handlers:
-        return  # embedded (tests, notebooks): the host's logging decides
+        return None  # embedded (tests, notebooks): the host's logging decides
+    native = NativeStderr().start()  # first: the handler below takes the new sys.stderr
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter(
+        formatter
+        or logging.Formatter(
             "[coordinator %(asctime)s] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
         )
     )
     handler.addFilter(RepeatFilter())
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    return native
 
 
 def run_coordinator(
@@ -85,6 +184,7 @@ def run_coordinator(
     say: Callable[[str], None] | None = None,
     threads: int | None = 1,
     new_federation: bool = False,
+    log_formatter: logging.Formatter | None = None,
 ) -> dict[str, Any]:
     """Run one coordinator until the federation ends; return its summary.
 
@@ -92,12 +192,36 @@ def run_coordinator(
     checkpoints or a federation marker its database does not know (they are set aside,
     see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
     emit = rate_limited(say or _default_say)
-    _configure_logging()
+    native = _configure_logging(log_formatter)
+    try:
+        return _run(settings, emit, threads=threads, new_federation=new_federation)
+    except StorageFailed as exc:  # before the federation ran: it cannot start (exit 2)
+        raise OSError(f"state storage failed: {exc}") from None
+    finally:
+        if native is not None:
+            native.stop()
+
+
+def _run(
+    settings: CoordinatorSettings,
+    emit: Callable[[str], None],
+    *,
+    threads: int | None,
+    new_federation: bool,
+) -> dict[str, Any]:
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     ensure_port_free(settings.server.listen)  # before touching the state directory
-    store = Store(settings.state_dir / "state.db")
+    stopper: _Stopper | None = None
+
+    def storage_failed(fault: StorageFailed) -> None:
+        if stopper is not None:
+            stopper.storage_failed(fault)
+        else:  # before the federation exists: the constructor's caller raises it
+            emit(f"FATAL: state storage failed: {fault}")
+
+    store = Store(settings.state_dir / "state.db", on_failure=storage_failed)
     summary: dict[str, Any] = {}
     server = None
     metrics: MetricsServer | None = None
@@ -120,6 +244,7 @@ def run_coordinator(
         federation = Federation(
             settings, store, registry, say=emit, model=model, evaluator=evaluator
         )
+        stopper = _Stopper(federation, emit, settings.out_dir / "summary.json")
         try:
             federation.prepare()
         except FederationFailed as exc:
@@ -133,7 +258,7 @@ def run_coordinator(
         metrics = start_metrics(service)
         if metrics is not None:
             mhost, _ = split_host_port(settings.metrics.listen or "")
-            emit(f"metrics on http://{mhost}:{metrics.port}/metrics")
+            emit(f"metrics and probes on http://{mhost}:{metrics.port}/metrics, /healthz, /readyz")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
         emit(
@@ -146,7 +271,7 @@ def run_coordinator(
             tmp = settings.server.port_file.with_suffix(".tmp")
             tmp.write_text(f"{port}\n")
             tmp.replace(settings.server.port_file)
-        previous = _stop_on_sigterm(federation)
+        previous = _on_sigterm(stopper)
         try:
             federation.run()
             health.serving(False)  # ended: only lingering to tell participants
@@ -160,7 +285,11 @@ def run_coordinator(
                 "secagg_peak_vector_bytes": federation.peak_secagg_bytes,
             }
             summary["listen"] = f"{host}:{port}"
-            write_json(settings.out_dir / "summary.json", summary)
+            try:
+                write_json(settings.out_dir / "summary.json", summary)
+            except OSError as exc:  # best effort: the fault may be this very disk
+                emit(f"could not write {settings.out_dir / 'summary.json'}: {exc}")
+            stopper.cancel()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
     finally:

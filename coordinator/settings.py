@@ -46,6 +46,7 @@ __all__ = [
 
 CALIBRATION_METHODS = CALIBRATION_NAMES  # ffc, ccvr, ffc_bias, lda, qda
 GRAPHS = ("auto", "complete", "harary")
+ROUND_GATES = ("off", "flag", "rollback")
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,16 @@ class SecAggSettings:
     then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; FedNova's
     ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum) can exceed 1e5 for large
     local datasets: raise the bound; SCAFFOLD adds ``c_k⁺ − c_k``)."""
+    update_resolution: float = 0.0
+    """Largest fixed-point step (``2^-f``) allowed on an update entry; 0 (the default)
+    keeps every update job on the 64-bit ring at its finest scale. When positive, a
+    round's update job uses the 32-bit ring — half the upload bytes and half the mask AES
+    work — whenever ``update_bound``, the participant count and a step this fine fit it
+    (``spherecal.crypto.ring.choose_ring``), else 64 bits. E.g. 2^-10 (≈ 9.8e-4 on
+    ``n_k(θ_k−θ)``; the averaged update moves by at most ``n · 2^-11 / Σn_k``) fits 32 bits
+    up to 20 participants with ``update_bound = 1e5``; a tighter ``update_bound`` admits
+    more and finer. Off by default: at 2^-11 the digits demo's accuracy moved by one test
+    image (docs/performance.md). Statistics always use 64 bits."""
     statistics_bound: float = 1e6
     """Declared bound on every statistics entry (|z|≤1 ⇒ entries are bounded by n_k)."""
     chunk_entries: int = 1 << 18
@@ -256,6 +267,8 @@ class SecAggSettings:
         kind = self.graph.split(":", 1)[0]
         if kind not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS} or 'harary:K', got {self.graph!r}")
+        if not (math.isfinite(self.update_resolution) and self.update_resolution >= 0):
+            raise ValueError("update_resolution must be a non-negative number (0: 64-bit ring)")
         for name in ("update_bound", "statistics_bound"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -300,6 +313,13 @@ class ServerSettings:
     streams and long polls hold none); 0 chooses ``participants + 16``."""
     port_file: Path | None = None
     """Write the bound port here."""
+    log_format: str = "text"
+    """``text`` or ``json``: stderr log lines with an ISO-8601 UTC timestamp and a level
+    (``--log-format`` overrides; ``spherecal.logs``)."""
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
 
 
 @dataclass(frozen=True)
@@ -401,8 +421,40 @@ class CoordinatorSettings:
     """Outputs: ``summary.json``, models, ``model_spec.json``."""
     admin: AdminSettings = field(default_factory=AdminSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    max_examples_per_site: int = 100_000
+    """Most training examples one honest site may hold: every decoded sum of example
+    counts (a round's weights ``Σ n_k``, the statistics' counts, an evaluation's
+    total) must be at most ``contributors ×`` this, or the aggregate is refused
+    (``spherecal.coordinator.driver.integrity``). It bounds what one dishonest site
+    can claim; raise it for larger sites."""
+    validation_gate: bool = True
+    """Ship no calibrated head (FFC, CCVR, FFC+bias, LDA, QDA) that scores worse on
+    the federated validation split than the uncalibrated model beyond the
+    difference's uncertainty (``gate_sigmas``); the run is then ``degraded``, saying
+    why. Turning it off is a logged weakening."""
+    gate_sigmas: float = 3.0
+    """How many standard errors of a validation-accuracy difference (plus the counts'
+    DP noise, if any) the gates allow before they reject."""
+    round_gate: str = "off"
+    """After each training round, score the new model on the federated validation
+    split and compare with the previous round's: ``off``; ``flag`` (a drop of more
+    than ``round_max_drop`` and ``gate_sigmas`` standard errors makes the run
+    ``degraded``); ``rollback`` (the same, and the round's step is undone). Each
+    check is one more secure evaluation job (one more release of validation counts)
+    per round."""
+    round_max_drop: float = 0.1
+    """Smallest drop of federated validation accuracy between rounds that
+    ``round_gate`` treats as sharp."""
 
     def __post_init__(self) -> None:
+        if self.max_examples_per_site < 1:
+            raise ValueError("max_examples_per_site must be >= 1")
+        if self.round_gate not in ROUND_GATES:
+            raise ValueError(f"round_gate must be one of {ROUND_GATES}, got {self.round_gate!r}")
+        if not (math.isfinite(self.gate_sigmas) and self.gate_sigmas >= 0):
+            raise ValueError(f"gate_sigmas must be a number >= 0, got {self.gate_sigmas}")
+        if not 0 <= self.round_max_drop <= 1:
+            raise ValueError(f"round_max_drop must be in [0, 1], got {self.round_max_drop}")
         ids = self.participants
         if not ids:
             raise ValueError("the roster (participants) is empty")

@@ -7,11 +7,11 @@ out at any stage. See ``docs/threat_model.md`` for what is and is not protected.
 
 Modules, one idea each:
 
-``ring``         fixed-point encoding into Z_{2^64} with overflow refusal
-``prg``          AES-128-CTR mask expansion, seekable by chunk
+``ring``         fixed-point encoding into Z_{2^32} or Z_{2^64} (per job) with overflow refusal
+``prg``          the v2 mask keystream (the AES-GCM keystream; CTR or GCM engine), seekable
 ``kdf``          HKDF-SHA256 with (job, purpose, parties) domain separation
 ``keys``         per-job X25519 key bundles, Ed25519 signatures, commitments
-``shamir``       t-of-n sharing of 16/32-byte secrets (pycryptodome)
+``shamir``       t-of-n sharing over GF(2^31 - 1), vectorised in numpy
 ``channel``      AES-GCM share encryption and share commitments
 ``graph``        complete and Harary k-regular masking graphs
 ``spec``         ``JobSpec``: the parameters every party validates

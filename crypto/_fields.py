@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from spherecal.crypto._codec import Reader, Writer
 from spherecal.crypto._exceptions import MalformedMessage
-from spherecal.crypto.spec import MAGIC, MAX_JOB_ID_BYTES, VERSION
+from spherecal.crypto.spec import MAGIC, MAX_JOB_ID_BYTES, RETIRED_VERSIONS, VERSION
 
 __all__ = ["fixed", "header", "job", "need", "open_message", "pid", "sorted_unique"]
 
@@ -23,8 +23,14 @@ def open_message(data: bytes | bytearray | memoryview, type_code: int, name: str
     r = Reader(data)
     if r.raw(4) != MAGIC:
         raise MalformedMessage(f"{name}: bad magic (not a spherecal secagg message)")
-    if r.u8() != VERSION:
-        raise MalformedMessage(f"{name}: unsupported protocol version")
+    version = r.u8()
+    if version in RETIRED_VERSIONS:
+        raise MalformedMessage(
+            f"{name}: secagg protocol version {version} ({RETIRED_VERSIONS[version]}) is no "
+            f"longer supported; this party speaks version {VERSION}"
+        )
+    if version != VERSION:
+        raise MalformedMessage(f"{name}: unsupported protocol version {version}")
     if r.u8() != type_code:
         raise MalformedMessage(f"{name}: bytes encode a different message type")
     return r

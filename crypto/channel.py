@@ -9,7 +9,7 @@ associated data binds (job, sender, receiver, x, commitments), so the coordinato
 can neither redirect a ciphertext to another receiver nor replay one from another
 job or direction — decryption simply fails (:class:`ForgedShare`).
 
-Commitments. pycryptodome's Shamir cannot detect a wrong share, and at unmasking
+Commitments. Shamir sharing cannot detect a wrong share, and at unmasking
 time the *coordinator* must check what holders reveal. So the dealer publishes, per
 holder and per kind, ``H(label, kind, job, owner, holder, x, share, salt)`` with a
 fresh 16-byte salt (hiding even if shares had structure). The commitments ride in
@@ -32,12 +32,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from spherecal.crypto._codec import encode_context
 from spherecal.crypto._exceptions import ForgedShare, MalformedMessage
 from spherecal.crypto.kdf import LABEL
+from spherecal.crypto.shamir import share_bytes
 
 NONCE_BYTES = 12
 TAG_BYTES = 16
 SALT_BYTES = 16
-MASK_KEY_SHARE_BYTES = 32  # s_sk, split as two 16-byte halves
-SEED_SHARE_BYTES = 16  # b_u
+MASK_KEY_SHARE_BYTES = share_bytes(32)  # s_sk: 9 limbs of GF(2^31 - 1), 36 bytes
+SEED_SHARE_BYTES = share_bytes(16)  # b_u: 5 limbs, 20 bytes
 PLAINTEXT_BYTES = MASK_KEY_SHARE_BYTES + SEED_SHARE_BYTES + 2 * SALT_BYTES
 CIPHERTEXT_BYTES = PLAINTEXT_BYTES + TAG_BYTES
 COMMITMENT_BYTES = 32

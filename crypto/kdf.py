@@ -4,7 +4,7 @@ Why: one X25519 shared secret or one seed must never feed two different uses, an
 a key from one job must never be valid in another (docs/design.md §3: "never reuse
 a mask or a key across jobs"). Every derivation therefore binds
 
-* the protocol label and version (``spherecal/secagg/v1``),
+* the protocol label and version (``spherecal/secagg/v2``),
 * the *purpose* (pairwise mask, self mask, share channel),
 * the job: its id and the digest of the whole canonical :class:`~spherecal.crypto.spec.JobSpec`
   (used as the HKDF salt), so two coordinators that disagree on any job parameter
@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from spherecal.crypto._codec import encode_context
 from spherecal.crypto.prg import MaskSeed
 
-LABEL = "spherecal/secagg/v1"
+LABEL = "spherecal/secagg/v2"
 
 PURPOSE_PAIRWISE_MASK = "pairwise-mask"
 PURPOSE_SELF_MASK = "self-mask"

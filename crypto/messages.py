@@ -297,7 +297,8 @@ class ShareBundle:
 @dataclass(frozen=True)
 class MaskedChunk:
     """``P -> S``: entries ``[i*chunk, (i+1)*chunk)`` of the masked input ``y_u`` as
-    little-endian uint64. Framing is ~``40 + len(ids)`` bytes per chunk."""
+    little-endian words of the job's ring (uint32 or uint64; the server checks the
+    length against the spec). Framing is ~``40 + len(ids)`` bytes per chunk."""
 
     job_id: bytes
     sender: str
@@ -309,8 +310,8 @@ class MaskedChunk:
         _pid(self.sender, "sender")
         _need(isinstance(self.index, int) and 0 <= self.index < 1 << 32, "chunk index out of range")
         _need(
-            isinstance(self.payload, bytes) and len(self.payload) % 8 == 0,
-            "chunk payload must be whole uint64 entries",
+            isinstance(self.payload, bytes) and len(self.payload) % 4 == 0,
+            "chunk payload must be whole ring words",
         )
 
     def to_bytes(self) -> bytes:

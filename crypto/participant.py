@@ -91,7 +91,7 @@ from spherecal.crypto.messages import (
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import MaskExpander, MaskSeed
 from spherecal.crypto.replay import JobLedger, default_ledger
-from spherecal.crypto.ring import RING_DTYPE, add_noise, encode
+from spherecal.crypto.ring import add_noise, encode
 from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
@@ -176,10 +176,11 @@ class SecAggParticipant:
         self._members1: frozenset[str] = frozenset()
         self._members2: frozenset[str] = frozenset()
         self._held: dict[str, tuple[int, SharePlaintext]] = {}
+        self._channel_keys: dict[str, bytes] = {}
         self._plan: list[tuple[MaskSeed, int]] = []
-        self._encoded: npt.NDArray[np.uint64] | None = None
+        self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._expander: MaskExpander | None = None
-        self._work: npt.NDArray[np.uint64] = np.empty(0, dtype=RING_DTYPE)
+        self._work: npt.NDArray[np.unsignedinteger] = np.empty(0, dtype=spec.dtype)
         self._signed_survivors: tuple[str, ...] | None = None
         self._complete_x: int | None = None
         self._answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
@@ -226,6 +227,7 @@ class SecAggParticipant:
         # reference lets the secrets be collected and keeps them out of later calls.
         self._keys = None
         self._held = {}
+        self._channel_keys = {}
         self._plan = []
         self._encoded = None
         if self._expander is not None:
@@ -326,14 +328,21 @@ class SecAggParticipant:
         return ShareKeys(job_id=spec.job_id, sender=me, shares=out)
 
     def _channel_key(self, peer: str) -> bytes:
+        """The share-channel key with ``peer``, derived once per job: round 1 seals a
+        share to each holder and round 2 opens one from each dealer — the same peers —
+        so the X25519 agreement and HKDF run once per neighbour, not twice."""
+        cached = self._channel_keys.get(peer)
+        if cached is not None:
+            return cached
         shared = agree(self._secrets().channel, self._adverts[peer].channel_public)
-        return channel_key(
+        key = self._channel_keys[peer] = channel_key(
             shared,
             spec_digest=self.spec.digest,
             job_id=self.spec.job_id,
             a=self.participant_id,
             b=peer,
         )
+        return key
 
     # ------------------------------------------------------------------ round 2
     def receive_shares(self, bundle: ShareBundle) -> None:
@@ -392,10 +401,11 @@ class SecAggParticipant:
             # so the pair's masks cancel in the sum.
             plan.append((seed, +1 if me < peer else -1))
         self._held = held
+        self._channel_keys = {}  # no share travels after this round
         self._plan = plan
         self._members2 = members
-        self._expander = MaskExpander(min(spec.chunk_size, spec.length))
-        self._work = np.empty(min(spec.chunk_size, spec.length), dtype=RING_DTYPE)
+        self._expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
+        self._work = np.empty(min(spec.chunk_size, spec.length), dtype=spec.dtype)
         self._stage = ParticipantStage.MASKED
 
     def _complain(self, dealer: str, reason: ComplaintReason) -> ForgedShare:
@@ -434,7 +444,13 @@ class SecAggParticipant:
         if self._encoded is not None:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        encoded = encode(vector, scale_bits=spec.scale_bits, bound=spec.bound, length=spec.length)
+        encoded = encode(
+            vector,
+            scale_bits=spec.scale_bits,
+            bound=spec.bound,
+            length=spec.length,
+            ring_bits=spec.ring_bits,
+        )
         if noise is not None:
             add_noise(encoded, noise, noise_bound=spec.noise_bound)
         self._encoded = encoded
@@ -450,9 +466,11 @@ class SecAggParticipant:
             raise JobAborted("mask state is gone")
         start, stop = self.spec.chunk_bounds(index)
         out = self._work[: stop - start]
-        np.copyto(out, self._encoded[start:stop])
+        source: npt.NDArray[np.unsignedinteger] | None = self._encoded[start:stop]
         for seed, sign_ in self._plan:
-            self._expander.apply(out, seed, start, sign_)
+            # The first mask reads the encoded input directly (no separate copy pass).
+            self._expander.apply(out, seed, start, sign_, source=source)
+            source = None
         return MaskedChunk(
             job_id=self.spec.job_id, sender=self.participant_id, index=index, payload=out.tobytes()
         )

@@ -1,26 +1,44 @@
-"""Mask expansion: AES-128-CTR keystream added into ``uint64`` vectors in place.
+"""Mask expansion (keystream v2): AES-128 with a 96-bit nonce and a 32-bit block counter.
 
-Why AES-CTR: Bonawitz et al. 2017 instantiate the PRG with AES in counter mode in
-their implementation, because commodity CPUs run it in hardware; the ``cryptography`` wheel uses
-OpenSSL's AES-NI/VAES code, which on this class of machine produces keystream at
-several GB/s — the same order as memory bandwidth. Everything here is arranged so
-that the Python layer adds no per-element work:
+**The keystream.** A mask seed is an AES-128 key ``K`` and a 96-bit nonce base ``N``.
+The mask's byte stream is cut into *segments* of :data:`SEGMENT_BYTES` (2^30 bytes,
+2^26 blocks); segment ``s`` uses the nonce ``N_s = (N + s) mod 2^96`` and its block ``j``
+is ``AES_K(N_s || uint32_be(2 + j))``. Read as little-endian words of the job's ring
+(``uint32`` or ``uint64``), those bytes are the mask ``PRG(seed)``.
 
-* ``update_into`` writes keystream into one *preallocated* buffer (no per-call
-  allocation), encrypting a preallocated zero buffer;
-* the buffer is viewed as little-endian ``uint64`` with ``np.frombuffer`` (no copy)
-  and added to / subtracted from the target with ``np.add(..., out=...)``;
-* a chunk-sized buffer stays cache-resident, so the add pass costs little next to AES.
+Why this definition (issue #24): it is *bit for bit* the keystream of two OpenSSL paths,
 
-Streaming needs chunk ``i`` of a mask without chunks ``0..i-1``: CTR mode makes the
-keystream seekable. Entry ``e`` of a mask lives in 16-byte block ``e // 2``, so a
-chunk starting at (even) entry ``e`` starts with counter ``iv + e/2 mod 2^128``. An
-encryptor is cached per seed and reused while chunks are requested in order, because
-creating a cipher context costs about as much as 16 KiB of keystream.
+* AES-GCM encryption of zeros under ``(K, N_s)`` (GCM's first keystream block is the
+  counter ``N_s || 2``; counter 1 only masks the tag), and
+* AES-CTR from the counter block ``N_s || uint32_be(2 + j)`` — OpenSSL increments the
+  whole 128-bit block, which equals GCM's 32-bit increment while ``2 + j < 2^32``, and a
+  segment's 2^26 blocks never carry into the nonce.
+
+Which of the two is faster depends on the processor: OpenSSL's stitched AES-GCM runs on
+VAES with AVX-512 at about twice its AES-CTR rate, while on processors without AVX-512
+its CTR path is the faster one (the 2-core box this project is measured on today: CTR
+about 8 GB/s, GCM about 4 GB/s). :func:`fastest_engine` measures both once per process
+and :class:`MaskExpander` uses the faster one; the output never depends on the choice.
+Seeking (a chunk whose start is not a segment start, e.g. a resumed upload or an
+out-of-order chunk) always goes through CTR with the computed counter block: GCM can only
+start at counter 2.
+
+The v1 keystream (AES-CTR with a random 128-bit initial counter block) was not a GCM
+keystream; jobs of spec version 1 are refused (:mod:`spherecal.crypto.spec`).
+
+Everything is arranged so that the Python layer adds no per-element work:
+
+* ``update_into`` writes keystream into one preallocated tile buffer, encrypting a
+  preallocated zero buffer; the tile stays in L2 next to its target;
+* the tile is viewed as the ring's dtype with ``np.frombuffer`` (no copy) and added to /
+  subtracted from the target with ``np.add(..., out=...)``;
+* a cipher context is cached per seed and reused while chunks are requested in order,
+  because creating one costs about as much as 16 KiB of keystream.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -28,96 +46,178 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
-from spherecal.crypto.ring import RING_DTYPE
-
 BLOCK_BYTES = 16
-ENTRY_BYTES = RING_DTYPE.itemsize
-ENTRIES_PER_BLOCK = BLOCK_BYTES // ENTRY_BYTES
+NONCE_BYTES = 12
+FIRST_COUNTER = 2
+"""GCM's first keystream counter (counter 1 encrypts the tag)."""
+SEGMENT_BLOCKS = 1 << 26
+SEGMENT_BYTES = SEGMENT_BLOCKS * BLOCK_BYTES
+"""One nonce per 2^30 bytes: far below GCM's 2^32 − 2 block limit per nonce."""
+KEYSTREAM_VERSION = 2
+ENGINES = ("ctr", "gcm")
+TILE_BYTES = 1 << 18
+"""Keystream produced per ``update_into`` call: with its target, fits the 1 MiB L2."""
 
 __all__ = [
     "BLOCK_BYTES",
+    "ENGINES",
+    "KEYSTREAM_VERSION",
+    "SEGMENT_BYTES",
     "MaskExpander",
     "MaskSeed",
     "counter_block",
+    "fastest_engine",
+    "keystream_bytes",
+    "keystream_rate_gbps",
     "keystream_words",
     "raw_keystream_seconds",
+    "segment_nonce",
 ]
 
 
 @dataclass(frozen=True)
 class MaskSeed:
-    """AES-128 key and initial counter block of one mask. Never printed."""
+    """AES-128 key and 96-bit nonce base of one mask. Never printed."""
 
     key: bytes = field(repr=False)
-    iv: bytes = field(repr=False)
+    nonce: bytes = field(repr=False)
 
     def __post_init__(self) -> None:
-        if len(self.key) != 16 or len(self.iv) != BLOCK_BYTES:
-            raise ValueError("a mask seed is a 16-byte AES-128 key and a 16-byte counter block")
+        if len(self.key) != 16 or len(self.nonce) != NONCE_BYTES:
+            raise ValueError("a mask seed is a 16-byte AES-128 key and a 12-byte nonce")
 
     @classmethod
     def from_bytes(cls, material: bytes) -> MaskSeed:
-        """Split 32 bytes of KDF output into key and counter block."""
+        """Split 32 bytes of KDF output: key = bytes 0..15, nonce base = bytes 16..27
+        (bytes 28..31 are unused)."""
         if len(material) != 32:
             raise ValueError("mask seed material must be 32 bytes")
-        return cls(key=material[:16], iv=material[16:])
+        return cls(key=material[:16], nonce=material[16 : 16 + NONCE_BYTES])
 
 
-def counter_block(iv: bytes, block_index: int) -> bytes:
-    """The CTR counter block for 16-byte block ``block_index`` (128-bit big-endian add,
-    as OpenSSL increments it)."""
-    value = (int.from_bytes(iv, "big") + block_index) % (1 << 128)
-    return value.to_bytes(BLOCK_BYTES, "big")
+def segment_nonce(nonce: bytes, segment: int) -> bytes:
+    """``N_s = (N + s) mod 2^96``, big-endian."""
+    value = (int.from_bytes(nonce, "big") + segment) % (1 << 96)
+    return value.to_bytes(NONCE_BYTES, "big")
 
 
-def _encryptor(seed: MaskSeed, block_index: int) -> CipherContext:
-    cipher = Cipher(algorithms.AES(seed.key), modes.CTR(counter_block(seed.iv, block_index)))
-    return cipher.encryptor()
+def counter_block(nonce: bytes, block_index: int) -> bytes:
+    """The AES input of keystream block ``block_index`` (counted from the mask's first
+    byte): ``N_s || uint32_be(2 + j)`` with ``s, j = divmod(block_index, 2^26)``."""
+    segment, j = divmod(block_index, SEGMENT_BLOCKS)
+    return segment_nonce(nonce, segment) + (FIRST_COUNTER + j).to_bytes(4, "big")
+
+
+def _context(seed: MaskSeed, block_index: int, engine: str) -> CipherContext:
+    segment, j = divmod(block_index, SEGMENT_BLOCKS)
+    if engine == "gcm" and j == 0:
+        # The encryptor is never finalised: only its keystream is used, never a tag.
+        gcm = Cipher(algorithms.AES(seed.key), modes.GCM(segment_nonce(seed.nonce, segment)))
+        return gcm.encryptor()
+    ctr = Cipher(algorithms.AES(seed.key), modes.CTR(counter_block(seed.nonce, block_index)))
+    return ctr.encryptor()
+
+
+def keystream_rate_gbps(engine: str, total_bytes: int = 32 << 20, passes: int = 3) -> float:
+    """Best-of-``passes`` keystream rate of ``engine`` in GB/s (1e9 bytes): ``update_into``
+    of :data:`TILE_BYTES` tiles into one preallocated buffer and nothing else."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}")
+    best = min(raw_keystream_seconds(total_bytes, TILE_BYTES, engine=engine) for _ in range(passes))
+    return total_bytes / best / 1e9
+
+
+@functools.lru_cache(maxsize=1)
+def fastest_engine() -> str:
+    """The faster of OpenSSL's AES-CTR and AES-GCM keystream paths on this processor,
+    measured once per process (about 10 ms). Both give the same bytes."""
+    rates = {e: keystream_rate_gbps(e, total_bytes=4 << 20, passes=2) for e in ENGINES}
+    return max(ENGINES, key=lambda e: rates[e])
 
 
 class MaskExpander:
-    """Adds ``±PRG(seed)[start:start+n]`` into ``uint64`` targets, in place.
+    """Adds ``±PRG(seed)[start:start+n]`` into ring-word targets, in place.
 
-    Owns a zero buffer and a keystream buffer sized for ``max_entries`` entries (one
-    chunk). Not thread-safe: use one expander per thread.
+    Owns a zero buffer and a keystream tile of :data:`TILE_BYTES` (or less for short
+    vectors). ``dtype`` is the ring's word (``<u4`` or ``<u8``); ``engine`` ``None``
+    picks :func:`fastest_engine`. Not thread-safe: use one expander per thread.
     """
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(
+        self, max_entries: int, dtype: npt.DTypeLike = "<u8", *, engine: str | None = None
+    ) -> None:
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype("<u4"), np.dtype("<u8")):
+            raise ValueError("ring words are little-endian uint32 or uint64")
+        self.engine = fastest_engine() if engine is None else engine
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}")
         self.max_entries = max_entries
-        nbytes = max_entries * ENTRY_BYTES
-        self._zeros = memoryview(bytearray(nbytes))
+        self.entries_per_block = BLOCK_BYTES // self.dtype.itemsize
+        tile = min(max_entries * self.dtype.itemsize, TILE_BYTES)
+        self._tile_bytes = tile
+        self._zeros = memoryview(bytearray(tile))
         # update_into needs len(data) + block_size - 1 bytes of room.
-        self._buf = bytearray(nbytes + BLOCK_BYTES - 1)
-        self._words = np.frombuffer(self._buf, dtype=RING_DTYPE, count=max_entries)
+        self._buf = bytearray(tile + BLOCK_BYTES - 1)
+        self._words = np.frombuffer(self._buf, dtype=self.dtype, count=tile // self.dtype.itemsize)
         self._streams: dict[MaskSeed, tuple[CipherContext, int]] = {}
 
     def apply(
-        self, target: npt.NDArray[np.uint64], seed: MaskSeed, start_entry: int, sign: int
+        self,
+        target: npt.NDArray[np.unsignedinteger],
+        seed: MaskSeed,
+        start_entry: int,
+        sign: int,
+        *,
+        source: npt.NDArray[np.unsignedinteger] | None = None,
     ) -> None:
-        """``target += sign * PRG(seed)[start_entry : start_entry + len(target)]``."""
+        """``target = (source or target) + sign * PRG(seed)[start_entry : start_entry + n]``
+        (``n = len(target)``); ``source`` saves a copy pass when the target starts as
+        another array's values."""
         n = int(target.shape[0])
+        if source is not None and (source.shape != target.shape or source.dtype != target.dtype):
+            raise ValueError("source must have the target's shape and dtype")
+        if target.dtype != self.dtype:
+            raise ValueError(f"target dtype {target.dtype} is not the expander's {self.dtype}")
         if n > self.max_entries:
             raise ValueError(f"target of {n} entries exceeds the expander's {self.max_entries}")
-        if start_entry % ENTRIES_PER_BLOCK:
+        if start_entry % self.entries_per_block:
             raise ValueError("mask chunks must start on a 16-byte block boundary")
         if sign not in (1, -1):
             raise ValueError("sign must be +1 or -1")
-        block = start_entry // ENTRIES_PER_BLOCK
+        size = self.dtype.itemsize
+        offset = start_entry * size  # byte offset into the mask
+        done = 0
+        while done < n:
+            # One piece: at most a tile, never across a segment boundary.
+            room = SEGMENT_BYTES - offset % SEGMENT_BYTES
+            nbytes = min((n - done) * size, self._tile_bytes, room)
+            self._keystream(seed, offset, nbytes)
+            words = self._words[: nbytes // size]
+            part = target[done : done + nbytes // size]
+            src = part if source is None else source[done : done + nbytes // size]
+            if sign > 0:
+                np.add(src, words, out=part)
+            else:
+                np.subtract(src, words, out=part)
+            done += nbytes // size
+            offset += nbytes
+
+    def _keystream(self, seed: MaskSeed, offset: int, nbytes: int) -> None:
+        """Write ``nbytes`` of keystream from byte ``offset`` (block-aligned) into the tile."""
+        block = offset // BLOCK_BYTES
         cached = self._streams.pop(seed, None)
-        reuse = cached is not None and cached[1] == block
-        enc = cached[0] if cached is not None and reuse else _encryptor(seed, block)
-        nbytes = n * ENTRY_BYTES
-        enc.update_into(self._zeros[:nbytes], self._buf)
-        if nbytes % BLOCK_BYTES == 0:
-            # Keep the context: the next in-order chunk continues at the next block.
-            self._streams[seed] = (enc, block + nbytes // BLOCK_BYTES)
-        words = self._words[:n]
-        if sign > 0:
-            np.add(target, words, out=target)
+        if cached is not None and cached[1] == offset and offset % SEGMENT_BYTES:
+            enc = cached[0]
         else:
-            np.subtract(target, words, out=target)
+            enc = _context(seed, block, self.engine)
+        enc.update_into(self._zeros[:nbytes], self._buf)
+        end = offset + nbytes
+        if nbytes % BLOCK_BYTES == 0 and end % SEGMENT_BYTES:
+            # Keep the context: the next in-order piece continues at the next block.
+            self._streams[seed] = (enc, end)
 
     def forget(self, seed: MaskSeed) -> None:
         """Drop the cached cipher context of ``seed``."""
@@ -128,22 +228,42 @@ class MaskExpander:
         self._streams.clear()
 
 
-def keystream_words(seed: MaskSeed, start_entry: int, n: int) -> npt.NDArray[np.uint64]:
+def keystream_words(
+    seed: MaskSeed,
+    start_entry: int,
+    n: int,
+    dtype: npt.DTypeLike = "<u8",
+    *,
+    engine: str | None = None,
+) -> npt.NDArray[np.unsignedinteger]:
     """``PRG(seed)[start_entry : start_entry + n]`` as a fresh array (tests, tools)."""
-    out = np.zeros(n, dtype=RING_DTYPE)
-    MaskExpander(max(n, 1)).apply(out, seed, start_entry, +1)
+    out = np.zeros(n, dtype=dtype)
+    MaskExpander(max(n, 1), dtype, engine=engine).apply(out, seed, start_entry, +1)
     return out
 
 
-def raw_keystream_seconds(total_bytes: int, buffer_bytes: int = 1 << 20) -> float:
-    """Wall time to produce ``total_bytes`` of AES-128-CTR keystream with
-    ``update_into`` into one preallocated buffer and nothing else.
+def keystream_bytes(
+    seed: MaskSeed, offset: int, nbytes: int, *, engine: str | None = None
+) -> bytes:
+    """``nbytes`` of the mask's byte stream from block-aligned byte ``offset``."""
+    if offset % BLOCK_BYTES or nbytes % 8:
+        raise ValueError("offset must be block-aligned and nbytes a multiple of 8")
+    return keystream_words(seed, offset // 8, nbytes // 8, engine=engine).tobytes()
 
-    This is the yardstick for "near raw AES-CTR speed" in ``bench/secagg.py``.
+
+def raw_keystream_seconds(
+    total_bytes: int, buffer_bytes: int = TILE_BYTES, *, engine: str | None = None
+) -> float:
+    """Wall time to produce ``total_bytes`` of keystream with ``update_into`` into one
+    preallocated buffer and nothing else, on ``engine`` (default: the faster).
+
+    This is the yardstick for "near raw AES speed" in ``bench/secagg.py``. One context
+    serves the whole run (GCM is limited to 2^36 bytes per nonce; the timer stays far below).
     """
+    engine = fastest_engine() if engine is None else engine
     zeros = bytearray(buffer_bytes)
     buf = bytearray(buffer_bytes + BLOCK_BYTES - 1)
-    enc = _encryptor(MaskSeed(key=bytes(range(16)), iv=bytes(16)), 0)
+    enc = _context(MaskSeed(key=bytes(range(16)), nonce=bytes(NONCE_BYTES)), 0, engine)
     full, rest = divmod(total_bytes, buffer_bytes)
     tail = memoryview(zeros)[: rest - rest % BLOCK_BYTES]
     start = time.perf_counter()

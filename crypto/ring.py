@@ -1,15 +1,18 @@
-"""Fixed-point encoding of float vectors into the ring ``Z_{2^64}``.
+"""Fixed-point encoding of float vectors into the ring ``Z_{2^w}``, ``w`` = 32 or 64.
 
-Why this ring: masks are added with wrap-around, and numpy's ``uint64`` arithmetic
-wraps modulo ``2^64`` for free, so masking, aggregation and unmasking are single
-vectorised passes with no modular reduction (Bonawitz et al. 2017 work in
-``Z_R``; any ``R`` works as long as the *true* sum fits).
+Why these rings: masks are added with wrap-around, and numpy's ``uint32``/``uint64``
+arithmetic wraps modulo ``2^w`` for free, so masking, aggregation and unmasking are
+single vectorised passes with no modular reduction (Bonawitz et al. 2017 work in
+``Z_R``; any ``R`` works as long as the *true* sum fits). The ring width ``w`` is a
+per-job parameter of the spec (issue #24): model updates whose bound, participant count
+and wanted precision fit use 32 bits — half the bytes on the wire and half the AES work
+— and calibration statistics keep 64 (:func:`choose_ring`).
 
 Correctness therefore rests on one inequality, checked when a job is specified and
 enforced on every input: with ``n`` participants, value bound ``B``, scale ``2^f``
 and per-entry DP-noise bound ``N``::
 
-    n * (ceil(B * 2^f) + N)  <=  2^63 - 1
+    n * (ceil(B * 2^f) + N)  <=  2^(w-1) - 1
 
 so the signed (two's complement) sum over *all* participants can never wrap. An
 input outside the bound is refused with :class:`EncodingOverflow` — never clipped,
@@ -26,6 +29,7 @@ within ``n * 2^-f`` of the exact sum of the (unrounded) inputs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -33,17 +37,31 @@ import numpy.typing as npt
 from spherecal.crypto._exceptions import EncodingOverflow, InvalidSpec, WrongLength
 
 RING_DTYPE = np.dtype("<u8")
-"""Wire and accumulator dtype: little-endian uint64 on every platform."""
+"""Wire and accumulator dtype of the 64-bit ring: little-endian uint64 on every platform."""
+RING_WIDTHS = (32, 64)
 
 MAX_SIGNED = (1 << 63) - 1
 PRECISION_BITS = 50
 MAX_SCALE_BITS = 62
+ENCODE_TILE = 1 << 14
+"""Entries encoded per step: the tile's float and integer views stay in L1/L2."""
+_MAGIC = 1.5 * 2.0**52
+"""Adding ``1.5·2^52`` to a float64 of magnitude below ``2^51`` rounds it to an integer
+(round half to even, like ``np.rint``) held in the low mantissa bits: subtracting the
+magic's bit pattern from the sum's bit pattern yields that integer in two's complement."""
+_MAGIC_BITS = int(np.float64(_MAGIC).view(np.int64))
 
 __all__ = [
     "MAX_SCALE_BITS",
     "RING_DTYPE",
+    "RING_WIDTHS",
+    "RingChoice",
     "add_noise",
+    "choose_ring",
     "choose_scale_bits",
+    "encode_into",
+    "max_signed",
+    "ring_dtype",
     "decode",
     "entries_out_of_range",
     "encode",
@@ -52,40 +70,64 @@ __all__ = [
 ]
 
 
+def ring_dtype(ring_bits: int = 64) -> np.dtype[np.unsignedinteger]:
+    """Wire and accumulator dtype of the ``ring_bits``-bit ring (little-endian)."""
+    if ring_bits == 64:
+        return RING_DTYPE
+    if ring_bits == 32:
+        return np.dtype("<u4")
+    raise InvalidSpec(f"ring width must be one of {RING_WIDTHS} bits, got {ring_bits!r}")
+
+
+def max_signed(ring_bits: int = 64) -> int:
+    """Largest signed value of the ring: ``2^(w-1) - 1``."""
+    ring_dtype(ring_bits)
+    return (1 << (ring_bits - 1)) - 1
+
+
+def _signed_dtype(ring_bits: int) -> np.dtype[np.signedinteger]:
+    return np.dtype("<i8") if ring_bits == 64 else np.dtype("<i4")
+
+
 def max_entry_magnitude(bound: float, scale_bits: int, noise_bound: int = 0) -> int:
     """Largest ``|encoded entry|`` one participant can contribute (ring units)."""
     return math.ceil(math.ldexp(bound, scale_bits)) + noise_bound
 
 
-def sum_fits(n: int, bound: float, scale_bits: int, noise_bound: int = 0) -> bool:
+def sum_fits(
+    n: int, bound: float, scale_bits: int, noise_bound: int = 0, ring_bits: int = 64
+) -> bool:
     """Whether the sum of ``n`` in-bound contributions provably cannot overflow."""
-    return n * max_entry_magnitude(bound, scale_bits, noise_bound) <= MAX_SIGNED
+    return n * max_entry_magnitude(bound, scale_bits, noise_bound) <= max_signed(ring_bits)
 
 
 def entries_out_of_range(
-    ring_sum: npt.NDArray[np.uint64],
+    ring_sum: npt.NDArray[np.unsignedinteger],
     *,
     inputs: int,
     bound: float,
     scale_bits: int,
     noise_bound: int,
+    ring_bits: int = 64,
 ) -> int:
     """How many entries of a decoded ring sum of ``inputs`` contributions lie outside
     ``±inputs × max_entry_magnitude`` — impossible for in-bound inputs (0 = fine)."""
     limit = inputs * max_entry_magnitude(bound, scale_bits, noise_bound)
-    if limit >= MAX_SIGNED:
+    if limit >= max_signed(ring_bits):
         return 0
-    signed = ring_sum.view(np.int64)
+    signed = ring_sum.view(_signed_dtype(ring_bits))
     if int(signed.max()) <= limit and int(signed.min()) >= -limit:
         return 0
     return int(np.count_nonzero((signed > limit) | (signed < -limit)))
 
 
-def choose_scale_bits(n: int, bound: float, noise_bound: int = 0) -> int:
-    """The finest scale ``f`` such that ``n`` participants' sum cannot overflow.
+def choose_scale_bits(n: int, bound: float, noise_bound: int = 0, ring_bits: int = 64) -> int:
+    """The finest scale ``f`` such that ``n`` participants' sum cannot overflow the
+    ``ring_bits``-bit ring.
 
     Also capped so that ``bound * 2^f <= 2^50`` (see the module docstring): beyond
-    that, float64 decoding, not the ring, limits precision.
+    that, float64 decoding, not the ring, limits precision (and the fast rounding of
+    :func:`encode_into` needs ``|x| * 2^f < 2^51``).
     """
     if not (math.isfinite(bound) and bound > 0):
         raise InvalidSpec(f"value bound must be a positive finite number, got {bound!r}")
@@ -93,31 +135,59 @@ def choose_scale_bits(n: int, bound: float, noise_bound: int = 0) -> int:
     finest = PRECISION_BITS - exponent + (1 if mantissa == 0.5 else 0)  # bound*2^f <= 2^50
     start = min(MAX_SCALE_BITS, max(0, finest))
     for f in range(start, -1, -1):
-        if sum_fits(n, bound, f, noise_bound):
+        if sum_fits(n, bound, f, noise_bound, ring_bits):
             return f
     raise InvalidSpec(
         f"no scale fits: {n} participants with |x| <= {bound} and noise bound "
-        f"{noise_bound} overflow the 64-bit ring even at scale 2^0"
+        f"{noise_bound} overflow the {ring_bits}-bit ring even at scale 2^0"
     )
 
 
-def encode(
-    values: npt.ArrayLike, *, scale_bits: int, bound: float, length: int | None = None
-) -> npt.NDArray[np.uint64]:
-    """Encode a 1-D float vector as ``round(x * 2^f) mod 2^64`` (two's complement).
+@dataclass(frozen=True)
+class RingChoice:
+    """A job's ring: width ``ring_bits`` and scale ``2^scale_bits``; ``step = 2^-f`` is the
+    fixed-point step of one contribution (rounding error at most ``step / 2`` per entry and
+    participant, so at most ``n · step / 2`` on a sum of ``n``)."""
 
-    Refuses, with :class:`EncodingOverflow`, any vector with an entry outside
-    ``[-bound, bound]`` or any NaN/Inf. The message names how many entries are out
-    of bound and the bound, never the values themselves (they are private data).
+    ring_bits: int
+    scale_bits: int
+
+    @property
+    def step(self) -> float:
+        return math.ldexp(1.0, -self.scale_bits)
+
+
+def choose_ring(
+    n: int, bound: float, *, resolution: float | None, noise_bound: int = 0
+) -> RingChoice:
+    """The narrowest ring whose finest overflow-safe scale is at least as fine as
+    ``resolution`` (the largest acceptable fixed-point step ``2^-f``), and that scale.
+
+    ``resolution=None`` asks for the 64-bit ring (the finest precision, e.g. calibration
+    statistics). Callers derive ``bound`` from what the data can be (the strategy's
+    declared clip/update norm, the examples per site), not a fixed constant: the tighter
+    the bound, the more jobs fit 32 bits at a given resolution. Pure and deterministic,
+    so every party (and other components bounding their inputs) can recompute it.
     """
-    x = np.asarray(values, dtype=np.float64)
-    if x.ndim != 1:
-        raise WrongLength(f"expected a 1-D vector, got an array of shape {x.shape}")
-    if length is not None and x.shape[0] != length:
-        raise WrongLength(f"expected a vector of length {length}, got {x.shape[0]}")
-    # Fast path: two reductions, no temporaries. NaN propagates through min/max and
-    # fails both comparisons, so it takes the slow path too.
-    if x.size and not (float(x.min()) >= -bound and float(x.max()) <= bound):
+    if resolution is not None:
+        if not (math.isfinite(resolution) and resolution > 0):
+            raise InvalidSpec(f"resolution must be a positive finite number, got {resolution!r}")
+        try:
+            f32 = choose_scale_bits(n, bound, noise_bound, ring_bits=32)
+        except InvalidSpec:
+            f32 = -1
+        if f32 >= 0 and math.ldexp(1.0, -f32) <= resolution:
+            return RingChoice(ring_bits=32, scale_bits=f32)
+    return RingChoice(ring_bits=64, scale_bits=choose_scale_bits(n, bound, noise_bound, 64))
+
+
+def _check_bound(x: npt.NDArray[np.float64], bound: float) -> None:
+    """Refuse any entry outside ``[-bound, bound]`` or non-finite, tile by tile (two
+    reductions over cache-resident data; NaN fails both comparisons)."""
+    for start in range(0, x.shape[0], ENCODE_TILE):
+        part = x[start : start + ENCODE_TILE]
+        if float(part.min()) >= -bound and float(part.max()) <= bound:
+            continue
         bad = x.size - int(np.count_nonzero(np.abs(x) <= bound))
         nonfinite = x.size - int(np.count_nonzero(np.isfinite(x)))
         raise EncodingOverflow(
@@ -125,17 +195,80 @@ def encode(
             f"bound |x| <= {bound!r} ({nonfinite} of them NaN or infinite); values are "
             "never clipped or wrapped, fix the input or the job's bound"
         )
-    # One allocation: scale into the result's memory viewed as float64, then round
-    # and convert in place (same itemsize and strides, so element-wise in place is
-    # well defined; numpy guarantees overlap-safe results regardless).
-    out = np.empty(x.shape[0], dtype="<i8")
-    as_float = out.view(np.float64)
-    np.multiply(x, math.ldexp(1.0, scale_bits), out=as_float)  # exact: a power of two
-    np.rint(as_float, out=out, casting="unsafe")
-    return out.view(RING_DTYPE)
 
 
-def add_noise(encoded: npt.NDArray[np.uint64], noise: npt.ArrayLike, *, noise_bound: int) -> None:
+def _as_vector(values: npt.ArrayLike, length: int | None) -> npt.NDArray[np.float64]:
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1:
+        raise WrongLength(f"expected a 1-D vector, got an array of shape {x.shape}")
+    if length is not None and x.shape[0] != length:
+        raise WrongLength(f"expected a vector of length {length}, got {x.shape[0]}")
+    return x
+
+
+def encode_into(
+    out: npt.NDArray[np.unsignedinteger],
+    values: npt.ArrayLike,
+    *,
+    scale_bits: int,
+    bound: float,
+) -> None:
+    """Encode ``values`` as ``rint(x * 2^f) mod 2^w`` into ``out`` (``uint32`` or
+    ``uint64``, the same length), tile by tile through one small scratch tile.
+
+    Refuses, with :class:`EncodingOverflow`, any vector with an entry outside
+    ``[-bound, bound]`` or any NaN/Inf, before writing anything. The message names how
+    many entries are out of bound and the bound, never the values (they are private).
+
+    Rounding is exact and equal to ``np.rint`` (half to even): with ``|x| * 2^f <= 2^50``
+    (:func:`choose_scale_bits` keeps every job there) ``x * 2^f + 1.5·2^52`` is rounded
+    to an integer by the float addition itself, and the difference of bit patterns is
+    that integer — two vectorised passes over an L1-resident tile instead of ``rint``'s
+    slower conversion (a caller-chosen scale beyond ``2^50`` falls back to ``rint``).
+    """
+    x = _as_vector(values, out.shape[0])
+    _check_bound(x, bound)
+    # Beyond 2^50 (a caller-chosen scale) the magic addition is not exact: use rint.
+    magic = math.ldexp(bound, scale_bits) <= 2.0**PRECISION_BITS
+    scale = math.ldexp(1.0, scale_bits)  # exact: a power of two
+    tile = np.empty(min(ENCODE_TILE, max(1, x.shape[0])), dtype="<i8")
+    as_float = tile.view(np.float64)
+    narrow = out.dtype.itemsize == 4
+    for start in range(0, x.shape[0], ENCODE_TILE):
+        part = x[start : start + ENCODE_TILE]
+        k = part.shape[0]
+        f, i = as_float[:k], tile[:k]
+        np.multiply(part, scale, out=f)
+        if magic:
+            np.add(f, _MAGIC, out=f)
+            np.subtract(i, _MAGIC_BITS, out=i)
+        else:
+            np.rint(f, out=i, casting="unsafe")
+        if narrow:  # the low 32 bits: the value mod 2^32
+            np.copyto(out[start : start + k], i, casting="unsafe")
+        else:
+            out[start : start + k] = i.view(RING_DTYPE)
+
+
+def encode(
+    values: npt.ArrayLike,
+    *,
+    scale_bits: int,
+    bound: float,
+    length: int | None = None,
+    ring_bits: int = 64,
+) -> npt.NDArray[np.unsignedinteger]:
+    """Encode a 1-D float vector as ``round(x * 2^f) mod 2^w`` (two's complement) into a
+    fresh array of the ring's dtype; see :func:`encode_into`."""
+    x = _as_vector(values, length)
+    out = np.empty(x.shape[0], dtype=ring_dtype(ring_bits))
+    encode_into(out, x, scale_bits=scale_bits, bound=bound)
+    return out
+
+
+def add_noise(
+    encoded: npt.NDArray[np.unsignedinteger], noise: npt.ArrayLike, *, noise_bound: int
+) -> None:
     """Add an integer noise vector (ring units) into ``encoded`` in place.
 
     The hook for distributed DP (docs/design.md §3): noise is added *before* masking, so the
@@ -155,12 +288,22 @@ def add_noise(encoded: npt.NDArray[np.uint64], noise: npt.ArrayLike, *, noise_bo
                 f"refusing noise: {over} of {arr.size} entries exceed the job's noise "
                 f"bound {noise_bound}"
             )
-    np.add(encoded, arr.astype("<i8").view(RING_DTYPE), out=encoded)
+    wide = arr.astype("<i8").view(RING_DTYPE)
+    if encoded.dtype.itemsize == 8:
+        np.add(encoded, wide, out=encoded)
+    else:  # mod 2^32: the low word of the two's complement
+        np.add(encoded, wide.astype(encoded.dtype), out=encoded)
 
 
-def decode(ring_sum: npt.NDArray[np.uint64], *, scale_bits: int) -> npt.NDArray[np.float64]:
-    """Interpret a ring vector as signed fixed point and return float64."""
-    signed = np.asarray(ring_sum, dtype=RING_DTYPE).view("<i8")
+def decode(
+    ring_sum: npt.NDArray[np.unsignedinteger], *, scale_bits: int
+) -> npt.NDArray[np.float64]:
+    """Interpret a ring vector (``uint32`` or ``uint64``) as signed fixed point and
+    return float64."""
+    arr = np.asarray(ring_sum)
+    if arr.dtype.kind != "u" or arr.dtype.itemsize not in (4, 8):
+        arr = arr.astype(RING_DTYPE)
+    signed = arr.view("<i8" if arr.dtype.itemsize == 8 else "<i4")
     out = signed.astype(np.float64)
     np.multiply(out, math.ldexp(1.0, -scale_bits), out=out)  # exact: a power of two
     return out

@@ -125,13 +125,14 @@ class Stage(enum.Enum):
 class AggregateResult:
     """The output of a job: the decoded sum and who is in it.
 
-    ``ring_sum`` is the exact sum in ``Z_{2^64}`` (fixed point, DP noise included) for
+    ``ring_sum`` is the exact sum in the job's ring ``Z_{2^w}`` (``uint32`` or ``uint64``
+    words; fixed point, DP noise included) for
     callers that need integers, e.g. privacy accounting. ``values`` is
     ``ring_sum`` decoded to float64 with ``2^-scale_bits`` per unit.
     """
 
     values: npt.NDArray[np.float64] = field(repr=False)
-    ring_sum: npt.NDArray[np.uint64] = field(repr=False)
+    ring_sum: npt.NDArray[np.unsignedinteger] = field(repr=False)
     contributors: tuple[str, ...]
     dropouts: tuple[str, ...]
     excluded: tuple[str, ...]
@@ -377,7 +378,7 @@ class SecAggServer:
         self._absorb(msg.sender, msg.index, msg.payload)
 
     def absorb_chunk(self, sender: str, index: int, data: bytes | bytearray | memoryview) -> None:
-        """Add chunk ``index`` of ``sender``'s masked input (little-endian uint64 bytes).
+        """Add chunk ``index`` of ``sender``'s masked input (little-endian ring words).
 
         Rejects, storing nothing: a sender not in the job (:class:`UnknownParticipant`)
         or not in ``U2`` (:class:`Excluded`), a sender whose upload is already complete

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,8 @@ from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.crypto.server import AggregateResult, SecAggServer, Stage
 from spherecal.crypto.spec import JobSpec, default_degree, keys_needed
 
+T = TypeVar("T")
+
 DROP_STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 """Where a participant can vanish: the stage whose message it never sends."""
 
@@ -55,6 +58,12 @@ class SimulationReport:
     """Per uploader: wall time to produce all its masked chunks."""
     server_unmask_seconds: float
     protocol_seconds: float
+    input_seconds: dict[str, float] = field(default_factory=dict)
+    """Per uploader: float vector to upload bytes — ``set_input`` (range check, encoding),
+    every ``masked_chunk`` and its canonical ``to_bytes``."""
+    participant_seconds: dict[str, float] = field(default_factory=dict)
+    """Per participant: wall time inside its own calls over the whole job (every round,
+    message encoding included) — the participant's cost, without the server's."""
     received: list[tuple[str, Message]] = field(default_factory=list, repr=False)
     """Every message the coordinator received, in order (when ``record=True``)."""
 
@@ -102,11 +111,22 @@ def run_protocol(
     upload = dict.fromkeys(spec.participants, 0)
     received: list[tuple[str, Message]] = []
     mask_seconds: dict[str, float] = {}
+    input_seconds: dict[str, float] = {}
+    spent: dict[str, float] = {}
+
+    def timed(pid: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        t0 = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            spent[pid] = spent.get(pid, 0.0) + time.perf_counter() - t0
 
     started = time.perf_counter()
     server = SecAggServer(spec, directory, max_in_flight=max_in_flight)
     clients = {
-        p: SecAggParticipant(
+        p: timed(
+            p,
+            SecAggParticipant,
             spec,
             p,
             identities[p],
@@ -117,8 +137,8 @@ def run_protocol(
         for p in spec.participants
     }
 
-    def send(pid: str, message: Message) -> None:
-        data = message.to_bytes()
+    def send(pid: str, message: Message | bytes) -> None:
+        data = message if isinstance(message, bytes) else timed(pid, message.to_bytes)
         upload[pid] += len(data)
         decoded = decode_message(data)
         if record:
@@ -138,14 +158,14 @@ def run_protocol(
     # Round 0: advertise keys.
     for pid in shuffled(spec.participants):
         if alive(pid, "advertise"):
-            send(pid, clients[pid].advertise_keys())
+            send(pid, timed(pid, clients[pid].advertise_keys))
     server.close_stage()
 
     # Round 1: rosters out, encrypted shares in.
     for pid in shuffled(server.advertised):
         if alive(pid, "share"):
             roster = KeyRoster.from_bytes(server.roster_for(pid).to_bytes())
-            send(pid, clients[pid].share_keys(roster))
+            send(pid, timed(pid, clients[pid].share_keys, roster))
     server.close_stage()
 
     # Round 2: share bundles out, masked inputs streamed in.
@@ -153,15 +173,24 @@ def run_protocol(
         if not alive(pid, "masked"):
             continue
         client = clients[pid]
-        client.receive_shares(ShareBundle.from_bytes(server.bundle_for(pid).to_bytes()))
+        bundle = ShareBundle.from_bytes(server.bundle_for(pid).to_bytes())
+        timed(pid, client.receive_shares, bundle)
+        t_in = time.perf_counter()
         client.set_input(inputs[pid], noise=noise.get(pid))
-        elapsed = 0.0
+        setting = time.perf_counter() - t_in
+        elapsed = serialising = 0.0
         for index in range(spec.n_chunks):
             t0 = time.perf_counter()
             chunk = client.masked_chunk(index)
-            elapsed += time.perf_counter() - t0
-            send(pid, chunk)
+            t1 = time.perf_counter()
+            data = chunk.to_bytes()
+            t2 = time.perf_counter()
+            elapsed += t1 - t0
+            serialising += t2 - t1
+            send(pid, data)
         mask_seconds[pid] = elapsed
+        input_seconds[pid] = setting + elapsed + serialising
+        spent[pid] = spent.get(pid, 0.0) + input_seconds[pid]
     server.close_stage()
 
     # Round 3 (optional): signatures over the survivor set.
@@ -169,14 +198,14 @@ def run_protocol(
         request = ConsistencyRequest.from_bytes(server.consistency_request().to_bytes())
         for pid in shuffled(server.survivors):
             if alive(pid, "consistency"):
-                send(pid, clients[pid].consistency_signature(request))
+                send(pid, timed(pid, clients[pid].consistency_signature, request))
         server.close_stage()
 
     # Round 4: unmask.
     for pid in shuffled(server.pending()):
         if alive(pid, "unmask"):
             unmask = UnmaskRequest.from_bytes(server.unmask_request_for(pid).to_bytes())
-            send(pid, clients[pid].unmask(unmask))
+            send(pid, timed(pid, clients[pid].unmask, unmask))
     t0 = time.perf_counter()
     result = server.finish()
     finished = time.perf_counter()
@@ -185,6 +214,8 @@ def run_protocol(
         result=result,
         upload_bytes=upload,
         mask_seconds=mask_seconds,
+        input_seconds=input_seconds,
+        participant_seconds=spent,
         server_unmask_seconds=finished - t0,
         protocol_seconds=finished - started,
         received=received,

@@ -12,8 +12,14 @@ Invariants checked on construction (including from bytes):
 * ``2 <= t <= `` the smallest share-holder set (``n`` for the complete graph,
   ``k+1`` for Harary): ``t = 1`` would let any single holder rebuild a secret.
 * ``2 <= min_participants <= n``: an aggregate of one input *is* that input.
-* ``n * (ceil(B * 2^f) + noise_bound) <= 2^63 - 1``: the sum cannot wrap
-  (:mod:`spherecal.crypto.ring`).
+* ``n * (ceil(B * 2^f) + noise_bound) <= 2^(w-1) - 1`` for the job's ring width ``w``
+  (32 or 64): the sum cannot wrap (:mod:`spherecal.crypto.ring`);
+* ``chunk_size * w/8`` is a multiple of 16: every chunk starts on an AES block.
+
+Versions: version 2 (issue #24) added the ring width and the v2 mask keystream
+(:mod:`spherecal.crypto.prg`: 96-bit nonce, 32-bit counter from 2, the GCM keystream).
+Version-1 specs and messages are refused with a message that says so: a v1 party would
+expand different masks, and the sum would be garbage.
 * with ``consistency_check`` (the active-adversary variant of Bonawitz et al. 2017,
   round 3 "ConsistencyCheck"), ``2t >`` the largest share-holder set: otherwise a malicious
   coordinator could split the honest holders of one participant's shares into two
@@ -30,6 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from spherecal.crypto._codec import MAX_ID_BYTES, Reader, Writer
 from spherecal.crypto._exceptions import InvalidSpec, MalformedMessage, UnknownParticipant
 from spherecal.crypto.graph import (
@@ -40,13 +48,21 @@ from spherecal.crypto.graph import (
     max_closed_size,
     min_closed_size,
 )
-from spherecal.crypto.ring import MAX_SCALE_BITS, choose_scale_bits, sum_fits
+from spherecal.crypto.ring import (
+    MAX_SCALE_BITS,
+    RING_WIDTHS,
+    choose_ring,
+    choose_scale_bits,
+    ring_dtype,
+    sum_fits,
+)
 
 MAGIC = b"SCSA"
-VERSION = 1
+VERSION = 2
+RETIRED_VERSIONS = {1: "AES-CTR with a 128-bit counter keystream and a 64-bit ring only"}
 TYPE_JOB_SPEC = 0x01
 
-DEFAULT_CHUNK_ENTRIES = 1 << 15  # 256 KiB of uint64: stays in L2 next to its keystream
+DEFAULT_CHUNK_ENTRIES = 1 << 15  # 256 KiB of uint64: stays in L2 next to its keystream tile
 MAX_CHUNK_ENTRIES = 1 << 24
 MAX_JOB_ID_BYTES = 64
 MAX_PARTICIPANTS = 1 << 16
@@ -85,6 +101,7 @@ class JobSpec:
     consistency_check: bool = False
     chunk_size: int = DEFAULT_CHUNK_ENTRIES
     noise_bound: int = 0
+    ring_bits: int = 64
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -103,12 +120,19 @@ class JobSpec:
         consistency_check: bool | None = None,
         chunk_size: int = DEFAULT_CHUNK_ENTRIES,
         noise_bound: int = 0,
+        ring_bits: int = 64,
+        resolution: float | None = None,
     ) -> JobSpec:
         """Fill in defaults: a fresh random 16-byte job id, ``min_participants = t``,
         the finest overflow-safe scale, ``degree = n - 1`` (complete) or
         :func:`default_degree` (Harary), and the consistency round whenever the
         threshold allows it (``2t >`` share holders) — participants' default policy
-        (:mod:`spherecal.crypto.policy`) refuses jobs without it."""
+        (:mod:`spherecal.crypto.policy`) refuses jobs without it.
+
+        ``resolution`` (with ``scale_bits`` left to choose) picks the ring by
+        :func:`spherecal.crypto.ring.choose_ring`: 32 bits when a step ``2^-f <=
+        resolution`` fits, else 64 (``chunk_size`` rounded up to whole AES blocks of the
+        chosen ring); without it the ring is ``ring_bits`` (default 64)."""
         ids = tuple(sorted(participants))
         n = len(ids)
         if job_id is None:
@@ -122,9 +146,18 @@ class JobSpec:
         if scale_bits is None:
             if n < 2:
                 raise InvalidSpec(f"secure aggregation needs at least 2 participants, got {n}")
-            scale_bits = choose_scale_bits(n, float(bound), noise_bound)
+            if resolution is not None:
+                choice = choose_ring(
+                    n, float(bound), resolution=resolution, noise_bound=noise_bound
+                )
+                ring_bits, scale_bits = choice.ring_bits, choice.scale_bits
+                per_block = 128 // ring_bits  # the chosen ring's chunks: whole AES blocks
+                chunk_size = -(-chunk_size // per_block) * per_block
+            else:
+                scale_bits = choose_scale_bits(n, float(bound), noise_bound, ring_bits)
         if consistency_check is None:
             consistency_check = 2 * threshold > max_closed_size(graph, n, degree)
+
         return cls(
             job_id=job_id_bytes,
             participants=ids,
@@ -138,6 +171,7 @@ class JobSpec:
             consistency_check=consistency_check,
             chunk_size=chunk_size,
             noise_bound=noise_bound,
+            ring_bits=ring_bits,
         )
 
     def __post_init__(self) -> None:
@@ -183,9 +217,15 @@ class JobSpec:
             )
         if not 1 <= self.length <= MAX_LENGTH:
             raise InvalidSpec(f"vector length must be in 1..{MAX_LENGTH}, got {self.length}")
-        if not (2 <= self.chunk_size <= MAX_CHUNK_ENTRIES and self.chunk_size % 2 == 0):
+        if self.ring_bits not in RING_WIDTHS:
+            raise InvalidSpec(f"ring_bits must be one of {RING_WIDTHS}, got {self.ring_bits!r}")
+        per_block = 128 // self.ring_bits
+        if not (
+            per_block <= self.chunk_size <= MAX_CHUNK_ENTRIES and self.chunk_size % per_block == 0
+        ):
             raise InvalidSpec(
-                f"chunk_size must be even and in 2..{MAX_CHUNK_ENTRIES} (16-byte AES blocks), "
+                f"chunk_size must be a multiple of {per_block} (16-byte AES blocks of "
+                f"{self.ring_bits}-bit entries) in {per_block}..{MAX_CHUNK_ENTRIES}, "
                 f"got {self.chunk_size}"
             )
         if not (isinstance(self.bound, float) and math.isfinite(self.bound) and self.bound > 0):
@@ -194,17 +234,26 @@ class JobSpec:
             raise InvalidSpec("noise_bound must be a non-negative integer")
         if not 0 <= self.scale_bits <= MAX_SCALE_BITS:
             raise InvalidSpec(f"scale_bits must be in 0..{MAX_SCALE_BITS}, got {self.scale_bits}")
-        if not sum_fits(n, self.bound, self.scale_bits, self.noise_bound):
+        if not sum_fits(n, self.bound, self.scale_bits, self.noise_bound, self.ring_bits):
             raise InvalidSpec(
                 f"scale 2^{self.scale_bits} with |x| <= {self.bound!r}, noise bound "
-                f"{self.noise_bound} and {n} participants could overflow the 64-bit ring; "
-                "lower scale_bits or the bound"
+                f"{self.noise_bound} and {n} participants could overflow the "
+                f"{self.ring_bits}-bit ring; lower scale_bits or the bound"
             )
 
     # ----------------------------------------------------------------- derived
     @property
     def n(self) -> int:
         return len(self.participants)
+
+    @property
+    def dtype(self) -> np.dtype[np.unsignedinteger]:
+        """The ring's word: ``<u4`` or ``<u8``."""
+        return ring_dtype(self.ring_bits)
+
+    @property
+    def entry_bytes(self) -> int:
+        return self.ring_bits // 8
 
     @property
     def n_chunks(self) -> int:
@@ -234,18 +283,29 @@ class JobSpec:
         w.u32(self.threshold).u32(self.min_participants).u64(self.length)
         w.u8(self.scale_bits).f64(self.bound).text(self.graph).u32(self.degree)
         w.boolean(self.consistency_check).u32(self.chunk_size).u64(self.noise_bound)
+        w.u8(self.ring_bits)
         return w.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> JobSpec:
         r = Reader(data)
-        if r.raw(4) != MAGIC or r.u8() != VERSION or r.u8() != TYPE_JOB_SPEC:
-            raise MalformedMessage("not a spherecal secagg v1 job spec")
+        if r.raw(4) != MAGIC:
+            raise MalformedMessage("not a spherecal secagg job spec (bad magic)")
+        version = r.u8()
+        if version in RETIRED_VERSIONS:
+            raise MalformedMessage(
+                f"secagg job spec version {version} ({RETIRED_VERSIONS[version]}) is no "
+                f"longer supported; this party speaks version {VERSION} (the 96-bit-nonce "
+                "mask keystream and a per-job ring width): upgrade the other side"
+            )
+        if version != VERSION or r.u8() != TYPE_JOB_SPEC:
+            raise MalformedMessage(f"not a spherecal secagg v{VERSION} job spec")
         job_id = r.blob(max_len=MAX_JOB_ID_BYTES)
         participants = r.texts()
         threshold, min_p, length = r.u32(), r.u32(), r.u64()
         scale_bits, bound, graph, degree = r.u8(), r.f64(), r.text(), r.u32()
         consistency, chunk, noise = r.boolean(), r.u32(), r.u64()
+        ring_bits = r.u8()
         r.finish()
         return cls(
             job_id=job_id,
@@ -260,6 +320,7 @@ class JobSpec:
             consistency_check=consistency,
             chunk_size=chunk,
             noise_bound=noise,
+            ring_bits=ring_bits,
         )
 
 

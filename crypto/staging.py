@@ -1,12 +1,13 @@
 """Streaming the masked uploads into one sum: O(vector) memory, no partial inputs in it.
 
-Masked chunks are added in place into one preallocated ``uint64`` accumulator, so memory
+Masked chunks are added in place into one preallocated accumulator of the job's ring
+words (``uint32`` or ``uint64``), so memory
 is O(vector length), not O(participants × length). A participant whose upload is
 incomplete at the deadline is a dropout, and its partial chunks must not stay in the sum
 — but they cannot be subtracted later without its input. So each uploading participant
 is given one of ``max_in_flight`` staging slots (a vector each); chunks are written there
 (any order) and the slot is added into the accumulator only when the upload is complete.
-An abandoned upload just frees its slot. Total memory is ``(1 + max_in_flight) × 8 ×
+An abandoned upload just frees its slot. Total memory is ``(1 + max_in_flight) × w/8 ×
 length`` bytes; when all slots are busy a new upload is refused with
 :class:`UploadSlotsBusy` (retry later, nothing stored). Re-uploading after an abandoned
 attempt is safe: the participant's chunks are deterministic, so the server sees
@@ -30,7 +31,6 @@ from spherecal.crypto._exceptions import (
     UploadSlotsBusy,
     WrongLength,
 )
-from spherecal.crypto.ring import RING_DTYPE
 from spherecal.crypto.spec import JobSpec
 
 __all__ = ["StagedSum"]
@@ -53,8 +53,8 @@ class StagedSum:
     def __init__(self, spec: JobSpec, *, max_in_flight: int) -> None:
         self.spec = spec
         self.max_in_flight = max_in_flight
-        self.total: npt.NDArray[np.uint64] = np.zeros(spec.length, dtype=RING_DTYPE)
-        self._slots: list[npt.NDArray[np.uint64]] = []
+        self.total: npt.NDArray[np.unsignedinteger] = np.zeros(spec.length, dtype=spec.dtype)
+        self._slots: list[npt.NDArray[np.unsignedinteger]] = []
         self._free_slots: list[int] = []
         self._uploads: dict[str, _Upload] = {}
         self.completed: set[str] = set()
@@ -76,10 +76,11 @@ class StagedSum:
             raise MalformedMessage(f"chunk index {index} out of range 0..{self.spec.n_chunks - 1}")
         start, stop = self.spec.chunk_bounds(index)
         view = memoryview(data).cast("B")
-        if len(view) != 8 * (stop - start):
+        size = self.spec.entry_bytes
+        if len(view) != size * (stop - start):
             raise WrongLength(
-                f"chunk {index} must carry {stop - start} entries ({8 * (stop - start)} bytes), "
-                f"got {len(view)} bytes"
+                f"chunk {index} must carry {stop - start} entries "
+                f"({size * (stop - start)} bytes), got {len(view)} bytes"
             )
         upload = self._uploads.get(sender)
         if upload is not None and upload.received[index]:
@@ -90,7 +91,8 @@ class StagedSum:
             )
             self._uploads[sender] = upload
         slot = self._slots[upload.slot]
-        slot[start:stop] = np.frombuffer(view, dtype=RING_DTYPE)
+        # Zero-copy read of the upload: one pass writes it into the slot.
+        slot[start:stop] = np.frombuffer(view, dtype=self.spec.dtype)
         upload.received[index] = True
         upload.count += 1
         if upload.count == self.spec.n_chunks:
@@ -103,7 +105,7 @@ class StagedSum:
         if self._free_slots:
             return self._free_slots.pop()
         if len(self._slots) < self.max_in_flight:
-            self._slots.append(np.empty(self.spec.length, dtype=RING_DTYPE))
+            self._slots.append(np.empty(self.spec.length, dtype=self.spec.dtype))
             return len(self._slots) - 1
         raise UploadSlotsBusy(
             f"all {self.max_in_flight} upload slots are in use; retry when one frees up"

@@ -160,12 +160,12 @@ def masks_to_strip(
 
 
 def strip_masks(
-    spec: JobSpec, acc: npt.NDArray[np.uint64], masks: list[tuple[MaskSeed, int]]
+    spec: JobSpec, acc: npt.NDArray[np.unsignedinteger], masks: list[tuple[MaskSeed, int]]
 ) -> None:
     """Add every ``sign * PRG(mask)`` into the accumulator, chunk-major: each chunk
     of the accumulator stays in cache while all masks are applied to it, and each
     mask's cipher context is reused from chunk to chunk (sequential counter)."""
-    expander = MaskExpander(min(spec.chunk_size, spec.length))
+    expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
     step = expander.max_entries
     for start in range(0, spec.length, step):
         target = acc[start : start + step]
@@ -175,7 +175,7 @@ def strip_masks(
 
 
 def aggregate_out_of_range(
-    spec: JobSpec, acc: npt.NDArray[np.uint64], *, inputs: int
+    spec: JobSpec, acc: npt.NDArray[np.unsignedinteger], *, inputs: int
 ) -> AggregateOutOfRange | None:
     """The error refusing a sum no set of ``inputs`` in-bound inputs could produce
     (see :mod:`spherecal.crypto.server`), or ``None`` when every entry is in range."""
@@ -185,6 +185,7 @@ def aggregate_out_of_range(
         bound=spec.bound,
         scale_bits=spec.scale_bits,
         noise_bound=spec.noise_bound,
+        ring_bits=spec.ring_bits,
     )
     if not outside:
         return None

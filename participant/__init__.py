@@ -27,4 +27,5 @@ Modules, one idea each:
 ``results``            every site's final models, written to its ``out_dir``
 ``failures``           the typed withdrawal a participant reports, and why
 ``faults``             fault injection (halt at a protocol stage) for tests and simulate
+``adversary``          TEST ONLY: a dishonest site's local computation (issue #22's attacks)
 """

@@ -4,6 +4,12 @@ When the coordinator is unreachable the participant says so once, then retries w
 jittered exponential back-off (0.2 s doubling up to ``reconnect_max_s``), logging
 every attempt with its delay and the reason, and exits with status 3 after
 ``give_up_s`` of continuous failure.
+
+A coordinator that says it is *stopping* (``Done(status="stopping")``: SIGTERM or a
+storage fault, the federation not over) is waited for the same way — its restart
+resumes the federation — with the ``give_up_s`` clock started at once, so a
+coordinator that never comes back still ends the participant (exit 3), while one
+that does is simply rejoined (issue #20).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from collections.abc import Callable
 
 import grpc
 
-from spherecal.proto.federation_end import SUCCESSFUL_STATUSES, ended_status
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.federation_end import STOPPING_STATUS, SUCCESSFUL_STATUSES, ended_status
 
-__all__ = ["Backoff", "ParticipantExit", "stop_if_ended"]
+__all__ = ["Backoff", "ParticipantExit", "stop_if_ended", "wait_if_stopping"]
 
 
 class ParticipantExit(Exception):
@@ -81,3 +88,18 @@ def stop_if_ended(code: grpc.StatusCode, message: str) -> None:
             0 if status in SUCCESSFUL_STATUSES else 1,
             f"coordinator says the {message}; nothing left to do, stopping",
         )
+
+
+def wait_if_stopping(done: pb.Done, backoff: Backoff, log: Callable[[str], None]) -> bool:
+    """If ``done`` says the coordinator is stopping (not that the federation ended):
+    say so, start the back-off's ``give_up_s`` clock, sleep its first delay and
+    return True — the caller forgets its session and joins again. False otherwise."""
+    if done.status != STOPPING_STATUS:
+        return False
+    if not backoff.failing:
+        log(
+            f"coordinator is stopping ({done.message}); waiting for it to come back "
+            f"(giving up after {backoff.give_up:.0f}s)"
+        )
+    backoff.wait("coordinator stopping", log)
+    return True

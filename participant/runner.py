@@ -40,8 +40,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
 from spherecal.crypto.dp import sample_noise
+from spherecal.participant.adversary import Adversary, parse_adversary
 from spherecal.participant.algorithm_state import ClientStateStore, CorruptClientState
-from spherecal.participant.backoff import Backoff, ParticipantExit, stop_if_ended
+from spherecal.participant.backoff import (
+    Backoff,
+    ParticipantExit,
+    stop_if_ended,
+    wait_if_stopping,
+)
 from spherecal.participant.data import LocalData
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
@@ -73,7 +79,7 @@ __all__ = ["ParticipantRunner", "ParticipantExit"]
 
 SOFTWARE_VERSION = "spherecal/0.1"
 TEST_FAULTS_ENV = "SPHERECAL_TEST_FAULTS"
-"""Must be ``1`` for a test-only fault (``corrupt_shares``) to be honoured."""
+"""Must be ``1`` for a test-only fault (``corrupt_shares``, ``adversary``) to be honoured."""
 
 logger = logging.getLogger("spherecal.participant")
 
@@ -101,6 +107,9 @@ class ParticipantRunner:
         self.trust = trust
         self.log = log
         self.halter = Halter(settings.halt_before, on_halt)
+        self.adversary: Adversary | None = (
+            parse_adversary(settings.adversary) if settings.adversary else None
+        )
         self._compute_slot = compute_slot or contextlib.nullcontext
         """Held while this participant computes (builds its trainer, carries out an
         instruction). A host of many participants passes a bounded semaphore so at
@@ -231,16 +240,26 @@ class ParticipantRunner:
         for relaxed in self.policy.relaxations():
             logger.warning("policy weakened: %s", relaxed)
             self.log(f"WARNING: policy weakened: {relaxed}")
+        faults = [
+            name
+            for name, on in (
+                ("corrupt_shares", self.settings.corrupt_shares),
+                ("adversary", self.adversary is not None),
+            )
+            if on
+        ]
+        if faults and os.environ.get(TEST_FAULTS_ENV) != "1":
+            self.log(
+                f"refusing to start: {', '.join(faults)} is a test-only fault and needs "
+                f"{TEST_FAULTS_ENV}=1"
+            )
+            self.privacy.close()
+            self.releases.close()
+            return 2
         if self.settings.corrupt_shares:
-            if os.environ.get(TEST_FAULTS_ENV) != "1":
-                self.log(
-                    f"refusing to start: corrupt_shares is a test-only fault and needs "
-                    f"{TEST_FAULTS_ENV}=1"
-                )
-                self.privacy.close()
-                self.releases.close()
-                return 2
             self.log("TEST FAULT: dealing corrupted shares in every job")
+        if self.adversary is not None:
+            self.log(f"TEST FAULT: local computation replaced by the attack {self.adversary}")
         self._heartbeat = threading.Thread(target=self._presence_loop, daemon=True)
         self._heartbeat.start()
         try:
@@ -271,6 +290,9 @@ class ParticipantRunner:
                 continue
             if kind == "done":
                 done = instruction.done
+                if wait_if_stopping(done, self._backoff, self.log):
+                    self.session = None  # its restart resumes the federation: rejoin
+                    continue
                 self.log(f"coordinator says done ({done.status}): {done.message}")
                 if done.status not in SUCCESSFUL_STATUSES:
                     return 1
@@ -397,6 +419,14 @@ class ParticipantRunner:
             f"samples in {time.monotonic() - t0:.1f}s"
         )
         payload = trainer.flatten(result)
+        if self.adversary is not None and task.HasField("secure"):
+            payload = self.adversary.update(
+                payload,
+                trainer.layout.entries,
+                bound=crypto.JobSpec.from_bytes(task.secure.spec).bound,
+                seed=int(task.seed),
+                round_index=int(task.round),
+            )
         if session is not None:
             self.secure.set_input(task_id, session, payload)
         else:
@@ -465,6 +495,8 @@ class ParticipantRunner:
         vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
         stats = trainer.statistics(vector, kind)
+        if self.adversary is not None:
+            stats = trainer.attacked_statistics(self.adversary, kind, stats)
         self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
         if session is not None:
             self.secure.set_input(task_id, session, stats)

@@ -127,7 +127,12 @@ class ParticipantSettings:
     when the coordinator's plan names one. Built-in extractors need no entry; any
     other name in a plan is refused, so a coordinator cannot make a site import code."""
     identity_key: Path | None = None
-    """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``, created once."""
+    """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``. ``spherecal
+    certs issue`` writes ``NAME.identity.key``; ``spherecal participant --config F
+    --init`` creates one at this path if there is none. A configured path that does not
+    exist is an error naming it (a typo never makes a new identity); the default key is
+    created by itself only on a site's first start, never beside an existing history in
+    ``state_dir``."""
     threads: int = 1
     """Torch threads."""
     allow_plaintext: bool = False
@@ -143,6 +148,9 @@ class ParticipantSettings:
     """Give up after the coordinator was unreachable this long."""
     rpc_timeout_s: float = 60.0
     """Deadline of one RPC."""
+    log_format: str = "text"
+    """``text`` or ``json``: stderr log lines with an ISO-8601 UTC timestamp and a level
+    (``--log-format`` overrides; ``spherecal.logs``)."""
     halt_before: tuple[HaltPoint, ...] = ()
     """Fault injection for tests and ``spherecal simulate --drop``: stop (and wait to be
     killed) right before the named step."""
@@ -150,6 +158,11 @@ class ParticipantSettings:
     """TEST ONLY: deal shares that fail authentication in every job (the
     malicious-participant fault of ``spherecal simulate --corrupt-shares``). Refused
     at start unless the environment sets ``SPHERECAL_TEST_FAULTS=1``."""
+    adversary: str | None = None
+    """TEST ONLY: replace this participant's local computation by an attack
+    (``ATTACK[:AMOUNT]``, ``spherecal.participant.adversary``; ``spherecal simulate
+    --adversary``). Refused at start unless the environment sets
+    ``SPHERECAL_TEST_FAULTS=1``."""
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     """This participant's own privacy policy: with ``enabled`` it refuses calibration
     statistics without DP noise, and every noisy release is charged to its local
@@ -158,6 +171,10 @@ class ParticipantSettings:
     """What this participant refuses whatever the coordinator asks (``[policy]``):
     the secure-aggregation rules, one release per statistic and model, evaluation
     heads (``spherecal.participant.policy``)."""
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
 
     @property
     def identity_path(self) -> Path:

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from spherecal.participant.adversary import Adversary
 from spherecal.participant.data import LocalData
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_from_proto
@@ -206,6 +207,21 @@ class LocalTrainer:
         if kind == "ccvr":
             return ccvr_statistics(z, y, self.num_classes).pack()
         raise ValueError(f"unknown statistics kind {kind!r}")
+
+    def attacked_statistics(
+        self, adversary: Adversary, kind: str, honest: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """TEST ONLY: ``honest`` (packed, at the loaded model) replaced by
+        ``adversary``'s statistics (``spherecal.participant.adversary``)."""
+        if not adversary.attacks_statistics:
+            return honest
+        return adversary.statistics(
+            kind,
+            honest,
+            features=self.features(self.data.train_x),
+            labels=self.data.train_y.numpy().astype(np.int64),
+            classifier=self.model.head.weight.detach().double().numpy(),
+        )
 
     def private_statistics(
         self, vector: npt.NDArray[np.float64], kind: str, *, quant_bits: int

@@ -8,9 +8,11 @@ coordinator substitutes its own keys and strips a participant's masks.
 Under mutual TLS the trust root is the federation CA: each directory entry carries
 the participant's certificate, and this module accepts an entry only if the
 certificate is signed by the CA this participant trusts, is currently valid, names
-the entry's participant id, and binds exactly the entry's Ed25519 key (the spherecal
-identity extension). On loopback ``--insecure`` simulations there is no CA and the
-directory is taken as given — acceptable only because everything runs on one host.
+the entry's participant id, and binds exactly the entry's Ed25519 key (its
+``urn:spherecal:ed25519:`` URI SAN, ``spherecal.proto.identity``; a certificate in
+the old format is refused with a line saying to re-issue it). On loopback
+``--insecure`` simulations there is no CA and the directory is taken as given —
+acceptable only because everything runs on one host.
 
 Only the entries a participant needs are checked: the coordinator sends each
 participant the entries of the parties whose signatures it verifies

@@ -8,19 +8,38 @@ participant id:
   :func:`join_payload` — a domain label, the id, the public key, a timestamp and a
   nonce — proving possession of the key (a coordinator pins the first key it sees
   for an id and refuses a different one later).
-* **Certificate binding (mTLS).** ``spherecal certs issue`` puts the identity public
-  key into the participant's X.509 certificate as a private extension
-  (:data:`IDENTITY_EXTENSION_OID`). The coordinator checks it against the joining key,
-  and — the reason it exists — every *participant* checks its peers' keys against
-  their CA-signed certificates before running secure aggregation, so a malicious
-  coordinator cannot substitute keys (the man-in-the-middle Bonawitz et al. 2017
-  guard against with signatures needs a trust root the coordinator does not control).
+* **Certificate binding (mTLS).** ``spherecal certs issue`` puts the participant id
+  and the identity public key into the participant's X.509 certificate as two URI
+  subject alternative names (RFC 5280 §4.2.1.6), fields every TLS stack parses (Go's
+  ``crypto/x509``, Java, Node/OpenSSL, rustls):
+
+  - ``spiffe://spherecal/participant/ID`` (:data:`IDENTITY_URI_PREFIX`; SPIFFE-style,
+    the id percent-encoded outside ``A-Z a-z 0-9 - . _ ~``) — must equal the CN;
+  - ``urn:spherecal:ed25519:HEX`` (:data:`KEY_URI_PREFIX`) — the whole 32-byte raw
+    Ed25519 public key in lowercase hex, not a fingerprint.
+
+  The coordinator checks the key against the joining key, and — the reason it exists
+  — every *participant* checks its peers' keys against their CA-signed certificates
+  before running secure aggregation, so a malicious coordinator cannot substitute
+  keys (the man-in-the-middle Bonawitz et al. 2017 guard against with signatures
+  needs a trust root the coordinator does not control). The binding is exactly as
+  strong as before: the CA's signature covers the SAN extension, and the SAN holds
+  the full key, so accepting a substituted key means forging the CA's signature.
+
+  Before issue #26 the key was an extension under the UUID OID
+  :data:`LEGACY_IDENTITY_EXTENSION_OID`, whose 128-bit arc Go's parser and grpcurl
+  reject (``x509: malformed extension OID field``), so no Go tool could load the
+  client certificate. A certificate still carrying it is refused with one line
+  saying to re-issue it (``spherecal certs issue NAME --dir DIR`` keeps the identity
+  key). Because there are two URI SANs, the certificate is SPIFFE-*style*, not a
+  strict X509-SVID (which allows exactly one URI).
 """
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -28,22 +47,38 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.x509.oid import NameOID
 
 __all__ = [
-    "IDENTITY_EXTENSION_OID",
-    "SAN_URI_PREFIX",
+    "IDENTITY_URI_PREFIX",
+    "KEY_URI_PREFIX",
+    "LEGACY_IDENTITY_EXTENSION_OID",
+    "LEGACY_URI_PREFIX",
     "CertificateError",
     "certificate_identity",
-    "identity_extension",
     "identity_key_from_certificate",
+    "identity_san",
+    "identity_uri",
     "join_payload",
+    "key_uri",
     "load_identity_key",
     "public_key_bytes",
     "save_identity_key",
 ]
 
-#: UUID-derived OID (ITU-T X.667 ``2.25``): needs no registration, collides with nothing.
-IDENTITY_EXTENSION_OID = x509.ObjectIdentifier("2.25.338712815614522320728318247227344775438")
-SAN_URI_PREFIX = "urn:spherecal:participant:"
+#: The pre-#26 key extension (a UUID OID, ITU-T X.667 ``2.25``): recognised only to
+#: tell the operator to re-issue the certificate.
+LEGACY_IDENTITY_EXTENSION_OID = x509.ObjectIdentifier(
+    "2.25.338712815614522320728318247227344775438"
+)
+#: The pre-#26 identity URI; still accepted as a name (it must agree with the CN).
+LEGACY_URI_PREFIX = "urn:spherecal:participant:"
+IDENTITY_URI_PREFIX = "spiffe://spherecal/participant/"
+KEY_URI_PREFIX = "urn:spherecal:ed25519:"
 JOIN_LABEL = b"spherecal/v1/join"
+_REISSUE = (
+    "certificate uses the old spherecal format (identity key in extension "
+    f"{LEGACY_IDENTITY_EXTENSION_OID.dotted_string}, unreadable by Go and other TLS "
+    "stacks); re-issue it with `spherecal certs issue NAME --dir CA_DIR` (the identity "
+    "key is kept)"
+)
 
 
 class CertificateError(ValueError):
@@ -70,41 +105,79 @@ def public_key_bytes(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
     return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def identity_extension(public_key: bytes) -> x509.UnrecognizedExtension:
-    """The certificate extension carrying a raw Ed25519 public key (DER OCTET STRING)."""
+def identity_uri(participant_id: str) -> str:
+    """``spiffe://spherecal/participant/ID``, the id percent-encoded (RFC 3986)."""
+    return IDENTITY_URI_PREFIX + quote(participant_id, safe="")
+
+
+def key_uri(public_key: bytes) -> str:
+    """``urn:spherecal:ed25519:HEX``: the raw 32-byte Ed25519 public key."""
     if len(public_key) != 32:
         raise ValueError("an Ed25519 public key has 32 bytes")
-    return x509.UnrecognizedExtension(IDENTITY_EXTENSION_OID, b"\x04\x20" + bytes(public_key))
+    return KEY_URI_PREFIX + bytes(public_key).hex()
+
+
+def identity_san(participant_id: str, public_key: bytes) -> x509.SubjectAlternativeName:
+    """The subject alternative names binding a participant id and its identity key."""
+    return x509.SubjectAlternativeName(
+        [
+            x509.UniformResourceIdentifier(identity_uri(participant_id)),
+            x509.UniformResourceIdentifier(key_uri(public_key)),
+        ]
+    )
+
+
+def _uris(cert: x509.Certificate) -> list[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return list(san.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def _refuse_legacy(cert: x509.Certificate) -> None:
+    try:
+        cert.extensions.get_extension_for_oid(LEGACY_IDENTITY_EXTENSION_OID)
+    except x509.ExtensionNotFound:
+        return
+    raise CertificateError(_REISSUE)
 
 
 def identity_key_from_certificate(cert: x509.Certificate) -> bytes | None:
-    """The Ed25519 identity key a certificate binds, or None when it carries none."""
-    try:
-        ext = cert.extensions.get_extension_for_oid(IDENTITY_EXTENSION_OID)
-    except x509.ExtensionNotFound:
+    """The Ed25519 identity key a certificate binds, or None when it carries none.
+
+    Exactly one ``urn:spherecal:ed25519:`` URI of 64 lowercase hex digits, else
+    :class:`CertificateError` (two keys would let a CA-signed certificate vouch for
+    a key of the holder's choosing)."""
+    _refuse_legacy(cert)
+    keys = [u for u in _uris(cert) if u.startswith(KEY_URI_PREFIX)]
+    if not keys:
         return None
-    value = ext.value
-    raw = value.value if isinstance(value, x509.UnrecognizedExtension) else b""
-    if len(raw) != 34 or raw[:2] != b"\x04\x20":
-        raise CertificateError("malformed spherecal identity extension")
-    return raw[2:]
+    if len(keys) > 1:
+        raise CertificateError("certificate binds more than one spherecal identity key")
+    digits = keys[0][len(KEY_URI_PREFIX) :]
+    if len(digits) != 64 or digits.strip("0123456789abcdef"):
+        raise CertificateError("malformed spherecal identity key URI (need 64 lowercase hex)")
+    return bytes.fromhex(digits)
 
 
 def certificate_identity(cert: x509.Certificate) -> str:
-    """The participant id a certificate names: its CN, which must agree with any
-    ``urn:spherecal:participant:`` SAN URI."""
+    """The participant id a certificate names: its CN, which must agree with every
+    ``spiffe://spherecal/participant/`` (and old ``urn:spherecal:participant:``) URI."""
+    _refuse_legacy(cert)
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if len(names) != 1:
         raise CertificateError("certificate must have exactly one common name")
     cn = names[0].value
     cn = cn.decode("utf-8") if isinstance(cn, bytes) else str(cn)
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier)]
-    except x509.ExtensionNotFound:
-        uris = []
-    for uri in uris:
-        if uri.startswith(SAN_URI_PREFIX) and uri[len(SAN_URI_PREFIX) :] != cn:
+    for uri in _uris(cert):
+        if uri.startswith(IDENTITY_URI_PREFIX):
+            named = unquote(uri[len(IDENTITY_URI_PREFIX) :], errors="strict")
+        elif uri.startswith(LEGACY_URI_PREFIX):
+            named = uri[len(LEGACY_URI_PREFIX) :]
+        else:
+            continue
+        if named != cn:
             raise CertificateError(f"certificate SAN {uri!r} disagrees with its CN {cn!r}")
     return cn
 

@@ -2,7 +2,7 @@
 
 The components (``spherecal.proto``, ``spherecal.crypto``, ``spherecal.spherefed``,
 ``spherecal.participant``, ``spherecal.coordinator``) and the composition root (the
-CLI, configs, simulate, certs, experiment, audit) all live under this one name.
+CLI, configs, simulate, certs, experiment, audit, logs) all live under this one name.
 Importing ``spherecal`` loads nothing else: every process imports only what it runs.
 """
 

@@ -22,6 +22,8 @@ in ``audit.json`` with ``ok`` and the evidence:
                         inputs: noise at least the plan's, ε within the target, the
                         realised noise meeting the target variance
 ``budgets``             ε spent per participant (and the federation) against budget
+``integrity``           the cross-checks between independent sums, each site's bound and
+                        the validation gate's decisions (:mod:`spherecal.audit_integrity`)
 
 ``--empirical`` adds a canary audit of the calibration mechanism
 (:func:`spherecal.spherefed.privacy.empirical.run_canary_audit`): ``epsilon_claimed``,
@@ -466,6 +468,7 @@ def run_audit(
 ) -> dict[str, Any]:
     """Run every check; write ``audit.json`` (next to the run, or ``out``) and, with
     ``html``, the one-page report for a privacy officer; return the report."""
+    from spherecal.audit_integrity import check_integrity
     from spherecal.audit_policy import check_policy
     from spherecal.audit_report import describe_protection
 
@@ -483,6 +486,7 @@ def run_audit(
             "dp_releases": check_dp(conn),
             "budgets": check_budgets(conn, sim_dir),
             "participant_policy": check_policy(conn),
+            "integrity": check_integrity(conn),
         }
         privacy = json.loads(_meta(conn, "privacy") or "{}")
         federation_id = _meta(conn, "federation_id")

@@ -69,6 +69,14 @@ CHECK_EXPLANATIONS: dict[str, tuple[str, str]] = {
         "for dealing shares that failed authentication, and that no excluded participant "
         "took part in a later job.",
     ),
+    "integrity": (
+        "Integrity of the result",
+        "The sums the coordinator holds agreed with each other (example counts in the "
+        "training weights, the statistics and the evaluations), stayed within what each "
+        "site's declared data could give, and no calibrated head that scored worse than "
+        "the uncalibrated model on the sites' validation data was shipped. A failure "
+        "means one site may have sent data that is not what its data gives.",
+    ),
 }
 
 
@@ -180,9 +188,12 @@ def verdict_sentence(report: dict[str, Any]) -> str:
     if empirical.get("exceeds_claim"):
         failed.append("Empirical test of the noise")
     if failed:
-        return (
-            f"{len(failed)} of the checks below failed ({'; '.join(failed)}). "
-            "Do not rely on this run's privacy until each failure is explained."
+        integrity_only = [n for n, c in checks.items() if not c["ok"]] == ["integrity"]
+        return f"{len(failed)} of the checks below failed ({'; '.join(failed)}). " + (
+            "The privacy checks passed, but do not rely on this run's model until the "
+            "integrity failure is explained."
+            if integrity_only and not empirical.get("exceeds_claim")
+            else "Do not rely on this run's privacy until each failure is explained."
         )
     protection = report.get("protection", {})
     stats = protection.get("calibration_statistics", {})

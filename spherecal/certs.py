@@ -3,9 +3,12 @@
 ``spherecal certs init DIR`` makes a CA and a coordinator (server) certificate;
 ``spherecal certs issue NAME --dir DIR`` makes a participant's client certificate and
 its Ed25519 identity key, and binds the two: the certificate's CN (and a
-``urn:spherecal:participant:NAME`` SAN) is the participant id, and a private extension
-carries the identity public key (``spherecal.proto.identity``), so every participant can check
-its peers' secure-aggregation keys against the CA instead of trusting the coordinator.
+``spiffe://spherecal/participant/NAME`` URI SAN) is the participant id, and a second
+URI SAN ``urn:spherecal:ed25519:HEX`` carries the identity public key
+(``spherecal.proto.identity``), so every participant can check its peers'
+secure-aggregation keys against the CA instead of trusting the coordinator. Only
+standard fields and OIDs with small arcs: Go, Java, Node and rustls load every file
+this module writes (``tests/interop/`` checks it with Go's standard library).
 
 For production, issue the same shape of certificates from the federation's own PKI;
 the CA private key (``ca.key``) never needs to leave the operator's machine.
@@ -40,8 +43,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from spherecal.crypto import generate_identity
 from spherecal.proto.identity import (
-    SAN_URI_PREFIX,
-    identity_extension,
+    identity_san,
     load_identity_key,
     public_key_bytes,
     save_identity_key,
@@ -185,12 +187,8 @@ def issue_participant(
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(SAN_URI_PREFIX + name)]),
-            critical=False,
-        )
+        .add_extension(identity_san(name, public_key_bytes(identity)), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(identity_extension(public_key_bytes(identity)), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     _write_key(key, directory / f"{name}.key")

@@ -160,7 +160,7 @@ PARTICIPANT_TABLES: tuple[Table, ...] = (
         skip=frozenset({"tls", "data", "privacy", "policy"}),
         mebibytes=frozenset({"max_message_bytes"}),
         codecs={"halt_before": Codec(parse_halt)},
-        hidden=frozenset({"halt_before", "corrupt_shares"}),
+        hidden=frozenset({"halt_before", "corrupt_shares", "adversary"}),
         default_text={
             "state_dir": "`participant-<id>`",
             "out_dir": "`participant-<id>-out`",

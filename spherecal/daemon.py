@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from spherecal.logs import quiet_grpc_core
+
+    quiet_grpc_core()  # before anything imports grpc
     return run_command(build_parser().parse_args(argv))
 
 

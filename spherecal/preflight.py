@@ -88,6 +88,22 @@ def _key_pair(source: str, section: str, cert: Path | None, key: Path | None) ->
         )
 
 
+def _current_format(source: str, cert: Path | None) -> None:
+    """A participant certificate from before issue #26 (its identity key under an OID
+    Go cannot parse) is refused here, at the site, with the line saying to re-issue
+    it — not only by the coordinator at join."""
+    if cert is None:
+        return
+    from cryptography import x509
+
+    from spherecal.proto.identity import CertificateError, identity_key_from_certificate
+
+    try:
+        identity_key_from_certificate(x509.load_pem_x509_certificates(cert.read_bytes())[0])
+    except CertificateError as exc:
+        raise PreflightError(f"{source}: [tls] cert = {str(cert)!r}: {exc}") from None
+
+
 def check_participant(settings: Any, source: str) -> None:
     """TLS files (unless ``insecure``: present, parseable, the key matching its
     certificate), the data files and ``out_dir``."""
@@ -97,6 +113,7 @@ def check_participant(settings: Any, source: str) -> None:
             _readable(source, f"[tls] {key}", getattr(tls, key))
         _ca_bundle(source, "[tls] ca", tls.ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
+        _current_format(source, tls.cert)
     if settings.identity_key is not None and settings.identity_key.exists():
         _readable(source, "[participant] identity_key", settings.identity_key)
     data = settings.data

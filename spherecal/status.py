@@ -6,6 +6,11 @@ with the operator's certificate — the coordinator allows only identities on it
 ``[admin] allow`` list, or loopback callers in plaintext mode — and prints the roster
 with liveness, the current round and secure-aggregation stage, the completed rounds,
 the jobs and the ε spent per subject. ``--watch`` refreshes until the federation ends.
+
+``--json`` prints :func:`status_json`: every field of ``FederationStatus`` under its
+``.proto`` name, zero values included (``"refusals": 0``, not a missing key), 64-bit
+integers as JSON numbers, an unset ``optional`` field as ``null``. An unreachable
+coordinator is :class:`~spherecal.cli.exit_codes.CoordinatorUnreachable` (exit 4).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 from spherecal.cli.exit_codes import ExitCode
 
-__all__ = ["fetch_status", "render_status", "show_status"]
+__all__ = ["fetch_status", "render_status", "show_status", "status_json"]
 
 
 def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None]:
@@ -83,9 +88,14 @@ def fetch_status(
         stub = grpc_services().CoordinatorStub(channel)
         return stub.GetFederationStatus(pb.FederationStatusRequest(), timeout=timeout)
     except grpc.RpcError as exc:
+        from spherecal.cli.exit_codes import CoordinatorUnreachable
+
         code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = " ".join((exc.details() if hasattr(exc, "details") else "").split())
-        raise ValueError(f"coordinator at {address}: {code}: {details[:300]}") from None
+        message = f"coordinator at {address}: {code}: {details[:300]}"
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            raise CoordinatorUnreachable(message) from None
+        raise ValueError(message) from None
     finally:
         channel.close()
 
@@ -146,10 +156,44 @@ def render_status(st: Any) -> str:
     return "\n".join(lines)
 
 
+def status_json(message: Any) -> dict[str, Any]:
+    """A message as a JSON object with every field (issue #26).
+
+    Unlike ``MessageToDict``: fields at their zero value are kept, 64-bit integers
+    stay numbers (protobuf's JSON mapping writes them as strings), an unset
+    ``optional`` field is ``null``; enums by name, bytes as base64, a non-finite
+    float as the mapping's ``"NaN"``/``"Infinity"``/``"-Infinity"``."""
+    import base64
+    import math
+
+    from google.protobuf.descriptor import FieldDescriptor
+
+    def scalar(field: Any, value: Any) -> Any:
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            return status_json(value)
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            named = field.enum_type.values_by_number.get(value)
+            return named.name if named is not None else value
+        if field.type == FieldDescriptor.TYPE_BYTES:
+            return base64.b64encode(value).decode("ascii")
+        if isinstance(value, float) and not math.isfinite(value):
+            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return value
+
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.is_repeated:
+            out[field.name] = [scalar(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = scalar(field, value)
+    return out
+
+
 def show_status(args: argparse.Namespace) -> int:
     """``spherecal status`` (its parser: :mod:`spherecal.cli.status`)."""
-    from google.protobuf.json_format import MessageToDict
-
     address, insecure, ca = _target(args)
 
     def once() -> Any:
@@ -170,13 +214,13 @@ def show_status(args: argparse.Namespace) -> int:
         except ValueError as exc:
             if not seen:
                 raise
-            raise ValueError(
+            raise type(exc)(
                 f"the coordinator no longer answers (the federation ended or it stopped; "
                 f"last status above): {exc}"
             ) from None
         seen = True
         if args.json:
-            print(json.dumps(MessageToDict(st, preserving_proto_field_name=True), indent=2))
+            print(json.dumps(status_json(st), indent=2))
         else:
             if args.watch is not None and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")

@@ -15,6 +15,8 @@
 ``ffc_ccvr_heads``      FFC's closed form and CCVR's retraining from the secure sums
 ``discriminant_heads``  FFC+bias, LDA and QDA from the CCVR sums, ridge chosen on validation
 ``invariants``          what every honest calibration aggregate satisfies, checked first
+``integrity``           cross-checks between independent sums; each site's bound
+``validation_gate``     no calibrated head worse than none on validation; the round gate
 ``dp_releases``         the coordinator's side of noisy (DP) calibration releases
 ``evaluation_stage``    federated evaluation, and central when the coordinator has test data
 ``conduct``             what participants refused, and whom the coordinator excluded

@@ -41,8 +41,17 @@ from spherecal.coordinator.errors import FederationFailed
 from spherecal.coordinator.state.registry import Member
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
+from spherecal.proto.federation_end import STOPPING_STATUS
 
-__all__ = ["Board", "Published"]
+__all__ = ["Board", "Published", "stopping_message"]
+
+
+def stopping_message(reason: str) -> str:
+    """What a participant is told when the coordinator process stops mid-federation."""
+    return (
+        f"coordinator stopping ({reason}); the federation is not over and resumes when "
+        "the coordinator is restarted"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class Board:
         self.done_delivered: set[str] = set()
         self.federation_id = ""
         self.stopping: str | None = None
+        self.suspended: str | None = None
+        """Set by :meth:`suspend`: the process stops, the federation is not over."""
         self._polls = threading.Condition(threading.Lock())
         self._epoch = 0
         """Bumped whenever an instruction may have changed (see the docstring)."""
@@ -116,6 +127,16 @@ class Board:
             self.stopping = reason
             self.cond.notify_all()
         self._wake_polls()
+
+    def suspend(self, reason: str) -> None:
+        """Stop this coordinator *process* (SIGTERM, a storage fault): the driver
+        ends as for :meth:`stop`, but the participants are told ``stopping``
+        (``spherecal.proto.federation_end``) and wait for a restart, which resumes
+        the federation, instead of taking it as over."""
+        with self.cond:
+            if self.suspended is None and self.done is None:
+                self.suspended = reason
+        self.stop(reason)
 
     def check_stop(self) -> None:
         if self.stopping is not None:
@@ -174,6 +195,8 @@ class Board:
             if self.done is not None:
                 self.done_delivered.add(pid)
                 status, message = self.done
+                if self.suspended is not None:
+                    status, message = STOPPING_STATUS, stopping_message(self.suspended)
                 return pb.Instruction(done=pb.Done(status=status, message=message))
             task = self.task
             phase = self.phase

@@ -23,6 +23,13 @@ from spherecal.coordinator.driver.ffc_ccvr_heads import (
     ffc_classifier,
     unpack_statistics,
 )
+from spherecal.coordinator.driver.integrity import (
+    IntegrityCheckFailed,
+    check_bound,
+    cross_check_statistics,
+    note,
+    statistics_count,
+)
 from spherecal.coordinator.driver.invariants import (
     UNIT_NORM_HEADS,
     AggregateInvariantViolated,
@@ -131,6 +138,10 @@ def collect_statistics(
         elif isinstance(result, str):
             record_statistics_failure(ctx, kind, error)
     _check_pair(ctx, out)
+    stats_info = ctx.progress.results.get("statistics", {})
+    cross_check_statistics(
+        ctx, out, {k: float(v.get("noise_sigma", 0.0)) for k, v in stats_info.items()}
+    )
     return out
 
 
@@ -272,7 +283,18 @@ def _collect_kind(
     )
     try:
         check_aggregate(stats, unit_norm=s.model.head in UNIT_NORM_HEADS, tol=tol)
+        check_bound(
+            f"the {kind} example count",
+            statistics_count(stats),
+            len(contributors),
+            s.max_examples_per_site,
+            noise_sigma=sigma,
+            entries=classes if kind == "ccvr" else 1,
+            sigmas=s.gate_sigmas,
+        )
     except AggregateInvariantViolated as exc:
+        if isinstance(exc, IntegrityCheckFailed):
+            note(ctx, f"{kind} count bound", False, str(exc))
         refuse_aggregate(ctx, kind, job, contributors, exc)
         return None
     progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
@@ -280,6 +302,17 @@ def _collect_kind(
     progress.results.setdefault("statistics", {})[kind] = {
         "contributors": sorted(contributors, key=ctx.registry.index_of),
         "samples": samples,
+        # Classes no summed participant has (the verdict's coverage): a CCVR count
+        # below one half (DP noise included); without DP noise, an FFC class whose
+        # feature sum U[:, c] is exactly zero (no sample of it was summed).
+        "missing_classes": (
+            [int(c) for c in np.flatnonzero(stats.counts < 0.5)]
+            if isinstance(stats, CCVRStatistics)
+            else [int(c) for c in np.flatnonzero(~np.any(stats.U != 0, axis=0))]
+            if plan is None
+            else []
+        ),
+        "noise_sigma": sigma,
     }
     return stats
 

@@ -18,6 +18,12 @@ import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.driver.integrity import (
+    IntegrityCheckFailed,
+    check_evaluation_counts,
+    integrity_record,
+    note,
+)
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.secure_job import SecureJob
 from spherecal.coordinator.driver.stages import StageContext
@@ -183,7 +189,9 @@ def federated_evaluation(
             total = sum(r.total for r in results)
             correct = {n: sum(r.correct.get(n, 0) for r in results) for n in names}
             contributors = sorted(task.evaluations, key=ctx.registry.index_of)
-        if total > 0:
+        if error is None and contributors:
+            error = _check_counts(ctx, split, model_ref, total, correct, contributors)
+        if total > 0 and error is None:
             accuracy = {n: correct[n] / total for n in names}
     if error is not None:
         ctx.say(f"federated evaluation failed: {error}")
@@ -198,6 +206,44 @@ def federated_evaluation(
         "secure": bool(s.secagg.evaluation),
         "error": error,
     }
+
+
+def _check_counts(
+    ctx: StageContext,
+    split: str,
+    model_ref: pb.TensorRef,
+    total: int,
+    correct: dict[str, int],
+    contributors: list[str],
+) -> str | None:
+    """The evaluation's sums against their bounds (``integrity``); on success they
+    join the record that later evaluations are cross-checked against. Returns the
+    refusal, or None."""
+    s = ctx.settings
+    noise_sigma = 0.0  # the counts are exact; a DP release of them sets its σ here
+    try:
+        check_evaluation_counts(
+            total,
+            correct,
+            len(contributors),
+            s.max_examples_per_site,
+            noise_sigma=noise_sigma,
+            sigmas=s.gate_sigmas,
+        )
+    except IntegrityCheckFailed as exc:
+        note(ctx, f"{split} evaluation counts", False, str(exc))
+        return f"evaluation counts refused: {exc}"
+    integrity_record(ctx.progress, s)["evaluations"].append(
+        {
+            "split": split,
+            "model": bytes(model_ref.header.sha256).hex()[:16],
+            "contributors": list(contributors),
+            "total": total,
+            "correct": dict(correct),
+            "noise_sigma": noise_sigma,
+        }
+    )
+    return None
 
 
 def final_evaluation(ctx: StageContext, heads: Heads, evaluator: CentralEvaluator | None) -> None:

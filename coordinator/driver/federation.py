@@ -20,6 +20,8 @@ Where things are:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from typing import Any
 
@@ -27,6 +29,11 @@ from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.calibration_stage import calibrate, collect_statistics
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
+from spherecal.coordinator.driver.integrity import (
+    cross_check_evaluations,
+    integrity_reasons,
+    integrity_record,
+)
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.outputs import save_outputs, summary, write_json
 from spherecal.coordinator.driver.rejoin import wait_before_retry
@@ -34,16 +41,22 @@ from spherecal.coordinator.driver.resume import open_state
 from spherecal.coordinator.driver.stages import Progress, Say, StageContext
 from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.driver.training_rounds import RoundDriver
+from spherecal.coordinator.driver.validation_gate import gate_heads
 from spherecal.coordinator.driver.verdict import assess
-from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Member, Registry
 from spherecal.coordinator.state.spool import Spool
+from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 
-__all__ = ["Federation", "FederationFailed", "write_json"]
+__all__ = ["SUSPEND_LINGER_S", "Federation", "FederationFailed", "write_json"]
+
+SUSPEND_LINGER_S = 2.0
+"""How long a stopping coordinator keeps answering so that the participants polling
+it hear ``stopping`` (a poll is answered within milliseconds of the stop)."""
 
 
 class Federation:
@@ -71,7 +84,7 @@ class Federation:
             if strategy is not None
             else Strategy(settings.training, num_participants=len(settings.participants))
         )
-        self.spool = Spool(settings.state_dir / "spool")
+        self.spool = Spool(settings.state_dir / "spool", report=store.report_failure)
         self.checkpoints = Checkpoints(settings.state_dir / "checkpoints")
         self.board = Board()
         self.progress = Progress(global_vector=self.model.initial_vector.copy())
@@ -94,6 +107,7 @@ class Federation:
             checkpoints=self.checkpoints,
             evaluator=evaluator,
         )
+        integrity_record(self.progress, settings)
         self._started = time.monotonic()
         self._prepared = False
 
@@ -189,25 +203,32 @@ class Federation:
             progress.timings["train_s"] = time.monotonic() - t0
             aggregates = collect_statistics(self.stages, self.model, self.privacy)
             heads = calibrate(self.stages, self.model, aggregates)
+            heads = gate_heads(self.stages, progress.global_vector, heads)
             self._final_evaluation(heads)
+            cross_check_evaluations(self.stages)
             save_outputs(self.settings, self.model, progress, heads)
             verdict = assess(self.settings, progress, set(heads))
-            progress.status_reasons = list(verdict.reasons)
-            for reason in verdict.reasons:
+            reasons = [*verdict.reasons, *integrity_reasons(progress)]
+            progress.status_reasons = list(reasons)
+            for reason in reasons:
                 self.say(f"DEGRADED: {reason}")
                 self.store.event("warning", f"degraded: {reason}")
             self._finish(
-                verdict.status,
+                "degraded" if reasons else verdict.status,
                 "federation completed"
-                if not verdict.reasons
-                else "federation degraded: " + "; ".join(verdict.reasons),
+                if not reasons
+                else "federation degraded: " + "; ".join(reasons),
             )
         except FederationFailed as exc:
-            progress.status_reasons = [str(exc)]
-            progress.errors.append(str(exc))
-            self.say(f"FAILED: {exc}")
-            self.store.event("error", str(exc))
-            self._finish("failed", str(exc))
+            self._failed(str(exc))
+        except (StorageFailed, OSError) as exc:
+            fault = storage_failure(self.settings.state_dir, exc)
+            if fault is None:
+                raise
+            # Reported (idempotently) so the process stops, and sites are told so.
+            fault = self.store.report_failure(fault)
+            self.board.suspend(f"state storage failed: {fault}")
+            self._failed(f"stopped: state storage failed: {fault}")
         finally:
             progress.timings["total_s"] = time.monotonic() - self._started
 
@@ -233,16 +254,40 @@ class Federation:
             if covered >= minimum:
                 return
 
+    def _failed(self, reason: str) -> None:
+        progress = self.progress
+        progress.status_reasons = [reason]
+        progress.errors.append(reason)
+        self.say(f"FAILED: {reason}")
+        self._finish("failed", reason)
+
     def _finish(self, status: str, message: str) -> None:
+        record = integrity_record(self.progress, self.settings)
+        self.store.set_meta(
+            "integrity",
+            json.dumps({k: v for k, v in record.items() if k != "evaluations"}, default=str),
+        )
         self.board.finish(status, message)
-        self.store.set_meta("status", status)
-        self.store.event("info", f"federation {status}: {message}")
+        # A process stopped mid-federation (SIGTERM, storage fault) is "stopped" in
+        # the database: its restart resumes it. A store that failed refuses these
+        # writes; the fault was already reported (the process is stopping).
+        stored = "stopped" if self.board.suspended is not None else status
+        with contextlib.suppress(StorageFailed):
+            self.store.set_meta("status", stored)
+            self.store.event(
+                "error" if status == "failed" else "info", f"federation {stored}: {message}"
+            )
 
     def linger(self) -> None:
         """After the end: keep answering until every live participant was told Done."""
         board = self.board
-        deadline = time.monotonic() + self.settings.timeouts.linger_s
-        while time.monotonic() < deadline and board.stopping is None:
+        linger_s = self.settings.timeouts.linger_s
+        if board.suspended is not None:  # stopping: tell the polls we hold, briefly
+            linger_s = min(linger_s, SUSPEND_LINGER_S)
+        deadline = time.monotonic() + linger_s
+        while time.monotonic() < deadline and (
+            board.stopping is None or board.suspended is not None
+        ):
             alive = self.registry.alive()
             with board.cond:
                 if alive <= board.done_delivered:

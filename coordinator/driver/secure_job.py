@@ -131,7 +131,8 @@ class SecureJob:
             graph=kind,
             degree=degree,
             consistency_check=settings.consistency_check,
-            chunk_size=min(settings.chunk_entries, max(2, length + (length % 2))),
+            # whole AES blocks of either ring (4 entries of 32 bits, 2 of 64)
+            chunk_size=min(settings.chunk_entries, max(4, -(-length // 4) * 4)),
             **fixed,
         )
         self.purpose = purpose

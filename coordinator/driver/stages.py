@@ -148,7 +148,8 @@ class StageContext:
         )
         self.say(
             f"{job.label()}: {len(ids)} participants, threshold {job.threshold}, "
-            f"{job.spec.graph} graph, {length} entries, scale 2^-{job.spec.scale_bits}"
+            f"{job.spec.graph} graph, {length} entries, {job.spec.ring_bits}-bit ring, "
+            f"scale 2^-{job.spec.scale_bits}"
         )
         return job
 
@@ -194,6 +195,7 @@ class StageContext:
                 "graph": job.spec.graph,
                 "vector_length": job.spec.length,
                 "scale_bits": job.spec.scale_bits,
+                "ring_bits": job.spec.ring_bits,
                 "bound": job.spec.bound,
                 "contributors": list(outcome.contributors),
                 "dropouts": list(outcome.dropouts),

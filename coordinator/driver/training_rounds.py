@@ -30,12 +30,14 @@ from typing import Any
 
 from spherecal import crypto
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, federated_evaluation
+from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_bound, note
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
 from spherecal.coordinator.driver.stages import Gathered, StageContext
 from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.driver.tasks import Task
+from spherecal.coordinator.driver.validation_gate import RoundGate
 from spherecal.coordinator.errors import FederationFailed
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.fl import derive_seed
@@ -62,6 +64,7 @@ class RoundDriver:
         self.checkpoints = checkpoints
         self.evaluator = evaluator
         s = ctx.settings
+        self.round_gate = RoundGate(ctx)
         self.reference = ReferenceConfig(
             participants=len(s.participants),
             sample_fraction=s.training.sample_fraction,
@@ -141,6 +144,12 @@ class RoundDriver:
                     layout.length,
                     s.secagg.update_bound,
                     s.timeouts.round_s,
+                    # the 32-bit ring when the bound, n and this step allow it
+                    spec_arguments=(
+                        {"resolution": s.secagg.update_resolution}
+                        if s.secagg.update_resolution > 0
+                        else None
+                    ),
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
@@ -185,19 +194,33 @@ class RoundDriver:
         # Σ loss_k / K is bit-identical to the reference's np.mean(losses): NumPy's
         # mean is the same ordered reduction divided by the count.
         train_loss = float(sums.pop("loss")) / max(len(gathered.contributors), 1)
-        if float(sums["weight"]) <= 0:
+        weight = float(sums["weight"])
+        if weight <= 0:
             return "the round's updates carry no samples (weight sum 0)"
         try:
-            new_vector = self.strategy.step(
-                ctx.progress.global_vector, sums, num_selected=len(selected)
+            check_bound(
+                "the round's weight Σ n_k",
+                weight,
+                len(gathered.contributors),
+                s.max_examples_per_site,
             )
+        except IntegrityCheckFailed as exc:
+            note(ctx, f"round {r + 1} weight bound", False, str(exc))
+            return f"the round's aggregate refused: {exc}"
+        before = ctx.progress.global_vector
+        state_before = self.strategy.state_dict()
+        try:
+            new_vector = self.strategy.step(before, sums, num_selected=len(selected))
         except ValueError as exc:
             return f"the server step refused the round's sums: {exc}"
         ctx.progress.global_vector = new_vector
         ctx.board.unpublish(f"global-r{r}")
         for ref_ in broadcast:
             ctx.board.unpublish(ref_.tensor.name)
-        self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss)
+        if self.round_gate.check(r, before, new_vector):
+            ctx.progress.global_vector = before  # ``[federation] round_gate = "rollback"``
+            self.strategy.load_state_dict(state_before)
+        self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss, weight)
         return None
 
     def finish_round(
@@ -209,6 +232,7 @@ class RoundDriver:
         gathered: Gathered,
         dropped: dict[str, str],
         train_loss: float,
+        weight: float | None = None,
     ) -> None:
         """Metrics, optional evaluation, checkpoint, and the round's log line."""
         ctx = self.ctx
@@ -222,6 +246,7 @@ class RoundDriver:
             "contributors": sorted(contributors, key=ctx.registry.index_of),
             "dropped": dropped,
             "train_loss": train_loss,
+            "weight": weight,
             "test_accuracy": None,
             "federated_accuracy": None,
             "secure_job": gathered.job.job_hex if gathered.job is not None else None,

@@ -14,6 +14,14 @@ samples; calling that ``completed`` hides it (issue #10). So the driver ends wit
 ``failed``     the federation stopped (a round failed every attempt, join deadline,
                SIGTERM); no outputs.
 
+Coverage (issue #20): a calibration must also cover what the federation *has* —
+every participant whose update was summed in a training round, and every class
+(``calibration_gaps``). Statistics above the minimum that still lack such a
+participant, or whose per-class counts (in the CCVR sums) are zero for a class, are
+``degraded`` with a reason naming who or which class is missing: a head solved
+without class 0 silently never predicts it, and one solved without a site fits the
+others' feature distribution.
+
 Rounds that trained without some selected participants do not degrade the status by
 themselves (partial participation is how federated training works, and a round
 below ``training.min_participants`` is retried or fails the run); they are listed in
@@ -28,7 +36,7 @@ from typing import Any
 from spherecal.coordinator.driver.stages import Progress
 from spherecal.coordinator.settings import CoordinatorSettings
 
-__all__ = ["Verdict", "assess", "coverage", "headline_coverage"]
+__all__ = ["Verdict", "assess", "calibration_gaps", "coverage", "headline_coverage"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -
                 f"{kind} statistics summed {len(summed)} participants (minimum {minimum}); "
                 f"missing {missing}"
             )
+    reasons.extend(calibration_gaps(settings, progress))
     fed = progress.results.get("federated_evaluation")
     if isinstance(fed, dict):
         evaluated = list(fed.get("participants", []))
@@ -78,6 +87,43 @@ def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -
                 f"missing {[p for p in roster if p not in evaluated]}"
             )
     return Verdict("degraded" if reasons else "completed", reasons)
+
+
+def participants_had(progress: Progress) -> set[str]:
+    """Who the federation has: every participant whose update was summed in a
+    training round — whose data shaped the model the calibration completes. (One
+    excluded from every job for misconduct, or that never joined, is not.)"""
+    had: set[str] = set()
+    for m in progress.round_metrics:
+        had.update(m.get("contributors", []))
+    return had
+
+
+def calibration_gaps(settings: CoordinatorSettings, progress: Progress) -> list[str]:
+    """Reasons the calibration statistics lack a participant or a class the federation
+    has (see the module docstring); statistics below the minimum are already named
+    by :func:`assess`, so they are not repeated here."""
+    reasons: list[str] = []
+    statistics: dict[str, Any] = progress.results.get("statistics", {})
+    had = participants_had(progress)
+    order = {p: k for k, p in enumerate(settings.participants)}
+    for kind, info in statistics.items():
+        summed = set(info.get("contributors", []))
+        if len(summed) < settings.calibration_minimum:
+            continue
+        lacking = sorted(had - summed, key=lambda p: order.get(p, len(order)))
+        if lacking:
+            reasons.append(
+                f"{kind} statistics lack {len(lacking)} of the federation's "
+                f"{len(had | summed)} participants: {lacking}"
+            )
+        classes = [int(c) for c in info.get("missing_classes", [])]
+        if classes:
+            reasons.append(
+                f"{kind} statistics have no samples of class(es) {classes} "
+                f"(of {settings.model.num_classes}): the calibrated heads cannot represent them"
+            )
+    return reasons
 
 
 def coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any]:

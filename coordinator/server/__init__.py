@@ -6,8 +6,10 @@
 ``ids``          task and job identifiers as they arrive on the wire, checked exactly
 ``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
 ``status``       the operator's live view: connected, round, stage, refusals
-``metrics``      the Prometheus endpoint
+``metrics``      the Prometheus metrics (names by Prometheus' conventions)
+``probes``       the plain-HTTP listener: /metrics, /healthz, /readyz
 ``health``       standard gRPC health checking and server reflection
 ``traffic``      bytes on the wire per participant per stage
 ``log_limit``    rate limiting of repeated identical log lines
+``native_log``   gRPC core's own lines (fd 2) through the same rate limit
 """

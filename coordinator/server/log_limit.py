@@ -5,7 +5,13 @@ thousands of times a minute; one line per refusal would bury the log (issue #10
 measured 1.1 MB from a fuzz run). The first occurrence of a line is written at once;
 identical lines within ``window_s`` are counted, and the count is written when the
 line next appears after the window — or, for a line that stopped repeating, with the
-next line of any kind once its window is over. Nothing is dropped without a count.
+next line of any kind once its window is over, or when :meth:`RepeatLimiter.expired`
+is asked (a periodic flush: ``spherecal.coordinator.server.native_log`` asks every
+window). Nothing is dropped without a count.
+
+The same limiter serves gRPC core's own lines (written by C to fd 2, e.g. one TLS
+"Handshake failed" per garbage connection): :mod:`~spherecal.coordinator.server.native_log`
+reads them through a pipe and passes each through :meth:`RepeatLimiter.check`.
 """
 
 from __future__ import annotations
@@ -41,6 +47,29 @@ class RepeatLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
+
+    def expired(self) -> list[str]:
+        """Summaries of the lines whose window is over with repeats still uncounted
+        (forgetting them): what a periodic flush writes when no new line comes."""
+        now = self._clock()
+        summaries: list[str] = []
+        with self._lock:
+            for key in list(self._seen):
+                seen = self._seen[key]
+                if now - seen.since < self.window_s:
+                    break
+                del self._seen[key]
+                if seen.suppressed:
+                    summaries.append(_summary(key, seen.suppressed, now - seen.since))
+        return summaries
+
+    def expired_all(self) -> list[str]:
+        """Summaries of every line with uncounted repeats, window over or not (at
+        the end, so nothing is dropped without a count)."""
+        now = self._clock()
+        with self._lock:
+            seen, self._seen = self._seen, OrderedDict()
+        return [_summary(k, v.suppressed, now - v.since) for k, v in seen.items() if v.suppressed]
 
     def check(self, line: str) -> tuple[list[str], str | None]:
         """What to write now for ``line``: summaries of other lines' finished repeats,

@@ -1,49 +1,124 @@
-"""The coordinator's Prometheus endpoint (``[metrics] listen``; off by default).
+"""The coordinator's Prometheus metrics (``[metrics] listen``; off by default).
 
 A custom collector reads the live state at scrape time — the same snapshot as the
-status view (``spherecal.coordinator.server.status``) plus the byte accounting — so the driver
-carries
-no instrumentation and a scrape can never disagree with ``spherecal status``.
-Metadata only: counts, durations, bytes, ε; never statistics, updates or keys.
+status view (``spherecal.coordinator.server.status``) plus the byte accounting — so the
+driver carries no instrumentation and a scrape can never disagree with ``spherecal
+status``. Metadata only: counts, durations, bytes, ε; never statistics, updates or
+keys. The listener (``/metrics``, ``/healthz``, ``/readyz``) is
+:mod:`spherecal.coordinator.server.probes`.
 
-Metrics (all prefixed ``spherecal_``):
+Names follow Prometheus' conventions (issue #26; ``promtool check metrics`` is clean,
+tested): ``_total`` only on counters, base units in names (``_seconds``,
+``_bytes``), and every label takes a small fixed set of values — the round number
+is a gauge, never a label; the phase and status are *state sets* (one series per
+value of a short enum, 1 for the current one). All prefixed ``spherecal_``:
 
-- ``participants`` {state=roster|joined|connected}
-- ``round_current``, ``rounds_completed``, ``rounds_total``
-- ``phase_info`` {phase, task, stage} = 1
-- ``secagg_stage`` {stage} = 1 for the current job's stage
-- ``jobs`` {purpose, state}: how many jobs ended in each state
+- ``participants`` {state=roster|joined|connected} (gauge)
+- ``round_current``, ``rounds_completed``, ``rounds_configured`` (gauges)
+- ``phase`` {phase=starting|waiting|training|aggregating|calibrating|evaluating|ended|other}
+- ``federation_status`` {status=running|completed|degraded|failed|other}
+- ``secagg_stage`` {stage=advertise|share|masked|consistency|unmask|done|aborted}
+  (all 0 when no secure job is running)
+- ``jobs`` {purpose, state}: how many jobs are in each state (gauge)
 - ``job_duration_seconds`` {purpose}: summary (count, sum) over finished jobs
 - ``round_duration_seconds``: summary over completed rounds
-- ``bytes_total`` {direction=sent|received, stage}: payload bytes on the wire
-- ``refusals_total`` {code}: refused requests by gRPC status code
-- ``epsilon_spent`` {subject}: (ε, δ)-DP budget spent (with ``[privacy]`` on)
-- ``uptime_seconds``
+- ``payload_bytes_total`` {direction=sent|received, stage}: payload bytes on the wire
+- ``refusals_total`` {code}: refused requests by gRPC status code (counter)
+- ``epsilon_spent`` {subject}: (ε, δ)-DP budget spent (with ``[privacy]`` on; one
+  subject per roster member and ``federation``)
+- ``uptime_seconds`` (gauge)
 
-Plain HTTP: a non-loopback ``listen`` is refused unless ``allow_remote`` (then put
-it behind the network's access controls).
+plus ``prometheus_client``'s default ``process_*``, ``python_info`` and
+``python_gc_*`` collectors. :data:`EXPORTED` lists every family name (the Grafana
+dashboard in ``docs/grafana-dashboard.json`` is tested against it).
 """
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     SummaryMetricFamily,
 )
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.status import federation_status
-from spherecal.proto.address import is_loopback, split_host_port
 
-__all__ = ["MetricsServer", "start_metrics"]
+__all__ = [
+    "EXPORTED",
+    "PHASES",
+    "SECAGG_STAGES",
+    "STATUSES",
+    "metrics_registry",
+    "phase_of",
+]
+
+PHASES = (
+    "starting",
+    "waiting",
+    "training",
+    "aggregating",
+    "calibrating",
+    "evaluating",
+    "ended",
+    "other",
+)
+STATUSES = ("running", "completed", "degraded", "failed", "other")
+SECAGG_STAGES = ("advertise", "share", "masked", "consistency", "unmask", "done", "aborted")
+
+#: Every family the federation collector exports (sample names add ``_count``/``_sum``
+#: to summaries and ``_total`` to counters).
+EXPORTED = (
+    "spherecal_participants",
+    "spherecal_round_current",
+    "spherecal_rounds_completed",
+    "spherecal_rounds_configured",
+    "spherecal_uptime_seconds",
+    "spherecal_phase",
+    "spherecal_federation_status",
+    "spherecal_secagg_stage",
+    "spherecal_jobs",
+    "spherecal_job_duration_seconds",
+    "spherecal_round_duration_seconds",
+    "spherecal_payload_bytes",
+    "spherecal_refusals",
+    "spherecal_epsilon_spent",
+)
+
+
+def phase_of(phase: str, status: str) -> str:
+    """The bounded phase enum for the driver's free-text phase (``"round 41/120:
+    training"`` → ``training``): a label value per round would be a new series each
+    round."""
+    if status != "running":
+        return "ended"
+    if phase == "starting":
+        return "starting"
+    if phase.startswith("waiting"):
+        return "waiting"
+    if phase.startswith("round "):
+        return "aggregating" if phase.endswith("aggregating") else "training"
+    if phase.startswith(("statistics", "calibrat")):
+        return "calibrating"
+    if phase.startswith("evaluat"):
+        return "evaluating"
+    return "other"
+
+
+def _state_set(name: str, text: str, label: str, values: tuple[str, ...], now: str) -> Any:
+    family = GaugeMetricFamily(name, text, labels=[label])
+    for value in values:
+        family.add_metric([value], 1.0 if value == now else 0.0)
+    return family
 
 
 class _FederationCollector(Collector):
@@ -63,21 +138,32 @@ class _FederationCollector(Collector):
         for name, value, text in (
             ("spherecal_round_current", st.current_round, "Round in progress (0: none)"),
             ("spherecal_rounds_completed", st.completed_rounds, "Completed training rounds"),
-            ("spherecal_rounds_total", st.rounds, "Configured training rounds"),
+            ("spherecal_rounds_configured", st.rounds, "Configured training rounds"),
             ("spherecal_uptime_seconds", st.uptime_s, "Seconds since the coordinator started"),
         ):
             yield GaugeMetricFamily(name, text, value=value)
-        phase = GaugeMetricFamily(
-            "spherecal_phase_info", "Current phase", labels=["phase", "task", "stage", "status"]
+        status = st.status if st.status in STATUSES else "other"
+        yield _state_set(
+            "spherecal_phase",
+            "Current phase of the federation (1 for the current one)",
+            "phase",
+            PHASES,
+            phase_of(st.phase, st.status),
         )
-        phase.add_metric([st.phase, st.task, st.stage, st.status], 1)
-        yield phase
-        stage = GaugeMetricFamily(
-            "spherecal_secagg_stage", "Stage of the running secure job", labels=["stage"]
+        yield _state_set(
+            "spherecal_federation_status",
+            "Status of the federation (1 for the current one)",
+            "status",
+            STATUSES,
+            status,
         )
-        if st.stage:
-            stage.add_metric([st.stage], 1)
-        yield stage
+        yield _state_set(
+            "spherecal_secagg_stage",
+            "Stage of the running secure-aggregation job (all 0: none running)",
+            "stage",
+            SECAGG_STAGES,
+            st.stage,
+        )
         yield from self._jobs(st.jobs)
         rounds = SummaryMetricFamily(
             "spherecal_round_duration_seconds", "Duration of completed rounds"
@@ -134,44 +220,18 @@ class _FederationCollector(Collector):
                 totals[("sent", stage)] += counts["sent"]
                 totals[("received", stage)] += counts["received"]
         family = CounterMetricFamily(
-            "spherecal_bytes", "Payload bytes on the wire", labels=["direction", "stage"]
+            "spherecal_payload_bytes", "Payload bytes on the wire", labels=["direction", "stage"]
         )
         for (direction, stage), n in sorted(totals.items()):
             family.add_metric([direction, stage], n)
         yield family
 
 
-class MetricsServer:
-    """A running ``/metrics`` endpoint; ``close()`` stops it."""
-
-    def __init__(self, server: Any, thread: threading.Thread, port: int) -> None:
-        self._server = server
-        self._thread = thread
-        self.port = port
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
-def start_metrics(service: CoordinatorService) -> MetricsServer | None:
-    """Serve ``/metrics`` when ``[metrics] listen`` is set; None otherwise."""
-    m = service.settings.metrics
-    if m.listen is None:
-        return None
-    host, port = split_host_port(m.listen)
-    if not is_loopback(host) and not m.allow_remote:
-        raise ValueError(
-            f"[metrics] listen = {m.listen!r} is not a loopback address; the endpoint is "
-            "plain HTTP, so set [metrics] allow_remote = true to expose it deliberately"
-        )
+def metrics_registry(service: CoordinatorService) -> CollectorRegistry:
+    """The federation collector plus the default process, platform and GC collectors."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_FederationCollector(service))
-    try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        raise ValueError(
-            f"[metrics] listen = {m.listen!r}: cannot listen ({exc.strerror})"
-        ) from None
-    return MetricsServer(server, thread, int(server.server_address[1]))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry

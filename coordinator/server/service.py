@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 import grpc
 
 from spherecal import crypto
+from spherecal.coordinator.driver.board import stopping_message
 from spherecal.coordinator.driver.conduct import REFUSAL_KINDS
 from spherecal.coordinator.driver.dp_releases import PRIVACY_REFUSALS
 from spherecal.coordinator.driver.federation import Federation
@@ -188,6 +189,9 @@ class CoordinatorService:
         board = self.federation.board
         with board.cond:
             done = board.done
+            suspended = board.suspended
+        if suspended is not None:  # stopping, not over: come back after the restart
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, stopping_message(suspended))
         if done is not None:
             status, message = done
             raise ServiceError(

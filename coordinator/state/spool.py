@@ -9,32 +9,58 @@ roster order reproduces the reference exactly while keeping memory at O(vector)
 (one accumulator plus one chunk), at the cost of O(participants × vector) disk.
 
 Each upload is validated as it streams (size, finiteness, SHA-256) and only becomes
-visible once complete; a broken or refused upload leaves nothing behind.
+visible once complete; a broken or refused upload leaves nothing behind. A write
+the file system refuses (disk full, I/O error, read-only) is a storage fault
+(:mod:`~spherecal.coordinator.state.storage_faults`): reported to the store, which
+stops the coordinator, and raised as :class:`StorageFailed` to the uploader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from spherecal.coordinator.errors import StorageFailed
+from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import TensorFormatError, numpy_dtype
 
 __all__ = ["Spool", "SpoolWriter", "ordered_sum"]
+
+Report = Callable[[StorageFailed], StorageFailed]
+
+
+@contextmanager
+def _writing(path: Path, report: Report | None) -> Iterator[None]:
+    """A file-system write whose storage fault is reported and raised as one."""
+    try:
+        yield
+    except OSError as exc:
+        fault = storage_failure(path, exc)
+        if fault is None:
+            raise
+        raise (report(fault) if report is not None else fault) from exc
 
 
 class SpoolWriter:
     """One upload in progress: chunks are checked and appended to a temporary file."""
 
     def __init__(
-        self, path: Path, header: pb.TensorHeader, *, expected_shape: tuple[int, ...]
+        self,
+        path: Path,
+        header: pb.TensorHeader,
+        *,
+        expected_shape: tuple[int, ...],
+        report: Report | None = None,
     ) -> None:
         if header.dtype != pb.FLOAT64:
             raise TensorFormatError(
@@ -49,7 +75,9 @@ class SpoolWriter:
         self.header = header
         self.nbytes = 8 * math.prod(shape)
         self._tmp = path.with_suffix(".part")
-        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed in finish/abort
+        self._report = report
+        with _writing(self._tmp, report):
+            self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed in finish/abort
         self._hash = hashlib.sha256()
         self.received = 0
         self.chunks = 0
@@ -62,25 +90,33 @@ class SpoolWriter:
             raise TensorFormatError("float64 chunks must hold whole entries")
         if n and not np.isfinite(np.frombuffer(data, dtype="<f8")).all():
             raise TensorFormatError("upload contains NaN or infinite values")
-        self._file.write(data)
+        with _writing(self._tmp, self._report):
+            self._file.write(data)
         self._hash.update(data)
         self.received += n
         self.chunks += 1
 
     def finish(self) -> str:
-        self._file.close()
+        try:
+            with _writing(self._tmp, self._report):
+                self._file.close()
+        except StorageFailed:
+            self.abort()
+            raise
         if self.received != self.nbytes:
             self.abort()
             raise TensorFormatError(f"incomplete upload: {self.received} of {self.nbytes} bytes")
         if self._hash.digest() != self.header.sha256:
             self.abort()
             raise TensorFormatError("upload SHA-256 does not match its header")
-        os.replace(self._tmp, self.path)
+        with _writing(self.path, self._report):
+            os.replace(self._tmp, self.path)
         return self._hash.hexdigest()
 
     def abort(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a full disk cannot flush: drop it
+                self._file.close()
         self._tmp.unlink(missing_ok=True)
 
     @property
@@ -91,17 +127,20 @@ class SpoolWriter:
 class Spool:
     """A directory of per-task upload files."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, report: Report | None = None) -> None:
         self.root = root
+        self.report = report
+        """Where a storage fault is reported (the store's ``report_failure``)."""
         self.root.mkdir(parents=True, exist_ok=True)
 
     def writer(
         self, task_id: str, participant: str, header: pb.TensorHeader, shape: tuple[int, ...]
     ) -> SpoolWriter:
         folder = self.root / task_id
-        folder.mkdir(parents=True, exist_ok=True)
+        with _writing(folder, self.report):
+            folder.mkdir(parents=True, exist_ok=True)
         safe = hashlib.sha256(participant.encode()).hexdigest()[:24]
-        return SpoolWriter(folder / f"{safe}.f64", header, expected_shape=shape)
+        return SpoolWriter(folder / f"{safe}.f64", header, expected_shape=shape, report=self.report)
 
     def discard(self, task_id: str) -> None:
         shutil.rmtree(self.root / task_id, ignore_errors=True)

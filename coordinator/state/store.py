@@ -32,6 +32,7 @@ module uses).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sqlite3
@@ -43,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from spherecal.coordinator.errors import StorageFailed
 from spherecal.coordinator.state.schema import SCHEMA, SCHEMA_VERSION, add_missing_columns
 from spherecal.coordinator.state.state_dir import StateDamaged
+from spherecal.coordinator.state.storage_faults import commit_failure, storage_failure
 
 __all__ = ["RoundRecord", "Store"]
 
@@ -106,14 +109,25 @@ def _wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
 
 
 class Store:
-    """The coordinator's database, driven by one writer thread."""
+    """The coordinator's database, driven by one writer thread.
 
-    def __init__(self, path: Path) -> None:
+    A storage fault (:mod:`~spherecal.coordinator.state.storage_faults`) on the writer
+    thread fails the batch it was committing, every queued call and every later
+    one with the same :class:`StorageFailed` — nothing waits forever — and calls
+    ``on_failure`` once (the coordinator stops on it)."""
+
+    def __init__(
+        self, path: Path, *, on_failure: Callable[[StorageFailed], None] | None = None
+    ) -> None:
         self.path = Path(path)
         #: The state directory: checkpoint paths are stored relative to it.
         self.root = self.path.parent
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.on_failure = on_failure
+        """Called once, from the thread that saw it, with the first storage fault."""
+        self.failure: StorageFailed | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._gate = threading.Lock()  # orders "failed" against enqueueing
         self._ready: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="sqlite-writer", daemon=True)
         self._thread.start()
@@ -127,6 +141,13 @@ class Store:
             self._ready.set_exception(exc)
             return
         self._ready.set_result(None)
+        try:
+            self._serve(conn)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _serve(self, conn: sqlite3.Connection) -> None:
         stop = False
         while not stop:
             batch = [self._queue.get()]
@@ -138,30 +159,36 @@ class Store:
             done: list[tuple[Future[Any], Any]] = []
             failed: list[tuple[Future[Any], BaseException]] = []
             checkpoints: list[Future[Any]] = []
-            conn.execute("BEGIN")
-            for item in batch:
-                if item is _STOP:
-                    stop = True
-                    continue
-                fn, future = item
-                if fn is _WAL_CHECKPOINT:  # runs after the commit, outside a transaction
-                    checkpoints.append(future)
-                    continue
-                try:
-                    result = fn(conn)
-                except BaseException as error:
-                    if future is not None:
-                        failed.append((future, error))
-                    continue
-                if future is not None:
-                    done.append((future, result))
             try:
+                conn.execute("BEGIN")
+                for item in batch:
+                    if item is _STOP:
+                        stop = True
+                        continue
+                    fn, future = item
+                    if fn is _WAL_CHECKPOINT:  # runs after the commit, outside a transaction
+                        checkpoints.append(future)
+                        continue
+                    try:
+                        result = fn(conn)
+                    except BaseException as error:
+                        fault = storage_failure(self.path, error)
+                        if fault is not None:
+                            raise fault from error
+                        if future is not None:
+                            failed.append((future, error))
+                        continue
+                    if future is not None:
+                        done.append((future, result))
                 conn.execute("COMMIT")
-            except sqlite3.Error as commit_error:
-                conn.execute("ROLLBACK")
-                for future, _ in done:
-                    future.set_exception(commit_error)
-                done = []
+            except BaseException as error:
+                # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR):
+                # a ROLLBACK outside a transaction raises, so only when one is open.
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                self._fail(commit_failure(self.path, error), batch)
+                return
             for future, result in done:
                 future.set_result(result)
             for future, failure in failed:
@@ -170,16 +197,60 @@ class Store:
                 try:
                     future.set_result(_wal_checkpoint(conn))
                 except sqlite3.Error as error:
-                    future.set_exception(error)
+                    fault = storage_failure(self.path, error)
+                    future.set_exception(fault or error)
+                    if fault is not None:
+                        self._fail(fault, [])
+                        return
         try:
             _wal_checkpoint(conn)  # at exit: the main file alone holds everything
-        finally:
-            conn.close()
+        except sqlite3.Error as error:
+            fault = storage_failure(self.path, error)
+            if fault is not None:
+                self.report_failure(fault)
+
+    def _fail(self, fault: StorageFailed, batch: list[Any]) -> None:
+        """End the writer: every call of ``batch``, every queued one and every later
+        one fails with ``fault`` (never a caller waiting forever)."""
+        self.report_failure(fault)
+        pending = list(batch)
+        while True:
+            try:
+                pending.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        for item in pending:
+            if item is _STOP:
+                continue
+            _fn, future = item
+            if future is not None and not future.done():
+                future.set_exception(fault)
+
+    def report_failure(self, fault: StorageFailed) -> StorageFailed:
+        """Record a storage fault in the state directory (the spool and checkpoints
+        report theirs here too): later writes are refused with the first fault, and
+        ``on_failure`` is called once. Returns the fault to raise."""
+        with self._gate:
+            first = self.failure is None
+            if first:
+                self.failure = fault
+        if first and self.on_failure is not None:
+            self.on_failure(fault)
+        return self.failure if self.failure is not None else fault
+
+    def _put(self, item: Any) -> None:
+        with self._gate:
+            if self.failure is not None:
+                raise self.failure
+            if not self._thread.is_alive():
+                raise StorageFailed(str(self.path), "the database writer has stopped")
+            self._queue.put(item)
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` on the writer thread; return after its batch committed."""
+        """Run ``fn(conn)`` on the writer thread; return after its batch committed
+        (raises :class:`StorageFailed` if it could not be)."""
         future: Future[T] = Future()
-        self._queue.put((fn, future))
+        self._put((fn, future))
         return future.result()
 
     def checkpoint_wal(self) -> tuple[int, int, int]:
@@ -187,15 +258,18 @@ class Store:
         truncate it; returns SQLite's (busy, log pages, checkpointed pages). Called at
         every completed round and at close, so the main file alone is a usable copy."""
         future: Future[tuple[int, int, int]] = Future()
-        self._queue.put((_WAL_CHECKPOINT, future))
+        self._put((_WAL_CHECKPOINT, future))
         return future.result()
 
     def post(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
-        """Run ``fn(conn)`` on the writer thread without waiting (committed with its batch)."""
-        self._queue.put((fn, None))
+        """Run ``fn(conn)`` on the writer thread without waiting (committed with its
+        batch; raises :class:`StorageFailed` once the store has failed)."""
+        self._put((fn, None))
 
     def close(self) -> None:
         if self._thread.is_alive():
+            # Past the gate on purpose: a store that failed elsewhere (the spool)
+            # still has a live writer to stop, and must not wait for it in vain.
             self._queue.put(_STOP)
             self._thread.join(timeout=10)
 

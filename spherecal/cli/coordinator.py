@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(after a key compromise or loss; run while the coordinator is stopped)",
     )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
+    from spherecal.logs import add_log_format_option
+
+    add_log_format_option(p, "[server] log_format")
     p.add_argument(
         "--check-state",
         action="store_true",
@@ -78,10 +81,21 @@ def run(args: argparse.Namespace) -> int:
     from spherecal.preflight import check_coordinator
 
     check_coordinator(settings, str(args.config))
-    summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
+    from spherecal.logs import LineFormatter, closing_line, line_writer
+
+    fmt = args.log_format or settings.server.log_format
+    summary = run_coordinator(
+        settings,
+        threads=threads,
+        new_federation=args.new_federation,
+        say=line_writer("coordinator", fmt),
+        log_formatter=LineFormatter("coordinator", fmt),
+    )
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
-    print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
-    return ExitCode.OK if summary.get("status") in SUCCESSFUL_STATUSES else ExitCode.FAILED
+    print(json.dumps({k: summary.get(k) for k in shown}, indent=2), flush=True)
+    code = ExitCode.OK if summary.get("status") in SUCCESSFUL_STATUSES else ExitCode.FAILED
+    closing_line("coordinator", fmt, f"federation {summary.get('status')}", int(code))
+    return code
 
 
 def _unpin(settings: Any, participant_id: str) -> int:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import enum
 import pickle
+import signal
 import sys
+import threading
+from typing import Any
 
-__all__ = ["ExitCode", "one_line", "run_command"]
+__all__ = ["CoordinatorUnreachable", "ExitCode", "Terminated", "one_line", "run_command"]
 
 
 class ExitCode(enum.IntEnum):
@@ -29,16 +32,43 @@ class ExitCode(enum.IntEnum):
     used — or the coordinator refused this participant / the status view."""
     GAVE_UP = 3
     """A participant gave up reconnecting (``give_up_s`` of continuous failure)."""
+    UNREACHABLE = 4
+    """The coordinator cannot be reached (``spherecal status``): UNAVAILABLE or no
+    answer in time — down, not up yet, or the wrong address; not bad input."""
     INTERRUPTED = 130
     """Ctrl-C (128 + SIGINT, as a shell reports it)."""
+    TERMINATED = 143
+    """SIGTERM (128 + 15): one line on stderr. A coordinator that is already serving
+    installs its own handler instead (a clean stop; it exits by its final status)."""
+
+
+class CoordinatorUnreachable(ValueError):
+    """No coordinator answers at the address: :attr:`ExitCode.UNREACHABLE`."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` swallows it on the way out)."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command with the CLI's error contract: bad input (config, data,
     paths, certificates) is one line on stderr and :attr:`ExitCode.BAD_INPUT`, never a
-    traceback; Ctrl-C is :attr:`ExitCode.INTERRUPTED`."""
+    traceback; an unreachable coordinator :attr:`ExitCode.UNREACHABLE`; Ctrl-C
+    :attr:`ExitCode.INTERRUPTED`; SIGTERM one line and :attr:`ExitCode.TERMINATED`."""
+    previous = None
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.run(args))
+    except CoordinatorUnreachable as exc:
+        print(f"spherecal {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        return ExitCode.UNREACHABLE
     except (ValueError, OSError, FloatingPointError, pickle.UnpicklingError) as exc:
         # OSError covers missing/unreadable files and permissions.
         print(f"spherecal {args.command}: error: {one_line(exc)}", file=sys.stderr)
@@ -46,6 +76,12 @@ def run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"spherecal {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except Terminated:
+        print(f"spherecal {args.command}: terminated by SIGTERM", file=sys.stderr, flush=True)
+        return ExitCode.TERMINATED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def one_line(exc: BaseException) -> str:

@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
     p.add_argument("--coordinator", default=None, help="override [participant] coordinator")
+    from spherecal.logs import add_log_format_option
+
+    add_log_format_option(p, "[participant] log_format")
     p.add_argument(
         "--init",
         action="store_true",
@@ -72,4 +75,20 @@ def run(args: argparse.Namespace) -> int:
     from spherecal.preflight import check_participant
 
     check_participant(settings, str(args.config))
-    return run_participant(settings)
+    from spherecal.logs import closing_line, line_writer, log_records
+
+    fmt = args.log_format or settings.log_format
+    pid = settings.participant_id
+    log_records(pid, fmt)
+    code = run_participant(settings, log=line_writer(pid, fmt))
+    closing_line(pid, fmt, PARTICIPANT_EXITS.get(code, "ended"), code)
+    return code
+
+
+#: What a participant's exit status says (docs/cli.md).
+PARTICIPANT_EXITS = {
+    0: "federation completed or degraded",
+    1: "federation failed",
+    2: "refused by the coordinator",
+    3: "gave up reconnecting",
+}

@@ -61,12 +61,14 @@ def simulate_defaults() -> dict[str, Any]:
         "separate_ffc": not s.ffc_from_ccvr,
         "drop": None,
         "corrupt_shares": None,
+        "adversary": None,
         "tls": s.tls,
         "threads": s.threads,
         "timeout": s.timeout_s,
         "heartbeat_timeout": s.heartbeat_timeout_s,
         "federated_every": s.federated_every,
         "update_bound": None,  # None: SimulationSettings' own default
+        "update_resolution": None,
         "statistics_bound": None,
         "epsilon": s.epsilon,
         "delta": s.delta,
@@ -129,6 +131,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "authentication in every job; the honest ones complain and the coordinator "
         "excludes them",
     )
+    p.add_argument(
+        "--adversary",
+        default=S,
+        metavar="ID:ATTACK[:N]",
+        help="TEST ONLY: replace this participant's local computation by an attack "
+        "(directions, relabel, replace, blast; e.g. p4:directions:300; "
+        "spherecal.participant.adversary)",
+    )
     p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
     p.add_argument(
         "--threads", type=int, default=S, help="torch threads per process" + shown("threads")
@@ -141,6 +151,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--federated-every", type=int, default=S)
     p.add_argument("--update-bound", type=float, default=S)
+    p.add_argument(
+        "--update-resolution",
+        type=float,
+        default=S,
+        help="largest fixed-point step on update entries (default 0: the 64-bit ring)",
+    )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(
         "--epsilon",
@@ -232,6 +248,22 @@ def _grid(value: Any, default: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
+def _adversaries(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
+    """``ID:ATTACK[:N]`` (comma list) → ((id, attack spec), …), each spec checked."""
+    from spherecal.participant.adversary import parse_adversary
+
+    if not text:
+        return ()
+    out = []
+    for item in (p.strip() for p in str(text).split(",") if p.strip()):
+        pid, _, spec = item.partition(":")
+        if pid not in ids:
+            raise ValueError(f"--adversary: unknown participant {pid!r}")
+        parse_adversary(spec)
+        out.append((pid, spec))
+    return tuple(out)
+
+
 def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if not text:
         return ()
@@ -301,7 +333,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     secure = bool(o["secure"])
     ids = tuple(f"p{k}" for k in range(reference.participants))
     extra: dict[str, Any] = {}
-    for key in ("update_bound", "statistics_bound"):
+    for key in ("update_bound", "update_resolution", "statistics_bound"):
         if o[key] is not None:
             extra[key] = float(o[key])
     chosen = o["calibration"]  # a list from the command line, a string from TOML
@@ -318,6 +350,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         else bool(o["secure_statistics"]),
         drops=parse_drops(o["drop"], ids),
         corrupt_shares=_corrupt_ids(o["corrupt_shares"], ids),
+        adversaries=_adversaries(o["adversary"], ids),
         threshold=None if o["threshold"] is None else int(o["threshold"]),
         ffc_from_ccvr=not bool(o["separate_ffc"]),
         threads=int(o["threads"]),

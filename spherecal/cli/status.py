@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "client_ca as the CA to trust); --address HOST:PORT names it directly. Over "
             "mutual TLS pass the operator's --cert and --key (an identity on the "
             "coordinator's [admin] allow list). Exit status 0 ok, 2 bad input or the "
-            "coordinator unreachable or refusing."
+            "coordinator refusing, 4 the coordinator unreachable."
         ),
     )
     p.add_argument("--config", type=Path, default=None, help="the coordinator's TOML file")

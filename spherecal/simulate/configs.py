@@ -105,6 +105,7 @@ def coordinator_settings(
             threshold=s.threshold,
             chunk_entries=s.chunk_entries,
             update_bound=s.update_bound,
+            update_resolution=s.update_resolution,
             statistics_bound=s.statistics_bound,
         ),
         server=ServerSettings(
@@ -174,6 +175,7 @@ def participant_settings(
         give_up_s=300.0,
         halt_before=tuple(d.point for d in s.drops if d.participant == pid),
         corrupt_shares=pid in s.corrupt_shares,
+        adversary=dict(s.adversaries).get(pid),
         identity_key=certs / f"{pid}.identity.key" if s.tls else None,
         tls=ClientTLS(
             ca=certs / "ca.pem" if s.tls else None,

@@ -113,7 +113,7 @@ class Simulation:
         )
         root = str(Path(__file__).resolve().parents[2])  # the repository root
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        if self.settings.corrupt_shares:  # test-only fault, honoured only with this flag
+        if self.settings.corrupt_shares or self.settings.adversaries:  # test-only faults
             env["SPHERECAL_TEST_FAULTS"] = "1"
         return env
 

@@ -33,6 +33,10 @@ class SimulationSettings:
     corrupt_shares: tuple[str, ...] = ()
     """TEST ONLY (``--corrupt-shares``): these participants deal shares that fail
     authentication in every job (their processes get ``SPHERECAL_TEST_FAULTS=1``)."""
+    adversaries: tuple[tuple[str, str], ...] = ()
+    """TEST ONLY (``--adversary``): (participant, ``ATTACK[:N]``) pairs whose local
+    computation is replaced (``spherecal.participant.adversary``; their processes get
+    ``SPHERECAL_TEST_FAULTS=1``)."""
     threshold: int | None = None
     ffc_from_ccvr: bool = True
     threads: int = 1
@@ -50,6 +54,7 @@ class SimulationSettings:
     feature_dim: int | None = None
     save_statistics: bool = False
     update_bound: float = SecAggSettings().update_bound
+    update_resolution: float = SecAggSettings().update_resolution
     statistics_bound: float = SecAggSettings().statistics_bound
     extra_participant: dict[str, Any] = field(default_factory=dict)
     extra_coordinator: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -224,12 +224,11 @@ def test_metrics_endpoint_serves_prometheus_text(run: Run) -> None:
     assert before["spherecal_participants"][(("state", "roster"),)] == 3
     assert before["spherecal_participants"][(("state", "connected"),)] == 0
     assert after["spherecal_participants"][(("state", "joined"),)] == 3
-    assert after["spherecal_rounds_total"][()] == ROUNDS
+    assert after["spherecal_rounds_configured"][()] == ROUNDS
     assert after["spherecal_rounds_completed"][()] >= 2
-    sent = sum(v for k, v in after["spherecal_bytes_total"].items() if ("direction", "sent") in k)
-    received = sum(
-        v for k, v in after["spherecal_bytes_total"].items() if ("direction", "received") in k
-    )
+    payload = after["spherecal_payload_bytes_total"]
+    sent = sum(v for k, v in payload.items() if ("direction", "sent") in k)
+    received = sum(v for k, v in payload.items() if ("direction", "received") in k)
     assert sent > 0 and received > 0
     assert after["spherecal_job_duration_seconds_count"][(("purpose", "update"),)] >= 2
     assert after["spherecal_round_duration_seconds_count"][()] >= 2

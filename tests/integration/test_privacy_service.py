@@ -43,6 +43,11 @@ def dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pa
         chunk_entries=8192,
         timeout_s=240,
         participant_privacy={"p0": {"total_epsilon": 0.5}},
+        # This run tests the privacy report. At ε = 1 its DP-noised FFC head scores below
+        # the uncalibrated model on validation (0.71 vs 0.87 measured), which the
+        # validation gate rightly refuses to ship (tests/security/test_dishonest_site.py
+        # tests the gate); it is switched off here, explicitly, to keep the run whole.
+        extra_coordinator={"federation": {"validation_gate": False}},
     )
     return run_simulation(settings), out
 
@@ -64,7 +69,12 @@ def _failed(report: dict[str, Any]) -> set[str]:
 
 def test_dp_run_completes_with_privacy_report(dp_run: tuple[dict[str, Any], Path]) -> None:
     results, _ = dp_run
-    assert results["status"] == "completed", results["errors"]
+    # p0's own budget refuses the release, so the FFC sums lack a site that trained:
+    # honest coverage says so (issue #20).
+    assert results["status"] == "degraded", results["errors"]
+    assert results["status_reasons"] == [
+        "ffc statistics lack 1 of the federation's 4 participants: ['p0']"
+    ]
     assert results["errors"] == []
     assert isinstance(results["accuracy"]["ffc"], float)
     assert 0.0 <= results["accuracy"]["ffc"] <= 1.0
@@ -281,7 +291,7 @@ def test_html_report_renders_in_headless_chromium(
     # The verdict comes first, in words.
     verdict = re.search(r'<section class="verdict pass" id="verdict">(.*?)</section>', dom)
     assert verdict is not None
-    assert "PASS" in verdict.group(1) and "All 8 checks passed" in verdict.group(1)
+    assert "PASS" in verdict.group(1) and "All 9 checks passed" in verdict.group(1)
     assert dom.index('id="verdict"') < dom.index('id="protection"') < dom.index('id="charts"')
     assert "Model updates carry no differential privacy" in dom  # no DP-SGD in this run
     assert "cover the calibration statistics only" in dom  # ...but the statistics had DP

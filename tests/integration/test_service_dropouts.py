@@ -64,7 +64,14 @@ def test_every_kill_landed_where_asked(
     dropout_run: tuple[dict[str, Any], SimulationSettings],
 ) -> None:
     results, _ = dropout_run
-    assert results["status"] == "completed", results["errors"]
+    # Every aggregate is exact, but the calibration lacks three sites that trained
+    # (p6 died in round 2, p5 and p4 in the FFC job, p3 counted): honest coverage
+    # (issue #20) says so.
+    assert results["status"] == "degraded", results["errors"]
+    assert results["status_reasons"] == [
+        "ffc statistics lack 3 of the federation's 7 participants: ['p4', 'p5', 'p6']",
+        "ccvr statistics lack 3 of the federation's 7 participants: ['p4', 'p5', 'p6']",
+    ]
     assert results["drops_not_triggered"] == []
     landed = {(d["participant"], d["stage"], d["job"]) for d in results["dropped"]}
     assert landed == {

@@ -55,7 +55,14 @@ def test_full_secure_run_completes_with_every_participant(
     assert results["status"] == "completed", results["errors"]
     assert results["errors"] == []
     assert results["exit_codes"] == {f"p{k}": 0 for k in range(5)}
-    assert [j["purpose"] for j in results["jobs"]] == ["update", "update", "ccvr", "evaluate"]
+    # the validation gate's evaluation of FFC and CCVR, then the final one on test
+    assert [j["purpose"] for j in results["jobs"]] == [
+        "update",
+        "update",
+        "ccvr",
+        "evaluate",
+        "evaluate",
+    ]
     for job in results["jobs"]:
         assert job["status"] == "done"
         assert job["contributors"] == [f"p{k}" for k in range(5)]
@@ -137,6 +144,12 @@ def test_audit_log_has_a_hash_for_every_payload_and_no_payloads(
     assert "evaluate" not in by_stage
     for stage in ("join", "advertise", "share", "masked", "unmask"):
         assert by_stage[stage][1] == 64
-    assert by_stage["advertise"][0] == 20  # 5 participants × 4 jobs
+    assert by_stage["advertise"][0] == 25  # 5 participants × 5 jobs
     jobs = db.execute("SELECT purpose, status FROM jobs ORDER BY created").fetchall()
-    assert jobs == [("update", "done"), ("update", "done"), ("ccvr", "done"), ("evaluate", "done")]
+    assert jobs == [
+        ("update", "done"),
+        ("update", "done"),
+        ("ccvr", "done"),
+        ("evaluate", "done"),  # the validation gate's
+        ("evaluate", "done"),
+    ]

@@ -66,7 +66,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]
 
 def test_custom_extractor_runs_through_simulate(run: tuple[Path, dict[str, Any]]) -> None:
     out, results = run
-    assert results["status"] == "completed", results["errors"]
+    # one round of one epoch leaves this tiny extractor at chance on validation, which
+    # the integrity check of the trained model reports (docs/threat_model.md); any
+    # other reason to degrade is a failure
+    reasons = results["status_reasons"]
+    assert results["status"] == "completed" or all(
+        "trained model above chance" in r for r in reasons
+    ), (reasons, results["errors"])
     spec = json.loads((out / "coordinator" / "out" / "model_spec.json").read_text())
     assert spec["extractor"] == EXTRACTOR and spec["feature_dim"] == 24
     net = load_model(out / "coordinator" / "out", "none")

@@ -70,7 +70,7 @@ def test_forged_revealed_share_is_caught_by_the_coordinator() -> None:
     net.share()
     net.masked()
     response = net.clients["p00"].unmask(net.server.unmask_request_for("p00"))
-    lie = replace(response.shares[0], share=bytes(16))
+    lie = replace(response.shares[0], share=bytes(len(response.shares[0].share)))
     with pytest.raises(ForgedShare):
         net.server.receive(replace(response, shares=(lie, *response.shares[1:])), sender="p00")
 

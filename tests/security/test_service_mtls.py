@@ -196,7 +196,9 @@ def test_wrong_stage_requests_during_a_job_then_the_federation_completes(
         ("update", "running", "advertise")
     ]
 
-    # Now the real p0 takes over (same identity, new session) and everyone finishes.
+    # Now the misbehaving client goes away and the real p0 takes over (same identity,
+    # new session; one live process per identity, so not while the other is connected).
+    presence.cancel()
     sim.start_participants(only=["p0"])
     try:
         assert sim.wait_coordinator(180) == 0
@@ -208,7 +210,10 @@ def test_wrong_stage_requests_during_a_job_then_the_federation_completes(
     assert summary["status"] == "completed", summary["errors"]
     # the round, the statistics and the (secure) federated evaluation
     assert [j["purpose"] for j in summary["jobs"]][-1] == "evaluate"
-    assert [j["contributors"] for j in summary["jobs"]] == [["p0", "p1", "p2"]] * 3
+    # (the round-1 attempt the impostor held ends when it leaves, and is retried)
+    contributed = [j["contributors"] for j in summary["jobs"]]
+    assert contributed[-3:] == [["p0", "p1", "p2"]] * 3
+    assert all(c in ([], ["p0", "p1", "p2"]) for c in contributed), contributed
     db = sqlite3.connect(summary["audit_log"])
     codes_seen = {row[0] for row in db.execute("SELECT code FROM audit WHERE status='rejected'")}
     assert {

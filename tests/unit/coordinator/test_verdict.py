@@ -154,3 +154,52 @@ def test_coverage_lists_per_round_and_per_job_who_was_missing_and_how_many_summe
         }
     ]
     assert report["evaluation"]["participants"] == 4
+
+
+# ---------------------------------------------------------------- coverage (issue #20)
+def _covered(
+    ccvr: list[str], *, trained: list[str], missing_classes: list[int] | None = None
+) -> Progress:
+    progress = _progress(ccvr=ccvr)
+    progress.results["statistics"]["ccvr"]["missing_classes"] = missing_classes or []
+    progress.round_metrics = [{"round": 1, "selected": trained, "contributors": trained}]
+    return progress
+
+
+def test_statistics_lacking_a_site_that_trained_are_degraded_naming_it() -> None:
+    progress = _covered(["p0", "p1", "p3"], trained=list(ROSTER))
+    verdict = assess(_settings(), progress, {"ffc", "ccvr"})
+    assert verdict.status == "degraded"
+    assert verdict.reasons == ["ccvr statistics lack 1 of the federation's 4 participants: ['p2']"]
+
+
+def test_a_site_that_never_shaped_the_model_is_not_a_gap() -> None:
+    """p3 was asked for statistics but no round summed its update (excluded from every
+    job for misconduct): the calibration completes the model the others trained."""
+    progress = _covered(["p0", "p1", "p2"], trained=["p0", "p1", "p2"])
+    progress.job_summaries = [{"purpose": "ccvr", "round": None, "participants": list(ROSTER)}]
+    assert assess(_settings(), progress, {"ffc", "ccvr"}).status == "completed"
+
+
+def test_a_site_that_never_took_part_is_not_a_gap() -> None:
+    """p3 never joined (the join window's warning says so): not the calibration's gap."""
+    progress = _covered(["p0", "p1", "p2"], trained=["p0", "p1", "p2"])
+    assert assess(_settings(), progress, {"ffc", "ccvr"}).status == "completed"
+
+
+def test_statistics_without_a_class_are_degraded_naming_the_class() -> None:
+    progress = _covered(list(ROSTER), trained=list(ROSTER), missing_classes=[0])
+    verdict = assess(_settings(), progress, {"ffc", "ccvr"})
+    assert verdict.status == "degraded"
+    assert verdict.reasons == [
+        "ccvr statistics have no samples of class(es) [0] (of 10): the calibrated heads "
+        "cannot represent them"
+    ]
+
+
+def test_below_the_minimum_the_gap_is_named_once() -> None:
+    progress = _covered(["p1"], trained=list(ROSTER))
+    verdict = assess(_settings(), progress, {"ffc", "ccvr"})
+    assert verdict.reasons == [
+        "ccvr statistics summed 1 participants (minimum 3); missing ['p0', 'p2', 'p3']"
+    ]

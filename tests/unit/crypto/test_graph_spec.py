@@ -147,7 +147,7 @@ def test_spec_roundtrips_canonically_and_digest_covers_every_field() -> None:
         (dict(min_participants=6), "min_participants"),
         (dict(consistency_check=True, threshold=2), "2\\*t > 5"),
         (dict(length=0), "vector length"),
-        (dict(chunk_size=3), "chunk_size must be even"),
+        (dict(chunk_size=3), "chunk_size must be a multiple of 2"),
         (dict(chunk_size=0), "chunk_size"),
         (dict(bound=0.0), "bound"),
         (dict(bound=math.inf), "bound"),

@@ -53,7 +53,7 @@ def enc_share(receiver: str, x: int = 1) -> EncryptedShare:
         mask_key_commitment=os.urandom(32),
         seed_commitment=os.urandom(32),
         nonce=os.urandom(12),
-        ciphertext=os.urandom(96),
+        ciphertext=os.urandom(104),
     )
 
 
@@ -87,8 +87,8 @@ def samples() -> list[Message]:
             job_id=b"j",
             sender="bob",
             shares=(
-                RevealedShare("alice", ShareKind.SEED, 1, os.urandom(16), os.urandom(16)),
-                RevealedShare("carol", ShareKind.MASK_KEY, 2, os.urandom(32), os.urandom(16)),
+                RevealedShare("alice", ShareKind.SEED, 1, os.urandom(20), os.urandom(16)),
+                RevealedShare("carol", ShareKind.MASK_KEY, 2, os.urandom(36), os.urandom(16)),
             ),
         ),
     ]
@@ -117,8 +117,11 @@ def test_header_checks() -> None:
     data = advert().to_bytes()
     with pytest.raises(MalformedMessage, match="magic"):
         AdvertiseKeys.from_bytes(b"XXXX" + data[4:])
-    with pytest.raises(MalformedMessage, match="version"):
-        AdvertiseKeys.from_bytes(data[:4] + b"\x02" + data[5:])
+    with pytest.raises(MalformedMessage, match="unsupported protocol version 3"):
+        AdvertiseKeys.from_bytes(data[:4] + b"\x03" + data[5:])
+    # The retired version 1 is refused by name, so an old peer learns why.
+    with pytest.raises(MalformedMessage, match="version 1 .* no longer supported"):
+        AdvertiseKeys.from_bytes(data[:4] + b"\x01" + data[5:])
     with pytest.raises(MalformedMessage, match="different message type"):
         ShareKeys.from_bytes(data)
     with pytest.raises(MalformedMessage, match="unknown message type"):
@@ -141,10 +144,10 @@ def test_construction_enforces_structure() -> None:
             seed_commitment=bytes(32),
             signature=bytes(64),
         )
-    with pytest.raises(MalformedMessage, match="whole uint64"):
+    with pytest.raises(MalformedMessage, match="whole ring words"):
         MaskedChunk(job_id=b"j", sender="a", index=0, payload=b"1234567")
     with pytest.raises(MalformedMessage, match="revealed share"):
-        RevealedShare("a", ShareKind.SEED, 1, os.urandom(32), os.urandom(16))
+        RevealedShare("a", ShareKind.SEED, 1, os.urandom(36), os.urandom(16))
     with pytest.raises(MalformedMessage, match="job_id"):
         ConsistencyRequest(job_id=b"", survivors=())
     with pytest.raises(MalformedMessage, match="x-coordinate"):
@@ -233,5 +236,5 @@ def test_real_protocol_messages_roundtrip() -> None:
 def test_reprs_do_not_leak_payloads() -> None:
     chunk = MaskedChunk(job_id=b"j", sender="a", index=0, payload=b"\xab" * 64)
     assert "ab" * 8 not in repr(chunk) and "\\xab" not in repr(chunk)
-    share = RevealedShare("a", ShareKind.SEED, 1, b"\xcd" * 16, b"\xef" * 16)
+    share = RevealedShare("a", ShareKind.SEED, 1, b"\xcd" * 20, b"\xef" * 16)
     assert "\\xcd" not in repr(share) and "\\xef" not in repr(share)

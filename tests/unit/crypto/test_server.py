@@ -336,7 +336,7 @@ def test_forged_or_unexpected_reveals_are_rejected_and_others_suffice() -> None:
     # A seed share of the dropout p04 (never requested: it would unmask p04's input).
     dropout_key_share = next(s for s in r.shares if s.owner == "p04")
     seed_of_dropout = RevealedShare(
-        "p04", dropout_key_share.kind.SEED, dropout_key_share.x, bytes(16), bytes(16)
+        "p04", dropout_key_share.kind.SEED, dropout_key_share.x, bytes(20), bytes(16)
     )
     with pytest.raises(UnexpectedShare, match="not asked for"):
         server.receive(replace(r, shares=(*r.shares[:-1], seed_of_dropout)), sender="p00")

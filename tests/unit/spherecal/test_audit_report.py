@@ -72,7 +72,7 @@ def test_text_report_says_model_updates_carry_no_dp(tmp_path: Path) -> None:
     assert protection["calibration_statistics"]["dp"] == "no DP"
     text = format_report(report)
     assert "model updates carry NO differential privacy" in text
-    assert text.splitlines()[1].startswith("PASS: All 8 checks passed")
+    assert text.splitlines()[1].startswith("PASS: All 9 checks passed")
 
 
 def test_a_plaintext_statistics_upload_fails_and_is_named_in_plain_words(tmp_path: Path) -> None:

@@ -1,0 +1,175 @@
+"""Log lines an operator can ship (issue #26): one format for every process.
+
+Every line a coordinator or participant writes to stderr — its progress messages
+(the ``say`` callables) and records of the ``logging`` module — carries an ISO-8601
+UTC timestamp with milliseconds and a level, in one of two formats
+(:data:`LOG_FORMATS`; ``--log-format`` or the config key ``[server] log_format`` /
+``[participant] log_format``):
+
+``text``  ``2026-11-25T09:14:02.123Z INFO hospital-b: reconnect attempt 1 in 0.2s``
+``json``  ``{"ts": "2026-11-25T09:14:02.123Z", "level": "INFO", "component":
+          "hospital-b", "msg": "reconnect attempt 1 in 0.2s"}`` — one object a line,
+          for log shippers (Loki, Fluent Bit, Vector) to parse without a regex
+
+Progress messages have no level of their own; :func:`level_of` reads the convention
+the code already follows (``WARNING: …``, ``DEGRADED: …`` → WARNING; ``FAILED: …``,
+``ERROR: …`` → ERROR; anything else INFO). This module only *formats*: rate limiting
+of repeated lines stays in ``spherecal.coordinator.server.log_limit``, which wraps
+the writer made here.
+
+gRPC core (the C library) writes its own lines straight to stderr in another format
+(``I1125 15:50:47.559397 4797 ssl_transport_security.cc:2563] Handshake failed …``,
+one per refused TLS handshake). :func:`quiet_grpc_core` sets ``GRPC_VERBOSITY=ERROR``
+before gRPC is imported unless the operator set it, so by default only its errors
+reach the log; ``GRPC_VERBOSITY=INFO`` brings the rest back for debugging.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+__all__ = [
+    "LOG_FORMATS",
+    "LineFormatter",
+    "add_log_format_option",
+    "check_log_format",
+    "closing_line",
+    "format_line",
+    "level_of",
+    "line_writer",
+    "log_records",
+    "quiet_grpc_core",
+    "timestamp",
+]
+
+LOG_FORMATS = ("text", "json")
+_PREFIXES = (
+    ("WARNING:", "WARNING"),
+    ("DEGRADED:", "WARNING"),
+    ("FAILED:", "ERROR"),
+    ("ERROR:", "ERROR"),
+    ("CRITICAL:", "CRITICAL"),
+)
+
+
+def check_log_format(value: str) -> str:
+    """``value`` if it is a known format, else ValueError (a one-line error)."""
+    if value not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return value
+
+
+def timestamp(seconds: float | None = None) -> str:
+    """ISO-8601 UTC with milliseconds and ``Z``: ``2026-11-25T09:14:02.123Z``."""
+    when = (
+        dt.datetime.now(dt.UTC) if seconds is None else dt.datetime.fromtimestamp(seconds, dt.UTC)
+    )
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def level_of(message: str) -> str:
+    """The level a progress message's own prefix implies (INFO without one)."""
+    for prefix, level in _PREFIXES:
+        if message.startswith(prefix):
+            return level
+    return "INFO"
+
+
+def format_line(
+    component: str,
+    message: str,
+    *,
+    fmt: str = "text",
+    level: str | None = None,
+    seconds: float | None = None,
+    logger: str | None = None,
+) -> str:
+    """One log line (no trailing newline). In ``text`` a multi-line message keeps its
+    continuation lines indented under the first; ``json`` escapes them."""
+    level = level or level_of(message)
+    ts = timestamp(seconds)
+    if fmt == "json":
+        record: dict[str, str] = {"ts": ts, "level": level, "component": component}
+        if logger:
+            record["logger"] = logger
+        record["msg"] = message
+        return json.dumps(record, ensure_ascii=False)
+    where = f"{component} {logger}" if logger else component
+    return f"{ts} {level} {where}: " + message.replace("\n", "\n    ")
+
+
+def line_writer(
+    component: str, fmt: str = "text", stream: TextIO | None = None
+) -> Callable[[str], None]:
+    """A ``say`` callable writing formatted lines to ``stream`` (stderr by default,
+    looked up at each call so that a redirected ``sys.stderr`` is honoured)."""
+    check_log_format(fmt)
+
+    def say(message: str) -> None:
+        out = stream if stream is not None else sys.stderr
+        print(format_line(component, message, fmt=fmt), file=out, flush=True)
+
+    return say
+
+
+class LineFormatter(logging.Formatter):
+    """``logging`` records in the same format as the progress lines."""
+
+    def __init__(self, component: str, fmt: str = "text") -> None:
+        super().__init__()
+        self.component = component
+        self.fmt = check_log_format(fmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        return format_line(
+            self.component,
+            message,
+            fmt=self.fmt,
+            level=record.levelname,
+            seconds=record.created,
+            logger=record.name,
+        )
+
+
+def quiet_grpc_core() -> None:
+    """Only gRPC core's errors by default (must run before ``import grpc``)."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def add_log_format_option(parser: Any, key: str) -> None:
+    """``--log-format text|json`` on a service command (``key``: its config key)."""
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help=f"stderr log lines: text or one JSON object a line, each with an ISO-8601 UTC "
+        f"timestamp and a level (default: the config's {key}, else text)",
+    )
+
+
+def closing_line(component: str, fmt: str, what: str, code: int) -> None:
+    """The last line on stderr: how the process ends and its exit status."""
+    level = "INFO" if code == 0 else "ERROR"
+    line = format_line(component, f"exiting: {what} (exit status {code})", fmt=fmt, level=level)
+    print(line, file=sys.stderr, flush=True)
+
+
+def log_records(component: str, fmt: str, level: int = logging.WARNING) -> None:
+    """``logging`` records (``level`` and up) to stderr in the process's format,
+    unless the host already set up logging (embedded: it decides)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(component, fmt))
+    root.addHandler(handler)
+    root.setLevel(level)
