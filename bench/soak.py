@@ -236,7 +236,7 @@ class Soak:
                 sim.wait_coordinator(max(1.0, until - time.monotonic()))
                 results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
                 status = str(results["status"])
-            except Exception as exc:  # noqa: BLE001 - a soak records every way a run ends
+            except Exception as exc:  # a soak records every way a run ends
                 results = {}
                 status = f"harness-error: {exc}"[:200]
             self._sim = None

@@ -5,7 +5,7 @@ fields and records their SHA-256 in the audit log. A decoder that accepts exactl
 one encoding per message (fixed-width integers, length-prefixed fields, sets in
 sorted order, no trailing bytes — see :mod:`spherecal.crypto._codec`) means the hash in the
 audit log identifies the message, and ``from_bytes(to_bytes(m)) == m`` always.
-pickle is never used. (Near 600 lines on purpose: the whole wire contract in one file.)
+pickle is never used. The whole wire contract is in this one file.
 
 Structural rules (sizes, sorted unique lists, valid kinds) are enforced when a
 message object is constructed, so a malformed message cannot even be built.

@@ -25,10 +25,10 @@ the job, so the caller can fix it.
 
 Not thread-safe; drive one participant from one task.
 
-Size (~550 lines, over the ~500 guideline on purpose): one state machine. Each round
-checks what the previous rounds left in the same state (which keys were advertised and
-signed, which shares were dealt, revealed or complained about); split across modules,
-those invariants would be read in one file and written in another.
+One state machine in one module: each round checks what the previous rounds left in
+the same state (which keys were advertised and signed, which shares were dealt,
+revealed or complained about); split across modules, those invariants would be read
+in one file and written in another.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The coordinator's side of secure aggregation, as a message-in/message-out state machine.
 
-(Over 500 lines on purpose: this is one state machine whose methods are the protocol's
-stage transitions, each checking stage and sender before delegating; the work itself
-is already split out — key and share routing in :mod:`spherecal.crypto.routing`, the streaming
-sum in :mod:`spherecal.crypto.staging`, round 4 in :mod:`spherecal.crypto.unmask`. Splitting the
-class
-further would scatter the stage checks that make it safe.)
+Its methods are the protocol's stage transitions, each checking stage and sender before
+delegating; the work itself is in :mod:`spherecal.crypto.routing` (key and share
+routing), :mod:`spherecal.crypto.staging` (the streaming sum) and
+:mod:`spherecal.crypto.unmask` (round 4), so the stage checks that make it safe stay
+together.
 
 Protocol: Bonawitz et al. 2017 (rounds 0-4) with the SecAgg+ neighbour graph of Bell
 et al. 2020. The server routes keys and encrypted shares, sums masked inputs, and at

@@ -38,9 +38,9 @@ Statistical tests use a family-wise false-alarm rate of ``1e-3`` (Bonferroni ove
 all tests run), so a correct federation practically never fails them while a
 plaintext or reused-mask upload of a few kilobytes fails with p ≈ 0.
 
-(Near 600 lines on purpose: every check of ``audit.json`` in one file, so that the
-person signing off reads the whole audit in one place; the words are in
-:mod:`spherecal.audit_report`, the HTML in :mod:`spherecal.audit_html`.)
+Every check of ``audit.json`` is here, so that the person signing off reads the whole
+audit in one place; the words are in :mod:`spherecal.audit_report`, the HTML in
+:mod:`spherecal.audit_html`.
 """
 
 from __future__ import annotations

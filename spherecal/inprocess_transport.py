@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
@@ -212,7 +212,7 @@ class InProcessFederation:
             thread.start()
         return self
 
-    def join(self, timeout: float = 300.0) -> dict[str, object]:
+    def join(self, timeout: float = 300.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))

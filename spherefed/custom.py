@@ -133,7 +133,7 @@ def _probe(
     try:
         with torch.no_grad():
             out = net(torch.zeros(2, in_channels, *image_size))
-    except Exception as exc:  # noqa: BLE001 - any failure of user code is a contract breach
+    except Exception as exc:  # any failure of user code is a contract breach
         raise CustomExtractorError(
             f"the module from {name!r} fails on a (2, {in_channels}, {image_size[0]}, "
             f"{image_size[1]}) batch: {type(exc).__name__}: {exc}"

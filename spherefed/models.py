@@ -30,9 +30,8 @@ Determinism: parameters are initialised from torch's *global* RNG, in a fixed
 module order. The caller seeds (``torch.manual_seed``) — every participant that
 seeds identically gets byte-identical parameters. Nothing here seeds.
 
-Size (~560 lines, over the ~500 guideline on purpose): seven short architectures with
-one contract (raw features of shape ``(N, l)``) and the registry that builds them;
-splitting them one per module would add import plumbing, not clarity.
+Seven short architectures with one contract (raw features of shape ``(N, l)``) and
+the registry that builds them, side by side.
 """
 
 from __future__ import annotations

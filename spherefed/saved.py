@@ -175,7 +175,7 @@ def load_head(path: Path, *, num_classes: int, feature_dim: int) -> CalibratedHe
     the model's; raises :class:`SavedModelError` for a file that does not fit."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+    except Exception as exc:  # torch raises many types for a bad file
         raise SavedModelError(f"{path}: not a loadable head ({exc})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SavedModelError(f"{path}: expected a dict of tensors")
@@ -264,7 +264,7 @@ def load_model(directory: str | Path, calibration: str | None = None) -> Net:
         )
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+    except Exception as exc:  # torch raises many types for a bad file
         raise SavedModelError(f"{weights}: not a loadable state dict ({exc})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SavedModelError(f"{weights}: expected a dict of tensors")

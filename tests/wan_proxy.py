@@ -76,7 +76,7 @@ class WanProxy:
     def __init__(
         self,
         target_port: int,
-        profile: LinkProfile = LinkProfile(),  # noqa: B008 - frozen, shared safely
+        profile: LinkProfile = LinkProfile(),
         *,
         seed: int = 0,
         target_host: str = "127.0.0.1",

@@ -86,6 +86,10 @@ class Board:
         self._polls = threading.Condition(threading.Lock())
         self._epoch = 0
         """Bumped whenever an instruction may have changed (see the docstring)."""
+        self.parked_polls = 0
+        """How many times a long poll evaluated its instruction, got Wait and went back
+        to waiting: what a test waits on instead of sleeping and hoping the server
+        has looked."""
         self._generations: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
         """Per event loop, the future the async polls of this epoch await."""
 
@@ -222,6 +226,7 @@ class Board:
             if not instruction.HasField("wait") or remaining <= 0:
                 return instruction
             with self._polls:
+                self.parked_polls += 1
                 if self._epoch == epoch:  # nothing changed since we looked
                     # Woken by _wake_polls; the timeout is only a safety net.
                     self._polls.wait(min(remaining, self.recheck_s))
@@ -247,6 +252,8 @@ class Board:
             remaining = deadline - time.monotonic()
             if not instruction.HasField("wait") or remaining <= 0:
                 return instruction
+            with self._polls:
+                self.parked_polls += 1
             # asyncio.wait, not wait_for: a timeout must not cancel the shared future.
             await asyncio.wait((changed,), timeout=min(remaining, self.recheck_s))
 

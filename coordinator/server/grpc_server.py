@@ -133,7 +133,7 @@ def _safe_parser(message_type: Any) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
             return message_type.FromString(data)
-        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: bad input
+        except Exception as exc:  # DecodeError and friends: bad input
             return _Malformed(f"malformed {name}: {type(exc).__name__}")
 
     return parse
@@ -218,7 +218,7 @@ class _Servicer:
             if pool is None:
                 return fn(peer)
             return await asyncio.get_running_loop().run_in_executor(pool, fn, peer)
-        except Exception as exc:  # noqa: BLE001 - never leak internals to callers
+        except Exception as exc:  # never leak internals to callers
             failure = exc
         await self._abort_for(context, failure)
 
@@ -256,13 +256,13 @@ class _Servicer:
         finally:
             bridge.close()  # cancelled: the worker's waiting read ends too
 
-    async def Join(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Join(self, request: Any, context: Any) -> Any:
         return await self._unary(context, request, lambda p: self.service.join(request, p))
 
-    async def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
         return await self._unary(context, request, lambda p: self.service.heartbeat(request, p))
 
-    async def Presence(self, request: Any, context: Any) -> None:  # noqa: N802
+    async def Presence(self, request: Any, context: Any) -> None:
         """A coroutine per open stream: a reply every five heartbeat intervals until
         the client goes (the stream is cancelled) or the server stops; then the
         participant is gone at once, as it was with the synchronous server."""
@@ -277,7 +277,7 @@ class _Servicer:
         finally:
             self.service.presence_close(member)
 
-    async def NextInstruction(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def NextInstruction(self, request: Any, context: Any) -> Any:
         """Long poll: awaits the board's wake-up (no thread while it waits); the
         instruction is evaluated on a ``polls`` thread each time it may have changed."""
         member, wait_s = await self._call(
@@ -289,11 +289,11 @@ class _Servicer:
                 member, wait_s, self._polls, request.caller.session
             )
             return self.service.answer_poll(member, request, instruction)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             failure = exc
         await self._abort_for(context, failure)
 
-    async def DownloadTensor(self, request: Any, context: Any) -> None:  # noqa: N802
+    async def DownloadTensor(self, request: Any, context: Any) -> None:
         # Authentication and lookup take short locks; the chunks are slices of a
         # frozen array (at most 2 MiB each), cut on the loop as they are written.
         chunks = await self._call(
@@ -303,33 +303,33 @@ class _Servicer:
             for chunk in chunks:
                 await context.write(chunk)
             return
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             failure = exc
         await self._abort_for(context, failure)
 
-    async def UploadTensor(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
+    async def UploadTensor(self, request_iterator: Any, context: Any) -> Any:
         return await self._upload(context, self.service.upload_tensor)
 
-    async def SubmitSecAgg(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def SubmitSecAgg(self, request: Any, context: Any) -> Any:
         return await self._unary(context, request, lambda p: self.service.submit_secagg(request, p))
 
-    async def UploadMasked(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
+    async def UploadMasked(self, request_iterator: Any, context: Any) -> Any:
         return await self._upload(context, self.service.upload_masked)
 
-    async def ReportEvaluation(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def ReportEvaluation(self, request: Any, context: Any) -> Any:
         return await self._unary(
             context, request, lambda p: self.service.report_evaluation(request, p)
         )
 
-    async def ReportFailure(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def ReportFailure(self, request: Any, context: Any) -> Any:
         return await self._unary(
             context, request, lambda p: self.service.report_failure(request, p)
         )
 
-    async def GetStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def GetStatus(self, request: Any, context: Any) -> Any:
         return await self._unary(context, request, lambda p: self.service.get_status(request, p))
 
-    async def GetFederationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def GetFederationStatus(self, request: Any, context: Any) -> Any:
         return await self._unary(
             context, request, lambda p: self.service.get_federation_status(request, p)
         )

@@ -138,7 +138,7 @@ class NativeStderr:
         next writes to fd 2 would block once the pipe is full."""
         try:
             self._line(raw.decode("utf-8", "replace"))
-        except Exception:  # noqa: BLE001 - pass the raw line on rather than stop reading
+        except Exception:
             with contextlib.suppress(Exception):
                 self._write(raw.decode("utf-8", "replace"))
 

@@ -67,10 +67,10 @@ def _handler(registry: CollectorRegistry, ready: Readiness) -> type[BaseHTTPRequ
             else:
                 self._answer(404, b"not found: /metrics, /healthz, /readyz\n", text, head)
 
-        def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
+        def do_GET(self) -> None:
             self._route(head=False)
 
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self._route(head=True)
 
         def _refuse(self) -> None:
@@ -79,9 +79,9 @@ def _handler(registry: CollectorRegistry, ready: Readiness) -> type[BaseHTTPRequ
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return  # one line per scrape would drown the coordinator's log
 
     return Handler

@@ -12,9 +12,9 @@ length, chunk sizes, tensor dtype/shape/finiteness. A rejected request leaves th
 federation untouched and is recorded in the audit log as ``rejected`` with its
 status code, so probing is visible to an operator.
 
-(Near 600 lines on purpose: one method per RPC with its boundary checks, so every
-check a request passes is read in one place; what the methods do once a request is
-valid lives in ``board``, ``stages``, ``rounds`` and the other modules.)
+One method per RPC with its boundary checks, so every check a request passes is read
+in one place; what the methods do once a request is valid lives in ``board``,
+``stages``, ``rounds`` and the other modules.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ anyway, and plaintext updates are a deployment's own choice to allow).
 
 Every query lives here, with the one writer thread that runs it, so no SQL that
 writes is composed anywhere else in the coordinator; the table definitions and
-their migrations are in :mod:`spherecal.coordinator.state.schema` (which only this module
-uses), which keeps this one under the ~500-line guideline.
+their migrations are in :mod:`spherecal.coordinator.state.schema` (which only this
+module uses).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def connect(address: str | None, *, cpus: int = 1, threads: int = 1) -> bool:
             try:
                 ray.init(num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **common)
                 break
-            except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+            except Exception as exc:  # Ray raises a bare Exception here
                 if "timed out" not in str(exc).lower() or attempt == 2:
                     raise
                 ray.shutdown()

@@ -276,7 +276,7 @@ class ParticipantHost:
             code = self._participate(settings, data)
         except ParticipantKilled:
             code = KILLED_EXIT_CODE
-        except Exception as exc:  # noqa: BLE001 - one participant's crash is reported, not fatal
+        except Exception as exc:  # one participant's crash is reported, not fatal
             self.log(pid, f"crashed: {type(exc).__name__}: {exc}")
             with self._lock:
                 self.report.errors.append(f"{pid}: {type(exc).__name__}: {exc}")

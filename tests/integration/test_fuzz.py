@@ -195,7 +195,7 @@ class Fuzzer:
             return "SubmitSecAgg", pb.SecAggSubmission(
                 caller=caller,
                 job_id=r.randbytes(r.choice([0, 1, 16, 300])),
-                stage=r.choice([0, 1, 2, 3, 4, 99, -5, 2**31 - 1]),
+                stage=r.choice([0, 1, 2, 3, 4, 99, -5, 2**31 - 1]),  # type: ignore[arg-type]
                 message=r.randbytes(r.choice([0, 10, 2000])),
             )
         if choice == 5:
@@ -210,7 +210,7 @@ class Fuzzer:
             return "ReportFailure", pb.FailureReport(
                 caller=caller,
                 task_id=self.text(),
-                kind=r.choice([0, 1, 4, 9, 99, -3, 2**31 - 1]),  # incl. unknown enum values
+                kind=r.choice([0, 1, 4, 9, 99, -3, 2**31 - 1]),  # type: ignore[arg-type]  # unknown values too
                 rule=r.choice([0, 3, 8, 99]),  # type: ignore[arg-type]
                 reason=self.text(),
             )
@@ -223,7 +223,7 @@ class Fuzzer:
     def upload_header(self, caller: pb.Caller) -> pb.UploadHeader:
         r = self.rng
         tensor = pb.TensorHeader(
-            dtype=r.choice([0, 1, 2, 3, 4, 99, -1]),
+            dtype=r.choice([0, 1, 2, 3, 4, 99, -1]),  # type: ignore[arg-type]
             shape=[r.choice([3, *U64]) for _ in range(r.randint(0, 3))],
             sha256=r.randbytes(r.choice([0, 32, 33])),
         )

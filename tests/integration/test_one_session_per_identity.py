@@ -75,8 +75,8 @@ def test_a_second_process_with_the_same_certificate_is_refused_and_the_first_fin
     # the twin was told who holds the identity
     assert "'p0' is already connected from" in line
     # the coordinator logged each refusal, naming the identity and both addresses
-    log = coordinator_log.read_text()
-    refusals = [ln for ln in log.splitlines() if "refused join from 'p0'" in ln]
+    coordinator_text = coordinator_log.read_text()
+    refusals = [ln for ln in coordinator_text.splitlines() if "refused join from 'p0'" in ln]
     assert refusals and all("a second process with this identity" in ln for ln in refusals)
     # the first process was never knocked off, and the federation completed
     assert "session expired" not in (out / "logs" / "p0.log").read_text()

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -260,10 +261,10 @@ def _evaluate(
     hostile: HostileCoordinator, model: GlobalModel, task_id: str, heads: int, **extra: object
 ) -> pb.Instruction:
     ref = hostile.publish(f"model-{task_id}", model.initial_vector)
-    shape = extra.pop("shape", (model.num_classes, model.feature_dim))
+    shape: Any = extra.pop("shape", (model.num_classes, model.feature_dim))
     named = []
     for h in range(heads):
-        weight = np.zeros(shape)  # type: ignore[arg-type]
+        weight = np.zeros(shape)
         if weight.ndim == 2 and weight.shape[0] > h:
             weight[h % weight.shape[0], :] = 1.0  # "always class h": a label counter
         named.append(

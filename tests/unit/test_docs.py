@@ -6,6 +6,7 @@ outside the repository (``../shared``) — a reader of a clone has only the clon
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -125,3 +126,31 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
         if "../shared" in text or "DESIGN §" in text or "DESIGN.md" in text:
             offenders.append(name)
     assert offenders == []
+
+
+def test_baselines_page_quotes_the_committed_tables() -> None:
+    """docs/baselines.md's result tables are copies of the committed ``table.md`` files
+    (``python -m spherecal.baselines_docs``): a rerun cannot leave old numbers there."""
+    from spherecal.baselines_docs import DOC, main, render
+
+    text = DOC.read_text()
+    assert text.count("<!-- generated: ") >= 6
+    assert render(text) == text, "docs/baselines.md is stale: python -m spherecal.baselines_docs"
+    assert main(["--check"]) == 0
+
+
+def test_a_changed_table_makes_the_baselines_page_stale(tmp_path: Path) -> None:
+    from spherecal.baselines_docs import DOC, RESULTS, main
+
+    results = tmp_path / "baselines"
+    shutil.copytree(RESULTS, results)
+    doc = tmp_path / "baselines.md"
+    doc.write_text(DOC.read_text())
+    table = results / "methods" / "table.md"
+    old = "| FedAvg | none | 94.9 ± 1.0 |"
+    assert old in table.read_text() and old in doc.read_text()
+    table.write_text(table.read_text().replace(old, "| FedAvg | none | 11.1 ± 1.0 |"))
+    assert main(["--check", "--doc", str(doc)]) == 1
+    assert main(["--doc", str(doc)]) == 0  # regenerated …
+    assert "| FedAvg | none | 11.1 ± 1.0 |" in doc.read_text()  # … with the new numbers
+    assert main(["--check", "--doc", str(doc)]) == 0

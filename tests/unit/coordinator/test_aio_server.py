@@ -115,14 +115,13 @@ class _Clients:
         streams = [self.presence(k) for k in range(N)]
         for stream in streams:
             assert isinstance(await stream.read(), pb.HeartbeatReply)
-        registry = self.harness.registry
-        seen = {pid: registry.member(pid).last_seen for pid in self.pids}
+        board = self.harness.federation.board
+        parked = board.parked_polls
         polls = [asyncio.ensure_future(self.poll(k)) for k in range(N)]
         await _until_async(
-            lambda: all(registry.member(p).last_seen > seen[p] for p in self.pids),
-            "every long poll reached the server",
+            lambda: board.parked_polls >= parked + N,
+            "every long poll evaluated its instruction (Wait) and parked",
         )
-        await asyncio.sleep(0.5)  # let the first evaluations finish (not asserted)
         assert not any(poll.done() for poll in polls), "every poll is still waiting"
         return streams, polls
 
@@ -184,9 +183,13 @@ def test_a_poll_is_answered_when_a_task_appears_and_stop_wakes_without_answering
         await _until_async(
             lambda: harness.registry.member("p0").last_seen > seen, "the poll arrived"
         )
+        await _until_async(lambda: board.parked_polls >= 1, "the poll parked")
+        parked = board.parked_polls
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, board.stop, "operator")
-        await asyncio.sleep(0.5)  # the woken poll re-evaluated: still Wait
+        await _until_async(
+            lambda: board.parked_polls > parked, "the woken poll re-evaluated: still Wait"
+        )
         assert not poll.done()
         await loop.run_in_executor(None, board.finish, "failed", "stopped: operator")
         answer = await poll
@@ -223,7 +226,7 @@ def test_stopping_the_server_ends_every_poll_and_stream_and_marks_participants_g
 
     poll_ends, stream_ends = asyncio.run(scenario())
     assert all(isinstance(end, grpc.aio.AioRpcError) for end in poll_ends), poll_ends[:3]
-    assert {end.code() for end in poll_ends} <= {  # type: ignore[union-attr]
+    assert {end.code() for end in poll_ends} <= {
         grpc.StatusCode.CANCELLED,
         grpc.StatusCode.UNAVAILABLE,
     }

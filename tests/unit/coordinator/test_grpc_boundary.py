@@ -115,9 +115,10 @@ def test_unmapped_exception_is_internal_and_logged(
 
 # ---------------------------------------------------------------------- error table
 def _all_subclasses(cls: type) -> set[type]:
-    out = set()
-    for sub in cls.__subclasses__():
-        out |= {sub} | _all_subclasses(sub)
+    out: set[type] = set()
+    children: list[type] = type.__subclasses__(cls)
+    for child in children:
+        out |= {child} | _all_subclasses(child)
     return out
 
 

@@ -134,4 +134,4 @@ def test_a_stop_request_ends_the_wait_at_once(ctx: StageContext) -> None:
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
 def test_bad_grace_or_backoff_is_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
-        Timeouts(**{field: value})  # type: ignore[arg-type]
+        Timeouts(**{field: value})

@@ -22,14 +22,18 @@ def _inputs(n: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {f"p{k}": rng.uniform(-5, 5, length) for k in range(n)}
 
 
+def _total(inputs: dict[str, np.ndarray]) -> np.ndarray:
+    return np.sum(list(inputs.values()), axis=0)
+
+
 def test_complete_job_returns_the_sum_of_all_inputs() -> None:
     job, clients = make_job(4, 1000, chunk_entries=256)
     inputs = _inputs(4, 1000)
     run_job(job, clients, inputs)
     assert job.outcome is not None and job.outcome.status == "done"
-    expected = sum(inputs.values())
+    expected = _total(inputs)
     np.testing.assert_allclose(
-        job.outcome.values, expected, rtol=0, atol=4 * 2.0**-job.spec.scale_bits
+        np.asarray(job.outcome.values), expected, rtol=0, atol=4 * 2.0**-job.spec.scale_bits
     )
     assert job.outcome.contributors == ("p0", "p1", "p2", "p3")
     assert set(job.stage_seconds) == {"advertise", "share", "masked", "consistency", "unmask"}
@@ -48,7 +52,7 @@ def test_dropout_at_each_stage_still_sums_exactly_the_survivors(stage: str, in_s
     contributors = set(outcome.contributors)
     assert ("p2" in contributors) is in_sum
     expected = sum(inputs[p] for p in contributors)
-    np.testing.assert_allclose(outcome.values, expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(outcome.values), expected, rtol=0, atol=1e-6)
     assert outcome.dropped["p2"].startswith(stage)
 
 
@@ -59,7 +63,7 @@ def test_consistency_check_round_with_a_dropout() -> None:
     outcome = job.outcome
     assert outcome is not None and outcome.status == "done", outcome
     assert "consistency" in outcome.stage_seconds
-    np.testing.assert_allclose(outcome.values, sum(inputs.values()), atol=1e-6)  # p4 is in
+    np.testing.assert_allclose(np.asarray(outcome.values), _total(inputs), atol=1e-6)  # p4 is in
 
 
 def test_fewer_than_threshold_survivors_fails_the_job_with_a_clear_error() -> None:
@@ -212,7 +216,7 @@ def test_broken_masked_upload_is_abandoned_and_can_be_retried() -> None:
         job.submit(p, pb.UNMASK, c.unmask(crypto.UnmaskRequest.from_bytes(step.message)).to_bytes())
     job.advance(frozenset(clients))
     assert job.outcome is not None and job.outcome.status == "done"
-    np.testing.assert_allclose(job.outcome.values, sum(inputs.values()), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(job.outcome.values), _total(inputs), atol=1e-6)
     assert job.server.memory_bytes() == 0  # accumulator released after finishing
 
 
@@ -295,4 +299,4 @@ def test_memory_is_a_few_vectors_whatever_the_number_of_participants() -> None:
         job.submit(p, pb.UNMASK, c.unmask(crypto.UnmaskRequest.from_bytes(step.message)).to_bytes())
     job.advance(frozenset(clients))
     assert job.outcome is not None and job.outcome.status == "done"
-    np.testing.assert_allclose(job.outcome.values, sum(inputs.values()), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(job.outcome.values), _total(inputs), atol=1e-6)

@@ -132,7 +132,7 @@ def test_fedadam_federation_reproduces_the_reference_and_resumes_its_moments(
     assert summary["accuracy"]["none"] == reference["accuracy"]["none"]
     assert summary["accuracy"]["ffc"] == reference["accuracy"]["ffc"]
     assert summary["central_accuracy"]["ffc"] == reference["accuracy"]["ffc"]
-    for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):  # type: ignore[call-overload]
+    for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == theirs["train_loss"]
         assert ours["test_accuracy"] == theirs["test_accuracy"]
     final_state = fed.federation.strategy.state_dict()

@@ -86,7 +86,7 @@ def test_callers_waiting_on_other_threads_are_all_released(tmp_path: Path) -> No
         try:
             for i in range(40):
                 store.set_meta(f"w{k}-{i}", "y" * 4096)
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+        except BaseException as exc:
             with lock:
                 outcomes.append(exc)
             return
@@ -177,7 +177,7 @@ def test_a_full_disk_fails_fast_and_a_restart_after_freeing_it_resumes(tiny_disk
             for r in range(1, 200):
                 store.round_started(r, 1)
                 store.round_finished(r, "completed", {"pad": "z" * 8192}, None)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             result.append(exc)
             return
         result.append(None)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,7 +149,7 @@ def test_source_saves_the_copy_and_equals_copy_then_add() -> None:
 def test_add_then_subtract_cancels_and_wraps() -> None:
     seed = fresh_seed()
     for dtype in (U64, U32):
-        target = np.arange(12, dtype=dtype)
+        target: Any = np.arange(12, dtype=dtype)
         expander = MaskExpander(12, dtype)
         expander.apply(target, seed, 0, +1)
         assert not np.array_equal(target, np.arange(12, dtype=dtype))

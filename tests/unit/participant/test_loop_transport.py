@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -74,6 +74,15 @@ def _outcome(call: object) -> tuple[str, str]:
     return ("ok", type(reply).__name__)
 
 
+def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Wait for a state to be reached (never a duration asserted)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.02)
+
+
 def test_the_loop_transport_answers_as_the_sync_transport(
     served: tuple[Harness, int], loop: EventLoopThread, tmp_path: Path
 ) -> None:
@@ -129,22 +138,16 @@ def test_presence_holds_a_participant_alive_until_cancelled(
     ended = threading.Event()
 
     def read() -> None:
-        list(stream)
+        list(stream)  # yields nothing: blocks until the stream ends
         ended.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 10
-    while member.presence == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert member.presence == 1  # the coordinator holds the stream open
-    assert not ended.wait(0.5)  # and the reader blocks on it
+    _until(lambda: member.presence == 1, "the coordinator holds the stream open")
+    assert not ended.is_set()  # the stream is open at both ends: the reader blocks on it
     stream.cancel()
     assert ended.wait(10)  # cancelled: the reader's iteration ends quietly
-    deadline = time.monotonic() + 10
-    while member.presence and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert member.presence == 0  # and the coordinator saw it close
+    _until(lambda: member.presence == 0, "the coordinator saw the stream close")
     transport.close()
 
 
@@ -195,10 +198,12 @@ def test_closing_the_channel_cuts_a_call_in_flight(loop: EventLoopThread, tmp_pa
             except (TransportError, ValueError) as exc:
                 outcome.append(exc)
 
+        board = harness.federation.board
+        parked = board.parked_polls
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
-        time.sleep(0.5)
-        assert poller.is_alive()  # waiting on the coordinator
+        _until(lambda: board.parked_polls > parked, "the poll is parked at the coordinator")
+        assert poller.is_alive() and outcome == []  # waiting on the coordinator
         transport.close()
         poller.join(10)
         assert not poller.is_alive()
@@ -223,7 +228,11 @@ def test_open_streams_cost_no_thread_each(
             if not t.name.startswith("rpc_") and "_poll_wrapper" not in t.name
         )
 
+    def open_presence() -> int:
+        return sum(harness.registry.member(p).presence for p in ("p0", "p1", "p2"))
+
     def open_streams(make: type, count: int) -> int:
+        opened = open_presence()
         before = client_threads()
         transports, streams = [], []
         for k in range(count):
@@ -237,12 +246,15 @@ def test_open_streams_cost_no_thread_each(
                 )
             )
             transports.append(t)
-        time.sleep(0.3)
+        _until(
+            lambda: open_presence() >= opened + count, "the coordinator holds every stream open"
+        )
         added = client_threads() - before
         for s in streams:
             s.cancel()
         for t in transports:
             t.close()
+        _until(lambda: open_presence() == opened, "the coordinator saw every stream close")
         return added
 
     assert open_streams(GrpcTransport, 6) >= 6

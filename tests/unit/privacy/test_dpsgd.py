@@ -32,11 +32,13 @@ def data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_trains_the_extractor_only_and_reports_opacus_epsilon() -> None:
     model = tiny()
-    fixed = model.head.weight.detach().clone()
+    head = model.head
+    assert isinstance(head, torch.nn.Module) and isinstance(head.weight, torch.Tensor)
+    fixed = head.weight.detach().clone()
     before = [p.detach().clone() for p in model.parameters()]
     x, y = data()
     r = dp_local_train(model, x, y, DPSGDConfig(epochs=1, batch_size=16, noise_multiplier=1.0))
-    assert torch.equal(model.head.weight, fixed)
+    assert torch.equal(head.weight, fixed)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     acc = RDPAccountant()
     acc.history = [(1.0, r.sample_rate, r.steps)]

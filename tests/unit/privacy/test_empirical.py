@@ -6,6 +6,7 @@ from __future__ import annotations
 import decimal
 import math
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from spherecal.spherefed.privacy.empirical import (
     run_canary_audit,
 )
 
-FAST = {"trials": 1200, "dim": 3, "examples_per_participant": 8}
+FAST: dict[str, Any] = {"trials": 1200, "dim": 3, "examples_per_participant": 8}
 
 
 def seeded(label: str) -> RandomSource:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,7 +59,9 @@ def _spec(epsilon: float = 1.0, *, noise_scale: float = 1.0) -> JobSpec:
     return JobSpec.create(IDS, threshold=T, **args)
 
 
-def _admit(gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease, examples: int = 100):
+def _admit(
+    gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease, examples: int = 100
+) -> Any:
     return gate.admit(
         spec.job_id.hex(), release, spec, dim=DIM, num_classes=CLASSES, examples=examples
     )

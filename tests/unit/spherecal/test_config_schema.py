@@ -114,10 +114,10 @@ def test_every_field_is_a_key_with_a_meaning() -> None:
     for f in dataclasses.fields(CCVRConfig):
         assert ("calibration", f"ccvr_{f.name}") in documented
     for tables in (COORDINATOR_TABLES, PARTICIPANT_TABLES):
-        for table in tables:
-            for key in table_keys(table):
-                if key.key not in table.hidden:
-                    assert key.help, f"[{table.name}] {key.key} has no docstring/help"
+        for schema in tables:
+            for key in table_keys(schema):
+                if key.key not in schema.hidden:
+                    assert key.help, f"[{schema.name}] {key.key} has no docstring/help"
 
 
 def test_field_docs_reads_the_docstrings_under_fields() -> None:

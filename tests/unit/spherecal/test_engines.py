@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import stat
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -104,8 +103,32 @@ def test_ray_flags_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "results.json").exists()
 
 
+class _CountingSemaphore:
+    """The slots' semaphore, counting acquire attempts (made before blocking)."""
+
+    def __init__(self, inner: threading.BoundedSemaphore) -> None:
+        self.inner = inner
+        self.tries = 0
+        self.cond = threading.Condition()
+
+    def acquire(self) -> bool:
+        with self.cond:
+            self.tries += 1
+            self.cond.notify_all()
+        return self.inner.acquire()
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def tried_more_than(self, tries: int, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.tries > tries, timeout)
+
+
 def test_compute_slots_bound_computing_threads_and_are_given_back_while_waiting() -> None:
     slots = ComputeSlots(1)
+    semaphore = _CountingSemaphore(slots._semaphore)
+    slots._semaphore = semaphore  # type: ignore[assignment]
     inside_wait, b_done, a_may_go = threading.Event(), threading.Event(), threading.Event()
     order: list[str] = []
 
@@ -130,8 +153,11 @@ def test_compute_slots_bound_computing_threads_and_are_given_back_while_waiting(
     assert b_done.wait(10)  # b got the one slot while a waited
     # a cannot compute again while someone holds the slot
     with slots.hold():
+        tries = semaphore.tries
         a_may_go.set()
-        time.sleep(0.2)
+        # a is now inside acquire(), which cannot return while this thread holds the
+        # one slot: a has not computed again (an event, not a sleep, says it tried)
+        assert semaphore.tried_more_than(tries, timeout=10)
         assert order == ["a computes", "b computes"]
     first.join(10)
     second.join(10)

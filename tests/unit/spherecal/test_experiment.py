@@ -330,7 +330,7 @@ def test_hosting_counts_and_engine_line() -> None:
     base = s.base_config()
     keys = [r.key(base) for r in specs]
     assert len(set(keys)) == 3
-    records = {
+    records: dict[str, dict[str, Any]] = {
         keys[0]: {"engine": "service", "service": {"hosting": "threads"}},
         keys[1]: {"engine": "service", "diverged": True, "service": {"hosting": "threads"}},
         keys[2]: {"engine": "service"},  # made before hostings were recorded

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.status import status_json
 
 
-def _check_keys(obj: dict[str, Any], descriptor: Descriptor) -> int:
+def _check_keys(obj: dict[str, Any], descriptor: Any) -> int:
     """Assert ``obj`` has exactly the descriptor's field names; return fields seen."""
     assert set(obj) == {f.name for f in descriptor.fields}, descriptor.full_name
     seen = len(obj)

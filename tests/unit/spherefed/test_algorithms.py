@@ -308,4 +308,4 @@ def test_make_strategy() -> None:
     with pytest.raises(ValueError, match="unknown algorithm"):
         make_strategy("fedsgd")
     with pytest.raises(TypeError):
-        make_strategy("fedavg", 1)
+        make_strategy("fedavg", 1)  # type: ignore[call-arg]

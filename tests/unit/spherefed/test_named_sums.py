@@ -67,7 +67,7 @@ def test_flattened_sum_is_the_sum_of_flattened_payloads() -> None:
 
 def test_layout_refuses_what_does_not_fit() -> None:
     layout = SumLayout.of((NamedSum("delta", per_entry=True), NamedSum("weight")), L)
-    good = {"delta": np.zeros(L), "weight": 1.0}
+    good: dict[str, np.ndarray | float] = {"delta": np.zeros(L), "weight": 1.0}
     assert layout.flatten(good).shape == (L + 1,)
     with pytest.raises(ValueError, match="layout needs"):
         layout.flatten({"delta": np.zeros(L)})
