@@ -50,12 +50,6 @@ def _datasets() -> Sequence[str]:
     return DATASET_NAMES
 
 
-def _extractors() -> Sequence[str]:
-    from spherecal.spherefed.models import EXTRACTOR_NAMES
-
-    return EXTRACTOR_NAMES
-
-
 def _norms() -> Sequence[str]:
     from spherecal.spherefed.models import NORM_NAMES
 
@@ -105,7 +99,11 @@ FEDERATION_OPTIONS: tuple[FederationOption, ...] = (
     FederationOption("local_epochs", "local epochs per round", positive_int),
     FederationOption("batch_size", "local SGD batch size", positive_int),
     FederationOption("lr", "local learning rate", positive_float),
-    FederationOption("model", "feature extractor", choices=_extractors),
+    # no choices: besides the built-in extractors, a user's own "package.module:factory"
+    # (docs/models.md); an unknown name is refused when the network is built
+    FederationOption(
+        "model", "feature extractor: a built-in one or package.module:factory (docs/models.md)"
+    ),
     FederationOption("norm", "normalisation layers", choices=_norms),
     FederationOption("head", "feature head", choices=_heads),
     FederationOption("classifier", "classifier", choices=_classifiers),
