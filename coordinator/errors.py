@@ -62,6 +62,7 @@ complete)::
     │   ├── SavedModelError      spherefed: a saved model directory that does not load
     │   ├── OutputPathError      spherecal: an output path that cannot be written
     │   ├── PreflightError       spherecal: a configured file or directory unusable
+    │   ├── CoordinatorUnreachable  spherecal status: no coordinator answers (exit 4)
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle
     │   └── AggregateInvariantViolated  coordinator: an aggregate no honest sum gives
     │       └── IntegrityCheckFailed    coordinator: two sums disagree, or a sum over the bound

@@ -262,17 +262,17 @@ class Federation:
         self._finish("failed", reason)
 
     def _finish(self, status: str, message: str) -> None:
-        record = integrity_record(self.progress, self.settings)
-        self.store.set_meta(
-            "integrity",
-            json.dumps({k: v for k, v in record.items() if k != "evaluations"}, default=str),
-        )
         self.board.finish(status, message)
         # A process stopped mid-federation (SIGTERM, storage fault) is "stopped" in
         # the database: its restart resumes it. A store that failed refuses these
         # writes; the fault was already reported (the process is stopping).
         stored = "stopped" if self.board.suspended is not None else status
+        record = integrity_record(self.progress, self.settings)
         with contextlib.suppress(StorageFailed):
+            self.store.set_meta(
+                "integrity",
+                json.dumps({k: v for k, v in record.items() if k != "evaluations"}, default=str),
+            )
             self.store.set_meta("status", stored)
             self.store.event(
                 "error" if status == "failed" else "info", f"federation {stored}: {message}"

@@ -9,6 +9,7 @@ and a count.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,9 @@ def _run(tmp_path: Path, capture: bool) -> tuple[dict[str, int | None], list[str
         text=True,
         timeout=120,
         check=True,
+        # gRPC core's own default verbosity (the CLI quiets it to ERROR, and a CLI run
+        # earlier in this test process may have set that for its children)
+        env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"},
     )
     handshakes = [ln for ln in done.stderr.splitlines() if "Handshake failed" in ln]
     return json.loads(done.stdout.strip().splitlines()[-1]), handshakes

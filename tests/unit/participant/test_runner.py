@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -71,7 +73,9 @@ def test_participant_refuses_plaintext_uploads_by_default(tmp_path: Path) -> Non
     assert any("allow_plaintext" in m for m in fed.messages)
     assert fed.exit_codes == {"p0": 1, "p1": 1}
     # the coordinator's own record (its SQLite event log) names the withdrawal's reason
-    events = [m for (m,) in fed.store.query("SELECT message FROM events")]
+    # (read from the file: the federation is over and its store closed)
+    with contextlib.closing(sqlite3.connect(fed.store.path)) as db:
+        events = [m for (m,) in db.execute("SELECT message FROM events")]
     assert any("allow_plaintext" in m for m in events), events
 
 
