@@ -558,7 +558,20 @@ def add_audit_parser(sub: Any) -> None:
             "one fails, 2 when the path cannot be read or written."
         ),
     )
-    p.add_argument("path", type=Path, help="coordinator database or simulate output directory")
+    p.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="coordinator database or simulate output directory",
+    )
+    p.add_argument(
+        "--site",
+        type=Path,
+        default=None,
+        metavar="STATE_DIR",
+        help="audit one site from its own release ledger only (spherecal.site_audit)",
+    )
     p.add_argument("--out", type=Path, default=None, help="where to write audit.json")
     p.add_argument(
         "--empirical", action="store_true", help="also run the canary audit (a few seconds)"
@@ -576,6 +589,15 @@ def add_audit_parser(sub: Any) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
+    if args.site is not None:
+        from spherecal.site_audit import run_site_audit
+
+        status, text = run_site_audit(args.site, html_path=args.html, as_json=args.json)
+        print(text, file=sys.stderr if status == 2 else sys.stdout)
+        return status
+    if args.path is None:
+        print("spherecal audit: error: give a PATH or --site STATE_DIR", file=sys.stderr)
+        return 2
     try:
         report = run_audit(
             args.path, out=args.out, empirical=args.empirical, trials=args.trials, html=args.html
