@@ -232,6 +232,7 @@ class RoundDriver:
         if every > 0 and (r + 1) % every == 0:
             fed = federated_evaluation(ctx, progress.global_vector, {}, round_index=r)
             metrics["federated_accuracy"] = fed["accuracy"].get("none")
+            metrics["federated_accuracy_sd"] = fed["accuracy_sd"].get("none")
         metrics["seconds"] = time.monotonic() - t0
         checkpoint = self.checkpoints.save(r, progress.global_vector, self.strategy.state_dict())
         ctx.store.round_finished(r, "completed", metrics, checkpoint)

@@ -21,6 +21,7 @@ from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
 from spherecal.simulate import SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import CCVRStatistics
+from tests.evaluation_noise import within_noise
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,8 +91,10 @@ def test_matches_the_reference_runner_within_fixed_point_rounding(
     for name in ("none", "ffc", "ccvr"):
         # Federated evaluation covers the whole test split, so it equals central
         # evaluation; fixed-point rounding of the secure sums may move a prediction.
-        assert results["accuracy"][name] == results["central_accuracy"][name]
-        assert abs(results["accuracy"][name] - reference["accuracy"][name]) <= 0.01
+        # (with the sites' DP noise on the counts: equal within it, issue #19)
+        sd = results["federated_evaluation"]["accuracy_sd"][name]
+        assert within_noise(results["accuracy"][name], results["central_accuracy"][name], sd)
+        assert abs(results["central_accuracy"][name] - reference["accuracy"][name]) <= 0.01
     for ours, theirs in zip(results["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-9)
 

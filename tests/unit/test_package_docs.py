@@ -12,9 +12,7 @@ import pytest
 from tests.import_graph import modules
 
 PACKAGES = sorted(
-    name
-    for name, path in modules().items()
-    if path.name == "__init__.py" and name.count(".") >= 1
+    name for name, path in modules().items() if path.name == "__init__.py" and name.count(".") >= 1
 )
 
 

@@ -33,6 +33,7 @@ from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import FFCStatistics, ffc_statistics
+from tests.evaluation_noise import assert_accuracy_within_noise, within_noise
 
 N, ROUNDS = 3, 2
 
@@ -90,8 +91,9 @@ def test_plaintext_federation_reproduces_the_reference_exactly(
 ) -> None:
     summary, _ = runs["plain"]
     assert summary["status"] == "completed"
+    # the counts carry the sites' DP noise (issue #19): exact up to it
+    assert_accuracy_within_noise(summary, reference["accuracy"])
     for name in ("none", "ffc", "ccvr"):
-        assert summary["accuracy"][name] == reference["accuracy"][name]
         assert summary["central_accuracy"][name] == reference["accuracy"][name]
     for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == theirs["train_loss"]
@@ -104,8 +106,9 @@ def test_secure_federation_matches_within_fixed_point_rounding(
 ) -> None:
     summary, _ = runs["secure"]
     assert summary["status"] == "completed"
+    assert_accuracy_within_noise(summary, summary["central_accuracy"])
     for name in ("none", "ffc", "ccvr"):
-        assert abs(summary["accuracy"][name] - reference["accuracy"][name]) <= 0.01
+        assert abs(summary["central_accuracy"][name] - reference["accuracy"][name]) <= 0.01
     for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-9)
     # federated evaluation (each round and final) is a secure job of its own
@@ -118,7 +121,9 @@ def test_secure_federation_matches_within_fixed_point_rounding(
         "evaluate",
     ]
     for row in summary["per_round"]:  # per-round federated evaluation covers the test split
-        assert row["federated_accuracy"] == row["test_accuracy"]
+        assert within_noise(
+            row["federated_accuracy"], row["test_accuracy"], row["federated_accuracy_sd"]
+        )
     assert all(j["status"] == "done" for j in summary["jobs"])
 
 
