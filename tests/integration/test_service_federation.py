@@ -143,3 +143,23 @@ def test_audit_log_has_a_hash_for_every_payload_and_no_payloads(
     assert by_stage["advertise"][0] == 20  # 5 participants × 4 jobs
     jobs = db.execute("SELECT purpose, status FROM jobs ORDER BY created").fetchall()
     assert jobs == [("update", "done"), ("update", "done"), ("ccvr", "done"), ("evaluate", "done")]
+
+
+def test_each_site_audits_its_own_releases_with_their_rosters(
+    secure_run: tuple[dict[str, Any], SimulationSettings],
+) -> None:
+    """``spherecal audit --site`` on each site's state directory alone (issue #19):
+    every job of the run is one release there, summed with the job's contributors,
+    the evaluation with its ε; no differencing pair."""
+    from spherecal.site_audit import read_site_audit
+
+    results, settings = secure_run
+    for k in range(5):
+        audit = read_site_audit(settings.out / "state" / f"p{k}")
+        released = [r for r in audit.releases if r.state == "released"]
+        assert [r.kind for r in released] == ["update", "update", "ccvr", "evaluate"]
+        for release, job in zip(released, results["jobs"], strict=True):
+            assert release.job == job["job_id"]
+            assert release.survivors == sorted(job["contributors"])
+        assert released[-1].noised and (released[-1].epsilon or 0) > 0
+        assert audit.pairs == [] and audit.refusals == [] and audit.ok
