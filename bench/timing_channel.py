@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         analysed = [{"out": str(d), **measure(d)} for d in done]
         print(json.dumps({"runs": analysed, "pooled": pooled(done)}, indent=2))
         return 0
-    from spherecal.cli import main as cli_main  # the CLI under test, imported late
+    from spherecal.cli.app import main as cli_main  # the CLI under test, imported late
 
     runs: list[dict[str, Any]] = []
     outs = []

@@ -29,7 +29,8 @@ INTERNAL               a coordinator bug (logged with its traceback; never cause
 
 Where a client must act on more than the code, :attr:`ServiceError.reason` adds a
 typed ``pb.ErrorReason`` as trailing metadata (``spherecal.proto.error_detail``):
-``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later). In the other
+``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later),
+``IDENTITY_IN_USE`` (another live process holds the identity: retry later). In the other
 direction a participant's ``FailureReport`` carries a ``pb.FailureKind``
 (:func:`failure_kind`); its ``reason`` is only ever logged.
 

@@ -5,6 +5,7 @@ Modules, one idea each:
 
 ``settings``           every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
 ``main``               ``run_participant``: wire it all up and run until done
+``enrolment``          the site's identity key: loaded, or created once (never on a typo)
 ``runner``             the main loop: join, pull instructions, act, push results, reconnect
 ``backoff``            exit reasons and the reconnect back-off
 ``transport``          the transport protocol (gRPC in deployments, in-process in unit tests)

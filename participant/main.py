@@ -1,6 +1,7 @@
 """Run a participant process (what ``spherecal participant --config FILE`` calls).
 
-Loads (or, on first start, creates) the participant's Ed25519 identity key, its
+Loads the participant's Ed25519 identity key (created only on first enrolment:
+:mod:`spherecal.participant.enrolment`), its
 local data, the persistent job ledger and the trust root, then hands over to
 :class:`~spherecal.participant.runner.ParticipantRunner` over a gRPC transport. Returns the
 process exit status: 0 when the federation completed or degraded (it reached its end
@@ -16,14 +17,13 @@ from collections.abc import Callable
 
 import torch
 
-from spherecal.crypto import generate_identity
 from spherecal.participant.data import load_local_data
+from spherecal.participant.enrolment import load_or_enrol
 from spherecal.participant.grpc_transport import GrpcTransport
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
-from spherecal.proto.identity import load_identity_key, save_identity_key
 
 __all__ = ["run_participant"]
 
@@ -40,13 +40,7 @@ def run_participant(
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    key_path = settings.identity_path
-    if key_path.exists():
-        identity = load_identity_key(key_path)
-    else:
-        identity = generate_identity()
-        save_identity_key(identity, key_path)
-        say(f"created identity key {key_path}")
+    identity = load_or_enrol(settings, say)
     data = load_local_data(settings.data)
     ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
     trust = DirectoryTrust(ca)

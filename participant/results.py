@@ -9,8 +9,11 @@ coordinator writes (``spherecal.spherefed.saved``): ``model_spec.json`` and ``mo
 per linear classifier (FFC, CCVR), ``head_<name>.pt`` per closed-form head (FFC+bias,
 LDA, QDA — described under ``heads`` in ``model_spec.json``, loaded by
 ``spherefed.load_model(d, name)``), plus ``models.json`` recording which federation
-they came from and the SHA-256 of every tensor and file. A failed federation writes
-nothing (status is honest: no half result that looks final).
+they came from and the SHA-256 of every tensor and file. Every file is written
+atomically (temporary file, then rename), ``models.json`` last, and model or head files
+of an earlier result that this one does not list are removed, so the directory holds
+exactly one result. A failed federation writes nothing (status is honest: no half
+result that looks final).
 """
 
 from __future__ import annotations
@@ -104,7 +107,20 @@ def write_final_models(
     tmp = manifest_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     tmp.replace(manifest_path)
+    _remove_stale(out_dir, {entry["path"] for entry in files.values()})
     return manifest
+
+
+def _remove_stale(out_dir: Path, kept: set[str]) -> None:
+    """Remove the model and head files of an earlier result that this one does not
+    list: a later run with fewer heads (a degraded one) left ``model_ffc.pt`` beside a
+    ``models.json`` that no longer named it, and ``predict`` loaded it by default.
+    Only files of the saved-model layout are touched (``model_*.pt``, ``head_*.pt``):
+    ``out_dir`` may hold a site's other files."""
+    for pattern in ("model_*.pt", "head_*.pt"):
+        for path in out_dir.glob(pattern):
+            if path.name not in kept:
+                path.unlink(missing_ok=True)
 
 
 def save_after_completion(

@@ -44,7 +44,9 @@ class TransportError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.code in RETRYABLE
+        # IDENTITY_IN_USE: another live process holds this identity's session; the
+        # first keeps it, and this one may join once that process is gone.
+        return self.code in RETRYABLE or self.reason == pb.IDENTITY_IN_USE
 
     @property
     def session_expired(self) -> bool:

@@ -76,6 +76,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
     SESSION_EXPIRED: _ClassVar[ErrorReason]
     UPLOAD_SLOTS_BUSY: _ClassVar[ErrorReason]
+    IDENTITY_IN_USE: _ClassVar[ErrorReason]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -122,6 +123,7 @@ RULE_DP_PLAN: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason
+IDENTITY_IN_USE: ErrorReason
 
 class TensorHeader(_message.Message):
     __slots__ = ("dtype", "shape", "sha256")

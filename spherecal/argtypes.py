@@ -21,6 +21,17 @@ def alpha_or_iid(text: str) -> float | str:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A positive finite number."""
     try:

@@ -43,10 +43,8 @@ person signing off reads the whole audit in one place; the words are in
 
 from __future__ import annotations
 
-import argparse
 import json
 import sqlite3
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,7 +52,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["AuditError", "add_audit_parser", "run_audit"]
+__all__ = ["AuditError", "run_audit"]
 
 FAMILY_ALPHA = 1e-3
 MIN_SAMPLE_BYTES = 1024
@@ -545,70 +543,3 @@ def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
         "tightness": result.tightness,
         "empirical": result.to_json(),
     }
-
-
-def add_audit_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "audit",
-        help="privacy report of a coordinator database or a simulate output dir",
-        description=(
-            "Read a coordinator's state.db (or a spherecal simulate --out DIR), print the "
-            "privacy report and write audit.json (and, with --html FILE, a one-page report "
-            "a privacy officer can read). Exit status 0 when every check passes, 1 when "
-            "one fails, 2 when the path cannot be read or written."
-        ),
-    )
-    p.add_argument(
-        "path",
-        type=Path,
-        nargs="?",
-        default=None,
-        help="coordinator database or simulate output directory",
-    )
-    p.add_argument(
-        "--site",
-        type=Path,
-        default=None,
-        metavar="STATE_DIR",
-        help="audit one site from its own release ledger only (spherecal.site_audit)",
-    )
-    p.add_argument("--out", type=Path, default=None, help="where to write audit.json")
-    p.add_argument(
-        "--empirical", action="store_true", help="also run the canary audit (a few seconds)"
-    )
-    p.add_argument("--trials", type=int, default=2000, help="canary releases per world")
-    p.add_argument("--json", action="store_true", help="print audit.json instead of the report")
-    p.add_argument(
-        "--html",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="also write a self-contained one-page HTML report for a privacy officer",
-    )
-    p.set_defaults(func=_cmd_audit)
-
-
-def _cmd_audit(args: argparse.Namespace) -> int:
-    if args.site is not None:
-        from spherecal.site_audit import run_site_audit
-
-        status, text = run_site_audit(args.site, html_path=args.html, as_json=args.json)
-        print(text, file=sys.stderr if status == 2 else sys.stdout)
-        return status
-    if args.path is None:
-        print("spherecal audit: error: give a PATH or --site STATE_DIR", file=sys.stderr)
-        return 2
-    try:
-        report = run_audit(
-            args.path, out=args.out, empirical=args.empirical, trials=args.trials, html=args.html
-        )
-    except (AuditError, sqlite3.DatabaseError, OSError) as exc:
-        print(f"spherecal audit: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "payloads"}, indent=2))
-    else:
-        from spherecal.audit_report import format_report
-
-        print(format_report(report))
-    return 0 if report["ok"] else 1

@@ -14,60 +14,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_predict_parser", "load_prediction_data"]
+from spherecal.cli.exit_codes import ExitCode
 
-SubParsers = argparse._SubParsersAction
+__all__ = ["load_prediction_data", "predict"]
 
 #: Key pairs tried in order: (images, labels); labels are optional.
 _KEYS = (("x", "y"), ("x_test", "y_test"))
 
 
-def add_predict_parser(sub: SubParsers) -> None:
-    p = sub.add_parser(
-        "predict",
-        help="classify an .npz file with a saved (calibrated) model",
-        description=(
-            "Load the model saved in --model-dir (model_spec.json + model_<calibration>.pt, "
-            "or model_none.pt + head_<calibration>.pt for a closed-form head, as every "
-            "site receives at the end of a federation), classify the images in "
-            "--data (an .npz with 'x' [and 'y'], or 'x_test' [and 'y_test']; same layout "
-            "and scaling as the training data, see docs/data.md) and write index,predicted"
-            "[,label] rows to --out. Prints a JSON summary, with the accuracy when the file "
-            "has labels. Exit status 0 ok, 2 bad input."
-        ),
-    )
-    p.add_argument("--model-dir", type=Path, required=True, help="directory of a saved model")
-    p.add_argument("--data", type=Path, required=True, help=".npz file to classify")
-    p.add_argument(
-        "--calibration",
-        choices=("none", "ffc", "ccvr", "ffc_bias", "lda", "qda"),
-        default=None,
-        help=(
-            "which saved classifier (default: ffc if saved, else ccvr, else none); "
-            "ffc_bias, lda, qda: a closed-form head (head_<name>.pt) on the features of "
-            "model_none.pt"
-        ),
-    )
-    p.add_argument("--out", type=Path, default=None, help="CSV of predictions (default: none)")
-    p.add_argument("--batch-size", type=int, default=512)
-    p.set_defaults(func=_cmd_predict)
-
-
 def load_prediction_data(path: Path) -> tuple[Any, Any]:
     """(images float32 (N, C, H, W), labels int64 (N,) or None) from an ``.npz``."""
-    import numpy as np
 
-    from spherecal.spherefed.data.npz import _npz_images, _npz_labels
+    from spherecal.spherefed.data.npz import _npz_images, _npz_labels, open_npz
 
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
-    with loaded as npz:
+    with open_npz(path) as npz:
         for image_key, label_key in _KEYS:
             if image_key in npz.files:
                 try:
@@ -82,10 +42,12 @@ def load_prediction_data(path: Path) -> tuple[Any, Any]:
                         raise ValueError(f"{path}: object arrays are not allowed") from None
                     raise
                 return x, y
-    raise ValueError(f"{path}: no 'x' or 'x_test' array (found {sorted(loaded.files)})")
+        found = sorted(npz.files)
+    raise ValueError(f"{path}: no 'x' or 'x_test' array (found {found})")
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
+def predict(args: argparse.Namespace) -> int:
+    """``spherecal predict`` (its parser: :mod:`spherecal.cli.predict`)."""
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.out is not None:
@@ -105,6 +67,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.data}: samples of shape {tuple(x.shape[1:])} do not fit the model's "
             f"input (channels, height, width) = {expected}"
+        )
+    num_classes = int(spec["num_classes"])
+    if y is not None and y.size and int(y.max()) >= num_classes:
+        outside = int((y >= num_classes).sum())
+        raise ValueError(
+            f"{args.data}: {outside} of {y.size} labels are not classes of this model "
+            f"(it has {num_classes}: 0..{num_classes - 1}; the largest label is {int(y.max())}); "
+            "an accuracy over them would count them as wrong"
         )
     images = torch.from_numpy(x)
     predicted: list[Any] = []
@@ -134,4 +104,4 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         summary["out"] = str(args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     print(json.dumps(summary, indent=2))
-    return 0
+    return ExitCode.OK

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -73,22 +73,25 @@ def wait_before_retry(
     reason: str,
     wanted: Collection[str],
     rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> RetryRecord:
     """Back off, then wait up to ``rejoin_grace_s`` until all of ``wanted`` are alive.
 
     Returns (and records in ``ctx.progress.retries``) what happened; raises
-    ``FederationFailed`` only if the federation is being stopped.
+    ``FederationFailed`` only if the federation is being stopped. ``clock`` measures
+    the back-off and the grace (tests inject one, so what ends a wait is never a
+    matter of timing).
     """
     t = ctx.settings.timeouts
-    t0 = time.monotonic()
+    t0 = clock()
     delay = backoff_delay(next_attempt, t.retry_backoff_s, rng)
-    _sleep(ctx, delay)
-    grace_end = time.monotonic() + t.rejoin_grace_s
+    _sleep(ctx, delay, clock)
+    grace_end = clock() + t.rejoin_grace_s
     want = frozenset(wanted)
     while True:
         ctx.board.check_stop()
         missing = want - ctx.registry.alive()
-        if not missing or time.monotonic() >= grace_end:
+        if not missing or clock() >= grace_end:
             break
         ctx.board.wait(0.2)
     alive = ctx.registry.alive()
@@ -98,7 +101,7 @@ def wait_before_retry(
         next_attempt=next_attempt,
         reason=reason,
         backoff_s=round(delay, 3),
-        waited_s=round(time.monotonic() - t0, 3),
+        waited_s=round(clock() - t0, 3),
         present=sorted(want & alive, key=order),
         missing=sorted(want - alive, key=order),
     )
@@ -114,12 +117,12 @@ def wait_before_retry(
     return record
 
 
-def _sleep(ctx: StageContext, seconds: float) -> None:
+def _sleep(ctx: StageContext, seconds: float, clock: Callable[[], float]) -> None:
     """Sleep ``seconds`` but wake for a stop request."""
-    end = time.monotonic() + seconds
+    end = clock() + seconds
     while True:
         ctx.board.check_stop()
-        left = end - time.monotonic()
+        left = end - clock()
         if left <= 0:
             return
         ctx.board.wait(min(left, 0.2))

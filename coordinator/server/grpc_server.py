@@ -210,7 +210,11 @@ class _Servicer:
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         try:
-            peer = self._peers.peer(context)
+            try:
+                peer = self._peers.peer(context)
+            except ServiceError as refused:
+                self.service.refuse_peer(context.peer(), refused)
+                raise
             if pool is None:
                 return fn(peer)
             return await asyncio.get_running_loop().run_in_executor(pool, fn, peer)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -83,8 +85,32 @@ class CoordinatorService:
         self.traffic = traffic
         self.max_chunk = settings.server.max_chunk_bytes
         self.refusals = RefusalCounter()
+        self._peer_refusals: dict[str, tuple[float, int]] = {}
+        self._peer_refusals_lock = threading.Lock()
 
     # ---------------------------------------------------------------- helpers
+    #: A refused transport identity (a revoked certificate retrying) is logged and
+    #: recorded at most once per this many seconds; every refusal is counted.
+    PEER_REFUSAL_LOG_S = 60.0
+
+    def refuse_peer(self, address: str, error: ServiceError) -> None:
+        """A call refused before any handler ran, for its client certificate (revoked,
+        unreadable): counted, logged with the certificate's identity and serial, and in
+        ``events`` — at most once a minute per reason, with how many were refused since,
+        so a revoked site retrying every few seconds cannot grow the log."""
+        self.refusals.add(error.code)
+        now = time.monotonic()
+        with self._peer_refusals_lock:
+            last, since = self._peer_refusals.get(error.message, (float("-inf"), 0))
+            if now - last < self.PEER_REFUSAL_LOG_S:
+                self._peer_refusals[error.message] = (last, since + 1)
+                return
+            self._peer_refusals[error.message] = (now, 0)
+        more = f" ({since} more since the last such line)" if since else ""
+        line = f"refused a call from {address or '?'}: {error.code.name}: {error.message}{more}"
+        self.federation.say(line)
+        self.store.event("warning", line)
+
     def _reject(
         self,
         sender: str,
@@ -192,7 +218,7 @@ class CoordinatorService:
 
     def presence_open(self, request: pb.HeartbeatRequest, peer: Peer) -> Member:
         member = self.registry.authenticate(request.caller, peer)
-        self.registry.presence_opened(member)
+        self.registry.presence_opened(member, peer.address)
         self.traffic.received(member.participant_id, "control", request.ByteSize())
         return member
 

@@ -75,6 +75,9 @@ class Member:
     data_shape: tuple[int, int, int, int] | None = None
     last_contact: float = 0.0
     """Wall-clock time of the last call or disconnect (0: never); for the status view."""
+    presence_address: str = ""
+    """The transport address of the latest open presence stream: a join from another
+    address while one is open is a second live process with this identity."""
 
 
 @dataclass
@@ -135,9 +138,10 @@ class Registry:
                 if m.session is not None and (m.presence > 0 or t - m.last_seen <= self._timeout)
             )
 
-    def presence_opened(self, member: Member) -> None:
+    def presence_opened(self, member: Member, address: str = "") -> None:
         with self._lock:
             member.presence += 1
+            member.presence_address = address
             member.last_seen = time.monotonic()
             member.last_contact = time.time()
 
@@ -287,6 +291,18 @@ class Registry:
                 raise ServiceError(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{pid!r} joined before with a different identity key",
+                )
+            if member.presence > 0 and member.presence_address != peer.address:
+                # One live session per identity: a second process with the same
+                # certificate would replace the first's session, and the two would knock
+                # each other off at every call. The live one keeps it; a restarted
+                # process gets in once the dead one's connection is gone (retryable).
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{pid!r} is already connected from {member.presence_address or '?'}: "
+                    f"a second process with this identity ({peer.address or '?'}) is "
+                    "refused while the first is live",
+                    reason=pb.IDENTITY_IN_USE,
                 )
             if not self._nonces.claim(bytes(request.nonce), time.monotonic()):
                 raise ServiceError(grpc.StatusCode.ALREADY_EXISTS, "replayed join request")

@@ -39,8 +39,8 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from spherecal.crypto import generate_identity
 from spherecal.participant.data import LocalData, load_local_slices
+from spherecal.participant.enrolment import load_or_enrol
 from spherecal.participant.loop_transport import EventLoopThread, LoopTransport, _LoopPresence
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
@@ -48,7 +48,6 @@ from spherecal.participant.settings import ClientTLS, ParticipantSettings
 from spherecal.participant.transport import TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import load_identity_key, save_identity_key
 
 __all__ = [
     "KILLED_EXIT_CODE",
@@ -293,13 +292,7 @@ class ParticipantHost:
             self.log(pid, message)
 
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        key_path = settings.identity_path
-        if key_path.exists():
-            identity = load_identity_key(key_path)
-        else:
-            identity = generate_identity()
-            save_identity_key(identity, key_path)
-            say(f"created identity key {key_path}")
+        identity = load_or_enrol(settings, say)
         ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
         transport = KillableTransport(settings, self._loop, self.slots)
         with self._lock:

@@ -36,14 +36,14 @@ The package, one idea per module (imports only point down this list):
 - :mod:`.selection` — learning-rate selection on validation;
 - :mod:`.markdown`, :mod:`.plots` — ``table.md`` and the PNGs from the report;
 - :mod:`.report` — the ``results.json`` document and writing the outputs;
-- :mod:`.run` — :func:`run_experiment`, start to finish;
-- :mod:`.cli` — the ``spherecal experiment`` parser.
+- :mod:`.run` — :func:`run_experiment`, start to finish.
+
+The command line is :mod:`spherecal.cli.experiment`.
 """
 
 from __future__ import annotations
 
 from spherecal.experiment.cells import execute_run, run_cells
-from spherecal.experiment.cli import add_experiment_parser, settings_from_args
 from spherecal.experiment.grid import (
     TABLES,
     Column,
@@ -62,7 +62,6 @@ __all__ = [
     "Column",
     "ExperimentSettings",
     "RunSpec",
-    "add_experiment_parser",
     "build_report",
     "execute_run",
     "grid_runs",
@@ -72,5 +71,4 @@ __all__ = [
     "run_experiment",
     "select",
     "select_runs",
-    "settings_from_args",
 ]

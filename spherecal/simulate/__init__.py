@@ -1,6 +1,6 @@
 """``spherecal simulate``: a whole federation as real OS processes on loopback.
 
-One coordinator process and N participant processes (``python -m spherecal.cli
+One coordinator process and N participant processes (``python -m spherecal.daemon
 coordinator|participant``) talk real gRPC over 127.0.0.1 — with mutual TLS and a
 throwaway CA under ``--tls``, otherwise plaintext, which both sides allow only on
 loopback. Each participant takes its slice of the dataset exactly as the reference

@@ -2,7 +2,7 @@
 preloaded fork server.
 
 Why a fork server: every coordinator and participant process of ``spherecal
-simulate`` is ``python -m spherecal.cli …``, and each one spends about 2 CPU-seconds
+simulate`` is ``python -m spherecal.daemon …``, and each one spends about 2 CPU-seconds
 importing torch, gRPC and the project before it does anything (1.9 s measured here,
 1.2 s of it torch). A 4-participant federation spends more CPU on those imports than
 on training; the integration suite starts over a hundred such processes. With
@@ -49,7 +49,7 @@ PRELOAD = (
     "grpc",
     "sklearn.datasets",  # digits: the dataset most simulations use
     "spherecal.spherefed.data",
-    "spherecal.cli",
+    "spherecal.daemon",
     "spherecal.coordinator.main",
     "spherecal.participant.main",
 )
@@ -70,7 +70,7 @@ class Child(Protocol):
 
 
 class ExecChild:
-    """A fresh interpreter: ``python -m spherecal.cli ARGS`` under ``subprocess.Popen``."""
+    """A fresh interpreter: ``python -m spherecal.daemon ARGS`` under ``subprocess.Popen``."""
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class ExecChild:
         stderr: IO[bytes] | None,
     ) -> None:
         self._popen = subprocess.Popen(
-            [sys.executable, "-m", "spherecal.cli", *args],
+            [sys.executable, "-m", "spherecal.daemon", *args],
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,
@@ -113,7 +113,7 @@ def _forked_main(
     stdout: socket.socket | str,
     stderr: socket.socket | str,
 ) -> None:
-    """Run in the forked child: become what ``python -m spherecal.cli ARGS`` would be
+    """Run in the forked child: become what ``python -m spherecal.daemon ARGS`` would be
     (own session, working directory, environment, stdin from /dev/null, stdout and
     stderr to the harness's pipe or the log file), then run the CLI and exit with
     its status, running ``atexit`` handlers as a normal interpreter exit would."""

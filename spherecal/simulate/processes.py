@@ -1,6 +1,6 @@
 """The OS processes of a simulated federation: spawn, watch, kill, restart.
 
-One coordinator process and N participant processes (``python -m spherecal.cli
+One coordinator process and N participant processes (``python -m spherecal.daemon
 coordinator|participant``) talk real gRPC over 127.0.0.1 — with mutual TLS and a
 throwaway CA under ``--tls``, otherwise plaintext, which both sides allow only on
 loopback. A participant that reaches its ``--drop`` point announces it on stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,37 @@ import numpy as np
 from spherecal.spherefed.data.arrays import ArrayDataset, DatasetSplits, stratified_split
 
 # ----------------------------------------------------------------------------- npz
+
+_ZIP_MAGIC = b"PK\x03\x04"  # np.savez writes a zip archive
+_NPY_MAGIC = b"\x93NUMPY"  # np.save writes one array
+
+
+def open_npz(path: Path) -> np.lib.npyio.NpzFile:
+    """Open an ``.npz`` archive with ``allow_pickle=False``, saying what a wrong file is.
+
+    Why look at the first bytes before ``np.load``: given anything that is neither a
+    zip nor an ``.npy`` (a CSV renamed ``.npz``, an empty file), numpy falls back to
+    unpickling and — pickles being refused — reports "pickled data", which sends a
+    user looking for object arrays that are not there."""
+    if not path.is_file():
+        raise FileNotFoundError(f"npz file not found: {path}")
+    with path.open("rb") as handle:
+        head = handle.read(len(_NPY_MAGIC))
+    if head.startswith(_NPY_MAGIC):
+        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
+    if not head.startswith(_ZIP_MAGIC):
+        what = "empty" if not head else "no zip archive"
+        if head and all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+            what = "text, not a zip archive"
+        raise ValueError(f"{path}: not a valid .npz file ({what}; np.savez writes a zip archive)")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # truncated, garbled
+        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):  # pragma: no cover - magic checked
+        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
+    return loaded
+
 
 
 def _npz_images(arr: np.ndarray, key: str, path: Path) -> np.ndarray:
@@ -62,16 +94,8 @@ def load_npz(path: str | Path, *, seed: int = 0, test_fraction: float = 0.25) ->
     arrays (which would need unpickling, i.e. could run code) is refused.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"npz dataset not found: {path}")
     split_keys = ("x_train", "y_train", "x_test", "y_test")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:  # a pickle renamed .npz, empty, garbled
-        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
-    with loaded as npz:
+    with open_npz(path) as npz:
         keys = set(npz.files)
         has_split = any(k in keys for k in split_keys)
         has_xy = "x" in keys or "y" in keys
@@ -142,15 +166,7 @@ def load_npz_pair(train_path: str | Path, test_path: str | Path) -> DatasetSplit
 
 
 def _whole_npz(path: Path) -> ArrayDataset:
-    if not path.is_file():
-        raise FileNotFoundError(f"npz dataset not found: {path}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{path}: not a valid .npz file ({exc})") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: expected an .npz archive (np.savez), got a single array")
-    with loaded as npz:
+    with open_npz(path) as npz:
         missing = [k for k in ("x", "y") if k not in npz.files]
         if missing:
             raise ValueError(f"{path}: missing keys {missing} (found {sorted(npz.files)})")

@@ -56,7 +56,7 @@ import numpy.typing as npt
 
 # Opacus is imported where it is called, not here: importing it pulls in
 # torch.distributed, sympy and scipy.stats — about 4 of the 7 s it takes to import
-# ``spherecal.cli`` — and every coordinator and participant process imports this
+# ``spherecal.cli`` at the time — and every coordinator and participant process imports this
 # module whether or not it adds DP noise.
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import spherecal.experiment.cells as cells_module
-from spherecal.cli import main
+from spherecal.cli.app import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -36,10 +36,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from spherecal.config import dump_toml
 from spherecal.crypto import generate_identity
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, public_key_bytes, save_identity_key
+from spherecal.proto.identity import save_identity_key
 from spherecal.proto.services import grpc_services
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.joins import DIGITS, signed_join
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,7 +60,6 @@ METHODS = {  # name -> (request streams, response streams)
     "GetFederationStatus": (False, False),
 }
 REQUESTS = 2_400
-DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
 ODD_TEXT = [
     "",
     " ",
@@ -121,18 +121,9 @@ class Fuzzer:
         nonce: bytes | None = None,
         data: pb.DataShape = DIGITS,
     ) -> pb.JoinRequest:
-        """A join signed with p0's key over whatever the fields say."""
-        public = public_key_bytes(self.key) if public is None else public
-        ts = int(time.time() * 1000) if ts is None else ts
+        """A join signed with p0's key over whatever the fields say (seeded nonce)."""
         nonce = self.rng.randbytes(16) if nonce is None else nonce
-        return pb.JoinRequest(
-            participant_id=pid,
-            identity_public_key=public,
-            timestamp_ms=ts,
-            nonce=nonce,
-            signature=self.key.sign(join_payload(pid, public, ts, nonce)),
-            data=data,
-        )
+        return signed_join(pid, self.key, ts=ts, public=public, nonce=nonce, data=data)
 
     def caller(self) -> pb.Caller:
         if self.rng.random() < 0.5:

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from spherecal.audit import run_audit
-from spherecal.cli import main as cli_main
+from spherecal.cli.app import main as cli_main
 from spherecal.timing_channel import MESSAGES, message_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -24,7 +24,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.services import grpc_services
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
-from spherecal.status_cli import fetch_status, render_status
+from spherecal.status import fetch_status, render_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

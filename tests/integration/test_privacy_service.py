@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from spherecal.audit import run_audit
-from spherecal.cli import main as cli_main
+from spherecal.cli.app import main as cli_main
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 

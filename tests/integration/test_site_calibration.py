@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.simulate.configs import participant_document, write_toml
 from spherecal.simulate.processes import Simulation

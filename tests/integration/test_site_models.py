@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.config import load_participant_config
 from spherecal.participant.data import load_local_data
 from spherecal.spherefed.saved import load_model

@@ -7,10 +7,9 @@ operator give a participant a new identity key after a compromise."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from cryptography import x509
 
 from spherecal.certs import init_ca, issue_participant, revoke_participant
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.server.grpc_server import build_server
 from spherecal.coordinator.server.revocation import RevocationList, load_verified_crl
@@ -30,11 +29,10 @@ from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, load_identity_key, public_key_bytes
+from spherecal.proto.identity import load_identity_key, public_key_bytes
 from spherecal.proto.services import grpc_services
+from tests.joins import signed_join
 from tests.unit.coordinator.service_harness import settings_for
-
-DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
 
 
 def _serial(path: Path) -> int:
@@ -104,21 +102,20 @@ def test_a_list_the_ca_did_not_sign_is_never_applied(ca: Path, tmp_path: Path) -
 
 
 def _join_request(pid: str, key_path: Path) -> pb.JoinRequest:
-    key = load_identity_key(key_path)
-    public = public_key_bytes(key)
-    ts, nonce = int(time.time() * 1000), os.urandom(16)
-    return pb.JoinRequest(
-        participant_id=pid,
-        identity_public_key=public,
-        timestamp_ms=ts,
-        nonce=nonce,
-        signature=key.sign(join_payload(pid, public, ts, nonce)),
-        data=DIGITS,
-    )
+    return signed_join(pid, load_identity_key(key_path))
+
+
+@dataclass
+class Served:
+    port: int
+    ca: Path
+    service: CoordinatorService
+    store: Store
+    said: list[str]
 
 
 @pytest.fixture()
-def server(ca: Path, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
     revoke_participant(ca, "p0")
     base = settings_for(tmp_path, secure=False)
     settings = replace(
@@ -139,13 +136,14 @@ def server(ca: Path, tmp_path: Path) -> Iterator[tuple[int, Path]]:
         heartbeat_timeout_s=30,
         clock_skew_s=60,
     )
-    federation = Federation(settings, store, registry, say=lambda m: None)
+    said: list[str] = []
+    federation = Federation(settings, store, registry, say=said.append)
     federation.prepare()
     service = CoordinatorService(settings, registry, federation, store, Traffic())
     grpc_server, port = build_server(settings, service)
     grpc_server.start()
     try:
-        yield port, ca
+        yield Served(port, ca, service, store, said)
     finally:
         grpc_server.stop(grace=None).wait()
         store.close()
@@ -160,13 +158,21 @@ def _stub(port: int, ca: Path, name: str) -> Any:
     return grpc_services().CoordinatorStub(grpc.secure_channel(f"127.0.0.1:{port}", creds))
 
 
-def test_revoked_certificates_are_refused_over_mtls(server: tuple[int, Path]) -> None:
-    port, ca = server
+def test_revoked_certificates_are_refused_over_mtls(server: Served) -> None:
+    port, ca = server.port, server.ca
     p0, p1 = _stub(port, ca, "p0"), _stub(port, ca, "p1")
-    with pytest.raises(grpc.RpcError) as info:
-        p0.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10)
-    assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
-    assert "revoked" in (info.value.details() or "")
+    for _ in range(3):  # a revoked site retrying
+        with pytest.raises(grpc.RpcError) as info:
+            p0.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert "revoked" in (info.value.details() or "")
+    # the operator sees it: counted (each), logged and in events (once a minute per reason)
+    assert server.service.refusals.snapshot() == {"UNAUTHENTICATED": 3}
+    lines = [m for m in server.said if "refused a call from ipv4:127.0.0.1:" in m]
+    assert len(lines) == 1 and "the client certificate of 'p0'" in lines[0], server.said
+    assert "is revoked" in lines[0]
+    events = server.store.query("SELECT level, message FROM events WHERE message LIKE '%revoked%'")
+    assert len(events) == 1 and events[0][0] == "warning"
     session = p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
     caller = pb.Caller(participant_id="p1", session=session)
     assert p1.GetStatus(pb.StatusRequest(caller=caller), timeout=10) is not None

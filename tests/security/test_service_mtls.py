@@ -5,7 +5,6 @@ with every participant afterwards, so none of them corrupted any state."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -21,14 +20,14 @@ from spherecal import crypto
 from spherecal.certs import init_ca, issue_participant
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
-from spherecal.proto.identity import join_payload, load_identity_key, public_key_bytes
+from spherecal.proto.identity import load_identity_key
 from spherecal.proto.services import grpc_services
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.joins import signed_join
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +71,7 @@ def _stub(channel: grpc.Channel) -> Any:
 
 
 def _join_request(pid: str, key_path: Path | None) -> pb.JoinRequest:
-    key = load_identity_key(key_path) if key_path else crypto.generate_identity()
-    public = public_key_bytes(key)
-    ts, nonce = int(time.time() * 1000), os.urandom(16)
-    return pb.JoinRequest(
-        participant_id=pid,
-        identity_public_key=public,
-        timestamp_ms=ts,
-        nonce=nonce,
-        signature=key.sign(join_payload(pid, public, ts, nonce)),
-        data=DIGITS,
-    )
+    return signed_join(pid, load_identity_key(key_path) if key_path else None)
 
 
 def _quietly(stream: Any) -> Iterator[Any]:

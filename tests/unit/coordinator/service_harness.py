@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterable
@@ -31,9 +30,7 @@ from spherecal.coordinator.state.registry import Peer, Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, public_key_bytes
-
-DIGITS = pb.DataShape(num_classes=10, in_channels=1, image_height=8, image_width=8)
+from tests.joins import DIGITS, signed_join
 
 
 def settings_for(tmp: Path, *, secure: bool, n: int = 3, rounds: int = 1) -> CoordinatorSettings:
@@ -94,17 +91,7 @@ class Harness:
 
     # ----------------------------------------------------------- requests
     def join_request(self, pid: str, key: Ed25519PrivateKey | None = None) -> pb.JoinRequest:
-        key = key or self.keys[pid]
-        public = public_key_bytes(key)
-        ts, nonce = int(time.time() * 1000), os.urandom(16)
-        return pb.JoinRequest(
-            participant_id=pid,
-            identity_public_key=public,
-            timestamp_ms=ts,
-            nonce=nonce,
-            signature=key.sign(join_payload(pid, public, ts, nonce)),
-            data=DIGITS,
-        )
+        return signed_join(pid, key or self.keys[pid])
 
     def join(self, pid: str) -> str:
         reply = self.service.join(self.join_request(pid), Peer())

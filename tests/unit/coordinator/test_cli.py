@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from spherecal.cli import main
-from spherecal.simulate_cli import _simulate_options, simulation_settings_from
+from spherecal.cli.app import main
+from spherecal.cli.simulate import _simulate_options, simulation_settings_from
 
 
 def test_certs_init_and_issue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,7 +34,7 @@ def test_simulate_options_merge_config_file_and_command_line(tmp_path: Path) -> 
         "--no-secure-updates",
         "--separate-ffc",
     ]
-    from spherecal.cli import build_parser
+    from spherecal.cli.app import build_parser
 
     args = build_parser().parse_args(parser_args)
     options = _simulate_options(args)
@@ -50,7 +50,7 @@ def test_simulate_options_merge_config_file_and_command_line(tmp_path: Path) -> 
 def test_simulate_carries_the_server_optimizer_to_the_coordinator_config(
     tmp_path: Path,
 ) -> None:
-    from spherecal.cli import build_parser
+    from spherecal.cli.app import build_parser
 
     args = build_parser().parse_args(
         ["simulate", "--out", str(tmp_path / "x"), "--algorithm", "fedyogi", "--fedopt-lr", "0.03"]
@@ -77,14 +77,17 @@ def test_simulate_carries_the_server_optimizer_to_the_coordinator_config(
         (["--drop", "p1:train@r9"], "only 2 rounds"),
         (["--drop", "p1:nap"], "unknown halt stage"),
         (["--participants", "1"], "at least 2"),
-        (["--calibration", "ffc,oracle"], "accepts ffc, ccvr"),
+        (["--calibration", "ffc,oracle"], "--calibration takes a comma list of ffc, ccvr"),
     ],
 )
 def test_simulate_refuses_impossible_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     base = ["simulate", "--out", str(tmp_path / "x"), "--participants", "3", "--rounds", "2"]
-    code = main([*base, *extra])
+    try:
+        code = main([*base, *extra])
+    except SystemExit as exc:  # refused by the parser itself (usage error)
+        code = int(exc.code or 0)
     assert code == 2
     assert message in capsys.readouterr().err
 

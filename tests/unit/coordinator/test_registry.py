@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal.certs import init_ca, issue_participant
 from spherecal.coordinator.errors import ServiceError
@@ -15,23 +16,17 @@ from spherecal.coordinator.state.registry import Peer, Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, public_key_bytes
+from tests.joins import signed_join
 
 
 def _join(
-    pid: str, key=None, *, ts: int | None = None, nonce: bytes | None = None
+    pid: str,
+    key: Ed25519PrivateKey | None = None,
+    *,
+    ts: int | None = None,
+    nonce: bytes | None = None,
 ) -> pb.JoinRequest:
-    key = key or generate_identity()
-    public = public_key_bytes(key)
-    ts = int(time.time() * 1000) if ts is None else ts
-    nonce = nonce or os.urandom(16)
-    return pb.JoinRequest(
-        participant_id=pid,
-        identity_public_key=public,
-        timestamp_ms=ts,
-        nonce=nonce,
-        signature=key.sign(join_payload(pid, public, ts, nonce)),
-    )
+    return signed_join(pid, key, ts=ts, nonce=nonce, data=None)
 
 
 @pytest.fixture
@@ -129,3 +124,23 @@ def test_presence_makes_a_participant_alive_until_its_stream_drops(registry: Reg
     assert "p1" not in registry.alive()  # disconnected: dead at once
     registry.authenticate(pb.Caller(participant_id="p1", session=member.session or ""), Peer())
     assert "p1" in registry.alive()  # a call revives it
+
+
+def test_one_live_session_per_identity(registry: Registry) -> None:
+    key = generate_identity()
+    first = registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.1:40000"))
+    registry.presence_opened(first, "ipv4:10.0.0.1:40000")
+    session = first.session
+    # a second process (another connection) with the same identity: refused, retryable
+    with pytest.raises(ServiceError) as info:
+        registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.2:50000"))
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert info.value.reason == pb.IDENTITY_IN_USE
+    assert "'p1' is already connected from ipv4:10.0.0.1:40000" in info.value.message
+    assert registry.member("p1").session == session  # the first is not disturbed
+    # the live process itself may join again over its own connection
+    again = registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.1:40000"))
+    assert again.session != session
+    # once the first's stream is gone (a crash), a restarted process gets in
+    registry.presence_closed(first)
+    assert registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.2:50001")).session

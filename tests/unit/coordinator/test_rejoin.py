@@ -5,10 +5,8 @@ Store (SQLite) and Board; a thread plays the participant coming back."""
 
 from __future__ import annotations
 
-import os
 import random
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,26 +22,26 @@ from spherecal.coordinator.settings import CoordinatorSettings, Timeouts
 from spherecal.coordinator.state.registry import Member, Peer, Registry
 from spherecal.coordinator.state.spool import Spool
 from spherecal.coordinator.state.store import Store
-from spherecal.crypto import generate_identity
-from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.identity import join_payload, public_key_bytes
+from tests.joins import signed_join
 
 ROSTER = ("p0", "p1", "p2", "p3")
 
 
+class FakeClock:
+    """An injected clock: each reading advances it by ``step`` seconds (0: frozen, so
+    a grace period can never end and only a rejoin or a stop ends a wait)."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 1000.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 def _join(registry: Registry, pid: str) -> Member:
-    key = generate_identity()
-    public = public_key_bytes(key)
-    ts = int(time.time() * 1000)
-    nonce = os.urandom(16)
-    request = pb.JoinRequest(
-        participant_id=pid,
-        identity_public_key=public,
-        timestamp_ms=ts,
-        nonce=nonce,
-        signature=key.sign(join_payload(pid, public, ts, nonce)),
-    )
-    member = registry.join(request, Peer())
+    member = registry.join(signed_join(pid, data=None), Peer())
     registry.presence_opened(member)
     return member
 
@@ -83,19 +81,20 @@ def test_backoff_doubles_is_jittered_into_its_upper_half_and_is_capped() -> None
 
 
 def test_wait_ends_as_soon_as_every_wanted_participant_is_back(ctx: StageContext) -> None:
-    ctx.settings = replace(ctx.settings, timeouts=Timeouts(rejoin_grace_s=60.0))
+    ctx.settings = replace(
+        ctx.settings, timeouts=Timeouts(rejoin_grace_s=60.0, retry_backoff_s=0.0)
+    )
     for pid in ("p0", "p1"):
         _join(ctx.registry, pid)
     timer = threading.Timer(0.4, lambda: [_join(ctx.registry, p) for p in ("p2", "p3")])
     timer.start()
-    t0 = time.monotonic()
+    frozen = FakeClock(step=0.0)  # the grace never ends: only the rejoin can end the wait
     record = wait_before_retry(
-        ctx, stage="round 2", next_attempt=2, reason="too few", wanted=ROSTER
+        ctx, stage="round 2", next_attempt=2, reason="too few", wanted=ROSTER, clock=frozen
     )
-    elapsed = time.monotonic() - t0
     timer.join()
     assert record.missing == [] and record.present == list(ROSTER)
-    assert elapsed < 60.0  # returned on the rejoin, not at the end of the grace
+    assert record.waited_s == 0.0  # by the frozen clock: no grace period elapsed
     assert ctx.progress.retries == [record.to_json()]
     events = ctx.store.query("SELECT message FROM events")
     assert any("round 2: attempt 2" in m for (m,) in events)
@@ -106,22 +105,28 @@ def test_wait_gives_up_at_the_end_of_the_grace_and_names_who_is_missing(
 ) -> None:
     for pid in ("p0", "p1", "p3"):
         _join(ctx.registry, pid)
-    t0 = time.monotonic()
     record = wait_before_retry(
-        ctx, stage="statistics ccvr", next_attempt=3, reason="x", wanted=ROSTER
+        ctx,
+        stage="statistics ccvr",
+        next_attempt=3,
+        reason="x",
+        wanted=ROSTER,
+        clock=FakeClock(step=0.5),
     )
-    assert time.monotonic() - t0 >= 2.0
+    assert record.waited_s >= ctx.settings.timeouts.rejoin_grace_s  # by the injected clock
     assert record.missing == ["p2"] and record.present == ["p0", "p1", "p3"]
     assert record.next_attempt == 3 and record.stage == "statistics ccvr"
     assert 0.05 <= record.backoff_s <= 0.1
 
 
 def test_a_stop_request_ends_the_wait_at_once(ctx: StageContext) -> None:
+    ctx.settings = replace(ctx.settings, timeouts=Timeouts(rejoin_grace_s=2.0, retry_backoff_s=0.0))
     threading.Timer(0.3, lambda: ctx.board.stop("SIGTERM")).start()
-    t0 = time.monotonic()
+    frozen = FakeClock(step=0.0)  # the grace never ends: only the stop can end the wait
     with pytest.raises(FederationFailed, match="SIGTERM"):
-        wait_before_retry(ctx, stage="round 1", next_attempt=2, reason="x", wanted=ROSTER)
-    assert time.monotonic() - t0 < 2.0  # before the grace would have ended
+        wait_before_retry(
+            ctx, stage="round 1", next_attempt=2, reason="x", wanted=ROSTER, clock=frozen
+        )
     assert ctx.progress.retries == []
 
 

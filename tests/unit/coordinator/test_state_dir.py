@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.settings import ModelSettings, TrainingSettings

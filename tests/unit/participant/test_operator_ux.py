@@ -18,7 +18,7 @@ from spherecal.participant.main import run_participant
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.saved import load_model
-from spherecal.status_cli import render_status
+from spherecal.status import render_status
 from tests.unit.coordinator.helpers import plaintext_federation
 
 

@@ -146,7 +146,7 @@ def test_orders_start_with_opacus_defaults() -> None:
 
 
 def test_service_processes_start_without_opacus() -> None:
-    """Every coordinator and participant process imports the CLI; Opacus (torch.
+    """Every coordinator and participant process imports spherecal.daemon; Opacus (torch.
     distributed, sympy, scipy.stats: seconds per process) is imported only by what
     calls it — DP-SGD and the RDP conversions."""
     import subprocess
@@ -154,7 +154,7 @@ def test_service_processes_start_without_opacus() -> None:
     from pathlib import Path
 
     code = (
-        "import sys, spherecal.cli, spherecal.coordinator.main, spherecal.participant.main, "
+        "import sys, spherecal.daemon, spherecal.coordinator.main, spherecal.participant.main, "
         "spherecal.participant.runner; "
         "print(sorted(m for m in ('opacus', 'sympy') if m in sys.modules))"
     )

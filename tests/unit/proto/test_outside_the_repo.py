@@ -12,7 +12,7 @@ from pathlib import Path
 IMPORTS = (
     "import sys; "
     "import spherecal.participant.grpc_transport, spherecal.participant.loop_transport; "
-    "import spherecal.status_cli; "
+    "import spherecal.status; "
     "from spherecal.proto.services import grpc_services; "
     "from spherecal.proto import spherecal_pb2; "
     "assert 'proto' not in sys.modules and 'crypto' not in sys.modules, 'top-level name'; "

@@ -18,7 +18,7 @@ import pytest
 from spherecal.audit import run_audit
 from spherecal.audit_html import epsilon_chart, payload_chart, render_html, site_colours
 from spherecal.audit_report import format_report, human_bytes
-from spherecal.cli import main as cli_main
+from spherecal.cli.app import main as cli_main
 from spherecal.coordinator.state.store import Store
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spherecal.cli import build_parser, main
+from spherecal.cli.app import build_parser, main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -53,7 +53,7 @@ def test_reference_writes_json_with_settings(
 
 
 def test_learnable_head_defaults_to_ce_and_shards_select_partition() -> None:
-    from spherecal.cli import _reference_config
+    from spherecal.cli.reference import reference_config as _reference_config
 
     args = build_parser().parse_args(["reference", "--head", "learnable", "--shards", "2"])
     cfg = _reference_config(args)
@@ -96,7 +96,7 @@ def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on() -> None:
     (docs/deployment.md): a stuck run can be looked into without stopping it."""
     code = (
         "import os, signal, threading, time\n"
-        "from spherecal.service_cli import _enable_faulthandler\n"
+        "from spherecal.cli.coordinator import enable_faulthandler as _enable_faulthandler\n"
         "_enable_faulthandler()\n"
         "def parked_in_a_named_function():\n"
         "    time.sleep(30)\n"
@@ -113,3 +113,82 @@ def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on() -> None:
     assert done.stdout.strip() == "still running"
     assert "parked_in_a_named_function" in done.stderr  # the other thread's stack too
     assert "most recent call first" in done.stderr
+
+
+def test_help_lists_every_command_without_loading_torch_numpy_or_grpc() -> None:
+    """``spherecal --help`` builds one-line stubs only (``spherecal.cli.app``): which
+    modules it loads is checked here, never how long it takes."""
+    code = (
+        "import sys, json, contextlib, io\n"
+        "from spherecal.cli.app import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "print(json.dumps({'help': out.getvalue(), 'modules': sorted(sys.modules)}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    heavy = {"torch", "numpy", "grpc", "google.protobuf", "sklearn", "scipy"}
+    assert not heavy & set(seen["modules"]), sorted(heavy & set(seen["modules"]))
+    ours = {m for m in seen["modules"] if m.startswith("spherecal")}
+    allowed = {"spherecal", "spherecal.argtypes", "spherecal.cli"}
+    assert {m for m in ours if not m.startswith("spherecal.cli.")} <= allowed, sorted(ours)
+    from spherecal.cli.app import COMMANDS
+
+    for command in COMMANDS:
+        assert command.NAME in seen["help"] and command.HELP.split()[0] in seen["help"]
+
+
+def test_a_command_help_builds_only_that_command() -> None:
+    from spherecal.cli.app import COMMANDS
+
+    parser = build_parser(only="certs")
+    sub = next(a for a in parser._actions if a.dest == "command")
+    choices = sub.choices  # type: ignore[attr-defined]
+    assert set(choices) == {c.NAME for c in COMMANDS}
+    assert any(a.dest == "certs_command" for a in choices["certs"]._actions)
+    assert [a.dest for a in choices["simulate"]._actions] == ["help"]  # a stub
+
+
+def test_exit_codes_match_the_table_in_docs_cli() -> None:
+    """docs/cli.md's "Exit statuses" table and :class:`ExitCode` name the same codes."""
+    import re
+
+    from spherecal.cli.exit_codes import ExitCode
+
+    text = (REPO / "docs" / "cli.md").read_text()
+    section = text.split("## Exit statuses", 1)[1].split("\n## ", 1)[0]
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", section, flags=re.MULTILINE)}
+    assert documented == {int(code) for code in ExitCode}
+    for code in ExitCode:  # every member says in its row what it is called
+        row = next(r for r in section.splitlines() if r.startswith(f"| {int(code)} |"))
+        assert f"`{code.name}`" in row, (code, row)
+
+
+def test_simulate_defaults_come_from_the_settings_dataclasses() -> None:
+    from spherecal.cli.simulate import _simulate_options, simulate_defaults
+    from spherecal.simulate.settings import SimulationSettings
+    from spherecal.spherefed.reference import ReferenceConfig
+
+    parser = build_parser(only="simulate")
+    args = parser.parse_args(["simulate", "--out", "x"])
+    options = _simulate_options(args)
+    s = SimulationSettings(reference=ReferenceConfig(), out=Path("x"))
+    assert options == {**simulate_defaults(), "out": Path("x")}
+    assert options["rounds"] == s.reference.rounds and options["delta"] == s.delta
+    assert options["calibration"] == ",".join(s.calibration)
+    shown = parser._subparsers._group_actions[0].choices["simulate"].format_help()  # type: ignore[union-attr]
+    assert f"(default {s.reference.rounds})" in " ".join(shown.split())
+
+
+def test_the_daemon_runs_only_the_service_commands() -> None:
+    from spherecal.daemon import build_parser as daemon_parser
+
+    parser = daemon_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--out", "x"])
+    args = parser.parse_args(["coordinator", "--config", "c.toml"])
+    assert args.run.__module__ == "spherecal.cli.coordinator"

@@ -96,7 +96,7 @@ def test_engine_settings_are_checked() -> None:
 
 
 def test_ray_flags_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from spherecal.cli import main
+    from spherecal.cli.app import main
 
     code = main(["simulate", "--out", str(tmp_path), "--workers", "2", "--participants", "2"])
     assert code != 0

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 import spherecal.experiment.cells as cells_module
-from spherecal.cli import main
-from spherecal.experiment import RunSpec, grid_runs, make_columns, settings_from_args
+from spherecal.cli.app import main
+from spherecal.cli.experiment import settings_from_args
+from spherecal.experiment import RunSpec, grid_runs, make_columns
 from spherecal.experiment.markdown import render_markdown
 from spherecal.experiment.plots import gain_panels, method_colors
 from spherecal.experiment.selection import select
@@ -151,7 +152,7 @@ def test_selection_uses_validation_and_skips_divergence() -> None:
 
 
 def test_grid_and_quick_settings() -> None:
-    parser = __import__("spherecal.cli").cli.build_parser()
+    parser = __import__("spherecal.cli.app").cli.app.build_parser()
     args = parser.parse_args(["experiment", "--table", "methods", "--quick", "--out", "x"])
     s = settings_from_args(args)
     assert s.seeds == 1 and s.rounds == 15 and s.lr_grid == (0.01, 0.1, 1.0)
@@ -299,7 +300,7 @@ def test_service_hosting_setting_and_identity() -> None:
 
     from spherecal.experiment.grid import ExperimentSettings
 
-    parser = __import__("spherecal.cli").cli.build_parser()
+    parser = __import__("spherecal.cli.app").cli.app.build_parser()
     base = ["experiment", "--table", "methods", "--engine", "service", "--out", "x"]
     s = settings_from_args(parser.parse_args(base))
     assert s.hosting == "threads"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherecal.cli import main
+from spherecal.cli.app import main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -64,8 +64,13 @@ def test_unusable_cifar_file(
 
 @pytest.mark.parametrize(
     ("content", "needle"),
-    [(b"", "not a valid .npz"), (b"x,y\n1,2\n", "not a valid .npz")],
-    ids=["empty", "text"],
+    [
+        (b"", "not a valid .npz file (empty"),
+        (b"x,y\n1,2\n", "not a valid .npz file (text, not a zip archive"),
+        (b"\x93NUMPY\x01\x00", "got a single array"),
+        (b"PK\x03\x04garbled", "not a valid .npz file"),
+    ],
+    ids=["empty", "text", "npy", "truncated-zip"],
 )
 def test_unusable_npz_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, needle: str
@@ -177,9 +182,10 @@ def test_participant_missing_certificate_names_the_key(
 def test_participant_out_dir_under_a_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "certs").mkdir()
-    for name in ("ca.pem", "p0.pem", "p0.key"):
-        (tmp_path / "certs" / name).write_text("x")
+    from spherecal.certs import init_ca, issue_participant
+
+    init_ca(tmp_path / "certs")  # real TLS material: preflight checks it before out_dir
+    issue_participant(tmp_path / "certs", "p0")
     (tmp_path / "blocker").write_text("x")
     config = _participant_toml(tmp_path, out_dir='"blocker/out"')
     code = main(["participant", "--config", str(config)])
@@ -214,3 +220,39 @@ def test_as_a_process_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_text_file_as_npz_never_blames_pickles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # numpy's own message for a non-zip file is "pickled data": it sent users looking
+    # for object arrays that were not there
+    data = tmp_path / "data.npz"
+    data.write_text("index,label\n0,1\n")
+    code = main(["predict", "--model-dir", str(tmp_path), "--data", str(data)])
+    line = _one_line_error(capsys, code, "text, not a zip archive")
+    assert "pickle" not in line
+
+
+def test_predict_refuses_labels_the_model_does_not_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from spherecal.spherefed.network import ModelSpec, build_model
+    from spherecal.spherefed.saved import model_spec_document, save_state_dict
+
+    spec = ModelSpec(extractor="mlp", num_classes=3, in_channels=1, image_size=4)
+    net = build_model(spec)
+    model_dir = tmp_path / "model"
+    save_state_dict(net.state_dict(), model_dir / "model_none.pt")
+    document = model_spec_document(spec, net.feature_dim)
+    (model_dir / "model_spec.json").write_text(json.dumps(document))
+    data = tmp_path / "data.npz"
+    x = np.zeros((5, 1, 4, 4), dtype=np.float32)
+    np.savez(data, x=x, y=np.array([0, 1, 2, 3, 7]))
+    code = main(["predict", "--model-dir", str(model_dir), "--data", str(data)])
+    _one_line_error(capsys, code, "2 of 5 labels are not classes of this model", "0..2")
+    np.savez(data, x=x, y=np.array([0, 1, 2, 2, 1]))  # in range: an accuracy, exit 0
+    assert main(["predict", "--model-dir", str(model_dir), "--data", str(data)]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 5

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spherecal import spherefed
-from spherecal.cli import main
+from spherecal.cli.app import main
 from spherecal.spherefed.discriminant import WIRE_NEVER, CalibratedHead, lda_solve, qda_solve
 from spherecal.spherefed.network import ModelSpec, build_model, compute_features
 from spherecal.spherefed.saved import (

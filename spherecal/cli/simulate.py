@@ -1,10 +1,13 @@
-"""CLI subcommand ``simulate``: a coordinator and N participants on loopback, as
-processes, threads or Ray-hosted virtual participants (:mod:`spherecal.engines`).
+"""``spherecal simulate``: a coordinator and N participants on loopback, as
+processes, threads or Ray-hosted virtual participants (:mod:`spherecal.engines`;
+docs/simulate.md).
 
-Registered by :func:`spherecal.cli.build_parser`. Heavy imports happen
-inside the command function so ``--help`` stays fast. Errors a user can fix print one
-line ``spherecal simulate: error: ...`` and exit with status 2; a failed federation
-exits 1 with one line saying why.
+Options come from the command line over a ``--config`` TOML ``[simulate]`` table
+over the defaults of :class:`~spherecal.simulate.SimulationSettings` (and its
+``ReferenceConfig``), so the parser suppresses unset options (:func:`simulate_defaults`
+is the one table of defaults). Errors a user can fix print one line and exit
+:attr:`~spherecal.cli.exit_codes.ExitCode.BAD_INPUT`; a failed federation exits
+:attr:`~spherecal.cli.exit_codes.ExitCode.FAILED` with one line saying why.
 """
 
 from __future__ import annotations
@@ -12,72 +15,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
-from spherecal.simulate.launch import LAUNCHERS
-from spherecal.spherefed.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
-from spherecal.spherefed.calibration_suite import (
-    CALIBRATION_NAMES,
-    DEFAULT_RIDGE_GRID,
-    DEFAULT_SHRINKAGE_GRID,
-)
+from spherecal.cli.exit_codes import ExitCode
+from spherecal.cli.options import FEDERATION_OPTIONS, add_federation_options, reference_defaults
 
-__all__ = ["add_simulate_parser", "simulation_settings_from", "status_line"]
+__all__ = [
+    "HELP",
+    "NAME",
+    "register",
+    "run",
+    "simulate_defaults",
+    "simulation_settings_from",
+    "status_line",
+]
 
-SubParsers = argparse._SubParsersAction
+NAME = "simulate"
+HELP = "run a coordinator and N participants as processes on loopback"
 
-
-_SIMULATE_DEFAULTS: dict[str, Any] = {
-    "dataset": "digits",
-    "data_root": None,
-    "samples": None,
-    "participants": 10,
-    "alpha": 0.1,
-    "shards": None,
-    "rounds": 30,
-    "local_epochs": 2,
-    "batch_size": 32,
-    "lr": 0.1,
-    "model": "digits_cnn",
-    "norm": "group",
-    "head": "sphere",
-    "classifier": "orthonormal",
-    "loss": None,
-    "algorithm": "fedavg",
-    "prox_mu": 0.01,
-    "fedopt_lr": 0.01,
-    "sample_fraction": 1.0,
-    "ridge": 0.0,
-    "ccvr_virtual": 100,
-    "tukey": False,
-    "seed": 0,
-    "calibration": "ffc,ccvr",
-    "ridge_grid": None,
-    "shrinkage_grid": None,
-    "secure": True,
-    "secure_updates": None,
-    "secure_statistics": None,
-    "threshold": None,
-    "separate_ffc": False,
-    "drop": None,
-    "corrupt_shares": None,
-    "tls": False,
-    "threads": 1,
-    "timeout": 3600.0,
-    "heartbeat_timeout": 4.0,
-    "federated_every": 0,
-    "update_bound": None,
-    "statistics_bound": None,
-    "epsilon": None,
-    "delta": 1e-5,
-    "dp_mechanism": "skellam",
-    "dp_budget": None,
-    "out": None,
+#: Options of the engines alone (``spherecal.engines.ray`` needs the ray extra to import).
+_ENGINE_DEFAULTS: dict[str, Any] = {
     "engine": "processes",
-    "launcher": "forkserver",
     "workers": None,
     "worker_cpus": 1.0,
     "ray_address": None,
@@ -85,10 +44,47 @@ _SIMULATE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def add_simulate_parser(sub: SubParsers) -> None:
+def simulate_defaults() -> dict[str, Any]:
+    """Every ``simulate`` option's default (also every key a ``[simulate]`` table may
+    hold), read from :class:`~spherecal.simulate.SimulationSettings`."""
+    from spherecal.simulate.settings import SimulationSettings
+    from spherecal.spherefed.reference import ReferenceConfig
+
+    s = SimulationSettings(reference=ReferenceConfig(), out=Path())
+    return {
+        **reference_defaults(s.reference),
+        "calibration": ",".join(s.calibration),
+        "secure": s.secure_updates and s.secure_statistics,
+        "secure_updates": None,
+        "secure_statistics": None,
+        "threshold": s.threshold,
+        "separate_ffc": not s.ffc_from_ccvr,
+        "drop": None,
+        "corrupt_shares": None,
+        "tls": s.tls,
+        "threads": s.threads,
+        "timeout": s.timeout_s,
+        "heartbeat_timeout": s.heartbeat_timeout_s,
+        "federated_every": s.federated_every,
+        "update_bound": None,  # None: SimulationSettings' own default
+        "statistics_bound": None,
+        "epsilon": s.epsilon,
+        "delta": s.delta,
+        "dp_mechanism": s.dp_mechanism,
+        "dp_budget": s.dp_budget,
+        "out": None,
+        "launcher": s.launcher,
+        **_ENGINE_DEFAULTS,
+    }
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from spherecal.simulate.launch import LAUNCHERS
+
+    d = simulate_defaults()
     p = sub.add_parser(
-        "simulate",
-        help="run a coordinator and N participants as processes on loopback",
+        NAME,
+        help=HELP,
         description=(
             "Start one coordinator and N participants as separate OS processes talking "
             "real gRPC on 127.0.0.1, with the data partitioned as the reference runner "
@@ -102,59 +98,18 @@ def add_simulate_parser(sub: SubParsers) -> None:
         ),
     )
     S = argparse.SUPPRESS
+
+    def shown(key: str) -> str:
+        return f" (default {d[key]})"
+
     p.add_argument("--config", type=Path, default=None, help="TOML with a [simulate] table")
     p.add_argument("--out", type=Path, default=S, help="output directory (required)")
-    p.add_argument(
-        "--dataset", default=S, help="digits (default), mnist1d, cifar10, cifar100 or npz"
-    )
-    p.add_argument("--data-root", default=S)
-    p.add_argument("--samples", type=int, default=S, help="mnist1d: samples (default 12000)")
-    p.add_argument("--participants", type=int, default=S, help="N (default 10)")
-    p.add_argument("--alpha", default=S, help="Dirichlet α (default 0.1) or 'iid'")
-    p.add_argument("--shards", type=int, default=S, help="shards per participant instead")
-    p.add_argument("--rounds", type=int, default=S, help="default 30")
-    p.add_argument("--local-epochs", type=int, default=S)
-    p.add_argument("--batch-size", type=int, default=S)
-    p.add_argument("--lr", type=float, default=S)
-    p.add_argument("--model", default=S, help="digits_cnn (default), mlp, ...")
-    p.add_argument("--norm", default=S)
-    p.add_argument("--head", default=S)
-    p.add_argument("--classifier", default=S)
-    p.add_argument("--loss", default=S)
-    p.add_argument("--algorithm", default=S, choices=ALGORITHMS)
-    p.add_argument("--prox-mu", type=float, default=S, help="FedProx μ")
-    p.add_argument("--fedopt-lr", type=float, default=S, help="FedAdam/FedYogi server η")
-    p.add_argument("--sample-fraction", type=float, default=S)
-    p.add_argument("--ridge", type=float, default=S, help="FFC ridge λ")
-    p.add_argument("--ccvr-virtual", type=int, default=S)
-    p.add_argument("--tukey", action="store_true", default=S)
-    p.add_argument("--seed", type=int, default=S)
-    p.add_argument(
-        "--calibration",
-        default=S,
-        help="comma list of " + ", ".join(CALIBRATION_NAMES) + " (default ffc,ccvr)",
-    )
-    p.add_argument(
-        "--ridge-grid",
-        type=float,
-        nargs="+",
-        default=S,
-        help="FFC+bias ridge candidates, chosen on the participants' validation splits "
-        "(default " + " ".join(f"{v:g}" for v in DEFAULT_RIDGE_GRID) + ")",
-    )
-    p.add_argument(
-        "--shrinkage-grid",
-        type=float,
-        nargs="+",
-        default=S,
-        help="LDA/QDA shrinkage candidates in [0, 1], chosen on validation "
-        "(default " + " ".join(f"{v:g}" for v in DEFAULT_SHRINKAGE_GRID) + ")",
-    )
+    add_federation_options(p, {o.dest: d[o.dest] for o in FEDERATION_OPTIONS}, layered=True)
     p.add_argument(
         "--secure",
         action=argparse.BooleanOptionalAction,
         default=S,
-        help="secure aggregation of updates and statistics (default on)",
+        help="secure aggregation of updates and statistics" + shown("secure"),
     )
     p.add_argument("--secure-updates", action=argparse.BooleanOptionalAction, default=S)
     p.add_argument("--secure-statistics", action=argparse.BooleanOptionalAction, default=S)
@@ -175,9 +130,15 @@ def add_simulate_parser(sub: SubParsers) -> None:
         "excludes them",
     )
     p.add_argument("--tls", action="store_true", default=S, help="mutual TLS with a dev CA")
-    p.add_argument("--threads", type=int, default=S, help="torch threads per process (1)")
-    p.add_argument("--timeout", type=float, default=S, help="seconds for the whole run")
-    p.add_argument("--heartbeat-timeout", type=float, default=S)
+    p.add_argument(
+        "--threads", type=int, default=S, help="torch threads per process" + shown("threads")
+    )
+    p.add_argument(
+        "--timeout", type=float, default=S, help="seconds for the whole run" + shown("timeout")
+    )
+    p.add_argument(
+        "--heartbeat-timeout", type=float, default=S, help="seconds" + shown("heartbeat_timeout")
+    )
     p.add_argument("--federated-every", type=int, default=S)
     p.add_argument("--update-bound", type=float, default=S)
     p.add_argument("--statistics-bound", type=float, default=S)
@@ -187,8 +148,13 @@ def add_simulate_parser(sub: SubParsers) -> None:
         default=S,
         help="DP: target ε per calibration release (adds noise in the ring; default off)",
     )
-    p.add_argument("--delta", type=float, default=S, help="DP: δ (default 1e-5)")
-    p.add_argument("--dp-mechanism", default=S, choices=("skellam", "dgauss"))
+    p.add_argument("--delta", type=float, default=S, help="DP: δ" + shown("delta"))
+    p.add_argument(
+        "--dp-mechanism",
+        default=S,
+        choices=("skellam", "dgauss"),
+        help="DP noise" + shown("dp_mechanism"),
+    )
     p.add_argument(
         "--dp-budget", type=float, default=S, help="DP: total ε budget of each participant"
     )
@@ -196,23 +162,26 @@ def add_simulate_parser(sub: SubParsers) -> None:
         "--launcher",
         choices=LAUNCHERS,
         default=S,
-        help="--engine processes: how each process starts. forkserver (default): forked "
-        "from a helper that imported torch and the project once; exec: a fresh interpreter "
-        "each (about 2 CPU-seconds of imports per process)",
+        help="--engine processes: how each process starts. forkserver: forked from a "
+        "helper that imported torch and the project once; exec: a fresh interpreter "
+        "each (about 2 CPU-seconds of imports per process)" + shown("launcher"),
     )
     p.add_argument(
         "--engine",
         choices=("processes", "threads", "ray"),
         default=S,
-        help="processes: one OS process per participant (default); threads: every "
-        "participant a virtual participant in this process (one torch import); ray: many "
-        "virtual participants per Ray worker (needs the ray extra; docs/scaling.md)",
+        help="processes: one OS process per participant; threads: every participant a "
+        "virtual participant in this process (one torch import); ray: many virtual "
+        "participants per Ray worker (needs the ray extra; docs/scaling.md)" + shown("engine"),
     )
     p.add_argument(
         "--workers", type=int, default=S, help="ray: worker actors (default: one per CPU)"
     )
     p.add_argument(
-        "--worker-cpus", type=float, default=S, help="ray: logical CPUs per worker (default 1)"
+        "--worker-cpus",
+        type=float,
+        default=S,
+        help="ray: logical CPUs per worker" + shown("worker_cpus"),
     )
     p.add_argument(
         "--ray-address",
@@ -225,16 +194,16 @@ def add_simulate_parser(sub: SubParsers) -> None:
         default=S,
         metavar="HOST",
         help="ray: address the participants dial and the coordinator listens on "
-        "(default 127.0.0.1; anything else needs --tls)",
+        "(anything but loopback needs --tls)" + shown("coordinator_host"),
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=_cmd_simulate)
+    p.set_defaults(run=run)
 
 
 def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
     import tomllib
 
-    options = dict(_SIMULATE_DEFAULTS)
+    options = simulate_defaults()
     if args.config is not None:
         with open(args.config, "rb") as fh:
             document = tomllib.load(fh)
@@ -274,8 +243,12 @@ def _corrupt_ids(text: Any, ids: tuple[str, ...] | list[str]) -> tuple[str, ...]
 
 
 def simulation_settings_from(options: dict[str, Any]) -> Any:
+    """The :class:`~spherecal.simulate.SimulationSettings` of merged options."""
+    from dataclasses import replace
+
     from spherecal.simulate import SimulationSettings, parse_drops
     from spherecal.spherefed.calibrate import CCVRConfig
+    from spherecal.spherefed.calibration_suite import DEFAULT_RIDGE_GRID, DEFAULT_SHRINKAGE_GRID
     from spherecal.spherefed.reference import ReferenceConfig
 
     o = options
@@ -331,7 +304,10 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     for key in ("update_bound", "statistics_bound"):
         if o[key] is not None:
             extra[key] = float(o[key])
-    calibration = tuple(c.strip() for c in str(o["calibration"]).split(",") if c.strip())
+    chosen = o["calibration"]  # a list from the command line, a string from TOML
+    if isinstance(chosen, str):
+        chosen = chosen.split(",")
+    calibration = tuple(str(c).strip() for c in chosen if str(c).strip())
     settings = SimulationSettings(
         reference=reference,
         out=Path(o["out"]).resolve(),
@@ -399,7 +375,8 @@ def _engine_runner(options: dict[str, Any]) -> Any:
     return run
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
     from spherecal.simulate import SimulationError
 
     options = _simulate_options(args)
@@ -417,7 +394,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         results = run(settings, progress)
     except SimulationError as exc:
         print(f"spherecal simulate: error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     line = status_line(results)
     if line:
         print(line, file=sys.stderr)
@@ -438,7 +415,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             indent=2,
         )
     )
-    return 0 if results["status"] in SUCCESSFUL_STATUSES else 1
+    return ExitCode.OK if results["status"] in SUCCESSFUL_STATUSES else ExitCode.FAILED
 
 
 def status_line(results: dict[str, Any]) -> str:

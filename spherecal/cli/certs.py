@@ -1,4 +1,4 @@
-"""The ``spherecal certs`` subcommand: a development CA, participant certificates and
+"""``spherecal certs``: a development CA, participant certificates and
 revocation for mutual TLS (the work is in :mod:`spherecal.certs`).
 
 Errors a user can fix print one line ``spherecal certs: error: ...`` and exit 2.
@@ -9,15 +9,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_certs_parser"]
+from spherecal.cli.exit_codes import ExitCode
 
-SubParsers = argparse._SubParsersAction
+__all__ = ["HELP", "NAME", "register", "run"]
+
+NAME = "certs"
+HELP = "make a development CA and certificates for mutual TLS"
 
 
-def add_certs_parser(sub: SubParsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "certs",
-        help="make a development CA and certificates for mutual TLS",
+        NAME,
+        help=HELP,
         description=(
             "A throwaway certificate authority for trying mutual TLS: `certs init DIR` "
             "makes ca.pem/ca.key and the coordinator's server.pem/server.key; `certs issue "
@@ -25,6 +28,7 @@ def add_certs_parser(sub: SubParsers) -> None:
             "identity key (bound into the certificate)."
         ),
     )
+    p.set_defaults(run=run)
     csub = p.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
     init = csub.add_parser("init", help="create a CA and a server certificate in DIR")
     init.add_argument("dir", type=Path)
@@ -36,7 +40,6 @@ def add_certs_parser(sub: SubParsers) -> None:
         "localhost and 127.0.0.1)",
     )
     init.add_argument("--days", type=int, default=365)
-    init.set_defaults(func=_cmd_certs_init)
     issue = csub.add_parser("issue", help="issue participant NAME's client certificate")
     issue.add_argument("name")
     issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
@@ -47,7 +50,6 @@ def add_certs_parser(sub: SubParsers) -> None:
         help="replace NAME.identity.key with a fresh key (after a compromise; then "
         "`spherecal coordinator --unpin NAME`)",
     )
-    issue.set_defaults(func=_cmd_certs_issue)
     revoke = csub.add_parser(
         "revoke",
         help="revoke participant NAME's current certificate (adds it to DIR/crl.pem)",
@@ -60,10 +62,9 @@ def add_certs_parser(sub: SubParsers) -> None:
     revoke.add_argument("name")
     revoke.add_argument("--dir", type=Path, required=True, help="the CA directory")
     revoke.add_argument("--days", type=int, default=365, help="validity of the new CRL")
-    revoke.set_defaults(func=_cmd_certs_revoke)
 
 
-def _cmd_certs_init(args: argparse.Namespace) -> int:
+def _init(args: argparse.Namespace) -> int:
     from spherecal.certs import DEFAULT_HOSTS, init_ca
 
     try:
@@ -72,20 +73,26 @@ def _cmd_certs_init(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     for path in paths:
         print(path)
-    return 0
+    return ExitCode.OK
 
 
-def _cmd_certs_issue(args: argparse.Namespace) -> int:
+def _issue(args: argparse.Namespace) -> int:
     from spherecal.certs import issue_participant
 
     paths = issue_participant(args.dir, args.name, days=args.days, new_identity=args.new_identity)
     for path in paths:
         print(path)
-    return 0
+    return ExitCode.OK
 
 
-def _cmd_certs_revoke(args: argparse.Namespace) -> int:
+def _revoke(args: argparse.Namespace) -> int:
     from spherecal.certs import revoke_participant
 
     print(revoke_participant(args.dir, args.name, days=args.days))
-    return 0
+    return ExitCode.OK
+
+
+def run(args: argparse.Namespace) -> int:
+    """The chosen action (``init``, ``issue``, ``revoke``)."""
+    action: int = {"init": _init, "issue": _issue, "revoke": _revoke}[args.certs_command](args)
+    return action

@@ -1,12 +1,8 @@
-"""CLI subcommands of the service: ``coordinator`` and ``participant`` (``simulate``
-lives in :mod:`spherecal.simulate_cli`, ``certs`` in :mod:`spherecal.certs_cli`).
+"""``spherecal coordinator --config FILE``: run a coordinator (the gRPC server) from a
+TOML config (docs/deployment.md). Also what :mod:`spherecal.daemon` runs in a
+simulation's coordinator process.
 
-Registered by ``spherecal.cli.build_parser``, and by :mod:`spherecal.daemon` (the entry
-point the simulation's fork server runs, which must not reach the simulation itself).
-Heavy imports (torch, grpc servers) happen inside the command functions so that
-``spherecal certs`` and ``--help`` stay fast. Errors a user can fix (bad config, missing
-file, refused insecure address) print one line ``spherecal COMMAND: error: ...``
-and exit with status 2.
+Heavy imports (torch, the gRPC server) happen in :func:`run`, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,22 +11,21 @@ import argparse
 import json
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
+from spherecal.cli.exit_codes import ExitCode
 
-__all__ = ["add_coordinator_parser", "add_participant_parser"]
+__all__ = ["HELP", "NAME", "enable_faulthandler", "register", "run"]
 
-SubParsers = argparse._SubParsersAction
+NAME = "coordinator"
+HELP = "run a coordinator (gRPC server) from a TOML config"
 
 
-# ====================================================================== coordinator
-def add_coordinator_parser(sub: SubParsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "coordinator",
-        help="run a coordinator (gRPC server) from a TOML config",
+        NAME,
+        help=HELP,
         description=(
             "Run the federation described by a coordinator TOML file: serve gRPC, run the "
             "rounds, the secure-aggregation jobs and the calibration, write summary.json "
@@ -62,14 +57,17 @@ def add_coordinator_parser(sub: SubParsers) -> None:
         "a federation marker its database does not know (they are moved to "
         "set-aside-TIME/, never deleted); without it such a start is refused",
     )
-    p.set_defaults(func=_cmd_coordinator)
+    p.set_defaults(run=run)
 
 
-def _cmd_coordinator(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from spherecal.config import load_coordinator_config
     from spherecal.coordinator.main import run_coordinator
+    from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 
-    _enable_faulthandler()
+    enable_faulthandler()
     settings, threads = load_coordinator_config(args.config)
     if args.unpin is not None:
         return _unpin(settings, args.unpin)
@@ -83,7 +81,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
     summary = run_coordinator(settings, threads=threads, new_federation=args.new_federation)
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
     print(json.dumps({k: summary.get(k) for k in shown}, indent=2))
-    return 0 if summary.get("status") in SUCCESSFUL_STATUSES else 1
+    return ExitCode.OK if summary.get("status") in SUCCESSFUL_STATUSES else ExitCode.FAILED
 
 
 def _unpin(settings: Any, participant_id: str) -> int:
@@ -106,17 +104,17 @@ def _unpin(settings: Any, participant_id: str) -> int:
         )
     else:
         print(f"{participant_id} has no pinned identity key in {db}; nothing to do")
-    return 0
+    return ExitCode.OK
 
 
 def _check_state(settings: Any) -> int:
     from spherecal.coordinator.state.state_dir import format_report, inspect_state
 
     print(format_report(inspect_state(settings.state_dir)))
-    return 0
+    return ExitCode.OK
 
 
-def _enable_faulthandler() -> None:
+def enable_faulthandler() -> None:
     """A long-running service process that dies on a signal (SIGSEGV, SIGABRT from a
     native library) leaves Python tracebacks of every thread in its log instead of
     just an exit status; ``kill -USR1 PID`` writes them without stopping it."""
@@ -125,46 +123,3 @@ def _enable_faulthandler() -> None:
     if not faulthandler.is_enabled():
         faulthandler.enable(file=sys.stderr, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-
-
-# ====================================================================== participant
-def add_participant_parser(sub: SubParsers) -> None:
-    p = sub.add_parser(
-        "participant",
-        help="run a participant (dials out to a coordinator) from a TOML config",
-        description=(
-            "Join a federation: dial out to the coordinator, train locally, compute "
-            "statistics and take part in secure aggregation until the coordinator says "
-            "done; then save the final models in [participant] out_dir. Exit status 0 "
-            "completed or degraded, 1 federation failed, 2 bad input or refused, 3 gave up "
-            "reconnecting."
-        ),
-    )
-    p.add_argument("--config", type=Path, required=True, help="participant TOML file")
-    p.add_argument("--coordinator", default=None, help="override [participant] coordinator")
-    p.add_argument(
-        "--halt-before",
-        action="append",
-        default=None,
-        metavar="STAGE[@WHEN]",
-        help=argparse.SUPPRESS,  # fault injection for tests / simulate --drop
-    )
-    p.set_defaults(func=_cmd_participant)
-
-
-def _cmd_participant(args: argparse.Namespace) -> int:
-    from spherecal.config import load_participant_config
-    from spherecal.participant.faults import parse_halt
-    from spherecal.participant.main import run_participant
-
-    _enable_faulthandler()
-    settings = load_participant_config(args.config)
-    if args.coordinator:
-        settings = replace(settings, coordinator=args.coordinator)
-    if args.halt_before:
-        points = tuple(parse_halt(h) for h in args.halt_before)
-        settings = replace(settings, halt_before=settings.halt_before + points)
-    from spherecal.preflight import check_participant
-
-    check_participant(settings, str(args.config))
-    return run_participant(settings)

@@ -1,52 +1,40 @@
-"""``spherecal experiment``: the command line (parser, settings from arguments)."""
+"""``spherecal experiment``: every method of the papers side by side
+(:mod:`spherecal.experiment`; docs/baselines.md)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from spherecal.argtypes import DefaultsHelpFormatter, alpha_or_iid, positive_float
-from spherecal.experiment.cells import limit_blas
-from spherecal.experiment.grid import (
-    ENGINES,
-    HOSTINGS,
-    QUICK_LR_GRID,
-    QUICK_OVERRIDES,
-    TABLES,
-    ExperimentSettings,
-)
-from spherecal.experiment.report import command_line
-from spherecal.experiment.run import run_experiment
-from spherecal.spherefed.algorithms.methods import DEFAULT_LR_GRID
-from spherecal.spherefed.data import DATASET_NAMES, SyntheticConfig
-from spherecal.spherefed.models import EXTRACTOR_NAMES
+from spherecal.argtypes import positive_int as _positive_int
+from spherecal.cli.exit_codes import ExitCode
+from spherecal.cli.options import add_federation_options
 
-__all__ = ["add_experiment_parser", "settings_from_args"]
+if TYPE_CHECKING:
+    from spherecal.experiment.grid import ExperimentSettings
+
+__all__ = ["HELP", "NAME", "register", "run", "settings_from_args"]
+
+NAME = "experiment"
+HELP = "compare every method of the papers (baselines, rival fixes, ablations)"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def add_experiment_parser(
+def register(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
-    """Register ``spherecal experiment`` on the CLI's sub-parsers."""
-    d = ExperimentSettings()
+    from spherecal.experiment.grid import ENGINES, HOSTINGS, QUICK_LR_GRID, QUICK_OVERRIDES, TABLES
+    from spherecal.experiment.grid import ExperimentSettings as Settings
+    from spherecal.spherefed.algorithms.methods import DEFAULT_LR_GRID
+    from spherecal.spherefed.data import SyntheticConfig
+
+    d = Settings()
     s = SyntheticConfig()
     p = subparsers.add_parser(
-        "experiment",
-        help="compare every method of the papers (baselines, rival fixes, ablations)",
+        NAME,
+        help=HELP,
         description=(
             "Train every method of the chosen table on every partition column, seed and "
             "learning rate (tuned on the validation split), calibrate each with CCVR and "
@@ -57,15 +45,9 @@ def add_experiment_parser(
         formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--table", required=True, choices=TABLES)
-    p.add_argument("--dataset", default=d.dataset, choices=DATASET_NAMES)
-    p.add_argument(
-        "--data-root", default=None, help="CIFAR directory, .npz file or the mnist1d cache dir"
-    )
-    p.add_argument(
-        "--samples",
-        type=_positive_int,
-        default=None,
-        help="mnist1d: samples generated, train + test (default 12000)",
+    add_federation_options(
+        p,
+        {"dataset": d.dataset, "data_root": d.data_root, "samples": d.samples},
     )
     p.add_argument(
         "--alpha",
@@ -89,15 +71,22 @@ def add_experiment_parser(
         f"{' '.join(f'{x:g}' for x in QUICK_LR_GRID)})",
     )
     p.add_argument("--methods", nargs="+", default=None, help="only these methods (keys)")
-    p.add_argument(
-        "--participants", type=_positive_int, default=d.participants, help="per federation"
-    )
-    p.add_argument("--rounds", type=_positive_int, default=None, help=f"default {d.rounds}")
-    p.add_argument("--local-epochs", type=_positive_int, default=d.local_epochs, help="per round")
-    p.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="local SGD batch")
-    p.add_argument("--model", default=d.model, choices=EXTRACTOR_NAMES)
-    p.add_argument(
-        "--fedopt-lr", type=positive_float, default=d.fedopt_lr, help="FedAdam/FedYogi server η"
+    add_federation_options(
+        p,
+        {
+            "participants": d.participants,
+            "rounds": None,  # the table's (or --quick's) rounds unless given
+            "local_epochs": d.local_epochs,
+            "batch_size": d.batch_size,
+            "model": d.model,
+            "fedopt_lr": d.fedopt_lr,
+        },
+        overrides={
+            "rounds": {
+                "help": f"federated rounds (default {d.rounds}; with --quick "
+                f"{QUICK_OVERRIDES['rounds']})"
+            }
+        },
     )
     p.add_argument("--synthetic-classes", type=_positive_int, default=s.num_classes)
     p.add_argument("--synthetic-dim", type=_positive_int, default=s.dim)
@@ -164,11 +153,15 @@ def add_experiment_parser(
         "to reuse their common runs",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=_cmd_experiment)
+    p.set_defaults(run=run)
     return p
 
 
 def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
+    """The :class:`~spherecal.experiment.grid.ExperimentSettings` the arguments ask for."""
+    from spherecal.experiment.grid import QUICK_OVERRIDES, ExperimentSettings
+    from spherecal.spherefed.data import SyntheticConfig
+
     alphas: tuple[float | str, ...]
     if args.alpha is not None:
         alphas = tuple(args.alpha)
@@ -210,7 +203,13 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
     )
 
 
-def _cmd_experiment(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from spherecal.experiment.cells import limit_blas
+    from spherecal.experiment.report import command_line
+    from spherecal.experiment.run import run_experiment
+
     settings = settings_from_args(args)
     torch.set_num_threads(args.threads)
     limit_blas(args.threads)
@@ -233,4 +232,4 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         cells_dir=args.cells,
     )
     print((args.out / "table.md").read_text())
-    return 0 if report["rows"] else 1
+    return ExitCode.OK if report["rows"] else ExitCode.FAILED

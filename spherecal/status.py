@@ -17,43 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_status_parser", "fetch_status", "render_status"]
+from spherecal.cli.exit_codes import ExitCode
 
-SubParsers = argparse._SubParsersAction
-
-
-def add_status_parser(sub: SubParsers) -> None:
-    p = sub.add_parser(
-        "status",
-        help="show a running federation: roster, round, stage, jobs, ε",
-        description=(
-            "Ask a running coordinator for its status (read-only, metadata only) and print "
-            "one screen. --config takes the coordinator's TOML (address, and its [tls] "
-            "client_ca as the CA to trust); --address HOST:PORT names it directly. Over "
-            "mutual TLS pass the operator's --cert and --key (an identity on the "
-            "coordinator's [admin] allow list). Exit status 0 ok, 2 bad input or the "
-            "coordinator unreachable or refusing."
-        ),
-    )
-    p.add_argument("--config", type=Path, default=None, help="the coordinator's TOML file")
-    p.add_argument("--address", default=None, help="HOST:PORT (overrides --config)")
-    p.add_argument("--ca", type=Path, default=None, help="CA certificate to trust (PEM)")
-    p.add_argument("--cert", type=Path, default=None, help="operator certificate (PEM)")
-    p.add_argument("--key", type=Path, default=None, help="operator private key (PEM)")
-    p.add_argument("--server-name", default=None, help="name to check on the server certificate")
-    p.add_argument("--insecure", action="store_true", help="plaintext (loopback addresses only)")
-    p.add_argument("--json", action="store_true", help="print the raw status as JSON")
-    p.add_argument(
-        "--watch",
-        type=float,
-        nargs="?",
-        const=2.0,
-        default=None,
-        metavar="SECONDS",
-        help="refresh every SECONDS (default 2) until the federation ends or Ctrl-C",
-    )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
-    p.set_defaults(func=_cmd_status)
+__all__ = ["fetch_status", "render_status", "show_status"]
 
 
 def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None]:
@@ -180,7 +146,8 @@ def render_status(st: Any) -> str:
     return "\n".join(lines)
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
+def show_status(args: argparse.Namespace) -> int:
+    """``spherecal status`` (its parser: :mod:`spherecal.cli.status`)."""
     from google.protobuf.json_format import MessageToDict
 
     address, insecure, ca = _target(args)
@@ -215,7 +182,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print("\x1b[H\x1b[2J", end="")
             print(render_status(st), flush=True)
         if args.watch is None or st.status != "running":
-            return 0
+            return ExitCode.OK
         time.sleep(max(0.2, args.watch))
         if not args.json and not sys.stdout.isatty():
             print("---", flush=True)

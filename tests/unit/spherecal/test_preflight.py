@@ -1,0 +1,91 @@
+"""TLS material is checked at start-up, with one line naming the config key (issue
+#23, item 3): a key that does not belong to its certificate, a CA file that holds no
+certificate. gRPC's own diagnosis of the same mistakes was wrong ("cannot listen … is
+the address local?" at the coordinator, "cannot reach the coordinator" at a site)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from spherecal.certs import init_ca, issue_participant
+from spherecal.cli.app import main
+from spherecal.preflight import PreflightError, check_coordinator, check_participant
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("certs")
+    init_ca(directory)
+    issue_participant(directory, "p0")
+    issue_participant(directory, "p1")
+    return directory
+
+
+def _coordinator(tmp_path: Path, certs: Path, **tls: Path) -> SimpleNamespace:
+    files = {"cert": certs / "server.pem", "key": certs / "server.key",
+             "client_ca": certs / "ca.pem", "crl": None} | tls
+    return SimpleNamespace(
+        server=SimpleNamespace(insecure=False),
+        tls=SimpleNamespace(**files),
+        out_dir=tmp_path / "out",
+    )
+
+
+def _participant(tmp_path: Path, certs: Path, **tls: Path) -> SimpleNamespace:
+    files = {"ca": certs / "ca.pem", "cert": certs / "p0.pem", "key": certs / "p0.key"} | tls
+    return SimpleNamespace(
+        insecure=False,
+        tls=SimpleNamespace(**files),
+        identity_key=None,
+        data=SimpleNamespace(dataset="digits", root=None, test_root=None),
+        out_dir=tmp_path / "out",
+    )
+
+
+def test_matching_material_passes(tmp_path: Path, certs: Path) -> None:
+    check_coordinator(_coordinator(tmp_path, certs), "c.toml")
+    check_participant(_participant(tmp_path, certs), "p.toml")
+
+
+def test_a_key_of_another_certificate_is_named(tmp_path: Path, certs: Path) -> None:
+    with pytest.raises(PreflightError, match=r"\[tls\] key = .*p1\.key.* does not belong to"):
+        check_participant(_participant(tmp_path, certs, key=certs / "p1.key"), "p.toml")
+    with pytest.raises(PreflightError, match=r"c\.toml: \[tls\] key = .*p0\.key.*server\.pem"):
+        check_coordinator(_coordinator(tmp_path, certs, key=certs / "p0.key"), "c.toml")
+
+
+def test_unparseable_material_is_named(tmp_path: Path, certs: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(PreflightError, match=r"\[tls\] client_ca = .*junk\.pem.*not a PEM"):
+        check_coordinator(_coordinator(tmp_path, certs, client_ca=junk), "c.toml")
+    with pytest.raises(PreflightError, match=r"\[tls\] ca = .*junk\.pem.*not a PEM"):
+        check_participant(_participant(tmp_path, certs, ca=junk), "p.toml")
+    with pytest.raises(PreflightError, match=r"\[tls\] key = .*junk\.pem.*not an unencrypted"):
+        check_participant(_participant(tmp_path, certs, key=junk), "p.toml")
+    with pytest.raises(PreflightError, match=r"\[tls\] cert = .*junk\.pem.*not a PEM"):
+        check_participant(_participant(tmp_path, certs, cert=junk), "p.toml")
+
+
+def test_the_coordinator_command_says_it_in_one_line(
+    tmp_path: Path, certs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "certs"
+    shutil.copytree(certs, mine)
+    shutil.copy(mine / "p0.key", mine / "server.key")  # the wrong key in the right place
+    config = tmp_path / "coordinator.toml"
+    config.write_text(
+        "[federation]\nparticipants = [\"p0\", \"p1\", \"p2\"]\n"
+        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
+        "[server]\nlisten = \"127.0.0.1:0\"\n"
+        f'[tls]\ncert = "{mine / "server.pem"}"\nkey = "{mine / "server.key"}"\n'
+        f'client_ca = "{mine / "ca.pem"}"\n'
+    )
+    assert main(["coordinator", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "[tls] key" in err and "does not belong to" in err and "listen" not in err
