@@ -446,6 +446,9 @@ def test_the_site_audit_flags_the_differencing_pair(
     assert (pair.only_in_first, pair.only_in_second) == (["p3"], ["p4"])
     status, text = run_site_audit(tmp_path / "state", html_path=tmp_path / "site.html")
     assert status == 1 and "EXACT" in text
+    from spherecal.cli.app import main
+
+    assert main(["audit", "--site", str(tmp_path / "state")]) == 1
     assert "EXACT DIFFERENCING PAIR FOUND" in (tmp_path / "site.html").read_text()
 
 
@@ -461,6 +464,9 @@ def test_the_site_audit_lists_refusals_and_passes_at_defaults(
     (released,) = [r for r in report["releases"] if r["state"] == "released"]
     assert released["survivors"] == list(ROSTER) and released["epsilon"] > 0
     assert report["epsilon_total"][TARGET] == pytest.approx(released["epsilon"])
+    from spherecal.cli.app import main  # the command itself: exit 0, nothing flagged
+
+    assert main(["audit", "--site", str(tmp_path / "state")]) == 0
 
 
 def test_the_site_audit_needs_a_ledger(tmp_path: Path) -> None:
