@@ -372,7 +372,6 @@ class ParticipantRunner:
         trainer = self._trainer()
         purpose = "update"
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
-        vector = self._download(task.model, (trainer.length,))
         secure = task.HasField("secure")
         try:
             if not secure and not self.settings.allow_plaintext:
@@ -382,7 +381,9 @@ class ParticipantRunner:
                 Release(
                     kind=UPDATE,
                     federation=self._federation(),
-                    model=trainer.executed_digest(vector),
+                    # the key is (federation, round); the model is recorded by its wire
+                    # digest so that nothing is downloaded before the keys are advertised
+                    model=bytes(task.model.header.sha256),
                     data=self._fingerprint("train"),
                     round=int(task.round),
                     noised=self.settings.privacy.dpsgd,
@@ -403,6 +404,7 @@ class ParticipantRunner:
             )
             if session is None:
                 return
+        vector = self._download(task.model, (trainer.length,))
         broadcast = {b.name: self._download(b.tensor, (trainer.length,)) for b in task.broadcast}
         t0 = time.monotonic()
         if self.settings.privacy.dpsgd:
