@@ -5,6 +5,7 @@
 ``aio_server``   that server's event-loop thread and worker pools (grpc.aio)
 ``ids``          task and job identifiers as they arrive on the wire, checked exactly
 ``revocation``   the CA's CRL, verified, enforced on every call, reloaded on change
+``peer_refusals``  calls refused for their client certificate: counted, logged, recorded
 ``status``       the operator's live view: connected, round, stage, refusals
 ``metrics``      the Prometheus metrics (names by Prometheus' conventions)
 ``probes``       the plain-HTTP listener: /metrics, /healthz, /readyz

@@ -213,7 +213,7 @@ class _Servicer:
             try:
                 peer = self._peers.peer(context)
             except ServiceError as refused:
-                self.service.refuse_peer(context.peer(), refused)
+                self.service.peer_refusals.refuse(context.peer(), refused)
                 raise
             if pool is None:
                 return fn(peer)

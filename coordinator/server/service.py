@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
-import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -36,6 +34,7 @@ from spherecal.coordinator.driver.secure_job import STAGE_NAMES
 from spherecal.coordinator.driver.tasks import EvaluationResult, PlainUpload, Task
 from spherecal.coordinator.errors import ServiceError, failure_kind, policy_rule
 from spherecal.coordinator.server.ids import check_hex_id
+from spherecal.coordinator.server.peer_refusals import PeerRefusals
 from spherecal.coordinator.server.status import (
     RefusalCounter,
     authorize_admin,
@@ -86,32 +85,10 @@ class CoordinatorService:
         self.traffic = traffic
         self.max_chunk = settings.server.max_chunk_bytes
         self.refusals = RefusalCounter()
-        self._peer_refusals: dict[str, tuple[float, int]] = {}
-        self._peer_refusals_lock = threading.Lock()
+        self.peer_refusals = PeerRefusals(self.refusals, federation.say, store)
+        """Calls refused for their client certificate before any handler ran."""
 
     # ---------------------------------------------------------------- helpers
-    #: A refused transport identity (a revoked certificate retrying) is logged and
-    #: recorded at most once per this many seconds; every refusal is counted.
-    PEER_REFUSAL_LOG_S = 60.0
-
-    def refuse_peer(self, address: str, error: ServiceError) -> None:
-        """A call refused before any handler ran, for its client certificate (revoked,
-        unreadable): counted, logged with the certificate's identity and serial, and in
-        ``events`` — at most once a minute per reason, with how many were refused since,
-        so a revoked site retrying every few seconds cannot grow the log."""
-        self.refusals.add(error.code)
-        now = time.monotonic()
-        with self._peer_refusals_lock:
-            last, since = self._peer_refusals.get(error.message, (float("-inf"), 0))
-            if now - last < self.PEER_REFUSAL_LOG_S:
-                self._peer_refusals[error.message] = (last, since + 1)
-                return
-            self._peer_refusals[error.message] = (now, 0)
-        more = f" ({since} more since the last such line)" if since else ""
-        line = f"refused a call from {address or '?'}: {error.code.name}: {error.message}{more}"
-        self.federation.say(line)
-        self.store.event("warning", line)
-
     def _reject(
         self,
         sender: str,
