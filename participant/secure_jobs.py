@@ -287,12 +287,23 @@ class SecureSteps:
                 self._complain(session, complaint)
             self.refuse(job_hex, exc)
             return
+        if step.stage == pb.UNMASK and session.release is not None:
+            self._record_survivors(session.release, bytes(step.message))
         if out is not None:
             self._submit(session, step.stage, out)
         else:
             self._upload_masked(session)
         if step.stage == pb.UNMASK:
             self.jobs.pop(session.job_id, None)
+
+    def _record_survivors(self, release: str, message: bytes) -> None:
+        """Store, with the release, the survivor set this site's input is summed with
+        and who signed it (the unmask request carries both; the site answered it, so
+        it was well formed): the site's own audit compares rosters from it."""
+        request = crypto.UnmaskRequest.from_bytes(message)
+        self.releases.record_survivors(
+            release, list(request.survivors), [s.signer for s in request.signatures]
+        )
 
     def _complain(self, session: SecureSession, complaint: crypto.ShareComplaint) -> None:
         """Send the signed complaint naming the dealer (best effort: the withdrawal

@@ -379,9 +379,9 @@ def test_the_threshold_rule_alone_stops_a_low_threshold(tmp_path: Path, model: G
 
 
 def test_release_key_weakened_lets_the_repeat_through(tmp_path: Path, model: GlobalModel) -> None:
-    settings = _settings(
-        tmp_path, allow_plaintext=True, policy=PolicySettings(one_release_per_model=False)
-    )
+    """Both rules that key exact moments (per federation/model, and per data) off."""
+    policy = PolicySettings(one_release_per_model=False, reuse_data_across_federations=True)
+    settings = _settings(tmp_path, allow_plaintext=True, policy=policy)
     hostile = HostileCoordinator(federation="fed", model=model, script=[])
     m1 = hostile.publish("m1", model.initial_vector)
     hostile.script = [_statistics("a", m1), _statistics("b", m1)]
