@@ -179,6 +179,9 @@ class ParticipantRunner:
         if refused is not None:
             raise ParticipantExit(2, refused)
         self.session = reply.session
+        same_federation = (
+            self.plan is not None and self.plan.federation_id == reply.plan.federation_id
+        )
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
                 with self._compute_slot():
@@ -188,7 +191,13 @@ class ParticipantRunner:
             self.plan = reply.plan
             self.trainer = trainer
             self._cache.clear()
-        self.secure.clear()  # a new session never continues an old job
+        if same_federation and self.secure.jobs:
+            # The coordinator restarted (or we reconnected): it continues its journaled
+            # jobs, so keep what each job already sent — it is answered again as it
+            # was, never recomputed (issue #20).
+            self.log(f"keeping {len(self.secure.jobs)} secure job(s) across the new session")
+        else:
+            self.secure.clear()  # another federation never continues an old job
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
@@ -336,6 +345,15 @@ class ParticipantRunner:
     # ---------------------------------------------------------------- dispatch
     def _dispatch(self, instruction: pb.Instruction) -> None:
         kind = instruction.WhichOneof("kind")
+        if kind in ("train", "statistics", "evaluate"):
+            task = getattr(instruction, kind)
+            if task.HasField("secure"):
+                held = self.secure.held(task.secure)
+                if held is not None and held.client.has_input:
+                    # a continued job whose input is fixed: resend what it sent; its
+                    # remaining steps come as usual — nothing is recomputed or charged
+                    self.secure.continue_held(held)
+                    return
         if kind == "train":
             self._train(instruction.task_id, instruction.train)
         elif kind == "statistics":

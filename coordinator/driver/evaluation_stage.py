@@ -9,6 +9,7 @@ centrally, exactly as the reference runner does (same batches, same head swap).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -152,7 +153,13 @@ def federated_evaluation(
     job: SecureJob | None = None
     noise: EvaluationNoise | None = None
     error: str | None = None
+    # what the journal finds again after a restart: this split, this model, these heads
+    contents = hashlib.sha256(bytes(model_ref.header.sha256))
+    for ref in refs:
+        contents.update(ref.SerializeToString())
+    slot = f"evaluate:{split}:{model_name}:{contents.hexdigest()[:32]}"
     if s.secagg.evaluation:
+        participants = ctx.resume_participants(slot, participants)  # continued after a restart
         try:
             arguments: dict[str, Any] | None = None
             if s.secagg.evaluation_noise_sd > 0:
@@ -174,10 +181,12 @@ def federated_evaluation(
                 s.secagg.statistics_bound,
                 s.timeouts.evaluation_s,
                 spec_arguments=arguments,
+                slot=slot,
             )
         except (crypto.SecAggError, ValueError) as exc:
             error = f"cannot create the evaluation job: {exc}"
     task = Task(
+        task_id=ctx.task_id(slot),
         kind="evaluate",
         expected=frozenset(participants),
         instructions={

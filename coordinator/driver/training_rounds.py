@@ -34,7 +34,7 @@ from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_b
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
-from spherecal.coordinator.driver.stages import Gathered, StageContext
+from spherecal.coordinator.driver.stages import Gathered, StageContext, default_slot
 from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.driver.validation_gate import RoundGate
@@ -180,6 +180,8 @@ class RoundDriver:
         layout = self.strategy.layout(self.model.length)
         job: SecureJob | None = None
         if s.secagg.updates:
+            # after a restart: the journaled job's participants, continued
+            candidates = ctx.resume_participants(default_slot("update", r), candidates)
             try:
                 job = ctx.new_job(
                     "update",
@@ -198,6 +200,7 @@ class RoundDriver:
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
         task = Task(
+            task_id=ctx.task_id(default_slot("update", r)),
             kind="train",
             expected=frozenset(candidates),
             instructions={
