@@ -397,10 +397,14 @@ class SecureJob:
         digest = hashlib.sha256(data).digest()
         with self.lock:
             if self._accepted.get((participant, stage)) == digest:
-                # the same message again (its sender restarted, or we did): already in
-                # the job, acknowledged, nothing changes
+                # the same message again (its sender restarted, or we did): it is in
+                # the job already; the sender reads ALREADY_EXISTS as delivered
                 self._reconfirmed.add(participant)
-                return
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{self.label()} already has this {STAGE_NAMES.get(stage, stage)} message "
+                    f"from {participant!r} (identical)",
+                )
             self._check_open()
             current = self.server.stage
             if STAGE_CODES.get(current) != stage:

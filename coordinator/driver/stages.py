@@ -45,6 +45,18 @@ def default_slot(purpose: str, round_index: int | None) -> str:
     return purpose if round_index is None else f"{purpose}:r{round_index + 1}"
 
 
+def _first_cause(outcome: JobOutcome) -> str:
+    """What made a failed job short, when participants said why: their typed
+    withdrawals (a refusal names its rule) come before the symptom (``TooFewSurvivors``)."""
+    withdrew = {p: r for p, r in sorted(outcome.dropped.items()) if "withdrew: " in r}
+    if not withdrew:
+        return ""
+    first, reason = next(iter(withdrew.items()))
+    reason = reason.split("withdrew: ", 1)[1]
+    more = f" and {len(withdrew) - 1} more" if len(withdrew) > 1 else ""
+    return f" — because {first}{more} withdrew: {reason}"
+
+
 def _journaled_participants(record: JournaledJob) -> tuple[str, ...]:
     return JobSpec.from_bytes(pb.SecAggJob.FromString(record.job).spec).participants
 
@@ -301,7 +313,7 @@ class StageContext:
             }
         )
         if outcome.status == "failed":
-            progress.errors.append(f"{job.label()}: {outcome.error}")
+            progress.errors.append(f"{job.label()}: {outcome.error}{_first_cause(outcome)}")
         self.exclude_accused(job)
         return outcome
 

@@ -1,17 +1,20 @@
 """A coordinator SIGKILLed at every stage of every secure job kind continues the same
 jobs after its restart and never costs a release (issue #20, with #19's ledger).
 
-One federation of 4 real participant processes (digits, MLP, 2 rounds, secure
+Two federations of 4 real participant processes (digits, MLP, 2 rounds, secure
 updates, statistics and evaluation), each site with its persistent release ledger
 at default ``[policy]``. The coordinator is started with a test-only halt point
 (``coordinator.driver.halts``): it stops dead *at* that point of a job — after the
 first advertisement, in the middle of the masked uploads, right after the
 aggregate exists — and the harness SIGKILLs it and restarts it on the same state
-directory and port with the next point. A second, uninterrupted federation with the
-same settings is the yardstick: the crashed one must end ``completed`` with FFC and
-CCVR and the *same* accuracies and per-round losses, and no site's ledger may hold a
-second release of anything (one update per round, one set of moments, one answer per
-evaluation) or a refusal.
+directory and port with the next point: 15 kills over the two federations, every
+stage of a round's update, the CCVR job and the evaluation (each of the ten points
+is also crashed at in ``tests/unit/coordinator/test_job_journal.py``). A third,
+uninterrupted federation with the same settings is the yardstick: a crashed one must
+end ``completed`` with FFC and CCVR and the *same* models (central accuracies and
+per-round losses to the last bit), and no site's ledger may hold a second release of
+anything (one update per round, one set of moments, one answer per evaluation) or a
+refusal.
 """
 
 from __future__ import annotations
@@ -38,6 +41,17 @@ HALTS = (
     "share@ccvr",  # the statistics job, shares being routed
     "unmask@ccvr",  # the masked sum journaled, the first shares revealed
     "consistency@evaluate",  # the evaluation job's survivor-set signatures
+)
+MORE_HALTS = (  # the other stages, in a second federation
+    "share-closed@r1",
+    "masked-closed@r2",
+    "advertise@ccvr",
+    "masked@ccvr",
+    "aggregated@ccvr",
+    "advertise@evaluate",
+    "masked@evaluate",
+    "unmask@evaluate",
+    "aggregated@evaluate",
 )
 
 
@@ -108,32 +122,44 @@ def _ledger(out: Path, pid: str) -> tuple[list[tuple[Any, ...]], int]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     crashed_out = tmp_path_factory.mktemp("crashed")
+    more_out = tmp_path_factory.mktemp("crashed-more")
     clean_out = tmp_path_factory.mktemp("clean")
     yield {
         "crashed": _run(crashed_out, HALTS),
-        "crashed_out": crashed_out,
+        "more": _run(more_out, MORE_HALTS),
+        "outs": (crashed_out, more_out),
         "clean": _run(clean_out, ()),
     }
 
 
+RUNS = (("crashed", HALTS), ("more", MORE_HALTS))
+
+
+@pytest.mark.parametrize(("run", "halts"), RUNS)
 def test_every_halt_landed_and_every_job_was_continued_not_asked_again(
-    runs: dict[str, Any],
+    runs: dict[str, Any], run: str, halts: tuple[str, ...]
 ) -> None:
-    r = runs["crashed"]
-    assert r["coordinator_starts"] == len(HALTS) + 1
+    r = runs[run]
+    assert r["coordinator_starts"] == len(halts) + 1
     lines = r["lines"]
-    for point in HALTS:
-        stage, _, when = point.partition("@")
+    for point in halts:
+        stage = point.partition("@")[0]
         assert any(f"SPHERECAL-HALT {stage} " in line for line in lines), point
     continued = [line for line in lines if "continued after a restart" in line]
-    assert len(continued) >= len(HALTS), continued
-    assert any("with its journaled result" in line for line in continued), continued
+    assert len(continued) >= len(halts), continued
 
 
+def test_a_journaled_result_is_used_as_it_is(runs: dict[str, Any]) -> None:
+    continued = [line for line in runs["more"]["lines"] if "with its journaled result" in line]
+    assert any("ccvr job" in line for line in continued), continued
+    assert any("evaluate job" in line for line in continued), continued
+
+
+@pytest.mark.parametrize("run", [name for name, _ in RUNS])
 def test_the_crashed_federation_completes_with_the_uninterrupted_result(
-    runs: dict[str, Any],
+    runs: dict[str, Any], run: str
 ) -> None:
-    r, clean = runs["crashed"], runs["clean"]
+    r, clean = runs[run], runs["clean"]
     assert clean["status"] == "completed", (clean["status_reasons"], clean["errors"])
     assert r["status"] == "completed", (r["status_reasons"], r["errors"])
     assert r["status_reasons"] == []
@@ -152,12 +178,14 @@ def test_the_crashed_federation_completes_with_the_uninterrupted_result(
 
 
 def test_no_site_released_anything_twice_or_refused(runs: dict[str, Any]) -> None:
-    out = runs["crashed_out"]
-    for pid in ("p0", "p1", "p2", "p3"):
-        rows, refusals = _ledger(out, pid)
-        assert refusals == 0, pid
-        training = sorted(row[2] for row in rows if row[1] == "training")
-        assert training == [0, 1], (pid, rows)  # one update per round, no more
-        assert [row[0] for row in rows if row[1] == "moments"] == ["ccvr"], (pid, rows)
-        evaluations = [(bytes(row[3]), bytes(row[4])) for row in rows if row[1] == "evaluation"]
-        assert len(evaluations) == len(set(evaluations)), (pid, rows)
+    for out in runs["outs"]:
+        for pid in ("p0", "p1", "p2", "p3"):
+            rows, refusals = _ledger(out, pid)
+            assert refusals == 0, pid
+            training = sorted(row[2] for row in rows if row[1] == "training")
+            assert training == [0, 1], (pid, rows)  # one update per round, no more
+            assert [row[0] for row in rows if row[1] == "moments"] == ["ccvr"], (pid, rows)
+            evaluations = [
+                (bytes(row[3]), bytes(row[4])) for row in rows if row[1] == "evaluation"
+            ]
+            assert len(evaluations) == len(set(evaluations)), (pid, rows)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from spherecal import crypto
 from spherecal.coordinator.driver.halts import HALT_POINTS
 from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import JobJournal
 from spherecal.coordinator.state.store import Store
@@ -129,6 +131,15 @@ def _new_job(tmp: Path, halt: object) -> tuple[SecureJob, Store, dict[str, Site]
     return job, store, sites, np.sum(list(inputs.values()), axis=0)
 
 
+def _send(job: SecureJob, pid: str, stage: int, data: bytes) -> None:
+    """Submit as a site does: ALREADY_EXISTS (an identical resend) is delivered."""
+    try:
+        job.submit(pid, stage, data)  # type: ignore[arg-type]
+    except ServiceError as exc:
+        if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
+            raise
+
+
 def _drive(job: SecureJob, sites: dict[str, Site]) -> None:
     """Every site answers whatever the job asks of it now (a redelivered task first
     resends its advertisement), then the stage closes; until the job ends."""
@@ -138,14 +149,14 @@ def _drive(job: SecureJob, sites: dict[str, Site]) -> None:
             return
         for pid, site in sorted(sites.items()):
             if not job.has_advertised(pid):
-                job.submit(pid, pb.ADVERTISE, site.message(pb.ADVERTISE, None))
+                _send(job, pid, pb.ADVERTISE, site.message(pb.ADVERTISE, None))
             step = job.step_for(pid)
             if step is None:
                 continue
             if step.stage == pb.MASKED:
                 site.upload(job, pid, bytes(step.message))
             else:
-                job.submit(pid, step.stage, site.message(step.stage, bytes(step.message)))
+                _send(job, pid, step.stage, site.message(step.stage, bytes(step.message)))
         job.advance(alive)
     raise AssertionError(f"the job did not end: {job.stage_name}")
 
@@ -211,16 +222,21 @@ def test_an_identical_resend_is_acknowledged_and_a_different_one_refused(
     job, store, sites, _ = _new_job(tmp_path, None)
     advert = sites["p0"].message(pb.ADVERTISE, None)
     job.submit("p0", pb.ADVERTISE, advert)
-    job.submit("p0", pb.ADVERTISE, advert)  # the same bytes: acknowledged
+    with pytest.raises(ServiceError) as info:  # the same bytes: "already there"
+        job.submit("p0", pb.ADVERTISE, advert)
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
     for pid in ("p1", "p2", "p3"):
         job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
     job.advance(frozenset(sites))
     assert job.stage_name == "share"
-    job.submit("p0", pb.ADVERTISE, advert)  # after the stage closed: still acknowledged
+    with pytest.raises(ServiceError) as info:  # after the stage closed: still "there"
+        job.submit("p0", pb.ADVERTISE, advert)
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
     other = crypto.AdvertiseKeys.from_bytes(advert)
     forged = other.to_bytes()[:-1] + bytes([other.to_bytes()[-1] ^ 1])
-    with pytest.raises(Exception, match="not 'advertise'|stage"):
+    with pytest.raises(ServiceError) as info:  # a different one: the stage is over
         job.submit("p0", pb.ADVERTISE, forged)
+    assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
     store.close()
 
 
@@ -231,4 +247,22 @@ def test_a_failed_job_is_not_continued(tmp_path: Path) -> None:
     job.advance(frozenset({"p0", "p1"}))
     assert job.outcome is not None and job.outcome.status == "failed"
     assert JobJournal(store).find(SLOT) is None
+    store.close()
+
+
+def test_a_failed_job_names_the_withdrawals_before_the_shortfall(tmp_path: Path) -> None:
+    from spherecal.coordinator.driver.stages import _first_cause
+
+    job, store, sites, _ = _new_job(tmp_path, None)
+    for pid in ("p0", "p1"):
+        job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
+    job.withdraw("p2", "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left")
+    job.withdraw("p3", "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left")
+    job.advance(frozenset(sites))
+    assert job.outcome is not None and job.outcome.status == "failed"
+    assert "TooFewSurvivors" in str(job.outcome.error)
+    assert _first_cause(job.outcome) == (
+        " — because p2 and 1 more withdrew: "
+        "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left"
+    )
     store.close()
