@@ -61,6 +61,15 @@ def margin(p0: float, ph: float, n: int, *, sigmas: float, noise_sigma: float = 
     return sigmas * se + sigmas * math.sqrt(2.0) * noise_sigma / n
 
 
+def _sum_sd(evaluation: Any) -> float:
+    """The standard deviation of one noisy count sum of a federated evaluation
+    (``noise.sum_sd``), 0 for exact counts or none."""
+    if not isinstance(evaluation, dict):
+        return 0.0
+    noise = evaluation.get("noise")
+    return float(noise.get("sum_sd", 0.0)) if isinstance(noise, dict) else 0.0
+
+
 def noise_band(n: int, *, sigmas: float, noise_sigma: float) -> float:
     """How far the evaluation's DP noise alone can move a difference of two
     accuracies over ``n`` samples (``z · √2 · σ / n``, the noise term of
@@ -92,11 +101,12 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
     missing = {n: h for n, h in heads.items() if validation.get(n) is None}
     samples = int((progress.results.get("validation_evaluation") or {}).get("samples") or 0)
     error: str | None = None
-    noise_sigma = 0.0
+    # the validation counts' DP noise (issue #19): of the grid's evaluation, or of ours
+    noise_sigma = _sum_sd(progress.results.get("validation_evaluation"))
     if missing or validation.get("none") is None:
         fed = federated_evaluation(ctx, global_vector, missing, None, split="validation")
         error = fed.get("error")
-        noise_sigma = float(fed.get("noise_sigma", 0.0))
+        noise_sigma = _sum_sd(fed)
         samples = int(fed.get("samples") or 0)
         for name, acc in fed["accuracy"].items():
             if acc is not None:
@@ -194,9 +204,12 @@ class RoundGate:
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
         self.previous: float | None = None
+        self.noise_sigma = 0.0
+        """The largest count noise of the two evaluations compared (issue #19)."""
 
     def _accuracy(self, vector: npt.NDArray[np.float64], index: int) -> tuple[float | None, int]:
         fed = federated_evaluation(self.ctx, vector, {}, index, split="validation")
+        self.noise_sigma = max(self.noise_sigma, _sum_sd(fed))
         return fed["accuracy"].get("none"), int(fed.get("samples") or 0)
 
     def check(
@@ -214,7 +227,10 @@ class RoundGate:
         entry: dict[str, Any] = {"round": r + 1, "before": prev, "after": acc, "samples": n}
         flagged = False
         if acc is not None and prev is not None and n > 0:
-            limit = max(s.round_max_drop, margin(prev, acc, n, sigmas=s.gate_sigmas))
+            limit = max(
+                s.round_max_drop,
+                margin(prev, acc, n, sigmas=s.gate_sigmas, noise_sigma=self.noise_sigma),
+            )
             entry["limit"] = limit
             flagged = prev - acc > limit
         rolled_back = flagged and s.round_gate == "rollback"
