@@ -171,6 +171,8 @@ class Soak:
             secure_updates=not a.no_secure,
             secure_statistics=not a.no_secure,
             timeout_s=a.federation_timeout,
+            # faults fire on a round's start, a DEBUG line (progress_log)
+            extra_coordinator={"server": {"log_level": "debug"}},
         )
         plan = plan_faults(self.rng, a.rounds)
         lines = Lines()

@@ -28,6 +28,7 @@ from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.outputs import write_json
+from spherecal.coordinator.driver.progress_log import DEBUG_PREFIX, leveled
 from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
@@ -152,6 +153,8 @@ def _peak_rss_mb() -> float:
 
 
 def _default_say(message: str) -> None:
+    if message.startswith(DEBUG_PREFIX):
+        return  # routine bookkeeping (``progress_log``); the CLI's writer can show it
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
@@ -242,7 +245,7 @@ def _run(
         model = GlobalModel(settings.model.spec(settings.seed))
         evaluator = CentralEvaluator.from_settings(settings, model)
         federation = Federation(
-            settings, store, registry, say=emit, model=model, evaluator=evaluator
+            settings, store, registry, say=leveled(emit), model=model, evaluator=evaluator
         )
         stopper = _Stopper(federation, emit, settings.out_dir / "summary.json")
         try:

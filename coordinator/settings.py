@@ -316,10 +316,16 @@ class ServerSettings:
     log_format: str = "text"
     """``text`` or ``json``: stderr log lines with an ISO-8601 UTC timestamp and a level
     (``--log-format`` overrides; ``spherecal.logs``)."""
+    log_level: str = "info"
+    """``info``: one line per training round (with its ETA) and what goes wrong;
+    ``debug`` adds every secure-aggregation stage and job (``--log-level`` overrides;
+    ``spherecal.coordinator.driver.progress_log``)."""
 
     def __post_init__(self) -> None:
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        if self.log_level not in ("info", "debug"):
+            raise ValueError(f"log_level must be info or debug, got {self.log_level!r}")
 
 
 @dataclass(frozen=True)

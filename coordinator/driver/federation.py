@@ -52,7 +52,11 @@ from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 
-__all__ = ["SUSPEND_LINGER_S", "Federation", "FederationFailed", "write_json"]
+__all__ = ["SUSPEND_LINGER_S", "WATCH_SEEN_S", "Federation", "FederationFailed", "write_json"]
+
+WATCH_SEEN_S = 15.0
+"""An operator's status view served this recently counts as a watch in progress: the
+ending coordinator lingers (within ``linger_s``) until it has served the final view."""
 
 SUSPEND_LINGER_S = 2.0
 """How long a stopping coordinator keeps answering so that the participants polling
@@ -279,7 +283,11 @@ class Federation:
             )
 
     def linger(self) -> None:
-        """After the end: keep answering until every live participant was told Done."""
+        """After the end: keep answering until every live participant was told Done,
+        and an operator watching the status view (``spherecal status --watch``, seen
+        within :data:`WATCH_SEEN_S`) was shown the end — a watch used to lose the
+        coordinator between two refreshes and never see ``completed`` (issue #23);
+        both bounded by ``[timeouts] linger_s``."""
         board = self.board
         linger_s = self.settings.timeouts.linger_s
         if board.suspended is not None:  # stopping: tell the polls we hold, briefly
@@ -290,7 +298,12 @@ class Federation:
         ):
             alive = self.registry.alive()
             with board.cond:
-                if alive <= board.done_delivered:
+                watched = (
+                    board.status_polled_at is not None
+                    and time.monotonic() - board.status_polled_at <= WATCH_SEEN_S
+                    and not board.final_status_served
+                )
+                if alive <= board.done_delivered and not watched:
                     return
                 board.cond.wait(0.2)
 

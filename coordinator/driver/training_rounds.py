@@ -32,6 +32,7 @@ from spherecal import crypto
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, federated_evaluation
 from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_bound, note
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
+from spherecal.coordinator.driver.progress_log import round_line
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
 from spherecal.coordinator.driver.stages import Gathered, StageContext
@@ -262,11 +263,4 @@ class RoundDriver:
         ctx.store.round_finished(r, "completed", metrics, checkpoint)
         progress.round_metrics.append(metrics)
         progress.completed_rounds = r + 1
-        acc = metrics["test_accuracy"]
-        ctx.say(
-            f"round {r + 1}/{s.training.rounds}: {len(contributors)} updates, loss "
-            f"{train_loss:.4f}"
-            + (f", test acc {acc:.4f}" if acc is not None else "")
-            + (f", dropped {dropped}" if dropped else "")
-            + f" ({metrics['seconds']:.1f}s)"
-        )
+        ctx.say(round_line(metrics, progress.round_metrics, s.training.rounds))

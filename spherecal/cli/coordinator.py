@@ -43,9 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(after a key compromise or loss; run while the coordinator is stopped)",
     )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
-    from spherecal.logs import add_log_format_option
+    from spherecal.logs import add_log_format_option, add_log_level_option
 
     add_log_format_option(p, "[server] log_format")
+    add_log_level_option(p, "[server] log_level")
     p.add_argument(
         "--check-state",
         action="store_true",
@@ -84,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
     from spherecal.logs import LineFormatter, closing_line, line_writer
 
     fmt = args.log_format or settings.server.log_format
+    debug = (args.log_level or settings.server.log_level) == "debug"
     summary = run_coordinator(
         settings,
         threads=threads,
         new_federation=args.new_federation,
-        say=line_writer("coordinator", fmt),
+        say=line_writer("coordinator", fmt, debug=debug),
         log_formatter=LineFormatter("coordinator", fmt),
     )
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
