@@ -264,6 +264,9 @@ def _run(
             emit(f"metrics and probes on http://{mhost}:{metrics.port}/metrics, /healthz, /readyz")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
+        # which run this database is, for the audit page (``spherecal audit``)
+        store.set_meta("listen", f"{host}:{port}")
+        store.set_meta("name", settings.name)
         emit(
             f"listening on {host}:{port} "
             f"({'INSECURE, loopback only' if settings.server.insecure else 'mutual TLS'}); "

@@ -147,3 +147,38 @@ def test_report_renders_in_headless_chromium(run: Run, tmp_path: Path) -> None:
     assert colours is not None and len(colours) > 50  # text, charts: not blank
     blue = dict((rgb, n) for n, rgb in colours).get((0x00, 0x72, 0xB2), 0)
     assert blue > 500, "the bars are not visible in the screenshot"
+
+
+def test_audit_page_of_a_run_without_dp_renders_in_headless_chromium(
+    run: Run, tmp_path: Path
+) -> None:
+    """Item 9 of issue #23 on a real run's database: no bare PASS without DP, N/A for
+    what did not apply, the run named, the stages in protocol order."""
+    from PIL import Image
+
+    from spherecal.audit import run_audit
+
+    page = tmp_path / "audit.html"
+    report = run_audit(run.out, out=tmp_path / "audit.json", html=page)
+    assert report["ok"]
+    dom = chromium.dom(page, tmp_path / "profile")
+    verdict = re.search(r'<section class="verdict partial" id="verdict">(.*?)</section>', dom)
+    assert verdict is not None
+    assert "<strong>PASS as configured</strong>" in verdict.group(1)
+    assert "Calibration statistics carry no differential privacy" in verdict.group(1)
+    na = re.findall(r'<tr class="check" data-check="(\w+)" data-na="1">', dom)
+    assert set(na) == {"dp_releases", "budgets"}
+    identity = dom[dom.index('<section id="run">') : dom.index('<section id="protection">')]
+    assert report["federation_id"] in identity
+    assert re.search(r"<td>127\.0\.0\.1:\d+</td>", identity), identity
+    assert "p0, p1, p2 (3 of 3 joined)" in identity and "not recorded" not in identity
+    stages = re.findall(r'<tr class="stage" data-stage="(\w+)">', dom)
+    assert stages == ["join", "advertise", "share", "masked", "consistency", "unmask"]
+    assert "Privacy loss ε spent over time" not in dom
+
+    shot = chromium.screenshot(page, tmp_path / "profile", tmp_path / "audit.png", (1100, 2300))
+    image = Image.open(shot).convert("RGB")
+    colours = image.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50
+    amber = dict((rgb, n) for n, rgb in colours).get((0xEF, 0x6C, 0x00), 0)
+    assert amber > 200, "the verdict's amber frame is not on the screenshot"
