@@ -38,6 +38,11 @@ from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.state.lifecycle import (
+    finished_federation,
+    set_aside_finished,
+    stored_result,
+)
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.state_dir import guard_federation_start, write_marker
 from spherecal.coordinator.state.store import Store
@@ -193,7 +198,9 @@ def run_coordinator(
 
     ``new_federation`` allows starting a new federation in a state directory holding
     checkpoints or a federation marker its database does not know (they are set aside,
-    see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
+    see :mod:`spherecal.coordinator.state.state_dir`), or a federation that ended (set
+    aside whole, :mod:`spherecal.coordinator.state.lifecycle`); without it the first
+    is refused and the second is reported from its stored result, nothing written."""
     emit = rate_limited(say or _default_say)
     native = _configure_logging(log_formatter)
     try:
@@ -215,7 +222,20 @@ def _run(
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    # A federation that ended is read-only (issue #23): report it and write nothing,
+    # or with --new-federation set it aside whole and start another.
+    finished = finished_federation(settings.state_dir)
+    set_aside: str | None = None
+    if finished is not None and not new_federation:
+        emit(
+            f"federation {finished.federation_id} in {settings.state_dir} already ended "
+            f"{finished.status}: reporting its stored result, changing nothing (a new "
+            "federation in this state directory needs --new-federation)"
+        )
+        return stored_result(finished, settings.out_dir)
     ensure_port_free(settings.server.listen)  # before touching the state directory
+    if finished is not None:
+        set_aside = str(set_aside_finished(finished, settings.state_dir, settings.out_dir, emit))
     stopper: _Stopper | None = None
 
     def storage_failed(fault: StorageFailed) -> None:
@@ -235,6 +255,8 @@ def _run(
             new_federation=new_federation,
             say=emit,
         )
+        if set_aside is not None:
+            store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
         registry = Registry(
             settings.participants,
             store,

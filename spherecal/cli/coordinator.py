@@ -57,9 +57,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--new-federation",
         action="store_true",
-        help="start a new federation even though the state directory holds checkpoints or "
-        "a federation marker its database does not know (they are moved to "
-        "set-aside-TIME/, never deleted); without it such a start is refused",
+        help="start a new federation even though the state directory holds a federation "
+        "that ended, or checkpoints or a federation marker its database does not know "
+        "(they are moved to set-aside-TIME/, never deleted; an ended federation's result "
+        "files in out_dir too); without it an ended federation is only reported and such "
+        "files refuse the start",
     )
     p.set_defaults(run=run)
 
