@@ -233,9 +233,10 @@ class SecAggSettings:
     participants' default policy refuses jobs without it."""
     update_bound: float = 1e5
     """Declared bound on every entry of the round's vector: the algorithm's named sums
-    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; FedNova's
-    ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum) can exceed 1e5 for large
-    local datasets: raise the bound; SCAFFOLD adds ``c_k⁺ − c_k``)."""
+    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; SCAFFOLD adds ``c_k⁺ −
+    c_k``). A scalar sum whose reach at ``max_examples_per_site`` exceeds it (FedNova's
+    ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum)) travels divided by a power of
+    two that fits (``ServerStrategy.scalar_reach``; docs/extending.md)."""
     update_resolution: float = 0.0
     """Largest fixed-point step (``2^-f``) allowed on an update entry; 0 (the default)
     keeps every update job on the 64-bit ring at its finest scale. When positive, a

@@ -214,7 +214,14 @@ class JoinReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes")
+    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes", "sum_scales")
+    class SumScalesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +233,7 @@ class Plan(_message.Message):
     PARTICIPANT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SUM_SCALES_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model: ModelSpec
     training: LocalTraining
@@ -237,7 +245,8 @@ class Plan(_message.Message):
     participant_index: int
     num_participants: int
     max_chunk_bytes: int
-    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    sum_scales: _containers.ScalarMap[str, float]
+    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., sum_scales: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("extractor", "head", "norm", "classifier", "classifier_seed", "init_seed", "num_classes", "in_channels", "image_height", "image_width", "feature_dim")

@@ -86,7 +86,12 @@ class Federation:
         self.strategy = (
             strategy
             if strategy is not None
-            else Strategy(settings.training, num_participants=len(settings.participants))
+            else Strategy(
+                settings.training,
+                num_participants=len(settings.participants),
+                max_examples=settings.max_examples_per_site,
+                update_bound=settings.secagg.update_bound,
+            )
         )
         self.spool = Spool(settings.state_dir / "spool", report=store.report_failure)
         self.checkpoints = Checkpoints(settings.state_dir / "checkpoints")
@@ -191,6 +196,7 @@ class Federation:
             participant_index=member.index,
             num_participants=len(s.participants),
             max_chunk_bytes=s.server.max_chunk_bytes,
+            sum_scales=self.strategy.scales,
         )
 
     # ---------------------------------------------------------------- driver
