@@ -25,3 +25,19 @@ def test_fednova_with_three_sites_completes_by_default(tmp_path: Path) -> None:
     logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
     assert "outside the declared bound" not in logs
     assert results["accuracy"]["ffc"] is not None
+
+
+def test_a_round_lost_to_refusals_names_the_refusal_not_the_quorum(tmp_path: Path) -> None:
+    """Issue #23: the reason named ``TooFewSurvivors … only 0 remained`` (the symptom);
+    it now names each site's own refusal (the first cause)."""
+    out = tmp_path / "run"
+    argv = ["simulate", "--participants", "3", "--rounds", "1", "--update-bound", "1"]
+    assert cli_main([*argv, "--calibration", "ffc", "--out", str(out), "--quiet"]) == 1
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "failed"
+    (reason,) = results["status_reasons"]
+    symptom, _, cause = reason.partition(" — first cause: ")
+    assert "TooFewSurvivors" in symptom
+    for pid in ("p0", "p1", "p2"):
+        assert f"{pid} withdrew at masked: BAD_INPUT: refusing to encode:" in cause
+    assert "outside the declared bound |x| <= 1.0" in cause
