@@ -429,6 +429,9 @@ def epsilon_meanings(report: dict[str, Any]) -> list[dict[str, Any]]:
 def format_report(report: dict[str, Any]) -> str:
     """The terminal report: protection first, then payloads, checks and ε."""
     lines = [f"spherecal audit of {report['database']}"]
+    lines.append(f"{verdict_label(report)}: {verdict_sentence(report)}")  # always line 2
+    for sentence in unprotected(report) if report["ok"] else []:
+        lines.append(f"  NOT PROTECTED: {sentence}")
     run = report.get("run") or {}
     if run:
         lines.append(
@@ -439,9 +442,6 @@ def format_report(report: dict[str, Any]) -> str:
             + f"; sites: {', '.join(run.get('sites') or []) or 'none recorded'}"
             + f"; coordinator: {run.get('coordinator') or 'address not recorded'}"
         )
-    lines.append(f"{verdict_label(report)}: {verdict_sentence(report)}")
-    for sentence in unprotected(report) if report["ok"] else []:
-        lines.append(f"  NOT PROTECTED: {sentence}")
     protection = report.get("protection")
     if protection:
         lines.append("\nwhat was protected in this run:")

@@ -318,11 +318,11 @@ def test_html_report_renders_in_headless_chromium(
         browser,
         tmp_path / "profile",
         f"--screenshot={shot}",
-        "--window-size=1200,2200",
+        "--window-size=1200,3400",  # the charts follow the run, the checks and the stages
         page.as_uri(),
     )
     image = Image.open(shot).convert("RGB")
-    assert image.size == (1200, 2200)
+    assert image.size == (1200, 3400)
     colours = image.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50  # text, badges, charts: not blank
     first_site = dict((rgb, n) for n, rgb in colours).get((0x00, 0x72, 0xB2), 0)

@@ -68,9 +68,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             cwd=REPO,
         )
         try:
+            # the watch's first screen before the sites start: on a loaded box its
+            # interpreter could otherwise start after a short federation had ended
+            first = watch.stdout.readline() if watch.stdout is not None else ""
+            assert first.startswith("federation "), (first, watch.poll())
             sim.start_participants()
             assert sim.wait_coordinator(240) == 0
             stdout, stderr = watch.communicate(timeout=120)
+            stdout = first + stdout
         finally:
             if watch.poll() is None:
                 watch.kill()
