@@ -12,6 +12,8 @@ import torch and Opacus):
 ``empirical``    canary audit: an empirical lower bound on ε beside the claimed one
 ``dpsgd``        local DP-SGD through Opacus, charged to the same ledger
 ``settings``     the ``[privacy]`` table shared by coordinator and participant configs
+``evaluation_noise``
+                 distributed DP noise on evaluation counts: the plan both sides compute
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
 
 Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
