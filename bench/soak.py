@@ -188,6 +188,8 @@ class Soak:
             secure_updates=not a.no_secure,
             secure_statistics=not a.no_secure,
             timeout_s=a.federation_timeout,
+            # faults fire on a round's start, a DEBUG line (progress_log)
+            extra_coordinator={"server": {"log_level": "debug"}},
         )
         halts: list[str] = []
         if n % 3 != 0:  # two federations in three: the coordinator halts at one point

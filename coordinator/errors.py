@@ -61,6 +61,7 @@ complete)::
     │   ├── CustomExtractorError spherefed: a package.module:factory breaking the contract
     │   ├── SavedModelError      spherefed: a saved model directory that does not load
     │   ├── OutputPathError      spherecal: an output path that cannot be written
+    │   ├── ReportError          spherecal report: a directory holding no run to draw
     │   ├── PreflightError       spherecal: a configured file or directory unusable
     │   ├── CoordinatorUnreachable  spherecal status: no coordinator answers (exit 4)
     │   ├── UnsupportedModel     spherefed: DP-SGD on a model Opacus cannot handle

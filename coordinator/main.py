@@ -28,6 +28,7 @@ from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.outputs import write_json
+from spherecal.coordinator.driver.progress_log import DEBUG_PREFIX, leveled
 from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
@@ -37,6 +38,11 @@ from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.state.lifecycle import (
+    finished_federation,
+    set_aside_finished,
+    stored_result,
+)
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.state_dir import guard_federation_start, write_marker
 from spherecal.coordinator.state.store import Store
@@ -152,6 +158,8 @@ def _peak_rss_mb() -> float:
 
 
 def _default_say(message: str) -> None:
+    if message.startswith(DEBUG_PREFIX):
+        return  # routine bookkeeping (``progress_log``); the CLI's writer can show it
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
@@ -190,7 +198,9 @@ def run_coordinator(
 
     ``new_federation`` allows starting a new federation in a state directory holding
     checkpoints or a federation marker its database does not know (they are set aside,
-    see :mod:`spherecal.coordinator.state.state_dir`); without it that start is refused."""
+    see :mod:`spherecal.coordinator.state.state_dir`), or a federation that ended (set
+    aside whole, :mod:`spherecal.coordinator.state.lifecycle`); without it the first
+    is refused and the second is reported from its stored result, nothing written."""
     emit = rate_limited(say or _default_say)
     native = _configure_logging(log_formatter)
     try:
@@ -212,7 +222,20 @@ def _run(
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    # A federation that ended is read-only (issue #23): report it and write nothing,
+    # or with --new-federation set it aside whole and start another.
+    finished = finished_federation(settings.state_dir)
+    set_aside: str | None = None
+    if finished is not None and not new_federation:
+        emit(
+            f"federation {finished.federation_id} in {settings.state_dir} already ended "
+            f"{finished.status}: reporting its stored result, changing nothing (a new "
+            "federation in this state directory needs --new-federation)"
+        )
+        return stored_result(finished, settings.out_dir)
     ensure_port_free(settings.server.listen)  # before touching the state directory
+    if finished is not None:
+        set_aside = str(set_aside_finished(finished, settings.state_dir, settings.out_dir, emit))
     stopper: _Stopper | None = None
 
     def storage_failed(fault: StorageFailed) -> None:
@@ -232,6 +255,8 @@ def _run(
             new_federation=new_federation,
             say=emit,
         )
+        if set_aside is not None:
+            store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
         registry = Registry(
             settings.participants,
             store,
@@ -242,7 +267,7 @@ def _run(
         model = GlobalModel(settings.model.spec(settings.seed))
         evaluator = CentralEvaluator.from_settings(settings, model)
         federation = Federation(
-            settings, store, registry, say=emit, model=model, evaluator=evaluator
+            settings, store, registry, say=leveled(emit), model=model, evaluator=evaluator
         )
         stopper = _Stopper(federation, emit, settings.out_dir / "summary.json")
         try:
@@ -261,6 +286,9 @@ def _run(
             emit(f"metrics and probes on http://{mhost}:{metrics.port}/metrics, /healthz, /readyz")
         rss_after_setup = _peak_rss_mb()
         host, _ = split_host_port(settings.server.listen)
+        # which run this database is, for the audit page (``spherecal audit``)
+        store.set_meta("listen", f"{host}:{port}")
+        store.set_meta("name", settings.name)
         emit(
             f"listening on {host}:{port} "
             f"({'INSECURE, loopback only' if settings.server.insecure else 'mutual TLS'}); "

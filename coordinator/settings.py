@@ -241,9 +241,10 @@ class SecAggSettings:
     participants' default policy refuses jobs without it."""
     update_bound: float = 1e5
     """Declared bound on every entry of the round's vector: the algorithm's named sums
-    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; FedNova's
-    ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum) can exceed 1e5 for large
-    local datasets: raise the bound; SCAFFOLD adds ``c_k⁺ − c_k``)."""
+    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; SCAFFOLD adds ``c_k⁺ −
+    c_k``). A scalar sum whose reach at ``max_examples_per_site`` exceeds it (FedNova's
+    ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum)) travels divided by a power of
+    two that fits (``ServerStrategy.scalar_reach``; docs/extending.md)."""
     update_resolution: float = 0.0
     """Largest fixed-point step (``2^-f``) allowed on an update entry; 0 (the default)
     keeps every update job on the 64-bit ring at its finest scale. When positive, a
@@ -327,10 +328,16 @@ class ServerSettings:
     log_format: str = "text"
     """``text`` or ``json``: stderr log lines with an ISO-8601 UTC timestamp and a level
     (``--log-format`` overrides; ``spherecal.logs``)."""
+    log_level: str = "info"
+    """``info``: one line per training round (with its ETA) and what goes wrong;
+    ``debug`` adds every secure-aggregation stage and job (``--log-level`` overrides;
+    ``spherecal.coordinator.driver.progress_log``)."""
 
     def __post_init__(self) -> None:
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        if self.log_level not in ("info", "debug"):
+            raise ValueError(f"log_level must be info or debug, got {self.log_level!r}")
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,11 @@ class LocalTrainer:
         self.model: Net = build_model(self.spec)
         self.keys = aggregated_keys(self.model)
         self.length = int(state_vector(self.model, self.keys).shape[0])
-        #: The vector this participant sends each round: the strategy's sums, then Σ loss.
-        self.layout: SumLayout = self.strategy.layout(self.length, LOSS_SUM)
+        #: The vector this participant sends each round: the strategy's sums, then Σ loss,
+        #: each scalar sum at the scale the plan names (powers of two; checked here).
+        self.layout: SumLayout = self.strategy.layout(self.length, LOSS_SUM).with_scales(
+            dict(plan.sum_scales)
+        )
 
     @property
     def feature_dim(self) -> int:

@@ -214,7 +214,14 @@ class JoinReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes")
+    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes", "sum_scales")
+    class SumScalesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +233,7 @@ class Plan(_message.Message):
     PARTICIPANT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SUM_SCALES_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model: ModelSpec
     training: LocalTraining
@@ -237,7 +245,8 @@ class Plan(_message.Message):
     participant_index: int
     num_participants: int
     max_chunk_bytes: int
-    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    sum_scales: _containers.ScalarMap[str, float]
+    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., sum_scales: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("extractor", "head", "norm", "classifier", "classifier_seed", "init_seed", "num_classes", "in_channels", "image_height", "image_width", "feature_dim")
@@ -616,20 +625,22 @@ class FederationStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RosterEntry(_message.Message):
-    __slots__ = ("participant_id", "index", "joined", "connected", "seconds_since_seen", "joins")
+    __slots__ = ("participant_id", "index", "joined", "connected", "seconds_since_seen", "joins", "told_done")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_SEEN_FIELD_NUMBER: _ClassVar[int]
     JOINS_FIELD_NUMBER: _ClassVar[int]
+    TOLD_DONE_FIELD_NUMBER: _ClassVar[int]
     participant_id: str
     index: int
     joined: bool
     connected: bool
     seconds_since_seen: float
     joins: int
-    def __init__(self, participant_id: _Optional[str] = ..., index: _Optional[int] = ..., joined: _Optional[bool] = ..., connected: _Optional[bool] = ..., seconds_since_seen: _Optional[float] = ..., joins: _Optional[int] = ...) -> None: ...
+    told_done: bool
+    def __init__(self, participant_id: _Optional[str] = ..., index: _Optional[int] = ..., joined: _Optional[bool] = ..., connected: _Optional[bool] = ..., seconds_since_seen: _Optional[float] = ..., joins: _Optional[int] = ..., told_done: _Optional[bool] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
     __slots__ = ("round", "selected", "contributors", "train_loss", "test_accuracy", "federated_accuracy", "seconds", "dropped")
@@ -659,8 +670,16 @@ class EpsilonSpent(_message.Message):
     epsilon: float
     def __init__(self, subject: _Optional[str] = ..., epsilon: _Optional[float] = ...) -> None: ...
 
+class MethodAccuracy(_message.Message):
+    __slots__ = ("method", "accuracy")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    accuracy: float
+    def __init__(self, method: _Optional[str] = ..., accuracy: _Optional[float] = ...) -> None: ...
+
 class FederationStatus(_message.Message):
-    __slots__ = ("federation_id", "name", "status", "phase", "rounds", "completed_rounds", "current_round", "task", "stage", "job_id", "roster", "completed", "jobs", "privacy_enabled", "epsilon", "refusals", "warnings", "errors", "uptime_s")
+    __slots__ = ("federation_id", "name", "status", "phase", "rounds", "completed_rounds", "current_round", "task", "stage", "job_id", "roster", "completed", "jobs", "privacy_enabled", "epsilon", "refusals", "warnings", "errors", "uptime_s", "accuracy", "status_reasons")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -680,6 +699,8 @@ class FederationStatus(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_REASONS_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     name: str
     status: str
@@ -699,4 +720,6 @@ class FederationStatus(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     errors: _containers.RepeatedScalarFieldContainer[str]
     uptime_s: float
-    def __init__(self, federation_id: _Optional[str] = ..., name: _Optional[str] = ..., status: _Optional[str] = ..., phase: _Optional[str] = ..., rounds: _Optional[int] = ..., completed_rounds: _Optional[int] = ..., current_round: _Optional[int] = ..., task: _Optional[str] = ..., stage: _Optional[str] = ..., job_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[RosterEntry, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., privacy_enabled: _Optional[bool] = ..., epsilon: _Optional[_Iterable[_Union[EpsilonSpent, _Mapping]]] = ..., refusals: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    accuracy: _containers.RepeatedCompositeFieldContainer[MethodAccuracy]
+    status_reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, federation_id: _Optional[str] = ..., name: _Optional[str] = ..., status: _Optional[str] = ..., phase: _Optional[str] = ..., rounds: _Optional[int] = ..., completed_rounds: _Optional[int] = ..., current_round: _Optional[int] = ..., task: _Optional[str] = ..., stage: _Optional[str] = ..., job_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[RosterEntry, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., privacy_enabled: _Optional[bool] = ..., epsilon: _Optional[_Iterable[_Union[EpsilonSpent, _Mapping]]] = ..., refusals: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ..., uptime_s: _Optional[float] = ..., accuracy: _Optional[_Iterable[_Union[MethodAccuracy, _Mapping]]] = ..., status_reasons: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -470,7 +470,7 @@ def run_audit(
     ``html``, the one-page report for a privacy officer; return the report."""
     from spherecal.audit_integrity import check_integrity
     from spherecal.audit_policy import check_policy
-    from spherecal.audit_report import describe_protection
+    from spherecal.audit_report import describe_protection, run_identity
 
     db, sim_dir = locate(path)
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -491,12 +491,14 @@ def run_audit(
         privacy = json.loads(_meta(conn, "privacy") or "{}")
         federation_id = _meta(conn, "federation_id")
         protection = describe_protection(conn, sim_dir, privacy)
+        run = run_identity(conn, db, sim_dir)
     finally:
         conn.close()
     report: dict[str, Any] = {
         "schema": "spherecal.audit/1",
         "database": str(db),
         "federation_id": federation_id,
+        "run": run,
         "ok": all(c["ok"] for c in checks.values()),
         "privacy": privacy,
         "protection": protection,

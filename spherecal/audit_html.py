@@ -6,9 +6,13 @@ and perhaps opened years later or offline, so it fetches nothing — CSS is inli
 the two charts are SVG drawn here, and there is no script at all. Everything it says
 comes from the audit report dictionary (:func:`spherecal.audit.run_audit`) through
 the plain-language helpers of :mod:`spherecal.audit_report`, in the order a reader
-needs it: the verdict, what was and was not protected, one ε per subject with what
-it means, each check in one sentence, then the charts (bytes each site sent per
-protocol stage; ε spent over time).
+needs it: the verdict — ``PASS as configured`` with a plain list of what was *not*
+protected whenever something was left open (a bare PASS beside "no DP" read as
+"private", issue #23) — which run it is (federation, name, dates, sites, coordinator),
+what was and was not protected, one ε per subject with what it means, each check in
+one sentence (N/A, not PASS, where it had nothing to check), the protocol's stages in
+order and in words, then the charts (bytes each site sent per stage; ε spent over
+time, drawn only when some was spent).
 """
 
 from __future__ import annotations
@@ -19,8 +23,13 @@ from typing import Any
 
 from spherecal.audit_report import (
     CHECK_EXPLANATIONS,
+    STAGE_ORDER,
+    STAGES,
     epsilon_meanings,
     human_bytes,
+    not_applicable,
+    unprotected,
+    verdict_label,
     verdict_sentence,
 )
 
@@ -39,7 +48,6 @@ PALETTE = (
     "#8c564b",
     "#7f7f7f",
 )
-STAGE_ORDER = ("join", "advertise", "share", "masked", "unmask", "update", "statistics")
 
 CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;
@@ -50,16 +58,18 @@ border-bottom:1px solid #e3e5e8;padding-bottom:4px}
 .meta{color:#5f6368;font-size:13px;margin:0}
 .verdict{border-radius:8px;padding:12px 16px;margin:16px 0 4px;border:2px solid}
 .verdict.pass{background:#e8f5e9;border-color:#2e7d32}
+.verdict.partial{background:#fff8e1;border-color:#ef6c00}
 .verdict.fail{background:#fdecea;border-color:#c62828}
 .verdict strong{font-size:20px;display:block}
 .verdict.pass strong{color:#1b5e20}.verdict.fail strong{color:#b71c1c}
+.verdict.partial strong{color:#bf360c}.verdict ul{margin:6px 0 0;padding-left:20px}
 table{border-collapse:collapse;width:100%;font-size:14px}
 th,td{text-align:left;vertical-align:top;padding:5px 8px;border-bottom:1px solid #eceef1}
 th{color:#5f6368;font-weight:600}
 .note{background:#fff8e1;border-left:4px solid #f9a825;padding:8px 12px;margin:10px 0}
 .badge{display:inline-block;min-width:42px;text-align:center;font-weight:700;
 border-radius:4px;padding:1px 6px;font-size:12px;color:#fff}
-.ok{background:#2e7d32}.bad{background:#c62828}
+.ok{background:#2e7d32}.bad{background:#c62828}.na{background:#80868b}
 .tech{color:#6b7075;font-size:12px}
 .charts{display:grid;grid-template-columns:1fr 1fr;gap:18px}
 figure{margin:0}figcaption{font-size:13px;color:#5f6368;margin-top:4px}
@@ -324,7 +334,7 @@ def _epsilon_html(report: dict[str, Any]) -> str:
         "is common in practice. Each subject has one number: the federation as a whole, "
         "and each site by its own accounting.</p>"
     )
-    if not privacy.get("enabled") and not meanings:
+    if not privacy.get("enabled") and not any(m["epsilon"] > 0 for m in meanings):
         return (
             '<section id="epsilon"><h2>Privacy loss (ε)</h2><p>Differential privacy was '
             "<strong>not enabled</strong>: ε is not bounded. The coordinator learned only "
@@ -365,8 +375,17 @@ def _epsilon_html(report: dict[str, Any]) -> str:
 
 def _checks_html(report: dict[str, Any]) -> str:
     items = []
+    skipped = not_applicable(report)
     for name, check in report["checks"].items():
         title, explanation = CHECK_EXPLANATIONS.get(name, (name, ""))
+        if name in skipped:
+            items.append(
+                f'<tr class="check" data-check="{escape(name)}" data-na="1"><td>'
+                '<span class="badge na">N/A</span></td>'
+                f"<td><strong>{escape(title)}</strong><br>Did not apply: "
+                f"{escape(skipped[name])}.</td></tr>"
+            )
+            continue
         if name == "dp_releases" and not check.get("enabled") and not check.get("releases"):
             explanation = (
                 "Differential privacy was not switched on, so there was no noisy release to check."
@@ -406,6 +425,54 @@ def _checks_html(report: dict[str, Any]) -> str:
     return '<section id="checks"><h2>Checks</h2><table>' + "".join(items) + "</table></section>"
 
 
+def _identity_html(report: dict[str, Any]) -> str:
+    """Which run: federation, name, when, sites, coordinator (what an auditor files
+    the page under)."""
+    run = report.get("run") or {}
+    sites = run.get("sites") or []
+    joined = run.get("joined") or []
+    when = run.get("started") or "not recorded"
+    if run.get("ended") and run.get("ended") != run.get("started"):
+        when += f" to {run['ended']}"
+    rows = [
+        ("Federation", str(run.get("federation_id") or report.get("federation_id") or "?")),
+        ("Name", str(run.get("name") or "not recorded")),
+        ("When", when),
+        (
+            "Sites",
+            (", ".join(sites) + f" ({len(joined)} of {len(sites)} joined)")
+            if sites
+            else "none recorded",
+        ),
+        ("Coordinator", str(run.get("coordinator") or "address not recorded")),
+        ("Final status", str(run.get("status") or "not recorded")),
+    ]
+    return (
+        '<section id="run"><h2>Which run</h2><table>'
+        + "".join(f"<tr><th>{k}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+        + "</table></section>"
+    )
+
+
+def _stages_html(report: dict[str, Any]) -> str:
+    """The stages this run's payloads went through, in protocol order, each in words."""
+    seen = {str(r["stage"]) for r in report["payloads"]["rows"]}
+    explained = dict(STAGES)
+    ordered = [s for s in STAGE_ORDER if s in seen] + sorted(seen - set(STAGE_ORDER))
+    if not ordered:
+        return ""
+    rows = "".join(
+        f'<tr class="stage" data-stage="{escape(s)}"><th>{escape(s)}</th>'
+        f"<td>{escape(explained.get(s, 'Other messages.'))}</td></tr>"
+        for s in ordered
+    )
+    return (
+        '<section id="stages"><h2>Protocol stages, in order</h2><p>What each site sent '
+        "the coordinator, stage by stage (the chart below counts the bytes).</p>"
+        f"<table>{rows}</table></section>"
+    )
+
+
 def render_html(report: dict[str, Any]) -> str:
     """The whole page as one string (UTF-8, no external references)."""
     ok = bool(report["ok"])
@@ -415,10 +482,21 @@ def render_html(report: dict[str, Any]) -> str:
     caps = {s: e.get("budget_epsilon") for s, e in subjects.items()}
     colours = site_colours([str(r["sender"]) for r in report["payloads"]["rows"]] + list(subjects))
     title = f"Privacy audit of federation {report.get('federation_id') or '(unnamed)'}"
+    label = verdict_label(report)
+    left_open = unprotected(report) if ok else []
+    kind = "fail" if not ok else ("partial" if left_open else "pass")
     verdict = (
-        f'<section class="verdict {"pass" if ok else "fail"}" id="verdict">'
-        f"<strong>{'PASS' if ok else 'FAIL'}</strong>"
-        f"<span>{escape(verdict_sentence(report))}</span></section>"
+        f'<section class="verdict {kind}" id="verdict">'
+        f"<strong>{escape(label)}</strong>"
+        f"<span>{escape(verdict_sentence(report))}</span>"
+        + (
+            '<p><b>Not protected in this run:</b></p><ul id="not-protected">'
+            + "".join(f"<li>{escape(x)}</li>" for x in left_open)
+            + "</ul>"
+            if left_open
+            else ""
+        )
+        + "</section>"
     )
     payload_svg = payload_chart(report["payloads"]["rows"], colours=colours)
     epsilon_svg = epsilon_chart(timelines, caps, colours=colours)
@@ -427,8 +505,13 @@ def render_html(report: dict[str, Any]) -> str:
         f"<figure>{payload_svg}<figcaption>Bytes each site "
         "sent, per protocol stage (log scale). In one stage the bars should be alike; a "
         "site that stands out sent something unusual.</figcaption></figure>"
-        f"<figure>{epsilon_svg}<figcaption>Privacy loss ε spent over "
-        "time, per subject; dashed: budgets.</figcaption></figure></div></section>"
+        + (
+            f"<figure>{epsilon_svg}<figcaption>Privacy loss ε spent over "
+            "time, per subject; dashed: budgets.</figcaption></figure>"
+            if any(timelines.values())
+            else f"<div>{epsilon_svg}</div>"  # nothing drawn: no caption for it
+        )
+        + "</div></section>"
     )
     footer = (
         f"<footer>Evidence: <code>{escape(str(report.get('path', 'audit.json')))}</code> "
@@ -444,9 +527,11 @@ def render_html(report: dict[str, Any]) -> str:
         f'<p class="meta">{report["payloads"]["count"]} payloads received by the '
         "coordinator were examined (their sizes and hashes, never their contents).</p>"
         + verdict
+        + _identity_html(report)
         + _protection_html(report)
         + _epsilon_html(report)
         + _checks_html(report)
+        + _stages_html(report)
         + charts
         + footer
         + "</main></body></html>\n"

@@ -20,12 +20,58 @@ from typing import Any
 
 __all__ = [
     "CHECK_EXPLANATIONS",
+    "STAGES",
+    "STAGE_ORDER",
     "describe_protection",
     "epsilon_meanings",
     "format_report",
     "human_bytes",
+    "not_applicable",
+    "run_identity",
+    "unprotected",
+    "verdict_label",
     "verdict_sentence",
 ]
+
+#: The protocol's stages as the audit log names them, in the order a job runs them
+#: (docs/design.md §3): what a site sends in each, in words. The plaintext stages
+#: (secure aggregation off) and the side messages follow.
+STAGES: tuple[tuple[str, str], ...] = (
+    ("join", "A site joins: its certificate and identity key. No data."),
+    (
+        "advertise",
+        "Secure aggregation, round 0: two fresh public keys per site and job, signed with "
+        "its identity key. No data.",
+    ),
+    (
+        "share",
+        "Round 1: secret shares of the site's mask keys, encrypted to each neighbour; the "
+        "coordinator only passes them on and cannot read them.",
+    ),
+    (
+        "masked",
+        "Round 2: the site's input (a model update, calibration statistics or evaluation "
+        "counts) hidden under masks: random bytes on their own.",
+    ),
+    (
+        "consistency",
+        "Round 3: each site signs the list of sites still present, so the coordinator "
+        "cannot tell sites different stories about who dropped out.",
+    ),
+    (
+        "unmask",
+        "Round 4: the shares that remove the masks from the sum only: for a site present, "
+        "its self-mask shares; for one that dropped out, its key shares — never both.",
+    ),
+    ("update", "Secure aggregation off: a site's model update, readable by the coordinator."),
+    (
+        "statistics",
+        "Secure aggregation off: a site's calibration statistics, readable by the coordinator.",
+    ),
+    ("evaluate", "Secure aggregation off: a site's evaluation counts (correct, total)."),
+    ("report", "A site reporting that it withdrew from a task, and why. No data."),
+)
+STAGE_ORDER: tuple[str, ...] = tuple(name for name, _ in STAGES)
 
 #: One sentence per check: what it verified, in words a non-specialist can sign.
 CHECK_EXPLANATIONS: dict[str, tuple[str, str]] = {
@@ -179,6 +225,131 @@ def _dpsgd_sites(conn: sqlite3.Connection, sim_dir: Path | None) -> set[str]:
     return sites
 
 
+def run_identity(conn: sqlite3.Connection, db: Path, sim_dir: Path | None) -> dict[str, Any]:
+    """Which run this is: federation id and name, when it ran (UTC), its sites, the
+    coordinator's address — from the database (``meta``, ``participants``,
+    ``events``), the address of a run before it was recorded there from a simulate
+    directory's ``summary.json``; None where not known."""
+
+    def one(sql: str) -> Any:
+        try:
+            row = conn.execute(sql).fetchone()
+        except sqlite3.OperationalError:
+            return None
+        return None if row is None else row[0]
+
+    def meta(key: str) -> str | None:
+        value = one(f"SELECT value FROM meta WHERE key = '{key}'")
+        return None if value is None else str(value)
+
+    try:
+        sites = [
+            (str(r[0]), r[1] is not None)
+            for r in conn.execute(
+                "SELECT participant_id, first_joined FROM participants ORDER BY roster_index"
+            ).fetchall()
+        ]
+    except sqlite3.OperationalError:
+        sites = []
+    started, ended = one("SELECT MIN(ts) FROM events"), one("SELECT MAX(ts) FROM events")
+    address = meta("listen")
+    if address is None and sim_dir is not None:
+        try:
+            summary = json.loads((sim_dir / "coordinator" / "out" / "summary.json").read_text())
+            address = summary.get("listen") if isinstance(summary, dict) else None
+        except (OSError, ValueError):
+            address = None
+
+    def utc(ts: Any) -> str | None:
+        if ts is None:
+            return None
+        import datetime as dt
+
+        return dt.datetime.fromtimestamp(float(ts), dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+    return {
+        "federation_id": meta("federation_id"),
+        "name": meta("name"),
+        "status": meta("status"),
+        "started": utc(started),
+        "ended": utc(ended),
+        "sites": [site for site, _ in sites],
+        "joined": [site for site, joined in sites if joined],
+        "coordinator": address,
+        "database": str(db),
+    }
+
+
+def not_applicable(report: dict[str, Any]) -> dict[str, str]:
+    """Checks that had nothing to check in this run, each with why (shown as N/A, not
+    PASS: a PASS must mean something was verified). A failed check always applies."""
+    checks = report["checks"]
+    protection = report.get("protection") or {}
+    stats = protection.get("calibration_statistics") or {}
+    jobs = checks.get("aggregate_inputs", {}).get("jobs")
+    dp_on = bool((report.get("privacy") or {}).get("enabled"))
+    reasons: dict[str, str] = {}
+    if stats and not stats.get("secure_jobs") and not stats.get("plaintext_uploads"):
+        reasons["no_plaintext_statistics"] = "no calibration statistics were sent in this run"
+    if checks.get("masked_uniformity", {}).get("samples") == 0:
+        reasons["masked_uniformity"] = (
+            "no masked upload was sampled (secure aggregation off, or audit_sample_bytes = 0)"
+        )
+    if checks.get("mask_reuse", {}).get("pairs") == 0:
+        reasons["mask_reuse"] = "no two masked uploads of one site to compare"
+    if jobs is not None and not jobs:
+        reasons["aggregate_inputs"] = "no secure-aggregation job ran (secure aggregation off)"
+        reasons["share_reveals"] = "no secure-aggregation job ran, so no share was revealed"
+    dp = checks.get("dp_releases", {})
+    if not dp_on and not dp.get("releases"):
+        reasons["dp_releases"] = "differential privacy was not switched on: no noisy release"
+    subjects = checks.get("budgets", {}).get("subjects") or {}
+    spent = any(float(e.get("epsilon", 0.0)) > 0 for e in subjects.values())
+    budgets = any(e.get("budget_epsilon") is not None for e in subjects.values())
+    if not spent and not budgets:
+        reasons["budgets"] = "no privacy budget was set and no ε was spent"
+    return {name: why for name, why in reasons.items() if checks.get(name, {}).get("ok", True)}
+
+
+def unprotected(report: dict[str, Any]) -> list[str]:
+    """What this run did NOT protect, one plain sentence each (empty: nothing left out).
+    A PASS only says the run kept what it was configured to do; these say what that
+    configuration left open."""
+    protection = report.get("protection") or {}
+    updates = protection.get("model_updates") or {}
+    stats = protection.get("calibration_statistics") or {}
+    out = []
+    if updates.get("plaintext_uploads"):
+        out.append("Model updates were sent in the clear: the coordinator saw each site's update.")
+    if stats.get("plaintext_uploads"):
+        out.append(
+            "Calibration statistics were sent in the clear: the coordinator saw each "
+            "site's statistics."
+        )
+    if protection.get("updates_without_dp"):
+        out.append(
+            "Model updates carry no differential privacy: the trained model itself may "
+            "reveal individual records, and no ε bounds how much."
+        )
+    if (stats.get("secure_jobs") or stats.get("plaintext_uploads")) and not stats.get(
+        "dp_releases"
+    ):
+        out.append(
+            "Calibration statistics carry no differential privacy: the coordinator learned "
+            "exact sums over sites, and no ε bounds what those sums reveal."
+        )
+    return out
+
+
+def verdict_label(report: dict[str, Any]) -> str:
+    """``FAIL``; ``PASS as configured`` when the run kept its configuration but left
+    something unprotected (:func:`unprotected`) — a bare PASS next to "no DP on
+    anything" read as "private" (issue #23); ``PASS`` only when nothing was left open."""
+    if not report["ok"]:
+        return "FAIL"
+    return "PASS as configured" if unprotected(report) else "PASS"
+
+
 # ----------------------------------------------------------------- sentences
 def verdict_sentence(report: dict[str, Any]) -> str:
     """The first thing a reader sees: did the run keep its promises, in one breath."""
@@ -198,7 +369,13 @@ def verdict_sentence(report: dict[str, Any]) -> str:
     protection = report.get("protection", {})
     stats = protection.get("calibration_statistics", {})
     updates = protection.get("model_updates", {})
-    said = f"All {len(checks)} checks passed: the run kept the protections it was configured with."
+    skipped = not_applicable(report)
+    applied = len(checks) - len(skipped)
+    said = (
+        f"All {len(checks)} checks passed"
+        if not skipped
+        else f"All {applied} applicable checks passed ({len(skipped)} did not apply)"
+    ) + ": the run kept the protections it was configured with."
     if stats:
         said += f" Calibration statistics: {stats['transport']}, {stats['dp']}."
     if updates:
@@ -252,7 +429,19 @@ def epsilon_meanings(report: dict[str, Any]) -> list[dict[str, Any]]:
 def format_report(report: dict[str, Any]) -> str:
     """The terminal report: protection first, then payloads, checks and ε."""
     lines = [f"spherecal audit of {report['database']}"]
-    lines.append(f"{'PASS' if report['ok'] else 'FAIL'}: {verdict_sentence(report)}")
+    lines.append(f"{verdict_label(report)}: {verdict_sentence(report)}")  # always line 2
+    for sentence in unprotected(report) if report["ok"] else []:
+        lines.append(f"  NOT PROTECTED: {sentence}")
+    run = report.get("run") or {}
+    if run:
+        lines.append(
+            f"federation {run.get('federation_id') or '?'}"
+            + (f" ({run['name']})" if run.get("name") else "")
+            + f", {run.get('started') or 'date unknown'}"
+            + (f" to {run['ended']}" if run.get("ended") else "")
+            + f"; sites: {', '.join(run.get('sites') or []) or 'none recorded'}"
+            + f"; coordinator: {run.get('coordinator') or 'address not recorded'}"
+        )
     protection = report.get("protection")
     if protection:
         lines.append("\nwhat was protected in this run:")
@@ -276,7 +465,11 @@ def format_report(report: dict[str, Any]) -> str:
     for (sender, stage), sizes in sorted(by.items()):
         lines.append(f"  {sender:<12} {stage:<12} {len(sizes):>5}  {sum(sizes):>12}")
     lines.append("\nchecks:")
+    skipped = not_applicable(report)
     for name, check in report["checks"].items():
+        if name in skipped:
+            lines.append(f"  [N/A ] {name}: {skipped[name]}")
+            continue
         lines.append(f"  [{'PASS' if check['ok'] else 'FAIL'}] {name}: {check['summary']}")
         for v in check.get("violations", [])[:10]:
             lines.append(f"         - {json.dumps(v, default=str)}")
@@ -299,7 +492,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"empirical lower bound = {report['epsilon_empirical_lower']:.4g}, "
             f"tightness = {report['tightness']:.3f}"
         )
-    lines.append(f"\nverdict: {'PASS' if report['ok'] else 'FAIL'}  (written {report['path']})")
+    lines.append(f"\nverdict: {verdict_label(report)}  (written {report['path']})")
     if report.get("html"):
         lines.append(f"readable report: {report['html']}")
     return "\n".join(lines)

@@ -36,8 +36,10 @@ from typing import Any, TextIO
 
 __all__ = [
     "LOG_FORMATS",
+    "LOG_LEVELS",
     "LineFormatter",
     "add_log_format_option",
+    "add_log_level_option",
     "check_log_format",
     "closing_line",
     "format_line",
@@ -49,7 +51,9 @@ __all__ = [
 ]
 
 LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("info", "debug")
 _PREFIXES = (
+    ("DEBUG:", "DEBUG"),
     ("WARNING:", "WARNING"),
     ("DEGRADED:", "WARNING"),
     ("FAILED:", "ERROR"),
@@ -105,15 +109,24 @@ def format_line(
 
 
 def line_writer(
-    component: str, fmt: str = "text", stream: TextIO | None = None
+    component: str, fmt: str = "text", stream: TextIO | None = None, *, debug: bool = False
 ) -> Callable[[str], None]:
     """A ``say`` callable writing formatted lines to ``stream`` (stderr by default,
-    looked up at each call so that a redirected ``sys.stderr`` is honoured)."""
+    looked up at each call so that a redirected ``sys.stderr`` is honoured). A message
+    marked ``DEBUG: …`` is written (at level DEBUG, without the mark) only with
+    ``debug``."""
     check_log_format(fmt)
 
     def say(message: str) -> None:
+        if message.startswith("DEBUG: "):
+            if not debug:
+                return
+            message = message[len("DEBUG: ") :]
+            level: str | None = "DEBUG"
+        else:
+            level = None
         out = stream if stream is not None else sys.stderr
-        print(format_line(component, message, fmt=fmt), file=out, flush=True)
+        print(format_line(component, message, fmt=fmt, level=level), file=out, flush=True)
 
     return say
 
@@ -153,6 +166,17 @@ def add_log_format_option(parser: Any, key: str) -> None:
         default=None,
         help=f"stderr log lines: text or one JSON object a line, each with an ISO-8601 UTC "
         f"timestamp and a level (default: the config's {key}, else text)",
+    )
+
+
+def add_log_level_option(parser: Any, key: str) -> None:
+    """``--log-level info|debug`` on a service command (``key``: its config key)."""
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=None,
+        help=f"info: one line per round and what goes wrong; debug: every secure-aggregation "
+        f"stage too (default: the config's {key}, else info)",
     )
 
 

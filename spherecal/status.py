@@ -5,7 +5,8 @@ Calls the coordinator's read-only ``GetFederationStatus`` RPC
 with the operator's certificate — the coordinator allows only identities on its
 ``[admin] allow`` list, or loopback callers in plaintext mode — and prints the roster
 with liveness, the current round and secure-aggregation stage, the completed rounds,
-the jobs and the ε spent per subject. ``--watch`` refreshes until the federation ends.
+the jobs and the ε spent per subject. ``--watch`` refreshes until the federation ends,
+shows its final status and accuracies and exits with its outcome (issue #23).
 
 ``--json`` prints :func:`status_json`: every field of ``FederationStatus`` under its
 ``.proto`` name, zero values included (``"refusals": 0``, not a missing key), 64-bit
@@ -24,16 +25,26 @@ from typing import Any
 
 from spherecal.cli.exit_codes import ExitCode
 
-__all__ = ["fetch_status", "render_status", "show_status", "status_json"]
+__all__ = [
+    "fetch_status",
+    "final_from_summary",
+    "render_status",
+    "render_summary_end",
+    "show_status",
+    "status_json",
+]
 
 
-def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None]:
-    """(address, insecure, CA) from the flags and/or the coordinator's config."""
+def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None, Path | None]:
+    """(address, insecure, CA, the coordinator's out_dir) from the flags and/or the
+    coordinator's config."""
     address, insecure, ca = args.address, bool(args.insecure), args.ca
+    out_dir: Path | None = None
     if args.config is not None:
         from spherecal.config import load_coordinator_config
 
         settings, _ = load_coordinator_config(args.config)
+        out_dir = settings.out_dir
         if address is None:
             host, _, port = settings.server.listen.rpartition(":")
             port_file = settings.server.port_file
@@ -46,7 +57,7 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None]:
         ca = ca or settings.tls.client_ca
     if address is None:
         raise ValueError("give --config (the coordinator's TOML) or --address HOST:PORT")
-    return address, insecure, ca
+    return address, insecure, ca, out_dir
 
 
 def fetch_status(
@@ -110,21 +121,37 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 60:.0f}m ago"
 
 
+def _site_state(r: Any) -> str:
+    """What the coordinator knows of a site now: ``connected`` (its presence stream
+    is open or it was heard within the heartbeat timeout), ``disconnected`` (it
+    joined, and is not), ``absent`` (never joined); ``, told done`` once the end was
+    delivered to it."""
+    state = "connected" if r.connected else ("disconnected" if r.joined else "absent")
+    return state + (", told done" if r.told_done else "")
+
+
 def render_status(st: Any) -> str:
     """The one-screen text view of a ``FederationStatus``."""
+    if st.current_round:
+        progress = f"round {st.current_round} of {st.rounds} (completed {st.completed_rounds})"
+    else:
+        progress = f"rounds completed {st.completed_rounds} of {st.rounds}"
     lines = [
         f"federation {st.federation_id or '?'} ({st.name}) — {st.status} — {st.phase}",
-        f"round {st.current_round or '-'} of {st.rounds} (completed {st.completed_rounds})"
+        progress
         + (f" · task {st.task}" if st.task else "")
         + (f" · secure aggregation: {st.stage} (job {st.job_id[:12]})" if st.stage else ""),
     ]
+    if st.status != "running":
+        shown = ", ".join(f"{a.method} {a.accuracy:.4f}" for a in st.accuracy)
+        lines.append(f"final: {st.status} · accuracy: {shown or 'none measured'}")
+        lines.extend(f"  reason: {reason}" for reason in st.status_reasons)
     connected = sum(1 for r in st.roster if r.connected)
     lines.append(f"participants: {connected}/{len(st.roster)} connected")
     for r in st.roster:
-        state = "connected" if r.connected else ("joined" if r.joined else "absent")
         lines.append(
-            f"  {r.participant_id:<16} {state:<10} seen {_ago(r.seconds_since_seen):<9} "
-            f"joins {r.joins}"
+            f"  {r.participant_id:<16} {_site_state(r):<24} seen "
+            f"{_ago(r.seconds_since_seen):<9} joins {r.joins}"
         )
     if st.completed:
         lines.append("completed rounds:  round  updates  loss       test acc  fed acc  seconds")
@@ -192,9 +219,53 @@ def status_json(message: Any) -> dict[str, Any]:
     return out
 
 
+def _end_code(status: str) -> int:
+    from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
+
+    return int(ExitCode.OK if status in SUCCESSFUL_STATUSES else ExitCode.FAILED)
+
+
+def final_from_summary(out_dir: Path | None, federation_id: str) -> dict[str, Any] | None:
+    """The coordinator's ``summary.json`` of federation ``federation_id`` once it has
+    ended (status not ``running``), else None: what a watch reports when the
+    coordinator exited between two refreshes."""
+    if out_dir is None:
+        return None
+    try:
+        summary = json.loads((out_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("federation_id") != federation_id:
+        return None
+    if summary.get("status") in (None, "running"):
+        return None
+    return summary
+
+
+def render_summary_end(summary: dict[str, Any]) -> str:
+    """The last screen of a watch, from the coordinator's summary."""
+    accuracy = summary.get("accuracy") or {}
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items() if v is not None)
+    settings = summary.get("settings") or {}
+    lines = [
+        f"federation {summary.get('federation_id')} ({settings.get('name', '?')}) — "
+        f"{summary.get('status')} (from its summary.json: the coordinator has exited)",
+        f"rounds completed {len(summary.get('per_round') or [])} of {settings.get('rounds', '?')}",
+        f"final: {summary.get('status')} · accuracy: {shown or 'none measured'}",
+    ]
+    lines.extend(f"  reason: {r}" for r in summary.get("status_reasons") or [])
+    return "\n".join(lines)
+
+
 def show_status(args: argparse.Namespace) -> int:
-    """``spherecal status`` (its parser: :mod:`spherecal.cli.status`)."""
-    address, insecure, ca = _target(args)
+    """``spherecal status`` (its parser: :mod:`spherecal.cli.status`).
+
+    With ``--watch`` it follows the run to its end: the last view shows the final
+    status and accuracies, and the exit status is the federation's (0 completed or
+    degraded, 1 failed). The coordinator lingers for a watch it has seen until it has
+    served that view; if the coordinator is gone anyway, the watch reads its
+    ``summary.json`` (``--config`` names the out_dir) before giving up."""
+    address, insecure, ca, out_dir = _target(args)
 
     def once() -> Any:
         return fetch_status(
@@ -207,26 +278,32 @@ def show_status(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
 
-    seen = False
+    seen: str | None = None
     while True:
         try:
             st = once()
         except ValueError as exc:
-            if not seen:
+            if seen is None:
                 raise
+            summary = final_from_summary(out_dir, seen)
+            if summary is not None:
+                print(json.dumps(summary) if args.json else render_summary_end(summary))
+                return _end_code(str(summary.get("status")))
             raise type(exc)(
                 f"the coordinator no longer answers (the federation ended or it stopped; "
                 f"last status above): {exc}"
             ) from None
-        seen = True
+        seen = st.federation_id
         if args.json:
             print(json.dumps(status_json(st), indent=2))
         else:
             if args.watch is not None and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
             print(render_status(st), flush=True)
-        if args.watch is None or st.status != "running":
+        if args.watch is None:
             return ExitCode.OK
+        if st.status != "running":
+            return _end_code(st.status)
         time.sleep(max(0.2, args.watch))
         if not args.json and not sys.stdout.isatty():
             print("---", flush=True)

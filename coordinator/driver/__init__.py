@@ -24,4 +24,5 @@
 ``conduct``             what participants refused, and whom the coordinator excluded
 ``verdict``             the honest final status, and what each part of the result covers
 ``outputs``             saved models and the JSON summary
+``progress_log``        which progress lines are DEBUG; the one line per round, with its ETA
 """

@@ -79,6 +79,10 @@ class Board:
         self.tensors: dict[str, Published] = {}
         self.done: tuple[str, str] | None = None
         self.done_delivered: set[str] = set()
+        self.status_polled_at: float | None = None
+        """When an operator's status view was last served (monotonic), if ever."""
+        self.final_status_served = False
+        """Whether a status view showing the federation's end was served."""
         self.federation_id = ""
         self.stopping: str | None = None
         self.suspended: str | None = None
@@ -175,6 +179,17 @@ class Board:
         self._wake_polls()
 
     # ---------------------------------------------------------------- handler side
+    def status_served(self, *, final: bool) -> None:
+        """An operator's status view was served (``final``: it showed the end). A
+        watching ``spherecal status --watch`` then gets its last view before the
+        process exits (:meth:`Federation.linger <spherecal.coordinator.driver.
+        federation.Federation.linger>`)."""
+        with self.cond:
+            self.status_polled_at = time.monotonic()
+            if final:
+                self.final_status_served = True
+            self.cond.notify_all()
+
     def instruction_for(self, member: Member, session: str | None = None) -> pb.Instruction:
         """What ``member`` does next, for the poll that authenticated with ``session``
         (default: the member's current one).

@@ -52,7 +52,11 @@ from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 
-__all__ = ["SUSPEND_LINGER_S", "Federation", "FederationFailed", "write_json"]
+__all__ = ["SUSPEND_LINGER_S", "WATCH_SEEN_S", "Federation", "FederationFailed", "write_json"]
+
+WATCH_SEEN_S = 15.0
+"""An operator's status view served this recently counts as a watch in progress: the
+ending coordinator lingers (within ``linger_s``) until it has served the final view."""
 
 SUSPEND_LINGER_S = 2.0
 """How long a stopping coordinator keeps answering so that the participants polling
@@ -82,7 +86,12 @@ class Federation:
         self.strategy = (
             strategy
             if strategy is not None
-            else Strategy(settings.training, num_participants=len(settings.participants))
+            else Strategy(
+                settings.training,
+                num_participants=len(settings.participants),
+                max_examples=settings.max_examples_per_site,
+                update_bound=settings.secagg.update_bound,
+            )
         )
         self.spool = Spool(settings.state_dir / "spool", report=store.report_failure)
         self.checkpoints = Checkpoints(settings.state_dir / "checkpoints")
@@ -187,6 +196,7 @@ class Federation:
             participant_index=member.index,
             num_participants=len(s.participants),
             max_chunk_bytes=s.server.max_chunk_bytes,
+            sum_scales=self.strategy.scales,
         )
 
     # ---------------------------------------------------------------- driver
@@ -279,7 +289,11 @@ class Federation:
             )
 
     def linger(self) -> None:
-        """After the end: keep answering until every live participant was told Done."""
+        """After the end: keep answering until every live participant was told Done,
+        and an operator watching the status view (``spherecal status --watch``, seen
+        within :data:`WATCH_SEEN_S`) was shown the end — a watch used to lose the
+        coordinator between two refreshes and never see ``completed`` (issue #23);
+        both bounded by ``[timeouts] linger_s``."""
         board = self.board
         linger_s = self.settings.timeouts.linger_s
         if board.suspended is not None:  # stopping: tell the polls we hold, briefly
@@ -290,7 +304,12 @@ class Federation:
         ):
             alive = self.registry.alive()
             with board.cond:
-                if alive <= board.done_delivered:
+                watched = (
+                    board.status_polled_at is not None
+                    and time.monotonic() - board.status_polled_at <= WATCH_SEEN_S
+                    and not board.final_status_served
+                )
+                if alive <= board.done_delivered and not watched:
                     return
                 board.cond.wait(0.2)
 

@@ -24,7 +24,7 @@ from spherecal.proto.codec import model_spec_to_json
 from spherecal.spherefed.discriminant import CalibratedHead
 from spherecal.spherefed.saved import head_document, save_head
 
-__all__ = ["save_outputs", "summary", "write_json"]
+__all__ = ["round_history", "save_outputs", "summary", "write_json"]
 
 
 def save_outputs(
@@ -134,6 +134,7 @@ def summary(
         "integrity": results.get("integrity"),
         "ccvr": results.get("ccvr"),
         "per_round": list(progress.round_metrics),
+        "history": round_history(progress.round_metrics),
         "resumed_after_round": progress.resumed_from,
         "coverage": coverage(s, progress),
         "retries": {
@@ -154,6 +155,27 @@ def summary(
         "privacy": privacy.summary() if privacy is not None else {"enabled": False},
         **(conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}),
     }
+
+
+def round_history(per_round: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One small row per completed round, what a plot of the run needs (issue #23):
+    ``round`` (1-based), ``train_loss`` (the mean over contributors, as summed
+    securely; None if unknown), ``federated_accuracy`` / ``test_accuracy`` (None
+    where not evaluated that round), ``contributors`` (how many), ``seconds``."""
+    rows = []
+    for m in per_round:
+        loss = m.get("train_loss")
+        rows.append(
+            {
+                "round": int(m["round"]),
+                "train_loss": None if loss is None else float(loss),
+                "federated_accuracy": m.get("federated_accuracy"),
+                "test_accuracy": m.get("test_accuracy"),
+                "contributors": len(m.get("contributors") or ()),
+                "seconds": float(m.get("seconds") or 0.0),
+            }
+        )
+    return rows
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -30,8 +30,10 @@ from spherecal.spherefed.algorithms.base import (
     Payload,
     ServerStrategy,
     SumLayout,
+    power_of_two_scale,
 )
 from spherecal.spherefed.algorithms.registry import configured_strategy
+from spherecal.spherefed.fl import LocalTrainConfig
 
 __all__ = ["LOSS_SUM", "LocalPlan", "Strategy", "StrategyState"]
 
@@ -54,7 +56,14 @@ class LocalPlan:
 class Strategy:
     """``training.algorithm`` from the registry, configured by the training settings."""
 
-    def __init__(self, training: TrainingSettings, *, num_participants: int) -> None:
+    def __init__(
+        self,
+        training: TrainingSettings,
+        *,
+        num_participants: int,
+        max_examples: int | None = None,
+        update_bound: float | None = None,
+    ) -> None:
         self.training = training
         self.server: ServerStrategy = configured_strategy(
             training.algorithm,
@@ -65,9 +74,34 @@ class Strategy:
             ),
         )
 
+        self.scales: dict[str, float] = (
+            self.sum_scales(max_examples, update_bound)
+            if max_examples is not None and update_bound is not None
+            else {}
+        )
+        """Scales of the sums (:meth:`sum_scales`), sent to every site in its plan."""
+
     @property
     def name(self) -> str:
         return self.server.name
+
+    def sum_scales(self, max_examples: int, update_bound: float) -> dict[str, float]:
+        """The power of two each scalar sum travels divided by so that a site with at
+        most ``max_examples`` examples stays within ``update_bound`` (issue #23: bounds
+        that follow the data; 1 for a sum that already fits, and then left out)."""
+        t = self.training
+        config = LocalTrainConfig(
+            epochs=t.local_epochs,
+            batch_size=t.batch_size,
+            lr=t.lr,
+            momentum=t.momentum,
+            weight_decay=t.weight_decay,
+            loss=t.loss,
+            prox_mu=t.effective_prox_mu,
+        )
+        reach = self.server.scalar_reach(max_examples, config)
+        scales = {name: power_of_two_scale(r, update_bound) for name, r in reach.items()}
+        return {name: scale for name, scale in scales.items() if scale != 1.0}
 
     def local_plan(self, round_index: int) -> LocalPlan:
         """Local training settings (FedProx's μ only for FedProx)."""
@@ -84,8 +118,9 @@ class Strategy:
         )
 
     def layout(self, model_length: int) -> SumLayout:
-        """The aggregated vector: the strategy's sums, then :data:`LOSS_SUM`."""
-        return self.server.layout(model_length, LOSS_SUM)
+        """The aggregated vector: the strategy's sums, then :data:`LOSS_SUM`, each
+        scalar sum at its scale."""
+        return self.server.layout(model_length, LOSS_SUM).with_scales(self.scales)
 
     def broadcast(self, global_vector: npt.NDArray[np.float64]) -> dict[str, Any]:
         """What participants need besides the model this round (SCAFFOLD: ``c``)."""

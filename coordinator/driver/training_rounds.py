@@ -32,6 +32,7 @@ from spherecal import crypto
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, federated_evaluation
 from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_bound, note
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
+from spherecal.coordinator.driver.progress_log import round_line
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
 from spherecal.coordinator.driver.stages import Gathered, StageContext, default_slot
@@ -43,7 +44,25 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.fl import derive_seed
 from spherecal.spherefed.reference import ReferenceConfig, select_participants
 
-__all__ = ["RoundDriver"]
+__all__ = ["RoundDriver", "with_first_cause"]
+
+
+def with_first_cause(error: str, dropped: dict[str, str]) -> str:
+    """``error`` followed by the sites' own reasons for leaving, when any withdrew.
+
+    Why (issue #23): a job that lost its quorum fails with its symptom —
+    ``TooFewSurvivors: … only 2 remained`` — while the cause is a site's refusal
+    (``p0 withdrew: BAD_INPUT: refusing to encode: 1 of 158563 entries are outside
+    the declared bound``). The reason a round, and then the federation, fails with
+    names that first cause. ``dropped`` maps a site to ``"stage: why"``."""
+    causes = []
+    for site, why in dropped.items():
+        stage, _, rest = why.partition(": ")
+        if rest.startswith("withdrew: "):
+            causes.append(f"{site} withdrew at {stage}: {rest[len('withdrew: ') :][:240]}")
+    if not causes:
+        return error
+    return f"{error} — first cause: " + "; ".join(causes)
 
 
 class RoundDriver:
@@ -234,7 +253,7 @@ class RoundDriver:
         dropped.update(gathered.dropped)
         if gathered.error is not None:
             ctx.board.set_task(None, f"round {r + 1}: failed")
-            return gathered.error
+            return with_first_cause(gathered.error, dropped)
         if gathered.values is None or len(gathered.contributors) < minimum:
             return f"only {len(gathered.contributors)} updates (minimum {minimum})"
         sums = layout.unflatten(gathered.values)
@@ -312,11 +331,4 @@ class RoundDriver:
         ctx.journal.discard_results(default_slot("update", r))
         progress.round_metrics.append(metrics)
         progress.completed_rounds = r + 1
-        acc = metrics["test_accuracy"]
-        ctx.say(
-            f"round {r + 1}/{s.training.rounds}: {len(contributors)} updates, loss "
-            f"{train_loss:.4f}"
-            + (f", test acc {acc:.4f}" if acc is not None else "")
-            + (f", dropped {dropped}" if dropped else "")
-            + f" ({metrics['seconds']:.1f}s)"
-        )
+        ctx.say(round_line(metrics, progress.round_metrics, s.training.rounds))

@@ -606,4 +606,6 @@ class CoordinatorService:
             authorize_admin(self.settings, peer)
         except ServiceError as exc:
             raise self._reject(peer.identity or "?", "status", "StatusRequest", raw, exc) from None
-        return federation_status(self.settings, self.registry, self.federation, self.refusals)
+        status = federation_status(self.settings, self.registry, self.federation, self.refusals)
+        self.federation.board.status_served(final=status.status != "running")
+        return status

@@ -113,6 +113,15 @@ def federation_status(
     """A consistent-enough snapshot (each part read under its own lock)."""
     now_wall, now = time.time(), time.monotonic()
     alive = registry.alive(now)
+    board = federation.board
+    with board.cond:
+        task = board.task
+        phase = board.phase
+        done = board.done
+        told = set(board.done_delivered)
+    # final numbers only once ended: the driver fills ``results`` as it goes
+    accuracy = federation.progress.results.get("accuracy") if done else None
+    reasons = list(federation.progress.status_reasons) if done else []
     roster = [
         pb.RosterEntry(
             participant_id=m.participant_id,
@@ -123,14 +132,10 @@ def federation_status(
                 0.0 if m.presence > 0 else (now_wall - m.last_contact if m.last_contact else -1.0)
             ),
             joins=m.joins,
+            told_done=m.participant_id in told,
         )
         for m in registry.members()
     ]
-    board = federation.board
-    with board.cond:
-        task = board.task
-        phase = board.phase
-        done = board.done
     metrics = list(federation.round_metrics)
     errors = list(federation.errors)
     warnings = list(federation.warnings)
@@ -148,6 +153,12 @@ def federation_status(
         stage=job.stage_name if job is not None else "",
         job_id=job.job_hex if job is not None else "",
         roster=roster,
+        accuracy=[
+            pb.MethodAccuracy(method=method, accuracy=float(value))
+            for method, value in (accuracy or {}).items()
+            if value is not None
+        ],
+        status_reasons=reasons,
         completed=[_round_summary(m) for m in metrics],
         jobs=job_statuses(federation),
         privacy_enabled=federation.privacy is not None,

@@ -10,6 +10,7 @@
 ``certs``  ``spherecal certs``: a development CA for mutual TLS
 ``experiment``  ``spherecal experiment``: the methods of the papers side by side
 ``audit``  ``spherecal audit``: the privacy report
+``report``  ``spherecal report``: a run drawn as one HTML page (loss, accuracy, calibration)
 ``status``  ``spherecal status``: a running federation, one screen
 ``predict``  ``spherecal predict``: classify data with a saved model
 

@@ -25,6 +25,7 @@ from spherecal.cli import (
     participant,
     predict,
     reference,
+    report,
     simulate,
     status,
 )
@@ -41,6 +42,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     certs,
     experiment,
     audit,
+    report,
     status,
     predict,
 )

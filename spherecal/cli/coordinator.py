@@ -43,9 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(after a key compromise or loss; run while the coordinator is stopped)",
     )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
-    from spherecal.logs import add_log_format_option
+    from spherecal.logs import add_log_format_option, add_log_level_option
 
     add_log_format_option(p, "[server] log_format")
+    add_log_level_option(p, "[server] log_level")
     p.add_argument(
         "--check-state",
         action="store_true",
@@ -56,9 +57,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--new-federation",
         action="store_true",
-        help="start a new federation even though the state directory holds checkpoints or "
-        "a federation marker its database does not know (they are moved to "
-        "set-aside-TIME/, never deleted); without it such a start is refused",
+        help="start a new federation even though the state directory holds a federation "
+        "that ended, or checkpoints or a federation marker its database does not know "
+        "(they are moved to set-aside-TIME/, never deleted; an ended federation's result "
+        "files in out_dir too); without it an ended federation is only reported and such "
+        "files refuse the start",
     )
     p.set_defaults(run=run)
 
@@ -84,11 +87,12 @@ def run(args: argparse.Namespace) -> int:
     from spherecal.logs import LineFormatter, closing_line, line_writer
 
     fmt = args.log_format or settings.server.log_format
+    debug = (args.log_level or settings.server.log_level) == "debug"
     summary = run_coordinator(
         settings,
         threads=threads,
         new_federation=args.new_federation,
-        say=line_writer("coordinator", fmt),
+        say=line_writer("coordinator", fmt, debug=debug),
         log_formatter=LineFormatter("coordinator", fmt),
     )
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")

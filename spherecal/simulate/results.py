@@ -32,6 +32,7 @@ def build_results(
     fired = {d["participant"] for d in dropped}
     return {
         "schema": RESULTS_SCHEMA,
+        "federation_id": summary.get("federation_id"),
         "status": summary.get("status"),
         "status_reasons": summary.get("status_reasons", []),
         "errors": summary.get("errors", []),
@@ -60,6 +61,7 @@ def build_results(
         "validation_evaluation": summary.get("validation_evaluation"),
         "federated_evaluation": summary.get("federated_evaluation"),
         "per_round": summary.get("per_round", []),
+        "history": summary.get("history", []),
         "jobs": summary.get("jobs", []),
         "statistics": summary.get("statistics", {}),
         "integrity": summary.get("integrity"),

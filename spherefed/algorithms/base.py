@@ -22,6 +22,7 @@ secure-aggregation job sums — and splits the aggregate back into named sums.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,17 @@ class NamedSum:
         return model_length if self.per_entry else 1
 
 
+def power_of_two_scale(reach: float, bound: float) -> float:
+    """The smallest power of two ``s >= 1`` with ``reach / s <= bound``: the divisor
+    under which a sum that can reach ``reach`` fits a job's declared ``bound``. A
+    power of two so that dividing and multiplying back are exact in float64."""
+    if not (math.isfinite(reach) and math.isfinite(bound) and bound > 0):
+        raise ValueError(f"reach and bound must be finite, bound > 0: {reach!r}, {bound!r}")
+    if reach <= bound:
+        return 1.0
+    return math.ldexp(1.0, math.ceil(math.log2(reach / bound)))
+
+
 @dataclass(frozen=True)
 class SumLayout:
     """Named sums laid end to end in one float64 vector (declaration order).
@@ -93,9 +105,31 @@ class SumLayout:
     one tensor; flattening every named sum into it keeps *one* aggregation path for
     any algorithm. Summation is entrywise, so the flattened sum of payloads is the
     flattening of the summed payloads.
+
+    ``scales`` (issue #23): a named sum may travel divided by a public power of two,
+    so that one job bound serves sums of very different reach — FedNova's
+    ``Σ n_k‖a_k‖₁`` grows with the square of a site's examples while ``Σ n_k Δ_k``
+    needs the job's finest fixed-point step. :meth:`flatten` divides, :meth:`unflatten`
+    multiplies back; both exact (powers of two).
     """
 
     entries: tuple[tuple[str, int], ...]
+    scales: tuple[tuple[str, float], ...] = ()
+
+    def with_scales(self, scales: Mapping[str, float]) -> SumLayout:
+        """This layout with ``scales`` (name → power of two ≥ 1; 1 is dropped);
+        refuses an unknown name or a scale that is not such a power of two."""
+        for name, scale in scales.items():
+            if name not in self.names:
+                raise ValueError(f"scale for {name!r}: no such sum in {list(self.names)}")
+            mantissa, _ = math.frexp(float(scale))
+            if not (math.isfinite(scale) and scale >= 1 and mantissa == 0.5):
+                raise ValueError(f"scale of {name!r} must be a power of two >= 1, got {scale!r}")
+        kept = tuple(sorted((k, float(v)) for k, v in scales.items() if float(v) != 1.0))
+        return SumLayout(self.entries, kept)
+
+    def scale_of(self, name: str) -> float:
+        return dict(self.scales).get(name, 1.0)
 
     @classmethod
     def of(cls, sums: Sequence[NamedSum], model_length: int) -> SumLayout:
@@ -123,7 +157,8 @@ class SumLayout:
             value = np.ravel(np.asarray(payload[name], dtype=np.float64))
             if value.shape[0] != size:
                 raise ValueError(f"sum {name!r} has {value.shape[0]} entries, expected {size}")
-            parts.append(value)
+            scale = self.scale_of(name)
+            parts.append(value / scale if scale != 1.0 else value)
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def unflatten(self, vector: np.ndarray) -> Payload:
@@ -134,8 +169,8 @@ class SumLayout:
         out: Payload = {}
         start = 0
         for name, size in self.entries:
-            part = flat[start : start + size]
-            out[name] = part.copy() if size != 1 else np.array(part[0], dtype=np.float64)
+            part = flat[start : start + size] * self.scale_of(name)
+            out[name] = part if size != 1 else np.array(part[0], dtype=np.float64)
             start += size
         return out
 
@@ -216,6 +251,14 @@ class ServerStrategy(ABC):
         """Where each declared sum (then ``extra``, e.g. the service's loss) lies in the
         one aggregated vector."""
         return SumLayout.of((*self.sums, *extra), model_length)
+
+    def scalar_reach(self, max_examples: int, config: LocalTrainConfig) -> dict[str, float]:
+        """How large each scalar sum's entry can be for one site holding at most
+        ``max_examples`` examples and training with ``config`` — the bound that follows
+        the data (issue #23), from which the service picks each sum's scale. The
+        default: ``weight`` (``n_k``) reaches ``max_examples``."""
+        names = {s.name for s in self.sums if not s.per_entry}
+        return {"weight": float(max_examples)} if "weight" in names else {}
 
     def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
         """What the server sends besides the global model (nothing, by default)."""

@@ -256,6 +256,16 @@ class FedNova(FedAvg):
     ) -> ClientResult:
         return fednova_local_step(model, x, y, config, seed=seed, objective=objective)
 
+    def scalar_reach(self, max_examples: int, config: LocalTrainConfig) -> dict[str, float]:
+        """``tau = n_k‖a_k‖₁`` grows with the square of the examples (``n_k`` times the
+        effective steps ``‖a_k‖₁`` of ``epochs·⌈n_k/B⌉`` steps, ≈ ``1/(1 − ρ)`` each under
+        momentum): at its default a 600-example site reached 1.7e5, past the update
+        bound of 1e5 (issue #23). Its reach is that of a site at ``max_examples``:
+        :func:`fednova_norm` is increasing in the steps, so this bounds every site."""
+        steps = config.epochs * -(-int(max_examples) // config.batch_size)
+        norm = fednova_norm(steps, momentum=config.momentum, lr=config.lr, prox_mu=config.prox_mu)
+        return {**super().scalar_reach(max_examples, config), "tau": float(max_examples) * norm}
+
     def server_step(
         self, global_vector: np.ndarray, sums: Payload, *, num_selected: int
     ) -> np.ndarray:

@@ -86,6 +86,8 @@ def _settings(
         secure_statistics=secure,
         federated_every=federated_every,
         timeout_s=WAIT_S,
+        # the kills wait for a round's start, a DEBUG line (progress_log)
+        extra_coordinator={"server": {"log_level": "debug"}},
     )
 
 

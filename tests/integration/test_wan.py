@@ -42,6 +42,8 @@ def wan_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         calibration=("ffc", "ccvr"),
         tls=True,
         timeout_s=240,
+        # the partition waits for round 1's start, a DEBUG line (progress_log)
+        extra_coordinator={"server": {"log_level": "debug"}},
     )
     watcher = Watcher()
     proxies: dict[str, WanProxy] = {}

@@ -72,7 +72,13 @@ def test_text_report_says_model_updates_carry_no_dp(tmp_path: Path) -> None:
     assert protection["calibration_statistics"]["dp"] == "no DP"
     text = format_report(report)
     assert "model updates carry NO differential privacy" in text
-    assert text.splitlines()[1].startswith("PASS: All 9 checks passed")
+    # issue #23: no bare PASS beside "no DP"; checks with nothing to check are N/A
+    assert text.splitlines()[1].startswith(
+        "PASS as configured: All 5 applicable checks passed (4 did not apply)"
+    )
+    assert "  NOT PROTECTED: Model updates carry no differential privacy" in text
+    assert "  [N/A ] dp_releases: differential privacy was not switched on" in text
+    assert "verdict: PASS as configured" in text
 
 
 def test_a_plaintext_statistics_upload_fails_and_is_named_in_plain_words(tmp_path: Path) -> None:
@@ -110,7 +116,7 @@ def test_html_is_self_contained_and_says_what_was_not_protected(tmp_path: Path) 
         assert forbidden not in page.lower()
     assert 'id="updates-no-dp"' in page
     assert "neither are the calibration statistics" in page  # DP off altogether
-    assert "No privacy budget was in use" in page
+    assert "Did not apply: no privacy budget was set and no ε was spent." in page
     assert "Differential privacy was <strong>not enabled</strong>" in page
     assert 'id="epsilon-chart-empty"' in page  # no ε spent: no chart to invent
     assert page.count('class="bar"') == 8  # 2 sites × 4 stages

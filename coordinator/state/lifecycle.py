@@ -1,0 +1,153 @@
+"""A finished federation's state directory is read-only to a restarted coordinator.
+
+Why (issue #23): restarted on a federation that had completed, the coordinator
+"resumed after round 40" and waited; stopped, it overwrote ``summary.json`` with
+``failed`` and null accuracies, and sites that rejoined refused to release again and
+ended it ``degraded`` with a misleading reason. A federation that ended — its
+database records ``completed``, ``degraded`` or ``failed`` (a stop by SIGTERM or a
+storage fault records ``stopped`` and *is* resumed) — is over:
+
+- :func:`finished_federation` reads the database **read-only** (SQLite ``mode=ro``,
+  before the coordinator's store opens and migrates it) and says whether it ended;
+- without ``--new-federation`` the coordinator reports the stored result
+  (:func:`stored_result`: its ``summary.json`` when that names the same federation,
+  else what the database holds) and exits with its status — nothing written;
+- with ``--new-federation`` :func:`set_aside_finished` moves the finished
+  federation's files — ``state.db`` (and its WAL), ``checkpoints/``, ``spool/``,
+  ``federation.json``, and the result files in ``out_dir`` — into
+  ``set-aside-<UTC time>/`` beside them, never deleting, and says so in the log; a
+  new federation then starts in the emptied directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENDED_STATUSES",
+    "Finished",
+    "finished_federation",
+    "set_aside_finished",
+    "stored_result",
+]
+
+ENDED_STATUSES = frozenset({"completed", "degraded", "failed"})
+"""Statuses a federation ends with; ``stopped`` (SIGTERM, storage fault) resumes."""
+
+STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "federation.json")
+STATE_DIRS = ("checkpoints", "spool")
+RESULT_FILES = ("summary.json", "model_spec.json", "classifiers.pt")
+RESULT_PATTERNS = ("model_*.pt", "head_*.pt")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A federation whose database says it ended."""
+
+    federation_id: str
+    status: str
+    database: Path
+
+
+def finished_federation(state_dir: Path) -> Finished | None:
+    """The ended federation in ``state_dir``, or None (no database, a new one, a
+    federation still running or stopped to be resumed). Opens nothing for writing;
+    a database it cannot read is left for the store to diagnose."""
+    database = state_dir / "state.db"
+    if not database.is_file():
+        return None
+    # A cleanly closed database has no WAL: open it immutable, so that not even the
+    # WAL and shared-memory files a read-only WAL reader creates appear beside it.
+    # With a WAL left (a crash) its frames must be read: read-only, not immutable.
+    wal = database.with_name(database.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(f"file:{database}?{mode}", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = dict(
+            conn.execute(
+                "SELECT key, value FROM meta WHERE key IN ('status', 'federation_id')"
+            ).fetchall()
+        )
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    status, federation_id = rows.get("status"), rows.get("federation_id")
+    if status not in ENDED_STATUSES or not federation_id:
+        return None
+    return Finished(federation_id=str(federation_id), status=str(status), database=database)
+
+
+def stored_result(finished: Finished, out_dir: Path) -> dict[str, Any]:
+    """The result to report: ``out_dir/summary.json`` when it is this federation's
+    (read, never rewritten), else the database's status with the reason it gives."""
+    path = out_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        summary = None
+    if isinstance(summary, dict) and summary.get("federation_id") == finished.federation_id:
+        return summary
+    return {
+        "federation_id": finished.federation_id,
+        "status": finished.status,
+        "status_reasons": [
+            f"{path} is missing or belongs to another federation; the status is the "
+            f"one recorded in {finished.database}"
+        ],
+        "accuracy": None,
+        "errors": [],
+        "warnings": [],
+    }
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _move_into(paths: list[Path], folder: Path) -> list[str]:
+    moved = []
+    for path in paths:
+        if path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            path.rename(folder / path.name)
+            moved.append(path.name)
+    return moved
+
+
+def set_aside_finished(
+    finished: Finished, state_dir: Path, out_dir: Path, say: Callable[[str], None]
+) -> Path:
+    """Move the finished federation's files into ``set-aside-<time>/`` folders (the
+    state's in ``state_dir``, the results' in ``out_dir``) so that a new federation
+    starts clean and the old one stays whole; returns the state's folder."""
+    stamp = _stamp()
+    state_folder = state_dir / f"set-aside-{stamp}"
+    moved = _move_into(
+        [state_dir / n for n in STATE_FILES] + [state_dir / n for n in STATE_DIRS], state_folder
+    )
+    results = [out_dir / n for n in RESULT_FILES]
+    for pattern in RESULT_PATTERNS:
+        results.extend(sorted(out_dir.glob(pattern)))
+    out_folder = out_dir / f"set-aside-{stamp}"
+    moved_results = _move_into(results, out_folder)
+    say(
+        f"WARNING: --new-federation: federation {finished.federation_id} had ended "
+        f"{finished.status}; its state ({', '.join(moved)}) was moved to {state_folder}"
+        + (
+            f" and its results ({', '.join(moved_results)}) to {out_folder}"
+            if moved_results
+            else ""
+        )
+        + "; starting a NEW federation in this state directory"
+    )
+    return state_folder

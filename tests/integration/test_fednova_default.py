@@ -1,0 +1,43 @@
+"""The issue's own command (issue #23, item 11): ``spherecal simulate --participants 3
+--rounds 2 --algorithm fednova --calibration ffc`` — every site withdrew with ``1 of
+158563 entries are outside the declared bound`` and the run failed. FedNova's ``tau``
+now travels at a power-of-two scale that follows ``max_examples_per_site``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spherecal.cli.app import main as cli_main
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_fednova_with_three_sites_completes_by_default(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = ["simulate", "--participants", "3", "--rounds", "2", "--algorithm", "fednova"]
+    code = cli_main([*argv, "--calibration", "ffc", "--out", str(out), "--quiet"])
+    results = json.loads((out / "results.json").read_text())
+    assert code == 0 and results["status"] == "completed", results["status_reasons"]
+    assert [m["contributors"] for m in results["per_round"]] == [["p0", "p1", "p2"]] * 2
+    logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
+    assert "outside the declared bound" not in logs
+    assert results["accuracy"]["ffc"] is not None
+
+
+def test_a_round_lost_to_refusals_names_the_refusal_not_the_quorum(tmp_path: Path) -> None:
+    """Issue #23: the reason named ``TooFewSurvivors … only 0 remained`` (the symptom);
+    it now names each site's own refusal (the first cause)."""
+    out = tmp_path / "run"
+    argv = ["simulate", "--participants", "3", "--rounds", "1", "--update-bound", "1"]
+    assert cli_main([*argv, "--calibration", "ffc", "--out", str(out), "--quiet"]) == 1
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "failed"
+    (reason,) = results["status_reasons"]
+    symptom, _, cause = reason.partition(" — first cause: ")
+    assert "TooFewSurvivors" in symptom
+    for pid in ("p0", "p1", "p2"):
+        assert f"{pid} withdrew at masked: BAD_INPUT: refusing to encode:" in cause
+    assert "outside the declared bound |x| <= 1.0" in cause

@@ -1,0 +1,31 @@
+"""A failed round names the first cause — a site's refusal — not only the symptom
+(issue #23)."""
+
+from __future__ import annotations
+
+from spherecal.coordinator.driver.training_rounds import with_first_cause
+
+QUORUM = "TooFewSurvivors: too few survivors at stage 'masked': needed at least 3, only 2 remained"
+
+
+def test_withdrawals_are_named_after_the_symptom() -> None:
+    dropped = {
+        "p0": "masked: withdrew: BAD_INPUT: refusing to encode: 1 of 158563 entries are "
+        "outside the declared bound |x| <= 100000.0",
+        "p1": "share: disconnected / heartbeat timeout",
+    }
+    reason = with_first_cause(QUORUM, dropped)
+    assert reason == (
+        QUORUM + " — first cause: p0 withdrew at masked: BAD_INPUT: refusing to encode: 1 of "
+        "158563 entries are outside the declared bound |x| <= 100000.0"
+    )
+
+
+def test_without_a_withdrawal_the_error_stands() -> None:
+    assert with_first_cause(QUORUM, {}) == QUORUM
+    assert with_first_cause(QUORUM, {"p1": "masked: stage deadline"}) == QUORUM
+
+
+def test_a_long_reason_is_cut() -> None:
+    reason = with_first_cause(QUORUM, {"p0": "masked: withdrew: " + "x" * 1000})
+    assert reason.endswith("x" * 240) and len(reason) < len(QUORUM) + 300

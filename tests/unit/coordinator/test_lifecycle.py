@@ -1,0 +1,118 @@
+"""A federation that ended is read-only to a restart (issue #23, item 1): detected from
+a real coordinator database without writing a byte, reported from its stored result,
+set aside whole (never deleted) only for ``--new-federation``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spherecal.coordinator.main import run_coordinator
+from spherecal.coordinator.settings import CoordinatorSettings, ServerSettings, Timeouts
+from spherecal.coordinator.state.lifecycle import (
+    Finished,
+    finished_federation,
+    set_aside_finished,
+    stored_result,
+)
+from spherecal.coordinator.state.store import Store
+
+
+def _state(tmp_path: Path, status: str | None) -> Path:
+    """A state directory as a coordinator leaves it: database, checkpoint, marker."""
+    state = tmp_path / "state"
+    state.mkdir()
+    store = Store(state / "state.db")
+    store.set_meta("federation_id", "f00dfeed")
+    if status is not None:
+        store.set_meta("status", status)
+    store.event("info", f"federation {status}")
+    store.close()
+    (state / "checkpoints").mkdir()
+    (state / "checkpoints" / "round-00001.pt").write_bytes(b"checkpoint")
+    (state / "federation.json").write_text('{"federation_id": "f00dfeed"}\n')
+    return state
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("status", ["completed", "degraded", "failed"])
+def test_an_ended_federation_is_found_without_writing(tmp_path: Path, status: str) -> None:
+    state = _state(tmp_path, status)
+    before = _files(state)
+    found = finished_federation(state)
+    assert found == Finished("f00dfeed", status, state / "state.db")
+    assert _files(state) == before  # no -wal / -shm appeared beside the database
+
+
+@pytest.mark.parametrize("status", [None, "running", "stopped"])
+def test_a_federation_to_resume_is_not_finished(tmp_path: Path, status: str | None) -> None:
+    assert finished_federation(_state(tmp_path, status)) is None
+
+
+def test_no_database_or_a_damaged_one_is_left_to_the_store(tmp_path: Path) -> None:
+    assert finished_federation(tmp_path) is None
+    (tmp_path / "state.db").write_bytes(b"not sqlite at all" * 100)
+    assert finished_federation(tmp_path) is None
+
+
+def test_stored_result_is_this_federations_summary_else_the_database(tmp_path: Path) -> None:
+    finished = Finished("f00dfeed", "completed", tmp_path / "state.db")
+    out = tmp_path / "out"
+    fallback = stored_result(finished, out)
+    assert fallback["status"] == "completed" and fallback["federation_id"] == "f00dfeed"
+    assert "missing or belongs to another federation" in fallback["status_reasons"][0]
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"federation_id": "other", "status": "x"}))
+    assert stored_result(finished, out)["status"] == "completed"
+    summary = {"federation_id": "f00dfeed", "status": "completed", "accuracy": {"ffc": 0.9}}
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert stored_result(finished, out) == summary
+
+
+def test_set_aside_moves_everything_and_deletes_nothing(tmp_path: Path) -> None:
+    state = _state(tmp_path, "completed")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("summary.json", "model_none.pt", "model_ffc.pt", "head_lda.pt", "notes.txt"):
+        (out / name).write_bytes(name.encode())
+    state_before, out_before = _files(state), _files(out)
+    said: list[str] = []
+    finished = finished_federation(state)
+    assert finished is not None
+    folder = set_aside_finished(finished, state, out, said.append)
+    assert folder.parent == state and folder.name.startswith("set-aside-")
+    assert _files(folder) == state_before  # all of it, byte for byte
+    assert not (state / "state.db").exists() and not (state / "checkpoints").exists()
+    (out_folder,) = out.glob("set-aside-*")
+    assert _files(out_folder) == {k: v for k, v in out_before.items() if k != "notes.txt"}
+    assert (out / "notes.txt").read_bytes() == b"notes.txt"  # not a result: stays
+    assert len(said) == 1 and said[0].startswith("WARNING: --new-federation: federation f00dfeed")
+    assert finished_federation(state) is None  # a new federation may start here
+
+
+def test_run_coordinator_reports_an_ended_federation_and_writes_nothing(tmp_path: Path) -> None:
+    state = _state(tmp_path, "completed")
+    out = tmp_path / "out"
+    out.mkdir()
+    summary = {"federation_id": "f00dfeed", "status": "completed", "accuracy": {"ffc": 0.9}}
+    (out / "summary.json").write_text(json.dumps(summary))
+    settings = CoordinatorSettings(
+        participants=("p0", "p1", "p2"),
+        server=ServerSettings(insecure=True, listen="127.0.0.1:0"),
+        # were it to start, it would give up on its participants at once (and write)
+        timeouts=Timeouts(join_s=0.5, linger_s=0.5),
+        state_dir=state,
+        out_dir=out,
+    )
+    before = _files(tmp_path)
+    said: list[str] = []
+    assert run_coordinator(settings, say=said.append) == summary
+    assert _files(tmp_path) == before
+    assert any("already ended completed" in line for line in said), said
