@@ -13,6 +13,7 @@ import torch and Opacus):
 ``dpsgd``        local DP-SGD through Opacus, charged to the same ledger
 ``settings``     the ``[privacy]`` table shared by coordinator and participant configs
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
+``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
 
 Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
 explicitly by their users.
