@@ -14,6 +14,7 @@ import torch and Opacus):
 ``settings``     the ``[privacy]`` table shared by coordinator and participant configs
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
 ``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
+``distributed_dpsgd``  distributed DP-SGD's noise shares and record-level accounting
 
 Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
 explicitly by their users.
