@@ -31,7 +31,8 @@ check.
 
 **DP heads (issue #25): never a loss.** A head solved from a DP release is noisy by
 design — at small ε honest noise alone can put it far below the uncalibrated model
-(digits, ε = 1, 3 contributors: FFC 0.12) — so the benefit of the doubt above does
+(issue #25 reported FFC at 0.12 on digits, ε = 1, 3 contributors; measured through
+the service: 0.53 at ε = 0.1) — so the benefit of the doubt above does
 not apply to it. It is shipped only when it *beats* the uncalibrated model on
 federated validation, ``p_h > p₀``; otherwise it is *withheld*: the sites keep the
 uncalibrated head for that method, and the run is ``degraded`` with the reason
