@@ -128,8 +128,10 @@ class _Measured(RaySimulation):
     startup_cpu_s: float = 0.0
     """Its CPU when it started listening (imports, test data)."""
 
-    def start_coordinator(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> int:
-        port = super().start_coordinator(listen, timeout)
+    def start_coordinator(
+        self, listen: str = "127.0.0.1:0", timeout: float = 120.0, *, halt: str | None = None
+    ) -> int:
+        port = super().start_coordinator(listen, timeout, halt=halt)
         assert self.coordinator is not None
         self.monitor = _Monitor(self.coordinator.popen.pid)
         self.startup_cpu_s = _cpu_seconds(self.coordinator.popen.pid)

@@ -8,7 +8,13 @@ after a round's checkpoint, a statistics job) plus a random delay:
 
 ``participant``   SIGKILL one participant, restart it 0.1–2 s later;
 ``three``         SIGKILL all but one participant, restart them within a second;
-``coordinator``   SIGKILL the coordinator, restart it on the same port.
+``coordinator``   SIGKILL the coordinator, restart it on the same port;
+``halt``          (two federations in three) stop the coordinator dead *at* a point of
+                  a secure job — one of ``coordinator.driver.halts.HALT_POINTS`` in
+                  turn, in each job kind (round 1's update, the CCVR statistics, the
+                  first evaluation), so ten such federations cover every (point, kind)
+                  pair — SIGKILL it and restart it: the job must be continued, not
+                  asked again.
 
 What it reports (JSON on stdout, or ``--json FILE``):
 
@@ -16,6 +22,10 @@ What it reports (JSON on stdout, or ``--json FILE``):
 * ``rounds_lost``: rounds that were completed (checkpointed in the coordinator's
   database) when the coordinator was killed but were *not* resumed after — must be 0;
   a federation that ends ``failed`` loses all its completed rounds and counts them;
+* ``releases_lost``: site refusals of a release already made (a coordinator that
+  asked again instead of continuing its job) — must be 0; ``second_releases``:
+  anything a site's ledger shows released twice (two updates of one round, two sets
+  of moments in one federation) — must be 0; ``halts`` by ``point@kind``;
 * ``coordinator_rss_mb``: the coordinator's resident memory sampled every
   ``--rss-every`` seconds (``[seconds since the soak started, MiB]``), its peak, and
   each federation's peak as the coordinator reported it.
@@ -42,10 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spherecal.coordinator.driver.halts import HALT_MARKER, HALT_POINTS
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
 
 FAULT_KINDS = ("participant", "three", "coordinator")
+HALT_KINDS = ("update", "ccvr", "evaluate")
+HALT_PAIRS = len(HALT_KINDS) * len(HALT_POINTS)
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,10 @@ class Soak:
         self.faults = dict.fromkeys(FAULT_KINDS, 0)
         self.statuses: dict[str, int] = {}
         self.rounds_lost = 0
+        self.releases_lost = 0
+        self.second_releases = 0
+        self.halts: dict[str, int] = {}
+        self._next_halt = 0
         self.federations: list[dict[str, Any]] = []
         self._sim: Simulation | None = None
         self._stop = threading.Event()
@@ -172,22 +189,51 @@ class Soak:
             secure_statistics=not a.no_secure,
             timeout_s=a.federation_timeout,
         )
-        plan = plan_faults(self.rng, a.rounds)
+        halts: list[str] = []
+        if n % 3 != 0:  # two federations in three: the coordinator halts at one point
+            # of each job kind in turn (round 1's update, CCVR, the first evaluation);
+            # ten such federations cover every (point, kind) pair
+            point = HALT_POINTS[self._next_halt % len(HALT_POINTS)]
+            self._next_halt += 1
+            halts = [f"{point}@r1", f"{point}@ccvr", f"{point}@evaluate"]
+        plan = [] if halts else plan_faults(self.rng, a.rounds)
         lines = Lines()
         injected: list[dict[str, Any]] = []
         lost = 0
         t0 = time.monotonic()
         until = t0 + a.federation_timeout
         pids = list(settings.participant_ids)
-        record: dict[str, Any] = {"federation": n, "planned": [f.__dict__ for f in plan]}
+        record: dict[str, Any] = {
+            "federation": n,
+            "planned": [f.__dict__ for f in plan],
+            "halts": halts,
+        }
         with Simulation(settings, lines) as sim:
             self._sim = sim
-            port = sim.start_coordinator()
+            port = sim.start_coordinator(halt=halts[0] if halts else None)
             sim.start_participants()
             db = out / "coordinator" / "state" / "state.db"
 
             def alive() -> bool:
                 return sim.coordinator is not None and sim.coordinator.popen.poll() is None
+
+            for k, point in enumerate(halts):
+                stage = point.split("@")[0]
+                if not lines.wait_for(f"{HALT_MARKER} {stage} ", until, alive):
+                    injected.append({"kind": "halt", "point": point, "skipped": "never reached"})
+                    break
+                at = round(time.monotonic() - t0, 2)
+                before = completed_rounds(db)
+                sim.kill_coordinator()
+                lines.mark = len(lines.lines)
+                following = halts[k + 1] if k + 1 < len(halts) else None
+                sim.start_coordinator(listen=f"127.0.0.1:{port}", halt=following)
+                resumed = self._resumed_after(lines, until)
+                lost += max(0, before - resumed)
+                injected.append(
+                    {"kind": "halt", "point": point, "at_s": at, "completed_rounds": before}
+                )
+                self.halts[point] = self.halts.get(point, 0) + 1
 
             for fault in plan:
                 if not lines.wait_for(fault.trigger, until, alive):
@@ -243,8 +289,13 @@ class Soak:
         if status == "failed" or status.startswith("harness-error"):
             lost += completed_rounds(db)
         self.rounds_lost += lost
+        refused, twice = _ledgers(out, list(settings.participant_ids))
+        self.releases_lost += refused
+        self.second_releases += twice
         self.statuses[status] = self.statuses.get(status, 0) + 1
         record.update(
+            releases_lost=refused,
+            second_releases=twice,
             status=status,
             status_reasons=results.get("status_reasons", []),
             faults=injected,
@@ -292,6 +343,9 @@ class Soak:
             "federations_completed": self.statuses.get("completed", 0),
             "faults_injected": {**self.faults, "total": sum(self.faults.values())},
             "rounds_lost": self.rounds_lost,
+            "releases_lost": self.releases_lost,
+            "second_releases": self.second_releases,
+            "halts": {"by_point": dict(sorted(self.halts.items())), "pairs": HALT_PAIRS},
             "coordinator_rss_mb": {
                 "samples": self.rss,
                 "peak": max((s[1] for s in self.rss), default=None),
@@ -300,6 +354,26 @@ class Soak:
             "per_federation": self.federations,
             "out": str(base),
         }
+
+
+def _ledgers(out: Path, pids: list[str]) -> tuple[int, int]:
+    """(refusals of a repeated release, releases made twice) over every site's
+    ledger (``state/<pid>/privacy.db``)."""
+    refused = twice = 0
+    for pid in pids:
+        db = out / "state" / pid / "privacy.db"
+        if not db.exists():
+            continue
+        with sqlite3.connect(db) as conn:
+            refused += conn.execute(
+                "SELECT COUNT(*) FROM site_refusals WHERE rule = 'RULE_RELEASE_REPEATED'"
+            ).fetchone()[0]
+            twice += conn.execute(
+                "SELECT COALESCE(SUM(c - 1), 0) FROM (SELECT COUNT(*) AS c FROM site_releases "
+                "WHERE state = 'released' AND family != 'evaluation' "
+                "GROUP BY family, federation, COALESCE(round, -1))"
+            ).fetchone()[0]
+    return int(refused), int(twice)
 
 
 def _peak_rss(out: Path) -> float | None:

@@ -70,10 +70,11 @@ complete)::
     ├── PrivacyRefused           participant: its own privacy policy refuses a task
     │   ├── NoiseRequired        statistics without the DP noise it demands
     │   ├── PlaintextRefused     a plaintext upload/report (also a PermissionError)
-    │   ├── ReleaseRepeated      a statistic already released (federation / model)
+    │   ├── ReleaseRepeated      a release already left under its key (round, moments, evaluation)
     │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
     ├── AuditError               spherecal audit: a database it cannot read
+    ├── SiteAuditError           spherecal audit --site: no release ledger there
     └── LedgerError              spherefed: the privacy ledger refuses a charge
         ├── DuplicateRelease     a release id charged twice
         └── BudgetExceeded       a release would cross the budget (every number kept)

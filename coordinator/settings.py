@@ -30,6 +30,7 @@ from spherecal.spherefed.calibration_suite import (
 )
 from spherecal.spherefed.fl import model_seeds
 from spherecal.spherefed.network import ModelSpec
+from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_EVALUATION_NOISE_SD
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
@@ -217,6 +218,13 @@ class SecAggSettings:
     """Sum federated evaluation counts through secure aggregation: the coordinator
     learns only federation totals, never one participant's counts (participants
     refuse plaintext counts unless ``allow_plaintext``)."""
+    evaluation_noise_sd: float = DEFAULT_EVALUATION_NOISE_SD
+    """Distributed DP noise on secure evaluation counts: the total standard deviation
+    (counts) any guaranteed set of contributors reaches on each entry of the sum
+    (``spherecal.spherefed.privacy.evaluation_noise``). It sizes the job spec's noise
+    bound; sites add their own ``[policy] evaluation_noise_sd`` and refuse a job whose
+    spec cannot carry it, so it must be at least the sites'. Accuracies are reported
+    with the noise's standard deviation (``federated_evaluation.noise``)."""
     threshold: int | None = None
     """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
     a strict majority of the share holders (``2t > n``), which participants' default
@@ -269,6 +277,9 @@ class SecAggSettings:
             raise ValueError(f"graph must be one of {GRAPHS} or 'harary:K', got {self.graph!r}")
         if not (math.isfinite(self.update_resolution) and self.update_resolution >= 0):
             raise ValueError("update_resolution must be a non-negative number (0: 64-bit ring)")
+        sd = self.evaluation_noise_sd
+        if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not 0 <= sd <= 1e6:
+            raise ValueError(f"evaluation_noise_sd must be in [0, 1e6] counts, got {sd!r}")
         for name in ("update_bound", "statistics_bound"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

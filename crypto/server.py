@@ -74,6 +74,7 @@ from spherecal.crypto._exceptions import (
     TooFewSurvivors,
     UnknownParticipant,
     WrongJob,
+    WrongLength,
 )
 from spherecal.crypto.complaints import ComplaintRecord, verify_complaint
 from spherecal.crypto.consistency import signers_counted
@@ -425,6 +426,39 @@ class SecAggServer:
         self._stage = Stage.CONSISTENCY if spec.consistency_check else Stage.UNMASK
         if not spec.consistency_check:
             self._responders = self._u3
+
+    # ------------------------------------------------------------- journal
+    def masked_snapshot(self) -> tuple[frozenset[str], npt.NDArray[np.unsignedinteger]]:
+        """``(U3, the masked sum)`` once the masked stage has closed: what a journal
+        must keep so that a restarted coordinator can finish the job without asking
+        anyone for their masked input again. The sum is still masked (it reveals
+        nothing without the unmask stage's shares)."""
+        if self._stage not in (Stage.CONSISTENCY, Stage.UNMASK) or self._sum is None:
+            raise OutOfStage(
+                f"server is at stage {self._stage.value!r}; the masked sum is kept from the "
+                "close of the masked stage until finish()"
+            )
+        return self._u3, self._sum.total.copy()
+
+    def restore_masked(
+        self, survivors: Iterable[str], total: npt.NDArray[np.unsignedinteger]
+    ) -> None:
+        """Replay of a journal: set the masked stage's completed uploads and their sum
+        to what :meth:`masked_snapshot` returned before a restart; the caller then
+        closes the stage as it was closed. Only for a journal this coordinator wrote
+        (the values are its own, not a participant's message)."""
+        self._expect(Stage.MASKED)
+        assert self._sum is not None
+        completed = frozenset(survivors)
+        if not completed <= self._u2:
+            raise Excluded("a restored survivor is not in U2")
+        if total.shape != (self.spec.length,) or total.dtype != self.spec.dtype:
+            raise WrongLength(
+                f"restored sum must be {self.spec.length} entries of {self.spec.dtype}"
+            )
+        self._sum.abandon_all()
+        self._sum.total = total.copy()
+        self._sum.completed = set(completed)
 
     def _check_recoverable(self, responders: frozenset[str], stage: str) -> None:
         """Every secret we will need must have ``t`` holders among ``responders``."""

@@ -119,6 +119,11 @@ class StagedSum:
         self._free_slots.append(upload.slot)
         return True
 
+    def abandon_all(self) -> None:
+        """Discard every incomplete upload (a restored journal replaces the sum)."""
+        for participant in list(self._uploads):
+            self.abandon(participant)
+
     def close(self) -> frozenset[str]:
         """End uploading: drop every incomplete upload (a dropout) and free the staging
         memory; returns who is in :attr:`total`."""

@@ -24,6 +24,7 @@ hyper-parameters and reports them as such (never a choice made on test).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -60,6 +61,28 @@ class LocalData:
     @property
     def test_size(self) -> int:
         return int(self.test_y.shape[0])
+
+
+def fingerprint(data: LocalData, split: str) -> bytes:
+    """SHA-256 of one local split's examples and labels (``train``, ``test`` or
+    ``validation``): the release ledger's key for "the same data" across
+    federations (``spherecal.participant.release_ledger``). Computed from the
+    tensors the site computes on, so a renamed dataset is the same data."""
+    pairs = {
+        "train": (data.train_x, data.train_y),
+        "test": (data.test_x, data.test_y),
+        "validation": (data.val_x, data.val_y),
+    }
+    x, y = pairs[split]
+    h = hashlib.sha256(b"spherecal/local-data/v1\0" + split.encode() + b"\0")
+    for t in (x, y):
+        if t is None:
+            h.update(b"none")
+            continue
+        array = np.ascontiguousarray(t.numpy())
+        h.update(f"{array.dtype.str}{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.digest()
 
 
 def _tensors(ds: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,8 +14,16 @@ class ``c``) reads the participant's exact label histogram. So (issue #9):
   not ``none``), and there may be at most ``[policy] max_evaluation_heads`` of them
   (``max_validation_heads`` for the calibrators' grid on the validation split)
   (:func:`check_evaluation`);
-* each (model, heads) is evaluated once (:func:`evaluation_digest` keys the release
-  ledger), so the same evaluation cannot be repeated over different rosters.
+* the counts carry distributed DP noise (``[policy] evaluation_noise_sd``;
+  issue #19), and each (executed model, split, head contents) is evaluated once
+  (:func:`evaluation_content` keys the release ledger with the executed-model
+  digest; head names are not part of it).
+
+Heads that do not depend on the features (weight 0, bias ``e_c``: "always class
+c") are *not* refused: a head with a 1e-9 weight and the same bias predicts the
+same class on every example, so a check on the weight would only be cosmetic
+(``tests/security/test_differencing.py`` shows both give the same counts). The
+noise is what protects the counts, whatever the heads.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ __all__ = [
     "check_evaluation",
     "download_heads",
     "counts_vector",
-    "evaluation_digest",
+    "evaluation_content",
     "evaluation_length",
     "head_shapes",
 ]
@@ -117,15 +125,15 @@ def counts_vector(
     return np.array([float(total), *(float(counts[name]) for name in order)], dtype=np.float64)
 
 
-def evaluation_digest(task: pb.EvaluateTask) -> bytes:
-    """SHA-256 over the model's and every head's content digest (with names, in
-    order): the release ledger's key for one evaluation."""
-    h = hashlib.sha256(b"spherecal/evaluation/v2")
-    h.update(bytes(task.model.header.sha256))
+def evaluation_content(task: pb.EvaluateTask) -> bytes:
+    """SHA-256 over the split and every head's kind and tensor digests, in order —
+    *not* the head names (renaming a head is free for the coordinator, so it must not
+    make a fresh key; issue #19) and not the model (the release ledger keys that by the
+    executed-model digest)."""
+    h = hashlib.sha256(b"spherecal/evaluation-content/v3")
     h.update(int(task.split).to_bytes(4, "big"))
     for head in task.heads:
-        name = head.name.encode()
-        h.update(len(name).to_bytes(4, "big") + name + int(head.kind).to_bytes(4, "big"))
+        h.update(int(head.kind).to_bytes(4, "big"))
         for field in ("tensor", "bias", "quadratic"):
             digest = bytes(getattr(head, field).header.sha256) if head.HasField(field) else b""
             h.update(len(digest).to_bytes(4, "big") + digest)

@@ -4,6 +4,10 @@ Why a module of its own: the task handler of ``EvaluateTask`` grew with the
 calibrated heads (bias, QDA's quadratic term) and the validation split of the
 calibrators' grid; kept out of ``runner`` (which dispatches it) so that the task
 loop stays under the module size limit. It is a function of the runner's state.
+
+Issue #19: the counts leave with this site's share of distributed DP noise
+(:mod:`spherecal.spherefed.privacy.evaluation_noise`), added in the ring before
+masking, and the release (with its ε) is recorded in the site's ledger.
 """
 
 from __future__ import annotations
@@ -14,19 +18,26 @@ import grpc
 import numpy as np
 
 from spherecal import crypto
-from spherecal.participant.dp_gate import PrivacyRefused
+from spherecal.crypto.dp import guaranteed_contributors, sample_noise, verify_plan
+from spherecal.participant.dp_gate import NoiseRequired, PrivacyRefused
 from spherecal.participant.evaluation_checks import (
     check_evaluation,
     counts_vector,
     download_heads,
-    evaluation_digest,
+    evaluation_content,
     evaluation_length,
 )
-from spherecal.participant.release_ledger import EVALUATE
+from spherecal.participant.release_ledger import EVALUATE, Release
 from spherecal.participant.results import FinalModels
 from spherecal.participant.transport import TransportError
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.discriminant import CalibratedHead
+from spherecal.spherefed.privacy.evaluation_noise import (
+    EVALUATION_DELTA,
+    EvaluationNoise,
+    evaluation_epsilon,
+    plan_evaluation_noise,
+)
 
 if TYPE_CHECKING:
     from spherecal.participant.runner import ParticipantRunner
@@ -34,13 +45,43 @@ if TYPE_CHECKING:
 __all__ = ["evaluate_task"]
 
 
+def _noise(runner: ParticipantRunner, job: pb.SecAggJob) -> tuple[EvaluationNoise, float] | None:
+    """This site's noise for an evaluation job (None with ``evaluation_noise_sd = 0``)
+    and its ε; raises :class:`NoiseRequired` when the job spec cannot carry it."""
+    sd = float(runner.policy.evaluation_noise_sd)
+    if sd == 0:
+        return None
+    spec = crypto.JobSpec.from_bytes(job.spec)
+    noise = plan_evaluation_noise(
+        sd,
+        participants=spec.n,
+        min_contributors=guaranteed_contributors(spec),
+        length=spec.length,
+        scale_bits=spec.scale_bits,
+    )
+    try:
+        verify_plan(spec, noise.plan)
+    except crypto.SecAggError as exc:
+        raise NoiseRequired(
+            f"evaluation counts leave this site only with DP noise of sd {sd:g} counts "
+            f"([policy] evaluation_noise_sd); {exc}"
+        ) from None
+    return noise, evaluation_epsilon(noise)
+
+
+def _noise_json(noise: EvaluationNoise) -> dict[str, object]:
+    return {"sd": noise.sd, "site_sd": noise.site_sd, **noise.plan.to_json()}
+
+
 def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask) -> None:
-    """Counts on the local test (or validation) split: securely aggregated when the
-    task carries a job, plaintext only with ``allow_plaintext``; heads checked against the plan
-    and the policy, each (model, heads) evaluated once
+    """Counts on the local test (or validation) split: securely aggregated with each
+    site's DP noise when the task carries a job, plaintext only with
+    ``allow_plaintext``; heads checked against the plan and the policy, each
+    (executed model, split, head contents) evaluated once
     (``spherecal.participant.evaluation_checks``)."""
     trainer = runner._trainer()
     secure = task.HasField("secure")
+    split = "validation" if task.split == pb.SPLIT_VALIDATION else "test"
     try:
         check_evaluation(
             task,
@@ -51,8 +92,22 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
         )
         if not secure and not runner.settings.allow_plaintext:
             raise runner._no_plaintext("evaluation counts")
+        vector = runner._download(task.model, (trainer.length,))
+        planned = _noise(runner, task.secure) if secure else None
         release = runner._reserve(
-            task_id, EVALUATE, task.secure if secure else None, evaluation_digest(task)
+            task_id,
+            Release(
+                kind=EVALUATE,
+                federation=runner._federation(),
+                model=trainer.executed_digest(vector),
+                data=runner._fingerprint(split),
+                content=evaluation_content(task),
+                noised=planned is not None,
+                epsilon=None if planned is None else planned[1],
+                delta=None if planned is None else EVALUATION_DELTA,
+                noise=None if planned is None else _noise_json(planned[0]),
+            ),
+            task.secure if secure else None,
         )
     except (PrivacyRefused, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)
@@ -68,11 +123,9 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
         )
         if session is None:
             return
-    vector = runner._download(task.model, (trainer.length,))
     heads = download_heads(
         runner._download, task, num_classes=trainer.num_classes, feature_dim=trainer.feature_dim
     )
-    split = "validation" if task.split == pb.SPLIT_VALIDATION else "test"
     try:
         total, counts = trainer.evaluate(vector, heads, split=split)
     except ValueError as exc:
@@ -90,7 +143,8 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
             closed={n: h for n, h in heads.items() if isinstance(h, CalibratedHead)},
         )
     if session is not None:
-        runner.secure.set_input(task_id, session, counts_vector(task, total, counts))
+        noise = None if planned is None else sample_noise(planned[0].plan)
+        runner.secure.set_input(task_id, session, counts_vector(task, total, counts), noise=noise)
         return
     try:
         runner.releases.consume(release)

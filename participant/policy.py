@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from spherecal.crypto.policy import DEFAULT_MIN_INPUTS, DEFAULT_MIN_PARTICIPANTS, SecAggPolicy
 from spherecal.participant.dp_gate import PrivacyRefused
+from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_EVALUATION_NOISE_SD
 
 __all__ = [
     "DEFAULT_MAX_EVALUATION_HEADS",
@@ -42,9 +43,11 @@ DEFAULT_MAX_VALIDATION_HEADS = 16
 
 
 class ReleaseRepeated(PrivacyRefused):
-    """This statistic was already released for this federation or this model: a
-    second release over a different set of participants would give one participant's
-    statistics by differencing (``[policy] one_release_per_model``)."""
+    """This release already left the site under its key (an update for this round,
+    the per-class moments for this federation, model or — exactly — this data, this
+    evaluation): a second release over a different set of participants would give
+    this site's input by differencing (``[policy] one_update_per_round``,
+    ``one_release_per_model``, ``reuse_data_across_federations``)."""
 
 
 class EvaluationRefused(PrivacyRefused):
@@ -70,10 +73,22 @@ class PolicySettings:
     min_inputs: int = DEFAULT_MIN_INPUTS
     """Reveal unmask shares only for a sum of at least this many inputs; at least 2."""
     one_release_per_model: bool = True
-    """Release each calibration statistic (``ffc``, ``ccvr``) at most once per
-    federation and at most once per model digest, and each evaluation at most once
-    per (model, heads); recorded in ``state_dir/privacy.db`` so a restart does not
-    reset it."""
+    """Release the per-class moments (FFC, CCVR, LDA, QDA: one family) at most once
+    per federation and at most once per executed model, and each evaluation (executed
+    model, split, head contents) once; recorded in ``state_dir/privacy.db`` so a
+    restart does not reset it (:mod:`spherecal.participant.release_ledger`)."""
+    one_update_per_round: bool = True
+    """Release at most one training update per (federation, round): the same round
+    asked twice over two rosters gives this site's update by differencing."""
+    reuse_data_across_federations: bool = False
+    """Allow a second *exact* (un-noised) release of the per-class moments of the same
+    local data under another federation. Off: a new federation on the same data gets
+    the moments only with DP noise (``[privacy] enabled``)."""
+    evaluation_noise_sd: float = DEFAULT_EVALUATION_NOISE_SD
+    """Distributed DP noise on evaluation counts: the total standard deviation
+    (counts) that any guaranteed set of contributors reaches on every entry of the
+    sum (:mod:`spherecal.spherefed.privacy.evaluation_noise`). 0: exact counts, which
+    two evaluations over rosters that differ by this site give exactly (logged)."""
     max_evaluation_heads: int = DEFAULT_MAX_EVALUATION_HEADS
     """Most calibrated heads one evaluation may carry (besides the model's own)."""
     max_validation_heads: int = DEFAULT_MAX_VALIDATION_HEADS
@@ -97,6 +112,12 @@ class PolicySettings:
         self.secagg()  # validates the secure-aggregation keys (typed InvalidSpec)
         if not isinstance(self.one_release_per_model, bool):
             raise ValueError("policy one_release_per_model must be true or false")
+        for key in ("one_update_per_round", "reuse_data_across_federations"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"policy {key} must be true or false")
+        sd = self.evaluation_noise_sd
+        if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not 0 <= sd <= 1e6:
+            raise ValueError(f"policy evaluation_noise_sd must be in [0, 1e6] counts, got {sd!r}")
         heads = self.max_evaluation_heads
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
             raise ValueError(f"policy max_evaluation_heads must be an integer >= 0, got {heads!r}")
@@ -128,6 +149,26 @@ class PolicySettings:
             out.append(
                 "one_release_per_model = false: repeated statistics requests over different "
                 "participant sets give one participant's statistics by differencing"
+            )
+        if not self.one_update_per_round:
+            out.append(
+                "one_update_per_round = false: one round asked twice over two rosters gives "
+                "this site's update by differencing"
+            )
+        if self.reuse_data_across_federations:
+            out.append(
+                "reuse_data_across_federations = true: a new federation on the same data gets "
+                "its exact per-class moments again; differencing across federations gives them"
+            )
+        if self.evaluation_noise_sd == 0:
+            out.append(
+                "evaluation_noise_sd = 0: evaluation counts leave exactly; two evaluations over "
+                "rosters that differ by this site give its label counts"
+            )
+        elif self.evaluation_noise_sd < DEFAULT_EVALUATION_NOISE_SD:
+            out.append(
+                f"evaluation_noise_sd = {self.evaluation_noise_sd:g} (default "
+                f"{DEFAULT_EVALUATION_NOISE_SD:g}): less noise on evaluation counts"
             )
         if self.max_evaluation_heads > DEFAULT_MAX_EVALUATION_HEADS:
             out.append(

@@ -1,69 +1,176 @@
-"""The participant's release ledger: each calibration statistic at most once per
-federation and per model, each evaluation at most once per (model, heads).
+"""The site's release ledger: everything that leaves it, one accounted release each.
 
-Why: secure aggregation hides one input inside a sum, but two sums over the same
-statistic and model that differ by one participant give that participant's
-statistics exactly (differencing). A malicious coordinator can arrange that by
-asking twice with different rosters, so the participant — the party at stake —
-counts its own releases, in its state directory (``state_dir/privacy.db``, table
-``releases``), so a restart does not reset the count.
+Why: secure aggregation hides one input inside one sum, but two sums that differ by
+one site give that site's input exactly (differencing), and the coordinator chooses
+every sum. So the site — the party at stake — counts what it releases, keyed by
+what the release *is* (what the computation depends on), never by identifiers the
+coordinator can vary for free (job ids, head names, a federation name alone). The
+ledger lives in ``state_dir/privacy.db`` (table ``site_releases``) so a restart
+does not reset it; ``spherecal audit --site STATE_DIR`` reads it
+(:mod:`spherecal.site_audit`).
 
-When a release counts (the choice, and its residual risk, in ``docs/privacy.md``):
-a job is *reserved* when the participant admits the task and *consumed* the moment
-its input leaves — right before the first masked chunk (secure) or the plaintext
-upload/report. A job that failed before that (a peer dealt forged shares, a dropout
-before masking, a refusal) consumed nothing, so the coordinator's retry with a fresh
-job id for the same statistic and model is admitted. A job that failed after this
-participant's masked input left counts as a release: its input may be in a sum the
-coordinator can unmask with other holders' shares, so a retry is refused (fail safe).
-Consuming re-checks the rule atomically, so two concurrent jobs for one statistic
-cannot both be released.
+One rule per purpose (the family of a kind, :func:`family_of`):
 
-Keys: statistics kinds (``ffc``, ``ccvr``, any other) are unique per
-``(kind, federation)`` *and* per ``(kind, model digest)`` — a renamed federation
-does not reset a model, a new model does not reset a federation. Evaluations
-(kind ``evaluate``) are unique per digest of model and heads: a federation evaluates
-many models (one per ``federated_every`` round), each once.
+* ``training`` (kind ``update``): at most one update per ``(federation, round)``
+  (``[policy] one_update_per_round``).
+* ``moments`` (``ffc``, ``ccvr`` and any statistic derivable from the per-class
+  moments — LDA, QDA, FFC+bias are solved from CCVR's): one release per federation
+  and one per *executed model* (``[policy] one_release_per_model``), whatever the
+  kind within the family: CCVR's moments determine FFC's ``V`` and ``U``. The
+  model digest is over the tensors the network computes with, after the dtype cast
+  (:meth:`spherecal.participant.trainer.LocalTrainer.executed_digest`), so a 1-ulp
+  float64 change that leaves the float32 network unchanged is the same model.
+  Across federations, the site fingerprints its data split
+  (:func:`spherecal.participant.data.fingerprint`): an *exact* (un-noised) release of
+  the same data is allowed once per family, ever; a further one needs DP noise or
+  ``[policy] reuse_data_across_federations = true`` (logged).
+* ``evaluation`` (kind ``evaluate``): counts leave with distributed DP noise
+  (``[policy] evaluation_noise_sd``, :mod:`spherecal.spherefed.privacy.evaluation_noise`),
+  each release's ε recorded here; the same evaluation — executed model, split and
+  head *contents* (names are not part of the key) — is answered once.
+
+When a release counts: a job is *reserved* when the site admits the task and
+*consumed* the moment its input leaves (right before the first masked chunk, or the
+plaintext upload/report). A job that failed before that consumed nothing, so the
+coordinator's retry with a fresh job id is admitted; one that failed after counts
+(fail safe). Consuming re-checks the rules atomically, so two concurrent jobs for
+one key cannot both be released. The signed survivor set a release was summed with
+is stored when the unmask request arrives (:meth:`ReleaseLedger.record_survivors`),
+and every refusal is recorded (:meth:`ReleaseLedger.record_refusal`), so the site's
+own audit needs nothing from the coordinator.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spherecal.participant.policy import ReleaseRepeated
 
-__all__ = ["EVALUATE", "ReleaseLedger"]
+__all__ = [
+    "EVALUATE",
+    "EVALUATION",
+    "MOMENTS",
+    "TRAINING",
+    "UPDATE",
+    "LedgerRules",
+    "Release",
+    "ReleaseLedger",
+    "family_of",
+]
 
 EVALUATE = "evaluate"
+UPDATE = "update"
+TRAINING = "training"
+MOMENTS = "moments"
+EVALUATION = "evaluation"
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS releases (
+CREATE TABLE IF NOT EXISTS site_releases (
     participant TEXT NOT NULL,
     job         TEXT NOT NULL,
     kind        TEXT NOT NULL,
+    family      TEXT NOT NULL,
     federation  TEXT NOT NULL,
-    digest      BLOB NOT NULL,
+    model       BLOB NOT NULL,
+    data        BLOB NOT NULL,
+    content     BLOB NOT NULL,
+    round       INTEGER,
+    noised      INTEGER NOT NULL,
+    epsilon     REAL,
+    delta       REAL,
+    noise       TEXT,
     state       TEXT NOT NULL,
     reserved    REAL NOT NULL,
     released    REAL,
+    survivors   TEXT,
+    signers     TEXT,
     PRIMARY KEY (participant, job)
 );
+CREATE TABLE IF NOT EXISTS site_refusals (
+    participant TEXT NOT NULL,
+    task        TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    rule        TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    federation  TEXT NOT NULL,
+    at          REAL NOT NULL
+);
 """
+
+
+def family_of(kind: str) -> str:
+    """The purpose a kind belongs to: one rule per family."""
+    if kind == UPDATE:
+        return TRAINING
+    if kind == EVALUATE:
+        return EVALUATION
+    return MOMENTS  # ffc, ccvr and anything derivable from the per-class moments
+
+
+@dataclass(frozen=True)
+class LedgerRules:
+    """Which rules the ledger enforces (``[policy]``; all on by default)."""
+
+    one_update_per_round: bool = True
+    one_release_per_model: bool = True
+    exact_data_once: bool = True
+    """Not ``[policy] reuse_data_across_federations``."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one release is, by what the computation depends on."""
+
+    kind: str
+    federation: str
+    model: bytes
+    """Executed-model digest."""
+    data: bytes = b""
+    """Fingerprint of the local split the release is computed from."""
+    content: bytes = b""
+    """Evaluation: split and head contents (no names)."""
+    round: int | None = None
+    noised: bool = False
+    epsilon: float | None = None
+    delta: float | None = None
+    noise: dict[str, Any] | None = None
+
+    @property
+    def family(self) -> str:
+        return family_of(self.kind)
+
+
+_COLUMNS = "job, kind, federation, model, data, content, round, noised"
 
 
 class ReleaseLedger:
     """Reserve-then-consume ledger of releases (thread-safe, durable, autocommit)."""
 
-    def __init__(self, path: Path, *, participant: str = "", enforce: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        participant: str = "",
+        enforce: bool = True,
+        rules: LedgerRules | None = None,
+    ) -> None:
         self.path = path
         self.participant = participant
         """Whose releases (one state directory may, in tests, serve several ids)."""
-        self.enforce = enforce
+        base = rules or LedgerRules()
+        self.rules = base if enforce else LedgerRules(False, False, False)
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+
+    @property
+    def enforce(self) -> bool:
+        return self.rules.one_release_per_model
 
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -83,39 +190,94 @@ class ReleaseLedger:
                 self._db.close()
                 self._db = None
 
-    def _conflict(self, kind: str, federation: str, digest: bytes, job: str) -> str | None:
-        params: tuple[object, ...]
-        if kind == EVALUATE:
-            where, params = "digest = ?", (digest,)
-        else:
-            where, params = "(federation = ? OR digest = ?)", (federation, digest)
-        row = self._conn.execute(
-            f"SELECT job, federation, digest FROM releases WHERE participant = ? AND kind = ? "
-            f"AND state = 'released' AND job != ? AND {where} LIMIT 1",
-            (self.participant, kind, job, *params),
-        ).fetchone()
-        if row is None:
-            return None
-        same = "model" if bytes(row[2]) == digest else f"federation {row[1]!r}"
-        return (
-            f"{kind} was already released for this {same} (job {str(row[0])[:16]}); "
-            "this participant releases each statistic once per federation and per model"
-            if kind != EVALUATE
-            else f"this model and these heads were already evaluated (job {str(row[0])[:16]})"
+    # ------------------------------------------------------------ rules
+    def _released(self, family: str, job: str) -> list[tuple[Any, ...]]:
+        return list(
+            self._conn.execute(
+                f"SELECT {_COLUMNS} FROM site_releases WHERE participant = ? AND family = ? "
+                "AND state = 'released' AND job != ?",
+                (self.participant, family, job),
+            ).fetchall()
         )
 
-    def reserve(self, *, kind: str, federation: str, digest: bytes, job: str) -> None:
-        """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when the
-        statistic was already released."""
+    def _conflict(self, release: Release, job: str) -> str | None:
+        r = self.rules
+        for other, kind, federation, model, data, content, rnd, noised in self._released(
+            release.family, job
+        ):
+            was = f"(job {str(other)[:16]}, {kind}, federation {federation!r})"
+            if release.family == TRAINING:
+                if (
+                    r.one_update_per_round
+                    and federation == release.federation
+                    and (rnd == release.round)
+                ):
+                    return (
+                        f"the update of round {release.round} already left this site {was}; "
+                        "one update per (federation, round)"
+                    )
+            elif release.family == EVALUATION:
+                if (
+                    r.one_release_per_model
+                    and bytes(content) == release.content
+                    and (bytes(model) == release.model)
+                ):
+                    return (
+                        f"this evaluation (executed model, split and head contents) was "
+                        f"already answered {was}"
+                    )
+            else:
+                if r.one_release_per_model and federation == release.federation:
+                    return (
+                        f"the per-class moments already left this site for this federation "
+                        f"{was}; FFC, CCVR, LDA and QDA are one release per federation"
+                    )
+                if r.one_release_per_model and bytes(model) == release.model:
+                    return (
+                        f"the per-class moments already left this site for this executed "
+                        f"model {was}; one release per model"
+                    )
+                if (
+                    r.exact_data_once
+                    and not release.noised
+                    and not noised
+                    and bytes(data) == release.data
+                ):
+                    return (
+                        f"exact statistics of this site's data already left it {was}; "
+                        "another federation on the same data needs DP noise "
+                        "([privacy] enabled) or [policy] reuse_data_across_federations"
+                    )
+        return None
+
+    # ------------------------------------------------------------ life cycle
+    def reserve(self, release: Release, *, job: str) -> None:
+        """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
+        rule forbids the release."""
         with self._lock:
-            if self.enforce:
-                conflict = self._conflict(kind, federation, digest, job)
-                if conflict is not None:
-                    raise ReleaseRepeated(conflict)
+            conflict = self._conflict(release, job)
+            if conflict is not None:
+                raise ReleaseRepeated(conflict)
             self._conn.execute(
-                "INSERT OR IGNORE INTO releases (participant, job, kind, federation, digest, "
-                "state, reserved) VALUES (?, ?, ?, ?, ?, 'reserved', ?)",
-                (self.participant, job, kind, federation, bytes(digest), time.time()),
+                "INSERT OR IGNORE INTO site_releases (participant, job, kind, family, "
+                "federation, model, data, content, round, noised, epsilon, delta, noise, "
+                "state, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'reserved', ?)",
+                (
+                    self.participant,
+                    job,
+                    release.kind,
+                    release.family,
+                    release.federation,
+                    bytes(release.model),
+                    bytes(release.data),
+                    bytes(release.content),
+                    release.round,
+                    int(release.noised),
+                    release.epsilon,
+                    release.delta,
+                    None if release.noise is None else json.dumps(release.noise, sort_keys=True),
+                    time.time(),
+                ),
             )
 
     def consume(self, job: str) -> None:
@@ -123,21 +285,29 @@ class ReleaseLedger:
         Idempotent for one job (a retried upload); unknown jobs are a no-op."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT kind, federation, digest, state FROM releases WHERE participant = ? "
-                "AND job = ?",
+                "SELECT kind, federation, model, data, content, round, noised, state "
+                "FROM site_releases WHERE participant = ? AND job = ?",
                 (self.participant, job),
             ).fetchone()
-            if row is None or row[3] == "released":
+            if row is None or row[7] == "released":
                 return
+            release = Release(
+                kind=str(row[0]),
+                federation=str(row[1]),
+                model=bytes(row[2]),
+                data=bytes(row[3]),
+                content=bytes(row[4]),
+                round=row[5],
+                noised=bool(row[6]),
+            )
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                if self.enforce:
-                    conflict = self._conflict(str(row[0]), str(row[1]), bytes(row[2]), job)
-                    if conflict is not None:
-                        raise ReleaseRepeated(conflict)
+                conflict = self._conflict(release, job)
+                if conflict is not None:
+                    raise ReleaseRepeated(conflict)
                 self._conn.execute(
-                    "UPDATE releases SET state = 'released', released = ? WHERE participant = ? "
-                    "AND job = ?",
+                    "UPDATE site_releases SET state = 'released', released = ? "
+                    "WHERE participant = ? AND job = ?",
                     (time.time(), self.participant, job),
                 )
             except BaseException:
@@ -145,11 +315,54 @@ class ReleaseLedger:
                 raise
             self._conn.execute("COMMIT")
 
+    def annotate(
+        self,
+        job: str,
+        *,
+        epsilon: float | None,
+        delta: float | None,
+        noise: dict[str, Any] | None,
+    ) -> None:
+        """The noise and ε of a reserved release, once its DP plan is admitted."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE site_releases SET noised = 1, epsilon = ?, delta = ?, noise = ? "
+                "WHERE participant = ? AND job = ?",
+                (
+                    epsilon,
+                    delta,
+                    None if noise is None else json.dumps(noise, sort_keys=True),
+                    self.participant,
+                    job,
+                ),
+            )
+
+    def record_survivors(self, job: str, survivors: list[str], signers: list[str]) -> None:
+        """The survivor set this release was summed with (from the unmask request,
+        with the participants whose signatures over it came along)."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE site_releases SET survivors = ?, signers = ? WHERE participant = ? "
+                "AND job = ?",
+                (json.dumps(sorted(survivors)), json.dumps(sorted(signers)), self.participant, job),
+            )
+
+    def record_refusal(
+        self, *, task: str, kind: str, rule: str, reason: str, federation: str
+    ) -> None:
+        """A refusal (for the site's own audit)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO site_refusals (participant, task, kind, rule, reason, federation, "
+                "at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self.participant, task, kind, rule, reason[:300], federation, time.time()),
+            )
+
     def released(self) -> list[tuple[str, str, str]]:
         """(job, kind, federation) of every consumed release (tests, audit)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT job, kind, federation FROM releases WHERE participant = ? "
+                "SELECT job, kind, federation FROM site_releases WHERE participant = ? "
                 "AND state = 'released' ORDER BY released",
                 (self.participant,),
             ).fetchall()

@@ -48,7 +48,7 @@ from spherecal.participant.backoff import (
     stop_if_ended,
     wait_if_stopping,
 )
-from spherecal.participant.data import LocalData
+from spherecal.participant.data import LocalData, fingerprint
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
     BudgetExceeded,
@@ -60,7 +60,7 @@ from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule
 from spherecal.participant.faults import Halter, OnHalt
-from spherecal.participant.release_ledger import ReleaseLedger
+from spherecal.participant.release_ledger import UPDATE, LedgerRules, Release, ReleaseLedger
 from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.settings import ParticipantSettings
@@ -130,8 +130,13 @@ class ParticipantRunner:
         self.releases = ReleaseLedger(
             settings.state_dir / "privacy.db",
             participant=self.pid,
-            enforce=settings.policy.one_release_per_model,
+            rules=LedgerRules(
+                one_update_per_round=settings.policy.one_update_per_round,
+                one_release_per_model=settings.policy.one_release_per_model,
+                exact_data_once=not settings.policy.reuse_data_across_federations,
+            ),
         )
+        self._fingerprints: dict[str, bytes] = {}
         self.secure = SecureSteps(
             participant_id=self.pid,
             identity=identity,
@@ -174,6 +179,9 @@ class ParticipantRunner:
         if refused is not None:
             raise ParticipantExit(2, refused)
         self.session = reply.session
+        same_federation = (
+            self.plan is not None and self.plan.federation_id == reply.plan.federation_id
+        )
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
                 with self._compute_slot():
@@ -183,7 +191,13 @@ class ParticipantRunner:
             self.plan = reply.plan
             self.trainer = trainer
             self._cache.clear()
-        self.secure.clear()  # a new session never continues an old job
+        if same_federation and self.secure.jobs:
+            # The coordinator restarted (or we reconnected): it continues its journaled
+            # jobs, so keep what each job already sent — it is answered again as it
+            # was, never recomputed (issue #20).
+            self.log(f"keeping {len(self.secure.jobs)} secure job(s) across the new session")
+        else:
+            self.secure.clear()  # another federation never continues an old job
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
@@ -331,6 +345,15 @@ class ParticipantRunner:
     # ---------------------------------------------------------------- dispatch
     def _dispatch(self, instruction: pb.Instruction) -> None:
         kind = instruction.WhichOneof("kind")
+        if kind in ("train", "statistics", "evaluate"):
+            task = getattr(instruction, kind)
+            if task.HasField("secure"):
+                held = self.secure.held(task.secure)
+                if held is not None and held.client.has_input:
+                    # a continued job whose input is fixed: resend what it sent; its
+                    # remaining steps come as usual — nothing is recomputed or charged
+                    self.secure.continue_held(held)
+                    return
         if kind == "train":
             self._train(instruction.task_id, instruction.train)
         elif kind == "statistics":
@@ -358,6 +381,16 @@ class ParticipantRunner:
             f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else ""
         )
         self.log(f"withdrawing from {task_id[:16]}: {shown}: {reason}")
+        try:  # the site's own audit lists every refusal (spherecal.site_audit)
+            self.releases.record_refusal(
+                task=task_id,
+                kind=pb.FailureKind.Name(kind),
+                rule=pb.PolicyRule.Name(rule),
+                reason=reason,
+                federation=self._federation(),
+            )
+        except Exception as exc:  # the withdrawal itself must still go out
+            self.log(f"could not record the refusal in the release ledger: {exc}")
         try:
             self.transport.report_failure(
                 pb.FailureReport(
@@ -379,10 +412,35 @@ class ParticipantRunner:
         trainer = self._trainer()
         purpose = "update"
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
+        secure = task.HasField("secure")
+        try:
+            if not secure and not self.settings.allow_plaintext:
+                raise self._no_plaintext("model updates")
+            release = self._reserve(
+                task_id,
+                Release(
+                    kind=UPDATE,
+                    federation=self._federation(),
+                    # the key is (federation, round); the model is recorded by its wire
+                    # digest so that nothing is downloaded before the keys are advertised
+                    model=bytes(task.model.header.sha256),
+                    data=self._fingerprint("train"),
+                    round=int(task.round),
+                    noised=self.settings.privacy.dpsgd,
+                ),
+                task.secure if secure else None,
+            )
+        except (PrivacyRefused, crypto.SecAggError) as exc:
+            self._refuse(task_id, exc)
+            return
         session = None
-        if task.HasField("secure"):  # advertise and share before the data-dependent work
+        if secure:  # advertise and share before the data-dependent work
             session = self.secure.start(
-                task_id, task.secure, round_index=task.round, expected_length=trainer.layout.length
+                task_id,
+                task.secure,
+                round_index=task.round,
+                expected_length=trainer.layout.length,
+                release=release,
             )
             if session is None:
                 return
@@ -435,7 +493,7 @@ class ParticipantRunner:
                 mean_loss=result.mean_loss,
                 num_steps=result.num_steps,
             )
-            self._upload_plain(task_id, payload, meta)
+            self._upload_plain(task_id, payload, meta, release=release)
 
     def _client_states(self) -> ClientStateStore:
         """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""
@@ -456,11 +514,17 @@ class ParticipantRunner:
             log=self.log,
         )
 
-    def _reserve(self, task_id: str, kind: str, job: pb.SecAggJob | None, digest: bytes) -> str:
+    def _fingerprint(self, split: str) -> bytes:
+        """This site's data split, fingerprinted once per process."""
+        if split not in self._fingerprints:
+            self._fingerprints[split] = fingerprint(self.data, split)
+        return self._fingerprints[split]
+
+    def _reserve(self, task_id: str, release: Release, job: pb.SecAggJob | None) -> str:
         """Reserve this release in the ledger (raises ``ReleaseRepeated``); returns its
         key: the secure job's id, or the task id for a plaintext release."""
         key = crypto.JobSpec.from_bytes(job.spec).job_id.hex() if job else f"task-{task_id}"
-        self.releases.reserve(kind=kind, federation=self._federation(), digest=digest, job=key)
+        self.releases.reserve(release, job=key)
         return key
 
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
@@ -474,8 +538,17 @@ class ParticipantRunner:
             self.privacy.require_noise(task)
             if not secure and not self.settings.allow_plaintext:
                 raise self._no_plaintext("statistics")
+            vector = self._download(task.model, (trainer.length,))
             release = self._reserve(
-                task_id, kind, task.secure if secure else None, bytes(task.model.header.sha256)
+                task_id,
+                Release(
+                    kind=kind,
+                    federation=self._federation(),
+                    model=trainer.executed_digest(vector),
+                    data=self._fingerprint("train"),
+                    noised=secure and task.HasField("privacy"),
+                ),
+                task.secure if secure else None,
             )
         except (PrivacyRefused, crypto.SecAggError) as exc:
             self._refuse(task_id, exc)
@@ -492,7 +565,6 @@ class ParticipantRunner:
             )
             if session is None:
                 return
-        vector = self._download(task.model, (trainer.length,))
         t0 = time.monotonic()
         stats = trainer.statistics(vector, kind)
         if self.adversary is not None:
@@ -526,6 +598,12 @@ class ParticipantRunner:
         except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
             self._refuse(task_id, exc)
             return
+        self.releases.annotate(
+            release_key,
+            epsilon=float(entry["epsilon"]),
+            delta=float(plan.delta),
+            noise={"mechanism": plan.mechanism, "plan": plan.noise.to_json()},
+        )
         self.log(
             f"{kind} DP release: {plan.mechanism}, ε = {entry['epsilon']:.4g} at δ = "
             f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"

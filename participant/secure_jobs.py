@@ -130,7 +130,15 @@ class SecureSteps:
         """Validate the job against this participant's policy, claim it, advertise
         keys and answer the share step — before any local work. None when refused
         (already reported) or when the coordinator moved on meanwhile: the caller
-        then skips the local work."""
+        then skips the local work.
+
+        A job this participant already holds (the coordinator restarted and
+        continues it) is not started again: what it sent is sent again, byte for
+        byte, and the local work runs only if the input was not computed yet
+        (:meth:`continue_held`)."""
+        held = self.held(job)
+        if held is not None:
+            return self.continue_held(held)
         try:
             session = SecureSession(
                 job,
@@ -161,6 +169,38 @@ class SecureSteps:
         if early.deferred is not None:
             self._deferred = early.deferred
         return session if early.proceed else None
+
+    def held(self, job: pb.SecAggJob) -> SecureSession | None:
+        """The live session of ``job``, if this participant holds one."""
+        try:
+            job_id = crypto.JobSpec.from_bytes(job.spec).job_id
+        except crypto.SecAggError:
+            return None  # malformed: start() refuses it with its reason
+        return self.jobs.get(job_id)
+
+    def continue_held(self, session: SecureSession) -> SecureSession | None:
+        """Continue a job after the coordinator restarted: resend what this
+        participant already sent (the coordinator acknowledges an identical message
+        it journaled), then the session if its local work is still to do, else None
+        (its input is fixed; the job's remaining steps come through the main loop).
+        Nothing is recomputed and no second masked input exists: the masked upload,
+        if asked again, is the same bytes from the same keys and input."""
+        job = session.job_id
+        self.log(f"job {job.hex()[:8]}: continuing it after the coordinator's restart")
+        for stage, data in session.sent():
+            self._submit(session, stage, data)
+            if job not in self.jobs:
+                return None  # refused (the coordinator moved on): logged by _submit
+        if session.client.has_input:
+            return None
+        if not session.has_sent(pb.SHARE):
+            early = self.answer_share(session, wait_s=self.share_wait_s, poll_ms=self.poll_ms)
+            if early.deferred is not None:
+                self._deferred = early.deferred
+            if not early.proceed:
+                return None
+        self._started[job] = time.monotonic()
+        return session
 
     def answer_share(self, session: SecureSession, *, wait_s: float, poll_ms: int) -> EarlyShare:
         """Wait (long polls, at most ``wait_s``) for this job's share step and answer
@@ -287,12 +327,23 @@ class SecureSteps:
                 self._complain(session, complaint)
             self.refuse(job_hex, exc)
             return
+        if step.stage == pb.UNMASK and session.release is not None:
+            self._record_survivors(session.release, bytes(step.message))
         if out is not None:
             self._submit(session, step.stage, out)
         else:
             self._upload_masked(session)
         if step.stage == pb.UNMASK:
             self.jobs.pop(session.job_id, None)
+
+    def _record_survivors(self, release: str, message: bytes) -> None:
+        """Store, with the release, the survivor set this site's input is summed with
+        and who signed it (the unmask request carries both; the site answered it, so
+        it was well formed): the site's own audit compares rosters from it."""
+        request = crypto.UnmaskRequest.from_bytes(message)
+        self.releases.record_survivors(
+            release, list(request.survivors), [s.signer for s in request.signatures]
+        )
 
     def _complain(self, session: SecureSession, complaint: crypto.ShareComplaint) -> None:
         """Send the signed complaint naming the dealer (best effort: the withdrawal

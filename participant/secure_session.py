@@ -140,6 +140,14 @@ class SecureSession:
             self._sent[pb.ADVERTISE] = self.client.advertise_keys().to_bytes()
         return self._sent[pb.ADVERTISE]
 
+    def sent(self) -> list[tuple[pb.SecAggStage, bytes]]:
+        """Every message already sent in this job, in stage order (to send again,
+        identical, to a coordinator that restarted)."""
+        return sorted(self._sent.items())
+
+    def has_sent(self, stage: pb.SecAggStage) -> bool:
+        return stage in self._sent
+
     def respond(self, step: pb.SecAggStep) -> bytes | None:
         """The message to submit for ``step`` (SHARE/CONSISTENCY/UNMASK), or None for
         MASKED (the caller then streams :meth:`masked_chunks`)."""

@@ -13,6 +13,7 @@ payload is flattened in the layout the coordinator unflattens
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -106,6 +107,26 @@ class LocalTrainer:
         # A private writable copy: downloaded tensors are read-only, and torch warns
         # about (and must not alias) read-only numpy memory.
         load_state_vector(self.model, np.array(vector, dtype=np.float64), self.keys)
+
+    def executed_digest(self, vector: npt.NDArray[np.float64]) -> bytes:
+        """SHA-256 of the model the network actually computes with: the architecture,
+        then every aggregated tensor *after* the cast to its dtype (float32), as
+        :meth:`load` writes it. Two vectors that differ only below float32 precision
+        (a 1-ulp float64 change) run the same network and give the same digest, so
+        the release ledger treats them as one model (issue #19)."""
+        vec = np.asarray(vector, dtype=np.float64)
+        state = self.model.state_dict()
+        h = hashlib.sha256(b"spherecal/executed-model/v1\0")
+        h.update(repr(self.spec).encode())
+        offset = 0
+        for key in self.keys:
+            t = state[key]
+            n = t.numel()
+            cast = torch.from_numpy(np.array(vec[offset : offset + n])).to(t.dtype)
+            h.update(f"\0{key}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+            h.update(cast.contiguous().numpy().tobytes())
+            offset += n
+        return h.digest()
 
     def train(
         self,

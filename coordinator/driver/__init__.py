@@ -5,7 +5,9 @@
 ``board``               what the RPC handlers read ("what does participant p do next?")
 ``tasks``               work handed to participants (train / statistics / evaluate)
 ``stages``              waiting on tasks, driving secure jobs, the one aggregation helper
-``secure_job``          one ``crypto.SecAggServer`` job with deadlines, liveness, streaming
+``secure_job``          one ``crypto.SecAggServer`` job with deadlines, liveness, streaming;
+                        journaled, and continued from its journal after a restart
+``halts``               test-only: stop the coordinator dead at a named point of a job
 ``rejoin``              between two attempts at a stage: back off, wait for participants
 ``training_rounds``     the training rounds: selection, server step, checkpoint
 ``strategy``            adapter around spherefed.algorithms' one registry: named sums laid

@@ -189,6 +189,7 @@ def _collect_kind(
     job: SecureJob | None = None
     plan: CalibrationPlan | None = None
     if s.secagg.statistics:
+        participants = ctx.resume_participants(kind, participants)  # continued after a restart
         try:
             if privacy is not None:
                 n = len(participants)
@@ -208,6 +209,7 @@ def _collect_kind(
             return f"cannot create the job: {exc}"
     code = pb.FFC if kind == "ffc" else pb.CCVR
     task = Task(
+        task_id=ctx.task_id(kind),
         kind="statistics",
         expected=frozenset(participants),
         instructions={

@@ -124,7 +124,8 @@ def select_closed_forms(
     if fed.get("error") is None and candidates and int(fed.get("samples") or 0) == 0:
         chosen = _defaults(ctx, names, rows, notes, stats)
         progress.results["validation_evaluation"] = {
-            k: fed.get(k) for k in ("participants", "samples", "secure", "error")
+            k: fed.get(k)
+            for k in ("participants", "samples", "secure", "error", "accuracy_sd", "noise")
         }
         progress.timings["closed_forms_s"] = time.monotonic() - t0
         return chosen
@@ -155,7 +156,8 @@ def select_closed_forms(
         validation[name] = best[1]
         ctx.say(f"{name}: {PARAMETER[name]} {best[0]:g} chosen on validation ({best[1]:.4f})")
     progress.results["validation_evaluation"] = {
-        k: fed.get(k) for k in ("participants", "samples", "secure", "error")
+        k: fed.get(k)
+        for k in ("participants", "samples", "secure", "error", "accuracy_sd", "noise")
     }
     progress.timings["closed_forms_s"] = time.monotonic() - t0
     return chosen

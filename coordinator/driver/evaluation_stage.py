@@ -9,6 +9,7 @@ centrally, exactly as the reference runner does (same batches, same head swap).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -25,7 +26,7 @@ from spherecal.coordinator.driver.integrity import (
     note,
 )
 from spherecal.coordinator.driver.model import GlobalModel
-from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.settings import CoordinatorSettings
@@ -34,6 +35,11 @@ from spherecal.spherefed.data import load_dataset
 from spherecal.spherefed.discriminant import CalibratedHead
 from spherecal.spherefed.fl import evaluate
 from spherecal.spherefed.network import classifier_swapped, compute_features
+from spherecal.spherefed.privacy.evaluation_noise import (
+    EvaluationNoise,
+    accuracy_sd,
+    plan_evaluation_noise,
+)
 
 __all__ = [
     "CentralEvaluator",
@@ -48,6 +54,10 @@ Head = npt.NDArray[np.float64] | CalibratedHead
 """A calibrated head: a weight swapped into the classifier (FFC, CCVR) or a
 :class:`~spherecal.spherefed.discriminant.CalibratedHead` with a bias (and QDA's quadratic term)."""
 Heads = dict[str, Head]
+
+UNRESOLVED_SDS = 4.0
+"""A noisy total below this many standard deviations of its noise is read as no
+samples at all (every site's split empty): a ratio of two noises is no accuracy."""
 
 _KIND = {"affine": pb.HEAD_AFFINE, "quadratic": pb.HEAD_QUADRATIC}
 
@@ -125,7 +135,13 @@ def federated_evaluation(
     With ``[secure_aggregation] evaluation`` (default) the counts are one secure
     job's sum — ``[total, correct("none"), correct(head)…]`` — so the coordinator
     sees federation totals only (a crafted head cannot read one participant's label
-    histogram); otherwise participants report plaintext counts."""
+    histogram); otherwise participants report plaintext counts.
+
+    Issue #19: the secure sum carries every site's DP noise
+    (``[secure_aggregation] evaluation_noise_sd``), so the counts are real numbers;
+    each accuracy comes with its standard deviation (``accuracy_sd``) and the
+    noise's stated bound (``noise``: ``sum_sd``, ``sum_bound`` in counts — what a
+    cross-check between sums may allow for)."""
     s = ctx.settings
     board = ctx.board
     model_name = "final" if round_index is None else f"eval-r{round_index}"
@@ -135,9 +151,28 @@ def federated_evaluation(
     participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
     names = ("none", *heads)
     job: SecureJob | None = None
+    noise: EvaluationNoise | None = None
     error: str | None = None
+    # what the journal finds again after a restart: this split, this model, these heads
+    contents = hashlib.sha256(bytes(model_ref.header.sha256))
+    for ref in refs:
+        contents.update(ref.SerializeToString())
+    slot = f"evaluate:{split}:{model_name}:{contents.hexdigest()[:32]}"
     if s.secagg.evaluation:
+        participants = ctx.resume_participants(slot, participants)  # continued after a restart
         try:
+            arguments: dict[str, Any] | None = None
+            if s.secagg.evaluation_noise_sd > 0:
+                noise = plan_evaluation_noise(
+                    s.secagg.evaluation_noise_sd,
+                    participants=len(participants),
+                    min_contributors=guaranteed_inputs(s.secagg, len(participants)),
+                    length=1 + len(names),
+                )
+                arguments = {
+                    "scale_bits": noise.scale_bits,
+                    "noise_bound": noise.plan.noise_bound,
+                }
             job = ctx.new_job(
                 "evaluate",
                 round_index,
@@ -145,10 +180,13 @@ def federated_evaluation(
                 1 + len(names),
                 s.secagg.statistics_bound,
                 s.timeouts.evaluation_s,
+                spec_arguments=arguments,
+                slot=slot,
             )
         except (crypto.SecAggError, ValueError) as exc:
             error = f"cannot create the evaluation job: {exc}"
     task = Task(
+        task_id=ctx.task_id(slot),
         kind="evaluate",
         expected=frozenset(participants),
         instructions={
@@ -169,7 +207,9 @@ def federated_evaluation(
         job=job,
     )
     accuracy: dict[str, float | None] = {name: None for name in names}
-    total = 0
+    spread: dict[str, float | None] = {name: None for name in names}
+    noise_json: dict[str, Any] | None = None
+    total: float = 0
     contributors: list[str] = []
     dropped: dict[str, str] = {}
     if error is None:
@@ -178,21 +218,35 @@ def federated_evaluation(
             gathered = ctx.gather(task, timeout_s=s.timeouts.evaluation_s, phase_after="evaluated")
             dropped, error = gathered.dropped, gathered.error
             if gathered.values is not None:
-                sums = np.rint(gathered.values).astype(np.int64)
-                total = int(sums[0])
-                correct = dict(zip(names, (int(c) for c in sums[1:]), strict=True))
                 contributors = sorted(gathered.contributors, key=ctx.registry.index_of)
+                if noise is None:
+                    sums = np.rint(gathered.values).astype(np.int64)
+                    total = int(sums[0])
+                    correct = {n: float(c) for n, c in zip(names, sums[1:], strict=True)}
+                else:  # noisy counts: kept as real numbers, reported with their spread
+                    values = np.asarray(gathered.values, dtype=np.float64)
+                    total = float(values[0])
+                    correct = {n: float(c) for n, c in zip(names, values[1:], strict=True)}
+                    noise_json = noise.to_json(len(contributors))
+                    sum_sd = noise.sum_sd(len(contributors))
+                    if total < UNRESOLVED_SDS * sum_sd:  # e.g. no validation split anywhere
+                        total = 0.0
+                    else:
+                        spread = {n: accuracy_sd(correct[n], total, sum_sd) for n in names}
         else:
             dropped = ctx.wait_task(task, s.timeouts.evaluation_s)
             board.set_task(None, "evaluated")
             results = [task.evaluations[p] for p in sorted(task.evaluations)]
             total = sum(r.total for r in results)
-            correct = {n: sum(r.correct.get(n, 0) for r in results) for n in names}
+            correct = {n: float(sum(r.correct.get(n, 0) for r in results)) for n in names}
             contributors = sorted(task.evaluations, key=ctx.registry.index_of)
         if error is None and contributors:
-            error = _check_counts(ctx, split, model_ref, total, correct, contributors)
-        if total > 0 and error is None:
-            accuracy = {n: correct[n] / total for n in names}
+            sigma = noise.sum_sd(len(contributors)) if noise_json is not None and noise else 0.0
+            error = _check_counts(
+                ctx, split, model_ref, total, correct, contributors, noise_sigma=sigma
+            )
+        if total > 0 and error is None:  # a noisy ratio may leave [0, 1] by a hair: clipped
+            accuracy = {n: min(1.0, max(0.0, correct[n] / total)) for n in names}
     if error is not None:
         ctx.say(f"federated evaluation failed: {error}")
         ctx.store.event("error", f"federated evaluation failed: {error}")
@@ -201,7 +255,9 @@ def federated_evaluation(
     return {
         "accuracy": accuracy,
         "participants": contributors,
-        "samples": total,
+        "samples": round(total) if noise_json is not None else total,
+        "accuracy_sd": spread,
+        "noise": noise_json,
         "dropped": dropped,
         "secure": bool(s.secagg.evaluation),
         "error": error,
@@ -212,15 +268,17 @@ def _check_counts(
     ctx: StageContext,
     split: str,
     model_ref: pb.TensorRef,
-    total: int,
-    correct: dict[str, int],
+    total: float,
+    correct: dict[str, float],
     contributors: list[str],
+    *,
+    noise_sigma: float = 0.0,
 ) -> str | None:
     """The evaluation's sums against their bounds (``integrity``); on success they
     join the record that later evaluations are cross-checked against. Returns the
-    refusal, or None."""
+    refusal, or None. ``noise_sigma``: the standard deviation of each noisy sum (the
+    sites' evaluation noise over these contributors; 0 for exact counts)."""
     s = ctx.settings
-    noise_sigma = 0.0  # the counts are exact; a DP release of them sets its σ here
     try:
         check_evaluation_counts(
             total,

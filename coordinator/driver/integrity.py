@@ -207,8 +207,8 @@ def cross_check_statistics(
 
 
 def check_evaluation_counts(
-    total: int,
-    correct: dict[str, int],
+    total: float,
+    correct: dict[str, float],
     contributors: int,
     max_examples: int,
     *,

@@ -17,22 +17,34 @@ Memory is O(vector), as ``spherecal.crypto.server`` documents: ``(1 + max_in_fli
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
+import numpy as np
 
 from spherecal import crypto
 from spherecal.coordinator.errors import ServiceError, from_secagg
 from spherecal.coordinator.settings import SecAggSettings
+from spherecal.coordinator.state.job_journal import (
+    CLOSE,
+    MASKED_CLOSED,
+    MESSAGE,
+    JobJournal,
+    JournaledJob,
+)
 from spherecal.crypto import JobSpec, SecAggServer, Stage
 from spherecal.proto import spherecal_pb2 as pb
 
-__all__ = ["JobOutcome", "SecureJob", "guaranteed_inputs", "plan_graph"]
+__all__ = ["Halt", "JobOutcome", "SecureJob", "guaranteed_inputs", "plan_graph"]
+
+Halt = Callable[[str, str, "SecureJob"], None]
+"""Test-only fault hook ``(point, purpose, job)`` (:mod:`spherecal.coordinator.driver.halts`)."""
 
 STAGE_CODES: dict[Stage, pb.SecAggStage] = {
     Stage.ADVERTISE: pb.ADVERTISE,
@@ -114,27 +126,32 @@ class SecureJob:
         first_stage_s: float,
         stage_s: float,
         spec_arguments: dict[str, Any] | None = None,
+        spec: JobSpec | None = None,
+        journal: JobJournal | None = None,
+        halt: Halt | None = None,
     ) -> None:
-        n = len(participants)
-        kind, degree, threshold = plan_graph(settings, n)
-        needed = max(threshold, settings.min_participants)
-        if n < needed:
-            raise crypto.TooFewSurvivors(
-                needed=needed, remaining=n, stage="create", what="participants"
+        if spec is None:
+            n = len(participants)
+            kind, degree, threshold = plan_graph(settings, n)
+            needed = max(threshold, settings.min_participants)
+            if n < needed:
+                raise crypto.TooFewSurvivors(
+                    needed=needed, remaining=n, stage="create", what="participants"
+                )
+            fixed: dict[str, Any] = {"length": length, "bound": bound}
+            fixed.update(spec_arguments or {})  # a DP plan fixes scale, bound and noise bound
+            spec = JobSpec.create(
+                participants,
+                threshold=threshold,
+                min_participants=min(n, max(2, settings.min_participants)),
+                graph=kind,
+                degree=degree,
+                consistency_check=settings.consistency_check,
+                # whole AES blocks of either ring (4 entries of 32 bits, 2 of 64)
+                chunk_size=min(settings.chunk_entries, max(4, -(-length // 4) * 4)),
+                **fixed,
             )
-        fixed: dict[str, Any] = {"length": length, "bound": bound}
-        fixed.update(spec_arguments or {})  # a DP plan fixes scale, bound and noise bound
-        self.spec = JobSpec.create(
-            participants,
-            threshold=threshold,
-            min_participants=min(n, max(2, settings.min_participants)),
-            graph=kind,
-            degree=degree,
-            consistency_check=settings.consistency_check,
-            # whole AES blocks of either ring (4 entries of 32 bits, 2 of 64)
-            chunk_size=min(settings.chunk_entries, max(4, -(-length // 4) * 4)),
-            **fixed,
-        )
+        self.spec = spec
         self.purpose = purpose
         self.round = round_index
         self.job_id = self.spec.job_id
@@ -155,6 +172,108 @@ class SecureJob:
         self.dropped: dict[str, str] = {}
         self.stage_seconds: dict[str, float] = {}
         self.outcome: JobOutcome | None = None
+        self.journal = journal
+        self._halt = halt
+        self._halted: set[str] = set()
+        self._accepted: dict[tuple[str, int], bytes] = {}
+        """(sender, stage) -> SHA-256 of the message accepted: an identical resend (a
+        site answering again after either side restarted) is acknowledged, not refused."""
+        self.resumed = False
+        self._reconfirmed: set[str] = set()
+
+    # ---------------------------------------------------------------- journal
+    def journal_message(self) -> bytes:
+        """What the journal keeps to rebuild this job: the spec and every directory
+        entry (serialized ``pb.SecAggJob``)."""
+        return pb.SecAggJob(
+            spec=self.spec_bytes,
+            directory=[self._directory[p] for p in sorted(self._directory)],
+            purpose=self.purpose,
+        ).SerializeToString()
+
+    @classmethod
+    def from_journal(
+        cls,
+        record: JournaledJob,
+        *,
+        settings: SecAggSettings,
+        stage_s: float,
+        journal: JobJournal,
+        halt: Halt | None = None,
+    ) -> SecureJob:
+        """Rebuild a job a previous coordinator process journaled and continue it at
+        the stage it reached (or with its journaled result)."""
+        message = pb.SecAggJob.FromString(record.job)
+        spec = JobSpec.from_bytes(message.spec)
+        directory = list(message.directory)
+        job = cls(
+            purpose=record.purpose,
+            round_index=record.round,
+            participants=list(spec.participants),
+            identity_keys={e.participant_id: bytes(e.identity_public_key) for e in directory},
+            directory=directory,
+            settings=settings,
+            length=spec.length,
+            bound=spec.bound,
+            first_stage_s=record.first_stage_s,
+            stage_s=stage_s,
+            spec=spec,
+            journal=journal,
+            halt=halt,
+        )
+        job.resumed = True
+        if record.result is not None:
+            r = record.result
+            job.outcome = JobOutcome(
+                status="done",
+                values=r.values,
+                contributors=r.contributors,
+                dropouts=r.dropouts,
+                excluded=r.excluded,
+            )
+            return job
+        job._replay(record)
+        journal.resumed(job.job_hex, len(record.entries))
+        return job
+
+    def _replay(self, record: JournaledJob) -> None:
+        server = self.server
+        for entry in record.entries:
+            if entry.kind == MESSAGE:
+                assert entry.stage is not None and entry.sender is not None
+                assert entry.data is not None
+                message = self._DECODERS[cast(pb.SecAggStage, entry.stage)](entry.data)
+                if isinstance(message, crypto.ShareComplaint):
+                    server.receive_complaint(message, sender=entry.sender)
+                else:
+                    server.receive(message, sender=entry.sender)
+                self._accepted[(entry.sender, entry.stage)] = hashlib.sha256(entry.data).digest()
+            elif entry.kind == CLOSE:
+                server.close_stage()
+            elif entry.kind == MASKED_CLOSED:
+                assert entry.sender is not None and entry.data is not None
+                survivors = json.loads(entry.sender)
+                total = np.frombuffer(entry.data, dtype=self.spec.dtype.newbyteorder("<"))
+                server.restore_masked(survivors, total.astype(self.spec.dtype))
+                server.close_stage()
+            else:
+                raise ValueError(f"unknown journal entry {entry.kind!r}")
+        self._stage_expected = len(server.pending())
+
+    def restart_clock(self) -> None:
+        """Give the current stage its full deadline from now (a continued job)."""
+        with self.lock:
+            self._stage_started = time.monotonic()
+            long_stage = self.server.stage in LONG_STAGES or self.server.stage is Stage.ADVERTISE
+            self._deadline = self._stage_started + (
+                self._first_stage_s if long_stage else self._stage_s
+            )
+
+    def _reached(self, point: str) -> None:
+        """Call the test-only halt hook the first time this job reaches ``point``."""
+        if self._halt is not None and point not in self._halted:
+            self._halted.add(point)
+            self._halt(point, self.purpose, self)
 
     # ---------------------------------------------------------------- describe
     @property
@@ -197,10 +316,26 @@ class SecureJob:
 
     # ---------------------------------------------------------------- participant side
     def has_advertised(self, participant: str) -> bool:
+        """Whether ``participant`` needs no task instruction for this job any more.
+
+        A job continued after a restart delivers its task once more (per session) to
+        every participant whose masked input is not in the sum yet: a site that was
+        interrupted before its local work does it then; one that holds the job
+        answers from what it already sent (``participant.secure_jobs``)."""
         with self.lock:
-            return self.server.stage is not Stage.ADVERTISE or not self.server.is_pending(
-                participant
-            )
+            if self.outcome is not None:
+                return True
+            stage = self.server.stage
+            if self.resumed and stage in (Stage.ADVERTISE, Stage.SHARE, Stage.MASKED):
+                if participant in self._reconfirmed:
+                    return True
+                if stage is Stage.ADVERTISE:
+                    return False
+                members = self.server.advertised if stage is Stage.SHARE else self.server.shared
+                if participant not in members:
+                    return True  # left out before the crash: nothing to continue
+                return stage is Stage.MASKED and not self.server.is_pending(participant)
+            return stage is not Stage.ADVERTISE or not self.server.is_pending(participant)
 
     def step_for(self, participant: str) -> pb.SecAggStep | None:
         """The secure-aggregation message ``participant`` must act on now, if any."""
@@ -256,8 +391,20 @@ class SecureJob:
                     self.server.receive_complaint(message, sender=participant)
                 except crypto.SecAggError as exc:
                     raise from_secagg(exc) from None
+                if self.journal is not None:
+                    self.journal.message(self.job_hex, stage, participant, data)
             return
+        digest = hashlib.sha256(data).digest()
         with self.lock:
+            if self._accepted.get((participant, stage)) == digest:
+                # the same message again (its sender restarted, or we did): it is in
+                # the job already; the sender reads ALREADY_EXISTS as delivered
+                self._reconfirmed.add(participant)
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{self.label()} already has this {STAGE_NAMES.get(stage, stage)} message "
+                    f"from {participant!r} (identical)",
+                )
             self._check_open()
             current = self.server.stage
             if STAGE_CODES.get(current) != stage:
@@ -270,6 +417,11 @@ class SecureJob:
                 self.server.receive(message, sender=participant)
             except crypto.SecAggError as exc:
                 raise from_secagg(exc) from None
+            self._accepted[(participant, stage)] = digest
+            self._reconfirmed.add(participant)
+            if self.journal is not None:  # durable before the sender hears "OK"
+                self.journal.message(self.job_hex, stage, participant, data)
+            self._reached(STAGE_NAMES[stage])
 
     def begin_upload(self, participant: str) -> None:
         with self.lock:
@@ -325,6 +477,9 @@ class SecureJob:
             complete = not self.server.is_pending(participant)
             if not complete:
                 self.server.abandon_upload(participant)
+            else:
+                self._reconfirmed.add(participant)
+                self._reached("masked")
             return complete
 
     def accused(self) -> dict[str, tuple[tuple[str, ...], int]]:
@@ -406,6 +561,16 @@ class SecureJob:
             try:
                 if stage is Stage.UNMASK:
                     result = server.finish()
+                    if self.journal is not None:  # written before anything uses it
+                        self.journal.finished(
+                            self.job_hex,
+                            "done",
+                            contributors=result.contributors,
+                            dropouts=result.dropouts,
+                            excluded=result.excluded,
+                            values=result.values,
+                        )
+                    self._reached("aggregated")
                     self.outcome = JobOutcome(
                         status="done",
                         values=result.values,
@@ -423,6 +588,13 @@ class SecureJob:
                     server.close_stage()
                     self._streaming.clear()
                     self._stage_expected = len(server.pending())
+                    if self.journal is not None:
+                        if stage is Stage.MASKED:
+                            survivors, total = server.masked_snapshot()
+                            self.journal.masked_closed(self.job_hex, sorted(survivors), total)
+                        else:
+                            self.journal.closed(self.job_hex, STAGE_CODES[stage])
+                    self._reached(f"{stage.value}-closed")
             except crypto.SecAggError as exc:
                 self.outcome = JobOutcome(
                     status="failed",
@@ -432,6 +604,8 @@ class SecureJob:
                     stage_seconds=dict(self.stage_seconds),
                 )
                 lines.append(f"{self.label()}: FAILED — {exc}")
+                if self.journal is not None:
+                    self.journal.finished(self.job_hex, "failed")
                 return tuple(lines)
             self._stage_started = t
             # Participants advertise and answer the share stage before their local work

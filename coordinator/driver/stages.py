@@ -15,6 +15,7 @@ errors, timings, results); the summary is rendered from it (``outputs``).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,14 +26,40 @@ import numpy.typing as npt
 
 from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.conduct import Conduct, should_exclude
+from spherecal.coordinator.driver.halts import halt_from_env
 from spherecal.coordinator.driver.secure_job import JobOutcome, SecureJob
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.state.job_journal import JobJournal, JournaledJob
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool, ordered_sum
 from spherecal.coordinator.state.store import Store
+from spherecal.crypto import JobSpec
+from spherecal.proto import spherecal_pb2 as pb
 
-__all__ = ["Gathered", "Progress", "Say", "StageContext"]
+__all__ = ["Gathered", "Progress", "Say", "StageContext", "default_slot"]
+
+
+def default_slot(purpose: str, round_index: int | None) -> str:
+    """What a job computes, as the journal finds it again: ``update:r3``, ``ffc``."""
+    return purpose if round_index is None else f"{purpose}:r{round_index + 1}"
+
+
+def _first_cause(outcome: JobOutcome) -> str:
+    """What made a failed job short, when participants said why: their typed
+    withdrawals (a refusal names its rule) come before the symptom (``TooFewSurvivors``)."""
+    withdrew = {p: r for p, r in sorted(outcome.dropped.items()) if "withdrew: " in r}
+    if not withdrew:
+        return ""
+    first, reason = next(iter(withdrew.items()))
+    reason = reason.split("withdrew: ", 1)[1]
+    more = f" and {len(withdrew) - 1} more" if len(withdrew) > 1 else ""
+    return f" — because {first}{more} withdrew: {reason}"
+
+
+def _journaled_participants(record: JournaledJob) -> tuple[str, ...]:
+    return JobSpec.from_bytes(pb.SecAggJob.FromString(record.job).spec).participants
+
 
 Say = Callable[[str], None]
 
@@ -93,6 +120,33 @@ class StageContext:
         self.spool = spool
         self.progress = progress
         self.say = say
+        self.journal = JobJournal(store)
+        self.halt = halt_from_env()
+        self._resumable: dict[str, JournaledJob | None] = {}
+
+    # ---------------------------------------------------------------- resuming
+    def journaled(self, slot: str) -> JournaledJob | None:
+        """The job a previous coordinator process journaled for ``slot`` and did not
+        see fail: the driver continues it (same participants, same spec) instead of
+        asking the sites for a new release (``state.job_journal``)."""
+        if slot not in self._resumable:
+            self._resumable[slot] = self.journal.find(slot)
+        return self._resumable[slot]
+
+    def task_id(self, slot: str) -> str:
+        """The task id of ``slot``'s task: derived from the federation and the slot, so
+        that after a restart a site sees the *same* task again (a plaintext release
+        is keyed by its task id in the site's release ledger: the same task is the
+        same release, admitted again; a new id would be refused as a second one)."""
+        federation = self.store.get_meta("federation_id") or ""
+        return hashlib.sha256(f"{federation}\x00{slot}".encode()).hexdigest()[:16]
+
+    def resume_participants(self, slot: str, participants: list[str]) -> list[str]:
+        """``participants``, or the journaled job's when one is continued."""
+        record = self.journaled(slot)
+        if record is None:
+            return participants
+        return list(_journaled_participants(record))
 
     # ---------------------------------------------------------------- waiting
     def wait_task(self, task: Task, timeout_s: float) -> dict[str, str]:
@@ -128,7 +182,31 @@ class StageContext:
         bound: float,
         first_stage_s: float,
         spec_arguments: dict[str, Any] | None = None,
+        *,
+        slot: str | None = None,
     ) -> SecureJob:
+        """A new job for ``slot`` (default ``purpose:round``) — or, after a restart,
+        the journaled one, continued where it stopped."""
+        slot = slot if slot is not None else default_slot(purpose, round_index)
+        record = self.journaled(slot)
+        if record is not None:
+            self._resumable[slot] = None  # continued once; a retry is a new job
+            job = SecureJob.from_journal(
+                record,
+                settings=self.settings.secagg,
+                stage_s=self.settings.timeouts.stage_s,
+                journal=self.journal,
+                halt=self.halt,
+            )
+            where = (
+                "with its journaled result"
+                if job.outcome is not None
+                else f"at stage {job.stage_name}"
+            )
+            line = f"{job.label()}: continued after a restart {where} (no new release asked)"
+            self.say(line)
+            self.store.event("info", line)
+            return job
         ids = sorted(participants)
         job = SecureJob(
             purpose=purpose,
@@ -142,9 +220,20 @@ class StageContext:
             first_stage_s=first_stage_s,
             stage_s=self.settings.timeouts.stage_s,
             spec_arguments=spec_arguments,
+            journal=self.journal,
+            halt=self.halt,
         )
         self.store.job_created(
             job.job_hex, purpose, round_index, ids, job.threshold, length, job.spec_sha256
+        )
+        # durable before anyone sees the job: a restart continues it
+        self.journal.created(
+            job_id=job.job_hex,
+            slot=slot,
+            purpose=purpose,
+            round_index=round_index,
+            job=job.journal_message(),
+            first_stage_s=first_stage_s,
         )
         self.say(
             f"{job.label()}: {len(ids)} participants, threshold {job.threshold}, "
@@ -153,8 +242,26 @@ class StageContext:
         )
         return job
 
+    def _await_rejoin(self, job: SecureJob) -> None:
+        """A continued job first waits (up to ``[timeouts] rejoin_grace_s``) for its
+        participants to reconnect: right after a restart nobody is connected yet, and
+        a stage that closed at once would drop them all."""
+        wanted = frozenset(job.spec.participants)
+        grace_end = time.monotonic() + self.settings.timeouts.rejoin_grace_s
+        while time.monotonic() < grace_end and self.board.stopping is None:
+            missing = wanted - self.registry.alive()
+            if not missing:
+                break
+            self.board.wait(0.2)
+        missing = wanted - self.registry.alive()
+        if missing:
+            self.say(f"{job.label()}: continuing without {sorted(missing)} (not back in time)")
+        job.restart_clock()
+
     def drive_job(self, job: SecureJob) -> JobOutcome:
         board, progress = self.board, self.progress
+        if job.resumed and job.outcome is None:
+            self._await_rejoin(job)
         while job.outcome is None:
             if board.stopping is not None:
                 job.abort(f"stopped: {board.stopping}")
@@ -206,7 +313,7 @@ class StageContext:
             }
         )
         if outcome.status == "failed":
-            progress.errors.append(f"{job.label()}: {outcome.error}")
+            progress.errors.append(f"{job.label()}: {outcome.error}{_first_cause(outcome)}")
         self.exclude_accused(job)
         return outcome
 

@@ -34,7 +34,7 @@ from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_b
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
-from spherecal.coordinator.driver.stages import Gathered, StageContext
+from spherecal.coordinator.driver.stages import Gathered, StageContext, default_slot
 from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.driver.validation_gate import RoundGate
@@ -76,6 +76,7 @@ class RoundDriver:
         ctx = self.ctx
         s = ctx.settings
         last_error = ""
+        refusals_before = len(ctx.conduct.refusals)
         for attempt in range(1, s.training.max_round_attempts + 1):
             ctx.board.check_stop()
             if attempt > 1:
@@ -95,9 +96,52 @@ class RoundDriver:
             ctx.say(f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
+        released = sorted(
+            {
+                refusal.participant
+                for refusal in ctx.conduct.refusals[refusals_before:]
+                if refusal.rule == "RULE_RELEASE_REPEATED"
+            }
+        )
+        if released:
+            self.lose(r, released, last_error)
+            return
         raise FederationFailed(
             f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
         )
+
+    def lose(self, r: int, released: list[str], last_error: str) -> None:
+        """Give up round ``r`` without failing the federation: sites whose update for
+        it already left in a failed job refuse a second one (one update per
+        ``(federation, round)``, issue #19), so no retry can reach the minimum. The
+        model keeps its state; the round is recorded as ``lost`` and the status is
+        ``degraded`` with the reason (``verdict``), naming the refusal as the cause."""
+        ctx, progress = self.ctx, self.ctx.progress
+        message = (
+            f"round {r + 1} lost: the updates of {', '.join(released)} already left in a "
+            f"failed job and each site releases one update per round "
+            f"(RULE_RELEASE_REPEATED); last attempt: {last_error}"
+        )
+        metrics: dict[str, Any] = {
+            "round": r + 1,
+            "status": "lost",
+            "attempt": self.ctx.settings.training.max_round_attempts,
+            "selected": self.candidates(r)[0],
+            "contributors": [],
+            "dropped": {},
+            "train_loss": None,
+            "test_accuracy": None,
+            "federated_accuracy": None,
+            "secure_job": None,
+            "seconds": 0.0,
+        }
+        checkpoint = self.checkpoints.save(r, progress.global_vector, self.strategy.state_dict())
+        ctx.store.round_finished(r, "lost", metrics, checkpoint)
+        progress.round_metrics.append(metrics)
+        progress.completed_rounds = r + 1
+        progress.errors.append(message)
+        ctx.say(message)
+        ctx.store.event("error", message)
 
     def candidates(self, r: int) -> tuple[list[str], list[str], dict[str, str]]:
         """(selected, connected candidates, dropped-with-reason) for round ``r``."""
@@ -136,6 +180,8 @@ class RoundDriver:
         layout = self.strategy.layout(self.model.length)
         job: SecureJob | None = None
         if s.secagg.updates:
+            # after a restart: the journaled job's participants, continued
+            candidates = ctx.resume_participants(default_slot("update", r), candidates)
             try:
                 job = ctx.new_job(
                     "update",
@@ -154,6 +200,7 @@ class RoundDriver:
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
         task = Task(
+            task_id=ctx.task_id(default_slot("update", r)),
             kind="train",
             expected=frozenset(candidates),
             instructions={
@@ -257,9 +304,12 @@ class RoundDriver:
         if every > 0 and (r + 1) % every == 0:
             fed = federated_evaluation(ctx, progress.global_vector, {}, round_index=r)
             metrics["federated_accuracy"] = fed["accuracy"].get("none")
+            metrics["federated_accuracy_sd"] = fed["accuracy_sd"].get("none")
         metrics["seconds"] = time.monotonic() - t0
         checkpoint = self.checkpoints.save(r, progress.global_vector, self.strategy.state_dict())
         ctx.store.round_finished(r, "completed", metrics, checkpoint)
+        # the checkpoint now holds what the round's journaled sum was kept for
+        ctx.journal.discard_results(default_slot("update", r))
         progress.round_metrics.append(metrics)
         progress.completed_rounds = r + 1
         acc = metrics["test_accuracy"]

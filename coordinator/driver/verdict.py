@@ -95,6 +95,8 @@ def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -
                 f"({fed.get('samples', 0)} test samples; minimum {minimum}); "
                 f"missing {[p for p in roster if p not in evaluated]}"
             )
+    # a round given up because its sites' updates already left (training_rounds.lose)
+    reasons.extend(e for e in progress.errors if e.startswith("round ") and " lost: " in e)
     return Verdict("degraded" if reasons else "completed", reasons)
 
 

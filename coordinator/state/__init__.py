@@ -6,4 +6,5 @@
 ``spool``      plaintext uploads spooled and summed in roster order (determinism)
 ``state_dir``  what a state directory holds, and the checks before it is used
 ``storage_faults``  which write failures are fatal (disk full, I/O, read-only) and their line
+``job_journal``  each secure job's messages, masked sum and result: a restart continues it
 """

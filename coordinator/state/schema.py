@@ -103,6 +103,34 @@ CREATE TABLE IF NOT EXISTS policy_events (
     reason       TEXT NOT NULL,
     complainants TEXT
 );
+CREATE TABLE IF NOT EXISTS job_journal_jobs (
+    job_id        TEXT PRIMARY KEY,
+    slot          TEXT NOT NULL,
+    purpose       TEXT NOT NULL,
+    round         INTEGER,
+    job           BLOB NOT NULL,
+    first_stage_s REAL NOT NULL,
+    state         TEXT NOT NULL,
+    created       REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_journal_jobs_slot ON job_journal_jobs (slot);
+CREATE TABLE IF NOT EXISTS job_journal (
+    job_id   TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    kind     TEXT NOT NULL,
+    stage    INTEGER,
+    sender   TEXT,
+    data     BLOB,
+    PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS job_results (
+    job_id        TEXT PRIMARY KEY,
+    contributors  TEXT NOT NULL,
+    dropouts      TEXT NOT NULL,
+    excluded      TEXT NOT NULL,
+    value_bytes   BLOB NOT NULL,
+    sha256        TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     ts       REAL NOT NULL,

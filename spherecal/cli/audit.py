@@ -1,5 +1,7 @@
 """``spherecal audit PATH``: the privacy report of a coordinator database or a
-simulate output directory (:mod:`spherecal.audit`; docs/privacy.md)."""
+simulate output directory (:mod:`spherecal.audit`; docs/privacy.md); ``spherecal
+audit --site STATE_DIR``: one site's own audit from its release ledger alone
+(:mod:`spherecal.site_audit`)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "one fails, 2 when the path cannot be read or written."
         ),
     )
-    p.add_argument("path", type=Path, help="coordinator database or simulate output directory")
+    p.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="coordinator database or simulate output directory",
+    )
+    p.add_argument(
+        "--site",
+        type=Path,
+        default=None,
+        metavar="STATE_DIR",
+        help="audit one site from its own release ledger only (spherecal.site_audit)",
+    )
     p.add_argument("--out", type=Path, default=None, help="where to write audit.json")
     p.add_argument(
         "--empirical", action="store_true", help="also run the canary audit (a few seconds)"
@@ -49,6 +64,15 @@ def run(args: argparse.Namespace) -> int:
 
     from spherecal.audit import AuditError, run_audit
 
+    if args.site is not None:  # the site's own audit (spherecal.site_audit)
+        from spherecal.site_audit import run_site_audit
+
+        status, text = run_site_audit(args.site, html_path=args.html, as_json=args.json)
+        print(text, file=sys.stderr if status == 2 else sys.stdout)
+        return (ExitCode.OK, ExitCode.FAILED, ExitCode.BAD_INPUT)[status]
+    if args.path is None:
+        print("spherecal audit: error: give a PATH or --site STATE_DIR", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     try:
         report = run_audit(
             args.path, out=args.out, empirical=args.empirical, trials=args.trials, html=args.html

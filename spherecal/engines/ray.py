@@ -265,9 +265,11 @@ class RaySimulation(Simulation):
             for w in range(workers)
         ]
 
-    def start_coordinator(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> int:
+    def start_coordinator(
+        self, listen: str = "127.0.0.1:0", timeout: float = 120.0, *, halt: str | None = None
+    ) -> int:
         self._launch_workers()
-        return super().start_coordinator(listen, timeout)
+        return super().start_coordinator(listen, timeout, halt=halt)
 
     def start_participants(self, only: Any = None) -> None:
         """Start every participant (``only`` is not supported: a worker hosts a

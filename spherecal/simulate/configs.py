@@ -208,12 +208,19 @@ def participant_settings(
 def _policy(s: SimulationSettings) -> PolicySettings:
     """The participants' ``[policy]``: the defaults, except that a federation which
     evaluates more calibrated heads than ``max_evaluation_heads`` allows (FFC and
-    CCVR) raises it to their number — explicit in the generated config, and logged
-    at WARNING by each participant as a relaxation."""
+    CCVR) raises it to their number, and one that runs separate FFC and CCVR jobs
+    (``ffc_from_ccvr = false``: two releases of one family of per-class moments,
+    issue #19) relaxes the release rules that would refuse the second — explicit in
+    the generated config, and logged at WARNING by each participant as a
+    relaxation."""
     heads = len(s.calibration)
-    if heads <= DEFAULT_MAX_EVALUATION_HEADS:
-        return PolicySettings()
-    return PolicySettings(max_evaluation_heads=heads)
+    relaxed: dict[str, object] = {}
+    if heads > DEFAULT_MAX_EVALUATION_HEADS:
+        relaxed["max_evaluation_heads"] = heads
+    if len(s.statistics_jobs) > 1:
+        relaxed["one_release_per_model"] = False
+        relaxed["reuse_data_across_federations"] = True
+    return PolicySettings(**relaxed)  # type: ignore[arg-type]
 
 
 def participant_document(

@@ -16,7 +16,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -138,26 +138,46 @@ class Simulation:
         return write_toml(self.out / "participants" / f"{pid}.toml", document)
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, name: str, args: list[str], *, pipe_stdout: bool) -> _Proc:
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        pipe_stdout: bool,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> _Proc:
         log = open(self.out / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - _Proc closes it
+        env = self._env()
+        env.update(extra_env or {})
         child = launch(
             self.settings.launcher,
             args,
             cwd=self.out,
-            env=self._env(),
+            env=env,
             stdout_log=None if pipe_stdout else log,
             stderr_log=None if name == "coordinator" else log,
         )
         return _Proc(name, child, log)
 
-    def start_coordinator(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> int:
-        """Start (or restart) the coordinator; returns the port it listens on."""
+    def start_coordinator(
+        self, listen: str = "127.0.0.1:0", timeout: float = 120.0, *, halt: str | None = None
+    ) -> int:
+        """Start (or restart) the coordinator; returns the port it listens on.
+        ``halt`` (test-only, ``POINT@WHEN``): the coordinator stops dead at that point
+        of a secure job and prints ``SPHERECAL-HALT`` (``coordinator.driver.halts``)."""
         port_file = self.out / "coordinator" / "port"
         port_file.unlink(missing_ok=True)
         config = self.coordinator_config(listen)
         self._coordinator_starts += 1
         proc = self._spawn(
-            "coordinator", ["coordinator", "--config", str(config)], pipe_stdout=False
+            "coordinator",
+            ["coordinator", "--config", str(config)],
+            pipe_stdout=False,
+            extra_env=(
+                {"SPHERECAL_TEST_FAULTS": "1", "SPHERECAL_COORDINATOR_HALT": halt}
+                if halt is not None
+                else None
+            ),
         )
         assert proc.popen.stderr is not None
         pump = threading.Thread(

@@ -12,6 +12,8 @@ import torch and Opacus):
 ``empirical``    canary audit: an empirical lower bound on ε beside the claimed one
 ``dpsgd``        local DP-SGD through Opacus, charged to the same ledger
 ``settings``     the ``[privacy]`` table shared by coordinator and participant configs
+``evaluation_noise``
+                 distributed DP noise on evaluation counts: the plan both sides compute
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
 ``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
 ``distributed_dpsgd``  distributed DP-SGD's noise shares and record-level accounting

@@ -27,6 +27,7 @@ from spherecal.spherefed.data import load_dataset
 from spherecal.spherefed.discriminant import CalibratedHead
 from spherecal.spherefed.network import ModelSpec, build_model, compute_features
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
+from tests.evaluation_noise import SDS, within_noise
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,19 +80,29 @@ def test_same_accuracies_and_choices_as_the_reference(
     n_test = results["federated_evaluation"]["samples"]
     n_val = results["validation_evaluation"]["samples"]
     assert n_val > 0
+    # Validation counts carry the sites' DP noise (issue #19): each grid accuracy
+    # equals the reference's within it, and the chosen point is one whose exact
+    # validation accuracy is within the noise of the best (near-ties may flip).
+    spread = [v for v in results["validation_evaluation"]["accuracy_sd"].values() if v]
+    sd_val = max(spread)
     for name in CLOSED_FORMS:
         ours, theirs = results["calibration"][name], reference["calibration"][name]
-        assert ours["chosen"] == theirs["chosen"], (name, ours["grid"], theirs["grid"])
+        exact = {b["value"]: b["validation"] for b in theirs["grid"]}
+        best = max(v for v in exact.values() if v is not None)
+        assert exact[ours["chosen"]] >= best - SDS * sd_val, (name, ours["grid"], theirs["grid"])
         for a, b in zip(ours["grid"], theirs["grid"], strict=True):
             assert a["value"] == b["value"]
-            assert a["validation"] == pytest.approx(b["validation"], abs=1.01 / n_val)
+            assert abs(a["validation"] - b["validation"]) <= SDS * sd_val + 1.01 / n_val
     for name in ("none", *CALIBRATION_NAMES):
-        assert results["accuracy"][name] == results["central_accuracy"][name], name
-        assert abs(results["accuracy"][name] - reference["accuracy"][name]) <= 1.01 / n_test, (
-            name,
-            results["accuracy"][name],
-            reference["accuracy"][name],
+        sd = results["federated_evaluation"]["accuracy_sd"][name]
+        assert within_noise(results["accuracy"][name], results["central_accuracy"][name], sd)
+        same_head = name not in CLOSED_FORMS or (
+            results["calibration"][name]["chosen"] == reference["calibration"][name]["chosen"]
         )
+        if same_head:  # the central accuracy of the same head: fixed-point rounding only
+            assert abs(results["central_accuracy"][name] - reference["accuracy"][name]) <= (
+                1.01 / n_test
+            ), (name, results["central_accuracy"][name], reference["accuracy"][name])
 
 
 def test_saved_heads_load_weights_only_and_reproduce_the_accuracy(

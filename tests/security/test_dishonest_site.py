@@ -168,7 +168,13 @@ def test_the_round_gate_flags_a_round_that_wrecks_the_model_and_can_undo_it(
                results["status_reasons"])  # fmt: skip
     none = results["accuracy"]["none"]
     if mode == "rollback":  # the round-1 model, which validation scored well above chance
-        assert results["validation_accuracy"]["none"] == pytest.approx(rounds[0]["after"])
+        # the final model *is* round 1's: the coordinator's own test accuracy of it is
+        # round 1's to the last bit (the federated validation counts carry fresh DP
+        # noise in every evaluation, issue #19, so they only agree within it)
+        central = results["central_accuracy"]
+        assert central is not None
+        assert central["none"] == results["per_round"][0]["test_accuracy"]
+        assert abs(results["validation_accuracy"]["none"] - rounds[0]["after"]) < 0.05
         assert none > 0.3
     else:
         assert none < 0.2

@@ -14,8 +14,7 @@ weakens one ``[policy]`` key at a time and shows the matching attack then procee
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,35 +33,25 @@ from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.codec import header_for, iter_chunks, model_spec_to_proto
+from spherecal.proto.codec import header_for
+from tests.security.hostile_plan import HostileTransport
 
 PEERS = ("p0", "p1", "p2", "p3", "p4")
 ME = "p0"
 
 
-class _Presence:
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-
-    def __iter__(self) -> Iterator[pb.HeartbeatReply]:
-        while not self._stop.wait(0.05):
-            yield pb.HeartbeatReply(phase="hostile")
-
-    def cancel(self) -> None:
-        self._stop.set()
-
-
-class HostileCoordinator:
+class HostileCoordinator(HostileTransport):
     """Transport double: answers a real runner with scripted instructions, records
     everything it sends back."""
 
     def __init__(self, *, federation: str, model: GlobalModel, script: list[pb.Instruction]):
         self.federation = federation
         self.model = model
+        self.peers = len(PEERS)
         self.script = list(script)
-        self.tensors: dict[str, np.ndarray] = {}
+        self.tensors = {}
         self.failures: list[pb.FailureReport] = []
-        self.uploads: list[str] = []  # task ids of plaintext uploads
+        self.uploads = []
         self.evaluations: list[pb.EvaluationReport] = []
         self.secagg: list[pb.SecAggSubmission] = []
 
@@ -72,43 +61,10 @@ class HostileCoordinator:
         return pb.TensorRef(name=name, header=header_for(array))
 
     # ----------------------------------------------------------- Transport
-    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        spec = self.model.spec
-        plan = pb.Plan(
-            federation_id=self.federation,
-            model=model_spec_to_proto(spec),
-            training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
-            rounds=1,
-            heartbeat_interval_ms=1000,
-            secure_updates=True,
-            secure_statistics=True,
-            participant_index=0,
-            num_participants=len(PEERS),
-            max_chunk_bytes=1 << 20,
-        )
-        return pb.JoinReply(session="s", plan=plan)
-
-    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        return pb.HeartbeatReply(phase="hostile")
-
-    def presence(self, request: pb.HeartbeatRequest) -> _Presence:
-        return _Presence()
-
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self.script:
             return self.script.pop(0)
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
-
-    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
-        array = self.tensors[request.name]
-        yield pb.TensorChunk(header=header_for(array))
-        for data in iter_chunks(array, 1 << 20):
-            yield pb.TensorChunk(data=data)
-
-    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
-        parts = list(messages)
-        self.uploads.append(parts[0].header.task_id)
-        return pb.UploadReceipt()
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
         self.secagg.append(request)
@@ -379,9 +335,9 @@ def test_the_threshold_rule_alone_stops_a_low_threshold(tmp_path: Path, model: G
 
 
 def test_release_key_weakened_lets_the_repeat_through(tmp_path: Path, model: GlobalModel) -> None:
-    settings = _settings(
-        tmp_path, allow_plaintext=True, policy=PolicySettings(one_release_per_model=False)
-    )
+    """Both rules that key exact moments (per federation/model, and per data) off."""
+    policy = PolicySettings(one_release_per_model=False, reuse_data_across_federations=True)
+    settings = _settings(tmp_path, allow_plaintext=True, policy=policy)
     hostile = HostileCoordinator(federation="fed", model=model, script=[])
     m1 = hostile.publish("m1", model.initial_vector)
     hostile.script = [_statistics("a", m1), _statistics("b", m1)]

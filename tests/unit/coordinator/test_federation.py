@@ -33,6 +33,7 @@ from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import FFCStatistics, ffc_statistics
+from tests.evaluation_noise import assert_accuracy_within_noise, within_noise
 
 N, ROUNDS = 3, 2
 
@@ -93,8 +94,9 @@ def test_plaintext_federation_reproduces_the_reference_exactly(
 ) -> None:
     summary, _ = runs["plain"]
     assert summary["status"] == "completed"
+    # the counts carry the sites' DP noise (issue #19): exact up to it
+    assert_accuracy_within_noise(summary, reference["accuracy"])
     for name in ("none", "ffc", "ccvr"):
-        assert summary["accuracy"][name] == reference["accuracy"][name]
         assert summary["central_accuracy"][name] == reference["accuracy"][name]
     for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == theirs["train_loss"]
@@ -107,8 +109,9 @@ def test_secure_federation_matches_within_fixed_point_rounding(
 ) -> None:
     summary, _ = runs["secure"]
     assert summary["status"] == "completed"
+    assert_accuracy_within_noise(summary, summary["central_accuracy"])
     for name in ("none", "ffc", "ccvr"):
-        assert abs(summary["accuracy"][name] - reference["accuracy"][name]) <= 0.01
+        assert abs(summary["central_accuracy"][name] - reference["accuracy"][name]) <= 0.01
     # Update jobs ran on the 32-bit ring (3 sites, bound 1e5, step 2^-12 <= 2^-10): the
     # round's mean loss is the sum of the contributors' losses / their count, so it may
     # move by at most half a fixed-point step (plus float rounding).
@@ -130,7 +133,9 @@ def test_secure_federation_matches_within_fixed_point_rounding(
         "evaluate",
     ]
     for row in summary["per_round"]:  # per-round federated evaluation covers the test split
-        assert row["federated_accuracy"] == row["test_accuracy"]
+        assert within_noise(
+            row["federated_accuracy"], row["test_accuracy"], row["federated_accuracy_sd"]
+        )
     assert all(j["status"] == "done" for j in summary["jobs"])
 
 

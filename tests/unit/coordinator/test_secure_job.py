@@ -156,9 +156,25 @@ def test_boundary_rejections_store_nothing() -> None:
         job.submit("p0", pb.UNMASK, response.to_bytes())
     assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
     job.submit("p0", pb.ADVERTISE, advert)
+    # the same bytes again (a site answering after a restart): "already there", no change
     with pytest.raises(ServiceError) as info:
         job.submit("p0", pb.ADVERTISE, advert)
     assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert "identical" in info.value.message
+    assert job.server.pending() == frozenset({"p1", "p2"})
+    other = make_job(3, 20, threshold=2)[1]["p0"]  # p0 with other job keys
+    second = crypto.AdvertiseKeys.from_bytes(other.advertise_keys().to_bytes())
+    forged = crypto.AdvertiseKeys(
+        job_id=job.job_id,
+        sender="p0",
+        channel_public=second.channel_public,
+        masking_public=second.masking_public,
+        seed_commitment=second.seed_commitment,
+        signature=second.signature,
+    )
+    with pytest.raises(ServiceError) as info:  # a *different* second advertisement
+        job.submit("p0", pb.ADVERTISE, forged.to_bytes())
+    assert info.value.code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.UNAUTHENTICATED)
     assert job.server.pending() == frozenset({"p1", "p2"})
 
 

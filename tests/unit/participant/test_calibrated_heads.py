@@ -13,7 +13,7 @@ from spherecal.participant.data import load_local_data
 from spherecal.participant.evaluation_checks import (
     check_evaluation,
     download_heads,
-    evaluation_digest,
+    evaluation_content,
 )
 from spherecal.participant.policy import EvaluationRefused, PolicySettings
 from spherecal.participant.settings import DataSettings
@@ -101,13 +101,13 @@ def test_validation_grid_has_its_own_head_limit_and_never_widens_test() -> None:
 
 def test_digest_separates_split_kind_and_bias() -> None:
     lda = _head("lda", pb.HEAD_AFFINE, bias=True, quadratic=False)
-    base = evaluation_digest(_task([lda]))
-    assert base != evaluation_digest(_task([lda], pb.SPLIT_VALIDATION))
+    base = evaluation_content(_task([lda]))
+    assert base != evaluation_content(_task([lda], pb.SPLIT_VALIDATION))
     other_bias = pb.NamedTensorRef()
     other_bias.CopyFrom(lda)
     other_bias.bias.CopyFrom(_ref("b", np.ones(C)))
-    assert base != evaluation_digest(_task([other_bias]))
-    assert base == evaluation_digest(
+    assert base != evaluation_content(_task([other_bias]))
+    assert base == evaluation_content(
         _task([_head("lda", pb.HEAD_AFFINE, bias=True, quadratic=False)])
     )
 

@@ -14,11 +14,19 @@ from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, Priva
 from spherecal.participant.evaluation_checks import (
     check_evaluation,
     counts_vector,
-    evaluation_digest,
+    evaluation_content,
 )
 from spherecal.participant.failures import failure_kind, policy_rule
 from spherecal.participant.policy import EvaluationRefused, PolicySettings, ReleaseRepeated
-from spherecal.participant.release_ledger import EVALUATE, ReleaseLedger
+from spherecal.participant.release_ledger import (
+    EVALUATE,
+    MOMENTS,
+    UPDATE,
+    LedgerRules,
+    Release,
+    ReleaseLedger,
+    family_of,
+)
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
 
@@ -118,19 +126,22 @@ def test_each_refusal_has_its_kind_and_rule(
 
 
 # ====================================================================== releases
+def _stats(
+    kind: str, federation: str, model: bytes, *, data: bytes = b"D", noised: bool = False
+) -> Release:
+    return Release(kind=kind, federation=federation, model=model, data=data, noised=noised)
+
+
 def test_release_is_consumed_only_when_the_input_leaves(tmp_path: Path) -> None:
     ledger = ReleaseLedger(tmp_path / "privacy.db")
-    ledger.reserve(kind="ffc", federation="F", digest=b"m1", job="j1")
+    ledger.reserve(_stats("ffc", "F", b"m1"), job="j1")
     # j1 failed before its input left: a retry (new job id) is admitted
-    ledger.reserve(kind="ffc", federation="F", digest=b"m1", job="j2")
+    ledger.reserve(_stats("ffc", "F", b"m1"), job="j2")
     ledger.consume("j2")
     ledger.consume("j2")  # idempotent (a retried upload)
-    for job, federation, digest in (("j3", "F", b"m1"), ("j4", "F", b"m2"), ("j5", "G", b"m1")):
+    for job, federation, model in (("j3", "F", b"m1"), ("j4", "F", b"m2"), ("j5", "G", b"m1")):
         with pytest.raises(ReleaseRepeated):
-            ledger.reserve(kind="ffc", federation=federation, digest=digest, job=job)
-    # another kind, or another federation *and* model, is a different release
-    ledger.reserve(kind="ccvr", federation="F", digest=b"m1", job="j6")
-    ledger.reserve(kind="ffc", federation="G", digest=b"m2", job="j7")
+            ledger.reserve(_stats("ffc", federation, model, data=b"other"), job=job)
     # j1 was reserved before j2 was released: consuming it now re-checks and refuses
     with pytest.raises(ReleaseRepeated):
         ledger.consume("j1")
@@ -138,18 +149,77 @@ def test_release_is_consumed_only_when_the_input_leaves(tmp_path: Path) -> None:
     ledger.close()
     reopened = ReleaseLedger(tmp_path / "privacy.db")  # a restart does not reset it
     with pytest.raises(ReleaseRepeated):
-        reopened.reserve(kind="ffc", federation="F", digest=b"m9", job="j8")
+        reopened.reserve(_stats("ffc", "F", b"m9", data=b"other"), job="j8")
     reopened.close()
 
 
-def test_evaluations_are_unique_per_model_and_heads_only(tmp_path: Path) -> None:
+def test_ffc_ccvr_lda_qda_are_one_family(tmp_path: Path) -> None:
+    """CCVR's per-class moments determine FFC's: after one left, no other kind of the
+    family leaves for the same federation or model."""
     ledger = ReleaseLedger(tmp_path / "privacy.db")
-    ledger.reserve(kind=EVALUATE, federation="F", digest=b"round-1", job="e1")
-    ledger.consume("e1")
-    ledger.reserve(kind=EVALUATE, federation="F", digest=b"round-2", job="e2")  # new model
-    ledger.consume("e2")
+    ledger.reserve(_stats("ffc", "F", b"m"), job="a")
+    ledger.consume("a")
+    for kind in ("ccvr", "lda", "qda", "ffc_bias"):
+        assert family_of(kind) == MOMENTS
+        for federation, model in (("F", b"other"), ("G", b"m")):
+            with pytest.raises(ReleaseRepeated, match="moments"):
+                ledger.reserve(_stats(kind, federation, model, data=b"X"), job=f"{kind}{model!r}")
+    ledger.close()
+
+
+def test_exact_moments_of_the_same_data_leave_once_across_federations(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+    ledger.reserve(_stats("ccvr", "F", b"m1"), job="a")
+    ledger.consume("a")
+    with pytest.raises(ReleaseRepeated, match="same data"):
+        ledger.reserve(_stats("ccvr", "G", b"m2"), job="b")  # new federation and model
+    ledger.reserve(_stats("ccvr", "G", b"m2", noised=True), job="c")  # DP noise: admitted
+    ledger.consume("c")
+    ledger.reserve(_stats("ccvr", "H", b"m3", data=b"other data"), job="d")  # other data
+    ledger.close()
+    relaxed = ReleaseLedger(
+        tmp_path / "privacy.db", rules=LedgerRules(exact_data_once=False)
+    )  # [policy] reuse_data_across_federations = true: the mutation of this rule
+    relaxed.reserve(_stats("ccvr", "K", b"m4"), job="e")
+    relaxed.consume("e")
+    relaxed.close()
+
+
+def test_training_releases_one_update_per_federation_and_round(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+
+    def update(federation: str, rnd: int, model: bytes = b"m") -> Release:
+        return Release(kind=UPDATE, federation=federation, model=model, round=rnd)
+
+    ledger.reserve(update("F", 0), job="r0")
+    ledger.reserve(update("F", 0), job="r0-retry")  # nothing left yet: a retry is admitted
+    ledger.consume("r0")
+    with pytest.raises(ReleaseRepeated, match="round 0"):
+        ledger.reserve(update("F", 0, b"other model"), job="again")
     with pytest.raises(ReleaseRepeated):
-        ledger.reserve(kind=EVALUATE, federation="G", digest=b"round-1", job="e3")
+        ledger.consume("r0-retry")
+    ledger.reserve(update("F", 1), job="r1")  # the next round
+    ledger.reserve(update("G", 0), job="g0")  # another federation
+    ledger.close()
+    relaxed = ReleaseLedger(tmp_path / "privacy.db", rules=LedgerRules(one_update_per_round=False))
+    relaxed.reserve(update("F", 0), job="again")
+    relaxed.consume("again")
+    relaxed.close()
+
+
+def test_evaluations_are_unique_per_executed_model_and_head_contents(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+
+    def evaluation(model: bytes, content: bytes, federation: str = "F") -> Release:
+        return Release(kind=EVALUATE, federation=federation, model=model, content=content)
+
+    ledger.reserve(evaluation(b"round-1", b"H"), job="e1")
+    ledger.consume("e1")
+    ledger.reserve(evaluation(b"round-2", b"H"), job="e2")  # a new model
+    ledger.consume("e2")
+    ledger.reserve(evaluation(b"round-1", b"other heads"), job="e3")  # other heads
+    with pytest.raises(ReleaseRepeated):
+        ledger.reserve(evaluation(b"round-1", b"H", "G"), job="e4")  # renamed federation
     ledger.close()
 
 
@@ -157,7 +227,7 @@ def test_concurrent_jobs_for_one_release_cannot_both_be_consumed(tmp_path: Path)
     ledger = ReleaseLedger(tmp_path / "privacy.db")
     jobs = [f"job{k}" for k in range(8)]
     for job in jobs:
-        ledger.reserve(kind="ffc", federation="F", digest=b"m", job=job)
+        ledger.reserve(_stats("ffc", "F", b"m"), job=job)
     outcomes: list[str] = []
 
     def consume(job: str) -> None:
@@ -179,7 +249,7 @@ def test_concurrent_jobs_for_one_release_cannot_both_be_consumed(tmp_path: Path)
 def test_unenforced_ledger_records_but_never_refuses(tmp_path: Path) -> None:
     ledger = ReleaseLedger(tmp_path / "privacy.db", enforce=False)
     for job in ("a", "b"):
-        ledger.reserve(kind="ffc", federation="F", digest=b"m", job=job)
+        ledger.reserve(_stats("ffc", "F", b"m"), job=job)
         ledger.consume(job)
     assert len(ledger.released()) == 2
     ledger.close()
@@ -209,13 +279,13 @@ def test_evaluation_heads_must_match_the_plan() -> None:
             check_evaluation(task, num_classes=10, feature_dim=4, max_heads=2)
 
 
-def test_counts_layout_and_digest() -> None:
+def test_counts_layout_and_content_key_without_names() -> None:
     task = _task([(10, 4), (10, 4)], ["ffc", "ccvr"])
     vector = counts_vector(task, 50, {"none": 30, "ccvr": 41, "ffc": 44})
     assert vector.tolist() == [50.0, 30.0, 44.0, 41.0]
-    renamed = _task([(10, 4), (10, 4)], ["ccvr", "ffc"])
-    assert evaluation_digest(task) != evaluation_digest(renamed)
-    assert evaluation_digest(task) == evaluation_digest(_task([(10, 4), (10, 4)], ["ffc", "ccvr"]))
+    renamed = _task([(10, 4), (10, 4)], ["x", "y"])  # renaming heads is free: same key
+    assert evaluation_content(task) == evaluation_content(renamed)
+    assert evaluation_content(task) != evaluation_content(_task([(10, 4)], ["ffc"]))
 
 
 def test_the_ledger_is_per_participant(tmp_path: Path) -> None:
@@ -223,11 +293,11 @@ def test_the_ledger_is_per_participant(tmp_path: Path) -> None:
     their own."""
     a = ReleaseLedger(tmp_path / "privacy.db", participant="a")
     b = ReleaseLedger(tmp_path / "privacy.db", participant="b")
-    a.reserve(kind="ffc", federation="F", digest=b"m", job="j")
+    a.reserve(_stats("ffc", "F", b"m"), job="j")
     a.consume("j")
-    b.reserve(kind="ffc", federation="F", digest=b"m", job="j")
+    b.reserve(_stats("ffc", "F", b"m"), job="j")
     b.consume("j")
     with pytest.raises(ReleaseRepeated):
-        a.reserve(kind="ffc", federation="F", digest=b"m", job="k")
+        a.reserve(_stats("ffc", "F", b"m"), job="k")
     a.close()
     b.close()

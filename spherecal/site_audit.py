@@ -1,0 +1,369 @@
+"""``spherecal audit --site STATE_DIR``: a site's own audit, from its own ledger only.
+
+Why: the coordinator's audit (:mod:`spherecal.audit`) reads the coordinator's
+database — the party a site must not have to trust. A privacy officer at a site
+runs this on the site's state directory alone: every value that left the site is a
+row of its release ledger (``privacy.db``, table ``site_releases``, written by
+:mod:`spherecal.participant.release_ledger`), with its kind, family, federation,
+executed-model digest, data fingerprint, the signed survivor set it was summed
+with, and its noise and ε; every refusal is a row of ``site_refusals``.
+
+What it flags:
+
+* **differencing pairs** — two releases of one family whose content is the same
+  computation (training: same federation and round, or same model on the same data;
+  moments: same executed model on the same data; evaluation: same executed model,
+  data split and head contents) but whose survivor sets differ (or are unknown): the
+  difference of their two sums is this site's input. A pair where either release
+  is exact (no DP noise) is ``exact`` — the default rules never let one through, so
+  finding one means a rule was relaxed; a pair of noised releases is listed with
+  the ε the two cost together.
+* **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
+  coordinator that asked twice).
+
+The exit status is 1 when an exact differencing pair exists, else 0 (2: unreadable).
+The database is opened read-only (``mode=ro``): auditing never changes the ledger.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sqlite3
+from dataclasses import asdict, dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DifferencingPair",
+    "SiteAudit",
+    "SiteAuditError",
+    "SiteRefusal",
+    "SiteRelease",
+    "format_site_audit",
+    "read_site_audit",
+    "run_site_audit",
+    "site_audit_html",
+]
+
+
+class SiteAuditError(Exception):
+    """The state directory holds no readable release ledger."""
+
+
+@dataclass(frozen=True)
+class SiteRelease:
+    participant: str
+    job: str
+    kind: str
+    family: str
+    federation: str
+    model: str
+    """Executed-model digest (hex)."""
+    data: str
+    """Local data-split fingerprint (hex)."""
+    content: str
+    round: int | None
+    noised: bool
+    epsilon: float | None
+    delta: float | None
+    noise: dict[str, Any] | None
+    state: str
+    """``released`` (it left the site) or ``reserved`` (admitted, never left)."""
+    reserved: float
+    released: float | None
+    survivors: list[str] | None
+    """The survivor set of the unmask request this site answered (None: not known —
+    a plaintext release, or a job that never reached unmasking)."""
+    signers: list[str] | None
+
+
+@dataclass(frozen=True)
+class SiteRefusal:
+    participant: str
+    task: str
+    kind: str
+    rule: str
+    reason: str
+    federation: str
+    at: float
+
+
+@dataclass(frozen=True)
+class DifferencingPair:
+    participant: str
+    family: str
+    first: str
+    second: str
+    why: str
+    exact: bool
+    """At least one of the two releases carried no DP noise."""
+    epsilon: float | None
+    """ε of the two noised releases together (basic composition), when both noised."""
+    only_in_first: list[str] | None
+    only_in_second: list[str] | None
+
+
+@dataclass(frozen=True)
+class SiteAudit:
+    state_dir: str
+    releases: list[SiteRelease]
+    refusals: list[SiteRefusal]
+    pairs: list[DifferencingPair]
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.exact for p in self.pairs)
+
+    def to_json(self) -> dict[str, Any]:
+        epsilon: dict[str, float] = {}
+        for r in self.releases:
+            if r.state == "released" and r.epsilon is not None:
+                epsilon[r.participant] = epsilon.get(r.participant, 0.0) + r.epsilon
+        return {
+            "state_dir": self.state_dir,
+            "ok": self.ok,
+            "releases": [asdict(r) for r in self.releases],
+            "refusals": [asdict(r) for r in self.refusals],
+            "differencing_pairs": [asdict(p) for p in self.pairs],
+            "epsilon_total": epsilon,
+        }
+
+
+def _ledger_path(state_dir: Path) -> Path:
+    path = state_dir / "privacy.db" if state_dir.is_dir() else state_dir
+    if not path.is_file():
+        raise SiteAuditError(f"{state_dir}: no release ledger (privacy.db) there")
+    return path
+
+
+def _json_list(text: object) -> list[str] | None:
+    return None if text is None else [str(x) for x in json.loads(str(text))]
+
+
+def read_site_audit(state_dir: Path) -> SiteAudit:
+    """Read one site's ledger (read-only) and find its differencing pairs."""
+    path = _ledger_path(state_dir)
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "site_releases" not in tables:
+            raise SiteAuditError(f"{path}: no site_releases table (nothing ever left this site)")
+        rows = conn.execute(
+            "SELECT participant, job, kind, family, federation, model, data, content, round, "
+            "noised, epsilon, delta, noise, state, reserved, released, survivors, signers "
+            "FROM site_releases ORDER BY participant, reserved"
+        ).fetchall()
+        refusal_rows = (
+            conn.execute(
+                "SELECT participant, task, kind, rule, reason, federation, at FROM site_refusals "
+                "ORDER BY participant, at"
+            ).fetchall()
+            if "site_refusals" in tables
+            else []
+        )
+    finally:
+        conn.close()
+    releases = [
+        SiteRelease(
+            participant=str(r[0]),
+            job=str(r[1]),
+            kind=str(r[2]),
+            family=str(r[3]),
+            federation=str(r[4]),
+            model=bytes(r[5]).hex(),
+            data=bytes(r[6]).hex(),
+            content=bytes(r[7]).hex(),
+            round=None if r[8] is None else int(r[8]),
+            noised=bool(r[9]),
+            epsilon=None if r[10] is None else float(r[10]),
+            delta=None if r[11] is None else float(r[11]),
+            noise=None if r[12] is None else json.loads(str(r[12])),
+            state=str(r[13]),
+            reserved=float(r[14]),
+            released=None if r[15] is None else float(r[15]),
+            survivors=_json_list(r[16]),
+            signers=_json_list(r[17]),
+        )
+        for r in rows
+    ]
+    refusals = [
+        SiteRefusal(
+            participant=str(r[0]),
+            task=str(r[1]),
+            kind=str(r[2]),
+            rule=str(r[3]),
+            reason=str(r[4]),
+            federation=str(r[5]),
+            at=float(r[6]),
+        )
+        for r in refusal_rows
+    ]
+    return SiteAudit(str(state_dir), releases, refusals, differencing_pairs(releases))
+
+
+def _same_computation(a: SiteRelease, b: SiteRelease) -> str | None:
+    """Why ``a`` and ``b`` are sums of the same computation of this site, or None."""
+    if a.family != b.family or a.participant != b.participant:
+        return None
+    same_input = a.model == b.model and a.data == b.data
+    if a.family == "training":
+        if a.federation == b.federation and a.round == b.round:
+            return f"the update of round {a.round} of federation {a.federation!r}, twice"
+        return "an update from the same model on the same data, twice" if same_input else None
+    if a.family == "evaluation":
+        if same_input and a.content == b.content:
+            return "the same evaluation (model, split, head contents), twice"
+        return None
+    if same_input:
+        return "the per-class moments of the same model on the same data, twice"
+    return None
+
+
+def differencing_pairs(releases: list[SiteRelease]) -> list[DifferencingPair]:
+    """Every pair of released values of one computation over different (or unknown)
+    survivor sets: their difference is this site's input (module docstring)."""
+    out = []
+    left = [r for r in releases if r.state == "released"]
+    for a, b in combinations(left, 2):
+        why = _same_computation(a, b)
+        if why is None:
+            continue
+        if a.survivors is not None and b.survivors is not None and a.survivors == b.survivors:
+            continue  # the same sum twice: nothing new
+        exact = not (a.noised and b.noised)
+        eps = None if exact or a.epsilon is None or b.epsilon is None else a.epsilon + b.epsilon
+        known = a.survivors is not None and b.survivors is not None
+        out.append(
+            DifferencingPair(
+                participant=a.participant,
+                family=a.family,
+                first=a.job,
+                second=b.job,
+                why=why,
+                exact=exact,
+                epsilon=eps,
+                only_in_first=sorted(set(a.survivors or ()) - set(b.survivors or ()))
+                if known
+                else None,
+                only_in_second=sorted(set(b.survivors or ()) - set(a.survivors or ()))
+                if known
+                else None,
+            )
+        )
+    return out
+
+
+def _short(digest: str) -> str:
+    return digest[:12] if digest else "-"
+
+
+def format_site_audit(audit: SiteAudit) -> str:
+    """The report as text (one line per release, pair and refusal)."""
+    lines = [f"site audit of {audit.state_dir}: {'OK' if audit.ok else 'EXACT DIFFERENCING'}"]
+    lines.append(f"releases ({sum(r.state == 'released' for r in audit.releases)} left the site):")
+    for r in audit.releases:
+        noise = "noised" if r.noised else "exact"
+        if r.epsilon is not None:
+            noise = f"ε={r.epsilon:.3g}"
+        roster = ",".join(r.survivors) if r.survivors is not None else "?"
+        rnd = "" if r.round is None else f" round {r.round}"
+        lines.append(
+            f"  {r.participant} {r.state:8} {r.kind:8} {r.family:10} {r.federation}{rnd} "
+            f"model {_short(r.model)} job {r.job[:16]} {noise} survivors [{roster}]"
+        )
+    lines.append(f"differencing pairs: {len(audit.pairs)}")
+    for p in audit.pairs:
+        tag = "EXACT" if p.exact else "noised"
+        if not p.exact and p.epsilon is not None:
+            tag = f"noised (ε {p.epsilon:.3g} together)"
+        diff = (
+            f"; only in first {p.only_in_first}, only in second {p.only_in_second}"
+            if p.only_in_first is not None
+            else "; survivor sets unknown"
+        )
+        lines.append(f"  {tag}: {p.first[:16]} vs {p.second[:16]}: {p.why}{diff}")
+    lines.append(f"refusals: {len(audit.refusals)}")
+    for f in audit.refusals:
+        lines.append(f"  {f.participant} {f.task[:16]} {f.kind}/{f.rule}: {f.reason}")
+    return "\n".join(lines)
+
+
+def site_audit_html(audit: SiteAudit) -> str:
+    """The report as one self-contained page (no scripts, no external resources)."""
+    e = html.escape
+
+    def table(head: list[str], rows: list[list[str]]) -> str:
+        th = "".join(f"<th>{e(h)}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+    releases = [
+        [
+            r.participant,
+            r.state,
+            r.kind,
+            r.family,
+            r.federation,
+            "" if r.round is None else str(r.round),
+            _short(r.model),
+            r.job[:16],
+            f"{r.epsilon:.3g}" if r.epsilon is not None else ("noised" if r.noised else "exact"),
+            ", ".join(r.survivors) if r.survivors is not None else "unknown",
+        ]
+        for r in audit.releases
+    ]
+    pairs = [
+        [
+            "EXACT" if p.exact else "noised",
+            p.first[:16],
+            p.second[:16],
+            p.why,
+            "" if p.epsilon is None else f"{p.epsilon:.3g}",
+        ]
+        for p in audit.pairs
+    ]
+    refusals = [[f.participant, f.task[:16], f.kind, f.rule, f.reason] for f in audit.refusals]
+    verdict = "OK: no exact differencing pair" if audit.ok else "EXACT DIFFERENCING PAIR FOUND"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>spherecal site audit</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #999;padding:2px 6px;font-size:90%}</style></head><body>"
+        f"<h1>Site audit</h1><p>{e(audit.state_dir)}</p><h2>{e(verdict)}</h2>"
+        "<h2>Releases</h2>"
+        + table(
+            [
+                "site",
+                "state",
+                "kind",
+                "family",
+                "federation",
+                "round",
+                "model",
+                "job",
+                "ε / noise",
+                "survivors",
+            ],
+            releases,
+        )
+        + "<h2>Differencing pairs</h2>"
+        + table(["", "first", "second", "why", "ε together"], pairs)
+        + "<h2>Refusals</h2>"
+        + table(["site", "task", "kind", "rule", "reason"], refusals)
+        + "</body></html>"
+    )
+
+
+def run_site_audit(
+    state_dir: Path, *, html_path: Path | None = None, as_json: bool = False
+) -> tuple[int, str]:
+    """(exit status, text to print) for ``spherecal audit --site``."""
+    try:
+        audit = read_site_audit(state_dir)
+    except (SiteAuditError, sqlite3.DatabaseError, OSError) as exc:
+        return 2, f"spherecal audit --site: error: {exc}"
+    if html_path is not None:
+        html_path.write_text(site_audit_html(audit), encoding="utf-8")
+    text = json.dumps(audit.to_json(), indent=2) if as_json else format_site_audit(audit)
+    return (0 if audit.ok else 1), text

@@ -1,0 +1,213 @@
+"""A hostile coordinator that runs real secure-aggregation jobs around a real site.
+
+:class:`HostileRing` implements the participant ``Transport`` for one real
+:class:`spherecal.participant.runner.ParticipantRunner` (the target, ``p0``: real
+trainer, data, crypto, policy and SQLite state directory) and plays the coordinator
+of every secure job in its script with a real :class:`spherecal.crypto.SecAggServer`.
+The other members of each roster are in-process :class:`SecAggParticipant`\\ s whose
+inputs the double chooses (a coordinator colluding with, or simply knowing the
+inputs of, the other sites — or, equivalently, running the second sum of a
+differencing pair over them alone). When a job finishes, ``sum − others' inputs``
+is exactly what the target released into it (plus the noise in the sum): the
+attack's result. Used by ``tests/security/test_differencing.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from spherecal import crypto
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.crypto.dp import NoisePlan, sample_noise
+from spherecal.crypto.messages import decode_message
+from spherecal.crypto.replay import MemoryJobLedger
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for
+from tests.security.hostile_plan import HostileTransport
+
+TARGET = "p0"
+PEERS = ("p0", "p1", "p2", "p3", "p4")
+IDENTITIES = {p: crypto.generate_identity() for p in PEERS}
+DIRECTORY = {p: crypto.identity_public_bytes(k) for p, k in IDENTITIES.items()}
+
+
+@dataclass
+class RingJob:
+    """One secure job of the script: its spec, the others' inputs and its outcome."""
+
+    spec: crypto.JobSpec
+    others: dict[str, npt.NDArray[np.float64]]
+    noise: NoisePlan | None = None
+    """What the honest others add (the same plan as the target's)."""
+    server: crypto.SecAggServer | None = None
+    clients: dict[str, crypto.SecAggParticipant] = field(default_factory=dict)
+    result: crypto.AggregateResult | None = None
+
+    @property
+    def job_id(self) -> bytes:
+        return self.spec.job_id
+
+    def target_release(self) -> npt.NDArray[np.float64]:
+        """The sum minus the others' inputs: the target's input plus the sum's noise."""
+        assert self.result is not None, "the job did not finish"
+        others = sum(self.others.values(), np.zeros(self.spec.length))
+        return np.asarray(self.result.values - others, dtype=np.float64)
+
+
+def make_job(
+    roster: tuple[str, ...],
+    length: int,
+    *,
+    others: dict[str, npt.NDArray[np.float64]] | None = None,
+    noise: NoisePlan | None = None,
+    **spec: object,
+) -> RingJob:
+    arguments: dict[str, object] = {"threshold": len(roster) // 2 + 1, "length": length}
+    arguments["bound"] = 1e6
+    arguments.update(spec)
+    job_spec = crypto.JobSpec.create(roster, **arguments)  # type: ignore[arg-type]
+    inputs = others or {p: np.zeros(length) for p in roster if p != TARGET}
+    return RingJob(spec=job_spec, others=inputs, noise=noise)
+
+
+class HostileRing(HostileTransport):
+    """Transport double playing the coordinator of a scripted list of tasks."""
+
+    def __init__(self, *, federation: str, model: GlobalModel) -> None:
+        self.federation = federation
+        self.model = model
+        self.peers = len(PEERS)
+        self.script: list[pb.Instruction] = []
+        self.jobs: dict[bytes, RingJob] = {}
+        self._steps: list[pb.Instruction] = []
+        self.tensors = {}
+        self.failures: list[pb.FailureReport] = []
+        self.uploads = []
+        self.evaluations: list[pb.EvaluationReport] = []
+
+    # ----------------------------------------------------------- scripting
+    def publish(self, name: str, array: npt.ArrayLike) -> pb.TensorRef:
+        data = np.ascontiguousarray(array, dtype=np.float64)
+        self.tensors[name] = data
+        return pb.TensorRef(name=name, header=header_for(data))
+
+    def secure(self, job: RingJob, purpose: str) -> pb.SecAggJob:
+        """Register ``job`` and return the message a task carries."""
+        self.jobs[job.job_id] = job
+        ids = crypto.keys_needed(job.spec, TARGET)
+        directory = [
+            pb.DirectoryEntry(participant_id=p, identity_public_key=DIRECTORY[p])
+            for p in sorted(ids)
+        ]
+        return pb.SecAggJob(spec=job.spec.to_bytes(), directory=directory, purpose=purpose)
+
+    def refusal(self, task_id: str) -> tuple[str, str]:
+        (report,) = [f for f in self.failures if f.task_id == task_id]
+        return pb.FailureKind.Name(report.kind), pb.PolicyRule.Name(report.rule)
+
+    # ----------------------------------------------------------- the protocol
+    def _start(self, job: RingJob) -> None:
+        spec = job.spec
+        job.server = crypto.SecAggServer(spec, {p: DIRECTORY[p] for p in spec.participants})
+        for p in spec.participants:
+            if p == TARGET:
+                continue
+            client = crypto.SecAggParticipant(
+                spec,
+                p,
+                IDENTITIES[p],
+                {q: DIRECTORY[q] for q in crypto.keys_needed(spec, p)},
+                ledger=MemoryJobLedger(),
+            )
+            job.clients[p] = client
+            job.server.receive(client.advertise_keys(), sender=p)
+
+    def _step(self, job: RingJob, stage: pb.SecAggStage, message: bytes) -> None:
+        self._steps.append(
+            pb.Instruction(secagg=pb.SecAggStep(job_id=job.job_id, stage=stage, message=message))
+        )
+
+    def _advance(self, job: RingJob) -> None:
+        """Close the stage the target just answered; the others answer the next one."""
+        server = job.server
+        assert server is not None
+        server.close_stage()
+        stage = server.stage
+        if stage is crypto.Stage.SHARE:
+            for p, c in job.clients.items():
+                server.receive(c.share_keys(server.roster_for(p)), sender=p)
+            self._step(job, pb.SHARE, server.roster_for(TARGET).to_bytes())
+        elif stage is crypto.Stage.MASKED:
+            for p, c in job.clients.items():
+                c.receive_shares(server.bundle_for(p))
+                noise = sample_noise(job.noise) if job.noise is not None else None
+                c.set_input(job.others[p], noise=noise)
+                for index in range(job.spec.n_chunks):
+                    server.receive(c.masked_chunk(index), sender=p)
+            self._step(job, pb.MASKED, server.bundle_for(TARGET).to_bytes())
+        elif stage is crypto.Stage.CONSISTENCY:
+            request = server.consistency_request()
+            for p, c in job.clients.items():
+                server.receive(c.consistency_signature(request), sender=p)
+            self._step(job, pb.CONSISTENCY, request.to_bytes())
+        elif stage is crypto.Stage.UNMASK:
+            for p, c in job.clients.items():
+                server.receive(c.unmask(server.unmask_request_for(p)), sender=p)
+            self._step(job, pb.UNMASK, server.unmask_request_for(TARGET).to_bytes())
+
+    # ----------------------------------------------------------- Transport
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self._steps:
+            return self._steps.pop(0)
+        if self.script:
+            instruction = self.script.pop(0)
+            for field_name in ("train", "statistics", "evaluate"):
+                if instruction.HasField(field_name):
+                    task = getattr(instruction, field_name)
+                    if task.HasField("secure"):
+                        spec = crypto.JobSpec.from_bytes(task.secure.spec)
+                        self._start(self.jobs[spec.job_id])
+            return instruction
+        return pb.Instruction(done=pb.Done(status="completed", message="over"))
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        job = self.jobs[bytes(request.job_id)]
+        assert job.server is not None
+        if request.stage == pb.COMPLAINT:
+            return pb.Receipt()
+        job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
+        if request.stage == pb.UNMASK:
+            job.result = job.server.finish()
+        else:
+            self._advance(job)
+        return pb.Receipt()
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
+        job: RingJob | None = None
+        for message in messages:
+            if job is None:
+                job = self.jobs[bytes(message.job_id)]
+            assert job.server is not None
+            job.server.receive(decode_message(bytes(message.chunk)), sender=TARGET)
+        assert job is not None
+        self._advance(job)
+        return pb.UploadReceipt()
+
+    def report_evaluation(self, request: pb.EvaluationReport) -> pb.Receipt:
+        self.evaluations.append(request)
+        return pb.Receipt()
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
+        self.failures.append(request)
+        self._steps = [s for s in self._steps if s.secagg.job_id != request.task_id.encode()]
+        return pb.Receipt()
+
+    def get_status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        return pb.StatusReply()
+
+    def close(self) -> None:
+        pass

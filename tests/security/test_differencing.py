@@ -1,0 +1,475 @@
+"""Differencing attacks of a hostile coordinator against a real site (issue #19).
+
+Each attack is played by :class:`tests.security.hostile_ring.HostileRing` — a
+coordinator that runs real secure-aggregation jobs (real ``SecAggServer``) around a
+real :class:`ParticipantRunner` (real trainer, data, policy, SQLite release ledger)
+whose fellow roster members are in-process participants *colluding* with it (they
+add no noise, and their inputs are known): ``sum − others`` is exactly what the
+target released. Every attack ends at default ``[policy]`` in a typed refusal
+(``RULE_RELEASE_REPEATED`` / ``RULE_DP_REQUIRED``) or in counts carrying the site's
+own DP noise, with the release and its ε in the site's ledger; and each has its
+mutation check: weakening exactly the matching rule (a ``[policy]`` key, or the
+ledger's key function monkeypatched back to the old, weaker one) lets the attack
+through, recovering the site's value exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from spherecal import crypto
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.settings import ModelSettings
+from spherecal.crypto.dp import guaranteed_contributors
+from spherecal.participant import evaluation_task, release_ledger
+from spherecal.participant.data import LocalData, load_local_data
+from spherecal.participant.policy import PolicySettings
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.site_audit import read_site_audit, run_site_audit
+from spherecal.spherefed.privacy.evaluation_noise import (
+    DEFAULT_EVALUATION_NOISE_SD,
+    plan_evaluation_noise,
+)
+from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
+from tests.security.hostile_ring import IDENTITIES, TARGET, HostileRing, RingJob, make_job
+
+ROSTER = ("p0", "p1", "p2", "p3")
+OTHER_ROSTER = ("p0", "p1", "p2", "p4")
+
+
+@pytest.fixture(scope="module")
+def model() -> GlobalModel:
+    torch.set_num_threads(1)
+    return GlobalModel(ModelSettings(extractor="mlp").spec(0))
+
+
+@pytest.fixture(scope="module")
+def data() -> LocalData:
+    return load_local_data(DataSettings(slice_index=0, slice_of=5))
+
+
+def _settings(tmp: Path, **policy: object) -> ParticipantSettings:
+    return ParticipantSettings(
+        participant_id=TARGET,
+        insecure=True,
+        allow_plaintext=False,
+        long_poll_ms=100,
+        state_dir=tmp / "state",
+        data=DataSettings(slice_index=0, slice_of=5),
+        policy=PolicySettings(**policy),  # type: ignore[arg-type]
+    )
+
+
+def _run(settings: ParticipantSettings, ring: HostileRing, data: LocalData) -> None:
+    runner = ParticipantRunner(
+        settings,
+        ring,
+        data,
+        IDENTITIES[TARGET],
+        crypto.MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=lambda _m: None,
+    )
+    assert runner.run() == 0
+
+
+def _ledger(tmp: Path) -> list[dict[str, object]]:
+    conn = sqlite3.connect(tmp / "state" / "privacy.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM site_releases ORDER BY reserved")]
+    finally:
+        conn.close()
+
+
+def _released(tmp: Path) -> list[dict[str, object]]:
+    return [r for r in _ledger(tmp) if r["state"] == "released"]
+
+
+# ====================================================================== evaluation
+def _constant_head(ring: HostileRing, model: GlobalModel, name: str, c: int) -> pb.NamedTensorRef:
+    """ "Always class c": weight 0, bias e_c — its correct count is the number of
+    local examples of class c."""
+    bias = np.zeros(model.num_classes)
+    bias[c] = 1.0
+    weight = np.zeros((model.num_classes, model.feature_dim))
+    return pb.NamedTensorRef(
+        name=name,
+        kind=pb.HEAD_AFFINE,
+        tensor=ring.publish(f"{name}-w-{c}", weight),
+        bias=ring.publish(f"{name}-b-{c}", bias),
+    )
+
+
+def _evaluation_job(
+    roster: tuple[str, ...], heads: int, *, noise_room: bool = True
+) -> tuple[RingJob, float]:
+    """A job sized as an honest coordinator sizes it (noise bound of the default
+    plan); returns it and the bound on the noise of the target's entries."""
+    length = 2 + heads
+    probe = crypto.JobSpec.create(roster, threshold=len(roster) // 2 + 1, length=length, bound=1e6)
+    noise = plan_evaluation_noise(
+        DEFAULT_EVALUATION_NOISE_SD,
+        participants=len(roster),
+        min_contributors=guaranteed_contributors(probe),
+        length=length,
+    )
+    spec: dict[str, Any] = {"scale_bits": noise.scale_bits}
+    if noise_room:
+        spec["noise_bound"] = noise.plan.noise_bound
+    return make_job(roster, length, **spec), noise.plan.noise_bound / 2.0**noise.scale_bits
+
+
+def _evaluate(
+    ring: HostileRing,
+    model: GlobalModel,
+    task_id: str,
+    job: RingJob,
+    classes: list[int],
+    *,
+    names: str = "h",
+    split: pb.EvaluationSplit = pb.SPLIT_TEST,
+    vector: npt.NDArray[np.float64] | None = None,
+) -> pb.Instruction:
+    ref = ring.publish(f"model-{task_id}", model.initial_vector if vector is None else vector)
+    heads = [_constant_head(ring, model, f"{names}{k}", c) for k, c in enumerate(classes)]
+    return pb.Instruction(
+        task_id=task_id,
+        evaluate=pb.EvaluateTask(
+            model=ref, heads=heads, round=3, split=split, secure=ring.secure(job, "evaluate")
+        ),
+    )
+
+
+def _exact_counts(data: LocalData, classes: list[int], split: str) -> npt.NDArray[np.float64]:
+    """The label histogram entries the constant heads count, computed from the data
+    directly (independently of the site's evaluation code): total, then per head."""
+    y = (data.test_y if split == "test" else data.val_y).numpy()  # type: ignore[union-attr]
+    return np.array([len(y), *(int(np.sum(y == c)) for c in classes)], dtype=np.float64)
+
+
+def _counts_attack(
+    tmp: Path, model: GlobalModel, data: LocalData, split: str, **policy: object
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
+    """Constant heads over every class on ``split``: (what the coordinator recovers
+    of the target's counts — total and per class —, the truth, the noise bound)."""
+    classes = list(range(model.num_classes))
+    if split == "test":
+        classes = classes[:2]  # max_evaluation_heads: 2 heads a job suffice, job by job
+    code = pb.SPLIT_TEST if split == "test" else pb.SPLIT_VALIDATION
+    ring = HostileRing(federation="fed", model=model)
+    job, bound = _evaluation_job(ROSTER, len(classes))
+    ring.script = [_evaluate(ring, model, "counts", job, classes, split=code)]
+    _run(_settings(tmp, **policy), ring, data)
+    assert ring.failures == []
+    release = job.target_release()
+    recovered = np.concatenate([release[:1], release[2:]])  # drop the model's own count
+    return recovered, _exact_counts(data, classes, split), bound
+
+
+@pytest.mark.parametrize("split", ["test", "validation"])
+def test_constant_heads_get_only_noised_counts(
+    tmp_path: Path, model: GlobalModel, data: LocalData, split: str
+) -> None:
+    recovered, exact, bound = _counts_attack(tmp_path, model, data, split)
+    assert exact[0] > 0 and exact[1:].sum() > 0  # there is a histogram to steal
+    assert np.any(recovered != exact)  # never exact
+    assert np.all(np.abs(recovered - exact) <= bound)  # the site's own bounded noise
+    (row,) = _released(tmp_path)
+    assert row["kind"] == "evaluate" and row["noised"] == 1
+    assert isinstance(row["epsilon"], float) and 0 < row["epsilon"] < np.inf
+    assert json.loads(str(row["survivors"])) == list(ROSTER)
+
+
+@pytest.mark.parametrize("split", ["test", "validation"])
+def test_mutation_exact_counts_give_the_label_histogram(
+    tmp_path: Path, model: GlobalModel, data: LocalData, split: str
+) -> None:
+    """``[policy] evaluation_noise_sd = 0``: one job gives the exact histogram (on the
+    validation split, all classes at once)."""
+    recovered, exact, _ = _counts_attack(tmp_path, model, data, split, evaluation_noise_sd=0.0)
+    np.testing.assert_array_equal(recovered, exact)
+
+
+def test_a_job_without_room_for_the_noise_is_refused(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring = HostileRing(federation="fed", model=model)
+    job, _ = _evaluation_job(ROSTER, 2, noise_room=False)
+    ring.script = [_evaluate(ring, model, "no-noise", job, [0, 1])]
+    _run(_settings(tmp_path), ring, data)
+    assert ring.refusal("no-noise") == ("POLICY_REFUSAL", "RULE_DP_REQUIRED")
+    assert job.result is None and _released(tmp_path) == []
+
+
+def _renamed_heads(tmp: Path, model: GlobalModel, data: LocalData, **policy: object) -> HostileRing:
+    """The same constant heads, renamed, over two rosters on one model."""
+    ring = HostileRing(federation="fed", model=model)
+    first, _ = _evaluation_job(ROSTER, 2)
+    second, _ = _evaluation_job(OTHER_ROSTER, 2)
+    ring.script = [
+        _evaluate(ring, model, "first", first, [3, 4], names="a"),
+        _evaluate(ring, model, "renamed", second, [3, 4], names="b"),
+    ]
+    _run(_settings(tmp, **policy), ring, data)
+    return ring
+
+
+def test_renamed_heads_are_the_same_evaluation(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring = _renamed_heads(tmp_path, model, data)
+    assert ring.refusal("renamed") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert len(_released(tmp_path)) == 1
+
+
+def test_mutation_names_in_the_key_admit_renamed_heads(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = evaluation_task.evaluation_content
+
+    def with_names(task: pb.EvaluateTask) -> bytes:
+        names = "\0".join(h.name for h in task.heads).encode()
+        return hashlib.sha256(original(task) + names).digest()
+
+    monkeypatch.setattr(evaluation_task, "evaluation_content", with_names)
+    ring = _renamed_heads(tmp_path, model, data)
+    assert ring.failures == []
+    assert len(_released(tmp_path)) == 2
+
+
+def test_near_constant_heads_count_the_same_labels(model: GlobalModel, data: LocalData) -> None:
+    """Why feature-independent heads are not refused: a head with a 1e-9 weight and
+    the same bias predicts the same class everywhere, so a refusal of zero weights
+    would be cosmetic; the noise protects the counts whatever the heads."""
+    from spherecal.spherefed.discriminant import CalibratedHead
+
+    trainer = LocalTrainer(
+        HostileRing(federation="f", model=model).join(pb.JoinRequest()).plan, data
+    )
+    bias = np.zeros(model.num_classes)
+    bias[2] = 1.0
+    zero = CalibratedHead(weight=np.zeros((model.num_classes, model.feature_dim)), bias=bias)
+    tiny = CalibratedHead(
+        weight=np.full((model.num_classes, model.feature_dim), 1e-9), bias=bias.copy()
+    )
+    _, counts = trainer.evaluate(model.initial_vector, {"zero": zero, "tiny": tiny})
+    assert counts["zero"] == counts["tiny"] == int(np.sum(data.test_y.numpy() == 2))
+
+
+# ====================================================================== statistics
+def _statistics(
+    ring: HostileRing,
+    task_id: str,
+    kind: pb.StatisticsKind,
+    job: RingJob,
+    vector: npt.NDArray[np.float64],
+) -> pb.Instruction:
+    ref = ring.publish(f"model-{task_id}", vector)
+    name = "ffc" if kind == pb.FFC else "ccvr"
+    return pb.Instruction(
+        task_id=task_id,
+        statistics=pb.StatisticsTask(kind=kind, model=ref, secure=ring.secure(job, name)),
+    )
+
+
+def _ffc_then_ccvr(tmp: Path, model: GlobalModel, data: LocalData) -> HostileRing:
+    d, c = model.feature_dim, model.num_classes
+    ring = HostileRing(federation="fed", model=model)
+    ffc = make_job(ROSTER, ffc_layout_size(d, c))
+    ccvr = make_job(OTHER_ROSTER, ccvr_layout_size(d, c))
+    ring.script = [
+        _statistics(ring, "ffc", pb.FFC, ffc, model.initial_vector),
+        _statistics(ring, "ccvr", pb.CCVR, ccvr, model.initial_vector),
+    ]
+    _run(_settings(tmp), ring, data)
+    assert ffc.result is not None  # the first release is a real, finished sum
+    return ring
+
+
+def test_ccvr_after_ffc_is_the_same_release(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring = _ffc_then_ccvr(tmp_path, model, data)
+    assert ring.refusal("ccvr") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert [r["kind"] for r in _released(tmp_path)] == ["ffc"]
+
+
+def test_mutation_separate_kinds_let_ccvr_difference_ffc(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(release_ledger, "family_of", lambda kind: kind)
+    ring = _ffc_then_ccvr(tmp_path, model, data)
+    assert ring.failures == []
+    assert [r["kind"] for r in _released(tmp_path)] == ["ffc", "ccvr"]
+
+
+def _one_ulp(vector: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    moved = np.array(vector, dtype=np.float64)
+    moved[0] = np.nextafter(moved[0], np.inf)
+    assert moved[0] != vector[0] and np.float32(moved[0]) == np.float32(vector[0])
+    return moved
+
+
+def _renamed_federation(
+    tmp: Path,
+    model: GlobalModel,
+    data: LocalData,
+    second: npt.NDArray[np.float64],
+    **policy: object,
+) -> tuple[HostileRing, RingJob, RingJob]:
+    """FFC in federation A; the restarted site asked again in federation B."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    first_ring = HostileRing(federation="fed-A", model=model)
+    a = make_job(ROSTER, length)
+    first_ring.script = [_statistics(first_ring, "a", pb.FFC, a, model.initial_vector)]
+    _run(_settings(tmp, **policy), first_ring, data)
+    ring = HostileRing(federation="fed-B", model=model)
+    b = make_job(OTHER_ROSTER, length)
+    ring.script = [_statistics(ring, "b", pb.FFC, b, second)]
+    _run(_settings(tmp, **policy), ring, data)
+    return ring, a, b
+
+
+def test_a_one_ulp_model_under_a_renamed_federation_is_the_same_model(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With the data rule relaxed, the executed-model digest alone refuses it."""
+    ring, a, b = _renamed_federation(
+        tmp_path, model, data, _one_ulp(model.initial_vector), reuse_data_across_federations=True
+    )
+    assert a.result is not None and b.result is None
+    assert ring.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
+def test_mutation_a_digest_of_the_float64_bytes_releases_identical_statistics(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def raw(_self: LocalTrainer, vector: npt.NDArray[np.float64]) -> bytes:
+        return hashlib.sha256(np.asarray(vector, dtype=np.float64).tobytes()).digest()
+
+    monkeypatch.setattr(LocalTrainer, "executed_digest", raw)
+    ring, a, b = _renamed_federation(
+        tmp_path, model, data, _one_ulp(model.initial_vector), reuse_data_across_federations=True
+    )
+    assert ring.failures == []
+    # the "new" model's statistics are bit-identical: differencing is exact
+    np.testing.assert_array_equal(a.target_release(), b.target_release())
+
+
+def test_a_new_federation_on_the_same_data_needs_noise(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """A genuinely different model under another federation name: the data rule."""
+    ring, a, b = _renamed_federation(tmp_path, model, data, model.initial_vector + 1e-3)
+    assert ring.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert b.result is None
+
+
+def test_mutation_reusing_data_across_federations_releases_again(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring, a, b = _renamed_federation(
+        tmp_path, model, data, model.initial_vector + 1e-3, reuse_data_across_federations=True
+    )
+    assert ring.failures == [] and b.result is not None
+
+
+# ====================================================================== training
+def _repeated_round(
+    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+) -> HostileRing:
+    """One round, one model, one seed, as two secure jobs over two rosters."""
+    ring = HostileRing(federation="fed", model=model)
+    length = model.length + 2
+    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=0,
+                model=ring.publish(f"global-{k}", model.initial_vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, job in enumerate(jobs)
+    ]
+    _run(_settings(tmp, **policy), ring, data)
+    return ring
+
+
+def test_the_same_training_round_leaves_once(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring = _repeated_round(tmp_path, model, data)
+    first, second = ring.jobs.values()
+    assert first.result is not None and second.result is None
+    assert ring.refusal("train-1") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
+def test_mutation_two_updates_of_one_round_are_identical(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring = _repeated_round(tmp_path, model, data, one_update_per_round=False)
+    first, second = ring.jobs.values()
+    assert ring.failures == []
+    # the same update twice, in two sums over rosters that differ: differencing works
+    np.testing.assert_array_equal(first.target_release(), second.target_release())
+
+
+# ====================================================================== the site's audit
+def test_the_site_audit_flags_the_differencing_pair(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Relaxed rules let the same exact evaluation leave twice over rosters that
+    differ by one site: the site's own audit (its ledger alone) flags it."""
+    ring = _renamed_heads(
+        tmp_path, model, data, one_release_per_model=False, evaluation_noise_sd=0.0
+    )
+    assert ring.failures == []
+    audit = read_site_audit(tmp_path / "state")
+    (pair,) = audit.pairs
+    assert pair.exact and pair.family == "evaluation"
+    assert (pair.only_in_first, pair.only_in_second) == (["p3"], ["p4"])
+    status, text = run_site_audit(tmp_path / "state", html_path=tmp_path / "site.html")
+    assert status == 1 and "EXACT" in text
+    from spherecal.cli.app import main
+
+    assert main(["audit", "--site", str(tmp_path / "state")]) == 1
+    assert "EXACT DIFFERENCING PAIR FOUND" in (tmp_path / "site.html").read_text()
+
+
+def test_the_site_audit_lists_refusals_and_passes_at_defaults(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    _renamed_heads(tmp_path, model, data)
+    status, text = run_site_audit(tmp_path / "state", as_json=True)
+    assert status == 0
+    report = json.loads(text)
+    assert report["differencing_pairs"] == []
+    assert [r["rule"] for r in report["refusals"]] == ["RULE_RELEASE_REPEATED"]
+    (released,) = [r for r in report["releases"] if r["state"] == "released"]
+    assert released["survivors"] == list(ROSTER) and released["epsilon"] > 0
+    assert report["epsilon_total"][TARGET] == pytest.approx(released["epsilon"])
+    from spherecal.cli.app import main  # the command itself: exit 0, nothing flagged
+
+    assert main(["audit", "--site", str(tmp_path / "state")]) == 0
+
+
+def test_the_site_audit_needs_a_ledger(tmp_path: Path) -> None:
+    status, text = run_site_audit(tmp_path)
+    assert status == 2 and "no release ledger" in text

@@ -1,0 +1,280 @@
+"""The secure-job journal (issue #20): a coordinator that dies at any point of a job
+and restarts on its database continues *the same job* — same id, same spec, the
+stage it reached — and ends with exactly the sum an uninterrupted job gives, while
+every participant sends each message at most once in content (a resend is the same
+bytes, acknowledged) and never a second, different masked input.
+
+The participants here are the protocol's own state machines
+(``crypto.SecAggParticipant``) with the one thing a site adds around them: what it
+sent is kept and sent again, identical, when asked again (``SecureSession``). The
+crash is the coordinator's test-only halt hook raising at the named point, right
+after the journal write that point follows; the "restart" is a new ``Store`` on the
+same SQLite file and a job rebuilt from its journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from spherecal import crypto
+from spherecal.coordinator.driver.halts import HALT_POINTS
+from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.settings import SecAggSettings
+from spherecal.coordinator.state.job_journal import JobJournal
+from spherecal.coordinator.state.store import Store
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import public_key_bytes
+
+N = 4
+LENGTH = 300
+SLOT = "ffc"
+
+
+class Crash(Exception):
+    """The coordinator process dies here."""
+
+
+class Site:
+    """One participant: the protocol state machine plus a record of what it sent."""
+
+    def __init__(self, client: crypto.SecAggParticipant, vector: np.ndarray) -> None:
+        self.client = client
+        client.set_input(vector)
+        self.sent: dict[int, bytes] = {}
+        self.uploads: list[str] = []  # SHA-256 of every masked input it streamed
+
+    def message(self, stage: int, request: bytes | None) -> bytes:
+        if stage in self.sent:  # asked again: the same bytes (SecureSession.respond)
+            return self.sent[stage]
+        c = self.client
+        if stage == pb.ADVERTISE:
+            out = c.advertise_keys().to_bytes()
+        elif stage == pb.SHARE:
+            assert request is not None
+            out = c.share_keys(crypto.KeyRoster.from_bytes(request)).to_bytes()
+        elif stage == pb.CONSISTENCY:
+            assert request is not None
+            out = c.consistency_signature(crypto.ConsistencyRequest.from_bytes(request)).to_bytes()
+        else:
+            assert request is not None
+            out = c.unmask(crypto.UnmaskRequest.from_bytes(request)).to_bytes()
+        self.sent[stage] = out
+        return out
+
+    def upload(self, job: SecureJob, pid: str, bundle: bytes) -> None:
+        if self.client.stage is crypto.ParticipantStage.RECEIVE_SHARES:
+            self.client.receive_shares(crypto.ShareBundle.from_bytes(bundle))
+        chunks = [chunk.to_bytes() for chunk in self.client.masked_chunks()]
+        self.uploads.append(hashlib.sha256(b"".join(chunks)).hexdigest())
+        job.begin_upload(pid)
+        try:
+            for chunk in chunks:
+                job.absorb(pid, chunk)
+        finally:
+            job.end_upload(pid)
+
+
+def _settings() -> SecAggSettings:
+    return SecAggSettings(threshold=3, chunk_entries=64, consistency_check=True)
+
+
+def _new_job(tmp: Path, halt: object) -> tuple[SecureJob, Store, dict[str, Site], np.ndarray]:
+    ids = [f"p{k}" for k in range(N)]
+    identities = {p: crypto.generate_identity() for p in ids}
+    keys = {p: public_key_bytes(k) for p, k in identities.items()}
+    store = Store(tmp / "state.db")
+    journal = JobJournal(store)
+    job = SecureJob(
+        purpose="ffc",
+        round_index=None,
+        participants=ids,
+        identity_keys=keys,
+        directory=[pb.DirectoryEntry(participant_id=p, identity_public_key=keys[p]) for p in ids],
+        settings=_settings(),
+        length=LENGTH,
+        bound=10.0,
+        first_stage_s=60.0,
+        stage_s=60.0,
+        journal=journal,
+        halt=halt,  # type: ignore[arg-type]
+    )
+    journal.created(
+        job_id=job.job_hex,
+        slot=SLOT,
+        purpose="ffc",
+        round_index=None,
+        job=job.journal_message(),
+        first_stage_s=60.0,
+    )
+    ledger = crypto.MemoryJobLedger()
+    rng = np.random.default_rng(7)
+    inputs = {p: rng.uniform(-5, 5, LENGTH) for p in ids}
+    sites = {
+        p: Site(
+            crypto.SecAggParticipant(
+                job.spec,
+                p,
+                identities[p],
+                {e.participant_id: e.identity_public_key for e in job.job_message(p).directory},
+                ledger=ledger,
+            ),
+            inputs[p],
+        )
+        for p in ids
+    }
+    return job, store, sites, np.sum(list(inputs.values()), axis=0)
+
+
+def _send(job: SecureJob, pid: str, stage: int, data: bytes) -> None:
+    """Submit as a site does: ALREADY_EXISTS (an identical resend) is delivered."""
+    try:
+        job.submit(pid, stage, data)  # type: ignore[arg-type]
+    except ServiceError as exc:
+        if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
+            raise
+
+
+def _drive(job: SecureJob, sites: dict[str, Site]) -> None:
+    """Every site answers whatever the job asks of it now (a redelivered task first
+    resends its advertisement), then the stage closes; until the job ends."""
+    alive = frozenset(sites)
+    for _ in range(20):
+        if job.outcome is not None:
+            return
+        for pid, site in sorted(sites.items()):
+            if not job.has_advertised(pid):
+                _send(job, pid, pb.ADVERTISE, site.message(pb.ADVERTISE, None))
+            step = job.step_for(pid)
+            if step is None:
+                continue
+            if step.stage == pb.MASKED:
+                site.upload(job, pid, bytes(step.message))
+            else:
+                _send(job, pid, step.stage, site.message(step.stage, bytes(step.message)))
+        job.advance(alive)
+    raise AssertionError(f"the job did not end: {job.stage_name}")
+
+
+def _halting_at(point: str) -> object:
+    def halt(reached: str, purpose: str, job: SecureJob) -> None:
+        if reached == point:
+            raise Crash(point)
+
+    return halt
+
+
+def test_an_uninterrupted_job_with_a_journal_sums_exactly(tmp_path: Path) -> None:
+    job, store, sites, expected = _new_job(tmp_path, None)
+    _drive(job, sites)
+    assert job.outcome is not None and job.outcome.status == "done"
+    np.testing.assert_allclose(np.asarray(job.outcome.values), expected, rtol=0, atol=1e-6)
+    # a finished job keeps only its result: its messages are dropped from the journal
+    assert store.query("SELECT COUNT(*) FROM job_journal") == [(0,)]
+    found = JobJournal(store).find(SLOT)
+    assert found is not None and found.state == "done" and found.result is not None
+    store.close()
+
+
+@pytest.mark.parametrize("point", HALT_POINTS)
+def test_a_crash_at_every_point_continues_the_same_job_to_the_same_sum(
+    tmp_path: Path, point: str
+) -> None:
+    job, store, sites, expected = _new_job(tmp_path / "a", _halting_at(point))
+    with pytest.raises(Crash):
+        _drive(job, sites)
+    store.close()  # the process is gone; its database is what is left
+
+    again = Store(tmp_path / "a" / "state.db")
+    journal = JobJournal(again)
+    record = journal.find(SLOT)
+    assert record is not None and record.job_id == job.job_hex
+    resumed = SecureJob.from_journal(record, settings=_settings(), stage_s=60.0, journal=journal)
+    assert resumed.job_id == job.job_id and resumed.spec_bytes == job.spec_bytes
+    if point == "aggregated":
+        assert resumed.outcome is not None  # the result was written before it was used
+    _drive(resumed, sites)
+    outcome = resumed.outcome
+    assert outcome is not None and outcome.status == "done", outcome
+    assert outcome.contributors == tuple(sorted(sites))
+
+    # the same sum, bit for bit, as an uninterrupted job over the same inputs
+    clean, clean_store, clean_sites, _ = _new_job(tmp_path / "b", None)
+    _drive(clean, clean_sites)
+    clean_store.close()
+    assert clean.outcome is not None
+    assert np.array_equal(np.asarray(outcome.values), np.asarray(clean.outcome.values))
+    np.testing.assert_allclose(np.asarray(outcome.values), expected, rtol=0, atol=1e-6)
+    # no site ever streamed two different masked inputs
+    for pid, site in sites.items():
+        assert len(set(site.uploads)) <= 1, (pid, site.uploads)
+    again.close()
+
+
+def test_an_identical_resend_is_acknowledged_and_a_different_one_refused(
+    tmp_path: Path,
+) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    advert = sites["p0"].message(pb.ADVERTISE, None)
+    job.submit("p0", pb.ADVERTISE, advert)
+    with pytest.raises(ServiceError) as info:  # the same bytes: "already there"
+        job.submit("p0", pb.ADVERTISE, advert)
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    for pid in ("p1", "p2", "p3"):
+        job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
+    job.advance(frozenset(sites))
+    assert job.stage_name == "share"
+    with pytest.raises(ServiceError) as info:  # after the stage closed: still "there"
+        job.submit("p0", pb.ADVERTISE, advert)
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    other = crypto.AdvertiseKeys.from_bytes(advert)
+    forged = other.to_bytes()[:-1] + bytes([other.to_bytes()[-1] ^ 1])
+    with pytest.raises(ServiceError) as info:  # a different one: the stage is over
+        job.submit("p0", pb.ADVERTISE, forged)
+    assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    store.close()
+
+
+def test_a_failed_job_is_not_continued(tmp_path: Path) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    for pid in ("p0", "p1"):  # fewer than the threshold advertise
+        job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
+    job.advance(frozenset({"p0", "p1"}))
+    assert job.outcome is not None and job.outcome.status == "failed"
+    assert JobJournal(store).find(SLOT) is None
+    store.close()
+
+
+def test_a_failed_job_names_the_withdrawals_before_the_shortfall(tmp_path: Path) -> None:
+    from spherecal.coordinator.driver.stages import _first_cause
+
+    job, store, sites, _ = _new_job(tmp_path, None)
+    for pid in ("p0", "p1"):
+        job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
+    job.withdraw("p2", "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left")
+    job.withdraw("p3", "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left")
+    job.advance(frozenset(sites))
+    assert job.outcome is not None and job.outcome.status == "failed"
+    assert "TooFewSurvivors" in str(job.outcome.error)
+    assert _first_cause(job.outcome) == (
+        " — because p2 and 1 more withdrew: "
+        "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left"
+    )
+    store.close()
+
+
+def test_a_consumed_result_is_dropped_and_not_continued_again(tmp_path: Path) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    _drive(job, sites)
+    journal = JobJournal(store)
+    assert store.query("SELECT COUNT(*) FROM job_results") == [(1,)]
+    journal.discard_results(SLOT)  # e.g. the round's checkpoint is committed
+    assert store.query("SELECT COUNT(*) FROM job_results") == [(0,)]
+    assert journal.find(SLOT) is None
+    assert store.query("SELECT state FROM job_journal_jobs") == [("consumed",)]
+    store.close()
