@@ -10,6 +10,7 @@ DP on, each statistics job is a DP release; its noise sets a floor on the ridge
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -45,6 +46,7 @@ from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.plan import CalibrationPlan
+from spherecal.spherefed.privacy.projection import project_ccvr
 from spherecal.spherefed.stats import (
     CCVRStatistics,
     FFCStatistics,
@@ -282,6 +284,7 @@ def _collect_kind(
     tol = Tolerance(
         quantum=len(contributors) * 2.0**-job.spec.scale_bits if job is not None else 0.0,
         noise_sigma=sigma,
+        truncation=2.0 ** (1 - plan.quant_bits) * math.sqrt(dim) if plan is not None else 0.0,
     )
     try:
         check_aggregate(stats, unit_norm=s.model.head in UNIT_NORM_HEADS, tol=tol)
@@ -299,6 +302,15 @@ def _collect_kind(
             note(ctx, f"{kind} count bound", False, str(exc))
         refuse_aggregate(ctx, kind, job, contributors, exc)
         return None
+    projection: dict[str, object] | None = None
+    if plan is not None and isinstance(stats, CCVRStatistics):
+        # A DP release is noisy in every entry: project it onto what honest data can
+        # give (counts ≥ 0, means in the unit ball, PSD scatter) before any solver sees
+        # it — post-processing, no privacy cost (``spherefed.privacy.projection``).
+        stats, change = project_ccvr(stats, unit_norm=s.model.head in UNIT_NORM_HEADS)
+        projection = change.to_json()
+        for line in change.notes():
+            ctx.say(f"{kind} DP release projected: {line}")
     progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
     samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
     progress.results.setdefault("statistics", {})[kind] = {
@@ -316,6 +328,8 @@ def _collect_kind(
         ),
         "noise_sigma": sigma,
     }
+    if projection is not None:
+        progress.results["statistics"][kind]["projection"] = projection
     return stats
 
 

@@ -23,7 +23,11 @@ Tolerances: fixed-point rounding contributes at most ``contributors · 2^-scale_
 per entry (``quantum``), float32 feature normalisation a relative ``1e-4`` on the
 traces; with DP noise of standard deviation ``σ`` per entry, a count may move by
 ``6σ``, a trace by ``6σ√l`` and an eigenvalue by ``6σ·2√(l+1)`` (the spectral norm of
-a symmetric noise matrix is ``≈ 2√l·σ``), and integrality is not checked.
+a symmetric noise matrix is ``≈ 2√l·σ``), and integrality is not checked. A DP
+release's exact statistics truncate each unit feature to the ``2^-q`` grid
+(``spherefed.privacy.sensitivity.quantize_unit_features``), which shrinks ``‖z‖²`` by
+up to ``2·2^-q·‖z‖₁ ≤ 2^{1−q}√l``: the traces may then fall that fraction below the
+count (``truncation``), never above it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,14 @@ class Tolerance:
     """DP noise standard deviation per entry, in real units (0: no noise)."""
     relative: float = 1e-4
     """Relative slack of the trace identities (float32 normalisation)."""
+    truncation: float = 0.0
+    """How far below the count a trace may fall, relative (``2^{1−q}√l`` for a DP
+    release's truncated features; 0 for float statistics)."""
+
+    def trace_outside(self, dim: int, trace: float, count: float) -> bool:
+        """``tr = count`` broken beyond the slack (one-sided for ``truncation``)."""
+        slack = self.trace(dim, count)
+        return trace > count + slack or trace < count * (1.0 - self.truncation) - slack
 
     def count(self) -> float:
         return self.quantum + 1e-9 + 6.0 * self.noise_sigma
@@ -141,7 +153,7 @@ def check_ffc(stats: FFCStatistics, *, unit_norm: bool, tol: Tolerance) -> None:
     _psd(_augmented(count, total[None, :], stats.V[None])[0], count[0], tol, "the moment matrix")
     if unit_norm:
         trace = float(np.trace(stats.V))
-        if abs(trace - stats.count) > tol.trace(stats.dim, stats.count):
+        if tol.trace_outside(stats.dim, trace, stats.count):
             raise AggregateInvariantViolated(
                 "trace", f"tr V = {trace:.6g} but count = {stats.count:.6g} (unit-norm features)"
             )
@@ -159,7 +171,7 @@ def check_ccvr(stats: CCVRStatistics, *, unit_norm: bool, tol: Tolerance) -> Non
     if unit_norm:
         traces = np.trace(stats.second_moments, axis1=1, axis2=2)
         for c, (trace, n) in enumerate(zip(traces, counts, strict=True)):
-            if abs(trace - n) > tol.trace(stats.dim, float(n)):
+            if tol.trace_outside(stats.dim, float(trace), float(n)):
                 raise AggregateInvariantViolated(
                     "trace", f"tr M_{c} = {trace:.6g} but N_{c} = {n:.6g} (unit-norm features)"
                 )

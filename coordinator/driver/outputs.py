@@ -126,6 +126,7 @@ def summary(
         "accuracy_covers": headline_coverage(s, progress),
         "validation_accuracy": results.get("validation_accuracy"),
         "calibration_selection": results.get("calibration"),
+        "calibration_release": results.get("calibration_release", {}),
         "validation_evaluation": results.get("validation_evaluation"),
         "central_accuracy": results.get("central_accuracy"),
         "central_test_samples": results.get("central_test_samples"),

@@ -32,6 +32,21 @@ With no validation sample anywhere the gate cannot decide: it says so (a warning
 and ships. With the validation evaluation failed, it ships nothing it could not
 check.
 
+**DP heads (issue #25): never a loss.** A head solved from a DP release is noisy by
+design — at small ε honest noise alone can put it far below the uncalibrated model
+(issue #25 reported FFC at 0.12 on digits, ε = 1, 3 contributors; measured through
+the service: 0.53 at ε = 0.1) — so the benefit of the doubt above does
+not apply to it. It is shipped only when it *beats* the uncalibrated model on
+federated validation, ``p_h > p₀``; otherwise it is *withheld*: the sites keep the
+uncalibrated head for that method, and the run is ``degraded`` with the reason
+(``verdict``). A DP head that cannot be checked (no validation sample, the
+evaluation failed) is withheld too. A withheld DP head is not an integrity failure:
+noise explains it, and what ships is no worse than no calibration. Every decision,
+DP or not, is in ``results.json`` under ``calibration_release`` (per method: shipped
+or withheld, both validation accuracies, the samples, the reason). The closed forms'
+``p_h`` is that of the grid value chosen on the same validation split, so it is the
+best of a few: the comparison favours them slightly (documented in privacy.md).
+
 Rounds (``[federation] round_gate``, ``off`` by default: one more evaluation job per
 round): after each round the new model is scored on validation; a drop of more than
 ``round_max_drop`` *and* the same uncertainty from the previous model's accuracy is
@@ -50,7 +65,7 @@ from spherecal.coordinator.driver.evaluation_stage import Heads, federated_evalu
 from spherecal.coordinator.driver.integrity import integrity_record, note
 from spherecal.coordinator.driver.stages import StageContext
 
-__all__ = ["RoundGate", "gate_heads", "margin", "noise_band"]
+__all__ = ["RoundGate", "dp_source", "gate_heads", "margin", "noise_band"]
 
 
 def margin(p0: float, ph: float, n: int, *, sigmas: float, noise_sigma: float = 0.0) -> float:
@@ -91,12 +106,23 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
     if not s.validation_gate:
         line = (
             "validation gate off ([federation] validation_gate = false): calibrated heads "
-            "are shipped without comparing them with the uncalibrated model"
+            "(DP ones included) are shipped without comparing them with the uncalibrated model"
         )
         ctx.say(f"WARNING: {line}")
         ctx.store.event("warning", line)
         progress.warnings.append(line)
+        unchecked: dict[str, Any] = progress.results.setdefault("calibration_release", {})
+        for name in heads:
+            unchecked[name] = {
+                "shipped": True,
+                "dp": dp_source(ctx, name) is not None,
+                "validation_accuracy": None,
+                "uncalibrated_validation_accuracy": None,
+                "samples": 0,
+                "reason": "validation gate off: shipped unchecked",
+            }
         return heads
+    release: dict[str, Any] = progress.results.setdefault("calibration_release", {})
     validation: dict[str, Any] = progress.results.setdefault("validation_accuracy", {})
     missing = {n: h for n, h in heads.items() if validation.get(n) is None}
     samples = int((progress.results.get("validation_evaluation") or {}).get("samples") or 0)
@@ -120,51 +146,129 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
     for name, head in heads.items():
         ph = validation.get(name)
         entry: dict[str, Any] = {"validation": ph, "none": p0, "samples": samples}
-        if error is not None or p0 is None or ph is None:
-            if samples == 0 and error is None:
-                entry.update(shipped=True, reason="no validation samples: not checked")
-                shipped[name] = head
-                line = f"validation gate: {name} not checked (no validation samples)"
-                progress.warnings.append(line)
-                ctx.store.event("warning", line)
-            else:
-                why = error or "no validation accuracy"
-                entry.update(shipped=False, reason=f"could not be validated ({why})")
-                _reject(ctx, name, f"could not be validated on federated validation ({why})")
-            record[name] = entry
-            continue
-        m = margin(p0, ph, samples, sigmas=s.gate_sigmas, noise_sigma=noise_sigma)
-        entry["margin"] = m
-        if ph < p0 - m:
-            reason = (
-                f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f} "
-                f"by more than its uncertainty ({m:.4f}, {samples} samples)"
-            )
-            entry.update(shipped=False, reason=reason)
-            _reject(ctx, name, reason)
-        elif ph < p0 - noise_band(samples, sigmas=s.gate_sigmas, noise_sigma=noise_sigma):
-            reason = (
-                f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f}, "
-                f"within its uncertainty ({m:.4f}, {samples} samples): shipped, not vouched for"
-            )
-            entry.update(shipped=True, reason=reason)
-            shipped[name] = head
-            note(ctx, f"{name} no worse than uncalibrated", False, reason, m)
-        elif ph < p0:
-            reason = (
-                f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f} by "
-                f"less than the evaluation's DP noise can move it: shipped (indistinguishable)"
-            )
-            entry.update(shipped=True, reason=reason)
-            shipped[name] = head
-            line = f"validation gate: {name}: {reason}"
-            progress.warnings.append(line)
-            ctx.store.event("warning", line)
+        if dp_source(ctx, name) is not None:
+            entry["rule"] = "dp"
+            ship = _gate_dp(ctx, name, entry, ph, p0, samples, error)
         else:
-            entry.update(shipped=True, reason="no worse than uncalibrated on validation")
+            ship = _gate_plain(ctx, name, entry, ph, p0, samples, error, noise_sigma)
+        if ship:
             shipped[name] = head
         record[name] = entry
+        release[name] = {
+            "shipped": bool(entry["shipped"]),
+            "dp": entry.get("rule") == "dp",
+            "validation_accuracy": ph,
+            "uncalibrated_validation_accuracy": p0,
+            "samples": samples,
+            "reason": entry["reason"],
+        }
     return shipped
+
+
+def _gate_plain(
+    ctx: StageContext,
+    name: str,
+    entry: dict[str, Any],
+    ph: float | None,
+    p0: float | None,
+    samples: int,
+    error: str | None,
+    noise_sigma: float,
+) -> bool:
+    """A head from exact statistics (see the module docstring); fills ``entry`` and
+    records a rejection. True to ship."""
+    if error is not None or p0 is None or ph is None:
+        if samples == 0 and error is None:
+            entry.update(shipped=True, reason="no validation samples: not checked")
+            line = f"validation gate: {name} not checked (no validation samples)"
+            ctx.progress.warnings.append(line)
+            ctx.store.event("warning", line)
+            return True
+        why = error or "no validation accuracy"
+        entry.update(shipped=False, reason=f"could not be validated ({why})")
+        _reject(ctx, name, f"could not be validated on federated validation ({why})")
+        return False
+    s = ctx.settings
+    m = margin(p0, ph, samples, sigmas=s.gate_sigmas, noise_sigma=noise_sigma)
+    entry["margin"] = m
+    if ph < p0 - m:
+        reason = (
+            f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f} "
+            f"by more than its uncertainty ({m:.4f}, {samples} samples)"
+        )
+        entry.update(shipped=False, reason=reason)
+        _reject(ctx, name, reason)
+        return False
+    if ph < p0 - noise_band(samples, sigmas=s.gate_sigmas, noise_sigma=noise_sigma):
+        reason = (
+            f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f}, "
+            f"within its uncertainty ({m:.4f}, {samples} samples): shipped, not vouched for"
+        )
+        entry.update(shipped=True, reason=reason)
+        note(ctx, f"{name} no worse than uncalibrated", False, reason, m)
+        return True
+    if ph < p0:
+        reason = (
+            f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f} by "
+            f"less than the evaluation's DP noise can move it: shipped (indistinguishable)"
+        )
+        entry.update(shipped=True, reason=reason)
+        line = f"validation gate: {name}: {reason}"
+        ctx.progress.warnings.append(line)
+        ctx.store.event("warning", line)
+        return True
+    entry.update(shipped=True, reason="no worse than uncalibrated on validation")
+    return True
+
+
+def dp_source(ctx: StageContext, name: str) -> str | None:
+    """The DP statistics release head ``name`` was solved from, or None when its
+    statistics carry no noise. FFC comes from its own job when it ran, else from the
+    CCVR sums; every other head from the CCVR sums."""
+    statistics: dict[str, Any] = ctx.progress.results.get("statistics", {})
+    source = "ffc" if name == "ffc" and "ffc" in statistics else "ccvr"
+    sigma = float((statistics.get(source) or {}).get("noise_sigma", 0.0) or 0.0)
+    return source if sigma > 0 else None
+
+
+def _gate_dp(
+    ctx: StageContext,
+    name: str,
+    entry: dict[str, Any],
+    ph: float | None,
+    p0: float | None,
+    samples: int,
+    error: str | None,
+) -> bool:
+    """A DP head ships only when it beats the uncalibrated model on validation (see the
+    module docstring); fills ``entry`` and records a withheld head. True to ship."""
+    if error is not None or p0 is None or ph is None or samples <= 0:
+        why = error or ("no validation samples" if samples <= 0 else "no validation accuracy")
+        reason = (
+            f"DP calibrated head withheld: it could not be compared with the uncalibrated "
+            f"model on federated validation ({why}); the sites keep the uncalibrated head"
+        )
+    elif ph > p0:
+        entry.update(
+            shipped=True,
+            reason=(
+                f"DP calibrated head shipped: validation accuracy {ph:.4f} beats the "
+                f"uncalibrated model's {p0:.4f} ({samples} samples)"
+            ),
+        )
+        return True
+    else:
+        reason = (
+            f"DP calibrated head withheld: validation accuracy {ph:.4f} does not beat the "
+            f"uncalibrated model's {p0:.4f} ({samples} samples); the DP noise outweighs the "
+            f"calibration's gain, so the sites keep the uncalibrated head"
+        )
+    entry.update(shipped=False, withheld=True, reason=reason)
+    line = f"{name}: {reason}"
+    ctx.progress.warnings.append(line)
+    ctx.say(f"WARNING: {line}")
+    ctx.store.event("warning", line)
+    return False
 
 
 def _check_chance(ctx: StageContext, p0: float | None, n: int, noise_sigma: float) -> None:

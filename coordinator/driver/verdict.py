@@ -8,9 +8,11 @@ samples; calling that ``completed`` hides it (issue #10). So the driver ends wit
 ``completed``  every requested calibration produced its head from statistics summed
                over at least ``CoordinatorSettings.calibration_minimum`` participants,
                and the final federated evaluation covered at least that many;
-``degraded``   the run reached its end but one of those did not hold — the reasons
-               say which, and ``coverage`` lists, per round and per job, who was
-               missing and how many inputs were summed;
+``degraded``   the run reached its end but one of those did not hold (a head from a
+               DP release that the validation gate withheld, because it did not
+               beat the uncalibrated model, included) — the reasons say which,
+               and ``coverage`` lists, per round and per job, who was missing and
+               how many inputs were summed;
 ``failed``     the federation stopped (a round failed every attempt, join deadline,
                SIGTERM); no outputs.
 
@@ -59,8 +61,15 @@ def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -
     minimum = settings.calibration_minimum
     statistics: dict[str, Any] = progress.results.get("statistics", {})
     roster = settings.participants
+    release: dict[str, Any] = progress.results.get("calibration_release", {})
     for method in settings.calibration.methods:
         if method in heads:
+            continue
+        decision = release.get(method) or {}
+        if decision.get("dp") and not decision.get("shipped"):
+            # withheld by the validation gate's DP rule: not an error, but not what was
+            # asked for either (issue #25)
+            reasons.append(f"{method}: {decision.get('reason')}")
             continue
         source = _source_job(settings, method)
         why = [e for e in progress.errors if e.startswith((f"{source} ", f"{method} "))]

@@ -58,6 +58,7 @@ def build_results(
         "central_accuracy": summary.get("central_accuracy"),
         "validation_accuracy": summary.get("validation_accuracy"),
         "calibration": summary.get("calibration_selection"),
+        "calibration_release": summary.get("calibration_release", {}),
         "validation_evaluation": summary.get("validation_evaluation"),
         "federated_evaluation": summary.get("federated_evaluation"),
         "per_round": summary.get("per_round", []),

@@ -15,6 +15,8 @@ import torch and Opacus):
 ``evaluation_noise``
                  distributed DP noise on evaluation counts: the plan both sides compute
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
+``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
+``distributed_dpsgd``  distributed DP-SGD's noise shares and record-level accounting
 
 Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
 explicitly by their users.

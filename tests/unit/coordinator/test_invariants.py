@@ -12,6 +12,7 @@ from spherecal.coordinator.driver.invariants import (
     check_ffc,
     check_pair,
 )
+from spherecal.spherefed.privacy.sensitivity import exact_ffc_statistics
 from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics, ccvr_statistics, ffc_statistics
 
 DIM, CLASSES = 6, 4
@@ -151,3 +152,23 @@ def test_dp_noise_widens_the_tolerance_instead_of_breaking_the_path() -> None:
         unit_norm=True,
         tol=Tolerance(noise_sigma=sigma),
     )
+
+
+def test_a_dp_releases_truncated_features_keep_the_trace_below_the_count() -> None:
+    """A DP release sums exact statistics of features truncated to the 2⁻q grid: each
+    ‖z‖² falls short of 1 by up to 2^{1−q}√l, so at a large ε (little noise) the trace
+    identity fails by far more than float rounding — the case a 1 200-sample digits
+    run at ε = 1000 hit (tr V = 1202.8, count 1212.9). The one-sided ``truncation``
+    slack admits it; a trace above the count is still refused."""
+    z, y = _features(2000, 11)
+    q = 6  # a coarse grid makes the shortfall large at this small l
+    stats = exact_ffc_statistics(z, y, CLASSES, quant_bits=q)
+    assert np.trace(stats.V) < stats.count * (1 - 1e-3)
+    tol = Tolerance(quantum=1e-9, noise_sigma=1e-3, truncation=2.0 ** (1 - q) * np.sqrt(DIM))
+    check_ffc(stats, unit_norm=True, tol=tol)
+    with pytest.raises(AggregateInvariantViolated, match="trace"):
+        check_ffc(stats, unit_norm=True, tol=Tolerance(quantum=1e-9, noise_sigma=1e-3))
+    scaled = stats.V * (stats.count / np.trace(stats.V)) * 1.01
+    inflated = FFCStatistics(scaled, stats.U, stats.count)
+    with pytest.raises(AggregateInvariantViolated, match="trace"):
+        check_ffc(inflated, unit_norm=True, tol=tol)
