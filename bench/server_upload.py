@@ -42,7 +42,9 @@ from tests.unit.coordinator.service_harness import Harness, settings_for  # noqa
 CHUNK = 1 << 18
 
 
-def _submit(h: Harness, pid: str, job: crypto.JobSpec, stage: int, message: bytes) -> None:
+def _submit(
+    h: Harness, pid: str, job: crypto.JobSpec, stage: pb.SecAggStage, message: bytes
+) -> None:
     h.service.submit_secagg(
         pb.SecAggSubmission(caller=h.caller(pid), job_id=job.job_id, stage=stage, message=message),
         Peer(),

@@ -168,7 +168,7 @@ def test_chunk_rejections_do_not_corrupt_the_sum() -> None:
     with pytest.raises(DuplicateMessage, match="chunk 0"):
         server.receive(chunks["p00"][0], sender="p00")
     with pytest.raises(WrongLength, match="3 entries"):
-        server.absorb_chunk("p00", 2, chunks["p00"][2].payload + bytes(8))
+        server.absorb_chunk("p00", 2, bytes(chunks["p00"][2].payload) + bytes(8))
     with pytest.raises(WrongLength):
         server.absorb_chunk("p00", 1, chunks["p00"][1].payload[:-1])
     with pytest.raises(MalformedMessage, match="out of range"):
