@@ -71,3 +71,33 @@ def test_text_lists_encode_as_count_then_each_text() -> None:
     for item in ids:
         reference.text(item)
     assert Writer().texts(ids).getvalue() == reference.getvalue()
+
+
+def test_text_lists_decode_as_each_text_would_with_the_same_errors() -> None:
+    from spherecal.crypto._codec import Reader
+    from spherecal.crypto._exceptions import MalformedMessage
+
+    def one_by_one(data: bytes) -> tuple[str, ...] | str:
+        r = Reader(data)
+        try:
+            return tuple(r.text() for _ in range(r.count()))
+        except MalformedMessage as exc:
+            return str(exc)
+
+    def together(data: bytes) -> tuple[str, ...] | str:
+        try:
+            return Reader(data).texts()
+        except MalformedMessage as exc:
+            return str(exc)
+
+    rng = random.Random(5)
+    good = Writer().texts([f"p{i}" for i in range(40)] + ["\u00e9", ""]).getvalue()
+    cases = [good, good[:-1], good[:3], good + b"x"]
+    cases += [Writer().u32(1).u32(256).raw(bytes(256)).getvalue()]  # over the id limit
+    cases += [Writer().u32(1).blob(b"\xff\xfe").getvalue()]  # not UTF-8
+    for _ in range(300):
+        blob = bytearray(good)
+        blob[rng.randrange(len(blob))] = rng.randrange(256)
+        cases.append(bytes(blob[: rng.randrange(len(blob) + 1)]))
+    for data in cases:
+        assert together(data) == one_by_one(data)
