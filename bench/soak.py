@@ -9,11 +9,12 @@ after a round's checkpoint, a statistics job) plus a random delay:
 ``participant``   SIGKILL one participant, restart it 0.1–2 s later;
 ``three``         SIGKILL all but one participant, restart them within a second;
 ``coordinator``   SIGKILL the coordinator, restart it on the same port;
-``halt``          (every other federation) stop the coordinator dead *at* a point of a
-                  secure job — each of ``coordinator.driver.halts.HALT_POINTS`` in each
-                  job kind (a round's update, the CCVR statistics, the evaluation),
-                  cycled so that a long soak covers every (point, kind) pair — SIGKILL
-                  it and restart it: the job must be continued, not asked again.
+``halt``          (two federations in three) stop the coordinator dead *at* a point of
+                  a secure job — one of ``coordinator.driver.halts.HALT_POINTS`` in
+                  turn, in each job kind (round 1's update, the CCVR statistics, the
+                  first evaluation), so ten such federations cover every (point, kind)
+                  pair — SIGKILL it and restart it: the job must be continued, not
+                  asked again.
 
 What it reports (JSON on stdout, or ``--json FILE``):
 
@@ -57,8 +58,7 @@ from spherecal.spherefed.reference import ReferenceConfig
 
 FAULT_KINDS = ("participant", "three", "coordinator")
 HALT_KINDS = ("update", "ccvr", "evaluate")
-HALT_CYCLE = tuple(f"{point}@{kind}" for kind in HALT_KINDS for point in HALT_POINTS)
-"""Every (point, job kind) pair; ``@update`` is the first round's update."""
+HALT_PAIRS = len(HALT_KINDS) * len(HALT_POINTS)
 
 
 @dataclass(frozen=True)
@@ -190,12 +190,12 @@ class Soak:
             timeout_s=a.federation_timeout,
         )
         halts: list[str] = []
-        if n % 2 == 1:  # every other federation: coordinator halts at named points
-            for _ in range(2):
-                halts.append(HALT_CYCLE[self._next_halt % len(HALT_CYCLE)])
-                self._next_halt += 1
-            halts.sort(key=lambda h: HALT_KINDS.index(h.split("@")[1]))
-            halts = [h.replace("@update", "@r1") for h in halts]
+        if n % 3 != 0:  # two federations in three: the coordinator halts at one point
+            # of each job kind in turn (round 1's update, CCVR, the first evaluation);
+            # ten such federations cover every (point, kind) pair
+            point = HALT_POINTS[self._next_halt % len(HALT_POINTS)]
+            self._next_halt += 1
+            halts = [f"{point}@r1", f"{point}@ccvr", f"{point}@evaluate"]
         plan = [] if halts else plan_faults(self.rng, a.rounds)
         lines = Lines()
         injected: list[dict[str, Any]] = []
@@ -345,7 +345,7 @@ class Soak:
             "rounds_lost": self.rounds_lost,
             "releases_lost": self.releases_lost,
             "second_releases": self.second_releases,
-            "halts": {"by_point": dict(sorted(self.halts.items())), "pairs": len(HALT_CYCLE)},
+            "halts": {"by_point": dict(sorted(self.halts.items())), "pairs": HALT_PAIRS},
             "coordinator_rss_mb": {
                 "samples": self.rss,
                 "peak": max((s[1] for s in self.rss), default=None),

@@ -18,7 +18,10 @@ model on the same samples. A rejected head is left out (the sites save no model 
 it) and recorded as an error, so the run is ``degraded`` with the reason. A head
 below ``p₀`` but within the uncertainty is shipped (chance may explain it) and still
 recorded as a failed check: the run is ``degraded`` and the audit fails, so no run
-reads ``completed`` with a calibrated head worse than none on validation. Every
+reads ``completed`` with a calibrated head worse than none on validation — except
+within the evaluation's own DP noise band (:func:`noise_band`, issue #19's noised
+counts), where a tie reads as "below" half the time: that is a warning, not a
+failed check. Every
 decision is in ``results.json`` (``integrity.gate.heads``) and ``spherecal audit``.
 
 The uncalibrated model itself must score above chance (``1/C`` plus the same
@@ -47,7 +50,7 @@ from spherecal.coordinator.driver.evaluation_stage import Heads, federated_evalu
 from spherecal.coordinator.driver.integrity import integrity_record, note
 from spherecal.coordinator.driver.stages import StageContext
 
-__all__ = ["RoundGate", "gate_heads", "margin"]
+__all__ = ["RoundGate", "gate_heads", "margin", "noise_band"]
 
 
 def margin(p0: float, ph: float, n: int, *, sigmas: float, noise_sigma: float = 0.0) -> float:
@@ -56,6 +59,26 @@ def margin(p0: float, ph: float, n: int, *, sigmas: float, noise_sigma: float = 
         return math.inf
     se = math.sqrt(max(p0 * (1 - p0) + ph * (1 - ph), 0.0) / n)
     return sigmas * se + sigmas * math.sqrt(2.0) * noise_sigma / n
+
+
+def _sum_sd(evaluation: Any) -> float:
+    """The standard deviation of one noisy count sum of a federated evaluation
+    (``noise.sum_sd``), 0 for exact counts or none."""
+    if not isinstance(evaluation, dict):
+        return 0.0
+    noise = evaluation.get("noise")
+    return float(noise.get("sum_sd", 0.0)) if isinstance(noise, dict) else 0.0
+
+
+def noise_band(n: int, *, sigmas: float, noise_sigma: float) -> float:
+    """How far the evaluation's DP noise alone can move a difference of two
+    accuracies over ``n`` samples (``z · √2 · σ / n``, the noise term of
+    :func:`margin`; 0 for exact counts). A head this close below ``p₀`` cannot be told
+    from it: shipped with a warning, not a failed check (with noisy counts a tie would
+    otherwise make every other run ``degraded``)."""
+    if n <= 0 or noise_sigma <= 0:
+        return 0.0
+    return float(sigmas * math.sqrt(2.0) * noise_sigma / n)
 
 
 def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads: Heads) -> Heads:
@@ -78,11 +101,12 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
     missing = {n: h for n, h in heads.items() if validation.get(n) is None}
     samples = int((progress.results.get("validation_evaluation") or {}).get("samples") or 0)
     error: str | None = None
-    noise_sigma = 0.0
+    # the validation counts' DP noise (issue #19): of the grid's evaluation, or of ours
+    noise_sigma = _sum_sd(progress.results.get("validation_evaluation"))
     if missing or validation.get("none") is None:
         fed = federated_evaluation(ctx, global_vector, missing, None, split="validation")
         error = fed.get("error")
-        noise_sigma = float(fed.get("noise_sigma", 0.0))
+        noise_sigma = _sum_sd(fed)
         samples = int(fed.get("samples") or 0)
         for name, acc in fed["accuracy"].items():
             if acc is not None:
@@ -118,7 +142,7 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
             )
             entry.update(shipped=False, reason=reason)
             _reject(ctx, name, reason)
-        elif ph < p0:
+        elif ph < p0 - noise_band(samples, sigmas=s.gate_sigmas, noise_sigma=noise_sigma):
             reason = (
                 f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f}, "
                 f"within its uncertainty ({m:.4f}, {samples} samples): shipped, not vouched for"
@@ -126,6 +150,16 @@ def gate_heads(ctx: StageContext, global_vector: npt.NDArray[np.float64], heads:
             entry.update(shipped=True, reason=reason)
             shipped[name] = head
             note(ctx, f"{name} no worse than uncalibrated", False, reason, m)
+        elif ph < p0:
+            reason = (
+                f"validation accuracy {ph:.4f} is below the uncalibrated model's {p0:.4f} by "
+                f"less than the evaluation's DP noise can move it: shipped (indistinguishable)"
+            )
+            entry.update(shipped=True, reason=reason)
+            shipped[name] = head
+            line = f"validation gate: {name}: {reason}"
+            progress.warnings.append(line)
+            ctx.store.event("warning", line)
         else:
             entry.update(shipped=True, reason="no worse than uncalibrated on validation")
             shipped[name] = head
@@ -170,9 +204,12 @@ class RoundGate:
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
         self.previous: float | None = None
+        self.noise_sigma = 0.0
+        """The largest count noise of the two evaluations compared (issue #19)."""
 
     def _accuracy(self, vector: npt.NDArray[np.float64], index: int) -> tuple[float | None, int]:
         fed = federated_evaluation(self.ctx, vector, {}, index, split="validation")
+        self.noise_sigma = max(self.noise_sigma, _sum_sd(fed))
         return fed["accuracy"].get("none"), int(fed.get("samples") or 0)
 
     def check(
@@ -190,7 +227,10 @@ class RoundGate:
         entry: dict[str, Any] = {"round": r + 1, "before": prev, "after": acc, "samples": n}
         flagged = False
         if acc is not None and prev is not None and n > 0:
-            limit = max(s.round_max_drop, margin(prev, acc, n, sigmas=s.gate_sigmas))
+            limit = max(
+                s.round_max_drop,
+                margin(prev, acc, n, sigmas=s.gate_sigmas, noise_sigma=self.noise_sigma),
+            )
             entry["limit"] = limit
             flagged = prev - acc > limit
         rolled_back = flagged and s.round_gate == "rollback"

@@ -188,7 +188,17 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
     # and one that is slow to rejoin may miss it (seen once under load) — while the
     # statistics above are from all four.
     round_two = r["per_round"][1]["contributors"]
-    assert "p0" in round_two and len(round_two) >= 3, round_two
+    assert len(round_two) >= 3, round_two
+    if "p0" not in round_two:
+        # p0's masked round-2 input left in a first attempt that then failed (its peers
+        # died mid-job, their job keys with them): its ledger counts that release (fail
+        # safe, issue #19), so it refuses a second update of round 2 — and says so
+        assert any(
+            f["participant"] == "p0"
+            and f["purpose"] == "update"
+            and f["rule"] == "RULE_RELEASE_REPEATED"
+            for f in r["refusals"]
+        ), r["refusals"]
     if r["per_round"][1]["attempt"] > 1:
         assert r["retries"]["count"] >= 1
         assert r["retries"]["log"][0]["stage"] == "round 2"

@@ -23,7 +23,7 @@ from spherecal.engines.threads import ThreadSimulation, run_threads_simulation
 from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationError, SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
-from tests.evaluation_noise import assert_accuracy_within_noise
+from tests.evaluation_noise import within_noise
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,10 +79,22 @@ def _same_federation(virtual: dict[str, Any], processes: dict[str, Any]) -> None
     assert processes["status_reasons"] == lacking
     assert virtual["status"] == "degraded", virtual["errors"]
     assert virtual["status_reasons"] == lacking
-    # federated accuracies carry fresh DP noise each run (issue #19): each equals the
-    # (identical) central accuracy within its noise
-    for run in (virtual, processes):
-        assert_accuracy_within_noise(run, run["central_accuracy"], tuple(run["accuracy"]))
+    # federated accuracies carry fresh DP noise each run (issue #19), over the three
+    # sites still there (p3, p4 died: not the central test set): the two engines'
+    # agree within both noises; the central ones are identical
+    spread = {
+        name: (
+            virtual["federated_evaluation"]["accuracy_sd"][name] ** 2
+            + processes["federated_evaluation"]["accuracy_sd"][name] ** 2
+        )
+        ** 0.5
+        for name, value in virtual["accuracy"].items()
+        if value is not None  # "ccvr" is listed, not configured
+    }
+    assert set(spread) == {"none", "ffc"}
+    for name, sd in spread.items():
+        got, want = virtual["accuracy"][name], processes["accuracy"][name]
+        assert within_noise(got, want, sd), f"{name}: {got} vs {want} (sd {sd})"
     assert virtual["accuracy"]["ffc"] is not None
     assert virtual["central_accuracy"] == processes["central_accuracy"]
     for a, b in zip(virtual["per_round"], processes["per_round"], strict=True):

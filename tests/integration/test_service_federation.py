@@ -170,9 +170,18 @@ def test_each_site_audits_its_own_releases_with_their_rosters(
     for k in range(5):
         audit = read_site_audit(settings.out / "state" / f"p{k}")
         released = [r for r in audit.releases if r.state == "released"]
-        assert [r.kind for r in released] == ["update", "update", "ccvr", "evaluate"]
+        # two rounds, the CCVR moments (FFC solved from them), then the evaluations:
+        # the validation gate's and the final test evaluation
+        kinds = [r.kind for r in released]
+        assert kinds[:3] == ["update", "update", "ccvr"], kinds
+        assert kinds[3:] and set(kinds[3:]) == {"evaluate"}, kinds
+        assert [r.kind for r in released] == [
+            {"update": "update", "ccvr": "ccvr", "evaluate": "evaluate"}[j["purpose"]]
+            for j in results["jobs"]
+        ]
         for release, job in zip(released, results["jobs"], strict=True):
             assert release.job == job["job_id"]
             assert release.survivors == sorted(job["contributors"])
-        assert released[-1].noised and (released[-1].epsilon or 0) > 0
+        for evaluation in released[3:]:
+            assert evaluation.noised and (evaluation.epsilon or 0) > 0
         assert audit.pairs == [] and audit.refusals == [] and audit.ok

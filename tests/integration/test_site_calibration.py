@@ -35,7 +35,7 @@ from spherecal.spherefed.data import load_dataset
 from spherecal.spherefed.data.arrays import stratified_split
 from spherecal.spherefed.fl import derive_seed
 from spherecal.spherefed.reference import ReferenceConfig
-from tests.evaluation_noise import within_noise
+from tests.evaluation_noise import SDS, within_noise
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -92,7 +92,13 @@ def test_closed_forms_chosen_on_the_sites_own_validation_splits_with_dp(
     validated: tuple[dict[str, Any], Path, dict],
 ) -> None:
     results, _, tables = validated
-    assert results["status"] == "completed", (results["errors"], results.get("status_reasons"))
+    # heads from a DP release are noisy by design: one may score below the uncalibrated
+    # model on (noisy) validation, which the validation gate reports; nothing else may
+    # degrade the run
+    reasons = results.get("status_reasons") or []
+    assert results["status"] == "completed" or all(
+        "no worse than uncalibrated" in r for r in reasons
+    ), (results["errors"], reasons)
     assert results["errors"] == []
     # every site held out 10 % of its train file, stratified and seeded (docs/data.md)
     held_out = 0
@@ -102,7 +108,8 @@ def test_closed_forms_chosen_on_the_sites_own_validation_splits_with_dp(
                 npz["y"], test_fraction=0.1, seed=derive_seed(0, "validation")
             )
         held_out += len(val)
-    assert results["validation_evaluation"]["samples"] == held_out
+    validation = results["validation_evaluation"]  # noisy counts (DP, issue #19)
+    assert abs(validation["samples"] - held_out) <= SDS * validation["noise"]["sum_sd"] + 0.5
     assert results["validation_evaluation"]["secure"] is True
     guard = results["calibration"]["dp_guard"]
     assert guard["dp_ridge"] > 0 and len(guard["grids"]["ffc_bias"]) == 5
@@ -150,7 +157,8 @@ def test_every_site_saves_every_head_and_predict_reproduces_the_federation(
             summary = json.loads(capsys.readouterr().out)
             assert summary["calibration"] == name
             correct[name] += summary["correct"]
-    assert results["federated_evaluation"]["samples"] == total
+    fed = results["federated_evaluation"]  # noisy counts (DP, issue #19): within the noise
+    assert abs(fed["samples"] - total) <= SDS * fed["noise"]["sum_sd"] + 0.5
     for name, count in correct.items():
         sd = results["federated_evaluation"]["accuracy_sd"][name]  # DP noise (issue #19)
         assert within_noise(results["accuracy"][name], count / total, sd), name

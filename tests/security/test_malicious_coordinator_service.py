@@ -14,7 +14,6 @@ weakens one ``[policy]`` key at a time and shows the matching attack then procee
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -34,22 +33,11 @@ from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.codec import header_for, iter_chunks, model_spec_to_proto
+from spherecal.proto.codec import header_for, iter_chunks
+from tests.security.hostile_plan import Presence, hostile_join_reply
 
 PEERS = ("p0", "p1", "p2", "p3", "p4")
 ME = "p0"
-
-
-class _Presence:
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-
-    def __iter__(self) -> Iterator[pb.HeartbeatReply]:
-        while not self._stop.wait(0.05):
-            yield pb.HeartbeatReply(phase="hostile")
-
-    def cancel(self) -> None:
-        self._stop.set()
 
 
 class HostileCoordinator:
@@ -73,26 +61,13 @@ class HostileCoordinator:
 
     # ----------------------------------------------------------- Transport
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        spec = self.model.spec
-        plan = pb.Plan(
-            federation_id=self.federation,
-            model=model_spec_to_proto(spec),
-            training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
-            rounds=1,
-            heartbeat_interval_ms=1000,
-            secure_updates=True,
-            secure_statistics=True,
-            participant_index=0,
-            num_participants=len(PEERS),
-            max_chunk_bytes=1 << 20,
-        )
-        return pb.JoinReply(session="s", plan=plan)
+        return hostile_join_reply(self.federation, self.model, len(PEERS))
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         return pb.HeartbeatReply(phase="hostile")
 
-    def presence(self, request: pb.HeartbeatRequest) -> _Presence:
-        return _Presence()
+    def presence(self, request: pb.HeartbeatRequest) -> Presence:
+        return Presence()
 
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self.script:

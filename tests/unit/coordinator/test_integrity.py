@@ -31,7 +31,7 @@ from spherecal.coordinator.driver.integrity import (
 )
 from spherecal.coordinator.driver.invariants import Tolerance, check_ccvr
 from spherecal.coordinator.driver.stages import Progress, StageContext
-from spherecal.coordinator.driver.validation_gate import margin
+from spherecal.coordinator.driver.validation_gate import margin, noise_band
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool
@@ -221,3 +221,14 @@ def test_the_audit_integrity_section_fails_on_any_failed_check_rejection_or_flag
 def _events(ctx: StageContext) -> list[tuple[str, str]]:
     rows = ctx.store.query("SELECT level, message FROM events")  # after the queued writes
     return [(str(level), str(message)) for level, message in rows]
+
+
+def test_the_noise_band_is_the_noise_term_of_the_margin_and_zero_for_exact_counts() -> None:
+    assert noise_band(100, sigmas=3.0, noise_sigma=0.0) == 0.0
+    assert noise_band(0, sigmas=3.0, noise_sigma=2.0) == 0.0
+    band = noise_band(100, sigmas=3.0, noise_sigma=2.0)
+    assert band == pytest.approx(3.0 * 2.0**0.5 * 2.0 / 100)
+    # the margin is sampling uncertainty plus exactly this band
+    with_noise = margin(0.8, 0.8, 100, sigmas=3.0, noise_sigma=2.0)
+    assert with_noise - margin(0.8, 0.8, 100, sigmas=3.0) == pytest.approx(band)
+    assert band < with_noise
