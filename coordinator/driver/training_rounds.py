@@ -312,6 +312,8 @@ class RoundDriver:
         metrics["seconds"] = time.monotonic() - t0
         checkpoint = self.checkpoints.save(r, progress.global_vector, self.strategy.state_dict())
         ctx.store.round_finished(r, "completed", metrics, checkpoint)
+        # the checkpoint now holds what the round's journaled sum was kept for
+        ctx.journal.discard_results(default_slot("update", r))
         progress.round_metrics.append(metrics)
         progress.completed_rounds = r + 1
         acc = metrics["test_accuracy"]

@@ -175,14 +175,34 @@ class JobJournal:
         self.store.call(write)
         self._seq.pop(job_id, None)
 
+    def discard_results(self, slot: str) -> None:
+        """Drop the aggregates of ``slot``'s jobs once what they fed is durable
+        elsewhere (a round's checkpoint): a restart no longer needs them, and a long
+        federation would otherwise keep one model-sized vector per round. The job
+        rows stay (state ``done``), so the slot is not continued again."""
+
+        def write(c: sqlite3.Connection) -> None:
+            c.execute(
+                "DELETE FROM job_results WHERE job_id IN "
+                "(SELECT job_id FROM job_journal_jobs WHERE slot = ?)",
+                (slot,),
+            )
+            c.execute(
+                "UPDATE job_journal_jobs SET state = 'consumed' WHERE slot = ? AND state = 'done'",
+                (slot,),
+            )
+
+        self.store.call(write)
+
     # ------------------------------------------------------------ reading
     def find(self, slot: str) -> JournaledJob | None:
-        """The latest job of ``slot`` that did not fail (running or done), if any."""
+        """The latest job of ``slot`` still to continue — running, or done with its
+        result kept — if any (a failed or consumed one is not)."""
 
         def read(c: sqlite3.Connection) -> JournaledJob | None:
             row = c.execute(
                 "SELECT job_id, slot, purpose, round, job, first_stage_s, state "
-                "FROM job_journal_jobs WHERE slot = ? AND state != 'failed' "
+                "FROM job_journal_jobs WHERE slot = ? AND state IN ('running', 'done') "
                 "ORDER BY created DESC LIMIT 1",
                 (slot,),
             ).fetchone()

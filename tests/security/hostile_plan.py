@@ -1,17 +1,21 @@
-"""What every hostile-coordinator double answers before its attack: the join reply
-with a one-round plan, and a presence stream that stays open (shared by
+"""What every hostile-coordinator double answers besides its attack: the join reply
+with a one-round plan, a presence stream that stays open, heartbeats, downloads of
+what it published and plaintext uploads recorded by task (the base of
 ``test_malicious_coordinator_service.HostileCoordinator`` and ``hostile_ring.HostileRing``)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import numpy.typing as npt
 
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.codec import model_spec_to_proto
+from spherecal.proto.codec import header_for, iter_chunks, model_spec_to_proto
 
-__all__ = ["Presence", "hostile_join_reply"]
+__all__ = ["HostileTransport", "Presence", "hostile_join_reply"]
 
 
 class Presence:
@@ -43,3 +47,33 @@ def hostile_join_reply(federation: str, model: GlobalModel, participants: int) -
         max_chunk_bytes=1 << 20,
     )
     return pb.JoinReply(session="s", plan=plan)
+
+
+class HostileTransport:
+    """The transport calls a hostile double answers like an honest coordinator."""
+
+    federation: str
+    model: GlobalModel
+    peers: int
+    tensors: dict[str, npt.NDArray[np.float64]]
+    uploads: list[str]  # task ids of plaintext uploads
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        return hostile_join_reply(self.federation, self.model, self.peers)
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return pb.HeartbeatReply(phase="hostile")
+
+    def presence(self, request: pb.HeartbeatRequest) -> Presence:
+        return Presence()
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
+        array = self.tensors[request.name]
+        yield pb.TensorChunk(header=header_for(array))
+        for data in iter_chunks(array, 1 << 20):
+            yield pb.TensorChunk(data=data)
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        parts = list(messages)
+        self.uploads.append(parts[0].header.task_id)
+        return pb.UploadReceipt()

@@ -14,7 +14,7 @@ attack's result. Used by ``tests/security/test_differencing.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,8 +26,8 @@ from spherecal.crypto.dp import NoisePlan, sample_noise
 from spherecal.crypto.messages import decode_message
 from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.codec import header_for, iter_chunks
-from tests.security.hostile_plan import Presence, hostile_join_reply
+from spherecal.proto.codec import header_for
+from tests.security.hostile_plan import HostileTransport
 
 TARGET = "p0"
 PEERS = ("p0", "p1", "p2", "p3", "p4")
@@ -74,18 +74,19 @@ def make_job(
     return RingJob(spec=job_spec, others=inputs, noise=noise)
 
 
-class HostileRing:
+class HostileRing(HostileTransport):
     """Transport double playing the coordinator of a scripted list of tasks."""
 
     def __init__(self, *, federation: str, model: GlobalModel) -> None:
         self.federation = federation
         self.model = model
+        self.peers = len(PEERS)
         self.script: list[pb.Instruction] = []
         self.jobs: dict[bytes, RingJob] = {}
         self._steps: list[pb.Instruction] = []
-        self.tensors: dict[str, npt.NDArray[np.float64]] = {}
+        self.tensors = {}
         self.failures: list[pb.FailureReport] = []
-        self.uploads: list[str] = []
+        self.uploads = []
         self.evaluations: list[pb.EvaluationReport] = []
 
     # ----------------------------------------------------------- scripting
@@ -159,15 +160,6 @@ class HostileRing:
             self._step(job, pb.UNMASK, server.unmask_request_for(TARGET).to_bytes())
 
     # ----------------------------------------------------------- Transport
-    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        return hostile_join_reply(self.federation, self.model, len(PEERS))
-
-    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        return pb.HeartbeatReply(phase="hostile")
-
-    def presence(self, request: pb.HeartbeatRequest) -> Presence:
-        return Presence()
-
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self._steps:
             return self._steps.pop(0)
@@ -181,17 +173,6 @@ class HostileRing:
                         self._start(self.jobs[spec.job_id])
             return instruction
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
-
-    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
-        array = self.tensors[request.name]
-        yield pb.TensorChunk(header=header_for(array))
-        for data in iter_chunks(array, 1 << 20):
-            yield pb.TensorChunk(data=data)
-
-    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
-        parts = list(messages)
-        self.uploads.append(parts[0].header.task_id)
-        return pb.UploadReceipt()
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
         job = self.jobs[bytes(request.job_id)]

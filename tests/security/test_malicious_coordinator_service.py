@@ -14,7 +14,7 @@ weakens one ``[policy]`` key at a time and shows the matching attack then procee
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,24 +33,25 @@ from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.codec import header_for, iter_chunks
-from tests.security.hostile_plan import Presence, hostile_join_reply
+from spherecal.proto.codec import header_for
+from tests.security.hostile_plan import HostileTransport
 
 PEERS = ("p0", "p1", "p2", "p3", "p4")
 ME = "p0"
 
 
-class HostileCoordinator:
+class HostileCoordinator(HostileTransport):
     """Transport double: answers a real runner with scripted instructions, records
     everything it sends back."""
 
     def __init__(self, *, federation: str, model: GlobalModel, script: list[pb.Instruction]):
         self.federation = federation
         self.model = model
+        self.peers = len(PEERS)
         self.script = list(script)
-        self.tensors: dict[str, np.ndarray] = {}
+        self.tensors = {}
         self.failures: list[pb.FailureReport] = []
-        self.uploads: list[str] = []  # task ids of plaintext uploads
+        self.uploads = []
         self.evaluations: list[pb.EvaluationReport] = []
         self.secagg: list[pb.SecAggSubmission] = []
 
@@ -60,30 +61,10 @@ class HostileCoordinator:
         return pb.TensorRef(name=name, header=header_for(array))
 
     # ----------------------------------------------------------- Transport
-    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        return hostile_join_reply(self.federation, self.model, len(PEERS))
-
-    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        return pb.HeartbeatReply(phase="hostile")
-
-    def presence(self, request: pb.HeartbeatRequest) -> Presence:
-        return Presence()
-
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self.script:
             return self.script.pop(0)
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
-
-    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
-        array = self.tensors[request.name]
-        yield pb.TensorChunk(header=header_for(array))
-        for data in iter_chunks(array, 1 << 20):
-            yield pb.TensorChunk(data=data)
-
-    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
-        parts = list(messages)
-        self.uploads.append(parts[0].header.task_id)
-        return pb.UploadReceipt()
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
         self.secagg.append(request)

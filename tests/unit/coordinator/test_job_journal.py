@@ -266,3 +266,15 @@ def test_a_failed_job_names_the_withdrawals_before_the_shortfall(tmp_path: Path)
         "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left"
     )
     store.close()
+
+
+def test_a_consumed_result_is_dropped_and_not_continued_again(tmp_path: Path) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    _drive(job, sites)
+    journal = JobJournal(store)
+    assert store.query("SELECT COUNT(*) FROM job_results") == [(1,)]
+    journal.discard_results(SLOT)  # e.g. the round's checkpoint is committed
+    assert store.query("SELECT COUNT(*) FROM job_results") == [(0,)]
+    assert journal.find(SLOT) is None
+    assert store.query("SELECT state FROM job_journal_jobs") == [("consumed",)]
+    store.close()
