@@ -121,6 +121,15 @@ class TrainingSettings:
     max_round_attempts: int = 3
     """A round that misses its minimum (or whose secure job fails) is retried, with a
     fresh job, at most this many times before the federation gives up."""
+    max_update_change: float = 1.0
+    """The model's declared update limit: the largest ``|θ_k − θ|`` one round of local
+    training may move any entry. With ``[federation] max_examples_per_site`` it bounds
+    every entry of a round's update vector (``n_k(θ_k−θ)`` by ``max_examples ×
+    max(1, this)``; the algorithm states the rest:
+    ``spherecal.spherefed.algorithms.ServerStrategy.entry_bound``), which sizes the
+    secure-aggregation ring of update jobs (``[secure_aggregation] update_bound = 0``).
+    A site whose update leaves that bound refuses to send it (a typed
+    ``EncodingOverflow`` withdrawal, never a wrapped sum)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 0:
@@ -135,6 +144,9 @@ class TrainingSettings:
             raise ValueError("min_participants must be >= 1")
         if self.max_round_attempts < 1:
             raise ValueError("max_round_attempts must be >= 1")
+        change = self.max_update_change
+        if isinstance(change, bool) or not (math.isfinite(change) and change > 0):
+            raise ValueError(f"max_update_change must be a positive number, got {change!r}")
 
     @property
     def effective_prox_mu(self) -> float:
@@ -239,22 +251,30 @@ class SecAggSettings:
     consistency_check: bool = True
     """The signed survivor-set round (Bonawitz et al. 2017, round 3). On by default:
     participants' default policy refuses jobs without it."""
-    update_bound: float = 1e5
-    """Declared bound on every entry of the round's vector: the algorithm's named sums
-    then ``mean_loss`` (FedAvg ``[n_k(θ_k−θ), n_k, mean_loss]``; SCAFFOLD adds ``c_k⁺ −
-    c_k``). A scalar sum whose reach at ``max_examples_per_site`` exceeds it (FedNova's
-    ``n_k‖a_k‖₁`` ≈ ``n_k`` × local steps / (1 − momentum)) travels divided by a power of
-    two that fits (``ServerStrategy.scalar_reach``; docs/extending.md)."""
+    update_bound: float = 0.0
+    """Declared bound on every entry of the round's vector (the algorithm's named sums
+    then ``mean_loss``). 0 (the default): derived from what the federation declares —
+    ``[federation] max_examples_per_site``, ``[training] max_update_change``, local
+    epochs, batch size and momentum — by the algorithm
+    (``spherecal.coordinator.driver.strategy.update_bound``; FedAvg/FedProx/FedOpt:
+    ``max_examples × max(1, max_update_change)``; FedNova also ``n_k‖a_k‖₁ ≤
+    max_examples × steps / (1 − momentum)``), so the ring follows the model. SCAFFOLD
+    states none (its control variates accumulate): 1e5 then, or set one here. A
+    positive value overrides the derivation (logged). A scalar sum whose reach at
+    ``max_examples_per_site`` still exceeds the bound in use (a configured bound below
+    FedNova's ``n_k‖a_k‖₁``) travels divided by a power of two that fits
+    (``ServerStrategy.scalar_reach``; docs/extending.md)."""
     update_resolution: float = 0.0
     """Largest fixed-point step (``2^-f``) allowed on an update entry; 0 (the default)
     keeps every update job on the 64-bit ring at its finest scale. When positive, a
     round's update job uses the 32-bit ring — half the upload bytes and half the mask AES
-    work — whenever ``update_bound``, the participant count and a step this fine fit it
-    (``spherecal.crypto.ring.choose_ring``), else 64 bits. E.g. 2^-10 (≈ 9.8e-4 on
-    ``n_k(θ_k−θ)``; the averaged update moves by at most ``n · 2^-11 / Σn_k``) fits 32 bits
-    up to 20 participants with ``update_bound = 1e5``; a tighter ``update_bound`` admits
-    more and finer. Off by default: at 2^-11 the digits demo's accuracy moved by one test
-    image (docs/performance.md). Statistics always use 64 bits."""
+    work — whenever the update bound, the participant count and a step this fine fit it
+    (``spherecal.crypto.ring.choose_ring``), else 64 bits. E.g. 2^-16 (≈ 1.5e-5 on
+    ``n_k(θ_k−θ)``; the averaged update moves by at most ``n · 2^-17 / Σn_k`` per entry)
+    puts the digits demo (10 sites, derived bound 1349) on 32 bits at 2^-17, while a
+    1e5 bound stays on 64. Off by default: at 2^-17 the demo's CCVR accuracy moved by
+    one test image and each round's loss by ~1e-5 relative (docs/performance.md).
+    Statistics always use 64 bits."""
     statistics_bound: float = 1e6
     """Declared bound on every statistics entry (|z|≤1 ⇒ entries are bounded by n_k)."""
     chunk_entries: int = 1 << 18
@@ -281,10 +301,10 @@ class SecAggSettings:
         sd = self.evaluation_noise_sd
         if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not 0 <= sd <= 1e6:
             raise ValueError(f"evaluation_noise_sd must be in [0, 1e6] counts, got {sd!r}")
-        for name in ("update_bound", "statistics_bound"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number")
+        if not (math.isfinite(self.update_bound) and self.update_bound >= 0):
+            raise ValueError("update_bound must be a non-negative number (0: derived)")
+        if not (math.isfinite(self.statistics_bound) and self.statistics_bound > 0):
+            raise ValueError("statistics_bound must be a positive number")
         if self.chunk_entries < 2 or self.chunk_entries % 2:
             raise ValueError("chunk_entries must be even and >= 2")
         if self.max_in_flight < 1:

@@ -153,6 +153,30 @@ class Graph:
             out.append(frozenset(comp))
         return out
 
+    def reach(self, u: str, nodes: Iterable[str], at_least: int) -> int:
+        """How many of ``nodes`` are connected to ``u`` (``u`` included) in the subgraph
+        induced on ``nodes`` — counted only up to ``at_least``: the search stops there.
+
+        Why: a participant checks that its connected group of survivors is large enough
+        (a small group's partial sum would be exposed); counting that group whole is a
+        walk over all ``n`` survivors, O(n·k) per participant and job, where the check
+        needs O(``at_least`` · k). Exact whenever the answer is below ``at_least``.
+        """
+        live = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
+        if u not in live:
+            return 0
+        if self.kind == COMPLETE:
+            return min(len(live), max(at_least, 1))
+        seen = {u}
+        stack = [u]
+        while stack and len(seen) < at_least:
+            v = stack.pop()
+            for w in self._adj[v]:
+                if w in live and w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        return min(len(seen), max(at_least, 1))
+
     def component_of(self, u: str, nodes: Iterable[str]) -> frozenset[str]:
         for comp in self.components(nodes):
             if u in comp:

@@ -303,14 +303,20 @@ class MaskedChunk:
     job_id: bytes
     sender: str
     index: int
-    payload: bytes = field(repr=False)
+    payload: bytes | memoryview = field(repr=False)
+    """The ring words; :meth:`from_bytes` leaves them a read-only view of the
+    received message (zero-copy: the server adds them into its sum in one pass)."""
 
     def __post_init__(self) -> None:
         _job(self.job_id)
         _pid(self.sender, "sender")
         _need(isinstance(self.index, int) and 0 <= self.index < 1 << 32, "chunk index out of range")
         _need(
-            isinstance(self.payload, bytes) and len(self.payload) % 4 == 0,
+            (
+                isinstance(self.payload, bytes)
+                or (isinstance(self.payload, memoryview) and self.payload.readonly)
+            )
+            and len(self.payload) % 4 == 0,
             "chunk payload must be whole ring words",
         )
 
@@ -322,7 +328,9 @@ class MaskedChunk:
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> MaskedChunk:
         r = _open(data, TYPE_MASKED_CHUNK, "MaskedChunk")
         job_id, sender, index = r.blob(max_len=MAX_JOB_ID_BYTES), r.text(), r.u32()
-        payload = r.blob()
+        payload = r.blob_view()
+        if not payload.readonly:  # a mutable buffer: the caller may reuse it, so copy
+            payload = memoryview(bytes(payload))
         r.finish()
         return cls(job_id=job_id, sender=sender, index=index, payload=payload)
 

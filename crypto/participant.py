@@ -514,16 +514,20 @@ class SecAggParticipant:
         if me not in survivors:
             raise InconsistentSurvivors("this participant is alive but not listed as a survivor")
         self._need_survivors(len(survivors), stage)
-        group = self._graph.component_of(me, survivors)
-        if len(group) < self.spec.min_participants:
+        # the group's size, counted up to what the checks below need (O(k), not O(n))
+        needed = self.spec.min_participants
+        if stage == "unmask":
+            needed = max(needed, self.policy.min_inputs)
+        group = self._graph.reach(me, survivors, needed)
+        if group < self.spec.min_participants:
             raise TooFewSurvivors(
                 needed=self.spec.min_participants,
-                remaining=len(group),
+                remaining=group,
                 stage=stage,
                 what="survivors connected to this participant in the masking graph",
             )
         if stage == "unmask":
-            _policy.check_inputs(self.policy, inputs=len(group))
+            _policy.check_inputs(self.policy, inputs=group)
 
     # ------------------------------------------------------------------ round 4
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:

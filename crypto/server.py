@@ -44,9 +44,10 @@ job for the others. The server never outputs an aggregate of fewer than
 masking graph has fewer than ``min_participants`` members (its partial sum would be
 exposed).
 
-Streaming and memory: masked chunks are summed in place as they arrive, with
-``max_in_flight`` staging slots so that an incomplete upload never enters the sum;
-memory is ``(1 + max_in_flight) × 8 × length`` bytes (:mod:`spherecal.crypto.staging`). Round 4
+Streaming and memory: masked chunks are added in place as they arrive, at most
+``max_in_flight`` uploads incomplete at once, and an upload incomplete at the deadline
+is taken out of the sum again; memory is at most ``(1 + max_in_flight) × w/8 × length``
+bytes (:mod:`spherecal.crypto.staging`). Round 4
 — checking revealed shares, rebuilding secrets, stripping masks — is in
 :mod:`spherecal.crypto.unmask`; this module is the stage machine that calls both.
 """
@@ -245,7 +246,7 @@ class SecAggServer:
         return False
 
     def memory_bytes(self) -> int:
-        """Bytes held in vectors (accumulator + staging slots)."""
+        """Bytes held in vectors (the accumulator + chunks of uploads in flight)."""
         return 0 if self._sum is None else self._sum.memory_bytes()
 
     # ------------------------------------------------------------- plumbing
@@ -404,7 +405,7 @@ class SecAggServer:
         return self._sum.abandon(participant)
 
     def uploading(self) -> frozenset[str]:
-        """Participants with an incomplete upload in a staging slot."""
+        """Participants with an incomplete upload in the sum (``crypto.staging``)."""
         return frozenset() if self._sum is None else self._sum.uploading()
 
     def _close_masked(self) -> None:

@@ -40,6 +40,7 @@ from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.resume import open_state
 from spherecal.coordinator.driver.stages import Progress, Say, StageContext
 from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.driver.strategy import update_bound as declared_update_bound
 from spherecal.coordinator.driver.training_rounds import RoundDriver
 from spherecal.coordinator.driver.validation_gate import gate_heads
 from spherecal.coordinator.driver.verdict import assess
@@ -90,7 +91,7 @@ class Federation:
                 settings.training,
                 num_participants=len(settings.participants),
                 max_examples=settings.max_examples_per_site,
-                update_bound=settings.secagg.update_bound,
+                update_bound=declared_update_bound(settings).value,
             )
         )
         self.spool = Spool(settings.state_dir / "spool", report=store.report_failure)

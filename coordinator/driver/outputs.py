@@ -18,6 +18,7 @@ from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.evaluation_stage import Heads
 from spherecal.coordinator.driver.model import GlobalModel, file_sha256
 from spherecal.coordinator.driver.stages import Progress
+from spherecal.coordinator.driver.strategy import update_bound
 from spherecal.coordinator.driver.verdict import coverage, headline_coverage
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.proto.codec import model_spec_to_json
@@ -118,7 +119,8 @@ def summary(
             "shrinkage_grid": list(s.calibration.shrinkage_grid),
             "secure_updates": s.secagg.updates,
             "secure_statistics": s.secagg.statistics,
-            "update_bound": s.secagg.update_bound,
+            "update_bound": update_bound(s).value,
+            "update_bound_source": update_bound(s).source,
             "update_resolution": s.secagg.update_resolution,
             "statistics_bound": s.secagg.statistics_bound,
         },

@@ -12,10 +12,16 @@ broadcasts (SCAFFOLD's server control variate ``c``) is published next to the mo
 
 Server state (FedOpt's moments, SCAFFOLD's ``c``) is checkpointed with every round
 (:meth:`state_dict`: named float64 arrays) so a restarted coordinator resumes it.
+
+:func:`update_bound` is the bound on every entry of that vector, from what the
+federation declares and the algorithm states (``ServerStrategy.entry_bound``): it sizes
+the update jobs' ring, so a bound that follows the model lets them use 32 bits
+(issue #24) where a fixed 1e5 could not.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,19 +29,89 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spherecal.coordinator.settings import TrainingSettings
+from spherecal.coordinator.settings import CoordinatorSettings, TrainingSettings
 from spherecal.spherefed.algorithms.base import (
     LOSS_SUM,
     AlgorithmSettings,
     Payload,
     ServerStrategy,
     SumLayout,
+    UpdateLimits,
     power_of_two_scale,
 )
 from spherecal.spherefed.algorithms.registry import configured_strategy
 from spherecal.spherefed.fl import LocalTrainConfig
 
-__all__ = ["LOSS_SUM", "LocalPlan", "Strategy", "StrategyState"]
+__all__ = [
+    "FALLBACK_UPDATE_BOUND",
+    "LOSS_BOUND",
+    "LOSS_SUM",
+    "LocalPlan",
+    "Strategy",
+    "StrategyState",
+    "UpdateBound",
+    "update_bound",
+]
+
+FALLBACK_UPDATE_BOUND = 1e5
+"""The update bound of an algorithm that states none (SCAFFOLD) when
+``[secure_aggregation] update_bound`` is 0."""
+LOSS_BOUND = 100.0
+"""Bound on the service's ``loss`` entry (a site's mean training loss): MSE on the
+sphere head is at most 4 (unit features, orthonormal classifier); a mean cross-entropy
+above 100 (probability ``e^-100`` on the true class) is a diverged model."""
+
+
+@dataclass(frozen=True)
+class UpdateBound:
+    """The bound on every entry of a round's update vector and where it came from."""
+
+    value: float
+    source: str
+    """``derived`` (from the declared limits), ``configured`` (``update_bound`` set)
+    or ``fallback`` (the algorithm states none)."""
+    detail: str
+
+    def describe(self) -> str:
+        return f"update bound {self.value:g} ({self.source}: {self.detail})"
+
+
+def update_bound(settings: CoordinatorSettings) -> UpdateBound:
+    """The bound on ``|entry|`` of every round's update vector (Bonawitz et al. 2017
+    need one so the ring sum cannot wrap; ``crypto.ring`` module docstring).
+
+    ``[secure_aggregation] update_bound > 0`` is used as configured; otherwise the
+    algorithm's :meth:`~spherecal.spherefed.algorithms.base.ServerStrategy.entry_bound`
+    under the federation's declared :class:`UpdateLimits` (examples per site, the
+    model's update limit, the most local steps, momentum), and at least
+    :data:`LOSS_BOUND` for the ``loss`` entry. Pure: every restart derives the same.
+    """
+    configured = settings.secagg.update_bound
+    if configured > 0:
+        return UpdateBound(configured, "configured", "[secure_aggregation] update_bound")
+    t = settings.training
+    n_max = settings.max_examples_per_site
+    limits = UpdateLimits(
+        max_examples=n_max,
+        max_change=t.max_update_change,
+        max_steps=t.local_epochs * math.ceil(n_max / max(1, t.batch_size)),
+        momentum=t.momentum,
+    )
+    strategy = Strategy(t, num_participants=len(settings.participants))
+    stated = strategy.server.entry_bound(limits)
+    if stated is None:
+        return UpdateBound(
+            FALLBACK_UPDATE_BOUND,
+            "fallback",
+            f"{strategy.name} states no bound; set [secure_aggregation] update_bound",
+        )
+    return UpdateBound(
+        max(float(stated), LOSS_BOUND),
+        "derived",
+        f"{strategy.name}, max_examples_per_site {n_max}, "
+        f"max_update_change {t.max_update_change:g}",
+    )
+
 
 #: A strategy's resumable state: named float64 arrays (saved in the round checkpoint).
 StrategyState = dict[str, npt.NDArray[np.float64]]

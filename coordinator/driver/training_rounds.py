@@ -36,7 +36,7 @@ from spherecal.coordinator.driver.progress_log import round_line
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
 from spherecal.coordinator.driver.stages import Gathered, StageContext, default_slot
-from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.driver.strategy import Strategy, update_bound
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.driver.validation_gate import RoundGate
 from spherecal.coordinator.errors import FederationFailed
@@ -84,6 +84,10 @@ class RoundDriver:
         self.evaluator = evaluator
         s = ctx.settings
         self.round_gate = RoundGate(ctx)
+        #: every update job's entry bound: from the declared limits and the algorithm
+        self.update_bound = update_bound(s)
+        if s.secagg.updates:
+            ctx.say(f"secure updates: {self.update_bound.describe()}")
         self.reference = ReferenceConfig(
             participants=len(s.participants),
             sample_fraction=s.training.sample_fraction,
@@ -207,7 +211,7 @@ class RoundDriver:
                     r,
                     candidates,
                     layout.length,
-                    s.secagg.update_bound,
+                    self.update_bound.value,
                     s.timeouts.round_s,
                     # the 32-bit ring when the bound, n and this step allow it
                     spec_arguments=(

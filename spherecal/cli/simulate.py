@@ -150,12 +150,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--heartbeat-timeout", type=float, default=S, help="seconds" + shown("heartbeat_timeout")
     )
     p.add_argument("--federated-every", type=int, default=S)
-    p.add_argument("--update-bound", type=float, default=S)
+    p.add_argument(
+        "--update-bound",
+        type=float,
+        default=S,
+        help="bound on every update entry (default 0: derived from the algorithm, the "
+        "dataset's largest split and [training] max_update_change)",
+    )
     p.add_argument(
         "--update-resolution",
         type=float,
         default=S,
-        help="largest fixed-point step on update entries (default 0: the 64-bit ring)",
+        help="largest fixed-point step on update entries: the 32-bit ring when the bound "
+        "and n allow it (default 0: the 64-bit ring; e.g. 1.52587890625e-05 = 2^-16)",
     )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(

@@ -53,9 +53,20 @@ def write_toml(path: Path, document: dict[str, dict[str, Any]]) -> Path:
 
 
 def coordinator_settings(
-    settings: SimulationSettings, shape: DataShape, out: Path, listen: str
+    settings: SimulationSettings,
+    shape: DataShape,
+    out: Path,
+    listen: str,
+    *,
+    max_examples: int | None = None,
 ) -> CoordinatorSettings:
-    """The coordinator of this simulation (listening on ``listen``)."""
+    """The coordinator of this simulation (listening on ``listen``).
+
+    ``max_examples`` (the dataset's largest split: no site can hold more of any
+    split than the whole federation has) becomes ``max_examples_per_site``, which
+    bounds every count sum and the update jobs' entries (issue #24: the bound follows
+    the data, so the demo's updates fit the 32-bit ring); ``None`` keeps the default.
+    """
     s, ref = settings, settings.reference
     classes, channels, size = shape
     certs = out / "certs"
@@ -140,14 +151,22 @@ def coordinator_settings(
             if s.privacy
             else PrivacySettings()
         ),
+        max_examples_per_site=(
+            max_examples if max_examples is not None else CoordinatorSettings.max_examples_per_site
+        ),
     )
 
 
 def coordinator_document(
-    settings: SimulationSettings, shape: DataShape, out: Path, listen: str
+    settings: SimulationSettings,
+    shape: DataShape,
+    out: Path,
+    listen: str,
+    *,
+    max_examples: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The coordinator's TOML document for this simulation."""
-    coordinator = coordinator_settings(settings, shape, out, listen)
+    coordinator = coordinator_settings(settings, shape, out, listen, max_examples=max_examples)
     document = _coordinator_toml(coordinator, threads=settings.threads)
     for section, table in settings.extra_coordinator.items():  # raw per-test overrides
         document.setdefault(section, {}).update(table)

@@ -83,6 +83,8 @@ class Simulation:
         splits = load_dataset(ref.dataset, root=ref.data_root, seed=ref.seed, samples=ref.samples)
         c, h, w = splits.train.image_shape
         self.shape: DataShape = (splits.num_classes, c, (h, w))
+        #: no site holds more of a split than the dataset has: the federation's bound
+        self.max_examples = max(len(splits.train), len(splits.test))
         if settings.tls:
             self._make_certs()
 
@@ -128,7 +130,9 @@ class Simulation:
     # ------------------------------------------------------------------ configs
     def coordinator_config(self, listen: str) -> Path:
         """Write ``DIR/coordinator.toml`` (listening on ``listen``); return its path."""
-        document = coordinator_document(self.settings, self.shape, self.out, listen)
+        document = coordinator_document(
+            self.settings, self.shape, self.out, listen, max_examples=self.max_examples
+        )
         return write_toml(self.out / "coordinator.toml", document)
 
     def participant_config(self, k: int, port: int) -> Path:

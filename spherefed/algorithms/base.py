@@ -191,6 +191,41 @@ class AlgorithmSettings:
     num_participants: int | None = None
 
 
+@dataclass(frozen=True)
+class UpdateLimits:
+    """What bounds one participant's round payload, entry by entry (issue #24).
+
+    Secure aggregation encodes every entry in a fixed-point ring whose width and scale
+    follow from one declared bound on ``|entry|``; the tighter that bound, the finer the
+    step a 32-bit ring can carry. The bound follows from what the federation declares:
+
+    * ``max_examples``: ``n_k`` of any site (``[federation] max_examples_per_site``);
+    * ``max_change``: ``|θ_k − θ|`` on any entry after one round's local training
+      (``[training] max_update_change``: the model's declared update limit);
+    * ``max_steps``: local SGD steps of one round, ``epochs · ⌈max_examples / batch⌉``;
+    * ``momentum``: the local optimiser's momentum ``ρ`` (FedNova's ``‖a_k‖₁ ≤ τ/(1−ρ)``).
+
+    A site whose payload leaves the bound refuses to encode it
+    (:class:`spherecal.crypto.EncodingOverflow`, never a wrap), so a limit declared
+    too tight costs that site its round, not the sum's correctness.
+    """
+
+    max_examples: int
+    max_change: float = 1.0
+    max_steps: int = 1
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_examples < 1:
+            raise ValueError(f"max_examples must be >= 1, got {self.max_examples}")
+        if not (np.isfinite(self.max_change) and self.max_change > 0):
+            raise ValueError(f"max_change must be a positive number, got {self.max_change}")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+
+
 _S = TypeVar("_S", bound="ServerStrategy")
 
 
@@ -263,6 +298,13 @@ class ServerStrategy(ABC):
     def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
         """What the server sends besides the global model (nothing, by default)."""
         return {}
+
+    def entry_bound(self, limits: UpdateLimits) -> float | None:
+        """The largest ``|entry|`` of this strategy's payload (every declared sum) that
+        ``limits`` allow, or ``None`` when the algorithm cannot state one (the service
+        then uses its configured fallback). Secure aggregation sizes the round's ring
+        from it (:class:`UpdateLimits`)."""
+        return None
 
     @abstractmethod
     def local_step(

@@ -21,6 +21,7 @@ from spherecal.spherefed.algorithms.base import (
     NamedSum,
     Payload,
     ServerStrategy,
+    UpdateLimits,
     as_payload,
     parameter_mask,
 )
@@ -136,6 +137,12 @@ class Scaffold(ServerStrategy):
         self.num_participants = num_participants
         self.server_lr = float(server_lr)
         self.control: np.ndarray | None = None
+
+    def entry_bound(self, limits: UpdateLimits) -> float | None:
+        """None: ``c_k⁺ − c_k = (x − y_k)/(K η) − c`` carries the server's control
+        variate ``c``, which accumulates over rounds; no declared limit bounds it, so
+        the service's configured ``update_bound`` applies."""
+        return None
 
     @classmethod
     def configured(cls, settings: AlgorithmSettings) -> Scaffold:

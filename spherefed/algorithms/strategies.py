@@ -56,6 +56,7 @@ from spherecal.spherefed.algorithms.base import (
     NamedSum,
     Payload,
     ServerStrategy,
+    UpdateLimits,
     as_payload,
 )
 from spherecal.spherefed.fl import (
@@ -120,6 +121,11 @@ class FedAvg(ServerStrategy):
     ) -> np.ndarray:
         self._check_sums(global_vector, sums)
         return fedavg_server_step(global_vector, sums)
+
+    def entry_bound(self, limits: UpdateLimits) -> float | None:
+        """``|n_k Δ_k| ≤ n_max · max_change`` per entry and ``n_k ≤ n_max`` (FedProx and
+        FedOpt send the same sums)."""
+        return float(limits.max_examples) * max(limits.max_change, 1.0)
 
 
 class FedProx(FedAvg):
@@ -271,6 +277,13 @@ class FedNova(FedAvg):
     ) -> np.ndarray:
         self._check_sums(global_vector, sums)
         return fednova_server_step(global_vector, sums, server_lr=self.server_lr)
+
+    def entry_bound(self, limits: UpdateLimits) -> float | None:
+        """FedAvg's bound, and ``tau = n_k ‖a_k‖₁ ≤ n_max · τ_max / (1 − ρ)``
+        (:func:`fednova_norm`: ``‖a_k‖₁ ≥ 1`` after one step, so ``|n_k Δ_k / ‖a_k‖₁|``
+        stays within FedAvg's bound)."""
+        steps = limits.max_steps / (1.0 - limits.momentum)
+        return float(limits.max_examples) * max(limits.max_change, 1.0, steps)
 
     def hyperparameters(self) -> dict[str, Any]:
         return {"server_lr": self.server_lr}
