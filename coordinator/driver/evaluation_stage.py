@@ -26,6 +26,7 @@ from spherecal.coordinator.driver.integrity import (
     note,
 )
 from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
@@ -60,6 +61,39 @@ UNRESOLVED_SDS = 4.0
 samples at all (every site's split empty): a ratio of two noises is no accuracy."""
 
 _KIND = {"affine": pb.HEAD_AFFINE, "quadratic": pb.HEAD_QUADRATIC}
+
+
+def _evaluation_job(
+    ctx: StageContext,
+    participants: list[str],
+    names: tuple[str, ...],
+    round_index: int | None,
+    slot: str,
+) -> tuple[SecureJob, EvaluationNoise | None]:
+    """The secure evaluation job over ``participants`` (raises when they are too few
+    for one), with the counts' DP noise planned for them."""
+    s = ctx.settings
+    noise: EvaluationNoise | None = None
+    arguments: dict[str, Any] | None = None
+    if s.secagg.evaluation_noise_sd > 0:
+        noise = plan_evaluation_noise(
+            s.secagg.evaluation_noise_sd,
+            participants=len(participants),
+            min_contributors=guaranteed_inputs(s.secagg, len(participants)),
+            length=1 + len(names),
+        )
+        arguments = {"scale_bits": noise.scale_bits, "noise_bound": noise.plan.noise_bound}
+    job = ctx.new_job(
+        "evaluate",
+        round_index,
+        participants,
+        1 + len(names),
+        s.secagg.statistics_bound,
+        s.timeouts.evaluation_s,
+        spec_arguments=arguments,
+        slot=slot,
+    )
+    return job, noise
 
 
 def publish_head(board: Board, name: str, head: Head) -> pb.NamedTensorRef:
@@ -160,31 +194,25 @@ def federated_evaluation(
     slot = f"evaluate:{split}:{model_name}:{contents.hexdigest()[:32]}"
     if s.secagg.evaluation:
         participants = ctx.resume_participants(slot, participants)  # continued after a restart
-        try:
-            arguments: dict[str, Any] | None = None
-            if s.secagg.evaluation_noise_sd > 0:
-                noise = plan_evaluation_noise(
-                    s.secagg.evaluation_noise_sd,
-                    participants=len(participants),
-                    min_contributors=guaranteed_inputs(s.secagg, len(participants)),
-                    length=1 + len(names),
-                )
-                arguments = {
-                    "scale_bits": noise.scale_bits,
-                    "noise_bound": noise.plan.noise_bound,
-                }
-            job = ctx.new_job(
-                "evaluate",
-                round_index,
-                participants,
-                1 + len(names),
-                s.secagg.statistics_bound,
-                s.timeouts.evaluation_s,
-                spec_arguments=arguments,
-                slot=slot,
+        for attempt in (1, 2):
+            try:
+                job, noise = _evaluation_job(ctx, participants, names, round_index, slot)
+                error = None
+                break
+            except (crypto.SecAggError, ValueError) as exc:
+                error = f"cannot create the evaluation job: {exc}"
+            if attempt == 2:
+                break
+            # too few connected (sites restarting right now): wait for them, as a
+            # statistics job's retry does, then try once more
+            wait_before_retry(
+                ctx,
+                stage=f"{split} evaluation",
+                next_attempt=2,
+                reason=error,
+                wanted=ctx.eligible(list(s.participants)),
             )
-        except (crypto.SecAggError, ValueError) as exc:
-            error = f"cannot create the evaluation job: {exc}"
+            participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
     task = Task(
         task_id=ctx.task_id(slot),
         kind="evaluate",

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.driver.evaluation_stage import federated_evaluation
 from spherecal.coordinator.driver.rejoin import MAX_BACKOFF_S, backoff_delay, wait_before_retry
 from spherecal.coordinator.driver.stages import Progress, StageContext
 from spherecal.coordinator.errors import FederationFailed
@@ -135,3 +136,28 @@ def test_a_stop_request_ends_the_wait_at_once(ctx: StageContext) -> None:
 def test_bad_grace_or_backoff_is_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         Timeouts(**{field: value})
+
+
+def test_an_evaluation_with_too_few_connected_waits_for_them_and_tries_again(
+    ctx: StageContext,
+) -> None:
+    """Sites restarting as the validation evaluation starts (seen in the soak: three of
+    four killed and back within a second): one connected site is too few for a secure
+    job; the evaluation waits for the others (the rejoin grace) and makes its job over
+    all four — instead of failing, which left the calibration unvalidated."""
+    ctx.settings = replace(
+        ctx.settings,
+        timeouts=Timeouts(rejoin_grace_s=60.0, retry_backoff_s=0.0, evaluation_s=0.2),
+    )
+    _join(ctx.registry, "p0")
+    timer = threading.Timer(0.3, lambda: [_join(ctx.registry, p) for p in ROSTER[1:]])
+    timer.start()
+    fed = federated_evaluation(ctx, np.zeros(8), {}, None, split="validation")
+    timer.join()
+    (retry,) = ctx.progress.retries
+    assert retry["stage"] == "validation evaluation" and retry["missing"] == []
+    assert "cannot create the evaluation job" in retry["reason"]
+    jobs = ctx.store.query("SELECT purpose, participants FROM jobs")
+    assert jobs == [("evaluate", '["p0", "p1", "p2", "p3"]')]
+    # nobody answers this job here: it ends for lack of advertisements, not of sites
+    assert fed["error"] is not None and "cannot create" not in fed["error"]
