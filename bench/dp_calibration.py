@@ -33,10 +33,10 @@ uncalibrated model), i.e. the service's never-a-loss rule.
 The noise: the sum of the sites' exact Skellam noise (each site's Poisson means
 sized so any t of them reach ε) has the planned total variance; at these variances
 (≥ 2^38 in ring units) it is Gaussian to any precision that matters for accuracy, so
-the bench draws that sum as a Gaussian of exactly the planned variance
-(``--exact-noise``: the sites' real exact noise through the ring encoding, as
-``bench/calibration_dp.py`` does; much slower). Off-diagonal triangle entries are
-sent √2-scaled (isometric layout), as in the service.
+the bench draws that sum as a Gaussian of exactly the planned variance (the exact
+path through the ring encoding is ``bench/calibration_dp.py``'s, much slower).
+Off-diagonal triangle entries are sent √2-scaled (isometric layout), as in the
+service.
 
     PYTHONPATH=. python bench/dp_calibration.py --seeds 0,1,2 --repeats 3 > out.json
 
