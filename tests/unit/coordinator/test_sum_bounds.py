@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.driver.strategy import update_bound as declared_update_bound
 from spherecal.simulate import SimulationSettings
 from spherecal.simulate.configs import coordinator_settings
 from spherecal.spherefed.algorithms.base import SumLayout, power_of_two_scale
@@ -78,11 +79,12 @@ def _round_one_vectors(algorithm: str, sites: int) -> tuple[list[np.ndarray], fl
     settings = coordinator_settings(
         SimulationSettings(reference=ref, out=Path(".")), shape, Path("."), "127.0.0.1:0"
     )
+    bound = declared_update_bound(settings).value  # as the coordinator derives it
     strategy = Strategy(
         settings.training,
         num_participants=sites,
         max_examples=settings.max_examples_per_site,
-        update_bound=settings.secagg.update_bound,
+        update_bound=bound,
     )
     model = build_model(model_spec(ref, data))
     keys = aggregated_keys(model)
@@ -103,7 +105,7 @@ def _round_one_vectors(algorithm: str, sites: int) -> tuple[list[np.ndarray], fl
             broadcast=strategy.broadcast(start),
         )
         vectors.append(layout.flatten({**result.payload, "loss": result.mean_loss}))
-    return vectors, float(settings.secagg.update_bound)
+    return vectors, bound
 
 
 @pytest.mark.slow
