@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from spherecal.audit import run_audit
 from spherecal.cli.app import main as cli_main
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.chromium import browser, headless
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -244,49 +243,16 @@ def test_audit_cli_rejects_a_path_without_a_database(
 
 
 # ----------------------------------------------------------------- the HTML report
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
-
-
-def _browser() -> str:
-    for name in BROWSERS:
-        path = shutil.which(name)
-        if path is not None:
-            return path
-    pytest.skip(
-        "no Chromium on PATH: `make test` installs the Debian package `chromium` when run "
-        "as root where apt-get exists; otherwise `apt-get install chromium` to run this test"
-    )
-
-
-def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",  # root in CI containers; the page is our own file
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-
-
 def test_html_report_renders_in_headless_chromium(
     dp_run: tuple[dict[str, Any], Path], tmp_path: Path
 ) -> None:
     from PIL import Image
 
-    browser = _browser()
+    path = browser()
     page = tmp_path / "audit.html"
     report = run_audit(dp_run[1], out=tmp_path / "audit.json", html=page)
     assert report["ok"]
-    dom = _headless(browser, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
+    dom = headless(path, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
 
     # The verdict comes first, in words.
     # DP on the statistics, none on the updates: passed as configured, with what was not
@@ -314,8 +280,8 @@ def test_html_report_renders_in_headless_chromium(
 
     # The screenshot is not blank, and the bars' colour is on it.
     shot = tmp_path / "shot.png"
-    _headless(
-        browser,
+    headless(
+        path,
         tmp_path / "profile",
         f"--screenshot={shot}",
         "--window-size=1200,3400",  # the charts follow the run, the checks and the stages
