@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -28,7 +29,7 @@ from spherecal.coordinator.settings import (
 )
 from spherecal.coordinator.state.registry import Peer, Registry
 from spherecal.coordinator.state.store import Store
-from spherecal.crypto import generate_identity
+from spherecal.crypto import JobSpec, KeyRoster, SecAggParticipant, generate_identity
 from spherecal.proto import spherecal_pb2 as pb
 from tests.joins import DIGITS, signed_join
 
@@ -111,6 +112,49 @@ class Harness:
             if instruction.WhichOneof("kind") in wanted:
                 return instruction
         raise TimeoutError(f"{pid} got none of {wanted}")
+
+
+def shared_secure_round(
+    harness: Harness, ids: tuple[str, ...]
+) -> tuple[JobSpec, dict[str, SecAggParticipant]]:
+    """Join ``ids``, take round 1's secure job and drive it through the advertise and
+    share stages with real protocol participants (zero inputs): the job then waits for
+    the masked uploads. Returns the job's spec and each participant's state machine."""
+    for pid in ids:
+        harness.join(pid)
+    train = {p: harness.poll(p, {"train"}) for p in ids}
+    job = JobSpec.from_bytes(train[ids[0]].train.secure.spec)
+    directory = {
+        e.participant_id: e.identity_public_key for e in train[ids[0]].train.secure.directory
+    }
+    clients: dict[str, SecAggParticipant] = {}
+    for pid in ids:
+        client = SecAggParticipant(job, pid, harness.keys[pid], directory)
+        client.set_input(np.zeros(job.length))
+        harness.service.submit_secagg(
+            pb.SecAggSubmission(
+                caller=harness.caller(pid),
+                job_id=job.job_id,
+                stage=pb.ADVERTISE,
+                message=client.advertise_keys().to_bytes(),
+            ),
+            Peer(),
+        )
+        clients[pid] = client
+    for pid, client in clients.items():
+        step = harness.poll(pid, {"secagg"}).secagg
+        assert step.stage == pb.SHARE
+        shares = client.share_keys(KeyRoster.from_bytes(step.message))
+        harness.service.submit_secagg(
+            pb.SecAggSubmission(
+                caller=harness.caller(pid),
+                job_id=job.job_id,
+                stage=pb.SHARE,
+                message=shares.to_bytes(),
+            ),
+            Peer(),
+        )
+    return job, clients
 
 
 def code_of(fn) -> grpc.StatusCode:  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from spherecal import crypto
@@ -16,7 +15,7 @@ from spherecal.coordinator.server.service import _masked_wire_size
 from spherecal.coordinator.state.registry import Peer
 from spherecal.proto import spherecal_pb2 as pb
 
-from .service_harness import Harness, settings_for
+from .service_harness import Harness, settings_for, shared_secure_round
 
 
 @pytest.mark.parametrize("size", [4, 120, 124, 128, 16380, 16384, 2_097_152, 2_097_156])
@@ -40,39 +39,7 @@ def secure(tmp_path: Path) -> Iterator[Harness]:
 
 
 def test_receipt_digests_the_audited_chunk_digests(secure: Harness) -> None:
-    ids = ("p0", "p1", "p2")
-    for pid in ids:
-        secure.join(pid)
-    train = {p: secure.poll(p, {"train"}) for p in ids}
-    job = crypto.JobSpec.from_bytes(train["p0"].train.secure.spec)
-    directory = {
-        e.participant_id: e.identity_public_key for e in train["p0"].train.secure.directory
-    }
-    clients = {}
-    for pid in ids:
-        c = crypto.SecAggParticipant(job, pid, secure.keys[pid], directory)
-        c.set_input(np.zeros(job.length))
-        secure.service.submit_secagg(
-            pb.SecAggSubmission(
-                caller=secure.caller(pid),
-                job_id=job.job_id,
-                stage=pb.ADVERTISE,
-                message=c.advertise_keys().to_bytes(),
-            ),
-            Peer(),
-        )
-        clients[pid] = c
-    for pid, c in clients.items():
-        roster = crypto.KeyRoster.from_bytes(secure.poll(pid, {"secagg"}).secagg.message)
-        secure.service.submit_secagg(
-            pb.SecAggSubmission(
-                caller=secure.caller(pid),
-                job_id=job.job_id,
-                stage=pb.SHARE,
-                message=c.share_keys(roster).to_bytes(),
-            ),
-            Peer(),
-        )
+    job, clients = shared_secure_round(secure, ("p0", "p1", "p2"))
     c = clients["p0"]
     c.receive_shares(crypto.ShareBundle.from_bytes(secure.poll("p0", {"secagg"}).secagg.message))
     chunks = [chunk.to_bytes() for chunk in c.masked_chunks()]

@@ -15,7 +15,7 @@ from spherecal.coordinator.state.registry import Peer
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for, iter_chunks
 
-from .service_harness import Harness, code_of, settings_for
+from .service_harness import Harness, code_of, settings_for, shared_secure_round
 
 
 def _upload(
@@ -227,40 +227,7 @@ def test_secure_task_refuses_plaintext_and_wrong_stage_messages(secure: Harness)
 
 
 def test_oversized_masked_chunk_is_refused(secure: Harness) -> None:
-    for pid in ("p0", "p1", "p2"):
-        secure.join(pid)
-    instructions = {p: secure.poll(p, {"train"}) for p in ("p0", "p1", "p2")}
-    job = crypto.JobSpec.from_bytes(instructions["p0"].train.secure.spec)
-    directory = {
-        e.participant_id: e.identity_public_key for e in instructions["p0"].train.secure.directory
-    }
-    clients = {}
-    for pid in ("p0", "p1", "p2"):
-        c = crypto.SecAggParticipant(job, pid, secure.keys[pid], directory)
-        c.set_input(np.zeros(job.length))
-        secure.service.submit_secagg(
-            pb.SecAggSubmission(
-                caller=secure.caller(pid),
-                job_id=job.job_id,
-                stage=pb.ADVERTISE,
-                message=c.advertise_keys().to_bytes(),
-            ),
-            Peer(),
-        )
-        clients[pid] = c
-    for pid, c in clients.items():
-        step = secure.poll(pid, {"secagg"}).secagg
-        assert step.stage == pb.SHARE
-        out = c.share_keys(crypto.KeyRoster.from_bytes(step.message))
-        secure.service.submit_secagg(
-            pb.SecAggSubmission(
-                caller=secure.caller(pid),
-                job_id=job.job_id,
-                stage=pb.SHARE,
-                message=out.to_bytes(),
-            ),
-            Peer(),
-        )
+    job, _ = shared_secure_round(secure, ("p0", "p1", "p2"))
     step = secure.poll("p0", {"secagg"}).secagg
     assert step.stage == pb.MASKED
     huge = pb.MaskedUpload(caller=secure.caller("p0"), job_id=job.job_id, chunk=b"\0" * (1 << 20))
