@@ -32,6 +32,7 @@ from spherecal.audit_report import (
     verdict_label,
     verdict_sentence,
 )
+from spherecal.html_style import PAGE_CSS
 
 __all__ = ["PALETTE", "epsilon_chart", "payload_chart", "render_html", "site_colours"]
 
@@ -49,13 +50,7 @@ PALETTE = (
     "#7f7f7f",
 )
 
-CSS = """
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;
-margin:0;background:#f5f6f8}
-main{max-width:1060px;margin:0 auto;padding:24px 28px;background:#fff}
-h1{font-size:22px;margin:0 0 2px}h2{font-size:17px;margin:22px 0 8px;
-border-bottom:1px solid #e3e5e8;padding-bottom:4px}
-.meta{color:#5f6368;font-size:13px;margin:0}
+CSS = PAGE_CSS + """
 .verdict{border-radius:8px;padding:12px 16px;margin:16px 0 4px;border:2px solid}
 .verdict.pass{background:#e8f5e9;border-color:#2e7d32}
 .verdict.partial{background:#fff8e1;border-color:#ef6c00}

@@ -31,6 +31,7 @@ from typing import Any
 
 from spherecal.audit_html import PALETTE
 from spherecal.audit_report import human_bytes
+from spherecal.html_style import PAGE_CSS
 
 __all__ = [
     "ReportError",
@@ -47,13 +48,7 @@ class ReportError(ValueError):
     """The directory holds no run document this page can draw."""
 
 
-CSS = """
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;
-margin:0;background:#f5f6f8}
-main{max-width:1060px;margin:0 auto;padding:24px 28px;background:#fff}
-h1{font-size:22px;margin:0 0 2px}h2{font-size:17px;margin:22px 0 8px;
-border-bottom:1px solid #e3e5e8;padding-bottom:4px}
-.meta{color:#5f6368;font-size:13px;margin:0}
+CSS = PAGE_CSS + """
 .status{display:inline-block;border-radius:4px;padding:1px 8px;font-weight:700;color:#fff}
 .status.completed{background:#2e7d32}.status.degraded{background:#ef6c00}
 .status.failed{background:#c62828}.status.other{background:#5f6368}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from spherecal import crypto
+from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.stages import Progress, StageContext
 from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
@@ -19,6 +22,9 @@ from spherecal.coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
+from spherecal.coordinator.state.registry import Registry
+from spherecal.coordinator.state.spool import Spool
+from spherecal.coordinator.state.store import Store
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import public_key_bytes
@@ -194,3 +200,31 @@ def secure_federation(
         for k, p in enumerate(ids)
     ]
     return cs, ps
+
+
+@contextmanager
+def stage_context(
+    settings: CoordinatorSettings, tmp_path: Path, say: Callable[[str], None] | None = None
+) -> Iterator[StageContext]:
+    """A driver stage's services over a real Store, Registry (no certificates) and
+    Board in ``tmp_path``; the store is closed afterwards."""
+    store = Store(tmp_path / "state.db")
+    registry = Registry(
+        settings.participants,
+        store,
+        require_certificates=False,
+        heartbeat_timeout_s=30,
+        clock_skew_s=60,
+    )
+    try:
+        yield StageContext(
+            settings=settings,
+            store=store,
+            registry=registry,
+            board=Board(),
+            spool=Spool(tmp_path / "spool"),
+            progress=Progress(global_vector=np.zeros(1)),
+            say=say if say is not None else (lambda _line: None),
+        )
+    finally:
+        store.close()

@@ -19,15 +19,12 @@ import numpy as np
 import pytest
 
 from spherecal.audit_integrity import check_integrity
-from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.integrity import integrity_record
-from spherecal.coordinator.driver.stages import Progress, StageContext
+from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.validation_gate import dp_source, gate_heads
 from spherecal.coordinator.driver.verdict import assess
 from spherecal.coordinator.settings import CalibrationSettings, CoordinatorSettings
-from spherecal.coordinator.state.registry import Registry
-from spherecal.coordinator.state.spool import Spool
-from spherecal.coordinator.state.store import Store
+from tests.unit.coordinator.helpers import stage_context
 
 ROSTER = ("p0", "p1", "p2")
 HEAD = np.eye(3, 4)
@@ -40,20 +37,8 @@ def ctx(tmp_path: Path) -> Iterator[StageContext]:
         state_dir=tmp_path,
         calibration=CalibrationSettings(methods=("ffc", "ccvr")),
     )
-    store = Store(tmp_path / "state.db")
-    registry = Registry(
-        ROSTER, store, require_certificates=False, heartbeat_timeout_s=30, clock_skew_s=60
-    )
-    yield StageContext(
-        settings=settings,
-        store=store,
-        registry=registry,
-        board=Board(),
-        spool=Spool(tmp_path / "spool"),
-        progress=Progress(global_vector=np.zeros(1)),
-        say=lambda _line: None,
-    )
-    store.close()
+    with stage_context(settings, tmp_path) as ctx:
+        yield ctx
 
 
 def _validated(

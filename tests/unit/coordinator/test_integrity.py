@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from spherecal.audit_integrity import check_integrity
-from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.integrity import (
     IntegrityCheckFailed,
     check_bound,
@@ -30,15 +29,13 @@ from spherecal.coordinator.driver.integrity import (
     integrity_record,
 )
 from spherecal.coordinator.driver.invariants import Tolerance, check_ccvr
-from spherecal.coordinator.driver.stages import Progress, StageContext
+from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.validation_gate import margin, noise_band
 from spherecal.coordinator.settings import CoordinatorSettings
-from spherecal.coordinator.state.registry import Registry
-from spherecal.coordinator.state.spool import Spool
-from spherecal.coordinator.state.store import Store
 from spherecal.participant.adversary import Adversary, parse_adversary
 from spherecal.spherefed.classifier import fixed_classifier
 from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics
+from tests.unit.coordinator.helpers import stage_context
 
 ROSTER = ("p0", "p1", "p2", "p3", "p4")
 DIM, CLASSES = 16, 10
@@ -71,20 +68,8 @@ def _federation(adversary: Adversary | None) -> tuple[CCVRStatistics, int]:
 @pytest.fixture
 def ctx(tmp_path: Path) -> Iterator[StageContext]:
     settings = CoordinatorSettings(participants=ROSTER, state_dir=tmp_path)
-    store = Store(tmp_path / "state.db")
-    registry = Registry(
-        ROSTER, store, require_certificates=False, heartbeat_timeout_s=30, clock_skew_s=60
-    )
-    yield StageContext(
-        settings=settings,
-        store=store,
-        registry=registry,
-        board=Board(),
-        spool=Spool(tmp_path / "spool"),
-        progress=Progress(global_vector=np.zeros(1)),
-        say=lambda _line: None,
-    )
-    store.close()
+    with stage_context(settings, tmp_path) as ctx:
+        yield ctx
 
 
 def _rounds(ctx: StageContext, weight: float) -> None:

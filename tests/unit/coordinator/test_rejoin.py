@@ -14,16 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.evaluation_stage import federated_evaluation
 from spherecal.coordinator.driver.rejoin import MAX_BACKOFF_S, backoff_delay, wait_before_retry
-from spherecal.coordinator.driver.stages import Progress, StageContext
+from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.errors import FederationFailed
 from spherecal.coordinator.settings import CoordinatorSettings, Timeouts
 from spherecal.coordinator.state.registry import Member, Peer, Registry
-from spherecal.coordinator.state.spool import Spool
-from spherecal.coordinator.state.store import Store
 from tests.joins import signed_join
+from tests.unit.coordinator.helpers import stage_context
 
 ROSTER = ("p0", "p1", "p2", "p3")
 
@@ -54,21 +52,9 @@ def ctx(tmp_path: Path) -> Iterator[StageContext]:
         state_dir=tmp_path,
         timeouts=Timeouts(rejoin_grace_s=2.0, retry_backoff_s=0.05),
     )
-    store = Store(tmp_path / "state.db")
-    registry = Registry(
-        ROSTER, store, require_certificates=False, heartbeat_timeout_s=30, clock_skew_s=60
-    )
     lines: list[str] = []
-    yield StageContext(
-        settings=settings,
-        store=store,
-        registry=registry,
-        board=Board(),
-        spool=Spool(tmp_path / "spool"),
-        progress=Progress(global_vector=np.zeros(1)),
-        say=lines.append,
-    )
-    store.close()
+    with stage_context(settings, tmp_path, lines.append) as ctx:
+        yield ctx
 
 
 def test_backoff_doubles_is_jittered_into_its_upper_half_and_is_capped() -> None:
