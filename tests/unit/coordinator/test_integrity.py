@@ -151,7 +151,10 @@ def test_the_bound_caps_the_sum_at_contributors_times_the_per_site_maximum() -> 
     stats, _ = _federation(parse_adversary("directions:100000"))
     with pytest.raises(IntegrityCheckFailed):
         check_bound("count", float(stats.counts.sum()), 5, 100_000)
-    check_bound("count", 5 * 1000 + 5, 5, 1000, noise_sigma=2.0, sigmas=3.0)  # within 3·2
+    check_bound("count", 5 * 1000 + 5, 5, 1000, noise_sigma=2.0, sigmas=3.0)  # within 6·2
+    check_bound("count", 5 * 1000 + 11, 5, 1000, noise_sigma=2.0, sigmas=3.0)  # 5.5 sd: noise
+    with pytest.raises(IntegrityCheckFailed):  # beyond what DP noise reaches (6 sd)
+        check_bound("count", 5 * 1000 + 13, 5, 1000, noise_sigma=2.0, sigmas=3.0)
 
 
 def test_evaluation_counts_are_bounded_by_their_total() -> None:
