@@ -37,7 +37,7 @@ from spherecal.coordinator.state.store import Store
 from spherecal.crypto import JobSpec
 from spherecal.proto import spherecal_pb2 as pb
 
-__all__ = ["Gathered", "Progress", "Say", "StageContext", "default_slot"]
+__all__ = ["Gathered", "Progress", "Say", "StageContext", "default_slot", "with_first_cause"]
 
 
 def default_slot(purpose: str, round_index: int | None) -> str:
@@ -45,16 +45,22 @@ def default_slot(purpose: str, round_index: int | None) -> str:
     return purpose if round_index is None else f"{purpose}:r{round_index + 1}"
 
 
-def _first_cause(outcome: JobOutcome) -> str:
-    """What made a failed job short, when participants said why: their typed
-    withdrawals (a refusal names its rule) come before the symptom (``TooFewSurvivors``)."""
-    withdrew = {p: r for p, r in sorted(outcome.dropped.items()) if "withdrew: " in r}
-    if not withdrew:
-        return ""
-    first, reason = next(iter(withdrew.items()))
-    reason = reason.split("withdrew: ", 1)[1]
-    more = f" and {len(withdrew) - 1} more" if len(withdrew) > 1 else ""
-    return f" — because {first}{more} withdrew: {reason}"
+def with_first_cause(error: str, dropped: dict[str, str]) -> str:
+    """``error`` followed by the sites' own reasons for leaving, when any withdrew.
+
+    Why (issues #20, #23): a job that lost its quorum fails with its symptom —
+    ``TooFewSurvivors: … only 2 remained`` — while the cause is a site's refusal
+    (``p0 withdrew: BAD_INPUT: refusing to encode: 1 of 158563 entries are outside
+    the declared bound``). The reason a round, and then the federation, fails with
+    names that first cause. ``dropped`` maps a site to ``"stage: why"``."""
+    causes = []
+    for site, why in dropped.items():
+        stage, _, rest = why.partition(": ")
+        if rest.startswith("withdrew: "):
+            causes.append(f"{site} withdrew at {stage}: {rest[len('withdrew: ') :][:240]}")
+    if not causes:
+        return error
+    return f"{error} — first cause: " + "; ".join(causes)
 
 
 def _journaled_participants(record: JournaledJob) -> tuple[str, ...]:
@@ -313,7 +319,9 @@ class StageContext:
             }
         )
         if outcome.status == "failed":
-            progress.errors.append(f"{job.label()}: {outcome.error}{_first_cause(outcome)}")
+            progress.errors.append(
+                with_first_cause(f"{job.label()}: {outcome.error}", outcome.dropped)
+            )
         self.exclude_accused(job)
         return outcome
 

@@ -35,7 +35,12 @@ from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.progress_log import round_line
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob
-from spherecal.coordinator.driver.stages import Gathered, StageContext, default_slot
+from spherecal.coordinator.driver.stages import (
+    Gathered,
+    StageContext,
+    default_slot,
+    with_first_cause,
+)
 from spherecal.coordinator.driver.strategy import Strategy, update_bound
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.driver.validation_gate import RoundGate
@@ -44,25 +49,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.fl import derive_seed
 from spherecal.spherefed.reference import ReferenceConfig, select_participants
 
-__all__ = ["RoundDriver", "with_first_cause"]
-
-
-def with_first_cause(error: str, dropped: dict[str, str]) -> str:
-    """``error`` followed by the sites' own reasons for leaving, when any withdrew.
-
-    Why (issue #23): a job that lost its quorum fails with its symptom —
-    ``TooFewSurvivors: … only 2 remained`` — while the cause is a site's refusal
-    (``p0 withdrew: BAD_INPUT: refusing to encode: 1 of 158563 entries are outside
-    the declared bound``). The reason a round, and then the federation, fails with
-    names that first cause. ``dropped`` maps a site to ``"stage: why"``."""
-    causes = []
-    for site, why in dropped.items():
-        stage, _, rest = why.partition(": ")
-        if rest.startswith("withdrew: "):
-            causes.append(f"{site} withdrew at {stage}: {rest[len('withdrew: ') :][:240]}")
-    if not causes:
-        return error
-    return f"{error} — first cause: " + "; ".join(causes)
+__all__ = ["RoundDriver"]
 
 
 class RoundDriver:

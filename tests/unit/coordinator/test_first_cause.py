@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from spherecal.coordinator.driver.training_rounds import with_first_cause
+from spherecal.coordinator.driver.stages import with_first_cause
 
 QUORUM = "TooFewSurvivors: too few survivors at stage 'masked': needed at least 3, only 2 remained"
 

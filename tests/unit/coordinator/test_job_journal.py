@@ -24,6 +24,7 @@ import pytest
 from spherecal import crypto
 from spherecal.coordinator.driver.halts import HALT_POINTS
 from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.stages import with_first_cause
 from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import JobJournal
@@ -251,8 +252,6 @@ def test_a_failed_job_is_not_continued(tmp_path: Path) -> None:
 
 
 def test_a_failed_job_names_the_withdrawals_before_the_shortfall(tmp_path: Path) -> None:
-    from spherecal.coordinator.driver.stages import _first_cause
-
     job, store, sites, _ = _new_job(tmp_path, None)
     for pid in ("p0", "p1"):
         job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
@@ -261,9 +260,10 @@ def test_a_failed_job_names_the_withdrawals_before_the_shortfall(tmp_path: Path)
     job.advance(frozenset(sites))
     assert job.outcome is not None and job.outcome.status == "failed"
     assert "TooFewSurvivors" in str(job.outcome.error)
-    assert _first_cause(job.outcome) == (
-        " — because p2 and 1 more withdrew: "
-        "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left"
+    assert with_first_cause("failed", job.outcome.dropped) == (
+        "failed — first cause: p2 withdrew at advertise: "
+        "POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left; "
+        "p3 withdrew at advertise: POLICY_REFUSAL/RULE_RELEASE_REPEATED: the update already left"
     )
     store.close()
 
