@@ -191,52 +191,10 @@ class SecureJob:
             purpose=self.purpose,
         ).SerializeToString()
 
-    @classmethod
-    def from_journal(
-        cls,
-        record: JournaledJob,
-        *,
-        settings: SecAggSettings,
-        stage_s: float,
-        journal: JobJournal,
-        halt: Halt | None = None,
-    ) -> SecureJob:
-        """Rebuild a job a previous coordinator process journaled and continue it at
-        the stage it reached (or with its journaled result)."""
-        message = pb.SecAggJob.FromString(record.job)
-        spec = JobSpec.from_bytes(message.spec)
-        directory = list(message.directory)
-        job = cls(
-            purpose=record.purpose,
-            round_index=record.round,
-            participants=list(spec.participants),
-            identity_keys={e.participant_id: bytes(e.identity_public_key) for e in directory},
-            directory=directory,
-            settings=settings,
-            length=spec.length,
-            bound=spec.bound,
-            first_stage_s=record.first_stage_s,
-            stage_s=stage_s,
-            spec=spec,
-            journal=journal,
-            halt=halt,
-        )
-        job.resumed = True
-        if record.result is not None:
-            r = record.result
-            job.outcome = JobOutcome(
-                status="done",
-                values=r.values,
-                contributors=r.contributors,
-                dropouts=r.dropouts,
-                excluded=r.excluded,
-            )
-            return job
-        job._replay(record)
-        journal.resumed(job.job_hex, len(record.entries))
-        return job
-
-    def _replay(self, record: JournaledJob) -> None:
+    def replay(self, record: JournaledJob) -> None:
+        """Feed a previous process's journal of this job into the fresh server: the
+        state machine is deterministic in its messages, so it reaches the same stage
+        (``stages.continue_journaled_job``)."""
         server = self.server
         for entry in record.entries:
             if entry.kind == MESSAGE:

@@ -27,9 +27,9 @@ import numpy.typing as npt
 from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.conduct import Conduct, should_exclude
 from spherecal.coordinator.driver.halts import halt_from_env
-from spherecal.coordinator.driver.secure_job import JobOutcome, SecureJob
+from spherecal.coordinator.driver.secure_job import Halt, JobOutcome, SecureJob
 from spherecal.coordinator.driver.tasks import Task
-from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.settings import CoordinatorSettings, SecAggSettings
 from spherecal.coordinator.state.job_journal import JobJournal, JournaledJob
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool, ordered_sum
@@ -37,7 +37,15 @@ from spherecal.coordinator.state.store import Store
 from spherecal.crypto import JobSpec
 from spherecal.proto import spherecal_pb2 as pb
 
-__all__ = ["Gathered", "Progress", "Say", "StageContext", "default_slot", "with_first_cause"]
+__all__ = [
+    "Gathered",
+    "Progress",
+    "Say",
+    "StageContext",
+    "continue_journaled_job",
+    "default_slot",
+    "with_first_cause",
+]
 
 
 def default_slot(purpose: str, round_index: int | None) -> str:
@@ -61,6 +69,50 @@ def with_first_cause(error: str, dropped: dict[str, str]) -> str:
     if not causes:
         return error
     return f"{error} — first cause: " + "; ".join(causes)
+
+
+def continue_journaled_job(
+    record: JournaledJob,
+    *,
+    settings: SecAggSettings,
+    stage_s: float,
+    journal: JobJournal,
+    halt: Halt | None = None,
+) -> SecureJob:
+    """Rebuild a job a previous coordinator process journaled and continue it at the
+    stage it reached (or with its journaled result): same spec, same directory."""
+    message = pb.SecAggJob.FromString(record.job)
+    spec = JobSpec.from_bytes(message.spec)
+    directory = list(message.directory)
+    job = SecureJob(
+        purpose=record.purpose,
+        round_index=record.round,
+        participants=list(spec.participants),
+        identity_keys={e.participant_id: bytes(e.identity_public_key) for e in directory},
+        directory=directory,
+        settings=settings,
+        length=spec.length,
+        bound=spec.bound,
+        first_stage_s=record.first_stage_s,
+        stage_s=stage_s,
+        spec=spec,
+        journal=journal,
+        halt=halt,
+    )
+    job.resumed = True
+    if record.result is not None:
+        r = record.result
+        job.outcome = JobOutcome(
+            status="done",
+            values=r.values,
+            contributors=r.contributors,
+            dropouts=r.dropouts,
+            excluded=r.excluded,
+        )
+        return job
+    job.replay(record)
+    journal.resumed(job.job_hex, len(record.entries))
+    return job
 
 
 def _journaled_participants(record: JournaledJob) -> tuple[str, ...]:
@@ -197,7 +249,7 @@ class StageContext:
         record = self.journaled(slot)
         if record is not None:
             self._resumable[slot] = None  # continued once; a retry is a new job
-            job = SecureJob.from_journal(
+            job = continue_journaled_job(
                 record,
                 settings=self.settings.secagg,
                 stage_s=self.settings.timeouts.stage_s,

@@ -24,7 +24,7 @@ import pytest
 from spherecal import crypto
 from spherecal.coordinator.driver.halts import HALT_POINTS
 from spherecal.coordinator.driver.secure_job import SecureJob
-from spherecal.coordinator.driver.stages import with_first_cause
+from spherecal.coordinator.driver.stages import continue_journaled_job, with_first_cause
 from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import JobJournal
@@ -195,7 +195,7 @@ def test_a_crash_at_every_point_continues_the_same_job_to_the_same_sum(
     journal = JobJournal(again)
     record = journal.find(SLOT)
     assert record is not None and record.job_id == job.job_hex
-    resumed = SecureJob.from_journal(record, settings=_settings(), stage_s=60.0, journal=journal)
+    resumed = continue_journaled_job(record, settings=_settings(), stage_s=60.0, journal=journal)
     assert resumed.job_id == job.job_id and resumed.spec_bytes == job.spec_bytes
     if point == "aggregated":
         assert resumed.outcome is not None  # the result was written before it was used
