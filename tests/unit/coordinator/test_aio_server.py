@@ -299,8 +299,15 @@ def test_a_cancelled_upload_ends_its_worker_thread(
         call.cancel()
         first.set()
         assert done.wait(60), "the worker thread's read ended"
-        assert len(ended) == 1 and isinstance(ended[0], ServiceError)
-        assert ended[0].code is grpc.StatusCode.CANCELLED
+        # Usually the cancellation reaches the bridge within its _CANCEL_TURNS loop
+        # turns and the read raises CANCELLED. On a loaded box gRPC may report the
+        # cancel later than that; the read then ends as a short stream, which the
+        # spool refuses as incomplete (test_spool.py). Either way
+        # the thread ends and nothing else reached the consumer.
+        assert len(ended) <= 1 and len(received) == 1
+        if ended:
+            assert isinstance(ended[0], ServiceError)
+            assert ended[0].code is grpc.StatusCode.CANCELLED
     finally:
         channel.close()
 

@@ -43,6 +43,10 @@ def test_writer_refuses_bad_uploads_and_leaves_nothing(tmp_path: Path) -> None:
         writer.add(bad.tobytes())
     writer.abort()
     writer = spool.writer("t", "p0", header_for(v), (10,))
+    writer.add(v[:6].tobytes())  # a stream that ended early (e.g. a late cancel)
+    with pytest.raises(TensorFormatError, match="incomplete upload: 48 of 80 bytes"):
+        writer.finish()
+    writer = spool.writer("t", "p0", header_for(v), (10,))
     writer.add((v * 2).tobytes())
     with pytest.raises(TensorFormatError, match="SHA-256"):
         writer.finish()
