@@ -517,6 +517,18 @@ class CoordinatorSettings:
             )
         if self.server.max_chunk_bytes + (64 << 10) > self.server.max_message_bytes:
             raise ValueError("max_chunk_bytes must stay well below max_message_bytes")
+        if self.privacy.distributed_updates:
+            if not self.secagg.updates:
+                raise ValueError(
+                    '[privacy] updates = "distributed" needs secure updates: each site adds '
+                    "only a share of the noise, so no site's sum may be seen alone (set "
+                    "[secure_aggregation] updates = true)"
+                )
+            if not self.privacy.dpsgd_expected_batch_size > 0:
+                raise ValueError(
+                    '[privacy] updates = "distributed" needs dpsgd_expected_batch_size > 0: '
+                    "the public q·N the noisy gradient sum is divided by"
+                )
         if self.privacy.enabled and not self.secagg.statistics:
             raise ValueError(
                 "[privacy] enabled needs secure statistics: DP noise is added in the ring "

@@ -25,6 +25,7 @@ from typing import Any
 from spherecal.crypto import JobSpec, SecAggError
 from spherecal.crypto.dp import NoisePlan, guaranteed_contributors, verify_plan
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.charge import PrivacyCharge
 from spherecal.spherefed.privacy.ledger import (
     BudgetExceeded,
     PrivacyBudget,
@@ -76,9 +77,16 @@ class ParticipantPrivacy:
 
     def ledger(self, delta: float) -> PrivacyLedger:
         """The local ledger under this participant's budget (or, with privacy not
-        enabled locally, an unlimited one at the job's δ — still recorded)."""
-        budget = self.settings.budget() if self.settings.enabled else PrivacyBudget(delta=delta)
+        enabled locally and no distributed DP-SGD demanded, an unlimited one at the
+        job's δ — still recorded)."""
+        s = self.settings
+        budget = s.budget() if s.enabled or s.distributed_updates else PrivacyBudget(delta=delta)
         return PrivacyLedger(SqliteLedgerStore(self._connection()), budget)
+
+    def charge(self, charge: PrivacyCharge, *, delta: float, release_id: str) -> dict[str, Any]:
+        """Charge one release to this site's ledger (raises :class:`BudgetExceeded`)."""
+        with self._lock:
+            return self.ledger(delta).charge(self.pid, charge, release_id=release_id).to_json()
 
     def close(self) -> None:
         with self._lock:

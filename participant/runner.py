@@ -49,6 +49,7 @@ from spherecal.participant.backoff import (
     wait_if_stopping,
 )
 from spherecal.participant.data import LocalData, fingerprint
+from spherecal.participant.distributed_dpsgd import distributed_step, require_distributed
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
     BudgetExceeded,
@@ -414,6 +415,7 @@ class ParticipantRunner:
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
         secure = task.HasField("secure")
         try:
+            require_distributed(self.privacy, task)
             if not secure and not self.settings.allow_plaintext:
                 raise self._no_plaintext("model updates")
             release = self._reserve(
@@ -426,12 +428,26 @@ class ParticipantRunner:
                     model=bytes(task.model.header.sha256),
                     data=self._fingerprint("train"),
                     round=int(task.round),
-                    noised=self.settings.privacy.dpsgd,
+                    noised=self.settings.privacy.dpsgd or task.HasField("dpsgd"),
                 ),
                 task.secure if secure else None,
             )
         except (PrivacyRefused, crypto.SecAggError) as exc:
             self._refuse(task_id, exc)
+            return
+        if task.HasField("dpsgd"):  # distributed DP-SGD (issue #25)
+            distributed_step(
+                task_id=task_id,
+                task=task,
+                release_key=release,
+                trainer=trainer,
+                privacy=self.privacy,
+                secure=self.secure,
+                releases=self.releases,
+                download=self._download,
+                refuse=self._refuse,
+                log=self.log,
+            )
             return
         session = None
         if secure:  # advertise and share before the data-dependent work

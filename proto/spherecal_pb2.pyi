@@ -343,18 +343,42 @@ class Wait(_message.Message):
     def __init__(self, retry_after_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TrainTask(_message.Message):
-    __slots__ = ("round", "model", "seed", "secure", "broadcast")
+    __slots__ = ("round", "model", "seed", "secure", "broadcast", "dpsgd")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    DPSGD_FIELD_NUMBER: _ClassVar[int]
     round: int
     model: TensorRef
     seed: int
     secure: SecAggJob
     broadcast: _containers.RepeatedCompositeFieldContainer[NamedTensorRef]
-    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., seed: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ..., broadcast: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ...) -> None: ...
+    dpsgd: DPSGDStep
+    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[TensorRef, _Mapping]] = ..., seed: _Optional[int] = ..., secure: _Optional[_Union[SecAggJob, _Mapping]] = ..., broadcast: _Optional[_Iterable[_Union[NamedTensorRef, _Mapping]]] = ..., dpsgd: _Optional[_Union[DPSGDStep, _Mapping]] = ...) -> None: ...
+
+class DPSGDStep(_message.Message):
+    __slots__ = ("noise_multiplier", "sample_rate", "max_grad_norm", "min_contributors", "colluders", "delta", "mechanism", "scale_bits", "max_examples")
+    NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    COLLUDERS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    SCALE_BITS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    noise_multiplier: float
+    sample_rate: float
+    max_grad_norm: float
+    min_contributors: int
+    colluders: int
+    delta: float
+    mechanism: str
+    scale_bits: int
+    max_examples: int
+    def __init__(self, noise_multiplier: _Optional[float] = ..., sample_rate: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., min_contributors: _Optional[int] = ..., colluders: _Optional[int] = ..., delta: _Optional[float] = ..., mechanism: _Optional[str] = ..., scale_bits: _Optional[int] = ..., max_examples: _Optional[int] = ...) -> None: ...
 
 class StatisticsTask(_message.Message):
     __slots__ = ("kind", "model", "secure", "privacy")

@@ -161,6 +161,10 @@ def describe_protection(
     )
     dp_releases = count("SELECT COUNT(*) FROM dp_releases")
     dpsgd_sites = sorted(_dpsgd_sites(conn, sim_dir))
+    distributed_steps = count(
+        "SELECT COUNT(*) FROM privacy_ledger WHERE subject = 'federation' "
+        "AND kind = 'distributed-dpsgd'"
+    )
     dp_on = bool(privacy.get("enabled"))
 
     def transport(secure: int, plain: int) -> str:
@@ -172,6 +176,11 @@ def describe_protection(
 
     if plain_updates == 0 and secure_updates == 0:
         updates_dp = "no model updates were sent"
+    elif distributed_steps:
+        updates_dp = (
+            f"distributed DP-SGD: {distributed_steps} step(s), each site's noise share added "
+            f"in the ring before masking (sites: {', '.join(dpsgd_sites)})"
+        )
     elif dpsgd_sites:
         updates_dp = f"DP-SGD at {', '.join(dpsgd_sites)} (the other sites: no DP)"
     else:
@@ -189,6 +198,7 @@ def describe_protection(
             "secure_jobs": secure_updates,
             "plaintext_uploads": plain_updates,
             "dpsgd_sites": dpsgd_sites,
+            "distributed_dpsgd_steps": distributed_steps,
         },
         "calibration_statistics": {
             "transport": transport(secure_stats, plain_stats),

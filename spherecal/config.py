@@ -82,8 +82,17 @@ PRIVACY = Table(
         "mechanism": "`skellam` or `dgauss` (distributed discrete noise).",
         "delta": "δ of every release; a participant's must equal the job's.",
         "quant_bits": "Fixed-point bits of the noisy statistics.",
-        "dpsgd_noise_multiplier": "Participant only: DP-SGD noise multiplier σ.",
-        "dpsgd_max_grad_norm": "Participant only: DP-SGD per-example clipping norm.",
+        "dpsgd_noise_multiplier": "DP-SGD noise multiplier σ (local; distributed: the "
+        "coordinator's, and the least a participant accepts).",
+        "dpsgd_max_grad_norm": "DP-SGD per-example clipping norm `C` (local, or the "
+        "coordinator's for distributed DP-SGD).",
+        "updates": '`"distributed"`: training is distributed DP-SGD (coordinator: run it, '
+        "needs secure updates; participant: refuse any other training). `\"none\"`: no DP "
+        "on updates unless `dpsgd`.",
+        "dpsgd_sample_rate": "Coordinator, distributed DP-SGD: the federation-wide Poisson "
+        "rate `q`.",
+        "dpsgd_expected_batch_size": "Coordinator, distributed DP-SGD: the public `q·N` the "
+        "noisy gradient sum is divided by (required).",
     },
 )
 

@@ -7,6 +7,9 @@ colluders and the public bound ``max_examples``), hands the participants the sam
 inputs (:class:`spherecal.proto.spherecal_pb2.DPRelease`) so each can re-plan and verify, and
 fixes the job spec's scale, bound and noise bound from the plan.
 
+It also records distributed DP-SGD steps (:meth:`CoordinatorPrivacy.record_dpsgd_step`, issue #25):
+the object exists whenever ``[privacy] enabled`` or ``updates = "distributed"``.
+
 After the job it records what the release *actually* cost — from the aggregate's
 real contributor count — in the coordinator's ledger (a ``privacy_ledger`` table in
 its own SQLite database): once against ``"federation"`` and, mirroring what each
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.privacy.ledger import PrivacyLedger, SqliteLedgerStore
 from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
 from spherecal.spherefed.privacy.settings import PrivacySettings
@@ -46,6 +50,8 @@ class CoordinatorPrivacy:
         self.ledger = PrivacyLedger(SqliteLedgerStore(self._conn), settings.budget())
         self.releases: list[dict[str, Any]] = []
         self.refusals: list[dict[str, Any]] = []
+        #: distributed DP-SGD steps (:meth:`CoordinatorPrivacy.record_dpsgd_step`)
+        self.dpsgd_steps: list[dict[str, Any]] = []
         self._refused: dict[tuple[str, str], pb.FailureKind] = {}
 
     def close(self) -> None:
@@ -147,13 +153,57 @@ class CoordinatorPrivacy:
                 lines.append(f"{kind}: {pid} refused the DP release: {reason}")
         return lines
 
+    def record_dpsgd_step(
+        self,
+        *,
+        job_hex: str,
+        round_index: int,
+        plan: DistributedDpsgdPlan,
+        length: int,
+        contributors: list[str],
+    ) -> dict[str, Any]:
+        """Charge one distributed DP-SGD step (issue #25): against ``"federation"`` at
+        the real contributor count (more contributors, more noise) and, mirroring what
+        each site charged before the step, at the planned worst case of ``t`` against
+        every contributor. Returns the step's summary (kept for the results)."""
+        delta = self.settings.delta
+        charge = plan.charge(1, delta, contributors=len(contributors))
+        with self._lock:
+            entry = self.ledger.record(FEDERATION, charge, release_id=f"dpsgd-{job_hex}")
+            mirrored = plan.charge(1, delta)
+            for pid in contributors:
+                self.ledger.record(pid, mirrored, release_id=f"dpsgd-{job_hex}")
+        noise = plan.ring_noise(length, max(len(contributors), plan.min_contributors))
+        summary = {
+            "job_id": job_hex,
+            "round": round_index + 1,
+            "noise_multiplier": plan.noise_multiplier,
+            "realised_noise_multiplier": plan.realised_multiplier(len(contributors)),
+            "sample_rate": plan.sample_rate,
+            "max_grad_norm": plan.max_grad_norm,
+            "sensitivity": plan.sensitivity(length),
+            "mechanism": plan.mechanism,
+            "contributors": len(contributors),
+            "min_contributors": plan.min_contributors,
+            "participant_variance_ring": noise.participant_variance,
+            "planned_epsilon": mirrored.epsilon,
+            "epsilon": charge.epsilon,
+            "delta": delta,
+            "federation_epsilon_total": entry.epsilon_total,
+        }
+        with self._lock:
+            self.dpsgd_steps.append(summary)
+        return summary
+
     def summary(self) -> dict[str, Any]:
         s = self.settings
         with self._lock:
             report = self.ledger.report()
         subjects = report["subjects"]
         return {
-            "enabled": True,
+            # DP calibration releases; ``updates`` says whether training was DP-SGD
+            "enabled": s.enabled,
+            "updates": s.updates,
             "mechanism": s.mechanism,
             "epsilon_per_release": s.epsilon,
             "total_epsilon": s.total_epsilon,
@@ -163,6 +213,7 @@ class CoordinatorPrivacy:
             "colluders": s.colluders,
             "releases": list(self.releases),
             "refusals": list(self.refusals),
+            "dpsgd_steps": list(self.dpsgd_steps),
             "totals": {
                 "federation": subjects.get(FEDERATION, {}).get("epsilon", 0.0),
                 "participants": {

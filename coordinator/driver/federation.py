@@ -28,6 +28,7 @@ from typing import Any
 from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.calibration_stage import calibrate, collect_statistics
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
+from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
 from spherecal.coordinator.driver.integrity import (
     cross_check_evaluations,
@@ -99,7 +100,9 @@ class Federation:
         self.board = Board()
         self.progress = Progress(global_vector=self.model.initial_vector.copy())
         self.privacy: CoordinatorPrivacy | None = (
-            CoordinatorPrivacy(settings.privacy, store.path) if settings.privacy.enabled else None
+            CoordinatorPrivacy(settings.privacy, store.path)
+            if settings.privacy.enabled or settings.privacy.distributed_updates
+            else None
         )
         self.stages = StageContext(
             settings=settings,
@@ -116,6 +119,11 @@ class Federation:
             strategy=self.strategy,
             checkpoints=self.checkpoints,
             evaluator=evaluator,
+            dpsgd=(
+                DistributedDpsgd(settings, self.model, self.privacy)
+                if self.privacy is not None and settings.privacy.distributed_updates
+                else None
+            ),
         )
         integrity_record(self.progress, settings)
         self._started = time.monotonic()

@@ -18,6 +18,11 @@ strategy object type (``spherecal.spherefed.algorithms.STRATEGIES``):
   before the next round starts, so a killed coordinator resumes from the last
   completed round.
 
+With ``[privacy] updates = "distributed"`` each round is instead one step of
+distributed DP-SGD (:mod:`spherecal.coordinator.driver.dpsgd_rounds`): the job sums the
+sites' clipped gradient sums and their noise shares (model layout only), and the
+step ``θ − η·(noisy sum)/B`` replaces the strategy's.
+
 Extension points: :meth:`RoundDriver.candidates` (who trains this round) and
 :meth:`RoundDriver.finish_round` (what is recorded) are the places a participant
 exclusion policy, a rejoin grace or round metrics hook in.
@@ -29,6 +34,7 @@ import time
 from typing import Any
 
 from spherecal import crypto
+from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, federated_evaluation
 from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_bound, note
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
@@ -47,6 +53,7 @@ from spherecal.coordinator.driver.validation_gate import RoundGate
 from spherecal.coordinator.errors import FederationFailed
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.reference import ReferenceConfig, select_participants
 
 __all__ = ["RoundDriver"]
@@ -63,8 +70,11 @@ class RoundDriver:
         strategy: Strategy,
         checkpoints: Checkpoints,
         evaluator: CentralEvaluator | None,
+        dpsgd: DistributedDpsgd | None = None,
     ) -> None:
         self.ctx = ctx
+        #: distributed DP-SGD (``[privacy] updates = "distributed"``), else None
+        self.dpsgd = dpsgd
         self.model = model
         self.strategy = strategy
         self.checkpoints = checkpoints
@@ -189,23 +199,28 @@ class RoundDriver:
         ]
         layout = self.strategy.layout(self.model.length)
         job: SecureJob | None = None
+        step = None
         if s.secagg.updates:
             # after a restart: the journaled job's participants, continued
             candidates = ctx.resume_participants(default_slot("update", r), candidates)
             try:
+                spec_arguments: dict[str, Any] | None = (
+                    # the 32-bit ring when the bound, n and this step allow it
+                    {"resolution": s.secagg.update_resolution}
+                    if s.secagg.update_resolution > 0
+                    else None
+                )
+                if self.dpsgd is not None:
+                    step = self.dpsgd.plan(len(candidates))
+                    spec_arguments = self.dpsgd.spec_arguments(step, len(candidates))
                 job = ctx.new_job(
                     "update",
                     r,
                     candidates,
-                    layout.length,
+                    self.model.length if step is not None else layout.length,
                     self.update_bound.value,
                     s.timeouts.round_s,
-                    # the 32-bit ring when the bound, n and this step allow it
-                    spec_arguments=(
-                        {"resolution": s.secagg.update_resolution}
-                        if s.secagg.update_resolution > 0
-                        else None
-                    ),
+                    spec_arguments=spec_arguments,
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
@@ -221,6 +236,9 @@ class RoundDriver:
                         seed=derive_seed(s.seed, "train", r, ctx.registry.index_of(p)),
                         secure=job.job_message(p) if job is not None else None,
                         broadcast=broadcast,
+                        dpsgd=self.dpsgd.message(step)
+                        if self.dpsgd is not None and step is not None
+                        else None,
                     )
                 )
                 for p in candidates
@@ -228,7 +246,7 @@ class RoundDriver:
             round=r,
             purpose="update",
             job=job,
-            expected_shape=(layout.length,),
+            expected_shape=(job.spec.length if job is not None else layout.length,),
         )
         ctx.board.set_task(task, f"round {r + 1}/{s.training.rounds}: training")
         ctx.say(
@@ -247,6 +265,8 @@ class RoundDriver:
             return with_first_cause(gathered.error, dropped)
         if gathered.values is None or len(gathered.contributors) < minimum:
             return f"only {len(gathered.contributors)} updates (minimum {minimum})"
+        if self.dpsgd is not None and step is not None and gathered.job is not None:
+            return self.dpsgd_step(r, attempt, t0, selected, gathered, dropped, step)
         sums = layout.unflatten(gathered.values)
         # Σ loss_k / K is bit-identical to the reference's np.mean(losses): NumPy's
         # mean is the same ordered reduction divided by the count.
@@ -280,6 +300,34 @@ class RoundDriver:
         self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss, weight)
         return None
 
+    def dpsgd_step(
+        self,
+        r: int,
+        attempt: int,
+        t0: float,
+        selected: list[str],
+        gathered: Gathered,
+        dropped: dict[str, str],
+        step: DistributedDpsgdPlan,
+    ) -> str | None:
+        """Apply a distributed DP-SGD round's noisy sum and record its privacy cost."""
+        assert self.dpsgd is not None and gathered.values is not None and gathered.job
+        ctx = self.ctx
+        try:
+            new_vector = self.dpsgd.step(ctx.progress.global_vector, gathered.values)
+        except ValueError as exc:
+            return f"the DP-SGD step refused the round's sum: {exc}"
+        summary = self.dpsgd.record(gathered.job.job_hex, r, step, gathered.contributors)
+        ctx.progress.global_vector = new_vector
+        ctx.board.unpublish(f"global-r{r}")
+        ctx.say(
+            f"round {r + 1}: distributed DP-SGD step over {summary['contributors']} sites "
+            f"(σ realised {summary['realised_noise_multiplier']:.3g}); federation ε so far "
+            f"{summary['federation_epsilon_total']:.4g} at δ = {summary['delta']:g}"
+        )
+        self.finish_round(r, attempt, t0, selected, gathered, dropped, None)
+        return None
+
     def finish_round(
         self,
         r: int,
@@ -288,7 +336,7 @@ class RoundDriver:
         selected: list[str],
         gathered: Gathered,
         dropped: dict[str, str],
-        train_loss: float,
+        train_loss: float | None,
         weight: float | None = None,
     ) -> None:
         """Metrics, optional evaluation, checkpoint, and the round's log line."""

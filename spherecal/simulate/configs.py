@@ -11,6 +11,7 @@ exactly as the reference runner partitions it (``spherecal.participant.data``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -144,12 +145,16 @@ def coordinator_settings(
             test_samples=ref.samples,
             federated_every=s.federated_every,
         ),
-        privacy=(
-            PrivacySettings(
-                enabled=True, mechanism=s.dp_mechanism, epsilon=s.epsilon, delta=s.delta
-            )
-            if s.privacy
-            else PrivacySettings()
+        privacy=_with_dpsgd(
+            s,
+            (
+                PrivacySettings(
+                    enabled=True, mechanism=s.dp_mechanism, epsilon=s.epsilon, delta=s.delta
+                )
+                if s.privacy
+                else PrivacySettings()
+            ),
+            expected_batch=s.dpsgd_sample_rate * max_examples if max_examples else 0.0,
         ),
         max_examples_per_site=(
             max_examples if max_examples is not None else CoordinatorSettings.max_examples_per_site
@@ -201,12 +206,15 @@ def participant_settings(
             cert=certs / f"{pid}.pem" if s.tls else None,
             key=certs / f"{pid}.key" if s.tls else None,
         ),
-        privacy=(
-            PrivacySettings(
-                enabled=True, epsilon=s.epsilon, total_epsilon=s.dp_budget, delta=s.delta
-            )
-            if s.privacy
-            else PrivacySettings()
+        privacy=_with_dpsgd(
+            s,
+            (
+                PrivacySettings(
+                    enabled=True, epsilon=s.epsilon, total_epsilon=s.dp_budget, delta=s.delta
+                )
+                if s.privacy
+                else PrivacySettings()
+            ),
         ),
         policy=_policy(s),
         data=DataSettings(
@@ -221,6 +229,27 @@ def participant_settings(
             samples=ref.samples,
             validation_fraction=ref.validation_fraction,
         ),
+    )
+
+
+def _with_dpsgd(
+    s: SimulationSettings, privacy: PrivacySettings, *, expected_batch: float = 0.0
+) -> PrivacySettings:
+    """``[privacy]`` with distributed DP-SGD (``--dpsgd``): the coordinator's σ, q, C
+    and expected batch ``q·N`` (``N`` the dataset's training split: every site's
+    records together), and each participant demanding it at σ at least the same, its
+    total budget ``--dp-budget``. Unchanged without ``--dpsgd``."""
+    if not s.dpsgd:
+        return privacy
+    return replace(
+        privacy,
+        updates="distributed",
+        dpsgd_noise_multiplier=s.dpsgd_noise_multiplier,
+        dpsgd_max_grad_norm=s.dpsgd_max_grad_norm,
+        dpsgd_sample_rate=s.dpsgd_sample_rate,
+        dpsgd_expected_batch_size=expected_batch,
+        total_epsilon=s.dp_budget if privacy.total_epsilon is None else privacy.total_epsilon,
+        delta=s.delta,
     )
 
 
@@ -250,6 +279,6 @@ def participant_document(
     document = _participant_toml(participant_settings(settings, k, port, out))
     document["participant"].update(settings.extra_participant)
     pid = settings.participant_ids[k]
-    if settings.privacy:
+    if settings.privacy or settings.dpsgd:
         document["privacy"].update(settings.participant_privacy.get(pid, {}))
     return document

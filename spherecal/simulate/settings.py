@@ -65,6 +65,12 @@ class SimulationSettings:
     dp_mechanism: str = "skellam"
     dp_budget: float | None = None
     """Total ε budget of every participant's local ledger (``--dp-budget``)."""
+    dpsgd: bool = False
+    """Train with distributed DP-SGD (``--dpsgd``; ``[privacy] updates = "distributed"``
+    at the coordinator and every participant): one noisy step per round."""
+    dpsgd_noise_multiplier: float = 1.0
+    dpsgd_sample_rate: float = 0.01
+    dpsgd_max_grad_norm: float = 1.0
     participant_privacy: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-participant overrides of its ``[privacy]`` table (tests: a tiny budget)."""
     launcher: str = "forkserver"
@@ -132,6 +138,15 @@ class SimulationSettings:
                     "--epsilon needs secure statistics: the DP noise is added in the ring "
                     "before masking"
                 )
+        if self.dpsgd:
+            if not self.secure_updates:
+                raise ValueError(
+                    "--dpsgd needs secure updates: each site adds only a share of the noise"
+                )
+            if not 0 < self.dpsgd_sample_rate <= 1:
+                raise ValueError("--dpsgd-rate must be in (0, 1]")
+            if not (self.dpsgd_noise_multiplier > 0 and self.dpsgd_max_grad_norm > 0):
+                raise ValueError("--dpsgd-sigma and --dpsgd-clip must be > 0")
         for drop in self.drops:
             point = drop.point
             secagg_stage = point.stage != "train"

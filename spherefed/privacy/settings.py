@@ -17,9 +17,12 @@ from spherecal.crypto.dp import DGAUSS, SKELLAM
 from spherecal.spherefed.privacy.ledger import PrivacyBudget
 from spherecal.spherefed.privacy.sensitivity import DEFAULT_QUANT_BITS
 
-__all__ = ["MECHANISMS", "PrivacySettings"]
+__all__ = ["MECHANISMS", "UPDATE_MODES", "PrivacySettings"]
 
 MECHANISMS = (SKELLAM, DGAUSS)
+UPDATES_NONE = "none"
+UPDATES_DISTRIBUTED = "distributed"
+UPDATE_MODES = (UPDATES_NONE, UPDATES_DISTRIBUTED)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,21 @@ class PrivacySettings:
     local ledger and refused over budget. Protects the trained weights; the example
     count and mean loss sent with each update are not covered."""
     dpsgd_noise_multiplier: float = 1.0
+    """Local DP-SGD's σ; with ``updates = "distributed"``: the coordinator's σ of every
+    step, and the smallest σ a participant accepts."""
     dpsgd_max_grad_norm: float = 1.0
+    updates: str = UPDATES_NONE
+    """``"distributed"``: training is distributed DP-SGD (issue #25) — each round one
+    step over the union of the sites' data, each site's clipped gradient sum noised
+    in the ring (``spherecal.spherefed.privacy.distributed_dpsgd``). Coordinator: run
+    it (needs secure updates). Participant: demand it, refusing any other training
+    task. ``"none"``: updates carry no DP unless ``dpsgd`` is on."""
+    dpsgd_sample_rate: float = 0.01
+    """Distributed DP-SGD (coordinator): the federation-wide Poisson rate ``q``."""
+    dpsgd_expected_batch_size: float = 0.0
+    """Distributed DP-SGD (coordinator): the public ``q·N`` the noisy sum is divided
+    by (``N`` the federation's training records; a public figure, never read off
+    data). Required with ``updates = "distributed"``."""
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -67,8 +84,19 @@ class PrivacySettings:
             raise ValueError("privacy colluders must be >= 0")
         if not (self.dpsgd_noise_multiplier > 0 and self.dpsgd_max_grad_norm > 0):
             raise ValueError("privacy dpsgd_noise_multiplier and dpsgd_max_grad_norm must be > 0")
+        if self.updates not in UPDATE_MODES:
+            raise ValueError(f"privacy updates must be one of {UPDATE_MODES}, got {self.updates!r}")
+        if not 0 < self.dpsgd_sample_rate <= 1:
+            raise ValueError("privacy dpsgd_sample_rate must be in (0, 1]")
+        batch = self.dpsgd_expected_batch_size
+        if not (math.isfinite(batch) and batch >= 0):
+            raise ValueError("privacy dpsgd_expected_batch_size must be >= 0")
         if self.enabled and self.epsilon is None and self.total_epsilon is None:
             raise ValueError("[privacy] enabled needs epsilon (per release) or total_epsilon")
+
+    @property
+    def distributed_updates(self) -> bool:
+        return self.updates == UPDATES_DISTRIBUTED
 
     @property
     def release_epsilon(self) -> float:

@@ -1,0 +1,228 @@
+"""The participant's half of distributed DP-SGD (issue #25): admit the step, charge it,
+then compute the clipped gradient sum and its noise share.
+
+Order matters and follows the calibration releases' gate (``dp_gate``): from the
+step's public inputs (:class:`spherecal.proto.spherecal_pb2.DPSGDStep`) the site
+re-plans the noise itself (``DistributedDpsgdPlan``, in
+:mod:`spherecal.spherefed.privacy.distributed_dpsgd`),
+checks that the job spec the coordinator signed carries that plan (length = the
+model's, the plan's grid and bound, a noise bound and a guaranteed contributor count
+at least the plan's — :func:`spherecal.crypto.dp.verify_plan`), checks its own policy
+(σ at least its ``dpsgd_noise_multiplier``, δ its own, at most ``max_examples``
+records), and charges one step — at the worst case of ``t`` contributors — to its
+own ledger *before its data is touched*. Over budget it refuses with the numbers
+(``BudgetExceeded``). Only then does it sample, clip, sum
+(:func:`~spherecal.spherefed.privacy.dpsgd_step.clipped_gradient_sum`) and draw its
+integer noise (:func:`spherecal.crypto.dp.sample_noise`, keyed from ``os.urandom``),
+which the secure session adds in the ring before masking.
+
+A plaintext step is refused whatever ``allow_plaintext`` says: without secure
+aggregation each site would have to add the whole central noise, which is local
+DP-SGD (``dpsgd = true``), not this.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from spherecal.crypto import JobSpec, SecAggError
+from spherecal.crypto.dp import NoisePlan, sample_noise, verify_plan
+from spherecal.participant.dp_gate import (
+    BudgetExceeded,
+    NoiseRequired,
+    ParticipantPrivacy,
+    PrivacyRefused,
+)
+from spherecal.participant.release_ledger import ReleaseLedger
+from spherecal.participant.secure_jobs import SecureSteps
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
+from spherecal.spherefed.privacy.dpsgd_step import ClippedSum, clipped_gradient_sum
+
+__all__ = [
+    "AdmittedStep",
+    "admit_step",
+    "distributed_step",
+    "plan_from_message",
+    "require_distributed",
+    "step_input",
+]
+
+
+def plan_from_message(step: pb.DPSGDStep, *, colluders: int = 0) -> DistributedDpsgdPlan:
+    """The plan the step's public inputs define (``colluders``: at least the step's)."""
+    try:
+        return DistributedDpsgdPlan(
+            noise_multiplier=float(step.noise_multiplier),
+            sample_rate=float(step.sample_rate),
+            max_grad_norm=float(step.max_grad_norm),
+            min_contributors=int(step.min_contributors),
+            colluders=max(int(step.colluders), colluders),
+            scale_bits=int(step.scale_bits),
+            mechanism=step.mechanism,
+        )
+    except ValueError as exc:
+        raise PrivacyRefused(f"invalid distributed DP-SGD step: {exc}") from None
+
+
+def require_distributed(privacy: ParticipantPrivacy, task: pb.TrainTask) -> None:
+    """A site with ``[privacy] updates = "distributed"`` trains only that way; any
+    step must be securely aggregated."""
+    if task.HasField("dpsgd"):
+        if not task.HasField("secure"):
+            raise NoiseRequired(
+                "distributed DP-SGD needs secure aggregation: each site adds only a share "
+                "of the noise, so its sum must never be seen alone"
+            )
+        return
+    if privacy.settings.distributed_updates:
+        raise NoiseRequired(
+            "this participant trains only with distributed DP-SGD ([privacy] updates = "
+            '"distributed"); the round carries no DP-SGD step'
+        )
+
+
+@dataclass(frozen=True)
+class AdmittedStep:
+    plan: DistributedDpsgdPlan
+    noise: NoisePlan
+    entry: dict[str, Any]
+    """The local ledger's entry for this step (``epsilon``, ``epsilon_total``…)."""
+
+
+def admit_step(
+    privacy: ParticipantPrivacy,
+    step: pb.DPSGDStep,
+    spec: JobSpec,
+    *,
+    model_length: int,
+    examples: int,
+) -> AdmittedStep:
+    """Plan, verify and charge one step (raises ``PrivacyRefused``/``BudgetExceeded``)."""
+    s = privacy.settings
+    own_colluders = s.colluders if (s.enabled or s.distributed_updates) else 0
+    plan = plan_from_message(step, colluders=own_colluders)
+    if plan.noise_multiplier < s.dpsgd_noise_multiplier:
+        raise PrivacyRefused(
+            f"the step's noise multiplier σ = {plan.noise_multiplier:g} is below this "
+            f"site's dpsgd_noise_multiplier {s.dpsgd_noise_multiplier:g}"
+        )
+    if not math.isclose(step.delta, s.delta, rel_tol=1e-12):
+        raise PrivacyRefused(f"the step's δ = {step.delta:g} differs from ours ({s.delta:g})")
+    if examples > step.max_examples:
+        raise PrivacyRefused(
+            f"this participant holds {examples} examples, above the step's public bound "
+            f"max_examples={step.max_examples}: the job's value bound would not hold"
+        )
+    try:
+        noise = plan.ring_noise(model_length, spec.n)
+        verify_plan(spec, noise)
+    except (ValueError, SecAggError) as exc:
+        raise PrivacyRefused(f"the job does not carry this step's noise plan: {exc}") from None
+    bound = plan.value_bound(int(step.max_examples))
+    if spec.scale_bits != plan.scale_bits or spec.bound < bound:
+        raise PrivacyRefused(
+            f"job scale 2^-{spec.scale_bits} / bound {spec.bound:g} differ from the plan's "
+            f"2^-{plan.scale_bits} / {bound:g}"
+        )
+    entry = privacy.charge(
+        plan.charge(1, float(step.delta)),
+        delta=float(step.delta),
+        release_id=f"dpsgd-{spec.job_id.hex()}",
+    )
+    return AdmittedStep(plan=plan, noise=noise, entry=entry)
+
+
+def step_input(
+    trainer: LocalTrainer, vector: npt.NDArray[np.float64], admitted: AdmittedStep
+) -> tuple[ClippedSum, npt.NDArray[np.int64]]:
+    """The site's clipped gradient sum at ``vector`` and its noise share (ring units)."""
+    trainer.load(vector)
+    data = trainer.data
+    clipped = clipped_gradient_sum(
+        trainer.model,
+        data.train_x,
+        data.train_y,
+        loss=trainer.config.loss,
+        max_grad_norm=admitted.plan.max_grad_norm,
+        sample_rate=admitted.plan.sample_rate,
+    )
+    return clipped, sample_noise(admitted.noise)
+
+
+def distributed_step(
+    *,
+    task_id: str,
+    task: pb.TrainTask,
+    release_key: str,
+    trainer: LocalTrainer,
+    privacy: ParticipantPrivacy,
+    secure: SecureSteps,
+    releases: ReleaseLedger,
+    download: Callable[[pb.TensorRef, tuple[int, ...]], npt.NDArray[np.float64]],
+    refuse: Callable[[str, BaseException], None],
+    log: Callable[[str], None],
+) -> None:
+    """One round of distributed DP-SGD at this site: admit and charge (refusing over
+    budget, before any key is advertised or any data read), then the secure session,
+    the clipped sum and its noise share in the ring."""
+    step = task.dpsgd
+    try:
+        spec = JobSpec.from_bytes(task.secure.spec)
+        admitted = admit_step(
+            privacy, step, spec, model_length=trainer.length, examples=trainer.data.train_size
+        )
+    except (PrivacyRefused, BudgetExceeded, SecAggError) as exc:
+        refuse(task_id, exc)
+        return
+    plan = admitted.plan
+    releases.annotate(
+        release_key,
+        epsilon=float(admitted.entry["epsilon"]),
+        delta=float(step.delta),
+        noise={
+            "mechanism": plan.mechanism,
+            "distributed_dpsgd": {
+                "noise_multiplier": plan.noise_multiplier,
+                "sample_rate": plan.sample_rate,
+                "max_grad_norm": plan.max_grad_norm,
+                "sensitivity": plan.sensitivity(trainer.length),
+            },
+            "plan": admitted.noise.to_json(),
+        },
+    )
+    log(
+        f"round {task.round + 1}: distributed DP-SGD step, σ = {plan.noise_multiplier:g}, "
+        f"q = {plan.sample_rate:g}, C = {plan.max_grad_norm:g}: ε = "
+        f"{admitted.entry['epsilon']:.4g} at δ = {step.delta:g}; local total ε = "
+        f"{admitted.entry['epsilon_total']:.4g}"
+    )
+    session = secure.start(
+        task_id,
+        task.secure,
+        round_index=task.round,
+        expected_length=trainer.length,
+        release=release_key,
+    )
+    if session is None:
+        return
+    vector = download(task.model, (trainer.length,))
+    t0 = time.monotonic()
+    try:
+        clipped, noise = step_input(trainer, vector, admitted)
+    except (ValueError, RuntimeError) as exc:  # a model torch.func cannot differentiate
+        secure.abandon(task_id, session, exc)
+        return
+    log(
+        f"round {task.round + 1}: clipped gradient sum in {time.monotonic() - t0:.1f}s "
+        f"(noise share added in the ring)"
+    )
+    secure.set_input(task_id, session, clipped.vector, noise=noise)
