@@ -16,6 +16,7 @@ Modules, one idea each:
 ``trainer``            local training, statistics and evaluation (as the reference runner)
 ``algorithm_state``    the participant's own algorithm state (SCAFFOLD's c_k) on disk
 ``dpsgd_round``        one DP-SGD round, charged to the site's own ledger first
+``distributed_dpsgd``  a distributed DP-SGD step: admit, charge, clipped sum + noise share
 ``secure_session``     one secure-aggregation job's message cache; the persistent job ledger
 ``secure_jobs``        driving secure jobs over the network: advertise, share, mask, unmask
 ``trust``              verifying peers' identity keys against the federation CA

@@ -20,6 +20,7 @@
 ``integrity``           cross-checks between independent sums; each site's bound
 ``validation_gate``     no calibrated head worse than none on validation; the round gate
 ``dp_releases``         the coordinator's side of noisy (DP) calibration releases
+``dpsgd_rounds``        distributed DP-SGD rounds: the step's plan, job and noisy step
 ``evaluation_stage``    federated evaluation, and central when the coordinator has test data
 ``conduct``             what participants refused, and whom the coordinator excluded
 ``verdict``             the honest final status, and what each part of the result covers

@@ -17,6 +17,7 @@ import torch and Opacus):
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
 ``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
 ``distributed_dpsgd``  distributed DP-SGD's noise shares and record-level accounting
+``dpsgd_step``   one site's Poisson-sampled, per-example-clipped gradient sum
 
 Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
 explicitly by their users.

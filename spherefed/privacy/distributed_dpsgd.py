@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from spherecal.crypto.dp import DEFAULT_MECHANISM, NoisePlan, plan_noise
 from spherecal.spherefed.privacy.charge import PrivacyCharge, dpsgd_charge
@@ -110,7 +111,7 @@ class DistributedDpsgdPlan:
 
     def job_spec_arguments(
         self, length: int, participants: int, max_examples: int
-    ) -> dict[str, float | int]:
+    ) -> dict[str, Any]:
         """The job spec's length, bound, scale and noise bound for this step."""
         return {
             "length": length,

@@ -1,0 +1,134 @@
+"""A site's gate for distributed DP-SGD steps (issue #25): it re-plans from the
+step's public inputs, checks the signed job spec against that plan and its own
+policy, and charges its ledger before its data is touched — refusing over budget.
+
+Mutation check: with the spec check removed (``verify_plan`` a no-op), a coordinator
+that claims ``t = 3`` guaranteed contributors in the step while its job unmasks sums
+of 2 gets its step admitted — each site would add a third of the noise where half
+is needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spherecal.crypto import JobSpec
+from spherecal.participant import distributed_dpsgd as gate
+from spherecal.participant.distributed_dpsgd import admit_step, require_distributed
+from spherecal.participant.dp_gate import (
+    BudgetExceeded,
+    NoiseRequired,
+    ParticipantPrivacy,
+    PrivacyRefused,
+)
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
+from spherecal.spherefed.privacy.settings import PrivacySettings
+
+IDS = ["p0", "p1", "p2"]
+LENGTH, MAX_EXAMPLES = 500, 1000
+STEP: dict[str, Any] = dict(
+    noise_multiplier=1.0,
+    sample_rate=0.02,
+    max_grad_norm=1.0,
+    min_contributors=3,
+    delta=1e-5,
+    mechanism="skellam",
+    scale_bits=16,
+    max_examples=MAX_EXAMPLES,
+)
+
+
+def _plan(**change: float) -> DistributedDpsgdPlan:
+    return DistributedDpsgdPlan(
+        float(change.get("noise_multiplier", 1.0)),
+        0.02,
+        max_grad_norm=1.0,
+        min_contributors=int(change.get("min_contributors", 3)),
+    )
+
+
+def _spec(*, threshold: int = 3, min_participants: int = 3, **change: float) -> JobSpec:
+    args = _plan(**change).job_spec_arguments(LENGTH, len(IDS), MAX_EXAMPLES)
+    return JobSpec.create(IDS, threshold=threshold, min_participants=min_participants, **args)
+
+
+def _privacy(tmp_path: Path, **settings: object) -> ParticipantPrivacy:
+    return ParticipantPrivacy(PrivacySettings(**settings), "p0", tmp_path)  # type: ignore[arg-type]
+
+
+def _ledger_rows(privacy: ParticipantPrivacy) -> int:
+    return len(privacy.ledger(1e-5).store.entries("p0"))
+
+
+def test_a_step_is_planned_verified_and_charged(tmp_path: Path) -> None:
+    privacy = _privacy(tmp_path, updates="distributed")
+    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, examples=600)
+    assert admitted.entry["epsilon"] == pytest.approx(_plan().charge(1, 1e-5).epsilon)
+    assert admitted.noise.min_contributors == 3 and _ledger_rows(privacy) == 1
+
+
+@pytest.mark.parametrize(
+    ("step", "spec_change", "examples", "match"),
+    [
+        ({"noise_multiplier": 0.5}, {"noise_multiplier": 0.5}, 600, "below this site's"),
+        ({"delta": 1e-6}, {}, 600, "δ"),
+        ({}, {}, MAX_EXAMPLES + 1, "public bound"),
+        ({}, {"noise_multiplier": 0.5}, 600, "noise bound"),  # the job's bound too small
+        ({"scale_bits": 12}, {}, 600, "noise plan|scale"),
+    ],
+)
+def test_a_step_the_site_does_not_accept_is_refused_before_any_charge(
+    tmp_path: Path,
+    step: dict[str, Any],
+    spec_change: dict[str, Any],
+    examples: int,
+    match: str,
+) -> None:
+    privacy = _privacy(tmp_path, updates="distributed")
+    with pytest.raises(PrivacyRefused, match=match):
+        admit_step(
+            privacy,
+            pb.DPSGDStep(**{**STEP, **step}),
+            _spec(**spec_change),
+            model_length=LENGTH,
+            examples=examples,
+        )
+    assert _ledger_rows(privacy) == 0
+
+
+def test_a_job_guaranteeing_fewer_contributors_than_the_step_claims_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weaker = _spec(threshold=2, min_participants=2)  # unmasks sums of 2
+    privacy = _privacy(tmp_path, updates="distributed")
+    with pytest.raises(PrivacyRefused, match="guarantees only 2 contributors"):
+        admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH, examples=10)
+    # mutation: without the check the under-noised step is admitted
+    monkeypatch.setattr(gate, "verify_plan", lambda spec, plan: None)
+    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH, examples=10)
+    assert admitted.plan.min_contributors == 3
+
+
+def test_over_budget_the_step_is_refused_with_the_numbers(tmp_path: Path) -> None:
+    one = _plan().charge(1, 1e-5).epsilon
+    two = _plan().charge(2, 1e-5).epsilon
+    privacy = _privacy(tmp_path, updates="distributed", total_epsilon=(one + two) / 2)
+    admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, examples=10)
+    with pytest.raises(BudgetExceeded):
+        admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, examples=10)
+    assert _ledger_rows(privacy) == 1
+
+
+def test_the_site_demands_the_mode_and_secure_aggregation(tmp_path: Path) -> None:
+    spec_bytes = _spec().to_bytes()
+    secure = pb.SecAggJob(spec=spec_bytes)
+    demanding = _privacy(tmp_path, updates="distributed")
+    with pytest.raises(NoiseRequired, match="only with distributed DP-SGD"):
+        require_distributed(demanding, pb.TrainTask(round=0, secure=secure))
+    with pytest.raises(NoiseRequired, match="needs secure aggregation"):
+        require_distributed(_privacy(tmp_path), pb.TrainTask(dpsgd=pb.DPSGDStep(**STEP)))
+    require_distributed(demanding, pb.TrainTask(secure=secure, dpsgd=pb.DPSGDStep(**STEP)))
+    require_distributed(_privacy(tmp_path), pb.TrainTask(secure=secure))  # default: no demand
