@@ -74,6 +74,10 @@ def simulate_defaults() -> dict[str, Any]:
         "delta": s.delta,
         "dp_mechanism": s.dp_mechanism,
         "dp_budget": s.dp_budget,
+        "dpsgd": s.dpsgd,
+        "dpsgd_sigma": s.dpsgd_noise_multiplier,
+        "dpsgd_rate": s.dpsgd_sample_rate,
+        "dpsgd_clip": s.dpsgd_max_grad_norm,
         "out": None,
         "launcher": s.launcher,
         **_ENGINE_DEFAULTS,
@@ -180,6 +184,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--dp-budget", type=float, default=S, help="DP: total ε budget of each participant"
+    )
+    p.add_argument(
+        "--dpsgd",
+        action="store_true",
+        default=S,
+        help='train with distributed DP-SGD ([privacy] updates = "distributed"): each round '
+        "one noisy step over all sites' data, noise shares added in the ring",
+    )
+    p.add_argument(
+        "--dpsgd-sigma", type=float, default=S, help="distributed DP-SGD: σ" + shown("dpsgd_sigma")
+    )
+    p.add_argument(
+        "--dpsgd-rate", type=float, default=S, help="distributed DP-SGD: q" + shown("dpsgd_rate")
+    )
+    p.add_argument(
+        "--dpsgd-clip", type=float, default=S, help="distributed DP-SGD: C" + shown("dpsgd_clip")
     )
     p.add_argument(
         "--launcher",
@@ -369,6 +389,10 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         delta=float(o["delta"]),
         dp_mechanism=str(o["dp_mechanism"]),
         dp_budget=None if o["dp_budget"] is None else float(o["dp_budget"]),
+        dpsgd=bool(o["dpsgd"]),
+        dpsgd_noise_multiplier=float(o["dpsgd_sigma"]),
+        dpsgd_sample_rate=float(o["dpsgd_rate"]),
+        dpsgd_max_grad_norm=float(o["dpsgd_clip"]),
         launcher=str(o["launcher"]),
         **extra,
     )
