@@ -102,13 +102,22 @@ def test_every_step_is_charged_at_every_site_as_planned(run: tuple[dict[str, Any
 def test_the_coordinator_records_the_steps_and_applies_them(
     run: tuple[dict[str, Any], Path],
 ) -> None:
-    results, _ = run
+    results, out = run
     privacy = results["privacy"]
     assert privacy["updates"] == "distributed"
     steps = privacy["dpsgd_steps"]
     assert [s["round"] for s in steps] == list(range(1, ROUNDS + 1))
     planned = _plan().charge(1, DELTA).epsilon
-    for s in steps:
+    with sqlite3.connect(out / "state" / "p0" / "privacy.db") as conn:
+        site_plans = [
+            json.loads(r[0])["plan"]
+            for r in conn.execute(
+                "SELECT noise FROM site_releases WHERE kind = 'update' ORDER BY round"
+            )
+        ]
+    for s, site_plan in zip(steps, site_plans, strict=True):
+        # the coordinator's plan and the site's own re-plan agree on each share
+        assert s["participant_variance_ring"] == 2 * site_plan["parameter"]
         assert s["contributors"] == SITES and s["min_contributors"] == SITES
         assert s["epsilon"] == pytest.approx(planned) and s["planned_epsilon"] == s["epsilon"]
         assert s["realised_noise_multiplier"] == pytest.approx(SIGMA)
