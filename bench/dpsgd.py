@@ -314,6 +314,10 @@ def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _gap(mean: dict[str, float], a: str, b: str) -> float | None:
+    return mean[a] - mean[b] if a in mean and b in mean else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0")
@@ -344,12 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                 "config": vars(args),
                 "runs": runs,
                 "mean_accuracy": mean,
-                "distributed_minus_central": mean["distributed"] - mean["central"]
-                if "central" in mean
-                else None,
-                "distributed_minus_local": mean["distributed"] - mean["local"]
-                if "local" in mean
-                else None,
+                "distributed_minus_central": _gap(mean, "distributed", "central"),
+                "distributed_minus_local": _gap(mean, "distributed", "local"),
                 "seconds": time.perf_counter() - t0,
                 "machine": platform.machine(),
                 "cpus": os.cpu_count(),
