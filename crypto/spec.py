@@ -90,7 +90,7 @@ def _check_ids(ids: tuple[object, ...]) -> None:
     ASCII (the spec is read and validated by every participant: O(n) per participant,
     so its constant matters at n in the thousands); any other case id by id, for the
     same errors."""
-    if all(type(pid) is str for pid in ids):
+    if set(map(type, ids)) == {str}:
         strs: tuple[str, ...] = ids  # type: ignore[assignment]
         joined = "".join(strs)
         # ASCII: characters are bytes, so the longest id in bytes is the longest in len
