@@ -223,39 +223,44 @@ class MaskExpander:
             return
         size = self.dtype.itemsize
         offset = start_entry * size  # byte offset into the mask
+        ops = [np.add if sign > 0 else np.subtract for _, sign in plan]
+        # Each seed's context, continuing its cached counter when the chunks come in
+        # order; resolved once per call, not per tile (the per-tile Python work is what
+        # separates masking from the bare keystream).
+        encs = [self._resume(seed, offset) for seed, _ in plan]
+        buf, tile = self._buf, self._tile_bytes
         done = 0
         while done < n:
+            if offset % SEGMENT_BYTES == 0 and done:  # a new segment: its own nonce
+                encs = [_context(seed, offset // BLOCK_BYTES, self.engine) for seed, _ in plan]
             # One piece: at most a tile, never across a segment boundary.
             room = SEGMENT_BYTES - offset % SEGMENT_BYTES
-            nbytes = min((n - done) * size, self._tile_bytes, room)
+            nbytes = min((n - done) * size, tile, room)
             k = nbytes // size
-            words = self._words if k == self._words.shape[0] else self._words[:k]
+            if nbytes == tile:
+                zeros, words = self._zeros, self._words
+            else:
+                zeros, words = self._zeros[:nbytes], self._words[:k]
             part = target[done : done + k]
             src = part if source is None else source[done : done + k]
-            for seed, sign in plan:
-                self._keystream(seed, offset, nbytes)
-                if sign > 0:
-                    np.add(src, words, out=part)
-                else:
-                    np.subtract(src, words, out=part)
+            for enc, op in zip(encs, ops, strict=True):
+                enc.update_into(zeros, buf)
+                op(src, words, out=part)
                 src = part
             done += k
             offset += nbytes
+        if offset % BLOCK_BYTES == 0 and offset % SEGMENT_BYTES:
+            # Keep the contexts: the next in-order chunk continues at the next block.
+            for (seed, _), enc in zip(plan, encs, strict=True):
+                self._streams[seed] = (enc, offset)
 
-    def _keystream(self, seed: MaskSeed, offset: int, nbytes: int) -> None:
-        """Write ``nbytes`` of keystream from byte ``offset`` (block-aligned) into the tile."""
-        block = offset // BLOCK_BYTES
+    def _resume(self, seed: MaskSeed, offset: int) -> CipherContext:
+        """``seed``'s cached context if it stopped exactly at byte ``offset`` (and that is
+        not a segment start), else a fresh one positioned there."""
         cached = self._streams.pop(seed, None)
         if cached is not None and cached[1] == offset and offset % SEGMENT_BYTES:
-            enc = cached[0]
-        else:
-            enc = _context(seed, block, self.engine)
-        zeros = self._zeros if nbytes == self._tile_bytes else self._zeros[:nbytes]
-        enc.update_into(zeros, self._buf)
-        end = offset + nbytes
-        if nbytes % BLOCK_BYTES == 0 and end % SEGMENT_BYTES:
-            # Keep the context: the next in-order piece continues at the next block.
-            self._streams[seed] = (enc, end)
+            return cached[0]
+        return _context(seed, offset // BLOCK_BYTES, self.engine)
 
     def forget(self, seed: MaskSeed) -> None:
         """Drop the cached cipher context of ``seed``."""

@@ -97,6 +97,15 @@ def test_segments_take_the_next_nonce(monkeypatch: pytest.MonkeyPatch, engine: s
         expander.apply(out, seed, start, +1)
         assert np.array_equal(out, expected[start : start + len(out)])
     assert counter_block(seed.nonce, 5) == b"\xff" * 12 + (3).to_bytes(4, "big")
+    # A plan of two masks, tile-major, over chunks that straddle segment boundaries.
+    other = MaskSeed(key=os.urandom(16), nonce=os.urandom(12))
+    second = np.frombuffer(ecb_stream(other.key, other.nonce, 8 * 50, 4), dtype=U64)
+    planner = MaskExpander(10, engine=engine)
+    for start in [0, 10, 20, 40, 30, 10]:
+        out = np.zeros(min(10, 50 - start), dtype=U64)
+        planner.apply_plan(out, [(seed, +1), (other, -1)], start)
+        stop = start + len(out)
+        assert np.array_equal(out, expected[start:stop] - second[start:stop])
 
 
 @settings(max_examples=60, deadline=None)
