@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 
 from spherecal import crypto
+from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import (
     FOLDER,
     CorruptHeldJob,
     HeldJob,
     HeldJobStore,
 )
+from spherecal.participant.policy import PolicySettings, ReleaseRepeated
+from spherecal.participant.release_ledger import LedgerRules, Release, ReleaseLedger
+from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.transport import Transport
 from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import public_key_bytes
@@ -131,7 +137,18 @@ def _step(spec: crypto.JobSpec, stage: pb.SecAggStage, message: crypto.Message) 
     return pb.SecAggStep(job_id=spec.job_id, stage=stage, message=message.to_bytes())
 
 
-def test_a_restored_session_answers_the_rest_of_the_job(tmp_path: Path) -> None:
+Masked = tuple[
+    pb.SecAggJob,
+    dict[str, crypto.SecAggParticipant],
+    crypto.SecAggServer,
+    dict[str, SecureSession],
+    dict[str, pb.SecAggStep],
+    dict[str, np.ndarray],
+]
+
+
+def _masked_sessions() -> Masked:
+    """Three sessions whose masked inputs are in the server's sum."""
     job, identities = _job()
     spec = crypto.JobSpec.from_bytes(job.spec)
     server = crypto.SecAggServer(
@@ -164,7 +181,12 @@ def test_a_restored_session_answers_the_rest_of_the_job(tmp_path: Path) -> None:
         for chunk in s.masked_chunks():
             server.receive_bytes(chunk, sender=p)
     server.close_stage()
+    return job, identities, server, sessions, bundles, inputs
 
+
+def test_a_restored_session_answers_the_rest_of_the_job(tmp_path: Path) -> None:
+    job, identities, server, sessions, bundles, inputs = _masked_sessions()
+    spec = crypto.JobSpec.from_bytes(job.spec)
     # p1 is written to its folder as its masked input leaves, then its process dies
     store = _store(tmp_path, "p1", identities["p1"])
     store.save(spec.job_id, sessions["p1"].record("fed-1"))
@@ -220,3 +242,55 @@ def test_a_restored_session_checks_its_directory_against_the_trust_root(
             identity=identities["p0"],  # type: ignore[arg-type]
             trust=DirectoryTrust(None),
         )
+
+
+def test_after_a_restart_a_new_job_for_the_same_release_is_refused(tmp_path: Path) -> None:
+    """The restored session refuses to mask again (above); a coordinator that starts
+    a *new* job for the same statistics instead is refused by the site's ledger,
+    which the restarted process reads from the same state directory."""
+    release = Release(kind="ccvr", federation="fed-1", model=b"m" * 32, data=b"d" * 32)
+    first = ReleaseLedger(tmp_path / "privacy.db", participant="p1", rules=LedgerRules())
+    first.reserve(release, job="job-a")
+    first.consume("job-a")
+    first.close()  # the process dies after its masked input left
+    restarted = ReleaseLedger(tmp_path / "privacy.db", participant="p1", rules=LedgerRules())
+    restarted.consume("job-a")  # the same job's input again: one release, idempotent
+    with pytest.raises(ReleaseRepeated):
+        restarted.reserve(release, job="job-b")
+    restarted.close()
+
+
+def test_a_restarted_process_restores_only_its_federations_usable_jobs(tmp_path: Path) -> None:
+    job, identities, _, sessions, _, _ = _masked_sessions()
+    spec = crypto.JobSpec.from_bytes(job.spec)
+    identity = identities["p1"]
+    store = HeldJobStore(tmp_path, "p1", identity)  # type: ignore[arg-type]
+    store.save(spec.job_id, sessions["p1"].record("fed-1"))
+    store.save(b"\x01" * 16, sessions["p1"].record("fed-0"))  # an older federation
+    store.save(b"\x02" * 16, RECORD)
+    store.path(b"\x02" * 16).write_bytes(b"garbage")  # damaged on disk
+    lines: list[str] = []
+    releases = ReleaseLedger(tmp_path / "privacy.db", participant="p1", rules=LedgerRules())
+    steps = SecureSteps(
+        participant_id="p1",
+        identity=identity,  # type: ignore[arg-type]
+        ledger=crypto.MemoryJobLedger(),
+        trust=DirectoryTrust(None),
+        transport=cast(Transport, None),  # restoring sends nothing
+        halter=Halter(()),
+        releases=releases,
+        policy=PolicySettings(),
+        caller=pb.Caller,
+        refuse=lambda task, exc: lines.append(f"refused {task}: {exc}"),
+        log=lines.append,
+        store=store,
+        federation=lambda: "fed-1",
+    )
+    assert steps.restore_held("fed-1") == 1
+    assert list(steps.jobs) == [spec.job_id] and steps.jobs[spec.job_id].restored
+    assert store.job_ids() == [spec.job_id]  # the other two are deleted, each logged
+    assert any("another federation" in line for line in lines), lines
+    assert any("cannot be used (CorruptHeldJob" in line for line in lines), lines
+    steps.end_federation()
+    assert store.job_ids() == [] and steps.jobs == {}
+    releases.close()
