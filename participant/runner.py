@@ -98,6 +98,7 @@ class ParticipantRunner:
         log: Callable[[str], None],
         on_halt: OnHalt | None = None,
         compute_slot: Callable[[], AbstractContextManager[object]] | None = None,
+        hold_jobs: bool = True,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -152,7 +153,10 @@ class ParticipantRunner:
             log=log,
             poll_ms=settings.long_poll_ms,
             corrupt_shares=settings.corrupt_shares,
-            store=HeldJobStore(settings.state_dir, self.pid, identity),
+            # the held-jobs folder lets this process's restart finish a job whose
+            # masked input left (issue #20); a host of virtual participants, which
+            # dies with all of them and restarts none, passes hold_jobs=False
+            store=HeldJobStore(settings.state_dir, self.pid, identity) if hold_jobs else None,
             federation=self._federation,
         )
         self._final: FinalModels | None = None

@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 
 from spherecal import crypto
+from spherecal.coordinator.driver.stage_grace import RejoinGrace
 from spherecal.coordinator.errors import ServiceError, from_secagg
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import (
@@ -181,9 +182,7 @@ class SecureJob:
         site answering again after either side restarted) is acknowledged, not refused."""
         self.resumed = False
         self._reconfirmed: set[str] = set()
-        self._rejoin_s = rejoin_s
-        self._absent: dict[str, float] = {}
-        """Summed participants gone in this stage -> when first seen gone (rejoin grace)."""
+        self._grace = RejoinGrace(rejoin_s)
 
     # ---------------------------------------------------------------- journal
     def journal_message(self) -> bytes:
@@ -497,7 +496,10 @@ class SecureJob:
             # Every stage, unmasking included, waits for all *live* participants: with
             # instant disconnect detection (presence streams) that costs nothing, and it
             # keeps the protocol's view of who took part complete and deterministic.
-            rejoining, news = self._rejoin_grace(stage, pending, alive, t)
+            # ... and, after the masked stage, for summed ones restarting (stage_grace)
+            rejoining, news = self._grace.waiting(
+                stage, pending, alive, self.withdrawn, t, self.label()
+            )
             if (waiting or rejoining) and not expired:
                 return news
             for p in sorted(pending):
@@ -509,7 +511,7 @@ class SecureJob:
                     reason = "stage deadline"
                 self.dropped.setdefault(p, f"{stage.value}: {reason}")
             self.stage_seconds[stage.value] = t - self._stage_started
-            self._absent.clear()
+            self._grace.stage_closed()
             lines = [
                 f"{self.label()}: stage {stage.value} closed, "
                 f"{self._stage_expected - len(pending)}/{self._stage_expected} sent"
@@ -580,40 +582,6 @@ class SecureJob:
             long_stage = server.stage in LONG_STAGES
             self._deadline = t + (self._first_stage_s if long_stage else self._stage_s)
             return tuple(lines)
-
-    def _rejoin_grace(
-        self, stage: Stage, pending: frozenset[str], alive: frozenset[str], t: float
-    ) -> tuple[frozenset[str], tuple[str, ...]]:
-        """Who a later stage still waits for although disconnected, and lines for the
-        ones first seen gone.
-
-        Why (issue #20): in the consistency and unmask stages every pending
-        participant's masked input is already in the sum, and a site keeps what it
-        needs to answer the rest of the job across its own restart
-        (``participant.held_jobs``). Closing the stage the moment its connection
-        dropped would count a site that is restarting as a dropout — and when the
-        threshold needed it, fail the job and lose every site's release. So such a
-        participant is waited for up to ``rejoin_s`` (``[timeouts] rejoin_grace_s``)
-        from when it was first seen gone, never past the stage deadline; one that
-        comes back without the job's state withdraws at once (it says so)."""
-        if self._rejoin_s <= 0 or stage not in (Stage.CONSISTENCY, Stage.UNMASK):
-            return frozenset(), ()
-        rejoining: set[str] = set()
-        news: list[str] = []
-        for p in sorted(pending):
-            if p in alive or p in self.withdrawn:
-                continue
-            since = self._absent.get(p)
-            if since is None:
-                since = self._absent[p] = t
-                news.append(
-                    f"{self.label()}: {p} disconnected in stage {stage.value} after its "
-                    f"masked input was summed; waiting up to {self._rejoin_s:g} s for it "
-                    "to come back"
-                )
-            if t < since + self._rejoin_s:
-                rejoining.add(p)
-        return frozenset(rejoining), tuple(news)
 
     def abort(self, reason: str) -> None:
         with self.lock:
