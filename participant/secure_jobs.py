@@ -21,6 +21,14 @@ the input leaves (:mod:`spherecal.participant.release_ledger`), and complaints: 
 authentication is answered with the signed complaint naming its dealer (stage
 ``COMPLAINT``) before the typed withdrawal, so the coordinator can exclude the dealer
 when it retries.
+
+Held jobs (issue #20): before a job's masked input leaves, and before each later
+message is sent, the session is written to the site's held-jobs folder
+(:mod:`spherecal.participant.held_jobs`); after this process restarts,
+:meth:`SecureSteps.restore_held` takes those jobs up again so the coordinator's
+remaining steps are answered for the same job id. A job's file goes when the job
+ends for the site (answered, refused, or the coordinator moved on) and when the
+federation ends.
 """
 
 from __future__ import annotations

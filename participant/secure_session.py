@@ -11,6 +11,11 @@ participant's memory is O(vector), and a broken upload can simply be retried.
 Job ids are claimed in a persistent ledger (SQLite in the participant's state
 directory) before any key is generated, so a coordinator cannot make a participant
 run the same job id twice, even across restarts.
+
+A session whose masked input left survives this process's restart (issue #20):
+:meth:`SecureSession.record` is what ``spherecal.participant.held_jobs`` writes, and
+:meth:`SecureSession.restore` rebuilds the session from it — the same cached
+messages, a ``crypto`` participant resumed for the remaining rounds only.
 """
 
 from __future__ import annotations
