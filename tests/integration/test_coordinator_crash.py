@@ -43,7 +43,7 @@ from spherecal.participant.held_jobs import FOLDER as HELD_JOBS
 from spherecal.simulate import Drop, Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 WAIT_S = 240.0
 HALTS = (

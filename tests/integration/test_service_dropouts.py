@@ -23,7 +23,7 @@ from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 DROPS = (
     Drop("p7", HaltPoint("train", "r1")),
