@@ -42,6 +42,7 @@ def make_job(
     max_in_flight: int = 2,
     consistency_check: bool = True,
     in_flight_mb: float = 0.0,
+    rejoin_s: float = 0.0,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
     ids = [f"p{k}" for k in range(n)]
     identities = {p: crypto.generate_identity() for p in ids}
@@ -64,6 +65,7 @@ def make_job(
         bound=bound,
         first_stage_s=stage_s if first_stage_s is None else first_stage_s,
         stage_s=stage_s,
+        rejoin_s=rejoin_s,
     )
     ledger = crypto.MemoryJobLedger()
     # Each participant gets the directory its instruction carries (its needed entries).
