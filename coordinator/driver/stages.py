@@ -78,6 +78,7 @@ def continue_journaled_job(
     stage_s: float,
     journal: JobJournal,
     halt: Halt | None = None,
+    rejoin_s: float = 0.0,
 ) -> SecureJob:
     """Rebuild a job a previous coordinator process journaled and continue it at the
     stage it reached (or with its journaled result): same spec, same directory."""
@@ -98,6 +99,7 @@ def continue_journaled_job(
         spec=spec,
         journal=journal,
         halt=halt,
+        rejoin_s=rejoin_s,
     )
     job.resumed = True
     if record.result is not None:
@@ -255,6 +257,7 @@ class StageContext:
                 stage_s=self.settings.timeouts.stage_s,
                 journal=self.journal,
                 halt=self.halt,
+                rejoin_s=self.settings.timeouts.rejoin_grace_s,
             )
             where = (
                 "with its journaled result"
@@ -280,6 +283,7 @@ class StageContext:
             spec_arguments=spec_arguments,
             journal=self.journal,
             halt=self.halt,
+            rejoin_s=self.settings.timeouts.rejoin_grace_s,
         )
         self.store.job_created(
             job.job_hex, purpose, round_index, ids, job.threshold, length, job.spec_sha256

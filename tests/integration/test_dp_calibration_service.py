@@ -25,7 +25,7 @@ from spherecal.audit import run_audit
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 METHODS = ("ffc", "ccvr")
 

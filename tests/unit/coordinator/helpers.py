@@ -41,6 +41,8 @@ def make_job(
     first_stage_s: float | None = None,
     max_in_flight: int = 2,
     consistency_check: bool = True,
+    in_flight_mb: float = 0.0,
+    rejoin_s: float = 0.0,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
     ids = [f"p{k}" for k in range(n)]
     identities = {p: crypto.generate_identity() for p in ids}
@@ -50,6 +52,7 @@ def make_job(
         chunk_entries=chunk_entries,
         max_in_flight=max_in_flight,
         consistency_check=consistency_check,
+        in_flight_mb=in_flight_mb,  # 0: exactly max_in_flight slots
     )
     job = SecureJob(
         purpose="ffc",
@@ -62,6 +65,7 @@ def make_job(
         bound=bound,
         first_stage_s=stage_s if first_stage_s is None else first_stage_s,
         stage_s=stage_s,
+        rejoin_s=rejoin_s,
     )
     ledger = crypto.MemoryJobLedger()
     # Each participant gets the directory its instruction carries (its needed entries).
