@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spherecal.coordinator.summary_schema import PrivacySummary
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.ledger import PrivacyLedger, SqliteLedgerStore
 from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
@@ -147,7 +148,7 @@ class CoordinatorPrivacy:
                 lines.append(f"{kind}: {pid} refused the DP release: {reason}")
         return lines
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> PrivacySummary:
         s = self.settings
         with self._lock:
             report = self.ledger.report()

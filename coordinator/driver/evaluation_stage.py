@@ -31,6 +31,7 @@ from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.summary_schema import FederatedEvaluation
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.data import load_dataset
 from spherecal.spherefed.discriminant import CalibratedHead
@@ -38,6 +39,7 @@ from spherecal.spherefed.fl import evaluate
 from spherecal.spherefed.network import classifier_swapped, compute_features
 from spherecal.spherefed.privacy.evaluation_noise import (
     EvaluationNoise,
+    EvaluationNoiseJson,
     accuracy_sd,
     plan_evaluation_noise,
 )
@@ -161,7 +163,7 @@ def federated_evaluation(
     round_index: int | None,
     *,
     split: str = "test",
-) -> dict[str, Any]:
+) -> FederatedEvaluation:
     """Every live participant evaluates the model (without calibration, ``"none"``, and
     with each head) on its test data — or, with ``split="validation"``, on its
     validation split (the calibrators' grid); accuracies are Σ correct / Σ total.
@@ -236,7 +238,7 @@ def federated_evaluation(
     )
     accuracy: dict[str, float | None] = {name: None for name in names}
     spread: dict[str, float | None] = {name: None for name in names}
-    noise_json: dict[str, Any] | None = None
+    noise_json: EvaluationNoiseJson | None = None
     total: float = 0
     contributors: list[str] = []
     dropped: dict[str, str] = {}

@@ -133,10 +133,8 @@ def train_cell_as_service(
                 "error": f"federation {results.get('status')}: {errors}",
             }
         central = results.get("central_accuracy") or {}
-        test = {
-            name: float(central[name]) if central.get(name) is not None else math.nan
-            for name in CALIBRATIONS
-        }
+        found = {name: central.get(name) for name in CALIBRATIONS}
+        test = {name: math.nan if v is None else float(v) for name, v in found.items()}
         per_round = results.get("per_round", [])
         record.update(
             {
