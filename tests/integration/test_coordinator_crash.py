@@ -104,7 +104,9 @@ def _run(out: Path, halts: tuple[str, ...]) -> dict[str, Any]:
             following = halts[k + 1] if k + 1 < len(halts) else None
             sim.start_coordinator(listen=f"127.0.0.1:{port}", halt=following)
         sim.wait_coordinator(WAIT_S)
-        results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        results: dict[str, Any] = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
     results["lines"] = lines.lines
     return results
 

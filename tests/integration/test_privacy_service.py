@@ -21,6 +21,7 @@ import pytest
 
 from spherecal.audit import run_audit
 from spherecal.cli.app import main as cli_main
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 from tests.chromium import browser, headless
@@ -31,7 +32,7 @@ EPSILON = 1.0
 
 
 @pytest.fixture(scope="module")
-def dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimulationResults, Path]:
     out = tmp_path_factory.mktemp("dp-run")
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=4, model="mlp", rounds=2),

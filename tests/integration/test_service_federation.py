@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate import SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import CCVRStatistics
@@ -31,7 +32,7 @@ REFERENCE = ReferenceConfig(participants=5, model="mlp", rounds=2)
 @pytest.fixture(scope="module")
 def secure_run(
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[dict[str, Any], SimulationSettings]:
+) -> tuple[SimulationResults, SimulationSettings]:
     settings = SimulationSettings(
         reference=REFERENCE,
         out=tmp_path_factory.mktemp("secure-tls"),

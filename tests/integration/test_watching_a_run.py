@@ -79,7 +79,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         finally:
             if watch.poll() is None:
                 watch.kill()
-        results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
     yield Run(
         out, results, subprocess.CompletedProcess(watch.args, watch.returncode, stdout, stderr)
     )
