@@ -15,6 +15,7 @@ declarations, key by key; the field-by-field prose is in ``docs/deployment.md``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NotRequired, TypedDict
 
 from spherecal.coordinator.summary_schema import (
@@ -26,7 +27,7 @@ from spherecal.coordinator.summary_schema import (
     HistoryRow,
     JobSummary,
     JsonObject,
-    JsonValue,  # noqa: F401  (JsonObject's inner forward reference resolves here at run time)
+    JsonValue,
     ModelShape,
     PrivacySummary,
     Refusal,
@@ -40,6 +41,10 @@ from spherecal.spherefed.reference_config import ReferenceSettings
 
 __all__ = [
     "AuditCheck",
+    "AuditChecks",
+    "AuditEvidence",
+    "AuditRun",
+    "EmpiricalAudit",
     "AuditDocument",
     "CellRecord",
     "ExperimentResults",
@@ -155,14 +160,12 @@ class AuditRun(TypedDict):
     database: str
 
 
-class AuditCheck(TypedDict):
-    """One check of ``audit.json`` ``checks``: the verdict, a sentence, the evidence.
-    The evidence keys differ per check; each is declared with the check that writes
-    it (``spherecal/audit.py``, ``audit_integrity.py``, ``audit_policy.py``)."""
+class AuditEvidence(TypedDict):
+    """The evidence of one audit check. The keys differ per check; each is declared
+    with the check that writes it (``spherecal/audit.py``, ``audit_integrity.py``,
+    ``audit_policy.py``)."""
 
-    ok: bool
-    summary: str
-    violations: list[JsonObject]
+    violations: Sequence[JsonValue]  # objects naming what failed; budgets: subject names
     # masked_uniformity, mask_reuse
     samples: NotRequired[int]
     pairs: NotRequired[int]
@@ -185,7 +188,14 @@ class AuditCheck(TypedDict):
     max_examples_per_site: NotRequired[int | None]
     cross_checks: NotRequired[list[JsonObject]]
     gate: NotRequired[JsonObject]
-    withheld_dp_heads: NotRequired[list[JsonObject]]
+    withheld_dp_heads: NotRequired[list[str]]
+
+
+class AuditCheck(AuditEvidence):
+    """One check of ``audit.json`` ``checks``: the verdict, a sentence, the evidence."""
+
+    ok: bool
+    summary: str
 
 
 class AuditChecks(TypedDict):
@@ -220,6 +230,15 @@ class Protection(TypedDict):
 class Payloads(TypedDict):
     count: int
     rows: list[JsonObject]
+
+
+class EmpiricalAudit(TypedDict):
+    """``--empirical``: the canary audit's figures (or why it was skipped)."""
+
+    empirical: JsonObject
+    epsilon_claimed: NotRequired[float]
+    epsilon_empirical_lower: NotRequired[float]
+    tightness: NotRequired[float]
 
 
 class AuditDocument(TypedDict):

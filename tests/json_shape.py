@@ -10,6 +10,7 @@ declaration (or a ``**spread`` that mypy cannot see into) fails a test.
 
 from __future__ import annotations
 
+import collections.abc
 import sys
 import types
 import typing
@@ -55,7 +56,7 @@ def shape_errors(value: object, hint: Any, where: str = "$") -> list[str]:
         )]
     if origin is Literal:
         return [] if value in get_args(hint) else [f"{where}: {value!r} not in {get_args(hint)}"]
-    if origin is list:
+    if origin is list or origin is collections.abc.Sequence:
         if not isinstance(value, list):
             return [f"{where}: {_brief(value)} is not a list"]
         (item,) = get_args(hint)

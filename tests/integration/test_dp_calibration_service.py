@@ -89,7 +89,7 @@ def test_a_tiny_epsilon_withholds_the_heads_and_says_why(
     assert set(projection["negative_counts"]) <= set(projection["emptied_classes"])
     assert projection["clipped_eigenvalues"] > 0  # σ ≈ 60 per entry: surely indefinite
     # withholding a noisy head is not a failed integrity check
-    report = run_audit(out)
+    report = dict[str, Any](run_audit(out))
     assert report["ok"], {k: v for k, v in report["checks"].items() if not v["ok"]}
     assert report["checks"]["integrity"]["withheld_dp_heads"] == sorted(METHODS)
 

@@ -119,7 +119,7 @@ def test_over_budget_participant_refuses_with_the_numbers(
 
 def test_audit_passes_on_the_real_run(dp_run: tuple[dict[str, Any], Path]) -> None:
     _, out = dp_run
-    report = run_audit(out)
+    report = dict[str, Any](run_audit(out))
     assert report["ok"], {k: v for k, v in report["checks"].items() if not v["ok"]}
     assert (out / "audit.json").is_file()
     assert report["payloads"]["count"] > 0
@@ -146,7 +146,7 @@ def test_audit_flags_planted_plaintext_upload(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert not report["ok"]
     assert {"no_plaintext_statistics", "masked_uniformity"} <= _failed(report)
     assert report["checks"]["no_plaintext_statistics"]["violations"][0]["sender"] == "p2"
@@ -170,7 +170,7 @@ def test_audit_flags_planted_mask_reuse(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert _failed(report) == {"mask_reuse"}  # each upload alone still looks uniform
     (violation,) = report["checks"]["mask_reuse"]["violations"]
     assert violation["sender"] == "p1" and set(violation["jobs"]) == {job, "planted-reuse"}
@@ -192,7 +192,7 @@ def test_audit_flags_planted_under_noised_release(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert _failed(report) == {"dp_releases"}
     problem = report["checks"]["dp_releases"]["violations"][0]["problem"]
     assert "below the plan" in problem and "exceeds the target" in problem
@@ -212,7 +212,7 @@ def test_audit_flags_release_without_noise_and_double_reveal(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert _failed(report) == {"dp_releases", "share_reveals"}
     assert report["checks"]["share_reveals"]["violations"][0]["owner"] == "p2"
 
@@ -251,7 +251,7 @@ def test_html_report_renders_in_headless_chromium(
 
     path = browser()
     page = tmp_path / "audit.html"
-    report = run_audit(dp_run[1], out=tmp_path / "audit.json", html=page)
+    report = dict[str, Any](run_audit(dp_run[1], out=tmp_path / "audit.json", html=page))
     assert report["ok"]
     dom = headless(path, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
 
