@@ -21,10 +21,12 @@ import pytest
 
 from spherecal.audit import run_audit
 from spherecal.cli.app import main as cli_main
-from spherecal.results_schema import SimulationResults
+from spherecal.coordinator.summary_schema import CoordinatorSummary
+from spherecal.results_schema import AuditDocument, SimulationResults
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 from tests.chromium import browser, headless
+from tests.json_shape import shape_errors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -294,3 +296,19 @@ def test_html_report_renders_in_headless_chromium(
     assert colours is not None and len(colours) > 50  # text, badges, charts: not blank
     first_site = dict((rgb, n) for n, rgb in colours).get((0x00, 0x72, 0xB2), 0)
     assert first_site > 500, "the first site's bars are not visible in the screenshot"
+
+
+def test_written_documents_match_their_declared_shapes(
+    dp_run: tuple[SimulationResults, Path], tmp_path: Path
+) -> None:
+    """``results.json``, the coordinator's ``summary.json`` and ``audit.json`` of a DP
+    run, as written, against ``spherecal.results_schema`` (a writer that drifts from
+    the declaration fails here)."""
+    _, out = dp_run
+    run_audit(out, out=tmp_path / "audit.json")
+    for path, shape in [
+        (out / "results.json", SimulationResults),
+        (out / "coordinator" / "out" / "summary.json", CoordinatorSummary),
+        (tmp_path / "audit.json", AuditDocument),
+    ]:
+        assert shape_errors(json.loads(path.read_text()), shape) == [], path.name

@@ -4,6 +4,7 @@ last bits."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
 from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.driver.outputs import write_json
 from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
@@ -35,6 +37,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import FFCStatistics, ffc_statistics
 from tests.evaluation_noise import SDS, assert_accuracy_within_noise, within_noise
+from tests.json_shape import shape_errors
 
 N, ROUNDS = 3, 2
 
@@ -230,3 +233,14 @@ def test_summary_schema(runs: dict[str, tuple[CoordinatorSummary, Path]]) -> Non
     assert fed is not None and fed["noise"] is not None
     assert abs(fed["samples"] - 449) <= SDS * fed["noise"]["sum_sd"] + 0.5
     assert pb.FFC  # the proto module is importable alongside
+
+
+def test_summary_json_matches_its_declared_shape(
+    runs: dict[str, tuple[CoordinatorSummary, Path]], tmp_path: Path
+) -> None:
+    """What the coordinator writes as ``summary.json`` (through its own writer) holds
+    every key ``CoordinatorSummary`` requires, no key it lacks, each of its type."""
+    for mode, (summary, _) in runs.items():
+        path = tmp_path / f"{mode}.json"
+        write_json(path, summary)
+        assert shape_errors(json.loads(path.read_text()), CoordinatorSummary) == [], mode
