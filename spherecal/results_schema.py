@@ -48,7 +48,8 @@ __all__ = [
     "AuditDocument",
     "CellRecord",
     "ExperimentResults",
-    "ReferenceSettings",
+    "GainSeed",
+    "ServiceCell",
     "SimulationResults",
 ]
 
@@ -294,6 +295,19 @@ class CellService(TypedDict):
     dropped: NotRequired[list[Dropped]]
 
 
+class ServiceCell(TypedDict):
+    """What training a cell through the service adds to its :class:`CellRecord`."""
+
+    engine: str
+    service: CellService
+    diverged: NotRequired[bool]
+    error: NotRequired[str]
+    accuracy: NotRequired[dict[str, float]]
+    validation_accuracy: NotRequired[dict[str, float]]
+    per_round: NotRequired[list[float | None]]
+    train_loss: NotRequired[list[float | None]]
+
+
 class CellRecord(TypedDict):
     """One trained cell of ``spherecal experiment`` (``DIR/cells/<key>.json``)."""
 
@@ -345,6 +359,20 @@ class Stats(TypedDict):
     mean: float | None
     std: float | None
     n: int
+
+
+class GainSeed(TypedDict):
+    """One seed of ``calibration.<method>.<column>.per_seed``: the run selected
+    without calibration and every head's test accuracy on it."""
+
+    seed: int
+    diverged: NotRequired[bool]
+    lr: NotRequired[float]
+    temperature: NotRequired[float]
+    test: NotRequired[dict[str, float | None]]
+    cell: NotRequired[str]
+    chosen: NotRequired[dict[str, float | None]]
+    oracle_cell: NotRequired[str]
 
 
 class RowSeed(TypedDict):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from spherecal.results_schema import CellIdentity
 from spherecal.spherefed.algorithms.methods import (
     ABLATION,
     BASES,
@@ -271,11 +272,11 @@ class RunSpec:
         cfg = self.column.apply(replace(base, seed=self.seed))
         return self.method.reference_config(cfg, lr=self.lr)
 
-    def identity(self, base: ReferenceConfig) -> dict[str, Any]:
+    def identity(self, base: ReferenceConfig) -> CellIdentity:
         """Everything that determines the run's numbers (and nothing else). The
         engine joins the identity only when it is not the in-process one, so cells
         made before engines existed keep their keys."""
-        out: dict[str, Any] = {
+        out: CellIdentity = {
             "format": CELL_FORMAT,
             "config": self.config(base).to_json(),
             "method": self.method.describe(self.temperature),
