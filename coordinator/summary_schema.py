@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Literal, NotRequired, TypeAlias, TypedDict, TypeGuard
 
-from spherecal.spherefed.privacy.evaluation_noise import EvaluationNoiseJson
-
 __all__ = [
     "Accuracy",
     "ConductSummary",
@@ -31,6 +29,7 @@ __all__ = [
     "CoordinatorSummary",
     "EndedResult",
     "SummaryDocument",
+    "EvaluationNoise",
     "Exclusion",
     "FederatedEvaluation",
     "HistoryRow",
@@ -124,6 +123,18 @@ class HeadlineCoverage(TypedDict):
     missing: list[str]
 
 
+class EvaluationNoise(TypedDict):
+    """The noise on one federated evaluation's summed counts
+    (``spherecal.spherefed.privacy.evaluation_noise.EvaluationNoise.to_json``)."""
+
+    mechanism: str
+    sd_target: float
+    site_sd: float
+    sum_sd: float
+    sum_bound: float
+    contributors: int
+
+
 class FederatedEvaluation(TypedDict):
     """One federated evaluation: accuracy per head from counts summed over the sites
     (``driver/evaluation_stage.py``); with DP, the counts' noise."""
@@ -132,7 +143,7 @@ class FederatedEvaluation(TypedDict):
     participants: list[str]
     samples: float
     accuracy_sd: dict[str, float | None]
-    noise: EvaluationNoiseJson | None
+    noise: EvaluationNoise | None
     dropped: dict[str, str]
     secure: bool
     error: str | None

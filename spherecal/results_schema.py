@@ -37,7 +37,6 @@ from spherecal.coordinator.summary_schema import (
     Timings,
     Traffic,
 )
-from spherecal.spherefed.reference_config import ReferenceSettings
 
 __all__ = [
     "AuditCheck",
@@ -48,12 +47,52 @@ __all__ = [
     "AuditDocument",
     "CellRecord",
     "ExperimentResults",
+    "ReferenceSettings",
     "GainSeed",
     "ServiceCell",
     "SimulationResults",
 ]
 
 # ------------------------------------------------------------ results.json (simulate)
+
+
+class ReferenceSettings(TypedDict):
+    """``ReferenceConfig.to_json()``: every setting of a reference run (declared here,
+    not beside the dataclass, so that reading a document imports no torch)."""
+
+    dataset: str
+    data_root: str | None
+    samples: NotRequired[int]  # mnist1d only
+    participants: int
+    partition: str
+    alpha: float
+    shards_per_client: int
+    model: str
+    norm: str
+    head: str
+    classifier: str
+    loss: str
+    algorithm: str
+    prox_mu: float
+    fedopt_lr: float
+    rounds: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    sample_fraction: float
+    validation_fraction: float
+    seed: int
+    ffc_ridge: float
+    ccvr: dict[str, float | int | bool]  # CCVRConfig
+    calibrations: list[str]
+    ridge_grid: list[float]
+    shrinkage_grid: list[float]
+    secure_sum: NotRequired[bool]  # only when true
+    oracle_lrs: list[float]
+    oracle_epochs: int
+    synthetic: NotRequired[dict[str, float | int]]  # SyntheticConfig; synthetic data only
 
 
 class SimulationSettings(ReferenceSettings):

@@ -12,9 +12,9 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
-from spherecal.results_schema import CellIdentity
+from spherecal.results_schema import CellIdentity, ReferenceSettings
 from spherecal.spherefed.algorithms.methods import (
     ABLATION,
     BASES,
@@ -278,7 +278,7 @@ class RunSpec:
         made before engines existed keep their keys."""
         out: CellIdentity = {
             "format": CELL_FORMAT,
-            "config": self.config(base).to_json(),
+            "config": cast(ReferenceSettings, self.config(base).to_json()),
             "method": self.method.describe(self.temperature),
             "oracle": self.oracle,
         }

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from spherecal.coordinator.summary_schema import SummaryDocument, is_complete
-from spherecal.results_schema import Dropped, SimulationResults
+from spherecal.results_schema import Dropped, ReferenceSettings, SimulationResults
 from spherecal.simulate.settings import SimulationSettings
 
 __all__ = ["RESULTS_SCHEMA", "build_results", "dropped_entry"]
@@ -42,7 +43,8 @@ def build_results(
         "errors": full["errors"] if full else [],
         "warnings": full["warnings"] if full else [],
         "settings": {
-            **s.reference.to_json(),
+            # ReferenceConfig.to_json(): the shape test holds it against ReferenceSettings
+            **cast(ReferenceSettings, s.reference.to_json()),
             "calibration": list(s.calibration),
             "secure_updates": s.secure_updates,
             "secure_statistics": s.secure_statistics,

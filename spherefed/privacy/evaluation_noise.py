@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any
 
 from spherecal.crypto.dp import SKELLAM, NoisePlan, plan_noise
 from spherecal.spherefed.privacy.accounting import epsilon, skellam_rdp
@@ -52,7 +52,6 @@ __all__ = [
     "EVALUATION_DELTA",
     "EVALUATION_SCALE_BITS",
     "EvaluationNoise",
-    "EvaluationNoiseJson",
     "accuracy_sd",
     "evaluation_epsilon",
     "plan_evaluation_noise",
@@ -98,7 +97,7 @@ class EvaluationNoise:
         """Hard bound (counts) on the noise of each entry of such a sum."""
         return contributors * self.plan.noise_bound / 2.0**self.scale_bits
 
-    def to_json(self, contributors: int) -> EvaluationNoiseJson:
+    def to_json(self, contributors: int) -> dict[str, Any]:
         return {
             "mechanism": self.plan.mechanism,
             "sd_target": self.sd,
@@ -107,17 +106,6 @@ class EvaluationNoise:
             "sum_bound": self.sum_bound(contributors),
             "contributors": contributors,
         }
-
-
-class EvaluationNoiseJson(TypedDict):
-    """The noise of one federated evaluation's sums, as results report it."""
-
-    mechanism: str
-    sd_target: float
-    site_sd: float
-    sum_sd: float
-    sum_bound: float
-    contributors: int
 
 
 def plan_evaluation_noise(

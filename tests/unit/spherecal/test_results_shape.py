@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +96,14 @@ def test_an_experiments_cells_and_results_match_their_shapes(tmp_path: Path) -> 
     assert len(cells) == 3  # two lrs and the oracle re-run
     for cell in cells:
         assert shape_errors(json.loads(cell.read_text()), CellRecord) == [], cell.name
+
+
+def test_reading_a_document_imports_no_numerics() -> None:
+    """The declarations are for readers too (``spherecal status``, ``report``): they
+    must not pull torch or numpy in."""
+    code = (
+        "import sys, spherecal.results_schema, spherecal.coordinator.summary_schema\n"
+        "heavy = sorted({'torch', 'numpy'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -185,7 +184,7 @@ def test_feature_shift_is_per_participant() -> None:
 def test_reference_config_round_trips_synthetic_settings() -> None:
     data = TINY.to_json()
     assert data["synthetic"]["dim"] == 6
-    again = ReferenceConfig(**{**dict[str, Any](data), "ccvr": TINY.ccvr})
+    again = ReferenceConfig(**{**data, "ccvr": TINY.ccvr})
     assert again.synthetic == SYN
 
 
