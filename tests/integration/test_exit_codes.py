@@ -59,13 +59,16 @@ def _participant_config(directory: Path, give_up_s: float) -> Path:
 
 
 def _signalled(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
-    """Wait for the participant's first "cannot reach" line (it is then inside its
-    reconnect loop), send ``signum``, return (status, remaining stderr)."""
+    """Wait until the participant is inside its reconnect loop, send ``signum``,
+    return (status, remaining stderr). Every back-off wait logs "reconnect attempt";
+    "cannot reach the coordinator" comes only when the first failure is a failed
+    connect — a participant that joined before the coordinator ended (a quick box)
+    logs the lost coordinator instead, and waiting for that line alone hung."""
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:
         seen.append(line)
-        if "cannot reach the coordinator" in line:
+        if "reconnect attempt" in line:
             break
     else:
         raise AssertionError(f"participant ended early: {''.join(seen)}")
