@@ -1,20 +1,22 @@
 """The shape of the coordinator's ``summary.json``, declared once for its writer
-(:func:`spherecal.coordinator.driver.outputs.summary`, ``main``) and every reader
-(``spherecal status``, ``report``, ``audit``, ``simulate``'s ``results.json``).
+(:func:`spherecal.coordinator.driver.outputs.summary`, ``main``) and its readers
+(``spherecal status``, ``simulate``'s ``results.json``, the tests).
 
 Why TypedDicts and not dataclasses: the document *is* JSON — written with
 ``json.dumps`` and read with ``json.loads`` by tools in any language — and a
 TypedDict is a plain ``dict`` at run time, so nothing converts on either side and an
 old file still loads; mypy checks every key a writer sets and a reader asks for.
-The declarations are the schema: ``tests/unit/spherecal/test_results_shape.py``
-holds a real run's documents against them (every required key present, no key
-undeclared, value types), so a writer that drifts fails a test, and
-``docs/deployment.md`` documents the same fields for people.
+The declarations are the schema: ``tests/json_shape.py`` holds real runs'
+documents against them (every required key present, no key undeclared, value
+types; the tests that do are listed in ``tests/unit/spherecal/test_results_shape.py``),
+so a writer that drifts fails a test, and ``docs/deployment.md`` documents the same
+fields for people.
 
-What is typed by key: everything a reader of ours looks into. Parts whose keys
-are data (per participant, per method, per stage: ``dict[str, …]``) or whose
-contents only pass through to people (``coverage``, ``jobs``, ``integrity``, the
-privacy ledger) are :data:`JsonObject`: JSON, checked as JSON, not by key.
+What is typed by key: the document and every part a reader of ours looks into.
+Parts whose keys are data (per participant, per head, per stage: ``dict[str, …]``)
+are typed by their values; parts whose contents only pass through to people
+(``integrity``, ``calibration_release``, the statistics' records, the privacy
+ledger) are :data:`JsonObject`: JSON, checked as JSON, not by key.
 """
 
 from __future__ import annotations
@@ -22,13 +24,12 @@ from __future__ import annotations
 from typing import Literal, NotRequired, TypeAlias, TypedDict, TypeGuard
 
 __all__ = [
+    "AbortedSummary",
     "Accuracy",
     "ConductSummary",
-    "Coverage",
-    "AbortedSummary",
     "CoordinatorSummary",
+    "Coverage",
     "EndedResult",
-    "SummaryDocument",
     "EvaluationNoise",
     "Exclusion",
     "FederatedEvaluation",
@@ -44,8 +45,9 @@ __all__ = [
     "Retries",
     "RoundMetrics",
     "Status",
-    "Timings",
+    "SummaryDocument",
     "SummarySettings",
+    "Timings",
     "Traffic",
     "as_status",
     "is_complete",

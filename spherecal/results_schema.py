@@ -7,10 +7,19 @@ which ``results.json`` carries on, is declared where it is written:
 TypedDicts, for the reasons given there (docs/design.md §6): the documents are JSON
 for people and other tools, a TypedDict is the ``dict`` that ``json`` reads and
 writes, and mypy checks every key our writers set and our readers ask for.
-``tests/unit/spherecal/test_results_shape.py`` holds real documents against these
-declarations, key by key; the field-by-field prose is in ``docs/deployment.md``
-(``results.json``), ``docs/privacy.md`` (``audit.json``) and ``docs/baselines.md``
-(the experiment's ``results.json``).
+``tests/json_shape.py`` holds real documents against these declarations, key by
+key (the tests that do are listed in ``tests/unit/spherecal/test_results_shape.py``);
+the field-by-field prose is in ``docs/deployment.md`` (``results.json``),
+``docs/privacy.md`` (``audit.json``) and ``docs/baselines.md`` (the experiment's
+``results.json``).
+
+Typed end to end: ``results.json`` (every engine's writer), ``audit.json``'s writer
+and its checks, the experiment's cells. Still read as plain mappings: the audit's
+text and HTML pages (:mod:`spherecal.audit_report`, :mod:`spherecal.audit_html`),
+``spherecal report`` (:mod:`spherecal.run_report`, which also draws older documents)
+and the experiment's ``results.json`` builder, table and plots, whose calibration
+entries are keyed by data (``ffc_gain``, ``oracle_gap``, …); their documents are
+still held against the declarations at run time by the tests.
 """
 
 from __future__ import annotations
