@@ -251,7 +251,7 @@ def render_summary_end(summary: SummaryDocument) -> str:
     shown = ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items() if v is not None)
     name = full["settings"].get("name", "?") if full else "?"
     rounds = full["settings"].get("rounds", "?") if full else "?"
-    completed = len(full.get("per_round", [])) if full else summary.get("completed_rounds", 0)
+    completed = len(full.get("per_round", [])) if full else 0
     lines = [
         f"federation {summary.get('federation_id')} ({name}) — "
         f"{summary.get('status')} (from its summary.json: the coordinator has exited)",
