@@ -1,4 +1,5 @@
-# Two user-facing targets: `make demo` and `make test`. Both set everything up from
+# User-facing targets: `make demo`, `make test` and `make test-long` (CI runs both test
+# targets). Both set everything up from
 # nothing: a .venv, torch pinned to the CPU wheel first (an unpinned torch pulls GBs of
 # CUDA packages), then this project with its dev extra.
 PYTHON ?= python3
@@ -14,7 +15,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test
+.PHONY: demo test test-long tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +38,7 @@ demo: $(STAMP)
 # (tests/interop/). Installed when missing and we can (root, apt-get; about 35 s for
 # golang-go and prometheus on the CI box), otherwise those tests skip and say why.
 TEST_TOOLS := chromium:chromium go:golang-go promtool:prometheus curl:curl jq:jq
-test: $(STAMP)
+tools:
 	@missing=""; for pair in $(TEST_TOOLS); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ]; then \
@@ -45,6 +46,15 @@ test: $(STAMP)
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
 	      || echo "make test: could not install$$missing; the tests needing them will skip"; \
 	  else echo "make test: missing$$missing and cannot install (needs root and apt-get); the tests needing them will skip"; fi; fi
+
+# `make test`: ruff, mypy and every test except those marked `long` (whole federations
+# run end to end in real processes, tens of seconds each: chaos and crash runs,
+# the wheel install, acceptance runs). `make test-long` runs exactly those; CI runs
+# both, so nothing is skipped there. Split so that the everyday loop stays short.
+test: $(STAMP) tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not long"
+
+test-long: $(STAMP) tools
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m long

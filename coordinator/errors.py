@@ -74,6 +74,8 @@ complete)::
     │   ├── ReleaseRepeated      a release already left under its key (round, moments, evaluation)
     │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
+    ├── HeldJobError             participant: a held job (its state after a restart) unusable
+    │   └── CorruptHeldJob       a held-job file altered, truncated, moved or foreign
     ├── AuditError               spherecal audit: a database it cannot read
     ├── SiteAuditError           spherecal audit --site: no release ledger there
     └── LedgerError              spherefed: the privacy ledger refuses a charge

@@ -23,6 +23,7 @@ Modules, one idea each:
 ``complaints``   signed complaints naming a dealer whose share failed
 ``consistency``  checking a consistency-signed survivor view before unmasking
 ``participant``  ``SecAggParticipant`` state machine
+``held_state``   what a participant keeps of a job after its masked input left (restarts)
 ``routing``      rounds 0–1 on the server: key adverts, share routing, commitments
 ``staging``      the streaming masked sum with staging slots (O(vector) memory)
 ``unmask``       round 4 on the server: checking reveals, rebuilding secrets, stripping
@@ -70,6 +71,7 @@ from spherecal.crypto._exceptions import (
     WrongRecipient,
 )
 from spherecal.crypto.channel import ShareKind
+from spherecal.crypto.held_state import HeldStage, HeldState
 from spherecal.crypto.keys import generate_identity, identity_public_bytes
 from spherecal.crypto.messages import (
     AdvertiseKeys,
@@ -115,6 +117,8 @@ __all__ = [
     "EncryptedShare",
     "Excluded",
     "ForgedShare",
+    "HeldStage",
+    "HeldState",
     "InconsistentSurvivors",
     "InvalidSpec",
     "JobAborted",

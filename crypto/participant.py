@@ -63,6 +63,7 @@ from spherecal.crypto.channel import (
 from spherecal.crypto.complaints import sign_complaint
 from spherecal.crypto.consistency import verify_signed_view
 from spherecal.crypto.dealing import deal_shares, open_dealt_share
+from spherecal.crypto.held_state import HeldStage, HeldState
 from spherecal.crypto.kdf import channel_key, pairwise_mask_seed, self_mask_seed
 from spherecal.crypto.keys import (
     JobKeys,
@@ -141,6 +142,19 @@ class SecAggParticipant:
         ledger: JobLedger | None = None,
         policy: SecAggPolicy | None = None,
     ) -> None:
+        self._setup(spec, participant_id, identity_key, directory, policy)
+        (ledger if ledger is not None else default_ledger()).claim(participant_id, spec.job_id)
+        self._keys: JobKeys | None = JobKeys.generate()
+
+    def _setup(
+        self,
+        spec: JobSpec,
+        participant_id: str,
+        identity_key: Ed25519PrivateKey,
+        directory: Mapping[str, bytes | Ed25519PublicKey],
+        policy: SecAggPolicy | None,
+    ) -> None:
+        """The checks and empty state every participant starts from (new or resumed)."""
         if not isinstance(spec, JobSpec):
             raise InvalidSpec("spec must be a JobSpec")
         spec.validate()
@@ -166,11 +180,12 @@ class SecAggParticipant:
             self._directory[participant_id]
         ):
             raise BadKey("identity key does not match this participant's directory entry")
-        (ledger if ledger is not None else default_ledger()).claim(participant_id, spec.job_id)
-
         self._graph = spec.masking_graph
         self._stage = ParticipantStage.ADVERTISE
-        self._keys: JobKeys | None = JobKeys.generate()
+        self._keys = None
+        self._input_left = False
+        """Resumed after a restart: the masked input left earlier; it is never
+        computed again (no input, no masks are kept)."""
         self._own_advert: AdvertiseKeys | None = None
         self._adverts: dict[str, AdvertiseKeys] = {}
         self._members1: frozenset[str] = frozenset()
@@ -200,7 +215,87 @@ class SecAggParticipant:
 
     @property
     def has_input(self) -> bool:
-        return self._encoded is not None
+        """The input is fixed: set in this process, or sent before a restart."""
+        return self._encoded is not None or self._input_left
+
+    # ----------------------------------------------------------------- restart
+    def held_state(self) -> HeldState:
+        """What a restarted process needs to answer this job's remaining rounds
+        (:mod:`spherecal.crypto.held_state`): taken once the masked input is fixed to
+        leave, after signing the survivor set and after answering unmask — before the
+        message it prepares is sent, so no restart can make it sign or reveal twice."""
+        stages = {
+            ParticipantStage.MASKED: HeldStage.MASKED,
+            ParticipantStage.SIGNED: HeldStage.SIGNED,
+            ParticipantStage.DONE: HeldStage.DONE,
+        }
+        if self._stage not in stages:
+            raise OutOfStage(f"no state to keep at stage {self._stage.value!r}")
+        return HeldState(
+            job_id=self.spec.job_id,
+            participant_id=self.participant_id,
+            stage=stages[self._stage],
+            members1=tuple(sorted(self._members1)),
+            members2=tuple(sorted(self._members2)),
+            held=tuple((d, x, p.to_bytes()) for d, (x, p) in sorted(self._held.items())),
+            signed_survivors=self._signed_survivors,
+            answered=None
+            if self._answered is None
+            else (self._answered[0].to_bytes(), self._answered[1].to_bytes()),
+        )
+
+    @classmethod
+    def resume(
+        cls,
+        spec: JobSpec,
+        participant_id: str,
+        identity_key: Ed25519PrivateKey,
+        directory: Mapping[str, bytes | Ed25519PublicKey],
+        state: HeldState,
+        *,
+        policy: SecAggPolicy | None = None,
+    ) -> SecAggParticipant:
+        """The participant of a job whose masked input left before this process
+        started, rebuilt from its :meth:`held_state`: it answers the consistency and
+        unmask rounds exactly as the first process would have, and refuses to mask
+        again (it holds neither input nor masks). The job id is not claimed again
+        (it was, by the first process); spec, directory and policy are checked as for
+        a new job."""
+        self = cls.__new__(cls)
+        self._setup(spec, participant_id, identity_key, directory, policy)
+        if state.job_id != spec.job_id:
+            raise WrongJob("the held state belongs to another job")
+        if state.participant_id != participant_id:
+            raise WrongRecipient("the held state belongs to another participant")
+        state.check()
+        members1 = frozenset(state.members1)
+        if not members1 <= set(spec.participants):
+            raise UnknownParticipant("the held state lists ids that are not in the job")
+        self._members1 = members1
+        self._members2 = frozenset(state.members2)
+        held: dict[str, tuple[int, SharePlaintext]] = {}
+        for dealer, x, plaintext in state.held:
+            try:
+                position = self._position(dealer)
+            except ValueError:
+                position = 0  # not one of the dealer's holders
+            if x != position:
+                raise InconsistentSurvivors(f"held share of {dealer!r} is at the wrong position")
+            held[dealer] = (x, SharePlaintext.from_bytes(plaintext))
+        self._held = held
+        self._signed_survivors = state.signed_survivors
+        self._input_left = True
+        if state.answered is not None:
+            self._answered = (
+                UnmaskRequest.from_bytes(state.answered[0]),
+                UnmaskResponse.from_bytes(state.answered[1]),
+            )
+        self._stage = {
+            HeldStage.MASKED: ParticipantStage.MASKED,
+            HeldStage.SIGNED: ParticipantStage.SIGNED,
+            HeldStage.DONE: ParticipantStage.DONE,
+        }[state.stage]
+        return self
 
     def _expect(self, *stages: ParticipantStage) -> None:
         if self._stage is ParticipantStage.FAILED:
@@ -441,7 +536,7 @@ class SecAggParticipant:
             raise JobAborted("this participant refused or failed earlier in the job")
         if self._stage in (ParticipantStage.SIGNED, ParticipantStage.DONE):
             raise OutOfStage("too late to set the input")
-        if self._encoded is not None:
+        if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
         encoded = encode(
@@ -460,6 +555,11 @@ class SecAggParticipant:
         (CTR seeking), so uploads can stream and be resumed. Calling it again returns
         identical bytes — re-sending a chunk reveals nothing new."""
         self._expect(ParticipantStage.MASKED)
+        if self._input_left:
+            raise OutOfStage(
+                "this participant's masked input left before it restarted; "
+                "a job's masked input is never computed twice"
+            )
         if self._encoded is None:
             raise OutOfStage("set_input() must be called before masking")
         if self._expander is None:  # pragma: no cover - set with the MASKED stage

@@ -18,6 +18,7 @@ Modules, one idea each:
 ``dpsgd_round``        one DP-SGD round, charged to the site's own ledger first
 ``secure_session``     one secure-aggregation job's message cache; the persistent job ledger
 ``secure_jobs``        driving secure jobs over the network: advertise, share, mask, unmask
+``held_jobs``          a job's state on disk once its masked input left (answered after a restart)
 ``trust``              verifying peers' identity keys against the federation CA
 ``policy``             the ``[policy]`` table: what the site refuses, whatever it is asked
 ``release_ledger``     what has left the site: each release at most once per its key

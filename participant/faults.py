@@ -16,6 +16,7 @@ Stages (what the participant has *not* done when it halts):
 ``masked``     finishing its masked upload: it halts after the first chunk, with the
                stream open, so the coordinator sees a broken upload (one-chunk
                inputs halt before any chunk)
+``consistency`` signing the survivor set (its masked input is in the sum)
 ``unmask``     answering the unmask request (its masked input is in the sum)
 
 ``@WHEN`` narrows where: ``rN`` (round N, 1-based), ``update`` (any round's secure
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 __all__ = ["HALT_MARKER", "HALT_STAGES", "HaltPoint", "Halter", "OnHalt", "parse_halt"]
 
-HALT_STAGES = ("train", "advertise", "share", "masked", "unmask")
+HALT_STAGES = ("train", "advertise", "share", "masked", "consistency", "unmask")
 HALT_MARKER = "SPHERECAL-HALT"
 
 

@@ -60,6 +60,7 @@ from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule
 from spherecal.participant.faults import Halter, OnHalt
+from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.release_ledger import UPDATE, LedgerRules, Release, ReleaseLedger
 from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
@@ -97,6 +98,7 @@ class ParticipantRunner:
         log: Callable[[str], None],
         on_halt: OnHalt | None = None,
         compute_slot: Callable[[], AbstractContextManager[object]] | None = None,
+        hold_jobs: bool = True,
     ) -> None:
         self.settings = settings
         self.pid = settings.participant_id
@@ -151,6 +153,11 @@ class ParticipantRunner:
             log=log,
             poll_ms=settings.long_poll_ms,
             corrupt_shares=settings.corrupt_shares,
+            # the held-jobs folder lets this process's restart finish a job whose
+            # masked input left (issue #20); a host of virtual participants, which
+            # dies with all of them and restarts none, passes hold_jobs=False
+            store=HeldJobStore(settings.state_dir, self.pid, identity) if hold_jobs else None,
+            federation=self._federation,
         )
         self._final: FinalModels | None = None
 
@@ -198,6 +205,9 @@ class ParticipantRunner:
             self.log(f"keeping {len(self.secure.jobs)} secure job(s) across the new session")
         else:
             self.secure.clear()  # another federation never continues an old job
+            # This process restarted: take up the jobs whose masked input left before
+            # (held_jobs); files of any other federation are deleted.
+            self.secure.restore_held(reply.plan.federation_id)
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
@@ -308,6 +318,7 @@ class ParticipantRunner:
                     self.session = None  # its restart resumes the federation: rejoin
                     continue
                 self.log(f"coordinator says done ({done.status}): {done.message}")
+                self.secure.end_federation()  # no job of it is answered again
                 if done.status not in SUCCESSFUL_STATUSES:
                     return 1
                 return self._save_final_models()

@@ -21,6 +21,14 @@ the input leaves (:mod:`spherecal.participant.release_ledger`), and complaints: 
 authentication is answered with the signed complaint naming its dealer (stage
 ``COMPLAINT``) before the typed withdrawal, so the coordinator can exclude the dealer
 when it retries.
+
+Held jobs (issue #20): before a job's masked input leaves, and before each later
+message is sent, the session is written to the site's held-jobs folder
+(:mod:`spherecal.participant.held_jobs`); after this process restarts,
+:meth:`SecureSteps.restore_held` takes those jobs up again so the coordinator's
+remaining steps are answered for the same job id. A job's file goes when the job
+ends for the site (answered, refused, or the coordinator moved on) and when the
+federation ends.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
 from spherecal.participant.faults import Halter
+from spherecal.participant.held_jobs import HeldJobError, HeldJobStore
 from spherecal.participant.policy import PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import ReleaseLedger
 from spherecal.participant.secure_session import SecureSession
@@ -86,6 +95,8 @@ class SecureSteps:
         log: Callable[[str], None],
         poll_ms: int = 2000,
         corrupt_shares: bool = False,
+        store: HeldJobStore | None = None,
+        federation: Callable[[], str] = lambda: "",
     ) -> None:
         self.pid = participant_id
         self.identity = identity
@@ -105,11 +116,90 @@ class SecureSteps:
         self.log = log
         self.corrupt_shares = corrupt_shares
         self.jobs: dict[bytes, SecureSession] = {}
+        self.store = store
+        """The held-jobs folder (``held_jobs``): None keeps job sessions in memory only."""
+        self.federation = federation
 
     def clear(self) -> None:
+        """Forget every session in memory (another federation never continues an old
+        job); their files go with :meth:`restore_held` or :meth:`end_federation`."""
         self.jobs.clear()
         self._started.clear()
         self._deferred = None
+
+    def end_federation(self) -> None:
+        """The federation ended: no job of it is answered again; delete the files."""
+        self.clear()
+        if self.store is not None:
+            try:
+                self.store.clear()
+            except OSError as exc:
+                self.log(f"could not delete the held jobs in {self.store.folder}: {exc}")
+
+    # ---------------------------------------------------------------- restarts
+    def restore_held(self, federation: str) -> int:
+        """After this process started: take up the jobs of ``federation`` whose masked
+        input left before the restart (``held_jobs``), so their remaining steps are
+        answered; files of other federations, and any that cannot be used (altered,
+        untrusted directory, refused by the policy), are deleted with a log line.
+        Returns how many jobs were restored."""
+        store = self.store
+        if store is None:
+            return 0
+        restored = 0
+        for job_id in store.job_ids():
+            if job_id in self.jobs:
+                continue
+            label = f"held job {job_id.hex()[:8]}"
+            try:
+                record = store.load(job_id)
+                if record.federation != federation:
+                    self.log(f"{label} belongs to another federation; deleting it")
+                    store.delete(job_id)
+                    continue
+                session = SecureSession.restore(
+                    record,
+                    participant_id=self.pid,
+                    identity=self.identity,
+                    trust=self.trust,
+                    policy=self.policy,
+                )
+            except (HeldJobError, crypto.SecAggError, UntrustedDirectory, OSError) as exc:
+                self.log(f"{label} cannot be used ({type(exc).__name__}: {exc}); deleting it")
+                store.delete(job_id)
+                continue
+            self.jobs[job_id] = session
+            restored += 1
+            self.log(
+                f"job {job_id.hex()[:8]}: restored after this site's restart "
+                f"({session.purpose}, at {session.client.stage.value}); its masked input "
+                "left before, so only its remaining steps are answered"
+            )
+        return restored
+
+    def _keep(self, session: SecureSession) -> None:
+        """Write the session to the held-jobs folder before its next message leaves.
+        A failed write costs durability only (a restart would then lose the job, as
+        without the folder), never privacy: the message goes out either way, logged."""
+        if self.store is None:
+            return
+        try:
+            self.store.save(session.job_id, session.record(self.federation()))
+        except OSError as exc:
+            self.log(
+                f"job {session.job_id.hex()[:8]}: could not write its held state "
+                f"({exc}); a restart of this site would lose the job"
+            )
+
+    def _drop(self, job_id: bytes) -> None:
+        """The job ends for this participant: forget it and delete its file."""
+        self.jobs.pop(job_id, None)
+        self._started.pop(job_id, None)
+        if self.store is not None:
+            try:
+                self.store.delete(job_id)
+            except OSError as exc:
+                self.log(f"job {job_id.hex()[:8]}: could not delete its held state: {exc}")
 
     def take_deferred(self) -> pb.Instruction | None:
         """The instruction that ended a share wait, if one is pending: the main loop
@@ -287,8 +377,7 @@ class SecureSteps:
     def forget(self, session: SecureSession | None) -> None:
         """Drop a started job's state (it answers nothing more in that job)."""
         if session is not None:
-            self.jobs.pop(session.job_id, None)
-            self._started.pop(session.job_id, None)
+            self._drop(session.job_id)
 
     # ---------------------------------------------------------------- stages
     def _submit(self, session: SecureSession, stage: pb.SecAggStage, data: bytes) -> None:
@@ -303,7 +392,7 @@ class SecureSteps:
                 return
             if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
                 self.log(f"job {session.job_id.hex()[:8]} moved on without us: {exc.message}")
-                self.jobs.pop(session.job_id, None)
+                self._drop(session.job_id)
                 return
             raise
 
@@ -313,7 +402,12 @@ class SecureSteps:
         if session is None:
             self.refuse(job_hex, crypto.JobAborted("this participant holds no state for the job"))
             return
-        stage_name = {pb.SHARE: "share", pb.MASKED: "masked", pb.UNMASK: "unmask"}.get(step.stage)
+        stage_name = {
+            pb.SHARE: "share",
+            pb.MASKED: "masked",
+            pb.CONSISTENCY: "consistency",
+            pb.UNMASK: "unmask",
+        }.get(step.stage)
         if stage_name is not None and stage_name != "masked":
             self.halter.check(
                 stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
@@ -321,7 +415,7 @@ class SecureSteps:
         try:
             out = session.respond(step)
         except crypto.SecAggError as exc:
-            self.jobs.pop(session.job_id, None)
+            self._drop(session.job_id)
             complaint = getattr(exc, "complaint", None)
             if isinstance(complaint, crypto.ShareComplaint):
                 self._complain(session, complaint)
@@ -330,11 +424,13 @@ class SecureSteps:
         if step.stage == pb.UNMASK and session.release is not None:
             self._record_survivors(session.release, bytes(step.message))
         if out is not None:
+            if step.stage in (pb.CONSISTENCY, pb.UNMASK):
+                self._keep(session)  # never sign or reveal twice, even across a restart
             self._submit(session, step.stage, out)
         else:
             self._upload_masked(session)
         if step.stage == pb.UNMASK:
-            self.jobs.pop(session.job_id, None)
+            self._drop(session.job_id)
 
     def _record_survivors(self, release: str, message: bytes) -> None:
         """Store, with the release, the survivor set this site's input is summed with
@@ -365,6 +461,7 @@ class SecureSteps:
 
     def _upload_masked(self, session: SecureSession) -> None:
         job_id = session.job_id
+        self._keep(session)  # before the input leaves: a restart answers the rest
         if session.release is not None:
             try:
                 self.releases.consume(session.release)
@@ -398,6 +495,6 @@ class SecureSteps:
                 return
             if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
                 self.log(f"job {job_id.hex()[:8]} closed its masked stage: {exc.message}")
-                self.jobs.pop(job_id, None)
+                self._drop(job_id)
                 return
             raise

@@ -11,6 +11,11 @@ participant's memory is O(vector), and a broken upload can simply be retried.
 Job ids are claimed in a persistent ledger (SQLite in the participant's state
 directory) before any key is generated, so a coordinator cannot make a participant
 run the same job id twice, even across restarts.
+
+A session whose masked input left survives this process's restart (issue #20):
+:meth:`SecureSession.record` is what ``spherecal.participant.held_jobs`` writes, and
+:meth:`SecureSession.restore` rebuilds the session from it — the same cached
+messages, a ``crypto`` participant resumed for the remaining rounds only.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
 from spherecal.crypto import JobSpec, ParticipantStage, SecAggParticipant
+from spherecal.participant.held_jobs import HeldJob
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 
@@ -105,6 +112,9 @@ class SecureSession:
             )
         directory = trust.verify(job.directory, crypto.keys_needed(spec, participant_id))
         self.spec = spec
+        self._job = job.SerializeToString()
+        self.restored = False
+        """Rebuilt from the site's held-jobs folder after a restart (:meth:`restore`)."""
         self.purpose = job.purpose
         self.round = round_index
         self.release = release
@@ -116,6 +126,51 @@ class SecureSession:
         if vector is not None:
             self.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
+
+    # ---------------------------------------------------------------- restarts
+    def record(self, federation: str) -> HeldJob:
+        """What a restarted process needs to answer this job's remaining steps
+        (``spherecal.participant.held_jobs``): taken once its masked input is about
+        to leave, and before each later message is sent."""
+        return HeldJob(
+            federation=federation,
+            job=self._job,
+            round=self.round,
+            release=self.release,
+            sent=tuple((int(stage), data) for stage, data in sorted(self._sent.items())),
+            state=self.client.held_state().to_bytes(),
+        )
+
+    @classmethod
+    def restore(
+        cls,
+        record: HeldJob,
+        *,
+        participant_id: str,
+        identity: Ed25519PrivateKey,
+        trust: DirectoryTrust,
+        policy: crypto.SecAggPolicy | None = None,
+    ) -> SecureSession:
+        """The session of a job whose masked input left before this process started.
+        The directory is verified against the trust root and the spec against the
+        site's policy again, as for a new job; the job id is not claimed again."""
+        job = pb.SecAggJob.FromString(record.job)
+        spec = JobSpec.from_bytes(job.spec)
+        directory = trust.verify(job.directory, crypto.keys_needed(spec, participant_id))
+        state = crypto.HeldState.from_bytes(record.state)
+        self = cls.__new__(cls)
+        self.spec = spec
+        self._job = record.job
+        self.restored = True
+        self.purpose = job.purpose
+        self.round = record.round
+        self.release = record.release
+        self._corrupt = False
+        self.client = SecAggParticipant.resume(
+            spec, participant_id, identity, directory, state, policy=policy
+        )
+        self._sent = {cast(pb.SecAggStage, stage): data for stage, data in record.sent}
+        return self
 
     def set_input(
         self, vector: npt.NDArray[np.float64], *, noise: npt.NDArray[np.int64] | None = None
@@ -159,6 +214,11 @@ class SecureSession:
             shares = self.client.share_keys(crypto.KeyRoster.from_bytes(data))
             out = (corrupt(shares) if self._corrupt else shares).to_bytes()
         elif stage == pb.MASKED:
+            if self.restored:
+                raise crypto.OutOfStage(
+                    "this site's masked input for the job left before its restart; "
+                    "a job's masked input is never sent twice"
+                )
             if self.client.stage is ParticipantStage.RECEIVE_SHARES:
                 self.client.receive_shares(crypto.ShareBundle.from_bytes(data))
             return None

@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 
 from spherecal import crypto
+from spherecal.coordinator.driver.stage_grace import RejoinGrace
 from spherecal.coordinator.errors import ServiceError, from_secagg
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import (
@@ -129,6 +130,7 @@ class SecureJob:
         spec: JobSpec | None = None,
         journal: JobJournal | None = None,
         halt: Halt | None = None,
+        rejoin_s: float = 0.0,
     ) -> None:
         if spec is None:
             n = len(participants)
@@ -180,6 +182,7 @@ class SecureJob:
         site answering again after either side restarted) is acknowledged, not refused."""
         self.resumed = False
         self._reconfirmed: set[str] = set()
+        self._grace = RejoinGrace(rejoin_s)
 
     # ---------------------------------------------------------------- journal
     def journal_message(self) -> bytes:
@@ -493,8 +496,12 @@ class SecureJob:
             # Every stage, unmasking included, waits for all *live* participants: with
             # instant disconnect detection (presence streams) that costs nothing, and it
             # keeps the protocol's view of who took part complete and deterministic.
-            if waiting and not expired:
-                return ()
+            # ... and, after the masked stage, for summed ones restarting (stage_grace)
+            rejoining, news = self._grace.waiting(
+                stage, pending, alive, self.withdrawn, t, self.label()
+            )
+            if (waiting or rejoining) and not expired:
+                return news
             for p in sorted(pending):
                 if p in self.withdrawn:
                     reason = f"withdrew: {self.withdrawn[p]}"
@@ -504,6 +511,7 @@ class SecureJob:
                     reason = "stage deadline"
                 self.dropped.setdefault(p, f"{stage.value}: {reason}")
             self.stage_seconds[stage.value] = t - self._stage_started
+            self._grace.stage_closed()
             lines = [
                 f"{self.label()}: stage {stage.value} closed, "
                 f"{self._stage_expected - len(pending)}/{self._stage_expected} sent"

@@ -79,6 +79,7 @@ def continue_journaled_job(
     stage_s: float,
     journal: JobJournal,
     halt: Halt | None = None,
+    rejoin_s: float = 0.0,
 ) -> SecureJob:
     """Rebuild a job a previous coordinator process journaled and continue it at the
     stage it reached (or with its journaled result): same spec, same directory."""
@@ -99,6 +100,7 @@ def continue_journaled_job(
         spec=spec,
         journal=journal,
         halt=halt,
+        rejoin_s=rejoin_s,
     )
     job.resumed = True
     if record.result is not None:
@@ -256,6 +258,7 @@ class StageContext:
                 stage_s=self.settings.timeouts.stage_s,
                 journal=self.journal,
                 halt=self.halt,
+                rejoin_s=self.settings.timeouts.rejoin_grace_s,
             )
             where = (
                 "with its journaled result"
@@ -281,6 +284,7 @@ class StageContext:
             spec_arguments=spec_arguments,
             journal=self.journal,
             halt=self.halt,
+            rejoin_s=self.settings.timeouts.rejoin_grace_s,
         )
         self.store.job_created(
             job.job_hex, purpose, round_index, ids, job.threshold, length, job.spec_sha256

@@ -318,6 +318,7 @@ class ParticipantHost:
             runner = ParticipantRunner(
                 settings, transport, data, identity, ledger, DirectoryTrust(ca),
                 log=say, on_halt=on_halt, compute_slot=self.slots.hold,
+                hold_jobs=False,  # no virtual participant is restarted from its disk
             )  # fmt: skip
             code = runner.run()
             if transport.killed:

@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -138,9 +139,18 @@ class Simulation:
         return write_toml(self.out / "coordinator.toml", document)
 
     def participant_config(self, k: int, port: int) -> Path:
-        """Write ``DIR/participants/pK.toml`` for participant ``k``; return its path."""
-        document = participant_document(self.settings, k, port, self.out)
+        """Write ``DIR/participants/pK.toml`` for participant ``k``; return its path.
+        A participant restarted after its ``--drop`` point fired runs without it (a
+        process dies at its point once; its restart goes on from there)."""
         pid = self.settings.participant_ids[k]
+        with self._lock:
+            fired = any(d["participant"] == pid and d["stage"] != "external" for d in self.dropped)
+        settings = self.settings
+        if fired:
+            settings = replace(
+                settings, drops=tuple(d for d in settings.drops if d.participant != pid)
+            )
+        document = participant_document(settings, k, port, self.out)
         return write_toml(self.out / "participants" / f"{pid}.toml", document)
 
     # ------------------------------------------------------------------ processes

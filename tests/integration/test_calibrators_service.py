@@ -29,7 +29,7 @@ from spherecal.spherefed.network import ModelSpec, build_model, compute_features
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from tests.evaluation_noise import SDS, within_noise
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 REFERENCE = ReferenceConfig(
     participants=3,

@@ -34,7 +34,7 @@ import torch
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 PIDS = ("p0", "p1", "p2", "p3")
 WAIT_S = 240.0

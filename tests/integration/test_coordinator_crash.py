@@ -15,6 +15,16 @@ end ``completed`` with FFC and CCVR and the *same* models (central accuracies an
 per-round losses to the last bit), and no site's ledger may hold a second release of
 anything (one update per round, one set of moments, one answer per evaluation) or a
 refusal.
+
+The site half (issue #20): in a fourth federation every participant process is
+SIGKILLed once, *after* its masked input left — at the consistency stage of round 1's
+update, the unmask stage of round 2's, and both stages of the CCVR job — and
+restarted with the same state directory. Each rebuilds the job from its held-jobs
+folder (``participant.held_jobs``) and answers the stage for the same job id; the
+coordinator waits for it (``rejoin_grace_s``) instead of counting it as a dropout.
+The federation must end as the uninterrupted one did, every job with all four sites
+and nobody dropped, one release per job in each site's ledger and no held job left
+on disk.
 """
 
 from __future__ import annotations
@@ -28,10 +38,12 @@ from typing import Any
 
 import pytest
 
-from spherecal.simulate import Simulation, SimulationSettings
+from spherecal.participant.faults import HaltPoint
+from spherecal.participant.held_jobs import FOLDER as HELD_JOBS
+from spherecal.simulate import Drop, Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 WAIT_S = 240.0
 HALTS = (
@@ -79,8 +91,17 @@ class Lines:
                 self._cond.wait(0.5)
 
 
-def _settings(out: Path) -> SimulationSettings:
+SITE_KILLS = (  # each after the site's masked input left
+    Drop("p0", HaltPoint("consistency", "r1")),
+    Drop("p1", HaltPoint("unmask", "r2")),
+    Drop("p2", HaltPoint("consistency", "ccvr")),
+    Drop("p3", HaltPoint("unmask", "ccvr")),
+)
+
+
+def _settings(out: Path, drops: tuple[Drop, ...] = ()) -> SimulationSettings:
     return SimulationSettings(
+        drops=drops,
         reference=ReferenceConfig(participants=4, model="mlp", rounds=2, alpha=0.5),
         out=out,
         calibration=("ffc", "ccvr"),
@@ -111,6 +132,34 @@ def _run(out: Path, halts: tuple[str, ...]) -> dict[str, Any]:
     return results
 
 
+def _run_site_kills(out: Path) -> dict[str, Any]:
+    """The federation with :data:`SITE_KILLS`: each killed site is restarted as soon
+    as the harness has killed it (the line it prints then)."""
+    lines = Lines()
+    t0 = time.monotonic()
+    with Simulation(_settings(out, SITE_KILLS), lines) as sim:
+        sim.start_coordinator()
+        sim.start_participants()
+        mark = 0
+        for _ in SITE_KILLS:
+            lines.wait_for("[simulate] killed p", mark, sim)
+            index = next(
+                k for k in range(mark, len(lines.lines)) if "[simulate] killed p" in lines.lines[k]
+            )
+            pid = lines.lines[index].split("killed ", 1)[1].split()[0]
+            old = sim.participants[pid]
+            old.popen.wait(timeout=30)
+            old.close()
+            sim.start_participants(only=[pid])
+            mark = index + 1
+        sim.wait_coordinator(WAIT_S)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
+    results["lines"] = lines.lines
+    return results
+
+
 def _ledger(out: Path, pid: str) -> tuple[list[tuple[Any, ...]], int]:
     with sqlite3.connect(out / "state" / pid / "privacy.db") as conn:
         rows = conn.execute(
@@ -126,15 +175,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     crashed_out = tmp_path_factory.mktemp("crashed")
     more_out = tmp_path_factory.mktemp("crashed-more")
     clean_out = tmp_path_factory.mktemp("clean")
+    sites_out = tmp_path_factory.mktemp("site-kills")
     yield {
         "crashed": _run(crashed_out, HALTS),
         "more": _run(more_out, MORE_HALTS),
-        "outs": (crashed_out, more_out),
+        "sites": _run_site_kills(sites_out),
+        "outs": (crashed_out, more_out, sites_out),
+        "sites_out": sites_out,
         "clean": _run(clean_out, ()),
     }
 
 
 RUNS = (("crashed", HALTS), ("more", MORE_HALTS))
+COMPARED = ("crashed", "more", "sites")
 
 
 @pytest.mark.parametrize(("run", "halts"), RUNS)
@@ -157,7 +210,7 @@ def test_a_journaled_result_is_used_as_it_is(runs: dict[str, Any]) -> None:
     assert any("evaluate job" in line for line in continued), continued
 
 
-@pytest.mark.parametrize("run", [name for name, _ in RUNS])
+@pytest.mark.parametrize("run", COMPARED)
 def test_the_crashed_federation_completes_with_the_uninterrupted_result(
     runs: dict[str, Any], run: str
 ) -> None:
@@ -177,6 +230,40 @@ def test_the_crashed_federation_completes_with_the_uninterrupted_result(
     ]
     assert r["statistics"]["ccvr"]["contributors"] == ["p0", "p1", "p2", "p3"]
     assert all(code == 0 for code in r["exit_codes"].values()), r["exit_codes"]
+
+
+def test_every_site_kill_landed_after_its_masked_input(runs: dict[str, Any]) -> None:
+    r = runs["sites"]
+    landed = sorted((d["participant"], d["stage"], d["job"]) for d in r["dropped"])
+    assert landed == [
+        ("p0", "consistency", "update"),
+        ("p1", "unmask", "update"),
+        ("p2", "consistency", "ccvr"),
+        ("p3", "unmask", "ccvr"),
+    ]
+    assert r["drops_not_triggered"] == []
+
+
+def test_each_restarted_site_answered_its_job_and_counted_as_a_survivor(
+    runs: dict[str, Any],
+) -> None:
+    r, out = runs["sites"], runs["sites_out"]
+    jobs = {(j["purpose"], j["round"]): j for j in r["jobs"]}
+    for key in (("update", 1), ("update", 2), ("ccvr", None)):
+        job = jobs[key]
+        assert job["status"] == "done", job
+        assert job["contributors"] == ["p0", "p1", "p2", "p3"], job
+        assert job["dropped"] == {}, job  # waited for, not dropped
+        assert job["dropouts"] == [], job
+    waits = [line for line in r["lines"] if "after its masked input was summed" in line]
+    assert len(waits) == len(SITE_KILLS), waits
+    for drop in SITE_KILLS:
+        log = (out / "logs" / f"{drop.participant}.log").read_text()
+        assert "restored after this site's restart" in log, drop
+        assert "never sent twice" not in log, drop  # no second masked input was asked
+        # the job ended for the site: its held state is gone from its state folder
+        held = out / "state" / drop.participant / HELD_JOBS
+        assert not held.exists() or list(held.iterdir()) == [], drop
 
 
 def test_no_site_released_anything_twice_or_refused(runs: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from spherecal.results_schema import SimulationResults
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 METHODS = ("ffc", "ccvr")
 

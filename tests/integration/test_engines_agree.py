@@ -25,7 +25,7 @@ from spherecal.simulate import Drop, SimulationError, SimulationSettings, run_si
 from spherecal.spherefed.reference import ReferenceConfig
 from tests.evaluation_noise import within_noise
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 DROPS = (Drop("p4", HaltPoint("train", "r2")), Drop("p3", HaltPoint("masked", "ffc")))
 

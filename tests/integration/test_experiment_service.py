@@ -15,7 +15,7 @@ import pytest
 import spherecal.experiment.cells as cells_module
 from spherecal.cli.app import main
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 ARGS = [
     "experiment", "--table", "methods", "--methods", "fedavg", "feduv",

@@ -12,7 +12,7 @@ import pytest
 
 from spherecal.cli.app import main as cli_main
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 
 def test_fednova_with_three_sites_completes_by_default(tmp_path: Path) -> None:

@@ -77,7 +77,9 @@ def test_a_second_process_with_the_same_certificate_is_refused_and_the_first_fin
     # the coordinator logged each refusal, naming the identity and both addresses
     coordinator_text = coordinator_log.read_text()
     refusals = [ln for ln in coordinator_text.splitlines() if "refused join from 'p0'" in ln]
-    assert refusals and all("a second process with this identity" in ln for ln in refusals)
+    # a twin that retries after the end is refused for that (seen on a loaded box)
+    duplicates = [ln for ln in refusals if "federation has ended" not in ln]
+    assert duplicates and all("a second process with this identity" in ln for ln in duplicates)
     # the first process was never knocked off, and the federation completed
     assert "session expired" not in (out / "logs" / "p0.log").read_text()
     summary = json.loads((out / "coordinator" / "out" / "summary.json").read_text())

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_reference_digits_alpha_01_ffc_near_oracle(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     proc = subprocess.run(

@@ -23,7 +23,7 @@ from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 DROPS = (
     Drop("p7", HaltPoint("train", "r1")),
@@ -49,6 +49,8 @@ def dropout_run(
         chunk_entries=1024,  # FFC: 10 chunks, so the masked kill lands mid-stream
         save_statistics=True,
         timeout_s=300,
+        # p3 (killed at unmask) never comes back: do not wait the default minute for it
+        rejoin_grace_s=2.0,
     )
     return dict[str, Any](run_simulation(settings)), settings
 

@@ -38,7 +38,7 @@ from spherecal.spherefed.fl import derive_seed
 from spherecal.spherefed.reference import ReferenceConfig
 from tests.evaluation_noise import SDS, within_noise
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 SITES = ("p0", "p1", "p2")
 REFERENCE = ReferenceConfig(participants=3, model="mlp", rounds=1, lr=0.3)

@@ -27,7 +27,7 @@ from tests.integration.test_wheel_install import (  # the wheel, built once per 
     wheel,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.long]
 
 SITES = ("hospital-a", "hospital-b", "hospital-c")
 __all__ = ["wheel"]  # the imported fixture, used by name below

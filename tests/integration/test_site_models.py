@@ -23,7 +23,7 @@ from spherecal.config import load_participant_config
 from spherecal.participant.data import load_local_data
 from spherecal.spherefed.saved import load_model
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 EXTRACTOR = "tests.custom_extractor:tiny_cnn"

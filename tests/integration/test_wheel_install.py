@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 NEIGHBOURS = ("proto-plus", "google-api-core", "pycryptodome", "crypto")

@@ -28,7 +28,7 @@ from spherecal.audit import run_audit
 from spherecal.audit_report import format_report
 from spherecal.cli.app import main as cli_main
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 
 def _simulate(out: Path, attack: str) -> dict[str, Any]:

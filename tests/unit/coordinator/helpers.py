@@ -41,6 +41,7 @@ def make_job(
     first_stage_s: float | None = None,
     max_in_flight: int = 2,
     consistency_check: bool = True,
+    rejoin_s: float = 0.0,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
     ids = [f"p{k}" for k in range(n)]
     identities = {p: crypto.generate_identity() for p in ids}
@@ -62,6 +63,7 @@ def make_job(
         bound=bound,
         first_stage_s=stage_s if first_stage_s is None else first_stage_s,
         stage_s=stage_s,
+        rejoin_s=rejoin_s,
     )
     ledger = crypto.MemoryJobLedger()
     # Each participant gets the directory its instruction carries (its needed entries).

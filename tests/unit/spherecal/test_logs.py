@@ -100,6 +100,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_every_participant_line_has_time_and_level_then_a_closing_line(
     tmp_path: Path, fmt: str

@@ -1,0 +1,67 @@
+"""How long a secure job's later stage waits for a summed participant that went away.
+
+Why (issue #20): in the consistency and unmask stages every pending participant's
+masked input is already in the sum, and a site keeps what it needs to answer the
+rest of the job across its own restart (``participant.held_jobs``). Closing the stage
+the moment its connection dropped would count a site that is restarting as a dropout
+— and when the threshold needed it, fail the job and lose every site's release. So
+such a participant is waited for up to ``rejoin_s`` (``[timeouts] rejoin_grace_s``)
+from when it was first seen gone; the job's stage deadline still bounds the wait
+(``SecureJob.advance``), and one that comes back without the job's state withdraws
+at once (it says so), which ends the wait.
+
+Earlier stages do not wait: before its masked input is in, a participant that went
+away has nothing to come back with (its job keys were in memory), and the protocol
+leaves it out at no cost to anyone's release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from spherecal.crypto import Stage
+
+__all__ = ["GRACE_STAGES", "RejoinGrace"]
+
+GRACE_STAGES = frozenset({Stage.CONSISTENCY, Stage.UNMASK})
+
+
+class RejoinGrace:
+    """Per job: who is gone since when, in the current stage (not thread-safe: the
+    job's lock guards it)."""
+
+    def __init__(self, rejoin_s: float) -> None:
+        self.rejoin_s = rejoin_s
+        self._absent: dict[str, float] = {}
+
+    def waiting(
+        self,
+        stage: Stage,
+        pending: Collection[str],
+        alive: Collection[str],
+        withdrawn: Collection[str],
+        t: float,
+        label: str,
+    ) -> tuple[frozenset[str], tuple[str, ...]]:
+        """(the gone participants the stage still waits for, a line for each one
+        first seen gone)."""
+        if self.rejoin_s <= 0 or stage not in GRACE_STAGES:
+            return frozenset(), ()
+        held: set[str] = set()
+        news: list[str] = []
+        for p in sorted(pending):
+            if p in alive or p in withdrawn:
+                continue
+            since = self._absent.get(p)
+            if since is None:
+                since = self._absent[p] = t
+                news.append(
+                    f"{label}: {p} disconnected in stage {stage.value} after its masked "
+                    f"input was summed; waiting up to {self.rejoin_s:g} s for it to come back"
+                )
+            if t < since + self.rejoin_s:
+                held.add(p)
+        return frozenset(held), tuple(news)
+
+    def stage_closed(self) -> None:
+        self._absent.clear()

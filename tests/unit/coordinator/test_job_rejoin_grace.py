@@ -1,0 +1,128 @@
+"""A later stage of a secure job waits for a summed participant that disconnected
+(issue #20): a site restarting within ``rejoin_grace_s`` answers from its held state
+and counts as a survivor; without the grace the stage closes at once and, at a
+threshold that needs it, the job — and every site's release — is lost."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from spherecal import crypto
+from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.proto import spherecal_pb2 as pb
+
+from .helpers import make_job
+
+IDS = ("p0", "p1", "p2", "p3")
+GRACE_S = 30.0
+
+
+def _to_consistency(
+    rejoin_s: float,
+) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant], dict[str, np.ndarray]]:
+    job, clients = make_job(4, 40, threshold=4, rejoin_s=rejoin_s)
+    inputs = {p: np.full(40, float(k + 1)) for k, p in enumerate(IDS)}
+    everyone = frozenset(IDS)
+    for p in IDS:
+        clients[p].set_input(inputs[p])
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    job.advance(everyone)
+    for p in IDS:
+        step = job.step_for(p)
+        assert step is not None
+        shares = clients[p].share_keys(crypto.KeyRoster.from_bytes(step.message))
+        job.submit(p, pb.SHARE, shares.to_bytes())
+    job.advance(everyone)
+    for p in IDS:
+        step = job.step_for(p)
+        assert step is not None
+        clients[p].receive_shares(crypto.ShareBundle.from_bytes(step.message))
+        job.begin_upload(p)
+        for chunk in clients[p].masked_chunks():
+            job.absorb(p, chunk.to_bytes())
+        assert job.end_upload(p)
+    job.advance(everyone)
+    assert job.stage_name == "consistency"
+    return job, clients, inputs
+
+
+def _sign(job: SecureJob, clients: dict[str, crypto.SecAggParticipant], p: str) -> None:
+    step = job.step_for(p)
+    assert step is not None and step.stage == pb.CONSISTENCY
+    request = crypto.ConsistencyRequest.from_bytes(step.message)
+    job.submit(p, pb.CONSISTENCY, clients[p].consistency_signature(request).to_bytes())
+
+
+def test_a_restarted_site_within_the_grace_counts_as_a_survivor() -> None:
+    job, clients, inputs = _to_consistency(GRACE_S)
+    without_p3 = frozenset(IDS) - {"p3"}
+    for p in sorted(without_p3):
+        _sign(job, clients, p)
+    t0 = time.monotonic()
+    lines = job.advance(without_p3, now=t0)
+    assert job.stage_name == "consistency" and job.outcome is None
+    assert any("p3 disconnected in stage consistency" in line for line in lines), lines
+    assert job.advance(without_p3, now=t0 + GRACE_S - 1) == ()  # still waiting, quietly
+    assert job.stage_name == "consistency"
+    # p3's process restarted: rebuilt from its held state, it answers both stages
+    resumed = crypto.SecAggParticipant.resume(
+        job.spec,
+        "p3",
+        clients["p3"]._identity,
+        {e.participant_id: e.identity_public_key for e in job.job_message("p3").directory},
+        crypto.HeldState.from_bytes(clients["p3"].held_state().to_bytes()),
+    )
+    clients["p3"] = resumed
+    _sign(job, clients, "p3")
+    job.advance(frozenset(IDS))
+    assert job.stage_name == "unmask"
+    for p in IDS:
+        step = job.step_for(p)
+        assert step is not None
+        answer = clients[p].unmask(crypto.UnmaskRequest.from_bytes(step.message))
+        job.submit(p, pb.UNMASK, answer.to_bytes())
+    job.advance(frozenset(IDS))
+    outcome = job.outcome
+    assert outcome is not None and outcome.status == "done", outcome
+    assert outcome.contributors == IDS and outcome.dropped == {}
+    np.testing.assert_allclose(np.asarray(outcome.values), sum(inputs.values()), atol=1e-6)
+
+
+def test_without_the_grace_the_stage_closes_at_once_and_the_job_is_lost() -> None:
+    job, clients, _ = _to_consistency(0.0)
+    without_p3 = frozenset(IDS) - {"p3"}
+    for p in sorted(without_p3):
+        _sign(job, clients, p)
+    job.advance(without_p3)
+    outcome = job.outcome
+    assert outcome is not None and outcome.status == "failed", outcome
+    assert outcome.dropped["p3"].startswith("consistency: disconnected")
+
+
+def test_a_site_not_back_within_the_grace_is_dropped_then() -> None:
+    job, clients, _ = _to_consistency(GRACE_S)
+    without_p3 = frozenset(IDS) - {"p3"}
+    for p in sorted(without_p3):
+        _sign(job, clients, p)
+    t0 = time.monotonic()
+    job.advance(without_p3, now=t0)
+    assert job.outcome is None
+    job.advance(without_p3, now=t0 + GRACE_S + 0.1)
+    assert job.outcome is not None  # threshold 4: failed, p3 named as the dropout
+    assert job.outcome.dropped["p3"].startswith("consistency: disconnected")
+
+
+def test_a_site_back_without_the_job_withdraws_and_ends_the_wait() -> None:
+    job, clients, _ = _to_consistency(GRACE_S)
+    without_p3 = frozenset(IDS) - {"p3"}
+    for p in sorted(without_p3):
+        _sign(job, clients, p)
+    job.advance(without_p3, now=time.monotonic())
+    assert job.outcome is None
+    # it came back without a held state: JobAborted, reported as its withdrawal
+    job.withdraw("p3", "BAD_STATE: this participant holds no state for the job")
+    job.advance(frozenset(IDS))
+    assert job.outcome is not None
+    assert "withdrew" in job.outcome.dropped["p3"]

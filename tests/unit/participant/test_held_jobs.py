@@ -1,0 +1,296 @@
+"""The site's held-jobs folder (issue #20): sealed, 0600, atomic, deleted with the job;
+a session restored from it answers the rest of the job with the exact sum."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import pytest
+
+from spherecal import crypto
+from spherecal.participant.faults import Halter
+from spherecal.participant.held_jobs import (
+    FOLDER,
+    CorruptHeldJob,
+    HeldJob,
+    HeldJobStore,
+)
+from spherecal.participant.policy import PolicySettings, ReleaseRepeated
+from spherecal.participant.release_ledger import LedgerRules, Release, ReleaseLedger
+from spherecal.participant.secure_jobs import SecureSteps
+from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.transport import Transport
+from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.identity import public_key_bytes
+
+JOB = b"\x07" * 16
+RECORD = HeldJob(
+    federation="fed-1",
+    job=b"job message",
+    round=2,
+    release=JOB.hex(),
+    sent=((int(pb.ADVERTISE), b"advert"), (int(pb.SHARE), b"shares")),
+    state=b'{"state": 1}',
+)
+
+
+def _store(tmp_path: Path, pid: str = "p0", key: object = None) -> HeldJobStore:
+    identity = key if key is not None else crypto.generate_identity()
+    return HeldJobStore(tmp_path, pid, identity)  # type: ignore[arg-type]
+
+
+def test_round_trip_mode_and_deletion(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(JOB, RECORD)
+    assert store.load(JOB) == RECORD
+    path = store.path(JOB)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / FOLDER).stat().st_mode) == 0o700
+    assert sorted(p.name for p in (tmp_path / FOLDER).iterdir()) == [path.name]  # no temp
+    assert store.job_ids() == [JOB]
+    # the record's bytes are not on disk in the clear
+    assert b"fed-1" not in path.read_bytes() and b"shares" not in path.read_bytes()
+    store.save(JOB, RECORD.__class__(**{**RECORD.__dict__, "round": 3}))  # replaced whole
+    assert store.load(JOB).round == 3
+    store.delete(JOB)
+    assert store.job_ids() == [] and not path.exists()
+    store.delete(JOB)  # deleting twice is fine
+
+
+def test_clear_deletes_every_job(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(JOB, RECORD)
+    store.save(b"\x08" * 16, RECORD)
+    store.clear()
+    assert store.job_ids() == []
+
+
+@pytest.mark.parametrize("where", [0, 30, -1])
+def test_a_flipped_bit_anywhere_is_refused(tmp_path: Path, where: int) -> None:
+    store = _store(tmp_path)
+    store.save(JOB, RECORD)
+    path = store.path(JOB)
+    data = bytearray(path.read_bytes())
+    data[where] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptHeldJob):
+        store.load(JOB)
+
+
+def test_a_truncated_file_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(JOB, RECORD)
+    path = store.path(JOB)
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(CorruptHeldJob, match="integrity"):
+        store.load(JOB)
+
+
+def test_another_identity_or_participant_cannot_read_it(tmp_path: Path) -> None:
+    key = crypto.generate_identity()
+    _store(tmp_path, "p0", key).save(JOB, RECORD)
+    with pytest.raises(CorruptHeldJob, match="integrity"):
+        _store(tmp_path, "p0").load(JOB)  # another identity key
+    with pytest.raises(CorruptHeldJob, match="integrity"):
+        _store(tmp_path, "p1", key).load(JOB)  # same key, another participant id
+    assert _store(tmp_path, "p0", key).load(JOB) == RECORD
+
+
+def test_a_file_moved_to_another_job_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save(JOB, RECORD)
+    other = b"\x09" * 16
+    store.path(JOB).rename(store.path(other))
+    with pytest.raises(CorruptHeldJob, match="holds job"):
+        store.load(other)
+
+
+def test_a_malformed_record_is_refused() -> None:
+    with pytest.raises(CorruptHeldJob):
+        HeldJob.from_bytes(b'{"federation": 1}')
+    with pytest.raises(CorruptHeldJob):
+        HeldJob.from_bytes(b"not json")
+
+
+# ------------------------------------------------------------------ a restored session
+def _job(n: int = 3) -> tuple[pb.SecAggJob, dict[str, crypto.SecAggParticipant]]:
+    identities = {f"p{k}": crypto.generate_identity() for k in range(n)}
+    spec = crypto.JobSpec.create(
+        identities, threshold=n, length=8, bound=10.0, consistency_check=True
+    )
+    job = pb.SecAggJob(
+        spec=spec.to_bytes(),
+        directory=[
+            pb.DirectoryEntry(participant_id=p, identity_public_key=public_key_bytes(k))
+            for p, k in identities.items()
+        ],
+        purpose="ccvr",
+    )
+    return job, identities  # type: ignore[return-value]
+
+
+def _step(spec: crypto.JobSpec, stage: pb.SecAggStage, message: crypto.Message) -> pb.SecAggStep:
+    return pb.SecAggStep(job_id=spec.job_id, stage=stage, message=message.to_bytes())
+
+
+Masked = tuple[
+    pb.SecAggJob,
+    dict[str, crypto.SecAggParticipant],
+    crypto.SecAggServer,
+    dict[str, SecureSession],
+    dict[str, pb.SecAggStep],
+    dict[str, np.ndarray],
+]
+
+
+def _masked_sessions() -> Masked:
+    """Three sessions whose masked inputs are in the server's sum."""
+    job, identities = _job()
+    spec = crypto.JobSpec.from_bytes(job.spec)
+    server = crypto.SecAggServer(
+        spec, {e.participant_id: e.identity_public_key for e in job.directory}
+    )
+    inputs = {p: np.arange(8.0) + k for k, p in enumerate(identities)}
+    sessions = {
+        p: SecureSession(
+            job,
+            participant_id=p,
+            identity=identities[p],  # type: ignore[arg-type]
+            ledger=crypto.MemoryJobLedger(),
+            trust=DirectoryTrust(None),
+            vector=inputs[p],
+            release=f"release-{p}",
+        )
+        for p in identities
+    }
+    for p, s in sessions.items():
+        server.receive_bytes(s.advertise(), sender=p)
+    server.close_stage()
+    for p, s in sessions.items():
+        out = s.respond(_step(spec, pb.SHARE, server.roster_for(p)))
+        assert out is not None
+        server.receive_bytes(out, sender=p)
+    server.close_stage()
+    bundles = {p: _step(spec, pb.MASKED, server.bundle_for(p)) for p in sessions}
+    for p, s in sessions.items():
+        assert s.respond(bundles[p]) is None
+        for chunk in s.masked_chunks():
+            server.receive_bytes(chunk, sender=p)
+    server.close_stage()
+    return job, identities, server, sessions, bundles, inputs
+
+
+def test_a_restored_session_answers_the_rest_of_the_job(tmp_path: Path) -> None:
+    job, identities, server, sessions, bundles, inputs = _masked_sessions()
+    spec = crypto.JobSpec.from_bytes(job.spec)
+    # p1 is written to its folder as its masked input leaves, then its process dies
+    store = _store(tmp_path, "p1", identities["p1"])
+    store.save(spec.job_id, sessions["p1"].record("fed-1"))
+    record = store.load(spec.job_id)
+    restored = SecureSession.restore(
+        record,
+        participant_id="p1",
+        identity=identities["p1"],  # type: ignore[arg-type]
+        trust=DirectoryTrust(None),
+    )
+    assert restored.restored and restored.release == "release-p1"
+    assert restored.sent() == sessions["p1"].sent()  # answered again byte for byte
+    sessions["p1"] = restored
+    with pytest.raises(crypto.OutOfStage, match="never sent twice"):
+        restored.respond(bundles["p1"])
+
+    request = server.consistency_request()
+    for p, s in sessions.items():
+        out = s.respond(_step(spec, pb.CONSISTENCY, request))
+        assert out is not None
+        server.receive_bytes(out, sender=p)
+    server.close_stage()
+    for p, s in sessions.items():
+        out = s.respond(_step(spec, pb.UNMASK, server.unmask_request_for(p)))
+        assert out is not None
+        server.receive_bytes(out, sender=p)
+    result = server.finish()
+    assert result.contributors == ("p0", "p1", "p2")
+    np.testing.assert_allclose(result.values, sum(inputs.values()), atol=1e-6)
+
+
+def test_a_restored_session_checks_its_directory_against_the_trust_root(
+    tmp_path: Path,
+) -> None:
+    job, identities = _job()
+    session = SecureSession(
+        job,
+        participant_id="p0",
+        identity=identities["p0"],  # type: ignore[arg-type]
+        ledger=crypto.MemoryJobLedger(),
+        trust=DirectoryTrust(None),
+    )
+    session.advertise()
+    # not at the masked stage: there is nothing to hold yet
+    with pytest.raises(crypto.OutOfStage):
+        session.record("fed-1")
+    emptied = pb.SecAggJob(spec=job.spec, directory=job.directory[1:], purpose=job.purpose)
+    record = HeldJob("fed-1", emptied.SerializeToString(), None, None, (), b"{}")
+    with pytest.raises(UntrustedDirectory):
+        SecureSession.restore(
+            record,
+            participant_id="p0",
+            identity=identities["p0"],  # type: ignore[arg-type]
+            trust=DirectoryTrust(None),
+        )
+
+
+def test_after_a_restart_a_new_job_for_the_same_release_is_refused(tmp_path: Path) -> None:
+    """The restored session refuses to mask again (above); a coordinator that starts
+    a *new* job for the same statistics instead is refused by the site's ledger,
+    which the restarted process reads from the same state directory."""
+    release = Release(kind="ccvr", federation="fed-1", model=b"m" * 32, data=b"d" * 32)
+    first = ReleaseLedger(tmp_path / "privacy.db", participant="p1", rules=LedgerRules())
+    first.reserve(release, job="job-a")
+    first.consume("job-a")
+    first.close()  # the process dies after its masked input left
+    restarted = ReleaseLedger(tmp_path / "privacy.db", participant="p1", rules=LedgerRules())
+    restarted.consume("job-a")  # the same job's input again: one release, idempotent
+    with pytest.raises(ReleaseRepeated):
+        restarted.reserve(release, job="job-b")
+    restarted.close()
+
+
+def test_a_restarted_process_restores_only_its_federations_usable_jobs(tmp_path: Path) -> None:
+    job, identities, _, sessions, _, _ = _masked_sessions()
+    spec = crypto.JobSpec.from_bytes(job.spec)
+    identity = identities["p1"]
+    store = HeldJobStore(tmp_path, "p1", identity)  # type: ignore[arg-type]
+    store.save(spec.job_id, sessions["p1"].record("fed-1"))
+    store.save(b"\x01" * 16, sessions["p1"].record("fed-0"))  # an older federation
+    store.save(b"\x02" * 16, RECORD)
+    store.path(b"\x02" * 16).write_bytes(b"garbage")  # damaged on disk
+    lines: list[str] = []
+    releases = ReleaseLedger(tmp_path / "privacy.db", participant="p1", rules=LedgerRules())
+    steps = SecureSteps(
+        participant_id="p1",
+        identity=identity,  # type: ignore[arg-type]
+        ledger=crypto.MemoryJobLedger(),
+        trust=DirectoryTrust(None),
+        transport=cast(Transport, None),  # restoring sends nothing
+        halter=Halter(()),
+        releases=releases,
+        policy=PolicySettings(),
+        caller=pb.Caller,
+        refuse=lambda task, exc: lines.append(f"refused {task}: {exc}"),
+        log=lines.append,
+        store=store,
+        federation=lambda: "fed-1",
+    )
+    assert steps.restore_held("fed-1") == 1
+    assert list(steps.jobs) == [spec.job_id] and steps.jobs[spec.job_id].restored
+    assert store.job_ids() == [spec.job_id]  # the other two are deleted, each logged
+    assert any("another federation" in line for line in lines), lines
+    assert any("cannot be used (CorruptHeldJob" in line for line in lines), lines
+    steps.end_federation()
+    assert store.job_ids() == [] and steps.jobs == {}
+    releases.close()
