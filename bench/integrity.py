@@ -66,7 +66,7 @@ def run_one(
     if extra:
         settings = replace(settings, extra_coordinator={"federation": dict(extra)})
     t0 = time.monotonic()
-    results = run_simulation(settings, progress=lambda _line: None)
+    results = dict[str, Any](run_simulation(settings, progress=lambda _line: None))
     wall = time.monotonic() - t0
     audit = run_audit(out, out=out / "audit.json")
     integrity = results.get("integrity") or {}

@@ -71,7 +71,7 @@ def _bytes_summary(results: dict[str, Any]) -> dict[str, Any]:
 
 def _run(settings: SimulationSettings, verbose: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
-    results = run_simulation(settings, _say if verbose else _quiet)
+    results: dict[str, Any] = dict[str, Any](run_simulation(settings, _say if verbose else _quiet))
     results["bench_wall_s"] = time.perf_counter() - t0
     if results["status"] != "completed" or results["errors"]:
         raise RuntimeError(f"run in {settings.out} failed: {results['errors']}")

@@ -282,7 +282,9 @@ class Soak:
                 self.faults[fault.kind] += 1
             try:
                 sim.wait_coordinator(max(1.0, until - time.monotonic()))
-                results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+                results: dict[str, Any] = dict[str, Any](
+                    sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+                )
                 status = str(results["status"])
             except Exception as exc:  # a soak records every way a run ends
                 results = {}

@@ -6,6 +6,8 @@ Three rooms, ordered (a room imports only rooms above it in this list; a test ch
 
 ``settings``  every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
 ``errors``    typed service errors and the gRPC status of each
+``summary_schema``
+              the shape of ``summary.json`` (TypedDicts), for its writer and readers
 ``state``     what the coordinator keeps: SQLite store and schema, the roster, spooled
               uploads, the state directory
 ``driver``    the federation: rounds, stages, secure jobs, calibration, evaluation,

@@ -46,6 +46,7 @@ from spherecal.coordinator.state.lifecycle import (
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.state_dir import guard_federation_start, write_marker
 from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.summary_schema import CoordinatorSummary, EndedResult, SummaryDocument
 from spherecal.proto.address import split_host_port
 
 __all__ = ["run_coordinator"]
@@ -193,7 +194,7 @@ def run_coordinator(
     threads: int | None = 1,
     new_federation: bool = False,
     log_formatter: logging.Formatter | None = None,
-) -> dict[str, Any]:
+) -> SummaryDocument | EndedResult:
     """Run one coordinator until the federation ends; return its summary.
 
     ``new_federation`` allows starting a new federation in a state directory holding
@@ -218,7 +219,7 @@ def _run(
     *,
     threads: int | None,
     new_federation: bool,
-) -> dict[str, Any]:
+) -> SummaryDocument | EndedResult:
     if threads is not None:
         torch.set_num_threads(threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -245,7 +246,7 @@ def _run(
             emit(f"FATAL: state storage failed: {fault}")
 
     store = Store(settings.state_dir / "state.db", on_failure=storage_failed)
-    summary: dict[str, Any] = {}
+    summary: CoordinatorSummary | None = None
     server = None
     metrics: MetricsServer | None = None
     try:
@@ -327,4 +328,6 @@ def _run(
             health.shutdown()
             server.stop(grace=2).wait()
         store.close()
+    if summary is None:  # unreachable: the inner finally ran, or an error propagated
+        raise RuntimeError("the federation ended without a summary")
     return summary

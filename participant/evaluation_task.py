@@ -1,9 +1,9 @@
 """The participant's evaluation task: counts of the model and its calibrated heads.
 
-Why a module of its own: the task handler of ``EvaluateTask`` grew with the
-calibrated heads (bias, QDA's quadratic term) and the validation split of the
-calibrators' grid; kept out of ``runner`` (which dispatches it) so that the task
-loop stays under the module size limit. It is a function of the runner's state.
+Why a module of its own: evaluating is its own concern — the model and every
+calibrated head (bias, QDA's quadratic term), on the test split or the validation
+split of the calibrators' grid — while ``runner`` only dispatches tasks. It is a
+function of the runner's state.
 
 Issue #19: the counts leave with this site's share of distributed DP noise
 (:mod:`spherecal.spherefed.privacy.evaluation_noise`), added in the ring before

@@ -49,10 +49,20 @@ import json
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Unpack
 
 import numpy as np
 import numpy.typing as npt
+
+from spherecal.coordinator.summary_schema import JsonObject
+from spherecal.results_schema import (
+    AuditCheck,
+    AuditChecks,
+    AuditDocument,
+    AuditEvidence,
+    EmpiricalAudit,
+    Payloads,
+)
 
 __all__ = ["AuditError", "run_audit"]
 
@@ -121,11 +131,11 @@ def ring_difference(a: bytes, b: bytes) -> bytes:
 
 
 # ----------------------------------------------------------------- checks
-def _check(ok: bool, summary: str, **evidence: Any) -> dict[str, Any]:
+def _check(ok: bool, summary: str, **evidence: Unpack[AuditEvidence]) -> AuditCheck:
     return {"ok": ok, "summary": summary, **evidence}
 
 
-def check_payloads(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
+def check_payloads(conn: sqlite3.Connection) -> tuple[Payloads, AuditCheck]:
     rows = _rows(
         conn,
         "SELECT ts, sender, job, stage, kind, bytes, sha256, status, code FROM audit ORDER BY id",
@@ -159,7 +169,7 @@ def check_payloads(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str, 
     return {"count": len(payloads), "rows": payloads}, check
 
 
-def check_uniformity(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
+def check_uniformity(conn: sqlite3.Connection) -> tuple[AuditCheck, AuditCheck]:
     rows = _rows(conn, "SELECT job, sender, purpose, ts, sample FROM masked_samples ORDER BY ts")
     samples = [(str(r[0]), str(r[1]), r[2], bytes(r[4])) for r in rows]
     usable = [s for s in samples if len(s[3]) >= MIN_SAMPLE_BYTES]
@@ -177,7 +187,7 @@ def check_uniformity(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str
                 count += 1
     tests = max(1, len(usable) + len(pairs))
     threshold = FAMILY_ALPHA / tests
-    single_fail = []
+    single_fail: list[JsonObject] = []
     for job, sender, purpose, data in usable:
         stat, p = byte_chi_square(data)
         if p < threshold:
@@ -191,7 +201,7 @@ def check_uniformity(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str
                     "p_value": p,
                 }
             )
-    reuse_fail = []
+    reuse_fail: list[JsonObject] = []
     for sender, job_a, job_b, a, b in pairs:
         diff = ring_difference(a, b)
         if len(diff) < MIN_SAMPLE_BYTES:
@@ -225,7 +235,7 @@ def check_uniformity(conn: sqlite3.Connection) -> tuple[dict[str, Any], dict[str
     return uniform, reuse
 
 
-def check_aggregates(conn: sqlite3.Connection) -> dict[str, Any]:
+def check_aggregates(conn: sqlite3.Connection) -> AuditCheck:
     floor_meta = _meta(conn, "secagg_min_participants")
     min_participants = int(floor_meta) if floor_meta is not None else 2
     rows = _rows(
@@ -259,13 +269,13 @@ def check_aggregates(conn: sqlite3.Connection) -> dict[str, Any]:
     )
 
 
-def check_reveals(conn: sqlite3.Connection) -> dict[str, Any]:
+def check_reveals(conn: sqlite3.Connection) -> AuditCheck:
     rows = _rows(conn, "SELECT job, owner, kind, holder FROM revealed_shares")
     kinds: dict[tuple[str, str], set[str]] = {}
     for job, owner, kind, _holder in rows:
         kinds.setdefault((str(job), str(owner)), set()).add(str(kind))
-    both = [
-        {"job": job, "owner": owner, "kinds": sorted(k)}
+    both: list[JsonObject] = [
+        {"job": job, "owner": owner, "kinds": [*sorted(k)]}
         for (job, owner), k in sorted(kinds.items())
         if {"seed", "mask_key"} <= k
     ]
@@ -312,7 +322,7 @@ def _recomputed_epsilon(plan_json: dict[str, Any], charge: dict[str, Any]) -> di
     }
 
 
-def check_dp(conn: sqlite3.Connection) -> dict[str, Any]:
+def check_dp(conn: sqlite3.Connection) -> AuditCheck:
     privacy = json.loads(_meta(conn, "privacy") or "{}")
     enabled = bool(privacy.get("enabled"))
     releases = _rows(
@@ -396,7 +406,7 @@ def _ledger_totals(conn: sqlite3.Connection, delta: float) -> dict[str, dict[str
     return out
 
 
-def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> dict[str, Any]:
+def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> AuditCheck:
     privacy = json.loads(_meta(conn, "privacy") or "{}")
     delta = float(privacy.get("delta", 1e-5))
     total = privacy.get("total_epsilon")
@@ -457,6 +467,30 @@ def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> dict[str, A
     )
 
 
+CHECKS: tuple[Literal[
+    "no_plaintext_statistics",
+    "masked_uniformity",
+    "mask_reuse",
+    "aggregate_inputs",
+    "share_reveals",
+    "dp_releases",
+    "budgets",
+    "participant_policy",
+    "integrity",
+], ...] = (
+    "no_plaintext_statistics",
+    "masked_uniformity",
+    "mask_reuse",
+    "aggregate_inputs",
+    "share_reveals",
+    "dp_releases",
+    "budgets",
+    "participant_policy",
+    "integrity",
+)
+"""The keys of ``audit.json`` ``checks``, in the report's order."""
+
+
 # ----------------------------------------------------------------- driver
 def run_audit(
     path: Path,
@@ -465,7 +499,7 @@ def run_audit(
     empirical: bool = False,
     trials: int = 2000,
     html: Path | None = None,
-) -> dict[str, Any]:
+) -> AuditDocument:
     """Run every check; write ``audit.json`` (next to the run, or ``out``) and, with
     ``html``, the one-page report for a privacy officer; return the report."""
     from spherecal.audit_integrity import check_integrity
@@ -477,7 +511,7 @@ def run_audit(
     try:
         payloads, plaintext = check_payloads(conn)
         uniform, reuse = check_uniformity(conn)
-        checks = {
+        checks: AuditChecks = {
             "no_plaintext_statistics": plaintext,
             "masked_uniformity": uniform,
             "mask_reuse": reuse,
@@ -494,12 +528,12 @@ def run_audit(
         run = run_identity(conn, db, sim_dir)
     finally:
         conn.close()
-    report: dict[str, Any] = {
+    report: AuditDocument = {
         "schema": "spherecal.audit/1",
         "database": str(db),
         "federation_id": federation_id,
         "run": run,
-        "ok": all(c["ok"] for c in checks.values()),
+        "ok": all(checks[name]["ok"] for name in CHECKS),
         "privacy": privacy,
         "protection": protection,
         "checks": checks,
@@ -521,7 +555,7 @@ def run_audit(
     return report
 
 
-def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
+def empirical_audit(privacy: JsonObject, *, trials: int) -> EmpiricalAudit:
     """The canary audit on a small setting with this federation's mechanism, δ and
     target ε. A federation without DP made no noisy release, so there is no claim to
     test: say so rather than audit a made-up target."""
@@ -536,9 +570,12 @@ def empirical_audit(privacy: dict[str, Any], *, trials: int) -> dict[str, Any]:
                 "release claims an ε to test",
             }
         }
+    delta = privacy.get("delta", 1e-5)
+    if not isinstance(epsilon, int | float) or not isinstance(delta, int | float):
+        raise AuditError(f"the run's privacy settings have no numeric ε and δ: {privacy}")
     settings = AuditSettings(
         mechanism=str(privacy.get("mechanism", "skellam")),
-        delta=float(privacy.get("delta", 1e-5)),
+        delta=float(delta),
         epsilon=float(epsilon),
         trials=trials,
     )

@@ -18,6 +18,7 @@ time, drawn only when some was spent).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from html import escape
 from typing import Any
 
@@ -286,7 +287,7 @@ def epsilon_chart(
 
 
 # ----------------------------------------------------------------- the page
-def _protection_html(report: dict[str, Any]) -> str:
+def _protection_html(report: Mapping[str, Any]) -> str:
     protection = report.get("protection") or {}
     if not protection:
         return ""
@@ -320,7 +321,7 @@ def _protection_html(report: dict[str, Any]) -> str:
     )
 
 
-def _epsilon_html(report: dict[str, Any]) -> str:
+def _epsilon_html(report: Mapping[str, Any]) -> str:
     privacy = report.get("privacy") or {}
     meanings = epsilon_meanings(report)
     intro = (
@@ -368,7 +369,7 @@ def _epsilon_html(report: dict[str, Any]) -> str:
     )
 
 
-def _checks_html(report: dict[str, Any]) -> str:
+def _checks_html(report: Mapping[str, Any]) -> str:
     items = []
     skipped = not_applicable(report)
     for name, check in report["checks"].items():
@@ -420,7 +421,7 @@ def _checks_html(report: dict[str, Any]) -> str:
     return '<section id="checks"><h2>Checks</h2><table>' + "".join(items) + "</table></section>"
 
 
-def _identity_html(report: dict[str, Any]) -> str:
+def _identity_html(report: Mapping[str, Any]) -> str:
     """Which run: federation, name, when, sites, coordinator (what an auditor files
     the page under)."""
     run = report.get("run") or {}
@@ -449,7 +450,7 @@ def _identity_html(report: dict[str, Any]) -> str:
     )
 
 
-def _stages_html(report: dict[str, Any]) -> str:
+def _stages_html(report: Mapping[str, Any]) -> str:
     """The stages this run's payloads went through, in protocol order, each in words."""
     seen = {str(r["stage"]) for r in report["payloads"]["rows"]}
     explained = dict(STAGES)
@@ -468,7 +469,7 @@ def _stages_html(report: dict[str, Any]) -> str:
     )
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: Mapping[str, Any]) -> str:
     """The whole page as one string (UTF-8, no external references)."""
     ok = bool(report["ok"])
     budgets = report["checks"]["budgets"]

@@ -21,10 +21,12 @@ import json
 import sqlite3
 from typing import Any
 
+from spherecal.results_schema import AuditCheck
+
 __all__ = ["check_integrity"]
 
 
-def check_integrity(conn: sqlite3.Connection) -> dict[str, Any]:
+def check_integrity(conn: sqlite3.Connection) -> AuditCheck:
     row = conn.execute("SELECT value FROM meta WHERE key = 'integrity'").fetchone()
     if row is None:
         return {

@@ -14,12 +14,19 @@ import json
 import sqlite3
 from typing import Any
 
+from spherecal.results_schema import AuditCheck
+
 __all__ = ["check_policy"]
 
 
-def check_policy(conn: sqlite3.Connection) -> dict[str, Any]:
+def check_policy(conn: sqlite3.Connection) -> AuditCheck:
     if not conn.execute("SELECT name FROM sqlite_master WHERE name='policy_events'").fetchall():
-        return {"ok": True, "summary": "no policy records (older database)", "refusals": []}
+        return {
+            "ok": True,
+            "summary": "no policy records (older database)",
+            "refusals": [],
+            "violations": [],
+        }
     columns = {row[1] for row in conn.execute("PRAGMA table_info(policy_events)")}
     named = "complainants" if "complainants" in columns else "NULL"  # older databases
     rows = conn.execute(

@@ -15,8 +15,12 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from spherecal.coordinator.summary_schema import JsonObject
+from spherecal.results_schema import AuditRun, Protection
 
 __all__ = [
     "CHECK_EXPLANATIONS",
@@ -137,8 +141,8 @@ def human_bytes(n: float) -> str:
 
 # ----------------------------------------------------------------- facts
 def describe_protection(
-    conn: sqlite3.Connection, sim_dir: Path | None, privacy: dict[str, Any]
-) -> dict[str, Any]:
+    conn: sqlite3.Connection, sim_dir: Path | None, privacy: JsonObject
+) -> Protection:
     """What protected model updates and calibration statistics in this run, read from
     the database (jobs and accepted payloads) and, for a simulate directory, each
     site's local ledger (DP-SGD shows there as ``mechanism = 'dpsgd'`` entries)."""
@@ -235,7 +239,7 @@ def _dpsgd_sites(conn: sqlite3.Connection, sim_dir: Path | None) -> set[str]:
     return sites
 
 
-def run_identity(conn: sqlite3.Connection, db: Path, sim_dir: Path | None) -> dict[str, Any]:
+def run_identity(conn: sqlite3.Connection, db: Path, sim_dir: Path | None) -> AuditRun:
     """Which run this is: federation id and name, when it ran (UTC), its sites, the
     coordinator's address — from the database (``meta``, ``participants``,
     ``events``), the address of a run before it was recorded there from a simulate
@@ -290,7 +294,7 @@ def run_identity(conn: sqlite3.Connection, db: Path, sim_dir: Path | None) -> di
     }
 
 
-def not_applicable(report: dict[str, Any]) -> dict[str, str]:
+def not_applicable(report: Mapping[str, Any]) -> dict[str, str]:
     """Checks that had nothing to check in this run, each with why (shown as N/A, not
     PASS: a PASS must mean something was verified). A failed check always applies."""
     checks = report["checks"]
@@ -321,7 +325,7 @@ def not_applicable(report: dict[str, Any]) -> dict[str, str]:
     return {name: why for name, why in reasons.items() if checks.get(name, {}).get("ok", True)}
 
 
-def unprotected(report: dict[str, Any]) -> list[str]:
+def unprotected(report: Mapping[str, Any]) -> list[str]:
     """What this run did NOT protect, one plain sentence each (empty: nothing left out).
     A PASS only says the run kept what it was configured to do; these say what that
     configuration left open."""
@@ -351,7 +355,7 @@ def unprotected(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def verdict_label(report: dict[str, Any]) -> str:
+def verdict_label(report: Mapping[str, Any]) -> str:
     """``FAIL``; ``PASS as configured`` when the run kept its configuration but left
     something unprotected (:func:`unprotected`) — a bare PASS next to "no DP on
     anything" read as "private" (issue #23); ``PASS`` only when nothing was left open."""
@@ -361,7 +365,7 @@ def verdict_label(report: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------- sentences
-def verdict_sentence(report: dict[str, Any]) -> str:
+def verdict_sentence(report: Mapping[str, Any]) -> str:
     """The first thing a reader sees: did the run keep its promises, in one breath."""
     checks = report["checks"]
     failed = [CHECK_EXPLANATIONS.get(n, (n, ""))[0] for n, c in checks.items() if not c["ok"]]
@@ -393,7 +397,7 @@ def verdict_sentence(report: dict[str, Any]) -> str:
     return said
 
 
-def epsilon_meanings(report: dict[str, Any]) -> list[dict[str, Any]]:
+def epsilon_meanings(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One ε per subject (the federation, then each site), with what it means."""
     budgets = report["checks"]["budgets"]
     delta = float(budgets.get("delta", 1e-5))
@@ -436,7 +440,7 @@ def epsilon_meanings(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------- text report
-def format_report(report: dict[str, Any]) -> str:
+def format_report(report: Mapping[str, Any]) -> str:
     """The terminal report: protection first, then payloads, checks and ε."""
     lines = [f"spherecal audit of {report['database']}"]
     lines.append(f"{verdict_label(report)}: {verdict_sentence(report)}")  # always line 2

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
@@ -26,6 +26,7 @@ from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Peer, Registry
 from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.summary_schema import CoordinatorSummary
 from spherecal.crypto import MemoryJobLedger, generate_identity
 from spherecal.participant.data import load_local_data
 from spherecal.participant.runner import ParticipantRunner
@@ -186,7 +187,7 @@ class InProcessFederation:
                 log=self._logger(ps.participant_id),
             )
         self._threads: list[threading.Thread] = []
-        self.summary: dict[str, object] = {}
+        self._summary: CoordinatorSummary | None = None
 
     def _logger(self, pid: str) -> Callable[[str], None]:
         return lambda message: self.say(f"[{pid}] {message}")
@@ -196,8 +197,9 @@ class InProcessFederation:
             self.federation.run()
             self.federation.linger()
         finally:
-            self.summary = self.federation.summary()
-            self.summary["bytes"] = self.traffic.snapshot()
+            summary = self.federation.summary()
+            summary["bytes"] = self.traffic.snapshot()
+            self._summary = summary
 
     def _participant(self, pid: str) -> None:
         self.exit_codes[pid] = self.runners[pid].run()
@@ -212,7 +214,7 @@ class InProcessFederation:
             thread.start()
         return self
 
-    def join(self, timeout: float = 300.0) -> dict[str, Any]:
+    def join(self, timeout: float = 300.0) -> CoordinatorSummary:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -220,3 +222,10 @@ class InProcessFederation:
             raise TimeoutError("in-process federation did not finish in time")
         self.store.close()
         return self.summary
+
+    @property
+    def summary(self) -> CoordinatorSummary:
+        """The coordinator's summary, once the driver has ended."""
+        if self._summary is None:
+            raise RuntimeError("no summary: the federation's driver has not ended, or it failed")
+        return self._summary

@@ -21,9 +21,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from spherecal.cli.exit_codes import ExitCode
+from spherecal.coordinator.summary_schema import SummaryDocument, is_complete
 
 __all__ = [
     "fetch_status",
@@ -225,7 +226,7 @@ def _end_code(status: str) -> int:
     return int(ExitCode.OK if status in SUCCESSFUL_STATUSES else ExitCode.FAILED)
 
 
-def final_from_summary(out_dir: Path | None, federation_id: str) -> dict[str, Any] | None:
+def final_from_summary(out_dir: Path | None, federation_id: str) -> SummaryDocument | None:
     """The coordinator's ``summary.json`` of federation ``federation_id`` once it has
     ended (status not ``running``), else None: what a watch reports when the
     coordinator exited between two refreshes."""
@@ -239,18 +240,22 @@ def final_from_summary(out_dir: Path | None, federation_id: str) -> dict[str, An
         return None
     if summary.get("status") in (None, "running"):
         return None
-    return summary
+    return cast(SummaryDocument, summary)  # the file the coordinator wrote for this federation
 
 
-def render_summary_end(summary: dict[str, Any]) -> str:
-    """The last screen of a watch, from the coordinator's summary."""
-    accuracy = summary.get("accuracy") or {}
+def render_summary_end(summary: SummaryDocument) -> str:
+    """The last screen of a watch, from the coordinator's summary (the stop
+    watchdog's few lines name no settings or accuracy: shown as unknown)."""
+    full = summary if is_complete(summary) else None
+    accuracy = (full.get("accuracy") if full else None) or {}
     shown = ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items() if v is not None)
-    settings = summary.get("settings") or {}
+    name = full["settings"].get("name", "?") if full else "?"
+    rounds = full["settings"].get("rounds", "?") if full else "?"
+    completed = len(full.get("per_round", [])) if full else 0
     lines = [
-        f"federation {summary.get('federation_id')} ({settings.get('name', '?')}) — "
+        f"federation {summary.get('federation_id')} ({name}) — "
         f"{summary.get('status')} (from its summary.json: the coordinator has exited)",
-        f"rounds completed {len(summary.get('per_round') or [])} of {settings.get('rounds', '?')}",
+        f"rounds completed {completed} of {rounds}",
         f"final: {summary.get('status')} · accuracy: {shown or 'none measured'}",
     ]
     lines.extend(f"  reason: {r}" for r in summary.get("status_reasons") or [])

@@ -11,7 +11,10 @@ evaluation) the comparison is exact.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+
+from spherecal.coordinator.summary_schema import CoordinatorSummary
+from spherecal.results_schema import SimulationResults
 
 SDS = 6.0
 
@@ -26,13 +29,14 @@ def within_noise(federated: float | None, exact: float | None, sd: float | None)
 
 
 def assert_accuracy_within_noise(
-    results: dict[str, Any],
-    exact: dict[str, float],
+    results: CoordinatorSummary | SimulationResults,
+    exact: Mapping[str, float | None] | None,
     names: tuple[str, ...] = ("none", "ffc", "ccvr"),
 ) -> None:
     """Each head's federated accuracy in ``results`` against ``exact``."""
-    fed = results["federated_evaluation"]
-    spread = fed.get("accuracy_sd") or {}
+    fed, accuracy = results["federated_evaluation"], results["accuracy"]
+    assert fed is not None and accuracy is not None and exact is not None
+    spread = fed["accuracy_sd"]
     for name in names:
-        got, want, sd = results["accuracy"][name], exact[name], spread.get(name)
+        got, want, sd = accuracy[name], exact[name], spread.get(name)
         assert within_noise(got, want, sd), f"{name}: {got} vs {want} (sd {sd})"

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.summary_schema import ConductSummary
 from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = ["REFUSAL_KINDS", "Conduct", "Exclusion", "Refusal", "should_exclude"]
@@ -151,12 +151,28 @@ class Conduct:
         with self._lock:
             return [p for p in participants if p not in self.excluded]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ConductSummary:
         with self._lock:
             return {
-                "refusals": [asdict(r) for r in self.refusals],
+                "refusals": [
+                    {
+                        "participant": r.participant,
+                        "job": r.job,
+                        "purpose": r.purpose,
+                        "kind": r.kind,
+                        "rule": r.rule,
+                        "reason": r.reason,
+                    }
+                    for r in self.refusals
+                ],
                 "excluded": [
-                    {**asdict(e), "complainants": list(e.complainants)}
+                    {
+                        "participant": e.participant,
+                        "job": e.job,
+                        "purpose": e.purpose,
+                        "reason": e.reason,
+                        "complainants": list(e.complainants),
+                    }
                     for e in self.excluded.values()
                 ],
             }

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
 from spherecal.coordinator.driver.evaluation_stage import federated_evaluation
 from spherecal.coordinator.driver.stages import StageContext
+from spherecal.coordinator.summary_schema import FederatedEvaluation
 from spherecal.spherefed.calibration_suite import (
     DEFAULT_VALUE,
     PARAMETER,
@@ -45,6 +46,14 @@ __all__ = ["NO_VALIDATION", "candidate_name", "select_closed_forms"]
 
 NO_VALIDATION = "default, no validation"
 """``calibration.<name>.selection`` when no participant had a validation sample."""
+
+
+class EmptyEvaluation(TypedDict):
+    """What stands for the validation evaluation when no grid point gave a head."""
+
+    accuracy: dict[str, float | None]
+    error: str
+    samples: int
 
 
 def candidate_name(name: str, value: float) -> str:
@@ -110,7 +119,7 @@ def select_closed_forms(
         )
     candidates, rows, notes = _candidates(names, grids, stats)
     ctx.say(f"closed forms: {len(candidates)} candidate heads scored on validation")
-    fed: dict[str, Any] = (
+    fed: FederatedEvaluation | EmptyEvaluation = (
         federated_evaluation(ctx, global_vector, dict(candidates), None, split="validation")
         if candidates
         else {"accuracy": {}, "error": "every grid point failed", "samples": 0}

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spherecal.coordinator.summary_schema import PrivacySummary
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.privacy.ledger import PrivacyLedger, SqliteLedgerStore
@@ -195,7 +196,7 @@ class CoordinatorPrivacy:
             self.dpsgd_steps.append(summary)
         return summary
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> PrivacySummary:
         s = self.settings
         with self._lock:
             report = self.ledger.report()

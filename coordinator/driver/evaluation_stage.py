@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,8 @@ from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.summary_schema import EvaluationNoise as NoiseJson
+from spherecal.coordinator.summary_schema import FederatedEvaluation
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.data import load_dataset
 from spherecal.spherefed.discriminant import CalibratedHead
@@ -161,7 +163,7 @@ def federated_evaluation(
     round_index: int | None,
     *,
     split: str = "test",
-) -> dict[str, Any]:
+) -> FederatedEvaluation:
     """Every live participant evaluates the model (without calibration, ``"none"``, and
     with each head) on its test data — or, with ``split="validation"``, on its
     validation split (the calibrators' grid); accuracies are Σ correct / Σ total.
@@ -236,7 +238,7 @@ def federated_evaluation(
     )
     accuracy: dict[str, float | None] = {name: None for name in names}
     spread: dict[str, float | None] = {name: None for name in names}
-    noise_json: dict[str, Any] | None = None
+    noise_json: NoiseJson | None = None
     total: float = 0
     contributors: list[str] = []
     dropped: dict[str, str] = {}
@@ -255,7 +257,7 @@ def federated_evaluation(
                     values = np.asarray(gathered.values, dtype=np.float64)
                     total = float(values[0])
                     correct = {n: float(c) for n, c in zip(names, values[1:], strict=True)}
-                    noise_json = noise.to_json(len(contributors))
+                    noise_json = cast(NoiseJson, noise.to_json(len(contributors)))
                     sum_sd = noise.sum_sd(len(contributors))
                     if total < UNRESOLVED_SDS * sum_sd:  # e.g. no validation split anywhere
                         total = 0.0

@@ -51,6 +51,7 @@ from spherecal.coordinator.state.registry import Member, Registry
 from spherecal.coordinator.state.spool import Spool
 from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.summary_schema import CoordinatorSummary, RoundMetrics
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 
@@ -151,7 +152,7 @@ class Federation:
         return self.progress.resumed_from
 
     @property
-    def round_metrics(self) -> list[dict[str, Any]]:
+    def round_metrics(self) -> list[RoundMetrics]:
         return self.progress.round_metrics
 
     @property
@@ -380,7 +381,7 @@ class Federation:
             board.wait(0.2)
         self.say(f"{len(self.registry.joined())}/{len(roster)} participants joined")
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CoordinatorSummary:
         """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
         return summary(
             settings=self.settings,

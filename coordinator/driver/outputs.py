@@ -6,9 +6,10 @@ in docs/deployment.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -21,6 +22,15 @@ from spherecal.coordinator.driver.stages import Progress
 from spherecal.coordinator.driver.strategy import update_bound
 from spherecal.coordinator.driver.verdict import coverage, headline_coverage
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.summary_schema import (
+    SUMMARY_SCHEMA,
+    ConductSummary,
+    CoordinatorSummary,
+    HistoryRow,
+    RoundMetrics,
+    Timings,
+    as_status,
+)
 from spherecal.proto.codec import model_spec_to_json
 from spherecal.spherefed.discriminant import CalibratedHead
 from spherecal.spherefed.saved import head_document, save_head
@@ -86,14 +96,17 @@ def summary(
     audit_log: Path,
     privacy: CoordinatorPrivacy | None,
     conduct: Conduct | None = None,
-) -> dict[str, Any]:
+) -> CoordinatorSummary:
     """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
     s = settings
     results = progress.results
+    conducted: ConductSummary = (
+        conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}
+    )
     return {
-        "schema": "spherecal.coordinator-summary/1",
+        "schema": SUMMARY_SCHEMA,
         "federation_id": federation_id,
-        "status": status,
+        "status": as_status(status),
         "status_reasons": list(progress.status_reasons),
         "errors": list(progress.errors),
         "warnings": list(progress.warnings),
@@ -146,7 +159,9 @@ def summary(
             "log": list(progress.retries),
         },
         "jobs": list(progress.job_summaries),
-        "timings": dict(progress.timings),
+        # the driver's accumulator (keys made per statistics kind): the shape test
+        # holds what it wrote against ``Timings``
+        "timings": cast(Timings, dict(progress.timings)),
         "models": results.get("models", {}),
         "saved_statistics": results.get("saved_statistics", {}),
         "model": {
@@ -156,16 +171,17 @@ def summary(
         },
         "audit_log": str(audit_log),
         "privacy": privacy.summary() if privacy is not None else {"enabled": False},
-        **(conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}),
+        "refusals": conducted["refusals"],
+        "excluded": conducted["excluded"],
     }
 
 
-def round_history(per_round: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def round_history(per_round: list[RoundMetrics]) -> list[HistoryRow]:
     """One small row per completed round, what a plot of the run needs (issue #23):
     ``round`` (1-based), ``train_loss`` (the mean over contributors, as summed
     securely; None if unknown), ``federated_accuracy`` / ``test_accuracy`` (None
     where not evaluated that round), ``contributors`` (how many), ``seconds``."""
-    rows = []
+    rows: list[HistoryRow] = []
     for m in per_round:
         loss = m.get("train_loss")
         rows.append(
@@ -181,7 +197,7 @@ def round_history(per_round: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     """Write atomically (temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from spherecal.coordinator.driver.stages import Say
+from spherecal.coordinator.summary_schema import RoundMetrics
 
 __all__ = ["DEBUG_PREFIX", "eta_text", "is_routine", "leveled", "round_line"]
 
@@ -77,7 +77,7 @@ def eta_text(seconds_per_round: Sequence[float], done: int, total: int) -> str:
     return f"{done}/{total} rounds, {mean:.1f} s/round, {eta}"
 
 
-def round_line(metrics: dict[str, Any], history: Sequence[dict[str, Any]], total: int) -> str:
+def round_line(metrics: RoundMetrics, history: Sequence[RoundMetrics], total: int) -> str:
     """The one INFO line of a finished round: contributors, loss, accuracy, dropouts,
     and the progress with its ETA (``history`` includes this round)."""
     contributors = metrics.get("contributors") or ()

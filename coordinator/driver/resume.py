@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +21,7 @@ from spherecal.coordinator.driver.strategy import Strategy
 from spherecal.coordinator.errors import FederationFailed
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.summary_schema import RoundMetrics
 
 __all__ = ["Opened", "open_state"]
 
@@ -34,7 +34,7 @@ class Opened:
     global_vector: npt.NDArray[np.float64] | None  # None: start from the initial model
     completed_rounds: int
     resumed_from: int | None
-    round_metrics: list[dict[str, Any]]
+    round_metrics: list[RoundMetrics]
     checkpoint_path: str | None = None
 
 

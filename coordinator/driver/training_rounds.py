@@ -51,6 +51,7 @@ from spherecal.coordinator.driver.strategy import Strategy, update_bound
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.driver.validation_gate import RoundGate
 from spherecal.coordinator.errors import FederationFailed
+from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.fl import derive_seed
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
@@ -142,7 +143,7 @@ class RoundDriver:
             f"failed job and each site releases one update per round "
             f"(RULE_RELEASE_REPEATED); last attempt: {last_error}"
         )
-        metrics: dict[str, Any] = {
+        metrics: RoundMetrics = {
             "round": r + 1,
             "status": "lost",
             "attempt": self.ctx.settings.training.max_round_attempts,
@@ -344,7 +345,7 @@ class RoundDriver:
         s = ctx.settings
         progress = ctx.progress
         contributors = gathered.contributors
-        metrics: dict[str, Any] = {
+        metrics: RoundMetrics = {
             "round": r + 1,
             "attempt": attempt,
             "selected": selected,
@@ -355,6 +356,7 @@ class RoundDriver:
             "test_accuracy": None,
             "federated_accuracy": None,
             "secure_job": gathered.job.job_hex if gathered.job is not None else None,
+            "seconds": 0.0,  # set once the round's evaluation ran (below)
         }
         if self.evaluator is not None:
             metrics["test_accuracy"] = self.evaluator.accuracy(progress.global_vector)

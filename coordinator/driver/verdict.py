@@ -37,6 +37,12 @@ from typing import Any
 
 from spherecal.coordinator.driver.stages import Progress
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.summary_schema import (
+    Coverage,
+    HeadlineCoverage,
+    JobCoverage,
+    RoundCoverage,
+)
 
 __all__ = ["Verdict", "assess", "calibration_gaps", "coverage", "headline_coverage"]
 
@@ -137,10 +143,10 @@ def calibration_gaps(settings: CoordinatorSettings, progress: Progress) -> list[
     return reasons
 
 
-def coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any]:
+def coverage(settings: CoordinatorSettings, progress: Progress) -> Coverage:
     """Per round and per job: who was asked, how many inputs were summed, who was
     missing and why."""
-    rounds = []
+    rounds: list[RoundCoverage] = []
     for m in progress.round_metrics:
         selected = list(m.get("selected", []))
         summed = list(m.get("contributors", []))
@@ -156,16 +162,16 @@ def coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any
                 },
             }
         )
-    jobs = []
+    jobs: list[JobCoverage] = []
     for j in progress.job_summaries:
         asked = list(j.get("participants", []))
         summed = list(j.get("contributors", []))
         dropped = dict(j.get("dropped", {}))
         jobs.append(
             {
-                "purpose": j.get("purpose"),
+                "purpose": j["purpose"],
                 "round": j.get("round"),
-                "status": j.get("status"),
+                "status": j["status"],
                 "asked": len(asked),
                 "summed": len(summed) if j.get("status") == "done" else 0,
                 "missing": {
@@ -182,7 +188,7 @@ def coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any
     }
 
 
-def headline_coverage(settings: CoordinatorSettings, progress: Progress) -> dict[str, Any]:
+def headline_coverage(settings: CoordinatorSettings, progress: Progress) -> HeadlineCoverage:
     """What the headline accuracy (federated evaluation of the final model) covers."""
     fed = progress.results.get("federated_evaluation")
     roster = list(settings.participants)

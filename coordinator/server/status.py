@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
 
 import grpc
 
@@ -23,6 +22,7 @@ from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Peer, Registry
+from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = ["RefusalCounter", "authorize_admin", "federation_status", "job_statuses"]
@@ -88,7 +88,7 @@ def job_statuses(federation: Federation) -> list[pb.JobStatus]:
     return out
 
 
-def _round_summary(metrics: dict[str, Any]) -> pb.RoundSummary:
+def _round_summary(metrics: RoundMetrics) -> pb.RoundSummary:
     summary = pb.RoundSummary(
         round=int(metrics.get("round", 0)),  # already 1-based
         selected=len(metrics.get("selected") or ()),
@@ -97,10 +97,10 @@ def _round_summary(metrics: dict[str, Any]) -> pb.RoundSummary:
         seconds=float(metrics.get("seconds") or 0.0),
         dropped=sorted(metrics.get("dropped") or {}),
     )
-    if metrics.get("test_accuracy") is not None:
-        summary.test_accuracy = float(metrics["test_accuracy"])
-    if metrics.get("federated_accuracy") is not None:
-        summary.federated_accuracy = float(metrics["federated_accuracy"])
+    if (test := metrics.get("test_accuracy")) is not None:
+        summary.test_accuracy = float(test)
+    if (federated := metrics.get("federated_accuracy")) is not None:
+        summary.federated_accuracy = float(federated)
     return summary
 
 

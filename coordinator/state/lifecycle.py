@@ -27,7 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import cast
+
+from spherecal.coordinator.summary_schema import EndedResult, SummaryDocument
 
 __all__ = [
     "ENDED_STATUSES",
@@ -87,7 +89,7 @@ def finished_federation(state_dir: Path) -> Finished | None:
     return Finished(federation_id=str(federation_id), status=str(status), database=database)
 
 
-def stored_result(finished: Finished, out_dir: Path) -> dict[str, Any]:
+def stored_result(finished: Finished, out_dir: Path) -> SummaryDocument | EndedResult:
     """The result to report: ``out_dir/summary.json`` when it is this federation's
     (read, never rewritten), else the database's status with the reason it gives."""
     path = out_dir / "summary.json"
@@ -96,7 +98,7 @@ def stored_result(finished: Finished, out_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         summary = None
     if isinstance(summary, dict) and summary.get("federation_id") == finished.federation_id:
-        return summary
+        return cast(SummaryDocument, summary)  # the file our writer wrote for this federation
     return {
         "federation_id": finished.federation_id,
         "status": finished.status,

@@ -2,8 +2,9 @@
 database is brought up to it.
 
 Why a module of its own: the store's module is about the single-writer thread and
-its operations; the table definitions and their migrations are data that grows with
-each release, kept here so neither outgrows the module size limit.
+its operations; the table definitions and their migrations are data, versioned with
+each release, which a reader of the store's behaviour need not wade through (and a
+reviewer of a migration finds in one place).
 """
 
 from __future__ import annotations

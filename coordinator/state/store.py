@@ -38,7 +38,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +48,7 @@ from spherecal.coordinator.errors import StorageFailed
 from spherecal.coordinator.state.schema import SCHEMA, SCHEMA_VERSION, add_missing_columns
 from spherecal.coordinator.state.state_dir import StateDamaged
 from spherecal.coordinator.state.storage_faults import commit_failure, storage_failure
+from spherecal.coordinator.summary_schema import RoundMetrics
 
 __all__ = ["RoundRecord", "Store"]
 
@@ -60,7 +61,7 @@ class RoundRecord:
     status: str
     checkpoint_path: str | None
     checkpoint_sha256: str | None
-    metrics: dict[str, Any]
+    metrics: RoundMetrics  # a completed round's, as the driver stored it (``round_finished``)
 
 
 _STOP = object()
@@ -348,7 +349,7 @@ class Store:
         self,
         round_index: int,
         status: str,
-        metrics: dict[str, Any],
+        metrics: Mapping[str, object],
         checkpoint: tuple[str, str] | None = None,
     ) -> None:
         path, digest = checkpoint if checkpoint is not None else (None, None)

@@ -42,6 +42,7 @@ import ray  # spherecal.engines chose the authentication mode before this import
 from spherecal.certs import DEFAULT_HOSTS, init_ca, issue_participant
 from spherecal.config import load_participant_config
 from spherecal.engines.virtual import HostReport, ParticipantHost, VirtualParticipant
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate import (
     Progress,
     Simulation,
@@ -49,6 +50,7 @@ from spherecal.simulate import (
     SimulationSettings,
     run_simulation,
 )
+from spherecal.simulate.results import dropped_entry
 
 __all__ = [
     "RayEngineSettings",
@@ -320,15 +322,14 @@ class RaySimulation(Simulation):
             report = HostReport(**raw)
             codes.update(report.exit_codes)
             for record in report.dropped:
-                entry = dict(record)
-                entry["at_s"] = round(entry.pop("at_unix") - self._t0_unix, 3)
+                entry = dropped_entry(record, float(record["at_unix"]) - self._t0_unix)
                 with self._lock:
                     self.dropped.append(entry)
             for error in report.errors:
                 self.progress(f"[simulate] worker on {report.node}: {error}")
         return codes
 
-    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> dict[str, Any]:
+    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> SimulationResults:
         out = super().results(exit_codes, wall_s)
         out["engine"] = {
             "name": "ray",
@@ -365,7 +366,7 @@ def run_ray_simulation(
     settings: SimulationSettings,
     engine: RayEngineSettings | None = None,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> SimulationResults:
     """:func:`~spherecal.simulate.run_simulation` with the ray engine."""
     chosen = engine or RayEngineSettings()
     return run_simulation(

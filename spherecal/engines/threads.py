@@ -34,10 +34,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from spherecal.config import load_participant_config
 from spherecal.engines.virtual import ParticipantHost, VirtualParticipant
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate import (
     Progress,
     Simulation,
@@ -45,6 +45,7 @@ from spherecal.simulate import (
     SimulationSettings,
     run_simulation,
 )
+from spherecal.simulate.results import dropped_entry
 
 __all__ = ["ThreadSimulation", "run_threads_simulation"]
 
@@ -104,15 +105,14 @@ class ThreadSimulation(Simulation):
         codes.update(report.exit_codes)
         offset = _unix_at_start(self)
         for record in report.dropped:
-            entry = dict(record)
-            entry["at_s"] = round(entry.pop("at_unix") - offset, 3)
+            entry = dropped_entry(record, float(record["at_unix"]) - offset)
             with self._lock:
                 self.dropped.append(entry)
         for error in report.errors:
             self.progress(f"[simulate] threads: {error}")
         return codes
 
-    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> dict[str, Any]:
+    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> SimulationResults:
         out = super().results(exit_codes, wall_s)
         out["engine"] = {"name": "threads"}
         return out
@@ -137,6 +137,6 @@ def _unix_at_start(sim: Simulation) -> float:
 
 def run_threads_simulation(
     settings: SimulationSettings, progress: Progress | None = None
-) -> dict[str, Any]:
+) -> SimulationResults:
     """:func:`~spherecal.simulate.run_simulation` with the threads engine."""
     return run_simulation(settings, progress, factory=ThreadSimulation)

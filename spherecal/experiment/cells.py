@@ -21,16 +21,17 @@ import torch
 
 from spherecal.experiment.grid import Progress, RunSpec
 from spherecal.experiment.service_engine import train_cell_as_service
+from spherecal.results_schema import CellRecord
 from spherecal.spherefed.reference import ReferenceConfig, run_federation
 
 __all__ = ["ProgressBar", "execute_run", "fmt_time", "limit_blas", "run_cells", "write_json"]
 
 
-def execute_run(spec: RunSpec, base: ReferenceConfig) -> dict[str, Any]:
+def execute_run(spec: RunSpec, base: ReferenceConfig) -> CellRecord:
     """Train one cell and return its compact record (never raises on divergence)."""
     cfg = spec.config(base)
     t0 = time.perf_counter()
-    record: dict[str, Any] = {
+    record: CellRecord = {
         "key": spec.key(base),
         "run": {
             "method": spec.method.key,
@@ -41,12 +42,14 @@ def execute_run(spec: RunSpec, base: ReferenceConfig) -> dict[str, Any]:
             "oracle": spec.oracle,
         },
         "identity": spec.identity(base),
+        "diverged": False,
+        "warnings": [],
+        "seconds": 0.0,
     }
     if spec.engine == "service":
         if spec.oracle:
             raise ValueError("the oracle re-run is in-process only")
         record.update(train_cell_as_service(spec, base))
-        record["warnings"] = []
         record["seconds"] = time.perf_counter() - t0
         return record
     seen: list[str] = []
@@ -62,21 +65,16 @@ def execute_run(spec: RunSpec, base: ReferenceConfig) -> dict[str, Any]:
                 describe=spec.method.describe(spec.temperature),
             )
         seen = sorted({f"{w.category.__name__}: {str(w.message)[:160]}" for w in caught})
-        record.update(
-            {
-                "diverged": False,
-                "accuracy": res["accuracy"],
-                "validation_accuracy": res["validation_accuracy"],
-                "per_round": [r["test_accuracy"] for r in res["per_round"]],
-                "train_loss": [r["train_loss"] for r in res["per_round"]],
-            }
-        )
+        record["accuracy"] = res["accuracy"]
+        record["validation_accuracy"] = res["validation_accuracy"]
+        record["per_round"] = [r["test_accuracy"] for r in res["per_round"]]
+        record["train_loss"] = [r["train_loss"] for r in res["per_round"]]
         if "oracle" in res:
             record["oracle"] = res["oracle"]["best"]
         if "calibration" in res:  # the ridge / shrinkage each closed form chose on validation
             record["calibration"] = {k: v["chosen"] for k, v in res["calibration"].items()}
     except FloatingPointError as exc:
-        record.update({"diverged": True, "error": str(exc)})
+        record["diverged"], record["error"] = True, str(exc)
     record["warnings"] = seen
     record["seconds"] = time.perf_counter() - t0
     return record
@@ -106,7 +104,7 @@ def limit_blas(threads: int) -> None:
     threadpool_limits(threads)
 
 
-def _run_and_store(spec: RunSpec, base: ReferenceConfig, path: str) -> dict[str, Any]:
+def _run_and_store(spec: RunSpec, base: ReferenceConfig, path: str) -> CellRecord:
     record = execute_run(spec, base)
     write_json(Path(path), record)
     return record
@@ -121,7 +119,7 @@ class ProgressBar:
         self.t0 = time.perf_counter()
         self.ran = 0
 
-    def update(self, label: str, record: dict[str, Any]) -> None:
+    def update(self, label: str, record: CellRecord) -> None:
         self.done += 1
         self.ran += 1
         elapsed = time.perf_counter() - self.t0
@@ -154,7 +152,7 @@ def _run_on_ray(
     todo: list[tuple[str, RunSpec]],
     base: ReferenceConfig,
     cells_dir: Path,
-    records: dict[str, dict[str, Any]],
+    records: dict[str, CellRecord],
     bar: ProgressBar,
     *,
     threads: int,
@@ -165,7 +163,7 @@ def _run_on_ray(
     driver's disk, as it arrives: a worker on another machine could not write it."""
     from spherecal.engines.ray import connect, disconnect, map_on_ray
 
-    def store(index: int, record: dict[str, Any]) -> None:
+    def store(index: int, record: CellRecord) -> None:
         key, spec = todo[index]
         write_json(cells_dir / f"{key}.json", record)
         records[key] = record
@@ -190,7 +188,7 @@ def run_cells(
     phase: str = "",
     ray: bool = False,
     ray_address: str | None = None,
-) -> tuple[dict[str, dict[str, Any]], int, int]:
+) -> tuple[dict[str, CellRecord], int, int]:
     """Run every cell not yet on disk; return ``(records by key, ran, cached)``.
 
     Each record is written to ``cells_dir/<key>.json`` as soon as its run ends, so an
@@ -201,7 +199,7 @@ def run_cells(
     unique: dict[str, RunSpec] = {}
     for spec in specs:
         unique.setdefault(spec.key(base), spec)
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, CellRecord] = {}
     todo: list[tuple[str, RunSpec]] = []
     for key, spec in unique.items():
         path = cells_dir / f"{key}.json"
@@ -226,7 +224,7 @@ def run_cells(
         with ProcessPoolExecutor(
             max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)
         ) as pool:
-            pending: dict[Future[dict[str, Any]], tuple[str, RunSpec]] = {}
+            pending: dict[Future[CellRecord], tuple[str, RunSpec]] = {}
             queue = list(todo)
             while queue or pending:
                 while queue and len(pending) < 2 * workers:

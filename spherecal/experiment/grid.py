@@ -12,8 +12,9 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
+from spherecal.results_schema import CellIdentity, ReferenceSettings
 from spherecal.spherefed.algorithms.methods import (
     ABLATION,
     BASES,
@@ -271,13 +272,13 @@ class RunSpec:
         cfg = self.column.apply(replace(base, seed=self.seed))
         return self.method.reference_config(cfg, lr=self.lr)
 
-    def identity(self, base: ReferenceConfig) -> dict[str, Any]:
+    def identity(self, base: ReferenceConfig) -> CellIdentity:
         """Everything that determines the run's numbers (and nothing else). The
         engine joins the identity only when it is not the in-process one, so cells
         made before engines existed keep their keys."""
-        out: dict[str, Any] = {
+        out: CellIdentity = {
             "format": CELL_FORMAT,
-            "config": self.config(base).to_json(),
+            "config": cast(ReferenceSettings, self.config(base).to_json()),
             "method": self.method.describe(self.temperature),
             "oracle": self.oracle,
         }

@@ -25,6 +25,7 @@ from spherecal.experiment.grid import CALIBRATIONS, SCHEMA, Column, ExperimentSe
 from spherecal.experiment.markdown import GAIN_ORDER, render_markdown
 from spherecal.experiment.plots import write_plots
 from spherecal.experiment.selection import Candidate, Slot, candidates, finite, select, stats
+from spherecal.results_schema import CellRecord, GainSeed, WarningCount
 from spherecal.spherefed.algorithms.methods import MethodSpec
 from spherecal.spherefed.reference import ReferenceConfig
 
@@ -34,10 +35,10 @@ __all__ = ["build_report", "command_line", "load_results", "write_outputs"]
 def build_report(
     settings: ExperimentSettings,
     specs: Sequence[RunSpec],
-    records: dict[str, dict[str, Any]],
+    records: dict[str, CellRecord],
     base: ReferenceConfig,
     *,
-    oracle_records: dict[str, dict[str, Any]] | None = None,
+    oracle_records: dict[str, CellRecord] | None = None,
     command: str | None = None,
     timings: dict[str, Any] | None = None,
     threads: int = 1,
@@ -62,7 +63,7 @@ def build_report(
     for m in methods:
         gains[m.key], curves[m.key] = {}, {}
         for col in columns:
-            seeds_out: list[dict[str, Any]] = []
+            seeds_out: list[GainSeed] = []
             curve_runs = []
             for seed in seeds:
                 pick = select(cands.get((m.key, col.key, seed), []), "none")
@@ -70,7 +71,7 @@ def build_report(
                     seeds_out.append({"seed": seed, "diverged": True})
                     continue
                 spec, rec = pick
-                entry = {
+                entry: GainSeed = {
                     "seed": seed,
                     "lr": spec.lr,
                     "temperature": spec.temperature,
@@ -90,13 +91,7 @@ def build_report(
             cal_keys = [c for c in GAIN_ORDER if any(c in s["test"] for s in ok)]
             cal_keys += ["oracle"] if has_oracle else []
             gaps = {
-                f"{c}_gap": stats(
-                    [
-                        s["test"]["oracle"] - s["test"][c]
-                        for s in ok
-                        if finite(s["test"].get(c)) and finite(s["test"].get("oracle"))
-                    ]
-                )
+                f"{c}_gap": stats([_diff(s["test"], "oracle", c) for s in ok])
                 for c in ["none", *cal_keys]
                 if has_oracle and c != "oracle"
             }
@@ -104,9 +99,7 @@ def build_report(
                 **gaps,
                 "none": stats([s["test"]["none"] for s in ok]),
                 **{
-                    f"{c}_gain": stats(
-                        [s["test"][c] - s["test"]["none"] for s in ok if finite(s["test"].get(c))]
-                    )
+                    f"{c}_gain": stats([_diff(s["test"], c, "none") for s in ok])
                     for c in cal_keys
                 },
                 **{c: stats([s["test"].get(c, math.nan) for s in ok]) for c in cal_keys},
@@ -192,8 +185,15 @@ def build_report(
     }
 
 
+def _diff(test: dict[str, float | None], a: str, b: str) -> float | None:
+    """``test[a] - test[b]`` where both are finite numbers, else None (left out of
+    the statistics)."""
+    x, y = test.get(a), test.get(b)
+    return x - y if x is not None and y is not None and finite(x) and finite(y) else None
+
+
 def _hosting_counts(
-    specs: Sequence[RunSpec], records: dict[str, dict[str, Any]], base: ReferenceConfig
+    specs: Sequence[RunSpec], records: dict[str, CellRecord], base: ReferenceConfig
 ) -> dict[str, int]:
     """How many of the table's service cells had their participants hosted which way
     (cells are reused across hostings; a cell made before the hosting was recorded
@@ -208,7 +208,7 @@ def _hosting_counts(
     return counts
 
 
-def _summarise_warnings(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def _summarise_warnings(records: Iterable[CellRecord]) -> list[WarningCount]:
     """Distinct warnings (numbers masked) with the number of runs that raised them."""
     counts: dict[str, int] = {}
     example: dict[str, str] = {}

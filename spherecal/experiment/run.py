@@ -11,6 +11,7 @@ from spherecal.experiment.cells import fmt_time, run_cells
 from spherecal.experiment.grid import ExperimentSettings, Progress, grid_runs
 from spherecal.experiment.report import build_report, write_outputs
 from spherecal.experiment.selection import select_runs
+from spherecal.results_schema import CellRecord
 
 __all__ = ["run_experiment"]
 
@@ -58,7 +59,7 @@ def run_experiment(
         ray=ray,
         ray_address=ray_address,
     )
-    oracle_records: dict[str, dict[str, Any]] = {}
+    oracle_records: dict[str, CellRecord] = {}
     if oracle_in_grid:
         oracle_records = records
     elif settings.table == "calibration" and settings.engine == "inprocess":

@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 
 from spherecal.experiment.grid import ExperimentSettings, RunSpec
+from spherecal.results_schema import CellRecord, Stats
 from spherecal.spherefed.reference import ReferenceConfig
 
 __all__ = ["Candidate", "Slot", "candidates", "finite", "select", "select_runs", "stats"]
 
 Slot = tuple[str, str, int]  # (method key, column key, seed)
-Candidate = tuple[RunSpec, dict[str, Any]]
+Candidate = tuple[RunSpec, CellRecord]
 
 
 def finite(x: Any) -> bool:
@@ -27,7 +28,7 @@ def finite(x: Any) -> bool:
 
 
 def candidates(
-    specs: Sequence[RunSpec], records: dict[str, dict[str, Any]], base: ReferenceConfig
+    specs: Sequence[RunSpec], records: dict[str, CellRecord], base: ReferenceConfig
 ) -> dict[Slot, list[Candidate]]:
     """Grid runs grouped by (method, column, seed), in grid order."""
     out: dict[Slot, list[Candidate]] = {}
@@ -47,8 +48,8 @@ def select(cands: Sequence[Candidate], criterion: str) -> Candidate | None:
     for spec, rec in cands:
         if rec.get("diverged"):
             continue
-        val = rec["validation_accuracy"].get(criterion)
-        if not finite(val):
+        val = rec.get("validation_accuracy", {}).get(criterion)
+        if val is None or not finite(val):
             continue
         if float(val) > best_val:
             best, best_val = (spec, rec), float(val)
@@ -58,7 +59,7 @@ def select(cands: Sequence[Candidate], criterion: str) -> Candidate | None:
 def select_runs(
     settings: ExperimentSettings,
     specs: Sequence[RunSpec],
-    records: dict[str, dict[str, Any]],
+    records: dict[str, CellRecord],
     base: ReferenceConfig,
     *,
     criterion: str,
@@ -71,8 +72,8 @@ def select_runs(
     return chosen
 
 
-def stats(values: list[float]) -> dict[str, Any]:
-    kept = [v for v in values if finite(v)]
+def stats(values: Sequence[float | None]) -> Stats:
+    kept = [v for v in values if v is not None and finite(v)]
     if not kept:
         return {"mean": None, "std": None, "n": 0}
     arr = np.asarray(kept, dtype=np.float64)

@@ -40,12 +40,12 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from spherecal.experiment.grid import HOSTINGS, RunSpec
 from spherecal.proto.codec import model_spec_from_json
+from spherecal.results_schema import ServiceCell
 from spherecal.spherefed.fl import evaluate
 from spherecal.spherefed.network import ModelSpec, build_model
 from spherecal.spherefed.reference import ReferenceConfig, prepare_data
@@ -95,7 +95,7 @@ def _log_tail(logs: Path, lines: int = 5) -> str:
 
 def train_cell_as_service(
     spec: RunSpec, base: ReferenceConfig, *, work_dir: Path | None = None, threads: int = 1
-) -> dict[str, Any]:
+) -> ServiceCell:
     """Train one cell through the service; the record :func:`.cells.execute_run`
     returns (never raises for a federation that fails: it is recorded)."""
     from spherecal.engines.threads import ThreadSimulation
@@ -108,7 +108,7 @@ def train_cell_as_service(
     cfg = service_config(spec, base)
     parent = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="spherecal-"))
     out = parent / "federation"
-    record: dict[str, Any] = {"engine": "service", "service": {"hosting": spec.hosting}}
+    record: ServiceCell = {"engine": "service", "service": {"hosting": spec.hosting}}
     try:
         settings = SimulationSettings(
             reference=cfg,
@@ -133,10 +133,8 @@ def train_cell_as_service(
                 "error": f"federation {results.get('status')}: {errors}",
             }
         central = results.get("central_accuracy") or {}
-        test = {
-            name: float(central[name]) if central.get(name) is not None else math.nan
-            for name in CALIBRATIONS
-        }
+        found = {name: central.get(name) for name in CALIBRATIONS}
+        test = {name: math.nan if v is None else float(v) for name, v in found.items()}
         per_round = results.get("per_round", [])
         record.update(
             {

@@ -19,10 +19,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from spherecal.certs import init_ca, issue_participant
+from spherecal.coordinator.summary_schema import SummaryDocument
 from spherecal.participant.faults import HALT_MARKER
+from spherecal.results_schema import Dropped, SimulationResults
 from spherecal.simulate.configs import (
     DataShape,
     coordinator_document,
@@ -75,7 +77,7 @@ class Simulation:
         (self.out / "participants").mkdir(exist_ok=True)
         self.coordinator: _Proc | None = None
         self.participants: dict[str, _Proc] = {}
-        self.dropped: list[dict[str, Any]] = []
+        self.dropped: list[Dropped] = []
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         self.port: int | None = None
@@ -245,7 +247,7 @@ class Simulation:
                 purpose = parts[2] if len(parts) > 2 else "?"
                 what = parts[3] if len(parts) > 3 else ""
                 proc.kill()
-                record = {
+                record: Dropped = {
                     "participant": pid,
                     "stage": stage,
                     "job": purpose,
@@ -307,17 +309,17 @@ class Simulation:
                 codes[pid] = None
         return codes
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SummaryDocument:
         path = self.out / "coordinator" / "out" / "summary.json"
         if not path.exists():
             raise SimulationError(
                 f"the coordinator wrote no summary; see {self.out / 'logs' / 'coordinator.log'}"
             )
-        data: dict[str, Any] = json.loads(path.read_text())
+        data: SummaryDocument = json.loads(path.read_text())
         return data
 
     # ------------------------------------------------------------------ results
-    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> dict[str, Any]:
+    def results(self, exit_codes: dict[str, int | None], wall_s: float) -> SimulationResults:
         """The ``results.json`` document of this run (see :mod:`.results`)."""
         return build_results(
             self.settings,

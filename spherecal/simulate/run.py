@@ -6,8 +6,8 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any
 
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate.processes import Simulation
 from spherecal.simulate.settings import Progress, SimulationSettings
 
@@ -20,7 +20,7 @@ def run_simulation(
     *,
     factory: Callable[[SimulationSettings, Progress], Simulation] = Simulation,
     listen: str = "127.0.0.1:0",
-) -> dict[str, Any]:
+) -> SimulationResults:
     """Run the whole simulated federation; writes and returns ``results.json``.
 
     ``factory`` picks the engine (``spherecal.engines.ray`` passes its own

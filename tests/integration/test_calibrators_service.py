@@ -48,7 +48,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
     settings = SimulationSettings(
         reference=REFERENCE, out=out, calibration=CALIBRATION_NAMES, timeout_s=240
     )
-    return run_simulation(settings), out
+    return dict[str, Any](run_simulation(settings)), out
 
 
 @pytest.fixture(scope="module")

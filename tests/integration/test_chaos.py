@@ -93,7 +93,7 @@ def _settings(
 
 def _finish(sim: Simulation, t0: float) -> dict[str, Any]:
     sim.wait_coordinator(WAIT_S)
-    return sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+    return dict[str, Any](sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0))
 
 
 # ---------------------------------------------------------------- coordinator kills

@@ -125,7 +125,9 @@ def _run(out: Path, halts: tuple[str, ...]) -> dict[str, Any]:
             following = halts[k + 1] if k + 1 < len(halts) else None
             sim.start_coordinator(listen=f"127.0.0.1:{port}", halt=following)
         sim.wait_coordinator(WAIT_S)
-        results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        results: dict[str, Any] = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
     results["lines"] = lines.lines
     return results
 
@@ -151,7 +153,9 @@ def _run_site_kills(out: Path) -> dict[str, Any]:
             sim.start_participants(only=[pid])
             mark = index + 1
         sim.wait_coordinator(WAIT_S)
-        results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
     results["lines"] = lines.lines
     return results
 

@@ -49,7 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]
             timeout_s=300,
         )
     )
-    return results, out
+    return dict(results), out  # a plain mapping: the checks below read nested keys
 
 
 def _plan() -> DistributedDpsgdPlan:

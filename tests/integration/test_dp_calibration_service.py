@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from spherecal.audit import run_audit
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 METHODS = ("ffc", "ccvr")
 
 
-def _run(out: Path, epsilon: float) -> dict[str, Any]:
+def _run(out: Path, epsilon: float) -> SimulationResults:
     return run_simulation(
         SimulationSettings(
             reference=ReferenceConfig(participants=3, model="mlp", rounds=2, alpha=0.1),
@@ -45,13 +46,13 @@ def _run(out: Path, epsilon: float) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimulationResults, Path]:
     out = tmp_path_factory.mktemp("dp-tiny")
     return _run(out, 0.1), out
 
 
 @pytest.fixture(scope="module")
-def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimulationResults, Path]:
     out = tmp_path_factory.mktemp("dp-large")
     return _run(out, 1000.0), out
 
@@ -88,7 +89,7 @@ def test_a_tiny_epsilon_withholds_the_heads_and_says_why(
     assert set(projection["negative_counts"]) <= set(projection["emptied_classes"])
     assert projection["clipped_eigenvalues"] > 0  # σ ≈ 60 per entry: surely indefinite
     # withholding a noisy head is not a failed integrity check
-    report = run_audit(out)
+    report = dict[str, Any](run_audit(out))
     assert report["ok"], {k: v for k, v in report["checks"].items() if not v["ok"]}
     assert report["checks"]["integrity"]["withheld_dp_heads"] == sorted(METHODS)
 

@@ -43,13 +43,13 @@ def _settings(out: Path) -> SimulationSettings:
 
 @pytest.fixture(scope="module")
 def processes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_simulation(_settings(tmp_path_factory.mktemp("processes")))
+    return dict[str, Any](run_simulation(_settings(tmp_path_factory.mktemp("processes"))))
 
 
 @pytest.fixture(scope="module")
 def threads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     before = _threads()
-    run = run_threads_simulation(_settings(tmp_path_factory.mktemp("threads")))
+    run = dict[str, Any](run_threads_simulation(_settings(tmp_path_factory.mktemp("threads"))))
     assert _threads() <= before  # no participant thread outlives the run
     return run
 
@@ -66,8 +66,10 @@ def ray_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("ray")
     from spherecal.engines.ray import RayEngineSettings, run_ray_simulation
 
-    return run_ray_simulation(
-        _settings(tmp_path_factory.mktemp("ray")), RayEngineSettings(workers=2, worker_cpus=1)
+    return dict[str, Any](
+        run_ray_simulation(
+            _settings(tmp_path_factory.mktemp("ray")), RayEngineSettings(workers=2, worker_cpus=1)
+        )
     )
 
 

@@ -66,7 +66,9 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
         sim.start_coordinator()
         sim.start_participants()
         assert sim.wait_coordinator(240) == 0
-        results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
     (out / "results.json").write_text(json.dumps(results, indent=2))
     assert results["status"] == "completed", results["status_reasons"]
     yield out, results

@@ -396,7 +396,7 @@ def test_hostile_requests_then_a_legitimate_federation(tmp_path: Path) -> None:
             time.sleep(0.1)
         sim.start_participants(only=["p1", "p2"])
         assert sim.wait_coordinator(settings.timeout_s) == 0
-        results = sim.results(sim.wait_participants(), time.monotonic() - t0)
+        results = dict[str, Any](sim.results(sim.wait_participants(), time.monotonic() - t0))
     assert results["status"] == "completed", results["errors"]
     assert results["accuracy"]["ffc"] is not None
     assert set(results["exit_codes"].values()) == {0}

@@ -83,7 +83,7 @@ def test_audit_records_the_exclusion_and_that_it_held(
     run: tuple[int, dict[str, Any], Path],
 ) -> None:
     _, _, out = run
-    report = run_audit(out, out=out / "audit-test.json")
+    report = dict[str, Any](run_audit(out, out=out / "audit-test.json"))
     policy = report["checks"]["participant_policy"]
     assert policy["ok"] is True, policy
     assert [e["participant"] for e in policy["excluded"]] == ["p3"]

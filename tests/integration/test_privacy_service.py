@@ -21,9 +21,12 @@ import pytest
 
 from spherecal.audit import run_audit
 from spherecal.cli.app import main as cli_main
+from spherecal.coordinator.summary_schema import CoordinatorSummary
+from spherecal.results_schema import AuditDocument, SimulationResults
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 from tests.chromium import browser, headless
+from tests.json_shape import shape_errors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +34,7 @@ EPSILON = 1.0
 
 
 @pytest.fixture(scope="module")
-def dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimulationResults, Path]:
     out = tmp_path_factory.mktemp("dp-run")
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=4, model="mlp", rounds=2),
@@ -118,7 +121,7 @@ def test_over_budget_participant_refuses_with_the_numbers(
 
 def test_audit_passes_on_the_real_run(dp_run: tuple[dict[str, Any], Path]) -> None:
     _, out = dp_run
-    report = run_audit(out)
+    report = dict[str, Any](run_audit(out))
     assert report["ok"], {k: v for k, v in report["checks"].items() if not v["ok"]}
     assert (out / "audit.json").is_file()
     assert report["payloads"]["count"] > 0
@@ -145,7 +148,7 @@ def test_audit_flags_planted_plaintext_upload(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert not report["ok"]
     assert {"no_plaintext_statistics", "masked_uniformity"} <= _failed(report)
     assert report["checks"]["no_plaintext_statistics"]["violations"][0]["sender"] == "p2"
@@ -169,7 +172,7 @@ def test_audit_flags_planted_mask_reuse(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert _failed(report) == {"mask_reuse"}  # each upload alone still looks uniform
     (violation,) = report["checks"]["mask_reuse"]["violations"]
     assert violation["sender"] == "p1" and set(violation["jobs"]) == {job, "planted-reuse"}
@@ -191,7 +194,7 @@ def test_audit_flags_planted_under_noised_release(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert _failed(report) == {"dp_releases"}
     problem = report["checks"]["dp_releases"]["violations"][0]["problem"]
     assert "below the plan" in problem and "exceeds the target" in problem
@@ -211,7 +214,7 @@ def test_audit_flags_release_without_noise_and_double_reveal(
     )
     conn.commit()
     conn.close()
-    report = run_audit(db, out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(db, out=tmp_path / "audit.json"))
     assert _failed(report) == {"dp_releases", "share_reveals"}
     assert report["checks"]["share_reveals"]["violations"][0]["owner"] == "p2"
 
@@ -250,7 +253,7 @@ def test_html_report_renders_in_headless_chromium(
 
     path = browser()
     page = tmp_path / "audit.html"
-    report = run_audit(dp_run[1], out=tmp_path / "audit.json", html=page)
+    report = dict[str, Any](run_audit(dp_run[1], out=tmp_path / "audit.json", html=page))
     assert report["ok"]
     dom = headless(path, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
 
@@ -293,3 +296,19 @@ def test_html_report_renders_in_headless_chromium(
     assert colours is not None and len(colours) > 50  # text, badges, charts: not blank
     first_site = dict((rgb, n) for n, rgb in colours).get((0x00, 0x72, 0xB2), 0)
     assert first_site > 500, "the first site's bars are not visible in the screenshot"
+
+
+def test_written_documents_match_their_declared_shapes(
+    dp_run: tuple[SimulationResults, Path], tmp_path: Path
+) -> None:
+    """``results.json``, the coordinator's ``summary.json`` and ``audit.json`` of a DP
+    run, as written, against ``spherecal.results_schema`` (a writer that drifts from
+    the declaration fails here)."""
+    _, out = dp_run
+    run_audit(out, out=tmp_path / "audit.json")
+    for path, shape in [
+        (out / "results.json", SimulationResults),
+        (out / "coordinator" / "out" / "summary.json", CoordinatorSummary),
+        (tmp_path / "audit.json", AuditDocument),
+    ]:
+        assert shape_errors(json.loads(path.read_text()), shape) == [], path.name

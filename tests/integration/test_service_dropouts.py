@@ -52,7 +52,7 @@ def dropout_run(
         # p3 (killed at unmask) never comes back: do not wait the default minute for it
         rejoin_grace_s=2.0,
     )
-    return run_simulation(settings), settings
+    return dict[str, Any](run_simulation(settings)), settings
 
 
 def _job(results: dict[str, Any], purpose: str, round_: int | None = None) -> dict[str, Any]:
@@ -153,7 +153,7 @@ def too_few_run(
         timeout_s=240,
         rejoin_grace_s=1.0,  # p2 never comes back: do not wait the default minute
     )
-    return run_simulation(settings), settings
+    return dict[str, Any](run_simulation(settings)), settings
 
 
 def test_too_few_survivors_fail_the_job_and_the_coordinator_carries_on(

@@ -18,10 +18,13 @@ import pytest
 import torch
 
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
+from spherecal.coordinator.summary_schema import CoordinatorSummary
+from spherecal.results_schema import SimulationResults
 from spherecal.simulate import SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import CCVRStatistics
 from tests.evaluation_noise import within_noise
+from tests.json_shape import shape_errors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +34,7 @@ REFERENCE = ReferenceConfig(participants=5, model="mlp", rounds=2)
 @pytest.fixture(scope="module")
 def secure_run(
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[dict[str, Any], SimulationSettings]:
+) -> tuple[SimulationResults, SimulationSettings]:
     settings = SimulationSettings(
         reference=REFERENCE,
         out=tmp_path_factory.mktemp("secure-tls"),
@@ -185,3 +188,15 @@ def test_each_site_audits_its_own_releases_with_their_rosters(
         for evaluation in released[3:]:
             assert evaluation.noised and (evaluation.epsilon or 0) > 0
         assert audit.pairs == [] and audit.refusals == [] and audit.ok
+
+
+def test_written_documents_match_their_declared_shapes(
+    secure_run: tuple[SimulationResults, SimulationSettings],
+) -> None:
+    """``results.json`` and ``summary.json`` as written, against their declarations."""
+    _, settings = secure_run
+    for path, shape in [
+        (settings.out / "results.json", SimulationResults),
+        (settings.out / "coordinator" / "out" / "summary.json", CoordinatorSummary),
+    ]:
+        assert shape_errors(json.loads(path.read_text()), shape) == [], path.name

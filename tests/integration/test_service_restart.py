@@ -59,7 +59,7 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         killed_after = _completed_rounds(db)
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         sim.wait_coordinator(settings.timeout_s)
-        results = sim.results(sim.wait_participants(), time.monotonic() - t0)
+        results = dict[str, Any](sim.results(sim.wait_participants(), time.monotonic() - t0))
     results["killed_after"] = killed_after
     return results
 

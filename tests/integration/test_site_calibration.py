@@ -79,7 +79,7 @@ def _run(out: Path, tables: dict[str, dict[str, Any]], **kw: Any) -> dict[str, A
     settings = SimulationSettings(
         reference=REFERENCE, out=out, calibration=CALIBRATION_NAMES, timeout_s=300, **kw
     )
-    return run_simulation(settings, factory=_factory(tables))
+    return dict[str, Any](run_simulation(settings, factory=_factory(tables)))
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,7 @@ def stopped_twice(tmpfs_state: Path) -> dict[str, Any]:
         filler.unlink()
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         sim.wait_coordinator(settings.timeout_s)
-        results = sim.results(sim.wait_participants(), time.monotonic() - t0)
+        results = dict[str, Any](sim.results(sim.wait_participants(), time.monotonic() - t0))
     results["facts"] = facts
     results["stopping_heard"] = {
         p: "coordinator is stopping" in _log(out, p) for p in settings.participant_ids

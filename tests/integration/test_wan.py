@@ -67,7 +67,9 @@ def wan_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 proxies[pid].heal()
             healed_after = time.monotonic() - partitioned_at
             sim.wait_coordinator(settings.timeout_s)
-            results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+            results = dict[str, Any](
+                sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+            )
     finally:
         for proxy in proxies.values():
             proxy.close()

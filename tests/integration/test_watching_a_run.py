@@ -79,7 +79,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         finally:
             if watch.poll() is None:
                 watch.kill()
-        results = sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
     yield Run(
         out, results, subprocess.CompletedProcess(watch.args, watch.returncode, stdout, stderr)
     )
@@ -174,7 +176,8 @@ def test_audit_page_of_a_run_without_dp_renders_in_headless_chromium(
     na = re.findall(r'<tr class="check" data-check="(\w+)" data-na="1">', dom)
     assert set(na) == {"dp_releases", "budgets"}
     identity = dom[dom.index('<section id="run">') : dom.index('<section id="protection">')]
-    assert report["federation_id"] in identity
+    federation_id = report["federation_id"]
+    assert federation_id is not None and federation_id in identity
     assert re.search(r"<td>127\.0\.0\.1:\d+</td>", identity), identity
     assert "p0, p1, p2 (3 of 3 joined)" in identity and "not recorded" not in identity
     stages = re.findall(r'<tr class="stage" data-stage="(\w+)">', dom)

@@ -1,6 +1,6 @@
 """The built wheel, installed as a user installs it (issue #21).
 
-Before 0.2.0 the wheel shipped six top-level packages; ``proto``, ``crypto`` and
+Before issue #21 the wheel shipped six top-level packages; ``proto``, ``crypto`` and
 ``coordinator`` collided with proto-plus (overwriting its ``proto/__init__.py``, so
 ``google.api_core`` broke), with the public index's ``crypto`` (which then broke every
 spherecal command) and, on case-insensitive file systems, with pycryptodome's

@@ -128,7 +128,7 @@ def test_mutation_without_the_gate_the_wrecked_head_ships_as_completed(tmp_path:
         }
     )
     settings = replace(settings, extra_coordinator={"federation": {"validation_gate": False}})
-    results = run_simulation(settings, progress=lambda _line: None)
+    results = dict[str, Any](run_simulation(settings, progress=lambda _line: None))
     assert results["status"] == "completed"
     assert any("validation gate off" in w for w in results["warnings"])  # logged weakening
     test = results["accuracy"]
@@ -149,7 +149,7 @@ def _run_with(out: Path, attack: str, federation: dict[str, Any]) -> dict[str, A
         }
     )
     settings = replace(settings, extra_coordinator={"federation": federation})
-    return run_simulation(settings, progress=lambda _line: None)
+    return dict[str, Any](run_simulation(settings, progress=lambda _line: None))
 
 
 @pytest.mark.parametrize("mode", ["rollback", "flag"])

@@ -207,7 +207,7 @@ def test_wrong_stage_requests_during_a_job_then_the_federation_completes(
     codes = sim.wait_participants()
     assert codes == {"p0": 0, "p1": 0, "p2": 0}
     summary = sim.summary()
-    assert summary["status"] == "completed", summary["errors"]
+    assert summary["status"] == "completed", summary.get("errors")
     # the round, the statistics and the (secure) federated evaluation
     assert [j["purpose"] for j in summary["jobs"]][-1] == "evaluate"
     # (the round-1 attempt the impostor held ends when it leaves, and is retried)

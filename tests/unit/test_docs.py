@@ -154,3 +154,24 @@ def test_a_changed_table_makes_the_baselines_page_stale(tmp_path: Path) -> None:
     assert main(["--doc", str(doc)]) == 0  # regenerated …
     assert "| FedAvg | none | 11.1 ± 1.0 |" in doc.read_text()  # … with the new numbers
     assert main(["--check", "--doc", str(doc)]) == 0
+
+
+def test_the_changelog_is_cut_into_releases_and_the_version_follows_the_last() -> None:
+    """``## [Unreleased]`` on top, then dated releases, newest first; the version
+    (defined once, in pyproject.toml, read through ``importlib.metadata``) is later
+    than the last release, so a build from main never claims a released number."""
+    import tomllib
+
+    from packaging.version import Version
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    heads = re.findall(r"^## \[([^\]]+)\](.*)$", text, flags=re.M)
+    assert heads[0] == ("Unreleased", ""), heads[:2]
+    releases = heads[1:]
+    assert releases, "no release section"
+    for name, rest in releases:
+        assert re.fullmatch(r" - \d{4}-\d{2}-\d{2}", rest), f"{name}: {rest!r}"
+    versions = [Version(name) for name, _ in releases]
+    assert versions == sorted(versions, reverse=True)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert Version(project["version"]) > versions[0]

@@ -7,6 +7,7 @@ against every contributor (worst case ``t``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,5 +78,6 @@ def test_plan_step_and_ledger(tmp_path: Path) -> None:
     assert report["dpsgd_steps"] == [summary] and report["enabled"] is False
     assert report["totals"]["federation"] == pytest.approx(summary["epsilon"])
     assert set(report["totals"]["participants"]) == {"p0", "p1", "p2", "p4"}
-    assert report["ledger"]["subjects"][FEDERATION]["releases"] == 1
+    ledger: dict[str, Any] = dict(report["ledger"])
+    assert ledger["subjects"][FEDERATION]["releases"] == 1
     privacy.close()

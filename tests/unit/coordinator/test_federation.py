@@ -4,6 +4,7 @@ last bits."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from spherecal.coordinator.driver.federation import Federation
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
 from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.driver.outputs import write_json
 from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
@@ -27,6 +29,7 @@ from spherecal.coordinator.settings import (
 )
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.summary_schema import CoordinatorSummary
 from spherecal.inprocess_transport import InProcessFederation
 from spherecal.participant.data import load_local_data
 from spherecal.participant.settings import DataSettings, ParticipantSettings
@@ -34,6 +37,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
 from spherecal.spherefed.stats import FFCStatistics, ffc_statistics
 from tests.evaluation_noise import SDS, assert_accuracy_within_noise, within_noise
+from tests.json_shape import shape_errors
 
 N, ROUNDS = 3, 2
 
@@ -77,7 +81,7 @@ def reference() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CoordinatorSummary, Path]]:
     torch.set_num_threads(1)
     out = {}
     for mode in ("plain", "secure"):
@@ -90,14 +94,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, 
 
 
 def test_plaintext_federation_reproduces_the_reference_exactly(
-    runs: dict[str, tuple[dict[str, Any], Path]], reference: dict[str, Any]
+    runs: dict[str, tuple[CoordinatorSummary, Path]], reference: dict[str, Any]
 ) -> None:
     summary, _ = runs["plain"]
     assert summary["status"] == "completed"
     # the counts carry the sites' DP noise (issue #19): exact up to it
     assert_accuracy_within_noise(summary, reference["accuracy"])
+    central = summary["central_accuracy"]
+    assert central is not None
     for name in ("none", "ffc", "ccvr"):
-        assert summary["central_accuracy"][name] == reference["accuracy"][name]
+        assert central[name] == reference["accuracy"][name]
     for ours, theirs in zip(summary["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == theirs["train_loss"]
         assert ours["test_accuracy"] == theirs["test_accuracy"]
@@ -105,13 +111,16 @@ def test_plaintext_federation_reproduces_the_reference_exactly(
 
 
 def test_secure_federation_matches_within_fixed_point_rounding(
-    runs: dict[str, tuple[dict[str, Any], Path]], reference: dict[str, Any]
+    runs: dict[str, tuple[CoordinatorSummary, Path]], reference: dict[str, Any]
 ) -> None:
     summary, _ = runs["secure"]
     assert summary["status"] == "completed"
-    assert_accuracy_within_noise(summary, summary["central_accuracy"])
+    central = summary["central_accuracy"]
+    assert_accuracy_within_noise(summary, central)
+    assert central is not None
     for name in ("none", "ffc", "ccvr"):
-        assert abs(summary["central_accuracy"][name] - reference["accuracy"][name]) <= 0.01
+        got = central[name]
+        assert got is not None and abs(got - reference["accuracy"][name]) <= 0.01
     # Update jobs ran on the 32-bit ring (3 sites, bound 1e5, step 2^-12 <= 2^-10): the
     # round's mean loss is the sum of the contributors' losses / their count, so it may
     # move by at most half a fixed-point step (plus float rounding).
@@ -140,7 +149,7 @@ def test_secure_federation_matches_within_fixed_point_rounding(
 
 
 def test_secure_ffc_classifier_equals_plaintext_ffc_on_the_same_features(
-    runs: dict[str, tuple[dict[str, Any], Path]],
+    runs: dict[str, tuple[CoordinatorSummary, Path]],
 ) -> None:
     summary, tmp = runs["secure"]
     heads = torch.load(tmp / "out" / "classifiers.pt", weights_only=True)
@@ -164,7 +173,7 @@ def test_secure_ffc_classifier_equals_plaintext_ffc_on_the_same_features(
 
 
 def test_resume_loads_the_last_checkpoint_and_refuses_other_settings(
-    runs: dict[str, tuple[dict[str, Any], Path]],
+    runs: dict[str, tuple[CoordinatorSummary, Path]],
 ) -> None:
     summary, tmp = runs["plain"]
     cs, _ = _settings(tmp, secure=False)
@@ -197,7 +206,7 @@ def test_resume_loads_the_last_checkpoint_and_refuses_other_settings(
         store.close()
 
 
-def test_summary_schema(runs: dict[str, tuple[dict[str, Any], Path]]) -> None:
+def test_summary_schema(runs: dict[str, tuple[CoordinatorSummary, Path]]) -> None:
     summary, _ = runs["secure"]
     for key in (
         "accuracy",
@@ -221,5 +230,17 @@ def test_summary_schema(runs: dict[str, tuple[dict[str, Any], Path]]) -> None:
     p0 = summary["bytes"]["p0"]
     assert p0["masked"]["received"] > 0 and p0["download"]["sent"] > 0
     fed = summary["federated_evaluation"]  # noisy counts (DP, issue #19): within the noise
+    assert fed is not None and fed["noise"] is not None
     assert abs(fed["samples"] - 449) <= SDS * fed["noise"]["sum_sd"] + 0.5
     assert pb.FFC  # the proto module is importable alongside
+
+
+def test_summary_json_matches_its_declared_shape(
+    runs: dict[str, tuple[CoordinatorSummary, Path]], tmp_path: Path
+) -> None:
+    """What the coordinator writes as ``summary.json`` (through its own writer) holds
+    every key ``CoordinatorSummary`` requires, no key it lacks, each of its type."""
+    for mode, (summary, _) in runs.items():
+        path = tmp_path / f"{mode}.json"
+        write_json(path, summary)
+        assert shape_errors(json.loads(path.read_text()), CoordinatorSummary) == [], mode

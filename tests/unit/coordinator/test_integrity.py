@@ -14,6 +14,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from spherecal.coordinator.driver.invariants import Tolerance, check_ccvr
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.validation_gate import margin, noise_band
 from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.participant.adversary import Adversary, parse_adversary
 from spherecal.spherefed.classifier import fixed_classifier
 from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics
@@ -75,7 +77,7 @@ def ctx(tmp_path: Path) -> Iterator[StageContext]:
 def _rounds(ctx: StageContext, weight: float) -> None:
     for r in (1, 2):
         ctx.progress.round_metrics.append(
-            {"round": r, "contributors": list(ROSTER), "weight": weight}
+            cast(RoundMetrics, {"round": r, "contributors": list(ROSTER), "weight": weight})
         )
     ctx.progress.results["statistics"] = {"ccvr": {"contributors": list(ROSTER)}}
 
@@ -136,7 +138,9 @@ def test_the_noise_widens_the_tolerance_and_only_so_far(ctx: StageContext) -> No
 
 def test_rounds_over_other_contributors_are_not_compared(ctx: StageContext) -> None:
     stats, n = _federation(None)
-    ctx.progress.round_metrics.append({"round": 1, "contributors": ["p0"], "weight": 1.0})
+    ctx.progress.round_metrics.append(
+        cast(RoundMetrics, {"round": 1, "contributors": ["p0"], "weight": 1.0})
+    )
     ctx.progress.results["statistics"] = {"ccvr": {"contributors": list(ROSTER)}}
     aggregates: dict = {"ccvr": stats}
     cross_check_statistics(ctx, aggregates, {})

@@ -4,7 +4,7 @@ problems and the one line per round (with its ETA) at INFO."""
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import cast
 
 import pytest
 
@@ -15,6 +15,7 @@ from spherecal.coordinator.driver.progress_log import (
     leveled,
     round_line,
 )
+from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.logs import line_writer
 
 # Lines exactly as a healthy 3-site run wrote them (docs: issue #23's 383-line log).
@@ -81,18 +82,21 @@ def test_eta_is_mean_round_time_times_rounds_left() -> None:
 
 
 def test_round_line_carries_progress_and_eta() -> None:
-    history: list[dict[str, Any]] = [
-        {"round": 1, "seconds": 5.0},
-        {
-            "round": 2,
-            "contributors": ["p0", "p1", "p2"],
-            "train_loss": 0.25,
-            "test_accuracy": 0.75,
-            "federated_accuracy": 0.5,
-            "dropped": {},
-            "seconds": 3.0,
-        },
-    ]
+    history = cast(
+        list[RoundMetrics],
+        [
+            {"round": 1, "seconds": 5.0},
+            {
+                "round": 2,
+                "contributors": ["p0", "p1", "p2"],
+                "train_loss": 0.25,
+                "test_accuracy": 0.75,
+                "federated_accuracy": 0.5,
+                "dropped": {},
+                "seconds": 3.0,
+            },
+        ],
+    )
     line = round_line(history[-1], history, 5)
     assert line == (
         "round 2/5: 3 updates, loss 0.2500, test acc 0.7500, federated acc 0.5000 (3.0s)"

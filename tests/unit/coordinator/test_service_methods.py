@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from spherecal.coordinator.settings import ModelSettings, TrainingSettings
+from spherecal.coordinator.summary_schema import CoordinatorSummary
 from spherecal.inprocess_transport import InProcessFederation
 from spherecal.spherefed.algorithms.methods import BASES, METHODS, MethodSpec, sphere_variant
 from spherecal.spherefed.reference import ReferenceConfig, run_federation
@@ -61,7 +62,7 @@ def test_service_options_say_which_methods_need_more_than_sums() -> None:
     }
 
 
-def _service_run(tmp: Path, options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+def _service_run(tmp: Path, options: dict[str, Any]) -> tuple[CoordinatorSummary, Any]:
     model = ModelSettings(extractor="mlp", head=options["head"], classifier=options["classifier"])
     training = TrainingSettings(
         rounds=BASE.rounds,
@@ -89,7 +90,8 @@ def test_method_through_the_service_equals_the_harness(method: MethodSpec, tmp_p
         oracle=False,
     )
     assert summary["accuracy"]["none"] == harness["accuracy"]["none"]
-    assert summary["central_accuracy"]["ffc"] == harness["accuracy"]["ffc"]
+    central = summary["central_accuracy"]
+    assert central is not None and central["ffc"] == harness["accuracy"]["ffc"]
     for ours, theirs in zip(summary["per_round"], harness["per_round"], strict=True):
         assert ours["train_loss"] == theirs["train_loss"]
         assert ours["test_accuracy"] == theirs["test_accuracy"]

@@ -4,7 +4,7 @@ covers that many; otherwise ``degraded`` with reasons naming what and who."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ from spherecal.coordinator.settings import (
     SecAggSettings,
     TrainingSettings,
 )
+from spherecal.coordinator.summary_schema import JobSummary, RoundMetrics
 
 ROSTER = ("p0", "p1", "p2", "p3")
 
@@ -112,24 +113,30 @@ def test_a_calibration_minimum_beyond_the_roster_is_refused() -> None:
 def test_coverage_lists_per_round_and_per_job_who_was_missing_and_how_many_summed() -> None:
     progress = _progress(ccvr=["p0", "p1", "p2"])
     progress.round_metrics.append(
-        {
-            "round": 2,
-            "attempt": 2,
-            "selected": list(ROSTER),
-            "contributors": ["p0", "p2", "p3"],
-            "dropped": {"p1": "disconnected / heartbeat timeout"},
-        }
+        cast(
+            RoundMetrics,
+            {
+                "round": 2,
+                "attempt": 2,
+                "selected": list(ROSTER),
+                "contributors": ["p0", "p2", "p3"],
+                "dropped": {"p1": "disconnected / heartbeat timeout"},
+            },
+        )
     )
     progress.job_summaries.append(
-        {
-            "purpose": "ccvr",
-            "round": None,
-            "status": "failed",
-            "participants": ["p0", "p1", "p2"],
-            "contributors": ["p0", "p1"],
-            "dropped": {"p2": "disconnected"},
-            "error": "too few survivors",
-        }
+        cast(
+            JobSummary,
+            {
+                "purpose": "ccvr",
+                "round": None,
+                "status": "failed",
+                "participants": ["p0", "p1", "p2"],
+                "contributors": ["p0", "p1"],
+                "dropped": {"p2": "disconnected"},
+                "error": "too few survivors",
+            },
+        )
     )
     report = coverage(_settings(), progress)
     assert report["rounds"] == [
@@ -162,7 +169,9 @@ def _covered(
 ) -> Progress:
     progress = _progress(ccvr=ccvr)
     progress.results["statistics"]["ccvr"]["missing_classes"] = missing_classes or []
-    progress.round_metrics = [{"round": 1, "selected": trained, "contributors": trained}]
+    progress.round_metrics = [
+        cast(RoundMetrics, {"round": 1, "selected": trained, "contributors": trained})
+    ]
     return progress
 
 
@@ -177,7 +186,9 @@ def test_a_site_that_never_shaped_the_model_is_not_a_gap() -> None:
     """p3 was asked for statistics but no round summed its update (excluded from every
     job for misconduct): the calibration completes the model the others trained."""
     progress = _covered(["p0", "p1", "p2"], trained=["p0", "p1", "p2"])
-    progress.job_summaries = [{"purpose": "ccvr", "round": None, "participants": list(ROSTER)}]
+    progress.job_summaries = [
+        cast(JobSummary, {"purpose": "ccvr", "round": None, "participants": list(ROSTER)})
+    ]
     assert assess(_settings(), progress, {"ffc", "ccvr"}).status == "completed"
 
 

@@ -68,10 +68,13 @@ def test_secure_federation_under_the_participant_policy(
     honest = [p for p in IDS if p != "p3"]  # p3 refused the head "ffc"
     assert fed_eval["participants"] == honest
     exact = sum(fed.runners[p].data.test_size for p in honest)
-    assert abs(fed_eval["samples"] - exact) <= SDS * fed_eval["noise"]["sum_sd"] + 0.5
+    noise = fed_eval["noise"]
+    assert noise is not None
+    assert abs(fed_eval["samples"] - exact) <= SDS * noise["sum_sd"] + 0.5
     accuracy = summary["accuracy"]
-    assert isinstance(accuracy, dict)
-    assert 0.0 <= accuracy["none"] <= 1.0 and 0.0 <= accuracy["ffc"] <= 1.0
+    none, ffc = accuracy["none"], accuracy["ffc"]
+    assert none is not None and ffc is not None
+    assert 0.0 <= none <= 1.0 and 0.0 <= ffc <= 1.0
 
     # p3's refusal is typed in the summary and in the audit table
     refusals = summary["refusals"]

@@ -63,7 +63,7 @@ def test_no_dp_is_never_a_bare_pass(tmp_path: Path) -> None:
 
 
 def test_a_run_that_left_nothing_open_is_a_plain_pass(tmp_path: Path) -> None:
-    report: dict[str, Any] = run_audit(_named_db(tmp_path), out=tmp_path / "audit.json")
+    report = dict[str, Any](run_audit(_named_db(tmp_path), out=tmp_path / "audit.json"))
     report["protection"]["updates_without_dp"] = False  # DP-SGD at every site
     report["protection"]["calibration_statistics"]["dp_releases"] = 2
     assert unprotected(report) == []

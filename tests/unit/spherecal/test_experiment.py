@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -15,6 +15,7 @@ from spherecal.experiment import RunSpec, grid_runs, make_columns
 from spherecal.experiment.markdown import render_markdown
 from spherecal.experiment.plots import gain_panels, method_colors
 from spherecal.experiment.selection import select
+from spherecal.results_schema import CellRecord
 from spherecal.spherefed.algorithms import get_method
 
 TINY_ARGS = [
@@ -94,7 +95,7 @@ def test_methods_table_outputs_and_resume(
     monkeypatch.undo()
     real = cells_module.execute_run
 
-    def counting(spec: RunSpec, base: Any) -> dict[str, Any]:
+    def counting(spec: RunSpec, base: Any) -> CellRecord:
         calls.append(spec.label())
         return real(spec, base)
 
@@ -135,10 +136,12 @@ def test_selection_uses_validation_and_skips_divergence() -> None:
     m = get_method("fedavg")
     col = make_columns([0.5])[0]
 
-    def rec(val: float | None, test: float) -> dict[str, Any]:
+    def rec(val: float | None, test: float) -> CellRecord:
         if val is None:
-            return {"diverged": True}
-        return {"validation_accuracy": {"none": val}, "accuracy": {"none": test}}
+            return cast(CellRecord, {"diverged": True})
+        return cast(
+            CellRecord, {"validation_accuracy": {"none": val}, "accuracy": {"none": test}}
+        )
 
     cands = [
         (RunSpec(m, col, 0, 0.01, 1.0), rec(0.8, 0.99)),
@@ -330,13 +333,15 @@ def test_hosting_counts_and_engine_line() -> None:
     base = s.base_config()
     keys = [r.key(base) for r in specs]
     assert len(set(keys)) == 3
-    records: dict[str, dict[str, Any]] = {
+    records: dict[str, Any] = {
         keys[0]: {"engine": "service", "service": {"hosting": "threads"}},
         keys[1]: {"engine": "service", "diverged": True, "service": {"hosting": "threads"}},
         keys[2]: {"engine": "service"},  # made before hostings were recorded
         "stray": {"engine": "service", "service": {"hosting": "threads"}},
     }
-    counts = _hosting_counts([*specs, specs[0]], records, base)  # duplicates count once
+    counts = _hosting_counts(  # duplicates count once
+        [*specs, specs[0]], cast(dict[str, CellRecord], records), base
+    )
     assert counts == {"threads": 2, "processes": 1}
     line = engine_line({"engine": "service", "hosting": counts})
     assert line.startswith("Engine: **service**")

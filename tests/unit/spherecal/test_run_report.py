@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from spherecal.cli.app import main as cli_main
 from spherecal.coordinator.driver.outputs import round_history
+from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.run_report import (
     BOTTOM,
     HEIGHT,
@@ -25,33 +26,36 @@ from spherecal.run_report import (
 )
 
 
-def _per_round() -> list[dict[str, Any]]:
-    return [
-        {
-            "round": 1,
-            "contributors": ["a", "b", "c"],
-            "train_loss": 0.8,
-            "federated_accuracy": 0.5,
-            "test_accuracy": None,
-            "seconds": 2.0,
-        },
-        {
-            "round": 2,
-            "contributors": ["a", "c"],
-            "train_loss": 0.4,
-            "federated_accuracy": None,  # not evaluated this round
-            "test_accuracy": None,
-            "seconds": 1.5,
-        },
-        {
-            "round": 3,
-            "contributors": ["a", "b", "c"],
-            "train_loss": 0.2,
-            "federated_accuracy": 0.75,
-            "test_accuracy": None,
-            "seconds": 1.0,
-        },
-    ]
+def _per_round() -> list[RoundMetrics]:
+    return cast(
+        list[RoundMetrics],
+        [
+            {
+                "round": 1,
+                "contributors": ["a", "b", "c"],
+                "train_loss": 0.8,
+                "federated_accuracy": 0.5,
+                "test_accuracy": None,
+                "seconds": 2.0,
+            },
+            {
+                "round": 2,
+                "contributors": ["a", "c"],
+                "train_loss": 0.4,
+                "federated_accuracy": None,  # not evaluated this round
+                "test_accuracy": None,
+                "seconds": 1.5,
+            },
+            {
+                "round": 3,
+                "contributors": ["a", "b", "c"],
+                "train_loss": 0.2,
+                "federated_accuracy": 0.75,
+                "test_accuracy": None,
+                "seconds": 1.0,
+            },
+        ],
+    )
 
 
 def _summary() -> dict[str, Any]:
