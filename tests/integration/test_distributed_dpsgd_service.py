@@ -26,7 +26,7 @@ from spherecal.site_audit import read_site_audit
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.reference import ReferenceConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 SITES, ROUNDS = 3, 2
 SIGMA, RATE, CLIP, DELTA = 1.1, 0.05, 1.0, 1e-5
