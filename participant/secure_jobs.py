@@ -491,6 +491,11 @@ class SecureSteps:
             self._store_masked(session)
         n = session.n_chunks
         stored = self.store is not None and session.masked_digest is not None
+        if stored and session.restored:
+            self.log(
+                f"job {job_id.hex()[:8]}: sending its stored masked input again (its "
+                "upload was cut by this site's restart)"
+            )
 
         def chunks() -> Iterator[bytes]:
             if stored:

@@ -405,9 +405,8 @@ class SecureJob:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{participant!r} is not in this job's masked stage (left out earlier)",
                 )
-            complete = participant in self.server.survivors or not self.server.is_pending(
-                participant
-            )
+            server = self.server
+            complete = participant in server.survivors or not server.is_pending(participant)
             if complete and not self._masked.begin_repeat(participant):
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
@@ -416,10 +415,8 @@ class SecureJob:
             self._streaming.add(participant)
 
     def absorb(self, participant: str, data: bytes, digest: bytes | None = None) -> int:
-        """Absorb one canonical MaskedChunk (``digest``: its SHA-256, if the caller
-        has it); returns its index. A chunk that differs from one the participant
-        sent before is refused; one of a repeated complete upload is compared, not
-        summed (``masked_resend``)."""
+        """Absorb one canonical MaskedChunk (``digest``: its SHA-256, if known);
+        returns its index. Repeats are compared, not summed (``masked_resend``)."""
         try:
             chunk = crypto.MaskedChunk.from_bytes(data)
         except crypto.SecAggError as exc:
