@@ -182,8 +182,14 @@ class SecureSteps:
             restored += 1
             self.log(
                 f"job {job_id.hex()[:8]}: restored after this site's restart "
-                f"({session.purpose}, at {session.client.stage.value}); its masked input "
-                "left before, so only its remaining steps are answered"
+                f"({session.purpose}, at {session.client.stage.value}); "
+                + (
+                    "its masked input is stored: if its upload was cut, the same bytes go "
+                    "again; its remaining steps are answered"
+                    if session.masked_digest is not None
+                    else "its masked input left before, so only its remaining steps are "
+                    "answered"
+                )
             )
         for job_id in store.job_ids(MASKED_SUFFIX):
             if job_id not in self.jobs:  # stored, then killed before its record was

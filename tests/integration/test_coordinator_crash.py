@@ -108,6 +108,9 @@ RESENT = ("p1", "p2")  # killed mid-upload: their stored masked input went again
 def _settings(out: Path, drops: tuple[Drop, ...] = ()) -> SimulationSettings:
     return SimulationSettings(
         drops=drops,
+        # site kills: several chunks per masked input, so a kill lands mid-stream
+        # (the sums, exact in the ring, do not depend on the chunking)
+        chunk_entries=1024 if drops else SimulationSettings.chunk_entries,
         reference=ReferenceConfig(participants=4, model="mlp", rounds=2, alpha=0.5),
         out=out,
         calibration=("ffc", "ccvr"),
@@ -272,6 +275,26 @@ def test_each_restarted_site_answered_its_job_and_counted_as_a_survivor(
         # the job ended for the site: its held state is gone from its state folder
         held = out / "state" / drop.participant / HELD_JOBS
         assert not held.exists() or list(held.iterdir()) == [], drop
+    # the coordinator's audit: each cut upload's chunks were received, and all of them
+    # again from the restarted site (the halt leaves its first chunk 1 s to leave: a
+    # race under load, so at least one of the two kills must show it)
+    cut = 0
+    with sqlite3.connect(out / "coordinator" / "state" / "state.db") as conn:
+        for d in r["dropped"]:
+            if d["stage"] != "masked":
+                continue
+            kinds = [
+                str(k)
+                for (k,) in conn.execute(
+                    "SELECT kind FROM audit WHERE sender = ? AND job = ? AND stage = 'masked' "
+                    "AND status = 'accepted'",
+                    (d["participant"], d["task_or_job_id"]),
+                )
+            ]
+            first = kinds.count("MaskedChunk[0]")
+            assert first in (1, 2) and len(set(kinds)) > 1, (d, kinds)
+            cut += first == 2
+    assert cut >= 1
 
 
 def test_no_site_released_anything_twice_or_refused(runs: dict[str, Any]) -> None:
