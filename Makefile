@@ -48,7 +48,7 @@ tools:
 	  else echo "make test: missing$$missing and cannot install (needs root and apt-get); the tests needing them will skip"; fi; fi
 
 # `make test`: ruff, mypy and every test except those marked `long` (whole federations
-# run end to end in real processes, tens of seconds each: chaos, crash and WAN runs,
+# run end to end in real processes, tens of seconds each: chaos and crash runs,
 # the wheel install, acceptance runs). `make test-long` runs exactly those; CI runs
 # both, so nothing is skipped there. Split so that the everyday loop stays short.
 test: $(STAMP) tools

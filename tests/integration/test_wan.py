@@ -25,7 +25,7 @@ from spherecal.spherefed.reference import ReferenceConfig
 from tests.integration.test_chaos import Watcher
 from tests.wan_proxy import LinkProfile, WanProxy
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PIDS = ("p0", "p1", "p2", "p3")
 PARTITIONED = ("p2", "p3")
