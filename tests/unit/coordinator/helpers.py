@@ -22,6 +22,7 @@ from spherecal.coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
+from spherecal.coordinator.state.job_journal import JobJournal
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool
 from spherecal.coordinator.state.store import Store
@@ -42,6 +43,7 @@ def make_job(
     max_in_flight: int = 2,
     consistency_check: bool = True,
     rejoin_s: float = 0.0,
+    journal: JobJournal | None = None,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
     ids = [f"p{k}" for k in range(n)]
     identities = {p: crypto.generate_identity() for p in ids}
@@ -64,6 +66,7 @@ def make_job(
         first_stage_s=stage_s if first_stage_s is None else first_stage_s,
         stage_s=stage_s,
         rejoin_s=rejoin_s,
+        journal=journal,
     )
     ledger = crypto.MemoryJobLedger()
     # Each participant gets the directory its instruction carries (its needed entries).

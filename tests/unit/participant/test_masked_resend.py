@@ -21,7 +21,11 @@ import pytest
 
 from spherecal import crypto
 from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.stages import continue_journaled_job
 from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.settings import SecAggSettings
+from spherecal.coordinator.state.job_journal import JobJournal
+from spherecal.coordinator.state.store import Store
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.policy import PolicySettings
@@ -36,6 +40,8 @@ from tests.unit.coordinator.helpers import make_job
 IDS = ("p0", "p1", "p2", "p3")
 GRACE_S = 30.0
 RELEASE = "release-p1"
+SENT: dict[tuple[str, int], bytes] = {}
+"""(site, stage) -> what the sites other than p1 sent (to resend after a restart)."""
 
 
 class Killed(BaseException):
@@ -103,11 +109,22 @@ def _released(releases: ReleaseLedger) -> int:
 
 
 def _cut_upload(
-    tmp_path: Path,
+    tmp_path: Path, journal: JobJournal | None = None
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant], dict[str, np.ndarray], ToJob]:
     """p0, p2, p3 upload; p1's upload is cut after two of its five chunks and its
     process dies. Returns the job, the other clients, the inputs, p1's first stream."""
-    job, clients = make_job(4, 40, threshold=4, chunk_entries=8, rejoin_s=GRACE_S)
+    job, clients = make_job(
+        4, 40, threshold=4, chunk_entries=8, rejoin_s=GRACE_S, journal=journal
+    )
+    if journal is not None:
+        journal.created(
+            job_id=job.job_hex,
+            slot="ffc",
+            purpose="ffc",
+            round_index=None,
+            job=job.journal_message(),
+            first_stage_s=60.0,
+        )
     assert job.spec.n_chunks == 5
     inputs = {p: np.linspace(-1.0, 1.0, 40) * (k + 1) for k, p in enumerate(IDS)}
     identity = clients["p1"]._identity
@@ -128,6 +145,7 @@ def _cut_upload(
     everyone = frozenset(IDS)
     for p in IDS:
         advert = session.advertise() if p == "p1" else clients[p].advertise_keys().to_bytes()
+        SENT[(p, pb.ADVERTISE)] = advert
         job.submit(p, pb.ADVERTISE, advert)
     job.advance(everyone)
     for p in IDS:
@@ -139,6 +157,7 @@ def _cut_upload(
         else:
             roster = crypto.KeyRoster.from_bytes(step.message)
             out = clients[p].share_keys(roster).to_bytes()
+        SENT[(p, pb.SHARE)] = out
         job.submit(p, pb.SHARE, out)
     job.advance(everyone)
     for p in ("p0", "p2", "p3"):
@@ -190,6 +209,19 @@ def test_a_site_killed_mid_upload_resends_the_identical_input_and_the_job_keeps_
     steps.step(step)
     assert len(again.streamed) == 5
     assert again.streamed[:2] == first.streamed  # the same bytes, not another input
+    _finish(tmp_path, job, clients, inputs, steps, log)
+
+
+def _finish(
+    tmp_path: Path,
+    job: SecureJob,
+    clients: dict[str, crypto.SecAggParticipant],
+    inputs: dict[str, np.ndarray],
+    steps: SecureSteps,
+    log: list[str],
+) -> None:
+    """Every upload is in: the job's last two stages, its exact sum with all four
+    sites, one release in p1's ledger, and p1's held files gone."""
     job.advance(frozenset(IDS))
     assert job.stage_name == "consistency"
     for stage in ("consistency", "unmask"):
@@ -215,6 +247,44 @@ def test_a_site_killed_mid_upload_resends_the_identical_input_and_the_job_keeps_
     releases.close()
     assert steps.store is not None and steps.store.job_ids() == []  # job over: files gone
     assert not list(steps.store.folder.glob("*.masked"))
+
+
+def test_the_coordinator_and_the_site_both_crash_in_the_masked_stage(tmp_path: Path) -> None:
+    """The coordinator dies too: its continued job (from its journal) lost every
+    upload of the open masked stage; the restarted site resends its stored input
+    and the job ends with all four, one release."""
+    store = Store(tmp_path / "state.db")
+    job, clients, inputs, first = _cut_upload(tmp_path, JobJournal(store))
+    store.close()  # the coordinator process is gone too
+    again = Store(tmp_path / "state.db")
+    journal = JobJournal(again)
+    record = journal.find("ffc")
+    assert record is not None
+    settings = SecAggSettings(threshold=4, chunk_entries=8, max_in_flight=2)
+    resumed = continue_journaled_job(
+        record, settings=settings, stage_s=60.0, journal=journal, rejoin_s=GRACE_S
+    )
+    assert resumed.job_id == job.job_id and resumed.stage_name == "masked"
+    for p in ("p0", "p2", "p3"):  # their task again: what they sent, then their input
+        for stage in (pb.ADVERTISE, pb.SHARE):
+            with pytest.raises(ServiceError) as known:
+                resumed.submit(p, stage, SENT[(p, stage)])
+            assert known.value.code is grpc.StatusCode.ALREADY_EXISTS
+        step = resumed.step_for(p)
+        assert step is not None and step.stage == pb.MASKED
+        resumed.begin_upload(p)
+        for chunk in clients[p].masked_chunks():
+            resumed.absorb(p, chunk.to_bytes())
+        assert resumed.end_upload(p)
+    steps, resent, log = _restart(tmp_path, resumed, clients["p1"]._identity)
+    session = steps.jobs[job.job_id]
+    assert steps.continue_held(session) is None  # acknowledged; its input is fixed
+    step = resumed.step_for("p1")
+    assert step is not None and step.stage == pb.MASKED
+    steps.step(step)
+    assert len(resent.streamed) == 5 and resent.streamed[:2] == first.streamed
+    _finish(tmp_path, resumed, clients, inputs, steps, log)
+    again.close()
 
 
 def test_mutation_without_the_stored_input_the_job_loses_the_site(tmp_path: Path) -> None:
