@@ -56,14 +56,19 @@ Definitions (all measured in the same process, on the same machine, in this run)
     the same number of keystream bytes from the faster engine with nothing else; the
     ratio of the best passes (contention only adds time), per ring:
     ``mask_over_keystream`` (issue #24 target: at least 0.75) and ``input_over_keystream``
-    (float vector → upload bytes, encoding included; target at most 1.3).
+    (float vector → upload bytes, encoding included; target at most 1.3);
+    ``mask_major_over_keystream`` is the masks applied one after another over the whole
+    chunk (the order before tile-major masking). Keys ending ``_cpu`` use this thread's
+    CPU time instead of the wall clock (free of the time spent waiting for a core on a
+    shared machine). ``--kernel-chunk`` sets the chunk (the service's is 262,144 entries).
 ``scaling``
     With ``--scaling 10,100,500,1000``: one SecAgg+ job (Harary graph, ``--scaling-dim``
     entries, 10 % of the participants dropping before their masked input) per n;
     ``participant_ms`` is the median over participants of the wall time inside each
     participant's own calls over the whole job (construction, every round, every
     message encoding), ``server_s`` the rest of the job; ``ratio_to_first`` divides by
-    the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5).
+    the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5);
+    ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time.
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
@@ -357,43 +362,74 @@ def run(
     return out
 
 
-def kernel(dim: int, *, ring_bits: int, masks: int = 11, passes: int = 7) -> dict[str, Any]:
-    """Interleaved best-of-``passes``: masking one vector vs the bare keystream."""
+def kernel(
+    dim: int, *, ring_bits: int, masks: int = 11, passes: int = 7, chunk: int | None = None
+) -> dict[str, Any]:
+    """Interleaved best-of-``passes``: masking one vector vs the bare keystream.
+
+    Per pass, in turn: the bare keystream (the same bytes, faster engine, nothing else);
+    the masks applied mask-major (each mask over the whole chunk, then the next: the order
+    before issue #24's tile-major change); the masks applied tile-major as
+    ``SecAggParticipant.masked_chunk`` does (:meth:`MaskExpander.apply_plan`); and the
+    float vector → upload bytes (encoding, then tile-major masking). Each is timed by wall
+    clock and by this thread's CPU time: on a shared machine the wall clock also counts the
+    time this process waits for a core, the CPU time does not (cache and memory-bandwidth
+    contention still count in both).
+    """
     from spherecal.crypto.prg import MaskExpander, MaskSeed
     from spherecal.crypto.ring import encode, ring_dtype
 
     dtype = ring_dtype(ring_bits)
-    chunk = DEFAULT_CHUNK_ENTRIES
+    chunk = DEFAULT_CHUNK_ENTRIES if chunk is None else chunk
     x = np.random.default_rng(0).uniform(-1.0, 1.0, dim)
     seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
+    plan = [(seed, 1 if i % 2 else -1) for i, seed in enumerate(seeds)]
     total_bytes = masks * dim * dtype.itemsize
-    best = {"keystream": math.inf, "mask": math.inf, "input": math.inf}
+    names = ("keystream", "mask_major", "mask", "input")
+    best = {(key, clock): math.inf for key in names for clock in ("wall", "cpu")}
+
+    def record(key: str, wall: float, cpu: float) -> None:
+        best[key, "wall"] = min(best[key, "wall"], wall)
+        best[key, "cpu"] = min(best[key, "cpu"], cpu)
+
     for _ in range(passes):
-        best["keystream"] = min(best["keystream"], raw_keystream_seconds(total_bytes))
-        for key, with_encode in (("mask", False), ("input", True)):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        raw_keystream_seconds(total_bytes)
+        record("keystream", time.perf_counter() - t0, time.thread_time() - c0)
+        for key in names[1:]:
             encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-            expander = MaskExpander(chunk, dtype)
-            work = np.empty(chunk, dtype=dtype)
-            t0 = time.perf_counter()
-            if with_encode:
+            expander = MaskExpander(min(chunk, dim), dtype)
+            work = np.empty(min(chunk, dim), dtype=dtype)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            if key == "input":
                 encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
             for start in range(0, dim, chunk):
                 out = work[: min(chunk, dim - start)]
-                source: Any = encoded[start : start + chunk]
-                for i, seed in enumerate(seeds):
-                    expander.apply(out, seed, start, 1 if i % 2 else -1, source=source)
-                    source = None
+                source = encoded[start : start + chunk]
+                if key == "mask_major":
+                    for i, (seed, sign) in enumerate(plan):
+                        expander.apply(out, seed, start, sign, source=None if i else source)
+                else:
+                    expander.apply_plan(out, plan, start, source=source)
                 out.tobytes()
-            best[key] = min(best[key], time.perf_counter() - t0)
-    return {
+            record(key, time.perf_counter() - t0, time.thread_time() - c0)
+    result: dict[str, Any] = {
         "ring_bits": ring_bits,
         "masks": masks,
-        "keystream_gbps": round(total_bytes / best["keystream"] / 1e9, 3),
-        "mask_gbps": round(total_bytes / best["mask"] / 1e9, 3),
-        "mask_over_keystream": round(best["keystream"] / best["mask"], 4),
-        "input_over_keystream": round(best["input"] / best["keystream"], 4),
+        "chunk_entries": chunk,
         "passes": passes,
     }
+    for clock in ("wall", "cpu"):
+        ks = best["keystream", clock]
+        suffix = "" if clock == "wall" else "_cpu"
+        result |= {
+            f"keystream_gbps{suffix}": round(total_bytes / ks / 1e9, 3),
+            f"mask_gbps{suffix}": round(total_bytes / best["mask", clock] / 1e9, 3),
+            f"mask_over_keystream{suffix}": round(ks / best["mask", clock], 4),
+            f"mask_major_over_keystream{suffix}": round(ks / best["mask_major", clock], 4),
+            f"input_over_keystream{suffix}": round(best["input", clock] / ks, 4),
+        }
+    return result
 
 
 def scaling(
@@ -402,6 +438,7 @@ def scaling(
     """One SecAgg+ job (Harary graph) per participant count; per-participant cost."""
     rows: dict[str, Any] = {}
     first: float | None = None
+    first_cpu: float | None = None
     for n in counts:
         ids = [f"p{i:04d}" for i in range(n)]
         rng = np.random.default_rng(seed)
@@ -416,11 +453,15 @@ def scaling(
             spec, inputs, drop=dict.fromkeys(dropped, "masked"), rng=random.Random(seed)
         )
         per = float(np.median(list(report.participant_seconds.values())))
+        per_cpu = float(np.median(list(report.participant_cpu_seconds.values())))
         first = per if first is None else first
+        first_cpu = per_cpu if first_cpu is None else first_cpu
         rows[str(n)] = {
             "participant_ms": round(per * 1e3, 3),
             "participant_ms_max": round(max(report.participant_seconds.values()) * 1e3, 3),
             "ratio_to_first": round(per / first, 3),
+            "participant_cpu_ms": round(per_cpu * 1e3, 3),
+            "ratio_to_first_cpu": round(per_cpu / first_cpu, 3),
             "server_s": round(
                 report.protocol_seconds - sum(report.participant_seconds.values()), 4
             ),
@@ -437,7 +478,8 @@ def scaling(
         "ring_bits": ring_bits,
         "drop_fraction": drop_fraction,
         "per_n": rows,
-        "statistic": "one job per n; participant_ms is the median over participants",
+        "statistic": "one job per n; participant_ms (wall) and participant_cpu_ms (this "
+        "thread's CPU time) are medians over participants",
     }
 
 
@@ -515,6 +557,13 @@ def main(argv: list[str] | None = None) -> int:
         "--kernel", action="store_true", help="also the interleaved masking-kernel block"
     )
     parser.add_argument(
+        "--kernel-chunk",
+        type=int,
+        default=DEFAULT_CHUNK_ENTRIES,
+        help=f"entries per chunk in the kernel block (default {DEFAULT_CHUNK_ENTRIES}; "
+        "the service's chunk is 262144)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -524,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result: dict[str, Any] = {}
     if args.kernel:
-        result["kernel"] = {str(b): kernel(args.dim, ring_bits=b) for b in (64, 32)}
+        result["kernel"] = {
+            str(b): kernel(args.dim, ring_bits=b, chunk=args.kernel_chunk) for b in (64, 32)
+        }
         result["kernel"]["keystream_engine"] = fastest_engine()
     if args.scaling:
         counts = [int(c) for c in args.scaling.split(",") if c]

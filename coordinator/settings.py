@@ -280,7 +280,16 @@ class SecAggSettings:
     chunk_entries: int = 1 << 18
     """Ring entries per masked chunk (2 MiB); one chunk per gRPC message."""
     max_in_flight: int = 2
-    """Concurrent masked uploads (each costs one vector of coordinator memory)."""
+    """Concurrent masked uploads (each costs one vector of coordinator memory); more while
+    their vectors fit ``in_flight_mb``."""
+    in_flight_mb: float = 256.0
+    """Coordinator memory (MiB) that incomplete masked uploads of one job may hold: a job
+    accepts ``max(max_in_flight, ⌊in_flight_mb / vector size⌋)`` concurrent uploads (at
+    most its participants), so a small job's sites upload at once while a large one keeps
+    ``max_in_flight`` (CCVR at l = 512, 105 MB: 2). A site refused for want of a slot
+    waits 0.2–0.7 s and retries: with 2 slots, FFC at l = 1280 (7.6 MB, 10 sites) queued
+    its uploads and its masked stage ended 0.5–1 s later (docs/performance.md). 0: only
+    ``max_in_flight``."""
     audit_sample_bytes: int = 64 << 10
     """Keep this many leading payload bytes of each sender's first masked chunk per job
     in the database, for ``spherecal audit``'s byte-uniformity and mask-reuse tests
@@ -309,6 +318,15 @@ class SecAggSettings:
             raise ValueError("chunk_entries must be even and >= 2")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
+        if not (math.isfinite(self.in_flight_mb) and self.in_flight_mb >= 0):
+            raise ValueError("in_flight_mb must be a non-negative number of MiB")
+
+    def upload_slots(self, vector_bytes: int, participants: int) -> int:
+        """Concurrent masked uploads a job of ``participants`` accepts whose vector is
+        ``vector_bytes``: ``max_in_flight``, raised to as many as ``in_flight_mb`` holds,
+        never above the participants (nobody else uploads)."""
+        fit = int(self.in_flight_mb * (1 << 20) // max(vector_bytes, 1))
+        return max(self.max_in_flight, min(fit, participants))
 
     def threshold_for(self, n: int) -> int:
         if self.threshold is not None:

@@ -566,11 +566,9 @@ class SecAggParticipant:
             raise JobAborted("mask state is gone")
         start, stop = self.spec.chunk_bounds(index)
         out = self._work[: stop - start]
-        source: npt.NDArray[np.unsignedinteger] | None = self._encoded[start:stop]
-        for seed, sign_ in self._plan:
-            # The first mask reads the encoded input directly (no separate copy pass).
-            self._expander.apply(out, seed, start, sign_, source=source)
-            source = None
+        # Tile-major: every mask is added into one cache-resident tile before the next;
+        # the first reads the encoded input directly (no separate copy pass).
+        self._expander.apply_plan(out, self._plan, start, source=self._encoded[start:stop])
         return MaskedChunk(
             job_id=self.spec.job_id, sender=self.participant_id, index=index, payload=out.tobytes()
         )

@@ -29,7 +29,9 @@ keystream; jobs of spec version 1 are refused (:mod:`spherecal.crypto.spec`).
 Everything is arranged so that the Python layer adds no per-element work:
 
 * ``update_into`` writes keystream into one preallocated tile buffer, encrypting a
-  preallocated zero buffer; the tile stays in L2 next to its target;
+  preallocated zero buffer; the tile stays in L2 next to its target, and
+  :meth:`MaskExpander.apply_plan` applies every mask of a participant to one target tile
+  before moving to the next (the target is read from memory once, not once per mask);
 * the tile is viewed as the ring's dtype with ``np.frombuffer`` (no copy) and added to /
   subtracted from the target with ``np.add(..., out=...)``;
 * a cipher context is cached per seed and reused while chunks are requested in order,
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,8 +58,13 @@ SEGMENT_BYTES = SEGMENT_BLOCKS * BLOCK_BYTES
 """One nonce per 2^30 bytes: far below GCM's 2^32 − 2 block limit per nonce."""
 KEYSTREAM_VERSION = 2
 ENGINES = ("ctr", "gcm")
-TILE_BYTES = 1 << 18
-"""Keystream produced per ``update_into`` call: with its target, fits the 1 MiB L2."""
+TILE_BYTES = 1 << 17
+"""Keystream produced per ``update_into`` call. The tile, the zero buffer it encrypts and
+the target tile it is added into (3 × 128 KiB) fit a 512 KiB per-core L2; at 256 KiB they
+spilled to L3 on the 2-core development machine (AMD EPYC, 512 KiB L2 per core)."""
+RATE_BUFFER_BYTES = 1 << 18
+"""Buffer of the bare-keystream yardstick (:func:`raw_keystream_seconds`): OpenSSL's rate
+peaks at 64–256 KiB per call, so the yardstick is kept at its best, not at the tile size."""
 
 __all__ = [
     "BLOCK_BYTES",
@@ -65,6 +73,7 @@ __all__ = [
     "SEGMENT_BYTES",
     "MaskExpander",
     "MaskSeed",
+    "RATE_BUFFER_BYTES",
     "counter_block",
     "fastest_engine",
     "keystream_bytes",
@@ -120,10 +129,12 @@ def _context(seed: MaskSeed, block_index: int, engine: str) -> CipherContext:
 
 def keystream_rate_gbps(engine: str, total_bytes: int = 32 << 20, passes: int = 3) -> float:
     """Best-of-``passes`` keystream rate of ``engine`` in GB/s (1e9 bytes): ``update_into``
-    of :data:`TILE_BYTES` tiles into one preallocated buffer and nothing else."""
+    of :data:`RATE_BUFFER_BYTES` into one preallocated buffer and nothing else."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}")
-    best = min(raw_keystream_seconds(total_bytes, TILE_BYTES, engine=engine) for _ in range(passes))
+    best = min(
+        raw_keystream_seconds(total_bytes, RATE_BUFFER_BYTES, engine=engine) for _ in range(passes)
+    )
     return total_bytes / best / 1e9
 
 
@@ -176,6 +187,25 @@ class MaskExpander:
         """``target = (source or target) + sign * PRG(seed)[start_entry : start_entry + n]``
         (``n = len(target)``); ``source`` saves a copy pass when the target starts as
         another array's values."""
+        self.apply_plan(target, ((seed, sign),), start_entry, source=source)
+
+    def apply_plan(
+        self,
+        target: npt.NDArray[np.unsignedinteger],
+        plan: Sequence[tuple[MaskSeed, int]],
+        start_entry: int,
+        *,
+        source: npt.NDArray[np.unsignedinteger] | None = None,
+    ) -> None:
+        """``target = (source or target) + Σ sign_i * PRG(seed_i)[start_entry : start_entry + n]``
+        over the ``(seed_i, sign_i)`` of ``plan``, tile-major.
+
+        Why tile-major: one tile of the target (:data:`TILE_BYTES`) stays in L2 while every
+        mask of the plan is expanded next to it and added, so the target is read from
+        memory once per plan instead of once per mask (a 2 MiB chunk of the service does
+        not fit L2; mask-major order streamed it from L3 for every mask). Each seed's
+        cipher context is cached, so consecutive tiles continue its counter.
+        """
         n = int(target.shape[0])
         if source is not None and (source.shape != target.shape or source.dtype != target.dtype):
             raise ValueError("source must have the target's shape and dtype")
@@ -185,39 +215,52 @@ class MaskExpander:
             raise ValueError(f"target of {n} entries exceeds the expander's {self.max_entries}")
         if start_entry % self.entries_per_block:
             raise ValueError("mask chunks must start on a 16-byte block boundary")
-        if sign not in (1, -1):
+        if any(sign not in (1, -1) for _, sign in plan):
             raise ValueError("sign must be +1 or -1")
+        if not plan:
+            if source is not None:
+                np.copyto(target, source)
+            return
         size = self.dtype.itemsize
         offset = start_entry * size  # byte offset into the mask
+        ops = [np.add if sign > 0 else np.subtract for _, sign in plan]
+        # Each seed's context, continuing its cached counter when the chunks come in
+        # order; resolved once per call, not per tile (the per-tile Python work is what
+        # separates masking from the bare keystream).
+        encs = [self._resume(seed, offset) for seed, _ in plan]
+        buf, tile = self._buf, self._tile_bytes
         done = 0
         while done < n:
+            if offset % SEGMENT_BYTES == 0 and done:  # a new segment: its own nonce
+                encs = [_context(seed, offset // BLOCK_BYTES, self.engine) for seed, _ in plan]
             # One piece: at most a tile, never across a segment boundary.
             room = SEGMENT_BYTES - offset % SEGMENT_BYTES
-            nbytes = min((n - done) * size, self._tile_bytes, room)
-            self._keystream(seed, offset, nbytes)
-            words = self._words[: nbytes // size]
-            part = target[done : done + nbytes // size]
-            src = part if source is None else source[done : done + nbytes // size]
-            if sign > 0:
-                np.add(src, words, out=part)
+            nbytes = min((n - done) * size, tile, room)
+            k = nbytes // size
+            if nbytes == tile:
+                zeros, words = self._zeros, self._words
             else:
-                np.subtract(src, words, out=part)
-            done += nbytes // size
+                zeros, words = self._zeros[:nbytes], self._words[:k]
+            part = target[done : done + k]
+            src = part if source is None else source[done : done + k]
+            for enc, op in zip(encs, ops, strict=True):
+                enc.update_into(zeros, buf)
+                op(src, words, out=part)
+                src = part
+            done += k
             offset += nbytes
+        if offset % BLOCK_BYTES == 0 and offset % SEGMENT_BYTES:
+            # Keep the contexts: the next in-order chunk continues at the next block.
+            for (seed, _), enc in zip(plan, encs, strict=True):
+                self._streams[seed] = (enc, offset)
 
-    def _keystream(self, seed: MaskSeed, offset: int, nbytes: int) -> None:
-        """Write ``nbytes`` of keystream from byte ``offset`` (block-aligned) into the tile."""
-        block = offset // BLOCK_BYTES
+    def _resume(self, seed: MaskSeed, offset: int) -> CipherContext:
+        """``seed``'s cached context if it stopped exactly at byte ``offset`` (and that is
+        not a segment start), else a fresh one positioned there."""
         cached = self._streams.pop(seed, None)
         if cached is not None and cached[1] == offset and offset % SEGMENT_BYTES:
-            enc = cached[0]
-        else:
-            enc = _context(seed, block, self.engine)
-        enc.update_into(self._zeros[:nbytes], self._buf)
-        end = offset + nbytes
-        if nbytes % BLOCK_BYTES == 0 and end % SEGMENT_BYTES:
-            # Keep the context: the next in-order piece continues at the next block.
-            self._streams[seed] = (enc, end)
+            return cached[0]
+        return _context(seed, offset // BLOCK_BYTES, self.engine)
 
     def forget(self, seed: MaskSeed) -> None:
         """Drop the cached cipher context of ``seed``."""
@@ -252,7 +295,7 @@ def keystream_bytes(
 
 
 def raw_keystream_seconds(
-    total_bytes: int, buffer_bytes: int = TILE_BYTES, *, engine: str | None = None
+    total_bytes: int, buffer_bytes: int = RATE_BUFFER_BYTES, *, engine: str | None = None
 ) -> float:
     """Wall time to produce ``total_bytes`` of keystream with ``update_into`` into one
     preallocated buffer and nothing else, on ``engine`` (default: the faster).

@@ -513,6 +513,7 @@ class SecAggServer:
                 revealed=self._u3 | self._needed_keys,
                 members1=self._u1,
                 signed=self._signatures,
+                threshold=self.spec.threshold,
             )
         )
         return UnmaskRequest(

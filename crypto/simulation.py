@@ -64,6 +64,9 @@ class SimulationReport:
     participant_seconds: dict[str, float] = field(default_factory=dict)
     """Per participant: wall time inside its own calls over the whole job (every round,
     message encoding included) — the participant's cost, without the server's."""
+    participant_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """The same calls timed by this thread's CPU time: on a shared machine the wall clock
+    also counts the time the process waits for a core, the CPU time does not."""
     received: list[tuple[str, Message]] = field(default_factory=list, repr=False)
     """Every message the coordinator received, in order (when ``record=True``)."""
 
@@ -113,13 +116,15 @@ def run_protocol(
     mask_seconds: dict[str, float] = {}
     input_seconds: dict[str, float] = {}
     spent: dict[str, float] = {}
+    cpu: dict[str, float] = {}
 
     def timed(pid: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return call(*args, **kwargs)
         finally:
             spent[pid] = spent.get(pid, 0.0) + time.perf_counter() - t0
+            cpu[pid] = cpu.get(pid, 0.0) + time.thread_time() - c0
 
     started = time.perf_counter()
     server = SecAggServer(spec, directory, max_in_flight=max_in_flight)
@@ -175,22 +180,25 @@ def run_protocol(
         client = clients[pid]
         bundle = ShareBundle.from_bytes(server.bundle_for(pid).to_bytes())
         timed(pid, client.receive_shares, bundle)
-        t_in = time.perf_counter()
+        t_in, c_in = time.perf_counter(), time.thread_time()
         client.set_input(inputs[pid], noise=noise.get(pid))
         setting = time.perf_counter() - t_in
+        used = time.thread_time() - c_in
         elapsed = serialising = 0.0
         for index in range(spec.n_chunks):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             chunk = client.masked_chunk(index)
             t1 = time.perf_counter()
             data = chunk.to_bytes()
             t2 = time.perf_counter()
+            used += time.thread_time() - c0
             elapsed += t1 - t0
             serialising += t2 - t1
             send(pid, data)
         mask_seconds[pid] = elapsed
         input_seconds[pid] = setting + elapsed + serialising
         spent[pid] = spent.get(pid, 0.0) + input_seconds[pid]
+        cpu[pid] = cpu.get(pid, 0.0) + used
     server.close_stage()
 
     # Round 3 (optional): signatures over the survivor set.
@@ -216,6 +224,7 @@ def run_protocol(
         mask_seconds=mask_seconds,
         input_seconds=input_seconds,
         participant_seconds=spent,
+        participant_cpu_seconds=cpu,
         server_unmask_seconds=finished - t0,
         protocol_seconds=finished - started,
         received=received,

@@ -162,15 +162,14 @@ def masks_to_strip(
 def strip_masks(
     spec: JobSpec, acc: npt.NDArray[np.unsignedinteger], masks: list[tuple[MaskSeed, int]]
 ) -> None:
-    """Add every ``sign * PRG(mask)`` into the accumulator, chunk-major: each chunk
-    of the accumulator stays in cache while all masks are applied to it, and each
-    mask's cipher context is reused from chunk to chunk (sequential counter)."""
+    """Add every ``sign * PRG(mask)`` into the accumulator, tile-major
+    (:meth:`MaskExpander.apply_plan`): each tile of the accumulator stays in cache while
+    all masks are applied to it, and each mask's cipher context is reused from tile to
+    tile (sequential counter)."""
     expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
     step = expander.max_entries
     for start in range(0, spec.length, step):
-        target = acc[start : start + step]
-        for mask, sign in masks:
-            expander.apply(target, mask, start, sign)
+        expander.apply_plan(acc[start : start + step], masks, start)
     expander.clear()
 
 

@@ -1,12 +1,23 @@
 """Test-wide settings.
 
-The models under test are tiny; on a 2-core machine torch's intra-op threads only add
-contention (and the test processes share the cores), so every test runs torch
-single-threaded. This changes speed, not results.
+The models under test are tiny, and `make test` runs one pytest-xdist worker per core
+of the 2-core box: a native thread pool per worker sized to every core (torch's
+intra-op pool, OpenBLAS under numpy) only adds contention — two workers' BLAS calls
+with two threads each on two cores spin against each other (a 1281 × 1281 ``eigvalsh``
+took 9–17 s that way under load against 0.9 s on one thread). So every test runs its
+native pools single-threaded, and the processes tests start inherit the same through
+the environment (a library reads it when it loads). This changes speed, not results.
 """
 
 from __future__ import annotations
 
-import torch
+import os
+
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import torch  # noqa: E402  (after the environment above, read when the pools load)
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 torch.set_num_threads(1)
+threadpool_limits(limits=1)  # numpy may have loaded OpenBLAS before this file

@@ -165,7 +165,8 @@ class SecureJob:
         self._directory = {entry.participant_id: entry for entry in directory}
         self._entries: dict[str, list[pb.DirectoryEntry]] = {}
         self.lock = threading.RLock()
-        self.server = SecAggServer(self.spec, identity_keys, max_in_flight=settings.max_in_flight)
+        slots = settings.upload_slots(self.spec.entry_bytes * self.spec.length, self.spec.n)
+        self.server = SecAggServer(self.spec, identity_keys, max_in_flight=slots)
         self._first_stage_s = first_stage_s
         self._stage_s = stage_s
         self._stage_started = time.monotonic()

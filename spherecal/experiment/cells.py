@@ -100,7 +100,7 @@ def _worker_init(threads: int) -> None:
 
 def limit_blas(threads: int) -> None:
     try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+        from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - scikit-learn brings it
         return
     threadpool_limits(threads)

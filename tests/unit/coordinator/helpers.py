@@ -42,6 +42,7 @@ def make_job(
     first_stage_s: float | None = None,
     max_in_flight: int = 2,
     consistency_check: bool = True,
+    in_flight_mb: float = 0.0,
     rejoin_s: float = 0.0,
     journal: JobJournal | None = None,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
@@ -53,6 +54,7 @@ def make_job(
         chunk_entries=chunk_entries,
         max_in_flight=max_in_flight,
         consistency_check=consistency_check,
+        in_flight_mb=in_flight_mb,  # 0: exactly max_in_flight slots
     )
     job = SecureJob(
         purpose="ffc",

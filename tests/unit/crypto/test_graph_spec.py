@@ -160,11 +160,20 @@ def test_spec_roundtrips_canonically_and_digest_covers_every_field() -> None:
         (dict(participants=("a",), threshold=2), "at least 2 participants"),
         (dict(participants=("a", "a", "b")), "unique"),
         (dict(participants=("a", "b\n", "c")), "printable"),
+        # the fast all-ASCII pass and the id-by-id pass refuse alike
+        (dict(participants=("a", "b", "c" * 256)), "too long"),
+        (dict(participants=("a", "b", "é" * 128)), "too long"),  # 128 chars, 256 bytes
+        (dict(participants=("a", "b", "é\u2028")), "printable"),
     ],
 )
 def test_invalid_specs_are_refused(overrides: dict[str, object], match: str) -> None:
     with pytest.raises(InvalidSpec, match=match):
         make(**overrides)
+
+
+def test_ids_at_the_byte_limit_are_accepted() -> None:
+    longest = ("a", "b", "c" * 255, "d", "é" * 127)  # 255 and 254 bytes
+    assert make(participants=longest).participants == tuple(sorted(longest))
 
 
 def test_constructor_validates_too() -> None:

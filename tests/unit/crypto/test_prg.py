@@ -97,6 +97,15 @@ def test_segments_take_the_next_nonce(monkeypatch: pytest.MonkeyPatch, engine: s
         expander.apply(out, seed, start, +1)
         assert np.array_equal(out, expected[start : start + len(out)])
     assert counter_block(seed.nonce, 5) == b"\xff" * 12 + (3).to_bytes(4, "big")
+    # A plan of two masks, tile-major, over chunks that straddle segment boundaries.
+    other = MaskSeed(key=os.urandom(16), nonce=os.urandom(12))
+    second = np.frombuffer(ecb_stream(other.key, other.nonce, 8 * 50, 4), dtype=U64)
+    planner = MaskExpander(10, engine=engine)
+    for start in [0, 10, 20, 40, 30, 10]:
+        out = np.zeros(min(10, 50 - start), dtype=U64)
+        planner.apply_plan(out, [(seed, +1), (other, -1)], start)
+        stop = start + len(out)
+        assert np.array_equal(out, expected[start:stop] - second[start:stop])
 
 
 @settings(max_examples=60, deadline=None)
@@ -144,6 +153,40 @@ def test_source_saves_the_copy_and_equals_copy_then_add() -> None:
     MaskExpander(40, U32).apply(out, seed, 0, -1, source=source)
     assert np.array_equal(out, source - reference(seed, 40, U32))
     assert np.array_equal(source, np.arange(40, dtype=U32))  # untouched
+
+
+@pytest.mark.parametrize("dtype", [U64, U32])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_plan_applied_tile_major_equals_the_sum_of_independent_keystreams(
+    dtype: np.dtype, engine: str
+) -> None:
+    """``apply_plan`` interleaves masks tile by tile (each seed's context continuing
+    across tiles and chunks); the result must be the source plus the signed sum of each
+    mask built independently (ECB), over chunks of several tiles and a partial tile."""
+    per_tile = prg.TILE_BYTES // dtype.itemsize
+    chunk = 2 * per_tile + 4 * (16 // dtype.itemsize)  # two whole tiles and a partial one
+    total = 2 * chunk + 16 // dtype.itemsize  # a short last chunk
+    plan = [(fresh_seed(), sign) for sign in (+1, -1, -1, +1, +1)]
+    source = np.random.default_rng(7).integers(0, 1 << 62, total).astype(dtype)
+    expected = source.copy()
+    for seed, sign in plan:
+        expected = expected + dtype.type(sign % (1 << (8 * dtype.itemsize))) * reference(
+            seed, total, dtype
+        )
+    expander = MaskExpander(chunk, dtype, engine=engine)
+    got = []
+    for start in range(0, total, chunk):
+        out = np.zeros(min(chunk, total - start), dtype=dtype)
+        expander.apply_plan(out, plan, start, source=source[start : start + chunk])
+        got.append(out)
+    assert np.array_equal(np.concatenate(got), expected)
+    # an empty plan copies the source; a bad sign is refused before anything is written
+    out = np.zeros(8, dtype=dtype)
+    expander.apply_plan(out, [], 0, source=source[:8])
+    assert np.array_equal(out, source[:8])
+    with pytest.raises(ValueError, match="sign"):
+        expander.apply_plan(out, [(plan[0][0], 1), (plan[1][0], 0)], 0)
+    assert np.array_equal(out, source[:8])
 
 
 def test_add_then_subtract_cancels_and_wraps() -> None:

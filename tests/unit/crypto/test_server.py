@@ -448,26 +448,47 @@ def test_consistency_round_then_unmask_only_asks_signers() -> None:
     assert_correct(net, net.unmask(), set(net.ids))  # p04's input is in the sum
 
 
-def test_harary_unmask_requests_carry_only_the_signatures_each_holder_counts() -> None:
+@pytest.mark.parametrize("degree", [4, 8])
+def test_harary_unmask_requests_carry_t_signatures_per_revealed_owner(degree: int) -> None:
     """SecAgg+: a holder's check needs ``t`` signatures among the holders of each
-    owner it reveals for — its 2-hop neighbourhood — so that is all it is sent (not
-    all n, which made the whole job n² verifications); a dropout's holders still
-    get what they need, and the sum is exact."""
-    net = Net(16, threshold=3, graph="harary", degree=4, consistency=True)
+    owner it reveals for; the coordinator sends a sufficient subset of the 2-hop
+    neighbourhood (not all n, which made the whole job n² verifications, nor the whole
+    2-hop ball of 2k + 1): every revealed owner gets exactly ``t`` when its holders
+    signed, a dropout's holders still get what they need, and the sum is exact."""
+    t = degree // 2 + 1
+    net = Net(24, threshold=t, graph="harary", degree=degree, consistency=True)
     net.advertise()
     net.share()
     net.masked(skip=["p05"])  # p05 drops: its holders reveal its mask key
-    net.consistency()
+    net.consistency(skip=["p11"])  # p11 survives but does not sign
     graph = net.server.spec.masking_graph
     u1 = net.server.advertised
     for p in sorted(net.server.pending()):
         request = net.server.unmask_request_for(p)
         sent = [s.signer for s in request.signatures]
+        assert sent == sorted(set(sent))
         owners = graph.closed(p) & (set(request.survivors) | set(request.dropouts))
-        wanted = set().union(*(graph.holders(o, u1) for o in owners)) & set(request.survivors)
-        assert sent == sorted(wanted)
-        assert len(sent) < len(request.survivors)
+        signers = set(net.server.pending())
+        ball = set().union(*(graph.holders(o, u1) for o in owners)) & signers
+        assert set(sent) <= ball
+        for owner in owners:  # t each (the holders that signed number at least t here)
+            assert len(set(graph.holders(owner, u1)) & set(sent)) >= t
+        assert len(sent) < len(ball)  # fewer verifications than the 2-hop ball
     assert_correct(net, net.unmask(), set(net.ids) - {"p05"})
+
+
+def test_complete_graph_unmask_requests_carry_t_signatures() -> None:
+    """On the complete graph every owner's holders are everyone: ``t`` signatures over
+    the signed set prove what the check needs, so each holder verifies ``t``, not n."""
+    net = Net(7, threshold=4, consistency=True)
+    net.advertise()
+    net.share()
+    net.masked()
+    net.consistency()
+    for p in sorted(net.server.pending()):
+        request = net.server.unmask_request_for(p)
+        assert len(request.signatures) == 4
+    assert_correct(net, net.unmask(), set(net.ids))
 
 
 def test_server_construction_checks() -> None:

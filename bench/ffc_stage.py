@@ -1,0 +1,135 @@
+"""The service's FFC statistics stage, secure aggregation vs plaintext, interleaved.
+
+Issue #24's target: the FFC statistics stage with secure aggregation at most 1.25× its
+plaintext time. One *pair* is two ``spherecal simulate`` runs (one coordinator process
+and 10 participant processes each, real gRPC on loopback) of FFC at ``l = 1280,
+C = 100`` on the same synthetic data and the same untrained model (``rounds = 0``), as
+``bench/service.py``'s ``ffc_1280`` block: once with secure aggregation, once with
+``--no-secure``. Pairs alternate their order (secure first, then plaintext first, ...)
+so that a drift in the load of a shared machine hits both sides alike.
+
+Reported (JSON): per run the coordinator's ``statistics_ffc_s`` (wall time of the
+statistics stage: the participants' feature pass, their uploads, and for the secure run
+every secure-aggregation round) and its secure-aggregation stage times; per pair the
+ratio; ``ratio_of_medians`` (median secure over median plaintext) and
+``median_pair_ratio``; the load average before and after. Usage::
+
+    python bench/ffc_stage.py --pairs 3 --json OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.service import _run, _synthetic_npz
+from spherecal.simulate import SimulationSettings
+from spherecal.spherefed.reference import ReferenceConfig
+
+FEATURE_DIM = 1280
+CLASSES = 100
+PARTICIPANTS = 10
+
+
+def one_run(root: Path, data: Path, *, secure: bool, index: int) -> dict[str, Any]:
+    """One ``spherecal simulate`` FFC run; its statistics-stage figures."""
+    reference = ReferenceConfig(
+        dataset="npz",
+        data_root=str(data),
+        participants=PARTICIPANTS,
+        partition="iid",
+        model="mlp",
+        rounds=0,
+    )
+    mode = "secure" if secure else "plaintext"
+    settings = SimulationSettings(
+        reference=reference,
+        out=root / f"ffc-{mode}-{index}",
+        calibration=("ffc",),
+        secure_updates=secure,
+        secure_statistics=secure,
+        feature_dim=FEATURE_DIM,
+        timeout_s=1800,
+        # the model is untrained by design (rounds = 0): the validation gate's
+        # "trained model above chance" check would mark every run degraded
+        extra_coordinator={"federation": {"validation_gate": False}},
+    )
+    load = os.getloadavg()[0]
+    results = _run(settings, verbose=False)
+    timings = results["timings"]
+    return {
+        "mode": mode,
+        "statistics_ffc_s": timings["statistics_ffc_s"],
+        "secagg_stages_s": timings.get("secagg_stages_s", {}),
+        "ffc_solve_s": timings.get("ffc_s"),
+        "wall_s": results["bench_wall_s"],
+        "accuracy_ffc": results["accuracy"]["ffc"],
+        "load_average_at_start": load,
+    }
+
+
+def measure(root: Path, pairs: int) -> dict[str, Any]:
+    data = _synthetic_npz(root / "c100.npz", classes=CLASSES, per_class=40, dim=64, seed=0)
+    runs: list[dict[str, Any]] = []
+    ratios: list[float] = []
+    for pair in range(pairs):
+        order = (True, False) if pair % 2 == 0 else (False, True)
+        got = {secure: one_run(root, data, secure=secure, index=pair) for secure in order}
+        runs += [got[s] for s in order]
+        ratios.append(got[True]["statistics_ffc_s"] / got[False]["statistics_ffc_s"])
+    secure_s = [r["statistics_ffc_s"] for r in runs if r["mode"] == "secure"]
+    plain_s = [r["statistics_ffc_s"] for r in runs if r["mode"] == "plaintext"]
+    return {
+        "settings": {
+            "feature_dim": FEATURE_DIM,
+            "classes": CLASSES,
+            "participants": PARTICIPANTS,
+            "vector_entries": 1 + FEATURE_DIM * (FEATURE_DIM + 1) // 2 + FEATURE_DIM * CLASSES,
+            "pairs": pairs,
+        },
+        "runs": runs,
+        "pair_ratios": [round(r, 4) for r in ratios],
+        "median_pair_ratio": round(statistics.median(ratios), 4),
+        "secure_median_s": round(statistics.median(secure_s), 4),
+        "plaintext_median_s": round(statistics.median(plain_s), 4),
+        "ratio_of_medians": round(statistics.median(secure_s) / statistics.median(plain_s), 4),
+        "target": "ratio at most 1.25 (issue #24)",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=3, help="secure/plaintext pairs (3)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
+    args = parser.parse_args(argv)
+    if args.pairs < 1:
+        raise SystemExit("--pairs must be at least 1")
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="spherecal-ffc-stage-"))
+    root.mkdir(parents=True, exist_ok=True)
+    start_load = os.getloadavg()
+    t0 = time.perf_counter()
+    report = measure(root, args.pairs)
+    report["machine"] = {
+        "cpus": os.cpu_count(),
+        "load_average_at_start": start_load,
+        "load_average_at_end": os.getloadavg(),
+    }
+    report["total_s"] = round(time.perf_counter() - t0, 2)
+    text = json.dumps(report, indent=2, sort_keys=True)
+    print(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
