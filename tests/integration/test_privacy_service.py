@@ -28,7 +28,7 @@ from spherecal.spherefed.reference import ReferenceConfig
 from tests.chromium import browser, headless
 from tests.json_shape import shape_errors
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 EPSILON = 1.0
 

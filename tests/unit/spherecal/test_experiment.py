@@ -227,6 +227,7 @@ def test_markdown_marks_divergence() -> None:
     assert "**50.0 (†1)**" in md and "0.1, ×" in md
 
 
+@pytest.mark.long
 def test_parallel_workers_give_the_serial_numbers(tmp_path: Path) -> None:
     args = ("--table", "methods", "--methods", "fedavg", "--alpha", "0.5")
     assert _run(tmp_path / "serial", *args) == 0
@@ -272,6 +273,7 @@ def test_methods_get_distinct_colours_and_help_shows_real_defaults(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ray_cells_give_the_serial_numbers_and_are_cached(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     args = ("--table", "methods", "--methods", "fedavg", "--alpha", "0.5")
