@@ -17,9 +17,11 @@ Typed end to end: ``results.json`` (every engine's writer), ``audit.json``'s wri
 its checks and its text and HTML pages (:mod:`spherecal.audit_report`,
 :mod:`spherecal.audit_html`), the experiment's cells; ``spherecal report``
 (:mod:`spherecal.run_report`) reads its own ``RunDocument``, the keys it draws with
-all but ``status`` optional, since it also draws older documents. Still read as
-plain mappings: the experiment's ``results.json`` builder, table and plots, whose
-calibration entries are keyed by data (``ffc_gain``, ``oracle_gap``, …); their
+all but ``status`` optional, since it also draws older documents. The experiment's
+``results.json`` builder returns :class:`ExperimentResults`; still read as plain
+mappings: its table and plots (:mod:`spherecal.experiment.markdown`,
+:mod:`spherecal.experiment.plots`), which walk ``settings`` (JSON) and the
+calibration entries keyed by data (``ffc_gain``, ``oracle_gap``, …); those
 documents are still held against the declarations at run time by the tests.
 """
 
