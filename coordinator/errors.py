@@ -42,6 +42,7 @@ complete)::
 
     Exception
     ├── ServiceError             coordinator: a request refused at the boundary (above)
+    │   └── DifferentMaskedInput coordinator: a masked chunk unlike the one sent before
     ├── RuntimeError
     │   ├── FederationFailed     coordinator: the federation cannot go on (status failed)
     │   ├── StorageFailed        coordinator: a write to the state directory failed (fatal)

@@ -15,7 +15,8 @@ Stages (what the participant has *not* done when it halts):
                local work, unless its ``[policy] share_wait_s`` ran out)
 ``masked``     finishing its masked upload: it halts after the first chunk, with the
                stream open, so the coordinator sees a broken upload (one-chunk
-               inputs halt before any chunk)
+               inputs halt before any chunk); its release is charged and its masked
+               input stored, so a restart sends the same bytes again (``held_jobs``)
 ``consistency`` signing the survivor set (its masked input is in the sum)
 ``unmask``     answering the unmask request (its masked input is in the sum)
 

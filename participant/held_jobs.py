@@ -18,6 +18,24 @@ holds *for its neighbours*, the survivor set it signed, the unmask request it
 answered. Not stored: its own job keys and its input (not needed once the masked
 input left, see ``crypto.held_state``), nor any statistic.
 
+The masked input itself (issue #20, a site killed *during* its upload): a sibling
+file ``<job id>.masked`` holds the masked chunks exactly as they are streamed,
+written after the release is charged and before the first byte leaves, so a
+restarted site sends the *identical* bytes again for the same job — never another
+input. Why the masked vector and not the job keys and the encoded input from which
+the same bytes could be recomputed: ``y_u = x_u + PRG(b_u) ± Σ PRG(s_uv)`` is what
+the coordinator receives anyway, one-time-padded by masks whose seeds are not on
+this disk (the self mask ``b_u`` and ``s_sk`` are held only as Shamir shares by the
+*neighbours*); the keys plus the input would put the plaintext statistic and every
+mask seed at rest, and a reader of the file would hold the input in the clear. So
+the only new material at rest is a ciphertext the coordinator sees too. Each chunk
+is sealed on its own (AES-256-GCM, the job id, the chunk index and the chunk count
+bound as associated data: no chunk can be dropped, reordered or moved to another
+job), so writing and streaming take one chunk of memory at a time. The held-job
+record carries the digest of the chunks (:func:`masked_digest`, the same digest of
+chunk digests the coordinator's upload receipt carries), and a restored file must
+match it.
+
 How: one file per job, ``<state_dir>/held-jobs/<job id>.job``, mode 0600 in a 0700
 folder, written atomically (temporary file, fsync, rename, fsync of the folder), and
 sealed with AES-256-GCM under a key derived (HKDF-SHA256) from the site's identity
@@ -25,14 +43,16 @@ key, the participant id and the job id bound as associated data: a file that was
 truncated, altered, copied from another job or sealed by another identity is refused
 with :class:`CorruptHeldJob` rather than half-read. A file is deleted when its job
 ends for the site (answered, refused, moved on without it) and when the federation
-ends.
+ends; its masked input goes with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,12 +63,33 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["FOLDER", "CorruptHeldJob", "HeldJob", "HeldJobError", "HeldJobStore"]
+__all__ = [
+    "FOLDER",
+    "CorruptHeldJob",
+    "HeldJob",
+    "HeldJobError",
+    "HeldJobStore",
+    "MASKED_SUFFIX",
+    "masked_digest",
+]
 
 FOLDER = "held-jobs"
 MAGIC = b"SPHERECAL-HELD-JOB 1\n"
+MASKED_MAGIC = b"SPHERECAL-HELD-MASKED 1\n"
 NONCE_BYTES = 12
 SUFFIX = ".job"
+MASKED_SUFFIX = ".masked"
+_LEN = 4  # big-endian length of one sealed chunk
+
+
+def masked_digest(chunks: Iterable[bytes]) -> str:
+    """SHA-256 over the SHA-256 of each chunk, in order (hex): what the held-job
+    record keeps of the masked input, and what the coordinator's upload receipt
+    carries."""
+    outer = hashlib.sha256()
+    for chunk in chunks:
+        outer.update(hashlib.sha256(chunk).digest())
+    return outer.hexdigest()
 
 
 class HeldJobError(Exception):
@@ -72,12 +113,17 @@ class HeldJob:
     """(``pb.SecAggStage``, message) of every message already sent, by stage."""
     state: bytes
     """``crypto.HeldState`` bytes."""
+    masked: str | None = None
+    """:func:`masked_digest` of the masked input in the sibling ``.masked`` file, once
+    written (None: the upload had not been prepared, or a record of the first
+    version)."""
 
     def to_bytes(self) -> bytes:
         return json.dumps(
             {
                 "federation": self.federation,
                 "job": self.job.hex(),
+                "masked": self.masked,
                 "round": self.round,
                 "release": self.release,
                 "sent": [[stage, data.hex()] for stage, data in self.sent],
@@ -99,6 +145,9 @@ class HeldJob:
                 raise TypeError("release must be a string")
             if not isinstance(doc["federation"], str):
                 raise TypeError("federation must be a string")
+            masked = doc.get("masked")
+            if masked is not None and (not isinstance(masked, str) or len(masked) != 64):
+                raise TypeError("masked must be a SHA-256 hex digest")
             sent = tuple((int(stage), bytes.fromhex(hexed)) for stage, hexed in doc["sent"])
             return cls(
                 federation=doc["federation"],
@@ -107,6 +156,7 @@ class HeldJob:
                 release=release,
                 sent=sent,
                 state=bytes.fromhex(doc["state"]),
+                masked=masked,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptHeldJob(f"held job record is malformed: {exc}") from None
@@ -142,19 +192,110 @@ class HeldJobStore:
         nonce = os.urandom(NONCE_BYTES)
         sealed = AESGCM(self._key).encrypt(nonce, record.to_bytes(), self._aad(job_id))
         blob = MAGIC + bytes([len(job_id)]) + job_id + nonce + sealed
-        final = self.path(job_id)
+        self._write_atomic(self.path(job_id), [blob])
+
+    def _write_atomic(self, final: Path, parts: Iterable[bytes]) -> None:
+        """Temporary file (0600), every part written, fsync, rename, fsync of the
+        folder: the file is either absent, the old one, or complete."""
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.fchmod(fd, 0o600)  # a stale temporary file keeps its mode otherwise
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
+            for part in parts:
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        os.close(fd)
         os.replace(tmp, final)
         self._sync_folder()
+
+    # ---------------------------------------------------------------- masked input
+    def masked_path(self, job_id: bytes) -> Path:
+        return self.folder / f"{job_id.hex()}{MASKED_SUFFIX}"
+
+    def _masked_aad(self, job_id: bytes, index: int, count: int) -> bytes:
+        return (
+            MASKED_MAGIC
+            + self.participant_id.encode()
+            + b"\x00"
+            + job_id
+            + index.to_bytes(4, "big")
+            + count.to_bytes(4, "big")
+        )
+
+    def save_masked(self, job_id: bytes, chunks: Iterable[bytes], count: int) -> str:
+        """Write ``job_id``'s masked input (``count`` chunk messages, in order)
+        atomically, durable on return; returns its :func:`masked_digest`. A file
+        already there is replaced (the same bytes: chunks are deterministic)."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        aead = AESGCM(self._key)
+        outer = hashlib.sha256()
+        written = 0
+
+        def parts() -> Iterator[bytes]:
+            nonlocal written
+            yield MASKED_MAGIC + bytes([len(job_id)]) + job_id + count.to_bytes(4, "big")
+            for index, chunk in enumerate(chunks):
+                if index >= count:
+                    raise ValueError(f"more than the {count} chunks announced")
+                outer.update(hashlib.sha256(chunk).digest())
+                nonce = os.urandom(NONCE_BYTES)
+                sealed = nonce + aead.encrypt(nonce, chunk, self._masked_aad(job_id, index, count))
+                written += 1
+                yield len(sealed).to_bytes(_LEN, "big") + sealed
+            if written != count:
+                raise ValueError(f"{written} chunks written, {count} announced")
+
+        self._write_atomic(self.masked_path(job_id), parts())
+        return outer.hexdigest()
+
+    def masked_chunks(self, job_id: bytes) -> Iterator[bytes]:
+        """The stored masked chunks of ``job_id`` in order, each checked as it is read
+        (one chunk in memory at a time); :class:`CorruptHeldJob` at the first one
+        that is not exactly what :meth:`save_masked` wrote — a truncated file is
+        refused at its end, so a stream of it is cut before it is whole and the
+        coordinator discards it. FileNotFoundError if there is none."""
+        aead = AESGCM(self._key)
+        where = self.masked_path(job_id)
+        with where.open("rb") as f:
+            head = f.read(len(MASKED_MAGIC) + 1)
+            if len(head) != len(MASKED_MAGIC) + 1 or not head.startswith(MASKED_MAGIC):
+                raise CorruptHeldJob(f"{where} is not a held masked input")
+            stored_id = f.read(head[-1])
+            if stored_id != job_id:
+                raise CorruptHeldJob(f"{where} holds another job's masked input")
+            count = int.from_bytes(f.read(4), "big")
+            for index in range(count):
+                size = int.from_bytes(f.read(_LEN), "big")
+                sealed = f.read(size)
+                if size <= NONCE_BYTES or len(sealed) != size:
+                    raise CorruptHeldJob(f"{where} is truncated at chunk {index} of {count}")
+                try:
+                    yield aead.decrypt(
+                        sealed[:NONCE_BYTES],
+                        sealed[NONCE_BYTES:],
+                        self._masked_aad(job_id, index, count),
+                    )
+                except InvalidTag:
+                    raise CorruptHeldJob(
+                        f"{where} fails its integrity check at chunk {index}"
+                    ) from None
+            if f.read(1):
+                raise CorruptHeldJob(f"{where} has bytes after its last chunk")
+
+    def check_masked(self, job_id: bytes, digest: str) -> None:
+        """Read the whole stored masked input once: :class:`CorruptHeldJob` unless it
+        is intact and its :func:`masked_digest` is ``digest`` (the record's)."""
+        if masked_digest(self.masked_chunks(job_id)) != digest:
+            raise CorruptHeldJob(
+                f"{self.masked_path(job_id)} is not the masked input its job record names"
+            )
 
     def load(self, job_id: bytes) -> HeldJob:
         """``job_id``'s record; :class:`CorruptHeldJob` if it is not exactly what
@@ -180,13 +321,14 @@ class HeldJobStore:
             ) from None
         return HeldJob.from_bytes(plain)
 
-    def job_ids(self) -> list[bytes]:
-        """Every job with a file here (names that are not a job id are ignored)."""
+    def job_ids(self, suffix: str = SUFFIX) -> list[bytes]:
+        """Every job with a record here (with ``suffix = MASKED_SUFFIX``: with a
+        masked input; names that are not a job id are ignored)."""
         if not self.folder.is_dir():
             return []
         out = []
         for entry in sorted(self.folder.iterdir()):
-            if entry.suffix != SUFFIX or entry.name.startswith("."):
+            if entry.suffix != suffix or entry.name.startswith("."):
                 continue
             try:
                 out.append(bytes.fromhex(entry.stem))
@@ -195,8 +337,13 @@ class HeldJobStore:
         return out
 
     def delete(self, job_id: bytes) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path(job_id).unlink()
+        """Delete the job's record and its masked input (either may be absent)."""
+        removed = False
+        for where in (self.path(job_id), self.masked_path(job_id)):
+            with contextlib.suppress(FileNotFoundError):
+                where.unlink()
+                removed = True
+        if removed:
             self._sync_folder()
 
     def clear(self) -> None:
@@ -204,7 +351,7 @@ class HeldJobStore:
         if not self.folder.is_dir():
             return
         for entry in self.folder.iterdir():
-            if entry.suffix == SUFFIX or entry.name.endswith(".tmp"):
+            if entry.suffix in (SUFFIX, MASKED_SUFFIX) or entry.name.endswith(".tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
         self._sync_folder()

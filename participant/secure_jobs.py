@@ -22,11 +22,13 @@ authentication is answered with the signed complaint naming its dealer (stage
 ``COMPLAINT``) before the typed withdrawal, so the coordinator can exclude the dealer
 when it retries.
 
-Held jobs (issue #20): before a job's masked input leaves, and before each later
-message is sent, the session is written to the site's held-jobs folder
-(:mod:`spherecal.participant.held_jobs`); after this process restarts,
+Held jobs (issue #20): before a job's masked input leaves — after its release is
+charged — the masked input itself and the session are written to the site's
+held-jobs folder (:mod:`spherecal.participant.held_jobs`), and the session again
+before each later message is sent; after this process restarts,
 :meth:`SecureSteps.restore_held` takes those jobs up again so the coordinator's
-remaining steps are answered for the same job id. A job's file goes when the job
+remaining steps are answered for the same job id — a cut masked upload with the
+identical stored bytes. A job's file goes when the job
 ends for the site (answered, refused, or the coordinator moved on) and when the
 federation ends.
 """
@@ -46,7 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
 from spherecal.participant.faults import Halter
-from spherecal.participant.held_jobs import HeldJobError, HeldJobStore
+from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
 from spherecal.participant.policy import PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import ReleaseLedger
 from spherecal.participant.secure_session import SecureSession
@@ -168,13 +170,31 @@ class SecureSteps:
                 self.log(f"{label} cannot be used ({type(exc).__name__}: {exc}); deleting it")
                 store.delete(job_id)
                 continue
+            if session.masked_digest is not None:
+                try:
+                    store.check_masked(job_id, session.masked_digest)
+                except (HeldJobError, OSError) as exc:
+                    # the record still answers the later stages; only a cut upload
+                    # cannot be repeated
+                    self.log(f"{label}: its stored masked input cannot be used ({exc})")
+                    session.masked_digest = None
             self.jobs[job_id] = session
             restored += 1
             self.log(
                 f"job {job_id.hex()[:8]}: restored after this site's restart "
-                f"({session.purpose}, at {session.client.stage.value}); its masked input "
-                "left before, so only its remaining steps are answered"
+                f"({session.purpose}, at {session.client.stage.value}); "
+                + (
+                    "its masked input is stored: if its upload was cut, the same bytes go "
+                    "again; its remaining steps are answered"
+                    if session.masked_digest is not None
+                    else "its masked input left before, so only its remaining steps are "
+                    "answered"
+                )
             )
+        for job_id in store.job_ids(MASKED_SUFFIX):
+            if job_id not in self.jobs:  # stored, then killed before its record was
+                self.log(f"held masked input {job_id.hex()[:8]} has no job record; deleting it")
+                store.delete(job_id)
         return restored
 
     def _keep(self, session: SecureSession) -> None:
@@ -460,18 +480,39 @@ class SecureSteps:
             self.log(f"could not deliver the complaint: {exc.message}")
 
     def _upload_masked(self, session: SecureSession) -> None:
+        """Stream the job's masked input: charged to the release ledger, then stored
+        in the held-jobs folder (chunks and the record naming their digest), then
+        sent — so any upload that started can be repeated bit for bit after a
+        restart of this process, and never with another input. A session that
+        already stored it (restored, or the coordinator asks again) streams the
+        stored chunks; the ledger charge is idempotent for one job."""
         job_id = session.job_id
-        self._keep(session)  # before the input leaves: a restart answers the rest
         if session.release is not None:
             try:
                 self.releases.consume(session.release)
             except ReleaseRepeated as exc:  # a concurrent job was released first
                 self.abandon(job_id.hex(), session, exc)
                 return
+        if session.masked_digest is None:
+            self._store_masked(session)
         n = session.n_chunks
+        stored = self.store is not None and session.masked_digest is not None
+        if stored and session.restored:
+            self.log(
+                f"job {job_id.hex()[:8]}: sending its stored masked input again (its "
+                "upload was cut by this site's restart)"
+            )
+
+        def chunks() -> Iterator[bytes]:
+            if stored:
+                assert self.store is not None
+                yield from self.store.masked_chunks(job_id)
+            else:
+                for index in range(n):
+                    yield session.masked_chunk(index)
 
         def messages() -> Iterator[pb.MaskedUpload]:
-            for index in range(n):
+            for index, chunk in enumerate(chunks()):
                 if index == 1 or n == 1:
                     self.halter.check(
                         "masked",
@@ -479,7 +520,6 @@ class SecureSteps:
                         round_index=session.round,
                         what=job_id.hex(),
                     )
-                chunk = session.masked_chunk(index)
                 if index == 0:
                     yield pb.MaskedUpload(caller=self.caller(), job_id=job_id, chunk=chunk)
                 else:
@@ -487,6 +527,13 @@ class SecureSteps:
 
         try:
             self.transport.upload_masked(messages())
+        except HeldJobError as exc:  # the stored input no longer reads back whole
+            self.log(
+                f"job {job_id.hex()[:8]}: its stored masked input cannot be read ({exc}); "
+                "the job goes on without this site"
+            )
+            self._drop(job_id)
+            return
         except TransportError as exc:
             if exc.code is grpc.StatusCode.ALREADY_EXISTS:
                 return
@@ -498,3 +545,26 @@ class SecureSteps:
                 self._drop(job_id)
                 return
             raise
+
+    def _store_masked(self, session: SecureSession) -> None:
+        """Write the masked input, then the record naming it, before a byte leaves.
+        A failed write costs durability only (as in :meth:`_keep`): the upload goes
+        from the session's deterministic chunks, and a restart during it loses the
+        job — logged."""
+        if self.store is None:
+            return
+        job_id = session.job_id
+        try:
+            n = session.n_chunks
+            digest = self.store.save_masked(
+                job_id, (session.masked_chunk(i) for i in range(n)), n
+            )
+        except OSError as exc:
+            self.log(
+                f"job {job_id.hex()[:8]}: could not store its masked input ({exc}); a "
+                "restart of this site during the upload would lose the job"
+            )
+            self._keep(session)
+            return
+        session.masked_digest = digest
+        self._keep(session)

@@ -15,7 +15,10 @@ run the same job id twice, even across restarts.
 A session whose masked input left survives this process's restart (issue #20):
 :meth:`SecureSession.record` is what ``spherecal.participant.held_jobs`` writes, and
 :meth:`SecureSession.restore` rebuilds the session from it — the same cached
-messages, a ``crypto`` participant resumed for the remaining rounds only.
+messages, a ``crypto`` participant resumed for the remaining rounds only, and
+(:attr:`SecureSession.masked_digest`) the masked input as it was stored before its
+upload began, which a restored session resends unchanged when the coordinator asks
+for it again (the upload was cut) — it never computes one.
 """
 
 from __future__ import annotations
@@ -126,6 +129,9 @@ class SecureSession:
         if vector is not None:
             self.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
+        self.masked_digest: str | None = None
+        """``held_jobs.masked_digest`` of the masked input stored in the site's
+        held-jobs folder before its upload began (None: not stored)."""
 
     # ---------------------------------------------------------------- restarts
     def record(self, federation: str) -> HeldJob:
@@ -139,6 +145,7 @@ class SecureSession:
             release=self.release,
             sent=tuple((int(stage), data) for stage, data in sorted(self._sent.items())),
             state=self.client.held_state().to_bytes(),
+            masked=self.masked_digest,
         )
 
     @classmethod
@@ -170,6 +177,7 @@ class SecureSession:
             spec, participant_id, identity, directory, state, policy=policy
         )
         self._sent = {cast(pb.SecAggStage, stage): data for stage, data in record.sent}
+        self.masked_digest = record.masked
         return self
 
     def set_input(
@@ -215,9 +223,11 @@ class SecureSession:
             out = (corrupt(shares) if self._corrupt else shares).to_bytes()
         elif stage == pb.MASKED:
             if self.restored:
+                if self.masked_digest is not None:
+                    return None  # the stored bytes go again, identical (secure_jobs)
                 raise crypto.OutOfStage(
-                    "this site's masked input for the job left before its restart; "
-                    "a job's masked input is never sent twice"
+                    "this site's masked input for the job left before its restart and "
+                    "was not stored; a job's masked input is never computed twice"
                 )
             if self.client.stage is ParticipantStage.RECEIVE_SHARES:
                 self.client.receive_shares(crypto.ShareBundle.from_bytes(data))

@@ -7,7 +7,8 @@
 ``stages``              waiting on tasks, driving secure jobs, the one aggregation helper
 ``secure_job``          one ``crypto.SecAggServer`` job with deadlines, liveness, streaming;
                         journaled, and continued from its journal after a restart
-``stage_grace``         a later job stage waits for a summed participant that restarts
+``stage_grace``         the masked and later stages wait for a participant that restarts
+``masked_resend``       a masked upload sent again: identical is delivered, different refused
 ``halts``               test-only: stop the coordinator dead at a named point of a job
 ``rejoin``              between two attempts at a stage: back off, wait for participants
 ``training_rounds``     the training rounds: selection, server step, checkpoint

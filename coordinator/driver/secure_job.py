@@ -10,7 +10,8 @@ sharing, recovered from shares after). A shortfall below the threshold aborts th
 job with :class:`crypto.TooFewSurvivors`, recorded as the job's error.
 
 Masked uploads stream straight into the server's accumulator (``absorb``) under the
-job's lock; an upload cut off mid-way is abandoned, freeing its staging slot.
+job's lock; an upload cut off mid-way is abandoned, freeing its staging slot. A
+site's upload sent again is compared with what it sent before (``masked_resend``).
 Memory is O(vector), as ``spherecal.crypto.server`` documents: ``(1 + max_in_flight)`` vectors.
 """
 
@@ -29,6 +30,7 @@ import grpc
 import numpy as np
 
 from spherecal import crypto
+from spherecal.coordinator.driver.masked_resend import MaskedDigests
 from spherecal.coordinator.driver.stage_grace import RejoinGrace
 from spherecal.coordinator.errors import ServiceError, from_secagg
 from spherecal.coordinator.settings import SecAggSettings
@@ -184,6 +186,7 @@ class SecureJob:
         self.resumed = False
         self._reconfirmed: set[str] = set()
         self._grace = RejoinGrace(rejoin_s)
+        self._masked = MaskedDigests(self.spec.n_chunks)
 
     # ---------------------------------------------------------------- journal
     def journal_message(self) -> bytes:
@@ -403,19 +406,24 @@ class SecureJob:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{participant!r} is not in this job's masked stage (left out earlier)",
                 )
-            if participant in self.server.survivors or not self.server.is_pending(participant):
+            server = self.server
+            complete = participant in server.survivors or not server.is_pending(participant)
+            if complete and not self._masked.begin_repeat(participant):
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{participant!r} already uploaded its complete masked input",
                 )
             self._streaming.add(participant)
 
-    def absorb(self, participant: str, data: bytes) -> int:
-        """Absorb one canonical MaskedChunk; returns its index."""
+    def absorb(self, participant: str, data: bytes, digest: bytes | None = None) -> int:
+        """Absorb one canonical MaskedChunk (``digest``: its SHA-256, if known);
+        returns its index. Repeats are compared, not summed (``masked_resend``)."""
         try:
             chunk = crypto.MaskedChunk.from_bytes(data)
         except crypto.SecAggError as exc:
             raise from_secagg(exc) from None
+        if digest is None:
+            digest = hashlib.sha256(data).digest()
         with self.lock:
             self._check_open()
             if self.server.stage is not Stage.MASKED:
@@ -423,10 +431,13 @@ class SecureJob:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{self.label()} closed its masked stage",
                 )
+            if not self._masked.admit(participant, chunk.index, digest, self.label()):
+                return chunk.index
             try:
                 self.server.absorb(chunk, sender=participant)
             except crypto.SecAggError as exc:
                 raise from_secagg(exc) from None
+            self._masked.record(participant, chunk.index, digest)
         return chunk.index
 
     def end_upload(self, participant: str) -> bool:
@@ -434,6 +445,8 @@ class SecureJob:
         an incomplete one is abandoned so its slot frees and it can be retried."""
         with self.lock:
             self._streaming.discard(participant)
+            if self._masked.end(participant):
+                return True  # a repeat of a complete input: nothing was summed
             if self.server.stage is not Stage.MASKED:
                 return participant in self.server.survivors
             complete = not self.server.is_pending(participant)
@@ -554,6 +567,7 @@ class SecureJob:
                 else:
                     server.close_stage()
                     self._streaming.clear()
+                    self._masked.clear()
                     self._stage_expected = len(server.pending())
                     if self.journal is not None:
                         if stage is Stage.MASKED:

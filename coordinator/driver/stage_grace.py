@@ -1,4 +1,4 @@
-"""How long a secure job's later stage waits for a summed participant that went away.
+"""How long a secure job's masked and later stages wait for a participant that went away.
 
 Why (issue #20): in the consistency and unmask stages every pending participant's
 masked input is already in the sum, and a site keeps what it needs to answer the
@@ -10,9 +10,16 @@ from when it was first seen gone; the job's stage deadline still bounds the wait
 (``SecureJob.advance``), and one that comes back without the job's state withdraws
 at once (it says so), which ends the wait.
 
-Earlier stages do not wait: before its masked input is in, a participant that went
-away has nothing to come back with (its job keys were in memory), and the protocol
-leaves it out at no cost to anyone's release.
+The masked stage waits too: a site stores its masked input before the first byte
+of its upload leaves (``participant.held_jobs``), so one killed during its upload
+comes back and sends the identical bytes again; its cut stream was never summed
+(``crypto.staging``). Every pending participant of the masked stage joined the job
+(it sent its shares) and may be uploading; one that died before its upload began
+comes back without the job and withdraws, which ends the wait as above.
+
+Earlier stages do not wait: before its masked input is stored, a participant that
+went away has nothing to come back with (its job keys were in memory), and the
+protocol leaves it out at no cost to anyone's release.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from spherecal.crypto import Stage
 
 __all__ = ["GRACE_STAGES", "RejoinGrace"]
 
-GRACE_STAGES = frozenset({Stage.CONSISTENCY, Stage.UNMASK})
+GRACE_STAGES = frozenset({Stage.MASKED, Stage.CONSISTENCY, Stage.UNMASK})
 
 
 class RejoinGrace:
@@ -55,9 +62,14 @@ class RejoinGrace:
             since = self._absent.get(p)
             if since is None:
                 since = self._absent[p] = t
+                where = (
+                    "before its masked input was whole"
+                    if stage is Stage.MASKED
+                    else "after its masked input was summed"
+                )
                 news.append(
-                    f"{label}: {p} disconnected in stage {stage.value} after its masked "
-                    f"input was summed; waiting up to {self.rejoin_s:g} s for it to come back"
+                    f"{label}: {p} disconnected in stage {stage.value} {where}; "
+                    f"waiting up to {self.rejoin_s:g} s for it to come back"
                 )
             if t < since + self.rejoin_s:
                 held.add(p)

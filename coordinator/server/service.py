@@ -437,12 +437,13 @@ class CoordinatorService:
                         raise ServiceError(
                             grpc.StatusCode.INVALID_ARGUMENT, "one upload carries one job"
                         )
-                    index = job.absorb(pid, data)
+                    # One SHA-256 pass per chunk (the audit's, the job's comparison of
+                    # a repeated upload); the receipt digests those digests in order
+                    # rather than hashing the upload again.
+                    chunk_digest = hashlib.sha256(data).digest()
+                    index = job.absorb(pid, data, chunk_digest)
                     if index == 0:
                         self._record_sample(job_hex, pid, job.purpose, data)
-                    # One SHA-256 pass per chunk (the audit's); the receipt digests
-                    # those digests in order rather than hashing the upload again.
-                    chunk_digest = hashlib.sha256(data).digest()
                     chunk_sha = chunk_digest.hex()
                     digest.update(chunk_digest)
                     self.store.audit(

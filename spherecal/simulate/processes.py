@@ -140,15 +140,30 @@ class Simulation:
 
     def participant_config(self, k: int, port: int) -> Path:
         """Write ``DIR/participants/pK.toml`` for participant ``k``; return its path.
-        A participant restarted after its ``--drop`` point fired runs without it (a
-        process dies at its point once; its restart goes on from there)."""
+        A participant restarted after one of its ``--drop`` points fired runs without
+        that point (a process dies at its point once; its restart goes on from there
+        and may die at its next one)."""
         pid = self.settings.participant_ids[k]
         with self._lock:
-            fired = any(d["participant"] == pid and d["stage"] != "external" for d in self.dropped)
+            fired = [
+                (d["stage"], d["job"])
+                for d in self.dropped
+                if d["participant"] == pid and d["stage"] != "external"
+            ]
+        left = [d for d in self.settings.drops if d.participant == pid]
+        for stage, purpose in fired:
+            for drop in left:
+                when = drop.point.when
+                if drop.point.stage == stage and (
+                    when is None or when == purpose or (when[0] == "r" and purpose == "update")
+                ):
+                    left.remove(drop)
+                    break
         settings = self.settings
         if fired:
             settings = replace(
-                settings, drops=tuple(d for d in settings.drops if d.participant != pid)
+                settings,
+                drops=tuple(d for d in settings.drops if d.participant != pid or d in left),
             )
         document = participant_document(settings, k, port, self.out)
         return write_toml(self.out / "participants" / f"{pid}.toml", document)

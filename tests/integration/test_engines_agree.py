@@ -37,6 +37,7 @@ def _settings(out: Path) -> SimulationSettings:
         calibration=("ffc",),
         drops=DROPS,
         chunk_entries=1024,  # FFC in 10 chunks: p3's upload is cut mid-stream
+        rejoin_grace_s=2.0,  # p3 never comes back: the masked stage need not wait a minute
         timeout_s=300,
     )
 

@@ -22,6 +22,7 @@ from spherecal.coordinator.settings import (
     Timeouts,
     TrainingSettings,
 )
+from spherecal.coordinator.state.job_journal import JobJournal
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool
 from spherecal.coordinator.state.store import Store
@@ -43,6 +44,7 @@ def make_job(
     consistency_check: bool = True,
     in_flight_mb: float = 0.0,
     rejoin_s: float = 0.0,
+    journal: JobJournal | None = None,
 ) -> tuple[SecureJob, dict[str, crypto.SecAggParticipant]]:
     ids = [f"p{k}" for k in range(n)]
     identities = {p: crypto.generate_identity() for p in ids}
@@ -66,6 +68,7 @@ def make_job(
         first_stage_s=stage_s if first_stage_s is None else first_stage_s,
         stage_s=stage_s,
         rejoin_s=rejoin_s,
+        journal=journal,
     )
     ledger = crypto.MemoryJobLedger()
     # Each participant gets the directory its instruction carries (its needed entries).

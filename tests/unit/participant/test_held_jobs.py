@@ -14,9 +14,11 @@ from spherecal import crypto
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import (
     FOLDER,
+    MASKED_SUFFIX,
     CorruptHeldJob,
     HeldJob,
     HeldJobStore,
+    masked_digest,
 )
 from spherecal.participant.policy import PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import LedgerRules, Release, ReleaseLedger
@@ -200,7 +202,7 @@ def test_a_restored_session_answers_the_rest_of_the_job(tmp_path: Path) -> None:
     assert restored.restored and restored.release == "release-p1"
     assert restored.sent() == sessions["p1"].sent()  # answered again byte for byte
     sessions["p1"] = restored
-    with pytest.raises(crypto.OutOfStage, match="never sent twice"):
+    with pytest.raises(crypto.OutOfStage, match="never computed twice"):
         restored.respond(bundles["p1"])
 
     request = server.consistency_request()
@@ -294,3 +296,63 @@ def test_a_restarted_process_restores_only_its_federations_usable_jobs(tmp_path:
     steps.end_federation()
     assert store.job_ids() == [] and steps.jobs == {}
     releases.close()
+
+
+# ------------------------------------------------------------------ the stored masked input
+CHUNKS = [bytes([k]) * (100 + k) for k in range(4)]
+
+
+def test_masked_input_round_trip_mode_digest_and_deletion(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    digest = store.save_masked(JOB, iter(CHUNKS), len(CHUNKS))
+    assert digest == masked_digest(CHUNKS)
+    assert list(store.masked_chunks(JOB)) == CHUNKS
+    store.check_masked(JOB, digest)
+    where = store.masked_path(JOB)
+    assert stat.S_IMODE(where.stat().st_mode) == 0o600
+    assert CHUNKS[1] not in where.read_bytes()  # sealed, not in the clear
+    assert store.job_ids(MASKED_SUFFIX) == [JOB] and store.job_ids() == []
+    with pytest.raises(CorruptHeldJob, match="not the masked input"):
+        store.check_masked(JOB, masked_digest(CHUNKS[:3]))
+    store.save(JOB, RECORD)
+    store.delete(JOB)  # the record and the masked input go together
+    assert not where.exists() and not store.path(JOB).exists()
+    store.save_masked(JOB, CHUNKS, len(CHUNKS))
+    store.clear()
+    assert not where.exists()
+
+
+def test_masked_input_announced_count_must_match(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    with pytest.raises(ValueError, match="announced"):
+        store.save_masked(JOB, CHUNKS, len(CHUNKS) + 1)
+    assert not store.masked_path(JOB).exists()  # nothing half-written is left
+    assert [p for p in store.folder.iterdir()] == []
+
+
+@pytest.mark.parametrize("where", [5, 40, 200, -3])
+def test_a_masked_input_with_a_flipped_bit_is_refused(tmp_path: Path, where: int) -> None:
+    store = _store(tmp_path)
+    store.save_masked(JOB, CHUNKS, len(CHUNKS))
+    path = store.masked_path(JOB)
+    blob = bytearray(path.read_bytes())
+    blob[where] ^= 1
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CorruptHeldJob):
+        list(store.masked_chunks(JOB))
+
+
+def test_a_truncated_or_moved_masked_input_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save_masked(JOB, CHUNKS, len(CHUNKS))
+    path = store.masked_path(JOB)
+    blob = path.read_bytes()
+    path.write_bytes(blob[:-50])
+    with pytest.raises(CorruptHeldJob, match="truncated"):
+        list(store.masked_chunks(JOB))
+    other = b"\x08" * 16
+    store.masked_path(other).write_bytes(blob)
+    with pytest.raises(CorruptHeldJob, match="another job"):
+        list(store.masked_chunks(other))
+    with pytest.raises(CorruptHeldJob):  # another identity cannot read it
+        list(_store(tmp_path).masked_chunks(other))
