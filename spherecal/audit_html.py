@@ -18,14 +18,14 @@ time, drawn only when some was spent).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from html import escape
-from typing import Any
+from typing import Any, cast
 
 from spherecal.audit_report import (
     CHECK_EXPLANATIONS,
     STAGE_ORDER,
     STAGES,
+    check_items,
     epsilon_meanings,
     human_bytes,
     not_applicable,
@@ -34,6 +34,7 @@ from spherecal.audit_report import (
     verdict_sentence,
 )
 from spherecal.html_style import PAGE_CSS
+from spherecal.results_schema import AuditDocument
 
 __all__ = ["PALETTE", "epsilon_chart", "payload_chart", "render_html", "site_colours"]
 
@@ -287,16 +288,15 @@ def epsilon_chart(
 
 
 # ----------------------------------------------------------------- the page
-def _protection_html(report: Mapping[str, Any]) -> str:
+def _protection_html(report: AuditDocument) -> str:
     protection = report.get("protection") or {}
     if not protection:
         return ""
     rows = []
-    for label, key in (
-        ("Model updates (training)", "model_updates"),
-        ("Calibration statistics", "calibration_statistics"),
+    for label, item in (
+        ("Model updates (training)", protection["model_updates"]),
+        ("Calibration statistics", protection["calibration_statistics"]),
     ):
-        item = protection[key]
         rows.append(
             f"<tr><th>{label}</th><td>{escape(item['transport'])}</td>"
             f"<td>{escape(item['dp'])}</td></tr>"
@@ -321,7 +321,7 @@ def _protection_html(report: Mapping[str, Any]) -> str:
     )
 
 
-def _epsilon_html(report: Mapping[str, Any]) -> str:
+def _epsilon_html(report: AuditDocument) -> str:
     privacy = report.get("privacy") or {}
     meanings = epsilon_meanings(report)
     intro = (
@@ -369,10 +369,10 @@ def _epsilon_html(report: Mapping[str, Any]) -> str:
     )
 
 
-def _checks_html(report: Mapping[str, Any]) -> str:
+def _checks_html(report: AuditDocument) -> str:
     items = []
     skipped = not_applicable(report)
-    for name, check in report["checks"].items():
+    for name, check in check_items(report["checks"]).items():
         title, explanation = CHECK_EXPLANATIONS.get(name, (name, ""))
         if name in skipped:
             items.append(
@@ -421,7 +421,7 @@ def _checks_html(report: Mapping[str, Any]) -> str:
     return '<section id="checks"><h2>Checks</h2><table>' + "".join(items) + "</table></section>"
 
 
-def _identity_html(report: Mapping[str, Any]) -> str:
+def _identity_html(report: AuditDocument) -> str:
     """Which run: federation, name, when, sites, coordinator (what an auditor files
     the page under)."""
     run = report.get("run") or {}
@@ -450,7 +450,7 @@ def _identity_html(report: Mapping[str, Any]) -> str:
     )
 
 
-def _stages_html(report: Mapping[str, Any]) -> str:
+def _stages_html(report: AuditDocument) -> str:
     """The stages this run's payloads went through, in protocol order, each in words."""
     seen = {str(r["stage"]) for r in report["payloads"]["rows"]}
     explained = dict(STAGES)
@@ -469,13 +469,15 @@ def _stages_html(report: Mapping[str, Any]) -> str:
     )
 
 
-def render_html(report: Mapping[str, Any]) -> str:
+def render_html(report: AuditDocument) -> str:
     """The whole page as one string (UTF-8, no external references)."""
     ok = bool(report["ok"])
     budgets = report["checks"]["budgets"]
     subjects = budgets.get("subjects", {})
-    timelines = {s: e.get("timeline", []) for s, e in subjects.items()}
-    caps = {s: e.get("budget_epsilon") for s, e in subjects.items()}
+    timelines = {
+        s: cast("list[dict[str, Any]]", e.get("timeline", [])) for s, e in subjects.items()
+    }
+    caps = {s: cast("float | None", e.get("budget_epsilon")) for s, e in subjects.items()}
     colours = site_colours([str(r["sender"]) for r in report["payloads"]["rows"]] + list(subjects))
     title = f"Privacy audit of federation {report.get('federation_id') or '(unnamed)'}"
     label = verdict_label(report)

@@ -15,15 +15,15 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from spherecal.coordinator.summary_schema import JsonObject
-from spherecal.results_schema import AuditRun, Protection
+from spherecal.coordinator.summary_schema import JsonObject, JsonValue
+from spherecal.results_schema import AuditCheck, AuditChecks, AuditDocument, AuditRun, Protection
 
 __all__ = [
     "CHECK_EXPLANATIONS",
+    "check_items",
     "STAGES",
     "STAGE_ORDER",
     "describe_protection",
@@ -294,7 +294,20 @@ def run_identity(conn: sqlite3.Connection, db: Path, sim_dir: Path | None) -> Au
     }
 
 
-def not_applicable(report: Mapping[str, Any]) -> dict[str, str]:
+def check_items(checks: AuditChecks) -> dict[str, AuditCheck]:
+    """The checks by name, in the document's order: every value of
+    :class:`~spherecal.results_schema.AuditChecks` is an ``AuditCheck``, which a
+    TypedDict's own ``items()`` cannot say (it yields ``object``)."""
+    return cast("dict[str, AuditCheck]", checks)
+
+
+def _float(value: JsonValue) -> float:
+    """``float(value)`` for a figure read from a JSON object (ε, a budget): the
+    evidence's entries are :data:`JsonObject`, whose values mypy cannot narrow."""
+    return float(cast("float", value))
+
+
+def not_applicable(report: AuditDocument) -> dict[str, str]:
     """Checks that had nothing to check in this run, each with why (shown as N/A, not
     PASS: a PASS must mean something was verified). A failed check always applies."""
     checks = report["checks"]
@@ -318,14 +331,19 @@ def not_applicable(report: Mapping[str, Any]) -> dict[str, str]:
     if not dp_on and not dp.get("releases"):
         reasons["dp_releases"] = "differential privacy was not switched on: no noisy release"
     subjects = checks.get("budgets", {}).get("subjects") or {}
-    spent = any(float(e.get("epsilon", 0.0)) > 0 for e in subjects.values())
+    spent = any(_float(e.get("epsilon", 0.0)) > 0 for e in subjects.values())
     budgets = any(e.get("budget_epsilon") is not None for e in subjects.values())
     if not spent and not budgets:
         reasons["budgets"] = "no privacy budget was set and no ε was spent"
-    return {name: why for name, why in reasons.items() if checks.get(name, {}).get("ok", True)}
+    by_name = check_items(checks)
+    return {
+        name: why
+        for name, why in reasons.items()
+        if name not in by_name or by_name[name].get("ok", True)
+    }
 
 
-def unprotected(report: Mapping[str, Any]) -> list[str]:
+def unprotected(report: AuditDocument) -> list[str]:
     """What this run did NOT protect, one plain sentence each (empty: nothing left out).
     A PASS only says the run kept what it was configured to do; these say what that
     configuration left open."""
@@ -355,7 +373,7 @@ def unprotected(report: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def verdict_label(report: Mapping[str, Any]) -> str:
+def verdict_label(report: AuditDocument) -> str:
     """``FAIL``; ``PASS as configured`` when the run kept its configuration but left
     something unprotected (:func:`unprotected`) — a bare PASS next to "no DP on
     anything" read as "private" (issue #23); ``PASS`` only when nothing was left open."""
@@ -365,9 +383,9 @@ def verdict_label(report: Mapping[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------- sentences
-def verdict_sentence(report: Mapping[str, Any]) -> str:
+def verdict_sentence(report: AuditDocument) -> str:
     """The first thing a reader sees: did the run keep its promises, in one breath."""
-    checks = report["checks"]
+    checks = check_items(report["checks"])
     failed = [CHECK_EXPLANATIONS.get(n, (n, ""))[0] for n, c in checks.items() if not c["ok"]]
     empirical = report.get("empirical") or {}
     if empirical.get("exceeds_claim"):
@@ -397,7 +415,7 @@ def verdict_sentence(report: Mapping[str, Any]) -> str:
     return said
 
 
-def epsilon_meanings(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+def epsilon_meanings(report: AuditDocument) -> list[dict[str, Any]]:
     """One ε per subject (the federation, then each site), with what it means."""
     budgets = report["checks"]["budgets"]
     delta = float(budgets.get("delta", 1e-5))
@@ -405,7 +423,7 @@ def epsilon_meanings(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     for subject, entry in sorted(
         budgets.get("subjects", {}).items(), key=lambda kv: (kv[0] != "federation", kv[0])
     ):
-        eps = float(entry.get("epsilon", 0.0))
+        eps = _float(entry.get("epsilon", 0.0))
         budget = entry.get("budget_epsilon")
         factor = math.exp(eps) if eps < 50 else math.inf
         if subject == "federation":
@@ -440,7 +458,7 @@ def epsilon_meanings(report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------- text report
-def format_report(report: Mapping[str, Any]) -> str:
+def format_report(report: AuditDocument) -> str:
     """The terminal report: protection first, then payloads, checks and ε."""
     lines = [f"spherecal audit of {report['database']}"]
     lines.append(f"{verdict_label(report)}: {verdict_sentence(report)}")  # always line 2
@@ -459,11 +477,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     protection = report.get("protection")
     if protection:
         lines.append("\nwhat was protected in this run:")
-        for label, key in (
-            ("model updates", "model_updates"),
-            ("calibration statistics", "calibration_statistics"),
+        for label, item in (
+            ("model updates", protection["model_updates"]),
+            ("calibration statistics", protection["calibration_statistics"]),
         ):
-            item = protection[key]
             lines.append(f"  {label + ':':<24}{item['transport']}; {item['dp']}")
         if protection.get("updates_without_dp"):
             lines.append(
@@ -474,13 +491,14 @@ def format_report(report: Mapping[str, Any]) -> str:
     by: dict[tuple[str, str], list[int]] = {}
     for p in payloads:
         if p["status"] == "accepted":
-            by.setdefault((p["sender"], p["stage"]), []).append(int(p["bytes"]))
+            key = (cast("str", p["sender"]), cast("str", p["stage"]))
+            by.setdefault(key, []).append(int(cast("int", p["bytes"])))
     lines.append(f"\npayloads received: {report['payloads']['count']} (sender, stage: n, bytes)")
     for (sender, stage), sizes in sorted(by.items()):
         lines.append(f"  {sender:<12} {stage:<12} {len(sizes):>5}  {sum(sizes):>12}")
     lines.append("\nchecks:")
     skipped = not_applicable(report)
-    for name, check in report["checks"].items():
+    for name, check in check_items(report["checks"]).items():
         if name in skipped:
             lines.append(f"  [N/A ] {name}: {skipped[name]}")
             continue
@@ -495,7 +513,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             b = e.get("budget_epsilon")
             lines.append(
                 f"  {subject:<12} ε = {e['epsilon']:.4g}  budget "
-                + ("none" if b is None else f"{float(b):g}")
+                + ("none" if b is None else f"{_float(b):g}")
             )
     empirical = report.get("empirical")
     if empirical is not None and empirical.get("skipped"):

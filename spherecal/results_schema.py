@@ -13,13 +13,16 @@ the field-by-field prose is in ``docs/deployment.md`` (``results.json``),
 ``docs/privacy.md`` (``audit.json``) and ``docs/baselines.md`` (the experiment's
 ``results.json``).
 
-Typed end to end: ``results.json`` (every engine's writer), ``audit.json``'s writer
-and its checks, the experiment's cells. Still read as plain mappings: the audit's
-text and HTML pages (:mod:`spherecal.audit_report`, :mod:`spherecal.audit_html`),
-``spherecal report`` (:mod:`spherecal.run_report`, which also draws older documents)
-and the experiment's ``results.json`` builder, table and plots, whose calibration
-entries are keyed by data (``ffc_gain``, ``oracle_gap``, …); their documents are
-still held against the declarations at run time by the tests.
+Typed end to end: ``results.json`` (every engine's writer), ``audit.json``'s writer,
+its checks and its text and HTML pages (:mod:`spherecal.audit_report`,
+:mod:`spherecal.audit_html`), the experiment's cells; ``spherecal report``
+(:mod:`spherecal.run_report`) reads its own ``RunDocument``, the keys it draws with
+all but ``status`` optional, since it also draws older documents. The experiment's
+``results.json`` builder returns :class:`ExperimentResults`; still read as plain
+mappings: its table and plots (:mod:`spherecal.experiment.markdown`,
+:mod:`spherecal.experiment.plots`), which walk ``settings`` (JSON) and the
+calibration entries keyed by data (``ffc_gain``, ``oracle_gap``, …); those
+documents are still held against the declarations at run time by the tests.
 """
 
 from __future__ import annotations

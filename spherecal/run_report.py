@@ -27,14 +27,23 @@ import json
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from spherecal.audit_html import PALETTE
 from spherecal.audit_report import human_bytes
+from spherecal.coordinator.summary_schema import (
+    Accuracy,
+    HeadlineCoverage,
+    HistoryRow,
+    JsonObject,
+    RoundMetrics,
+    Traffic,
+)
 from spherecal.html_style import PAGE_CSS
 
 __all__ = [
     "ReportError",
+    "RunDocument",
     "bar_chart",
     "line_chart",
     "load_run",
@@ -67,7 +76,30 @@ WIDTH, HEIGHT = 500, 260
 LEFT, RIGHT, TOP, BOTTOM = 52, 14, 30, 40
 
 
-def load_run(path: Path) -> dict[str, Any]:
+class RunDocument(TypedDict):
+    """What the page reads of a run document: ``results.json``
+    (:class:`spherecal.results_schema.SimulationResults`) or ``summary.json``
+    (:class:`spherecal.coordinator.summary_schema.Summary`), of this version or an
+    older one. Only ``status`` is required (:func:`load_run` refuses a document
+    without it); every other key may be missing from an older document (``history``
+    came after ``per_round``), and the page reads each with a default. ``settings``
+    differs between the two documents (a count of participants or the roster), so it
+    is JSON read by key."""
+
+    status: str | None
+    schema: NotRequired[str]
+    federation_id: NotRequired[str | None]
+    status_reasons: NotRequired[list[str]]
+    settings: NotRequired[JsonObject]
+    accuracy: NotRequired[Accuracy | None]
+    accuracy_covers: NotRequired[HeadlineCoverage | None]
+    per_round: NotRequired[list[RoundMetrics]]
+    history: NotRequired[list[HistoryRow]]
+    bytes: NotRequired[Traffic]
+    _source: NotRequired[str]  # where it was read from; not in the file
+
+
+def load_run(path: Path) -> RunDocument:
     """The run document in ``path``: ``results.json`` (a simulate output directory),
     ``summary.json`` (a coordinator's out_dir), ``coordinator/out/summary.json``, or
     ``path`` itself when it is one of those files."""
@@ -85,20 +117,20 @@ def load_run(path: Path) -> dict[str, Any]:
             if not isinstance(document, dict) or "status" not in document:
                 raise ReportError(f"{candidate} is not a spherecal results or summary document")
             document.setdefault("_source", str(candidate))
-            return document
+            return cast(RunDocument, document)
     raise ReportError(
         f"no results.json or summary.json in {path} (give a `spherecal simulate --out` "
         "directory or a coordinator's out_dir)"
     )
 
 
-def _history(run: dict[str, Any]) -> list[dict[str, Any]]:
+def _history(run: RunDocument) -> list[HistoryRow]:
     """``history`` rows, or built from ``per_round`` for a run written before it."""
     rows = run.get("history")
     if isinstance(rows, list) and rows:
         return rows
     return [
-        {
+        {  # an older document's round may lack any of these: None, as .get gives
             "round": m.get("round"),
             "train_loss": m.get("train_loss"),
             "federated_accuracy": m.get("federated_accuracy"),
@@ -279,7 +311,7 @@ def bar_chart(
     return _svg(title, parts)
 
 
-def site_contributions(run: dict[str, Any]) -> list[dict[str, Any]]:
+def site_contributions(run: RunDocument) -> list[dict[str, Any]]:
     """Per site: rounds whose sum held its update, and bytes it uploaded (as the
     coordinator counted them: ``received`` is participant → coordinator)."""
     declared = (run.get("settings") or {}).get("participants")
@@ -319,33 +351,33 @@ def _fmt(value: Any, spec: str = "{:.4f}") -> str:
     return "–" if value is None else spec.format(value)
 
 
-def render_run_report(run: dict[str, Any]) -> str:
+def render_run_report(run: RunDocument) -> str:
     """The page (a string of HTML) for one run document."""
     history = _history(run)
     status = str(run.get("status") or "unknown")
     settings = run.get("settings") or {}
     accuracy = {k: v for k, v in (run.get("accuracy") or {}).items() if v is not None}
-    covers = run.get("accuracy_covers") or {}
+    covers = run.get("accuracy_covers")
     name = settings.get("name") or settings.get("dataset") or "federation"
     rounds_total = settings.get("rounds", len(history))
 
     loss = {
         "training loss": [
-            (float(r["round"]), float(r["train_loss"]))
+            (float(r["round"]), float(v))
             for r in history
-            if r.get("train_loss") is not None
+            if (v := r.get("train_loss")) is not None
         ]
     }
     acc_series = {
         "federated accuracy": [
-            (float(r["round"]), float(r["federated_accuracy"]))
+            (float(r["round"]), float(v))
             for r in history
-            if r.get("federated_accuracy") is not None
+            if (v := r.get("federated_accuracy")) is not None
         ],
         "central test accuracy": [
-            (float(r["round"]), float(r["test_accuracy"]))
+            (float(r["round"]), float(v))
             for r in history
-            if r.get("test_accuracy") is not None
+            if (v := r.get("test_accuracy")) is not None
         ],
     }
     before = accuracy.get("none")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from spherecal.experiment.grid import CALIBRATIONS
@@ -26,7 +27,7 @@ HOSTING_TEXT = {
 }
 
 
-def engine_line(report: dict[str, Any]) -> str:
+def engine_line(report: Mapping[str, Any]) -> str:
     """Which engine made the numbers, and (service) how the participants were hosted."""
     engine = report.get("engine", "inprocess")
     text = ENGINE_TEXT.get(engine, f"Engine: {engine}.")
@@ -100,7 +101,7 @@ def _lr_text(col: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _header(report: dict[str, Any]) -> list[str]:
+def _header(report: Mapping[str, Any]) -> list[str]:
     s = report["settings"]
     cfg = s["base_config"]
     seeds = len(s["seeds"])
@@ -129,7 +130,7 @@ def _header(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: Mapping[str, Any]) -> str:
     """``table.md`` for any of the three tables."""
     cols = report["settings"]["columns"]
     lines = _header(report)
@@ -177,7 +178,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _methods_table(report: dict[str, Any], cols: list[dict[str, Any]]) -> list[str]:
+def _methods_table(report: Mapping[str, Any], cols: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| Method | Calibration | " + " | ".join(c["label"] for c in cols) + " |",
         "|---|---|" + "---|" * len(cols),
@@ -203,7 +204,7 @@ def _methods_table(report: dict[str, Any], cols: list[dict[str, Any]]) -> list[s
 
 
 def _ablation_table(
-    report: dict[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
+    report: Mapping[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
 ) -> list[str]:
     heads = []
     for c in cols:
@@ -228,7 +229,7 @@ def _ablation_table(
 
 
 def _calibration_table(
-    report: dict[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
+    report: Mapping[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
 ) -> list[str]:
     lines = [
         "The same trained model in every row of a column (its lr chosen on validation "

@@ -9,6 +9,7 @@ calibration.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def method_colors(n: int) -> list[tuple[float, float, float, float]]:
     return [palette[i % len(palette)] for i in range(n)]
 
 
-def gain_panels(report: dict[str, Any]) -> list[str]:
+def gain_panels(report: Mapping[str, Any]) -> list[str]:
     """The calibrations ``calibration_gain.png`` has a panel for: CCVR and FFC, and the
     oracle wherever the report has oracle re-runs (the ``calibration`` table)."""
     gains = report["calibration"]
@@ -50,7 +51,7 @@ def gain_panels(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
+def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
     """``accuracy_per_round.png`` and ``calibration_gain.png`` (matplotlib, Agg)."""
     try:
         import matplotlib
@@ -159,7 +160,7 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
-def _oracle_gap_plot(report: dict[str, Any], out_dir: Path, plt: Any) -> list[Path]:
+def _oracle_gap_plot(report: Mapping[str, Any], out_dir: Path, plt: Any) -> list[Path]:
     """``calibration_accuracy.png``: every calibration's accuracy per column (one panel
     per method), the oracle as a bar too, error bars = std over seeds."""
     cols = report["settings"]["columns"]

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,7 +25,17 @@ from spherecal.experiment.grid import CALIBRATIONS, SCHEMA, Column, ExperimentSe
 from spherecal.experiment.markdown import GAIN_ORDER, render_markdown
 from spherecal.experiment.plots import write_plots
 from spherecal.experiment.selection import Candidate, Slot, candidates, finite, select, stats
-from spherecal.results_schema import CellRecord, GainSeed, WarningCount
+from spherecal.results_schema import (
+    CellRecord,
+    Curve,
+    ExperimentColumn,
+    ExperimentResults,
+    ExperimentRow,
+    GainSeed,
+    RowColumn,
+    RowSeed,
+    WarningCount,
+)
 from spherecal.spherefed.algorithms.methods import MethodSpec
 from spherecal.spherefed.reference import ReferenceConfig
 
@@ -43,7 +53,7 @@ def build_report(
     timings: dict[str, Any] | None = None,
     threads: int = 1,
     workers: int = 1,
-) -> dict[str, Any]:
+) -> ExperimentResults:
     """The ``results.json`` document (see ``docs/baselines.md`` for the schema)."""
     methods = settings.runnable_methods()
     skipped = settings.skipped_methods()
@@ -52,14 +62,15 @@ def build_report(
     cands = candidates(specs, records, base)
     oracle_records = oracle_records or {}
 
-    rows: list[dict[str, Any]] = []
+    rows: list[ExperimentRow] = []
     for m in methods:
         for cal in CALIBRATIONS:
             rows.append(_row(m, cal, columns, seeds, cands, selection="per-row"))
 
     # the same trained model for every calibration: selected without calibration
-    gains: dict[str, dict[str, Any]] = {}
-    curves: dict[str, dict[str, Any]] = {}
+    # calibration entries are keyed by data (``ffc``, ``ffc_gain``, ``oracle_gap``, …)
+    gains: dict[str, dict[str, dict[str, Any]]] = {}
+    curves: dict[str, dict[str, Curve]] = {}
     for m in methods:
         gains[m.key], curves[m.key] = {}, {}
         for col in columns:
@@ -128,33 +139,30 @@ def build_report(
             )
 
     warnings_seen = _summarise_warnings(records.values())
-    return {
+    # ``settings`` is declared JSON (the grid's own ``to_json`` plus what is added here)
+    settings_json: dict[str, Any] = {
+        **settings.to_json(),
+        "columns": [_column_json(c) for c in columns],
+        "seeds": seeds,
+        "base_config": {k: v for k, v in base.to_json().items() if k not in ("lr", "seed")},
+        "lr_grids": {m.key: list(settings.grid_for(m)) for m in methods},
+        "temperature_grids": {m.key: list(m.temperatures()) for m in methods},
+        "selection": (
+            "per row, column and seed: the lr (× temperature) with the best validation "
+            "accuracy for the row's calibration; ties go to the smaller lr"
+        ),
+    }
+    document: ExperimentResults = {
         "schema": SCHEMA,
         "table": settings.table,
         "engine": settings.engine,
-        **(
-            {"hosting": _hosting_counts(specs, records, base)}
-            if settings.engine != "inprocess"
-            else {}
-        ),
         "skipped_methods": [
             {"key": m.key, "label": m.label, "reason": skipped[m.key]}
             for m in settings.table_methods()
             if m.key in skipped
         ],
         "command": command or command_line(settings),
-        "settings": {
-            **settings.to_json(),
-            "columns": [_column_json(c) for c in columns],
-            "seeds": seeds,
-            "base_config": {k: v for k, v in base.to_json().items() if k not in ("lr", "seed")},
-            "lr_grids": {m.key: list(settings.grid_for(m)) for m in methods},
-            "temperature_grids": {m.key: list(m.temperatures()) for m in methods},
-            "selection": (
-                "per row, column and seed: the lr (× temperature) with the best validation "
-                "accuracy for the row's calibration; ties go to the smaller lr"
-            ),
-        },
+        "settings": settings_json,
         "methods": [
             {
                 "key": m.key,
@@ -183,6 +191,15 @@ def build_report(
             "cpus": os.cpu_count(),
         },
     }
+    if settings.engine == "inprocess":
+        return document
+    # "hosting" follows "engine" in the file, where it has always been
+    ordered: dict[str, object] = {}
+    for key, value in document.items():
+        ordered[key] = value
+        if key == "engine":
+            ordered["hosting"] = _hosting_counts(specs, records, base)
+    return cast(ExperimentResults, ordered)
 
 
 def _diff(test: dict[str, float | None], a: str, b: str) -> float | None:
@@ -223,7 +240,7 @@ def _summarise_warnings(records: Iterable[CellRecord]) -> list[WarningCount]:
     ]
 
 
-def _column_json(c: Column) -> dict[str, Any]:
+def _column_json(c: Column) -> ExperimentColumn:
     return {
         "key": c.key,
         "label": c.label,
@@ -241,10 +258,10 @@ def _row(
     cands: dict[Slot, list[Candidate]],
     *,
     selection: str,
-) -> dict[str, Any]:
-    cols: dict[str, Any] = {}
+) -> ExperimentRow:
+    cols: dict[str, RowColumn] = {}
     for col in columns:
-        per_seed: list[dict[str, Any]] = []
+        per_seed: list[RowSeed] = []
         for seed in seeds:
             pick = select(cands.get((m.key, col.key, seed), []), cal)
             if pick is None:
@@ -309,7 +326,7 @@ def command_line(settings: ExperimentSettings, out: str = "DIR") -> str:
     return " ".join(parts)
 
 
-def write_outputs(report: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:
+def write_outputs(report: ExperimentResults, out_dir: Path, *, plots: bool = True) -> list[Path]:
     """Write ``table.md``, ``results.json`` and (optionally) the plots; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = out_dir / "table.md"
@@ -334,8 +351,10 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def load_results(path: Path) -> dict[str, Any]:
+def load_results(path: Path) -> ExperimentResults:
+    """A ``results.json`` of ``spherecal experiment``, as declared (its ``schema`` is
+    checked; the committed tables lack the keys declared ``NotRequired``)."""
     data: dict[str, Any] = json.loads(path.read_text())
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a {SCHEMA} file")
-    return data
+    return cast(ExperimentResults, data)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from spherecal.experiment.cells import fmt_time, run_cells
 from spherecal.experiment.grid import ExperimentSettings, Progress, grid_runs
 from spherecal.experiment.report import build_report, write_outputs
 from spherecal.experiment.selection import select_runs
-from spherecal.results_schema import CellRecord
+from spherecal.results_schema import CellRecord, ExperimentResults
 
 __all__ = ["run_experiment"]
 
@@ -28,7 +27,7 @@ def run_experiment(
     progress: Progress | None = None,
     plots: bool = True,
     cells_dir: Path | None = None,
-) -> dict[str, Any]:
+) -> ExperimentResults:
     """Run (or resume) the table's grid, then write ``table.md``, ``results.json``, plots.
 
     Cells go to ``cells_dir`` (default ``out_dir/cells``); several tables may share one

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 from spherecal.audit import run_audit
 from spherecal.audit_html import payload_chart, render_html
@@ -63,7 +62,7 @@ def test_no_dp_is_never_a_bare_pass(tmp_path: Path) -> None:
 
 
 def test_a_run_that_left_nothing_open_is_a_plain_pass(tmp_path: Path) -> None:
-    report = dict[str, Any](run_audit(_named_db(tmp_path), out=tmp_path / "audit.json"))
+    report = run_audit(_named_db(tmp_path), out=tmp_path / "audit.json")
     report["protection"]["updates_without_dp"] = False  # DP-SGD at every site
     report["protection"]["calibration_statistics"]["dp_releases"] = 2
     assert unprotected(report) == []
