@@ -32,9 +32,18 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A process started from a shell's background job inherits SIGINT ignored, and Python
+# then keeps ignoring it (no KeyboardInterrupt): the Ctrl-C row would hang on a harness
+# launched that way. Each spherecal process here starts with Ctrl-C as in a terminal.
+_AS_IN_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('spherecal.cli', run_name='__main__', alter_sys=True)"
+)
+
+
 def _spawn(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "spherecal.cli", *args],
+        [sys.executable, "-c", _AS_IN_A_TERMINAL, *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
