@@ -88,6 +88,31 @@ def make_job(
 STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 
 
+def masked_streams(
+    job: SecureJob,
+    clients: Mapping[str, crypto.SecAggParticipant],
+    inputs: Mapping[str, np.ndarray],
+) -> dict[str, Iterator[crypto.MaskedChunk]]:
+    """Drive every client through advertise and share; return each one's masked
+    chunks, not yet sent (the tests then stream them as they need)."""
+    for p, c in clients.items():
+        c.set_input(inputs[p])
+        job.submit(p, pb.ADVERTISE, c.advertise_keys().to_bytes())
+    job.advance(frozenset(clients))
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None
+        job.submit(p, pb.SHARE, c.share_keys(crypto.KeyRoster.from_bytes(step.message)).to_bytes())
+    job.advance(frozenset(clients))
+    streams = {}
+    for p, c in clients.items():
+        step = job.step_for(p)
+        assert step is not None
+        c.receive_shares(crypto.ShareBundle.from_bytes(step.message))
+        streams[p] = c.masked_chunks()
+    return streams
+
+
 def run_job(
     job: SecureJob,
     clients: Mapping[str, crypto.SecAggParticipant],

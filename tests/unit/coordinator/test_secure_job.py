@@ -14,7 +14,7 @@ from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.proto import spherecal_pb2 as pb
 
-from .helpers import make_job, run_job
+from .helpers import make_job, masked_streams, run_job
 
 
 def _inputs(n: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -266,21 +266,7 @@ def test_memory_is_a_few_vectors_whatever_the_number_of_participants() -> None:
     n, length = 8, 20_000
     job, clients = make_job(n, length, threshold=5, chunk_entries=4096, max_in_flight=2)
     inputs = _inputs(n, length, seed=5)
-    for p, c in clients.items():
-        c.set_input(inputs[p])
-        job.submit(p, pb.ADVERTISE, c.advertise_keys().to_bytes())
-    job.advance(frozenset(clients))
-    for p, c in clients.items():
-        step = job.step_for(p)
-        assert step is not None
-        job.submit(p, pb.SHARE, c.share_keys(crypto.KeyRoster.from_bytes(step.message)).to_bytes())
-    job.advance(frozenset(clients))
-    streams = {}
-    for p, c in clients.items():
-        step = job.step_for(p)
-        assert step is not None
-        c.receive_shares(crypto.ShareBundle.from_bytes(step.message))
-        streams[p] = c.masked_chunks()
+    streams = masked_streams(job, clients, inputs)
     # Everybody streams at once, round-robin chunk by chunk: only max_in_flight uploads
     # hold a staging slot; the others are told UNAVAILABLE (retry) and nothing of
     # theirs is stored.

@@ -12,7 +12,7 @@ from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.proto import spherecal_pb2 as pb
 
-from .helpers import make_job
+from .helpers import make_job, masked_streams
 
 MIB = 1 << 20
 
@@ -39,21 +39,7 @@ def _interleaved_uploads(in_flight_mb: float) -> tuple[int, int, int, np.ndarray
     )
     rng = np.random.default_rng(3)
     inputs = {p: rng.uniform(-5, 5, length) for p in clients}
-    for p, c in clients.items():
-        c.set_input(inputs[p])
-        job.submit(p, pb.ADVERTISE, c.advertise_keys().to_bytes())
-    job.advance(frozenset(clients))
-    for p, c in clients.items():
-        step = job.step_for(p)
-        assert step is not None
-        job.submit(p, pb.SHARE, c.share_keys(crypto.KeyRoster.from_bytes(step.message)).to_bytes())
-    job.advance(frozenset(clients))
-    pending = {}
-    for p, c in clients.items():
-        step = job.step_for(p)
-        assert step is not None
-        c.receive_shares(crypto.ShareBundle.from_bytes(step.message))
-        pending[p] = c.masked_chunks()
+    pending = masked_streams(job, clients, inputs)
     refused, peak, started = 0, 0, set()
     while pending:
         for p in list(pending):
