@@ -23,12 +23,9 @@ signed complaint naming its dealer (:attr:`SecAggParticipant.complaints`). A vec
 of the wrong length or out of bound is refused by :meth:`set_input` without failing
 the job, so the caller can fix it.
 
-Not thread-safe; drive one participant from one task.
-
-One state machine in one module: each round checks what the previous rounds left in
-the same state (which keys were advertised and signed, which shares were dealt,
-revealed or complained about); split across modules, those invariants would be read
-in one file and written in another.
+Not thread-safe; drive one participant from one task. Each round checks what the
+previous rounds left in the same state (which keys were advertised and signed, which
+shares were dealt, revealed or complained about).
 """
 
 from __future__ import annotations
