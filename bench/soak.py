@@ -15,6 +15,14 @@ after a round's checkpoint, a statistics job) plus a random delay:
                   first evaluation), so ten such federations cover every (point, kind)
                   pair — SIGKILL it and restart it: the job must be continued, not
                   asked again.
+``site halt``     (in the same federations, in other jobs) stop a *participant* dead at
+                  a point of its secure job — one of :data:`SITE_POINTS` in turn
+                  (before its upload: ``advertise``, ``share``; in its upload's crash
+                  window: ``stored``, ``charged``; during it: ``masked``; after it:
+                  ``consistency``, ``unmask``), one site in round 2's update and
+                  another in the FFC job — SIGKILL it and restart it: it must take the
+                  job up again from its held-jobs folder (issue #20), so seven such
+                  federations cover every (point, kind) pair.
 
 What it reports (JSON on stdout, or ``--json FILE``):
 
@@ -25,7 +33,8 @@ What it reports (JSON on stdout, or ``--json FILE``):
 * ``releases_lost``: site refusals of a release already made (a coordinator that
   asked again instead of continuing its job) — must be 0; ``second_releases``:
   anything a site's ledger shows released twice (two updates of one round, two sets
-  of moments in one federation) — must be 0; ``halts`` by ``point@kind``;
+  of moments in one federation) — must be 0; ``halts`` and ``site_halts`` by
+  ``point@kind``;
 * ``coordinator_rss_mb``: the coordinator's resident memory sampled every
   ``--rss-every`` seconds (``[seconds since the soak started, MiB]``), its peak, and
   each federation's peak as the coordinator reported it.
@@ -39,6 +48,7 @@ finished (bounded by ``--federation-timeout``). Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -53,12 +63,17 @@ from pathlib import Path
 from typing import Any
 
 from spherecal.coordinator.driver.halts import HALT_MARKER, HALT_POINTS
-from spherecal.simulate import Simulation, SimulationSettings
+from spherecal.participant.faults import HaltPoint
+from spherecal.simulate import Drop, Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
 
 FAULT_KINDS = ("participant", "three", "coordinator")
 HALT_KINDS = ("update", "ccvr", "evaluate")
 HALT_PAIRS = len(HALT_KINDS) * len(HALT_POINTS)
+SITE_POINTS = ("advertise", "share", "stored", "charged", "masked", "consistency", "unmask")
+SITE_JOBS = ("r2", "ffc")  # jobs the coordinator halts do not touch
+SITE_PAIRS = len(SITE_POINTS) * len(SITE_JOBS)
+KILLED = "[simulate] killed p"
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,8 @@ class Soak:
         self.second_releases = 0
         self.halts: dict[str, int] = {}
         self._next_halt = 0
+        self.site_halts: dict[str, int] = {}
+        self._next_site = 0
         self.federations: list[dict[str, Any]] = []
         self._sim: Simulation | None = None
         self._stop = threading.Event()
@@ -198,6 +215,16 @@ class Soak:
             point = HALT_POINTS[self._next_halt % len(HALT_POINTS)]
             self._next_halt += 1
             halts = [f"{point}@r1", f"{point}@ccvr", f"{point}@evaluate"]
+        drops: tuple[Drop, ...] = ()
+        if halts and a.rounds >= 2:  # and a site halts at one point of two other jobs
+            site_point = SITE_POINTS[self._next_site % len(SITE_POINTS)]
+            self._next_site += 1
+            victims = self.rng.sample(list(settings.participant_ids), len(SITE_JOBS))
+            drops = tuple(
+                Drop(pid, HaltPoint(site_point, when))
+                for pid, when in zip(victims, SITE_JOBS, strict=True)
+            )
+            settings = dataclasses.replace(settings, drops=drops)
         plan = [] if halts else plan_faults(self.rng, a.rounds)
         lines = Lines()
         injected: list[dict[str, Any]] = []
@@ -209,12 +236,15 @@ class Soak:
             "federation": n,
             "planned": [f.__dict__ for f in plan],
             "halts": halts,
+            "site_halts": [str(d) for d in drops],
         }
         with Simulation(settings, lines) as sim:
             self._sim = sim
             port = sim.start_coordinator(halt=halts[0] if halts else None)
             sim.start_participants()
             db = out / "coordinator" / "state" / "state.db"
+            restarter = SiteRestarter(sim, lines, len(drops))
+            restarter.start()
 
             def alive() -> bool:
                 return sim.coordinator is not None and sim.coordinator.popen.poll() is None
@@ -282,6 +312,7 @@ class Soak:
                 self.faults[fault.kind] += 1
             try:
                 sim.wait_coordinator(max(1.0, until - time.monotonic()))
+                restarter.stop()
                 results: dict[str, Any] = dict[str, Any](
                     sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
                 )
@@ -289,7 +320,17 @@ class Soak:
             except Exception as exc:  # a soak records every way a run ends
                 results = {}
                 status = f"harness-error: {exc}"[:200]
+            restarter.stop()
             self._sim = None
+        for site in restarter.killed:
+            injected.append({"kind": "site halt", **site})
+        fired = {(d["participant"], d["stage"]) for d in restarter.killed}
+        for drop in drops:
+            key = f"{drop.point.stage}@{drop.point.when}"
+            if (drop.participant, drop.point.stage) in fired:
+                self.site_halts[key] = self.site_halts.get(key, 0) + 1
+            else:
+                injected.append({"kind": "site halt", "point": key, "skipped": "never reached"})
         if status == "failed" or status.startswith("harness-error"):
             lost += completed_rounds(db)
         self.rounds_lost += lost
@@ -350,6 +391,10 @@ class Soak:
             "releases_lost": self.releases_lost,
             "second_releases": self.second_releases,
             "halts": {"by_point": dict(sorted(self.halts.items())), "pairs": HALT_PAIRS},
+            "site_halts": {
+                "by_point": dict(sorted(self.site_halts.items())),
+                "pairs": SITE_PAIRS,
+            },
             "coordinator_rss_mb": {
                 "samples": self.rss,
                 "peak": max((s[1] for s in self.rss), default=None),
@@ -358,6 +403,47 @@ class Soak:
             "per_federation": self.federations,
             "out": str(base),
         }
+
+
+class SiteRestarter(threading.Thread):
+    """Restarts each participant the harness killed at its halt point (the
+    ``[simulate] killed pX`` line), on the same state directory, as an operator's
+    supervisor would; records what it killed."""
+
+    def __init__(self, sim: Simulation, lines: Lines, expected: int) -> None:
+        super().__init__(daemon=True)
+        self.sim, self.lines, self.expected = sim, lines, expected
+        self.killed: list[dict[str, Any]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        seen = 0
+        while len(self.killed) < self.expected and not self._stop_event.is_set():
+            with self.lines.cond:
+                found = None
+                for k in range(seen, len(self.lines.lines)):
+                    if KILLED in self.lines.lines[k]:
+                        found = k
+                        break
+                if found is None:
+                    seen = len(self.lines.lines)
+                    self.lines.cond.wait(0.5)
+                    continue
+                line = self.lines.lines[found]
+                seen = found + 1
+            pid = line.split("killed ", 1)[1].split()[0]
+            stage = line.split(" at stage ", 1)[1].split()[0] if " at stage " in line else "?"
+            old = self.sim.participants.get(pid)
+            if old is not None:
+                old.popen.wait(timeout=30)
+                old.close()
+            self.sim.start_participants(only=[pid])
+            self.killed.append({"participant": pid, "stage": stage})
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout=60)
 
 
 def _ledgers(out: Path, pids: list[str]) -> tuple[int, int]:

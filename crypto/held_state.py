@@ -16,6 +16,20 @@ The encoding is canonical JSON (hex for bytes); :meth:`HeldState.from_bytes`
 refuses anything else with :class:`~spherecal.crypto._exceptions.MalformedMessage`.
 Where it is stored, and sealed, is the site's business
 (``spherecal.participant.held_jobs``).
+
+Before the masked input leaves (issue #20, version 2): a site killed at the
+advertise or share stage, or while it computes its input, must come back to the
+*same* job with the *same* keys — the advertisement the coordinator holds and the
+shares its neighbours were dealt are of those keys, and a new key pair would not
+match them. So from the moment the keys are made until the masked input is stored,
+the state also carries the job keys (:attr:`HeldState.keys`: ``c_sk``, ``s_sk``,
+``b_u``), the signed advertisement it sent and, once it dealt its shares, the
+neighbours' advertisements of the roster (what its channel keys and pairwise masks
+are agreed with). Stages :attr:`HeldStage.ADVERTISED` and :attr:`HeldStage.SHARED`
+hold them; :attr:`HeldStage.MASKED` and later never do: the keys together with the
+stored masked input would be the input in the clear, so they are dropped from the
+state in the same write that names the stored masked input. Version 1 documents
+(the later stages alone) are still read.
 """
 
 from __future__ import annotations
@@ -26,15 +40,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from spherecal.crypto._exceptions import MalformedMessage
+from spherecal.crypto.keys import SEED_BYTES
 
 __all__ = ["HeldStage", "HeldState"]
 
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 
 
 class HeldStage(enum.Enum):
     """Where the job stood for this participant when the state was taken."""
 
+    ADVERTISED = "advertised"  # keys made, advertisement signed; the roster to come
+    SHARED = "shared"  # shares dealt; the share bundle (and the masked stage) to come
     MASKED = "masked"  # masked input sent (or about to be); consistency/unmask to come
     SIGNED = "signed"  # signed the survivor set; unmask to come
     DONE = "done"  # answered unmask; only an identical repeat is answered again
@@ -53,6 +71,14 @@ class HeldState:
     signed_survivors: tuple[str, ...] | None = None
     answered: tuple[bytes, bytes] | None = None
     """(``UnmaskRequest`` bytes, ``UnmaskResponse`` bytes) once answered."""
+    keys: tuple[bytes, bytes, bytes] | None = None
+    """(``c_sk``, ``s_sk``, ``b_u``) raw: at :attr:`HeldStage.ADVERTISED` and
+    :attr:`HeldStage.SHARED` only (see the module docstring)."""
+    own_advert: bytes | None = None
+    """The ``AdvertiseKeys`` this participant signed and sent (with the keys)."""
+    adverts: tuple[bytes, ...] = ()
+    """The roster's ``AdvertiseKeys`` (its neighbours' and its own), at
+    :attr:`HeldStage.SHARED`."""
 
     def to_bytes(self) -> bytes:
         document = {
@@ -67,6 +93,9 @@ class HeldState:
                 None if self.signed_survivors is None else list(self.signed_survivors)
             ),
             "answered": None if self.answered is None else [a.hex() for a in self.answered],
+            "keys": None if self.keys is None else [k.hex() for k in self.keys],
+            "own_advert": None if self.own_advert is None else self.own_advert.hex(),
+            "adverts": [a.hex() for a in self.adverts],
         }
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
@@ -74,10 +103,12 @@ class HeldState:
     def from_bytes(cls, data: bytes) -> HeldState:
         try:
             doc = json.loads(data)
-            if not isinstance(doc, dict) or doc.get("version") != VERSION:
+            if not isinstance(doc, dict) or doc.get("version") not in VERSIONS:
                 raise MalformedMessage("held job state: unknown version")
             signed = doc["signed_survivors"]
             answered = doc["answered"]
+            keys = doc.get("keys")
+            own = doc.get("own_advert")
             state = cls(
                 job_id=bytes.fromhex(_str(doc["job_id"])),
                 participant_id=_str(doc["participant"]),
@@ -89,6 +120,9 @@ class HeldState:
                 answered=None
                 if answered is None
                 else (bytes.fromhex(_str(answered[0])), bytes.fromhex(_str(answered[1]))),
+                keys=None if keys is None else _keys(keys),
+                own_advert=None if own is None else bytes.fromhex(_str(own)),
+                adverts=tuple(bytes.fromhex(_str(a)) for a in _list(doc.get("adverts", []))),
             )
         except MalformedMessage:
             raise
@@ -100,6 +134,24 @@ class HeldState:
     def check(self) -> None:
         """Structural consistency (the participant checks it against the spec)."""
         m1, m2 = set(self.members1), set(self.members2)
+        early = self.stage in (HeldStage.ADVERTISED, HeldStage.SHARED)
+        if early != (self.keys is not None) or early != (self.own_advert is not None):
+            raise MalformedMessage(
+                "held job state: job keys and the own advertisement belong to the "
+                "advertised and shared stages alone"
+            )
+        if (self.stage is HeldStage.SHARED) != bool(self.adverts):
+            raise MalformedMessage("held job state: the roster belongs to the shared stage")
+        if early:
+            if m2 or self.held or self.signed_survivors is not None:
+                raise MalformedMessage(
+                    "held job state: no share bundle, shares or signature before the masked stage"
+                )
+            if self.stage is HeldStage.ADVERTISED and m1:
+                raise MalformedMessage("held job state: no roster before the share stage")
+            if self.stage is HeldStage.SHARED and self.participant_id not in m1:
+                raise MalformedMessage("held job state: U1 must include its owner")
+            return
         if not m2 <= m1 or self.participant_id not in m2:
             raise MalformedMessage("held job state: U2 must be within U1 and include its owner")
         dealers = [d for d, _, _ in self.held]
@@ -125,6 +177,13 @@ def _list(value: Any) -> list[Any]:
 
 def _names(value: Any) -> tuple[str, ...]:
     return tuple(_str(v) for v in _list(value))
+
+
+def _keys(value: Any) -> tuple[bytes, bytes, bytes]:
+    channel, masking, seed = (bytes.fromhex(_str(v)) for v in _list(value))
+    if len(channel) != 32 or len(masking) != 32 or len(seed) != SEED_BYTES:
+        raise TypeError("job keys must be two 32-byte X25519 keys and a seed")
+    return channel, masking, seed
 
 
 def _held(item: Any) -> tuple[str, int, bytes]:

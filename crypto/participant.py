@@ -36,7 +36,9 @@ from contextlib import contextmanager
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from spherecal.crypto import policy as _policy
 from spherecal.crypto._exceptions import (
@@ -93,6 +95,12 @@ from spherecal.crypto.ring import add_noise, encode
 from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
+
+
+def _raw_private(key: X25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
 
 
 class ParticipantStage(enum.Enum):
@@ -217,21 +225,29 @@ class SecAggParticipant:
 
     # ----------------------------------------------------------------- restart
     def held_state(self) -> HeldState:
-        """What a restarted process needs to answer this job's remaining rounds
-        (:mod:`spherecal.crypto.held_state`): taken once the masked input is fixed to
-        leave, after signing the survivor set and after answering unmask — before the
-        message it prepares is sent, so no restart can make it sign or reveal twice."""
+        """What a restarted process needs to go on with this job
+        (:mod:`spherecal.crypto.held_state`), taken before each message it prepares is
+        sent, so no restart can make it advertise other keys, deal other shares, sign
+        or reveal twice. Before the masked stage (advertised, shares dealt) it holds
+        the job keys; from the masked stage on it never does (the masked input is
+        computed once, and stored by the caller before it leaves)."""
         stages = {
+            ParticipantStage.SHARE: HeldStage.ADVERTISED,
+            ParticipantStage.RECEIVE_SHARES: HeldStage.SHARED,
             ParticipantStage.MASKED: HeldStage.MASKED,
             ParticipantStage.SIGNED: HeldStage.SIGNED,
             ParticipantStage.DONE: HeldStage.DONE,
         }
         if self._stage not in stages:
             raise OutOfStage(f"no state to keep at stage {self._stage.value!r}")
+        stage = stages[self._stage]
+        early = stage in (HeldStage.ADVERTISED, HeldStage.SHARED)
+        keys = self._secrets() if early else None
+        own = self._own_advert if early else None
         return HeldState(
             job_id=self.spec.job_id,
             participant_id=self.participant_id,
-            stage=stages[self._stage],
+            stage=stage,
             members1=tuple(sorted(self._members1)),
             members2=tuple(sorted(self._members2)),
             held=tuple((d, x, p.to_bytes()) for d, (x, p) in sorted(self._held.items())),
@@ -239,7 +255,20 @@ class SecAggParticipant:
             answered=None
             if self._answered is None
             else (self._answered[0].to_bytes(), self._answered[1].to_bytes()),
+            keys=None
+            if keys is None
+            else (_raw_private(keys.channel), keys.masking_private_bytes(), keys.seed),
+            own_advert=None if own is None else own.to_bytes(),
+            adverts=tuple(a.to_bytes() for _, a in sorted(self._adverts.items()))
+            if stage is HeldStage.SHARED
+            else (),
         )
+
+    @property
+    def input_left(self) -> bool:
+        """Resumed after its masked input left (or was stored to leave): it is never
+        computed again."""
+        return self._input_left
 
     @classmethod
     def resume(
@@ -252,12 +281,14 @@ class SecAggParticipant:
         *,
         policy: SecAggPolicy | None = None,
     ) -> SecAggParticipant:
-        """The participant of a job whose masked input left before this process
-        started, rebuilt from its :meth:`held_state`: it answers the consistency and
-        unmask rounds exactly as the first process would have, and refuses to mask
-        again (it holds neither input nor masks). The job id is not claimed again
-        (it was, by the first process); spec, directory and policy are checked as for
-        a new job."""
+        """The participant of a job this site took part in before this process
+        started, rebuilt from its :meth:`held_state`. Taken before the masked stage,
+        it goes on with the *same* keys (its advertisement and the shares it dealt
+        stay valid) and masks its input once that is set; taken after, it answers the
+        consistency and unmask rounds exactly as the first process would have and
+        refuses to mask again (it holds neither input nor masks). The job id is not
+        claimed again (it was, by the first process); spec, directory and policy are
+        checked as for a new job."""
         self = cls.__new__(cls)
         self._setup(spec, participant_id, identity_key, directory, policy)
         if state.job_id != spec.job_id:
@@ -269,6 +300,9 @@ class SecAggParticipant:
         if not members1 <= set(spec.participants):
             raise UnknownParticipant("the held state lists ids that are not in the job")
         self._members1 = members1
+        if state.keys is not None:
+            self._resume_keys(state)
+            return self
         self._members2 = frozenset(state.members2)
         held: dict[str, tuple[int, SharePlaintext]] = {}
         for dealer, x, plaintext in state.held:
@@ -293,6 +327,37 @@ class SecAggParticipant:
             HeldStage.DONE: ParticipantStage.DONE,
         }[state.stage]
         return self
+
+    def _resume_keys(self, state: HeldState) -> None:
+        """The advertised or shared stage, with the job keys of the first process:
+        its own advertisement must be exactly the one those keys sign (a state whose
+        keys and advertisement disagree is refused), and the roster's advertisements
+        are checked against the directory again, as when the roster arrived."""
+        assert state.keys is not None and state.own_advert is not None
+        channel, masking, seed = state.keys
+        keys = JobKeys(
+            channel=X25519PrivateKey.from_private_bytes(channel),
+            masking=X25519PrivateKey.from_private_bytes(masking),
+            seed=seed,
+        )
+        own = AdvertiseKeys.from_bytes(state.own_advert)
+        self._keys = keys
+        self._stage = ParticipantStage.ADVERTISE
+        if self.advertise_keys() != own:  # Ed25519 is deterministic: the same bytes
+            raise BadKey("the held job keys do not match the advertisement this site sent")
+        if state.stage is HeldStage.ADVERTISED:
+            return
+        adverts = tuple(AdvertiseKeys.from_bytes(a) for a in state.adverts)
+        holders = self._graph.holders(self.participant_id, self._members1)
+        if tuple(sorted(a.sender for a in adverts)) != tuple(sorted(holders)):
+            raise InconsistentSurvivors("the held roster is not this participant's neighbours")
+        for advert in adverts:
+            self._check_job(advert.job_id)
+        _policy.check_roster_keys(
+            self.spec, adverts, self._directory, me=self.participant_id, own=own
+        )
+        self._adverts = {a.sender: a for a in adverts}
+        self._stage = ParticipantStage.RECEIVE_SHARES
 
     def _expect(self, *stages: ParticipantStage) -> None:
         if self._stage is ParticipantStage.FAILED:

@@ -19,7 +19,8 @@ Modules, one idea each:
 ``distributed_dpsgd``  a distributed DP-SGD step: admit, charge, clipped sum + noise share
 ``secure_session``     one secure-aggregation job's message cache; the persistent job ledger
 ``secure_jobs``        driving secure jobs over the network: advertise, share, mask, unmask
-``held_jobs``          a job's state on disk once its masked input left (answered after a restart)
+``held_jobs``          a job's state on disk from its keys on (taken up after a restart)
+``held_upload``        storing the masked input and dropping the keys before the upload
 ``trust``              verifying peers' identity keys against the federation CA
 ``policy``             the ``[policy]`` table: what the site refuses, whatever it is asked
 ``release_ledger``     what has left the site: each release at most once per its key

@@ -174,7 +174,14 @@ class ParticipantPrivacy:
             )
         with self._lock:
             ledger = self.ledger(float(release.delta))
-            entry = ledger.charge(
-                self.pid, plan.charge(plan.noise.min_contributors), release_id=job_id
+            # a held job taken up after this site's restart (issue #20) was charged by
+            # the first process: the same job is one release, never charged twice
+            charged = [e for e in ledger.store.entries(self.pid) if e.release_id == job_id]
+            entry = (
+                charged[0]
+                if charged
+                else ledger.charge(
+                    self.pid, plan.charge(plan.noise.min_contributors), release_id=job_id
+                )
             )
         return plan, plan.noise, entry.to_json()

@@ -10,13 +10,18 @@ The kill is still a real SIGKILL of a real process (sockets reset, nothing flush
 Stages (what the participant has *not* done when it halts):
 
 ``train``      the local training of a round (it received the Train instruction)
-``advertise``  sending its key advertisement (before its local work)
+``advertise``  sending its key advertisement (before its local work; its job keys
+               are held on disk already, so a restart advertises the same ones)
 ``share``      sending its encrypted Shamir shares (it has the key roster; before its
                local work, unless its ``[policy] share_wait_s`` ran out)
 ``masked``     finishing its masked upload: it halts after the first chunk, with the
                stream open, so the coordinator sees a broken upload (one-chunk
                inputs halt before any chunk); its release is charged and its masked
                input stored, so a restart sends the same bytes again (``held_jobs``)
+``stored``     charging its release: its masked input and the record naming it are
+               stored, nothing is charged or sent (issue #20's crash window, test-only)
+``charged``    sending the first byte of its masked input: stored and charged
+               (test-only, as ``stored``)
 ``consistency`` signing the survivor set (its masked input is in the sum)
 ``unmask``     answering the unmask request (its masked input is in the sum)
 
@@ -34,7 +39,16 @@ from dataclasses import dataclass
 
 __all__ = ["HALT_MARKER", "HALT_STAGES", "HaltPoint", "Halter", "OnHalt", "parse_halt"]
 
-HALT_STAGES = ("train", "advertise", "share", "masked", "consistency", "unmask")
+HALT_STAGES = (
+    "train",
+    "advertise",
+    "share",
+    "stored",
+    "charged",
+    "masked",
+    "consistency",
+    "unmask",
+)
 HALT_MARKER = "SPHERECAL-HALT"
 
 

@@ -336,6 +336,12 @@ class HeldJobStore:
                 continue
         return out
 
+    def delete_masked(self, job_id: bytes) -> None:
+        """Delete the job's masked input alone (a file its record does not name)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.masked_path(job_id).unlink()
+            self._sync_folder()
+
     def delete(self, job_id: bytes) -> None:
         """Delete the job's record and its masked input (either may be absent)."""
         removed = False

@@ -22,15 +22,26 @@ authentication is answered with the signed complaint naming its dealer (stage
 ``COMPLAINT``) before the typed withdrawal, so the coordinator can exclude the dealer
 when it retries.
 
-Held jobs (issue #20): before a job's masked input leaves — after its release is
-charged — the masked input itself and the session are written to the site's
-held-jobs folder (:mod:`spherecal.participant.held_jobs`), and the session again
-before each later message is sent; after this process restarts,
-:meth:`SecureSteps.restore_held` takes those jobs up again so the coordinator's
-remaining steps are answered for the same job id — a cut masked upload with the
-identical stored bytes. A job's file goes when the job
-ends for the site (answered, refused, or the coordinator moved on) and when the
-federation ends.
+Held jobs (issue #20): a job is held in the site's held-jobs folder
+(:mod:`spherecal.participant.held_jobs`) from the moment its keys are made — the
+session, with its job keys, is written before the advertisement leaves, and again
+before each later message (the shares, the signature, the unmask answer). After
+this process restarts, :meth:`SecureSteps.restore_held` takes those jobs up again so
+the coordinator's remaining steps are answered for the same job id with the same
+keys: a site killed before its upload redoes its local work (the coordinator hands
+it the task again) and masks that input; one killed during it sends the identical
+stored bytes.
+
+The masked upload, in this order (:meth:`SecureSteps._upload_masked`): (1) the
+masked chunks are written and the session record replaced by one that names them
+and holds no keys; (2) the release is charged; (3) the first byte leaves. A crash
+before (1) leaves keys and no charge: the restart recomputes the input, and nothing
+of the first one ever left. Between (1) and (2) it leaves a stored input and no
+charge: the restart charges it when it sends it (or deletes it, charge-free, if the
+job ended meanwhile). After (2) it leaves both: the identical bytes go. So no crash
+point charges without what is needed to send the same input, and none sends
+another input for the job. A job's file goes when the job ends for the site
+(answered, refused, or the coordinator moved on) and when the federation ends.
 """
 
 from __future__ import annotations
@@ -49,9 +60,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from spherecal import crypto
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
+from spherecal.participant.held_upload import store_masked, task_of
 from spherecal.participant.policy import PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import ReleaseLedger
-from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.secure_session import SecureSession, SqliteJobLedger
 from spherecal.participant.transport import Transport, TransportError
 from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
 from spherecal.proto import spherecal_pb2 as pb
@@ -179,22 +191,33 @@ class SecureSteps:
                     self.log(f"{label}: its stored masked input cannot be used ({exc})")
                     session.masked_digest = None
             self.jobs[job_id] = session
+            self._keys_out(job_id)  # what it sent goes again: the claim is final
             restored += 1
-            self.log(
-                f"job {job_id.hex()[:8]}: restored after this site's restart "
-                f"({session.purpose}, at {session.client.stage.value}); "
-                + (
+            if session.masked_digest is not None:
+                how = (
                     "its masked input is stored: if its upload was cut, the same bytes go "
                     "again; its remaining steps are answered"
-                    if session.masked_digest is not None
-                    else "its masked input left before, so only its remaining steps are "
-                    "answered"
                 )
+            elif session.client.input_left:
+                how = "its masked input left before, so only its remaining steps are answered"
+            else:
+                how = (
+                    "with the keys it advertised; its input is computed when its task comes "
+                    "again and masked once"
+                )
+            self.log(
+                f"job {job_id.hex()[:8]}: restored after this site's restart "
+                f"({session.purpose}, at {session.client.stage.value}); {how}"
             )
         for job_id in store.job_ids(MASKED_SUFFIX):
             if job_id not in self.jobs:  # stored, then killed before its record was
                 self.log(f"held masked input {job_id.hex()[:8]} has no job record; deleting it")
                 store.delete(job_id)
+            elif self.jobs[job_id].masked_digest is None:
+                # written, then killed before the record naming it (and dropping the
+                # keys) was: nothing was charged or sent; the input is masked again
+                self.log(f"held masked input {job_id.hex()[:8]} is not its record's; deleting it")
+                store.delete_masked(job_id)
         return restored
 
     def _keep(self, session: SecureSession) -> None:
@@ -210,6 +233,12 @@ class SecureSteps:
                 f"job {session.job_id.hex()[:8]}: could not write its held state "
                 f"({exc}); a restart of this site would lose the job"
             )
+
+    def _keys_out(self, job_id: bytes) -> None:
+        """The job's keys leave now: its claim in the job ledger becomes final
+        (``SqliteJobLedger.keys_out``; other ledgers make every claim final)."""
+        if isinstance(self.ledger, SqliteJobLedger):
+            self.ledger.keys_out(self.pid, job_id)
 
     def _drop(self, job_id: bytes) -> None:
         """The job ends for this participant: forget it and delete its file."""
@@ -268,12 +297,15 @@ class SecureSteps:
         except (crypto.SecAggError, UntrustedDirectory) as exc:
             self.refuse(task_id, exc)
             return None
+        advert = session.advertise()
+        self.jobs[session.job_id] = session
+        self._keep(session)  # the keys, before the advertisement of them leaves
         self.halter.check(
             "advertise", purpose=session.purpose, round_index=round_index, what=task_id
         )
-        self.jobs[session.job_id] = session
+        self._keys_out(session.job_id)
         self._started[session.job_id] = time.monotonic()
-        self._submit(session, pb.ADVERTISE, session.advertise())
+        self._submit(session, pb.ADVERTISE, advert)
         self.log(f"job {session.job_id.hex()[:8]}: advertised keys ({session.purpose})")
         early = self.answer_share(session, wait_s=self.share_wait_s, poll_ms=self.poll_ms)
         if early.deferred is not None:
@@ -289,14 +321,14 @@ class SecureSteps:
         return self.jobs.get(job_id)
 
     def continue_held(self, session: SecureSession) -> SecureSession | None:
-        """Continue a job after the coordinator restarted: resend what this
-        participant already sent (the coordinator acknowledges an identical message
+        """Continue a job after the coordinator or this site restarted: resend what
+        this participant already sent (the coordinator acknowledges an identical message
         it journaled), then the session if its local work is still to do, else None
         (its input is fixed; the job's remaining steps come through the main loop).
         Nothing is recomputed and no second masked input exists: the masked upload,
         if asked again, is the same bytes from the same keys and input."""
         job = session.job_id
-        self.log(f"job {job.hex()[:8]}: continuing it after the coordinator's restart")
+        self.log(f"job {job.hex()[:8]}: continuing it (the coordinator or this site restarted)")
         for stage, data in session.sent():
             self._submit(session, stage, data)
             if job not in self.jobs:
@@ -347,6 +379,8 @@ class SecureSteps:
             kind = instruction.WhichOneof("kind")
             if kind == "wait" or kind is None:
                 continue
+            if task_of(instruction, job):
+                continue  # the task again (a new session after a reconnect): still ours
             if kind == "secagg" and bytes(instruction.secagg.job_id) == job:
                 if instruction.secagg.stage != pb.SHARE:
                     return EarlyShare(proceed=True, deferred=instruction)
@@ -444,8 +478,8 @@ class SecureSteps:
         if step.stage == pb.UNMASK and session.release is not None:
             self._record_survivors(session.release, bytes(step.message))
         if out is not None:
-            if step.stage in (pb.CONSISTENCY, pb.UNMASK):
-                self._keep(session)  # never sign or reveal twice, even across a restart
+            # never deal other shares, sign or reveal twice, even across a restart
+            self._keep(session)
             self._submit(session, step.stage, out)
         else:
             self._upload_masked(session)
@@ -480,24 +514,35 @@ class SecureSteps:
             self.log(f"could not deliver the complaint: {exc.message}")
 
     def _upload_masked(self, session: SecureSession) -> None:
-        """Stream the job's masked input: charged to the release ledger, then stored
-        in the held-jobs folder (chunks and the record naming their digest), then
-        sent — so any upload that started can be repeated bit for bit after a
-        restart of this process, and never with another input. A session that
-        already stored it (restored, or the coordinator asks again) streams the
-        stored chunks; the ledger charge is idempotent for one job."""
+        """Stream the job's masked input: stored in the held-jobs folder (chunks,
+        then the record naming their digest and no longer holding the keys), then
+        charged to the release ledger, then sent — so any upload that started can be
+        repeated bit for bit after a restart of this process, never with another
+        input, and a crash between any two steps leaves either no charge or the
+        stored input (see the module docstring). A session that already stored it
+        (restored, or the coordinator asks again) streams the stored chunks; the
+        ledger charge is idempotent for one job."""
         job_id = session.job_id
+        if session.masked_digest is None and self.store is not None:
+            refusal = store_masked(self.store, session, self.federation(), self.log)
+            if refusal is not None:
+                self.abandon(job_id.hex(), session, refusal)
+                return
+        self.halter.check(
+            "stored", purpose=session.purpose, round_index=session.round, what=job_id.hex()
+        )
         if session.release is not None:
             try:
                 self.releases.consume(session.release)
             except ReleaseRepeated as exc:  # a concurrent job was released first
                 self.abandon(job_id.hex(), session, exc)
                 return
-        if session.masked_digest is None:
-            self._store_masked(session)
+        self.halter.check(
+            "charged", purpose=session.purpose, round_index=session.round, what=job_id.hex()
+        )
         n = session.n_chunks
         stored = self.store is not None and session.masked_digest is not None
-        if stored and session.restored:
+        if stored and session.resent:
             self.log(
                 f"job {job_id.hex()[:8]}: sending its stored masked input again (its "
                 "upload was cut by this site's restart)"
@@ -545,26 +590,3 @@ class SecureSteps:
                 self._drop(job_id)
                 return
             raise
-
-    def _store_masked(self, session: SecureSession) -> None:
-        """Write the masked input, then the record naming it, before a byte leaves.
-        A failed write costs durability only (as in :meth:`_keep`): the upload goes
-        from the session's deterministic chunks, and a restart during it loses the
-        job — logged."""
-        if self.store is None:
-            return
-        job_id = session.job_id
-        try:
-            n = session.n_chunks
-            digest = self.store.save_masked(
-                job_id, (session.masked_chunk(i) for i in range(n)), n
-            )
-        except OSError as exc:
-            self.log(
-                f"job {job_id.hex()[:8]}: could not store its masked input ({exc}); a "
-                "restart of this site during the upload would lose the job"
-            )
-            self._keep(session)
-            return
-        session.masked_digest = digest
-        self._keep(session)

@@ -12,12 +12,14 @@ Job ids are claimed in a persistent ledger (SQLite in the participant's state
 directory) before any key is generated, so a coordinator cannot make a participant
 run the same job id twice, even across restarts.
 
-A session whose masked input left survives this process's restart (issue #20):
-:meth:`SecureSession.record` is what ``spherecal.participant.held_jobs`` writes, and
-:meth:`SecureSession.restore` rebuilds the session from it — the same cached
-messages, a ``crypto`` participant resumed for the remaining rounds only, and
+A session survives this process's restart from the moment its keys are made
+(issue #20): :meth:`SecureSession.record` is what ``spherecal.participant.held_jobs``
+writes, and :meth:`SecureSession.restore` rebuilds the session from it — the same
+cached messages and a ``crypto`` participant resumed where it stood. Before its
+masked input is stored, that participant holds the job's keys and masks its input,
+recomputed by the restarted process, once it is set; after, it holds no keys, and
 (:attr:`SecureSession.masked_digest`) the masked input as it was stored before its
-upload began, which a restored session resends unchanged when the coordinator asks
+upload began is what a restored session resends unchanged when the coordinator asks
 for it again (the upload was cut) — it never computes one.
 """
 
@@ -56,7 +58,16 @@ def corrupt(shares: crypto.ShareKeys) -> crypto.ShareKeys:
 
 
 class SqliteJobLedger:
-    """``crypto.JobLedger`` that survives restarts."""
+    """``crypto.JobLedger`` that survives restarts.
+
+    A claim is *pending* until :meth:`keys_out` marks that the job's keys are about
+    to leave the site (its advertisement is sent): only then is a second run of the
+    job refused. Why (issue #20): the claim is made before the keys exist, and the
+    site holds the keys (``held_jobs``) before its advertisement leaves; a process
+    killed between the claim and that moment has nothing on disk and sent nothing,
+    so when its task comes again it runs the job as if for the first time instead of
+    refusing it — a job whose keys never left was never run. (Without the pending
+    state, that instant would lose the job for the site.)"""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,19 +78,35 @@ class SqliteJobLedger:
             "CREATE TABLE IF NOT EXISTS jobs (participant TEXT, job_id BLOB, "
             "PRIMARY KEY (participant, job_id))"
         )
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(jobs)")}
+        if "pending" not in columns:  # a ledger written before: every claim is final
+            self._conn.execute("ALTER TABLE jobs ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
 
     def claim(self, participant_id: str, job_id: bytes) -> None:
         with self._lock:
-            try:
-                self._conn.execute(
-                    "INSERT INTO jobs (participant, job_id) VALUES (?, ?)",
-                    (participant_id, bytes(job_id)),
-                )
-            except sqlite3.IntegrityError:
+            row = self._conn.execute(
+                "SELECT pending FROM jobs WHERE participant = ? AND job_id = ?",
+                (participant_id, bytes(job_id)),
+            ).fetchone()
+            if row is not None and not row[0]:
                 raise crypto.JobReplayed(
                     f"participant {participant_id!r} already ran job {bytes(job_id).hex()[:32]}; "
                     "a job id is never run twice"
-                ) from None
+                )
+            self._conn.execute(
+                "INSERT OR IGNORE INTO jobs (participant, job_id, pending) VALUES (?, ?, 1)",
+                (participant_id, bytes(job_id)),
+            )
+
+    def keys_out(self, participant_id: str, job_id: bytes) -> None:
+        """The job's keys are about to leave (or left, before a restart): the claim
+        is final."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO jobs (participant, job_id, pending) VALUES (?, ?, 0) "
+                "ON CONFLICT (participant, job_id) DO UPDATE SET pending = 0",
+                (participant_id, bytes(job_id)),
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -132,12 +159,15 @@ class SecureSession:
         self.masked_digest: str | None = None
         """``held_jobs.masked_digest`` of the masked input stored in the site's
         held-jobs folder before its upload began (None: not stored)."""
+        self.resent = False
+        """Restored with its masked input stored: an upload of it now is a repeat."""
 
     # ---------------------------------------------------------------- restarts
     def record(self, federation: str) -> HeldJob:
-        """What a restarted process needs to answer this job's remaining steps
-        (``spherecal.participant.held_jobs``): taken once its masked input is about
-        to leave, and before each later message is sent."""
+        """What a restarted process needs to go on with this job
+        (``spherecal.participant.held_jobs``): taken before each message is sent
+        (advertisement, shares, signature, unmask answer) and when the masked input
+        is stored, before it leaves."""
         return HeldJob(
             federation=federation,
             job=self._job,
@@ -158,7 +188,7 @@ class SecureSession:
         trust: DirectoryTrust,
         policy: crypto.SecAggPolicy | None = None,
     ) -> SecureSession:
-        """The session of a job whose masked input left before this process started.
+        """The session of a job this site took part in before this process started.
         The directory is verified against the trust root and the spec against the
         site's policy again, as for a new job; the job id is not claimed again."""
         job = pb.SecAggJob.FromString(record.job)
@@ -178,6 +208,7 @@ class SecureSession:
         )
         self._sent = {cast(pb.SecAggStage, stage): data for stage, data in record.sent}
         self.masked_digest = record.masked
+        self.resent = record.masked is not None
         return self
 
     def set_input(
@@ -222,13 +253,17 @@ class SecureSession:
             shares = self.client.share_keys(crypto.KeyRoster.from_bytes(data))
             out = (corrupt(shares) if self._corrupt else shares).to_bytes()
         elif stage == pb.MASKED:
-            if self.restored:
-                if self.masked_digest is not None:
-                    return None  # the stored bytes go again, identical (secure_jobs)
+            if self.masked_digest is not None:
+                return None  # the stored bytes go again, identical (secure_jobs)
+            if self.client.input_left:
                 raise crypto.OutOfStage(
                     "this site's masked input for the job left before its restart and "
                     "was not stored; a job's masked input is never computed twice"
                 )
+            if not self.client.has_input:
+                # the local work comes with the task (a restarted site gets it again);
+                # nothing is masked, and nothing charged, without the input
+                raise crypto.OutOfStage("the masked stage came before this site's input")
             if self.client.stage is ParticipantStage.RECEIVE_SHARES:
                 self.client.receive_shares(crypto.ShareBundle.from_bytes(data))
             return None

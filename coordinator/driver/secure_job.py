@@ -185,6 +185,8 @@ class SecureJob:
         site answering again after either side restarted) is acknowledged, not refused."""
         self.resumed = False
         self._reconfirmed: set[str] = set()
+        self._returned: set[str] = set()
+        """Participants seen with a new session during the job (:meth:`rejoined`)."""
         self._grace = RejoinGrace(rejoin_s)
         self._masked = MaskedDigests(self.spec.n_chunks)
 
@@ -280,18 +282,29 @@ class SecureJob:
         return f"{self.purpose}{where} job {self.job_hex[:8]}"
 
     # ---------------------------------------------------------------- participant side
+    def rejoined(self, participant: str) -> None:
+        """``participant`` polls with a new session (its process restarted, or it
+        reconnected): until it confirms the job again, it is handed its task once
+        more if its masked input is not in the sum yet (:meth:`has_advertised`)."""
+        with self.lock:
+            self._returned.add(participant)
+            self._reconfirmed.discard(participant)
+
     def has_advertised(self, participant: str) -> bool:
         """Whether ``participant`` needs no task instruction for this job any more.
 
-        A job continued after a restart delivers its task once more (per session) to
-        every participant whose masked input is not in the sum yet: a site that was
-        interrupted before its local work does it then; one that holds the job
-        answers from what it already sent (``participant.secure_jobs``)."""
+        A job continued after a coordinator restart, and a site that comes back with
+        a new session (:meth:`rejoined`), get the task once more (per session) while
+        the site's masked input is not in the sum yet: a site that was interrupted
+        before its local work does it then; one that holds the job answers from what
+        it already sent (``participant.secure_jobs``) — its identical advertisement
+        confirms it, and from then on the job's stages drive it."""
         with self.lock:
             if self.outcome is not None:
                 return True
             stage = self.server.stage
-            if self.resumed and stage in (Stage.ADVERTISE, Stage.SHARE, Stage.MASKED):
+            again = self.resumed or participant in self._returned
+            if again and stage in (Stage.ADVERTISE, Stage.SHARE, Stage.MASKED):
                 if participant in self._reconfirmed:
                     return True
                 if stage is Stage.ADVERTISE:

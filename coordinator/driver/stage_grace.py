@@ -13,13 +13,17 @@ at once (it says so), which ends the wait.
 The masked stage waits too: a site stores its masked input before the first byte
 of its upload leaves (``participant.held_jobs``), so one killed during its upload
 comes back and sends the identical bytes again; its cut stream was never summed
-(``crypto.staging``). Every pending participant of the masked stage joined the job
-(it sent its shares) and may be uploading; one that died before its upload began
-comes back without the job and withdraws, which ends the wait as above.
+(``crypto.staging``).
 
-Earlier stages do not wait: before its masked input is stored, a participant that
-went away has nothing to come back with (its job keys were in memory), and the
-protocol leaves it out at no cost to anyone's release.
+And so do the advertise and share stages, and the masked stage for a site that had
+not begun its upload: a site holds its job — its job keys, the advertisement and
+shares it sent — from the moment the keys are made, before the advertisement leaves
+(issue #20). One killed there comes back with the same keys, is handed its task
+again (``SecureJob.rejoined``), redoes its local work and masks that input for the
+same job. Without the wait, enough sites killed before their upload would drop the
+job below its threshold: it would fail, and the sites whose masked input had left
+would rightly refuse a retry (one release per round), losing the round. A site that
+comes back without the job withdraws at once, which ends the wait.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from spherecal.crypto import Stage
 
 __all__ = ["GRACE_STAGES", "RejoinGrace"]
 
-GRACE_STAGES = frozenset({Stage.MASKED, Stage.CONSISTENCY, Stage.UNMASK})
+GRACE_STAGES = frozenset(
+    {Stage.ADVERTISE, Stage.SHARE, Stage.MASKED, Stage.CONSISTENCY, Stage.UNMASK}
+)
 
 
 class RejoinGrace:
@@ -62,11 +68,11 @@ class RejoinGrace:
             since = self._absent.get(p)
             if since is None:
                 since = self._absent[p] = t
-                where = (
-                    "before its masked input was whole"
-                    if stage is Stage.MASKED
-                    else "after its masked input was summed"
-                )
+                where = {
+                    Stage.ADVERTISE: "before its keys were in",
+                    Stage.SHARE: "before its shares were in",
+                    Stage.MASKED: "before its masked input was whole",
+                }.get(stage, "after its masked input was summed")
                 news.append(
                     f"{label}: {p} disconnected in stage {stage.value} {where}; "
                     f"waiting up to {self.rejoin_s:g} s for it to come back"

@@ -51,6 +51,8 @@ class Task:
     evaluations: dict[str, EvaluationResult] = field(default_factory=dict)
     withdrawn: dict[str, str] = field(default_factory=dict)
     _uploading: set[str] = field(default_factory=set)
+    _sessions: dict[str, str] = field(default_factory=dict)
+    """The session each participant last polled this task with."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -66,7 +68,13 @@ class Task:
 
     def instruction_for(self, participant: str, session: str) -> pb.Instruction | None:
         with self.lock:
-            if participant not in self.expected or self.finished(participant):
+            if participant not in self.expected:
+                return None
+            before = self._sessions.get(participant)
+            self._sessions[participant] = session
+            if before is not None and before != session and self.job is not None:
+                self.job.rejoined(participant)  # back with a new session (issue #20)
+            if self.finished(participant):
                 return None
             if self.delivered.get(participant) == session:
                 return None

@@ -17,14 +17,18 @@ anything (one update per round, one set of moments, one answer per evaluation) o
 refusal.
 
 The site half (issue #20): in a fourth federation participant processes are
-SIGKILLed six times — *during* the masked upload of round 1's update and of the CCVR
-job (the stream cut after its first chunk), and *after* the masked input left, at
-the consistency stage of round 1's update, the unmask stage of round 2's, and both
-stages of the CCVR job — each restarted with the same state directory (two sites
-die twice). Each rebuilds the job from its held-jobs folder
-(``participant.held_jobs``) and, for the same job id, sends its stored masked input
-again (bit for bit: the cut stream was never summed) or answers the stage; the
-coordinator waits for it (``rejoin_grace_s``) instead of counting it as a dropout.
+SIGKILLed ten times — *before* their masked upload, at the advertise stage (keys made,
+the advertisement not sent) of round 1's update and of the CCVR job and at the share
+stage of round 2's update and of the CCVR job; *during* the masked upload of round
+1's update and of the CCVR job (the stream cut after its first chunk); and *after*
+the masked input left, at the consistency stage of round 1's update, the unmask
+stage of round 2's, and both stages of the CCVR job — each restarted with the same
+state directory (every site dies two or three times). Each rebuilds the job from its
+held-jobs folder (``participant.held_jobs``) and, for the same job id, goes on with
+the keys it made (it is handed its task again, redoes its local work and masks that
+input), sends its stored masked input again (bit for bit: the cut stream was never
+summed) or answers the stage; the coordinator waits for it (``rejoin_grace_s``)
+instead of counting it as a dropout.
 The federation must end as the uninterrupted one did, every job with all four sites
 and nobody dropped, one release per job in each site's ledger and no held job left
 on disk.
@@ -96,12 +100,16 @@ class Lines:
                 self._cond.wait(0.5)
 
 
-SITE_KILLS = (  # during the masked upload, or after the site's masked input left
+SITE_KILLS = (  # before, during and after the site's masked upload
     Drop("p0", HaltPoint("consistency", "r1")),
+    Drop("p0", HaltPoint("share", "r2")),
+    Drop("p0", HaltPoint("advertise", "ccvr")),
     Drop("p1", HaltPoint("unmask", "r2")),
     Drop("p1", HaltPoint("masked", "ccvr")),
     Drop("p2", HaltPoint("masked", "r1")),
     Drop("p2", HaltPoint("consistency", "ccvr")),
+    Drop("p3", HaltPoint("advertise", "r1")),
+    Drop("p3", HaltPoint("share", "ccvr")),
     Drop("p3", HaltPoint("unmask", "ccvr")),
 )
 RESENT = ("p1", "p2")  # killed mid-upload: their stored masked input went again
@@ -252,11 +260,15 @@ def test_every_site_kill_landed(runs: dict[str, Any]) -> None:
     r = runs["sites"]
     landed = sorted((d["participant"], d["stage"], d["job"]) for d in r["dropped"])
     assert landed == [
+        ("p0", "advertise", "ccvr"),
         ("p0", "consistency", "update"),
+        ("p0", "share", "update"),
         ("p1", "masked", "ccvr"),
         ("p1", "unmask", "update"),
         ("p2", "consistency", "ccvr"),
         ("p2", "masked", "update"),
+        ("p3", "advertise", "update"),
+        ("p3", "share", "ccvr"),
         ("p3", "unmask", "ccvr"),
     ]
     assert r["drops_not_triggered"] == []
@@ -274,11 +286,19 @@ def test_each_restarted_site_answered_its_job_and_counted_as_a_survivor(
         assert job["dropped"] == {}, job  # waited for, not dropped
         assert job["dropouts"] == [], job
     waits = [line for line in r["lines"] if "for it to come back" in line]
-    assert len(waits) == len(SITE_KILLS), waits
     assert sum("in stage masked before its masked input was whole" in w for w in waits) == 2
+    assert sum("after its masked input was summed" in w for w in waits) == 4
+    # a site killed before its upload is waited for too, if the coordinator saw it
+    # gone: one restarted faster than its disconnect is noticed (seen at the first
+    # job, in well under a second) is simply back, handed its task again
+    assert sum("in stage advertise before its keys were in" in w for w in waits) <= 2
+    assert sum("in stage share before its shares were in" in w for w in waits) <= 2
+    assert len(waits) >= 6, waits
     for drop in SITE_KILLS:
         log = (out / "logs" / f"{drop.participant}.log").read_text()
         assert "restored after this site's restart" in log, drop
+        if drop.point.stage in ("advertise", "share"):  # the same keys, its task again
+            assert "with the keys it advertised" in log, drop
         assert "never computed twice" not in log, drop  # no second masked input was asked
         assert "cannot be used" not in log, drop
         if drop.participant in RESENT:

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import numpy as np
+import pytest
 
 from spherecal import crypto
 from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.tasks import Task
+from spherecal.coordinator.errors import ServiceError
 from spherecal.proto import spherecal_pb2 as pb
 
 from .helpers import make_job
@@ -126,3 +130,94 @@ def test_a_site_back_without_the_job_withdraws_and_ends_the_wait() -> None:
     job.advance(frozenset(IDS))
     assert job.outcome is not None
     assert "withdrew" in job.outcome.dropped["p3"]
+
+
+# ------------------------------------------------------------- before the masked upload
+# (issue #20: a site holds its job keys from the advertise stage on)
+
+
+def _task(job: SecureJob) -> Task:
+    return Task(
+        kind="statistics",
+        expected=frozenset(IDS),
+        instructions={p: pb.Instruction(statistics=pb.StatisticsTask()) for p in IDS},
+        job=job,
+    )
+
+
+def test_the_advertise_and_share_stages_wait_for_a_site_gone_and_hand_it_its_task_again() -> (
+    None
+):
+    job, clients = make_job(4, 40, threshold=4, rejoin_s=GRACE_S)
+    task = _task(job)
+    without_p3 = frozenset(IDS) - {"p3"}
+    for p in IDS:
+        assert task.instruction_for(p, f"{p}-a") is not None  # delivered once
+        assert task.instruction_for(p, f"{p}-a") is None  # not again in that session
+    for p in sorted(without_p3):
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    t0 = time.monotonic()
+    lines = job.advance(without_p3, now=t0)  # p3 died before its advertisement left
+    assert job.stage_name == "advertise" and job.outcome is None
+    assert any("p3 disconnected in stage advertise before its keys" in x for x in lines), lines
+    assert job.advance(without_p3, now=t0 + GRACE_S - 1) == ()
+    assert task.instruction_for("p3", "p3-b") is not None  # back: its task again
+    advert = clients["p3"].advertise_keys().to_bytes()
+    job.submit("p3", pb.ADVERTISE, advert)
+    job.advance(frozenset(IDS))
+    assert job.stage_name == "share"
+    # p2 dies before its shares left; a site that comes back after advertising gets
+    # its task again (the new session) until it confirms the job (its advertisement
+    # again, acknowledged as identical)
+    for p in ("p0", "p1", "p3"):
+        step = job.step_for(p)
+        assert step is not None
+        roster = crypto.KeyRoster.from_bytes(step.message)
+        job.submit(p, pb.SHARE, clients[p].share_keys(roster).to_bytes())
+    without_p2 = frozenset(IDS) - {"p2"}
+    lines = job.advance(without_p2, now=t0)
+    assert job.stage_name == "share"
+    assert any("p2 disconnected in stage share before its shares" in x for x in lines), lines
+    assert task.instruction_for("p2", "p2-b") is not None
+    assert task.instruction_for("p2", "p2-b") is None
+    with pytest.raises(ServiceError) as known:
+        job.submit("p2", pb.ADVERTISE, clients["p2"]._own_advert.to_bytes())  # type: ignore[union-attr]
+    assert known.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert task.finished("p2")
+    step = job.step_for("p2")
+    assert step is not None
+    roster = crypto.KeyRoster.from_bytes(step.message)
+    job.submit("p2", pb.SHARE, clients["p2"].share_keys(roster).to_bytes())
+    job.advance(frozenset(IDS))
+    assert job.stage_name == "masked"
+    # a site that uploaded its masked input is not handed its task again
+    inputs = {p: np.full(40, float(k + 1)) for k, p in enumerate(IDS)}
+    for p in IDS:
+        step = job.step_for(p)
+        assert step is not None
+        clients[p].receive_shares(crypto.ShareBundle.from_bytes(step.message))
+        clients[p].set_input(inputs[p])
+        if p == "p1":
+            continue  # p1 dies before its upload began
+        job.begin_upload(p)
+        for chunk in clients[p].masked_chunks():
+            job.absorb(p, chunk.to_bytes())
+        assert job.end_upload(p)
+    assert task.instruction_for("p0", "p0-b") is None
+    assert task.instruction_for("p1", "p1-b") is not None  # not uploaded at all: again
+    job.begin_upload("p1")
+    for chunk in clients["p1"].masked_chunks():
+        job.absorb("p1", chunk.to_bytes())
+    assert job.end_upload("p1")
+    job.advance(frozenset(IDS))
+    assert job.stage_name == "consistency"
+
+
+def test_without_the_grace_a_site_gone_at_the_advertise_stage_is_left_out() -> None:
+    job, clients = make_job(4, 40, threshold=3, rejoin_s=0.0)
+    without_p3 = frozenset(IDS) - {"p3"}
+    for p in sorted(without_p3):
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    job.advance(without_p3)
+    assert job.stage_name == "share"  # closed at once, p3 out of the job
+    assert job.dropped["p3"].startswith("advertise: disconnected")

@@ -231,10 +231,12 @@ def test_a_restored_session_checks_its_directory_against_the_trust_root(
         ledger=crypto.MemoryJobLedger(),
         trust=DirectoryTrust(None),
     )
-    session.advertise()
-    # not at the masked stage: there is nothing to hold yet
+    # before its keys exist there is nothing to hold; once advertised, the keys are
     with pytest.raises(crypto.OutOfStage):
         session.record("fed-1")
+    session.advertise()
+    state = crypto.HeldState.from_bytes(session.record("fed-1").state)
+    assert state.stage is crypto.HeldStage.ADVERTISED and state.keys is not None
     emptied = pb.SecAggJob(spec=job.spec, directory=job.directory[1:], purpose=job.purpose)
     record = HeldJob("fed-1", emptied.SerializeToString(), None, None, (), b"{}")
     with pytest.raises(UntrustedDirectory):

@@ -17,6 +17,7 @@ from spherecal.proto.identity import public_key_bytes
 def test_ledger_refuses_a_replayed_job_across_restarts(tmp_path: Path) -> None:
     ledger = SqliteJobLedger(tmp_path / "jobs.db")
     ledger.claim("p0", b"job-1")
+    ledger.keys_out("p0", b"job-1")  # its advertisement left (pending until then)
     ledger.close()
     again = SqliteJobLedger(tmp_path / "jobs.db")
     with pytest.raises(crypto.JobReplayed):
