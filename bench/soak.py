@@ -20,9 +20,10 @@ after a round's checkpoint, a statistics job) plus a random delay:
                   (before its upload: ``advertise``, ``share``; in its upload's crash
                   window: ``stored``, ``charged``; during it: ``masked``; after it:
                   ``consistency``, ``unmask``), one site in round 2's update and
-                  another in the FFC job — SIGKILL it and restart it: it must take the
-                  job up again from its held-jobs folder (issue #20), so seven such
-                  federations cover every (point, kind) pair.
+                  another in the CCVR job (where the coordinator halts too: a crash of
+                  both) — SIGKILL it and restart it: it must take the job up again
+                  from its held-jobs folder (issue #20), so seven such federations
+                  cover every (point, kind) pair.
 
 What it reports (JSON on stdout, or ``--json FILE``):
 
@@ -71,7 +72,7 @@ FAULT_KINDS = ("participant", "three", "coordinator")
 HALT_KINDS = ("update", "ccvr", "evaluate")
 HALT_PAIRS = len(HALT_KINDS) * len(HALT_POINTS)
 SITE_POINTS = ("advertise", "share", "stored", "charged", "masked", "consistency", "unmask")
-SITE_JOBS = ("r2", "ffc")  # jobs the coordinator halts do not touch
+SITE_JOBS = ("r2", "ccvr")  # round 2: no coordinator halt; CCVR: one, at another point
 SITE_PAIRS = len(SITE_POINTS) * len(SITE_JOBS)
 KILLED = "[simulate] killed p"
 
