@@ -161,9 +161,9 @@ class Soak:
         self.releases_lost = 0
         self.second_releases = 0
         self.halts: dict[str, int] = {}
-        self._next_halt = 0
+        self._next_halt = args.first_halt
         self.site_halts: dict[str, int] = {}
-        self._next_site = 0
+        self._next_site = args.first_halt
         self.federations: list[dict[str, Any]] = []
         self._sim: Simulation | None = None
         self._stop = threading.Event()
@@ -383,6 +383,7 @@ class Soak:
                 "rounds": self.args.rounds,
                 "secure": not self.args.no_secure,
                 "seed": self.args.seed,
+                "first_halt": self.args.first_halt,
             },
             "ran_s": round(self.elapsed(), 1),
             "federations": {"run": len(self.federations), **self.statuses},
@@ -487,6 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="seeds the fault plan")
     p.add_argument("--no-secure", action="store_true", help="plaintext aggregation")
+    p.add_argument(
+        "--first-halt",
+        type=int,
+        default=0,
+        help="start the coordinator halt points (and the site halt points) at this index "
+        "of their rotation: a shorter run covers the points an earlier one did not reach",
+    )
     p.add_argument("--federation-timeout", type=float, default=900.0)
     p.add_argument("--rss-every", type=float, default=5.0, help="RSS sampling period (s)")
     p.add_argument("--out", type=Path, default=None, help="keep the runs here (default tmp)")

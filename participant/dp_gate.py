@@ -28,6 +28,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.charge import PrivacyCharge
 from spherecal.spherefed.privacy.ledger import (
     BudgetExceeded,
+    LedgerEntry,
     PrivacyBudget,
     PrivacyLedger,
     SqliteLedgerStore,
@@ -84,9 +85,12 @@ class ParticipantPrivacy:
         return PrivacyLedger(SqliteLedgerStore(self._connection()), budget)
 
     def charge(self, charge: PrivacyCharge, *, delta: float, release_id: str) -> dict[str, Any]:
-        """Charge one release to this site's ledger (raises :class:`BudgetExceeded`)."""
+        """Charge one release to this site's ledger (raises :class:`BudgetExceeded`);
+        a release already charged (a held job taken up after this site's restart,
+        issue #20) is returned as it was, never charged twice."""
         with self._lock:
-            return self.ledger(delta).charge(self.pid, charge, release_id=release_id).to_json()
+            ledger = self.ledger(delta)
+            return _charge_once(ledger, self.pid, charge, release_id).to_json()
 
     def close(self) -> None:
         with self._lock:
@@ -174,14 +178,19 @@ class ParticipantPrivacy:
             )
         with self._lock:
             ledger = self.ledger(float(release.delta))
-            # a held job taken up after this site's restart (issue #20) was charged by
-            # the first process: the same job is one release, never charged twice
-            charged = [e for e in ledger.store.entries(self.pid) if e.release_id == job_id]
-            entry = (
-                charged[0]
-                if charged
-                else ledger.charge(
-                    self.pid, plan.charge(plan.noise.min_contributors), release_id=job_id
-                )
+            entry = _charge_once(
+                ledger, self.pid, plan.charge(plan.noise.min_contributors), job_id
             )
         return plan, plan.noise, entry.to_json()
+
+
+def _charge_once(
+    ledger: PrivacyLedger, subject: str, charge: PrivacyCharge, release_id: str
+) -> LedgerEntry:
+    """Charge ``release_id`` unless it is charged already (then its entry): a held
+    job taken up after this site's restart (issue #20) was charged by the first
+    process, and one job is one release."""
+    for entry in ledger.store.entries(subject):
+        if entry.release_id == release_id:
+            return entry
+    return ledger.charge(subject, charge, release_id=release_id)

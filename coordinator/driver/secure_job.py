@@ -187,6 +187,7 @@ class SecureJob:
         self._reconfirmed: set[str] = set()
         self._returned: set[str] = set()
         """Participants seen with a new session during the job (:meth:`rejoined`)."""
+        self._comebacks: dict[str, int] = {}
         self._grace = RejoinGrace(rejoin_s)
         self._masked = MaskedDigests(self.spec.n_chunks)
 
@@ -282,6 +283,13 @@ class SecureJob:
         return f"{self.purpose}{where} job {self.job_hex[:8]}"
 
     # ---------------------------------------------------------------- participant side
+    def comebacks(self, participant: str) -> int:
+        """How often ``participant`` came back connected after the job waited for it
+        (``stage_grace``): its task is handed out once per session *and* comeback,
+        since a task on its way when the connection was cut was never received."""
+        with self.lock:
+            return self._comebacks.get(participant, 0)
+
     def rejoined(self, participant: str) -> None:
         """``participant`` polls with a new session (its process restarted, or it
         reconnected): until it confirms the job again, it is handed its task once
@@ -527,6 +535,11 @@ class SecureJob:
             rejoining, news = self._grace.waiting(
                 stage, pending, alive, self.withdrawn, t, self.label()
             )
+            for p in self._grace.came_back(alive):
+                self._comebacks[p] = self._comebacks.get(p, 0) + 1
+                self._returned.add(p)
+                self._reconfirmed.discard(p)
+                news += (f"{self.label()}: {p} is back in stage {stage.value}",)
             if (waiting or rejoining) and not expired:
                 return news
             for p in sorted(pending):

@@ -46,6 +46,18 @@ class RejoinGrace:
     def __init__(self, rejoin_s: float) -> None:
         self.rejoin_s = rejoin_s
         self._absent: dict[str, float] = {}
+        self._gone: set[str] = set()
+        """Waited for and not seen back yet (:meth:`came_back`)."""
+
+    def came_back(self, alive: Collection[str]) -> tuple[str, ...]:
+        """The participants waited for that are connected again (each once per
+        absence). Why: one whose connection was cut while its task was on the way
+        comes back with the *same* session — its process never restarted — and
+        would wait for a task the coordinator counts as delivered; the job hands
+        it the task again (``SecureJob.comebacks``)."""
+        back = tuple(sorted(p for p in self._gone if p in alive))
+        self._gone.difference_update(back)
+        return back
 
     def waiting(
         self,
@@ -65,6 +77,7 @@ class RejoinGrace:
         for p in sorted(pending):
             if p in alive or p in withdrawn:
                 continue
+            self._gone.add(p)
             since = self._absent.get(p)
             if since is None:
                 since = self._absent[p] = t
@@ -83,3 +96,4 @@ class RejoinGrace:
 
     def stage_closed(self) -> None:
         self._absent.clear()
+        self._gone.clear()

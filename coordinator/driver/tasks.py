@@ -70,6 +70,8 @@ class Task:
         with self.lock:
             if participant not in self.expected:
                 return None
+            if self.job is not None:  # a comeback after a cut connection: deliver again
+                session = f"{session}#{self.job.comebacks(participant)}"
             before = self._sessions.get(participant)
             self._sessions[participant] = session
             if before is not None and before != session and self.job is not None:

@@ -221,3 +221,42 @@ def test_without_the_grace_a_site_gone_at_the_advertise_stage_is_left_out() -> N
     job.advance(without_p3)
     assert job.stage_name == "share"  # closed at once, p3 out of the job
     assert job.dropped["p3"].startswith("advertise: disconnected")
+
+
+def test_a_site_whose_connection_was_cut_is_handed_its_task_again_when_it_is_back() -> None:
+    """Its process never restarted (the same session), but the task was on its way
+    when the connection was cut: counted as delivered, never received. Back within
+    the grace, it gets the task once more — else the stage would wait for a live
+    participant that waits for a task, until the deadline."""
+    job, clients = make_job(4, 40, threshold=4, rejoin_s=GRACE_S)
+    task = _task(job)
+    for p in IDS:
+        assert task.instruction_for(p, f"{p}-a") is not None
+    without_p2 = frozenset(IDS) - {"p2"}
+    for p in sorted(without_p2):
+        job.submit(p, pb.ADVERTISE, clients[p].advertise_keys().to_bytes())
+    t0 = time.monotonic()
+    job.advance(without_p2, now=t0)  # p2's connection is cut: waited for
+    assert task.instruction_for("p2", "p2-a") is None  # same session, nothing new yet
+    lines = job.advance(frozenset(IDS), now=t0 + 1)  # p2 connected again
+    assert any("p2 is back in stage advertise" in line for line in lines), lines
+    assert job.stage_name == "advertise"
+    assert task.instruction_for("p2", "p2-a") is not None  # the same session: again
+    assert task.instruction_for("p2", "p2-a") is None  # once
+    assert task.instruction_for("p0", "p0-a") is None  # the others are not disturbed
+    job.submit("p2", pb.ADVERTISE, clients["p2"].advertise_keys().to_bytes())
+    job.advance(frozenset(IDS), now=t0 + 2)
+    assert job.stage_name == "share"
+
+
+def test_mutation_without_the_comeback_the_lost_task_is_not_handed_out_again() -> None:
+    job, clients = make_job(4, 40, threshold=4, rejoin_s=GRACE_S)
+    task = _task(job)
+    for p in IDS:
+        task.instruction_for(p, f"{p}-a")
+    job._grace.came_back = lambda alive: ()  # type: ignore[method-assign]
+    without_p2 = frozenset(IDS) - {"p2"}
+    t0 = time.monotonic()
+    job.advance(without_p2, now=t0)
+    job.advance(frozenset(IDS), now=t0 + 1)
+    assert task.instruction_for("p2", "p2-a") is None  # p2 would wait until the deadline

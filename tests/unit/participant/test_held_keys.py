@@ -545,3 +545,26 @@ def test_if_the_keys_cannot_be_taken_off_disk_nothing_is_sent(
     fed.site_step()
     assert fed.transport.streamed == [] and fed.released() == 0
     assert any("neither replaced" in line for line in fed.log), fed.log
+
+
+def test_a_held_job_taken_up_again_is_charged_its_epsilon_once(tmp_path: Path) -> None:
+    """A DP statistics release and a distributed DP-SGD step are charged to the
+    site's privacy ledger by job id before the keys are made; the restarted site
+    admits the same job again when its task comes again — one charge, not two."""
+    from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy
+    from spherecal.spherefed.privacy.charge import dpsgd_charge
+    from spherecal.spherefed.privacy.settings import PrivacySettings
+
+    charge = dpsgd_charge(1.0, 0.05, 40, 1e-5, max_grad_norm=1.0)
+    settings = PrivacySettings(
+        enabled=True, epsilon=5.0, total_epsilon=1.05 * charge.epsilon, delta=1e-5
+    )
+    first = ParticipantPrivacy(settings, "p1", tmp_path)
+    entry = first.charge(charge, delta=1e-5, release_id="dpsgd-job-a")
+    first.close()  # the process dies; its task comes again after the restart
+    again = ParticipantPrivacy(settings, "p1", tmp_path)
+    assert again.charge(charge, delta=1e-5, release_id="dpsgd-job-a") == entry
+    assert again.ledger(1e-5).spent("p1").releases == 1
+    with pytest.raises(BudgetExceeded):  # another job is another charge
+        again.charge(charge, delta=1e-5, release_id="dpsgd-job-b")
+    again.close()
