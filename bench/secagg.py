@@ -368,14 +368,18 @@ def kernel(
     """Interleaved best-of-``passes``: masking one vector vs the bare keystream.
 
     Per pass, in turn: the bare keystream (the same bytes, faster engine, nothing else);
-    the masks applied mask-major (each mask over the whole chunk, then the next: the order
-    before issue #24's tile-major change); the masks applied tile-major as
-    ``SecAggParticipant.masked_chunk`` does (:meth:`MaskExpander.apply_plan`); and the
-    float vector → upload bytes (encoding, then tile-major masking). Each is timed by wall
-    clock and by this thread's CPU time: on a shared machine the wall clock also counts the
-    time this process waits for a core, the CPU time does not (cache and memory-bandwidth
-    contention still count in both).
+    the masks applied mask-major by the numpy path (each mask over the whole chunk, then
+    the next: the order before issue #24's tile-major change); the masks applied by the
+    numpy path, tile-major (:meth:`MaskExpander.apply_plan` with ``native=False``); the
+    same with the native kernel where it is loaded; and the float vector → upload bytes
+    as ``SecAggParticipant`` does it (encoding into a fresh array, then every chunk masked
+    straight into its framed ``MaskedChunk`` encoding), by the numpy path and by the
+    default one. Each is timed by wall clock and by this thread's CPU time: on a shared
+    machine the wall clock also counts the time this process waits for a core, the CPU
+    time does not (cache and memory-bandwidth contention still count in both).
     """
+    from spherecal.crypto import native
+    from spherecal.crypto.messages import MaskedChunk
     from spherecal.crypto.prg import MaskExpander, MaskSeed
     from spherecal.crypto.ring import encode, ring_dtype
 
@@ -385,39 +389,53 @@ def kernel(
     seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
     plan = [(seed, 1 if i % 2 else -1) for i, seed in enumerate(seeds)]
     total_bytes = masks * dim * dtype.itemsize
-    names = ("keystream", "mask_major", "mask", "input")
+    names = ("keystream", "mask_major", "mask_numpy", "mask", "input_numpy", "input")
     best = {(key, clock): math.inf for key in names for clock in ("wall", "cpu")}
+    kernel_module = native.KERNEL
 
     def record(key: str, wall: float, cpu: float) -> None:
         best[key, "wall"] = min(best[key, "wall"], wall)
         best[key, "cpu"] = min(best[key, "cpu"], cpu)
+
+    def framed(expander: MaskExpander, source: Any, index: int, start: int) -> bytes:
+        return MaskedChunk.framed(
+            b"job-0", "site-0", index, source.nbytes,
+            lambda prefix: expander.masked_bytes(prefix, plan, start, source),
+        ).to_bytes()  # fmt: skip
 
     for _ in range(passes):
         t0, c0 = time.perf_counter(), time.thread_time()
         raw_keystream_seconds(total_bytes)
         record("keystream", time.perf_counter() - t0, time.thread_time() - c0)
         for key in names[1:]:
-            encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-            expander = MaskExpander(min(chunk, dim), dtype)
-            work = np.empty(min(chunk, dim), dtype=dtype)
-            t0, c0 = time.perf_counter(), time.thread_time()
-            if key == "input":
+            numpy_path = key in ("mask_major", "mask_numpy", "input_numpy")
+            native.KERNEL = None if numpy_path else kernel_module
+            try:
                 encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-            for start in range(0, dim, chunk):
-                out = work[: min(chunk, dim - start)]
-                source = encoded[start : start + chunk]
-                if key == "mask_major":
-                    for i, (seed, sign) in enumerate(plan):
-                        expander.apply(out, seed, start, sign, source=None if i else source)
-                else:
-                    expander.apply_plan(out, plan, start, source=source)
-                out.tobytes()
-            record(key, time.perf_counter() - t0, time.thread_time() - c0)
+                expander = MaskExpander(min(chunk, dim), dtype, native=not numpy_path and None)
+                work = np.empty(min(chunk, dim), dtype=dtype)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                if key.startswith("input"):
+                    encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
+                for index, start in enumerate(range(0, dim, chunk)):
+                    out = work[: min(chunk, dim - start)]
+                    source = encoded[start : start + chunk]
+                    if key == "mask_major":
+                        for i, (seed, sign) in enumerate(plan):
+                            expander.apply(out, seed, start, sign, source=None if i else source)
+                    elif key.startswith("mask"):
+                        expander.apply_plan(out, plan, start, source=source)
+                    else:
+                        framed(expander, source, index, start)
+                record(key, time.perf_counter() - t0, time.thread_time() - c0)
+            finally:
+                native.KERNEL = kernel_module
     result: dict[str, Any] = {
         "ring_bits": ring_bits,
         "masks": masks,
         "chunk_entries": chunk,
         "passes": passes,
+        "native_kernel": kernel_module is not None,
     }
     for clock in ("wall", "cpu"):
         ks = best["keystream", clock]
@@ -426,8 +444,10 @@ def kernel(
             f"keystream_gbps{suffix}": round(total_bytes / ks / 1e9, 3),
             f"mask_gbps{suffix}": round(total_bytes / best["mask", clock] / 1e9, 3),
             f"mask_over_keystream{suffix}": round(ks / best["mask", clock], 4),
+            f"mask_numpy_over_keystream{suffix}": round(ks / best["mask_numpy", clock], 4),
             f"mask_major_over_keystream{suffix}": round(ks / best["mask_major", clock], 4),
             f"input_over_keystream{suffix}": round(best["input", clock] / ks, 4),
+            f"input_numpy_over_keystream{suffix}": round(best["input_numpy", clock] / ks, 4),
         }
     return result
 

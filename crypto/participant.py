@@ -192,7 +192,6 @@ class SecAggParticipant:
         self._plan: list[tuple[MaskSeed, int]] = []
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._expander: MaskExpander | None = None
-        self._work: npt.NDArray[np.unsignedinteger] = np.empty(0, dtype=spec.dtype)
         self._signed_survivors: tuple[str, ...] | None = None
         self._complete_x: int | None = None
         self._answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
@@ -497,7 +496,6 @@ class SecAggParticipant:
         self._plan = plan
         self._members2 = members
         self._expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
-        self._work = np.empty(min(spec.chunk_size, spec.length), dtype=spec.dtype)
         self._stage = ParticipantStage.MASKED
 
     def _complain(self, dealer: str, reason: ComplaintReason) -> ForgedShare:
@@ -562,12 +560,16 @@ class SecAggParticipant:
         if self._expander is None:  # pragma: no cover - set with the MASKED stage
             raise JobAborted("mask state is gone")
         start, stop = self.spec.chunk_bounds(index)
-        out = self._work[: stop - start]
-        # Tile-major: every mask is added into one cache-resident tile before the next;
-        # the first reads the encoded input directly (no separate copy pass).
-        self._expander.apply_plan(out, self._plan, start, source=self._encoded[start:stop])
-        return MaskedChunk(
-            job_id=self.spec.job_id, sender=self.participant_id, index=index, payload=out.tobytes()
+        expander, plan, source = self._expander, self._plan, self._encoded[start:stop]
+        # Every mask is added into one cache-resident block of the input before the next,
+        # straight into the message's bytes (one pass over the input, no copy of the
+        # payload for framing).
+        return MaskedChunk.framed(
+            self.spec.job_id,
+            self.participant_id,
+            index,
+            source.nbytes,
+            lambda prefix: expander.masked_bytes(prefix, plan, start, source),
         )
 
     def masked_chunks(self) -> Iterator[MaskedChunk]:
