@@ -89,7 +89,7 @@ from spherecal.crypto.messages import (
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import MaskExpander, MaskSeed
 from spherecal.crypto.replay import JobLedger, default_ledger
-from spherecal.crypto.ring import add_noise, encode
+from spherecal.crypto.ring import add_noise, borrow, encode_into, give_back
 from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
@@ -320,6 +320,8 @@ class SecAggParticipant:
         self._held = {}
         self._channel_keys = {}
         self._plan = []
+        if self._encoded is not None:  # zeroed, and reused by this process's next job
+            give_back(self._encoded)
         self._encoded = None
         if self._expander is not None:
             self._expander.clear()
@@ -534,15 +536,15 @@ class SecAggParticipant:
         if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        encoded = encode(
-            vector,
-            scale_bits=spec.scale_bits,
-            bound=spec.bound,
-            length=spec.length,
-            ring_bits=spec.ring_bits,
-        )
-        if noise is not None:
-            add_noise(encoded, noise, noise_bound=spec.noise_bound)
+        # Into the previous job's array when this process has one (no page faults).
+        encoded = borrow(spec.length, spec.ring_bits)
+        try:
+            encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound)
+            if noise is not None:
+                add_noise(encoded, noise, noise_bound=spec.noise_bound)
+        except BaseException:  # refused: the input stays unset
+            give_back(encoded)
+            raise
         self._encoded = encoded
 
     def masked_chunk(self, index: int) -> MaskedChunk:
