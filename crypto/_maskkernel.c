@@ -298,32 +298,41 @@ CLONES static void encode32(u32u *out, const double *x, size_t n, double scale) 
 }
 
 PyDoc_STRVAR(encode_doc,
-"encode(out, values, scale, bound) -> bool\n\n"
+"encode(out, values, scale, bound, scratch=False) -> bool\n\n"
 "If every float64 of values lies in [-bound, bound] (NaN does not), write\n"
 "rint(values * scale) mod 2^w into out (uint32 or uint64 words, w from its size) and\n"
-"return True; otherwise write nothing and return False. The caller guarantees\n"
-"bound * scale <= 2^50 and scale a power of two (the magic-number rounding is exact).");
+"return True; otherwise return False, having written nothing -- or, with scratch (out\n"
+"holds nothing to keep), possibly part of out: then each L1-sized tile is checked and\n"
+"encoded while it is in cache, one pass over values instead of two. The caller\n"
+"guarantees bound * scale <= 2^50 and scale a power of two (the magic-number rounding\n"
+"is exact).");
+
+#define ENCODE_TILE 2048 /* entries: 16 KiB of float64 */
 
 static PyObject *encode(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer out = {0}, values = {0};
     double scale, bound;
+    int scratch = 0;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "w*y*dd", &out, &values, &scale, &bound)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*y*dd|p", &out, &values, &scale, &bound, &scratch)) return NULL;
     size_t n = (size_t)values.len / sizeof(double);
     if (values.len % sizeof(double) || (out.len != (Py_ssize_t)(4 * n) &&
                                         out.len != (Py_ssize_t)(8 * n))) {
         PyErr_SetString(PyExc_ValueError, "out must hold one 4- or 8-byte word per float64");
         goto done;
     }
-    int ok;
+    int ok = bound > 0 && bound <= DBL_MAX, wide = out.len == (Py_ssize_t)(8 * n);
+    const double *x = (const double *)values.buf;
     Py_BEGIN_ALLOW_THREADS
-    ok = bound > 0 && bound <= DBL_MAX && in_bound((const u64u *)values.buf, n, bound);
-    if (ok) {
-        if (out.len == (Py_ssize_t)(8 * n))
-            encode64((u64u *)out.buf, (const double *)values.buf, n, scale);
-        else
-            encode32((u32u *)out.buf, (const double *)values.buf, n, scale);
+    size_t step = scratch ? ENCODE_TILE : n;
+    for (size_t at = 0; ok && at < n; at += step) {
+        size_t k = n - at < step ? n - at : step;
+        ok = in_bound((const u64u *)(x + at), k, bound);
+        if (ok && wide)
+            encode64((u64u *)out.buf + at, x + at, k, scale);
+        else if (ok)
+            encode32((u32u *)out.buf + at, x + at, k, scale);
     }
     Py_END_ALLOW_THREADS
     result = Py_NewRef(ok ? Py_True : Py_False);

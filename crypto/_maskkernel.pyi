@@ -22,4 +22,11 @@ def apply_new(
     word_bytes: int,
     /,
 ) -> bytes: ...
-def encode(out: WriteableBuffer, values: ReadableBuffer, scale: float, bound: float, /) -> bool: ...
+def encode(
+    out: WriteableBuffer,
+    values: ReadableBuffer,
+    scale: float,
+    bound: float,
+    scratch: bool = False,
+    /,
+) -> bool: ...

@@ -539,7 +539,7 @@ class SecAggParticipant:
         # Into the previous job's array when this process has one (no page faults).
         encoded = borrow(spec.length, spec.ring_bits)
         try:
-            encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound)
+            encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound, scratch=True)
             if noise is not None:
                 add_noise(encoded, noise, noise_bound=spec.noise_bound)
         except BaseException:  # refused: the input stays unset

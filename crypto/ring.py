@@ -218,12 +218,16 @@ def encode_into(
     *,
     scale_bits: int,
     bound: float,
+    scratch: bool = False,
 ) -> None:
     """Encode ``values`` as ``rint(x * 2^f) mod 2^w`` into ``out`` (``uint32`` or
     ``uint64``, the same length), tile by tile through one small scratch tile.
 
     Refuses, with :class:`EncodingOverflow`, any vector with an entry outside
-    ``[-bound, bound]`` or any NaN/Inf, before writing anything. The message names how
+    ``[-bound, bound]`` or any NaN/Inf, before writing anything — unless ``scratch``
+    says ``out`` holds nothing to keep (a fresh or borrowed array): then the native
+    kernel checks and encodes each cache-sized tile in one pass over ``values``, and a
+    refusal may leave ``out`` partly written. The message names how
     many entries are out of bound and the bound, never the values (they are private).
 
     Rounding is exact and equal to ``np.rint`` (half to even): with ``|x| * 2^f <= 2^50``
@@ -248,7 +252,7 @@ def encode_into(
     ):
         # The same check and the same two IEEE operations per entry in C, one pass each
         # (spherecal.crypto.native); it writes nothing when an entry is out of bound.
-        if kernel.encode(out, x, scale, bound):
+        if kernel.encode(out, x, scale, bound, scratch):
             return
         _check_bound(x, bound)  # raises, naming how many entries
         raise EncodingOverflow(f"refusing to encode: entries outside |x| <= {bound!r}")
@@ -317,7 +321,7 @@ def encode(
     fresh array of the ring's dtype; see :func:`encode_into`."""
     x = _as_vector(values, length)
     out = np.empty(x.shape[0], dtype=ring_dtype(ring_bits))
-    encode_into(out, x, scale_bits=scale_bits, bound=bound)
+    encode_into(out, x, scale_bits=scale_bits, bound=bound, scratch=True)
     return out
 
 

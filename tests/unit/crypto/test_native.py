@@ -164,7 +164,10 @@ def _values(rng: np.random.Generator, n: int, f: int) -> np.ndarray:
 @pytest.mark.parametrize("f", [0, 7, 20, 50])
 def test_native_encoding_equals_the_numpy_encoding(ring_bits: int, f: int) -> None:
     x = _values(np.random.default_rng(f), 20_001, f)
-    fast = encode(x, scale_bits=f, bound=1.0, ring_bits=ring_bits)
+    fast = encode(x, scale_bits=f, bound=1.0, ring_bits=ring_bits)  # tile-wise (scratch)
+    whole = np.empty_like(fast)
+    encode_into(whole, x, scale_bits=f, bound=1.0)  # check everything, then encode
+    assert whole.tobytes() == fast.tobytes()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(native, "KERNEL", None)
         slow = encode(x, scale_bits=f, bound=1.0, ring_bits=ring_bits)
@@ -188,6 +191,15 @@ def test_native_encoding_refuses_out_of_bound_and_writes_nothing(bad: float) -> 
         with pytest.raises(EncodingOverflow, match="1 of 10000 entries"):
             encode_into(out, x, scale_bits=20, bound=1.0)
         assert (out == 7).all()
+        # scratch: refused as well, whatever it wrote (a tile-wise check and encode)
+        assert KERNEL.encode(out, x, 2.0**20, 1.0, True) is False
+        with pytest.raises(EncodingOverflow, match="1 of 10000 entries"):
+            encode_into(out, x, scale_bits=20, bound=1.0, scratch=True)
+        x[3] = bad  # in the first tile: nothing encoded past it
+        out[:] = 7
+        assert KERNEL.encode(out, x, 2.0**20, 1.0, True) is False
+        assert (out[2048:] == 7).all()
+        x[3] = 0.0
     x[-1] = 1.0  # the bound itself is in
     assert KERNEL.encode(np.empty(x.shape[0], dtype=U64), x, 2.0**20, 1.0) is True
     with pytest.raises(ValueError, match="one 4- or 8-byte word"):
