@@ -41,9 +41,9 @@ Everything is arranged so that the Python layer adds no per-element work:
 numpy add reading it back, and the add alone is about a quarter of the keystream's time
 (measured: the numpy path tops out near 0.79 of the bare keystream rate). Where the
 optional C extension ``spherecal.crypto._maskkernel`` is built (``setup.py``; it links the
-system libcrypto), :class:`MaskExpander` hands the whole chunk to it instead: per 16 KiB
-block, OpenSSL's EVP AES-128-CTR writes each mask's keystream into an L1-resident buffer
-and the kernel adds it into the target block while both are hot. It is given each seed's
+system libcrypto), :class:`MaskExpander` hands the whole chunk to it instead: per 8 KiB
+block, OpenSSL's EVP AES-128-CTR writes two masks' keystream into L1-resident buffers
+and the kernel adds both into the target block while they are hot. It is given each seed's
 AES key and the counter block of the chunk's first byte (:func:`counter_block`), so its
 output is the same keystream, and a call never crosses a segment. It runs the CTR engine
 only (where GCM is the faster path, the numpy path with GCM runs). The numpy path stays
@@ -254,7 +254,8 @@ class MaskExpander:
         size = self.dtype.itemsize
         offset = start_entry * size  # byte offset into the mask
         kernel = native_module.KERNEL
-        if self.native and kernel is not None:
+        contiguous = target.flags.c_contiguous and (source is None or source.flags.c_contiguous)
+        if self.native and kernel is not None and contiguous:
             keys, signs = _plan_bytes(plan)
             done = 0
             while done < n:  # one call per piece of a segment (one piece but for > 1 GiB)

@@ -274,3 +274,14 @@ def test_an_encoded_input_buffer_is_zeroed_when_given_back_and_reused() -> None:
     for _ in range(ring.SPARE_BUFFERS + 3):  # the spares stay bounded
         ring.give_back(np.empty(7, dtype=U64))
     assert len(ring._spare) == ring.SPARE_BUFFERS
+
+
+def test_a_strided_target_takes_the_numpy_path_with_the_same_result() -> None:
+    rng = np.random.default_rng(5)
+    plan = [(s, sign) for s, sign in zip(seeds(3, rng), (1, -1, 1), strict=True)]
+    wide: Any = np.zeros(64, dtype=U64)
+    strided = wide[::2]  # not contiguous: the kernel cannot take it
+    MaskExpander(32, U64).apply_plan(strided, plan, 0)
+    flat: Any = np.zeros(32, dtype=U64)
+    MaskExpander(32, U64, native=False).apply_plan(flat, plan, 0)
+    assert np.array_equal(strided, flat) and not wide[1::2].any()
