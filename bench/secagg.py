@@ -62,7 +62,10 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``mask_over_keystream`` (issue #24 target: at least 0.75) and ``input_over_keystream``
     (float vector → upload bytes, encoding included; target at most 1.3);
     ``mask_major_over_keystream`` is the masks applied one after another over the whole
-    chunk (the order before tile-major masking). Keys ending ``_cpu`` use this thread's
+    chunk (the order before tile-major masking); ``mask_numpy_over_keystream`` and
+    ``input_numpy_over_keystream`` are the numpy path where the native kernel
+    (:mod:`spherecal.crypto.native`) runs the others (``native_kernel`` says whether it
+    was loaded; without it both pairs time the numpy path). Keys ending ``_cpu`` use this thread's
     CPU time instead of the wall clock (free of the time spent waiting for a core on a
     shared machine). ``--kernel-chunk`` sets the chunk (the service's is 262,144 entries).
 ``scaling``
