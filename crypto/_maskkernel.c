@@ -3,10 +3,12 @@
  * Why native (issue #24): in the numpy path every mask is one OpenSSL call writing a
  * 128 KiB keystream tile and one numpy add reading it back; the add alone costs about a
  * quarter of the keystream's time, so that path tops out near 0.79 of the bare keystream
- * rate. Here each mask's keystream is produced into a small L1-resident buffer by
- * OpenSSL's EVP AES-128-CTR (the system libcrypto) and added into an L1-resident block of
- * the target while both are hot; every mask of a call is applied to one block before the
- * next, so the target and the source are each touched once.
+ * rate. Here the keystream of two masks at a time is produced into small L1-resident
+ * buffers by OpenSSL's EVP AES-128-CTR (the system libcrypto) and both are added into an
+ * L1-resident block of the target while hot; every mask of a call is applied to one block
+ * before the next, so the target and the source are each touched once. The fixed-point
+ * encoding of spherecal.crypto.ring (range check, exact magic-number rounding) is here
+ * too (encode()).
  *
  * The keystream is exactly what spherecal.crypto.prg defines (and what its numpy path
  * adds): the caller passes, per mask, the AES key and the 16-byte counter block of the
@@ -29,9 +31,8 @@
 #include <openssl/evp.h>
 
 /* Keystream produced per EVP call. Measured on the 2-core development machine (AMD EPYC,
- * 32 KiB L1d, 512 KiB L2 per core): 4 KiB pays OpenSSL's per-call overhead; at 8 KiB two
- * keystream buffers, the zeros they encrypt and the target block (32 KiB) stay in L1/L2
- * at the best rate; 16-64 KiB were no faster. */
+ * 32 KiB L1d, 512 KiB L2 per core): 8 KiB (two keystream buffers, the zeros they encrypt
+ * and the target block: 32 KiB) was among the best; 4 KiB and 16-64 KiB were no faster. */
 #ifndef SPHERECAL_KS_BYTES
 #define SPHERECAL_KS_BYTES 8192
 #endif
