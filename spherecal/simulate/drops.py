@@ -4,7 +4,7 @@ Grammar::
 
     SPEC  := ITEM ("," ITEM)*
     ITEM  := PARTICIPANT ":" STAGE ["@" WHEN]
-    STAGE := train | advertise | share | masked | unmask
+    STAGE := train | advertise | share | stored | charged | masked | consistency | unmask
     WHEN  := rN (round N, 1-based) | update | ffc | ccvr
 
 e.g. ``p3:share`` (p3 dies right before sending its shares, in the first job that
