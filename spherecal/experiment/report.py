@@ -109,10 +109,7 @@ def build_report(
             gains[m.key][col.key] = {
                 **gaps,
                 "none": stats([s["test"]["none"] for s in ok]),
-                **{
-                    f"{c}_gain": stats([_diff(s["test"], c, "none") for s in ok])
-                    for c in cal_keys
-                },
+                **{f"{c}_gain": stats([_diff(s["test"], c, "none") for s in ok]) for c in cal_keys},
                 **{c: stats([s["test"].get(c, math.nan) for s in ok]) for c in cal_keys},
                 "per_seed": seeds_out,
             }
