@@ -13,7 +13,8 @@ Points, in protocol order: ``advertise``, ``share``, ``consistency``, ``unmask``
 first such message accepted and journaled), ``masked`` (the first complete masked
 upload), ``advertise-closed``, ``share-closed``, ``masked-closed``,
 ``consistency-closed`` (the stage closed and journaled), ``aggregated`` (the result
-journaled, before the driver uses it). ``WHEN`` is a job purpose (``update``,
+journaled, before the driver uses it), ``recorded`` (a distributed DP-SGD step
+charged in the coordinator's ledger, not yet checkpointed). ``WHEN`` is a job purpose (``update``,
 ``ffc``, ``ccvr``, ``evaluate``) or ``rN`` (round N's update, 1-based).
 """
 
@@ -42,6 +43,7 @@ HALT_POINTS = (
     "consistency-closed",
     "unmask",
     "aggregated",
+    "recorded",
 )
 
 

@@ -164,7 +164,7 @@ def register(
         "--dpsgd-steps",
         type=_positive_int,
         default=None,
-        help="privacy: DP-SGD steps T (default 104; with --quick 3)",
+        help="privacy: DP-SGD steps T (default 52; with --quick 3)",
     )
     p.add_argument(
         "--epsilons",
