@@ -39,6 +39,7 @@ service.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,7 +50,12 @@ import torch
 from spherecal.spherefed import reference as runner
 from spherecal.spherefed.algorithms.base import Payload
 from spherecal.spherefed.algorithms.strategies import FedAvg
-from spherecal.spherefed.calibrate import CCVRConfig, ccvr_calibrate, ffc_solve
+from spherecal.spherefed.calibrate import (
+    CCVRConfig,
+    SingularStatisticsWarning,
+    ccvr_calibrate,
+    ffc_solve,
+)
 from spherecal.spherefed.calibration_suite import head_accuracy
 from spherecal.spherefed.discriminant import CalibratedHead
 from spherecal.spherefed.fl import aggregated_keys, derive_seed, load_state_vector
@@ -187,7 +193,9 @@ def ffc_variants(
     out: dict[str, Scores] = {}
 
     def solve(stats: FFCStatistics, ridge: float) -> Array:
-        return ffc_solve(stats.V, stats.U, ridge=ridge)
+        with warnings.catch_warnings():  # a noisy V is often indefinite: expected here
+            warnings.simplefilter("ignore", SingularStatisticsWarning)
+            return ffc_solve(stats.V, stats.U, ridge=ridge)
 
     def by_validation(
         stats: FFCStatistics, scale: float, factors: tuple[float, ...] = RIDGE_FACTORS
