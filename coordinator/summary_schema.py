@@ -21,7 +21,7 @@ ledger) are :data:`JsonObject`: JSON, checked as JSON, not by key.
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypeAlias, TypedDict, TypeGuard
+from typing import Any, Literal, NotRequired, TypeAlias, TypedDict, TypeGuard
 
 __all__ = [
     "AbortedSummary",
@@ -35,6 +35,7 @@ __all__ = [
     "FederatedEvaluation",
     "HistoryRow",
     "JobSummary",
+    "DriverResults",
     "JsonObject",
     "JsonValue",
     "ModelShape",
@@ -56,6 +57,8 @@ __all__ = [
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 """Any JSON value: what a part not typed by key may hold."""
 JsonObject: TypeAlias = dict[str, JsonValue]
+StageRecord: TypeAlias = dict[str, Any]
+"""A JSON record a driver stage builds up in place (see :class:`DriverResults`)."""
 
 SUMMARY_SCHEMA = "spherecal.coordinator-summary/1"
 
@@ -320,6 +323,33 @@ class PrivacySummary(TypedDict):
     refusals: NotRequired[list[JsonObject]]
     totals: NotRequired[PrivacyTotals]
     ledger: NotRequired[JsonObject]
+
+
+class DriverResults(TypedDict, total=False):
+    """What the driver's stages accumulate while a federation runs
+    (``Progress.results``): each key is written by the stage that produces it and
+    copied into :class:`CoordinatorSummary` at the end (``driver.outputs``). Every key
+    is optional because a run can end before any stage wrote it. The parts the
+    summary passes through as :data:`JsonObject` are built up in place by their
+    stages (a record per statistics kind, the calibration report per head), so here
+    they are :data:`StageRecord`: the keys of the accumulator are checked, the
+    insides of those records are what the summary's shape test holds."""
+
+    accuracy: Accuracy
+    validation_accuracy: Accuracy
+    calibration: StageRecord
+    calibration_release: StageRecord
+    validation_evaluation: StageRecord
+    gate_evaluation: StageRecord
+    central_accuracy: Accuracy | None
+    central_test_samples: int
+    federated_evaluation: FederatedEvaluation
+    statistics: dict[str, StageRecord]
+    integrity: StageRecord
+    ccvr: StageRecord
+    ffc_ridge: float
+    models: StageRecord
+    saved_statistics: dict[str, str]
 
 
 class CoordinatorSummary(TypedDict):

@@ -59,6 +59,9 @@ __all__ = [
     "AuditDocument",
     "CellRecord",
     "ExperimentResults",
+    "ExperimentSettingsDocument",
+    "ExperimentTimings",
+    "calibration_stats",
     "ReferenceSettings",
     "GainSeed",
     "ServiceCell",
@@ -474,6 +477,75 @@ class Environment(TypedDict):
     cpus: int | None
 
 
+class ExperimentSettingsDocument(TypedDict):
+    """``settings`` of the experiment's ``results.json``: the grid's own fields
+    (:meth:`ExperimentSettings.to_json`) and what the builder adds (the columns as
+    run, the seeds' list, the base configuration, the lr and temperature grids).
+    Keys added after the first committed tables are ``NotRequired``."""
+
+    table: str
+    dataset: str
+    data_root: str | None
+    samples: NotRequired[int | None]
+    alphas: list[float | str]
+    shards: list[int]
+    seeds: list[int]
+    participants: int
+    rounds: int
+    local_epochs: int
+    batch_size: int
+    model: str
+    lr_grid: list[float] | None
+    methods: list[str] | None
+    fedopt_lr: float
+    synthetic: NotRequired[JsonObject]
+    quick: bool
+    engine: NotRequired[str]
+    hosting: NotRequired[str]
+    secure_sum: NotRequired[bool]
+    columns: list[ExperimentColumn]
+    base_config: JsonObject
+    lr_grids: dict[str, list[float]]
+    temperature_grids: dict[str, list[float]]
+    selection: str
+
+
+class ExperimentTimings(TypedDict, total=False):
+    """``timings`` of the experiment's ``results.json`` (absent keys read as 0)."""
+
+    wall_s: float
+    cells_run: int
+    cells_cached: int
+    cells_compute_s: float
+
+
+def calibration_stats(cell: JsonObject, name: str) -> Stats | None:
+    """One calibration's :class:`Stats` from a ``calibration.<method>.<column>``
+    object, or ``None`` where the cell has none.
+
+    Those objects are keyed by data (``none``, ``ffc``, ``ffc_gain``, ``ffc_gap``,
+    ``per_seed`` …), so they are declared JSON; this is the one place that reads a
+    calibration's numbers out of them, and it refuses anything that is not a
+    :class:`Stats` rather than letting a key typo read as "absent"."""
+    value = cell.get(name)
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or set(value) != {"mean", "std", "n"}
+        or not isinstance(value["n"], int)
+        or not all(v is None or isinstance(v, (int, float)) for v in (value["mean"], value["std"]))
+    ):
+        raise ValueError(f"calibration entry {name!r} is not mean/std/n: {value!r}")
+    mean, std, n = value["mean"], value["std"], value["n"]
+    stats: Stats = {
+        "mean": float(mean) if isinstance(mean, (int, float)) else None,
+        "std": float(std) if isinstance(std, (int, float)) else None,
+        "n": n,
+    }
+    return stats
+
+
 class ExperimentResults(TypedDict):
     """``results.json`` of ``spherecal experiment`` (docs/baselines.md, "results.json").
 
@@ -489,12 +561,12 @@ class ExperimentResults(TypedDict):
     hosting: NotRequired[dict[str, int]]
     skipped_methods: NotRequired[list[SkippedMethod]]
     command: str
-    settings: JsonObject
+    settings: ExperimentSettingsDocument
     methods: list[ExperimentMethod]
     rows: list[ExperimentRow]
     calibration: dict[str, dict[str, JsonObject]]
     curves: dict[str, dict[str, Curve]]
     lr_sweep: dict[str, dict[str, list[JsonObject]]]
     warnings: list[WarningCount]
-    timings: JsonObject
+    timings: ExperimentTimings
     environment: Environment

@@ -269,8 +269,8 @@ class Federation:
                     wanted=self.registry.joined(),
                 )
             final_evaluation(self.stages, heads, self.evaluator)
-            fed = self.progress.results.get("federated_evaluation") or {}
-            covered = len(fed.get("participants", []))
+            fed = self.progress.results.get("federated_evaluation")
+            covered = 0 if fed is None else len(fed["participants"])
             if covered >= minimum:
                 return
 

@@ -24,6 +24,7 @@ from spherecal.coordinator.driver.verdict import coverage, headline_coverage
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.summary_schema import (
     SUMMARY_SCHEMA,
+    Accuracy,
     ConductSummary,
     CoordinatorSummary,
     HistoryRow,
@@ -137,7 +138,7 @@ def summary(
             "update_resolution": s.secagg.update_resolution,
             "statistics_bound": s.secagg.statistics_bound,
         },
-        "accuracy": results.get("accuracy", {"none": None, "ffc": None, "ccvr": None}),
+        "accuracy": results.get("accuracy", dict(NO_ACCURACY)),
         "accuracy_covers": headline_coverage(s, progress),
         "validation_accuracy": results.get("validation_accuracy"),
         "calibration_selection": results.get("calibration"),
@@ -174,6 +175,10 @@ def summary(
         "refusals": conducted["refusals"],
         "excluded": conducted["excluded"],
     }
+
+
+NO_ACCURACY: Accuracy = {"none": None, "ffc": None, "ccvr": None}
+"""``accuracy`` of a run that ended before its evaluation."""
 
 
 def round_history(per_round: list[RoundMetrics]) -> list[HistoryRow]:

@@ -34,7 +34,7 @@ from spherecal.coordinator.state.job_journal import JobJournal, JournaledJob
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool, ordered_sum
 from spherecal.coordinator.state.store import Store
-from spherecal.coordinator.summary_schema import JobSummary, RoundMetrics
+from spherecal.coordinator.summary_schema import DriverResults, JobSummary, RoundMetrics
 from spherecal.crypto import JobSpec
 from spherecal.proto import spherecal_pb2 as pb
 
@@ -136,7 +136,7 @@ class Progress:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=lambda: {"secagg_stages_s": {}})
-    results: dict[str, Any] = field(default_factory=dict)
+    results: DriverResults = field(default_factory=lambda: DriverResults())
     job_summaries: list[JobSummary] = field(default_factory=list)
     peak_secagg_bytes: int = 0
     dp_ridge: dict[str, float] = field(default_factory=dict)

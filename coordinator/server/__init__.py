@@ -1,6 +1,7 @@
 """The coordinator's RPC boundary: everything a call passes through.
 
 ``service``      RPC semantics and boundary validation, independent of gRPC
+``uploads``      the two streamed uploads (plaintext tensors, masked inputs), chunk by chunk
 ``grpc_server``  the gRPC adapter, TLS / mutual TLS, message limits
 ``aio_server``   that server's event-loop thread and worker pools (grpc.aio)
 ``ids``          task and job identifiers as they arrive on the wire, checked exactly

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from spherecal.experiment.grid import CALIBRATIONS
+from spherecal.results_schema import (
+    ExperimentColumn,
+    ExperimentResults,
+    ExperimentTimings,
+    JsonObject,
+    RowColumn,
+    Stats,
+    calibration_stats,
+)
 
 __all__ = ["CALIBRATION_LABELS", "GAIN_ORDER", "render_markdown"]
 
@@ -27,11 +33,11 @@ HOSTING_TEXT = {
 }
 
 
-def engine_line(report: Mapping[str, Any]) -> str:
-    """Which engine made the numbers, and (service) how the participants were hosted."""
-    engine = report.get("engine", "inprocess")
+def engine_line(engine: str = "inprocess", hosting: dict[str, int] | None = None) -> str:
+    """Which engine made the numbers, and (service) how the participants were hosted
+    (``hosting``: cells per hosting, the document's ``hosting``)."""
     text = ENGINE_TEXT.get(engine, f"Engine: {engine}.")
-    hosting: dict[str, int] = report.get("hosting") or {}
+    hosting = hosting or {}
     if engine == "service" and hosting:
         parts = [
             f"{n} cell{'s' if n != 1 else ''} {HOSTING_TEXT.get(h, h)}"
@@ -61,13 +67,14 @@ GAIN_ORDER: tuple[str, ...] = ("ffc", "ffc_bias", "ccvr", "lda", "qda")
 """Calibrations of the ``calibration`` table, in row order (those a cell has)."""
 
 
-def _pct(stats: dict[str, Any], *, signed: bool = False) -> str:
-    if stats.get("mean") is None:
+def _pct(stats: Stats, *, signed: bool = False) -> str:
+    mean, std = stats["mean"], stats["std"]
+    if mean is None:
         return "diverged"
-    sign = "+" if signed and stats["mean"] >= 0 else ""
-    text = f"{sign}{100 * stats['mean']:.1f}"
-    if stats.get("n", 0) > 1:
-        text += f" ± {100 * stats['std']:.1f}"
+    sign = "+" if signed and mean >= 0 else ""
+    text = f"{sign}{100 * mean:.1f}"
+    if stats["n"] > 1 and std is not None:
+        text += f" ± {100 * std:.1f}"
     return text
 
 
@@ -83,17 +90,18 @@ def _bold_best(cells: list[tuple[str, float | None]]) -> list[str]:
     return out
 
 
-def _lr_text(col: dict[str, Any]) -> str:
+def _lr_text(col: RowColumn) -> str:
     grid = col.get("lr_grid") or []
     parts = []
     for p in col["per_seed"]:
-        if p.get("diverged"):
+        lr = p.get("lr")
+        if p.get("diverged") or lr is None:
             parts.append("×")
             continue
-        t = f"{p['lr']:g}"
-        if grid and len(grid) > 1 and p["lr"] == max(grid):
+        t = f"{lr:g}"
+        if grid and len(grid) > 1 and lr == max(grid):
             t += "↑"
-        elif grid and len(grid) > 1 and p["lr"] == min(grid):
+        elif grid and len(grid) > 1 and lr == min(grid):
             t += "↓"
         if p.get("temperature", 1.0) != 1.0:
             t += f"/τ{p['temperature']:g}"
@@ -101,7 +109,7 @@ def _lr_text(col: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _header(report: Mapping[str, Any]) -> list[str]:
+def _header(report: ExperimentResults) -> list[str]:
     s = report["settings"]
     cfg = s["base_config"]
     seeds = len(s["seeds"])
@@ -117,7 +125,7 @@ def _header(report: Mapping[str, Any]) -> list[str]:
         "split (never on test); **bold** = best mean in the column. "
         "CCVR and FFC calibrate the trained model's classifier from summed statistics.",
         "",
-        engine_line(report),
+        engine_line(report.get("engine", "inprocess"), report.get("hosting")),
         "",
     ]
     if s.get("secure_sum"):
@@ -130,7 +138,7 @@ def _header(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(report: Mapping[str, Any]) -> str:
+def render_markdown(report: ExperimentResults) -> str:
     """``table.md`` for any of the three tables."""
     cols = report["settings"]["columns"]
     lines = _header(report)
@@ -164,7 +172,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         taus = report["settings"]["temperature_grids"][key]
         t = f", τ ∈ {{{', '.join(f'{x:g}' for x in taus)}}}" if taus != [1.0] else ""
         lines.append(f"- {labels[key]}: {{{', '.join(f'{x:g}' for x in grid)}}}{t}")
-    tm = report.get("timings") or {}
+    tm: ExperimentTimings = report.get("timings") or {}
     if tm:
         lines += [
             "",
@@ -178,7 +186,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _methods_table(report: Mapping[str, Any], cols: list[dict[str, Any]]) -> list[str]:
+def _methods_table(report: ExperimentResults, cols: list[ExperimentColumn]) -> list[str]:
     lines = [
         "| Method | Calibration | " + " | ".join(c["label"] for c in cols) + " |",
         "|---|---|" + "---|" * len(cols),
@@ -188,9 +196,9 @@ def _methods_table(report: Mapping[str, Any], cols: list[dict[str, Any]]) -> lis
         for c in cols:
             st = row["columns"][c["key"]]
             text = _pct(st)
-            if st["diverged_seeds"] and st.get("mean") is not None:
+            if st["diverged_seeds"] and st["mean"] is not None:
                 text += f" (†{st['diverged_seeds']})"
-            cells_by_col[c["key"]].append((text, st.get("mean")))
+            cells_by_col[c["key"]].append((text, st["mean"]))
     bolded = {k: _bold_best(v) for k, v in cells_by_col.items()}
     for i, row in enumerate(report["rows"]):
         lines.append(
@@ -204,7 +212,7 @@ def _methods_table(report: Mapping[str, Any], cols: list[dict[str, Any]]) -> lis
 
 
 def _ablation_table(
-    report: Mapping[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
+    report: ExperimentResults, cols: list[ExperimentColumn], labels: dict[str, str]
 ) -> list[str]:
     heads = []
     for c in cols:
@@ -229,7 +237,7 @@ def _ablation_table(
 
 
 def _calibration_table(
-    report: Mapping[str, Any], cols: list[dict[str, Any]], labels: dict[str, str]
+    report: ExperimentResults, cols: list[ExperimentColumn], labels: dict[str, str]
 ) -> list[str]:
     lines = [
         "The same trained model in every row of a column (its lr chosen on validation "
@@ -257,13 +265,15 @@ def _calibration_table(
         for cal in present:
             cells = []
             for c in cols:
-                g = per_col[c["key"]]
-                if cal not in g:
+                g: JsonObject = per_col[c["key"]]
+                stats = calibration_stats(g, cal)
+                if stats is None:
                     cells.append("—")
                     continue
-                text = _pct(g[cal])
-                if f"{cal}_gap" in g and g[f"{cal}_gap"].get("mean") is not None:
-                    text += f" ({-100 * g[f'{cal}_gap']['mean']:+.1f})"
+                text = _pct(stats)
+                gap = calibration_stats(g, f"{cal}_gap")
+                if gap is not None and gap["mean"] is not None:
+                    text += f" ({-100 * gap['mean']:+.1f})"
                 cells.append(text)
             lines.append(f"| {CALIBRATION_LABELS[cal]} | " + " | ".join(cells) + " |")
         lines.append("")

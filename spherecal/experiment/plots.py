@@ -9,13 +9,13 @@ calibration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spherecal.experiment.markdown import CALIBRATION_LABELS, GAIN_ORDER
+from spherecal.results_schema import ExperimentResults, JsonObject, calibration_stats
 
 __all__ = ["CALIBRATION_STYLES", "gain_panels", "method_colors", "write_plots"]
 
@@ -39,7 +39,7 @@ def method_colors(n: int) -> list[tuple[float, float, float, float]]:
     return [palette[i % len(palette)] for i in range(n)]
 
 
-def gain_panels(report: Mapping[str, Any]) -> list[str]:
+def gain_panels(report: ExperimentResults) -> list[str]:
     """The calibrations ``calibration_gain.png`` has a panel for: CCVR and FFC, and the
     oracle wherever the report has oracle re-runs (the ``calibration`` table)."""
     gains = report["calibration"]
@@ -51,7 +51,7 @@ def gain_panels(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
+def write_plots(report: ExperimentResults, out_dir: Path) -> list[Path]:
     """``accuracy_per_round.png`` and ``calibration_gain.png`` (matplotlib, Agg)."""
     try:
         import matplotlib
@@ -85,7 +85,8 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
             g = gains.get(key, {}).get(col["key"], {})
             span = (mean.size, mean.size + max(1.0, 0.15 * mean.size))
             for cal in ("ccvr", "ffc", "oracle"):
-                value = (g.get(cal) or {}).get("mean")
+                stats = calibration_stats(g, cal)
+                value = None if stats is None else stats["mean"]
                 if value is None:
                     continue
                 cals_drawn.add(cal)
@@ -128,9 +129,11 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
         for j, col in enumerate(cols):
             vals, errs = [], []
             for key in keys:
-                st = gains[key][col["key"]].get(f"{cal}_gain", {})
-                vals.append(100 * st["mean"] if st.get("mean") is not None else np.nan)
-                errs.append(100 * st["std"] if st.get("std") is not None else 0.0)
+                st = calibration_stats(gains[key][col["key"]], f"{cal}_gain")
+                st_mean = None if st is None else st["mean"]
+                std = None if st is None else st["std"]
+                vals.append(100 * st_mean if st_mean is not None else np.nan)
+                errs.append(100 * std if std is not None else 0.0)
             ax.bar(
                 x + (j - (len(cols) - 1) / 2) * width,
                 vals,
@@ -160,7 +163,7 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
-def _oracle_gap_plot(report: Mapping[str, Any], out_dir: Path, plt: Any) -> list[Path]:
+def _oracle_gap_plot(report: ExperimentResults, out_dir: Path, plt: Any) -> list[Path]:
     """``calibration_accuracy.png``: every calibration's accuracy per column (one panel
     per method), the oracle as a bar too, error bars = std over seeds."""
     cols = report["settings"]["columns"]
@@ -177,8 +180,9 @@ def _oracle_gap_plot(report: Mapping[str, Any], out_dir: Path, plt: Any) -> list
         width = 0.8 / max(len(cals), 1)
         x = np.arange(len(cols))
         for j, cal in enumerate(cals):
-            vals = [100 * (per_col[c["key"]].get(cal, {}).get("mean") or np.nan) for c in cols]
-            errs = [100 * (per_col[c["key"]].get(cal, {}).get("std") or 0.0) for c in cols]
+            stats = [_stats(per_col[c["key"]], cal) for c in cols]
+            vals = [100 * m if (m := st[0]) is not None else np.nan for st in stats]
+            errs = [100 * sd if (sd := st[1]) is not None else 0.0 for st in stats]
             ax.bar(
                 x + (j - (len(cals) - 1) / 2) * width,
                 vals,
@@ -191,10 +195,10 @@ def _oracle_gap_plot(report: Mapping[str, Any], out_dir: Path, plt: Any) -> list
         ax.set_xticklabels([c["label"] for c in cols])
         ax.set_ylabel("test accuracy (%)")
         finite = [
-            100 * per_col[c["key"]][cal]["mean"]
+            100 * mean
             for c in cols
             for cal in cals
-            if isinstance(per_col[c["key"]].get(cal, {}).get("mean"), float)
+            if (mean := _stats(per_col[c["key"]], cal)[0]) is not None
         ]
         if finite:
             ax.set_ylim(max(0.0, min(finite) - 5), min(100.0, max(finite) + 3))
@@ -206,3 +210,9 @@ def _oracle_gap_plot(report: Mapping[str, Any], out_dir: Path, plt: Any) -> list
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return [path]
+
+
+def _stats(cell: JsonObject, name: str) -> tuple[float | None, float | None]:
+    """(mean, std) of one calibration in a ``calibration.<method>.<column>`` cell."""
+    st = calibration_stats(cell, name)
+    return (None, None) if st is None else (st["mean"], st["std"])

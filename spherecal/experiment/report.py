@@ -31,6 +31,8 @@ from spherecal.results_schema import (
     ExperimentColumn,
     ExperimentResults,
     ExperimentRow,
+    ExperimentSettingsDocument,
+    ExperimentTimings,
     GainSeed,
     RowColumn,
     RowSeed,
@@ -50,7 +52,7 @@ def build_report(
     *,
     oracle_records: dict[str, CellRecord] | None = None,
     command: str | None = None,
-    timings: dict[str, Any] | None = None,
+    timings: ExperimentTimings | None = None,
     threads: int = 1,
     workers: int = 1,
 ) -> ExperimentResults:
@@ -137,18 +139,21 @@ def build_report(
 
     warnings_seen = _summarise_warnings(records.values())
     # ``settings`` is declared JSON (the grid's own ``to_json`` plus what is added here)
-    settings_json: dict[str, Any] = {
-        **settings.to_json(),
-        "columns": [_column_json(c) for c in columns],
-        "seeds": seeds,
-        "base_config": {k: v for k, v in base.to_json().items() if k not in ("lr", "seed")},
-        "lr_grids": {m.key: list(settings.grid_for(m)) for m in methods},
-        "temperature_grids": {m.key: list(m.temperatures()) for m in methods},
-        "selection": (
-            "per row, column and seed: the lr (× temperature) with the best validation "
-            "accuracy for the row's calibration; ties go to the smaller lr"
-        ),
-    }
+    settings_json = cast(
+        ExperimentSettingsDocument,
+        {
+            **settings.to_json(),
+            "columns": [_column_json(c) for c in columns],
+            "seeds": seeds,
+            "base_config": {k: v for k, v in base.to_json().items() if k not in ("lr", "seed")},
+            "lr_grids": {m.key: list(settings.grid_for(m)) for m in methods},
+            "temperature_grids": {m.key: list(m.temperatures()) for m in methods},
+            "selection": (
+                "per row, column and seed: the lr (× temperature) with the best validation "
+                "accuracy for the row's calibration; ties go to the smaller lr"
+            ),
+        },
+    )
     document: ExperimentResults = {
         "schema": SCHEMA,
         "table": settings.table,

@@ -136,7 +136,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 break
             time.sleep(0.3)
         # The coordinator exits when the federation ends, and its metrics endpoint with
-        # it: scraping after the end was the "connection reset" of session 3's clean
+        # it: scraping after the end was the "connection reset" of the 2026-11-23 clean
         # clone run (a loaded box polled past round 2 straight into the end).
         assert r.during[-1].status == "running", "the federation ended before the scrape"
         r.scrapes.append(r.scrape())

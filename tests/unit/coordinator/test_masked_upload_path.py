@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spherecal import crypto
-from spherecal.coordinator.server.service import _masked_wire_size
+from spherecal.coordinator.server.uploads import _masked_wire_size
 from spherecal.coordinator.state.registry import Peer
 from spherecal.proto import spherecal_pb2 as pb
 

@@ -37,6 +37,11 @@ def _progress(*, ccvr: list[str] | None = None, evaluated: list[str] | None = No
         "participants": list(ROSTER) if evaluated is None else evaluated,
         "samples": 400 if evaluated is None else 100 * len(evaluated),
         "accuracy": {"none": 0.5},
+        "accuracy_sd": {"none": None},
+        "noise": None,
+        "dropped": {},
+        "secure": True,
+        "error": None,
     }
     return progress
 

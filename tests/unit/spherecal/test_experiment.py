@@ -15,7 +15,7 @@ from spherecal.experiment import RunSpec, grid_runs, make_columns
 from spherecal.experiment.markdown import render_markdown
 from spherecal.experiment.plots import gain_panels, method_colors
 from spherecal.experiment.selection import select
-from spherecal.results_schema import CellRecord
+from spherecal.results_schema import CellRecord, ExperimentResults
 from spherecal.spherefed.algorithms import get_method
 
 TINY_ARGS = [
@@ -223,7 +223,7 @@ def test_markdown_marks_divergence() -> None:
         ],
         "environment": {"workers": 1, "threads": 1},
     }
-    md = render_markdown(report)
+    md = render_markdown(cast(ExperimentResults, report))  # the parts the table reads
     assert "**50.0 (†1)**" in md and "0.1, ×" in md
 
 
@@ -345,11 +345,11 @@ def test_hosting_counts_and_engine_line() -> None:
         [*specs, specs[0]], cast(dict[str, CellRecord], records), base
     )
     assert counts == {"threads": 2, "processes": 1}
-    line = engine_line({"engine": "service", "hosting": counts})
+    line = engine_line("service", counts)
     assert line.startswith("Engine: **service**")
     assert "1 cell one OS process per participant" in line
     assert "2 cells as virtual participants, threads of the cell's process" in line
-    assert "hosted" not in engine_line({"engine": "inprocess"})
+    assert "hosted" not in engine_line("inprocess")
 
 
 @pytest.mark.slow

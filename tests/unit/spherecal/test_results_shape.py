@@ -23,7 +23,7 @@ import pytest
 
 from spherecal.cli.app import main
 from spherecal.coordinator.summary_schema import CoordinatorSummary, RoundMetrics
-from spherecal.results_schema import CellRecord, ExperimentResults
+from spherecal.results_schema import CellRecord, ExperimentResults, calibration_stats
 from tests.json_shape import shape_errors
 from tests.unit.spherecal.test_experiment import TINY_ARGS
 
@@ -107,3 +107,19 @@ def test_reading_a_document_imports_no_numerics() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_calibration_numbers_are_read_as_stats_or_refused() -> None:
+    cell: dict[str, Any] = {
+        "none": {"mean": 0.5, "std": None, "n": 1},
+        "ffc": {"mean": 1, "std": 0.0, "n": 3},
+        "ffc_gain": {"mean": 0.1, "std": 0.0},  # n missing
+        "per_seed": [],
+    }
+    assert calibration_stats(cell, "none") == {"mean": 0.5, "std": None, "n": 1}
+    assert calibration_stats(cell, "ffc") == {"mean": 1.0, "std": 0.0, "n": 3}
+    assert calibration_stats(cell, "ccvr") is None  # the cell has no CCVR
+    with pytest.raises(ValueError, match="'ffc_gain' is not mean/std/n"):
+        calibration_stats(cell, "ffc_gain")
+    with pytest.raises(ValueError, match="'per_seed' is not mean/std/n"):
+        calibration_stats(cell, "per_seed")
