@@ -164,7 +164,14 @@ def register(
         "--dpsgd-steps",
         type=_positive_int,
         default=None,
-        help="privacy: DP-SGD steps T (default 52; with --quick 3)",
+        help="privacy: DP-SGD steps T (default 104; with --quick 3)",
+    )
+    p.add_argument(
+        "--local-rounds",
+        type=_positive_int,
+        default=None,
+        help="privacy: FedAvg rounds of local DP-SGD, one epoch each (default 10; with "
+        "--quick 1)",
     )
     p.add_argument(
         "--epsilons",
@@ -254,6 +261,8 @@ def privacy_settings_from_args(args: argparse.Namespace) -> PrivacySettings:
         given["calibration_rounds"] = args.rounds
     if args.dpsgd_steps is not None:
         given["steps"] = args.dpsgd_steps
+    if args.local_rounds is not None:
+        given["local_rounds"] = args.local_rounds
     if args.epsilons is not None:
         given["epsilons"] = tuple(args.epsilons)
     if args.release_epsilons is not None:
@@ -271,6 +280,7 @@ def _privacy_command(s: PrivacySettings, out: str) -> str:
         f"--participants {s.participants}",
         f"--rounds {s.calibration_rounds}",
         f"--dpsgd-steps {s.steps}",
+        f"--local-rounds {s.local_rounds}",
         "--epsilons " + " ".join(f"{e:g}" for e in s.epsilons),
         "--release-epsilons " + " ".join(f"{e:g}" for e in s.release_epsilons),
         f"--out {out}",

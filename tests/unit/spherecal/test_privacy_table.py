@@ -128,3 +128,5 @@ def test_the_command_line_reaches_the_settings() -> None:
     s = privacy_settings_from_args(args)
     assert (s.dataset, s.seeds, s.steps, s.epsilons) == ("mnist1d", 2, 7, (2.0, 3.0))
     assert s.local_rounds == 1 and s.release_epsilons == (1.0, 4.0, 16.0)
+    args.local_rounds = 4
+    assert privacy_settings_from_args(args).local_rounds == 4
