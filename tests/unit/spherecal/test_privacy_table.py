@@ -93,6 +93,7 @@ def test_the_shipped_head_is_never_below_the_uncalibrated_model(
     _, report = table
     comparisons = report["comparisons"]
     assert comparisons["gate_worst_validation_margin"] >= 0  # type: ignore[index]
+    assert comparisons["accounting_max_difference"] <= 1e-6  # type: ignore[index]
 
 
 def test_bad_settings_are_refused() -> None:
