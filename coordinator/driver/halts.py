@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 from spherecal.coordinator.driver.secure_job import Halt, SecureJob
 
-__all__ = ["HALT_ENV", "HALT_MARKER", "HALT_POINTS", "CoordinatorHalt", "halt_from_env"]
+__all__ = [
+    "DRIVER_HALT_POINTS",
+    "HALT_ENV",
+    "HALT_MARKER",
+    "HALT_POINTS",
+    "CoordinatorHalt",
+    "halt_from_env",
+]
 
 HALT_ENV = "SPHERECAL_COORDINATOR_HALT"
 HALT_MARKER = "SPHERECAL-HALT"
@@ -43,8 +50,10 @@ HALT_POINTS = (
     "consistency-closed",
     "unmask",
     "aggregated",
-    "recorded",
 )
+"""The points inside a secure job (:class:`SecureJob` calls the halt at each)."""
+DRIVER_HALT_POINTS = ("recorded",)
+"""The points in the driver, after a job: ``recorded`` (``training_rounds``)."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +64,10 @@ class CoordinatorHalt:
     @classmethod
     def parse(cls, text: str) -> CoordinatorHalt:
         point, _, when = text.partition("@")
-        if point not in HALT_POINTS:
-            raise ValueError(f"unknown halt point {point!r}; use one of {HALT_POINTS}")
+        if point not in HALT_POINTS + DRIVER_HALT_POINTS:
+            raise ValueError(
+                f"unknown halt point {point!r}; use one of {HALT_POINTS + DRIVER_HALT_POINTS}"
+            )
         if not when:
             raise ValueError(f"{text!r}: say where, e.g. {point}@update, {point}@r2, {point}@ccvr")
         return cls(point, when)

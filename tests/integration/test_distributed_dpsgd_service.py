@@ -86,7 +86,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]
         delta=DELTA,
         chunk_entries=8192,
         timeout_s=WAIT_S,
-        extra_coordinator={"federation": {"round_gate": "flag"}},
+        # the gate scores every step; no drop is "sharp" here, so the status does not
+        # hang on how much one noisy step of a young model moves its accuracy
+        extra_coordinator={"federation": {"round_gate": "flag", "round_max_drop": 1.0}},
     )
     lines = _Lines()
     t0 = time.monotonic()
@@ -219,7 +221,7 @@ def test_the_coordinator_records_each_step_once_with_at_least_the_planned_noise(
     # the round gate scored every step (an evaluation job after each)
     gate = results["integrity"]["gate"]
     assert [g["round"] for g in gate["rounds"]] == list(range(1, ROUNDS + 1))
-    assert all(g["after"] is not None for g in gate["rounds"])
+    assert all(g["after"] is not None and g["flagged"] is False for g in gate["rounds"])
     # the rounds carried no plaintext statistic of the sites
     per_round = results["per_round"]
     assert [m["train_loss"] for m in per_round] == [None] * ROUNDS
