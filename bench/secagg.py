@@ -21,6 +21,10 @@ Definitions (all measured in the same process, on the same machine, in this run)
     encoding, every masked chunk and its serialisation; ``input_seconds``) divided by
     the time the faster keystream needs for the masks it must expand (issue #24 target:
     at most 1.3).
+``mask_gen_over_keystream_cpu``, ``input_over_keystream_cpu``
+    The same two ratios by CPU time (``time.thread_time``), the participant's and the
+    keystream's (``raw_keystream_cpu_gbps``, best of 3 passes of 64 MiB): on a shared
+    machine the wall clock also counts the time spent waiting for a core.
 ``mask_gen_gbps``
     Mask bytes a participant expands and adds into its chunks, divided by the time
     it takes to produce all its masked chunks (copying its encoded input, expanding
@@ -58,7 +62,10 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``mask_over_keystream`` (issue #24 target: at least 0.75) and ``input_over_keystream``
     (float vector → upload bytes, encoding included; target at most 1.3);
     ``mask_major_over_keystream`` is the masks applied one after another over the whole
-    chunk (the order before tile-major masking). Keys ending ``_cpu`` use this thread's
+    chunk (the order before tile-major masking); ``mask_numpy_over_keystream`` and
+    ``input_numpy_over_keystream`` are the numpy path where the native kernel
+    (:mod:`spherecal.crypto.native`) runs the others (``native_kernel`` says whether it
+    was loaded; without it both pairs time the numpy path). Keys ending ``_cpu`` use this thread's
     CPU time instead of the wall clock (free of the time spent waiting for a core on a
     shared machine). ``--kernel-chunk`` sets the chunk (the service's is 262,144 entries).
 ``scaling``
@@ -136,6 +143,16 @@ def engine_rates() -> dict[str, float]:
     return best
 
 
+def raw_rate_cpu_gbps(passes: int = 3) -> float:
+    """Best-of-``passes`` rate of the faster keystream engine by this thread's CPU time."""
+    best = math.inf
+    for _ in range(passes):
+        c0 = time.thread_time()
+        raw_keystream_seconds(RAW_PASS_BYTES)
+        best = min(best, time.thread_time() - c0)
+    return RAW_PASS_BYTES / best / 1e9
+
+
 def raw_rate_gbps(passes: int = 3) -> float:
     """Best-of-``passes`` rate of the faster keystream engine in GB/s (1e9 bytes)."""
     best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
@@ -153,6 +170,7 @@ def _one_run(
     raw_gbps: float | None = None,
 ) -> dict[str, Any]:
     rates = engine_rates() if raw_gbps is None else {}
+    raw_cpu = raw_rate_cpu_gbps() if raw_gbps is None else 1.0
     raw_gbps = max(rates.values()) if raw_gbps is None else raw_gbps
     report = run_protocol(
         spec,
@@ -182,10 +200,22 @@ def _one_run(
         report.input_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_gbps * 1e9))
         for p in report.input_seconds
     ]
+    # The same two ratios by CPU time (the keystream's too): on a shared machine the wall
+    # clock also counts the time spent waiting for a core.
+    mask_cpu_gbps = [
+        masks_per_uploader[p] * vector_bytes / s / 1e9 for p, s in report.mask_cpu_seconds.items()
+    ]
+    input_cpu_ratio = [
+        report.input_cpu_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_cpu * 1e9))
+        for p in report.input_cpu_seconds
+    ]
     return {
         **({"aes_ctr_gbps": rates["ctr"], "aes_gcm_gbps": rates["gcm"]} if rates else {}),
         "raw_aes_ctr_gbps": raw_gbps,
         "mask_gen_over_keystream": float(np.mean(mask_gbps)) / raw_gbps,
+        "raw_keystream_cpu_gbps": raw_cpu,
+        "mask_gen_over_keystream_cpu": float(np.mean(mask_cpu_gbps)) / raw_cpu,
+        "input_over_keystream_cpu": float(np.mean(input_cpu_ratio)),
         "input_s": float(np.mean(list(report.input_seconds.values()))),
         "input_over_keystream": float(np.mean(input_ratio)),
         "participant_s": float(np.mean(list(report.participant_seconds.values()))),
@@ -337,6 +367,8 @@ def run(
             "upload_bytes_per_entry": round(r["upload_bytes_per_participant"] / dim, 5),
             "mask_gen_over_keystream": round(r["mask_gen_over_keystream"], 4),
             "input_over_keystream": round(r["input_over_keystream"], 4),
+            "mask_gen_over_keystream_cpu": round(r["mask_gen_over_keystream_cpu"], 4),
+            "input_over_keystream_cpu": round(r["input_over_keystream_cpu"], 4),
             "participant_mask_s": round(r["participant_mask_s"], 4),
             "protocol_s": round(r["protocol_s"], 4),
             "runs": count,
@@ -368,14 +400,18 @@ def kernel(
     """Interleaved best-of-``passes``: masking one vector vs the bare keystream.
 
     Per pass, in turn: the bare keystream (the same bytes, faster engine, nothing else);
-    the masks applied mask-major (each mask over the whole chunk, then the next: the order
-    before issue #24's tile-major change); the masks applied tile-major as
-    ``SecAggParticipant.masked_chunk`` does (:meth:`MaskExpander.apply_plan`); and the
-    float vector → upload bytes (encoding, then tile-major masking). Each is timed by wall
-    clock and by this thread's CPU time: on a shared machine the wall clock also counts the
-    time this process waits for a core, the CPU time does not (cache and memory-bandwidth
-    contention still count in both).
+    the masks applied mask-major by the numpy path (each mask over the whole chunk, then
+    the next: the order before issue #24's tile-major change); the masks applied by the
+    numpy path, tile-major (:meth:`MaskExpander.apply_plan` with ``native=False``); the
+    same with the native kernel where it is loaded; and the float vector → upload bytes
+    as ``SecAggParticipant`` does it (encoding into a fresh array, then every chunk masked
+    straight into its framed ``MaskedChunk`` encoding), by the numpy path and by the
+    default one. Each is timed by wall clock and by this thread's CPU time: on a shared
+    machine the wall clock also counts the time this process waits for a core, the CPU
+    time does not (cache and memory-bandwidth contention still count in both).
     """
+    from spherecal.crypto import native
+    from spherecal.crypto.messages import MaskedChunk
     from spherecal.crypto.prg import MaskExpander, MaskSeed
     from spherecal.crypto.ring import encode, ring_dtype
 
@@ -385,39 +421,53 @@ def kernel(
     seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
     plan = [(seed, 1 if i % 2 else -1) for i, seed in enumerate(seeds)]
     total_bytes = masks * dim * dtype.itemsize
-    names = ("keystream", "mask_major", "mask", "input")
+    names = ("keystream", "mask_major", "mask_numpy", "mask", "input_numpy", "input")
     best = {(key, clock): math.inf for key in names for clock in ("wall", "cpu")}
+    kernel_module = native.KERNEL
 
     def record(key: str, wall: float, cpu: float) -> None:
         best[key, "wall"] = min(best[key, "wall"], wall)
         best[key, "cpu"] = min(best[key, "cpu"], cpu)
+
+    def framed(expander: MaskExpander, source: Any, index: int, start: int) -> bytes:
+        return MaskedChunk.framed(
+            b"job-0", "site-0", index, source.nbytes,
+            lambda prefix: expander.masked_bytes(prefix, plan, start, source),
+        ).to_bytes()  # fmt: skip
 
     for _ in range(passes):
         t0, c0 = time.perf_counter(), time.thread_time()
         raw_keystream_seconds(total_bytes)
         record("keystream", time.perf_counter() - t0, time.thread_time() - c0)
         for key in names[1:]:
-            encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-            expander = MaskExpander(min(chunk, dim), dtype)
-            work = np.empty(min(chunk, dim), dtype=dtype)
-            t0, c0 = time.perf_counter(), time.thread_time()
-            if key == "input":
+            numpy_path = key in ("mask_major", "mask_numpy", "input_numpy")
+            native.KERNEL = None if numpy_path else kernel_module
+            try:
                 encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-            for start in range(0, dim, chunk):
-                out = work[: min(chunk, dim - start)]
-                source = encoded[start : start + chunk]
-                if key == "mask_major":
-                    for i, (seed, sign) in enumerate(plan):
-                        expander.apply(out, seed, start, sign, source=None if i else source)
-                else:
-                    expander.apply_plan(out, plan, start, source=source)
-                out.tobytes()
-            record(key, time.perf_counter() - t0, time.thread_time() - c0)
+                expander = MaskExpander(min(chunk, dim), dtype, native=not numpy_path and None)
+                work = np.empty(min(chunk, dim), dtype=dtype)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                if key.startswith("input"):
+                    encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
+                for index, start in enumerate(range(0, dim, chunk)):
+                    out = work[: min(chunk, dim - start)]
+                    source = encoded[start : start + chunk]
+                    if key == "mask_major":
+                        for i, (seed, sign) in enumerate(plan):
+                            expander.apply(out, seed, start, sign, source=None if i else source)
+                    elif key.startswith("mask"):
+                        expander.apply_plan(out, plan, start, source=source)
+                    else:
+                        framed(expander, source, index, start)
+                record(key, time.perf_counter() - t0, time.thread_time() - c0)
+            finally:
+                native.KERNEL = kernel_module
     result: dict[str, Any] = {
         "ring_bits": ring_bits,
         "masks": masks,
         "chunk_entries": chunk,
         "passes": passes,
+        "native_kernel": kernel_module is not None,
     }
     for clock in ("wall", "cpu"):
         ks = best["keystream", clock]
@@ -426,8 +476,10 @@ def kernel(
             f"keystream_gbps{suffix}": round(total_bytes / ks / 1e9, 3),
             f"mask_gbps{suffix}": round(total_bytes / best["mask", clock] / 1e9, 3),
             f"mask_over_keystream{suffix}": round(ks / best["mask", clock], 4),
+            f"mask_numpy_over_keystream{suffix}": round(ks / best["mask_numpy", clock], 4),
             f"mask_major_over_keystream{suffix}": round(ks / best["mask_major", clock], 4),
             f"input_over_keystream{suffix}": round(best["input", clock] / ks, 4),
+            f"input_numpy_over_keystream{suffix}": round(best["input_numpy", clock] / ks, 4),
         }
     return result
 

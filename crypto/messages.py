@@ -306,6 +306,38 @@ class MaskedChunk:
     payload: bytes | memoryview = field(repr=False)
     """The ring words; :meth:`from_bytes` leaves them a read-only view of the
     received message (zero-copy: the server adds them into its sum in one pass)."""
+    _wire: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    """The encoding, when :meth:`framed` built the chunk around it (its payload is a view
+    into it, so :meth:`to_bytes` copies nothing)."""
+
+    @classmethod
+    def framed(
+        cls,
+        job_id: bytes,
+        sender: str,
+        index: int,
+        nbytes: int,
+        write: Callable[[bytes], bytes],
+    ) -> MaskedChunk:
+        """A chunk of ``nbytes`` payload bytes whose encoding is written once: ``write``
+        gets the encoding's prefix (every field before the payload) and returns the whole
+        encoding, prefix and payload, as one ``bytes`` (issue #24: the participant's
+        masking kernel writes the masked words straight into it)."""
+        prefix = (
+            _header(TYPE_MASKED_CHUNK).blob(job_id).text(sender).u32(index).u32(nbytes).getvalue()
+        )
+        wire = write(prefix)
+        _need(
+            isinstance(wire, bytes)
+            and len(wire) == len(prefix) + nbytes
+            and wire.startswith(prefix),
+            "a framed chunk must be its prefix and nbytes of payload",
+        )
+        chunk = cls(
+            job_id=job_id, sender=sender, index=index, payload=memoryview(wire)[len(prefix) :]
+        )
+        object.__setattr__(chunk, "_wire", wire)
+        return chunk
 
     def __post_init__(self) -> None:
         _job(self.job_id)
@@ -321,6 +353,8 @@ class MaskedChunk:
         )
 
     def to_bytes(self) -> bytes:
+        if self._wire is not None:
+            return self._wire
         w = _header(TYPE_MASKED_CHUNK).blob(self.job_id).text(self.sender).u32(self.index)
         return w.blob(self.payload).getvalue()
 

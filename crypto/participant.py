@@ -89,7 +89,7 @@ from spherecal.crypto.messages import (
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import MaskExpander, MaskSeed
 from spherecal.crypto.replay import JobLedger, default_ledger
-from spherecal.crypto.ring import add_noise, encode
+from spherecal.crypto.ring import add_noise, borrow, encode_into, give_back
 from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
@@ -192,7 +192,6 @@ class SecAggParticipant:
         self._plan: list[tuple[MaskSeed, int]] = []
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._expander: MaskExpander | None = None
-        self._work: npt.NDArray[np.unsignedinteger] = np.empty(0, dtype=spec.dtype)
         self._signed_survivors: tuple[str, ...] | None = None
         self._complete_x: int | None = None
         self._answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
@@ -321,6 +320,8 @@ class SecAggParticipant:
         self._held = {}
         self._channel_keys = {}
         self._plan = []
+        if self._encoded is not None:  # zeroed, and reused by this process's next job
+            give_back(self._encoded)
         self._encoded = None
         if self._expander is not None:
             self._expander.clear()
@@ -497,7 +498,6 @@ class SecAggParticipant:
         self._plan = plan
         self._members2 = members
         self._expander = MaskExpander(min(spec.chunk_size, spec.length), spec.dtype)
-        self._work = np.empty(min(spec.chunk_size, spec.length), dtype=spec.dtype)
         self._stage = ParticipantStage.MASKED
 
     def _complain(self, dealer: str, reason: ComplaintReason) -> ForgedShare:
@@ -536,15 +536,15 @@ class SecAggParticipant:
         if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        encoded = encode(
-            vector,
-            scale_bits=spec.scale_bits,
-            bound=spec.bound,
-            length=spec.length,
-            ring_bits=spec.ring_bits,
-        )
-        if noise is not None:
-            add_noise(encoded, noise, noise_bound=spec.noise_bound)
+        # Into the previous job's array when this process has one (no page faults).
+        encoded = borrow(spec.length, spec.ring_bits)
+        try:
+            encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound, scratch=True)
+            if noise is not None:
+                add_noise(encoded, noise, noise_bound=spec.noise_bound)
+        except BaseException:  # refused: the input stays unset
+            give_back(encoded)
+            raise
         self._encoded = encoded
 
     def masked_chunk(self, index: int) -> MaskedChunk:
@@ -562,12 +562,16 @@ class SecAggParticipant:
         if self._expander is None:  # pragma: no cover - set with the MASKED stage
             raise JobAborted("mask state is gone")
         start, stop = self.spec.chunk_bounds(index)
-        out = self._work[: stop - start]
-        # Tile-major: every mask is added into one cache-resident tile before the next;
-        # the first reads the encoded input directly (no separate copy pass).
-        self._expander.apply_plan(out, self._plan, start, source=self._encoded[start:stop])
-        return MaskedChunk(
-            job_id=self.spec.job_id, sender=self.participant_id, index=index, payload=out.tobytes()
+        expander, plan, source = self._expander, self._plan, self._encoded[start:stop]
+        # Every mask is added into one cache-resident block of the input before the next,
+        # straight into the message's bytes (one pass over the input, no copy of the
+        # payload for framing).
+        return MaskedChunk.framed(
+            self.spec.job_id,
+            self.participant_id,
+            index,
+            source.nbytes,
+            lambda prefix: expander.masked_bytes(prefix, plan, start, source),
         )
 
     def masked_chunks(self) -> Iterator[MaskedChunk]:

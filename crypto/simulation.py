@@ -61,6 +61,10 @@ class SimulationReport:
     input_seconds: dict[str, float] = field(default_factory=dict)
     """Per uploader: float vector to upload bytes — ``set_input`` (range check, encoding),
     every ``masked_chunk`` and its canonical ``to_bytes``."""
+    mask_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """:attr:`mask_seconds` by this thread's CPU time (free of waiting for a core)."""
+    input_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """:attr:`input_seconds` by this thread's CPU time."""
     participant_seconds: dict[str, float] = field(default_factory=dict)
     """Per participant: wall time inside its own calls over the whole job (every round,
     message encoding included) — the participant's cost, without the server's."""
@@ -115,6 +119,8 @@ def run_protocol(
     received: list[tuple[str, Message]] = []
     mask_seconds: dict[str, float] = {}
     input_seconds: dict[str, float] = {}
+    mask_cpu: dict[str, float] = {}
+    input_cpu: dict[str, float] = {}
     spent: dict[str, float] = {}
     cpu: dict[str, float] = {}
 
@@ -184,19 +190,21 @@ def run_protocol(
         client.set_input(inputs[pid], noise=noise.get(pid))
         setting = time.perf_counter() - t_in
         used = time.thread_time() - c_in
-        elapsed = serialising = 0.0
+        elapsed = serialising = masking = 0.0
         for index in range(spec.n_chunks):
             t0, c0 = time.perf_counter(), time.thread_time()
             chunk = client.masked_chunk(index)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             data = chunk.to_bytes()
             t2 = time.perf_counter()
             used += time.thread_time() - c0
+            masking += c1 - c0
             elapsed += t1 - t0
             serialising += t2 - t1
             send(pid, data)
         mask_seconds[pid] = elapsed
         input_seconds[pid] = setting + elapsed + serialising
+        mask_cpu[pid], input_cpu[pid] = masking, used
         spent[pid] = spent.get(pid, 0.0) + input_seconds[pid]
         cpu[pid] = cpu.get(pid, 0.0) + used
     server.close_stage()
@@ -223,6 +231,8 @@ def run_protocol(
         upload_bytes=upload,
         mask_seconds=mask_seconds,
         input_seconds=input_seconds,
+        mask_cpu_seconds=mask_cpu,
+        input_cpu_seconds=input_cpu,
         participant_seconds=spent,
         participant_cpu_seconds=cpu,
         server_unmask_seconds=finished - t0,

@@ -50,8 +50,10 @@ NEIGHBOURS_WORK = (
 # the project's old top-level names: none may appear in sys.modules after import spherecal
 OURS = ("proto", "crypto", "spherefed", "participant", "coordinator", "spherecal")
 IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "*.so"
 )
+# setup.py builds the native masking kernel where a compiler and OpenSSL's headers exist
+CAN_BUILD_KERNEL = bool(shutil.which("cc")) and Path("/usr/include/openssl/evp.h").exists()
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -171,6 +173,10 @@ def test_the_wheel_records_one_top_level_package(wheel: Path) -> None:
     # the components are inside, as files (not links): the namespace is complete
     for inside in ("crypto/ring.py", "proto/spherecal_pb2.py", "coordinator/__init__.py"):
         assert f"spherecal/{inside}" in files, inside
+    kernel = [
+        f for f in files if f.startswith("spherecal/crypto/_maskkernel.") and f.endswith(".so")
+    ]
+    assert len(kernel) == (1 if CAN_BUILD_KERNEL else len(kernel)), kernel
 
 
 @pytest.mark.parametrize("order", ["neighbours first", "spherecal first"])
@@ -201,6 +207,12 @@ def test_the_wheel_installs_beside_its_namesakes(
     added = set(json.loads(_python(venv, probe, outside)))
     assert added - set(sys.stdlib_module_names) == {"spherecal"}, added
     assert not (added & set(OURS[:-1])), added
+
+    # the wheel's native masking kernel loads where it was built (issue #24)
+    loaded = _python(
+        venv, "from spherecal.crypto import native; print(native.available())", outside
+    )
+    assert loaded.strip() == str(CAN_BUILD_KERNEL), loaded
 
     # every command still parses (the old crypto collision broke --help itself)
     spherecal = str(venv / "bin" / "spherecal")

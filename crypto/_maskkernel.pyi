@@ -1,0 +1,32 @@
+"""Types of the native masking kernel (crypto/_maskkernel.c; optional, see setup.py)."""
+
+from _typeshed import ReadableBuffer, WriteableBuffer
+
+KS_BYTES: int
+
+def apply(
+    target: WriteableBuffer,
+    source: ReadableBuffer | None,
+    keys: bytes,
+    counters: bytes,
+    signs: bytes,
+    word_bytes: int,
+    /,
+) -> None: ...
+def apply_new(
+    prefix: bytes,
+    source: ReadableBuffer,
+    keys: bytes,
+    counters: bytes,
+    signs: bytes,
+    word_bytes: int,
+    /,
+) -> bytes: ...
+def encode(
+    out: WriteableBuffer,
+    values: ReadableBuffer,
+    scale: float,
+    bound: float,
+    scratch: bool = False,
+    /,
+) -> bool: ...

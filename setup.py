@@ -1,0 +1,23 @@
+"""Build of the optional native masking kernel; everything else is in pyproject.toml.
+
+``spherecal.crypto._maskkernel`` (crypto/_maskkernel.c) adds OpenSSL's AES-128-CTR
+keystream into ring words in one pass (issue #24). It links the system libcrypto
+(OpenSSL 3). ``optional=True``: where no compiler, Python headers or OpenSSL headers
+are present the install goes on without it, and :mod:`spherecal.crypto.prg` uses its
+numpy path, which gives the same bytes.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "spherecal.crypto._maskkernel",
+            sources=["crypto/_maskkernel.c"],
+            libraries=["crypto"],
+            # no contraction into FMA: the encoding's rounding is defined on two IEEE ops
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"],
+            optional=True,
+        )
+    ]
+)

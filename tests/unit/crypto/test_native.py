@@ -1,0 +1,287 @@
+"""The native masking kernel (issue #24) gives the numpy paths' bytes, and the numpy
+paths run whenever it is absent or switched off.
+
+The side-by-side tests need the extension (``setup.py`` builds it when the project is
+installed; ``python setup.py build_ext --inplace`` in a checkout) and skip, saying so,
+where it is not built. The fallback tests run everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spherecal.crypto import EncodingOverflow, MalformedMessage, MaskedChunk, native, prg
+from spherecal.crypto.prg import MaskExpander, MaskSeed, keystream_words
+from spherecal.crypto.ring import encode, encode_into
+
+U64, U32 = np.dtype("<u8"), np.dtype("<u4")
+KERNEL = native.KERNEL
+needs_kernel = pytest.mark.skipif(
+    KERNEL is None,
+    reason="the native masking kernel is not built here (python setup.py build_ext --inplace)",
+)
+REPO = Path(__file__).resolve().parents[3]
+
+
+def seeds(count: int, rng: np.random.Generator) -> list[MaskSeed]:
+    return [MaskSeed(key=rng.bytes(16), nonce=rng.bytes(12)) for _ in range(count)]
+
+
+def ecb_words(seed: MaskSeed, n: int, dtype: np.dtype) -> np.ndarray:
+    """The v2 keystream built independently (AES-ECB of each counter block)."""
+    nbytes = n * dtype.itemsize
+    base = int.from_bytes(seed.nonce, "big")
+    blocks = b"".join(
+        (base % (1 << 96)).to_bytes(12, "big") + (2 + j).to_bytes(4, "big")
+        for j in range(-(-nbytes // 16))
+    )
+    enc = Cipher(algorithms.AES(seed.key), modes.ECB()).encryptor()
+    return np.frombuffer(enc.update(blocks)[:nbytes], dtype=dtype).copy()
+
+
+@pytest.fixture
+def numpy_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(native, "KERNEL", None)
+    yield
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [U64, U32])
+def test_known_answer_of_the_native_keystream(dtype: np.dtype) -> None:
+    seed = seeds(1, np.random.default_rng(1))[0]
+    n = 5000 + 16 // dtype.itemsize - 1  # a partial last block
+    assert np.array_equal(
+        keystream_words(seed, 0, n, dtype, native=True), ecb_words(seed, n, dtype)
+    )
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(
+    total=st.integers(1, 9000),
+    chunk_blocks=st.integers(1, 700),
+    masks=st.integers(0, 6),
+    narrow=st.booleans(),
+    in_place=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_native_plans_equal_the_numpy_path_byte_for_byte(
+    total: int, chunk_blocks: int, masks: int, narrow: bool, in_place: bool, seed: int
+) -> None:
+    """Random plans (any count of masks, odd and even, any signs), chunk sizes across the
+    kernel's 8 KiB blocks, partial last blocks, with and without a separate source."""
+    dtype = U32 if narrow else U64
+    rng = np.random.default_rng(seed)
+    plan = [(s, int(rng.choice([-1, 1]))) for s in seeds(masks, rng)]
+    chunk = chunk_blocks * 16 // dtype.itemsize
+    source: Any = rng.integers(0, 1 << 62, total).astype(dtype)
+    fast, slow = MaskExpander(chunk, dtype, native=True), MaskExpander(chunk, dtype, native=False)
+    for start in range(0, total, chunk):
+        part = source[start : start + chunk]
+        a, b = part.copy(), part.copy()
+        if in_place:
+            fast.apply_plan(a, plan, start)
+            slow.apply_plan(b, plan, start)
+        else:
+            fast.apply_plan(a, plan, start, source=part)
+            slow.apply_plan(b, plan, start, source=part)
+        assert a.tobytes() == b.tobytes()
+        prefix = rng.bytes(int(rng.integers(0, 40)))
+        framed = fast.masked_bytes(prefix, plan, start, part)
+        assert framed == slow.masked_bytes(prefix, plan, start, part) == prefix + b.tobytes()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [U64, U32])
+def test_native_calls_split_at_segment_boundaries(
+    monkeypatch: pytest.MonkeyPatch, dtype: np.dtype
+) -> None:
+    """A chunk straddling a segment (shrunk to 4 blocks, the nonce base about to wrap)
+    takes the next nonce in both paths, in place and framed."""
+    monkeypatch.setattr(prg, "SEGMENT_BLOCKS", 4)
+    monkeypatch.setattr(prg, "SEGMENT_BYTES", 64)
+    rng = np.random.default_rng(3)
+    plan = [
+        (MaskSeed(key=rng.bytes(16), nonce=b"\xff" * 11 + b"\xfe"), 1),
+        *[(s, -1) for s in seeds(2, rng)],
+    ]
+    per_block = 16 // dtype.itemsize
+    chunk = 7 * per_block
+    source = rng.integers(0, 1 << 62, 40 * per_block).astype(dtype)
+    fast, slow = MaskExpander(chunk, dtype, native=True), MaskExpander(chunk, dtype, native=False)
+    for start in (0, 7 * per_block, 2 * per_block, 33 * per_block):
+        part = source[start : start + chunk]
+        a, b = np.empty_like(part), np.empty_like(part)
+        fast.apply_plan(a, plan, start, source=part)
+        slow.apply_plan(b, plan, start, source=part)
+        assert a.tobytes() == b.tobytes()
+        assert fast.masked_bytes(b"hdr", plan, start, part) == b"hdr" + b.tobytes()
+
+
+@needs_kernel
+def test_the_kernel_refuses_malformed_calls() -> None:
+    assert KERNEL is not None
+    target = np.zeros(8, dtype=U64)
+    key, ctr = bytes(16), bytes(16)
+    with pytest.raises(ValueError, match="signs"):
+        KERNEL.apply(target, None, key, ctr, b"\x02", 8)
+    with pytest.raises(ValueError, match="key and counter"):
+        KERNEL.apply(target, None, key + b"x", ctr, b"\x01", 8)
+    with pytest.raises(ValueError, match="word_bytes"):
+        KERNEL.apply(target, None, key, ctr, b"\x01", 3)
+    with pytest.raises(ValueError, match="source"):
+        KERNEL.apply(target, np.zeros(4, dtype=U64), key, ctr, b"\x01", 8)
+    with pytest.raises(ValueError, match="whole words"):
+        KERNEL.apply_new(b"", bytes(12), key, ctr, b"\x01", 8)
+    with pytest.raises(TypeError):
+        KERNEL.apply(b"read-only", None, key, ctr, b"\x01", 8)
+    assert not target.any()  # nothing written by a refused call
+
+
+def _values(rng: np.random.Generator, n: int, f: int) -> np.ndarray:
+    """Uniform values plus exact ties (k + 1/2 after scaling), zeros of both signs and
+    the bound itself."""
+    x = rng.uniform(-1.0, 1.0, n)
+    ties = (rng.integers(-(1 << 20), 1 << 20, n // 4) + 0.5) / 2.0**f
+    x[: n // 4] = np.clip(ties, -1.0, 1.0)
+    x[-4:] = [0.0, -0.0, 1.0, -1.0]
+    return x
+
+
+@needs_kernel
+@pytest.mark.parametrize("ring_bits", [64, 32])
+@pytest.mark.parametrize("f", [0, 7, 20, 50])
+def test_native_encoding_equals_the_numpy_encoding(ring_bits: int, f: int) -> None:
+    x = _values(np.random.default_rng(f), 20_001, f)
+    fast = encode(x, scale_bits=f, bound=1.0, ring_bits=ring_bits)  # tile-wise (scratch)
+    whole = np.empty_like(fast)
+    encode_into(whole, x, scale_bits=f, bound=1.0)  # check everything, then encode
+    assert whole.tobytes() == fast.tobytes()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "KERNEL", None)
+        slow = encode(x, scale_bits=f, bound=1.0, ring_bits=ring_bits)
+    assert fast.tobytes() == slow.tobytes()
+    signed = np.rint(x * 2.0**f).astype(np.int64)
+    assert np.array_equal(fast, signed.astype(fast.dtype))  # independent: np.rint
+
+
+@needs_kernel
+@pytest.mark.parametrize("bad", [1.0000000000000002, -1.5, np.nan, np.inf, -np.inf])
+def test_native_encoding_refuses_out_of_bound_and_writes_nothing(bad: float) -> None:
+    """The range check is the overflow guarantee's enforcement: one bad entry anywhere
+    (here the last of a long vector) refuses the whole vector before a word is written."""
+    assert KERNEL is not None
+    x = np.random.default_rng(0).uniform(-1.0, 1.0, 10_000)
+    x[-1] = bad
+    for dtype in (U64, U32):
+        out = np.full(x.shape[0], 7, dtype=dtype)
+        assert KERNEL.encode(out, x, 2.0**20, 1.0) is False
+        assert (out == 7).all()
+        with pytest.raises(EncodingOverflow, match="1 of 10000 entries"):
+            encode_into(out, x, scale_bits=20, bound=1.0)
+        assert (out == 7).all()
+        # scratch: refused as well, whatever it wrote (a tile-wise check and encode)
+        assert KERNEL.encode(out, x, 2.0**20, 1.0, True) is False
+        with pytest.raises(EncodingOverflow, match="1 of 10000 entries"):
+            encode_into(out, x, scale_bits=20, bound=1.0, scratch=True)
+        x[3] = bad  # in the first tile: nothing encoded past it
+        out[:] = 7
+        assert KERNEL.encode(out, x, 2.0**20, 1.0, True) is False
+        assert (out[2048:] == 7).all()
+        x[3] = 0.0
+    x[-1] = 1.0  # the bound itself is in
+    assert KERNEL.encode(np.empty(x.shape[0], dtype=U64), x, 2.0**20, 1.0) is True
+    with pytest.raises(ValueError, match="one 4- or 8-byte word"):
+        KERNEL.encode(np.empty(3, dtype=U64), x, 1.0, 1.0)
+
+
+@pytest.mark.usefixtures("numpy_only")
+def test_without_the_kernel_the_numpy_paths_run() -> None:
+    """The fallback, forced: an expander chooses numpy, refuses to require the kernel,
+    and masking, framing and encoding still give the independent reference's bytes."""
+    assert not native.available() and not prg.native_kernel_available()
+    expander = MaskExpander(64, U64)
+    assert expander.native is False
+    with pytest.raises(ValueError, match="not loaded"):
+        MaskExpander(64, U64, native=True)
+    seed = seeds(1, np.random.default_rng(2))[0]
+    source = np.arange(64, dtype=U64)
+    framed = expander.masked_bytes(b"p", [(seed, -1)], 0, source)
+    assert framed == b"p" + (source - ecb_words(seed, 64, U64)).tobytes()
+    assert encode([0.5, -0.25], scale_bits=2, bound=1.0).tolist() == [2, (1 << 64) - 1]
+
+
+def test_the_gcm_engine_never_takes_the_native_kernel() -> None:
+    assert MaskExpander(16, U64, engine="gcm").native is False
+    if KERNEL is not None:
+        with pytest.raises(ValueError, match="CTR engine only"):
+            MaskExpander(16, U64, engine="gcm", native=True)
+        assert MaskExpander(16, U64, engine="ctr").native is True
+
+
+def test_the_environment_switch_turns_the_kernel_off() -> None:
+    env = {**os.environ, native.ENV: "0", "PYTHONPATH": str(REPO)}
+    code = (
+        "from spherecal.crypto import native, prg\n"
+        "assert native.KERNEL is None and not prg.native_kernel_available()\n"
+        "assert prg.MaskExpander(8).native is False\n"
+        "print('numpy path')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "numpy path"
+
+
+def test_a_framed_chunk_is_its_plain_encoding_and_checks_what_it_is_given() -> None:
+    payload = np.arange(6, dtype=U32).tobytes()
+    plain = MaskedChunk(job_id=b"j" * 16, sender="site-3", index=2, payload=payload)
+    chunk = MaskedChunk.framed(b"j" * 16, "site-3", 2, len(payload), lambda p: p + payload)
+    assert chunk.to_bytes() == plain.to_bytes()
+    assert chunk == plain and bytes(chunk.payload) == payload
+    assert MaskedChunk.from_bytes(chunk.to_bytes()) == plain
+    with pytest.raises(MalformedMessage, match="prefix and nbytes"):
+        MaskedChunk.framed(b"j" * 16, "site-3", 2, len(payload), lambda p: p + payload[:-4])
+    with pytest.raises(MalformedMessage, match="prefix and nbytes"):
+        MaskedChunk.framed(b"j" * 16, "site-3", 2, len(payload), lambda p: b"x" + p[1:] + payload)
+
+
+def test_an_encoded_input_buffer_is_zeroed_when_given_back_and_reused() -> None:
+    """A participant's next job encodes into the array its last job gave back (no fresh
+    pages to fault in); what it held is zeroed first, and only a matching array is reused."""
+    from spherecal.crypto import ring
+
+    first = ring.borrow(1003, 32)
+    encode_into(first, np.full(1003, 0.5), scale_bits=4, bound=1.0)
+    ring.give_back(first)
+    assert not first.any()  # the encoded input is gone from the spare
+    assert ring.borrow(1003, 64) is not first  # another ring: another array
+    again = ring.borrow(1003, 32)
+    assert again is first and again.dtype == U32
+    assert ring.borrow(1003, 32) is not first  # taken: a second caller gets a new one
+    for _ in range(ring.SPARE_BUFFERS + 3):  # the spares stay bounded
+        ring.give_back(np.empty(7, dtype=U64))
+    assert len(ring._spare) == ring.SPARE_BUFFERS
+
+
+def test_a_strided_target_takes_the_numpy_path_with_the_same_result() -> None:
+    rng = np.random.default_rng(5)
+    plan = [(s, sign) for s, sign in zip(seeds(3, rng), (1, -1, 1), strict=True)]
+    wide: Any = np.zeros(64, dtype=U64)
+    strided = wide[::2]  # not contiguous: the kernel cannot take it
+    MaskExpander(32, U64).apply_plan(strided, plan, 0)
+    flat: Any = np.zeros(32, dtype=U64)
+    MaskExpander(32, U64, native=False).apply_plan(flat, plan, 0)
+    assert np.array_equal(strided, flat) and not wide[1::2].any()
