@@ -42,26 +42,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
 import time
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 import spherecal.spherefed.reference as runner
-from spherecal.spherefed.algorithms.base import parameter_mask
-from spherecal.spherefed.fl import aggregated_keys, count_correct, load_state_vector, state_vector
-from spherecal.spherefed.losses import make_loss
-from spherecal.spherefed.network import Net, build_model
-from spherecal.spherefed.privacy.charge import dpsgd_charge
+from spherecal.spherefed.fl import count_correct
+from spherecal.spherefed.network import Net
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
-from spherecal.spherefed.privacy.dpsgd import DPSGDConfig, dp_local_train
-from spherecal.spherefed.privacy.dpsgd_step import clipped_gradient_sum
+from spherecal.spherefed.privacy.dpsgd_compare import train_central, train_distributed, train_local
 
 
 def _log(msg: str) -> None:
@@ -70,156 +64,6 @@ def _log(msg: str) -> None:
 
 def _accuracy(model: Net, x: torch.Tensor, y: torch.Tensor) -> float:
     return count_correct(model, x, y) / int(y.shape[0])
-
-
-def _distributed(
-    spec: Any,
-    sites: list[tuple[torch.Tensor, torch.Tensor]],
-    plan: DistributedDpsgdPlan,
-    *,
-    steps: int,
-    lr: float,
-    expected_batch: float,
-    noise: bool,
-    rng: np.random.Generator,
-) -> Net:
-    model = build_model(spec)
-    keys = aggregated_keys(model)
-    mask = parameter_mask(model, keys)
-    theta = state_vector(model, keys)
-    length = theta.shape[0]
-    ring = plan.ring_noise(length, len(sites))
-    # all sites contribute: the honest sum of every site's share (ring units²)
-    sd = math.sqrt(ring.total_variance(len(sites) - plan.colluders)) * 2.0**-plan.scale_bits
-    for _ in range(steps):
-        total = np.zeros(length)
-        for x, y in sites:
-            total += clipped_gradient_sum(
-                model,
-                x,
-                y,
-                loss="mse",
-                max_grad_norm=plan.max_grad_norm,
-                sample_rate=plan.sample_rate,
-                rng=rng,
-            ).vector
-        if noise:
-            total += rng.normal(0.0, sd, size=length)
-        theta = theta - lr * mask * total / expected_batch
-        load_state_vector(model, theta, keys)
-    return model
-
-
-def _central(
-    spec: Any,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    sigma: float,
-    clip: float,
-    rate_batches: int,
-    steps: int,
-    lr: float,
-    delta: float,
-    seed: int,
-) -> tuple[Net, float, float]:
-    """Opacus on the pooled data; (model, Opacus's ε, its sample rate)."""
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    model = build_model(spec)
-    for module in model.modules():  # in-place activations break Opacus's backward hooks
-        if getattr(module, "inplace", False):
-            module.inplace = False  # type: ignore[assignment]
-    n = int(x.shape[0])
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=lr)
-    loader = DataLoader(TensorDataset(x, y), batch_size=math.ceil(n / rate_batches))
-    loss_fn = make_loss("mse")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        engine = PrivacyEngine(accountant="rdp")
-        private, optimizer, loader = engine.make_private(
-            module=model,
-            optimizer=optimizer,
-            data_loader=loader,
-            noise_multiplier=sigma,
-            max_grad_norm=clip,
-            noise_generator=torch.Generator().manual_seed(seed),
-        )
-    done = 0
-    private.train()
-    while done < steps:
-        for xb, yb in loader:
-            if done >= steps:
-                break
-            optimizer.zero_grad()
-            if xb.shape[0] > 0:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    loss_fn(private(xb), yb).backward()
-            optimizer.step()
-            done += 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eps = float(engine.get_epsilon(delta))
-    trained = {k.removeprefix("_module."): v for k, v in private.state_dict().items()}
-    out = build_model(spec)
-    out.load_state_dict(trained)
-    return out, eps, 1.0 / len(loader)
-
-
-def _local_sigma(n: int, batch: int, rounds: int, epsilon: float, delta: float) -> float:
-    """The smallest σ whose Opacus-style local run (rate 1/⌈n/b⌉, that many steps per
-    round) stays within ε over all rounds (bisection)."""
-    batches = max(1, math.ceil(n / min(batch, n)))
-    rate, steps = 1.0 / batches, batches * rounds
-    lo, hi = 0.3, 500.0
-    for _ in range(20):  # hi/lo ≤ 1.0004 at the end
-        mid = math.sqrt(lo * hi)
-        if dpsgd_charge(mid, rate, steps, delta, max_grad_norm=1.0).epsilon > epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def _local(
-    spec: Any,
-    sites: list[tuple[torch.Tensor, torch.Tensor]],
-    *,
-    rounds: int,
-    batch: int,
-    clip: float,
-    lr: float,
-    epsilon: float,
-    delta: float,
-) -> tuple[Net, list[float]]:
-    model = build_model(spec)
-    keys = aggregated_keys(model)
-    theta = state_vector(model, keys)
-    sigmas = [_local_sigma(int(x.shape[0]), batch, rounds, epsilon, delta) for x, _ in sites]
-    for _ in range(rounds):
-        delta_sum, weight = np.zeros_like(theta), 0
-        for (x, y), sigma in zip(sites, sigmas, strict=True):
-            local = build_model(spec)
-            load_state_vector(local, theta, keys)
-            cfg = DPSGDConfig(
-                epochs=1,
-                batch_size=batch,
-                lr=lr,
-                momentum=0.0,
-                max_grad_norm=clip,
-                noise_multiplier=sigma,
-                delta=delta,
-            )
-            dp_local_train(local, x, y, cfg)
-            n = int(x.shape[0])
-            delta_sum += n * (state_vector(local, keys) - theta)
-            weight += n
-        theta = theta + delta_sum / weight
-    load_state_vector(model, theta, keys)
-    return model, sigmas
 
 
 def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -263,7 +107,7 @@ def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         if name not in args.methods:
             continue
         t = time.perf_counter()
-        model = _distributed(
+        model = train_distributed(
             spec, sites, p, steps=steps, lr=args.lr, expected_batch=expected, noise=noise, rng=rng
         )
         out["accuracy"][name] = _accuracy(model, test_x, test_y)
@@ -274,7 +118,7 @@ def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     pooled_x = torch.cat([x for x, _ in sites])
     pooled_y = torch.cat([y for _, y in sites])
-    model, eps_opacus, rate = _central(
+    model, eps_opacus = train_central(
         spec,
         pooled_x,
         pooled_y,
@@ -288,7 +132,7 @@ def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     out["accuracy"]["central"] = _accuracy(model, test_x, test_y)
     out["central_opacus_epsilon"] = eps_opacus
-    out["central_sample_rate"] = rate
+    out["central_sample_rate"] = q
     _log(
         f"  central: {out['accuracy']['central']:.4f} (Opacus ε {eps_opacus:.4f}, "
         f"{time.perf_counter() - t:.0f}s)"
@@ -297,7 +141,7 @@ def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         out["seconds"] = time.perf_counter() - t0
         return out
     t = time.perf_counter()
-    model, sigmas = _local(
+    model, sigmas = train_local(
         spec,
         sites,
         rounds=args.local_rounds,

@@ -10,6 +10,14 @@ fixes the job spec's scale, bound and noise bound from the plan.
 It also records distributed DP-SGD steps (:meth:`CoordinatorPrivacy.record_dpsgd_step`, issue #25):
 the object exists whenever ``[privacy] enabled`` or ``updates = "distributed"``.
 
+Recording is idempotent per job, because a restarted coordinator replays a round
+whose sum was journaled but not yet checkpointed (``coordinator.state.journal``):
+a (subject, release) already in the ledger is not charged again, and each DP-SGD
+step's summary is written to a ``dpsgd_steps`` table of the same database after its
+ledger rows, so a replay of a recorded step returns the stored summary and a replay
+of a half-recorded one completes it — each step charged exactly once, and
+``dpsgd_steps`` in the results whole across restarts.
+
 After the job it records what the release *actually* cost — from the aggregate's
 real contributor count — in the coordinator's ledger (a ``privacy_ledger`` table in
 its own SQLite database): once against ``"federation"`` and, mirroring what each
@@ -20,6 +28,7 @@ regularised Gram matrix indefinite.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import threading
@@ -28,8 +37,14 @@ from typing import Any
 
 from spherecal.coordinator.summary_schema import PrivacySummary
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.charge import PrivacyCharge
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
-from spherecal.spherefed.privacy.ledger import PrivacyLedger, SqliteLedgerStore
+from spherecal.spherefed.privacy.ledger import (
+    DuplicateRelease,
+    LedgerEntry,
+    PrivacyLedger,
+    SqliteLedgerStore,
+)
 from spherecal.spherefed.privacy.plan import CalibrationPlan, plan_calibration_release
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
@@ -51,8 +66,19 @@ class CoordinatorPrivacy:
         self.ledger = PrivacyLedger(SqliteLedgerStore(self._conn), settings.budget())
         self.releases: list[dict[str, Any]] = []
         self.refusals: list[dict[str, Any]] = []
-        #: distributed DP-SGD steps (:meth:`CoordinatorPrivacy.record_dpsgd_step`)
-        self.dpsgd_steps: list[dict[str, Any]] = []
+        with self._conn:
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS dpsgd_steps ("
+                " job_id TEXT PRIMARY KEY, round INTEGER NOT NULL, summary_json TEXT NOT NULL)"
+            )
+        #: distributed DP-SGD steps (:meth:`CoordinatorPrivacy.record_dpsgd_step`),
+        #: those recorded before a restart included
+        self.dpsgd_steps: list[dict[str, Any]] = [
+            json.loads(row[0])
+            for row in self._conn.execute(
+                "SELECT summary_json FROM dpsgd_steps ORDER BY round, rowid"
+            ).fetchall()
+        ]
         self._refused: dict[tuple[str, str], pb.FailureKind] = {}
 
     def close(self) -> None:
@@ -93,16 +119,26 @@ class CoordinatorPrivacy:
             colluders=plan.noise.colluders,
         )
 
+    def _record_once(self, subject: str, charge: PrivacyCharge, release_id: str) -> LedgerEntry:
+        """Record ``charge`` unless this (subject, release) is already in the ledger
+        (a replay after a restart); the ledger's entry either way. Call with the lock."""
+        try:
+            return self.ledger.record(subject, charge, release_id=release_id)
+        except DuplicateRelease:
+            return next(
+                e for e in self.ledger.store.entries(subject) if e.release_id == release_id
+            )
+
     def record(
         self, job_hex: str, plan: CalibrationPlan, contributors: list[str]
     ) -> dict[str, Any]:
         """Charge a finished release; return its summary (also kept for the results)."""
         charge = plan.charge(len(contributors))
         with self._lock:
-            entry = self.ledger.record(FEDERATION, charge, release_id=job_hex)
+            entry = self._record_once(FEDERATION, charge, job_hex)
             mirrored = plan.charge(plan.noise.min_contributors)
             for pid in contributors:
-                self.ledger.record(pid, mirrored, release_id=job_hex)
+                self._record_once(pid, mirrored, job_hex)
         sigma = float(charge.noise["stddev_real_units"])
         summary = {
             "job_id": job_hex,
@@ -166,14 +202,24 @@ class CoordinatorPrivacy:
         """Charge one distributed DP-SGD step (issue #25): against ``"federation"`` at
         the real contributor count (more contributors, more noise) and, mirroring what
         each site charged before the step, at the planned worst case of ``t`` against
-        every contributor. Returns the step's summary (kept for the results)."""
+        every contributor. Returns the step's summary (kept for the results).
+
+        Idempotent (module docstring): a step already recorded — the same job replayed
+        after a restart — returns its stored summary and charges nothing."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT summary_json FROM dpsgd_steps WHERE job_id = ?", (job_hex,)
+            ).fetchone()
+        if row is not None:
+            return {**json.loads(row[0]), "replayed": True}
         delta = self.settings.delta
         charge = plan.charge(1, delta, contributors=len(contributors))
+        release = f"dpsgd-{job_hex}"
         with self._lock:
-            entry = self.ledger.record(FEDERATION, charge, release_id=f"dpsgd-{job_hex}")
+            entry = self._record_once(FEDERATION, charge, release)
             mirrored = plan.charge(1, delta)
             for pid in contributors:
-                self.ledger.record(pid, mirrored, release_id=f"dpsgd-{job_hex}")
+                self._record_once(pid, mirrored, release)
         noise = plan.ring_noise(length, max(len(contributors), plan.min_contributors))
         summary = {
             "job_id": job_hex,
@@ -192,7 +238,11 @@ class CoordinatorPrivacy:
             "delta": delta,
             "federation_epsilon_total": entry.epsilon_total,
         }
-        with self._lock:
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT INTO dpsgd_steps (job_id, round, summary_json) VALUES (?, ?, ?)",
+                (job_hex, round_index, json.dumps(summary, sort_keys=True)),
+            )
             self.dpsgd_steps.append(summary)
         return summary
 

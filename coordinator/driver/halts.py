@@ -13,7 +13,8 @@ Points, in protocol order: ``advertise``, ``share``, ``consistency``, ``unmask``
 first such message accepted and journaled), ``masked`` (the first complete masked
 upload), ``advertise-closed``, ``share-closed``, ``masked-closed``,
 ``consistency-closed`` (the stage closed and journaled), ``aggregated`` (the result
-journaled, before the driver uses it). ``WHEN`` is a job purpose (``update``,
+journaled, before the driver uses it), ``recorded`` (a distributed DP-SGD step
+charged in the coordinator's ledger, not yet checkpointed). ``WHEN`` is a job purpose (``update``,
 ``ffc``, ``ccvr``, ``evaluate``) or ``rN`` (round N's update, 1-based).
 """
 
@@ -26,7 +27,14 @@ from dataclasses import dataclass
 
 from spherecal.coordinator.driver.secure_job import Halt, SecureJob
 
-__all__ = ["HALT_ENV", "HALT_MARKER", "HALT_POINTS", "CoordinatorHalt", "halt_from_env"]
+__all__ = [
+    "DRIVER_HALT_POINTS",
+    "HALT_ENV",
+    "HALT_MARKER",
+    "HALT_POINTS",
+    "CoordinatorHalt",
+    "halt_from_env",
+]
 
 HALT_ENV = "SPHERECAL_COORDINATOR_HALT"
 HALT_MARKER = "SPHERECAL-HALT"
@@ -43,6 +51,9 @@ HALT_POINTS = (
     "unmask",
     "aggregated",
 )
+"""The points inside a secure job (:class:`SecureJob` calls the halt at each)."""
+DRIVER_HALT_POINTS = ("recorded",)
+"""The points in the driver, after a job: ``recorded`` (``training_rounds``)."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +64,10 @@ class CoordinatorHalt:
     @classmethod
     def parse(cls, text: str) -> CoordinatorHalt:
         point, _, when = text.partition("@")
-        if point not in HALT_POINTS:
-            raise ValueError(f"unknown halt point {point!r}; use one of {HALT_POINTS}")
+        if point not in HALT_POINTS + DRIVER_HALT_POINTS:
+            raise ValueError(
+                f"unknown halt point {point!r}; use one of {HALT_POINTS + DRIVER_HALT_POINTS}"
+            )
         if not when:
             raise ValueError(f"{text!r}: say where, e.g. {point}@update, {point}@r2, {point}@ccvr")
         return cls(point, when)

@@ -311,21 +311,34 @@ class RoundDriver:
         dropped: dict[str, str],
         step: DistributedDpsgdPlan,
     ) -> str | None:
-        """Apply a distributed DP-SGD round's noisy sum and record its privacy cost."""
+        """Apply a distributed DP-SGD round's noisy sum and record its privacy cost.
+
+        The step is applied to the last checkpoint's model, so a coordinator that
+        restarts after recording it and before its checkpoint replays the journaled
+        sum onto the same model (applied once) and the record returns the stored
+        summary (charged once, :meth:`CoordinatorPrivacy.record_dpsgd_step`). The
+        round gate checks the step as any round; a rolled-back step stays charged
+        (its noisy sum was released)."""
         assert self.dpsgd is not None and gathered.values is not None and gathered.job
         ctx = self.ctx
+        before = ctx.progress.global_vector
         try:
-            new_vector = self.dpsgd.step(ctx.progress.global_vector, gathered.values)
+            new_vector = self.dpsgd.step(before, gathered.values)
         except ValueError as exc:
             return f"the DP-SGD step refused the round's sum: {exc}"
         summary = self.dpsgd.record(gathered.job.job_hex, r, step, gathered.contributors)
+        if ctx.halt is not None:  # test-only: the step recorded, not yet checkpointed
+            ctx.halt("recorded", "update", gathered.job)
         ctx.progress.global_vector = new_vector
         ctx.board.unpublish(f"global-r{r}")
         ctx.say(
             f"round {r + 1}: distributed DP-SGD step over {summary['contributors']} sites "
             f"(σ realised {summary['realised_noise_multiplier']:.3g}); federation ε so far "
             f"{summary['federation_epsilon_total']:.4g} at δ = {summary['delta']:g}"
+            + (" (recorded before a restart: not charged again)" if summary.get("replayed") else "")
         )
+        if self.round_gate.check(r, before, new_vector):
+            ctx.progress.global_vector = before  # ``[federation] round_gate = "rollback"``
         self.finish_round(r, attempt, t0, selected, gathered, dropped, None)
         return None
 

@@ -15,8 +15,9 @@ from spherecal.cli.options import add_federation_options
 
 if TYPE_CHECKING:
     from spherecal.experiment.grid import ExperimentSettings
+    from spherecal.experiment.privacy import PrivacySettings
 
-__all__ = ["HELP", "NAME", "register", "run", "settings_from_args"]
+__all__ = ["HELP", "NAME", "privacy_settings_from_args", "register", "run", "settings_from_args"]
 
 NAME = "experiment"
 HELP = "compare every method of the papers (baselines, rival fixes, ablations)"
@@ -44,10 +45,17 @@ def register(
         ),
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("--table", required=True, choices=TABLES)
+    p.add_argument(
+        "--table",
+        required=True,
+        choices=(*TABLES, "privacy"),
+        help="privacy: DP-SGD (local, distributed, central) at record-level ε and every DP "
+        "calibrator at ε per release (mnist1d by default; docs/baselines/privacy/)",
+    )
     add_federation_options(
         p,
-        {"dataset": d.dataset, "data_root": d.data_root, "samples": d.samples},
+        {"dataset": None, "data_root": d.data_root, "samples": d.samples},
+        overrides={"dataset": {"help": f"dataset (default {d.dataset}; privacy: mnist1d)"}},
     )
     p.add_argument(
         "--alpha",
@@ -152,6 +160,33 @@ def register(
         help="where finished runs are stored (default OUT/cells); share it between tables "
         "to reuse their common runs",
     )
+    p.add_argument(
+        "--dpsgd-steps",
+        type=_positive_int,
+        default=None,
+        help="privacy: DP-SGD steps T (default 104; with --quick 3)",
+    )
+    p.add_argument(
+        "--local-rounds",
+        type=_positive_int,
+        default=None,
+        help="privacy: FedAvg rounds of local DP-SGD, one epoch each (default 10; with "
+        "--quick 1)",
+    )
+    p.add_argument(
+        "--epsilons",
+        type=positive_float,
+        nargs="+",
+        default=None,
+        help="privacy: record-level ε of DP-SGD training (default 1 4 8)",
+    )
+    p.add_argument(
+        "--release-epsilons",
+        type=positive_float,
+        nargs="+",
+        default=None,
+        help="privacy: ε per calibration release (default 1 4 16)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=run)
     return p
@@ -175,7 +210,7 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
     seeds = args.seeds if args.seeds is not None else quick.get("seeds", d.seeds)
     return ExperimentSettings(
         table=args.table,
-        dataset=args.dataset,
+        dataset=args.dataset if args.dataset is not None else d.dataset,
         data_root=args.data_root,
         samples=args.samples,
         alphas=alphas,
@@ -203,6 +238,56 @@ def settings_from_args(args: argparse.Namespace) -> ExperimentSettings:
     )
 
 
+def privacy_settings_from_args(args: argparse.Namespace) -> PrivacySettings:
+    """The privacy table's settings the arguments ask for (``--alpha``: its first
+    value; ``--rounds``: the calibrated FedAvg model's rounds)."""
+    from dataclasses import replace
+
+    from spherecal.experiment.privacy import QUICK_PRIVACY, PrivacySettings
+
+    s = PrivacySettings()
+    if args.quick:
+        s = replace(s, **QUICK_PRIVACY)
+    given: dict[str, Any] = {"participants": args.participants, "samples": args.samples}
+    if args.dataset is not None:
+        given["dataset"] = args.dataset
+    if args.alpha:
+        if isinstance(args.alpha[0], str):
+            raise ValueError("--table privacy takes a Dirichlet --alpha, not iid")
+        given["alpha"] = float(args.alpha[0])
+    if args.seeds is not None:
+        given["seeds"] = args.seeds
+    if args.rounds is not None:
+        given["calibration_rounds"] = args.rounds
+    if args.dpsgd_steps is not None:
+        given["steps"] = args.dpsgd_steps
+    if args.local_rounds is not None:
+        given["local_rounds"] = args.local_rounds
+    if args.epsilons is not None:
+        given["epsilons"] = tuple(args.epsilons)
+    if args.release_epsilons is not None:
+        given["release_epsilons"] = tuple(args.release_epsilons)
+    return replace(s, **given)
+
+
+def _privacy_command(s: PrivacySettings, out: str) -> str:
+    parts = [
+        "spherecal experiment --table privacy",
+        f"--dataset {s.dataset}",
+        *([f"--samples {s.samples}"] if s.samples is not None else []),
+        f"--alpha {s.alpha:g}",
+        f"--seeds {s.seeds}",
+        f"--participants {s.participants}",
+        f"--rounds {s.calibration_rounds}",
+        f"--dpsgd-steps {s.steps}",
+        f"--local-rounds {s.local_rounds}",
+        "--epsilons " + " ".join(f"{e:g}" for e in s.epsilons),
+        "--release-epsilons " + " ".join(f"{e:g}" for e in s.release_epsilons),
+        f"--out {out}",
+    ]
+    return " ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -210,13 +295,30 @@ def run(args: argparse.Namespace) -> int:
     from spherecal.experiment.report import command_line
     from spherecal.experiment.run import run_experiment
 
-    settings = settings_from_args(args)
     torch.set_num_threads(args.threads)
     limit_blas(args.threads)
 
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[experiment] {msg}", file=sys.stderr, flush=True)
+
+    if args.table == "privacy":
+        from spherecal.experiment.privacy_report import run_privacy_table
+
+        psettings = privacy_settings_from_args(args)
+        run_privacy_table(
+            psettings,
+            args.out,
+            workers=args.workers,
+            threads=args.threads,
+            command=_privacy_command(psettings, str(args.out)),
+            progress=progress,
+            plots=not args.no_plots,
+            cells_dir=args.cells,
+        )
+        print((args.out / "table.md").read_text())
+        return ExitCode.OK
+    settings = settings_from_args(args)
 
     command = command_line(settings, out=str(args.out))
     report = run_experiment(

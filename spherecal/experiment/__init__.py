@@ -36,7 +36,9 @@ The package, one idea per module (imports only point down this list):
 - :mod:`.selection` — learning-rate selection on validation;
 - :mod:`.markdown`, :mod:`.plots` — ``table.md`` and the PNGs from the report;
 - :mod:`.report` — the ``results.json`` document and writing the outputs;
-- :mod:`.run` — :func:`run_experiment`, start to finish.
+- :mod:`.run` — :func:`run_experiment`, start to finish;
+- :mod:`.privacy` — ``--table privacy``: DP-SGD and DP calibration cells (issue #25);
+- :mod:`.privacy_report` — that table's ``results.json``, ``table.md``, plots, run.
 
 The command line is :mod:`spherecal.cli.experiment`.
 """

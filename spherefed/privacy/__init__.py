@@ -18,9 +18,11 @@ import torch and Opacus):
 ``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
 ``distributed_dpsgd``  distributed DP-SGD's noise shares and record-level accounting
 ``dpsgd_step``   one site's Poisson-sampled, per-example-clipped gradient sum
+``dpsgd_compare``  distributed, central (Opacus) and local DP-SGD trained at one ε
+``calibration_compare``  DP calibration variants on the same noisy sums, and the gate
 
-Only the light modules are imported here; ``empirical`` and ``dpsgd`` are imported
-explicitly by their users.
+Only the light modules are imported here; ``empirical``, ``dpsgd``,
+``dpsgd_compare`` and ``calibration_compare`` are imported explicitly by their users.
 """
 
 from spherecal.spherefed.privacy.accounting import ORDERS, compose, epsilon

@@ -119,14 +119,21 @@ def clipped_gradient_sum(
             # one-hot targets outside vmap (``one_hot`` is data-dependent control flow)
             targets = torch.nn.functional.one_hot(y[idx].long(), num_classes=classes)
             grads = per_example(params, x[idx], targets)
+            # per-parameter norms in the gradients' own float32 (a float64 copy of
+            # chunk × parameters cost 3× the gradients themselves), combined in
+            # float64; the clipped sum as one matrix-vector product per parameter,
+            # the running total in float64
             norms = torch.sqrt(
-                sum((g.reshape(g.shape[0], -1).double() ** 2).sum(dim=1) for g in grads.values())
+                sum(
+                    torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).double() ** 2
+                    for g in grads.values()
+                )
             )
             factor = torch.clamp(max_grad_norm / torch.clamp(norms, min=1e-300), max=1.0)
             clipped += int((norms > max_grad_norm).sum())
             for name, g in grads.items():
-                shape = (-1,) + (1,) * (g.dim() - 1)
-                total[name] += (g.double() * factor.reshape(shape)).sum(dim=0)
+                flat = factor.to(g.dtype) @ g.reshape(g.shape[0], -1)
+                total[name] += flat.reshape(g.shape[1:]).double()
     finally:
         model.train(was_training)
     parts = [

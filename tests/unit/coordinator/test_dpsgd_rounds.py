@@ -22,6 +22,7 @@ from spherecal.coordinator.settings import (
     TrainingSettings,
 )
 from spherecal.spherefed.network import ModelSpec
+from spherecal.spherefed.privacy.ledger import DuplicateRelease
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
 ROSTER = ("p0", "p1", "p2", "p3", "p4")
@@ -81,3 +82,91 @@ def test_plan_step_and_ledger(tmp_path: Path) -> None:
     ledger: dict[str, Any] = dict(report["ledger"])
     assert ledger["subjects"][FEDERATION]["releases"] == 1
     privacy.close()
+
+
+def _ledger_rows(privacy: CoordinatorPrivacy) -> dict[str, list[str]]:
+    store = privacy.ledger.store
+    return {s: [e.release_id for e in store.entries(s)] for s in store.subjects()}
+
+
+def test_a_step_replayed_after_a_restart_is_charged_once(tmp_path: Path) -> None:
+    """A coordinator killed after recording a step and before its checkpoint replays
+    the journaled sum on restart: the record returns the stored summary, charges
+    nothing, and the results still list the step (restored from the database)."""
+    settings = _settings(tmp_path)
+    model = GlobalModel(ModelSpec(extractor="mlp"))
+    first = CoordinatorPrivacy(settings.privacy, tmp_path / "state.db")
+    dpsgd = DistributedDpsgd(settings, model, first)
+    plan = dpsgd.plan(5)
+    job = "cd" * 16
+    summary = dpsgd.record(job, 0, plan, ["p0", "p1", "p2"])
+    once = _ledger_rows(first)
+    total = first.summary()["totals"]["federation"]
+    first.close()  # SIGKILL here: no checkpoint, the round's sum stays journaled
+
+    again = CoordinatorPrivacy(settings.privacy, tmp_path / "state.db")
+    assert again.dpsgd_steps == [summary]  # restored, not lost with the process
+    replayed = DistributedDpsgd(settings, model, again).record(job, 0, plan, ["p0", "p1", "p2"])
+    assert replayed == {**summary, "replayed": True}
+    assert _ledger_rows(again) == once  # one charge per subject, as before the restart
+    report = again.summary()
+    assert report["totals"]["federation"] == pytest.approx(total)
+    assert report["dpsgd_steps"] == [summary]
+    # the next step is charged normally
+    nxt = DistributedDpsgd(settings, model, again).record("ef" * 16, 1, plan, ["p0", "p1", "p2"])
+    assert [s["round"] for s in again.summary()["dpsgd_steps"]] == [1, 2]
+    assert nxt["federation_epsilon_total"] > total
+    assert {s: len(r) for s, r in _ledger_rows(again).items()} == {
+        FEDERATION: 2,
+        "p0": 2,
+        "p1": 2,
+        "p2": 2,
+    }
+    again.close()
+
+
+def _half_recorded(tmp_path: Path) -> tuple[CoordinatorSettings, GlobalModel, Any, str]:
+    """A database as a coordinator killed between a step's ledger rows (each its own
+    commit) leaves it: the federation's and p0's rows, not p1's, p2's or the summary."""
+    settings = _settings(tmp_path)
+    model = GlobalModel(ModelSpec(extractor="mlp"))
+    privacy = CoordinatorPrivacy(settings.privacy, tmp_path / "state.db")
+    plan = DistributedDpsgd(settings, model, privacy).plan(5)
+    release = "dpsgd-" + "12" * 16
+    privacy.ledger.record(FEDERATION, plan.charge(1, 1e-5, contributors=3), release_id=release)
+    privacy.ledger.record("p0", plan.charge(1, 1e-5), release_id=release)
+    privacy.close()
+    return settings, model, plan, release
+
+
+def test_a_half_recorded_step_is_completed_once(tmp_path: Path) -> None:
+    """The replay adds only the missing rows and the summary."""
+    settings, model, plan, release = _half_recorded(tmp_path)
+    again = CoordinatorPrivacy(settings.privacy, tmp_path / "state.db")
+    assert again.dpsgd_steps == []
+    summary = DistributedDpsgd(settings, model, again).record(
+        "12" * 16, 0, plan, ["p0", "p1", "p2"]
+    )
+    assert "replayed" not in summary and again.dpsgd_steps == [summary]
+    assert _ledger_rows(again) == {s: [release] for s in (FEDERATION, "p0", "p1", "p2")}
+    assert summary["federation_epsilon_total"] == pytest.approx(
+        plan.charge(1, 1e-5, contributors=3).epsilon
+    )
+    again.close()
+
+
+def test_mutation_recording_without_the_replay_check_fails_the_replayed_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weaken the rule (record every subject unconditionally, as before): the same
+    replay raises instead of completing the step."""
+    settings, model, plan, _ = _half_recorded(tmp_path)
+
+    def unconditional(self: CoordinatorPrivacy, subject: str, charge: Any, release_id: str) -> Any:
+        return self.ledger.record(subject, charge, release_id=release_id)
+
+    monkeypatch.setattr(CoordinatorPrivacy, "_record_once", unconditional)
+    again = CoordinatorPrivacy(settings.privacy, tmp_path / "state.db")
+    with pytest.raises(DuplicateRelease):
+        DistributedDpsgd(settings, model, again).record("12" * 16, 0, plan, ["p0", "p1", "p2"])
+    again.close()
