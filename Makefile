@@ -54,10 +54,11 @@ tools:
 # run end to end in real processes, tens of seconds each: chaos and crash runs,
 # the wheel install, acceptance runs). `make test-long` runs exactly those; CI runs
 # both, so nothing is skipped there. Split so that the everyday loop stays short.
+# --durations=15: every run names its slowest tests, where the time budget goes.
 test: $(STAMP) tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not long"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not long" --durations=15
 
 test-long: $(STAMP) tools
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m long
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m long --durations=15
