@@ -37,6 +37,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
     return out, report
 
 
+@pytest.mark.long  # the tiny grid trains five cells (tens of seconds)
 def test_every_cell_runs_and_the_outputs_are_written(
     table: tuple[Path, dict[str, object]],
 ) -> None:
@@ -62,6 +63,7 @@ def test_every_cell_runs_and_the_outputs_are_written(
     assert report["timings"]["cells_run"] == len(cells)  # type: ignore[index]
 
 
+@pytest.mark.long  # the tiny grid trains five cells (tens of seconds)
 def test_a_rerun_reuses_every_cell(table: tuple[Path, dict[str, object]]) -> None:
     out, report = table
     again = run_privacy_table(TINY, out, plots=False)
@@ -70,6 +72,7 @@ def test_a_rerun_reuses_every_cell(table: tuple[Path, dict[str, object]]) -> Non
     assert again["dpsgd"] == report["dpsgd"] and again["calibration"] == report["calibration"]
 
 
+@pytest.mark.long  # the tiny grid trains five cells (tens of seconds)
 def test_sigma_is_the_smallest_within_epsilon_and_matches_opacus(
     table: tuple[Path, dict[str, object]],
 ) -> None:
@@ -87,6 +90,7 @@ def test_sigma_is_the_smallest_within_epsilon_and_matches_opacus(
     assert record["opacus_epsilon"] == pytest.approx(record["epsilon_charged"], abs=1e-6)
 
 
+@pytest.mark.long  # the tiny grid trains five cells (tens of seconds)
 def test_the_shipped_head_is_never_below_the_uncalibrated_model(
     table: tuple[Path, dict[str, object]],
 ) -> None:

@@ -41,6 +41,7 @@ def _digest(cache: Path) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.long  # two fresh interpreters generate the full data set
 def test_two_processes_generate_the_same_bytes_and_the_cache_matches(tmp_path: Path) -> None:
     # Two fresh processes, each generating into its own empty cache: the generator is
     # deterministic. A third reads the first one's cache: the cached bytes are the same.
