@@ -55,7 +55,12 @@ import spherecal.spherefed.reference as runner
 from spherecal.spherefed.fl import count_correct
 from spherecal.spherefed.network import Net
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
-from spherecal.spherefed.privacy.dpsgd_compare import train_central, train_distributed, train_local
+from spherecal.spherefed.privacy.dpsgd_compare import (
+    site_tensors,
+    train_central,
+    train_distributed,
+    train_local,
+)
 
 
 def _log(msg: str) -> None:
@@ -74,12 +79,8 @@ def run_one(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     data = runner.prepare_data(config)
     spec = runner.model_spec(config, data)
-    sites = []
-    for k in range(len(data.parts)):
-        ds = data.participant(k)
-        sites.append((torch.from_numpy(ds.x), torch.from_numpy(ds.y)))
+    sites, test_x, test_y = site_tensors(data)
     n_total = sum(int(x.shape[0]) for x, _ in sites)
-    test_x, test_y = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
     q = 1.0 / args.rate_batches
     plan = DistributedDpsgdPlan(
         args.sigma, q, max_grad_norm=args.clip, min_contributors=args.participants

@@ -214,12 +214,8 @@ def _dpsgd_cell(cell: PrivacyCell, settings: PrivacySettings) -> dict[str, Any]:
     config = _reference_config(settings, cell.seed)
     data = runner.prepare_data(config)
     spec = runner.model_spec(config, data)
-    sites = []
-    for k in range(len(data.parts)):
-        ds = data.participant(k)
-        sites.append((torch.from_numpy(ds.x), torch.from_numpy(ds.y)))
+    sites, test_x, test_y = dc.site_tensors(data)
     n_total = sum(int(x.shape[0]) for x, _ in sites)
-    test_x, test_y = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
     q, t = settings.sample_rate, settings.participants
     out: dict[str, Any] = {"records": n_total, "expected_batch": q * n_total}
     rng = np.random.default_rng([cell.seed, 25, 1, DPSGD_METHODS.index(cell.method)])

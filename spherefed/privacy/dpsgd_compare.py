@@ -30,7 +30,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,8 +46,12 @@ from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.privacy.dpsgd import DPSGDConfig, dp_local_train
 from spherecal.spherefed.privacy.dpsgd_step import clipped_gradient_sum
 
+if TYPE_CHECKING:  # reference imports the privacy package: only its type here
+    from spherecal.spherefed.reference import FederationData
+
 __all__ = [
     "Sites",
+    "site_tensors",
     "local_sigma",
     "plan_sigma",
     "smallest_sigma",
@@ -57,6 +61,14 @@ __all__ = [
 ]
 
 Sites = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def site_tensors(data: FederationData) -> tuple[Sites, torch.Tensor, torch.Tensor]:
+    """Each site's ``(x, y)`` and the test split's ``x``, ``y`` as tensors: the data
+    every DP-SGD variant compared here trains and is scored on."""
+    parts = (data.participant(k) for k in range(len(data.parts)))
+    sites = [(torch.from_numpy(ds.x), torch.from_numpy(ds.y)) for ds in parts]
+    return sites, torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
 
 
 INTEGER_ORDERS: tuple[float, ...] = tuple(float(a) for a in ORDERS if float(a).is_integer())
