@@ -20,7 +20,6 @@ ratio; ``ratio_of_medians`` (median secure over median plaintext) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._report import emit_json
 from bench.service import _run, _synthetic_npz
 from spherecal.simulate import SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
@@ -123,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": os.getloadavg(),
     }
     report["total_s"] = round(time.perf_counter() - t0, 2)
-    text = json.dumps(report, indent=2, sort_keys=True)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    emit_json(report, args.json, sort_keys=True)
     return 0
 
 

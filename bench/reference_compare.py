@@ -11,7 +11,6 @@ Markdown table (``--markdown``) for docs/reference.md. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench._report import emit_json
 from spherecal.spherefed.reference import ReferenceConfig, run_reference_sweep
 
 METHODS: dict[str, dict[str, Any]] = {
@@ -69,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "cells": cells,
         "seconds": time.perf_counter() - t0,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    emit_json(out, args.json)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown_table(cells))

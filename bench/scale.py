@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._report import emit_json
 from spherecal.engines.ray import RayEngineSettings, RaySimulation
 from spherecal.simulate import (
     Progress,
@@ -369,11 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": rows,
         **{k: v for k, v in extra.items() if k != "benchmark"},
     }
-    text = json.dumps(document, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    emit_json(document, args.json)
     if args.plot:
         plot(rows, args.plot)
     return 0 if all(r["status"] == "completed" for r in rows) else 1

@@ -117,6 +117,7 @@ from typing import Any
 
 import numpy as np
 
+from bench._report import emit_json
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import fastest_engine, keystream_rate_gbps, raw_keystream_seconds
 from spherecal.crypto.simulation import run_protocol
@@ -653,11 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats,
         ring_bits=args.ring_bits,
     )
-    text = json.dumps(result, indent=2, sort_keys=True)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    emit_json(result, args.json, sort_keys=True)
     return 0
 
 
