@@ -153,6 +153,15 @@ class Federation:
         assert self.steps is not None
         self.steps.step(step)
 
+    def through_shares(self) -> None:
+        """The task, then everyone's advertise and share stages (p1 one step each)."""
+        self.task()
+        self.others("advertise")
+        self.job.advance(frozenset(IDS))
+        self.site_step()
+        self.others("share")
+        self.job.advance(frozenset(IDS))
+
     def released(self) -> int:
         releases = ReleaseLedger(
             self.tmp_path / "privacy.db", participant="p1", rules=LedgerRules()
@@ -296,12 +305,7 @@ def test_killed_after_sharing_before_its_upload_the_site_masks_the_recomputed_in
     fed: Federation,
 ) -> None:
     fed.start_site()
-    fed.task()
-    fed.others("advertise")
-    fed.job.advance(frozenset(IDS))
-    fed.site_step()
-    fed.others("share")
-    fed.job.advance(frozenset(IDS))
+    fed.through_shares()
     fed.others("masked")
     # p1 dies in its local work (a step that never came): held at the shared stage
     store = HeldJobStore(fed.tmp_path, "p1", fed.identity)
@@ -326,12 +330,7 @@ def _sha(data: bytes) -> bytes:
 
 def _to_masked(fed: Federation, halts: tuple[HaltPoint, ...]) -> None:
     fed.start_site(halts)
-    fed.task()
-    fed.others("advertise")
-    fed.job.advance(frozenset(IDS))
-    fed.site_step()
-    fed.others("share")
-    fed.job.advance(frozenset(IDS))
+    fed.through_shares()
     fed.others("masked")
 
 
@@ -406,12 +405,7 @@ def test_a_stored_uncharged_input_of_an_ended_federation_goes_uncharged(
 
 def test_without_its_input_a_restored_session_refuses_the_masked_step(fed: Federation) -> None:
     fed.start_site()
-    fed.task()
-    fed.others("advertise")
-    fed.job.advance(frozenset(IDS))
-    fed.site_step()
-    fed.others("share")
-    fed.job.advance(frozenset(IDS))
+    fed.through_shares()
     steps = fed.start_site()  # restarted before its task came again
     fed.site_step()
     assert fed.transport.streamed == [] and fed.released() == 0
