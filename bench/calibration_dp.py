@@ -32,6 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python bench/calibration_dp.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import torch
 

@@ -21,7 +21,11 @@ import platform
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/dp_calibration.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch

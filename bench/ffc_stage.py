@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python bench/ffc_stage.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench._report import emit_json
 from bench.service import _run, _synthetic_npz
 from spherecal.simulate import SimulationSettings

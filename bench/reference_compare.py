@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python bench/reference_compare.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import torch
 

@@ -45,6 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python bench/scale.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench._report import emit_json
 from spherecal.engines.ray import RayEngineSettings, RaySimulation
 from spherecal.simulate import (

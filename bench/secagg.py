@@ -115,6 +115,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python bench/secagg.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 
 from bench._report import emit_json
