@@ -182,6 +182,7 @@ class StageContext:
         self.progress = progress
         self.say = say
         self.journal = JobJournal(store)
+        self.journal.sweep()  # blobs a killed process left without their rows
         self.halt = halt_from_env()
         self._resumable: dict[str, JournaledJob | None] = {}
 

@@ -8,4 +8,5 @@
 ``lifecycle``  a federation that ended is read-only to a restart (or set aside whole)
 ``storage_faults``  which write failures are fatal (disk full, I/O, read-only) and their line
 ``job_journal``  each secure job's messages, masked sum and result: a restart continues it
+``journal_blobs``  the journal's vector-sized payloads as files, durable before their rows
 """

@@ -20,6 +20,10 @@ A job is found again by its *slot* — what the driver was computing (``update:r
 ``ffc``, ``evaluate:test:final:<digest>``) — not by its random id, which the
 restarted driver cannot know. A failed job is not resumed (the driver's retry makes a
 new one, as before the crash).
+
+The two vector-sized payloads, the masked sum and the result, are files beside the
+database (:mod:`spherecal.coordinator.state.journal_blobs`), durable before the row
+that names them by SHA-256; rows written inline by an earlier version still read.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from spherecal.coordinator.state.journal_blobs import BLOB_FOLDER, JournalBlobs
 from spherecal.coordinator.state.store import Store
 
 __all__ = ["JobJournal", "JournalEntry", "JournaledJob", "JournaledResult"]
@@ -40,6 +46,10 @@ __all__ = ["JobJournal", "JournalEntry", "JournaledJob", "JournaledResult"]
 MESSAGE = "message"
 CLOSE = "close"
 MASKED_CLOSED = "masked-closed"
+MASKED_CLOSED_BLOB = "masked-closed-blob"
+"""The masked stage's close with its sum in a blob (``data``: the blob's SHA-256,
+hex); :meth:`JobJournal.find` hands it on as a :data:`MASKED_CLOSED` entry."""
+RESULT_BLOB = "result"
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,29 @@ class JobJournal:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._seq: dict[str, int] = {}
+        self.blobs = JournalBlobs(store.root / BLOB_FOLDER, report=store.report_failure)
+
+    def sweep(self) -> list[str]:
+        """Delete the blobs no row names any more (a process killed between a blob
+        and its row, or between a row's deletion and its blob's); returns their
+        names. Called once when a coordinator opens its state directory."""
+
+        def read(c: sqlite3.Connection) -> tuple[set[str], set[str]]:
+            known = {str(r[0]) for r in c.execute("SELECT job_id FROM job_journal_jobs")}
+            referenced = {
+                JournalBlobs.name(str(job), f"masked-{seq}")
+                for job, seq in c.execute(
+                    "SELECT job_id, seq FROM job_journal WHERE kind = ?", (MASKED_CLOSED_BLOB,)
+                )
+            }
+            referenced |= {
+                JournalBlobs.name(str(r[0]), RESULT_BLOB)
+                for r in c.execute("SELECT job_id FROM job_results WHERE length(value_bytes) = 0")
+            }
+            return known, referenced
+
+        known, referenced = self.store.call(read)
+        return self.blobs.sweep(known, referenced)
 
     # ------------------------------------------------------------ writing
     def created(
@@ -135,11 +168,16 @@ class JobJournal:
     def masked_closed(
         self, job_id: str, survivors: list[str], total: npt.NDArray[np.unsignedinteger]
     ) -> None:
+        """The masked stage closed over ``survivors`` with the (still masked) sum
+        ``total``: the sum goes to a blob, durable before its row is committed."""
+        seq = self._seq.get(job_id, 0)
+        little = np.ascontiguousarray(total, dtype=total.dtype.newbyteorder("<"))
+        digest = self.blobs.write(JournalBlobs.name(job_id, f"masked-{seq}"), little.data)
         self.append(
             job_id,
-            MASKED_CLOSED,
+            MASKED_CLOSED_BLOB,
             sender=json.dumps(sorted(survivors)),
-            data=np.ascontiguousarray(total).astype(total.dtype.newbyteorder("<")).tobytes(),
+            data=digest.encode("ascii"),
         )
 
     def finished(
@@ -152,11 +190,16 @@ class JobJournal:
         excluded: tuple[str, ...] = (),
         values: npt.NDArray[np.float64] | None = None,
     ) -> None:
-        """The job's end; a done job's result is written in the same transaction."""
+        """The job's end; a done job's result (a blob, durable first) is recorded in
+        the same transaction that drops the job's messages; the masked sum's blob is
+        deleted after it committed."""
+        digest = None
+        if values is not None:
+            little = np.ascontiguousarray(values, dtype="<f8")
+            digest = self.blobs.write(JournalBlobs.name(job_id, RESULT_BLOB), little.data)
 
-        def write(c: sqlite3.Connection) -> None:
-            if values is not None:
-                raw = np.ascontiguousarray(values, dtype="<f8").tobytes()
+        def write(c: sqlite3.Connection) -> list[str]:
+            if digest is not None:
                 c.execute(
                     "INSERT OR REPLACE INTO job_results (job_id, contributors, dropouts, "
                     "excluded, value_bytes, sha256) VALUES (?,?,?,?,?,?)",
@@ -165,14 +208,22 @@ class JobJournal:
                         json.dumps(list(contributors)),
                         json.dumps(list(dropouts)),
                         json.dumps(list(excluded)),
-                        raw,
-                        hashlib.sha256(raw).hexdigest(),
+                        b"",  # empty: the values are the blob (an inline row has them here)
+                        digest,
                     ),
                 )
+            masked = [
+                JournalBlobs.name(job_id, f"masked-{seq}")
+                for (seq,) in c.execute(
+                    "SELECT seq FROM job_journal WHERE job_id = ? AND kind = ?",
+                    (job_id, MASKED_CLOSED_BLOB),
+                )
+            ]
             c.execute("UPDATE job_journal_jobs SET state = ? WHERE job_id = ?", (state, job_id))
             c.execute("DELETE FROM job_journal WHERE job_id = ?", (job_id,))
+            return masked
 
-        self.store.call(write)
+        self.blobs.delete(self.store.call(write))
         self._seq.pop(job_id, None)
 
     def discard_results(self, slot: str) -> None:
@@ -181,7 +232,15 @@ class JobJournal:
         federation would otherwise keep one model-sized vector per round. The job
         rows stay (state ``done``), so the slot is not continued again."""
 
-        def write(c: sqlite3.Connection) -> None:
+        def write(c: sqlite3.Connection) -> list[str]:
+            blobs = [
+                JournalBlobs.name(str(job), RESULT_BLOB)
+                for (job,) in c.execute(
+                    "SELECT job_id FROM job_results WHERE length(value_bytes) = 0 AND job_id IN "
+                    "(SELECT job_id FROM job_journal_jobs WHERE slot = ?)",
+                    (slot,),
+                )
+            ]
             c.execute(
                 "DELETE FROM job_results WHERE job_id IN "
                 "(SELECT job_id FROM job_journal_jobs WHERE slot = ?)",
@@ -191,15 +250,19 @@ class JobJournal:
                 "UPDATE job_journal_jobs SET state = 'consumed' WHERE slot = ? AND state = 'done'",
                 (slot,),
             )
+            return blobs
 
-        self.store.call(write)
+        self.blobs.delete(self.store.call(write))
 
     # ------------------------------------------------------------ reading
     def find(self, slot: str) -> JournaledJob | None:
         """The latest job of ``slot`` still to continue — running, or done with its
-        result kept — if any (a failed or consumed one is not)."""
+        result kept — if any (a failed or consumed one is not). Blobs are read and
+        checked here, outside the writer thread; a missing or altered one raises
+        :class:`~spherecal.coordinator.state.journal_blobs.BlobCorrupt` (a
+        ``ValueError``, as a corrupt inline result does)."""
 
-        def read(c: sqlite3.Connection) -> JournaledJob | None:
+        def read(c: sqlite3.Connection) -> _Rows | None:
             row = c.execute(
                 "SELECT job_id, slot, purpose, round, job, first_stage_s, state "
                 "FROM job_journal_jobs WHERE slot = ? AND state IN ('running', 'done') "
@@ -208,43 +271,65 @@ class JobJournal:
             ).fetchone()
             if row is None:
                 return None
-            job_id = str(row[0])
-            entries = tuple(
-                JournalEntry(
-                    str(k), None if st is None else int(st), snd, None if d is None else bytes(d)
-                )
-                for k, st, snd, d in c.execute(
-                    "SELECT kind, stage, sender, data FROM job_journal WHERE job_id = ? "
-                    "ORDER BY seq",
-                    (job_id,),
-                )
-            )
-            result = None
+            entries = c.execute(
+                "SELECT seq, kind, stage, sender, data FROM job_journal WHERE job_id = ? "
+                "ORDER BY seq",
+                (str(row[0]),),
+            ).fetchall()
             res = c.execute(
                 "SELECT contributors, dropouts, excluded, value_bytes, sha256 "
                 "FROM job_results WHERE job_id = ?",
-                (job_id,),
+                (str(row[0]),),
             ).fetchone()
-            if res is not None:
-                raw = bytes(res[3])
-                if hashlib.sha256(raw).hexdigest() != res[4]:
-                    raise ValueError(f"job {job_id[:8]}: its journaled result is corrupt")
-                result = JournaledResult(
-                    tuple(json.loads(res[0])),
-                    tuple(json.loads(res[1])),
-                    tuple(json.loads(res[2])),
-                    np.frombuffer(raw, dtype="<f8").astype(np.float64),
-                )
-            return JournaledJob(
-                job_id,
-                str(row[1]),
-                str(row[2]),
-                None if row[3] is None else int(row[3]),
-                bytes(row[4]),
-                float(row[5]),
-                str(row[6]),
-                entries,
-                result,
-            )
+            return _Rows(tuple(row), entries, None if res is None else tuple(res))
 
-        return self.store.call(read)
+        rows = self.store.call(read)
+        return None if rows is None else self._job(rows)
+
+    def _job(self, rows: _Rows) -> JournaledJob:
+        row = rows.job
+        job_id = str(row[0])
+        entries = []
+        for seq, kind, stage, sender, data in rows.entries:
+            payload = None if data is None else bytes(data)
+            if kind == MASKED_CLOSED_BLOB:
+                assert payload is not None
+                name = JournalBlobs.name(job_id, f"masked-{seq}")
+                kind, payload = MASKED_CLOSED, self.blobs.read(name, payload.decode("ascii"))
+            entries.append(
+                JournalEntry(str(kind), None if stage is None else int(stage), sender, payload)
+            )
+        result = None
+        if rows.result is not None:
+            contributors, dropouts, excluded, value_bytes, sha256 = rows.result
+            raw = bytes(value_bytes)
+            if not raw:  # the values are a blob
+                raw = self.blobs.read(JournalBlobs.name(job_id, RESULT_BLOB), str(sha256))
+            elif hashlib.sha256(raw).hexdigest() != sha256:
+                raise ValueError(f"job {job_id[:8]}: its journaled result is corrupt")
+            result = JournaledResult(
+                tuple(json.loads(contributors)),
+                tuple(json.loads(dropouts)),
+                tuple(json.loads(excluded)),
+                np.frombuffer(raw, dtype="<f8").astype(np.float64),
+            )
+        return JournaledJob(
+            job_id,
+            str(row[1]),
+            str(row[2]),
+            None if row[3] is None else int(row[3]),
+            bytes(row[4]),
+            float(row[5]),
+            str(row[6]),
+            tuple(entries),
+            result,
+        )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What :meth:`JobJournal.find` reads in one transaction, blobs still unread."""
+
+    job: tuple[Any, ...]
+    entries: list[tuple[Any, ...]]
+    result: tuple[Any, ...] | None

@@ -14,7 +14,7 @@ storage fault records ``stopped`` and *is* resumed) — is over:
   else what the database holds) and exits with its status — nothing written;
 - with ``--new-federation`` :func:`set_aside_finished` moves the finished
   federation's files — ``state.db`` (and its WAL), ``checkpoints/``, ``spool/``,
-  ``federation.json``, and the result files in ``out_dir`` — into
+  ``journal/``, ``federation.json``, and the result files in ``out_dir`` — into
   ``set-aside-<UTC time>/`` beside them, never deleting, and says so in the log; a
   new federation then starts in the emptied directory.
 """
@@ -43,7 +43,7 @@ ENDED_STATUSES = frozenset({"completed", "degraded", "failed"})
 """Statuses a federation ends with; ``stopped`` (SIGTERM, storage fault) resumes."""
 
 STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "federation.json")
-STATE_DIRS = ("checkpoints", "spool")
+STATE_DIRS = ("checkpoints", "spool", "journal")
 RESULT_FILES = ("summary.json", "model_spec.json", "classifiers.pt")
 RESULT_PATTERNS = ("model_*.pt", "head_*.pt")
 

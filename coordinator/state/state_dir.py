@@ -1,7 +1,8 @@
 """What a coordinator's state directory holds, and the checks before it is used.
 
 A state directory is ``state.db`` (+ ``state.db-wal`` while open), ``checkpoints/``
-(the global vector after the latest rounds), ``spool/`` and ``federation.json`` — a
+(the global vector after the latest rounds), ``spool/``, ``journal/`` (the secure
+jobs' journaled sums, ``journal_blobs``) and ``federation.json`` — a
 small marker naming the federation id, written *outside* SQLite when a federation
 starts. Why the marker: if ``state.db`` is restored or copied without its WAL, or
 replaced by another file, the database may no longer know the federation its

@@ -27,7 +27,8 @@ from spherecal.coordinator.driver.secure_job import SecureJob
 from spherecal.coordinator.driver.stages import continue_journaled_job, with_first_cause
 from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
-from spherecal.coordinator.state.job_journal import JobJournal
+from spherecal.coordinator.state.job_journal import MASKED_CLOSED_BLOB, JobJournal
+from spherecal.coordinator.state.journal_blobs import BLOB_FOLDER, BlobCorrupt, JournalBlobs
 from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import public_key_bytes
@@ -278,3 +279,156 @@ def test_a_consumed_result_is_dropped_and_not_continued_again(tmp_path: Path) ->
     assert journal.find(SLOT) is None
     assert store.query("SELECT state FROM job_journal_jobs") == [("consumed",)]
     store.close()
+
+
+# ---------------------------------------------------------------- blobs (issue #24)
+def _blob_names(root: Path) -> list[str]:
+    folder = root / BLOB_FOLDER
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def _drive_to_unmask(job: SecureJob, sites: dict[str, Site]) -> None:
+    """Drive the job until its masked stage closed (the masked sum is journaled)."""
+    for _ in range(10):
+        if job.stage_name in ("consistency", "unmask"):
+            return
+        for pid, site in sorted(sites.items()):
+            if not job.has_advertised(pid):
+                _send(job, pid, pb.ADVERTISE, site.message(pb.ADVERTISE, None))
+            step = job.step_for(pid)
+            if step is None:
+                continue
+            if step.stage == pb.MASKED:
+                site.upload(job, pid, bytes(step.message))
+            else:
+                _send(job, pid, step.stage, site.message(step.stage, bytes(step.message)))
+        job.advance(frozenset(sites))
+    raise AssertionError(f"the masked stage did not close: {job.stage_name}")
+
+
+def test_the_masked_sum_and_the_result_are_blobs_named_by_their_rows(tmp_path: Path) -> None:
+    job, store, sites, expected = _new_job(tmp_path, None)
+    _drive_to_unmask(job, sites)
+    # the masked stage's sum: a file whose SHA-256 the row records, not the row itself
+    (row,) = store.query("SELECT seq, data FROM job_journal WHERE kind = ?", (MASKED_CLOSED_BLOB,))
+    name = JournalBlobs.name(job.job_hex, f"masked-{row[0]}")
+    assert _blob_names(tmp_path) == [name]
+    blob = (tmp_path / BLOB_FOLDER / name).read_bytes()
+    assert len(blob) == LENGTH * job.spec.entry_bytes
+    assert bytes(row[1]).decode() == hashlib.sha256(blob).hexdigest()
+    _, total = job.server.masked_snapshot()
+    assert blob == np.ascontiguousarray(total, dtype=total.dtype.newbyteorder("<")).tobytes()
+
+    _drive(job, sites)
+    assert job.outcome is not None and job.outcome.status == "done"
+    # the result replaces it: a blob of the exact float64 values; the masked sum's is gone
+    result = JournalBlobs.name(job.job_hex, "result")
+    assert _blob_names(tmp_path) == [result]
+    assert store.query("SELECT length(value_bytes) FROM job_results") == [(0,)]
+    values = np.frombuffer((tmp_path / BLOB_FOLDER / result).read_bytes(), dtype="<f8")
+    assert np.array_equal(values, np.asarray(job.outcome.values))
+    found = JobJournal(store).find(SLOT)
+    assert found is not None and found.result is not None
+    assert np.array_equal(found.result.values, np.asarray(job.outcome.values))
+    np.testing.assert_allclose(found.result.values, expected, rtol=0, atol=1e-6)
+
+    JobJournal(store).discard_results(SLOT)  # consumed: the blob goes with its row
+    assert _blob_names(tmp_path) == []
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "altered"])
+def test_a_missing_or_altered_blob_is_refused_not_used(tmp_path: Path, damage: str) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    _drive_to_unmask(job, sites)
+    (name,) = _blob_names(tmp_path)
+    path = tmp_path / BLOB_FOLDER / name
+    if damage == "missing":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[5] ^= 1
+        path.write_bytes(bytes(data))
+    with pytest.raises(BlobCorrupt):
+        JobJournal(store).find(SLOT)
+    store.close()
+
+
+def test_no_row_is_committed_when_its_blob_could_not_be_written(tmp_path: Path) -> None:
+    """The blob is durable before its row: a failed blob write leaves no row naming
+    it (were the row written first, a crash between would leave a row whose sum is
+    lost, and the job could not be continued)."""
+    job, store, sites, _ = _new_job(tmp_path, None)
+    (tmp_path / BLOB_FOLDER).write_bytes(b"")  # a file where the folder goes: writes fail
+    with pytest.raises(OSError):
+        _drive_to_unmask(job, sites)
+    assert store.query(
+        "SELECT COUNT(*) FROM job_journal WHERE kind IN (?, ?)",
+        (MASKED_CLOSED_BLOB, "masked-closed"),
+    ) == [(0,)]
+    store.close()
+
+
+def test_sweep_removes_only_orphaned_blobs_of_known_jobs(tmp_path: Path) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    _drive_to_unmask(job, sites)
+    folder = tmp_path / BLOB_FOLDER
+    (kept,) = _blob_names(tmp_path)
+    orphan = JournalBlobs.name(job.job_hex, "masked-99")  # written, row never committed
+    stale = f".{JournalBlobs.name(job.job_hex, 'result')}.123.tmp"  # killed mid-write
+    foreign = JournalBlobs.name("ab" * 16, "result")  # a job this database does not know
+    for name in (orphan, stale, foreign):
+        (folder / name).write_bytes(b"x")
+    assert sorted(JobJournal(store).sweep()) == sorted([orphan, stale])
+    assert _blob_names(tmp_path) == sorted([kept, foreign])
+    store.close()
+
+
+def test_rows_written_inline_by_an_earlier_version_still_read(tmp_path: Path) -> None:
+    job, store, sites, _ = _new_job(tmp_path, None)
+    _drive(job, sites)
+    assert job.outcome is not None
+    raw = np.asarray(job.outcome.values, dtype="<f8").tobytes()
+    store.call(
+        lambda c: c.execute(
+            "UPDATE job_results SET value_bytes = ?, sha256 = ?",
+            (raw, hashlib.sha256(raw).hexdigest()),
+        )
+    )
+    (tmp_path / BLOB_FOLDER / JournalBlobs.name(job.job_hex, "result")).unlink()
+    found = JobJournal(store).find(SLOT)
+    assert found is not None and found.result is not None
+    assert np.array_equal(found.result.values, np.asarray(job.outcome.values))
+    store.close()
+
+
+def test_a_masked_sum_written_inline_by_an_earlier_version_still_continues(
+    tmp_path: Path,
+) -> None:
+    job, store, sites, _ = _new_job(tmp_path / "a", None)
+    _drive_to_unmask(job, sites)
+    store.close()
+    again = Store(tmp_path / "a" / "state.db")
+    (seq, digest) = again.query(
+        "SELECT seq, data FROM job_journal WHERE kind = ?", (MASKED_CLOSED_BLOB,)
+    )[0]
+    blob = tmp_path / "a" / BLOB_FOLDER / JournalBlobs.name(job.job_hex, f"masked-{seq}")
+    inline = blob.read_bytes()
+    assert hashlib.sha256(inline).hexdigest() == bytes(digest).decode()
+    again.call(
+        lambda c: c.execute(
+            "UPDATE job_journal SET kind = 'masked-closed', data = ? WHERE seq = ?", (inline, seq)
+        )
+    )
+    blob.unlink()
+    journal = JobJournal(again)
+    record = journal.find(SLOT)
+    assert record is not None
+    resumed = continue_journaled_job(record, settings=_settings(), stage_s=60.0, journal=journal)
+    _drive(resumed, sites)
+    clean, clean_store, clean_sites, _ = _new_job(tmp_path / "b", None)
+    _drive(clean, clean_sites)
+    clean_store.close()
+    assert resumed.outcome is not None and clean.outcome is not None
+    assert np.array_equal(np.asarray(resumed.outcome.values), np.asarray(clean.outcome.values))
+    again.close()
