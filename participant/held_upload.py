@@ -10,8 +10,11 @@ the same masks, and two masked inputs under the same masks reveal their differen
 :func:`store_masked` writes the masked chunks (``held_jobs.HeldJobStore.save_masked``)
 and then replaces the job's record by one that names their digest and holds no keys
 (the session is at the masked stage: ``crypto.HeldState`` holds keys only before
-it). A failed write costs durability only — the upload goes from the session's
-deterministic chunks, and a restart during it loses the job, logged — *provided* the
+it), and keeps the chunks it wrote on the session (``stored_chunks``) so that the
+upload sends those very bytes without reading the file back and decrypting it (a
+restarted process, which has only the file, reads it). A failed write costs
+durability only — the upload goes from the session's deterministic chunks, and a
+restart during it loses the job, logged — *provided* the
 keys are gone from disk: the record is replaced without them, or deleted; if neither
 can be done, the upload must not go, and :func:`store_masked` returns the reason.
 
@@ -21,7 +24,7 @@ task again after it reconnected, ``coordinator.driver.secure_job.SecureJob.rejoi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from spherecal import crypto
 from spherecal.participant.held_jobs import HeldJobError, HeldJobStore
@@ -39,9 +42,17 @@ def store_masked(
     but no keys left on disk); a :class:`HeldJobError`: it must not (withdraw)."""
     job_id = session.job_id
     label = f"job {job_id.hex()[:8]}"
+    kept: list[bytes] = []
+
+    def chunks(n: int) -> Iterator[bytes]:
+        for index in range(n):
+            chunk = session.masked_chunk(index)
+            kept.append(chunk)
+            yield chunk
+
     try:
         n = session.n_chunks
-        digest = store.save_masked(job_id, (session.masked_chunk(i) for i in range(n)), n)
+        digest = store.save_masked(job_id, chunks(n), n)
     except OSError as exc:
         log(
             f"{label}: could not store its masked input ({exc}); a restart of this site "
@@ -49,12 +60,14 @@ def store_masked(
         )
         return _without_keys(store, session, federation, exc)
     session.masked_digest = digest
+    session.stored_chunks = kept  # the upload streams these bytes, as written
     try:
         store.save(job_id, session.record(federation))
     except OSError as exc:
         # the masked file without a record naming it is deleted on restart; the
         # record with the keys must not survive beside a sent input
         session.masked_digest = None
+        session.stored_chunks = None
         log(
             f"{label}: could not record its stored masked input ({exc}); a restart of "
             "this site during the upload would lose the job"

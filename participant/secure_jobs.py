@@ -519,9 +519,10 @@ class SecureSteps:
         charged to the release ledger, then sent — so any upload that started can be
         repeated bit for bit after a restart of this process, never with another
         input, and a crash between any two steps leaves either no charge or the
-        stored input (see the module docstring). A session that already stored it
-        (restored, or the coordinator asks again) streams the stored chunks; the
-        ledger charge is idempotent for one job."""
+        stored input (see the module docstring). The bytes just stored go from
+        memory (``stored_chunks``); a session that stored them before (restored, or
+        the coordinator asks again after a delivered upload) streams the stored file;
+        the ledger charge is idempotent for one job."""
         job_id = session.job_id
         if session.masked_digest is None and self.store is not None:
             refusal = store_masked(self.store, session, self.federation(), self.log)
@@ -549,7 +550,9 @@ class SecureSteps:
             )
 
         def chunks() -> Iterator[bytes]:
-            if stored:
+            if stored and session.stored_chunks is not None:
+                yield from session.stored_chunks  # the bytes just stored, not read back
+            elif stored:
                 assert self.store is not None
                 yield from self.store.masked_chunks(job_id)
             else:
@@ -572,6 +575,7 @@ class SecureSteps:
 
         try:
             self.transport.upload_masked(messages())
+            session.stored_chunks = None  # delivered: a repeat, if asked, reads the file
         except HeldJobError as exc:  # the stored input no longer reads back whole
             self.log(
                 f"job {job_id.hex()[:8]}: its stored masked input cannot be read ({exc}); "

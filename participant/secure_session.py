@@ -161,6 +161,10 @@ class SecureSession:
         held-jobs folder before its upload began (None: not stored)."""
         self.resent = False
         """Restored with its masked input stored: an upload of it now is a repeat."""
+        self.stored_chunks: list[bytes] | None = None
+        """The masked chunks exactly as this process stored them (``held_upload``),
+        kept until the upload completes so that it streams them from memory instead
+        of reading the file back; None after a restart (the file is read)."""
 
     # ---------------------------------------------------------------- restarts
     def record(self, federation: str) -> HeldJob:
@@ -209,6 +213,7 @@ class SecureSession:
         self._sent = {cast(pb.SecAggStage, stage): data for stage, data in record.sent}
         self.masked_digest = record.masked
         self.resent = record.masked is not None
+        self.stored_chunks = None
         return self
 
     def set_input(

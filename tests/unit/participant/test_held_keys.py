@@ -18,7 +18,7 @@ transport calls the job's methods in process, as the service does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -385,6 +385,31 @@ def test_a_crash_between_the_stored_input_and_its_record_charges_nothing(
     fed.task()
     fed.site_step()
     assert fed.transport.streamed == first
+    fed.job.advance(frozenset(IDS))
+    _finish(fed)
+
+
+def test_the_live_upload_sends_the_stored_bytes_from_memory_a_restart_reads_the_file(
+    fed: Federation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process that stored its masked input streams the very chunks it wrote
+    (issue #24: no read-back and decryption of the file on the critical path); only a
+    restarted process, which has nothing else, reads the file — and both send the
+    same bytes."""
+    _to_masked(fed, ())
+    real_read = HeldJobStore.masked_chunks
+
+    def unreadable(self: HeldJobStore, job_id: bytes) -> Iterator[bytes]:
+        raise AssertionError("the live upload read the stored file back")
+
+    monkeypatch.setattr(HeldJobStore, "masked_chunks", unreadable)
+    fed.site_step()
+    monkeypatch.setattr(HeldJobStore, "masked_chunks", real_read)
+    assert fed.steps is not None and fed.steps.store is not None
+    assert list(fed.steps.store.masked_chunks(fed.job.job_id)) == fed.transport.streamed
+    session = fed.steps.jobs[fed.job.job_id]
+    assert session.stored_chunks is None  # delivered: the memory is given back
+    assert fed.released() == 1
     fed.job.advance(frozenset(IDS))
     _finish(fed)
 
