@@ -23,6 +23,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -181,6 +182,9 @@ class SecureJob:
         self._halt = halt
         self._halted: set[str] = set()
         self._accepted: dict[tuple[str, int], bytes] = {}
+        self._journaling: dict[tuple[str, int], Future[Any]] = {}
+        """(sender, stage) -> the journal write of the message accepted (done once
+        it committed): an identical resend is acknowledged only after it."""
         """(sender, stage) -> SHA-256 of the message accepted: an identical resend (a
         site answering again after either side restarted) is acknowledged, not refused."""
         self.resumed = False
@@ -381,16 +385,26 @@ class SecureJob:
                     self.journal.message(self.job_hex, stage, participant, data)
             return
         digest = hashlib.sha256(data).digest()
+        durable: Future[Any] | None = None
         with self.lock:
             if self._accepted.get((participant, stage)) == digest:
                 # the same message again (its sender restarted, or we did): it is in
-                # the job already; the sender reads ALREADY_EXISTS as delivered
+                # the job already; the sender reads ALREADY_EXISTS as delivered —
+                # once the first copy is durable (its write may still be queued)
                 self._reconfirmed.add(participant)
-                raise ServiceError(
+                durable = self._journaling.get((participant, stage))
+                repeated = ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{self.label()} already has this {STAGE_NAMES.get(stage, stage)} message "
                     f"from {participant!r} (identical)",
                 )
+            else:
+                repeated = None
+        if repeated is not None:
+            if durable is not None:
+                durable.result()
+            raise repeated
+        with self.lock:
             self._check_open()
             current = self.server.stage
             if STAGE_CODES.get(current) != stage:
@@ -405,8 +419,16 @@ class SecureJob:
                 raise from_secagg(exc) from None
             self._accepted[(participant, stage)] = digest
             self._reconfirmed.add(participant)
-            if self.journal is not None:  # durable before the sender hears "OK"
-                self.journal.message(self.job_hex, stage, participant, data)
+            if self.journal is not None:
+                durable = self.journal.message_queued(self.job_hex, stage, participant, data)
+                self._journaling[(participant, stage)] = durable
+        # Durable before the sender hears "OK" — waited for outside the job's lock, so
+        # the messages of a stage that arrive together commit together (one writer
+        # batch) instead of one commit after another under the lock. The stage's close
+        # is queued after them (under the lock), so it never commits before them.
+        if durable is not None:
+            durable.result()
+        with self.lock:
             self._reached(STAGE_NAMES[stage])
 
     def begin_upload(self, participant: str) -> None:

@@ -32,6 +32,7 @@ import hashlib
 import json
 import sqlite3
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,9 +150,24 @@ class JobJournal:
         sender: str | None = None,
         data: bytes | None = None,
     ) -> None:
+        self.queue(job_id, kind, stage=stage, sender=sender, data=data).result()
+
+    def queue(
+        self,
+        job_id: str,
+        kind: str,
+        *,
+        stage: int | None = None,
+        sender: str | None = None,
+        data: bytes | None = None,
+    ) -> Future[Any]:
+        """Take the entry's place in the job's sequence and queue its write; the
+        future is done once it committed. Entries queued in sequence order commit in
+        that order (the store's single writer), so a caller may queue under its job's
+        lock and wait after releasing it."""
         seq = self._seq.get(job_id, 0)
         self._seq[job_id] = seq + 1
-        self.store.call(
+        return self.store.submit(
             lambda c: c.execute(
                 "INSERT INTO job_journal (job_id, seq, kind, stage, sender, data) "
                 "VALUES (?,?,?,?,?,?)",
@@ -161,6 +177,10 @@ class JobJournal:
 
     def message(self, job_id: str, stage: int, sender: str, data: bytes) -> None:
         self.append(job_id, MESSAGE, stage=stage, sender=sender, data=data)
+
+    def message_queued(self, job_id: str, stage: int, sender: str, data: bytes) -> Future[Any]:
+        """:meth:`message`, waited for by the caller (:meth:`queue`)."""
+        return self.queue(job_id, MESSAGE, stage=stage, sender=sender, data=data)
 
     def closed(self, job_id: str, stage: int) -> None:
         self.append(job_id, CLOSE, stage=stage)

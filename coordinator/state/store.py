@@ -250,9 +250,16 @@ class Store:
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on the writer thread; return after its batch committed
         (raises :class:`StorageFailed` if it could not be)."""
+        return self.submit(fn).result()
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
+        """Queue ``fn(conn)`` for the writer thread now; the future is done once its
+        batch committed. Calls queued from several threads before any of them waits
+        commit in the order queued, in as few batches as the writer finds them —
+        what :meth:`call` cannot give callers that each wait holding a lock."""
         future: Future[T] = Future()
         self._put((fn, future))
-        return future.result()
+        return future
 
     def checkpoint_wal(self) -> tuple[int, int, int]:
         """Commit everything queued so far, then copy the WAL into ``state.db`` and

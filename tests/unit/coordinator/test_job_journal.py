@@ -15,6 +15,8 @@ same SQLite file and a job rebuilt from its journal.
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -432,3 +434,66 @@ def test_a_masked_sum_written_inline_by_an_earlier_version_still_continues(
     assert resumed.outcome is not None and clean.outcome is not None
     assert np.array_equal(np.asarray(resumed.outcome.values), np.asarray(clean.outcome.values))
     again.close()
+
+
+def _block_writer(store: Store) -> tuple[threading.Event, threading.Event]:
+    """Hold the store's writer thread inside a write until ``release`` is set."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(c: object) -> None:
+        entered.set()
+        release.wait(30)
+
+    store.submit(hold)  # type: ignore[arg-type]
+    assert entered.wait(30)
+    return entered, release
+
+
+def test_a_stages_messages_are_journaled_together_each_durable_before_its_ok(
+    tmp_path: Path,
+) -> None:
+    """Issue #24: a message's journal write is awaited outside the job's lock, so the
+    messages of a stage that arrive together queue together (one commit) instead of
+    one commit after another under the lock — and still no sender hears "OK" before
+    its message committed."""
+    job, store, sites, _ = _new_job(tmp_path, None)
+    _, release = _block_writer(store)
+    answered: list[str] = []
+    threads = [
+        threading.Thread(
+            target=lambda p=p: (
+                job.submit(p, pb.ADVERTISE, sites[p].message(pb.ADVERTISE, None)),
+                answered.append(p),
+            )
+        )
+        for p in sorted(sites)
+    ]
+    for t in threads:
+        t.start()
+    # every submission got past the job's lock and queued its write: the writer is
+    # still held, so none of them committed — and none was answered
+    deadline = time.monotonic() + 30
+    while store._queue.qsize() < N and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store._queue.qsize() == N
+    assert answered == []
+    # an identical resend is acknowledged only once the first copy is durable
+    resend: list[BaseException] = []
+
+    def again() -> None:
+        try:
+            job.submit("p0", pb.ADVERTISE, sites["p0"].message(pb.ADVERTISE, None))
+        except ServiceError as exc:
+            resend.append(exc)
+
+    repeat = threading.Thread(target=again)
+    repeat.start()
+    repeat.join(0.5)
+    assert repeat.is_alive() and resend == []
+    release.set()
+    for t in [*threads, repeat]:
+        t.join(30)
+    assert sorted(answered) == sorted(sites)
+    assert len(resend) == 1 and resend[0].code is grpc.StatusCode.ALREADY_EXISTS  # type: ignore[attr-defined]
+    assert store.query("SELECT COUNT(*) FROM job_journal WHERE kind = 'message'") == [(N,)]
+    store.close()
