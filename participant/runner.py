@@ -62,6 +62,7 @@ from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.held_jobs import HeldJobStore
+from spherecal.participant.overlapped_work import Overlapped
 from spherecal.participant.release_ledger import UPDATE, LedgerRules, Release, ReleaseLedger
 from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
@@ -586,21 +587,46 @@ class ParticipantRunner:
         d, c = trainer.feature_dim, trainer.num_classes
         length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
         session = None
-        if secure:
-            session = self.secure.start(
-                task_id, task.secure, round_index=None, expected_length=length, release=release
-            )
-            if session is None:
-                return
-        t0 = time.monotonic()
-        stats = trainer.statistics(vector, kind)
-        if self.adversary is not None:
-            stats = trainer.attacked_statistics(self.adversary, kind, stats)
-        self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
+        if secure and self.secure.overlaps_local_work:
+            # the feature pass runs while the keys and shares are exchanged
+            # (spherecal.participant.overlapped_work: only where that reveals nothing)
+            with Overlapped(
+                lambda: self._statistics_of(trainer, vector, kind), name=f"{kind}-statistics"
+            ) as work:
+                session = self.secure.start(
+                    task_id,
+                    task.secure,
+                    round_index=None,
+                    expected_length=length,
+                    release=release,
+                    overlapped=True,
+                )
+                if session is None:
+                    return  # the result is dropped once computed: nothing of it leaves
+                stats, seconds = work.result()
+        else:
+            if secure:
+                session = self.secure.start(
+                    task_id, task.secure, round_index=None, expected_length=length, release=release
+                )
+                if session is None:
+                    return
+            stats, seconds = self._statistics_of(trainer, vector, kind)
+        self.log(f"{kind} statistics: {stats.shape[0]} entries in {seconds:.1f}s")
         if session is not None:
             self.secure.set_input(task_id, session, stats)
         else:
             self._upload_plain(task_id, stats, None, release=release)
+
+    def _statistics_of(
+        self, trainer: LocalTrainer, vector: npt.NDArray[np.float64], kind: str
+    ) -> tuple[npt.NDArray[np.float64], float]:
+        """The statistics vector of ``kind`` and the seconds it took."""
+        t0 = time.monotonic()
+        stats = trainer.statistics(vector, kind)
+        if self.adversary is not None:
+            stats = trainer.attacked_statistics(self.adversary, kind, stats)
+        return stats, time.monotonic() - t0
 
     def _private_statistics(
         self, task_id: str, task: pb.StatisticsTask, kind: str, release_key: str

@@ -134,6 +134,15 @@ class SecureSteps:
         """The held-jobs folder (``held_jobs``): None keeps job sessions in memory only."""
         self.federation = federation
 
+    @property
+    def overlaps_local_work(self) -> bool:
+        """Whether a statistics job's local work may run while its keys and shares
+        are exchanged (``spherecal.participant.overlapped_work``): only where the
+        masked upload's moment, which follows the local work, is not held back
+        (``[policy] min_local_work_s = 0``) — a site that hides its local work's
+        duration keeps keys, shares, then the work, strictly in that order."""
+        return self.min_local_work_s == 0
+
     def clear(self) -> None:
         """Forget every session in memory (another federation never continues an old
         job); their files go with :meth:`restore_held` or :meth:`end_federation`."""
@@ -265,6 +274,7 @@ class SecureSteps:
         round_index: int | None,
         expected_length: int,
         release: str | None = None,
+        overlapped: bool = False,
     ) -> SecureSession | None:
         """Validate the job against this participant's policy, claim it, advertise
         keys and answer the share step — before any local work. None when refused
@@ -307,7 +317,9 @@ class SecureSteps:
         self._started[session.job_id] = time.monotonic()
         self._submit(session, pb.ADVERTISE, advert)
         self.log(f"job {session.job_id.hex()[:8]}: advertised keys ({session.purpose})")
-        early = self.answer_share(session, wait_s=self.share_wait_s, poll_ms=self.poll_ms)
+        early = self.answer_share(
+            session, wait_s=self.share_wait_s, poll_ms=self.poll_ms, overlapped=overlapped
+        )
         if early.deferred is not None:
             self._deferred = early.deferred
         return session if early.proceed else None
@@ -344,7 +356,9 @@ class SecureSteps:
         self._started[job] = time.monotonic()
         return session
 
-    def answer_share(self, session: SecureSession, *, wait_s: float, poll_ms: int) -> EarlyShare:
+    def answer_share(
+        self, session: SecureSession, *, wait_s: float, poll_ms: int, overlapped: bool = False
+    ) -> EarlyShare:
         """Wait (long polls, at most ``wait_s``) for this job's share step and answer
         it, before any local work: the share answer's time then depends on the
         slowest *advertisement*, not on this participant's data.
@@ -387,7 +401,8 @@ class SecureSteps:
                 self.step(instruction.secagg)
                 answered = job in self.jobs  # a refusal or a closed stage drops the job
                 if answered:
-                    self.log(f"job {job.hex()[:8]}: shared keys before the local work")
+                    when = "while the local work runs" if overlapped else "before the local work"
+                    self.log(f"job {job.hex()[:8]}: shared keys {when}")
                 return EarlyShare(proceed=answered)
             self.log(f"job {job.hex()[:8]}: the coordinator moved on before its share stage")
             self.forget(session)
