@@ -121,8 +121,14 @@ if __package__ in (None, ""):  # run as `python bench/secagg.py`: make `bench` i
 import numpy as np
 
 from bench._report import emit_json
+from spherecal.crypto import native
 from spherecal.crypto.policy import SecAggPolicy
-from spherecal.crypto.prg import fastest_engine, keystream_rate_gbps, raw_keystream_seconds
+from spherecal.crypto.prg import (
+    fastest_engine,
+    kernel_keystream_seconds,
+    keystream_rate_gbps,
+    raw_keystream_seconds,
+)
 from spherecal.crypto.simulation import run_protocol
 from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec, default_degree
 
@@ -157,6 +163,19 @@ def raw_rate_cpu_gbps(passes: int = 3) -> float:
     return RAW_PASS_BYTES / best / 1e9
 
 
+def own_rate_cpu_gbps(passes: int = 3) -> float | None:
+    """Best-of-``passes`` rate of the native kernel's bare keystream (its current engine)
+    by this thread's CPU time; ``None`` without the kernel."""
+    if native.KERNEL is None:
+        return None
+    best = math.inf
+    for _ in range(passes):
+        c0 = time.thread_time()
+        kernel_keystream_seconds(RAW_PASS_BYTES)
+        best = min(best, time.thread_time() - c0)
+    return RAW_PASS_BYTES / best / 1e9
+
+
 def raw_rate_gbps(passes: int = 3) -> float:
     """Best-of-``passes`` rate of the faster keystream engine in GB/s (1e9 bytes)."""
     best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
@@ -175,6 +194,7 @@ def _one_run(
 ) -> dict[str, Any]:
     rates = engine_rates() if raw_gbps is None else {}
     raw_cpu = raw_rate_cpu_gbps() if raw_gbps is None else 1.0
+    own_cpu = own_rate_cpu_gbps() if raw_gbps is None else None
     raw_gbps = max(rates.values()) if raw_gbps is None else raw_gbps
     report = run_protocol(
         spec,
@@ -213,7 +233,15 @@ def _one_run(
         report.input_cpu_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_cpu * 1e9))
         for p in report.input_cpu_seconds
     ]
+    own = {}
+    if own_cpu is not None:  # the same two ratios against the kernel's own bare keystream
+        own = {
+            "own_keystream_cpu_gbps": own_cpu,
+            "mask_gen_over_own_keystream_cpu": float(np.mean(mask_cpu_gbps)) / own_cpu,
+            "input_over_own_keystream_cpu": float(np.mean(input_cpu_ratio)) * raw_cpu / own_cpu,
+        }
     return {
+        **own,
         **({"aes_ctr_gbps": rates["ctr"], "aes_gcm_gbps": rates["gcm"]} if rates else {}),
         "raw_aes_ctr_gbps": raw_gbps,
         "mask_gen_over_keystream": float(np.mean(mask_gbps)) / raw_gbps,
@@ -380,6 +408,7 @@ def run(
         for bits, r, count in ((ring_bits, out, repeats), (other, extra, 1))
     }
     out["keystream_engine"] = fastest_engine()
+    out["kernel_engine"] = native.engine()
     out.update(
         dim=dim,
         participants=participants,
@@ -414,9 +443,8 @@ def kernel(
     machine the wall clock also counts the time this process waits for a core, the CPU
     time does not (cache and memory-bandwidth contention still count in both).
     """
-    from spherecal.crypto import native
     from spherecal.crypto.messages import MaskedChunk
-    from spherecal.crypto.prg import MaskExpander, MaskSeed
+    from spherecal.crypto.prg import MaskExpander, MaskSeed, kernel_keystream_seconds
     from spherecal.crypto.ring import encode, ring_dtype
 
     dtype = ring_dtype(ring_bits)
@@ -425,7 +453,17 @@ def kernel(
     seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
     plan = [(seed, 1 if i % 2 else -1) for i, seed in enumerate(seeds)]
     total_bytes = masks * dim * dtype.itemsize
-    names = ("keystream", "mask_major", "mask_numpy", "mask", "input_numpy", "input")
+    names = (
+        "keystream",
+        "keystream_own",
+        "mask_major",
+        "mask_numpy",
+        "mask_evp",
+        "mask",
+        "input_numpy",
+        "input_evp",
+        "input",
+    )
     best = {(key, clock): math.inf for key in names for clock in ("wall", "cpu")}
     kernel_module = native.KERNEL
 
@@ -439,13 +477,21 @@ def kernel(
             lambda prefix: expander.masked_bytes(prefix, plan, start, source),
         ).to_bytes()  # fmt: skip
 
+    own = native.engine()  # the kernel's engine (its own AES where the CPU has AES-NI)
     for _ in range(passes):
         t0, c0 = time.perf_counter(), time.thread_time()
         raw_keystream_seconds(total_bytes)
         record("keystream", time.perf_counter() - t0, time.thread_time() - c0)
-        for key in names[1:]:
+        if kernel_module is not None:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            kernel_keystream_seconds(total_bytes)
+            record("keystream_own", time.perf_counter() - t0, time.thread_time() - c0)
+        for key in names[2:]:
             numpy_path = key in ("mask_major", "mask_numpy", "input_numpy")
             native.KERNEL = None if numpy_path else kernel_module
+            evp = key.endswith("_evp") and kernel_module is not None
+            if evp:
+                previous = kernel_module.set_engine("openssl")
             try:
                 encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
                 expander = MaskExpander(min(chunk, dim), dtype, native=not numpy_path and None)
@@ -466,12 +512,15 @@ def kernel(
                 record(key, time.perf_counter() - t0, time.thread_time() - c0)
             finally:
                 native.KERNEL = kernel_module
+                if evp:
+                    kernel_module.set_engine(previous)
     result: dict[str, Any] = {
         "ring_bits": ring_bits,
         "masks": masks,
         "chunk_entries": chunk,
         "passes": passes,
         "native_kernel": kernel_module is not None,
+        "kernel_engine": own,
     }
     for clock in ("wall", "cpu"):
         ks = best["keystream", clock]
@@ -484,6 +533,16 @@ def kernel(
             f"mask_major_over_keystream{suffix}": round(ks / best["mask_major", clock], 4),
             f"input_over_keystream{suffix}": round(best["input", clock] / ks, 4),
             f"input_numpy_over_keystream{suffix}": round(best["input_numpy", clock] / ks, 4),
+        }
+        if kernel_module is None:
+            continue
+        own_ks = best["keystream_own", clock]
+        result |= {
+            f"mask_evp_over_keystream{suffix}": round(ks / best["mask_evp", clock], 4),
+            f"input_evp_over_keystream{suffix}": round(best["input_evp", clock] / ks, 4),
+            f"own_keystream_gbps{suffix}": round(total_bytes / own_ks / 1e9, 3),
+            f"mask_over_own_keystream{suffix}": round(own_ks / best["mask", clock], 4),
+            f"input_over_own_keystream{suffix}": round(best["input", clock] / own_ks, 4),
         }
     return result
 
