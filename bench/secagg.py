@@ -91,6 +91,18 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``fixed_overhead_fraction`` divides it by the fastest default run at ``dim``
     (contention only adds time, so the minimum is the least disturbed). All other
     keys describe the default (with) runs.
+``minor_page_faults``
+    Minor page faults of this process during the job (``getrusage``): with glibc's
+    defaults each masked chunk's new ``bytes`` object tends to be fresh memory, whose
+    pages fault in while the kernel writes them; ``--retain-freed-mb`` keeps freed
+    memory for reuse instead (``retain_freed_applied`` says whether it took effect).
+``own_keystream_cpu_gbps``, ``mask_gen_over_own_keystream_cpu``, ``input_over_own_keystream_cpu``
+    The kernel's own bare keystream (its current engine, ``kernel_engine``: its own
+    AES-128-CTR on VAES or AES-NI where the CPU has them) by CPU time, and the two ratios
+    against it instead of OpenSSL's; the kernel block reports ``own_keystream_gbps``,
+    ``mask_over_own_keystream``, ``input_over_own_keystream`` likewise, and
+    ``mask_evp_over_keystream``/``input_evp_over_keystream`` for the kernel on OpenSSL's
+    EVP engine (its first version).
 ``peak_rss_mb``
     Peak resident memory of this process (includes all simulated participants'
     inputs; the server itself holds ``(1 + max_in_flight)`` vectors, see
@@ -106,6 +118,7 @@ shared, so run on an idle machine when the numbers matter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -176,6 +189,31 @@ def own_rate_cpu_gbps(passes: int = 3) -> float | None:
     return RAW_PASS_BYTES / best / 1e9
 
 
+def retain_freed_memory(trim_mb: int) -> bool:
+    """Make glibc keep up to ``trim_mb`` MiB of freed heap (and serve blocks below 32 MiB
+    from the heap) instead of returning it to the system: ``mallopt(M_MMAP_THRESHOLD)``,
+    ``mallopt(M_TRIM_THRESHOLD)``. Why: every masked chunk is a new ``bytes`` object,
+    and with glibc's defaults in this one-process simulation its pages are fresh memory
+    each time; faulting them in (about 3 µs a page on the development machine) costs as
+    much as a large part of the masking itself. ``--retain-freed-mb`` measures the
+    protocol without that cost (a participant process can set the same through the
+    ``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_`` environment). False where the C
+    library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(
+        mallopt(m_trim_threshold, trim_mb << 20)
+    )
+
+
 def raw_rate_gbps(passes: int = 3) -> float:
     """Best-of-``passes`` rate of the faster keystream engine in GB/s (1e9 bytes)."""
     best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
@@ -196,6 +234,7 @@ def _one_run(
     raw_cpu = raw_rate_cpu_gbps() if raw_gbps is None else 1.0
     own_cpu = own_rate_cpu_gbps() if raw_gbps is None else None
     raw_gbps = max(rates.values()) if raw_gbps is None else raw_gbps
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     report = run_protocol(
         spec,
         inputs,
@@ -204,6 +243,7 @@ def _one_run(
         max_in_flight=max_in_flight,
         policy=policy,
     )
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     result = report.result
     graph_ = spec.masking_graph
     u2 = set(result.contributors) | set(result.dropouts)
@@ -264,6 +304,7 @@ def _one_run(
         "max_abs_error": float(np.max(np.abs(result.values - expected))),
         "error_bound": len(u3) * math.ldexp(1.0, -spec.scale_bits),
         "survivors": len(u3),
+        "minor_page_faults": faults,
     }
 
 
@@ -490,11 +531,14 @@ def kernel(
             numpy_path = key in ("mask_major", "mask_numpy", "input_numpy")
             native.KERNEL = None if numpy_path else kernel_module
             evp = key.endswith("_evp") and kernel_module is not None
-            if evp:
-                previous = kernel_module.set_engine("openssl")
-            try:
+            with native.use_engine("openssl") if evp else contextlib.nullcontext():
                 encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-                expander = MaskExpander(min(chunk, dim), dtype, native=not numpy_path and None)
+                expander = MaskExpander(
+                    min(chunk, dim),
+                    dtype,
+                    engine="ctr" if evp else None,  # the kernel's first version: OpenSSL's CTR
+                    native=not numpy_path and None,
+                )
                 work = np.empty(min(chunk, dim), dtype=dtype)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 if key.startswith("input"):
@@ -510,10 +554,7 @@ def kernel(
                     else:
                         framed(expander, source, index, start)
                 record(key, time.perf_counter() - t0, time.thread_time() - c0)
-            finally:
-                native.KERNEL = kernel_module
-                if evp:
-                    kernel_module.set_engine(previous)
+            native.KERNEL = kernel_module
     result: dict[str, Any] = {
         "ring_bits": ring_bits,
         "masks": masks,
@@ -679,6 +720,14 @@ def main(argv: list[str] | None = None) -> int:
         "the service's chunk is 262144)",
     )
     parser.add_argument(
+        "--retain-freed-mb",
+        type=int,
+        default=0,
+        metavar="MB",
+        help="keep up to MB MiB of freed heap in this process (glibc mallopt) so masked "
+        "chunks reuse memory instead of faulting in fresh pages (default 0: glibc's defaults)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -687,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     result: dict[str, Any] = {}
+    if args.retain_freed_mb:
+        result["retain_freed_mb"] = args.retain_freed_mb
+        result["retain_freed_applied"] = retain_freed_memory(args.retain_freed_mb)
     if args.kernel:
         result["kernel"] = {
             str(b): kernel(args.dim, ring_bits=b, chunk=args.kernel_chunk) for b in (64, 32)
