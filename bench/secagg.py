@@ -278,7 +278,7 @@ def _one_run(
         own = {
             "own_keystream_cpu_gbps": own_cpu,
             "mask_gen_over_own_keystream_cpu": float(np.mean(mask_cpu_gbps)) / own_cpu,
-            "input_over_own_keystream_cpu": float(np.mean(input_cpu_ratio)) * raw_cpu / own_cpu,
+            "input_over_own_keystream_cpu": float(np.mean(input_cpu_ratio)) * own_cpu / raw_cpu,
         }
     return {
         **own,
