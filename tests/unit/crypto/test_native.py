@@ -90,7 +90,9 @@ def test_every_engine_is_exercised_where_the_cpu_has_it() -> None:
         pytest.skip("the native masking kernel is not built here")
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     words = set(flags.split())
-    assert ENGINES[-1] == "openssl" and KERNEL.engine() == ENGINES[0]
+    assert ENGINES[-1] == "openssl"
+    if not os.environ.get(native.ENGINE_ENV):  # by default the fastest engine runs
+        assert KERNEL.engine() == ENGINES[0]
     if {"aes", "sse4_1"} <= words:
         assert "aesni" in ENGINES
     if {"aes", "avx2", "vaes"} <= words:
