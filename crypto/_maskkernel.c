@@ -3,12 +3,19 @@
  * Why native (issue #24): in the numpy path every mask is one OpenSSL call writing a
  * 128 KiB keystream tile and one numpy add reading it back; the add alone costs about a
  * quarter of the keystream's time, so that path tops out near 0.79 of the bare keystream
- * rate. Here the keystream of two masks at a time is produced into small L1-resident
- * buffers by OpenSSL's EVP AES-128-CTR (the system libcrypto) and both are added into an
- * L1-resident block of the target while hot; every mask of a call is applied to one block
- * before the next, so the target and the source are each touched once. The fixed-point
- * encoding of spherecal.crypto.ring (range check, exact magic-number rounding) is here
- * too (encode()).
+ * rate. Three engines produce the keystream here, all giving OpenSSL's AES-128-CTR bytes:
+ *   vaes, aesni  an AES-128-CTR of our own (_aesctr.c): each AES state is added into the
+ *                target's ring words straight from the register, two masks interleaved;
+ *                the default wherever the CPU has AES-NI (VAES: 256-bit registers);
+ *   openssl      the kernel's first version: OpenSSL's EVP AES-128-CTR (the system
+ *                libcrypto) writes two masks' keystream into small L1-resident buffers
+ *                and both are added into an L1-resident block of the target while hot;
+ *                for CPUs without AES-NI, and for a call whose counter would carry out of
+ *                its low 32-bit word (the own engines count in 32 bits, OpenSSL in 128).
+ * Every mask of a call is applied to one block (tile) before the next, so the target and
+ * the source are each touched once. set_engine() forces one (tests, benchmarks). The
+ * fixed-point encoding of spherecal.crypto.ring (range check, exact magic-number
+ * rounding) is here too (encode()).
  *
  * The keystream is exactly what spherecal.crypto.prg defines (and what its numpy path
  * adds): the caller passes, per mask, the AES key and the 16-byte counter block of the
@@ -18,7 +25,8 @@
  * the module refuses to load on a big-endian host (the numpy path then runs).
  *
  * Nothing here allocates Python objects while the GIL is released; key schedules are
- * freed (and cleansed by OpenSSL) and the keystream buffer is cleansed before return.
+ * cleansed before return (OpenSSL's when their contexts are freed, ours on the stack),
+ * and so are the keystream buffers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
