@@ -10,7 +10,9 @@ so that a drift in the load of a shared machine hits both sides alike.
 
 Reported (JSON): per run the coordinator's ``statistics_ffc_s`` (wall time of the
 statistics stage: the participants' feature pass, their uploads, and for the secure run
-every secure-aggregation round) and its secure-aggregation stage times; per pair the
+every secure-aggregation round), the secure-aggregation stage times (summed over every
+job, and the FFC job's own) and a timeline of the FFC job from the coordinator's
+database (:func:`timeline`); per pair the
 ratio; ``ratio_of_medians`` (median secure over median plaintext) and
 ``median_pair_ratio``; the load average before and after. Usage::
 
@@ -20,7 +22,9 @@ ratio; ``ratio_of_medians`` (median secure over median plaintext) and
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -67,15 +71,54 @@ def one_run(root: Path, data: Path, *, secure: bool, index: int) -> dict[str, An
     load = os.getloadavg()[0]
     results = _run(settings, verbose=False)
     timings = results["timings"]
+    coordinator = settings.out / "coordinator"
+    summary = json.loads((coordinator / "out" / "summary.json").read_text())
+    ffc_jobs = [j for j in summary.get("jobs", []) if j.get("purpose") == "ffc"]
     return {
         "mode": mode,
         "statistics_ffc_s": timings["statistics_ffc_s"],
+        # every job's stages summed (the FFC job and the final evaluation's)
         "secagg_stages_s": timings.get("secagg_stages_s", {}),
+        # the FFC job's own stages, and when things happened in it
+        "ffc_job_stages_s": ffc_jobs[0].get("stage_seconds") if ffc_jobs else None,
+        "timeline_s": timeline(coordinator / "state" / "state.db", secure=secure),
         "ffc_solve_s": timings.get("ffc_s"),
         "wall_s": results["bench_wall_s"],
         "accuracy_ffc": results["accuracy"]["ffc"],
         "load_average_at_start": load,
     }
+
+
+def timeline(database: Path, *, secure: bool) -> dict[str, float]:
+    """When things happened, from the coordinator's database. Secure: seconds from the
+    FFC job's creation (its journal row) to each of its stages' close (events) and to
+    its first and last masked chunk received (audit log). Plaintext: the window from
+    the first statistics upload received to the last."""
+    conn = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    try:
+        out: dict[str, float] = {}
+        if secure:
+            (job, created) = conn.execute(
+                "SELECT job_id, created FROM job_journal_jobs WHERE purpose = 'ffc'"
+            ).fetchone()
+            for ts, message in conn.execute(
+                "SELECT ts, message FROM events WHERE message LIKE ?", (f"%job {job[:8]}: stage%",)
+            ):
+                stage = message.split(": stage ", 1)[1].split(" ", 1)[0]
+                out[f"{stage}_closed"] = round(ts - created, 4)
+            first, last = conn.execute(
+                "SELECT MIN(ts), MAX(ts) FROM audit WHERE job = ? AND stage = 'masked'", (job,)
+            ).fetchone()
+            out["first_masked_chunk"] = round(first - created, 4)
+            out["last_masked_chunk"] = round(last - created, 4)
+        else:
+            first, last = conn.execute(
+                "SELECT MIN(ts), MAX(ts) FROM audit WHERE stage = 'statistics'"
+            ).fetchone()
+            out["upload_window"] = round(last - first, 4)
+        return out
+    finally:
+        conn.close()
 
 
 def measure(root: Path, pairs: int) -> dict[str, Any]:
