@@ -444,7 +444,7 @@ def _block_writer(store: Store) -> tuple[threading.Event, threading.Event]:
         entered.set()
         release.wait(30)
 
-    store.submit(hold)  # type: ignore[arg-type]
+    store.submit(hold)
     assert entered.wait(30)
     return entered, release
 
@@ -459,15 +459,12 @@ def test_a_stages_messages_are_journaled_together_each_durable_before_its_ok(
     job, store, sites, _ = _new_job(tmp_path, None)
     _, release = _block_writer(store)
     answered: list[str] = []
-    threads = [
-        threading.Thread(
-            target=lambda p=p: (
-                job.submit(p, pb.ADVERTISE, sites[p].message(pb.ADVERTISE, None)),
-                answered.append(p),
-            )
-        )
-        for p in sorted(sites)
-    ]
+
+    def advertise(pid: str) -> None:
+        job.submit(pid, pb.ADVERTISE, sites[pid].message(pb.ADVERTISE, None))
+        answered.append(pid)
+
+    threads = [threading.Thread(target=advertise, args=(p,)) for p in sorted(sites)]
     for t in threads:
         t.start()
     # every submission got past the job's lock and queued its write: the writer is
