@@ -55,6 +55,7 @@ complete)::
     │   ├── PortInUse            coordinator: the listen port is held by another process
     │   ├── StateDamaged         coordinator: the state database fails its integrity check
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
+    │   ├── BlobCorrupt          coordinator: a journaled sum's file missing or altered
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
     │   ├── IdentityMissing      participant: a configured identity key that is not there

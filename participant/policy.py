@@ -98,7 +98,10 @@ class PolicySettings:
     """Hold a secure job's input until this many seconds after its task arrived, so
     the time of the masked upload does not reveal how long the local work took (it
     grows with the number of local examples). 0: off. Set it above the slowest local
-    work of the federation; a task that takes longer is logged."""
+    work of the federation; a task that takes longer is logged. At 0 a secure
+    statistics job's feature pass runs while its keys and shares are exchanged (their
+    moments still do not wait for it); above 0 the order is strict: keys, shares, then
+    the work."""
     share_wait_s: float = DEFAULT_SHARE_WAIT_S
     """Answer a secure job's share stage *before* the local work: after advertising
     its keys the participant waits up to this long for the job's share step (key

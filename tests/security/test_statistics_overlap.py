@@ -16,6 +16,7 @@ computes, never about time.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,6 @@ class StatisticsSharing(SharingCoordinator):
 
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self._step is not None and not self.computed.is_set():
-            import time
-
             left = self._ready_at + FALLBACK_S - time.monotonic()
             if left > 0 and not self.computed.wait(min(left, request.wait_ms / 1000.0)):
                 return pb.Instruction(wait=pb.Wait(retry_after_ms=50, reason="sharing"))
