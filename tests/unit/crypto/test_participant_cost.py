@@ -1,0 +1,286 @@
+"""The cheaper per-neighbour paths of a SecAgg+ participant check what they checked before.
+
+Issue #24 (per-participant cost at n = 500 vs n = 10) moved Ed25519 verification to
+libsodium, stopped verifying a participant's *own* advertisement and consistency
+signature (they must equal what it signed, byte for byte), and builds share
+commitments, share-channel associated data and HKDF outputs without the generic
+helpers. Each is tested here against an independent computation of the bytes it
+replaced, or against the attack the check stops, with a mutation check where a rule
+changed.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import replace
+
+import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from spherecal.crypto import BadSignature, KeySubstitution, generate_identity
+from spherecal.crypto import keys as keys_module
+from spherecal.crypto import policy as policy_module
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto.channel import ShareKind, commitment, share_aad
+from spherecal.crypto.consistency import verify_signed_view
+from spherecal.crypto.kdf import LABEL, derive
+from spherecal.crypto.keys import (
+    advert_payload,
+    load_identity_public,
+    sign,
+    verify,
+    verify_openssl,
+)
+from spherecal.crypto.policy import check_roster_keys
+
+from .helpers import Net, flip
+
+# The identity point of edwards25519 (y = 1): a small-order public key. With R the
+# identity too and S = 0, the verification equation [S]B = R + [h]A holds for every
+# message — a "signature" on anything, which RFC 8032's equation alone accepts.
+IDENTITY_POINT = b"\x01" + bytes(31)
+UNIVERSAL_SIGNATURE = IDENTITY_POINT + bytes(32)
+ORDER_L = 2**252 + 27742317777372353535851937790883648493
+
+
+# ---------------------------------------------------------------- Ed25519 on libsodium
+def test_libsodium_and_openssl_agree_on_honest_and_tampered_signatures() -> None:
+    for _ in range(20):
+        identity = generate_identity()
+        public = identity.public_key()
+        other = generate_identity().public_key()
+        message = os.urandom(int.from_bytes(os.urandom(1), "big") + 1)
+        signature = sign(identity, message)
+        cases = [
+            (public, signature, message, True),
+            (public, flip(signature, 3), message, False),  # R changed
+            (public, flip(signature, 40), message, False),  # S changed
+            (public, signature, flip(message), False),
+            (other, signature, message, False),
+        ]
+        for key, sig, msg, valid in cases:
+            for check in (verify, verify_openssl):
+                if valid:
+                    check(key, sig, msg, what="t")
+                else:
+                    with pytest.raises(BadSignature, match="does not verify"):
+                        check(key, sig, msg, what="t")
+
+
+def test_a_non_canonical_s_and_a_short_signature_are_refused() -> None:
+    identity = generate_identity()
+    message = b"survivors"
+    signature = sign(identity, message)
+    s = int.from_bytes(signature[32:], "little") + ORDER_L  # same point equation, S >= L
+    malleated = signature[:32] + s.to_bytes(32, "little")
+    for check in (verify, verify_openssl):
+        with pytest.raises(BadSignature, match="does not verify"):
+            check(identity.public_key(), malleated, message, what="t")
+        with pytest.raises(BadSignature, match="63 bytes"):
+            check(identity.public_key(), signature[:63], message, what="t")
+
+
+def test_libsodium_refuses_the_small_order_key_signature_that_openssl_accepts() -> None:
+    """The reason the libsodium path is no weaker: it refuses everything OpenSSL
+    refuses (above) and also this universal forgery under a small-order key."""
+    key = Ed25519PublicKey.from_public_bytes(IDENTITY_POINT)
+    verify_openssl(key, UNIVERSAL_SIGNATURE, b"any message at all", what="t")  # accepted
+    with pytest.raises(BadSignature):
+        verify(key, UNIVERSAL_SIGNATURE, b"any message at all", what="t")
+
+
+def _roster_net() -> Net:
+    net = Net(5, threshold=3)
+    net.advertise()
+    return net
+
+
+def test_a_roster_advert_under_a_small_order_pinned_key_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A site whose pinned key is small-order (a misissued directory entry) would let
+    anyone, the coordinator included, advertise keys in its name. Mutation: with
+    OpenSSL's verification (the previous rule) the forged advertisement passes."""
+    net = _roster_net()
+    me, victim = "p00", "p01"
+    roster = net.server.roster_for(me)
+    forged = replace(
+        next(a for a in roster.adverts if a.sender == victim),
+        channel_public=os.urandom(32),
+        signature=UNIVERSAL_SIGNATURE,
+    )
+    adverts = tuple(forged if a.sender == victim else a for a in roster.adverts)
+    directory = {p: load_identity_public(net.directory[p]) for p in net.ids}
+    directory[victim] = Ed25519PublicKey.from_public_bytes(IDENTITY_POINT)
+    own = next(a for a in roster.adverts if a.sender == me)
+    with pytest.raises(KeySubstitution, match=f"keys listed for {victim!r}"):
+        check_roster_keys(net.spec, adverts, directory, me=me, own=own)
+    monkeypatch.setattr(policy_module, "verify", keys_module.verify_openssl)
+    check_roster_keys(net.spec, adverts, directory, me=me, own=own)  # the attack passes
+
+
+# ---------------------------------------------------------------- own advert, own signature
+def test_own_advert_is_compared_not_verified_and_any_change_is_refused() -> None:
+    net = _roster_net()
+    me = "p00"
+    roster = net.server.roster_for(me)
+    own = next(a for a in roster.adverts if a.sender == me)
+    directory = {p: load_identity_public(net.directory[p]) for p in net.ids}
+    calls: list[str] = []
+
+    def counting(*args: object, what: str, **kwargs: object) -> None:
+        calls.append(what)
+        keys_module.verify(*args, what=what, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(policy_module, "verify", counting)
+        check_roster_keys(net.spec, roster.adverts, directory, me=me, own=own)
+    assert len(calls) == len(roster.adverts) - 1
+    assert not any(repr(me) in what for what in calls)
+    # Substituted keys (signature then invalid), or this participant's advert of the
+    # same keys re-signed over another payload: refused either way.
+    changed = replace(own, masking_public=os.urandom(32))
+    resigned = replace(
+        own,
+        signature=sign(
+            net.identities[me],
+            advert_payload(
+                spec_digest=net.spec.digest,
+                job_id=net.spec.job_id,
+                sender=me,
+                channel_public=own.channel_public,
+                masking_public=own.masking_public,
+                commitment=flip(own.seed_commitment),
+            ),
+        ),
+    )
+    for bad in (changed, resigned, replace(own, signature=flip(own.signature))):
+        adverts = tuple(bad if a.sender == me else a for a in roster.adverts)
+        with pytest.raises(KeySubstitution, match="different keys for this participant"):
+            check_roster_keys(net.spec, adverts, directory, me=me, own=own)
+    # Without its own advert at hand (own=None) the participant verifies it as any other.
+    forged = tuple(changed if a.sender == me else a for a in roster.adverts)
+    with pytest.raises(KeySubstitution, match="not signed by its pinned"):
+        check_roster_keys(net.spec, forged, directory, me=me, own=None)
+
+
+def _signed_net() -> Net:
+    net = Net(7, threshold=4, consistency=True)
+    net.advertise()
+    net.share()
+    net.masked()
+    net.consistency()
+    return net
+
+
+def test_own_consistency_signature_must_be_byte_equal_and_others_are_verified() -> None:
+    net = _signed_net()
+    me = "p00"
+    request = net.server.unmask_request_for(me)
+    own = net.signatures[me].signature
+    assert any(s.signer == me for s in request.signatures)
+    directory = {p: load_identity_public(net.directory[p]) for p in net.ids}
+    common = dict(
+        signed=request.survivors,
+        owners=frozenset(net.ids),
+        members1=frozenset(net.server.advertised),
+        me=me,
+        own_signature=own,
+    )
+    graph = net.spec.masking_graph
+    verify_signed_view(net.spec, graph, directory, request, **common)  # type: ignore[arg-type]
+    for who in (me, next(s.signer for s in request.signatures if s.signer != me)):
+        bad = tuple(
+            replace(s, signature=flip(s.signature)) if s.signer == who else s
+            for s in request.signatures
+        )
+        with pytest.raises(BadSignature, match=repr(who)):
+            verify_signed_view(
+                net.spec,
+                graph,
+                directory,
+                replace(request, signatures=bad),
+                **common,  # type: ignore[arg-type]
+            )
+    # The participant itself refuses a request whose copy of its signature was altered.
+    bad = tuple(
+        replace(s, signature=flip(s.signature)) if s.signer == me else s
+        for s in request.signatures
+    )
+    with pytest.raises(BadSignature):
+        net.clients[me].unmask(replace(request, signatures=bad))
+
+
+def test_a_job_with_every_check_on_the_new_paths_sums_exactly() -> None:
+    net = Net(9, threshold=5, graph="harary", degree=6, consistency=True)
+    result = net.run(drop={"p03": "masked"})
+    assert "p03" not in result.contributors
+    expected = net.expected(result.contributors)
+    assert float(abs(result.values - expected).max()) <= net.tolerance()
+
+
+# ---------------------------------------------------------------- bytes built without helpers
+IDS = ["p0", "site-ä", "x" * 200, "参加者"]
+
+
+def test_commitment_and_aad_are_the_encode_context_bytes() -> None:
+    import hashlib
+
+    for kind in ShareKind:
+        for owner in IDS:
+            for holder in IDS[::-1]:
+                digest, job = os.urandom(32), os.urandom(int.from_bytes(os.urandom(1)) % 64 + 1)
+                share, salt = os.urandom(20 + 16 * (kind is ShareKind.MASK_KEY)), os.urandom(16)
+                x = int.from_bytes(os.urandom(2), "big")
+                expected = hashlib.sha256(
+                    encode_context(
+                        LABEL, "share-commitment", int(kind), digest, job, owner, holder, x,
+                        share, salt,
+                    )
+                ).digest()
+                got = commitment(
+                    kind, spec_digest=digest, job_id=job, owner=owner, holder=holder, x=x,
+                    share=share, salt=salt,
+                )
+                assert got == expected
+                ck, cb = os.urandom(32), os.urandom(32)
+                assert share_aad(
+                    spec_digest=digest, job_id=job, sender=owner, receiver=holder, x=x,
+                    mask_key_commitment=ck, seed_commitment=cb,
+                ) == encode_context(LABEL, "share-channel", digest, job, owner, holder, x, ck, cb)
+
+
+@pytest.mark.parametrize("x", [-1, 1 << 64, True])
+def test_context_integers_out_of_range_are_refused_like_encode_context(x: int) -> None:
+    args = dict(spec_digest=bytes(32), job_id=b"j", owner="a", holder="b", share=b"s", salt=b"t")
+    with pytest.raises((struct.error, TypeError)):
+        encode_context(LABEL, "share-commitment", 1, b"d", b"j", "a", "b", x, b"s", b"t")
+    with pytest.raises((struct.error, TypeError)):
+        commitment(ShareKind.SEED, x=x, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [1, 16, 31, 32, 33, 64, 100, 255 * 32])
+def test_hkdf_on_hmac_equals_the_cryptography_hkdf(length: int) -> None:
+    for _ in range(5):
+        secret, digest, job = os.urandom(32), os.urandom(32), os.urandom(16)
+        parties = ("p0001", "p0002")
+        info = encode_context(LABEL, "pairwise-mask", job, *parties)
+        reference = HKDF(algorithm=hashes.SHA256(), length=length, salt=digest, info=info)
+        got = derive(
+            secret,
+            purpose="pairwise-mask",
+            spec_digest=digest,
+            job_id=job,
+            parties=parties,
+            length=length,
+        )
+        assert got == reference.derive(secret)
+
+
+@pytest.mark.parametrize("length", [0, 255 * 32 + 1])
+def test_hkdf_lengths_outside_rfc_5869_are_refused(length: int) -> None:
+    with pytest.raises(ValueError, match="HKDF-SHA256 output"):
+        derive(b"s", purpose="p", spec_digest=bytes(32), job_id=b"j", parties=(), length=length)
