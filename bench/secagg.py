@@ -75,7 +75,8 @@ Definitions (all measured in the same process, on the same machine, in this run)
     participant's own calls over the whole job (construction, every round, every
     message encoding), ``server_s`` the rest of the job; ``ratio_to_first`` divides by
     the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5);
-    ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time.
+    ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time;
+    ``load_average_1min`` the machine's load when the job started (a shared machine).
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
@@ -108,6 +109,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import resource
 import sys
@@ -505,6 +507,7 @@ def scaling(
         spec = JobSpec.create(
             ids, threshold=t, length=dim, bound=1.0, graph="harary", ring_bits=ring_bits
         )
+        load = os.getloadavg()[0]
         report = run_protocol(
             spec, inputs, drop=dict.fromkeys(dropped, "masked"), rng=random.Random(seed)
         )
@@ -527,6 +530,7 @@ def scaling(
             "threshold": t,
             "dropouts": len(dropped),
             "survivors": len(report.result.contributors),
+            "load_average_1min": round(load, 2),
         }
     return {
         "dim": dim,
