@@ -6,6 +6,10 @@ round gate on), with the two faults a deployment meets:
   before its checkpoint (the test-only halt point ``recorded@r1``) and restarted on
   the same state: it replays the journaled sum onto the checkpointed model and must
   not charge the step again;
+* restarted, it is SIGKILLed again once a round-gate evaluation job has its result
+  journaled (``aggregated@evaluate``), before the driver used it and before the
+  round's checkpoint, and restarted: the evaluation must be read back, not asked of
+  the sites again (no second evaluation release at any site);
 * site p3 is SIGKILLed in the middle of round 2's step (its masked upload cut after
   the first chunk) and never comes back: with ``t`` = 3 of 4 guaranteed
   contributors the step still goes ahead on the other three, whose noise shares
@@ -97,6 +101,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]
         sim.start_participants()
         lines.wait_for("SPHERECAL-HALT recorded ", sim)
         sim.kill_coordinator()
+        # back up, and killed again once an evaluation job of the round gate has its
+        # result journaled, before the driver used it and before the round's checkpoint
+        sim.start_coordinator(listen=f"127.0.0.1:{port}", halt="aggregated@evaluate")
+        lines.wait_for("SPHERECAL-HALT aggregated ", sim)
+        sim.kill_coordinator()
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         sim.wait_coordinator(WAIT_S)
         results = dict[str, Any](
@@ -123,6 +132,7 @@ def test_the_run_goes_on_through_both_faults(run: tuple[dict[str, Any], Path]) -
     # the kill landed between the record and the checkpoint, and the replay saw it
     assert any("SPHERECAL-HALT recorded" in line for line in lines)
     assert any("recorded before a restart: not charged again" in line for line in lines)
+    assert any("SPHERECAL-HALT aggregated" in line for line in lines)
     assert [d["participant"] for d in results["dropped"]] == [DROPPED]
     contributors = [m["contributors"] for m in results["per_round"]]
     everyone = [f"p{k}" for k in range(SITES)]
@@ -241,3 +251,34 @@ def test_both_audits_show_the_dp_sgd(run: tuple[dict[str, Any], Path]) -> None:
     assert all(r.noised and r.state == "released" for r in updates_listed)
     planned = _plan().charge(1, DELTA).epsilon
     assert [r.epsilon for r in updates_listed] == pytest.approx([planned] * ROUNDS)
+
+
+def test_no_evaluation_is_released_twice_across_the_restarts(
+    run: tuple[dict[str, Any], Path],
+) -> None:
+    """Each evaluation job of the round gate — including the one the coordinator was
+    killed in after its result was journaled — is one release per site: the restarted
+    driver reads the journaled result back instead of asking again, and no site
+    refused a repeated release."""
+    results, out = run
+    gate = results["integrity"]["gate"]["rounds"]
+    for k in range(SITES):
+        pid = f"p{k}"
+        with sqlite3.connect(out / "state" / pid / "privacy.db") as conn:
+            evaluations = conn.execute(
+                "SELECT model, content, state FROM site_releases WHERE kind = 'evaluate'"
+            ).fetchall()
+            refusals = conn.execute("SELECT rule, reason FROM site_refusals").fetchall()
+        assert evaluations, pid
+        assert all(state == "released" for _, _, state in evaluations), (pid, evaluations)
+        # one release per (model, split and heads): none asked again under a new job
+        asked = [(bytes(m), bytes(c)) for m, c, _ in evaluations]
+        assert len(asked) == len(set(asked)), pid
+        assert refusals == [], (pid, refusals)
+    # p0 took part in every evaluation: the gate's (the model before round 1 and after
+    # each round) and the final one on the test split, each once
+    with sqlite3.connect(out / "state" / "p0" / "privacy.db") as conn:
+        (n_p0,) = conn.execute(
+            "SELECT COUNT(*) FROM site_releases WHERE kind = 'evaluate'"
+        ).fetchone()
+    assert n_p0 == (len(gate) + 1) + 1
