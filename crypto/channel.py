@@ -21,11 +21,9 @@ confirms they match what it decrypted. A holder later reveals ``(x, share, salt)
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import hmac
 import os
-import struct
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
@@ -117,29 +115,6 @@ class SharePlaintext:
         )
 
 
-@functools.lru_cache(maxsize=64)
-def _head(total: int, *parts: bytes | str | int) -> bytes:
-    """The first bytes of ``encode_context(*parts, ...)`` with ``total`` parts in all:
-    the count, then the leading parts (constant within a job, so encoded once)."""
-    return struct.pack(">I", total) + encode_context(*parts)[4:]
-
-
-@functools.lru_cache(maxsize=64)
-def _tail(fields: str) -> struct.Struct:
-    """A packer for the trailing parts, e.g. ``"s5 s5 q b20 b16"`` (text of 5 bytes, ...,
-    64-bit int, blob of 20 bytes): the tagged encoding of ``encode_context`` in one call."""
-    layout = {"s": "BI{}s", "b": "BI{}s", "q": "BQ"}
-    return struct.Struct(">" + "".join(layout[f[0]].format(f[1:]) for f in fields.split()))
-
-
-def _ids_ints_blobs(a: bytes, b: bytes, x: int, c: bytes, d: bytes) -> bytes:
-    """``encode_context(a, b, x, c, d)[4:]`` for two utf-8 ids, one int, two blobs."""
-    if isinstance(x, bool) or not 0 <= x < 1 << 64:
-        raise struct.error(f"context integer {x} out of range")
-    packer = _tail(f"s{len(a)} s{len(b)} q b{len(c)} b{len(d)}")
-    return packer.pack(1, len(a), a, 1, len(b), b, 0, x, 2, len(c), c, 2, len(d), d)
-
-
 def commitment(
     kind: ShareKind,
     *,
@@ -151,15 +126,11 @@ def commitment(
     share: bytes,
     salt: bytes,
 ) -> bytes:
-    """Hash commitment to one share (see module docstring): SHA-256 of
-    ``encode_context(LABEL, "share-commitment", kind, spec_digest, job_id, owner, holder,
-    x, share, salt)``, built from a per-job head and one ``struct`` call (dozens per
-    participant and job; issue #24 — the bytes are tested equal to ``encode_context``)."""
-    head = _head(10, LABEL, "share-commitment", int(kind), bytes(spec_digest), bytes(job_id))
-    tail = _ids_ints_blobs(
-        owner.encode("utf-8"), holder.encode("utf-8"), x, bytes(share), bytes(salt)
+    """Hash commitment to one share (see module docstring)."""
+    context = encode_context(
+        LABEL, "share-commitment", int(kind), spec_digest, job_id, owner, holder, x, share, salt
     )
-    return hashlib.sha256(head + tail).digest()
+    return hashlib.sha256(context).digest()
 
 
 def commitment_matches(expected: bytes, actual: bytes) -> bool:
@@ -177,16 +148,17 @@ def share_aad(
     mask_key_commitment: bytes,
     seed_commitment: bytes,
 ) -> bytes:
-    """Associated data of a share ciphertext: direction, job and commitments —
-    ``encode_context(LABEL, "share-channel", spec_digest, job_id, sender, receiver, x,
-    mask_key_commitment, seed_commitment)``, built as :func:`commitment` builds its."""
-    head = _head(9, LABEL, "share-channel", bytes(spec_digest), bytes(job_id))
-    return head + _ids_ints_blobs(
-        sender.encode("utf-8"),
-        receiver.encode("utf-8"),
+    """Associated data of a share ciphertext: direction, job and commitments."""
+    return encode_context(
+        LABEL,
+        "share-channel",
+        spec_digest,
+        job_id,
+        sender,
+        receiver,
         x,
-        bytes(mask_key_commitment),
-        bytes(seed_commitment),
+        mask_key_commitment,
+        seed_commitment,
     )
 
 
