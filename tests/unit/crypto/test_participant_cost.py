@@ -14,18 +14,24 @@ from dataclasses import replace
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from spherecal.crypto import BadSignature, KeySubstitution, generate_identity
 from spherecal.crypto import keys as keys_module
 from spherecal.crypto import policy as policy_module
+from spherecal.crypto.channel import SharePlaintext
 from spherecal.crypto.consistency import verify_signed_view
+from spherecal.crypto.dealing import open_dealt_share
+from spherecal.crypto.kdf import channel_key
 from spherecal.crypto.keys import (
     advert_payload,
+    agree,
     load_identity_public,
     sign,
     verify,
     verify_openssl,
 )
+from spherecal.crypto.messages import AdvertiseKeys
 from spherecal.crypto.policy import check_roster_keys
 
 from .helpers import Net, flip
@@ -211,3 +217,44 @@ def test_a_job_with_every_check_on_the_new_paths_sums_exactly() -> None:
     assert "p03" not in result.contributors
     expected = net.expected(result.contributors)
     assert float(abs(result.values - expected).max()) <= net.tolerance()
+
+
+def test_a_substituted_own_advert_would_hand_the_coordinator_its_own_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Why the own advertisement must equal what the participant signed: a roster with
+    the coordinator's channel key in place of the participant's own makes it seal the
+    share it deals to itself under a key the coordinator can compute. Refused by
+    default; mutation — the equality check gone (every advertisement compares equal) —
+    and the coordinator opens that share."""
+    net = _roster_net()
+    me = "p00"
+    roster = net.server.roster_for(me)
+    own = next(a for a in roster.adverts if a.sender == me)
+    coordinator = X25519PrivateKey.generate()
+    fake = replace(own, channel_public=coordinator.public_key().public_bytes_raw())
+    substituted = replace(
+        roster, adverts=tuple(fake if a.sender == me else a for a in roster.adverts)
+    )
+    with pytest.raises(KeySubstitution, match="different keys for this participant"):
+        net.clients[me].share_keys(substituted)
+
+    mutated = _roster_net()
+    roster = mutated.server.roster_for(me)
+    own = next(a for a in roster.adverts if a.sender == me)
+    fake = replace(own, channel_public=coordinator.public_key().public_bytes_raw())
+    substituted = replace(
+        roster, adverts=tuple(fake if a.sender == me else a for a in roster.adverts)
+    )
+    monkeypatch.setattr(AdvertiseKeys, "__eq__", lambda self, other: True)
+    dealt = mutated.clients[me].share_keys(substituted)
+    to_self = next(s for s in dealt.shares if s.receiver == me)
+    key = channel_key(
+        agree(coordinator, own.channel_public),
+        spec_digest=mutated.spec.digest,
+        job_id=mutated.spec.job_id,
+        a=me,
+        b=me,
+    )
+    opened = open_dealt_share(mutated.spec, to_self, dealer=me, holder=me, x=to_self.x, key=key)
+    assert isinstance(opened, SharePlaintext)  # the coordinator reads the share
