@@ -23,7 +23,8 @@ $(BIN)/python:
 # setup.py builds the optional native masking kernel (crypto/_maskkernel.c, issue #24)
 # in place during the editable install; a changed kernel reinstalls. Without a compiler
 # or the OpenSSL headers the install goes on and the numpy path runs (same bytes).
-$(STAMP): $(BIN)/python pyproject.toml setup.py crypto/_maskkernel.c
+$(STAMP): $(BIN)/python pyproject.toml setup.py crypto/_maskkernel.c crypto/_aesctr.c \
+        crypto/_aesctr.h crypto/_aesctr_body.h
 	$(BIN)/python -m pip install --disable-pip-version-check -q torch==2.13.0
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev,ray]"
 	touch $(STAMP)

@@ -13,7 +13,8 @@ setup(
     ext_modules=[
         Extension(
             "spherecal.crypto._maskkernel",
-            sources=["crypto/_maskkernel.c"],
+            sources=["crypto/_maskkernel.c", "crypto/_aesctr.c"],
+            depends=["crypto/_aesctr.h", "crypto/_aesctr_body.h"],
             libraries=["crypto"],
             # no contraction into FMA: the encoding's rounding is defined on two IEEE ops
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"],

@@ -94,6 +94,18 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``fixed_overhead_fraction`` divides it by the fastest default run at ``dim``
     (contention only adds time, so the minimum is the least disturbed). All other
     keys describe the default (with) runs.
+``minor_page_faults``
+    Minor page faults of this process during the job (``getrusage``): with glibc's
+    defaults each masked chunk's new ``bytes`` object tends to be fresh memory, whose
+    pages fault in while the kernel writes them; ``--retain-freed-mb`` keeps freed
+    memory for reuse instead (``retain_freed_applied`` says whether it took effect).
+``own_keystream_cpu_gbps``, ``mask_gen_over_own_keystream_cpu``, ``input_over_own_keystream_cpu``
+    The kernel's own bare keystream (its current engine, ``kernel_engine``: its own
+    AES-128-CTR on VAES or AES-NI where the CPU has them) by CPU time, and the two ratios
+    against it instead of OpenSSL's; the kernel block reports ``own_keystream_gbps``,
+    ``mask_over_own_keystream``, ``input_over_own_keystream`` likewise, and
+    ``mask_evp_over_keystream``/``input_evp_over_keystream`` for the kernel on OpenSSL's
+    EVP engine (its first version).
 ``peak_rss_mb``
     Peak resident memory of this process (includes all simulated participants'
     inputs; the server itself holds ``(1 + max_in_flight)`` vectors, see
@@ -109,6 +121,7 @@ shared, so run on an idle machine when the numbers matter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -125,8 +138,14 @@ if __package__ in (None, ""):  # run as `python bench/secagg.py`: make `bench` i
 import numpy as np
 
 from bench._report import emit_json
+from spherecal.crypto import native
 from spherecal.crypto.policy import SecAggPolicy
-from spherecal.crypto.prg import fastest_engine, keystream_rate_gbps, raw_keystream_seconds
+from spherecal.crypto.prg import (
+    fastest_engine,
+    kernel_keystream_seconds,
+    keystream_rate_gbps,
+    raw_keystream_seconds,
+)
 from spherecal.crypto.simulation import run_protocol
 from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec, default_degree
 
@@ -161,6 +180,44 @@ def raw_rate_cpu_gbps(passes: int = 3) -> float:
     return RAW_PASS_BYTES / best / 1e9
 
 
+def own_rate_cpu_gbps(passes: int = 3) -> float | None:
+    """Best-of-``passes`` rate of the native kernel's bare keystream (its current engine)
+    by this thread's CPU time; ``None`` without the kernel."""
+    if native.KERNEL is None:
+        return None
+    best = math.inf
+    for _ in range(passes):
+        c0 = time.thread_time()
+        kernel_keystream_seconds(RAW_PASS_BYTES)
+        best = min(best, time.thread_time() - c0)
+    return RAW_PASS_BYTES / best / 1e9
+
+
+def retain_freed_memory(trim_mb: int) -> bool:
+    """Make glibc keep up to ``trim_mb`` MiB of freed heap (and serve blocks below 32 MiB
+    from the heap) instead of returning it to the system: ``mallopt(M_MMAP_THRESHOLD)``,
+    ``mallopt(M_TRIM_THRESHOLD)``. Why: every masked chunk is a new ``bytes`` object,
+    and with glibc's defaults in this one-process simulation its pages are fresh memory
+    each time; faulting them in (about 3 µs a page on the development machine) costs as
+    much as a large part of the masking itself. ``--retain-freed-mb`` measures the
+    protocol without that cost (a participant process can set the same through the
+    ``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_`` environment). False where the C
+    library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(
+        mallopt(m_trim_threshold, trim_mb << 20)
+    )
+
+
 def raw_rate_gbps(passes: int = 3) -> float:
     """Best-of-``passes`` rate of the faster keystream engine in GB/s (1e9 bytes)."""
     best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
@@ -179,7 +236,9 @@ def _one_run(
 ) -> dict[str, Any]:
     rates = engine_rates() if raw_gbps is None else {}
     raw_cpu = raw_rate_cpu_gbps() if raw_gbps is None else 1.0
+    own_cpu = own_rate_cpu_gbps() if raw_gbps is None else None
     raw_gbps = max(rates.values()) if raw_gbps is None else raw_gbps
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     report = run_protocol(
         spec,
         inputs,
@@ -188,6 +247,7 @@ def _one_run(
         max_in_flight=max_in_flight,
         policy=policy,
     )
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     result = report.result
     graph_ = spec.masking_graph
     u2 = set(result.contributors) | set(result.dropouts)
@@ -217,7 +277,15 @@ def _one_run(
         report.input_cpu_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_cpu * 1e9))
         for p in report.input_cpu_seconds
     ]
+    own = {}
+    if own_cpu is not None:  # the same two ratios against the kernel's own bare keystream
+        own = {
+            "own_keystream_cpu_gbps": own_cpu,
+            "mask_gen_over_own_keystream_cpu": float(np.mean(mask_cpu_gbps)) / own_cpu,
+            "input_over_own_keystream_cpu": float(np.mean(input_cpu_ratio)) * own_cpu / raw_cpu,
+        }
     return {
+        **own,
         **({"aes_ctr_gbps": rates["ctr"], "aes_gcm_gbps": rates["gcm"]} if rates else {}),
         "raw_aes_ctr_gbps": raw_gbps,
         "mask_gen_over_keystream": float(np.mean(mask_gbps)) / raw_gbps,
@@ -240,6 +308,7 @@ def _one_run(
         "max_abs_error": float(np.max(np.abs(result.values - expected))),
         "error_bound": len(u3) * math.ldexp(1.0, -spec.scale_bits),
         "survivors": len(u3),
+        "minor_page_faults": faults,
     }
 
 
@@ -384,6 +453,7 @@ def run(
         for bits, r, count in ((ring_bits, out, repeats), (other, extra, 1))
     }
     out["keystream_engine"] = fastest_engine()
+    out["kernel_engine"] = native.engine()
     out.update(
         dim=dim,
         participants=participants,
@@ -418,9 +488,8 @@ def kernel(
     machine the wall clock also counts the time this process waits for a core, the CPU
     time does not (cache and memory-bandwidth contention still count in both).
     """
-    from spherecal.crypto import native
     from spherecal.crypto.messages import MaskedChunk
-    from spherecal.crypto.prg import MaskExpander, MaskSeed
+    from spherecal.crypto.prg import MaskExpander, MaskSeed, kernel_keystream_seconds
     from spherecal.crypto.ring import encode, ring_dtype
 
     dtype = ring_dtype(ring_bits)
@@ -429,7 +498,17 @@ def kernel(
     seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
     plan = [(seed, 1 if i % 2 else -1) for i, seed in enumerate(seeds)]
     total_bytes = masks * dim * dtype.itemsize
-    names = ("keystream", "mask_major", "mask_numpy", "mask", "input_numpy", "input")
+    names = (
+        "keystream",
+        "keystream_own",
+        "mask_major",
+        "mask_numpy",
+        "mask_evp",
+        "mask",
+        "input_numpy",
+        "input_evp",
+        "input",
+    )
     best = {(key, clock): math.inf for key in names for clock in ("wall", "cpu")}
     kernel_module = native.KERNEL
 
@@ -443,16 +522,27 @@ def kernel(
             lambda prefix: expander.masked_bytes(prefix, plan, start, source),
         ).to_bytes()  # fmt: skip
 
+    own = native.engine()  # the kernel's engine (its own AES where the CPU has AES-NI)
     for _ in range(passes):
         t0, c0 = time.perf_counter(), time.thread_time()
         raw_keystream_seconds(total_bytes)
         record("keystream", time.perf_counter() - t0, time.thread_time() - c0)
-        for key in names[1:]:
+        if kernel_module is not None:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            kernel_keystream_seconds(total_bytes)
+            record("keystream_own", time.perf_counter() - t0, time.thread_time() - c0)
+        for key in names[2:]:
             numpy_path = key in ("mask_major", "mask_numpy", "input_numpy")
             native.KERNEL = None if numpy_path else kernel_module
-            try:
+            evp = key.endswith("_evp") and kernel_module is not None
+            with native.use_engine("openssl") if evp else contextlib.nullcontext():
                 encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-                expander = MaskExpander(min(chunk, dim), dtype, native=not numpy_path and None)
+                expander = MaskExpander(
+                    min(chunk, dim),
+                    dtype,
+                    engine="ctr" if evp else None,  # the kernel's first version: OpenSSL's CTR
+                    native=not numpy_path and None,
+                )
                 work = np.empty(min(chunk, dim), dtype=dtype)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 if key.startswith("input"):
@@ -468,14 +558,14 @@ def kernel(
                     else:
                         framed(expander, source, index, start)
                 record(key, time.perf_counter() - t0, time.thread_time() - c0)
-            finally:
-                native.KERNEL = kernel_module
+            native.KERNEL = kernel_module
     result: dict[str, Any] = {
         "ring_bits": ring_bits,
         "masks": masks,
         "chunk_entries": chunk,
         "passes": passes,
         "native_kernel": kernel_module is not None,
+        "kernel_engine": own,
     }
     for clock in ("wall", "cpu"):
         ks = best["keystream", clock]
@@ -488,6 +578,16 @@ def kernel(
             f"mask_major_over_keystream{suffix}": round(ks / best["mask_major", clock], 4),
             f"input_over_keystream{suffix}": round(best["input", clock] / ks, 4),
             f"input_numpy_over_keystream{suffix}": round(best["input_numpy", clock] / ks, 4),
+        }
+        if kernel_module is None:
+            continue
+        own_ks = best["keystream_own", clock]
+        result |= {
+            f"mask_evp_over_keystream{suffix}": round(ks / best["mask_evp", clock], 4),
+            f"input_evp_over_keystream{suffix}": round(best["input_evp", clock] / ks, 4),
+            f"own_keystream_gbps{suffix}": round(total_bytes / own_ks / 1e9, 3),
+            f"mask_over_own_keystream{suffix}": round(own_ks / best["mask", clock], 4),
+            f"input_over_own_keystream{suffix}": round(best["input", clock] / own_ks, 4),
         }
     return result
 
@@ -681,6 +781,14 @@ def main(argv: list[str] | None = None) -> int:
         "the service's chunk is 262144)",
     )
     parser.add_argument(
+        "--retain-freed-mb",
+        type=int,
+        default=0,
+        metavar="MB",
+        help="keep up to MB MiB of freed heap in this process (glibc mallopt) so masked "
+        "chunks reuse memory instead of faulting in fresh pages (default 0: glibc's defaults)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -689,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     result: dict[str, Any] = {}
+    if args.retain_freed_mb:
+        result["retain_freed_mb"] = args.retain_freed_mb
+        result["retain_freed_applied"] = retain_freed_memory(args.retain_freed_mb)
     if args.kernel:
         result["kernel"] = {
             str(b): kernel(args.dim, ring_bits=b, chunk=args.kernel_chunk) for b in (64, 32)

@@ -9,7 +9,8 @@ Modules, one idea each:
 
 ``ring``         fixed-point encoding into Z_{2^32} or Z_{2^64} (per job) with overflow refusal
 ``prg``          the v2 mask keystream (the AES-GCM keystream; CTR or GCM engine), seekable
-``native``       the optional C kernel (``_maskkernel.c``): masking and encoding, same bytes
+``native``       the optional C kernel (``_maskkernel.c``, its own VAES/AES-NI CTR in
+                 ``_aesctr.c``): masking and encoding, same bytes
 ``kdf``          HKDF-SHA256 with (job, purpose, parties) domain separation
 ``keys``         per-job X25519 key bundles, Ed25519 signatures, commitments
 ``shamir``       t-of-n sharing over GF(2^31 - 1), vectorised in numpy

@@ -3,12 +3,19 @@
  * Why native (issue #24): in the numpy path every mask is one OpenSSL call writing a
  * 128 KiB keystream tile and one numpy add reading it back; the add alone costs about a
  * quarter of the keystream's time, so that path tops out near 0.79 of the bare keystream
- * rate. Here the keystream of two masks at a time is produced into small L1-resident
- * buffers by OpenSSL's EVP AES-128-CTR (the system libcrypto) and both are added into an
- * L1-resident block of the target while hot; every mask of a call is applied to one block
- * before the next, so the target and the source are each touched once. The fixed-point
- * encoding of spherecal.crypto.ring (range check, exact magic-number rounding) is here
- * too (encode()).
+ * rate. Three engines produce the keystream here, all giving OpenSSL's AES-128-CTR bytes:
+ *   vaes, aesni  an AES-128-CTR of our own (_aesctr.c): each AES state is added into the
+ *                target's ring words straight from the register, two masks interleaved;
+ *                the default wherever the CPU has AES-NI (VAES: 256-bit registers);
+ *   openssl      the kernel's first version: OpenSSL's EVP AES-128-CTR (the system
+ *                libcrypto) writes two masks' keystream into small L1-resident buffers
+ *                and both are added into an L1-resident block of the target while hot;
+ *                for CPUs without AES-NI, and for a call whose counter would carry out of
+ *                its low 32-bit word (the own engines count in 32 bits, OpenSSL in 128).
+ * Every mask of a call is applied to one block (tile) before the next, so the target and
+ * the source are each touched once. set_engine() forces one (tests, benchmarks). The
+ * fixed-point encoding of spherecal.crypto.ring (range check, exact magic-number
+ * rounding) is here too (encode()).
  *
  * The keystream is exactly what spherecal.crypto.prg defines (and what its numpy path
  * adds): the caller passes, per mask, the AES key and the 16-byte counter block of the
@@ -18,7 +25,8 @@
  * the module refuses to load on a big-endian host (the numpy path then runs).
  *
  * Nothing here allocates Python objects while the GIL is released; key schedules are
- * freed (and cleansed by OpenSSL) and the keystream buffer is cleansed before return.
+ * cleansed before return (OpenSSL's when their contexts are freed, ours on the stack),
+ * and so are the keystream buffers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +38,8 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "_aesctr.h"
+
 /* Keystream produced per EVP call. Measured on the 2-core development machine (AMD EPYC,
  * 32 KiB L1d, 512 KiB L2 per core): 8 KiB (two keystream buffers, the zeros they encrypt
  * and the target block: 32 KiB) was among the best; 4 KiB and 16-64 KiB were no faster. */
@@ -40,6 +50,10 @@
 #define MAX_MASKS 4096
 
 static EVP_CIPHER *ctr_cipher;
+static const char *const engine_names[AESCTR_ENGINES] = {"openssl", "aesni", "vaes"};
+/* The engine calls use: the fastest this CPU runs, unless set_engine() chose another.
+ * Read and written with the GIL held only. */
+static int engine = AESCTR_OPENSSL;
 static const unsigned char zeros[KS_BYTES];
 
 typedef uint64_t u64u __attribute__((aligned(1), may_alias));
@@ -142,7 +156,7 @@ static void plan_release(Plan *p) {
     PyBuffer_Release(&p->signs);
 }
 
-/* Check the plan and make one CTR context per mask; 0 or -1 with an exception set. */
+/* Check the plan; 0 or -1 with an exception set. */
 static int plan_init(Plan *p, int word) {
     p->m = (size_t)p->signs.len;
     if (word != 4 && word != 8) {
@@ -160,6 +174,11 @@ static int plan_init(Plan *p, int word) {
             PyErr_SetString(PyExc_ValueError, "signs must be +1 or -1");
             return -1;
         }
+    return 0;
+}
+
+/* One OpenSSL CTR context per mask (the EVP engine's plan); 0 or -1 with an exception. */
+static int plan_contexts(Plan *p) {
     p->ctx = PyMem_Calloc(p->m ? p->m : 1, sizeof *p->ctx);
     if (!p->ctx) {
         PyErr_NoMemory();
@@ -183,11 +202,27 @@ static int plan_init(Plan *p, int word) {
     return 0;
 }
 
+/* The engine of this call: the chosen one, or OpenSSL's EVP path where a counter would
+ * carry out of its low 32-bit word (never for the v2 keystream's segments). */
+static int call_engine(const unsigned char *counters, size_t m, size_t nbytes) {
+    if (engine != AESCTR_OPENSSL && aesctr_no_carry(counters, m, (nbytes + 15) / 16))
+        return engine;
+    return AESCTR_OPENSSL;
+}
+
 static int plan_run(Plan *p, unsigned char *target, const unsigned char *source, size_t nbytes,
                     int word) {
-    int rc;
+    int rc = 0, use = call_engine((const unsigned char *)p->counters.buf, p->m, nbytes);
+    if (use == AESCTR_OPENSSL && p->m && plan_contexts(p) != 0) return -1;
     Py_BEGIN_ALLOW_THREADS
-    rc = apply_masks(target, source, nbytes, word, p->ctx, (const signed char *)p->signs.buf,
+    if (use == AESCTR_OPENSSL)
+        rc = apply_masks(target, source, nbytes, word, p->ctx, (const signed char *)p->signs.buf,
+                         p->m);
+    else if (p->m == 0)
+        memmove(target, source ? source : target, nbytes);
+    else
+        aesctr_apply(use, target, source, nbytes, word, (const unsigned char *)p->keys.buf,
+                     (const unsigned char *)p->counters.buf, (const signed char *)p->signs.buf,
                      p->m);
     Py_END_ALLOW_THREADS
     if (rc != 0) PyErr_SetString(PyExc_RuntimeError, "OpenSSL AES-128-CTR failed");
@@ -343,7 +378,120 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(engines_doc,
+"engines() -> tuple[str, ...]\n\n"
+"The AES-128-CTR engines this CPU runs, fastest first: 'vaes' (256-bit VAES, AVX2),\n"
+"'aesni' (128-bit AES-NI), 'openssl' (OpenSSL's EVP path, always).");
+
+static PyObject *engines(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    unsigned s = aesctr_supported();
+    PyObject *out = PyTuple_New(0);
+    for (int e = AESCTR_ENGINES - 1; out && e >= 0; e--)
+        if (s & (1u << e)) {
+            PyObject *name = PyUnicode_FromString(engine_names[e]);
+            if (!name || _PyTuple_Resize(&out, PyTuple_GET_SIZE(out) + 1) != 0) {
+                Py_XDECREF(name);
+                Py_CLEAR(out);
+                break;
+            }
+            PyTuple_SET_ITEM(out, PyTuple_GET_SIZE(out) - 1, name);
+        }
+    return out;
+}
+
+PyDoc_STRVAR(get_engine_doc, "engine() -> str\n\nThe engine apply() and keystream() use now.");
+
+static PyObject *get_engine(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyUnicode_FromString(engine_names[engine]);
+}
+
+static int best_engine(void) {
+    unsigned s = aesctr_supported();
+    for (int e = AESCTR_ENGINES - 1; e > 0; e--)
+        if (s & (1u << e)) return e;
+    return AESCTR_OPENSSL;
+}
+
+PyDoc_STRVAR(set_engine_doc,
+"set_engine(name) -> str\n\n"
+"Use engine name ('vaes', 'aesni', 'openssl', or 'auto': the fastest) from now on in\n"
+"this process and return the previous one; ValueError where this CPU lacks it. For\n"
+"tests and benchmarks: every engine gives the same bytes.");
+
+static PyObject *set_engine(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    int want = -1;
+    if (strcmp(name, "auto") == 0) want = best_engine();
+    for (int e = 0; e < AESCTR_ENGINES; e++)
+        if (strcmp(name, engine_names[e]) == 0) want = e;
+    if (want < 0 || !(aesctr_supported() & (1u << want))) {
+        PyErr_Format(PyExc_ValueError, "AES-128-CTR engine %R is not available on this CPU",
+                     PyTuple_GET_ITEM(args, 0));
+        return NULL;
+    }
+    int previous = engine;
+    engine = want;
+    return PyUnicode_FromString(engine_names[previous]);
+}
+
+PyDoc_STRVAR(keystream_doc,
+"keystream(out, key, counter) -> None\n\n"
+"out[:] = the first len(out) bytes of AES-128-CTR(key, counter) (16 bytes each; the\n"
+"counter block incremented as a 128-bit big-endian integer, as OpenSSL does), by the\n"
+"current engine: the bare keystream, for known-answer tests and the benchmark's\n"
+"yardstick.");
+
+static PyObject *keystream_py(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer out = {0}, key = {0}, counter = {0};
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "w*y*y*", &out, &key, &counter)) return NULL;
+    if (key.len != 16 || counter.len != 16) {
+        PyErr_SetString(PyExc_ValueError, "one 16-byte key and counter block");
+        goto done;
+    }
+    size_t n = (size_t)out.len;
+    unsigned char *o = (unsigned char *)out.buf;
+    int use = call_engine((const unsigned char *)counter.buf, 1, n), ok = 1;
+    EVP_CIPHER_CTX *ctx = NULL;
+    if (use == AESCTR_OPENSSL) {
+        ctx = EVP_CIPHER_CTX_new();
+        if (!ctx || EVP_EncryptInit_ex2(ctx, ctr_cipher, (const unsigned char *)key.buf,
+                                        (const unsigned char *)counter.buf, NULL) != 1) {
+            EVP_CIPHER_CTX_free(ctx);
+            PyErr_SetString(PyExc_RuntimeError, "OpenSSL AES-128-CTR initialisation failed");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (use == AESCTR_OPENSSL)
+        for (size_t pos = 0; ok && pos < n; pos += KS_BYTES)
+            ok = keystream(ctx, o + pos, n - pos < KS_BYTES ? n - pos : KS_BYTES);
+    else
+        aesctr_keystream(use, o, n, (const unsigned char *)key.buf,
+                         (const unsigned char *)counter.buf);
+    Py_END_ALLOW_THREADS
+    EVP_CIPHER_CTX_free(ctx);
+    if (!ok)
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL AES-128-CTR failed");
+    else
+        result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&counter);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"engines", engines, METH_NOARGS, engines_doc},
+    {"engine", get_engine, METH_NOARGS, get_engine_doc},
+    {"set_engine", set_engine, METH_VARARGS, set_engine_doc},
+    {"keystream", keystream_py, METH_VARARGS, keystream_doc},
     {"apply", apply, METH_VARARGS, apply_doc},
     {"apply_new", apply_new, METH_VARARGS, apply_new_doc},
     {"encode", encode, METH_VARARGS, encode_doc},
@@ -352,7 +500,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_maskkernel",
-    "Native masking kernel (OpenSSL AES-128-CTR added into ring words); see _maskkernel.c.",
+    "Native masking kernel (AES-128-CTR added into ring words); see _maskkernel.c.",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
@@ -366,6 +514,7 @@ PyMODINIT_FUNC PyInit__maskkernel(void) {
         PyErr_SetString(PyExc_ImportError, "OpenSSL has no AES-128-CTR");
         return NULL;
     }
+    engine = best_engine();
     PyObject *mod = PyModule_Create(&module);
     if (mod && PyModule_AddIntConstant(mod, "KS_BYTES", KS_BYTES) != 0) {
         Py_DECREF(mod);

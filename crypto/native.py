@@ -1,13 +1,26 @@
 """The optional native masking kernel: loaded once, or ``None`` where it is absent.
 
-``spherecal.crypto._maskkernel`` (``crypto/_maskkernel.c``, built by ``setup.py`` when
-the project is installed; it links the system libcrypto) does in C what
-:mod:`spherecal.crypto.prg` and :mod:`spherecal.crypto.ring` do in numpy, with the same
-bytes: the masking kernel (OpenSSL's AES-128-CTR added into ring words while the
-keystream is in L1) and the fixed-point encoding (range check, exact magic-number
-rounding). Why (issue #24): in numpy each mask is an OpenSSL call writing a tile and a
-numpy add reading it back, which caps masking near 0.79 of the bare keystream; the
-encoding is six numpy passes per tile.
+``spherecal.crypto._maskkernel`` (``crypto/_maskkernel.c`` with ``crypto/_aesctr.c``,
+built by ``setup.py`` when the project is installed; it links the system libcrypto) does
+in C what :mod:`spherecal.crypto.prg` and :mod:`spherecal.crypto.ring` do in numpy, with
+the same bytes: the masking kernel (AES-128-CTR keystream added into ring words) and the
+fixed-point encoding (range check, exact magic-number rounding). Why (issue #24): in numpy
+each mask is an OpenSSL call writing a tile and a numpy add reading it back, which caps
+masking near 0.79 of the bare keystream; the encoding is six numpy passes per tile.
+
+The kernel has three AES-128-CTR *engines*, all giving OpenSSL's AES-CTR bytes:
+
+* ``vaes``: its own CTR on 256-bit VAES registers (AVX2 adds), the keystream added into
+  the target straight from the AES state; where the CPU has VAES and AVX2;
+* ``aesni``: the same on 128-bit AES-NI registers; where the CPU has AES-NI;
+* ``openssl``: OpenSSL's EVP AES-128-CTR writing into an L1 buffer and an AVX2 add loop
+  (the kernel's first version); everywhere, and for any call whose counter would carry
+  out of its low 32-bit word (never in the v2 keystream).
+
+The fastest the CPU runs is chosen when the kernel loads. ``SPHERECAL_NATIVE_ENGINE``
+(``vaes``, ``aesni``, ``openssl`` or ``auto``) forces one for a process (a name this CPU
+lacks is refused: :class:`ValueError` at import); :func:`use_engine` does it for a block
+(tests, ``bench/secagg.py``).
 
 Both callers look :data:`KERNEL` up at call time, so it is the one switch: ``None`` when
 the extension was not built (no compiler, Python or OpenSSL headers at install), fails
@@ -18,12 +31,25 @@ tests set it to ``None`` to run the numpy path.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
-__all__ = ["ENV", "KERNEL", "available"]
+__all__ = [
+    "ENGINE_ENV",
+    "ENV",
+    "KERNEL",
+    "available",
+    "engine",
+    "engines",
+    "own_engine",
+    "use_engine",
+]
 
 ENV = "SPHERECAL_NATIVE_MASKING"
 """Set to ``0`` to run the numpy paths even where the native kernel is built."""
+ENGINE_ENV = "SPHERECAL_NATIVE_ENGINE"
+"""Set to ``vaes``, ``aesni``, ``openssl`` or ``auto`` to choose the kernel's AES engine."""
 
 
 def _load() -> ModuleType | None:
@@ -33,6 +59,14 @@ def _load() -> ModuleType | None:
         from spherecal.crypto import _maskkernel
     except ImportError:  # not built here, or its libcrypto is missing
         return None
+    wanted = os.environ.get(ENGINE_ENV)
+    if wanted:
+        try:
+            _maskkernel.set_engine(wanted)
+        except ValueError as exc:
+            raise ValueError(
+                f"{ENGINE_ENV}={wanted!r}: this CPU runs {_maskkernel.engines()}"
+            ) from exc
     return _maskkernel
 
 
@@ -42,3 +76,31 @@ KERNEL: ModuleType | None = _load()
 def available() -> bool:
     """Whether the native kernel is loaded (and not switched off)."""
     return KERNEL is not None
+
+
+def engines() -> tuple[str, ...]:
+    """The kernel's AES engines this CPU runs, fastest first (none without the kernel)."""
+    return () if KERNEL is None else tuple(KERNEL.engines())
+
+
+def engine() -> str | None:
+    """The engine the kernel uses now, or ``None`` without the kernel."""
+    return None if KERNEL is None else str(KERNEL.engine())
+
+
+def own_engine() -> bool:
+    """Whether the kernel runs its own AES (``vaes``/``aesni``), not OpenSSL's."""
+    return engine() in ("vaes", "aesni")
+
+
+@contextmanager
+def use_engine(name: str) -> Iterator[None]:
+    """Run the block on engine ``name`` (:class:`ValueError` where this CPU lacks it or
+    the kernel is absent), then restore the previous one."""
+    if KERNEL is None:
+        raise ValueError("the native masking kernel is not loaded here")
+    previous = KERNEL.set_engine(name)
+    try:
+        yield
+    finally:
+        KERNEL.set_engine(previous)

@@ -40,16 +40,24 @@ Everything is arranged so that the Python layer adds no per-element work:
 **The native kernel.** Even so each mask costs one OpenSSL call writing a tile and one
 numpy add reading it back, and the add alone is about a quarter of the keystream's time
 (measured: the numpy path tops out near 0.79 of the bare keystream rate). Where the
-optional C extension ``spherecal.crypto._maskkernel`` is built (``setup.py``; it links the
-system libcrypto), :class:`MaskExpander` hands the whole chunk to it instead: per 8 KiB
-block, OpenSSL's EVP AES-128-CTR writes two masks' keystream into L1-resident buffers
-and the kernel adds both into the target block while they are hot. It is given each seed's
-AES key and the counter block of the chunk's first byte (:func:`counter_block`), so its
-output is the same keystream, and a call never crosses a segment. It runs the CTR engine
-only (where GCM is the faster path, the numpy path with GCM runs). The numpy path stays
+optional C extension ``spherecal.crypto._maskkernel`` is built (``setup.py``),
+:class:`MaskExpander` hands the whole chunk to it instead. It is given each seed's AES key
+and the counter block of the chunk's first byte (:func:`counter_block`), so its output is
+the same keystream, and a call never crosses a segment. Its default engine on a CPU with
+AES-NI is an AES-128-CTR of its own (``crypto/_aesctr.c``): on VAES (256-bit registers)
+or AES-NI, each AES state is *added* into the target's ring words straight from the
+register, two masks at a time, so masking runs at the rate of the bare keystream (on the
+development machine about twice OpenSSL's AES-CTR rate: OpenSSL 3's CTR there runs on
+128-bit registers). Elsewhere it runs OpenSSL's EVP AES-128-CTR into L1-resident buffers
+and adds those. Which engine runs never changes a byte (:mod:`spherecal.crypto.native`;
+known-answer tests against the ``cryptography`` package's AES-CTR for every engine).
+
+With the kernel's own AES loaded, the expander takes it whatever :func:`fastest_engine`
+says of OpenSSL's two paths (it is faster than either); with the kernel on OpenSSL, it
+runs where CTR is OpenSSL's faster path, and the numpy path with GCM otherwise. An
+expander given ``engine="gcm"`` explicitly runs the numpy GCM path. The numpy path stays
 and gives the same bytes (tested side by side); it is used when the extension is absent
-or fails to load, when ``SPHERECAL_NATIVE_MASKING=0`` is set, or with ``native=False``
-(:mod:`spherecal.crypto.native`).
+or fails to load, when ``SPHERECAL_NATIVE_MASKING=0`` is set, or with ``native=False``.
 """
 
 from __future__ import annotations
@@ -92,6 +100,7 @@ __all__ = [
     "RATE_BUFFER_BYTES",
     "counter_block",
     "fastest_engine",
+    "kernel_keystream_seconds",
     "keystream_bytes",
     "keystream_rate_gbps",
     "keystream_words",
@@ -175,7 +184,8 @@ class MaskExpander:
     Owns a zero buffer and a keystream tile of :data:`TILE_BYTES` (or less for short
     vectors). ``dtype`` is the ring's word (``<u4`` or ``<u8``); ``engine`` ``None``
     picks :func:`fastest_engine`. ``native`` ``None`` uses the native kernel where it is
-    loaded and the engine is CTR, ``False`` never, ``True`` requires it. Not
+    loaded and the engine is CTR (``engine`` ``None`` is CTR where the kernel runs its own
+    AES), ``False`` never, ``True`` requires it. Not
     thread-safe: use one expander per thread.
     """
 
@@ -192,6 +202,8 @@ class MaskExpander:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype("<u4"), np.dtype("<u8")):
             raise ValueError("ring words are little-endian uint32 or uint64")
+        if engine is None and native is not False and native_module.own_engine():
+            engine = "ctr"  # the kernel's own AES outruns both of OpenSSL's paths
         self.engine = fastest_engine() if engine is None else engine
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}")
@@ -400,6 +412,24 @@ def keystream_bytes(
     if offset % BLOCK_BYTES or nbytes % 8:
         raise ValueError("offset must be block-aligned and nbytes a multiple of 8")
     return keystream_words(seed, offset // 8, nbytes // 8, engine=engine).tobytes()
+
+
+def kernel_keystream_seconds(total_bytes: int, buffer_bytes: int = RATE_BUFFER_BYTES) -> float:
+    """Wall time of ``total_bytes`` of bare keystream from the native kernel's current
+    engine (``_maskkernel.keystream`` into one preallocated buffer, nothing added): the
+    second yardstick of ``bench/secagg.py``, next to OpenSSL's. Needs the kernel."""
+    kernel = native_module.KERNEL
+    if kernel is None:
+        raise ValueError("the native masking kernel is not loaded here")
+    buf = bytearray(buffer_bytes)
+    tail = bytearray(total_bytes % buffer_bytes)
+    key, counter = bytes(range(16)), bytes(NONCE_BYTES) + FIRST_COUNTER.to_bytes(4, "big")
+    start = time.perf_counter()
+    for _ in range(total_bytes // buffer_bytes):
+        kernel.keystream(buf, key, counter)
+    if tail:
+        kernel.keystream(tail, key, counter)
+    return time.perf_counter() - start
 
 
 def raw_keystream_seconds(

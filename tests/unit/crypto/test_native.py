@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spherecal.crypto import EncodingOverflow, MalformedMessage, MaskedChunk, native, prg
@@ -56,9 +56,8 @@ def numpy_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-@needs_kernel
 @pytest.mark.parametrize("dtype", [U64, U32])
-def test_known_answer_of_the_native_keystream(dtype: np.dtype) -> None:
+def test_known_answer_of_the_native_keystream(dtype: np.dtype, kernel_engine: str) -> None:
     seed = seeds(1, np.random.default_rng(1))[0]
     n = 5000 + 16 // dtype.itemsize - 1  # a partial last block
     assert np.array_equal(
@@ -66,8 +65,204 @@ def test_known_answer_of_the_native_keystream(dtype: np.dtype) -> None:
     )
 
 
+ENGINES = () if KERNEL is None else tuple(KERNEL.engines())
+
+
+def ctr_reference(key: bytes, counter: bytes, nbytes: int) -> bytes:
+    """AES-128-CTR from the ``cryptography`` package (OpenSSL's 128-bit increment)."""
+    return Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor().update(bytes(nbytes))
+
+
+@pytest.fixture(params=ENGINES or ["none"])
+def kernel_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each engine this CPU runs, forced for the test (all three on the development
+    machine: vaes, aesni, openssl)."""
+    if KERNEL is None:
+        pytest.skip("the native masking kernel is not built here")
+    with native.use_engine(request.param):
+        yield request.param
+
+
+def test_every_engine_is_exercised_where_the_cpu_has_it() -> None:
+    """The engine list is what the CPU flags say, so the parametrised tests below cover
+    the own AES wherever it can run (a build that lost it would show here)."""
+    if KERNEL is None:
+        pytest.skip("the native masking kernel is not built here")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    words = set(flags.split())
+    assert ENGINES[-1] == "openssl"
+    if not os.environ.get(native.ENGINE_ENV):  # by default the fastest engine runs
+        assert KERNEL.engine() == ENGINES[0]
+    if {"aes", "sse4_1"} <= words:
+        assert "aesni" in ENGINES
+    if {"aes", "avx2", "vaes"} <= words:
+        assert ENGINES[0] == "vaes"
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    nbytes=st.integers(0, 5000),
+    counter=st.one_of(
+        st.integers(0, 2**32 - 1),
+        st.just(2 + (1 << 26) - 1),  # the last counter of a v2 segment
+        st.integers(2**32 - 400, 2**32 - 1),  # a carry out of the 32-bit word
+    ),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_known_answers_of_every_engine_against_cryptography_aes_ctr(
+    nbytes: int, counter: int, seed: int
+) -> None:
+    """Bare keystream of each engine, any length (not a multiple of 16 or of a vector
+    group), any counter: the ``cryptography`` package's AES-CTR, byte for byte."""
+    assert KERNEL is not None
+    rng = np.random.default_rng(seed)
+    key, block = rng.bytes(16), rng.bytes(12) + counter.to_bytes(4, "big")
+    expected = ctr_reference(key, block, nbytes)
+    for name in ENGINES:
+        with native.use_engine(name):
+            out = bytearray(b"\xa5" * (nbytes + 64))
+            KERNEL.keystream(memoryview(out)[:nbytes], key, block)
+            assert bytes(out[:nbytes]) == expected, name
+            assert out[nbytes:] == b"\xa5" * 64  # not a byte past the end
+
+
+@needs_kernel
+def test_a_counter_that_carries_past_32_bits_is_openssls_128_bit_increment() -> None:
+    """The own engines count in the low 32-bit word; where a call would carry out of it
+    the kernel takes OpenSSL's path. Mutation check: a 32-bit wrap (what the own engines
+    would produce) differs from the reference, and the kernel gives the reference."""
+    assert KERNEL is not None
+    key, nonce = bytes(range(16)), b"\x01" * 11 + b"\xff"
+    block = nonce + (2**32 - 2).to_bytes(4, "big")
+    expected = ctr_reference(key, block, 4 * 16)
+    ecb = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    wrapped = ecb.update(
+        b"".join(nonce + ((2**32 - 2 + j) % 2**32).to_bytes(4, "big") for j in range(4))
+    )
+    assert wrapped[:32] == expected[:32] and wrapped[32:] != expected[32:]
+    for name in ENGINES:
+        with native.use_engine(name):
+            out = bytearray(64)
+            KERNEL.keystream(out, key, block)
+            assert bytes(out) == expected
+            target = np.zeros(8, dtype=U64)
+            KERNEL.apply(target, None, key, block, b"\x01", 8)
+            assert target.tobytes() == expected
+
+
 @needs_kernel
 @settings(max_examples=40, deadline=None)
+@given(
+    entries=st.integers(0, 3000),
+    masks=st.sampled_from([0, 1, 2, 3, 5, 16, 17, 34]),
+    narrow=st.booleans(),
+    in_place=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_every_engine_adds_the_reference_keystream_in_the_ring(
+    entries: int, masks: int, narrow: bool, in_place: bool, seed: int
+) -> None:
+    """kernel.apply against an independent computation (cryptography's AES-CTR, numpy's
+    wrapping add/sub) for each engine: odd and even mask counts, more masks than one key
+    group (16), odd sizes; guard words around target and source stay untouched."""
+    assert KERNEL is not None
+    dtype = U32 if narrow else U64
+    rng = np.random.default_rng(seed)
+    keys = rng.bytes(16 * masks)
+    counters = b"".join(
+        rng.bytes(12) + int(rng.integers(0, 1 << 26)).to_bytes(4, "big") for _ in range(masks)
+    )
+    signs = [int(rng.choice([-1, 1])) for _ in range(masks)]
+    source: Any = rng.integers(0, 1 << 62, entries + 8).astype(dtype)
+    expected = source[4 : 4 + entries].copy()
+    for i, sign in enumerate(signs):
+        ks = np.frombuffer(
+            ctr_reference(keys[16 * i : 16 * i + 16], counters[16 * i : 16 * i + 16],
+                          entries * dtype.itemsize),
+            dtype=dtype,
+        )  # fmt: skip
+        expected = expected + ks if sign > 0 else expected - ks
+    for name in ENGINES:
+        with native.use_engine(name):
+            buf: Any = np.full(entries + 8, 0x5A5A5A5A, dtype=dtype)
+            src = source.copy()
+            if in_place:
+                buf[4 : 4 + entries] = src[4 : 4 + entries]
+            KERNEL.apply(
+                buf[4 : 4 + entries], None if in_place else src[4 : 4 + entries], keys,
+                counters, bytes(s & 0xFF for s in signs), dtype.itemsize,
+            )  # fmt: skip
+            assert buf[4 : 4 + entries].tobytes() == expected.tobytes(), name
+            assert (buf[:4] == 0x5A5A5A5A).all() and (buf[4 + entries :] == 0x5A5A5A5A).all()
+            assert np.array_equal(src, source)  # the source is only read
+
+
+@needs_kernel
+def test_the_engine_switch_refuses_what_the_cpu_lacks_and_restores() -> None:
+    assert KERNEL is not None
+    before = KERNEL.engine()
+    with pytest.raises(ValueError, match="not available"):
+        KERNEL.set_engine("des")
+    with native.use_engine("openssl"):
+        assert native.engine() == "openssl" and not native.own_engine()
+        assert MaskExpander(16, U64, engine="gcm").native is False
+    assert KERNEL.engine() == before and native.engines() == ENGINES
+
+
+@needs_kernel
+def test_the_engine_environment_variable_forces_an_engine_or_is_refused() -> None:
+    base = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = "from spherecal.crypto import native\nprint(native.engine())\n"
+    for name in ENGINES:
+        env = {**base, native.ENGINE_ENV: name}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == name
+    env = {**base, native.ENGINE_ENV: "rot13"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0 and "SPHERECAL_NATIVE_ENGINE='rot13'" in done.stderr
+
+
+@needs_kernel
+def test_the_kernel_masks_in_threads_with_the_gil_released() -> None:
+    """Calls from several threads at once (the GIL released inside) each give their
+    own reference bytes: no shared keystream or key-schedule state."""
+    import threading
+
+    assert KERNEL is not None
+    rng = np.random.default_rng(11)
+    jobs = []
+    for _ in range(4):
+        key, block = rng.bytes(16), rng.bytes(12) + (2).to_bytes(4, "big")
+        jobs.append((key, block, np.frombuffer(ctr_reference(key, block, 1 << 20), dtype=U64)))
+    results: dict[int, bool] = {}
+
+    def work(i: int) -> None:
+        key, block, ks = jobs[i]
+        target = np.zeros(ks.shape[0], dtype=U64)
+        for _ in range(5):
+            target[:] = 0
+            KERNEL.apply(target, None, key, block, b"\xff", 8)
+        results[i] = bool(np.array_equal(target, (0 - ks.astype(np.uint64))))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {0: True, 1: True, 2: True, 3: True}
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # the engine, per test
+)
 @given(
     total=st.integers(1, 9000),
     chunk_blocks=st.integers(1, 700),
@@ -77,7 +272,13 @@ def test_known_answer_of_the_native_keystream(dtype: np.dtype) -> None:
     seed=st.integers(0, 2**32 - 1),
 )
 def test_native_plans_equal_the_numpy_path_byte_for_byte(
-    total: int, chunk_blocks: int, masks: int, narrow: bool, in_place: bool, seed: int
+    kernel_engine: str,
+    total: int,
+    chunk_blocks: int,
+    masks: int,
+    narrow: bool,
+    in_place: bool,
+    seed: int,
 ) -> None:
     """Random plans (any count of masks, odd and even, any signs), chunk sizes across the
     kernel's 8 KiB blocks, partial last blocks, with and without a separate source."""
@@ -102,10 +303,9 @@ def test_native_plans_equal_the_numpy_path_byte_for_byte(
         assert framed == slow.masked_bytes(prefix, plan, start, part) == prefix + b.tobytes()
 
 
-@needs_kernel
 @pytest.mark.parametrize("dtype", [U64, U32])
 def test_native_calls_split_at_segment_boundaries(
-    monkeypatch: pytest.MonkeyPatch, dtype: np.dtype
+    monkeypatch: pytest.MonkeyPatch, dtype: np.dtype, kernel_engine: str
 ) -> None:
     """A chunk straddling a segment (shrunk to 4 blocks, the nonce base about to wrap)
     takes the next nonce in both paths, in place and framed."""
