@@ -69,13 +69,16 @@ Definitions (all measured in the same process, on the same machine, in this run)
     CPU time instead of the wall clock (free of the time spent waiting for a core on a
     shared machine). ``--kernel-chunk`` sets the chunk (the service's is 262,144 entries).
 ``scaling``
-    With ``--scaling 10,100,500,1000``: one SecAgg+ job (Harary graph, ``--scaling-dim``
-    entries, 10 % of the participants dropping before their masked input) per n;
-    ``participant_ms`` is the median over participants of the wall time inside each
-    participant's own calls over the whole job (construction, every round, every
-    message encoding), ``server_s`` the rest of the job; ``ratio_to_first`` divides by
+    With ``--scaling 10,100,500,1000``: SecAgg+ jobs (Harary graph, ``--scaling-dim``
+    entries, 10 % of the participants dropping before their masked input) — one warm-up
+    job, then ``--scaling-repeats`` rounds (default 3) of one job per n, interleaved;
+    a job's ``participant_ms`` is the median over participants of the wall time inside
+    each participant's own calls over the whole job (construction, every round, every
+    message encoding), an n's the median over its jobs (``_runs``: per job);
+    ``server_s`` is the rest of the job; ``ratio_to_first`` divides by
     the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5);
-    ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time.
+    ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time;
+    ``load_average_1min`` the machine's load when the job started (a shared machine).
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
@@ -121,6 +124,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import random
 import resource
 import sys
@@ -588,54 +592,105 @@ def kernel(
     return result
 
 
+def _scaling_job(
+    n: int, *, dim: int, drop_fraction: float, seed: int, ring_bits: int
+) -> tuple[JobSpec, int, int, Any, float]:
+    """One SecAgg+ job of ``n`` participants: (spec, threshold, dropouts, report, load)."""
+    ids = [f"p{i:04d}" for i in range(n)]
+    rng = np.random.default_rng(seed)
+    inputs = {p: rng.uniform(-1.0, 1.0, dim) for p in ids}
+    dropped = random.Random(seed).sample(ids, int(drop_fraction * n))
+    degree = default_degree(n, 2)
+    t = max(2, (degree + 1) // 2 + 1)  # strict majority of the k + 1 share holders
+    spec = JobSpec.create(
+        ids, threshold=t, length=dim, bound=1.0, graph="harary", ring_bits=ring_bits
+    )
+    load = os.getloadavg()[0]
+    report = run_protocol(
+        spec, inputs, drop=dict.fromkeys(dropped, "masked"), rng=random.Random(seed)
+    )
+    return spec, t, len(dropped), report, load
+
+
 def scaling(
-    counts: list[int], *, dim: int, drop_fraction: float, seed: int, ring_bits: int
+    counts: list[int],
+    *,
+    dim: int,
+    drop_fraction: float,
+    seed: int,
+    ring_bits: int,
+    repeats: int = 3,
 ) -> dict[str, Any]:
-    """One SecAgg+ job (Harary graph) per participant count; per-participant cost."""
+    """SecAgg+ jobs (Harary graph) per participant count; per-participant cost.
+
+    One warm-up job first (first-call costs of OpenSSL, libsodium and numpy would
+    otherwise fall on the smallest n, the ratios' denominator), then ``repeats`` rounds,
+    each one job per n in order, so that a change of the machine's load during the
+    block touches every n alike. Each job's figure is the median over its
+    participants; each n's, the median over its jobs."""
+    _scaling_job(10, dim=1_000, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits)
+    jobs: dict[int, list[tuple[JobSpec, int, int, Any, float]]] = {n: [] for n in counts}
+    for _ in range(repeats):
+        for n in counts:
+            jobs[n].append(
+                _scaling_job(
+                    n, dim=dim, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits
+                )
+            )
+
+    def per_job(report: Any, cpu: bool) -> float:
+        values = report.participant_cpu_seconds if cpu else report.participant_seconds
+        return float(np.median(list(values.values())))
+
     rows: dict[str, Any] = {}
-    first: float | None = None
-    first_cpu: float | None = None
+    first = counts[0]
     for n in counts:
-        ids = [f"p{i:04d}" for i in range(n)]
-        rng = np.random.default_rng(seed)
-        inputs = {p: rng.uniform(-1.0, 1.0, dim) for p in ids}
-        dropped = random.Random(seed).sample(ids, int(drop_fraction * n))
-        degree = default_degree(n, 2)
-        t = max(2, (degree + 1) // 2 + 1)  # strict majority of the k + 1 share holders
-        spec = JobSpec.create(
-            ids, threshold=t, length=dim, bound=1.0, graph="harary", ring_bits=ring_bits
-        )
-        report = run_protocol(
-            spec, inputs, drop=dict.fromkeys(dropped, "masked"), rng=random.Random(seed)
-        )
-        per = float(np.median(list(report.participant_seconds.values())))
-        per_cpu = float(np.median(list(report.participant_cpu_seconds.values())))
-        first = per if first is None else first
-        first_cpu = per_cpu if first_cpu is None else first_cpu
+        spec, t, dropouts, _, _ = jobs[n][0]
+        wall = [per_job(job[3], False) for job in jobs[n]]
+        cpu = [per_job(job[3], True) for job in jobs[n]]
+        first_wall = [per_job(job[3], False) for job in jobs[first]]
+        first_cpu = [per_job(job[3], True) for job in jobs[first]]
+        reports = [job[3] for job in jobs[n]]
         rows[str(n)] = {
-            "participant_ms": round(per * 1e3, 3),
-            "participant_ms_max": round(max(report.participant_seconds.values()) * 1e3, 3),
-            "ratio_to_first": round(per / first, 3),
-            "participant_cpu_ms": round(per_cpu * 1e3, 3),
-            "ratio_to_first_cpu": round(per_cpu / first_cpu, 3),
-            "server_s": round(
-                report.protocol_seconds - sum(report.participant_seconds.values()), 4
+            "participant_ms": round(float(np.median(wall)) * 1e3, 3),
+            "participant_ms_max": round(
+                max(max(r.participant_seconds.values()) for r in reports) * 1e3, 3
             ),
-            "protocol_s": round(report.protocol_seconds, 4),
-            "protocol_ms_per_participant": round(report.protocol_seconds / n * 1e3, 3),
+            "ratio_to_first": round(float(np.median(wall) / np.median(first_wall)), 3),
+            "participant_cpu_ms": round(float(np.median(cpu)) * 1e3, 3),
+            "ratio_to_first_cpu": round(float(np.median(cpu) / np.median(first_cpu)), 3),
+            "participant_cpu_ms_runs": [round(c * 1e3, 3) for c in cpu],
+            "ratio_to_first_cpu_runs": [
+                round(c / f, 3) for c, f in zip(cpu, first_cpu, strict=True)
+            ],
+            "server_s": round(
+                float(
+                    np.median(
+                        [r.protocol_seconds - sum(r.participant_seconds.values()) for r in reports]
+                    )
+                ),
+                4,
+            ),
+            "protocol_s": round(float(np.median([r.protocol_seconds for r in reports])), 4),
+            "protocol_ms_per_participant": round(
+                float(np.median([r.protocol_seconds for r in reports])) / n * 1e3, 3
+            ),
             "degree": spec.degree,
             "threshold": t,
-            "dropouts": len(dropped),
-            "survivors": len(report.result.contributors),
+            "dropouts": dropouts,
+            "survivors": len(reports[0].result.contributors),
+            "load_average_1min": [round(job[4], 2) for job in jobs[n]],
         }
     return {
         "dim": dim,
         "graph": "harary",
         "ring_bits": ring_bits,
         "drop_fraction": drop_fraction,
+        "repeats": repeats,
         "per_n": rows,
-        "statistic": "one job per n; participant_ms (wall) and participant_cpu_ms (this "
-        "thread's CPU time) are medians over participants",
+        "statistic": "after one warm-up job, `repeats` rounds of one job per n; a job's "
+        "figure is the median over its participants, an n's the median over its jobs; "
+        "participant_ms by wall clock, participant_cpu_ms by this thread's CPU time",
     }
 
 
@@ -705,6 +760,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scaling-dim", type=int, default=100_000)
     parser.add_argument(
+        "--scaling-repeats",
+        type=int,
+        default=3,
+        help="rounds of the --scaling block, one job per n each (default 3)",
+    )
+    parser.add_argument(
         "--skip-main",
         action="store_true",
         help="only the --kernel/--scaling blocks (no main runs)",
@@ -747,7 +808,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.scaling:
         counts = [int(c) for c in args.scaling.split(",") if c]
         result["scaling"] = scaling(
-            counts, dim=args.scaling_dim, drop_fraction=0.1, seed=args.seed, ring_bits=32
+            counts,
+            dim=args.scaling_dim,
+            drop_fraction=0.1,
+            seed=args.seed,
+            ring_bits=32,
+            repeats=args.scaling_repeats,
         )
     if args.skip_main:
         text = json.dumps(result, indent=2, sort_keys=True)

@@ -13,11 +13,12 @@ owner whose share is about to be revealed, ``t`` must have signed this set.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hmac
+from collections.abc import Callable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from spherecal.crypto._exceptions import InconsistentSurvivors, TooFewSurvivors
+from spherecal.crypto._exceptions import BadSignature, InconsistentSurvivors, TooFewSurvivors
 from spherecal.crypto.graph import COMPLETE, Graph
 from spherecal.crypto.keys import pinned_key, survivors_payload, verify
 from spherecal.crypto.messages import UnmaskRequest
@@ -35,6 +36,10 @@ def verify_signed_view(
     signed: tuple[str, ...] | None,
     owners: frozenset[str],
     members1: frozenset[str],
+    me: str | None = None,
+    own_signature: bytes | None = None,
+    payload: bytes | None = None,
+    holders_cache: Callable[[str], tuple[str, ...]] | None = None,
 ) -> None:
     """Raise unless ``request`` carries the survivor set this holder ``signed`` with
     ``t`` valid signatures overall and ``t`` among the holders of every owner in
@@ -48,14 +53,26 @@ def verify_signed_view(
     signatures still works, and costs this holder no extra verifications). Ignoring
     is safe because the overall count then counts a subset of what it counted before
     and each owner's count never included them. A counted signer whose key is not in
-    ``directory`` is refused (:class:`KeySubstitution`), never a ``KeyError``."""
+    ``directory`` is refused (:class:`KeySubstitution`), never a ``KeyError``.
+
+    The holder's own entry (``me``) is not verified when it passes ``own_signature``,
+    the signature it made over this very set: the entry must equal it byte for byte
+    (Ed25519 signatures are deterministic), else :class:`BadSignature` as a failed
+    verification would raise — one verification less per holder (issue #24).
+    ``payload`` is the survivor-set encoding the holder signed (O(n) bytes: encoded
+    once per job, not again here); ``holders_cache`` the holder's cached
+    ``graph.holders(owner, members1)``."""
     if request.survivors != signed:
         raise InconsistentSurvivors("survivor set differs from the one this participant signed")
     survivors = frozenset(request.survivors)
-    payload = survivors_payload(
-        spec_digest=spec.digest, job_id=spec.job_id, survivors=request.survivors
-    )
-    holders_of = {owner: graph.holders(owner, members1) for owner in sorted(owners)}
+    if payload is None:
+        payload = survivors_payload(
+            spec_digest=spec.digest, job_id=spec.job_id, survivors=request.survivors
+        )
+    if holders_cache is None:
+        holders_of = {owner: graph.holders(owner, members1) for owner in sorted(owners)}
+    else:
+        holders_of = {owner: holders_cache(owner) for owner in sorted(owners)}
     countable: set[str] = set()
     for holders in holders_of.values():
         countable.update(holders)
@@ -66,7 +83,13 @@ def verify_signed_view(
         if entry.signer not in countable:
             continue  # outside every revealed owner's holders: ignored, never counted
         what = f"survivor-set signature of {entry.signer!r}"
-        verify(pinned_key(directory, entry.signer, what=what), entry.signature, payload, what=what)
+        if own_signature is not None and entry.signer == me:
+            if not hmac.compare_digest(entry.signature, own_signature):
+                raise BadSignature(f"{what}: not the signature this participant made")
+        else:
+            verify(
+                pinned_key(directory, entry.signer, what=what), entry.signature, payload, what=what
+            )
         signers.add(entry.signer)
     if len(signers) < spec.threshold:
         raise TooFewSurvivors(

@@ -201,6 +201,13 @@ class SecAggParticipant:
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._expander: MaskExpander | None = None
         self._signed_survivors: tuple[str, ...] | None = None
+        self._signed_payload: bytes | None = None
+        """The bytes the consistency signature covers (O(n): encoded once per job)."""
+        self._own_signature: bytes | None = None
+        """This participant's consistency signature: its own entry in the unmask request
+        must equal it, instead of being verified (not kept across a restart)."""
+        self._holders_of: dict[str, tuple[str, ...]] = {}
+        """``graph.holders(owner, U1)`` per owner, computed once per job."""
         self._complete_x: int | None = None
         self._answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
         self.complaints: list[ShareComplaint] = []
@@ -299,6 +306,7 @@ class SecAggParticipant:
         if not members1 <= set(spec.participants):
             raise UnknownParticipant("the held state lists ids that are not in the job")
         self._members1 = members1
+        self._holders_of = {}
         if state.keys is not None:
             self._resume_keys(state)
             return self
@@ -473,6 +481,7 @@ class SecAggParticipant:
         )
         self._adverts = {a.sender: a for a in roster.adverts}
         self._members1 = members
+        self._holders_of = {}
 
         out = deal_shares(
             spec,
@@ -583,7 +592,16 @@ class SecAggParticipant:
             if self._complete_x is None:
                 self._complete_x = sorted(self._members1).index(self.participant_id) + 1
             return self._complete_x
-        return self._graph.holders(dealer, self._members1).index(self.participant_id) + 1
+        return self._holders(dealer).index(self.participant_id) + 1
+
+    def _holders(self, owner: str) -> tuple[str, ...]:
+        """``owner``'s share holders among ``U1`` (fixed from round 1 on), once per owner:
+        round 2 places this participant among each dealer's holders and round 4 counts
+        signatures among each owner's holders — the same sets."""
+        cached = self._holders_of.get(owner)
+        if cached is None:
+            cached = self._holders_of[owner] = self._graph.holders(owner, self._members1)
+        return cached
 
     def set_input(self, vector: npt.ArrayLike, *, noise: npt.ArrayLike | None = None) -> None:
         """Fix this participant's input (float vector of ``spec.length`` entries, each
@@ -654,15 +672,12 @@ class SecAggParticipant:
             self._check_job(request.job_id)
             survivors = frozenset(request.survivors)
             self._check_survivor_view(survivors, frozenset(), "consistency")
-            signature = sign(
-                self._identity,
-                survivors_payload(
-                    spec_digest=self.spec.digest,
-                    job_id=self.spec.job_id,
-                    survivors=request.survivors,
-                ),
+            payload = survivors_payload(
+                spec_digest=self.spec.digest, job_id=self.spec.job_id, survivors=request.survivors
             )
+            signature = sign(self._identity, payload)
             self._signed_survivors = request.survivors
+            self._signed_payload, self._own_signature = payload, signature
             self._stage = ParticipantStage.SIGNED
             return ConsistencySignature(
                 job_id=self.spec.job_id, sender=self.participant_id, signature=signature
@@ -731,6 +746,10 @@ class SecAggParticipant:
                 signed=self._signed_survivors,
                 owners=frozenset(o for o in self._held if o in survivors or o in dropouts),
                 members1=self._members1,
+                me=self.participant_id,
+                own_signature=self._own_signature,
+                payload=self._signed_payload,
+                holders_cache=self._holders,
             )
         shares = []
         for owner in sorted(self._held):

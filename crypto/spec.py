@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -208,7 +209,9 @@ class JobSpec:
         if not isinstance(ids, tuple):
             raise InvalidSpec("participants must be a tuple of ids")
         _check_ids(ids)
-        if list(ids) != sorted(set(ids)):
+        # strictly increasing ⇔ sorted and unique: one C-level pass, not a sort (the
+        # spec is validated by every participant, O(n) each; issue #24)
+        if not all(map(operator.lt, ids, ids[1:])):
             raise InvalidSpec("participant ids must be unique and sorted")
         n = len(ids)
         if not 2 <= n <= MAX_PARTICIPANTS:
