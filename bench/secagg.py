@@ -121,10 +121,8 @@ shared, so run on an idle machine when the numbers matter.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import random
 import resource
 import sys
@@ -138,6 +136,8 @@ if __package__ in (None, ""):  # run as `python bench/secagg.py`: make `bench` i
 import numpy as np
 
 from bench._report import emit_json
+from bench.secagg_kernel import kernel
+from bench.secagg_scaling import scaling
 from spherecal.crypto import native
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import (
@@ -147,7 +147,7 @@ from spherecal.crypto.prg import (
     raw_keystream_seconds,
 )
 from spherecal.crypto.simulation import run_protocol
-from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec, default_degree
+from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
 
 SMALL_DIM = 64
 SMALL_PAIRS = 15
@@ -470,228 +470,6 @@ def run(
         statistic="median over repeats after one small warm-up job",
     )
     return out
-
-
-def kernel(
-    dim: int, *, ring_bits: int, masks: int = 11, passes: int = 7, chunk: int | None = None
-) -> dict[str, Any]:
-    """Interleaved best-of-``passes``: masking one vector vs the bare keystream.
-
-    Per pass, in turn: the bare keystream (the same bytes, faster engine, nothing else);
-    the masks applied mask-major by the numpy path (each mask over the whole chunk, then
-    the next: the order before issue #24's tile-major change); the masks applied by the
-    numpy path, tile-major (:meth:`MaskExpander.apply_plan` with ``native=False``); the
-    same with the native kernel where it is loaded; and the float vector → upload bytes
-    as ``SecAggParticipant`` does it (encoding into a fresh array, then every chunk masked
-    straight into its framed ``MaskedChunk`` encoding), by the numpy path and by the
-    default one. Each is timed by wall clock and by this thread's CPU time: on a shared
-    machine the wall clock also counts the time this process waits for a core, the CPU
-    time does not (cache and memory-bandwidth contention still count in both).
-    """
-    from spherecal.crypto.messages import MaskedChunk
-    from spherecal.crypto.prg import MaskExpander, MaskSeed, kernel_keystream_seconds
-    from spherecal.crypto.ring import encode, ring_dtype
-
-    dtype = ring_dtype(ring_bits)
-    chunk = DEFAULT_CHUNK_ENTRIES if chunk is None else chunk
-    x = np.random.default_rng(0).uniform(-1.0, 1.0, dim)
-    seeds = [MaskSeed(key=bytes([i]) * 16, nonce=bytes([i]) * 12) for i in range(masks)]
-    plan = [(seed, 1 if i % 2 else -1) for i, seed in enumerate(seeds)]
-    total_bytes = masks * dim * dtype.itemsize
-    names = (
-        "keystream",
-        "keystream_own",
-        "mask_major",
-        "mask_numpy",
-        "mask_evp",
-        "mask",
-        "input_numpy",
-        "input_evp",
-        "input",
-    )
-    best = {(key, clock): math.inf for key in names for clock in ("wall", "cpu")}
-    kernel_module = native.KERNEL
-
-    def record(key: str, wall: float, cpu: float) -> None:
-        best[key, "wall"] = min(best[key, "wall"], wall)
-        best[key, "cpu"] = min(best[key, "cpu"], cpu)
-
-    def framed(expander: MaskExpander, source: Any, index: int, start: int) -> bytes:
-        return MaskedChunk.framed(
-            b"job-0", "site-0", index, source.nbytes,
-            lambda prefix: expander.masked_bytes(prefix, plan, start, source),
-        ).to_bytes()  # fmt: skip
-
-    own = native.engine()  # the kernel's engine (its own AES where the CPU has AES-NI)
-    for _ in range(passes):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        raw_keystream_seconds(total_bytes)
-        record("keystream", time.perf_counter() - t0, time.thread_time() - c0)
-        if kernel_module is not None:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            kernel_keystream_seconds(total_bytes)
-            record("keystream_own", time.perf_counter() - t0, time.thread_time() - c0)
-        for key in names[2:]:
-            numpy_path = key in ("mask_major", "mask_numpy", "input_numpy")
-            native.KERNEL = None if numpy_path else kernel_module
-            evp = key.endswith("_evp") and kernel_module is not None
-            with native.use_engine("openssl") if evp else contextlib.nullcontext():
-                encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-                expander = MaskExpander(
-                    min(chunk, dim),
-                    dtype,
-                    engine="ctr" if evp else None,  # the kernel's first version: OpenSSL's CTR
-                    native=not numpy_path and None,
-                )
-                work = np.empty(min(chunk, dim), dtype=dtype)
-                t0, c0 = time.perf_counter(), time.thread_time()
-                if key.startswith("input"):
-                    encoded = encode(x, scale_bits=20, bound=1.0, ring_bits=ring_bits)
-                for index, start in enumerate(range(0, dim, chunk)):
-                    out = work[: min(chunk, dim - start)]
-                    source = encoded[start : start + chunk]
-                    if key == "mask_major":
-                        for i, (seed, sign) in enumerate(plan):
-                            expander.apply(out, seed, start, sign, source=None if i else source)
-                    elif key.startswith("mask"):
-                        expander.apply_plan(out, plan, start, source=source)
-                    else:
-                        framed(expander, source, index, start)
-                record(key, time.perf_counter() - t0, time.thread_time() - c0)
-            native.KERNEL = kernel_module
-    result: dict[str, Any] = {
-        "ring_bits": ring_bits,
-        "masks": masks,
-        "chunk_entries": chunk,
-        "passes": passes,
-        "native_kernel": kernel_module is not None,
-        "kernel_engine": own,
-    }
-    for clock in ("wall", "cpu"):
-        ks = best["keystream", clock]
-        suffix = "" if clock == "wall" else "_cpu"
-        result |= {
-            f"keystream_gbps{suffix}": round(total_bytes / ks / 1e9, 3),
-            f"mask_gbps{suffix}": round(total_bytes / best["mask", clock] / 1e9, 3),
-            f"mask_over_keystream{suffix}": round(ks / best["mask", clock], 4),
-            f"mask_numpy_over_keystream{suffix}": round(ks / best["mask_numpy", clock], 4),
-            f"mask_major_over_keystream{suffix}": round(ks / best["mask_major", clock], 4),
-            f"input_over_keystream{suffix}": round(best["input", clock] / ks, 4),
-            f"input_numpy_over_keystream{suffix}": round(best["input_numpy", clock] / ks, 4),
-        }
-        if kernel_module is None:
-            continue
-        own_ks = best["keystream_own", clock]
-        result |= {
-            f"mask_evp_over_keystream{suffix}": round(ks / best["mask_evp", clock], 4),
-            f"input_evp_over_keystream{suffix}": round(best["input_evp", clock] / ks, 4),
-            f"own_keystream_gbps{suffix}": round(total_bytes / own_ks / 1e9, 3),
-            f"mask_over_own_keystream{suffix}": round(own_ks / best["mask", clock], 4),
-            f"input_over_own_keystream{suffix}": round(best["input", clock] / own_ks, 4),
-        }
-    return result
-
-
-def _scaling_job(
-    n: int, *, dim: int, drop_fraction: float, seed: int, ring_bits: int
-) -> tuple[JobSpec, int, int, Any, float]:
-    """One SecAgg+ job of ``n`` participants: (spec, threshold, dropouts, report, load)."""
-    ids = [f"p{i:04d}" for i in range(n)]
-    rng = np.random.default_rng(seed)
-    inputs = {p: rng.uniform(-1.0, 1.0, dim) for p in ids}
-    dropped = random.Random(seed).sample(ids, int(drop_fraction * n))
-    degree = default_degree(n, 2)
-    t = max(2, (degree + 1) // 2 + 1)  # strict majority of the k + 1 share holders
-    spec = JobSpec.create(
-        ids, threshold=t, length=dim, bound=1.0, graph="harary", ring_bits=ring_bits
-    )
-    load = os.getloadavg()[0]
-    report = run_protocol(
-        spec, inputs, drop=dict.fromkeys(dropped, "masked"), rng=random.Random(seed)
-    )
-    return spec, t, len(dropped), report, load
-
-
-def scaling(
-    counts: list[int],
-    *,
-    dim: int,
-    drop_fraction: float,
-    seed: int,
-    ring_bits: int,
-    repeats: int = 3,
-) -> dict[str, Any]:
-    """SecAgg+ jobs (Harary graph) per participant count; per-participant cost.
-
-    One warm-up job first (first-call costs of OpenSSL, libsodium and numpy would
-    otherwise fall on the smallest n, the ratios' denominator), then ``repeats`` rounds,
-    each one job per n in order, so that a change of the machine's load during the
-    block touches every n alike. Each job's figure is the median over its
-    participants; each n's, the median over its jobs."""
-    _scaling_job(10, dim=1_000, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits)
-    jobs: dict[int, list[tuple[JobSpec, int, int, Any, float]]] = {n: [] for n in counts}
-    for _ in range(repeats):
-        for n in counts:
-            jobs[n].append(
-                _scaling_job(
-                    n, dim=dim, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits
-                )
-            )
-
-    def per_job(report: Any, cpu: bool) -> float:
-        values = report.participant_cpu_seconds if cpu else report.participant_seconds
-        return float(np.median(list(values.values())))
-
-    rows: dict[str, Any] = {}
-    first = counts[0]
-    for n in counts:
-        spec, t, dropouts, _, _ = jobs[n][0]
-        wall = [per_job(job[3], False) for job in jobs[n]]
-        cpu = [per_job(job[3], True) for job in jobs[n]]
-        first_wall = [per_job(job[3], False) for job in jobs[first]]
-        first_cpu = [per_job(job[3], True) for job in jobs[first]]
-        reports = [job[3] for job in jobs[n]]
-        rows[str(n)] = {
-            "participant_ms": round(float(np.median(wall)) * 1e3, 3),
-            "participant_ms_max": round(
-                max(max(r.participant_seconds.values()) for r in reports) * 1e3, 3
-            ),
-            "ratio_to_first": round(float(np.median(wall) / np.median(first_wall)), 3),
-            "participant_cpu_ms": round(float(np.median(cpu)) * 1e3, 3),
-            "ratio_to_first_cpu": round(float(np.median(cpu) / np.median(first_cpu)), 3),
-            "participant_cpu_ms_runs": [round(c * 1e3, 3) for c in cpu],
-            "ratio_to_first_cpu_runs": [
-                round(c / f, 3) for c, f in zip(cpu, first_cpu, strict=True)
-            ],
-            "server_s": round(
-                float(
-                    np.median(
-                        [r.protocol_seconds - sum(r.participant_seconds.values()) for r in reports]
-                    )
-                ),
-                4,
-            ),
-            "protocol_s": round(float(np.median([r.protocol_seconds for r in reports])), 4),
-            "protocol_ms_per_participant": round(
-                float(np.median([r.protocol_seconds for r in reports])) / n * 1e3, 3
-            ),
-            "degree": spec.degree,
-            "threshold": t,
-            "dropouts": dropouts,
-            "survivors": len(reports[0].result.contributors),
-            "load_average_1min": [round(job[4], 2) for job in jobs[n]],
-        }
-    return {
-        "dim": dim,
-        "graph": "harary",
-        "ring_bits": ring_bits,
-        "drop_fraction": drop_fraction,
-        "repeats": repeats,
-        "per_n": rows,
-        "statistic": "after one warm-up job, `repeats` rounds of one job per n; a job's "
-        "figure is the median over its participants, an n's the median over its jobs; "
-        "participant_ms by wall clock, participant_cpu_ms by this thread's CPU time",
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,3 +166,62 @@ def test_service_processes_start_without_opacus() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "curve",
+    [
+        "gaussian",
+        "skellam",
+        "ddg",
+        "dpsgd",
+        "composed",
+        "infinite_tail",
+        "near_zero",
+    ],
+)
+def test_conversion_equals_opacus_bit_for_bit(curve: str) -> None:
+    """``epsilon`` writes out Opacus's ``get_privacy_spent`` (Balle et al. 2020, Thm.
+    21): on every kind of curve the ledger converts, the same ε and order to the bit."""
+    import warnings
+
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    curves = {
+        "gaussian": gaussian_rdp(1.3),
+        "skellam": skellam_rdp(4e6, 2e3, 4e3),
+        "ddg": ddg_rdp(50.0, 8, 30.0, 100.0, 64),
+        "dpsgd": dpsgd_rdp(1.1, 0.05, 104),
+        "composed": compose([skellam_rdp(4e6, 2e3, 4e3), dpsgd_rdp(1.1, 0.05, 52)]),
+        "infinite_tail": np.where(np.arange(len(ORDERS)) > 20, np.inf, gaussian_rdp(0.7)),
+        "near_zero": skellam_rdp(1e18, 1.0, 1.0),
+    }
+    rdp = np.asarray(curves[curve], dtype=np.float64)
+    for delta in (1e-5, 1e-9, 0.01):
+        ours = epsilon(rdp, delta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            eps, order = get_privacy_spent(orders=list(ORDERS), rdp=list(rdp), delta=delta)
+        assert ours == (max(0.0, float(eps)), float(order)), (curve, delta)
+
+
+def test_converting_a_curve_imports_no_opacus() -> None:
+    """A participant converting an evaluation release's Skellam curve loads no Opacus
+    (importing it costs about 1.5 s of CPU per process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from spherecal.spherefed.privacy.evaluation_noise import "
+        "evaluation_epsilon, plan_evaluation_noise\n"
+        "noise = plan_evaluation_noise(2.0, participants=10, min_contributors=6, length=4)\n"
+        "assert evaluation_epsilon(noise) > 0\n"
+        "print('opacus' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.strip() == "False"
