@@ -19,8 +19,8 @@ which it then also refuses). Its ``[policy]`` (``spherecal.participant.policy``)
 it takes part in at all.
 Nothing it logs contains data, statistics or keys.
 
-(Length: the task handlers stay next to their loop; secure jobs, policy checks,
-DP-SGD rounds and back-off live in their own modules.)
+(The training task stays next to its loop; the statistics and evaluation tasks,
+secure jobs, policy checks, DP-SGD rounds and back-off live in their own modules.)
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
-from spherecal.crypto.dp import sample_noise
 from spherecal.participant.adversary import Adversary, parse_adversary
 from spherecal.participant.algorithm_state import ClientStateStore, CorruptClientState
 from spherecal.participant.backoff import (
@@ -52,7 +51,6 @@ from spherecal.participant.data import LocalData, fingerprint
 from spherecal.participant.distributed_dpsgd import distributed_step, require_distributed
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
-    BudgetExceeded,
     ParticipantPrivacy,
     PlaintextRefused,
     PrivacyRefused,
@@ -62,11 +60,11 @@ from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.held_jobs import HeldJobStore
-from spherecal.participant.overlapped_work import Overlapped
 from spherecal.participant.release_ledger import UPDATE, LedgerRules, Release, ReleaseLedger
 from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.statistics_task import statistics_task
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.participant.transport import PresenceStream, Transport, TransportError
 from spherecal.participant.trust import DirectoryTrust
@@ -76,7 +74,6 @@ from spherecal.proto.codec import iter_chunks as tensor_chunks
 from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 from spherecal.proto.identity import join_payload, public_key_bytes
 from spherecal.spherefed.fl import LocalUpdate
-from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
 
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
@@ -556,126 +553,7 @@ class ParticipantRunner:
         return key
 
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
-        trainer = self._trainer()
-        kind = {pb.FFC: "ffc", pb.CCVR: "ccvr"}.get(task.kind)
-        if kind is None:
-            self._refuse(task_id, ValueError(f"unknown statistics kind {task.kind}"))
-            return
-        secure = task.HasField("secure")
-        try:
-            self.privacy.require_noise(task)
-            if not secure and not self.settings.allow_plaintext:
-                raise self._no_plaintext("statistics")
-            vector = self._download(task.model, (trainer.length,))
-            release = self._reserve(
-                task_id,
-                Release(
-                    kind=kind,
-                    federation=self._federation(),
-                    model=trainer.executed_digest(vector),
-                    data=self._fingerprint("train"),
-                    noised=secure and task.HasField("privacy"),
-                ),
-                task.secure if secure else None,
-            )
-        except (PrivacyRefused, crypto.SecAggError) as exc:
-            self._refuse(task_id, exc)
-            return
-        if task.HasField("privacy") and secure:
-            self._private_statistics(task_id, task, kind, release)
-            return
-        d, c = trainer.feature_dim, trainer.num_classes
-        length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
-        session = None
-        if secure and self.secure.overlaps_local_work:
-            # the feature pass runs while the keys and shares are exchanged
-            # (spherecal.participant.overlapped_work: only where that reveals nothing)
-            with Overlapped(
-                lambda: self._statistics_of(trainer, vector, kind), name=f"{kind}-statistics"
-            ) as work:
-                session = self.secure.start(
-                    task_id,
-                    task.secure,
-                    round_index=None,
-                    expected_length=length,
-                    release=release,
-                    overlapped=True,
-                )
-                if session is None:
-                    return  # the result is dropped once computed: nothing of it leaves
-                stats, seconds = work.result()
-        else:
-            if secure:
-                session = self.secure.start(
-                    task_id, task.secure, round_index=None, expected_length=length, release=release
-                )
-                if session is None:
-                    return
-            stats, seconds = self._statistics_of(trainer, vector, kind)
-        self.log(f"{kind} statistics: {stats.shape[0]} entries in {seconds:.1f}s")
-        if session is not None:
-            self.secure.set_input(task_id, session, stats)
-        else:
-            self._upload_plain(task_id, stats, None, release=release)
-
-    def _statistics_of(
-        self, trainer: LocalTrainer, vector: npt.NDArray[np.float64], kind: str
-    ) -> tuple[npt.NDArray[np.float64], float]:
-        """The statistics vector of ``kind`` and the seconds it took."""
-        t0 = time.monotonic()
-        stats = trainer.statistics(vector, kind)
-        if self.adversary is not None:
-            stats = trainer.attacked_statistics(self.adversary, kind, stats)
-        return stats, time.monotonic() - t0
-
-    def _private_statistics(
-        self, task_id: str, task: pb.StatisticsTask, kind: str, release_key: str
-    ) -> None:
-        """A DP release: plan and charge locally first (refusing over budget), then
-        exact statistics in the isometric layout, plus integer noise in the ring."""
-        trainer = self._trainer()
-        release = task.privacy
-        if release.kind != kind:
-            self._refuse(task_id, PrivacyRefused(f"DP plan for {release.kind}, job is {kind}"))
-            return
-        try:
-            spec = crypto.JobSpec.from_bytes(task.secure.spec)
-            plan, noise_plan, entry = self.privacy.admit(
-                spec.job_id.hex(),
-                release,
-                spec,
-                dim=trainer.feature_dim,
-                num_classes=trainer.num_classes,
-                examples=self.data.train_size,
-            )
-        except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
-            self._refuse(task_id, exc)
-            return
-        self.releases.annotate(
-            release_key,
-            epsilon=float(entry["epsilon"]),
-            delta=float(plan.delta),
-            noise={"mechanism": plan.mechanism, "plan": plan.noise.to_json()},
-        )
-        self.log(
-            f"{kind} DP release: {plan.mechanism}, ε = {entry['epsilon']:.4g} at δ = "
-            f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"
-        )
-        session = self.secure.start(
-            task_id, task.secure, round_index=None, expected_length=plan.length, release=release_key
-        )
-        if session is None:
-            return
-        vector = self._download(task.model, (trainer.length,))
-        t0 = time.monotonic()
-        try:
-            stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
-        except ValueError as exc:
-            self.secure.abandon(task_id, session, exc)
-            return
-        noise = sample_noise(noise_plan)
-        self.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
-        self.secure.set_input(task_id, session, stats, noise=noise)
+        statistics_task(self, task_id, task)  # spherecal.participant.statistics_task
 
     @staticmethod
     def _no_plaintext(what: str) -> PlaintextRefused:

@@ -1,0 +1,159 @@
+"""The participant's statistics task: FFC's or CCVR's sums of the model's features.
+
+Why a module of its own: computing a calibration statistic is its own concern — which
+release it is (the ledger's reservation, the DP plan and its charge), the exact or the
+DP-quantised statistics, the feature pass overlapped with the key exchange where that
+reveals nothing (:mod:`spherecal.participant.overlapped_work`) — while ``runner`` only
+dispatches tasks. As :mod:`spherecal.participant.evaluation_task`, it is a function of
+the runner's state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from spherecal import crypto
+from spherecal.crypto.dp import sample_noise
+from spherecal.participant.dp_gate import BudgetExceeded, PrivacyRefused
+from spherecal.participant.overlapped_work import Overlapped
+from spherecal.participant.release_ledger import Release
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
+
+if TYPE_CHECKING:
+    from spherecal.participant.runner import ParticipantRunner
+    from spherecal.participant.trainer import LocalTrainer
+
+__all__ = ["statistics_task"]
+
+
+def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.StatisticsTask) -> None:
+    """FFC or CCVR statistics of the model on the local training split: masked (with
+    this site's DP noise when the task carries a DP plan), plaintext only with
+    ``allow_plaintext``; the release reserved in the site's ledger first."""
+    trainer = runner._trainer()
+    kind = {pb.FFC: "ffc", pb.CCVR: "ccvr"}.get(task.kind)
+    if kind is None:
+        runner._refuse(task_id, ValueError(f"unknown statistics kind {task.kind}"))
+        return
+    secure = task.HasField("secure")
+    try:
+        runner.privacy.require_noise(task)
+        if not secure and not runner.settings.allow_plaintext:
+            raise runner._no_plaintext("statistics")
+        vector = runner._download(task.model, (trainer.length,))
+        release = runner._reserve(
+            task_id,
+            Release(
+                kind=kind,
+                federation=runner._federation(),
+                model=trainer.executed_digest(vector),
+                data=runner._fingerprint("train"),
+                noised=secure and task.HasField("privacy"),
+            ),
+            task.secure if secure else None,
+        )
+    except (PrivacyRefused, crypto.SecAggError) as exc:
+        runner._refuse(task_id, exc)
+        return
+    if task.HasField("privacy") and secure:
+        _private_statistics(runner, task_id, task, kind, release)
+        return
+    d, c = trainer.feature_dim, trainer.num_classes
+    length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
+    session = None
+    if secure and runner.secure.overlaps_local_work:
+        # the feature pass runs while the keys and shares are exchanged
+        # (spherecal.participant.overlapped_work: only where that reveals nothing)
+        with Overlapped(
+            lambda: _statistics_of(runner, trainer, vector, kind), name=f"{kind}-statistics"
+        ) as work:
+            session = runner.secure.start(
+                task_id,
+                task.secure,
+                round_index=None,
+                expected_length=length,
+                release=release,
+                overlapped=True,
+            )
+            if session is None:
+                return  # the result is dropped once computed: nothing of it leaves
+            stats, seconds = work.result()
+    else:
+        if secure:
+            session = runner.secure.start(
+                task_id, task.secure, round_index=None, expected_length=length, release=release
+            )
+            if session is None:
+                return
+        stats, seconds = _statistics_of(runner, trainer, vector, kind)
+    runner.log(f"{kind} statistics: {stats.shape[0]} entries in {seconds:.1f}s")
+    if session is not None:
+        runner.secure.set_input(task_id, session, stats)
+    else:
+        runner._upload_plain(task_id, stats, None, release=release)
+
+
+def _statistics_of(
+    runner: ParticipantRunner, trainer: LocalTrainer, vector: npt.NDArray[np.float64], kind: str
+) -> tuple[npt.NDArray[np.float64], float]:
+    """The statistics vector of ``kind`` and the seconds it took."""
+    t0 = time.monotonic()
+    stats = trainer.statistics(vector, kind)
+    if runner.adversary is not None:
+        stats = trainer.attacked_statistics(runner.adversary, kind, stats)
+    return stats, time.monotonic() - t0
+
+
+def _private_statistics(
+    runner: ParticipantRunner, task_id: str, task: pb.StatisticsTask, kind: str, release_key: str
+) -> None:
+    """A DP release: plan and charge locally first (refusing over budget), then
+    exact statistics in the isometric layout, plus integer noise in the ring."""
+    trainer = runner._trainer()
+    release = task.privacy
+    if release.kind != kind:
+        runner._refuse(task_id, PrivacyRefused(f"DP plan for {release.kind}, job is {kind}"))
+        return
+    try:
+        spec = crypto.JobSpec.from_bytes(task.secure.spec)
+        plan, noise_plan, entry = runner.privacy.admit(
+            spec.job_id.hex(),
+            release,
+            spec,
+            dim=trainer.feature_dim,
+            num_classes=trainer.num_classes,
+            examples=runner.data.train_size,
+        )
+    except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
+        runner._refuse(task_id, exc)
+        return
+    runner.releases.annotate(
+        release_key,
+        epsilon=float(entry["epsilon"]),
+        delta=float(plan.delta),
+        noise={"mechanism": plan.mechanism, "plan": plan.noise.to_json()},
+    )
+    runner.log(
+        f"{kind} DP release: {plan.mechanism}, ε = {entry['epsilon']:.4g} at δ = "
+        f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"
+    )
+    session = runner.secure.start(
+        task_id, task.secure, round_index=None, expected_length=plan.length, release=release_key
+    )
+    if session is None:
+        return
+    vector = runner._download(task.model, (trainer.length,))
+    t0 = time.monotonic()
+    try:
+        stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
+    except ValueError as exc:
+        runner.secure.abandon(task_id, session, exc)
+        return
+    noise = sample_noise(noise_plan)
+    runner.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
+    runner.secure.set_input(task_id, session, stats, noise=noise)
