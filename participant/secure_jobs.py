@@ -137,7 +137,7 @@ class SecureSteps:
     @property
     def overlaps_local_work(self) -> bool:
         """Whether a statistics job's local work may run while its keys and shares
-        are exchanged (``spherecal.participant.overlapped_work``): only where the
+        are exchanged (``spherecal.participant.statistics_task``): only where the
         masked upload's moment, which follows the local work, is not held back
         (``[policy] min_local_work_s = 0``) — a site that hides its local work's
         duration keeps keys, shares, then the work, strictly in that order."""

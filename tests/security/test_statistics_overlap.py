@@ -1,6 +1,6 @@
 """A secure statistics job's feature pass may run while its keys and shares are
 exchanged — only where the masked upload's moment is not held back (issue #24;
-``spherecal.participant.overlapped_work``).
+``spherecal.participant.statistics_task``).
 
 A real participant runner against the sharing coordinator double of
 ``test_share_before_work``, given a secure FFC statistics task. The double gives
