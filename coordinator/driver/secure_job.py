@@ -182,11 +182,11 @@ class SecureJob:
         self._halt = halt
         self._halted: set[str] = set()
         self._accepted: dict[tuple[str, int], bytes] = {}
+        """(sender, stage) -> SHA-256 of the message accepted: an identical resend (a
+        site answering again after either side restarted) is acknowledged, not refused."""
         self._journaling: dict[tuple[str, int], Future[Any]] = {}
         """(sender, stage) -> the journal write of the message accepted (done once
         it committed): an identical resend is acknowledged only after it."""
-        """(sender, stage) -> SHA-256 of the message accepted: an identical resend (a
-        site answering again after either side restarted) is acknowledged, not refused."""
         self.resumed = False
         self._reconfirmed: set[str] = set()
         self._returned: set[str] = set()

@@ -53,6 +53,16 @@ hex); :meth:`JobJournal.find` hands it on as a :data:`MASKED_CLOSED` entry."""
 RESULT_BLOB = "result"
 
 
+def _masked_blob(job_id: str, seq: int) -> str:
+    """The blob of the masked sum journaled as entry ``seq`` of ``job_id``."""
+    return JournalBlobs.name(job_id, f"masked-{seq}")
+
+
+def _result_blob(job_id: str) -> str:
+    """The blob of ``job_id``'s result."""
+    return JournalBlobs.name(job_id, RESULT_BLOB)
+
+
 @dataclass(frozen=True)
 class JournalEntry:
     """One journaled event: a participant message (``stage`` code, ``sender``,
@@ -103,13 +113,13 @@ class JobJournal:
         def read(c: sqlite3.Connection) -> tuple[set[str], set[str]]:
             known = {str(r[0]) for r in c.execute("SELECT job_id FROM job_journal_jobs")}
             referenced = {
-                JournalBlobs.name(str(job), f"masked-{seq}")
+                _masked_blob(str(job), seq)
                 for job, seq in c.execute(
                     "SELECT job_id, seq FROM job_journal WHERE kind = ?", (MASKED_CLOSED_BLOB,)
                 )
             }
             referenced |= {
-                JournalBlobs.name(str(r[0]), RESULT_BLOB)
+                _result_blob(str(r[0]))
                 for r in c.execute("SELECT job_id FROM job_results WHERE length(value_bytes) = 0")
             }
             return known, referenced
@@ -192,7 +202,7 @@ class JobJournal:
         ``total``: the sum goes to a blob, durable before its row is committed."""
         seq = self._seq.get(job_id, 0)
         little = np.ascontiguousarray(total, dtype=total.dtype.newbyteorder("<"))
-        digest = self.blobs.write(JournalBlobs.name(job_id, f"masked-{seq}"), little.data)
+        digest = self.blobs.write(_masked_blob(job_id, seq), little.data)
         self.append(
             job_id,
             MASKED_CLOSED_BLOB,
@@ -216,7 +226,7 @@ class JobJournal:
         digest = None
         if values is not None:
             little = np.ascontiguousarray(values, dtype="<f8")
-            digest = self.blobs.write(JournalBlobs.name(job_id, RESULT_BLOB), little.data)
+            digest = self.blobs.write(_result_blob(job_id), little.data)
 
         def write(c: sqlite3.Connection) -> list[str]:
             if digest is not None:
@@ -233,7 +243,7 @@ class JobJournal:
                     ),
                 )
             masked = [
-                JournalBlobs.name(job_id, f"masked-{seq}")
+                _masked_blob(job_id, seq)
                 for (seq,) in c.execute(
                     "SELECT seq FROM job_journal WHERE job_id = ? AND kind = ?",
                     (job_id, MASKED_CLOSED_BLOB),
@@ -254,7 +264,7 @@ class JobJournal:
 
         def write(c: sqlite3.Connection) -> list[str]:
             blobs = [
-                JournalBlobs.name(str(job), RESULT_BLOB)
+                _result_blob(str(job))
                 for (job,) in c.execute(
                     "SELECT job_id FROM job_results WHERE length(value_bytes) = 0 AND job_id IN "
                     "(SELECT job_id FROM job_journal_jobs WHERE slot = ?)",
@@ -314,7 +324,7 @@ class JobJournal:
             payload = None if data is None else bytes(data)
             if kind == MASKED_CLOSED_BLOB:
                 assert payload is not None
-                name = JournalBlobs.name(job_id, f"masked-{seq}")
+                name = _masked_blob(job_id, seq)
                 kind, payload = MASKED_CLOSED, self.blobs.read(name, payload.decode("ascii"))
             entries.append(
                 JournalEntry(str(kind), None if stage is None else int(stage), sender, payload)
@@ -324,7 +334,7 @@ class JobJournal:
             contributors, dropouts, excluded, value_bytes, sha256 = rows.result
             raw = bytes(value_bytes)
             if not raw:  # the values are a blob
-                raw = self.blobs.read(JournalBlobs.name(job_id, RESULT_BLOB), str(sha256))
+                raw = self.blobs.read(_result_blob(job_id), str(sha256))
             elif hashlib.sha256(raw).hexdigest() != sha256:
                 raise ValueError(f"job {job_id[:8]}: its journaled result is corrupt")
             result = JournaledResult(
