@@ -148,24 +148,29 @@ def test_orders_start_with_opacus_defaults() -> None:
     assert ORDERS[: len(OPACUS_DEFAULT_ORDERS)] == OPACUS_DEFAULT_ORDERS
 
 
-def test_service_processes_start_without_opacus() -> None:
-    """Every coordinator and participant process imports spherecal.daemon; Opacus (torch.
-    distributed, sympy, scipy.stats: seconds per process) is imported only by what
-    calls it — DP-SGD and the RDP conversions."""
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints in a new interpreter (nothing imported before it)."""
     import subprocess
     import sys
     from pathlib import Path
 
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    return done.stdout.strip()
+
+
+def test_service_processes_start_without_opacus() -> None:
+    """Every coordinator and participant process imports spherecal.daemon; Opacus (torch.
+    distributed, sympy, scipy.stats: seconds per process) is imported only by what
+    calls it — DP-SGD and the RDP conversions."""
     code = (
         "import sys, spherecal.daemon, spherecal.coordinator.main, spherecal.participant.main, "
         "spherecal.participant.runner; "
         "print(sorted(m for m in ('opacus', 'sympy') if m in sys.modules))"
     )
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
-    )
-    assert out.stdout.strip() == "[]"
+    assert _fresh_python(code) == "[]"
 
 
 @pytest.mark.parametrize(
@@ -208,10 +213,6 @@ def test_conversion_equals_opacus_bit_for_bit(curve: str) -> None:
 def test_converting_a_curve_imports_no_opacus() -> None:
     """A participant converting an evaluation release's Skellam curve loads no Opacus
     (importing it costs about 1.5 s of CPU per process)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = (
         "import sys\n"
         "from spherecal.spherefed.privacy.evaluation_noise import "
@@ -220,8 +221,4 @@ def test_converting_a_curve_imports_no_opacus() -> None:
         "assert evaluation_epsilon(noise) > 0\n"
         "print('opacus' in sys.modules)"
     )
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
-    )
-    assert out.stdout.strip() == "False"
+    assert _fresh_python(code) == "False"
