@@ -127,6 +127,7 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,14 +171,19 @@ def engine_rates() -> dict[str, float]:
     return best
 
 
-def raw_rate_cpu_gbps(passes: int = 3) -> float:
-    """Best-of-``passes`` rate of the faster keystream engine by this thread's CPU time."""
+def _cpu_rate_gbps(produce: Callable[[int], float], passes: int) -> float:
+    """Best-of-``passes`` rate of ``produce(RAW_PASS_BYTES)`` by this thread's CPU time."""
     best = math.inf
     for _ in range(passes):
         c0 = time.thread_time()
-        raw_keystream_seconds(RAW_PASS_BYTES)
+        produce(RAW_PASS_BYTES)
         best = min(best, time.thread_time() - c0)
     return RAW_PASS_BYTES / best / 1e9
+
+
+def raw_rate_cpu_gbps(passes: int = 3) -> float:
+    """Best-of-``passes`` rate of the faster keystream engine by this thread's CPU time."""
+    return _cpu_rate_gbps(raw_keystream_seconds, passes)
 
 
 def own_rate_cpu_gbps(passes: int = 3) -> float | None:
@@ -185,12 +191,7 @@ def own_rate_cpu_gbps(passes: int = 3) -> float | None:
     by this thread's CPU time; ``None`` without the kernel."""
     if native.KERNEL is None:
         return None
-    best = math.inf
-    for _ in range(passes):
-        c0 = time.thread_time()
-        kernel_keystream_seconds(RAW_PASS_BYTES)
-        best = min(best, time.thread_time() - c0)
-    return RAW_PASS_BYTES / best / 1e9
+    return _cpu_rate_gbps(kernel_keystream_seconds, passes)
 
 
 def retain_freed_memory(trim_mb: int) -> bool:
