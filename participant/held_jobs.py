@@ -80,6 +80,7 @@ NONCE_BYTES = 12
 SUFFIX = ".job"
 MASKED_SUFFIX = ".masked"
 _LEN = 4  # big-endian length of one sealed chunk
+_TAG = 16  # AES-GCM's authentication tag
 
 
 def masked_digest(chunks: Iterable[bytes]) -> str:
@@ -194,9 +195,11 @@ class HeldJobStore:
         blob = MAGIC + bytes([len(job_id)]) + job_id + nonce + sealed
         self._write_atomic(self.path(job_id), [blob])
 
-    def _write_atomic(self, final: Path, parts: Iterable[bytes]) -> None:
+    def _write_atomic(self, final: Path, parts: Iterable[bytes | memoryview]) -> None:
         """Temporary file (0600), every part written, fsync, rename, fsync of the
-        folder: the file is either absent, the old one, or complete."""
+        folder: the file is either absent, the old one, or complete. Each part is
+        written whole before the next is taken from ``parts`` (a caller may reuse a
+        buffer from one part to the next)."""
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -237,18 +240,29 @@ class HeldJobStore:
         aead = AESGCM(self._key)
         outer = hashlib.sha256()
         written = 0
+        # One ciphertext buffer for every chunk, sealed into in place: a fresh
+        # chunk-sized allocation per seal, and the two concatenations that framed it,
+        # cost more than the encryption (first touch of new pages; issue #24: 19 ms
+        # of CPU per 7.6 MB FFC input, 2 ms this way). Reusing it is safe because
+        # ``_write_atomic`` writes each part whole before it asks for the next.
+        sealed = bytearray()
 
-        def parts() -> Iterator[bytes]:
-            nonlocal written
+        def parts() -> Iterator[bytes | memoryview]:
+            nonlocal written, sealed
             yield MASKED_MAGIC + bytes([len(job_id)]) + job_id + count.to_bytes(4, "big")
             for index, chunk in enumerate(chunks):
                 if index >= count:
                     raise ValueError(f"more than the {count} chunks announced")
                 outer.update(hashlib.sha256(chunk).digest())
                 nonce = os.urandom(NONCE_BYTES)
-                sealed = nonce + aead.encrypt(nonce, chunk, self._masked_aad(job_id, index, count))
+                size = len(chunk) + _TAG
+                if len(sealed) < size:
+                    sealed = bytearray(size)
+                out = memoryview(sealed)[:size]
+                aead.encrypt_into(nonce, chunk, self._masked_aad(job_id, index, count), out)
                 written += 1
-                yield len(sealed).to_bytes(_LEN, "big") + sealed
+                yield (NONCE_BYTES + size).to_bytes(_LEN, "big") + nonce
+                yield out
             if written != count:
                 raise ValueError(f"{written} chunks written, {count} announced")
 

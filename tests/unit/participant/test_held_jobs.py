@@ -9,6 +9,9 @@ from typing import cast
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from spherecal import crypto
 from spherecal.participant.faults import Halter
@@ -322,6 +325,38 @@ def test_masked_input_round_trip_mode_digest_and_deletion(tmp_path: Path) -> Non
     store.save_masked(JOB, CHUNKS, len(CHUNKS))
     store.clear()
     assert not where.exists()
+
+
+def test_masked_chunks_of_falling_sizes_through_one_seal_buffer(tmp_path: Path) -> None:
+    """The chunks are sealed into one reused buffer: a shorter chunk after a longer
+    one must come back exactly (no tail of the previous chunk), and the file must be
+    what sealing each chunk on its own gives — read back independently of the
+    store's reader, with the AEAD and associated data the format states."""
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    chunks = [bytes([7]) * 300, bytes([8]) * 120, bytes([9]) * 299, b"\x0a"]
+    digest = store.save_masked(JOB, iter(chunks), len(chunks))
+    assert list(store.masked_chunks(JOB)) == chunks
+    store.check_masked(JOB, digest)
+    blob = store.masked_path(JOB).read_bytes()
+    magic = b"SPHERECAL-HELD-MASKED 1\n"
+    head = len(magic) + 1 + len(JOB) + 4
+    assert blob[:head] == magic + bytes([len(JOB)]) + JOB + len(chunks).to_bytes(4, "big")
+    raw = identity.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"spherecal held-job store v1\x00p0"
+    ).derive(raw)
+    aead = AESGCM(key)
+    at = head
+    for index, chunk in enumerate(chunks):
+        size = int.from_bytes(blob[at : at + 4], "big")
+        nonce, sealed = blob[at + 4 : at + 16], blob[at + 16 : at + 4 + size]
+        aad = magic + b"p0\x00" + JOB + index.to_bytes(4, "big") + len(chunks).to_bytes(4, "big")
+        assert aead.decrypt(nonce, sealed, aad) == chunk
+        at += 4 + size
+    assert at == len(blob)
 
 
 def test_masked_input_announced_count_must_match(tmp_path: Path) -> None:
