@@ -50,7 +50,9 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -408,6 +410,32 @@ class SecureSteps:
             self.forget(session)
             return EarlyShare(proceed=False, deferred=instruction)
         return EarlyShare(proceed=False)
+
+    def await_next_step(self, session: SecureSession, work: Future[Any]) -> None:
+        """While the overlapped local work runs (``statistics_task``): wait (long polls)
+        for the job's next instruction and keep it for the main loop, so that the
+        masked step is in hand the moment the input is set instead of one poll later
+        (issue #24: that poll took 5–60 ms on the loaded 2-core box, and the last
+        site's poll is on the job's critical path). Only a long poll happens early:
+        nothing is computed or sent for the step before the input is set, and the
+        main loop answers it exactly as it would have after polling itself.
+
+        Returns when an instruction other than a wait (or the task again) arrived,
+        when ``work`` finished without one (the main loop polls as before), when an
+        instruction is already pending, or on a transport error (left to the main
+        loop, which meets and handles it on its next poll)."""
+        job = session.job_id
+        while job in self.jobs and self._deferred is None and not work.done():
+            request = pb.InstructionRequest(caller=self.caller(), wait_ms=self.poll_ms)
+            try:
+                instruction = self.transport.next_instruction(request)
+            except TransportError:
+                return
+            kind = instruction.WhichOneof("kind")
+            if kind == "wait" or kind is None or task_of(instruction, job):
+                continue
+            self._deferred = instruction
+            return
 
     def set_input(
         self,

@@ -20,7 +20,11 @@ where that moment is not hidden — ``[policy] min_local_work_s = 0``, the defau
 (``SecureSteps.overlaps_local_work``); a site that hides it keeps keys, shares, then the
 work, strictly in that order. The worker is always waited for before the task returns
 (also when the job is refused or the coordinator moved on: the result is then dropped),
-so no later task shares the trainer with a pass still running.
+so no later task shares the trainer with a pass still running. While it waits for the
+pass, the main thread long-polls for the job's next instruction
+(``SecureSteps.await_next_step``): the masked step is then in hand when the input is
+set, instead of one more round trip later (the last site's is on the job's critical
+path); nothing is computed or sent for it before the input exists.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
             )
             if session is None:
                 return  # the result is dropped once computed: nothing of it leaves
+            runner.secure.await_next_step(session, work)
             stats, seconds = work.result()
     else:
         if secure:

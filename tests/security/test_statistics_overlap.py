@@ -116,3 +116,63 @@ def test_the_feature_pass_overlaps_the_key_exchange_only_where_its_time_is_not_h
         assert any("shared keys while the local work runs" in line for line in lines), lines
     # either way the input computed is the one set for the job: one statistics line
     assert len([line for line in lines if "ffc statistics:" in line]) == 1
+
+
+class NextStepRecorder(StatisticsSharing):
+    """Gives the share step at once; records when the instruction after it (the end of
+    the federation, here) is handed to the runner, in ``events`` and ``next_given``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.computed.set()  # no gating of the share step on the feature pass
+        self.shared = False
+        self.next_given = threading.Event()
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        if request.stage == pb.SHARE:
+            self.shared = True
+        return super().submit_secagg(request)
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        instruction = super().next_instruction(request)
+        if self.shared and instruction.WhichOneof("kind") not in ("wait", None):
+            self.events.append(f"given {instruction.WhichOneof('kind')}")
+            self.next_given.set()
+        return instruction
+
+
+def test_the_next_step_is_fetched_while_the_overlapped_feature_pass_runs(
+    tmp_path: Path, model: GlobalModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the overlap, once the shares are answered the runner waits for the job's
+    next instruction while its feature pass is still running (so the masked step is in
+    hand when the input is set). The double's feature pass does not finish until that
+    instruction was handed out (or :data:`FALLBACK_S` passed, which fails the order
+    asserted): the runner acts on it only after the pass — the task's one statistics
+    line comes before the federation's end is logged."""
+    coordinator = NextStepRecorder(federation="fed", model=model, script=[])
+    real = LocalTrainer.statistics
+
+    def statistics(self: LocalTrainer, vector: npt.NDArray[np.float64], kind: str) -> Any:
+        coordinator.next_given.wait(FALLBACK_S)
+        out = real(self, vector, kind)
+        coordinator.events.append("statistics computed")
+        return out
+
+    monkeypatch.setattr(LocalTrainer, "statistics", statistics)
+    coordinator.play([coordinator.secure_statistics(model, "s1")])
+    settings = replace(
+        _settings(tmp_path, allow_plaintext=False), policy=PolicySettings(min_local_work_s=0.0)
+    )
+    code, lines = _run(settings, coordinator)
+    assert code == 0, lines
+    assert coordinator.failures == []
+    events = coordinator.events
+    assert events.index("submit SHARE") < events.index("given done"), events
+    assert events.index("given done") < events.index("statistics computed"), events
+    assert _line(lines, "ffc statistics:") < _line(lines, "coordinator says done"), lines
+
+
+def _line(lines: list[str], text: str) -> int:
+    (found,) = [i for i, line in enumerate(lines) if text in line]
+    return found
