@@ -353,8 +353,8 @@ class MaskExpander:
         """The kernel's view of ``plan``, built once per plan (a participant masks every
         chunk of its input with the same plan): joining 10–20 keys and counter blocks in
         Python per chunk cost as much as a third of the kernel's own time per 256 KiB
-        chunk (issue #24). Rebuilt whenever the plan differs (compared element by element,
-        the same objects in the same order: a plan changed in place is caught)."""
+        chunk (issue #24). Rebuilt whenever the plan differs (its entries compared one by
+        one, by value, the same objects at once: a plan changed in place is caught)."""
         entries = tuple(plan)
         cached = self._kernel_plan
         if cached is None or cached.plan != entries:

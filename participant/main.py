@@ -45,12 +45,12 @@ def run_participant(
         print(f"[{pid} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     say = log or emit
-    _keep_freed_heap(say)
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     identity = load_or_enrol(settings, say)
     data = load_local_data(settings.data)
+    _keep_freed_heap(say)  # once it is about to run jobs (a refusal above stays one line)
     ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
     trust = DirectoryTrust(ca)
     transport = GrpcTransport(settings)
