@@ -113,7 +113,7 @@ def correlations(measured: dict[str, tuple[list[int], list[float]]]) -> dict[str
     """Pearson correlation of offsets with example counts, and the largest offset."""
     return {
         "correlation_with_example_count": {
-            name: float(np.corrcoef(xs, ys)[0, 1]) if np.std(ys) > 0 else 0.0
+            name: float(np.corrcoef(xs, ys)[0, 1]) if len(ys) > 1 and np.std(ys) > 0 else 0.0
             for name, (xs, ys) in measured.items()
         },
         "max_offset_s": {name: float(max(ys, default=0.0)) for name, (_, ys) in measured.items()},
