@@ -13,7 +13,9 @@ counts centred on the job's mean, then one correlation over every job's points â
 judges it with a permutation test that shuffles the example counts among the sites of
 each job (the null hypothesis: within a job, which site sent when is unrelated to its
 example count), and a bootstrap interval over jobs (the job is the independent unit:
-its sites share the load of the moment).
+its sites share the load of the moment). The same on within-job *ranks* (a Spearman
+correlation within jobs) keeps one job whose offsets spread wide under a burst of load
+from carrying the figure alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy.stats import rankdata
 
 __all__ = [
     "JOB_MESSAGES",
@@ -106,9 +109,10 @@ def job_purposes(db: Path) -> list[str]:
         conn.close()
 
 
-def _centred(jobs: Sequence[Job]) -> list[Job]:
+def _centred(jobs: Sequence[Job], *, ranks: bool = False) -> list[Job]:
     """Each job's counts and offsets minus the job's means (jobs of one site dropped:
-    they say nothing about an order)."""
+    they say nothing about an order); with ``ranks``, their ranks within the job
+    (ties averaged) instead of the values."""
     out = []
     for counts, offsets in jobs:
         x = np.asarray(counts, dtype=np.float64)
@@ -116,6 +120,8 @@ def _centred(jobs: Sequence[Job]) -> list[Job]:
         if x.shape != y.shape or x.ndim != 1:
             raise ValueError(f"a job needs one count per offset, got {x.shape} and {y.shape}")
         if x.size >= 2:
+            if ranks:
+                x, y = rankdata(x), rankdata(y)
             out.append((x - x.mean(), y - y.mean()))
     return out
 
@@ -127,11 +133,13 @@ def _r(centred: Sequence[Job]) -> float:
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
 
 
-def within_job_correlation(jobs: Sequence[Job]) -> float:
+def within_job_correlation(jobs: Sequence[Job], *, ranks: bool = False) -> float:
     """Pearson correlation of offsets with example counts after centring both on
     each job's mean: how strongly, within a job, a larger site sends later (0 when
-    either side does not vary)."""
-    return _r(_centred(jobs))
+    either side does not vary). With ``ranks``, of their ranks within each job (a
+    Spearman correlation within jobs): one job whose offsets spread wide under a
+    burst of load then weighs no more than any other."""
+    return _r(_centred(jobs, ranks=ranks))
 
 
 def within_job_slope(jobs: Sequence[Job]) -> float:
@@ -142,14 +150,17 @@ def within_job_slope(jobs: Sequence[Job]) -> float:
     return sum(float(x @ y) for x, y in centred) / sxx if sxx > 0 else 0.0
 
 
-def permutation_p_value(jobs: Sequence[Job], *, permutations: int = 10_000, seed: int = 0) -> float:
-    """Two-sided p-value of :func:`within_job_correlation` under the null that the
+def permutation_p_value(
+    jobs: Sequence[Job], *, permutations: int = 10_000, seed: int = 0, ranks: bool = False
+) -> float:
+    """Two-sided p-value of :func:`within_job_correlation` (``ranks``: of its rank
+    form) under the null that the
     example counts are exchangeable among the sites of each job: the share of
     ``permutations`` shuffles (counts permuted within every job, independently) whose
     |r| reaches the observed one, counted with the observation itself
     (``(1 + hits) / (1 + permutations)``, never 0). Shuffling keeps every job's
     centred sums of squares, so only the cross term is recomputed (vectorised)."""
-    centred = _centred(jobs)
+    centred = _centred(jobs, ranks=ranks)
     observed = abs(_r(centred))
     sxx = sum(float(x @ x) for x, _ in centred)
     syy = sum(float(y @ y) for _, y in centred)
@@ -198,6 +209,10 @@ class Association:
     """:func:`within_job_correlation`."""
     p_value: float
     """:func:`permutation_p_value` (two-sided)."""
+    rank_correlation: float
+    """:func:`within_job_correlation` of ranks (robust to one job's wide spread)."""
+    rank_p_value: float
+    """:func:`permutation_p_value` of ranks."""
     interval_95: tuple[float, float] | None
     """:func:`bootstrap_interval` (None with fewer than 3 jobs)."""
     ms_per_100_examples: float
@@ -216,13 +231,17 @@ def associate(
     jobs: Sequence[Job], *, permutations: int = 10_000, resamples: int = 2000, seed: int = 0
 ) -> Association:
     """Every figure of :class:`Association` for ``jobs``, with a plain note on what it
-    supports: evidence of an association needs p < 0.05 *and* enough points (20)."""
+    supports: evidence of an association needs p < 0.05 on the values *and* on the
+    ranks (not one loaded job's doing), and enough points (20)."""
     centred = _centred(jobs)
     points = sum(x.size for x, _ in centred)
     r = _r(centred)
     p = permutation_p_value(jobs, permutations=permutations, seed=seed)
+    p_ranks = permutation_p_value(jobs, permutations=permutations, seed=seed, ranks=True)
     if points < 20:
         note = f"{points} points: too few for more than a rough sign, whatever p says"
+    elif p < 0.05 and p_ranks >= 0.05:
+        note = "p < 0.05 on the values but not on the ranks: a few jobs' doing, not a trend"
     elif p < 0.05:
         note = f"offsets {'rise' if r > 0 else 'fall'} with the example count (p < 0.05)"
     else:
@@ -232,6 +251,8 @@ def associate(
         points=points,
         correlation=r,
         p_value=p,
+        rank_correlation=within_job_correlation(jobs, ranks=True),
+        rank_p_value=p_ranks,
         interval_95=bootstrap_interval(jobs, resamples=resamples, seed=seed),
         ms_per_100_examples=within_job_slope(jobs) * 100 * 1000,
         max_offset_s=max((float(np.max(y)) for _, y in jobs if len(y)), default=0.0),

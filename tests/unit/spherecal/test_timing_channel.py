@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from spherecal.coordinator.state.schema import SCHEMA
 from spherecal.timing_channel import (
@@ -59,8 +60,8 @@ def test_a_planted_dependence_is_found() -> None:
     rng = np.random.default_rng(2)
     # 1 ms per 10 examples: a 300-example spread moves a site by 30 ms, in 20 ms jitter
     found = associate(_jobs(rng, n_jobs=8, sites=6, slope=1e-4, noise=0.02), permutations=2000)
-    assert found.correlation > 0.5
-    assert found.p_value < 0.01
+    assert found.correlation > 0.5 and found.rank_correlation > 0.5
+    assert found.p_value < 0.01 and found.rank_p_value < 0.01
     assert found.interval_95 is not None and found.interval_95[0] > 0
     assert found.ms_per_100_examples == pytest.approx(10.0, rel=0.35)
     assert (found.jobs, found.points) == (8, 48)
@@ -118,6 +119,27 @@ def test_differences_between_jobs_are_not_a_dependence_within_them() -> None:
     raw = np.corrcoef(np.concatenate([c for c, _ in jobs]), np.concatenate([o for _, o in jobs]))
     assert raw[0, 1] > 0.9
     assert permutation_p_value(jobs, permutations=2000) > 0.05
+
+
+def test_the_rank_form_is_spearmans_within_a_job() -> None:
+    rng = np.random.default_rng(8)
+    counts, offsets = rng.integers(10, 400, size=9).astype(float), rng.uniform(0, 1, size=9)
+    expected = stats.spearmanr(counts, offsets).statistic
+    assert within_job_correlation([(counts, offsets)], ranks=True) == pytest.approx(expected)
+
+
+def test_one_loaded_job_alone_is_not_called_a_trend() -> None:
+    """Eleven jobs without a dependence and one whose offsets spread a hundredfold
+    wider in step with its counts (a burst of load that happened to follow them): the
+    values' p-value is small, the ranks' is not, and the note says so."""
+    rng = np.random.default_rng(9)
+    jobs = _jobs(rng, n_jobs=11, sites=6, slope=0.0, noise=0.02)
+    counts = np.array([50.0, 100, 150, 200, 250, 300])
+    jobs.append((counts, counts * 1e-2))
+    found = associate(jobs, permutations=2000)
+    assert found.p_value < 0.01
+    assert found.rank_p_value > 0.05
+    assert "not on the ranks" in found.note
 
 
 def test_few_points_are_flagged_whatever_the_p_value() -> None:
