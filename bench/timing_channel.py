@@ -35,8 +35,10 @@ Two families of figures:
 Expected: advertisement and share offsets carry no example count where they leave
 before the local work; the masked upload follows the local work by nature, so its
 offsets track the count unless ``min_local_work_s`` holds every input to the same
-delay (``docs/threat_model.md``, "Timing"). What the overlap (``min_local_work_s = 0``)
-does to a statistics job's advertisement and share is what this bench measures.
+delay. Measured (``docs/threat_model.md``, "Timing", 2026-11-26): with the default
+``0`` an FFC or CCVR job's share answer, computed while the overlapped feature pass
+runs, tracks the count too — weakly (r 0.2–0.4) but measurably; with ``5`` no
+message of a statistics or evaluation job does.
 """
 
 from __future__ import annotations
