@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.timing_channel import main
 from spherecal.coordinator.state.schema import SCHEMA
@@ -98,3 +99,27 @@ def test_measure_reports_each_kind_and_setting(tmp_path: Path) -> None:
         "share",
         "masked",
     }  # the update-job keys docs/threat_model.md cites
+
+
+@pytest.mark.long
+def test_the_bench_runs_a_federation_under_the_setting_it_names(tmp_path: Path) -> None:
+    """One small federation (3 sites, 1 round, FFC only) with ``--min-local-work-s``:
+    the setting reaches the participant processes (each logs its FFC job's keys as
+    shared *before* the local work, the strict order, not the overlap) and every job
+    kind is measured."""
+    printed = io.StringIO()
+    argv = ["--participants", "3", "--rounds", "1", "--calibration", "ffc"]
+    argv += ["--min-local-work-s", "0.5", "--keep", str(tmp_path), "--permutations", "200"]
+    with contextlib.redirect_stdout(printed):
+        code = main(argv)
+    report = json.loads(printed.getvalue())
+    assert code == 0, report["runs"]
+    (run,) = report["runs"]
+    assert run["min_local_work_s"] == 0.5 and run["status"] in ("completed", "degraded")
+    assert set(run["by_job_kind"]) >= {"update", "ffc", "evaluate"}
+    assert report["by_setting"][0]["by_job_kind"]["ffc"]["share"]["points"] == 3
+    logs = [p.read_text() for p in (Path(run["out"]) / "logs").glob("p*.log")]
+    assert len(logs) == 3
+    for log in logs:
+        assert "ffc statistics" in log and "shared keys before the local work" in log
+        assert "shared keys while the local work runs" not in log
