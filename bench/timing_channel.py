@@ -72,6 +72,12 @@ from spherecal.timing_channel import (
 SAMPLES = re.compile(r"trained \d+ steps on (\d+) samples")
 SPLITS = re.compile(r"joined federation .*?(\d+) train / (\d+) test")
 EVALUATION = "evaluate"  # the job purpose measured against the test split
+READING = (
+    "by_job_kind: within-job r (values) and rho (ranks) of offsets with example counts, "
+    "two-sided permutation p-values; each p is for its figure alone: a setting has 20 "
+    "such figures, so one p < 0.05 is expected by chance. A leak is p < 0.01 on both "
+    "forms, found again with other seeds; one job of 5-10 sites is a rough sign only."
+)
 
 
 def sample_counts(out: Path) -> dict[str, int]:
@@ -285,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             json.dumps(
                 {
+                    "reading": READING,
                     "runs": analysed,
                     "pooled": pooled(done),
                     "by_setting": [
@@ -334,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "args": vars(args) | {"keep": str(args.keep) if args.keep else None},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "load_average": os.getloadavg(),
+        "reading": READING,
         "example_count": {
             "update, ffc, ccvr": "training split",
             EVALUATION: "test split (calibrators with a grid, ffc_bias, lda, qda, add "

@@ -154,8 +154,8 @@ def permutation_p_value(
     jobs: Sequence[Job], *, permutations: int = 10_000, seed: int = 0, ranks: bool = False
 ) -> float:
     """Two-sided p-value of :func:`within_job_correlation` (``ranks``: of its rank
-    form) under the null that the
-    example counts are exchangeable among the sites of each job: the share of
+    form) under the null that the example counts are exchangeable among the sites of
+    each job: the share of
     ``permutations`` shuffles (counts permuted within every job, independently) whose
     |r| reaches the observed one, counted with the observation itself
     (``(1 + hits) / (1 + permutations)``, never 0). Shuffling keeps every job's
@@ -232,7 +232,10 @@ def associate(
 ) -> Association:
     """Every figure of :class:`Association` for ``jobs``, with a plain note on what it
     supports: evidence of an association needs p < 0.05 on the values *and* on the
-    ranks (not one loaded job's doing), and enough points (20)."""
+    ranks (on the values alone it may be one loaded job's doing, on the ranks alone an
+    order too small to matter), and enough points (20). The note does not correct for
+    the many figures a report holds: of 20 without any association, one reaches
+    p < 0.05 by chance about two times in three."""
     centred = _centred(jobs)
     points = sum(x.size for x, _ in centred)
     r = _r(centred)
@@ -240,8 +243,9 @@ def associate(
     p_ranks = permutation_p_value(jobs, permutations=permutations, seed=seed, ranks=True)
     if points < 20:
         note = f"{points} points: too few for more than a rough sign, whatever p says"
-    elif p < 0.05 and p_ranks >= 0.05:
-        note = "p < 0.05 on the values but not on the ranks: a few jobs' doing, not a trend"
+    elif (p < 0.05) != (p_ranks < 0.05):
+        shown = "values" if p < 0.05 else "ranks"
+        note = f"p < 0.05 on the {shown} only: not a consistent trend"
     elif p < 0.05:
         note = f"offsets {'rise' if r > 0 else 'fall'} with the example count (p < 0.05)"
     else:

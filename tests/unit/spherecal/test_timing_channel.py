@@ -139,7 +139,7 @@ def test_one_loaded_job_alone_is_not_called_a_trend() -> None:
     found = associate(jobs, permutations=2000)
     assert found.p_value < 0.01
     assert found.rank_p_value > 0.05
-    assert "not on the ranks" in found.note
+    assert "on the values only" in found.note
 
 
 def test_few_points_are_flagged_whatever_the_p_value() -> None:
