@@ -58,6 +58,9 @@ from typing import Any
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as `python bench/timing_channel.py`: this checkout's
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spherecal, not another
+
 from spherecal.timing_channel import (
     JOB_MESSAGES,
     MESSAGES,
