@@ -50,9 +50,19 @@ Definitions (all measured in the same process, on the same machine, in this run)
 ``upload_bytes_per_participant``
     Bytes an uploading participant sends in the whole job (all messages, canonical
     encodings, chunk framing included). ``upload_bytes_per_entry`` divides by
-    ``dim``; at most ``w/8 + 0.1`` for a ``w``-bit ring. ``rings`` repeats the main
-    figures for one run in the other ring (the 64-bit statistics ring and the 32-bit
-    update ring), so one invocation reports the bytes per entry of both.
+    ``dim``; at most ``w/8 + 0.1`` for a ``w``-bit ring.
+``rings``
+    Both rings (the 64-bit statistics ring and the 32-bit update ring), each measured
+    the same way (``bench/secagg_job.py``): a small warm-up job, the ring's first
+    full-size job — reported on its own under ``first_job``, not in the medians: it
+    meets whatever the process holds from the other ring (its spare encoded-input
+    buffers, its heap) — then the median of ``--repeats`` jobs (``runs``;
+    ``input_over_keystream_cpu_runs`` lists every job's ratio). Per ring and per first
+    job: bytes per entry, the mask and float → upload ratios (wall clock, CPU time,
+    against OpenSSL's and the kernel's own keystream), ``participant_mask_s``,
+    ``protocol_s``, ``minor_page_faults``, ``input_minor_faults``; per ring
+    ``max_abs_error`` (every job of it) and ``error_bound``. The main ring
+    (``--ring-bits``, 64 by default) runs first; its figures are also the top-level keys.
 ``kernel``
     The masking kernel alone, interleaved so that load on a shared machine hits both
     sides alike: per pass, one participant's whole vector (``--dim`` entries, 11 masks,
@@ -94,11 +104,15 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``fixed_overhead_fraction`` divides it by the fastest default run at ``dim``
     (contention only adds time, so the minimum is the least disturbed). All other
     keys describe the default (with) runs.
-``minor_page_faults``
-    Minor page faults of this process during the job (``getrusage``): with glibc's
-    defaults each masked chunk's new ``bytes`` object tends to be fresh memory, whose
-    pages fault in while the kernel writes them; ``--retain-freed-mb`` keeps freed
-    memory for reuse instead (``retain_freed_applied`` says whether it took effect).
+``minor_page_faults``, ``input_minor_faults``
+    Minor page faults of this process during the job (``getrusage``), and of one
+    uploader's float → upload calls alone (the mean over uploaders; ``RUSAGE_THREAD``):
+    with glibc's defaults each masked chunk's new ``bytes`` object tends to be fresh
+    memory, whose pages fault in while the kernel writes them. ``--retain-freed-mb``
+    keeps freed memory for reuse instead (:mod:`spherecal.crypto.heap`); by default the
+    bench does what a participant process does at start (``SPHERECAL_RETAIN_FREED_MB``,
+    else 64 MiB), ``0`` keeps glibc's defaults (``retain_freed_mb``; ``retain_freed_applied``
+    says whether it took effect).
 ``own_keystream_cpu_gbps``, ``mask_gen_over_own_keystream_cpu``, ``input_over_own_keystream_cpu``
     The kernel's own bare keystream (its current engine, ``kernel_engine``: its own
     AES-128-CTR on VAES or AES-NI where the CPU has them) by CPU time, and the two ratios
@@ -111,23 +125,21 @@ Definitions (all measured in the same process, on the same machine, in this run)
     inputs; the server itself holds ``(1 + max_in_flight)`` vectors, see
     ``server_vector_bytes``).
 
-Timing protocol: one small warm-up job (first-call costs of OpenSSL and numpy), then
-``--repeats`` jobs, each a fresh job id with fresh keys; every reported time and
-rate is the median over the repeats, each ratio the median of the per-run ratios
-(``protocol_s_first_run`` shows the first, page-fault-heavy run). The machine may be
-shared, so run on an idle machine when the numbers matter.
+Timing protocol, per ring: one small warm-up job (first-call costs of OpenSSL and
+numpy), the first full-size job (``rings[...]["first_job"]``; ``protocol_s_first_run``
+is the main ring's), then ``--repeats`` jobs, each a fresh job id with fresh keys;
+every reported time and rate is the median over the repeats, each ratio the median of
+the per-run ratios. The machine may be shared, so run on an idle machine when the
+numbers matter.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import resource
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,17 +149,12 @@ if __package__ in (None, ""):  # run as `python bench/secagg.py`: make `bench` i
 import numpy as np
 
 from bench._report import emit_json
+from bench.secagg_job import medians, one_job, ring_block, ring_summary, warm_and_cold
 from bench.secagg_kernel import kernel
 from bench.secagg_scaling import scaling
-from spherecal.crypto import native
+from spherecal.crypto import heap, native
 from spherecal.crypto.policy import SecAggPolicy
-from spherecal.crypto.prg import (
-    fastest_engine,
-    kernel_keystream_seconds,
-    keystream_rate_gbps,
-    raw_keystream_seconds,
-)
-from spherecal.crypto.simulation import run_protocol
+from spherecal.crypto.prg import fastest_engine
 from spherecal.crypto.spec import DEFAULT_CHUNK_ENTRIES, JobSpec
 
 SMALL_DIM = 64
@@ -158,159 +165,6 @@ RELAXED_POLICY = SecAggPolicy(
     min_participants=2,
     min_inputs=2,
 )
-RAW_PASS_BYTES = 64 << 20
-
-
-def engine_rates() -> dict[str, float]:
-    """Best-of-3 keystream rates of both engines in GB/s (1e9 bytes), interleaved."""
-    best: dict[str, float] = {}
-    for _ in range(3):
-        for engine in ("ctr", "gcm"):
-            rate = keystream_rate_gbps(engine, total_bytes=RAW_PASS_BYTES, passes=1)
-            best[engine] = max(best.get(engine, 0.0), rate)
-    return best
-
-
-def _cpu_rate_gbps(produce: Callable[[int], float], passes: int) -> float:
-    """Best-of-``passes`` rate of ``produce(RAW_PASS_BYTES)`` by this thread's CPU time."""
-    best = math.inf
-    for _ in range(passes):
-        c0 = time.thread_time()
-        produce(RAW_PASS_BYTES)
-        best = min(best, time.thread_time() - c0)
-    return RAW_PASS_BYTES / best / 1e9
-
-
-def raw_rate_cpu_gbps(passes: int = 3) -> float:
-    """Best-of-``passes`` rate of the faster keystream engine by this thread's CPU time."""
-    return _cpu_rate_gbps(raw_keystream_seconds, passes)
-
-
-def own_rate_cpu_gbps(passes: int = 3) -> float | None:
-    """Best-of-``passes`` rate of the native kernel's bare keystream (its current engine)
-    by this thread's CPU time; ``None`` without the kernel."""
-    if native.KERNEL is None:
-        return None
-    return _cpu_rate_gbps(kernel_keystream_seconds, passes)
-
-
-def retain_freed_memory(trim_mb: int) -> bool:
-    """Make glibc keep up to ``trim_mb`` MiB of freed heap (and serve blocks below 32 MiB
-    from the heap) instead of returning it to the system: ``mallopt(M_MMAP_THRESHOLD)``,
-    ``mallopt(M_TRIM_THRESHOLD)``. Why: every masked chunk is a new ``bytes`` object,
-    and with glibc's defaults in this one-process simulation its pages are fresh memory
-    each time; faulting them in (about 3 µs a page on the development machine) costs as
-    much as a large part of the masking itself. ``--retain-freed-mb`` measures the
-    protocol without that cost (a participant process can set the same through the
-    ``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_`` environment). False where the C
-    library is not glibc."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(
-        mallopt(m_trim_threshold, trim_mb << 20)
-    )
-
-
-def raw_rate_gbps(passes: int = 3) -> float:
-    """Best-of-``passes`` rate of the faster keystream engine in GB/s (1e9 bytes)."""
-    best = min(raw_keystream_seconds(RAW_PASS_BYTES) for _ in range(passes))
-    return RAW_PASS_BYTES / best / 1e9
-
-
-def _one_run(
-    spec: JobSpec,
-    inputs: dict[str, np.ndarray],
-    dropped: list[str],
-    *,
-    seed: int,
-    max_in_flight: int,
-    policy: SecAggPolicy | None = None,
-    raw_gbps: float | None = None,
-) -> dict[str, Any]:
-    rates = engine_rates() if raw_gbps is None else {}
-    raw_cpu = raw_rate_cpu_gbps() if raw_gbps is None else 1.0
-    own_cpu = own_rate_cpu_gbps() if raw_gbps is None else None
-    raw_gbps = max(rates.values()) if raw_gbps is None else raw_gbps
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    report = run_protocol(
-        spec,
-        inputs,
-        drop=dict.fromkeys(dropped, "masked"),
-        rng=random.Random(seed),
-        max_in_flight=max_in_flight,
-        policy=policy,
-    )
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    result = report.result
-    graph_ = spec.masking_graph
-    u2 = set(result.contributors) | set(result.dropouts)
-    u3 = set(result.contributors)
-    vector_bytes = spec.entry_bytes * spec.length
-
-    masks_per_uploader = {p: len(graph_.neighbours(p) & u2) + 1 for p in report.mask_seconds}
-    mask_gbps = [
-        masks_per_uploader[p] * vector_bytes / s / 1e9 for p, s in report.mask_seconds.items()
-    ]
-    server_masks = len(u3) + sum(len(graph_.neighbours(v) & u3) for v in result.dropouts)
-    unavoidable_bytes = (sum(masks_per_uploader.values()) + server_masks) * vector_bytes
-    unavoidable_s = raw_keystream_seconds(unavoidable_bytes, 1 << 20)
-
-    expected = np.sum([inputs[p] for p in sorted(u3)], axis=0)
-    upload = max(report.upload_bytes[p] for p in report.mask_seconds)
-    input_ratio = [
-        report.input_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_gbps * 1e9))
-        for p in report.input_seconds
-    ]
-    # The same two ratios by CPU time (the keystream's too): on a shared machine the wall
-    # clock also counts the time spent waiting for a core.
-    mask_cpu_gbps = [
-        masks_per_uploader[p] * vector_bytes / s / 1e9 for p, s in report.mask_cpu_seconds.items()
-    ]
-    input_cpu_ratio = [
-        report.input_cpu_seconds[p] / (masks_per_uploader[p] * vector_bytes / (raw_cpu * 1e9))
-        for p in report.input_cpu_seconds
-    ]
-    own = {}
-    if own_cpu is not None:  # the same two ratios against the kernel's own bare keystream
-        own = {
-            "own_keystream_cpu_gbps": own_cpu,
-            "mask_gen_over_own_keystream_cpu": float(np.mean(mask_cpu_gbps)) / own_cpu,
-            "input_over_own_keystream_cpu": float(np.mean(input_cpu_ratio)) * own_cpu / raw_cpu,
-        }
-    return {
-        **own,
-        **({"aes_ctr_gbps": rates["ctr"], "aes_gcm_gbps": rates["gcm"]} if rates else {}),
-        "raw_aes_ctr_gbps": raw_gbps,
-        "mask_gen_over_keystream": float(np.mean(mask_gbps)) / raw_gbps,
-        "raw_keystream_cpu_gbps": raw_cpu,
-        "mask_gen_over_keystream_cpu": float(np.mean(mask_cpu_gbps)) / raw_cpu,
-        "input_over_keystream_cpu": float(np.mean(input_cpu_ratio)),
-        "input_s": float(np.mean(list(report.input_seconds.values()))),
-        "input_over_keystream": float(np.mean(input_ratio)),
-        "participant_s": float(np.mean(list(report.participant_seconds.values()))),
-        "mask_gen_gbps": float(np.mean(mask_gbps)),
-        "participant_mask_s": float(np.mean(list(report.mask_seconds.values()))),
-        "server_unmask_s": report.server_unmask_seconds,
-        "protocol_s": report.protocol_seconds,
-        "unavoidable_aes_s": unavoidable_s,
-        "protocol_over_aes_ratio": report.protocol_seconds / unavoidable_s,
-        "upload_bytes_per_participant": upload,
-        "mask_gen_over_raw": float(np.mean(mask_gbps)) / raw_gbps,
-        "participant_mask_s_max": max(report.mask_seconds.values()),
-        "unavoidable_aes_bytes": unavoidable_bytes,
-        "max_abs_error": float(np.max(np.abs(result.values - expected))),
-        "error_bound": len(u3) * math.ldexp(1.0, -spec.scale_bits),
-        "survivors": len(u3),
-        "minor_page_faults": faults,
-    }
 
 
 def run(
@@ -352,12 +206,16 @@ def run(
             ring_bits=ring,
         )
 
-    # Warm-up on a small vector: imports, OpenSSL/numpy first-call costs.
+    # The ring's start: a warm-up job on a small vector (imports, OpenSSL/numpy
+    # first-call costs), then its first full-size job, reported on its own
+    # (``rings[...]["first_job"]``), not in the medians.
     warm = min(dim, 4 * chunk_size)
-    _one_run(
-        make_spec(warm),
-        {p: v[:warm] for p, v in inputs.items()},
+    cold = warm_and_cold(
+        make_spec,
+        inputs,
         dropped,
+        dim=dim,
+        warm_dim=warm,
         seed=seed,
         max_in_flight=max_in_flight,
     )
@@ -365,10 +223,10 @@ def run(
     bare: list[dict[str, Any]] = []
 
     def with_policy(r: int) -> dict[str, Any]:  # the deployed default
-        return _one_run(make_spec(dim), inputs, dropped, seed=seed + r, max_in_flight=max_in_flight)
+        return one_job(make_spec(dim), inputs, dropped, seed=seed + r, max_in_flight=max_in_flight)
 
     def without_policy(r: int) -> dict[str, Any]:  # no consistency round, no policy rules
-        return _one_run(
+        return one_job(
             make_spec(dim, consistency=False),
             inputs,
             dropped,
@@ -386,14 +244,10 @@ def run(
             bare.append(without_policy(r))
             runs.append(with_policy(r))
     spec = make_spec(dim)
-    out: dict[str, Any] = {}
-    for key in runs[0]:
-        values = [r[key] for r in runs]
-        median = float(np.median(values))
-        out[key] = int(median) if isinstance(values[0], int) else round(median, 4)
+    out = medians(runs)
     out["max_abs_error"] = max(r["max_abs_error"] for r in runs)
     out["error_bound"] = runs[0]["error_bound"]
-    out["protocol_s_first_run"] = round(runs[0]["protocol_s"], 4)
+    out["protocol_s_first_run"] = round(cold["protocol_s"], 4)
     with_s = [r["protocol_s"] for r in runs]
     without_s = [r["protocol_s"] for r in bare]
     median_with, median_without = float(np.median(with_s)), float(np.median(without_s))
@@ -414,7 +268,7 @@ def run(
             (True, None, small_with),
             (False, RELAXED_POLICY, small_without),
         )[:: 1 if r % 2 == 0 else -1]:
-            run_ = _one_run(
+            run_ = one_job(
                 make_spec(SMALL_DIM, consistency=consistency),
                 small,
                 dropped,
@@ -436,22 +290,29 @@ def run(
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out["upload_bytes_per_entry"] = round(out["upload_bytes_per_participant"] / dim, 5)
     out["server_vector_bytes"] = (1 + max_in_flight) * spec.entry_bytes * dim
-    other = 96 - ring_bits  # the other ring: 32 <-> 64
-    extra = _one_run(
-        make_spec(dim, ring=other), inputs, dropped, seed=seed, max_in_flight=max_in_flight
+    other = 96 - ring_bits  # the other ring (32 <-> 64), by the same method
+    other_cold, other_runs = ring_block(
+        lambda length: make_spec(length, ring=other),
+        inputs,
+        dropped,
+        dim=dim,
+        warm_dim=warm,
+        seed=seed,
+        max_in_flight=max_in_flight,
+        repeats=repeats,
     )
     out["rings"] = {
         str(bits): {
-            "upload_bytes_per_entry": round(r["upload_bytes_per_participant"] / dim, 5),
-            "mask_gen_over_keystream": round(r["mask_gen_over_keystream"], 4),
-            "input_over_keystream": round(r["input_over_keystream"], 4),
-            "mask_gen_over_keystream_cpu": round(r["mask_gen_over_keystream_cpu"], 4),
-            "input_over_keystream_cpu": round(r["input_over_keystream_cpu"], 4),
-            "participant_mask_s": round(r["participant_mask_s"], 4),
-            "protocol_s": round(r["protocol_s"], 4),
-            "runs": count,
+            **ring_summary(medians(jobs), dim),
+            "runs": len(jobs),
+            "input_over_keystream_cpu_runs": [
+                round(j["input_over_keystream_cpu"], 4) for j in jobs
+            ],
+            "max_abs_error": max(j["max_abs_error"] for j in (first, *jobs)),
+            "error_bound": first["error_bound"],
+            "first_job": ring_summary(first, dim),
         }
-        for bits, r, count in ((ring_bits, out, repeats), (other, extra, 1))
+        for bits, first, jobs in ((ring_bits, cold, runs), (other, other_cold, other_runs))
     }
     out["keystream_engine"] = fastest_engine()
     out["kernel_engine"] = native.engine()
@@ -468,7 +329,8 @@ def run(
         scale_bits=spec.scale_bits,
         ring_bits=ring_bits,
         repeats=repeats,
-        statistic="median over repeats after one small warm-up job",
+        statistic="per ring: median over repeats after a small warm-up job and the ring's "
+        "first full-size job (rings[bits].first_job)",
     )
     return out
 
@@ -562,10 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--retain-freed-mb",
         type=int,
-        default=0,
+        default=None,
         metavar="MB",
         help="keep up to MB MiB of freed heap in this process (glibc mallopt) so masked "
-        "chunks reuse memory instead of faulting in fresh pages (default 0: glibc's defaults)",
+        "chunks reuse memory instead of faulting in fresh pages; default: what a "
+        f"participant process does at start ({heap.ENV}, else {heap.DEFAULT_RETAIN_MB}); "
+        "0: glibc's defaults",
     )
     parser.add_argument(
         "--json",
@@ -576,9 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     result: dict[str, Any] = {}
-    if args.retain_freed_mb:
-        result["retain_freed_mb"] = args.retain_freed_mb
-        result["retain_freed_applied"] = retain_freed_memory(args.retain_freed_mb)
+    retain = heap.retain_mb_from_env() if args.retain_freed_mb is None else args.retain_freed_mb
+    if retain < 0:
+        raise SystemExit("--retain-freed-mb must be 0 or more")
+    result["retain_freed_mb"] = retain
+    result["retain_freed_applied"] = retain > 0 and heap.retain_freed_memory(retain)
     if args.kernel:
         result["kernel"] = {
             str(b): kernel(args.dim, ring_bits=b, chunk=args.kernel_chunk) for b in (64, 32)

@@ -8,6 +8,8 @@ out at any stage. See ``docs/threat_model.md`` for what is and is not protected.
 Modules, one idea each:
 
 ``ring``         fixed-point encoding into Z_{2^32} or Z_{2^64} (per job) with overflow refusal
+``heap``         a participant process keeps freed heap memory (glibc ``mallopt``): no fresh
+                 pages per masked chunk
 ``prg``          the v2 mask keystream (the AES-GCM keystream; CTR or GCM engine), seekable
 ``native``       the optional C kernel (``_maskkernel.c``, its own VAES/AES-NI CTR in
                  ``_aesctr.c``): masking and encoding, same bytes

@@ -31,8 +31,10 @@ coordinator)::
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TypeAlias
 
 from spherecal.crypto._codec import Reader, Writer
@@ -323,9 +325,11 @@ class MaskedChunk:
         gets the encoding's prefix (every field before the payload) and returns the whole
         encoding, prefix and payload, as one ``bytes`` (issue #24: the participant's
         masking kernel writes the masked words straight into it)."""
-        prefix = (
-            _header(TYPE_MASKED_CHUNK).blob(job_id).text(sender).u32(index).u32(nbytes).getvalue()
-        )
+        if type(job_id) is bytes and type(sender) is str:
+            head = _chunk_head(job_id, sender)
+        else:  # not hashable, or a subclass: built afresh (and refused below if invalid)
+            head = _header(TYPE_MASKED_CHUNK).blob(job_id).text(sender).getvalue()
+        prefix = head + _INDEX_AND_LENGTH.pack(index, nbytes)
         wire = write(prefix)
         _need(
             isinstance(wire, bytes)
@@ -367,6 +371,17 @@ class MaskedChunk:
             payload = memoryview(bytes(payload))
         r.finish()
         return cls(job_id=job_id, sender=sender, index=index, payload=payload)
+
+
+_INDEX_AND_LENGTH = struct.Struct(">II")
+
+
+@lru_cache(maxsize=64)
+def _chunk_head(job_id: bytes, sender: str) -> bytes:
+    """The fields of a :class:`MaskedChunk` encoding before its index — the same for every
+    chunk of one sender's job, so built once, not per chunk (issue #24: the per-chunk
+    Python work sits between two calls of the masking kernel)."""
+    return _header(TYPE_MASKED_CHUNK).blob(job_id).text(sender).getvalue()
 
 
 # ------------------------------------------------------------------- round 3

@@ -199,6 +199,9 @@ class SecAggParticipant:
         self._channel_keys: dict[str, bytes] = {}
         self._plan: list[tuple[MaskSeed, int]] = []
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
+        self._loan: npt.NDArray[np.unsignedinteger] | None = None
+        """The buffer ``set_input`` borrowed (:func:`~spherecal.crypto.ring.borrow`), given
+        back once when the job's secrets go; ``_encoded`` is read through, never returned."""
         self._expander: MaskExpander | None = None
         self._signed_survivors: tuple[str, ...] | None = None
         self._signed_payload: bytes | None = None
@@ -393,9 +396,9 @@ class SecAggParticipant:
         self._held = {}
         self._channel_keys = {}
         self._plan = []
-        if self._encoded is not None:  # zeroed, and reused by this process's next job
-            give_back(self._encoded)
-        self._encoded = None
+        if self._loan is not None:  # zeroed, and reused by this process's next job
+            give_back(self._loan)
+        self._loan = self._encoded = None
         if self._expander is not None:
             self._expander.clear()
             self._expander = None
@@ -628,7 +631,7 @@ class SecAggParticipant:
         except BaseException:  # refused: the input stays unset
             give_back(encoded)
             raise
-        self._encoded = encoded
+        self._encoded = self._loan = encoded
 
     def masked_chunk(self, index: int) -> MaskedChunk:
         """Chunk ``index`` of ``y_u``, computed independently of the other chunks

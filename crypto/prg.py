@@ -223,6 +223,7 @@ class MaskExpander:
         self._buf = bytearray(tile + BLOCK_BYTES - 1)
         self._words = np.frombuffer(self._buf, dtype=self.dtype, count=tile // self.dtype.itemsize)
         self._streams: dict[MaskSeed, tuple[CipherContext, int]] = {}
+        self._kernel_plan: _KernelPlan | None = None
 
     def apply(
         self,
@@ -258,7 +259,7 @@ class MaskExpander:
         n = int(target.shape[0])
         if source is not None and (source.shape != target.shape or source.dtype != target.dtype):
             raise ValueError("source must have the target's shape and dtype")
-        self._check(target, n, plan, start_entry)
+        self._check(target, n, start_entry)
         if not plan:
             if source is not None:
                 np.copyto(target, source)
@@ -268,21 +269,22 @@ class MaskExpander:
         kernel = native_module.KERNEL
         contiguous = target.flags.c_contiguous and (source is None or source.flags.c_contiguous)
         if self.native and kernel is not None and contiguous:
-            keys, signs = _plan_bytes(plan)
+            view = self._plan_for_kernel(plan)
             done = 0
             while done < n:  # one call per piece of a segment (one piece but for > 1 GiB)
                 k = min(n - done, (SEGMENT_BYTES - offset % SEGMENT_BYTES) // size)
                 kernel.apply(
                     target[done : done + k],
                     None if source is None else source[done : done + k],
-                    keys,
-                    _counters(plan, offset),
-                    signs,
+                    view.keys,
+                    view.counters(offset),
+                    view.signs,
                     size,
                 )
                 done += k
                 offset += k * size
             return
+        _check_signs(plan)
         ops = [np.add if sign > 0 else np.subtract for _, sign in plan]
         # Each seed's context, continuing its cached counter when the chunks come in
         # order; resolved once per call, not per tile (the per-tile Python work is what
@@ -326,7 +328,7 @@ class MaskExpander:
         is not copied again. The native kernel writes the masked words straight into it;
         otherwise they go through the expander's own chunk buffer and one join."""
         n = int(source.shape[0])
-        self._check(source, n, plan, start_entry)
+        self._check(source, n, start_entry)
         size = self.dtype.itemsize
         offset = start_entry * size
         kernel = native_module.KERNEL
@@ -337,20 +339,32 @@ class MaskExpander:
             and source.flags.c_contiguous
             and offset % SEGMENT_BYTES + n * size <= SEGMENT_BYTES
         ):
-            keys, signs = _plan_bytes(plan)
-            counters = _counters(plan, offset)
-            return kernel.apply_new(prefix, source, keys, counters, signs, size)
+            view = self._plan_for_kernel(plan)
+            return kernel.apply_new(
+                prefix, source, view.keys, view.counters(offset), view.signs, size
+            )
         if self._out is None:
             self._out = np.empty(self.max_entries, dtype=self.dtype)
         out = self._out[:n]
         self.apply_plan(out, plan, start_entry, source=source)
         return b"".join((prefix, out.data.cast("B")))
 
+    def _plan_for_kernel(self, plan: Sequence[tuple[MaskSeed, int]]) -> _KernelPlan:
+        """The kernel's view of ``plan``, built once per plan (a participant masks every
+        chunk of its input with the same plan): joining 10–20 keys and counter blocks in
+        Python per chunk cost as much as a third of the kernel's own time per 256 KiB
+        chunk (issue #24). Rebuilt whenever the plan differs (its entries compared one by
+        one, by value, the same objects at once: a plan changed in place is caught)."""
+        entries = tuple(plan)
+        cached = self._kernel_plan
+        if cached is None or cached.plan != entries:
+            cached = self._kernel_plan = _KernelPlan(entries)
+        return cached
+
     def _check(
         self,
         target: npt.NDArray[np.unsignedinteger],
         n: int,
-        plan: Sequence[tuple[MaskSeed, int]],
         start_entry: int,
     ) -> None:
         if target.dtype != self.dtype:
@@ -359,8 +373,6 @@ class MaskExpander:
             raise ValueError(f"target of {n} entries exceeds the expander's {self.max_entries}")
         if start_entry % self.entries_per_block:
             raise ValueError("mask chunks must start on a 16-byte block boundary")
-        if any(sign not in (1, -1) for _, sign in plan):
-            raise ValueError("sign must be +1 or -1")
 
     def _resume(self, seed: MaskSeed, offset: int) -> CipherContext:
         """``seed``'s cached context if it stopped exactly at byte ``offset`` (and that is
@@ -375,8 +387,43 @@ class MaskExpander:
         self._streams.pop(seed, None)
 
     def clear(self) -> None:
-        """Drop every cached cipher context (and with it the expanded keys)."""
+        """Drop every cached cipher context (and with it the expanded keys) and the
+        kernel's view of the last plan (its keys)."""
         self._streams.clear()
+        self._kernel_plan = None
+
+
+def _check_signs(plan: Sequence[tuple[MaskSeed, int]]) -> None:
+    if any(sign not in (1, -1) for _, sign in plan):
+        raise ValueError("sign must be +1 or -1")
+
+
+class _KernelPlan:
+    """A plan as the native kernel takes it: the AES keys (16 bytes each), one signed
+    byte per mask, and each segment's nonces, so a chunk's counter blocks are one join
+    (:meth:`counters`), not one :func:`counter_block` per mask."""
+
+    __slots__ = ("_segments", "keys", "plan", "signs")
+
+    def __init__(self, plan: tuple[tuple[MaskSeed, int], ...]) -> None:
+        _check_signs(plan)
+        self.plan = plan
+        self.keys, self.signs = _plan_bytes(plan)
+        self._segments: dict[int, tuple[bytes, ...]] = {}
+
+    def counters(self, offset: int) -> bytes:
+        """Every mask's counter block of byte ``offset`` (block-aligned), concatenated:
+        ``N_s || uint32_be(2 + j)`` per mask (:func:`counter_block`), the same bytes as
+        :func:`_counters`."""
+        segment, j = divmod(offset // BLOCK_BYTES, SEGMENT_BLOCKS)
+        nonces = self._segments.get(segment)
+        if nonces is None:
+            nonces = tuple(segment_nonce(seed.nonce, segment) for seed, _ in self.plan)
+            self._segments = {segment: nonces}  # chunks go segment by segment: keep one
+        if not nonces:
+            return b""
+        block = (FIRST_COUNTER + j).to_bytes(4, "big")
+        return block.join(nonces) + block
 
 
 def _plan_bytes(plan: Sequence[tuple[MaskSeed, int]]) -> tuple[bytes, bytes]:

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -278,35 +280,83 @@ def encode_into(
 
 SPARE_BUFFERS = 16
 """Encoded-input buffers kept for reuse (:func:`borrow`), at most; the oldest goes first."""
-_spare: deque[npt.NDArray[np.unsignedinteger]] = deque(maxlen=SPARE_BUFFERS)
+_spare: deque[npt.NDArray[np.uint8]] = deque(maxlen=SPARE_BUFFERS)
+"""Spare buffers (raw bytes, all zero), oldest first: each is in here or on one loan."""
+_lent: dict[int, tuple[weakref.ref[npt.NDArray[np.unsignedinteger]], npt.NDArray[np.uint8]]] = {}
+"""Live loans: ``id(view)`` → (a weak reference to the view, the buffer under it)."""
 _spare_lock = threading.Lock()
 
 
+def _forget(key: int, ref: weakref.ref[npt.NDArray[np.unsignedinteger]]) -> None:
+    """A lent view died without :func:`give_back`: drop its loan, and with it the last
+    reference to its buffer (freed, never reused). Runs while the view is deallocated,
+    before its memory (and so its ``id``) can be reused: only that loan can match."""
+    entry = _lent.get(key)
+    if entry is not None and entry[0] is ref:
+        del _lent[key]
+
+
 def borrow(length: int, ring_bits: int = 64) -> npt.NDArray[np.unsignedinteger]:
-    """A ring-word array of ``length`` entries for an encoded input: one given back
-    earlier in this process if one fits, else a new one (contents unspecified).
+    """A ring-word array of ``length`` entries for an encoded input: a view of the
+    smallest spare buffer given back earlier in this process that holds at least its
+    bytes, whatever ring and length that buffer served before, else a new one (contents
+    unspecified; a reused one is zero).
 
     Why (issue #24): a participant encodes each job's input into a vector as large as
     the model (14 MB for 1.77 M entries at 64 bits), and the first write to freshly
     mapped memory page-faults on every page — measured on the development machine at
     2–4 ms per fresh 14 MB against 2.2 ms for the whole encoding into a reused array.
-    Reusing the previous job's array takes those faults off the float → upload path.
+    Reusing an earlier job's buffer takes those faults off the float → upload path. A
+    spare serves by byte capacity, not dtype and exact length, so a site alternating
+    32-bit update jobs and 64-bit statistics jobs (or vectors of different lengths)
+    keeps reusing the same memory: a 64-bit buffer hosts a 32-bit input of the same
+    length, a larger buffer a smaller input. Best fit (the smallest spare that holds
+    it) keeps the large buffers for the large inputs.
+
+    A buffer is either spare or on exactly one loan, so two live borrowers never share
+    memory; :func:`give_back` ends the loan (a view that dies without it takes its
+    buffer with it).
     """
     dtype = ring_dtype(ring_bits)
+    if length < 0:
+        raise WrongLength(f"cannot borrow a buffer of {length} entries")
+    needed = length * dtype.itemsize
     with _spare_lock:
+        best = -1
         for i, spare in enumerate(_spare):
-            if spare.shape[0] == length and spare.dtype == dtype:
-                del _spare[i]
-                return spare
-    return np.empty(length, dtype=dtype)
+            if spare.nbytes >= needed and (best < 0 or spare.nbytes < _spare[best].nbytes):
+                best = i
+        if best >= 0:
+            base = _spare[best]
+            del _spare[best]
+        else:
+            base = np.empty(needed, dtype=np.uint8)
+        view: npt.NDArray[np.unsignedinteger] = base[:needed].view(dtype)
+        key = id(view)
+        _lent[key] = (weakref.ref(view, partial(_forget, key)), base)
+    return view
 
 
 def give_back(buffer: npt.NDArray[np.unsignedinteger]) -> None:
-    """Zero ``buffer`` (it held a participant's encoded input) and keep it for
-    :func:`borrow`. The caller must hold no other reference to it."""
-    buffer.fill(0)
+    """End the loan of ``buffer`` (an array :func:`borrow` returned, still on loan):
+    zero the whole buffer under it (it held a participant's encoded input) and keep
+    that for :func:`borrow`. The caller must hold no other reference to it.
+
+    Refuses, with :class:`ValueError`, an array that is not on loan — one
+    :func:`borrow` never returned, or one already given back — because keeping its
+    memory could hand it to a second borrower while the first still writes it.
+    """
     with _spare_lock:
-        _spare.append(buffer)
+        entry = _lent.get(id(buffer))
+        if entry is None or entry[0]() is not buffer:
+            raise ValueError(
+                "give_back() takes an array borrow() returned, once; this one is not on loan"
+            )
+        del _lent[id(buffer)]
+    base = entry[1]
+    base.fill(0)  # outside the lock: on no loan and not yet spare, nobody else sees it
+    with _spare_lock:
+        _spare.append(base)
 
 
 def encode(

@@ -13,6 +13,7 @@ messages to the coordinator, to show the result does not depend on it.
 from __future__ import annotations
 
 import random
+import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ class SimulationReport:
     """:attr:`mask_seconds` by this thread's CPU time (free of waiting for a core)."""
     input_cpu_seconds: dict[str, float] = field(default_factory=dict)
     """:attr:`input_seconds` by this thread's CPU time."""
+    input_minor_faults: dict[str, int] = field(default_factory=dict)
+    """Per uploader: minor page faults of this thread over the same calls as
+    :attr:`input_seconds` (fresh pages written first; ``-1`` where the OS cannot count
+    one thread's faults)."""
     participant_seconds: dict[str, float] = field(default_factory=dict)
     """Per participant: wall time inside its own calls over the whole job (every round,
     message encoding included) — the participant's cost, without the server's."""
@@ -73,6 +78,16 @@ class SimulationReport:
     also counts the time the process waits for a core, the CPU time does not."""
     received: list[tuple[str, Message]] = field(default_factory=list, repr=False)
     """Every message the coordinator received, in order (when ``record=True``)."""
+
+
+_COUNTS_THREAD_FAULTS = hasattr(resource, "RUSAGE_THREAD")
+
+
+def _thread_minor_faults() -> int:
+    """This thread's minor page faults so far (Linux); 0 where it cannot be counted."""
+    if not _COUNTS_THREAD_FAULTS:
+        return 0
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def run_protocol(
@@ -121,6 +136,7 @@ def run_protocol(
     input_seconds: dict[str, float] = {}
     mask_cpu: dict[str, float] = {}
     input_cpu: dict[str, float] = {}
+    input_faults: dict[str, int] = {}
     spent: dict[str, float] = {}
     cpu: dict[str, float] = {}
 
@@ -186,18 +202,22 @@ def run_protocol(
         client = clients[pid]
         bundle = ShareBundle.from_bytes(server.bundle_for(pid).to_bytes())
         timed(pid, client.receive_shares, bundle)
+        f_in = _thread_minor_faults()
         t_in, c_in = time.perf_counter(), time.thread_time()
         client.set_input(inputs[pid], noise=noise.get(pid))
         setting = time.perf_counter() - t_in
         used = time.thread_time() - c_in
+        faults = _thread_minor_faults() - f_in
         elapsed = serialising = masking = 0.0
         for index in range(spec.n_chunks):
+            f0 = _thread_minor_faults()
             t0, c0 = time.perf_counter(), time.thread_time()
             chunk = client.masked_chunk(index)
             t1, c1 = time.perf_counter(), time.thread_time()
             data = chunk.to_bytes()
             t2 = time.perf_counter()
             used += time.thread_time() - c0
+            faults += _thread_minor_faults() - f0
             masking += c1 - c0
             elapsed += t1 - t0
             serialising += t2 - t1
@@ -205,6 +225,7 @@ def run_protocol(
         mask_seconds[pid] = elapsed
         input_seconds[pid] = setting + elapsed + serialising
         mask_cpu[pid], input_cpu[pid] = masking, used
+        input_faults[pid] = faults if _COUNTS_THREAD_FAULTS else -1
         spent[pid] = spent.get(pid, 0.0) + input_seconds[pid]
         cpu[pid] = cpu.get(pid, 0.0) + used
     server.close_stage()
@@ -233,6 +254,7 @@ def run_protocol(
         input_seconds=input_seconds,
         mask_cpu_seconds=mask_cpu,
         input_cpu_seconds=input_cpu,
+        input_minor_faults=input_faults,
         participant_seconds=spent,
         participant_cpu_seconds=cpu,
         server_unmask_seconds=finished - t0,

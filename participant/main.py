@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from spherecal.crypto import heap
 from spherecal.participant.data import load_local_data
 from spherecal.participant.enrolment import load_or_enrol
 from spherecal.participant.grpc_transport import GrpcTransport
@@ -26,6 +27,13 @@ from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
 
 __all__ = ["run_participant"]
+
+
+def _keep_freed_heap(say: Callable[[str], None]) -> None:
+    """Keep freed heap memory in this process (``SPHERECAL_RETAIN_FREED_MB``, default
+    64 MiB; :mod:`spherecal.crypto.heap`), so each masked chunk reuses the pages the
+    previous one left instead of faulting in fresh ones (issue #24), and say so."""
+    say(heap.apply_from_env().describe())
 
 
 def run_participant(
@@ -42,6 +50,7 @@ def run_participant(
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     identity = load_or_enrol(settings, say)
     data = load_local_data(settings.data)
+    _keep_freed_heap(say)  # once it is about to run jobs (a refusal above stays one line)
     ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
     trust = DirectoryTrust(ca)
     transport = GrpcTransport(settings)
