@@ -99,9 +99,11 @@ class PolicySettings:
     the time of the masked upload does not reveal how long the local work took (it
     grows with the number of local examples). 0: off. Set it above the slowest local
     work of the federation; a task that takes longer is logged. At 0 a secure
-    statistics job's feature pass runs while its keys and shares are exchanged (their
-    moments still do not wait for it); above 0 the order is strict: keys, shares, then
-    the work."""
+    statistics job's feature pass runs while its keys and shares are exchanged: their
+    moments do not wait for it, but the share answer, computed while it runs, then
+    follows the example count weakly (as the masked upload does strongly at 0;
+    docs/threat_model.md, Timing); above 0 the order is strict: keys, shares, then the
+    work."""
     share_wait_s: float = DEFAULT_SHARE_WAIT_S
     """Answer a secure job's share stage *before* the local work: after advertising
     its keys the participant waits up to this long for the job's share step (key

@@ -12,13 +12,17 @@ the task arrives, then waits for the job's share step and answers it. Done one a
 other with the feature pass, those rounds sat in front of it (on the 2-core box the
 feature passes started 0.15–0.3 s later than without secure aggregation, while the
 processor idled through the rounds' waits). So the pass runs on a worker thread while
-they are exchanged. That reveals nothing: the two messages still leave when they would
-and never wait for the work; a concurrent pass could change only how fast they are
-computed, and whether it is still running says no more than the moment the masked input
-leaves, which follows the local work by nature. The overlap is therefore taken only
-where that moment is not hidden — ``[policy] min_local_work_s = 0``, the default
-(``SecureSteps.overlaps_local_work``); a site that hides it keeps keys, shares, then the
-work, strictly in that order. The worker is always waited for before the task returns
+they are exchanged. The two messages still leave when they would and never wait for
+the work, but they are computed while it runs, so **the share answer's moment follows
+the example count, weakly** (measured with ``bench/timing_channel.py``, 20 + 12
+federations: FFC and CCVR share answers r 0.21–0.44, 7–20 ms later per 100 examples;
+``docs/threat_model.md``, *Timing*). In the same setting the masked input's moment
+follows the local work more strongly (r 0.61–0.75), so the overlap adds a weaker second
+reading of what that moment already shows rather than something the setting hid. The
+overlap is therefore taken only where that moment is not hidden — ``[policy]
+min_local_work_s = 0``, the default (``SecureSteps.overlaps_local_work``); a site that
+hides it keeps keys, shares, then the work, strictly in that order, and neither message
+follows the count (measured). The worker is always waited for before the task returns
 (also when the job is refused or the coordinator moved on: the result is then dropped),
 so no later task shares the trainer with a pass still running. While it waits for the
 pass, the main thread long-polls for the job's next instruction
