@@ -200,9 +200,8 @@ class SecAggParticipant:
         self._plan: list[tuple[MaskSeed, int]] = []
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._loan: npt.NDArray[np.unsignedinteger] | None = None
-        """The input's buffer (:func:`~spherecal.crypto.ring.borrow`), borrowed at round 0
-        and filled by ``set_input``, given back once when the job's secrets go (or when an
-        input is refused); ``_encoded`` is read through, never returned."""
+        """The buffer ``set_input`` borrowed (:func:`~spherecal.crypto.ring.borrow`), given
+        back once when the job's secrets go; ``_encoded`` is read through, never returned."""
         self._expander: MaskExpander | None = None
         self._signed_survivors: tuple[str, ...] | None = None
         self._signed_payload: bytes | None = None
@@ -445,11 +444,6 @@ class SecAggParticipant:
         )
         self._own_advert = advert
         self._stage = ParticipantStage.SHARE
-        if self._loan is None and not self._input_left:
-            # The input's buffer now, while the keys travel: a process's first job
-            # touches fresh memory (a page fault per 4 KiB, 3-5 ms per 14 MB), and here
-            # that costs waiting time instead of float -> upload time (issue #24).
-            self._loan = borrow(spec.length, spec.ring_bits, prefault=True)
         return advert
 
     # ------------------------------------------------------------------ round 1
@@ -628,15 +622,13 @@ class SecAggParticipant:
         if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        # Into the buffer borrowed at round 0, else into an earlier job's array when this
-        # process has one (no page faults either way).
-        encoded = self._loan if self._loan is not None else borrow(spec.length, spec.ring_bits)
-        self._loan = None
+        # Into the previous job's array when this process has one (no page faults).
+        encoded = borrow(spec.length, spec.ring_bits)
         try:
             encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound, scratch=True)
             if noise is not None:
                 add_noise(encoded, noise, noise_bound=spec.noise_bound)
-        except BaseException:  # refused: the input stays unset (the buffer is zeroed)
+        except BaseException:  # refused: the input stays unset
             give_back(encoded)
             raise
         self._encoded = self._loan = encoded

@@ -296,9 +296,7 @@ def _forget(key: int, ref: weakref.ref[npt.NDArray[np.unsignedinteger]]) -> None
         del _lent[key]
 
 
-def borrow(
-    length: int, ring_bits: int = 64, *, prefault: bool = False
-) -> npt.NDArray[np.unsignedinteger]:
+def borrow(length: int, ring_bits: int = 64) -> npt.NDArray[np.unsignedinteger]:
     """A ring-word array of ``length`` entries for an encoded input: a view of the
     smallest spare buffer given back earlier in this process that holds at least its
     bytes, whatever ring and length that buffer served before, else a new one (contents
@@ -318,10 +316,6 @@ def borrow(
     A buffer is either spare or on exactly one loan, so two live borrowers never share
     memory; :func:`give_back` ends the loan (a view that dies without it takes its
     buffer with it).
-
-    ``prefault`` writes a new buffer once (zeros) before returning it, so that its page
-    faults are paid now — by a participant at round 0, while it waits for its peers'
-    keys — and not when the input is encoded into it; a reused spare is written already.
     """
     dtype = ring_dtype(ring_bits)
     if length < 0:
@@ -336,12 +330,7 @@ def borrow(
             base = _spare[best]
             del _spare[best]
         else:
-            base = None
-    if base is None:  # outside the lock: faulting in a new buffer takes milliseconds
-        base = np.empty(needed, dtype=np.uint8)
-        if prefault:  # written, not np.zeros: calloc's zero pages would fault later
-            base.fill(0)
-    with _spare_lock:
+            base = np.empty(needed, dtype=np.uint8)
         view: npt.NDArray[np.unsignedinteger] = base[:needed].view(dtype)
         key = id(view)
         _lent[key] = (weakref.ref(view, partial(_forget, key)), base)
