@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from spherecal.spherefed.durable import replace_durably
+
 __all__ = ["ClientStateStore", "CorruptClientState"]
 
 State = dict[str, npt.NDArray[np.float64]]
@@ -81,4 +83,4 @@ class ClientStateStore:
             np.savez(fh, **arrays)  # type: ignore[arg-type]
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        replace_durably(tmp, self.path)

@@ -63,6 +63,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from spherecal.spherefed.durable import fsync_folder, replace_durably
+
 __all__ = [
     "FOLDER",
     "CorruptHeldJob",
@@ -215,8 +217,7 @@ class HeldJobStore:
                 tmp.unlink()
             raise
         os.close(fd)
-        os.replace(tmp, final)
-        self._sync_folder()
+        replace_durably(tmp, final)
 
     # ---------------------------------------------------------------- masked input
     def masked_path(self, job_id: bytes) -> Path:
@@ -354,7 +355,7 @@ class HeldJobStore:
         """Delete the job's masked input alone (a file its record does not name)."""
         with contextlib.suppress(FileNotFoundError):
             self.masked_path(job_id).unlink()
-            self._sync_folder()
+            fsync_folder(self.folder)
 
     def delete(self, job_id: bytes) -> None:
         """Delete the job's record and its masked input (either may be absent)."""
@@ -364,7 +365,7 @@ class HeldJobStore:
                 where.unlink()
                 removed = True
         if removed:
-            self._sync_folder()
+            fsync_folder(self.folder)
 
     def clear(self) -> None:
         """Delete every held job (the federation ended) and stale temporary files."""
@@ -374,11 +375,4 @@ class HeldJobStore:
             if entry.suffix in (SUFFIX, MASKED_SUFFIX) or entry.name.endswith(".tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
-        self._sync_folder()
-
-    def _sync_folder(self) -> None:
-        fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_folder(self.folder)

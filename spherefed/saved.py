@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from spherecal.spherefed.discriminant import WIRE_NEVER, CalibratedHead
+from spherecal.spherefed.durable import replace_durably
 from spherecal.spherefed.heads import Head
 from spherecal.spherefed.models import _FLEXIBLE_DIM, FeatureExtractor
 from spherecal.spherefed.network import ModelSpec, Net, build_model
@@ -280,11 +281,12 @@ def load_model(directory: str | Path, calibration: str | None = None) -> Net:
 
 
 def save_state_dict(state: Mapping[str, torch.Tensor], path: Path) -> None:
-    """``torch.save`` of a dict of tensors, atomically (write, fsync, rename)."""
+    """``torch.save`` of a dict of tensors, atomically and durably (write, fsync,
+    rename, fsync of the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "wb") as fh:
         torch.save(dict(state), fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    replace_durably(tmp, path)

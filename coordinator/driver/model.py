@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from spherecal.spherefed.durable import replace_durably
 from spherecal.spherefed.fl import aggregated_keys, load_state_vector, state_vector
 from spherecal.spherefed.network import ModelSpec, Net, build_model, classifier_swapped
 
@@ -90,7 +91,7 @@ def _atomic_torch_save(obj: object, path: Path) -> None:
         torch.save(obj, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    replace_durably(tmp, path)
 
 
 class Checkpoints:

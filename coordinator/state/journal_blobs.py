@@ -31,6 +31,7 @@ from pathlib import Path
 
 from spherecal.coordinator.errors import StorageFailed
 from spherecal.coordinator.state.storage_faults import storage_failure
+from spherecal.spherefed.durable import replace_durably
 
 __all__ = ["BLOB_FOLDER", "BlobCorrupt", "JournalBlobs"]
 
@@ -80,8 +81,7 @@ class JournalBlobs:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, final)
-            self._sync_folder()
+            replace_durably(tmp, final)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             fault = storage_failure(final, exc)
@@ -128,9 +128,3 @@ class JournalBlobs:
                 removed.append(name)
         return removed
 
-    def _sync_folder(self) -> None:
-        fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
