@@ -262,13 +262,19 @@ def render_summary_end(summary: SummaryDocument) -> str:
     return "\n".join(lines)
 
 
+WATCH_TOLD_DONE_S = 10.0
+"""After the end, how long a watch keeps refreshing until every connected site was told
+done (the coordinator marks the end before the sites' next polls deliver it)."""
+
+
 def show_status(args: argparse.Namespace) -> int:
     """``spherecal status`` (its parser: :mod:`spherecal.cli.status`).
 
     With ``--watch`` it follows the run to its end: the last view shows the final
     status and accuracies, and the exit status is the federation's (0 completed or
-    degraded, 1 failed). The coordinator lingers for a watch it has seen until it has
-    served that view; if the coordinator is gone anyway, the watch reads its
+    degraded, 1 failed), once every connected site was told done (at most
+    :data:`WATCH_TOLD_DONE_S` after the end). The coordinator lingers for a watch it has
+    seen until it has served that view; if the coordinator is gone anyway, the watch reads its
     ``summary.json`` (``--config`` names the out_dir) before giving up."""
     address, insecure, ca, out_dir = _target(args)
 
@@ -284,12 +290,15 @@ def show_status(args: argparse.Namespace) -> int:
         )
 
     seen: str | None = None
+    ended: tuple[str, float] | None = None  # the end's status, when first seen
     while True:
         try:
             st = once()
         except ValueError as exc:
             if seen is None:
                 raise
+            if ended is not None:  # the end was shown; the coordinator has since exited
+                return _end_code(ended[0])
             summary = final_from_summary(out_dir, seen)
             if summary is not None:
                 print(json.dumps(summary) if args.json else render_summary_end(summary))
@@ -308,7 +317,10 @@ def show_status(args: argparse.Namespace) -> int:
         if args.watch is None:
             return ExitCode.OK
         if st.status != "running":
-            return _end_code(st.status)
+            ended = ended or (st.status, time.monotonic())
+            waiting = any(r.connected and not r.told_done for r in st.roster)
+            if not waiting or time.monotonic() - ended[1] > WATCH_TOLD_DONE_S:
+                return _end_code(st.status)
         time.sleep(max(0.2, args.watch))
         if not args.json and not sys.stdout.isatty():
             print("---", flush=True)

@@ -434,5 +434,8 @@ class CoordinatorService:
         except ServiceError as exc:
             raise self._reject(peer.identity or "?", "status", "StatusRequest", raw, exc) from None
         status = federation_status(self.settings, self.registry, self.federation, self.refusals)
-        self.federation.board.status_served(final=status.status != "running")
+        # The end as an operator should see it: every connected site told done (a
+        # lingering coordinator waits for a watch to be shown that view).
+        told_all = all(r.told_done or not r.connected for r in status.roster)
+        self.federation.board.status_served(final=status.status != "running" and told_all)
         return status
