@@ -89,12 +89,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from spherecal import crypto
-from spherecal.spherefed.durable import (
-    append_durably,
-    fsync_folder,
-    replace_durably,
-    start_writeback,
-)
+from spherecal.spherefed.durable import append_durably, fsync_folder, replace_durably
 
 __all__ = [
     "FOLDER",
@@ -115,7 +110,6 @@ SUFFIX = ".job"
 MASKED_SUFFIX = ".masked"
 _LEN = 4  # big-endian length of one sealed chunk
 _TAG = 16  # AES-GCM's authentication tag
-_WRITEBACK_AT = 1 << 20  # start the disk on every part of at least this many bytes
 
 
 def masked_digest(chunks: Iterable[bytes]) -> str:
@@ -288,18 +282,10 @@ class HeldJobStore:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.fchmod(fd, 0o600)  # a stale temporary file keeps its mode otherwise
-            offset = 0
             for part in parts:
                 view = memoryview(part)
-                size = len(view)
                 while view:
                     view = view[os.write(fd, view) :]
-                if size >= _WRITEBACK_AT:
-                    # the disk writes this part while the caller computes the next
-                    # (the masked input: mask, hash, seal); the fsync below still
-                    # makes the file durable (issue #24)
-                    start_writeback(fd, offset, size)
-                offset += size
             os.fsync(fd)
         except BaseException:
             os.close(fd)

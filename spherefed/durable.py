@@ -1,6 +1,5 @@
-"""Durable writes: a rename that survives a power loss, a record appended and synced,
-and early writeback of a large file — for every file a process must find again after
-a crash.
+"""Durable writes: a rename that survives a power loss and a record appended and
+synced, for every file a process must find again after a crash.
 
 Why one module: the coordinator's checkpoints and journal blobs, a site's held jobs
 and algorithm state, and every saved model are written the same way — a temporary
@@ -19,29 +18,14 @@ durable with one ``fdatasync`` (which also syncs the new size, the metadata need
 read the data back). A power loss during it can leave a *torn* tail — the record cut
 short — which the reader must recognise and ignore (``participant/held_jobs.py``
 frames and seals each record for that).
-
-Early writeback (issue #24): :func:`start_writeback` asks the kernel to begin writing
-a range of a file *now*, without waiting (Linux ``sync_file_range`` with
-``SYNC_FILE_RANGE_WRITE``). A writer of a large file that produces it part by part
-(the site's masked input: mask, hash, seal each chunk) calls it after each part, so
-the disk works while the next part is computed and the final ``fsync`` finds most of
-the file already written. It is a hint, never a durability step: the final ``fsync``
-is still what makes the file durable, and where the call does not exist it does
-nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["append_durably", "fsync_folder", "replace_durably", "start_writeback"]
-
-_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+__all__ = ["append_durably", "fsync_folder", "replace_durably"]
 
 
 def fsync_folder(folder: Path) -> None:
@@ -87,26 +71,3 @@ def append_durably(path: Path, data: bytes | memoryview, *, at: int) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    if not hasattr(os, "sched_getaffinity"):  # not Linux: no sync_file_range
-        return None
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        call = libc.sync_file_range
-        call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-        call.restype = ctypes.c_int
-        return call
-    return None
-
-
-_WRITEBACK = _sync_file_range()
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Begin writing ``length`` bytes of ``fd`` from ``offset`` to disk, without
-    waiting for it (a hint: see the module docstring; errors are ignored — the
-    caller's ``fsync`` reports any that matter)."""
-    if _WRITEBACK is not None and length > 0:
-        _WRITEBACK(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
