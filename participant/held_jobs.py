@@ -264,7 +264,11 @@ class HeldJobStore:
             log = self._logs.pop(job_id, None)  # unknown until this save succeeds
             if log is not None and (keys or not log.keys):
                 frame = self._frame(job_id, log.records, record)
-                if append_durably(self.path(job_id), frame, at=log.end):
+                try:
+                    appended = append_durably(self.path(job_id), frame, at=log.end)
+                except FileNotFoundError:
+                    appended = False  # gone meanwhile: written whole below
+                if appended:
                     self._logs[job_id] = _Log(log.end + len(frame), log.records + 1, log.keys)
                     return
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -617,3 +617,15 @@ def test_a_version_1_file_is_read_and_its_next_save_writes_a_log(tmp_path: Path)
     assert store.load(JOB) == _record(0)
     store.save(JOB, _record(1))
     assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(1)]
+
+
+def test_a_log_that_is_gone_or_shorter_than_written_is_written_whole(tmp_path: Path) -> None:
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    store.save(JOB, _record(0))
+    store.path(JOB).unlink()
+    store.save(JOB, _record(1))
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(1)]
+    store.path(JOB).write_bytes(store.path(JOB).read_bytes()[:30])  # not what it wrote
+    store.save(JOB, _record(2))
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(2)]
