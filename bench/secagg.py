@@ -295,6 +295,7 @@ def run(
                 max_in_flight=max_in_flight,
                 policy=policy,
                 raw_gbps=1.0,
+                prepare_input=prepare_input,
             )
             out_list.append(run_["protocol_s"])
     fixed = float(np.median(np.array(small_with) - np.array(small_without)))
