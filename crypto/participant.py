@@ -617,7 +617,7 @@ class SecAggParticipant:
         memory, and the first write faults in every page (first touch of 14 MB: 2–4 ms
         on the development machine, up to ~45 ms for memory the machine never touched) —
         on the float → upload path, between the input and the upload. A caller that has
-        a moment in which it only waits (the service: after its advertisement has left,
+        a moment no message waits on (the service: once its share answer has left,
         :mod:`spherecal.participant.secure_jobs`) pays them there instead. Not done inside
         :meth:`advertise_keys`: there it delayed every site's advertisement, and with it
         the stage, when the sites share a processor. Nothing on the wire changes; the
