@@ -147,3 +147,46 @@ def test_the_store_refuses_an_unknown_durability(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="durability"):
         Store(tmp_path / "state.db", durability="sometimes")
     assert not (tmp_path / "state.db").exists()
+
+
+def test_the_end_is_recorded_before_any_site_is_told_done(tmp_path: Path) -> None:
+    """``Done`` leaves through the board; the stored status must already say the
+    federation ended (and be synced), or a coordinator that lost power between the
+    two resumes a federation whose sites have gone. Mutation: ``board.finish`` first
+    (as before) → the status read at that moment is not ``failed``."""
+    from spherecal.coordinator.driver.federation import Federation
+    from spherecal.coordinator.settings import ModelSettings
+    from spherecal.coordinator.state.registry import Registry
+
+    settings = CoordinatorSettings(
+        participants=("p0", "p1"),
+        model=ModelSettings(extractor="mlp"),
+        state_dir=tmp_path / "state",
+        out_dir=tmp_path / "out",
+    )
+    store = Store(settings.state_dir / "state.db")
+    try:
+        registry = Registry(
+            settings.participants,
+            store,
+            require_certificates=False,
+            heartbeat_timeout_s=5,
+            clock_skew_s=60,
+        )
+        federation = Federation(settings, store, registry, say=lambda _m: None)
+        seen: list[tuple[str | None, int]] = []
+        finish = federation.board.finish
+
+        def told(status: str, message: str) -> None:
+            seen.append((store.get_meta("status"), store.synced_commits))
+            finish(status, message)
+
+        federation.board.finish = told  # type: ignore[method-assign]
+        synced = store.synced_commits
+        federation._failed("a reason")
+        assert len(seen) == 1
+        status, synced_then = seen[0]
+        assert status == "failed" and synced_then > synced
+        assert federation.board.done == ("failed", "a reason")
+    finally:
+        store.close()
