@@ -10,11 +10,13 @@ before the sender hears "OK", as gRPC worker threads do), an audit row per messa
 and per masked chunk (fire-and-forget), each stage's close, the masked sum's close
 and the result (their blobs fsynced as always) and the job's end. It prints JSON:
 per mode, wall time per job (median, min, max over ``--jobs``), commits and synced
-commits per job. The figures depend on the disk (``fdatasync`` latency): say which.
+commits per job, and the ratio of the modes' medians over ``--repeats`` runs each
+(their order alternating, each on a fresh database). The figures depend on the disk
+(``fdatasync`` latency): say which.
 
 Usage::
 
-    python bench/store_durability.py [--participants 10] [--jobs 20] [--json out.json]
+    python bench/store_durability.py [--participants 10] [--jobs 20] [--repeats 4] [--json OUT]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -111,28 +114,63 @@ def measure(
         store.close()
 
 
+DELAY_ENV = "SPHERECAL_FSYNC_DELAY_US"
+
+
+def _rerun_on_a_slow_disk(delay_ms: float) -> None:
+    """Run this script again with ``tests/fsync_snapshot.c`` preloaded, every sync
+    ``delay_ms`` slower (the shim only sleeps: no folder is watched)."""
+    from tests.power_loss import build_shim
+
+    folder = Path(tempfile.mkdtemp(prefix="fsync-shim-"))
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(build_shim(folder)),
+        DELAY_ENV: str(round(delay_ms * 1000)),
+    }
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--participants", type=int, default=10)
     p.add_argument("--jobs", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=4, help="runs of each mode, order alternating")
     p.add_argument("--entries", type=int, default=1 << 16, help="sum/result vector length")
     p.add_argument("--dir", type=Path, default=None, help="state folder's disk (default tmp)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--fsync-delay-ms",
+        type=float,
+        default=0.0,
+        help="make every fsync/fdatasync this much slower (a slow disk; needs a C compiler)",
+    )
     a = p.parse_args()
-    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
-        runs = [measure(d, Path(tmp), a.participants, a.jobs, a.entries) for d in DURABILITY]
-    by = {r["durability"]: r for r in runs}
+    if a.fsync_delay_ms > 0 and DELAY_ENV not in os.environ:
+        _rerun_on_a_slow_disk(a.fsync_delay_ms)  # does not return
+    runs = []
+    for rep in range(a.repeats):  # alternating order: neither mode always runs first
+        order = DURABILITY if rep % 2 == 0 else DURABILITY[::-1]
+        for d in order:
+            with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+                runs.append(
+                    {"repeat": rep, **measure(d, Path(tmp), a.participants, a.jobs, a.entries)}
+                )
+    by = {
+        d: statistics.median(r["job_s_median"] for r in runs if r["durability"] == d)
+        for d in DURABILITY
+    }
     document = {
         "bench": "store_durability",
         "machine": platform.node(),
         "cpus": os.cpu_count(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "fsync_delay_ms_added": float(os.environ.get(DELAY_ENV, 0)) / 1000,
         "participants": a.participants,
         "jobs": a.jobs,
         "runs": runs,
-        "power_loss_over_process_crash": round(
-            by["power-loss"]["job_s_median"] / by["process-crash"]["job_s_median"], 2
-        ),
+        "job_s_median_of_repeats": {d: round(v, 4) for d, v in by.items()},
+        "power_loss_over_process_crash": round(by["power-loss"] / by["process-crash"], 2),
     }
     emit_json(document, a.json)
 

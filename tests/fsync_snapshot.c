@@ -7,6 +7,9 @@
  * bytes that were never synced are exactly what an OS crash may lose, so the copies
  * are the worst case the disk may hold after one: SQLite's database and WAL as of
  * their last sync (tests/power_loss.py restores them).
+ *
+ * SPHERECAL_FSYNC_DELAY_US (optional) makes every sync that many microseconds
+ * slower: a slow disk for bench/store_durability.py, on any disk.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -20,6 +23,11 @@
 #include <unistd.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void slow_disk(void) {
+    const char *delay = getenv("SPHERECAL_FSYNC_DELAY_US");
+    if (delay != NULL) usleep((useconds_t)strtoul(delay, NULL, 10));
+}
 
 static void copy_synced(int fd, const char *op) {
     const char *watch = getenv("SPHERECAL_FSYNC_WATCH");
@@ -67,6 +75,7 @@ static void copy_synced(int fd, const char *op) {
 int fsync(int fd) {
     static int (*real)(int);
     if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    slow_disk();
     int rc = real(fd);
     int saved = errno;
     if (rc == 0) copy_synced(fd, "fsync");
@@ -77,6 +86,7 @@ int fsync(int fd) {
 int fdatasync(int fd) {
     static int (*real)(int);
     if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    slow_disk();
     int rc = real(fd);
     int saved = errno;
     if (rc == 0) copy_synced(fd, "fdatasync");
