@@ -8,12 +8,13 @@ coordinator's database may no longer name. Four real participant processes (digi
 MLP, 2 rounds, secure updates and statistics, persistent release ledgers at default
 ``[policy]``); the coordinator runs under ``tests/fsync_snapshot.c`` (``LD_PRELOAD``),
 which copies its database and WAL at every sync of them. It is halted at the first
-unmask answer of the CCVR job — every site's masked moments have left and every site
-signed the survivor set — and SIGKILLed; then its database and WAL are put back as of
-their last sync (:mod:`tests.power_loss`), the worst an OS crash may leave, and it is
-restarted on that. It must continue the same CCVR job (the sites answer it from their
-held state) and end ``completed`` with FFC and CCVR over all four sites, no site
-refusing anything and each site's ledger holding one release of its moments.
+unmask answer of round 2's update and, after its restart, of the CCVR job — every
+site's masked input has left and every site signed the survivor set — and
+SIGKILLed each time; then its database and WAL are put back as of their last sync
+(:mod:`tests.power_loss`), the worst an OS crash may leave, and it is restarted on
+that. It must continue both jobs (the sites answer from their held state) and end
+``completed`` with FFC and CCVR over all four sites, no site refusing anything and
+each site's ledger holding one update per round and one release of its moments.
 
 With ``synchronous=NORMAL`` for every commit the job's rows were never synced: the
 restarted coordinator made a new CCVR job, every site refused it
@@ -38,7 +39,9 @@ from tests.power_loss import PowerLoss
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 WAIT_S = 240.0
-HALT = "unmask@ccvr"
+HALTS = ("unmask@r2", "unmask@ccvr")
+"""Round 2's update and the CCVR job, each at its first unmask answer: every site's
+masked input has left and every site signed the survivor set."""
 
 
 class Lines:
@@ -53,10 +56,11 @@ class Lines:
             self.lines.append(line)
             self._cond.notify_all()
 
-    def wait_for(self, needle: str, sim: Simulation) -> None:
+    def wait_for(self, needle: str, count: int, sim: Simulation) -> None:
+        """Until ``needle`` has been seen more than ``count`` times."""
         deadline = time.monotonic() + WAIT_S
         with self._cond:
-            while not any(needle in line for line in self.lines):
+            while sum(needle in line for line in self.lines) <= count:
                 assert time.monotonic() < deadline, f"never saw {needle!r}: {self.lines[-10:]}"
                 proc = sim.coordinator
                 assert proc is None or proc.popen.poll() is None, (
@@ -93,13 +97,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for name, value in power.env().items():
             env.setenv(name, value)
         with Simulation(settings, lines) as sim:
-            port = sim.start_coordinator(halt=HALT)
+            port = sim.start_coordinator(halt=HALTS[0])
             sim.start_participants()
-            lines.wait_for(f"SPHERECAL-HALT {HALT.split('@')[0]} ", sim)
-            sim.kill_coordinator()
-            synced_before = power.synced()
-            power.lose_power()
-            sim.start_coordinator(listen=f"127.0.0.1:{port}")
+            synced_before = []
+            for k, point in enumerate(HALTS):
+                lines.wait_for(f"SPHERECAL-HALT {point.split('@')[0]} ", k, sim)
+                sim.kill_coordinator()
+                synced_before.append(power.synced())
+                power.lose_power()
+                following = HALTS[k + 1] if k + 1 < len(HALTS) else None
+                sim.start_coordinator(listen=f"127.0.0.1:{port}", halt=following)
             sim.wait_coordinator(WAIT_S)
             results = dict[str, Any](
                 sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
@@ -113,18 +120,21 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_the_halt_landed_and_the_database_went_back_to_its_last_sync(
     run: dict[str, Any],
 ) -> None:
-    assert run["coordinator_starts"] == 2
-    assert any("SPHERECAL-HALT unmask " in line for line in run["lines"])
-    # the model is real: the database was synced before the halt (at least when
+    assert run["coordinator_starts"] == len(HALTS) + 1
+    halts = [line for line in run["lines"] if "SPHERECAL-HALT unmask " in line]
+    assert len(halts) == len(HALTS), halts
+    # the model is real: the database was synced before each halt (at least when
     # it was created and at each completed round's checkpoint)
-    assert any(name == "state.db" for _op, name, _size in run["synced_before"])
+    for synced in run["synced_before"]:
+        assert any(name == "state.db" for _op, name, _size in synced)
 
 
-def test_the_ccvr_job_was_continued_and_the_federation_completed(run: dict[str, Any]) -> None:
+def test_both_jobs_were_continued_and_the_federation_completed(run: dict[str, Any]) -> None:
     assert run["status"] == "completed", (run["status_reasons"], run["errors"])
     assert run["status_reasons"] == []
     continued = [line for line in run["lines"] if "continued after a restart" in line]
     assert any("ccvr" in line for line in continued), continued
+    assert any("update" in line and "round 2" in line for line in continued), continued
     assert run["statistics"]["ccvr"]["contributors"] == ["p0", "p1", "p2", "p3"]
     for name in ("none", "ffc", "ccvr"):
         assert run["central_accuracy"][name] is not None, name
