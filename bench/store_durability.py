@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as `python bench/store_durability.py`: `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench._report import emit_json
 from spherecal.coordinator.state.job_journal import JobJournal
 from spherecal.coordinator.state.store import DURABILITY, Store

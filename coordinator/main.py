@@ -334,11 +334,11 @@ def _run(
             health.shutdown()
             server.stop(grace=2).wait()
         store.close()
-        # what durability cost this run (docs/performance.md: commits per job)
-        emit(
-            f"state database: {store.commits} commits, {store.synced_commits} synced to disk "
-            f"(durability {store.durability})"
-        )
+        if summary is not None:  # a federation ran: what durability cost it (performance.md)
+            emit(
+                f"state database: {store.commits} commits, {store.synced_commits} synced to "
+                f"disk (durability {store.durability})"
+            )
     if summary is None:  # unreachable: the inner finally ran, or an error propagated
         raise RuntimeError("the federation ended without a summary")
     return summary
