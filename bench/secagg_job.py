@@ -54,6 +54,9 @@ RING_KEYS = (
     "protocol_s",
     "input_minor_faults",
     "minor_page_faults",
+    "prepare_input_cpu_ms",
+    "prepare_input_ms",
+    "prepare_minor_faults",
 )
 """The figures ``rings`` repeats per ring (and per ring's first job)."""
 
@@ -100,10 +103,17 @@ def one_job(
     max_in_flight: int,
     policy: SecAggPolicy | None = None,
     raw_gbps: float | None = None,
+    prepare_input: bool = True,
 ) -> dict[str, Any]:
     """One whole job in this process, and its figures. The keystream yardsticks are
     measured right before it unless ``raw_gbps`` is given (then the ratios are not
-    meaningful: runs whose only figure is ``protocol_s``)."""
+    meaningful: runs whose only figure is ``protocol_s``).
+
+    ``prepare_input`` (the default, as the service does it): every participant calls
+    ``prepare_input`` right after its share answer, and that call is timed apart
+    (``prepare_input_ms``/``_cpu_ms``: the mean over the participants that made it,
+    dropouts included; ``prepare_minor_faults``: their sum) — its page faults are moved
+    out of float → upload to a moment the participant waits, not hidden."""
     rates = engine_rates() if raw_gbps is None else {}
     raw_cpu = raw_rate_cpu_gbps() if raw_gbps is None else 1.0
     own_cpu = own_rate_cpu_gbps() if raw_gbps is None else None
@@ -116,6 +126,7 @@ def one_job(
         rng=random.Random(seed),
         max_in_flight=max_in_flight,
         policy=policy,
+        prepare_input=prepare_input,
     )
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     result = report.result
@@ -154,8 +165,17 @@ def one_job(
             "mask_gen_over_own_keystream_cpu": float(np.mean(mask_cpu_gbps)) / own_cpu,
             "input_over_own_keystream_cpu": float(np.mean(input_cpu_ratio)) * own_cpu / raw_cpu,
         }
+    prepared = {}
+    if report.prepare_seconds:
+        prepared = {
+            "prepare_input_ms": 1e3 * float(np.mean(list(report.prepare_seconds.values()))),
+            "prepare_input_cpu_ms": 1e3
+            * float(np.mean(list(report.prepare_cpu_seconds.values()))),
+            "prepare_minor_faults": int(sum(report.prepare_minor_faults.values())),
+        }
     return {
         **own,
+        **prepared,
         **({"aes_ctr_gbps": rates["ctr"], "aes_gcm_gbps": rates["gcm"]} if rates else {}),
         "raw_aes_ctr_gbps": raw_gbps,
         "mask_gen_over_keystream": float(np.mean(mask_gbps)) / raw_gbps,
@@ -210,6 +230,7 @@ def warm_and_cold(
     warm_dim: int,
     seed: int,
     max_in_flight: int,
+    prepare_input: bool = True,
 ) -> dict[str, Any]:
     """A ring's start: a small warm-up job (``warm_dim`` entries: first-call costs), then
     its first full-size job, returned — cold: it meets whatever this process's heap and
@@ -221,8 +242,16 @@ def warm_and_cold(
         dropped,
         seed=seed,
         max_in_flight=max_in_flight,
+        prepare_input=prepare_input,
     )
-    return one_job(make_spec(dim), inputs, dropped, seed=seed, max_in_flight=max_in_flight)
+    return one_job(
+        make_spec(dim),
+        inputs,
+        dropped,
+        seed=seed,
+        max_in_flight=max_in_flight,
+        prepare_input=prepare_input,
+    )
 
 
 def ring_block(
@@ -235,6 +264,7 @@ def ring_block(
     seed: int,
     max_in_flight: int,
     repeats: int,
+    prepare_input: bool = True,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One ring's measurement: :func:`warm_and_cold`, then ``repeats`` jobs. Returns the
     cold job and the measured ones."""
@@ -246,9 +276,17 @@ def ring_block(
         warm_dim=warm_dim,
         seed=seed,
         max_in_flight=max_in_flight,
+        prepare_input=prepare_input,
     )
     runs = [
-        one_job(make_spec(dim), inputs, dropped, seed=seed + r, max_in_flight=max_in_flight)
+        one_job(
+            make_spec(dim),
+            inputs,
+            dropped,
+            seed=seed + r,
+            max_in_flight=max_in_flight,
+            prepare_input=prepare_input,
+        )
         for r in range(repeats)
     ]
     return cold, runs

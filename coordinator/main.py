@@ -45,7 +45,7 @@ from spherecal.coordinator.state.lifecycle import (
 )
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.state_dir import guard_federation_start, write_marker
-from spherecal.coordinator.state.store import Store
+from spherecal.coordinator.state.store import Store, durability_warning
 from spherecal.coordinator.summary_schema import CoordinatorSummary, EndedResult, SummaryDocument
 from spherecal.proto.address import split_host_port
 
@@ -245,7 +245,9 @@ def _run(
         else:  # before the federation exists: the constructor's caller raises it
             emit(f"FATAL: state storage failed: {fault}")
 
-    store = Store(settings.state_dir / "state.db", on_failure=storage_failed)
+    store = Store(
+        settings.state_dir / "state.db", on_failure=storage_failed, durability=settings.durability
+    )
     summary: CoordinatorSummary | None = None
     server = None
     metrics: MetricsServer | None = None
@@ -258,6 +260,10 @@ def _run(
         )
         if set_aside is not None:
             store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
+        weakened = durability_warning(settings.durability)
+        if weakened is not None:
+            emit(f"WARNING: {weakened}")
+            store.event("warning", weakened)
         registry = Registry(
             settings.participants,
             store,
@@ -328,6 +334,11 @@ def _run(
             health.shutdown()
             server.stop(grace=2).wait()
         store.close()
+        if summary is not None:  # a federation ran: what durability cost it (performance.md)
+            emit(
+                f"state database: {store.commits} commits, {store.synced_commits} synced to "
+                f"disk (durability {store.durability})"
+            )
     if summary is None:  # unreachable: the inner finally ran, or an error propagated
         raise RuntimeError("the federation ended without a summary")
     return summary

@@ -48,6 +48,9 @@ __all__ = [
 CALIBRATION_METHODS = CALIBRATION_NAMES  # ffc, ccvr, ffc_bias, lda, qda
 GRAPHS = ("auto", "complete", "harary")
 ROUND_GATES = ("off", "flag", "rollback")
+DURABILITY = ("power-loss", "process-crash")
+"""``[federation] durability``: what the state database's commits survive
+(:mod:`spherecal.coordinator.state.store`)."""
 
 
 @dataclass(frozen=True)
@@ -501,6 +504,15 @@ class CoordinatorSettings:
     round_max_drop: float = 0.1
     """Smallest drop of federated validation accuracy between rounds that
     ``round_gate`` treats as sharp."""
+    durability: str = "power-loss"
+    """What the state database's commits survive. ``power-loss``: every commit the
+    coordinator acts on (a job instruction sent, a message acknowledged, a round
+    begun) is synced to disk first, so an OS crash or power cut never rolls back
+    what a site already saw and a restart continues the same jobs. ``process-crash``:
+    commits are synced only at checkpoints (each completed round, the end) — a killed
+    process loses nothing, but a power loss may roll back the last commits, and a
+    job the sites already released into is then asked for again and refused (the
+    release lost); a logged weakening, for state on storage where syncs are costly."""
 
     def __post_init__(self) -> None:
         if self.max_examples_per_site < 1:
@@ -509,6 +521,8 @@ class CoordinatorSettings:
             raise ValueError(f"round_gate must be one of {ROUND_GATES}, got {self.round_gate!r}")
         if not (math.isfinite(self.gate_sigmas) and self.gate_sigmas >= 0):
             raise ValueError(f"gate_sigmas must be a number >= 0, got {self.gate_sigmas}")
+        if self.durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, got {self.durability!r}")
         if not 0 <= self.round_max_drop <= 1:
             raise ValueError(f"round_max_drop must be in [0, 1], got {self.round_max_drop}")
         ids = self.participants

@@ -200,8 +200,10 @@ class SecAggParticipant:
         self._plan: list[tuple[MaskSeed, int]] = []
         self._encoded: npt.NDArray[np.unsignedinteger] | None = None
         self._loan: npt.NDArray[np.unsignedinteger] | None = None
-        """The buffer ``set_input`` borrowed (:func:`~spherecal.crypto.ring.borrow`), given
-        back once when the job's secrets go; ``_encoded`` is read through, never returned."""
+        """The input's buffer (:func:`~spherecal.crypto.ring.borrow`): borrowed by
+        :meth:`prepare_input` (empty, ``_encoded`` None) or by ``set_input``, which
+        encodes into it; given back once — when the job's secrets go, or when
+        ``set_input`` refuses an input; ``_encoded`` is read through, never returned."""
         self._expander: MaskExpander | None = None
         self._signed_survivors: tuple[str, ...] | None = None
         self._signed_payload: bytes | None = None
@@ -606,6 +608,38 @@ class SecAggParticipant:
             cached = self._holders_of[owner] = self._graph.holders(owner, self._members1)
         return cached
 
+    def prepare_input(self) -> None:
+        """Borrow the buffer :meth:`set_input` will encode into now, and make its memory
+        resident (a write per page when it is new): callable once the advertisement is
+        produced and before the input is set; a second call does nothing.
+
+        Why (issue #24): a process's first full-size job encodes its input into fresh
+        memory, and the first write faults in every page (first touch of 14 MB: 2–4 ms
+        on the development machine, up to ~45 ms for memory the machine never touched) —
+        on the float → upload path, between the input and the upload. A caller that has
+        a moment no message waits on (the service: once its share answer has left,
+        :mod:`spherecal.participant.secure_jobs`) pays them there instead. Not done inside
+        :meth:`advertise_keys`: there it delayed every site's advertisement, and with it
+        the stage, when the sites share a processor. Nothing on the wire changes; the
+        loan is given back exactly as the one :meth:`set_input` makes (when the job's
+        secrets go, on every refusal and at the end; a participant dropped without that
+        takes its buffer with it, :func:`~spherecal.crypto.ring.borrow`).
+
+        Raises :class:`JobAborted` after a refusal, :class:`OutOfStage` before the
+        advertisement, after the input is set (or left before a restart), and from the
+        consistency signature on.
+        """
+        if self._stage is ParticipantStage.FAILED:
+            raise JobAborted("this participant refused or failed earlier in the job")
+        if self._stage is ParticipantStage.ADVERTISE:
+            raise OutOfStage("advertise the keys before preparing the input")
+        if self._stage in (ParticipantStage.SIGNED, ParticipantStage.DONE):
+            raise OutOfStage("too late to prepare the input")
+        if self._encoded is not None or self._input_left:
+            raise OutOfStage("the input is already set")
+        if self._loan is None:
+            self._loan = borrow(self.spec.length, self.spec.ring_bits, prefault=True)
+
     def set_input(self, vector: npt.ArrayLike, *, noise: npt.ArrayLike | None = None) -> None:
         """Fix this participant's input (float vector of ``spec.length`` entries, each
         ``|x| <= spec.bound``) and optional integer DP noise (ring units,
@@ -622,13 +656,15 @@ class SecAggParticipant:
         if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        # Into the previous job's array when this process has one (no page faults).
-        encoded = borrow(spec.length, spec.ring_bits)
+        # Into the buffer prepare_input() made resident, else into an earlier job's
+        # array when this process has one (no page faults either way).
+        encoded = self._loan if self._loan is not None else borrow(spec.length, spec.ring_bits)
+        self._loan = None
         try:
             encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound, scratch=True)
             if noise is not None:
                 add_noise(encoded, noise, noise_bound=spec.noise_bound)
-        except BaseException:  # refused: the input stays unset
+        except BaseException:  # refused: the input stays unset (the buffer goes back zeroed)
             give_back(encoded)
             raise
         self._encoded = self._loan = encoded

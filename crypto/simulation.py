@@ -70,6 +70,15 @@ class SimulationReport:
     """Per uploader: minor page faults of this thread over the same calls as
     :attr:`input_seconds` (fresh pages written first; ``-1`` where the OS cannot count
     one thread's faults)."""
+    prepare_seconds: dict[str, float] = field(default_factory=dict)
+    """Per participant that prepared its input's buffer (``prepare_input=True``): wall
+    time of :meth:`~spherecal.crypto.participant.SecAggParticipant.prepare_input` — the
+    page faults of a new buffer, moved off :attr:`input_seconds` to a moment the
+    participant waits; counted in :attr:`participant_seconds`, not in the input's."""
+    prepare_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """:attr:`prepare_seconds` by this thread's CPU time."""
+    prepare_minor_faults: dict[str, int] = field(default_factory=dict)
+    """Minor page faults of this thread in the same calls (``-1`` where not counted)."""
     participant_seconds: dict[str, float] = field(default_factory=dict)
     """Per participant: wall time inside its own calls over the whole job (every round,
     message encoding included) — the participant's cost, without the server's."""
@@ -101,6 +110,7 @@ def run_protocol(
     record: bool = False,
     policy: SecAggPolicy | None = None,
     full_directory: bool = False,
+    prepare_input: bool = False,
 ) -> SimulationReport:
     """Run one job. ``inputs`` maps every participant id to its vector; ``drop`` maps
     an id to the stage whose message it never sends (:data:`DROP_STAGES`).
@@ -108,7 +118,10 @@ def run_protocol(
     Each participant gets only the identity keys it needs
     (:func:`spherecal.crypto.spec.keys_needed`),
     as the service sends them; ``full_directory`` gives every participant all ``n``
-    (the result must be the same).
+    (the result must be the same). ``prepare_input`` has each participant call
+    :meth:`~spherecal.crypto.participant.SecAggParticipant.prepare_input` where the
+    service does (right after its share answer, before the masked stage), timed apart
+    (:attr:`SimulationReport.prepare_seconds`).
 
     Raises whatever the protocol raises (e.g. :class:`TooFewSurvivors`); a refusal by
     a participant propagates too. ``policy`` is every participant's privacy policy
@@ -137,6 +150,9 @@ def run_protocol(
     mask_cpu: dict[str, float] = {}
     input_cpu: dict[str, float] = {}
     input_faults: dict[str, int] = {}
+    prepare_s: dict[str, float] = {}
+    prepare_cpu: dict[str, float] = {}
+    prepare_faults: dict[str, int] = {}
     spent: dict[str, float] = {}
     cpu: dict[str, float] = {}
 
@@ -193,6 +209,13 @@ def run_protocol(
         if alive(pid, "share"):
             roster = KeyRoster.from_bytes(server.roster_for(pid).to_bytes())
             send(pid, timed(pid, clients[pid].share_keys, roster))
+            if prepare_input:
+                f0 = _thread_minor_faults()
+                t0, c0 = time.perf_counter(), time.thread_time()
+                timed(pid, clients[pid].prepare_input)
+                prepare_s[pid] = time.perf_counter() - t0
+                prepare_cpu[pid] = time.thread_time() - c0
+                prepare_faults[pid] = _thread_minor_faults() - f0 if _COUNTS_THREAD_FAULTS else -1
     server.close_stage()
 
     # Round 2: share bundles out, masked inputs streamed in.
@@ -255,6 +278,9 @@ def run_protocol(
         mask_cpu_seconds=mask_cpu,
         input_cpu_seconds=input_cpu,
         input_minor_faults=input_faults,
+        prepare_seconds=prepare_s,
+        prepare_cpu_seconds=prepare_cpu,
+        prepare_minor_faults=prepare_faults,
         participant_seconds=spent,
         participant_cpu_seconds=cpu,
         server_unmask_seconds=finished - t0,

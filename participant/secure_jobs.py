@@ -324,6 +324,8 @@ class SecureSteps:
         )
         if early.deferred is not None:
             self._deferred = early.deferred
+        if early.proceed:
+            self._prepare_input(session)
         return session if early.proceed else None
 
     def held(self, job: pb.SecAggJob) -> SecureSession | None:
@@ -355,8 +357,28 @@ class SecureSteps:
                 self._deferred = early.deferred
             if not early.proceed:
                 return None
+        self._prepare_input(session)
         self._started[job] = time.monotonic()
         return session
+
+    def _prepare_input(self, session: SecureSession) -> None:
+        """The job's share step is answered (or not awaited) and its local work comes
+        next: borrow the input's buffer now and fault its pages in
+        (:meth:`crypto.SecAggParticipant.prepare_input`), so that ``set_input`` — between
+        the local work and the masked upload — does not. Issue #24, measured in the FFC
+        stage (10 sites on the 2-core box): ``set_input`` of a process's first 7.6 MB
+        statistics input took 13.6–19.3 ms of CPU (518–838 page faults); prepared, it
+        takes 1.0–2.1 ms, and this call 2.0–2.6 ms. Here and not right after the
+        advertisement: the last site to advertise would then pay it between the stage's
+        close and its share answer, on the share stage's critical path; after the share
+        answer no message of the job waits for it. An optimisation only: a refusal here
+        is logged and the job goes on (``set_input`` borrows as before)."""
+        if session.job_id not in self.jobs or session.client.has_input:
+            return
+        try:
+            session.client.prepare_input()
+        except crypto.SecAggError as exc:
+            self.log(f"job {session.job_id.hex()[:8]}: its input's buffer was not prepared: {exc}")
 
     def answer_share(
         self, session: SecureSession, *, wait_s: float, poll_ms: int, overlapped: bool = False

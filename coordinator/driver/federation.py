@@ -282,21 +282,28 @@ class Federation:
         self._finish("failed", reason)
 
     def _finish(self, status: str, message: str) -> None:
-        self.board.finish(status, message)
+        # The end is recorded (synced: ``Store`` durability) before any site is told
+        # ``Done``: a coordinator that crashed or lost power between the two came
+        # back resuming a federation whose sites had already left.
         # A process stopped mid-federation (SIGTERM, storage fault) is "stopped" in
         # the database: its restart resumes it. A store that failed refuses these
         # writes; the fault was already reported (the process is stopping).
-        stored = "stopped" if self.board.suspended is not None else status
-        record = integrity_record(self.progress, self.settings)
-        with contextlib.suppress(StorageFailed):
-            self.store.set_meta(
-                "integrity",
-                json.dumps({k: v for k, v in record.items() if k != "evaluations"}, default=str),
-            )
-            self.store.set_meta("status", stored)
-            self.store.event(
-                "error" if status == "failed" else "info", f"federation {stored}: {message}"
-            )
+        try:
+            stored = "stopped" if self.board.suspended is not None else status
+            record = integrity_record(self.progress, self.settings)
+            with contextlib.suppress(StorageFailed):
+                self.store.set_meta(
+                    "integrity",
+                    json.dumps(
+                        {k: v for k, v in record.items() if k != "evaluations"}, default=str
+                    ),
+                )
+                self.store.set_meta("status", stored)
+                self.store.event(
+                    "error" if status == "failed" else "info", f"federation {stored}: {message}"
+                )
+        finally:
+            self.board.finish(status, message)
 
     def linger(self) -> None:
         """After the end: keep answering until every live participant was told Done,

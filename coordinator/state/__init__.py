@@ -1,6 +1,7 @@
 """What the coordinator keeps: durable state and the roster.
 
-``store``      SQLite (one writer thread): participants, rounds, jobs, audit, events
+``store``      SQLite (one writer thread): participants, rounds, jobs, audit, events;
+               a commit anyone waits for is synced first (power loss)
 ``schema``     the database schema, and how an older database is brought up to date
 ``registry``   roster, join proofs, pinned identity keys, sessions, liveness
 ``spool``      plaintext uploads spooled and summed in roster order (determinism)

@@ -11,6 +11,26 @@ Durability: :meth:`Store.call` returns only after the transaction holding its wo
 has committed, so "round 3 is complete" is on disk before round 4 starts; audit rows
 (:meth:`Store.audit`) are fire-and-forget and committed with the next batch.
 
+Power loss, not only a process crash (``[federation] durability``): a commit
+survives a killed process as soon as SQLite wrote it, but an OS crash or a power cut
+keeps only what was *synced*. With ``synchronous=NORMAL`` in WAL mode the WAL is
+synced only at checkpoints, so a machine that lost power came back with seconds of
+commits gone — among them the journal rows of a job whose masked inputs had already
+left the sites: the restarted coordinator no longer knew the job, made a new one,
+and every site refused it (its moments already left), burning each site's release
+(``tests/integration/test_coordinator_power_loss.py``). The rule now: whatever a
+caller waits for is acted on outside the coordinator (a job instruction sent, a
+message acknowledged, a round begun), so a batch holding any waited work
+(:meth:`call`, :meth:`submit`) commits with ``synchronous=FULL`` — its WAL frames
+are synced before any waiter is told, and with them every earlier frame, the
+fire-and-forget rows included. A batch of fire-and-forget rows alone
+(:meth:`post`: audit rows, events, masked samples) commits with ``NORMAL``: nothing
+outside has seen their effect, and the next synced commit carries them. What the
+disk holds after a power loss is thus a prefix of the commits that includes every
+one anything outside acted on — the same state a process crash leaves, as far as
+the sites can tell. ``durability = "process-crash"`` keeps ``NORMAL`` throughout
+(logged as a weakening): commits synced only at checkpoints.
+
 State that cannot be silently lost (issue #10): every completed round and every
 close checkpoint the WAL into the main file (``wal_checkpoint(TRUNCATE)``), so a
 ``state.db`` copied without its ``state.db-wal`` still holds every completed round;
@@ -45,12 +65,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spherecal.coordinator.errors import StorageFailed
+from spherecal.coordinator.settings import DURABILITY
 from spherecal.coordinator.state.schema import SCHEMA, SCHEMA_VERSION, add_missing_columns
 from spherecal.coordinator.state.state_dir import StateDamaged
 from spherecal.coordinator.state.storage_faults import commit_failure, storage_failure
 from spherecal.coordinator.summary_schema import RoundMetrics
 
-__all__ = ["RoundRecord", "Store"]
+__all__ = [
+    "DURABILITY",
+    "POWER_LOSS",
+    "PROCESS_CRASH",
+    "RoundRecord",
+    "Store",
+    "durability_warning",
+]
+
+POWER_LOSS, PROCESS_CRASH = DURABILITY
+"""``power-loss`` (the default): every commit a caller waits for is synced before the
+caller goes on. ``process-crash``: commits are synced only at checkpoints — a process
+crash loses nothing, an OS crash or power cut may roll back the commits since the
+last checkpoint."""
 
 T = TypeVar("T")
 
@@ -68,9 +102,10 @@ _STOP = object()
 _WAL_CHECKPOINT = object()
 
 
-def _open_checked(path: Path) -> sqlite3.Connection:
+def _open_checked(path: Path, *, synced: bool) -> sqlite3.Connection:
     """Open ``path`` in WAL mode after ``PRAGMA quick_check``; a damaged, truncated or
-    non-SQLite file raises :class:`StateDamaged` (one line, no traceback at the CLI)."""
+    non-SQLite file raises :class:`StateDamaged` (one line, no traceback at the CLI).
+    ``synced``: the schema's commits are synced (``synchronous=FULL``)."""
     existed = path.exists() and path.stat().st_size > 0
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
     try:
@@ -83,7 +118,7 @@ def _open_checked(path: Path) -> sqlite3.Connection:
                     f"{problems[0][:120]}); restore it from a backup or start elsewhere"
                 )
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(SCHEMA)
         add_missing_columns(conn)
@@ -103,6 +138,24 @@ def _open_checked(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def durability_warning(durability: str) -> str | None:
+    """The line a weakened ``durability`` is logged with (``None`` at the default)."""
+    if durability == POWER_LOSS:
+        return None
+    return (
+        f'[federation] durability = "{durability}": state commits are synced to disk only '
+        "at checkpoints (each completed round, the end); an OS crash or power loss may roll "
+        "back the last commits, and a job the sites already released into is then asked "
+        "for again and refused — its release lost"
+    )
+
+
+def _waited(item: Any) -> bool:
+    """Whether a queued item is work a caller waits for (:meth:`Store.call`,
+    :meth:`Store.submit`) rather than a fire-and-forget row or a control item."""
+    return item is not _STOP and item[0] is not _WAL_CHECKPOINT and item[1] is not None
+
+
 def _wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
     """Copy the WAL into the main file and truncate it (busy, log pages, checkpointed)."""
     row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
@@ -118,8 +171,20 @@ class Store:
     ``on_failure`` once (the coordinator stops on it)."""
 
     def __init__(
-        self, path: Path, *, on_failure: Callable[[StorageFailed], None] | None = None
+        self,
+        path: Path,
+        *,
+        on_failure: Callable[[StorageFailed], None] | None = None,
+        durability: str = POWER_LOSS,
     ) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        self.durability = durability
+        """:data:`POWER_LOSS` (waited commits synced) or :data:`PROCESS_CRASH`."""
+        self.commits = 0
+        """Transactions committed that wrote (read-only batches are not counted)."""
+        self.synced_commits = 0
+        """Of :attr:`commits`, those committed with ``synchronous=FULL``."""
         self.path = Path(path)
         #: The state directory: checkpoint paths are stored relative to it.
         self.root = self.path.parent
@@ -137,7 +202,7 @@ class Store:
     # ------------------------------------------------------------ writer thread
     def _run(self) -> None:
         try:
-            conn = _open_checked(self.path)
+            conn = _open_checked(self.path, synced=self.durability == POWER_LOSS)
         except BaseException as exc:  # surface open errors to the constructor
             self._ready.set_exception(exc)
             return
@@ -150,6 +215,7 @@ class Store:
 
     def _serve(self, conn: sqlite3.Connection) -> None:
         stop = False
+        synced = self.durability == POWER_LOSS  # what _open_checked set
         while not stop:
             batch = [self._queue.get()]
             while len(batch) < 512:
@@ -161,6 +227,12 @@ class Store:
             failed: list[tuple[Future[Any], BaseException]] = []
             checkpoints: list[Future[Any]] = []
             try:
+                # SQLite refuses to change the level inside a transaction: decide here.
+                want = self.durability == POWER_LOSS and any(_waited(item) for item in batch)
+                if want != synced:
+                    conn.execute(f"PRAGMA synchronous={'FULL' if want else 'NORMAL'}")
+                    synced = want
+                before = conn.total_changes
                 conn.execute("BEGIN")
                 for item in batch:
                     if item is _STOP:
@@ -182,6 +254,9 @@ class Store:
                     if future is not None:
                         done.append((future, result))
                 conn.execute("COMMIT")
+                if conn.total_changes != before:
+                    self.commits += 1
+                    self.synced_commits += synced
             except BaseException as error:
                 # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR):
                 # a ROLLBACK outside a transaction raises, so only when one is open.

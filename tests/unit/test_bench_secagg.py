@@ -25,9 +25,39 @@ def test_both_rings_report_their_cold_job_apart_from_the_medians() -> None:
         assert ring["runs"] == 2 and len(ring["input_over_keystream_cpu_runs"]) == 2
         assert ring["max_abs_error"] <= ring["error_bound"]  # every job, cold one included
         first = ring["first_job"]
-        for key in ("input_over_keystream_cpu", "mask_gen_over_keystream", "input_minor_faults"):
+        for key in (
+            "input_over_keystream_cpu",
+            "mask_gen_over_keystream",
+            "input_minor_faults",
+            "prepare_input_cpu_ms",
+            "prepare_minor_faults",
+        ):
             assert key in first and key in ring
+        assert first["prepare_input_cpu_ms"] >= 0 and first["prepare_minor_faults"] >= 0
         # 3,000 entries in three framed chunks: the ring's word plus a little framing
         assert int(bits) / 8 < ring["upload_bytes_per_entry"] < int(bits) / 8 + 0.5
     assert out["rings"]["64"]["input_over_keystream_cpu"] == out["input_over_keystream_cpu"]
     assert out["protocol_s_first_run"] == out["rings"]["64"]["first_job"]["protocol_s"]
+    assert out["prepare_input"] is True
+
+
+def test_without_prepare_input_no_prepare_figures_are_reported() -> None:
+    """``--no-prepare-input``: the input's buffer is borrowed by ``set_input`` (the
+    comparison run); the sums stay exact and no ``prepare_*`` key appears."""
+    out = run(
+        dim=1500,
+        participants=3,
+        dropouts=0,
+        threshold=2,
+        graph="complete",
+        chunk_size=1024,
+        max_in_flight=2,
+        seed=2,
+        repeats=1,
+        ring_bits=32,
+        prepare_input=False,
+    )
+    assert out["prepare_input"] is False
+    for ring in out["rings"].values():
+        assert ring["max_abs_error"] <= ring["error_bound"]
+        assert not any(k.startswith("prepare_") for k in (*ring, *ring["first_job"]))

@@ -1,0 +1,131 @@
+"""The site prepares its input's buffer once its share step is answered (issue #24,
+``SecureSteps._prepare_input``): ``set_input`` then encodes into that buffer, the job
+ends with the exact sum, and the loan ends with the job — also for a job taken up again
+after a restart, and for one the site drops before its input.
+
+Both sides are the real ones, as in ``test_held_keys``: the site's ``SecureSteps`` with
+its held-jobs folder and ledgers on disk, the coordinator's ``SecureJob``."""
+
+from __future__ import annotations
+
+import gc
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spherecal import crypto
+from spherecal.crypto import ring
+from spherecal.participant.release_ledger import Release
+from tests.unit.participant.test_held_keys import IDS, Federation, _finish
+
+
+@pytest.fixture(autouse=True)
+def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No spares and no loans from other tests (the pool is process-wide)."""
+    monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
+    monkeypatch.setattr(ring, "_lent", {})
+    yield
+
+
+@pytest.fixture
+def fed(tmp_path: Path) -> Iterator[Federation]:
+    federation = Federation(tmp_path)
+    yield federation
+    federation.close()
+
+
+def _client(fed: Federation) -> crypto.SecAggParticipant:
+    assert fed.steps is not None
+    return fed.steps.jobs[fed.job.job_id].client
+
+
+def _start(fed: Federation) -> crypto.SecAggParticipant:
+    """p1's task up to its local work: the job started, nothing computed yet."""
+    steps = fed.steps
+    assert steps is not None
+    steps.releases.reserve(
+        Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
+        job=fed.release,
+    )
+    session = steps.start(
+        "task-1",
+        fed.job.job_message("p1"),
+        round_index=None,
+        expected_length=40,
+        release=fed.release,
+    )
+    assert session is not None
+    return session.client
+
+
+def test_the_started_job_holds_its_prepared_buffer_and_encodes_into_it(fed: Federation) -> None:
+    fed.start_site()
+    client = _start(fed)
+    assert client.stage is crypto.ParticipantStage.SHARE  # share_wait_s = 0: not awaited
+    assert client._loan is not None and client._encoded is None  # prepared, no input yet
+    prepared = client._loan
+    assert len(ring._lent) == 1
+    assert fed.steps is not None
+    assert fed.steps.set_input("task-1", fed.steps.jobs[fed.job.job_id], fed.inputs["p1"])
+    assert client._encoded is prepared and len(ring._lent) == 1
+    fed.others("advertise")
+    fed.job.advance(frozenset(IDS))
+    fed.site_step()
+    fed.others("share")
+    fed.job.advance(frozenset(IDS))
+    _finish(fed, from_stage="masked")  # the exact sum, the release charged once
+    # every participant (p1 and the three plain ones) gave its buffer back, zeroed
+    assert not ring._lent and len(ring._spare) == 4
+    assert any(spare is prepared.base for spare in ring._spare)
+    assert not any(spare.any() for spare in ring._spare)
+
+
+def test_a_job_taken_up_after_a_restart_is_prepared_again(fed: Federation) -> None:
+    """Killed in its local work (shares dealt, no input): the restarted process
+    continues the held job and prepares its buffer before the work runs again."""
+    fed.start_site()
+    fed.through_shares()
+    fed.others("masked")
+    fed.gone("masked")
+    fed.start_site()
+    client = _start(fed)  # continue_held: the held session, prepared
+    assert client.stage is crypto.ParticipantStage.RECEIVE_SHARES
+    assert client._loan is not None and client._encoded is None
+    prepared = client._loan
+    assert fed.steps is not None
+    assert fed.steps.set_input("task-1", fed.steps.jobs[fed.job.job_id], fed.inputs["p1"])
+    assert client._encoded is prepared
+    fed.site_step()
+    fed.job.advance(frozenset(IDS))
+    _finish(fed)
+    assert client._loan is None and id(prepared) not in ring._lent
+
+
+def test_a_job_the_site_drops_before_its_input_keeps_no_loan(fed: Federation) -> None:
+    """The local work fails after the job started: the site withdraws, and the
+    prepared buffer goes with the forgotten job."""
+    steps = fed.start_site()
+    assert _start(fed)._loan is not None
+    assert len(ring._lent) == 1
+    steps.abandon("task-1", steps.jobs[fed.job.job_id], ValueError("local work failed"))
+    assert fed.job.job_id not in steps.jobs
+    gc.collect()
+    assert not ring._lent and not ring._spare  # freed with the job, never spare
+
+
+def test_a_vector_refused_after_prepare_gives_the_buffer_back(fed: Federation) -> None:
+    """An out-of-bound input is refused (the site withdraws from the task): the
+    prepared buffer is zeroed and spare before the job is forgotten."""
+    steps = fed.start_site()
+    prepared = _start(fed)._loan
+    assert prepared is not None
+    assert not steps.set_input("task-1", steps.jobs[fed.job.job_id], np.full(40, 1e9))
+    assert any("refused" in line for line in fed.log), fed.log
+    assert fed.job.job_id not in steps.jobs
+    gc.collect()
+    assert not ring._lent
+    assert len(ring._spare) == 1 and ring._spare[0] is prepared.base
+    assert not ring._spare[0].any()
