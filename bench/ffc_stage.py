@@ -22,6 +22,7 @@ ratio; ``ratio_of_medians`` (median secure over median plaintext) and
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sqlite3
@@ -81,7 +82,11 @@ def one_run(root: Path, data: Path, *, secure: bool, index: int) -> dict[str, An
         "secagg_stages_s": timings.get("secagg_stages_s", {}),
         # the FFC job's own stages, and when things happened in it
         "ffc_job_stages_s": ffc_jobs[0].get("stage_seconds") if ffc_jobs else None,
-        "timeline_s": timeline(coordinator / "state" / "state.db", secure=secure),
+        "timeline_s": timeline(
+            coordinator / "state" / "state.db",
+            secure=secure,
+            last_pass=last_feature_pass(settings.out / "logs"),
+        ),
         "ffc_solve_s": timings.get("ffc_s"),
         "wall_s": results["bench_wall_s"],
         "accuracy_ffc": results["accuracy"]["ffc"],
@@ -89,11 +94,31 @@ def one_run(root: Path, data: Path, *, secure: bool, index: int) -> dict[str, An
     }
 
 
-def timeline(database: Path, *, secure: bool) -> dict[str, float]:
+def last_feature_pass(logs: Path) -> float | None:
+    """When the last site's FFC feature pass ended (epoch seconds): the latest of the
+    sites' ``ffc statistics: … entries`` log lines (``participant/statistics_task.py``
+    logs it as the statistics are in hand, before they are masked or uploaded)."""
+    latest = None
+    for log in sorted(logs.glob("p*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "ffc statistics:" in line and " entries in " in line:
+                stamp = datetime.datetime.fromisoformat(
+                    line.split(" ", 1)[0].replace("Z", "+00:00")
+                )
+                when = stamp.timestamp()
+                latest = when if latest is None else max(latest, when)
+    return latest
+
+
+def timeline(database: Path, *, secure: bool, last_pass: float | None = None) -> dict[str, float]:
     """When things happened, from the coordinator's database. Secure: seconds from the
     FFC job's creation (its journal row) to each of its stages' close (events) and to
     its first and last masked chunk received (audit log). Plaintext: the window from
-    the first statistics upload received to the last."""
+    the first statistics upload received to the last. With ``last_pass`` (the last
+    site's feature pass, :func:`last_feature_pass`): ``tail_s``, from it to the unmask
+    stage's close (secure: the masked store and upload, the masked stage's close, the
+    consistency and unmask rounds) or to the last upload received (plaintext); the
+    logs have millisecond stamps."""
     conn = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
     try:
         out: dict[str, float] = {}
@@ -111,11 +136,17 @@ def timeline(database: Path, *, secure: bool) -> dict[str, float]:
             ).fetchone()
             out["first_masked_chunk"] = round(first - created, 4)
             out["last_masked_chunk"] = round(last - created, 4)
+            if last_pass is not None:
+                out["last_feature_pass"] = round(last_pass - created, 4)
+                if "unmask_closed" in out:
+                    out["tail_s"] = round(out["unmask_closed"] - out["last_feature_pass"], 4)
         else:
             first, last = conn.execute(
                 "SELECT MIN(ts), MAX(ts) FROM audit WHERE stage = 'statistics'"
             ).fetchone()
             out["upload_window"] = round(last - first, 4)
+            if last_pass is not None:
+                out["tail_s"] = round(last - last_pass, 4)
         return out
     finally:
         conn.close()
@@ -131,6 +162,14 @@ def measure(root: Path, pairs: int) -> dict[str, Any]:
         runs += [got[s] for s in order]
         ratios.append(got[True]["statistics_ffc_s"] / got[False]["statistics_ffc_s"])
     secure_s = [r["statistics_ffc_s"] for r in runs if r["mode"] == "secure"]
+    tails = {
+        mode: [
+            r["timeline_s"]["tail_s"]
+            for r in runs
+            if r["mode"] == mode and "tail_s" in r["timeline_s"]
+        ]
+        for mode in ("secure", "plaintext")
+    }
     plain_s = [r["statistics_ffc_s"] for r in runs if r["mode"] == "plaintext"]
     return {
         "settings": {
@@ -146,6 +185,7 @@ def measure(root: Path, pairs: int) -> dict[str, Any]:
         "secure_median_s": round(statistics.median(secure_s), 4),
         "plaintext_median_s": round(statistics.median(plain_s), 4),
         "ratio_of_medians": round(statistics.median(secure_s) / statistics.median(plain_s), 4),
+        "tail_s": tails,
         "target": "ratio at most 1.25 (issue #24)",
     }
 

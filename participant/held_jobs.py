@@ -37,13 +37,37 @@ chunk digests the coordinator's upload receipt carries), and a restored file mus
 match it.
 
 How: one file per job, ``<state_dir>/held-jobs/<job id>.job``, mode 0600 in a 0700
-folder, written atomically (temporary file, fsync, rename, fsync of the folder), and
-sealed with AES-256-GCM under a key derived (HKDF-SHA256) from the site's identity
-key, the participant id and the job id bound as associated data: a file that was
-truncated, altered, copied from another job or sealed by another identity is refused
-with :class:`CorruptHeldJob` rather than half-read. A file is deleted when its job
-ends for the site (answered, refused, moved on without it) and when the federation
-ends; its masked input goes with it.
+folder, sealed with AES-256-GCM under a key derived (HKDF-SHA256) from the site's
+identity key, the participant id and the job id bound as associated data: a file that
+was altered, copied from another job or sealed by another identity is refused with
+:class:`CorruptHeldJob` rather than half-read.
+
+The file is a *log* of records (issue #24; version 2 of the format): a header (magic,
+job id) and then one sealed record per save, each the whole :class:`HeldJob` (a few
+kB; the newest one is the job's state), framed as its length, nonce and ciphertext,
+with its position in the log (0, 1, …) bound as associated data too (no record can be
+dropped from the middle, repeated or reordered). The file is *created* atomically
+(temporary file, fsync, rename, fsync of the folder: two syncs) and each later save
+*appends* one record made durable by one ``fdatasync``
+(``spherefed.durable.append_durably``) — no temporary file, rename or folder sync on
+the consistency and unmask rounds' critical path, where each site's answer waits for
+its save. A power loss during an append leaves a *torn* tail: a record whose length
+runs past the end of the file. The reader takes the records before it (the torn
+record's message never left: it is sent only once the sync returned) and the next
+append cuts it off. A *complete* record that fails its check is not a torn write but
+damage, and the file is refused whole, as before: falling back to the record before
+it could be the state from before a signature or an unmask answer that did leave,
+and a restarted site must never sign or reveal a second time.
+
+The keys never outlive the masked input on disk: a record *without* job keys is never
+appended to a log whose records hold them — it starts a new log, written atomically
+over the old one (:meth:`HeldJobStore.save` checks the record's state), so once the
+record naming the stored masked input is durable no record of the keys is left in the
+file. Version 1 files (one sealed record) are still read; the next save rewrites them
+as a log.
+
+A file is deleted when its job ends for the site (answered, refused, moved on without
+it) and when the federation ends; its masked input goes with it.
 """
 
 from __future__ import annotations
@@ -52,6 +76,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +88,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from spherecal.spherefed.durable import fsync_folder, replace_durably
+from spherecal import crypto
+from spherecal.spherefed.durable import append_durably, fsync_folder, replace_durably
 
 __all__ = [
     "FOLDER",
@@ -76,7 +102,8 @@ __all__ = [
 ]
 
 FOLDER = "held-jobs"
-MAGIC = b"SPHERECAL-HELD-JOB 1\n"
+MAGIC = b"SPHERECAL-HELD-JOB 1\n"  # version 1: one sealed record (still read)
+LOG_MAGIC = b"SPHERECAL-HELD-JOB 2\n"  # version 2: a log of sealed records
 MASKED_MAGIC = b"SPHERECAL-HELD-MASKED 1\n"
 NONCE_BYTES = 12
 SUFFIX = ".job"
@@ -165,6 +192,29 @@ class HeldJob:
             raise CorruptHeldJob(f"held job record is malformed: {exc}") from None
 
 
+@dataclass(frozen=True)
+class _Log:
+    """A job's log as this process last made it durable."""
+
+    end: int
+    """Its length: where the next record is appended."""
+    records: int
+    """How many records it holds: the next one's position."""
+    keys: bool
+    """Whether any of them holds the job keys (then a record without keys starts a
+    new log instead of being appended)."""
+
+
+def _holds_keys(record: HeldJob) -> bool:
+    """Whether ``record``'s state carries the job keys; a state that does not parse
+    counts as holding them (the safe side: what follows it without keys is written as
+    a new log)."""
+    try:
+        return crypto.HeldState.from_bytes(record.state).keys is not None
+    except crypto.SecAggError:
+        return True
+
+
 class HeldJobStore:
     """The held-jobs folder of one participant (see the module docstring)."""
 
@@ -182,6 +232,10 @@ class HeldJobStore:
             salt=None,
             info=b"spherecal held-job store v1\x00" + participant_id.encode(),
         ).derive(secret)
+        self._logs: dict[bytes, _Log] = {}
+        """Per job, the log as this process last made it durable (where the next
+        record goes); a job not here is written whole at its next save."""
+        self._lock = threading.Lock()
 
     def path(self, job_id: bytes) -> Path:
         return self.folder / f"{job_id.hex()}{SUFFIX}"
@@ -189,13 +243,39 @@ class HeldJobStore:
     def _aad(self, job_id: bytes) -> bytes:
         return MAGIC + self.participant_id.encode() + b"\x00" + job_id
 
-    def save(self, job_id: bytes, record: HeldJob) -> None:
-        """Write (or replace) ``job_id``'s record atomically, durable on return."""
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    def _log_aad(self, job_id: bytes, index: int) -> bytes:
+        return (
+            LOG_MAGIC + self.participant_id.encode() + b"\x00" + job_id + index.to_bytes(4, "big")
+        )
+
+    def _frame(self, job_id: bytes, index: int, record: HeldJob) -> bytes:
+        """Record ``index`` of the job's log: length, nonce, ciphertext."""
         nonce = os.urandom(NONCE_BYTES)
-        sealed = AESGCM(self._key).encrypt(nonce, record.to_bytes(), self._aad(job_id))
-        blob = MAGIC + bytes([len(job_id)]) + job_id + nonce + sealed
-        self._write_atomic(self.path(job_id), [blob])
+        sealed = AESGCM(self._key).encrypt(nonce, record.to_bytes(), self._log_aad(job_id, index))
+        return (NONCE_BYTES + len(sealed)).to_bytes(_LEN, "big") + nonce + sealed
+
+    def save(self, job_id: bytes, record: HeldJob) -> None:
+        """Make ``record`` the job's state, durable on return: appended to the job's
+        log with one ``fdatasync`` where this process knows the log, else (the first
+        save, a log of another process or version, a record that drops the job keys,
+        a failed append) a new log written atomically."""
+        keys = _holds_keys(record)
+        with self._lock:
+            log = self._logs.pop(job_id, None)  # unknown until this save succeeds
+            if log is not None and (keys or not log.keys):
+                frame = self._frame(job_id, log.records, record)
+                try:
+                    appended = append_durably(self.path(job_id), frame, at=log.end)
+                except FileNotFoundError:
+                    appended = False  # gone meanwhile: written whole below
+                if appended:
+                    self._logs[job_id] = _Log(log.end + len(frame), log.records + 1, log.keys)
+                    return
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            head = LOG_MAGIC + bytes([len(job_id)]) + job_id
+            blob = head + self._frame(job_id, 0, record)
+            self._write_atomic(self.path(job_id), [blob])
+            self._logs[job_id] = _Log(len(blob), 1, keys)
 
     def _write_atomic(self, final: Path, parts: Iterable[bytes | memoryview]) -> None:
         """Temporary file (0600), every part written, fsync, rename, fsync of the
@@ -313,11 +393,57 @@ class HeldJobStore:
             )
 
     def load(self, job_id: bytes) -> HeldJob:
-        """``job_id``'s record; :class:`CorruptHeldJob` if it is not exactly what
-        :meth:`save` wrote for this participant and job, FileNotFoundError if none."""
-        blob = self.path(job_id).read_bytes()
+        """``job_id``'s state, the newest record of its log; :class:`CorruptHeldJob`
+        if the file is not what :meth:`save` wrote for this participant and job (a
+        torn last record is not damage: the records before it are read, see the
+        module docstring), FileNotFoundError if there is none."""
+        where = self.path(job_id)
+        blob = where.read_bytes()
+        if blob.startswith(MAGIC):
+            return self._load_v1(job_id, blob)
+        head = len(LOG_MAGIC)
+        if not blob.startswith(LOG_MAGIC) or len(blob) < head + 1:
+            raise CorruptHeldJob(f"{where} is not a held-job file")
+        n = blob[head]
+        stored_id = blob[head + 1 : head + 1 + n]
+        if stored_id != job_id:
+            raise CorruptHeldJob(
+                f"{where} holds job {stored_id.hex()[:16]}, not {job_id.hex()[:16]}"
+            )
+        aead = AESGCM(self._key)
+        at = head + 1 + n
+        plain: bytes | None = None
+        keys = False
+        index = 0
+        while len(blob) - at >= _LEN:
+            size = int.from_bytes(blob[at : at + _LEN], "big")
+            if at + _LEN + size > len(blob):
+                break  # torn: the append was cut by a crash, its message never left
+            sealed = blob[at + _LEN : at + _LEN + size]
+            try:
+                plain = aead.decrypt(
+                    sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], self._log_aad(job_id, index)
+                )
+            except (InvalidTag, ValueError):
+                raise CorruptHeldJob(
+                    f"{where} fails its integrity check at record {index} (altered, or "
+                    f"sealed by another identity than {self.participant_id!r})"
+                ) from None
+            keys = keys or _holds_keys(HeldJob.from_bytes(plain))
+            at += _LEN + size
+            index += 1
+        if plain is None:
+            raise CorruptHeldJob(
+                f"{where} fails its integrity check: no complete record (truncated)"
+            )
+        with self._lock:
+            self._logs[job_id] = _Log(at, index, keys)
+        return HeldJob.from_bytes(plain)
+
+    def _load_v1(self, job_id: bytes, blob: bytes) -> HeldJob:
+        """A version 1 file: one sealed record (its next save writes a log)."""
         head = len(MAGIC)
-        if not blob.startswith(MAGIC) or len(blob) < head + 1:
+        if len(blob) < head + 1:
             raise CorruptHeldJob(f"{self.path(job_id)} is not a held-job file")
         n = blob[head]
         stored_id = blob[head + 1 : head + 1 + n]
@@ -359,6 +485,8 @@ class HeldJobStore:
 
     def delete(self, job_id: bytes) -> None:
         """Delete the job's record and its masked input (either may be absent)."""
+        with self._lock:
+            self._logs.pop(job_id, None)
         removed = False
         for where in (self.path(job_id), self.masked_path(job_id)):
             with contextlib.suppress(FileNotFoundError):
@@ -369,6 +497,8 @@ class HeldJobStore:
 
     def clear(self) -> None:
         """Delete every held job (the federation ended) and stale temporary files."""
+        with self._lock:
+            self._logs.clear()
         if not self.folder.is_dir():
             return
         for entry in self.folder.iterdir():

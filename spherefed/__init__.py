@@ -21,8 +21,9 @@ No network, no I/O beyond reading datasets. Modules:
 - ``privacy``: DP planning, sensitivity, accounting, ledger, DP-SGD.
 - ``saved``: ``model_spec.json`` + state dicts; ``load_model(dir)`` (also ``spherefed.load_model``).
 - ``custom``: a user's own extractor, ``"package.module:factory"``.
-- ``durable``: a rename that survives a power loss (the folder synced), for every file
-  either process must find again after a crash.
+- ``durable``: a rename that survives a power loss (the folder synced) and a record
+  appended with one ``fdatasync``, for every file either process must find again after
+  a crash.
 """
 
 from typing import Any

@@ -1,5 +1,5 @@
-"""Durable file replacement: a rename that survives a power loss, for every file a
-process must find again after a crash.
+"""Durable writes: a rename that survives a power loss and a record appended and
+synced, for every file a process must find again after a crash.
 
 Why one module: the coordinator's checkpoints and journal blobs, a site's held jobs
 and algorithm state, and every saved model are written the same way — a temporary
@@ -8,8 +8,16 @@ makes its *contents* durable, but the rename is an entry of the *folder*: until 
 folder itself is synced, a power loss can bring back the old file, or none, while a
 database row committed afterwards already names the new one (POSIX ``rename(2)``,
 ``fsync(2)``). Two of the five writers synced the folder and three did not; they now
-share these two functions. It lives here because it is the lowest package that both
+share these functions. It lives here because it is the lowest package that both
 processes may import (``docs/design.md`` §2) and does no more than file I/O.
+
+Appending (issue #24): a file that already exists under its final name, and whose
+name is already durable, needs no temporary file, rename or folder sync to grow by one
+record — :func:`append_durably` writes the record after the last one and makes it
+durable with one ``fdatasync`` (which also syncs the new size, the metadata needed to
+read the data back). A power loss during it can leave a *torn* tail — the record cut
+short — which the reader must recognise and ignore (``participant/held_jobs.py``
+frames and seals each record for that).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["fsync_folder", "replace_durably"]
+__all__ = ["append_durably", "fsync_folder", "replace_durably"]
 
 
 def fsync_folder(folder: Path) -> None:
@@ -36,3 +44,30 @@ def replace_durably(tmp: Path, final: Path) -> None:
     a power loss."""
     os.replace(tmp, final)
     fsync_folder(final.parent)
+
+
+def append_durably(path: Path, data: bytes | memoryview, *, at: int) -> bool:
+    """Write ``data`` at offset ``at`` of the existing file ``path`` — its end as the
+    caller last made it durable — then ``fdatasync`` it: on return the file is its
+    first ``at`` bytes followed by ``data``, even after a power loss. Anything found
+    after ``at`` (the torn tail of an append that a crash interrupted) is cut off
+    first. False, and nothing written, when the file is shorter than ``at`` (it is not
+    the file the caller wrote: the caller writes it whole instead).
+    FileNotFoundError when there is none."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size < at:
+            return False
+        if size > at:
+            os.ftruncate(fd, at)
+        view = memoryview(data).cast("B")
+        offset = at
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return True

@@ -393,3 +393,239 @@ def test_a_truncated_or_moved_masked_input_is_refused(tmp_path: Path) -> None:
         list(store.masked_chunks(other))
     with pytest.raises(CorruptHeldJob):  # another identity cannot read it
         list(_store(tmp_path).masked_chunks(other))
+
+
+# ------------------------------------------------------------------ the record log (issue #24)
+def _state(stage: crypto.HeldStage, *, keys: bool) -> bytes:
+    """A real ``crypto.HeldState`` at ``stage`` (with job keys or without)."""
+    if keys:
+        state = crypto.HeldState(
+            job_id=JOB,
+            participant_id="p0",
+            stage=stage,
+            members1=("p0",) if stage is crypto.HeldStage.SHARED else (),
+            members2=(),
+            held=(),
+            keys=(b"\x01" * 32, b"\x02" * 32, b"\x03" * 16),
+            own_advert=b"advert",
+            adverts=(b"advert",) if stage is crypto.HeldStage.SHARED else (),
+        )
+    else:
+        state = crypto.HeldState(
+            job_id=JOB,
+            participant_id="p0",
+            stage=stage,
+            members1=("p0",),
+            members2=("p0",),
+            held=(),
+        )
+    return crypto.HeldState.from_bytes(state.to_bytes()).to_bytes()
+
+
+def _record(step: int, *, keys: bool = True) -> HeldJob:
+    stage = crypto.HeldStage.SHARED if keys else crypto.HeldStage.MASKED
+    return HeldJob(
+        federation="fed-1",
+        job=b"job message",
+        round=step,
+        release=JOB.hex(),
+        sent=tuple((int(pb.ADVERTISE) + k, bytes([k]) * 40) for k in range(step + 1)),
+        state=_state(stage, keys=keys),
+    )
+
+
+def _frames(blob: bytes) -> list[tuple[int, int]]:
+    """(offset, length) of each complete record of a version 2 file, parsed from the
+    format's framing alone (no decryption)."""
+    magic = b"SPHERECAL-HELD-JOB 2\n"
+    assert blob.startswith(magic)
+    at = len(magic) + 1 + blob[len(magic)]
+    out = []
+    while len(blob) - at >= 4:
+        size = int.from_bytes(blob[at : at + 4], "big")
+        if at + 4 + size > len(blob):
+            break
+        out.append((at, 4 + size))
+        at += 4 + size
+    return out
+
+
+def _decrypt_all(identity: object, blob: bytes) -> list[HeldJob]:
+    """Every complete record of the file, opened independently of the store with the
+    key, nonce and associated data the format states."""
+    raw = identity.private_bytes(  # type: ignore[attr-defined]
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"spherecal held-job store v1\x00p0"
+    ).derive(raw)
+    out = []
+    for index, (at, size) in enumerate(_frames(blob)):
+        frame = blob[at + 4 : at + size]
+        aad = b"SPHERECAL-HELD-JOB 2\n" + b"p0\x00" + JOB + index.to_bytes(4, "big")
+        out.append(HeldJob.from_bytes(AESGCM(key).decrypt(frame[:12], frame[12:], aad)))
+    return out
+
+
+def test_each_later_save_appends_one_record_and_the_newest_is_the_state(tmp_path: Path) -> None:
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    records = [_record(k) for k in range(3)]
+    sizes = []
+    for record in records:
+        store.save(JOB, record)
+        sizes.append(store.path(JOB).stat().st_size)
+        assert _store(tmp_path, key=identity).load(JOB) == record  # a restarted reader
+    blob = store.path(JOB).read_bytes()
+    assert _decrypt_all(identity, blob) == records  # appended in order, none rewritten
+    assert sizes[1] - sizes[0] == _frames(blob)[1][1]  # the second save added one record
+    assert stat.S_IMODE(store.path(JOB).stat().st_mode) == 0o600
+    assert sorted(p.name for p in store.folder.iterdir()) == [store.path(JOB).name]
+
+
+def test_a_file_cut_mid_record_is_read_as_the_records_before_it(tmp_path: Path) -> None:
+    """A power loss during an append leaves a torn last record; its message never left
+    (it goes only once the sync returned), so the records before it are the state —
+    and the next append replaces the torn bytes."""
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    for k in range(3):
+        store.save(JOB, _record(k))
+    path = store.path(JOB)
+    blob = path.read_bytes()
+    (_, _), (at1, size1), (at2, size2) = _frames(blob)
+    for cut in (at2 + size2 - 1, at2 + 20, at2 + 5, at2 + 2):  # in the body, the length
+        path.write_bytes(blob[:cut])
+        assert _store(tmp_path, key=identity).load(JOB) == _record(1), cut
+    path.write_bytes(blob[: at2 + 20])
+    again = _store(tmp_path, key=identity)  # the restarted process
+    assert again.load(JOB) == _record(1)
+    again.save(JOB, _record(5))  # appended where the intact records end
+    fixed = path.read_bytes()
+    assert fixed[:at2] == blob[:at2] and len(_frames(fixed)) == 3
+    assert _decrypt_all(identity, fixed)[-1] == _record(5)
+    assert _store(tmp_path, key=identity).load(JOB) == _record(5)
+    path.write_bytes(blob[: at1 + 7])  # even the second record cut: the first
+    assert _store(tmp_path, key=identity).load(JOB) == _record(0)
+    path.write_bytes(blob[: _frames(blob)[0][1] + _frames(blob)[0][0] - 1])  # none whole
+    with pytest.raises(CorruptHeldJob, match="no complete record"):
+        _store(tmp_path, key=identity).load(JOB)
+
+
+def test_a_complete_record_that_fails_its_check_is_refused_not_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """Damage is not a torn write: falling back to the record before it could undo a
+    signature or an unmask answer that left, so the file is refused whole. Mutation
+    of the reader's rule: a reader that skipped the bad record would return
+    ``_record(0)`` — this test would then fail."""
+    store = _store(tmp_path)
+    store.save(JOB, _record(0))
+    store.save(JOB, _record(1))
+    path = store.path(JOB)
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 1  # the newest record's tag
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CorruptHeldJob, match="record 1"):
+        store.load(JOB)
+
+
+def test_records_cannot_be_repeated_or_reordered(tmp_path: Path) -> None:
+    """Each record's position is bound into its associated data."""
+    store = _store(tmp_path)
+    store.save(JOB, _record(0))
+    store.save(JOB, _record(1))
+    path = store.path(JOB)
+    blob = path.read_bytes()
+    (at0, size0), (at1, size1) = _frames(blob)
+    first, second = blob[at0 : at0 + size0], blob[at1 : at1 + size1]
+    for body in (first + first, second + first, second):
+        path.write_bytes(blob[:at0] + body)
+        with pytest.raises(CorruptHeldJob, match="record"):
+            store.load(JOB)
+
+
+def test_a_record_without_keys_starts_a_new_log_so_no_key_record_stays_on_disk(
+    tmp_path: Path,
+) -> None:
+    """The record naming the stored masked input holds no keys; appended, it would
+    leave the earlier records — with the job keys — in the file beside the masked
+    input. It replaces the log whole instead (rename, folder synced: test_durable)."""
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    store.save(JOB, _record(0))
+    store.save(JOB, _record(1))
+    keyless = _record(2, keys=False)
+    store.save(JOB, keyless)
+    blob = store.path(JOB).read_bytes()
+    assert _decrypt_all(identity, blob) == [keyless]  # the key records are gone
+    assert crypto.HeldState.from_bytes(store.load(JOB).state).keys is None
+    after = _record(3, keys=False)
+    store.save(JOB, after)  # later keyless records are appended again
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [keyless, after]
+    # mutation of the rule: appending the keyless record would keep the key records
+    store2 = _store(tmp_path / "mutant", key=identity)
+    store2.save(JOB, _record(0))
+    log = store2._logs[JOB]
+    store2._logs[JOB] = log.__class__(log.end, log.records, keys=False)  # rule defeated
+    store2.save(JOB, keyless)
+    kept = _decrypt_all(identity, store2.path(JOB).read_bytes())
+    assert any(crypto.HeldState.from_bytes(r.state).keys is not None for r in kept)
+
+
+def test_a_failed_append_is_followed_by_a_whole_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spherecal.participant import held_jobs
+
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    store.save(JOB, _record(0))
+    real = held_jobs.append_durably
+
+    def full(path: Path, data: bytes, *, at: int) -> bool:
+        with path.open("r+b") as f:  # half a record reached the file
+            f.seek(at)
+            f.write(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(held_jobs, "append_durably", full)
+    with pytest.raises(OSError):
+        store.save(JOB, _record(1))
+    assert store.load(JOB) == _record(0)  # the half record is a torn tail
+    monkeypatch.setattr(held_jobs, "append_durably", real)
+    store.save(JOB, _record(2))
+    assert _decrypt_all(identity, store.path(JOB).read_bytes())[-1] == _record(2)
+    assert _store(tmp_path, key=identity).load(JOB) == _record(2)
+
+
+def test_a_version_1_file_is_read_and_its_next_save_writes_a_log(tmp_path: Path) -> None:
+    """A site upgraded in the middle of a job: the one-record file of version 1."""
+    identity = crypto.generate_identity()
+    raw = identity.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"spherecal held-job store v1\x00p0"
+    ).derive(raw)
+    magic = b"SPHERECAL-HELD-JOB 1\n"
+    nonce = b"\x05" * 12
+    sealed = AESGCM(key).encrypt(nonce, _record(0).to_bytes(), magic + b"p0\x00" + JOB)
+    store = _store(tmp_path, key=identity)
+    store.folder.mkdir(mode=0o700)
+    store.path(JOB).write_bytes(magic + bytes([len(JOB)]) + JOB + nonce + sealed)
+    assert store.load(JOB) == _record(0)
+    store.save(JOB, _record(1))
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(1)]
+
+
+def test_a_log_that_is_gone_or_shorter_than_written_is_written_whole(tmp_path: Path) -> None:
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    store.save(JOB, _record(0))
+    store.path(JOB).unlink()
+    store.save(JOB, _record(1))
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(1)]
+    store.path(JOB).write_bytes(store.path(JOB).read_bytes()[:30])  # not what it wrote
+    store.save(JOB, _record(2))
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(2)]

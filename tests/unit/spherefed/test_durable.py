@@ -1,7 +1,9 @@
-"""Durable replacement (``spherefed.durable``): every writer of a file that a process
-must find again after a crash syncs the folder after its rename, so the rename itself
-survives a power loss. Observed on the real system calls: ``os.fsync`` and
-``os.replace`` still run; a wrapper records which path each one touched, in order."""
+"""Durable writes (``spherefed.durable``): every writer of a file that a process must
+find again after a crash syncs the folder after its rename, so the rename itself
+survives a power loss; a site's held-job record after the first is one appended record
+made durable by one ``fdatasync`` (issue #24). Observed on the real system calls:
+``os.fsync``, ``os.fdatasync`` and ``os.replace`` still run; a wrapper records which
+path each one touched, in order."""
 
 from __future__ import annotations
 
@@ -26,19 +28,27 @@ Calls = list[tuple[str, Path]]
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    """``("fsync", path)`` and ``("replace", final)`` in the order they happened."""
+    """``("fsync", path)``, ``("fdatasync", path)`` and ``("replace", final)`` in the
+    order they happened (a sync is recorded once it returned)."""
     seen: Calls = []
-    real_fsync, real_replace = os.fsync, os.replace
+    real_fsync, real_fdatasync, real_replace = os.fsync, os.fdatasync, os.replace
 
     def fsync(fd: int) -> None:
-        seen.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}"))))
+        where = Path(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
+        seen.append(("fsync", where))
+
+    def fdatasync(fd: int) -> None:
+        where = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+        seen.append(("fdatasync", where))
 
     def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         real_replace(src, dst)
         seen.append(("replace", Path(dst).resolve()))
 
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     monkeypatch.setattr(os, "replace", replace)
     yield seen
 
@@ -109,3 +119,120 @@ def test_mutation_a_rename_without_the_folder_sync_is_caught(
     tmp.write_bytes(b"x")
     replace_durably(tmp, final)
     assert not _folder_synced_after_rename(calls, final)
+
+
+# ------------------------------------------------------------------ appends (issue #24)
+def test_append_durably_writes_at_the_end_it_is_given_then_fdatasyncs(
+    tmp_path: Path, calls: Calls
+) -> None:
+    path = tmp_path / "log"
+    path.write_bytes(b"head" + b"torn tail")
+    assert durable.append_durably(path, b"record", at=4)
+    assert path.read_bytes() == b"headrecord"  # the torn tail is cut off first
+    assert calls == [("fdatasync", path.resolve())]
+    calls.clear()
+    assert not durable.append_durably(path, b"x", at=100)  # not the file it wrote
+    assert path.read_bytes() == b"headrecord" and calls == []
+    with pytest.raises(FileNotFoundError):
+        durable.append_durably(tmp_path / "none", b"x", at=0)
+
+
+def _appended_durably(calls: Calls, path: Path, before: Callable[[], bool]) -> bool:
+    """The job's file was synced by one ``fdatasync`` and nothing else: no temporary
+    file, no rename, no folder sync — and the sync came after the record reached the
+    file (``before``: the file was then as it is now)."""
+    return calls == [("fdatasync", path.resolve())] and bool(before())
+
+
+def test_a_held_job_record_after_the_first_is_one_append_and_one_fdatasync(
+    tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first save creates the log atomically (rename, then the folder synced);
+    each later one appends a record that is durable, by one ``fdatasync`` of that
+    file, when ``save`` returns (the message it precedes leaves only then)."""
+    from spherecal.participant import held_jobs
+
+    held = HeldJobStore(tmp_path, "p0", Ed25519PrivateKey.generate())
+    job = b"\x01" * 16
+    record = held_jobs.HeldJob("fed", b"job", 1, None, (), b'{"state": 1}')
+    held.save(job, record)
+    path = held.path(job)
+    assert _folder_synced_after_rename(calls, path)
+    size = path.stat().st_size
+    calls.clear()
+    seen_at_sync: list[bytes] = []
+    recorded = os.fdatasync  # the fixture's recording wrapper
+
+    def fdatasync(fd: int) -> None:  # what the file held when it was synced
+        seen_at_sync.append(path.read_bytes())
+        recorded(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    held.save(job, record)
+    assert path.stat().st_size > size
+    assert _appended_durably(calls, path, lambda: seen_at_sync[-1] == path.read_bytes())
+
+
+def test_mutation_an_append_without_its_sync_is_caught(
+    tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spherecal.participant import held_jobs
+
+    def unsynced(path: Path, data: bytes, *, at: int) -> bool:
+        with path.open("r+b") as f:
+            f.seek(at)
+            f.write(data)
+        return True
+
+    held = HeldJobStore(tmp_path, "p0", Ed25519PrivateKey.generate())
+    job = b"\x01" * 16
+    record = held_jobs.HeldJob("fed", b"job", 1, None, (), b'{"state": 1}')
+    held.save(job, record)
+    calls.clear()
+    monkeypatch.setattr(held_jobs, "append_durably", unsynced)
+    held.save(job, record)
+    assert held.load(job) == record  # written, readable ...
+    assert not _appended_durably(calls, held.path(job), lambda: True)  # ... not durable
+
+
+def test_the_record_without_keys_replaces_the_log_durably(tmp_path: Path, calls: Calls) -> None:
+    """After the masked input is stored, its record (no keys) is a new log renamed
+    over the old one with the folder synced: no key record survives a power loss
+    beside the stored masked input."""
+    from spherecal import crypto
+    from spherecal.participant import held_jobs
+
+    held = HeldJobStore(tmp_path, "p0", Ed25519PrivateKey.generate())
+    job = b"\x01" * 16
+    with_keys = held_jobs.HeldJob("fed", b"job", 1, None, (), b'{"state": 1}')
+    masked = crypto.HeldState(
+        job_id=job,
+        participant_id="p0",
+        stage=crypto.HeldStage.MASKED,
+        members1=("p0",),
+        members2=("p0",),
+        held=(),
+    )
+    without = held_jobs.HeldJob("fed", b"job", 1, None, (), masked.to_bytes())
+    held.save(job, with_keys)
+    held.save(job, with_keys)  # appended
+    calls.clear()
+    held.save(job, without)
+    assert _folder_synced_after_rename(calls, held.path(job)), calls
+    assert not any(call[0] == "fdatasync" for call in calls)
+
+
+def test_the_masked_input_is_synced_before_the_record_naming_it(
+    tmp_path: Path, calls: Calls
+) -> None:
+    """The masked input keeps its atomic write: fsynced, renamed and its folder synced
+    before ``save_masked`` returns (``held_upload`` then writes the record naming it)."""
+    held = HeldJobStore(tmp_path, "p0", Ed25519PrivateKey.generate())
+    job = b"\x01" * 16
+    chunks = [bytes([k]) * (1 << 20) for k in range(3)]
+    held.save_masked(job, chunks, len(chunks))
+    final = held.masked_path(job)
+    fsyncs = [i for i, call in enumerate(calls) if call[0] == "fsync" and call[1] != final.parent]
+    assert len(fsyncs) == 1 and _folder_synced_after_rename(calls, final)
+    assert fsyncs[0] < calls.index(("replace", final.resolve()))
+    assert list(held.masked_chunks(job)) == chunks
