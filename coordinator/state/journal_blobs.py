@@ -12,7 +12,8 @@ one ``fsync`` (2 ms + 6–30 ms there).
 Durability is not weakened: a blob is written to a temporary file, fsynced, renamed
 and its folder fsynced *before* the SQLite row that names it (by SHA-256) is
 committed — so a committed row never names a blob that a crash could lose (the
-database itself commits with ``synchronous=NORMAL``; the blob is on disk first).
+blob is on disk first; the row's commit is itself synced when anyone waits for it,
+``[federation] durability``, see :mod:`spherecal.coordinator.state.store`).
 Reading checks the digest, so a damaged blob is refused like a damaged row was.
 
 Orphans (a blob written and the process killed before its row committed; a row
