@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +49,7 @@ from spherecal.participant.faults import HaltPoint
 from spherecal.participant.held_jobs import FOLDER as HELD_JOBS
 from spherecal.simulate import Drop, Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.coordinator_lines import Lines
 from tests.evaluation_noise import SDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
@@ -74,30 +74,6 @@ MORE_HALTS = (  # the other stages, in a second federation
     "unmask@evaluate",
     "aggregated@evaluate",
 )
-
-
-class Lines:
-    """The coordinator's stderr lines, and a wait for one."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, line: str) -> None:
-        with self._cond:
-            self.lines.append(line)
-            self._cond.notify_all()
-
-    def wait_for(self, needle: str, since: int, sim: Simulation) -> None:
-        deadline = time.monotonic() + WAIT_S
-        with self._cond:
-            while not any(needle in line for line in self.lines[since:]):
-                assert time.monotonic() < deadline, f"never saw {needle!r}: {self.lines[-10:]}"
-                proc = sim.coordinator
-                assert proc is None or proc.popen.poll() is None, (
-                    f"the coordinator exited before {needle!r}: {self.lines[-10:]}"
-                )
-                self._cond.wait(0.5)
 
 
 SITE_KILLS = (  # before, during and after the site's masked upload
@@ -138,7 +114,7 @@ def _run(out: Path, halts: tuple[str, ...]) -> dict[str, Any]:
         sim.start_participants()
         mark = 0
         for k, point in enumerate(halts):
-            lines.wait_for(f"SPHERECAL-HALT {point.split('@')[0]} ", mark, sim)
+            lines.wait_for(f"SPHERECAL-HALT {point.split('@')[0]} ", mark, sim, WAIT_S)
             sim.kill_coordinator()
             mark = len(lines.lines)
             following = halts[k + 1] if k + 1 < len(halts) else None
@@ -161,7 +137,7 @@ def _run_site_kills(out: Path) -> dict[str, Any]:
         sim.start_participants()
         mark = 0
         for _ in SITE_KILLS:
-            lines.wait_for("[simulate] killed p", mark, sim)
+            lines.wait_for("[simulate] killed p", mark, sim, WAIT_S)
             index = next(
                 k for k in range(mark, len(lines.lines)) if "[simulate] killed p" in lines.lines[k]
             )

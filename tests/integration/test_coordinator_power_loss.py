@@ -25,7 +25,6 @@ calibration — each site's moments released into a job that no longer existed.
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import pytest
 
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.coordinator_lines import Lines
 from tests.power_loss import PowerLoss
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
@@ -42,31 +42,6 @@ WAIT_S = 240.0
 HALTS = ("unmask@r2", "unmask@ccvr")
 """Round 2's update and the CCVR job, each at its first unmask answer: every site's
 masked input has left and every site signed the survivor set."""
-
-
-class Lines:
-    """The coordinator's stderr lines, and a wait for one."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, line: str) -> None:
-        with self._cond:
-            self.lines.append(line)
-            self._cond.notify_all()
-
-    def wait_for(self, needle: str, count: int, sim: Simulation) -> None:
-        """Until ``needle`` has been seen more than ``count`` times."""
-        deadline = time.monotonic() + WAIT_S
-        with self._cond:
-            while sum(needle in line for line in self.lines) <= count:
-                assert time.monotonic() < deadline, f"never saw {needle!r}: {self.lines[-10:]}"
-                proc = sim.coordinator
-                assert proc is None or proc.popen.poll() is None, (
-                    f"the coordinator exited before {needle!r}: {self.lines[-10:]}"
-                )
-                self._cond.wait(0.5)
 
 
 def _ledger(out: Path, pid: str) -> tuple[list[tuple[Any, ...]], int]:
@@ -100,9 +75,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             port = sim.start_coordinator(halt=HALTS[0])
             sim.start_participants()
             synced_before = []
+            mark = 0
             for k, point in enumerate(HALTS):
-                lines.wait_for(f"SPHERECAL-HALT {point.split('@')[0]} ", k, sim)
+                lines.wait_for(f"SPHERECAL-HALT {point.split('@')[0]} ", mark, sim, WAIT_S)
                 sim.kill_coordinator()
+                mark = len(lines.lines)
                 synced_before.append(power.synced())
                 power.lose_power()
                 following = HALTS[k + 1] if k + 1 < len(HALTS) else None
