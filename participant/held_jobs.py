@@ -122,6 +122,18 @@ def masked_digest(chunks: Iterable[bytes]) -> str:
     return outer.hexdigest()
 
 
+def _after_job_id(where: Path, blob: bytes, head: int, job_id: bytes) -> int:
+    """The offset after a held-job file's job id (a length byte at ``head``, then the
+    id), once the id is checked to be ``job_id``; both file versions start so."""
+    if len(blob) < head + 1:
+        raise CorruptHeldJob(f"{where} is not a held-job file")
+    n = blob[head]
+    stored_id = blob[head + 1 : head + 1 + n]
+    if stored_id != job_id:
+        raise CorruptHeldJob(f"{where} holds job {stored_id.hex()[:16]}, not {job_id.hex()[:16]}")
+    return head + 1 + n
+
+
 class HeldJobError(Exception):
     """A held job that cannot be used."""
 
@@ -401,17 +413,10 @@ class HeldJobStore:
         blob = where.read_bytes()
         if blob.startswith(MAGIC):
             return self._load_v1(job_id, blob)
-        head = len(LOG_MAGIC)
-        if not blob.startswith(LOG_MAGIC) or len(blob) < head + 1:
+        if not blob.startswith(LOG_MAGIC):
             raise CorruptHeldJob(f"{where} is not a held-job file")
-        n = blob[head]
-        stored_id = blob[head + 1 : head + 1 + n]
-        if stored_id != job_id:
-            raise CorruptHeldJob(
-                f"{where} holds job {stored_id.hex()[:16]}, not {job_id.hex()[:16]}"
-            )
+        at = _after_job_id(where, blob, len(LOG_MAGIC), job_id)
         aead = AESGCM(self._key)
-        at = head + 1 + n
         plain: bytes | None = None
         keys = False
         index = 0
@@ -442,16 +447,7 @@ class HeldJobStore:
 
     def _load_v1(self, job_id: bytes, blob: bytes) -> HeldJob:
         """A version 1 file: one sealed record (its next save writes a log)."""
-        head = len(MAGIC)
-        if len(blob) < head + 1:
-            raise CorruptHeldJob(f"{self.path(job_id)} is not a held-job file")
-        n = blob[head]
-        stored_id = blob[head + 1 : head + 1 + n]
-        if stored_id != job_id:
-            raise CorruptHeldJob(
-                f"{self.path(job_id)} holds job {stored_id.hex()[:16]}, not {job_id.hex()[:16]}"
-            )
-        body = blob[head + 1 + n :]
+        body = blob[_after_job_id(self.path(job_id), blob, len(MAGIC), job_id) :]
         nonce, sealed = body[:NONCE_BYTES], body[NONCE_BYTES:]
         try:
             plain = AESGCM(self._key).decrypt(nonce, sealed, self._aad(job_id))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from spherecal.simulate import Drop, Simulation, SimulationSettings
 from spherecal.site_audit import read_site_audit
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.coordinator_lines import Lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
@@ -50,28 +50,6 @@ SITES, ROUNDS, T = 4, 3, 3  # t: a majority of 4 (the complete graph's threshold
 SIGMA, RATE, CLIP, DELTA = 1.1, 0.05, 1.0, 1e-5
 DROPPED, DROP_ROUND = "p3", 2
 WAIT_S = 300.0
-
-
-class _Lines:
-    """The coordinator's stderr lines, and a wait for one."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, line: str) -> None:
-        with self._cond:
-            self.lines.append(line)
-            self._cond.notify_all()
-
-    def wait_for(self, needle: str, sim: Simulation) -> None:
-        deadline = time.monotonic() + WAIT_S
-        with self._cond:
-            while not any(needle in line for line in self.lines):
-                assert time.monotonic() < deadline, f"never saw {needle!r}: {self.lines[-10:]}"
-                proc = sim.coordinator
-                assert proc is None or proc.popen.poll() is None, self.lines[-10:]
-                self._cond.wait(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +72,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]
         # hang on how much one noisy step of a young model moves its accuracy
         extra_coordinator={"federation": {"round_gate": "flag", "round_max_drop": 1.0}},
     )
-    lines = _Lines()
+    lines = Lines()
     t0 = time.monotonic()
     with Simulation(settings, lines) as sim:
         port = sim.start_coordinator(halt="recorded@r1")
         sim.start_participants()
-        lines.wait_for("SPHERECAL-HALT recorded ", sim)
+        lines.wait_for("SPHERECAL-HALT recorded ", 0, sim, WAIT_S)
         sim.kill_coordinator()
         # back up, and killed again once an evaluation job of the round gate has its
         # result journaled, before the driver used it and before the round's checkpoint
         sim.start_coordinator(listen=f"127.0.0.1:{port}", halt="aggregated@evaluate")
-        lines.wait_for("SPHERECAL-HALT aggregated ", sim)
+        lines.wait_for("SPHERECAL-HALT aggregated ", 0, sim, WAIT_S)
         sim.kill_coordinator()
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         sim.wait_coordinator(WAIT_S)
