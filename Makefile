@@ -6,11 +6,23 @@ PYTHON ?= python3
 # pytest-xdist workers for `make test`: 2, one per core of the 2-core CI box. Measured
 # on a clean clone there (d6185ff, 2026-11-25, quiet box, one run): 1183 tests in 3 min 51 s with
 # 2 workers (6 min 12 s before simulations forked their processes from a preloaded
-# fork server, spherecal/simulate/launch.py). Each test file stays on one worker
-# (--dist loadfile); integration tests are safe in parallel (ports from 0, dirs from
-# tmp_path). `make test TEST_WORKERS=0` runs in one process (better on a box already
+# fork server, spherecal/simulate/launch.py). The tests keep both cores busy (one
+# federation test alone uses about one core: 62 CPU-s in ~56 s), so more workers than
+# cores only add contention. Each test file stays on one worker (--dist loadfile);
+# integration tests are safe in parallel (ports from 0, dirs from tmp_path).
+# The files are queued longest first (tests/conftest.py, from the measured seconds
+# in tests/durations.json; --no-loadscope-reorder keeps xdist from re-sorting them by
+# their number of tests): a two-minute file no longer starts last while the other
+# worker idles. `make test TEST_WORKERS=0` runs in one process (better on a box already
 # loaded by other work), `TEST_WORKERS=auto` one worker per CPU.
 TEST_WORKERS ?= 2
+# Which tests `make test` runs: `everyday` (the default: all but those marked `long`),
+# or `all` (both tiers in one pytest session; CI, .ci/run: one session has one idle
+# tail and one collection, two sessions have two).
+TEST_TIERS ?= everyday
+TIER_MARK_everyday := -m "not long"
+TIER_MARK_all :=
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
@@ -20,13 +32,17 @@ STAMP  := $(VENV)/.installed-stamp
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# One pip run: torch pinned to the CPU wheel (an unpinned torch pulls GBs of CUDA
+# packages) and this project with its extras, resolved once. --no-compile: pip would
+# byte-compile every installed module (torch and ray: tens of thousands of files, most
+# never imported here); Python compiles what is imported on first use instead.
 # setup.py builds the optional native masking kernel (crypto/_maskkernel.c, issue #24)
 # in place during the editable install; a changed kernel reinstalls. Without a compiler
 # or the OpenSSL headers the install goes on and the numpy path runs (same bytes).
 $(STAMP): $(BIN)/python pyproject.toml setup.py crypto/_maskkernel.c crypto/_aesctr.c \
         crypto/_aesctr.h crypto/_aesctr_body.h
-	$(BIN)/python -m pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev,ray]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile \
+		torch==2.13.0 -e ".[dev,ray]"
 	touch $(STAMP)
 
 # The default federation: a coordinator and 10 participants as separate processes on
@@ -54,12 +70,17 @@ tools:
 # `make test`: ruff, mypy and every test except those marked `long` (whole federations
 # run end to end in real processes, tens of seconds each: chaos and crash runs,
 # the wheel install, acceptance runs). `make test-long` runs exactly those; CI runs
-# both, so nothing is skipped there. Split so that the everyday loop stays short.
+# `make test TEST_TIERS=all`, both tiers in one session, so nothing is skipped there.
+# Split so that the everyday loop stays short.
 # --durations=15: every run names its slowest tests, where the time budget goes.
+# SPHERECAL_TEST_TIMELINE=<dir> records which file ran on which worker, when;
+# `python bench/ci_timeline.py <dir>` summarises it (tests/schedule.py).
 test: $(STAMP) tools
+	@case "$(TEST_TIERS)" in everyday|all) ;; \
+	  *) echo "make test: TEST_TIERS is everyday or all, not '$(TEST_TIERS)'"; exit 2;; esac
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not long" --durations=15
+	$(BIN)/python -m pytest $(XDIST) $(TIER_MARK_$(TEST_TIERS)) --durations=15
 
 test-long: $(STAMP) tools
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m long --durations=15
+	$(BIN)/python -m pytest $(XDIST) -m long --durations=15
