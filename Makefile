@@ -33,16 +33,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # One pip run: torch pinned to the CPU wheel (an unpinned torch pulls GBs of CUDA
-# packages) and this project with its extras, resolved once. --no-compile: pip would
-# byte-compile every installed module (torch and ray: tens of thousands of files, most
-# never imported here); Python compiles what is imported on first use instead.
+# packages) and this project with its extras, resolved once. Not --no-compile: where
+# PYTHONDONTWRITEBYTECODE is set (the CI box sets it) nothing would ever write the
+# .pyc files, and every worker and every participant process would compile torch
+# from source at each import (a clean-clone CI run with it: 149 s to collect).
 # setup.py builds the optional native masking kernel (crypto/_maskkernel.c, issue #24)
 # in place during the editable install; a changed kernel reinstalls. Without a compiler
 # or the OpenSSL headers the install goes on and the numpy path runs (same bytes).
 $(STAMP): $(BIN)/python pyproject.toml setup.py crypto/_maskkernel.c crypto/_aesctr.c \
         crypto/_aesctr.h crypto/_aesctr_body.h
-	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile \
-		torch==2.13.0 -e ".[dev,ray]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q torch==2.13.0 -e ".[dev,ray]"
 	touch $(STAMP)
 
 # The default federation: a coordinator and 10 participants as separate processes on
