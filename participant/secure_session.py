@@ -217,14 +217,20 @@ class SecureSession:
         return self
 
     def set_input(
-        self, vector: npt.NDArray[np.float64], *, noise: npt.NDArray[np.int64] | None = None
+        self,
+        vector: npt.NDArray[np.float64],
+        *,
+        noise: npt.NDArray[np.int64] | None = None,
+        donate: bool = False,
     ) -> None:
+        """Fix the job's input; ``donate``: the caller gives ``vector`` up, and it may
+        be encoded in its own memory (``crypto.SecAggParticipant.set_input``)."""
         if self.spec.length != vector.shape[0]:
             raise crypto.WrongLength(
                 f"job expects {self.spec.length} entries but this participant's input has "
                 f"{vector.shape[0]}"
             )
-        self.client.set_input(vector, noise=noise)
+        self.client.set_input(vector, noise=noise, donate=donate)
 
     @property
     def job_id(self) -> bytes:
