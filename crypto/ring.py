@@ -233,8 +233,9 @@ def encode_into(
     kernel checks and encodes each cache-sized tile in one pass over ``values``, and a
     refusal may leave ``out`` partly written. ``out`` may be ``values``' own memory
     (:func:`adopt`): each word is written after its float is read, and ``scratch`` is
-    then ignored, so a refusal leaves ``values`` whole (and its message's count right). The message names how
-    many entries are out of bound and the bound, never the values (they are private).
+    then ignored, so a refusal leaves ``values`` whole (and its message's count right).
+    The message names how many entries are out of bound and the bound, never the
+    values (they are private).
 
     Rounding is exact and equal to ``np.rint`` (half to even): with ``|x| * 2^f <= 2^50``
     (:func:`choose_scale_bits` keeps every job there) ``x * 2^f + 1.5·2^52`` is rounded

@@ -14,13 +14,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from spherecal.crypto import generate_identity, identity_public_bytes, native, ring
+from spherecal.crypto import generate_identity, identity_public_bytes, native, participant, ring
 from spherecal.crypto._exceptions import EncodingOverflow, WrongLength
 from spherecal.crypto.participant import SecAggParticipant
 from spherecal.crypto.ring import adopt, borrow, encode, encode_into, give_back
 from spherecal.crypto.spec import JobSpec
-
-from spherecal.crypto import participant
 
 from .helpers import Net
 
