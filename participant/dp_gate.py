@@ -178,7 +178,9 @@ class ParticipantPrivacy:
             )
         with self._lock:
             ledger = self.ledger(float(release.delta))
-            entry = _charge_once(ledger, self.pid, plan.charge(plan.noise.min_contributors), job_id)
+            entry = _charge_once(
+                ledger, self.pid, plan.charge(plan.noise.min_contributors), job_id
+            )
         return plan, plan.noise, entry.to_json()
 
 

@@ -52,7 +52,9 @@ def enrol(settings: ParticipantSettings) -> tuple[Path, bool]:
     return path, True
 
 
-def load_or_enrol(settings: ParticipantSettings, say: Callable[[str], None]) -> Ed25519PrivateKey:
+def load_or_enrol(
+    settings: ParticipantSettings, say: Callable[[str], None]
+) -> Ed25519PrivateKey:
     """The site's identity for a run (see the module docstring for when one is created)."""
     path = settings.identity_path
     if path.exists():
