@@ -157,7 +157,7 @@ class SecureSession:
             self.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
         self.masked_digest: str | None = None
-        """``held_jobs.masked_digest`` of the masked input stored in the site's
+        """``held_jobs.seals_digest`` of the masked input stored in the site's
         held-jobs folder before its upload began (None: not stored)."""
         self.resent = False
         """Restored with its masked input stored: an upload of it now is a repeat."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,13 +218,14 @@ def test_adopt_lends_the_vector_and_give_back_keeps_it_as_a_spare() -> None:
 def test_adopt_refuses_what_cannot_host_the_words() -> None:
     frozen = np.zeros(8)
     frozen.flags.writeable = False
-    for bad in (
+    cases: list[Any] = [
         np.zeros(8, dtype=np.float32),
         np.zeros(16)[::2],
         np.zeros((2, 4)),
         frozen,
         np.zeros(8, dtype=">f8"),
-    ):
+    ]
+    for bad in cases:
         assert adopt(bad) is None
     assert not ring._lent
 
