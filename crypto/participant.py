@@ -661,8 +661,9 @@ class SecAggParticipant:
         (:func:`~spherecal.crypto.ring.adopt`; issue #24: no second buffer of the
         input's size to fault in) — the same words, masks and bytes on the wire. Its
         contents are then unspecified: the encoding while the job runs, zeros after
-        (or after a refusal). A vector that cannot host the encoding (not a writeable
-        C-contiguous float64 ndarray) is copied as without ``donate``.
+        (or after a refusal); its memory is never lent to another job. A vector that
+        cannot host the encoding (not a writeable C-contiguous float64 ndarray) is
+        copied as without ``donate``.
         """
         if self._stage is ParticipantStage.FAILED:
             raise JobAborted("this participant refused or failed earlier in the job")

@@ -436,7 +436,7 @@ class SecAggServer:
         nothing without the unmask stage's shares).
 
         The sum is a read-only view of the server's own, not a copy (issue #24: the
-        copy of a 7.6 MB FFC sum, into fresh pages, cost the coordinator 14–23 ms of
+        copy of a 7.6 MB FFC sum, into fresh pages, cost the coordinator 14–40 ms of
         CPU per job in the service): nothing adds into it after the masked stage
         closed, and a caller that needs it past :meth:`finish` copies it."""
         if self._stage not in (Stage.CONSISTENCY, Stage.UNMASK) or self._sum is None:

@@ -29,6 +29,7 @@ def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts with no spares and no loans (the pool is process-wide)."""
     monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
     monkeypatch.setattr(ring, "_lent", {})
+    monkeypatch.setattr(ring, "_adopted", set())
     yield
 
 
@@ -68,9 +69,11 @@ def test_a_donated_vector_holds_its_own_encoding_and_the_sum_is_exact(engine: st
         start=np.zeros(5000, dtype=ring.RING_DTYPE),
     )
     assert np.array_equal(result.ring_sum, exact)
-    # the job's end gives the loan back like any other: zeroed, kept as a spare
-    assert not ring._lent
-    assert any(np.shares_memory(spare, vector) for spare in ring._spare)
+    # the job's end gives the loan back: zeroed, and never a spare (the donor can
+    # still reach that memory), while the copying participants' buffers are
+    assert not ring._lent and not ring._adopted
+    assert len(ring._spare) == 3
+    assert not any(np.shares_memory(spare, vector) for spare in ring._spare)
     assert not vector.any()
 
 
@@ -117,6 +120,7 @@ def test_a_refused_donated_vector_is_left_whole_and_counted_right(engine: str) -
     assert np.array_equal(at_refusal, before)  # nothing was written before the check
     assert not ring._lent and client._encoded is None
     assert not vector.any()  # given up: zeroed with the loan
+    assert not any(np.shares_memory(spare, vector) for spare in ring._spare)
     client.set_input(net.inputs["p00"])  # the job goes on with a valid input
 
 
@@ -202,15 +206,20 @@ def test_a_donated_vector_of_the_wrong_length_is_refused_and_not_lent() -> None:
     client.set_input(net.inputs["p01"], donate=True)  # refused, not failed: goes on
 
 
-def test_adopt_lends_the_vector_and_give_back_keeps_it_as_a_spare() -> None:
+def test_adopt_lends_the_vector_and_give_back_zeroes_it_and_keeps_nothing() -> None:
+    """A donated vector's memory is zeroed when its loan ends and never becomes a spare:
+    its donor may still hold a reference, and a spare is lent to the next borrower.
+    Mutation: kept as a spare, the next ``borrow`` would hand the donor's memory to
+    another job."""
     vector = np.linspace(-1.0, 1.0, 512)
     words = adopt(vector)
     assert words is not None and words.dtype == ring.RING_DTYPE and words.shape == (512,)
     assert np.shares_memory(words, vector) and len(ring._lent) == 1
     give_back(words)
-    assert not ring._lent and not vector.any()
-    again = borrow(512)  # the next borrower gets that memory, zeroed
-    assert np.shares_memory(again, vector) and not again.any()
+    assert not ring._lent and not ring._adopted and not vector.any()
+    assert not ring._spare
+    again = borrow(512)  # new memory, not the donor's
+    assert not np.shares_memory(again, vector)
     with pytest.raises(ValueError, match="not on loan"):
         give_back(vector.view(ring.RING_DTYPE))
 
@@ -237,4 +246,4 @@ def test_a_dropped_donor_takes_its_loan_with_it() -> None:
     assert len(ring._lent) == 1
     del net, client
     gc.collect()
-    assert not ring._lent and not ring._spare
+    assert not ring._lent and not ring._adopted and not ring._spare

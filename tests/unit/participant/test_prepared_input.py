@@ -27,6 +27,7 @@ def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No spares and no loans from other tests (the pool is process-wide)."""
     monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
     monkeypatch.setattr(ring, "_lent", {})
+    monkeypatch.setattr(ring, "_adopted", set())
     yield
 
 
@@ -137,7 +138,7 @@ def test_a_statistics_job_that_donates_its_vector_prepares_nothing_and_encodes_i
     """``statistics_task`` starts its job with ``donates_input`` (issue #24): no buffer
     is prepared, ``set_input(donate=True)`` encodes into the statistics vector's own
     memory, the job ends with the exact sum (``_finish``: every site's input summed,
-    the release charged once), and the vector's memory ends as a zeroed spare."""
+    the release charged once), and the vector's memory ends zeroed, never a spare."""
     steps = fed.start_site()
     steps.releases.reserve(
         Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
@@ -167,5 +168,5 @@ def test_a_statistics_job_that_donates_its_vector_prepares_nothing_and_encodes_i
     fed.job.advance(frozenset(IDS))
     _finish(fed, from_stage="masked")
     assert not ring._lent
-    assert any(np.shares_memory(spare, vector) for spare in ring._spare)
+    assert not any(np.shares_memory(spare, vector) for spare in ring._spare)
     assert not vector.any()
