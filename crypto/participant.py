@@ -388,6 +388,20 @@ class SecAggParticipant:
             self._fail()
             raise
 
+    def close(self) -> None:
+        """Leave the job without another message: the keys, shares and input go, and
+        the input buffer is zeroed and kept for this process's next job
+        (:func:`~spherecal.crypto.ring.give_back`). Later calls raise as after a
+        refusal; a second call, or one after the unmask answer, does nothing.
+
+        Why (issue #24): a site forgets a job the coordinator moved on from, or whose
+        local work failed, after :meth:`prepare_input` faulted its buffer in. Dropped
+        with the participant, that buffer was freed, and the site's next job faulted in
+        a new one on its float → upload path. Call it from the thread that runs the
+        job's steps (as every other method)."""
+        if self._stage not in (ParticipantStage.DONE, ParticipantStage.FAILED):
+            self._fail()
+
     def _fail(self) -> None:
         self._stage = ParticipantStage.FAILED
         self._wipe()

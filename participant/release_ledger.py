@@ -212,8 +212,11 @@ class ReleaseLedger:
                     and federation == release.federation
                     and (rnd == release.round)
                 ):
+                    # the ledger keeps the wire's 0-based index; people read rounds
+                    # 1-based, as the coordinator's log, status and summary count them
+                    shown = "?" if release.round is None else str(release.round + 1)
                     return (
-                        f"the update of round {release.round} already left this site {was}; "
+                        f"the update of round {shown} already left this site {was}; "
                         "one update per (federation, round)"
                     )
             elif release.family == EVALUATION:

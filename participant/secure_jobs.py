@@ -252,8 +252,12 @@ class SecureSteps:
             self.ledger.keys_out(self.pid, job_id)
 
     def _drop(self, job_id: bytes) -> None:
-        """The job ends for this participant: forget it and delete its file."""
-        self.jobs.pop(job_id, None)
+        """The job ends for this participant: forget it and delete its file. Its
+        participant is closed (secrets dropped, the input buffer kept zeroed for the
+        next job, ``SecAggParticipant.close``)."""
+        session = self.jobs.pop(job_id, None)
+        if session is not None:
+            session.client.close()
         self._started.pop(job_id, None)
         if self.store is not None:
             try:

@@ -65,6 +65,8 @@ class SiteRelease:
     """Local data-split fingerprint (hex)."""
     content: str
     round: int | None
+    """1-based, as the coordinator's log, status and summary count rounds (the
+    ledger stores the wire's 0-based index); None for statistics and evaluation."""
     noised: bool
     epsilon: float | None
     delta: float | None
@@ -175,7 +177,7 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
             model=bytes(r[5]).hex(),
             data=bytes(r[6]).hex(),
             content=bytes(r[7]).hex(),
-            round=None if r[8] is None else int(r[8]),
+            round=None if r[8] is None else int(r[8]) + 1,
             noised=bool(r[9]),
             epsilon=None if r[10] is None else float(r[10]),
             delta=None if r[11] is None else float(r[11]),

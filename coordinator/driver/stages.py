@@ -61,15 +61,21 @@ def with_first_cause(error: str, dropped: dict[str, str]) -> str:
     ``TooFewSurvivors: … only 2 remained`` — while the cause is a site's refusal
     (``p0 withdrew: BAD_INPUT: refusing to encode: 1 of 158563 entries are outside
     the declared bound``). The reason a round, and then the federation, fails with
-    names that first cause. ``dropped`` maps a site to ``"stage: why"``."""
-    causes = []
+    names that first cause. Sites that withdrew at the same stage for the same reason
+    are named together, the reason once (every site refusing a repeated release says
+    the same sentence; ten copies of it would bury the rest of the status).
+    ``dropped`` maps a site to ``"stage: why"``."""
+    causes: dict[tuple[str, str], list[str]] = {}
     for site, why in dropped.items():
         stage, _, rest = why.partition(": ")
         if rest.startswith("withdrew: "):
-            causes.append(f"{site} withdrew at {stage}: {rest[len('withdrew: ') :][:240]}")
+            text = rest[len("withdrew: ") :][:240]
+            causes.setdefault((stage, text), []).append(site)
     if not causes:
         return error
-    return f"{error} — first cause: " + "; ".join(causes)
+    return f"{error} — first cause: " + "; ".join(
+        f"{', '.join(sites)} withdrew at {stage}: {text}" for (stage, text), sites in causes.items()
+    )
 
 
 def continue_journaled_job(

@@ -419,6 +419,14 @@ def test_the_same_training_round_leaves_once(
     first, second = ring.jobs.values()
     assert first.result is not None and second.result is None
     assert ring.refusal("train-1") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    # the site's audit counts rounds as the coordinator's log and summary do (1-based;
+    # the ledger keeps the wire's 0-based index), in its JSON, its text and the refusal
+    status, text = run_site_audit(tmp_path / "state", as_json=True)
+    report = json.loads(text)
+    assert [r["round"] for r in report["releases"] if r["kind"] == "update"] == [1]
+    (refusal,) = report["refusals"]
+    assert "the update of round 1 already left this site" in refusal["reason"]
+    assert " round 1 " in run_site_audit(tmp_path / "state")[1]
 
 
 def test_mutation_two_updates_of_one_round_are_identical(

@@ -29,3 +29,20 @@ def test_without_a_withdrawal_the_error_stands() -> None:
 def test_a_long_reason_is_cut() -> None:
     reason = with_first_cause(QUORUM, {"p0": "masked: withdrew: " + "x" * 1000})
     assert reason.endswith("x" * 240) and len(reason) < len(QUORUM) + 300
+
+
+def test_sites_giving_the_same_reason_are_named_together_and_others_apart() -> None:
+    refusal = "POLICY_REFUSAL: the update of round 2 already left this site"
+    dropped = {
+        "p0": f"advertise: withdrew: {refusal}",
+        "p1": f"advertise: withdrew: {refusal}",
+        "p2": "advertise: withdrew: BAD_INPUT: refusing to encode",
+        "p3": f"advertise: withdrew: {refusal}",
+        "p4": f"share: withdrew: {refusal}",
+        "p5": "advertise: disconnected / heartbeat timeout",
+    }
+    assert with_first_cause(QUORUM, dropped) == (
+        f"{QUORUM} — first cause: p0, p1, p3 withdrew at advertise: {refusal}; "
+        "p2 withdrew at advertise: BAD_INPUT: refusing to encode; "
+        f"p4 withdrew at share: {refusal}"
+    )

@@ -194,7 +194,8 @@ def test_training_releases_one_update_per_federation_and_round(tmp_path: Path) -
     ledger.reserve(update("F", 0), job="r0")
     ledger.reserve(update("F", 0), job="r0-retry")  # nothing left yet: a retry is admitted
     ledger.consume("r0")
-    with pytest.raises(ReleaseRepeated, match="round 0"):
+    # the wire's round 0 is the coordinator's "round 1": the refusal counts as it does
+    with pytest.raises(ReleaseRepeated, match=r"the update of round 1 already left"):
         ledger.reserve(update("F", 0, b"other model"), job="again")
     with pytest.raises(ReleaseRepeated):
         ledger.consume("r0-retry")

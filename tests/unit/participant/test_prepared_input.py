@@ -105,16 +105,27 @@ def test_a_job_taken_up_after_a_restart_is_prepared_again(fed: Federation) -> No
     assert client._loan is None and id(prepared) not in ring._lent
 
 
-def test_a_job_the_site_drops_before_its_input_keeps_no_loan(fed: Federation) -> None:
-    """The local work fails after the job started: the site withdraws, and the
-    prepared buffer goes with the forgotten job."""
+def test_a_job_the_site_drops_before_its_input_keeps_its_buffer_spare(fed: Federation) -> None:
+    """The local work fails after the job started: the site withdraws, the forgotten
+    job's participant is closed, and its prepared buffer is zeroed and kept for the
+    site's next job (it was freed with the job before: the next job faulted in anew)."""
     steps = fed.start_site()
-    assert _start(fed)._loan is not None
-    assert len(ring._lent) == 1
+    client = _start(fed)
+    prepared = client._loan
+    assert prepared is not None and len(ring._lent) == 1
+    prepared[:] = 7  # as if written: the spare must come back zeroed
     steps.abandon("task-1", steps.jobs[fed.job.job_id], ValueError("local work failed"))
     assert fed.job.job_id not in steps.jobs
-    gc.collect()
-    assert not ring._lent and not ring._spare  # freed with the job, never spare
+    assert not ring._lent
+    assert len(ring._spare) == 1 and ring._spare[0] is prepared.base
+    assert not ring._spare[0].any()
+    assert client.stage is crypto.ParticipantStage.FAILED
+    with pytest.raises(crypto.SecAggError):  # closed: it answers nothing more
+        client.set_input(fed.inputs["p1"])
+    client.close()  # a second close does nothing
+    assert len(ring._spare) == 1
+    again = ring.borrow(40, 64)  # the next job of the same size gets that memory
+    assert again.base is prepared.base
 
 
 def test_a_vector_refused_after_prepare_gives_the_buffer_back(fed: Federation) -> None:
