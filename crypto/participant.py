@@ -53,6 +53,7 @@ from spherecal.crypto._exceptions import (
     TooFewSurvivors,
     UnknownParticipant,
     WrongJob,
+    WrongLength,
     WrongRecipient,
 )
 from spherecal.crypto.channel import (
@@ -91,7 +92,7 @@ from spherecal.crypto.messages import (
 from spherecal.crypto.policy import SecAggPolicy
 from spherecal.crypto.prg import MaskExpander, MaskSeed
 from spherecal.crypto.replay import JobLedger, default_ledger
-from spherecal.crypto.ring import add_noise, borrow, encode_into, give_back
+from spherecal.crypto.ring import add_noise, adopt, borrow, encode_into, give_back
 from spherecal.crypto.spec import JobSpec, keys_needed
 
 __all__ = ["ParticipantStage", "SecAggParticipant"]
@@ -654,7 +655,13 @@ class SecAggParticipant:
         if self._loan is None:
             self._loan = borrow(self.spec.length, self.spec.ring_bits, prefault=True)
 
-    def set_input(self, vector: npt.ArrayLike, *, noise: npt.ArrayLike | None = None) -> None:
+    def set_input(
+        self,
+        vector: npt.ArrayLike,
+        *,
+        noise: npt.ArrayLike | None = None,
+        donate: bool = False,
+    ) -> None:
         """Fix this participant's input (float vector of ``spec.length`` entries, each
         ``|x| <= spec.bound``) and optional integer DP noise (ring units,
         ``|noise| <= spec.noise_bound``), added in the ring before masking.
@@ -662,6 +669,15 @@ class SecAggParticipant:
         May be called once, at any stage before unmasking. The input is frozen
         afterwards because re-sending a *different* vector under the same masks
         would reveal the difference of the two inputs to the coordinator.
+
+        ``donate``: the caller gives ``vector`` up, and in a 64-bit ring with no buffer
+        prepared (:meth:`prepare_input`) it is encoded in place, in its own memory
+        (:func:`~spherecal.crypto.ring.adopt`; issue #24: no second buffer of the
+        input's size to fault in) — the same words, masks and bytes on the wire. Its
+        contents are then unspecified: the encoding while the job runs, zeros after
+        (or after a refusal); its memory is never lent to another job. A vector that
+        cannot host the encoding (not a writeable C-contiguous float64 ndarray) is
+        copied as without ``donate``.
         """
         if self._stage is ParticipantStage.FAILED:
             raise JobAborted("this participant refused or failed earlier in the job")
@@ -670,9 +686,18 @@ class SecAggParticipant:
         if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
         spec = self.spec
-        # Into the buffer prepare_input() made resident, else into an earlier job's
-        # array when this process has one (no page faults either way).
-        encoded = self._loan if self._loan is not None else borrow(spec.length, spec.ring_bits)
+        # Into the buffer prepare_input() made resident, else (donated) the vector's own
+        # memory, else an earlier job's array when this process has one (no page faults
+        # in any of the three).
+        encoded = self._loan
+        if encoded is None and donate and spec.ring_bits == 64 and isinstance(vector, np.ndarray):
+            if vector.shape != (spec.length,):  # the loan must be the job's length
+                raise WrongLength(
+                    f"expected a vector of length {spec.length}, got shape {vector.shape}"
+                )
+            encoded = adopt(vector)
+        if encoded is None:
+            encoded = borrow(spec.length, spec.ring_bits)
         self._loan = None
         try:
             encode_into(encoded, vector, scale_bits=spec.scale_bits, bound=spec.bound, scratch=True)

@@ -64,6 +64,7 @@ __all__ = [
     "RING_WIDTHS",
     "RingChoice",
     "add_noise",
+    "adopt",
     "borrow",
     "choose_ring",
     "choose_scale_bits",
@@ -230,8 +231,11 @@ def encode_into(
     ``[-bound, bound]`` or any NaN/Inf, before writing anything — unless ``scratch``
     says ``out`` holds nothing to keep (a fresh or borrowed array): then the native
     kernel checks and encodes each cache-sized tile in one pass over ``values``, and a
-    refusal may leave ``out`` partly written. The message names how
-    many entries are out of bound and the bound, never the values (they are private).
+    refusal may leave ``out`` partly written. ``out`` may be ``values``' own memory
+    (:func:`adopt`): each word is written after its float is read, and ``scratch`` is
+    then ignored, so a refusal leaves ``values`` whole (and its message's count right).
+    The message names how many entries are out of bound and the bound, never the
+    values (they are private).
 
     Rounding is exact and equal to ``np.rint`` (half to even): with ``|x| * 2^f <= 2^50``
     (:func:`choose_scale_bits` keeps every job there) ``x * 2^f + 1.5·2^52`` is rounded
@@ -242,6 +246,8 @@ def encode_into(
     rounding run in C, one vectorised pass each over the whole vector, same bytes.
     """
     x = _as_vector(values, out.shape[0])
+    if scratch and np.may_share_memory(out, x):
+        scratch = False  # encoded in place (adopt): check all before writing any word
     # Beyond 2^50 (a caller-chosen scale) the magic addition is not exact: use rint.
     magic = math.ldexp(bound, scale_bits) <= 2.0**PRECISION_BITS
     scale = math.ldexp(1.0, scale_bits)  # exact: a power of two
@@ -285,6 +291,9 @@ _spare: deque[npt.NDArray[np.uint8]] = deque(maxlen=SPARE_BUFFERS)
 """Spare buffers (raw bytes, all zero), oldest first: each is in here or on one loan."""
 _lent: dict[int, tuple[weakref.ref[npt.NDArray[np.unsignedinteger]], npt.NDArray[np.uint8]]] = {}
 """Live loans: ``id(view)`` → (a weak reference to the view, the buffer under it)."""
+_adopted: set[int] = set()
+"""Loans of a donated vector's own memory (:func:`adopt`), by ``id(view)``: given back
+zeroed but never kept as a spare — its donor may still hold a reference to it."""
 _spare_lock = threading.Lock()
 
 
@@ -293,8 +302,9 @@ def _forget(key: int, ref: weakref.ref[npt.NDArray[np.unsignedinteger]]) -> None
     reference to its buffer (freed, never reused). Runs while the view is deallocated,
     before its memory (and so its ``id``) can be reused: only that loan can match."""
     entry = _lent.get(key)
-    if entry is not None and entry[0] is ref:
-        del _lent[key]
+    if entry is None or entry[0] is ref:  # this loan, or none: not a newer one's id
+        _lent.pop(key, None)
+        _adopted.discard(key)
 
 
 def _fault_in(buffer: npt.NDArray[np.uint8]) -> None:
@@ -364,6 +374,39 @@ def borrow(
     return view
 
 
+def adopt(values: npt.NDArray[np.float64]) -> npt.NDArray[np.uint64] | None:
+    """Put a float64 vector's own memory on loan as the 64-bit ring words its encoding
+    will be written into (:func:`encode_into` encodes it in place), or None where it
+    cannot host one: not a writeable, aligned, C-contiguous 1-D native ``float64``
+    ndarray. The caller gives the vector up: after this its bytes are the encoding,
+    and :func:`give_back` ends the loan by zeroing them — but never keeps that memory
+    as a spare, since the donor may still hold a reference to it (a spare is memory no
+    one else can reach).
+
+    Why (issue #24): a secure statistics job's input is a fresh 7.6 MB float vector
+    (FFC at l = 1280, C = 100) that nothing reads once it is encoded, while the encoding
+    went into a second buffer of the same size — a new one in a process's first such
+    job, whose page faults cost 17–18 ms of CPU per site in the service (ten sites on the
+    2-core box, three runs); a word of the 64-bit ring is exactly the size of a float64,
+    so the input's own pages can hold it."""
+    if (
+        not isinstance(values, np.ndarray)
+        or values.ndim != 1
+        or values.dtype != np.dtype("=f8")
+        or not values.flags.c_contiguous
+        or not values.flags.writeable
+        or not values.flags.aligned
+    ):
+        return None
+    base: npt.NDArray[np.uint8] = values.view(np.uint8)
+    view: npt.NDArray[np.uint64] = values.view(RING_DTYPE)
+    with _spare_lock:
+        key = id(view)
+        _lent[key] = (weakref.ref(view, partial(_forget, key)), base)
+        _adopted.add(key)
+    return view
+
+
 def give_back(buffer: npt.NDArray[np.unsignedinteger]) -> None:
     """End the loan of ``buffer`` (an array :func:`borrow` returned, still on loan):
     zero the whole buffer under it (it held a participant's encoded input) and keep
@@ -380,8 +423,12 @@ def give_back(buffer: npt.NDArray[np.unsignedinteger]) -> None:
                 "give_back() takes an array borrow() returned, once; this one is not on loan"
             )
         del _lent[id(buffer)]
+        donated = id(buffer) in _adopted
+        _adopted.discard(id(buffer))
     base = entry[1]
     base.fill(0)  # outside the lock: on no loan and not yet spare, nobody else sees it
+    if donated:
+        return  # zeroed; its donor's memory is never lent to another borrower
     with _spare_lock:
         _spare.append(base)
 

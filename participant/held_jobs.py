@@ -32,9 +32,10 @@ the only new material at rest is a ciphertext the coordinator sees too. Each chu
 is sealed on its own (AES-256-GCM, the job id, the chunk index and the chunk count
 bound as associated data: no chunk can be dropped, reordered or moved to another
 job), so writing and streaming take one chunk of memory at a time. The held-job
-record carries the digest of the chunks (:func:`masked_digest`, the same digest of
-chunk digests the coordinator's upload receipt carries), and a restored file must
-match it.
+record names the file by the digest of its seals — each chunk's nonce and tag
+(:func:`seals_digest`; format 2, issue #24: no second pass over the vector), so a
+restored file must be the very file written before the record — and a file of format
+1, named by the digest of its chunks, is refused with its reason.
 
 How: one file per job, ``<state_dir>/held-jobs/<job id>.job``, mode 0600 in a 0700
 folder, sealed with AES-256-GCM under a key derived (HKDF-SHA256) from the site's
@@ -99,12 +100,15 @@ __all__ = [
     "HeldJobStore",
     "MASKED_SUFFIX",
     "masked_digest",
+    "seals_digest",
 ]
 
 FOLDER = "held-jobs"
 MAGIC = b"SPHERECAL-HELD-JOB 1\n"  # version 1: one sealed record (still read)
 LOG_MAGIC = b"SPHERECAL-HELD-JOB 2\n"  # version 2: a log of sealed records
-MASKED_MAGIC = b"SPHERECAL-HELD-MASKED 1\n"
+MASKED_MAGIC_V1 = b"SPHERECAL-HELD-MASKED 1\n"  # named by its chunks' SHA-256: refused
+MASKED_MAGIC = b"SPHERECAL-HELD-MASKED 2\n"  # named by its seals (:func:`seals_digest`)
+_SEALS_CONTEXT = b"spherecal held masked seals v2\x00"
 NONCE_BYTES = 12
 SUFFIX = ".job"
 MASKED_SUFFIX = ".masked"
@@ -113,12 +117,29 @@ _TAG = 16  # AES-GCM's authentication tag
 
 
 def masked_digest(chunks: Iterable[bytes]) -> str:
-    """SHA-256 over the SHA-256 of each chunk, in order (hex): what the held-job
-    record keeps of the masked input, and what the coordinator's upload receipt
-    carries."""
+    """SHA-256 over the SHA-256 of each chunk, in order (hex): what the coordinator's
+    upload receipt carries (and what a held-job record of format 1 named its masked
+    input by; format 2 names it by :func:`seals_digest`)."""
     outer = hashlib.sha256()
     for chunk in chunks:
         outer.update(hashlib.sha256(chunk).digest())
+    return outer.hexdigest()
+
+
+def seals_digest(seals: Iterable[bytes]) -> str:
+    """SHA-256 (hex) over the nonce and authentication tag of each sealed chunk of a
+    stored masked input, in order: what the held-job record names the file by (format 2).
+
+    Why the seals and not the chunks (issue #24): each chunk is sealed with AES-GCM
+    under the store's key, its job, index and count bound as associated data, so the
+    (nonce, tag) pairs identify one written file — another file of the same job (a
+    recomputed input, or the same chunks sealed again: fresh random nonces) names
+    itself by other seals, and no one without the key can make chunks that pass under
+    these tags. A SHA-256 of the plaintext chunks (format 1) bound the same file with a
+    second pass over the 7.6 MB vector (5 ms of CPU per site in the FFC stage)."""
+    outer = hashlib.sha256(_SEALS_CONTEXT)
+    for seal in seals:
+        outer.update(seal)
     return outer.hexdigest()
 
 
@@ -156,7 +177,7 @@ class HeldJob:
     state: bytes
     """``crypto.HeldState`` bytes."""
     masked: str | None = None
-    """:func:`masked_digest` of the masked input in the sibling ``.masked`` file, once
+    """:func:`seals_digest` of the masked input in the sibling ``.masked`` file, once
     written (None: the upload had not been prepared, or a record of the first
     version)."""
 
@@ -327,11 +348,12 @@ class HeldJobStore:
 
     def save_masked(self, job_id: bytes, chunks: Iterable[bytes], count: int) -> str:
         """Write ``job_id``'s masked input (``count`` chunk messages, in order)
-        atomically, durable on return; returns its :func:`masked_digest`. A file
-        already there is replaced (the same bytes: chunks are deterministic)."""
+        atomically, durable on return; returns its :func:`seals_digest` (the record
+        names the file by it). A file already there is replaced (the same chunks:
+        they are deterministic; new seals)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         aead = AESGCM(self._key)
-        outer = hashlib.sha256()
+        seals: list[bytes] = []
         written = 0
         # One ciphertext buffer for every chunk, sealed into in place: a fresh
         # chunk-sized allocation per seal, and the two concatenations that framed it,
@@ -346,13 +368,13 @@ class HeldJobStore:
             for index, chunk in enumerate(chunks):
                 if index >= count:
                     raise ValueError(f"more than the {count} chunks announced")
-                outer.update(hashlib.sha256(chunk).digest())
                 nonce = os.urandom(NONCE_BYTES)
                 size = len(chunk) + _TAG
                 if len(sealed) < size:
                     sealed = bytearray(size)
                 out = memoryview(sealed)[:size]
                 aead.encrypt_into(nonce, chunk, self._masked_aad(job_id, index, count), out)
+                seals.append(nonce + bytes(out[-_TAG:]))
                 written += 1
                 yield (NONCE_BYTES + size).to_bytes(_LEN, "big") + nonce
                 yield out
@@ -360,18 +382,29 @@ class HeldJobStore:
                 raise ValueError(f"{written} chunks written, {count} announced")
 
         self._write_atomic(self.masked_path(job_id), parts())
-        return outer.hexdigest()
+        return seals_digest(seals)
 
     def masked_chunks(self, job_id: bytes) -> Iterator[bytes]:
         """The stored masked chunks of ``job_id`` in order, each checked as it is read
         (one chunk in memory at a time); :class:`CorruptHeldJob` at the first one
         that is not exactly what :meth:`save_masked` wrote — a truncated file is
         refused at its end, so a stream of it is cut before it is whole and the
-        coordinator discards it. FileNotFoundError if there is none."""
+        coordinator discards it — and for a file of format 1 (its record names it by
+        another digest). FileNotFoundError if there is none."""
+        for chunk, _ in self._masked_read(job_id):
+            yield chunk
+
+    def _masked_read(self, job_id: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(chunk, its seal: nonce and tag) of each stored chunk, checked as read."""
         aead = AESGCM(self._key)
         where = self.masked_path(job_id)
         with where.open("rb") as f:
             head = f.read(len(MASKED_MAGIC) + 1)
+            if head.startswith(MASKED_MAGIC_V1):
+                raise CorruptHeldJob(
+                    f"{where} is a masked input stored in format 1 (named by another "
+                    "digest than its record's format 2 names); it is not sent again"
+                )
             if len(head) != len(MASKED_MAGIC) + 1 or not head.startswith(MASKED_MAGIC):
                 raise CorruptHeldJob(f"{where} is not a held masked input")
             stored_id = f.read(head[-1])
@@ -384,7 +417,7 @@ class HeldJobStore:
                 if size <= NONCE_BYTES or len(sealed) != size:
                     raise CorruptHeldJob(f"{where} is truncated at chunk {index} of {count}")
                 try:
-                    yield aead.decrypt(
+                    chunk = aead.decrypt(
                         sealed[:NONCE_BYTES],
                         sealed[NONCE_BYTES:],
                         self._masked_aad(job_id, index, count),
@@ -393,13 +426,15 @@ class HeldJobStore:
                     raise CorruptHeldJob(
                         f"{where} fails its integrity check at chunk {index}"
                     ) from None
+                yield chunk, sealed[:NONCE_BYTES] + sealed[-_TAG:]
             if f.read(1):
                 raise CorruptHeldJob(f"{where} has bytes after its last chunk")
 
     def check_masked(self, job_id: bytes, digest: str) -> None:
-        """Read the whole stored masked input once: :class:`CorruptHeldJob` unless it
-        is intact and its :func:`masked_digest` is ``digest`` (the record's)."""
-        if masked_digest(self.masked_chunks(job_id)) != digest:
+        """Read the whole stored masked input once: :class:`CorruptHeldJob` unless
+        every chunk is intact and its :func:`seals_digest` is ``digest`` (the
+        record's: this very file, not another of the same job)."""
+        if seals_digest(seal for _, seal in self._masked_read(job_id)) != digest:
             raise CorruptHeldJob(
                 f"{self.masked_path(job_id)} is not the masked input its job record names"
             )

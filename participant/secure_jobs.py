@@ -281,11 +281,17 @@ class SecureSteps:
         expected_length: int,
         release: str | None = None,
         overlapped: bool = False,
+        donates_input: bool = False,
     ) -> SecureSession | None:
         """Validate the job against this participant's policy, claim it, advertise
         keys and answer the share step — before any local work. None when refused
         (already reported) or when the coordinator moved on meanwhile: the caller
         then skips the local work.
+
+        ``donates_input``: the caller will give its input vector up
+        (:meth:`set_input` with ``donate``), so no buffer is prepared for the
+        encoding (:meth:`_prepare_input`): in a 64-bit ring it goes into the vector's
+        own memory.
 
         A job this participant already holds (the coordinator restarted and
         continues it) is not started again: what it sent is sent again, byte for
@@ -328,7 +334,7 @@ class SecureSteps:
         )
         if early.deferred is not None:
             self._deferred = early.deferred
-        if early.proceed:
+        if early.proceed and not (donates_input and session.spec.ring_bits == 64):
             self._prepare_input(session)
         return session if early.proceed else None
 
@@ -470,10 +476,13 @@ class SecureSteps:
         vector: npt.NDArray[np.float64],
         *,
         noise: npt.NDArray[np.int64] | None = None,
+        donate: bool = False,
     ) -> bool:
         """Fix the job's input once computed; False (reported) when it cannot be.
         With ``[policy] min_local_work_s`` it first waits until that long after the
-        task arrived (so the next messages' timing says nothing about the data)."""
+        task arrived (so the next messages' timing says nothing about the data).
+        ``donate``: the caller gives ``vector`` up (its memory may hold the encoding,
+        ``crypto.SecAggParticipant.set_input``)."""
         started = self._started.pop(session.job_id, None)
         if self.min_local_work_s > 0 and started is not None:
             left = started + self.min_local_work_s - time.monotonic()
@@ -485,7 +494,7 @@ class SecureSteps:
                     f"min_local_work_s = {self.min_local_work_s:g} s; its timing is not hidden"
                 )
         try:
-            session.set_input(vector, noise=noise)
+            session.set_input(vector, noise=noise, donate=donate)
         except crypto.SecAggError as exc:
             self.abandon(task_id, session, exc)
             return False

@@ -157,7 +157,7 @@ class SecureSession:
             self.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
         self.masked_digest: str | None = None
-        """``held_jobs.masked_digest`` of the masked input stored in the site's
+        """``held_jobs.seals_digest`` of the masked input stored in the site's
         held-jobs folder before its upload began (None: not stored)."""
         self.resent = False
         """Restored with its masked input stored: an upload of it now is a repeat."""
@@ -217,14 +217,20 @@ class SecureSession:
         return self
 
     def set_input(
-        self, vector: npt.NDArray[np.float64], *, noise: npt.NDArray[np.int64] | None = None
+        self,
+        vector: npt.NDArray[np.float64],
+        *,
+        noise: npt.NDArray[np.int64] | None = None,
+        donate: bool = False,
     ) -> None:
+        """Fix the job's input; ``donate``: the caller gives ``vector`` up, and it may
+        be encoded in its own memory (``crypto.SecAggParticipant.set_input``)."""
         if self.spec.length != vector.shape[0]:
             raise crypto.WrongLength(
                 f"job expects {self.spec.length} entries but this participant's input has "
                 f"{vector.shape[0]}"
             )
-        self.client.set_input(vector, noise=noise)
+        self.client.set_input(vector, noise=noise, donate=donate)
 
     @property
     def job_id(self) -> bytes:

@@ -101,6 +101,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
                 expected_length=length,
                 release=release,
                 overlapped=True,
+                donates_input=True,
             )
             if session is None:
                 return  # the result is dropped once computed: nothing of it leaves
@@ -109,14 +110,21 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
     else:
         if secure:
             session = runner.secure.start(
-                task_id, task.secure, round_index=None, expected_length=length, release=release
+                task_id,
+                task.secure,
+                round_index=None,
+                expected_length=length,
+                release=release,
+                donates_input=True,
             )
             if session is None:
                 return
         stats, seconds = _statistics_of(runner, trainer, vector, kind)
     runner.log(f"{kind} statistics: {stats.shape[0]} entries in {seconds:.1f}s")
     if session is not None:
-        runner.secure.set_input(task_id, session, stats)
+        # the statistics vector is given up: it is encoded in its own memory (no
+        # second buffer of its size to fault in; issue #24)
+        runner.secure.set_input(task_id, session, stats, donate=True)
     else:
         runner._upload_plain(task_id, stats, None, release=release)
 
@@ -166,7 +174,12 @@ def _private_statistics(
         f"{plan.delta:g}; local total ε = {entry['epsilon_total']:.4g}"
     )
     session = runner.secure.start(
-        task_id, task.secure, round_index=None, expected_length=plan.length, release=release_key
+        task_id,
+        task.secure,
+        round_index=None,
+        expected_length=plan.length,
+        release=release_key,
+        donates_input=True,
     )
     if session is None:
         return
@@ -179,4 +192,4 @@ def _private_statistics(
         return
     noise = sample_noise(noise_plan)
     runner.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")
-    runner.secure.set_input(task_id, session, stats, noise=noise)
+    runner.secure.set_input(task_id, session, stats, noise=noise, donate=True)

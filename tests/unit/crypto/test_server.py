@@ -590,3 +590,30 @@ def test_inconsistent_mask_key_shares_of_a_dropout_are_detected(
         net.server.receive(net.clients[p].unmask(net.server.unmask_request_for(p)), sender=p)
     with pytest.raises(ForgedShare, match="advertised key"):
         net.server.finish()
+
+
+def test_the_masked_snapshot_is_a_read_only_view_of_the_sum_until_finish() -> None:
+    """Issue #24: ``masked_snapshot`` lends the sum (no 7.6 MB copy per job in the
+    service) — read-only, so a journal writing it cannot change what ``finish``
+    unmasks; the sum is the participants' masked chunks added in the ring."""
+    net = Net(4, length=300, chunk_size=64)
+    net.advertise()
+    net.share()
+    net.deliver_bundles()
+    expected = np.zeros(300, dtype=np.uint64)
+    for p in net.ids:
+        net.clients[p].set_input(net.inputs[p])
+        for i in range(net.spec.n_chunks):
+            chunk = net.clients[p].masked_chunk(i)
+            start, stop = net.spec.chunk_bounds(i)
+            expected[start:stop] += np.frombuffer(chunk.payload, dtype="<u8")
+            net.server.receive(chunk, sender=p)
+    net.server.close_stage()
+    survivors, total = net.server.masked_snapshot()
+    assert survivors == frozenset(net.ids)
+    assert np.array_equal(total, expected)
+    assert not total.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        total[0] = 0
+    result = net.unmask()
+    np.testing.assert_allclose(result.values, net.expected(net.ids), atol=net.tolerance())

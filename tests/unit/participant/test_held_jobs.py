@@ -3,6 +3,7 @@ a session restored from it answers the rest of the job with the exact sum."""
 
 from __future__ import annotations
 
+import hashlib
 import stat
 from pathlib import Path
 from typing import cast
@@ -307,10 +308,62 @@ def test_a_restarted_process_restores_only_its_federations_usable_jobs(tmp_path:
 CHUNKS = [bytes([k]) * (100 + k) for k in range(4)]
 
 
+def _seals_of_file(blob: bytes, count: int) -> str:
+    """The digest a format-2 record names a stored masked input by, computed from the
+    file's bytes as the format states: SHA-256 of a context string, then each sealed
+    chunk's nonce and tag in order."""
+    magic = b"SPHERECAL-HELD-MASKED 2\n"
+    assert blob.startswith(magic)
+    at = len(magic) + 1 + blob[len(magic)] + 4
+    outer = hashlib.sha256(b"spherecal held masked seals v2\x00")
+    for _ in range(count):
+        size = int.from_bytes(blob[at : at + 4], "big")
+        sealed = blob[at + 4 : at + 4 + size]
+        outer.update(sealed[:12] + sealed[-16:])
+        at += 4 + size
+    assert at == len(blob)
+    return outer.hexdigest()
+
+
+def test_the_record_names_one_written_file_not_any_valid_one_of_the_job(tmp_path: Path) -> None:
+    """Issue #24 (format 2): the record's digest covers the seals, so a file the site
+    sealed for the same job afterwards — another input, or the same chunks sealed
+    again — is refused against the record of the first. Mutation: the seals alone
+    (AES-GCM) accept either file, so without the record's digest a recomputed input
+    would be sent as the stored one."""
+    store = _store(tmp_path)
+    first = store.save_masked(JOB, iter(CHUNKS), len(CHUNKS))
+    other = [bytes([k + 50]) * (100 + k) for k in range(4)]
+    second = store.save_masked(JOB, iter(other), len(other))
+    assert second != first
+    assert list(store.masked_chunks(JOB)) == other  # intact: the seals pass
+    with pytest.raises(CorruptHeldJob, match="not the masked input"):
+        store.check_masked(JOB, first)
+    again = store.save_masked(JOB, iter(CHUNKS), len(CHUNKS))  # same chunks, new seals
+    assert again != first
+    with pytest.raises(CorruptHeldJob, match="not the masked input"):
+        store.check_masked(JOB, first)
+    store.check_masked(JOB, again)
+
+
+def test_a_masked_input_of_format_1_is_refused_with_its_reason(tmp_path: Path) -> None:
+    """A file written before format 2 (named by the SHA-256 of its chunks) is refused
+    clearly rather than checked against a digest of another kind."""
+    store = _store(tmp_path)
+    store.save_masked(JOB, iter(CHUNKS), len(CHUNKS))
+    path = store.masked_path(JOB)
+    blob = path.read_bytes()
+    path.write_bytes(b"SPHERECAL-HELD-MASKED 1\n" + blob[len(b"SPHERECAL-HELD-MASKED 2\n") :])
+    with pytest.raises(CorruptHeldJob, match="format 1"):
+        list(store.masked_chunks(JOB))
+    with pytest.raises(CorruptHeldJob, match="format 1"):
+        store.check_masked(JOB, masked_digest(CHUNKS))
+
+
 def test_masked_input_round_trip_mode_digest_and_deletion(tmp_path: Path) -> None:
     store = _store(tmp_path)
     digest = store.save_masked(JOB, iter(CHUNKS), len(CHUNKS))
-    assert digest == masked_digest(CHUNKS)
+    assert digest == _seals_of_file(store.masked_path(JOB).read_bytes(), len(CHUNKS))
     assert list(store.masked_chunks(JOB)) == CHUNKS
     store.check_masked(JOB, digest)
     where = store.masked_path(JOB)
@@ -339,7 +392,7 @@ def test_masked_chunks_of_falling_sizes_through_one_seal_buffer(tmp_path: Path) 
     assert list(store.masked_chunks(JOB)) == chunks
     store.check_masked(JOB, digest)
     blob = store.masked_path(JOB).read_bytes()
-    magic = b"SPHERECAL-HELD-MASKED 1\n"
+    magic = b"SPHERECAL-HELD-MASKED 2\n"
     head = len(magic) + 1 + len(JOB) + 4
     assert blob[:head] == magic + bytes([len(JOB)]) + JOB + len(chunks).to_bytes(4, "big")
     raw = identity.private_bytes(

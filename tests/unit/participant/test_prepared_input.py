@@ -27,6 +27,7 @@ def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No spares and no loans from other tests (the pool is process-wide)."""
     monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
     monkeypatch.setattr(ring, "_lent", {})
+    monkeypatch.setattr(ring, "_adopted", set())
     yield
 
 
@@ -140,3 +141,43 @@ def test_a_vector_refused_after_prepare_gives_the_buffer_back(fed: Federation) -
     assert not ring._lent
     assert len(ring._spare) == 1 and ring._spare[0] is prepared.base
     assert not ring._spare[0].any()
+
+
+def test_a_statistics_job_that_donates_its_vector_prepares_nothing_and_encodes_in_it(
+    fed: Federation,
+) -> None:
+    """``statistics_task`` starts its job with ``donates_input`` (issue #24): no buffer
+    is prepared, ``set_input(donate=True)`` encodes into the statistics vector's own
+    memory, the job ends with the exact sum (``_finish``: every site's input summed,
+    the release charged once), and the vector's memory ends zeroed, never a spare."""
+    steps = fed.start_site()
+    steps.releases.reserve(
+        Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
+        job=fed.release,
+    )
+    session = steps.start(
+        "task-1",
+        fed.job.job_message("p1"),
+        round_index=None,
+        expected_length=40,
+        release=fed.release,
+        donates_input=True,
+    )
+    assert session is not None
+    client = session.client
+    assert client._loan is None and not ring._lent  # nothing prepared
+    vector = np.array(fed.inputs["p1"], dtype=np.float64, copy=True)
+    assert steps.set_input("task-1", session, vector, donate=True)
+    assert client._encoded is not None and np.shares_memory(client._encoded, vector)
+    spec = fed.job.spec
+    expected = crypto.encode(fed.inputs["p1"], scale_bits=spec.scale_bits, bound=spec.bound)
+    assert np.array_equal(client._encoded, expected)
+    fed.others("advertise")
+    fed.job.advance(frozenset(IDS))
+    fed.site_step()
+    fed.others("share")
+    fed.job.advance(frozenset(IDS))
+    _finish(fed, from_stage="masked")
+    assert not ring._lent
+    assert not any(np.shares_memory(spare, vector) for spare in ring._spare)
+    assert not vector.any()
