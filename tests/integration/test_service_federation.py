@@ -185,6 +185,8 @@ def test_each_site_audits_its_own_releases_with_their_rosters(
         for release, job in zip(released, results["jobs"], strict=True):
             assert release.job == job["job_id"]
             assert release.survivors == sorted(job["contributors"])
+            # the site's audit and the coordinator's summary count rounds alike
+            assert release.round == job["round"], (release, job)
         for evaluation in released[3:]:
             assert evaluation.noised and (evaluation.epsilon or 0) > 0
         assert audit.pairs == [] and audit.refusals == [] and audit.ok
