@@ -15,6 +15,8 @@ when each test ran (``tests/schedule.py``).
 from __future__ import annotations
 
 import os
+from collections import deque
+from collections.abc import Iterator
 
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
@@ -27,6 +29,19 @@ from tests.schedule import load_table, longest_first, now, record  # noqa: E402
 
 torch.set_num_threads(1)
 threadpool_limits(limits=1)  # numpy may have loaded OpenBLAS before this file
+
+
+@pytest.fixture
+def fresh_ring_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No spare buffers, loans or donated vectors left by other tests: the encoded-input
+    pool of ``spherecal.crypto.ring`` is process-wide (a test asserting what is spare or
+    on loan uses it, ``pytest.mark.usefixtures("fresh_ring_pool")``)."""
+    from spherecal.crypto import ring
+
+    monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
+    monkeypatch.setattr(ring, "_lent", {})
+    monkeypatch.setattr(ring, "_adopted", set())
+    yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

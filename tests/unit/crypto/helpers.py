@@ -187,3 +187,15 @@ def flip(data: bytes, index: int = 0) -> bytes:
     out = bytearray(data)
     out[index] ^= 0x01
     return bytes(out)
+
+
+def advertised_client(length: int, *, ring_bits: int = 64) -> SecAggParticipant:
+    """p0 of a three-participant job (threshold 2, bound 1) past its advertisement:
+    the participant alone, for tests of how it holds and encodes its input."""
+    ids = ["p0", "p1", "p2"]
+    identities = {p: generate_identity() for p in ids}
+    directory = {p: identity_public_bytes(k) for p, k in identities.items()}
+    spec = JobSpec.create(ids, threshold=2, length=length, bound=1.0, ring_bits=ring_bits)
+    client = SecAggParticipant(spec, "p0", identities["p0"], directory)
+    client.advertise_keys()
+    return client

@@ -8,29 +8,18 @@ copied exactly as without ``donate``."""
 from __future__ import annotations
 
 import gc
-from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from spherecal.crypto import generate_identity, identity_public_bytes, native, participant, ring
+from spherecal.crypto import native, participant, ring
 from spherecal.crypto._exceptions import EncodingOverflow, WrongLength
-from spherecal.crypto.participant import SecAggParticipant
 from spherecal.crypto.ring import adopt, borrow, encode, encode_into, give_back
-from spherecal.crypto.spec import JobSpec
 
-from .helpers import Net
+from .helpers import Net, advertised_client
 
-
-@pytest.fixture(autouse=True)
-def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no spares and no loans (the pool is process-wide)."""
-    monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
-    monkeypatch.setattr(ring, "_lent", {})
-    monkeypatch.setattr(ring, "_adopted", set())
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_ring_pool")  # tests/conftest.py
 
 
 @pytest.fixture(params=["native", "numpy"])
@@ -166,19 +155,14 @@ def test_a_vector_that_cannot_host_the_encoding_is_copied(make: object) -> None:
 
 
 def test_a_32_bit_job_copies_a_donated_vector() -> None:
-    ids = ["p0", "p1", "p2"]
-    identities = {p: generate_identity() for p in ids}
-    directory = {p: identity_public_bytes(k) for p, k in identities.items()}
-    spec = JobSpec.create(ids, threshold=2, length=900, bound=1.0, ring_bits=32)
-    client = SecAggParticipant(spec, "p0", identities["p0"], directory)
-    client.advertise_keys()
+    client = advertised_client(900, ring_bits=32)
     vector = np.random.default_rng(3).uniform(-1.0, 1.0, 900)
     before = vector.copy()
     client.set_input(vector, donate=True)
     assert client._encoded is not None and client._encoded.dtype == np.uint32
     assert not np.shares_memory(client._encoded, vector)
     assert np.array_equal(vector, before)
-    expected = encode(before, scale_bits=spec.scale_bits, bound=1.0, ring_bits=32)
+    expected = encode(before, scale_bits=client.spec.scale_bits, bound=1.0, ring_bits=32)
     assert np.array_equal(client._encoded, expected)
 
 

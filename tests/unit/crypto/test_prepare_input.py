@@ -8,29 +8,21 @@ from __future__ import annotations
 import gc
 import random
 import resource
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from spherecal.crypto import generate_identity, identity_public_bytes, ring
+from spherecal.crypto import ring
 from spherecal.crypto._exceptions import EncodingOverflow, JobAborted, OutOfStage, WrongJob
-from spherecal.crypto.participant import ParticipantStage, SecAggParticipant
+from spherecal.crypto.participant import ParticipantStage
 from spherecal.crypto.ring import borrow, encode, give_back
 from spherecal.crypto.simulation import run_protocol
 from spherecal.crypto.spec import JobSpec
 
-from .helpers import Net
+from .helpers import Net, advertised_client
 
-
-@pytest.fixture(autouse=True)
-def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no spares and no loans (the pool is process-wide)."""
-    monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
-    monkeypatch.setattr(ring, "_lent", {})
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_ring_pool")  # tests/conftest.py
 
 
 def _loans() -> list[np.ndarray]:
@@ -63,17 +55,12 @@ def test_a_prepared_spare_of_another_ring_gives_the_same_bytes() -> None:
     old = borrow(900, 64)
     old.fill(0x0123456789ABCDEF)
     give_back(old)
-    ids = ["p0", "p1", "p2"]
-    identities = {p: generate_identity() for p in ids}
-    directory = {p: identity_public_bytes(k) for p, k in identities.items()}
-    spec = JobSpec.create(ids, threshold=2, length=700, bound=1.0, ring_bits=32)
-    client = SecAggParticipant(spec, "p0", identities["p0"], directory)
-    client.advertise_keys()
+    client = advertised_client(700, ring_bits=32)
     client.prepare_input()
     assert not ring._spare  # the spare is the prepared loan
     vector = np.random.default_rng(5).uniform(-1.0, 1.0, 700)
     client.set_input(vector)
-    expected = encode(vector, scale_bits=spec.scale_bits, bound=1.0, ring_bits=32)
+    expected = encode(vector, scale_bits=client.spec.scale_bits, bound=1.0, ring_bits=32)
     assert client._encoded is not None and np.array_equal(client._encoded, expected)
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import gc
 import random
 import threading
-from collections import deque
-from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -23,12 +21,7 @@ from spherecal.crypto.spec import JobSpec
 U64, U32 = np.dtype("<u8"), np.dtype("<u4")
 
 
-@pytest.fixture(autouse=True)
-def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no spares and no loans (the pool is process-wide)."""
-    monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
-    monkeypatch.setattr(ring, "_lent", {})
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_ring_pool")  # tests/conftest.py
 
 
 def _address(array: npt.NDArray[np.unsignedinteger]) -> int:

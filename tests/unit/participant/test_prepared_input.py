@@ -9,7 +9,6 @@ its held-jobs folder and ledgers on disk, the coordinator's ``SecureJob``."""
 from __future__ import annotations
 
 import gc
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +18,10 @@ import pytest
 from spherecal import crypto
 from spherecal.crypto import ring
 from spherecal.participant.release_ledger import Release
+from spherecal.participant.secure_session import SecureSession
 from tests.unit.participant.test_held_keys import IDS, Federation, _finish
 
-
-@pytest.fixture(autouse=True)
-def _own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No spares and no loans from other tests (the pool is process-wide)."""
-    monkeypatch.setattr(ring, "_spare", deque(maxlen=ring.SPARE_BUFFERS))
-    monkeypatch.setattr(ring, "_lent", {})
-    monkeypatch.setattr(ring, "_adopted", set())
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_ring_pool")  # tests/conftest.py
 
 
 @pytest.fixture
@@ -43,7 +36,7 @@ def _client(fed: Federation) -> crypto.SecAggParticipant:
     return fed.steps.jobs[fed.job.job_id].client
 
 
-def _start(fed: Federation) -> crypto.SecAggParticipant:
+def _start_session(fed: Federation, *, donates_input: bool = False) -> SecureSession:
     """p1's task up to its local work: the job started, nothing computed yet."""
     steps = fed.steps
     assert steps is not None
@@ -57,9 +50,14 @@ def _start(fed: Federation) -> crypto.SecAggParticipant:
         round_index=None,
         expected_length=40,
         release=fed.release,
+        donates_input=donates_input,
     )
     assert session is not None
-    return session.client
+    return session
+
+
+def _start(fed: Federation) -> crypto.SecAggParticipant:
+    return _start_session(fed).client
 
 
 def test_the_started_job_holds_its_prepared_buffer_and_encodes_into_it(fed: Federation) -> None:
@@ -151,19 +149,7 @@ def test_a_statistics_job_that_donates_its_vector_prepares_nothing_and_encodes_i
     memory, the job ends with the exact sum (``_finish``: every site's input summed,
     the release charged once), and the vector's memory ends zeroed, never a spare."""
     steps = fed.start_site()
-    steps.releases.reserve(
-        Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
-        job=fed.release,
-    )
-    session = steps.start(
-        "task-1",
-        fed.job.job_message("p1"),
-        round_index=None,
-        expected_length=40,
-        release=fed.release,
-        donates_input=True,
-    )
-    assert session is not None
+    session = _start_session(fed, donates_input=True)
     client = session.client
     assert client._loan is None and not ring._lent  # nothing prepared
     vector = np.array(fed.inputs["p1"], dtype=np.float64, copy=True)
