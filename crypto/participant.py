@@ -623,6 +623,17 @@ class SecAggParticipant:
             cached = self._holders_of[owner] = self._graph.holders(owner, self._members1)
         return cached
 
+    def _check_input_open(self, verb: str) -> None:
+        """The refusals :meth:`prepare_input` and :meth:`set_input` share: after a
+        refusal, from the consistency signature on, and once the input is set (or
+        left before a restart)."""
+        if self._stage is ParticipantStage.FAILED:
+            raise JobAborted("this participant refused or failed earlier in the job")
+        if self._stage in (ParticipantStage.SIGNED, ParticipantStage.DONE):
+            raise OutOfStage(f"too late to {verb} the input")
+        if self._encoded is not None or self._input_left:
+            raise OutOfStage("the input is already set and cannot change within a job")
+
     def prepare_input(self) -> None:
         """Borrow the buffer :meth:`set_input` will encode into now, and make its memory
         resident (a write per page when it is new): callable once the advertisement is
@@ -644,14 +655,9 @@ class SecAggParticipant:
         advertisement, after the input is set (or left before a restart), and from the
         consistency signature on.
         """
-        if self._stage is ParticipantStage.FAILED:
-            raise JobAborted("this participant refused or failed earlier in the job")
         if self._stage is ParticipantStage.ADVERTISE:
             raise OutOfStage("advertise the keys before preparing the input")
-        if self._stage in (ParticipantStage.SIGNED, ParticipantStage.DONE):
-            raise OutOfStage("too late to prepare the input")
-        if self._encoded is not None or self._input_left:
-            raise OutOfStage("the input is already set")
+        self._check_input_open("prepare")
         if self._loan is None:
             self._loan = borrow(self.spec.length, self.spec.ring_bits, prefault=True)
 
@@ -679,12 +685,7 @@ class SecAggParticipant:
         cannot host the encoding (not a writeable C-contiguous float64 ndarray) is
         copied as without ``donate``.
         """
-        if self._stage is ParticipantStage.FAILED:
-            raise JobAborted("this participant refused or failed earlier in the job")
-        if self._stage in (ParticipantStage.SIGNED, ParticipantStage.DONE):
-            raise OutOfStage("too late to set the input")
-        if self._encoded is not None or self._input_left:
-            raise OutOfStage("the input is already set and cannot change within a job")
+        self._check_input_open("set")
         spec = self.spec
         # Into the buffer prepare_input() made resident, else (donated) the vector's own
         # memory, else an earlier job's array when this process has one (no page faults

@@ -34,7 +34,7 @@ from spherecal.participant.held_jobs import HeldJob, HeldJobStore
 from spherecal.participant.policy import PolicySettings
 from spherecal.participant.release_ledger import LedgerRules, Release, ReleaseLedger
 from spherecal.participant.secure_jobs import SecureSteps
-from spherecal.participant.secure_session import SqliteJobLedger
+from spherecal.participant.secure_session import SecureSession, SqliteJobLedger
 from spherecal.participant.transport import Transport, TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
@@ -129,23 +129,29 @@ class Federation:
         self.steps.restore_held("fed-1")
         return self.steps
 
-    def task(self) -> None:
-        """p1 gets its task (again): reserve, start or continue the job, local work."""
+    def start_task(self, *, donates_input: bool = False) -> SecureSession | None:
+        """p1 gets its task (again): reserve, then start or continue the job."""
         steps = self.steps
         assert steps is not None
         steps.releases.reserve(
             Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
             job=self.release,
         )
-        session = steps.start(
+        return steps.start(
             "task-1",
             self.job.job_message("p1"),
             round_index=None,
             expected_length=40,
             release=self.release,
+            donates_input=donates_input,
         )
+
+    def task(self) -> None:
+        """p1 gets its task (again) and does its local work."""
+        session = self.start_task()
         if session is not None:
-            assert steps.set_input("task-1", session, self.inputs["p1"])
+            assert self.steps is not None
+            assert self.steps.set_input("task-1", session, self.inputs["p1"])
 
     def site_step(self) -> None:
         step = self.job.step_for("p1")

@@ -17,7 +17,6 @@ import pytest
 
 from spherecal import crypto
 from spherecal.crypto import ring
-from spherecal.participant.release_ledger import Release
 from spherecal.participant.secure_session import SecureSession
 from tests.unit.participant.test_held_keys import IDS, Federation, _finish
 
@@ -38,20 +37,7 @@ def _client(fed: Federation) -> crypto.SecAggParticipant:
 
 def _start_session(fed: Federation, *, donates_input: bool = False) -> SecureSession:
     """p1's task up to its local work: the job started, nothing computed yet."""
-    steps = fed.steps
-    assert steps is not None
-    steps.releases.reserve(
-        Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
-        job=fed.release,
-    )
-    session = steps.start(
-        "task-1",
-        fed.job.job_message("p1"),
-        round_index=None,
-        expected_length=40,
-        release=fed.release,
-        donates_input=donates_input,
-    )
+    session = fed.start_task(donates_input=donates_input)
     assert session is not None
     return session
 
