@@ -99,7 +99,6 @@ __all__ = [
     "HeldJobError",
     "HeldJobStore",
     "MASKED_SUFFIX",
-    "masked_digest",
     "seals_digest",
 ]
 
@@ -114,16 +113,6 @@ SUFFIX = ".job"
 MASKED_SUFFIX = ".masked"
 _LEN = 4  # big-endian length of one sealed chunk
 _TAG = 16  # AES-GCM's authentication tag
-
-
-def masked_digest(chunks: Iterable[bytes]) -> str:
-    """SHA-256 over the SHA-256 of each chunk, in order (hex): what the coordinator's
-    upload receipt carries (and what a held-job record of format 1 named its masked
-    input by; format 2 names it by :func:`seals_digest`)."""
-    outer = hashlib.sha256()
-    for chunk in chunks:
-        outer.update(hashlib.sha256(chunk).digest())
-    return outer.hexdigest()
 
 
 def seals_digest(seals: Iterable[bytes]) -> str:

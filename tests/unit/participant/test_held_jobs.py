@@ -22,7 +22,7 @@ from spherecal.participant.held_jobs import (
     CorruptHeldJob,
     HeldJob,
     HeldJobStore,
-    masked_digest,
+    seals_digest,
 )
 from spherecal.participant.policy import PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import LedgerRules, Release, ReleaseLedger
@@ -357,7 +357,7 @@ def test_a_masked_input_of_format_1_is_refused_with_its_reason(tmp_path: Path) -
     with pytest.raises(CorruptHeldJob, match="format 1"):
         list(store.masked_chunks(JOB))
     with pytest.raises(CorruptHeldJob, match="format 1"):
-        store.check_masked(JOB, masked_digest(CHUNKS))
+        store.check_masked(JOB, _seals_of_file(blob, len(CHUNKS)))
 
 
 def test_masked_input_round_trip_mode_digest_and_deletion(tmp_path: Path) -> None:
@@ -371,7 +371,7 @@ def test_masked_input_round_trip_mode_digest_and_deletion(tmp_path: Path) -> Non
     assert CHUNKS[1] not in where.read_bytes()  # sealed, not in the clear
     assert store.job_ids(MASKED_SUFFIX) == [JOB] and store.job_ids() == []
     with pytest.raises(CorruptHeldJob, match="not the masked input"):
-        store.check_masked(JOB, masked_digest(CHUNKS[:3]))
+        store.check_masked(JOB, seals_digest([]))
     store.save(JOB, RECORD)
     store.delete(JOB)  # the record and the masked input go together
     assert not where.exists() and not store.path(JOB).exists()
