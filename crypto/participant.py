@@ -634,6 +634,14 @@ class SecAggParticipant:
         if self._encoded is not None or self._input_left:
             raise OutOfStage("the input is already set and cannot change within a job")
 
+    @property
+    def input_can_be_donated(self) -> bool:
+        """Whether :meth:`set_input` with ``donate`` can encode an input in its own
+        memory in this job: a ring word the size of a float64 (64-bit ring). A caller
+        that will donate its input then has no buffer to prepare (:meth:`prepare_input`
+        would borrow one that :meth:`set_input` uses instead of the donated memory)."""
+        return self.spec.ring_bits == 64
+
     def prepare_input(self) -> None:
         """Borrow the buffer :meth:`set_input` will encode into now, and make its memory
         resident (a write per page when it is new): callable once the advertisement is
@@ -691,7 +699,8 @@ class SecAggParticipant:
         # memory, else an earlier job's array when this process has one (no page faults
         # in any of the three).
         encoded = self._loan
-        if encoded is None and donate and spec.ring_bits == 64 and isinstance(vector, np.ndarray):
+        donated = donate and self.input_can_be_donated
+        if encoded is None and donated and isinstance(vector, np.ndarray):
             if vector.shape != (spec.length,):  # the loan must be the job's length
                 raise WrongLength(
                     f"expected a vector of length {spec.length}, got shape {vector.shape}"

@@ -38,7 +38,7 @@ def store_masked(
     store: HeldJobStore, session: SecureSession, federation: str, log: Callable[[str], None]
 ) -> HeldJobError | None:
     """Write the masked input, then the record naming it (without the job keys);
-    sets ``session.masked_digest``. None: the upload may go (stored, or not stored
+    sets ``session.masked_seals``. None: the upload may go (stored, or not stored
     but no keys left on disk); a :class:`HeldJobError`: it must not (withdraw)."""
     job_id = session.job_id
     label = f"job {job_id.hex()[:8]}"
@@ -59,14 +59,14 @@ def store_masked(
             "during the upload would lose the job"
         )
         return _without_keys(store, session, federation, exc)
-    session.masked_digest = digest
+    session.masked_seals = digest
     session.stored_chunks = kept  # the upload streams these bytes, as written
     try:
         store.save(job_id, session.record(federation))
     except OSError as exc:
         # the masked file without a record naming it is deleted on restart; the
         # record with the keys must not survive beside a sent input
-        session.masked_digest = None
+        session.masked_seals = None
         session.stored_chunks = None
         log(
             f"{label}: could not record its stored masked input ({exc}); a restart of "

@@ -193,18 +193,18 @@ class SecureSteps:
                 self.log(f"{label} cannot be used ({type(exc).__name__}: {exc}); deleting it")
                 store.delete(job_id)
                 continue
-            if session.masked_digest is not None:
+            if session.masked_seals is not None:
                 try:
-                    store.check_masked(job_id, session.masked_digest)
+                    store.check_masked(job_id, session.masked_seals)
                 except (HeldJobError, OSError) as exc:
                     # the record still answers the later stages; only a cut upload
                     # cannot be repeated
                     self.log(f"{label}: its stored masked input cannot be used ({exc})")
-                    session.masked_digest = None
+                    session.masked_seals = None
             self.jobs[job_id] = session
             self._keys_out(job_id)  # what it sent goes again: the claim is final
             restored += 1
-            if session.masked_digest is not None:
+            if session.masked_seals is not None:
                 how = (
                     "its masked input is stored: if its upload was cut, the same bytes go "
                     "again; its remaining steps are answered"
@@ -224,7 +224,7 @@ class SecureSteps:
             if job_id not in self.jobs:  # stored, then killed before its record was
                 self.log(f"held masked input {job_id.hex()[:8]} has no job record; deleting it")
                 store.delete(job_id)
-            elif self.jobs[job_id].masked_digest is None:
+            elif self.jobs[job_id].masked_seals is None:
                 # written, then killed before the record naming it (and dropping the
                 # keys) was: nothing was charged or sent; the input is masked again
                 self.log(f"held masked input {job_id.hex()[:8]} is not its record's; deleting it")
@@ -299,7 +299,7 @@ class SecureSteps:
         (:meth:`continue_held`)."""
         held = self.held(job)
         if held is not None:
-            return self.continue_held(held)
+            return self.continue_held(held, donates_input=donates_input)
         try:
             session = SecureSession(
                 job,
@@ -334,8 +334,8 @@ class SecureSteps:
         )
         if early.deferred is not None:
             self._deferred = early.deferred
-        if early.proceed and not (donates_input and session.spec.ring_bits == 64):
-            self._prepare_input(session)
+        if early.proceed:
+            self._prepare_input(session, donates_input=donates_input)
         return session if early.proceed else None
 
     def held(self, job: pb.SecAggJob) -> SecureSession | None:
@@ -346,7 +346,9 @@ class SecureSteps:
             return None  # malformed: start() refuses it with its reason
         return self.jobs.get(job_id)
 
-    def continue_held(self, session: SecureSession) -> SecureSession | None:
+    def continue_held(
+        self, session: SecureSession, *, donates_input: bool = False
+    ) -> SecureSession | None:
         """Continue a job after the coordinator or this site restarted: resend what
         this participant already sent (the coordinator acknowledges an identical message
         it journaled), then the session if its local work is still to do, else None
@@ -367,11 +369,11 @@ class SecureSteps:
                 self._deferred = early.deferred
             if not early.proceed:
                 return None
-        self._prepare_input(session)
+        self._prepare_input(session, donates_input=donates_input)
         self._started[job] = time.monotonic()
         return session
 
-    def _prepare_input(self, session: SecureSession) -> None:
+    def _prepare_input(self, session: SecureSession, *, donates_input: bool = False) -> None:
         """The job's share step is answered (or not awaited) and its local work comes
         next: borrow the input's buffer now and fault its pages in
         (:meth:`crypto.SecAggParticipant.prepare_input`), so that ``set_input`` — between
@@ -382,8 +384,15 @@ class SecureSteps:
         advertisement: the last site to advertise would then pay it between the stage's
         close and its share answer, on the share stage's critical path; after the share
         answer no message of the job waits for it. An optimisation only: a refusal here
-        is logged and the job goes on (``set_input`` borrows as before)."""
+        is logged and the job goes on (``set_input`` borrows as before).
+
+        ``donates_input``: the caller will give its input up (``set_input`` with
+        ``donate``); where the job's ring lets it be encoded in its own memory
+        (``input_can_be_donated``) nothing is borrowed, since a prepared buffer would
+        be used instead of it."""
         if session.job_id not in self.jobs or session.client.has_input:
+            return
+        if donates_input and session.client.input_can_be_donated:
             return
         try:
             session.client.prepare_input()
@@ -602,7 +611,7 @@ class SecureSteps:
         the coordinator asks again after a delivered upload) streams the stored file;
         the ledger charge is idempotent for one job."""
         job_id = session.job_id
-        if session.masked_digest is None and self.store is not None:
+        if session.masked_seals is None and self.store is not None:
             refusal = store_masked(self.store, session, self.federation(), self.log)
             if refusal is not None:
                 self.abandon(job_id.hex(), session, refusal)
@@ -620,7 +629,7 @@ class SecureSteps:
             "charged", purpose=session.purpose, round_index=session.round, what=job_id.hex()
         )
         n = session.n_chunks
-        stored = self.store is not None and session.masked_digest is not None
+        stored = self.store is not None and session.masked_seals is not None
         if stored and session.resent:
             self.log(
                 f"job {job_id.hex()[:8]}: sending its stored masked input again (its "

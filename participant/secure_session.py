@@ -18,7 +18,7 @@ writes, and :meth:`SecureSession.restore` rebuilds the session from it — the s
 cached messages and a ``crypto`` participant resumed where it stood. Before its
 masked input is stored, that participant holds the job's keys and masks its input,
 recomputed by the restarted process, once it is set; after, it holds no keys, and
-(:attr:`SecureSession.masked_digest`) the masked input as it was stored before its
+(:attr:`SecureSession.masked_seals`) the masked input as it was stored before its
 upload began is what a restored session resends unchanged when the coordinator asks
 for it again (the upload was cut) — it never computes one.
 """
@@ -156,7 +156,7 @@ class SecureSession:
         if vector is not None:
             self.set_input(vector, noise=noise)
         self._sent: dict[pb.SecAggStage, bytes] = {}
-        self.masked_digest: str | None = None
+        self.masked_seals: str | None = None
         """``held_jobs.seals_digest`` of the masked input stored in the site's
         held-jobs folder before its upload began (None: not stored)."""
         self.resent = False
@@ -179,7 +179,7 @@ class SecureSession:
             release=self.release,
             sent=tuple((int(stage), data) for stage, data in sorted(self._sent.items())),
             state=self.client.held_state().to_bytes(),
-            masked=self.masked_digest,
+            masked=self.masked_seals,
         )
 
     @classmethod
@@ -211,7 +211,7 @@ class SecureSession:
             spec, participant_id, identity, directory, state, policy=policy
         )
         self._sent = {cast(pb.SecAggStage, stage): data for stage, data in record.sent}
-        self.masked_digest = record.masked
+        self.masked_seals = record.masked
         self.resent = record.masked is not None
         self.stored_chunks = None
         return self
@@ -264,7 +264,7 @@ class SecureSession:
             shares = self.client.share_keys(crypto.KeyRoster.from_bytes(data))
             out = (corrupt(shares) if self._corrupt else shares).to_bytes()
         elif stage == pb.MASKED:
-            if self.masked_digest is not None:
+            if self.masked_seals is not None:
                 return None  # the stored bytes go again, identical (secure_jobs)
             if self.client.input_left:
                 raise crypto.OutOfStage(

@@ -10,11 +10,12 @@ check), so a rerun experiment cannot leave the page quoting its old numbers.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from spherecal.generated_pages import page_main
 
 __all__ = ["DOC", "RESULTS", "main", "render", "tables_of"]
 
@@ -60,24 +61,13 @@ def render(text: str, results: Path = RESULTS) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m spherecal.baselines_docs",
+    return page_main(
+        argv,
+        module="spherecal.baselines_docs",
         description="Copy the committed experiment tables into docs/baselines.md.",
+        doc=DOC,
+        render=lambda text, page: render(text, page.parent / "baselines"),
     )
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
-    parser.add_argument("--doc", type=Path, default=DOC, help="the page to update")
-    args = parser.parse_args(argv)
-    current = args.doc.read_text()
-    wanted = render(current, args.doc.parent / "baselines")
-    if args.check:
-        if wanted != current:
-            print(f"{args.doc} is stale: run python -m spherecal.baselines_docs", file=sys.stderr)
-            return 1
-        return 0
-    if wanted != current:
-        args.doc.write_text(wanted)
-        print(f"updated {args.doc}")
-    return 0
 
 
 if __name__ == "__main__":

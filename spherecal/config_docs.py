@@ -8,7 +8,6 @@ new key, write its docstring under the dataclass field and run this.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from spherecal.config import COORDINATOR_TABLES, PARTICIPANT_TABLES
 from spherecal.config_schema import markdown_table
+from spherecal.generated_pages import page_main
 
 __all__ = ["DOC", "main", "render"]
 
@@ -38,24 +38,13 @@ def render(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m spherecal.config_docs",
+    return page_main(
+        argv,
+        module="spherecal.config_docs",
         description="Regenerate the config key tables of docs/deployment.md.",
+        doc=DOC,
+        render=lambda text, _page: render(text),
     )
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
-    parser.add_argument("--doc", type=Path, default=DOC, help="the page to update")
-    args = parser.parse_args(argv)
-    current = args.doc.read_text()
-    wanted = render(current)
-    if args.check:
-        if wanted != current:
-            print(f"{args.doc} is stale: run python -m spherecal.config_docs", file=sys.stderr)
-            return 1
-        return 0
-    if wanted != current:
-        args.doc.write_text(wanted)
-        print(f"updated {args.doc}")
-    return 0
 
 
 if __name__ == "__main__":

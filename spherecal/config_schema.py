@@ -183,8 +183,17 @@ class Key:
     kind: Any  # the (optional-stripped) annotation
     optional: bool
     default: Any
-    help: str
+    owner: type  # the dataclass declaring the field (its docstring is the key's help)
     table: Table
+
+    @property
+    def help(self) -> str:
+        """What the docs say of the key: the table's own text for it, else the
+        docstring under its field. Looked up only when asked — the docs tables and the
+        tests ask; reading a config never does, and finding a class's source parses
+        its whole module (about 0.1 s of processor per process for the coordinator's
+        tables, paid by every coordinator and site start before this was lazy)."""
+        return self.table.help.get(self.key, field_docs(self.owner).get(self.path[-1], ""))
 
 
 @cache
@@ -231,7 +240,6 @@ def table_keys(table: Table) -> list[Key]:
 
     def walk(cls: type, prefix: str, path: tuple[str, ...], defaults: Any) -> None:
         hints = typing.get_type_hints(cls)
-        docs = field_docs(cls)
         for f in fields(cls):
             if not path and f.name in table.skip:
                 continue
@@ -241,8 +249,7 @@ def table_keys(table: Table) -> list[Key]:
                 walk(kind, table.flatten[f.name], (f.name,), default)
                 continue
             name = prefix + table.rename.get(f.name, f.name) if not path else prefix + f.name
-            help_text = table.help.get(name, docs.get(f.name, ""))
-            out.append(Key(name, (*path, f.name), kind, optional, default, help_text, table))
+            out.append(Key(name, (*path, f.name), kind, optional, default, cls, table))
 
     walk(table.cls, "", (), None)
     return out

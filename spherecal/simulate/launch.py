@@ -46,6 +46,11 @@ LAUNCHERS = ("forkserver", "exec")
 #: Imported once by the fork server, so forked children start with them loaded.
 PRELOAD = (
     "torch",
+    # torch.optim imports its compiler front end the first time an optimizer is built
+    # (``Optimizer.__init__`` is wrapped by ``torch._disable_dynamo``): 1.2 s of CPU in
+    # every participant's first round, and the coordinator's first CCVR retraining,
+    # measured here — once in the fork server instead (no threads started by it)
+    "torch._dynamo",
     "grpc",
     "sklearn.datasets",  # digits: the dataset most simulations use
     "spherecal.spherefed.data",

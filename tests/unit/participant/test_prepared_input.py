@@ -153,3 +153,28 @@ def test_a_statistics_job_that_donates_its_vector_prepares_nothing_and_encodes_i
     assert not ring._lent
     assert not any(np.shares_memory(spare, vector) for spare in ring._spare)
     assert not vector.any()
+
+
+def test_a_job_taken_up_after_a_restart_by_a_donating_task_prepares_nothing(
+    fed: Federation,
+) -> None:
+    """The statistics task of a held job continued after a restart also donates its
+    vector: the continued session prepares no buffer (one would be used instead of the
+    vector's memory), encodes into the vector and sums exactly."""
+    fed.start_site()
+    fed.through_shares()
+    fed.others("masked")
+    fed.gone("masked")
+    steps = fed.start_site()
+    lent = set(ring._lent)  # the killed process's loan, not this one's
+    session = _start_session(fed, donates_input=True)  # continue_held, donating
+    client = session.client
+    assert client.stage is crypto.ParticipantStage.RECEIVE_SHARES
+    assert client._loan is None and set(ring._lent) == lent  # nothing prepared
+    vector = np.array(fed.inputs["p1"], dtype=np.float64, copy=True)
+    assert steps.set_input("task-1", session, vector, donate=True)
+    assert client._encoded is not None and np.shares_memory(client._encoded, vector)
+    fed.site_step()
+    fed.job.advance(frozenset(IDS))
+    _finish(fed)
+    assert set(ring._lent) <= lent and not vector.any()
