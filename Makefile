@@ -33,24 +33,29 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # One pip run: torch pinned to the CPU wheel (an unpinned torch pulls GBs of CUDA
-# packages) and this project with its extras, resolved once. The .pyc files must be
-# written once here: where PYTHONDONTWRITEBYTECODE is set (the CI box sets it) nothing
-# else ever writes them, and every worker and every participant process would compile
-# torch from source at each import (a clean-clone CI run without them: 149 s to
-# collect). pip compiles them one file at a time (about 55 CPU-s for the 14,000 files,
-# one core while the other idles); --no-compile and then compileall on every core
-# writes the same files in about half the wall time on two cores. compileall's
-# status is not checked: one file of torch's own tests is Python 3.12 syntax and
-# compiles nowhere (pip skips it the same way); a file that fails only costs that
-# file's import its compile, never correctness.
+# packages) and this project with its extras, resolved once. First the venv's pip is
+# replaced by a pinned newer one: the venv's own (23.2.1, bundled with Python 3.11)
+# spends ~100 CPU-s resolving, almost all of it matching the index's 150,000 file
+# links against the platform's wheel tags; 26.3 resolves the same 107 packages (same
+# versions) in ~17 s. Without that version on the index the install goes on with the
+# venv's pip, only slower. The .pyc files must be written once here: where
+# PYTHONDONTWRITEBYTECODE is set (the CI box sets it) nothing else ever writes them,
+# and every worker and every participant process would compile torch from source at
+# each import (a clean-clone CI run without them: 149 s to collect). pip compiles them
+# one file at a time (~55 CPU-s for 14,000 files, one core while the other idles), so
+# pip installs with --no-compile and compileall writes them on every core. Its status
+# is not checked: one file of torch's own tests is Python 3.12 syntax and compiles
+# nowhere (pip skips it the same way).
 # setup.py builds the optional native masking kernel (crypto/_maskkernel.c, issue #24)
 # in place during the editable install; a changed kernel reinstalls. Without a compiler
 # or the OpenSSL headers the install goes on and the numpy path runs (same bytes).
 $(STAMP): $(BIN)/python pyproject.toml setup.py crypto/_maskkernel.c crypto/_aesctr.c \
         crypto/_aesctr.h crypto/_aesctr_body.h
+	$(BIN)/python -m pip install --disable-pip-version-check -q pip==26.3 \
+		|| echo "make: pip 26.3 not found; installing with the venv's own pip (slower)"
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile torch==2.13.0 \
 		-e ".[dev,ray]"
-	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
 # The default federation: a coordinator and 10 participants as separate processes on
