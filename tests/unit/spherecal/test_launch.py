@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spherecal.simulate import Simulation, SimulationSettings
+from spherecal.simulate import launch as launch_module
 from spherecal.simulate.launch import launch
 from spherecal.spherefed.reference import ReferenceConfig
 
@@ -140,3 +141,28 @@ def test_the_fork_server_is_single_threaded_with_single_threaded_native_pools(
     assert b"OPENBLAS_NUM_THREADS=" + wanted in environ
     assert len(os.listdir(f"/proc/{server_pid}/task")) == 1
     assert {k: os.environ.get(k) for k in before} == before
+
+
+def test_a_forked_childs_exit_skips_torchs_operator_finalizers_only() -> None:
+    """A forked child's exit switches off the finalizers that unregister torch's
+    operator libraries (0.06 s of CPU per child for a process about to end), and no
+    other finalizer: the project's own exit handlers still run."""
+    import weakref
+
+    import torch.library
+
+    registry = weakref.finalize._registry  # type: ignore[attr-defined]
+    before = {f: f.atexit for f in registry}
+    library = torch.library.Library("spherecal_launch_test", "FRAGMENT")
+    ours = weakref.finalize(library, lambda: None)  # another finalizer on the same object
+    try:
+        theirs = [f for f, info in registry.items() if info.func is torch.library._del_library]
+        assert theirs and all(f.atexit for f in theirs)
+        skipped = launch_module._skip_torch_library_finalizers()
+        assert skipped == len(theirs)
+        assert not any(f.atexit for f in theirs)
+        assert ours.atexit  # only torch's library finalizers
+    finally:
+        for f, flag in before.items():
+            f.atexit = flag
+        ours.detach()
