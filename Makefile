@@ -14,11 +14,10 @@ PYTHON ?= python3
 # in tests/durations.json; --no-loadscope-reorder keeps xdist from re-sorting them by
 # their number of tests): a two-minute file no longer starts last while the other
 # worker idles. `make test TEST_WORKERS=0` runs in one process (better on a box already
-# loaded by other work), `TEST_WORKERS=auto` one worker per CPU. CI (.ci/run) runs both
-# tiers with 3: there the long tier's federations leave the cores idle part of the time
-# (both tiers on the CI box, 2026-11-26, same clone, quiet, one run each: 538 s with 2
-# workers, 82% of the two cores busy; 477 s with 3, 91%). The everyday tier alone was
-# not measured with 3, so the default stays 2.
+# loaded by other work), `TEST_WORKERS=auto` one worker per CPU. CI (.ci/run) uses 2 as
+# well: 3 were faster for both tiers (2026-11-26, same clone, quiet, one run each: 538 s
+# with 2 workers, 82% of the two cores busy; 477 s with 3, 91%) but starved the Ray
+# engine test's local cluster (setup 114 s against a 180 s actor start timeout).
 TEST_WORKERS ?= 2
 # Which tests `make test` runs: `everyday` (the default: all but those marked `long`),
 # or `all` (both tiers in one pytest session; CI, .ci/run: one session has one idle
