@@ -9,10 +9,16 @@
  * stored once per pair of masks, a target tile of 8 KiB kept in L1 while every mask is
  * added.
  *
- * Two engines, one body (_aesctr_body.h):
- *   vaes   256-bit VAES (vaesenc on ymm: two blocks per instruction), AVX2 adds; 4
- *          vectors per mask, 16 blocks of a mask pair in flight;
- *   aesni  128-bit AES-NI, SSE adds; 8 blocks of a mask pair in flight.
+ * Three engines, one body (_aesctr_body.h):
+ *   vaes512  512-bit VAES (vaesenc on zmm: four blocks per instruction), AVX-512 adds; 4
+ *            vectors per mask, 32 blocks of a mask pair in flight. Where the processor
+ *            executes 512-bit VAES at full width it doubles vaes (measured on the 2-core
+ *            development machine of 2026-11-26, AMD EPYC with AVX-512: bare keystream
+ *            49.6 against 25.2 GB/s, OpenSSL's AES-GCM 22-26 GB/s); where it splits it in
+ *            two 256-bit halves it is about vaes;
+ *   vaes     256-bit VAES (vaesenc on ymm: two blocks per instruction), AVX2 adds; 4
+ *            vectors per mask, 16 blocks of a mask pair in flight;
+ *   aesni    128-bit AES-NI, SSE adds; 8 blocks of a mask pair in flight.
  * Each is compiled with a function-level target attribute (no -march flag: the extension
  * builds for any x86-64 and for other architectures without either) and chosen at run
  * time with __builtin_cpu_supports; where neither runs, _maskkernel.c keeps OpenSSL's
@@ -26,7 +32,8 @@
  *
  * Constant time: AES-NI/VAES have no key- or data-dependent timing, and there is no
  * table-based AES here. The key schedules live on the stack and are cleansed before
- * return (the ymm registers cleared with vzeroall), as are the tail's keystream bytes.
+ * return (the vector registers cleared: vzeroall, and zmm16-31 by hand after AVX-512
+ * code), as are the tail's keystream bytes.
  */
 #include "_aesctr.h"
 
@@ -135,6 +142,66 @@ TARGET_AES static void aesctr_expand_key(const unsigned char *key, __m128i rk[11
 #undef VBSWAP
 #undef VCLEAR
 
+/* ---- vaes512: 512-bit VAES, four blocks per vector ---- */
+/* The upper sixteen vector registers (zmm16-31, which only AVX-512 code uses and which
+ * vzeroall leaves alone) may hold round keys or AES states: cleared by hand. */
+#define ZCLR(i) "vpxord %%zmm" #i ", %%zmm" #i ", %%zmm" #i "\n\t"
+__attribute__((target("avx512f"))) static inline void clear_upper_zmm(void) {
+    __asm__ volatile(ZCLR(16) ZCLR(17) ZCLR(18) ZCLR(19) ZCLR(20) ZCLR(21) ZCLR(22)
+                         ZCLR(23) ZCLR(24) ZCLR(25) ZCLR(26) ZCLR(27) ZCLR(28) ZCLR(29)
+                             ZCLR(30) ZCLR(31)
+                     ::: "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+                       "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29",
+                       "xmm30", "xmm31");
+    _mm256_zeroall();
+}
+#undef ZCLR
+#define SFX vaes512
+#define TGT __attribute__((target("aes,avx2,avx512f,avx512bw,vaes")))
+#define VEC __m512i
+#define BPV 4
+#define NS 4
+#define VLOAD(p) _mm512_loadu_si512((const void *)(p))
+#define VSTORE(p, v) _mm512_storeu_si512((void *)(p), v)
+#define VXOR _mm512_xor_si512
+#define VADD64 _mm512_add_epi64
+#define VSUB64 _mm512_sub_epi64
+#define VADD32 _mm512_add_epi32
+#define VSUB32 _mm512_sub_epi32
+#define VENC _mm512_aesenc_epi128
+#define VENCLAST _mm512_aesenclast_epi128
+#define VSHUF _mm512_shuffle_epi8
+#define VSET1_32 _mm512_set1_epi32
+#define VFROM128 _mm512_broadcast_i32x4
+#define VCTR0(lo)                                                                        \
+    _mm512_setr_epi32(0, 0, 0, (int)(lo), 0, 0, 0, (int)((lo) + 1), 0, 0, 0,             \
+                      (int)((lo) + 2), 0, 0, 0, (int)((lo) + 3))
+#define VBSWAP                                                                           \
+    _mm512_broadcast_i32x4(                                                              \
+        _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 15, 14, 13, 12))
+#define VCLEAR() clear_upper_zmm()
+#include "_aesctr_body.h"
+#undef SFX
+#undef TGT
+#undef VEC
+#undef BPV
+#undef NS
+#undef VLOAD
+#undef VSTORE
+#undef VXOR
+#undef VADD64
+#undef VSUB64
+#undef VADD32
+#undef VSUB32
+#undef VENC
+#undef VENCLAST
+#undef VSHUF
+#undef VSET1_32
+#undef VFROM128
+#undef VCTR0
+#undef VBSWAP
+#undef VCLEAR
+
 /* ---- aesni: 128-bit, one block per vector ---- */
 #define SFX aesni
 #define TGT TARGET_AES
@@ -168,6 +235,9 @@ unsigned aesctr_supported(void) {
         if ((s & (1u << AESCTR_AESNI)) && __builtin_cpu_supports("avx2") &&
             __builtin_cpu_supports("vaes"))
             s |= 1u << AESCTR_VAES;
+        if ((s & (1u << AESCTR_VAES)) && __builtin_cpu_supports("avx512f") &&
+            __builtin_cpu_supports("avx512bw"))
+            s |= 1u << AESCTR_VAES512;
         cached = s;
     }
     return cached;
@@ -176,7 +246,9 @@ unsigned aesctr_supported(void) {
 void aesctr_apply(int engine, unsigned char *target, const unsigned char *source,
                   size_t nbytes, int word, const unsigned char *keys,
                   const unsigned char *counters, const signed char *signs, size_t m) {
-    if (engine == AESCTR_VAES)
+    if (engine == AESCTR_VAES512)
+        apply_vaes512(target, source, nbytes, word, keys, counters, signs, m);
+    else if (engine == AESCTR_VAES)
         apply_vaes(target, source, nbytes, word, keys, counters, signs, m);
     else
         apply_aesni(target, source, nbytes, word, keys, counters, signs, m);
@@ -184,7 +256,9 @@ void aesctr_apply(int engine, unsigned char *target, const unsigned char *source
 
 void aesctr_keystream(int engine, unsigned char *out, size_t nbytes, const unsigned char *key,
                       const unsigned char *counter) {
-    if (engine == AESCTR_VAES)
+    if (engine == AESCTR_VAES512)
+        keystream_vaes512(out, nbytes, key, counter);
+    else if (engine == AESCTR_VAES)
         keystream_vaes(out, nbytes, key, counter);
     else
         keystream_aesni(out, nbytes, key, counter);

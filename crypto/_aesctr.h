@@ -1,4 +1,4 @@
-/* AES-128-CTR of our own (AES-NI; VAES on 256-bit registers where the CPU has it), its
+/* AES-128-CTR of our own (AES-NI; VAES on 256- or 512-bit registers where the CPU has it), its
  * keystream added into ring words as it is produced (issue #24). See _aesctr.c. */
 #ifndef SPHERECAL_AESCTR_H
 #define SPHERECAL_AESCTR_H
@@ -6,7 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { AESCTR_OPENSSL = 0, AESCTR_AESNI = 1, AESCTR_VAES = 2, AESCTR_ENGINES = 3 };
+enum {
+    AESCTR_OPENSSL = 0,
+    AESCTR_AESNI = 1,
+    AESCTR_VAES = 2,
+    AESCTR_VAES512 = 3,
+    AESCTR_ENGINES = 4
+};
 
 /* Which engines this CPU runs (bit i set: engine i); AESCTR_OPENSSL always. */
 unsigned aesctr_supported(void);

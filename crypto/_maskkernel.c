@@ -3,10 +3,12 @@
  * Why native (issue #24): in the numpy path every mask is one OpenSSL call writing a
  * 128 KiB keystream tile and one numpy add reading it back; the add alone costs about a
  * quarter of the keystream's time, so that path tops out near 0.79 of the bare keystream
- * rate. Three engines produce the keystream here, all giving OpenSSL's AES-128-CTR bytes:
- *   vaes, aesni  an AES-128-CTR of our own (_aesctr.c): each AES state is added into the
+ * rate. Four engines produce the keystream here, all giving OpenSSL's AES-128-CTR bytes:
+ *   vaes512, vaes, aesni
+ *                an AES-128-CTR of our own (_aesctr.c): each AES state is added into the
  *                target's ring words straight from the register, two masks interleaved;
- *                the default wherever the CPU has AES-NI (VAES: 256-bit registers);
+ *                the default wherever the CPU has AES-NI (VAES: 256-bit registers;
+ *                vaes512: 512-bit, where the CPU has AVX-512 too);
  *   openssl      the kernel's first version: OpenSSL's EVP AES-128-CTR (the system
  *                libcrypto) writes two masks' keystream into small L1-resident buffers
  *                and both are added into an L1-resident block of the target while hot;
@@ -50,7 +52,7 @@
 #define MAX_MASKS 4096
 
 static EVP_CIPHER *ctr_cipher;
-static const char *const engine_names[AESCTR_ENGINES] = {"openssl", "aesni", "vaes"};
+static const char *const engine_names[AESCTR_ENGINES] = {"openssl", "aesni", "vaes", "vaes512"};
 /* The engine calls use: the fastest this CPU runs, unless set_engine() chose another.
  * Read and written with the GIL held only. */
 static int engine = AESCTR_OPENSSL;
@@ -380,8 +382,9 @@ done:
 
 PyDoc_STRVAR(engines_doc,
 "engines() -> tuple[str, ...]\n\n"
-"The AES-128-CTR engines this CPU runs, fastest first: 'vaes' (256-bit VAES, AVX2),\n"
-"'aesni' (128-bit AES-NI), 'openssl' (OpenSSL's EVP path, always).");
+"The AES-128-CTR engines this CPU runs, widest first: 'vaes512' (512-bit VAES,\n"
+"AVX-512), 'vaes' (256-bit VAES, AVX2), 'aesni' (128-bit AES-NI), 'openssl' (OpenSSL's\n"
+"EVP path, always).");
 
 static PyObject *engines(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
@@ -416,9 +419,9 @@ static int best_engine(void) {
 
 PyDoc_STRVAR(set_engine_doc,
 "set_engine(name) -> str\n\n"
-"Use engine name ('vaes', 'aesni', 'openssl', or 'auto': the fastest) from now on in\n"
-"this process and return the previous one; ValueError where this CPU lacks it. For\n"
-"tests and benchmarks: every engine gives the same bytes.");
+"Use engine name ('vaes512', 'vaes', 'aesni', 'openssl', or 'auto': the widest) from\n"
+"now on in this process and return the previous one; ValueError where this CPU lacks\n"
+"it. For tests and benchmarks: every engine gives the same bytes.");
 
 static PyObject *set_engine(PyObject *self, PyObject *args) {
     (void)self;

@@ -8,19 +8,25 @@ fixed-point encoding (range check, exact magic-number rounding). Why (issue #24)
 each mask is an OpenSSL call writing a tile and a numpy add reading it back, which caps
 masking near 0.79 of the bare keystream; the encoding is six numpy passes per tile.
 
-The kernel has three AES-128-CTR *engines*, all giving OpenSSL's AES-CTR bytes:
+The kernel has four AES-128-CTR *engines*, all giving OpenSSL's AES-CTR bytes:
 
-* ``vaes``: its own CTR on 256-bit VAES registers (AVX2 adds), the keystream added into
-  the target straight from the AES state; where the CPU has VAES and AVX2;
+* ``vaes512``: its own CTR on 512-bit VAES registers (four blocks per instruction,
+  AVX-512 adds), the keystream added into the target straight from the AES state; where
+  the CPU has VAES, AVX-512F and AVX-512BW. On a processor that executes 512-bit VAES at
+  full width (the 2-core development machine of 2026-11-26 does) it makes twice the
+  keystream of ``vaes`` and about twice OpenSSL's AES-GCM, the fastest AES path of
+  OpenSSL (``docs/performance.md``);
+* ``vaes``: the same on 256-bit VAES registers (AVX2 adds); where the CPU has VAES and
+  AVX2;
 * ``aesni``: the same on 128-bit AES-NI registers; where the CPU has AES-NI;
 * ``openssl``: OpenSSL's EVP AES-128-CTR writing into an L1 buffer and an AVX2 add loop
   (the kernel's first version); everywhere, and for any call whose counter would carry
   out of its low 32-bit word (never in the v2 keystream).
 
-The fastest the CPU runs is chosen when the kernel loads. ``SPHERECAL_NATIVE_ENGINE``
-(``vaes``, ``aesni``, ``openssl`` or ``auto``) forces one for a process (a name this CPU
-lacks is refused: :class:`ValueError` at import); :func:`use_engine` does it for a block
-(tests, ``bench/secagg.py``).
+The widest the CPU runs is chosen when the kernel loads. ``SPHERECAL_NATIVE_ENGINE``
+(``vaes512``, ``vaes``, ``aesni``, ``openssl`` or ``auto``) forces one for a process (a
+name this CPU lacks is refused: :class:`ValueError` at import); :func:`use_engine` does it
+for a block (tests, ``bench/secagg.py``).
 
 Both callers look :data:`KERNEL` up at call time, so it is the one switch: ``None`` when
 the extension was not built (no compiler, Python or OpenSSL headers at install), fails
@@ -39,6 +45,7 @@ __all__ = [
     "ENGINE_ENV",
     "ENV",
     "KERNEL",
+    "OWN_ENGINES",
     "available",
     "engine",
     "engines",
@@ -49,7 +56,10 @@ __all__ = [
 ENV = "SPHERECAL_NATIVE_MASKING"
 """Set to ``0`` to run the numpy paths even where the native kernel is built."""
 ENGINE_ENV = "SPHERECAL_NATIVE_ENGINE"
-"""Set to ``vaes``, ``aesni``, ``openssl`` or ``auto`` to choose the kernel's AES engine."""
+"""Set to ``vaes512``, ``vaes``, ``aesni``, ``openssl`` or ``auto`` to choose the kernel's
+AES engine."""
+OWN_ENGINES = ("vaes512", "vaes", "aesni")
+"""The kernel's own AES-128-CTR engines (the rest is OpenSSL's EVP path)."""
 
 
 def _load() -> ModuleType | None:
@@ -79,7 +89,7 @@ def available() -> bool:
 
 
 def engines() -> tuple[str, ...]:
-    """The kernel's AES engines this CPU runs, fastest first (none without the kernel)."""
+    """The kernel's AES engines this CPU runs, widest first (none without the kernel)."""
     return () if KERNEL is None else tuple(KERNEL.engines())
 
 
@@ -90,7 +100,7 @@ def engine() -> str | None:
 
 def own_engine() -> bool:
     """Whether the kernel runs its own AES (``vaes``/``aesni``), not OpenSSL's."""
-    return engine() in ("vaes", "aesni")
+    return engine() in OWN_ENGINES
 
 
 @contextmanager

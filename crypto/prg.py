@@ -202,8 +202,10 @@ class MaskExpander:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype("<u4"), np.dtype("<u8")):
             raise ValueError("ring words are little-endian uint32 or uint64")
-        if engine is None and native is not False and native_module.own_engine():
-            engine = "ctr"  # the kernel's own AES outruns both of OpenSSL's paths
+        if engine is None and (native or (native is None and native_module.own_engine())):
+            # the kernel's own AES outruns both of OpenSSL's paths, and a caller asking for
+            # the kernel gets the one engine it runs, whichever of OpenSSL's is faster
+            engine = "ctr"
         self.engine = fastest_engine() if engine is None else engine
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}")
