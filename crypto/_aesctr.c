@@ -121,26 +121,6 @@ TARGET_AES static void aesctr_expand_key(const unsigned char *key, __m128i rk[11
                      -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 15, 14, 13, 12)
 #define VCLEAR() _mm256_zeroall()
 #include "_aesctr_body.h"
-#undef SFX
-#undef TGT
-#undef VEC
-#undef BPV
-#undef NS
-#undef VLOAD
-#undef VSTORE
-#undef VXOR
-#undef VADD64
-#undef VSUB64
-#undef VADD32
-#undef VSUB32
-#undef VENC
-#undef VENCLAST
-#undef VSHUF
-#undef VSET1_32
-#undef VFROM128
-#undef VCTR0
-#undef VBSWAP
-#undef VCLEAR
 
 /* ---- vaes512: 512-bit VAES, four blocks per vector ---- */
 /* The upper sixteen vector registers (zmm16-31, which only AVX-512 code uses and which
@@ -181,26 +161,6 @@ __attribute__((target("avx512f"))) static inline void clear_upper_zmm(void) {
         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 15, 14, 13, 12))
 #define VCLEAR() clear_upper_zmm()
 #include "_aesctr_body.h"
-#undef SFX
-#undef TGT
-#undef VEC
-#undef BPV
-#undef NS
-#undef VLOAD
-#undef VSTORE
-#undef VXOR
-#undef VADD64
-#undef VSUB64
-#undef VADD32
-#undef VSUB32
-#undef VENC
-#undef VENCLAST
-#undef VSHUF
-#undef VSET1_32
-#undef VFROM128
-#undef VCTR0
-#undef VBSWAP
-#undef VCLEAR
 
 /* ---- aesni: 128-bit, one block per vector ---- */
 #define SFX aesni

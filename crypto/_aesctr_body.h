@@ -1,6 +1,7 @@
-/* One engine of _aesctr.c, instantiated twice (VAES on ymm, AES-NI on xmm): _aesctr.c
- * defines SFX, TGT, VEC, BPV (16-byte blocks per vector), NS (vectors per mask in a pair
- * group) and the vector operations, then includes this file. Not a header of its own:
+/* One engine of _aesctr.c, instantiated three times (VAES on zmm and on ymm, AES-NI on
+ * xmm): _aesctr.c defines SFX, TGT, VEC, BPV (16-byte blocks per vector), NS (vectors per
+ * mask in a pair group) and the vector operations, then includes this file, which
+ * undefines them at its end. Not a header of its own:
  * every function here is static, compiled for TGT only, and reached through the runtime
  * dispatch of _aesctr.c.
  *
@@ -197,6 +198,27 @@ TGT static void FN(keystream)(unsigned char *out, size_t nbytes, const unsigned 
     VCLEAR();
 }
 
+/* The engine's parameters, so that the next instantiation defines its own. */
+#undef SFX
+#undef TGT
+#undef VEC
+#undef BPV
+#undef NS
+#undef VLOAD
+#undef VSTORE
+#undef VXOR
+#undef VADD64
+#undef VSUB64
+#undef VADD32
+#undef VSUB32
+#undef VENC
+#undef VENCLAST
+#undef VSHUF
+#undef VSET1_32
+#undef VFROM128
+#undef VCTR0
+#undef VBSWAP
+#undef VCLEAR
 #undef FN
 #undef CAT
 #undef CAT_
