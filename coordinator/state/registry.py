@@ -78,6 +78,10 @@ class Member:
     presence_address: str = ""
     """The transport address of the latest open presence stream: a join from another
     address while one is open is a second live process with this identity."""
+    session_address: str = ""
+    """The transport address the current session was issued to: until its holder opens a
+    presence stream, the session is live (heard from within the heartbeat timeout) and a
+    join from another address is a second process too."""
 
 
 @dataclass
@@ -292,14 +296,29 @@ class Registry:
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{pid!r} joined before with a different identity key",
                 )
-            if member.presence > 0 and member.presence_address != peer.address:
+            now = time.monotonic()
+            # The holder of a live session: the connection of its open presence stream,
+            # or, before the holder opened one (the moments right after its join), the
+            # connection the session was issued to, while it is heard from within the
+            # heartbeat timeout (as alive() counts it).
+            holder = (
+                member.presence_address
+                if member.presence > 0
+                else member.session_address
+                if member.session is not None and now - member.last_seen <= self._timeout
+                else None
+            )
+            if holder is not None and holder != peer.address:
                 # One live session per identity: a second process with the same
                 # certificate would replace the first's session, and the two would knock
                 # each other off at every call. The live one keeps it; a restarted
                 # process gets in once the dead one's connection is gone (retryable).
+                # Until 2026-11-26 only an open presence stream counted, so a twin that
+                # joined in the ~0.1 s between the first's join and its presence stream
+                # took the session, and the two fought for it for the whole federation.
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
-                    f"{pid!r} is already connected from {member.presence_address or '?'}: "
+                    f"{pid!r} is already connected from {holder or '?'}: "
                     f"a second process with this identity ({peer.address or '?'}) is "
                     "refused while the first is live",
                     reason=pb.IDENTITY_IN_USE,
@@ -310,7 +329,8 @@ class Registry:
             member.identity_key = key
             member.certificate_pem = peer.certificate_pem
             member.session = secrets.token_urlsafe(24)
-            member.last_seen = time.monotonic()
+            member.session_address = peer.address
+            member.last_seen = now
             member.last_contact = time.time()
             member.joins += 1
             shape = request.data

@@ -144,3 +144,27 @@ def test_one_live_session_per_identity(registry: Registry) -> None:
     # once the first's stream is gone (a crash), a restarted process gets in
     registry.presence_closed(first)
     assert registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.2:50001")).session
+
+
+def test_a_session_is_live_before_its_presence_stream_opens(registry: Registry) -> None:
+    """The moments between a process's join and its presence stream: a twin joining then
+    was let in until 2026-11-26 (only an open stream counted), took the session, and the
+    two knocked each other off for the whole federation (seen on a fast machine, where
+    the twin's join came 0.1 s after the first's)."""
+    key = generate_identity()
+    first = registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.1:40000"))
+    session = first.session
+    with pytest.raises(ServiceError) as info:
+        registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.2:50000"))
+    assert info.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert info.value.reason == pb.IDENTITY_IN_USE
+    assert "'p1' is already connected from ipv4:10.0.0.1:40000" in info.value.message
+    assert registry.member("p1").session == session  # the first keeps it
+    # the first itself may join again over its own connection, stream or not
+    again = registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.1:40000"))
+    assert again.session != session
+    # a first that died before opening its stream holds the identity only as long as
+    # a silent participant counts as alive (the heartbeat timeout, 5 s here)
+    registry.member("p1").last_seen -= 6
+    assert "p1" not in registry.alive()
+    assert registry.join(_join("p1", key), Peer(address="ipv4:10.0.0.2:50001")).session
