@@ -29,7 +29,6 @@ from tests.joins import signed_join
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-
 @pytest.fixture(scope="module")
 def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Simulation, int]]:
     out = tmp_path_factory.mktemp("mtls")
@@ -72,6 +71,20 @@ def _stub(channel: grpc.Channel) -> Any:
 
 def _join_request(pid: str, key_path: Path | None) -> pb.JoinRequest:
     return signed_join(pid, load_identity_key(key_path) if key_path else None)
+
+
+def _join_when_free(stub: Any, request: pb.JoinRequest) -> Any:
+    """Join, retrying while the identity is held by another connection (as a site's
+    process does: ``IDENTITY_IN_USE`` is retryable) — the previous test's stub left, and
+    the coordinator sees its stream close a moment later."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return stub.Join(request, timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.ALREADY_EXISTS or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _quietly(stream: Any) -> Iterator[Any]:
@@ -140,6 +153,17 @@ def test_certificate_identity_roster_and_keys_are_enforced(mtls: tuple[Simulatio
     assert _code(p0.SubmitSecAgg, huge) is grpc.StatusCode.RESOURCE_EXHAUSTED  # > 8 MiB
     unknown_job = pb.SecAggSubmission(caller=caller, job_id=b"\1" * 16, stage=pb.ADVERTISE)
     assert _code(p0.SubmitSecAgg, unknown_job) is grpc.StatusCode.NOT_FOUND
+    _leave(p0, caller)
+
+
+def _leave(stub: Any, caller: pb.Caller) -> None:
+    """End this stub's hold on the identity as a site's process does when it goes: its
+    presence stream closes. A session heard from within the heartbeat timeout is live,
+    and another connection's join is refused meanwhile (one process per identity), so
+    the next test's "process" could not join for 20 s otherwise."""
+    presence = stub.Presence(pb.HeartbeatRequest(caller=caller))
+    next(presence)  # the coordinator has opened it
+    presence.cancel()
 
 
 def test_wrong_stage_requests_during_a_job_then_the_federation_completes(
@@ -148,7 +172,7 @@ def test_wrong_stage_requests_during_a_job_then_the_federation_completes(
     sim, port = mtls
     certs = sim.out / "certs"
     p0 = _stub(_channel(port, certs, "p0"))
-    session = p0.Join(_join_request("p0", certs / "p0.identity.key"), timeout=10).session
+    session = _join_when_free(p0, _join_request("p0", certs / "p0.identity.key")).session
     caller = pb.Caller(participant_id="p0", session=session)
     # Stay visibly alive while we misbehave (and until the real p0 has taken over).
     presence = p0.Presence(pb.HeartbeatRequest(caller=caller))
