@@ -21,7 +21,7 @@
  *   aesni    128-bit AES-NI, SSE adds; 8 blocks of a mask pair in flight.
  * Each is compiled with a function-level target attribute (no -march flag: the extension
  * builds for any x86-64 and for other architectures without either) and chosen at run
- * time with __builtin_cpu_supports; where neither runs, _maskkernel.c keeps OpenSSL's
+ * time with __builtin_cpu_supports; where none runs, _maskkernel.c keeps OpenSSL's
  * EVP path.
  *
  * The keystream is exactly OpenSSL's AES-128-CTR: block j of a call encrypts the caller's
