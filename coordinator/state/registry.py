@@ -136,11 +136,14 @@ class Registry:
         """Joined participants heard from within the heartbeat timeout."""
         t = time.monotonic() if now is None else now
         with self._lock:
-            return frozenset(
-                m.participant_id
-                for m in self._members.values()
-                if m.session is not None and (m.presence > 0 or t - m.last_seen <= self._timeout)
-            )
+            return frozenset(m.participant_id for m in self._members.values() if self._live(m, t))
+
+    def _live(self, member: Member, now: float) -> bool:
+        """Joined, and connected (a presence stream open) or heard from within the
+        heartbeat timeout. Called with the lock held."""
+        return member.session is not None and (
+            member.presence > 0 or now - member.last_seen <= self._timeout
+        )
 
     def presence_opened(self, member: Member, address: str = "") -> None:
         with self._lock:
@@ -297,18 +300,11 @@ class Registry:
                     f"{pid!r} joined before with a different identity key",
                 )
             now = time.monotonic()
-            # The holder of a live session: the connection of its open presence stream,
-            # or, before the holder opened one (the moments right after its join), the
-            # connection the session was issued to, while it is heard from within the
-            # heartbeat timeout (as alive() counts it).
-            holder = (
-                member.presence_address
-                if member.presence > 0
-                else member.session_address
-                if member.session is not None and now - member.last_seen <= self._timeout
-                else None
-            )
-            if holder is not None and holder != peer.address:
+            # The holder of a live session (as alive() counts it): the connection of its
+            # open presence stream, or, before the holder opened one (the moments right
+            # after its join), the connection the session was issued to.
+            holder = member.presence_address if member.presence > 0 else member.session_address
+            if self._live(member, now) and holder != peer.address:
                 # One live session per identity: a second process with the same
                 # certificate would replace the first's session, and the two would knock
                 # each other off at every call. The live one keeps it; a restarted
