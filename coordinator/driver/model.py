@@ -14,7 +14,6 @@ file's SHA-256 recorded in SQLite.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,9 +21,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from spherecal.spherefed.durable import replace_durably
 from spherecal.spherefed.fl import aggregated_keys, load_state_vector, state_vector
 from spherecal.spherefed.network import ModelSpec, Net, build_model, classifier_swapped
+from spherecal.spherefed.saved import save_state_dict
 
 __all__ = ["Checkpoints", "GlobalModel", "file_sha256"]
 
@@ -80,18 +79,8 @@ class GlobalModel:
         net = self.load(vector)
         with classifier_swapped(net, head):
             state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-        _atomic_torch_save(state, path)
+        save_state_dict(state, path)
         return file_sha256(path)
-
-
-def _atomic_torch_save(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    replace_durably(tmp, path)
 
 
 class Checkpoints:
@@ -117,7 +106,7 @@ class Checkpoints:
         for key, value in (strategy_state or {}).items():
             array = np.ascontiguousarray(value, dtype=np.float64)
             payload[self._STATE_PREFIX + key] = torch.from_numpy(array)
-        _atomic_torch_save(payload, path)
+        save_state_dict(payload, path)
         old = sorted(self.root.glob("round-*.pt"))[: -self.keep]
         for stale in old:
             stale.unlink(missing_ok=True)
