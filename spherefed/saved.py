@@ -282,11 +282,22 @@ def load_model(directory: str | Path, calibration: str | None = None) -> Net:
 
 def save_state_dict(state: Mapping[str, torch.Tensor], path: Path) -> None:
     """``torch.save`` of a dict of tensors, atomically and durably (write, fsync,
-    rename, fsync of the folder)."""
+    rename, fsync of the folder).
+
+    A failed write (a full disk) raises an :class:`OSError` that names the file and
+    leaves no partial temporary file: the write through ``torch.save``'s file object
+    raises one without a file name, and the coordinator's fatal line then named only
+    its state directory (seen when a disk filled during a checkpoint)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(dict(state), fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(dict(state), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
+        raise
     replace_durably(tmp, path)

@@ -7,6 +7,7 @@ path each one touched, in order."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal.coordinator.driver.model import Checkpoints
+from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.participant.algorithm_state import ClientStateStore
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.spherefed import durable
@@ -236,3 +238,26 @@ def test_the_masked_input_is_synced_before_the_record_naming_it(
     assert len(fsyncs) == 1 and _folder_synced_after_rename(calls, final)
     assert fsyncs[0] < calls.index(("replace", final.resolve()))
     assert list(held.masked_chunks(job)) == chunks
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_file_and_leaves_no_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``torch.save`` writes through a file object, whose ``ENOSPC`` carries no file
+    name: the coordinator's fatal line then named only its state directory (the stop
+    and storage integration test, on a machine fast enough for the disk to fill during
+    a checkpoint). The error now names the file written, and the partial file is gone."""
+
+    def full(obj: object, fh: object) -> None:
+        fh.write(b"partial")  # type: ignore[attr-defined]
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full)
+    root = tmp_path / "state"
+    with pytest.raises(OSError) as info:
+        Checkpoints(root / "checkpoints").save(0, np.ones(4))
+    partial = root / "checkpoints" / "round-00001.pt.tmp"
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(partial)
+    assert not partial.exists() and not (root / "checkpoints" / "round-00001.pt").exists()
+    fault = storage_failure(root, info.value)  # as the federation reports it
+    assert fault is not None and str(partial) in str(fault) and "ENOSPC" in str(fault)
