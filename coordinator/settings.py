@@ -278,8 +278,17 @@ class SecAggSettings:
     1e5 bound stays on 64. Off by default: at 2^-17 the demo's CCVR accuracy moved by
     one test image and each round's loss by ~1e-5 relative (docs/performance.md).
     Statistics always use 64 bits."""
-    statistics_bound: float = 1e6
-    """Declared bound on every statistics entry (|z|≤1 ⇒ entries are bounded by n_k)."""
+    statistics_bound: float = 0.0
+    """Declared bound on every entry of a calibration-statistics job (FFC, CCVR) without
+    DP (a DP release's plan sets its own). 0 (the default): derived — with a unit-norm
+    head (``sphere``, ``fn``: ``‖z‖ ≤ 1``) every entry is at most a site's example count,
+    so ``[federation] max_examples_per_site`` (+ 2^-10 for float rounding;
+    ``spherecal.spherefed.stats.unit_norm_entry_bound``); other heads 1e6. A positive
+    value overrides the derivation (logged). It sets the fixed-point scale: at the default
+    ``max_examples_per_site`` (100,000) 2^-33, at 400 examples 2^-41, at 1e6 2^-30. A
+    site whose statistics leave the bound refuses to send them (a typed
+    ``EncodingOverflow`` withdrawal). Federated evaluation jobs (counts) use the
+    configured value, or 1e6."""
     chunk_entries: int = 1 << 18
     """Ring entries per masked chunk (2 MiB); one chunk per gRPC message."""
     max_in_flight: int = 2
@@ -315,8 +324,8 @@ class SecAggSettings:
             raise ValueError(f"evaluation_noise_sd must be in [0, 1e6] counts, got {sd!r}")
         if not (math.isfinite(self.update_bound) and self.update_bound >= 0):
             raise ValueError("update_bound must be a non-negative number (0: derived)")
-        if not (math.isfinite(self.statistics_bound) and self.statistics_bound > 0):
-            raise ValueError("statistics_bound must be a positive number")
+        if not (math.isfinite(self.statistics_bound) and self.statistics_bound >= 0):
+            raise ValueError("statistics_bound must be 0 (derived) or a positive number")
         if self.chunk_entries < 2 or self.chunk_entries % 2:
             raise ValueError("chunk_entries must be even and >= 2")
         if self.max_in_flight < 1:

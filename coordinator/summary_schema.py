@@ -117,6 +117,7 @@ class SummarySettings(TypedDict):
     update_bound_source: str
     update_resolution: float | None
     statistics_bound: float | None
+    statistics_bound_source: str
 
 
 class HeadlineCoverage(TypedDict):

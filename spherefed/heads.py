@@ -25,6 +25,9 @@ from torch import nn
 from spherecal.spherefed.classifier import fixed_classifier
 
 HEAD_KINDS: tuple[str, ...] = ("sphere", "learnable", "fn", "fixed")
+UNIT_NORM_HEADS: frozenset[str] = frozenset({"sphere", "fn"})
+"""The heads whose features pass :class:`FeatureNorm` (``‖z‖ = 1``): the statistics'
+invariants and entry bounds rely on it."""
 
 
 class FeatureNorm(nn.Module):

@@ -74,7 +74,7 @@ from spherecal.spherefed.network import (
 from spherecal.spherefed.partition import partition, partition_summary
 from spherecal.spherefed.privacy.secure_sum import secure_sum_statistics
 from spherecal.spherefed.reference_config import SELECT_BY, ReferenceConfig
-from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics
+from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics, statistics_entry_bound
 
 Progress = Callable[[str], None]
 
@@ -349,7 +349,12 @@ def run_federation(
     C, dim = data.train.num_classes, model.feature_dim
     parts = [ccvr_statistics(compute_features(model, xk), yk.numpy(), C) for xk, yk in client_data]
     if config.secure_sum:
-        total = secure_sum_statistics(parts)
+        # the bound the service derives: no site holds more of a split than the dataset
+        # has (`spherecal simulate`'s max_examples_per_site; validation came from train)
+        max_examples = max(len(data.train) + len(data.validation), len(data.test))
+        total = secure_sum_statistics(
+            parts, bound=statistics_entry_bound(config.head, max_examples)
+        )
     else:
         total = CCVRStatistics(np.zeros(C), np.zeros((C, dim)), np.zeros((C, dim, dim)))
         for part in parts:

@@ -40,7 +40,48 @@ from typing import Any
 import numpy as np
 import torch
 
+from spherecal.spherefed.heads import UNIT_NORM_HEADS
+
 SQRT2 = float(np.sqrt(2.0))
+
+UNIT_NORM_SLACK = 2.0**-10
+"""Relative room above a site's example count in :func:`unit_norm_entry_bound`, for the
+float rounding of a unit norm (a float32 ``z / ‖z‖`` has ``‖z‖² = 1`` to within about
+1e-7). It costs the secure-aggregation ring at most one bit of scale, and only when the
+count is a power of two."""
+
+
+FALLBACK_STATISTICS_BOUND = 1e6
+"""The service's statistics bound for a head whose features have no unit norm (nothing
+bounds ``‖z‖``) unless one is configured (``[secure_aggregation] statistics_bound``)."""
+
+
+def statistics_entry_bound(head: str, max_examples: int) -> float:
+    """The service's default bound on one site's statistics entries: for a unit-norm
+    head (``heads.UNIT_NORM_HEADS``) :func:`unit_norm_entry_bound`, for any other
+    :data:`FALLBACK_STATISTICS_BOUND`."""
+    if head in UNIT_NORM_HEADS:
+        return unit_norm_entry_bound(max_examples)
+    return FALLBACK_STATISTICS_BOUND
+
+
+def unit_norm_entry_bound(max_examples: int) -> float:
+    """The largest ``|entry|`` of one site's packed FFC or CCVR statistics (not
+    ``isometric``) when every feature has ``‖z‖ ≤ 1`` and the site holds at most
+    ``max_examples`` examples: ``|z_j z_k| ≤ ‖z‖² ≤ 1`` bounds every entry of ``V`` and
+    of each ``M_c`` by the number of features summed, ``|z_j| ≤ 1`` every entry of ``U``
+    and of each ``S_c``, and the counts are that number (SphereFed Eq. 8–9, CCVR Eq. 2).
+    Plus :data:`UNIT_NORM_SLACK`.
+
+    Why it matters (issue #24): the bound sets the fixed-point scale of a statistics job
+    (``spherecal.crypto.ring.choose_scale_bits``: ``bound · 2^f ≤ 2^50``), so a bound that
+    follows the data — 400 examples: ``2^-41`` — rounds ~2000× finer than a fixed 1e6
+    (``2^-30``). The rounding noise of a coarse scale also lifts the null space of a
+    rank-deficient ``V`` off zero, which slows its eigendecomposition in the FFC solve.
+    """
+    if max_examples < 1:
+        raise ValueError(f"max_examples must be >= 1, got {max_examples}")
+    return float(max_examples) * (1.0 + UNIT_NORM_SLACK)
 
 
 def _as_float64_matrix(features: Any) -> np.ndarray:

@@ -14,6 +14,7 @@
 ``training_rounds``     the training rounds: selection, server step, checkpoint
 ``strategy``            adapter around spherefed.algorithms' one registry: named sums laid
                         out in the aggregation vector, broadcasts, resumable server state
+``bounds``              the declared bounds that size a job's ring (statistics, evaluation)
 ``model``               the global network's layout, checkpoints, saved models
 ``calibration_stage``   statistics jobs after training, then every configured head solved
 ``ffc_ccvr_heads``      FFC's closed form and CCVR's retraining from the secure sums

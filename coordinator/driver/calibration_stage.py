@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from spherecal import crypto
+from spherecal.coordinator.driver.bounds import statistics_bound
 from spherecal.coordinator.driver.discriminant_heads import select_closed_forms
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.evaluation_stage import Heads
@@ -196,12 +197,15 @@ def _collect_kind(
                 plan = privacy.plan(
                     kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
                 )
+            bound = statistics_bound(s)
+            if plan is None:
+                ctx.say(f"{kind} statistics: {bound.describe()}")
             job = ctx.new_job(
                 kind,
                 None,
                 participants,
                 length,
-                s.secagg.statistics_bound,
+                bound.value,
                 s.timeouts.round_s,
                 spec_arguments=plan.job_spec_arguments() if plan is not None else None,
             )

@@ -19,6 +19,7 @@ import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.board import Board
+from spherecal.coordinator.driver.bounds import evaluation_bound
 from spherecal.coordinator.driver.integrity import (
     IntegrityCheckFailed,
     check_evaluation_counts,
@@ -90,7 +91,7 @@ def _evaluation_job(
         round_index,
         participants,
         1 + len(names),
-        s.secagg.statistics_bound,
+        evaluation_bound(s),
         s.timeouts.evaluation_s,
         spec_arguments=arguments,
         slot=slot,

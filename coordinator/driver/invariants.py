@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from spherecal.spherefed.heads import UNIT_NORM_HEADS
 from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
     "check_pair",
 ]
 
-UNIT_NORM_HEADS = frozenset({"sphere", "fn"})
 
 
 class AggregateInvariantViolated(ValueError):

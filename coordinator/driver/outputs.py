@@ -14,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from spherecal.coordinator.driver.bounds import statistics_bound
 from spherecal.coordinator.driver.conduct import Conduct
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.evaluation_stage import Heads
@@ -136,7 +137,8 @@ def summary(
             "update_bound": update_bound(s).value,
             "update_bound_source": update_bound(s).source,
             "update_resolution": s.secagg.update_resolution,
-            "statistics_bound": s.secagg.statistics_bound,
+            "statistics_bound": statistics_bound(s).value,
+            "statistics_bound_source": statistics_bound(s).source,
         },
         "accuracy": results.get("accuracy", dict(NO_ACCURACY)),
         "accuracy_covers": headline_coverage(s, progress),

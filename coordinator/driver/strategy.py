@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from spherecal.coordinator.driver.bounds import DeclaredBound
 from spherecal.coordinator.settings import CoordinatorSettings, TrainingSettings
 from spherecal.spherefed.algorithms.base import (
     LOSS_SUM,
@@ -49,7 +50,6 @@ __all__ = [
     "LocalPlan",
     "Strategy",
     "StrategyState",
-    "UpdateBound",
     "update_bound",
 ]
 
@@ -62,21 +62,7 @@ sphere head is at most 4 (unit features, orthonormal classifier); a mean cross-e
 above 100 (probability ``e^-100`` on the true class) is a diverged model."""
 
 
-@dataclass(frozen=True)
-class UpdateBound:
-    """The bound on every entry of a round's update vector and where it came from."""
-
-    value: float
-    source: str
-    """``derived`` (from the declared limits), ``configured`` (``update_bound`` set)
-    or ``fallback`` (the algorithm states none)."""
-    detail: str
-
-    def describe(self) -> str:
-        return f"update bound {self.value:g} ({self.source}: {self.detail})"
-
-
-def update_bound(settings: CoordinatorSettings) -> UpdateBound:
+def update_bound(settings: CoordinatorSettings) -> DeclaredBound:
     """The bound on ``|entry|`` of every round's update vector (Bonawitz et al. 2017
     need one so the ring sum cannot wrap; ``crypto.ring`` module docstring).
 
@@ -88,7 +74,7 @@ def update_bound(settings: CoordinatorSettings) -> UpdateBound:
     """
     configured = settings.secagg.update_bound
     if configured > 0:
-        return UpdateBound(configured, "configured", "[secure_aggregation] update_bound")
+        return DeclaredBound(configured, "configured", "[secure_aggregation] update_bound")
     t = settings.training
     n_max = settings.max_examples_per_site
     limits = UpdateLimits(
@@ -100,12 +86,12 @@ def update_bound(settings: CoordinatorSettings) -> UpdateBound:
     strategy = Strategy(t, num_participants=len(settings.participants))
     stated = strategy.server.entry_bound(limits)
     if stated is None:
-        return UpdateBound(
+        return DeclaredBound(
             FALLBACK_UPDATE_BOUND,
             "fallback",
             f"{strategy.name} states no bound; set [secure_aggregation] update_bound",
         )
-    return UpdateBound(
+    return DeclaredBound(
         max(float(stated), LOSS_BOUND),
         "derived",
         f"{strategy.name}, max_examples_per_site {n_max}, "

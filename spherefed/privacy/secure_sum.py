@@ -6,10 +6,12 @@ reference runner's float sum of the participants' CCVR statistics by
 Shamir shares and every check of both state machines, messages through their
 canonical bytes — only the network is missing. The fixed-point scale is the one the
 coordinator uses for a statistics job (:func:`spherecal.crypto.ring.choose_scale_bits` of the
-participant count and the declared bound ``[secagg] statistics_bound``, default 1e6),
-so every calibrator computed from the result sees exactly the numbers the service's
-secure aggregation delivers: the in-process evidence that a calibrator's accuracy is
-"delivered through secure aggregation".
+participant count and the bound the coordinator derives with ``[secure_aggregation]
+statistics_bound = 0``: :func:`spherecal.spherefed.stats.statistics_entry_bound` of the
+head and the largest example count a site may hold), so every calibrator computed from
+the result sees exactly the numbers the service's secure aggregation delivers: the
+in-process evidence that a calibrator's accuracy is "delivered through secure
+aggregation".
 """
 
 from __future__ import annotations
@@ -18,19 +20,15 @@ from collections.abc import Sequence
 
 from spherecal.spherefed.stats import CCVRStatistics
 
-SERVICE_STATISTICS_BOUND = 1e6
-"""``spherecal.coordinator.settings.SecAggSettings.statistics_bound``'s default (kept in sync by a
-test)."""
 
-
-def secure_sum_statistics(
-    parts: Sequence[CCVRStatistics], *, bound: float = SERVICE_STATISTICS_BOUND
-) -> CCVRStatistics:
+def secure_sum_statistics(parts: Sequence[CCVRStatistics], *, bound: float) -> CCVRStatistics:
     """Sum per-participant CCVR statistics through the in-process secure-aggregation protocol.
 
-    Needs at least two participants (secure aggregation of one input would reveal
-    it); the threshold is a majority, ``⌊n/2⌋ + 1``. Raises the protocol's typed
-    errors (e.g. a value beyond ``bound``).
+    ``bound``: the declared bound on every entry (the service's:
+    :func:`~spherecal.spherefed.stats.statistics_entry_bound`). Needs at least two
+    participants (secure aggregation of one input would reveal it); the threshold is a
+    majority, ``⌊n/2⌋ + 1``. Raises the protocol's typed errors (e.g. a value beyond
+    ``bound``).
     """
     from spherecal.crypto.ring import choose_scale_bits
     from spherecal.crypto.simulation import simulate_secure_sum
