@@ -494,7 +494,9 @@ class CoordinatorSettings:
     counts (a round's weights ``Σ n_k``, the statistics' counts, an evaluation's
     total) must be at most ``contributors ×`` this, or the aggregate is refused
     (``spherecal.coordinator.driver.integrity``). It bounds what one dishonest site
-    can claim; raise it for larger sites."""
+    can claim; raise it for larger sites. It also sizes the secure-aggregation rings:
+    the update bound (``[secure_aggregation] update_bound = 0``) and, with a unit-norm
+    head, every entry of a site's statistics (``statistics_bound = 0``)."""
     validation_gate: bool = True
     """Ship no calibrated head (FFC, CCVR, FFC+bias, LDA, QDA) that scores worse on
     the federated validation split than the uncalibrated model beyond the
