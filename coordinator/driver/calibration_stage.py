@@ -33,7 +33,6 @@ from spherecal.coordinator.driver.integrity import (
     statistics_count,
 )
 from spherecal.coordinator.driver.invariants import (
-    UNIT_NORM_HEADS,
     AggregateInvariantViolated,
     Tolerance,
     check_ccvr,
@@ -46,6 +45,7 @@ from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.heads import UNIT_NORM_HEADS
 from spherecal.spherefed.privacy.plan import CalibrationPlan
 from spherecal.spherefed.privacy.projection import project_ccvr
 from spherecal.spherefed.stats import (

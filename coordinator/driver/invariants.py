@@ -38,18 +38,15 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from spherecal.spherefed.heads import UNIT_NORM_HEADS
 from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
 
 __all__ = [
-    "UNIT_NORM_HEADS",
     "AggregateInvariantViolated",
     "Tolerance",
     "check_ccvr",
     "check_ffc",
     "check_pair",
 ]
-
 
 
 class AggregateInvariantViolated(ValueError):
