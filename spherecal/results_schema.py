@@ -339,6 +339,7 @@ class CellIdentity(TypedDict):
     method: JsonObject
     oracle: bool
     engine: NotRequired[str]  # absent for the in-process engine
+    secure_sum_bound: NotRequired[str]  # with --secure-sum: how its fixed-point scale is chosen
 
 
 class CellService(TypedDict):

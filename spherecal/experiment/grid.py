@@ -23,6 +23,7 @@ from spherecal.spherefed.algorithms.methods import (
     sphere_variant,
 )
 from spherecal.spherefed.data import DATASET_NAMES, SyntheticConfig
+from spherecal.spherefed.privacy.secure_sum import BOUND_RULE as SECURE_SUM_BOUND_RULE
 from spherecal.spherefed.reference import ReferenceConfig
 
 __all__ = [
@@ -284,6 +285,8 @@ class RunSpec:
         }
         if self.engine != "inprocess":
             out["engine"] = self.engine
+        if out["config"].get("secure_sum"):  # its scale follows the bound's rule
+            out["secure_sum_bound"] = SECURE_SUM_BOUND_RULE
         return out
 
     def key(self, base: ReferenceConfig) -> str:

@@ -20,6 +20,12 @@ from collections.abc import Sequence
 
 from spherecal.spherefed.stats import CCVRStatistics
 
+BOUND_RULE = "statistics_entry_bound"
+"""How the secure sum's bound (hence its fixed-point scale) is chosen: since 2026-11-26
+:func:`~spherecal.spherefed.stats.statistics_entry_bound` of the head and the largest
+split (a fixed 1e6 before). Part of a ``--secure-sum`` experiment cell's identity, so
+cells summed under another rule are not reused."""
+
 
 def secure_sum_statistics(parts: Sequence[CCVRStatistics], *, bound: float) -> CCVRStatistics:
     """Sum per-participant CCVR statistics through the in-process secure-aggregation protocol.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -350,6 +351,27 @@ def test_hosting_counts_and_engine_line() -> None:
     assert "1 cell one OS process per participant" in line
     assert "2 cells as virtual participants, threads of the cell's process" in line
     assert "hosted" not in engine_line("inprocess")
+
+
+def test_a_secure_sum_cell_names_its_bound_rule() -> None:
+    """The secure sum's fixed-point scale follows its bound's rule (since 2026-11-26 the
+    data's, before a fixed 1e6): it is part of a ``--secure-sum`` cell's identity, so a
+    cell summed under another rule is recomputed, never reused; float cells keep their
+    keys."""
+    from spherecal.experiment.grid import ExperimentSettings
+    from spherecal.spherefed.privacy.secure_sum import BOUND_RULE
+
+    def first(secure_sum: bool) -> tuple[dict[str, Any], str]:
+        s = ExperimentSettings(methods=("fedavg",), alphas=(0.1,), seeds=1, secure_sum=secure_sum)
+        spec, base = grid_runs(s)[0], s.base_config()
+        return dict(spec.identity(base)), spec.key(base)
+
+    (secure, key), (plain, _) = first(True), first(False)
+    assert secure["secure_sum_bound"] == BOUND_RULE == "statistics_entry_bound"
+    assert "secure_sum_bound" not in plain
+    del secure["secure_sum_bound"]  # a cell made under the earlier rule had no such entry
+    old_key = hashlib.sha256(json.dumps(secure, sort_keys=True, default=str).encode()).hexdigest()
+    assert old_key[:20] != key
 
 
 @pytest.mark.slow
