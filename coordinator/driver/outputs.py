@@ -102,6 +102,7 @@ def summary(
     """The coordinator's JSON summary (see docs/deployment.md for the schema)."""
     s = settings
     results = progress.results
+    declared_update, declared_statistics = update_bound(s), statistics_bound(s)
     conducted: ConductSummary = (
         conduct.summary() if conduct is not None else {"refusals": [], "excluded": []}
     )
@@ -134,11 +135,11 @@ def summary(
             "shrinkage_grid": list(s.calibration.shrinkage_grid),
             "secure_updates": s.secagg.updates,
             "secure_statistics": s.secagg.statistics,
-            "update_bound": update_bound(s).value,
-            "update_bound_source": update_bound(s).source,
+            "update_bound": declared_update.value,
+            "update_bound_source": declared_update.source,
             "update_resolution": s.secagg.update_resolution,
-            "statistics_bound": statistics_bound(s).value,
-            "statistics_bound_source": statistics_bound(s).source,
+            "statistics_bound": declared_statistics.value,
+            "statistics_bound_source": declared_statistics.source,
         },
         "accuracy": results.get("accuracy", dict(NO_ACCURACY)),
         "accuracy_covers": headline_coverage(s, progress),
