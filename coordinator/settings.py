@@ -279,16 +279,13 @@ class SecAggSettings:
     one test image and each round's loss by ~1e-5 relative (docs/performance.md).
     Statistics always use 64 bits."""
     statistics_bound: float = 0.0
-    """Declared bound on every entry of a calibration-statistics job (FFC, CCVR) without
-    DP (a DP release's plan sets its own). 0 (the default): derived — with a unit-norm
-    head (``sphere``, ``fn``: ``‖z‖ ≤ 1``) every entry is at most a site's example count,
-    so ``[federation] max_examples_per_site`` (+ 2^-10 for float rounding;
-    ``spherecal.spherefed.stats.unit_norm_entry_bound``); other heads 1e6. A positive
-    value overrides the derivation (logged). It sets the fixed-point scale: at the default
-    ``max_examples_per_site`` (100,000) 2^-33, at 400 examples 2^-41, at 1e6 2^-30. A
-    site whose statistics leave the bound refuses to send them (a typed
-    ``EncodingOverflow`` withdrawal). Federated evaluation jobs (counts) use the
-    configured value, or 1e6."""
+    """Declared bound on every entry of a calibration-statistics job without DP (a DP
+    release's plan sets its own). 0 (the default): derived — a unit-norm head's
+    (``sphere``, ``fn``) entries are at most a site's example count, so ``[federation]
+    max_examples_per_site``; other heads 1e6 (``coordinator/driver/bounds.py``). A
+    positive value overrides (logged). It sets the fixed-point scale (2^-33 at the
+    default 100,000 examples, 2^-30 at 1e6); a site beyond it withdraws
+    (``EncodingOverflow``). Evaluation jobs use the configured value, or 1e6."""
     chunk_entries: int = 1 << 18
     """Ring entries per masked chunk (2 MiB); one chunk per gRPC message."""
     max_in_flight: int = 2
