@@ -30,7 +30,7 @@ from spherecal.spherefed.reference import ReferenceConfig, run_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REFERENCE = ReferenceConfig(participants=3, model="mlp", rounds=4)
+REFERENCE = ReferenceConfig(participants=3, model="mlp", rounds=6)
 
 
 def _completed_rounds(db: Path) -> int:
@@ -135,7 +135,16 @@ def stopped_twice(tmpfs_state: Path) -> dict[str, Any]:
         # 2. Restart; then the state directory fills up mid-federation.
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         _until("a round after the restart", lambda: _completed_rounds(db) > stopped_after)
-        filler = _fill(state)
+        # Paused while the disk fills, so that the fault lands mid-federation however
+        # fast the remaining rounds are (on a fast machine they could all complete, into
+        # pages SQLite already held, before the filler had filled the disk).
+        assert sim.coordinator is not None
+        os.kill(sim.coordinator.popen.pid, signal.SIGSTOP)
+        try:
+            facts["rounds_at_fill"] = _completed_rounds(db)
+            filler = _fill(state)
+        finally:
+            os.kill(sim.coordinator.popen.pid, signal.SIGCONT)
         t = time.monotonic()
         facts["filled_at"] = time.strftime("%H:%M:%S")
         facts["fault_rc"] = sim.wait_coordinator(120)  # by itself: nobody signals it
@@ -173,6 +182,7 @@ def test_a_full_state_directory_ends_the_coordinator_with_one_line(
     stopped_twice: dict[str, Any],
 ) -> None:
     facts = stopped_twice["facts"]
+    assert facts["rounds_at_fill"] < REFERENCE.rounds  # the fault came mid-federation
     assert facts["fault_rc"] == 1
     fatal = [ln for ln in facts["fault_log"].splitlines() if "FATAL: state storage failed" in ln]
     assert len(fatal) == 1, fatal
@@ -192,7 +202,7 @@ def test_after_both_stops_the_federation_completes_exactly_as_the_reference(
     assert stopped_twice["coordinator_starts"] == 3
     failed = {p: c for p, c in stopped_twice["exit_codes"].items() if c != 0}
     assert not failed, failed
-    assert [r["round"] for r in stopped_twice["per_round"]] == [1, 2, 3, 4]
+    assert [r["round"] for r in stopped_twice["per_round"]] == list(range(1, REFERENCE.rounds + 1))
     torch.set_num_threads(1)
     reference = run_reference(REFERENCE)
     for name in ("none", "ffc", "ccvr"):
