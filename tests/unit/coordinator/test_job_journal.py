@@ -30,7 +30,12 @@ from spherecal.coordinator.driver.stages import continue_journaled_job, with_fir
 from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import MASKED_CLOSED_BLOB, JobJournal
-from spherecal.coordinator.state.journal_blobs import BLOB_FOLDER, BlobCorrupt, JournalBlobs
+from spherecal.coordinator.state.journal_blobs import (
+    BLOB_FOLDER,
+    CONCURRENT_DIGEST_BYTES,
+    BlobCorrupt,
+    JournalBlobs,
+)
 from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import public_key_bytes
@@ -368,6 +373,31 @@ def test_no_row_is_committed_when_its_blob_could_not_be_written(tmp_path: Path) 
         (MASKED_CLOSED_BLOB, "masked-closed"),
     ) == [(0,)]
     store.close()
+
+
+@pytest.mark.parametrize(
+    "size",
+    [100, CONCURRENT_DIGEST_BYTES - 8, CONCURRENT_DIGEST_BYTES, 3 * CONCURRENT_DIGEST_BYTES + 8],
+)
+def test_a_blob_is_named_by_the_sha256_of_its_bytes_whichever_thread_hashes_it(
+    tmp_path: Path, size: int
+) -> None:
+    """Below ``CONCURRENT_DIGEST_BYTES`` the digest is computed inline, from it on
+    beside the write: the same SHA-256 of the same bytes either way, and the blob
+    reads back under it (a float64 vector, as the result is handed over)."""
+    values = np.random.default_rng(size).standard_normal(size // 8).astype("<f8")
+    blobs = JournalBlobs(tmp_path / BLOB_FOLDER)
+    digest = blobs.write("j.result.blob", values.data)
+    assert digest == hashlib.sha256(values.tobytes()).hexdigest()
+    assert blobs.read("j.result.blob", digest) == values.tobytes()
+
+
+def test_a_large_blob_that_cannot_be_written_leaves_no_digest_thread(tmp_path: Path) -> None:
+    (tmp_path / BLOB_FOLDER).write_bytes(b"")  # a file where the folder goes: writes fail
+    blobs = JournalBlobs(tmp_path / BLOB_FOLDER)
+    with pytest.raises(OSError):
+        blobs.write("j.result.blob", bytes(8 * CONCURRENT_DIGEST_BYTES))
+    assert [t for t in threading.enumerate() if t.name == "blob-digest"] == []
 
 
 def test_sweep_removes_only_orphaned_blobs_of_known_jobs(tmp_path: Path) -> None:
