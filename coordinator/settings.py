@@ -295,9 +295,11 @@ class SecAggSettings:
     """Coordinator memory (MiB) that incomplete masked uploads of one job may hold: a job
     accepts ``max(max_in_flight, ⌊in_flight_mb / vector size⌋)`` concurrent uploads (at
     most its participants), so a small job's sites upload at once while a large one keeps
-    ``max_in_flight`` (CCVR at l = 512, 105 MB: 2). A site refused for want of a slot
-    waits 0.2–0.7 s and retries: with 2 slots, FFC at l = 1280 (7.6 MB, 10 sites) queued
-    its uploads and its masked stage ended 0.5–1 s later (docs/performance.md). 0: only
+    ``max_in_flight`` (CCVR at l = 512, 105 MB: 2). An upload that finds every slot
+    taken waits for one, in the order the uploads began waiting (a site of an earlier
+    version, whose first message carries a chunk, is refused and retries after
+    0.2–0.7 s); with 2 slots, FFC at l = 1280 (7.6 MB, 10 sites) queued its uploads and
+    its masked stage ended 0.5–1 s later (docs/performance.md). 0: only
     ``max_in_flight``."""
     audit_sample_bytes: int = 64 << 10
     """Keep this many leading payload bytes of each sender's first masked chunk per job

@@ -647,6 +647,10 @@ class SecureSteps:
                     yield session.masked_chunk(index)
 
         def messages() -> Iterator[pb.MaskedUpload]:
+            # A header first: a coordinator whose upload slots are all taken holds the
+            # upload there until one frees, instead of refusing it after its first
+            # chunk (an earlier version reads the header as an empty chunk, skipped)
+            yield pb.MaskedUpload(caller=self.caller(), job_id=job_id)
             for index, chunk in enumerate(chunks()):
                 if index == 1 or n == 1:
                     self.halter.check(
@@ -655,10 +659,7 @@ class SecureSteps:
                         round_index=session.round,
                         what=job_id.hex(),
                     )
-                if index == 0:
-                    yield pb.MaskedUpload(caller=self.caller(), job_id=job_id, chunk=chunk)
-                else:
-                    yield pb.MaskedUpload(chunk=chunk)
+                yield pb.MaskedUpload(chunk=chunk)
 
         try:
             self.transport.upload_masked(messages())

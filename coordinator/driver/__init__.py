@@ -8,6 +8,7 @@
 ``secure_job``          one ``crypto.SecAggServer`` job with deadlines, liveness, streaming;
                         journaled, and continued from its journal after a restart
 ``stage_grace``         the masked and later stages wait for a participant that restarts
+``upload_queue``        a masked upload that opens with a header waits for a free slot
 ``masked_resend``       a masked upload sent again: identical is delivered, different refused
 ``halts``               test-only: stop the coordinator dead at a named point of a job
 ``rejoin``              between two attempts at a stage: back off, wait for participants

@@ -10,8 +10,10 @@ sharing, recovered from shares after). A shortfall below the threshold aborts th
 job with :class:`crypto.TooFewSurvivors`, recorded as the job's error.
 
 Masked uploads stream straight into the server's accumulator (``absorb``) under the
-job's lock; an upload cut off mid-way is abandoned, freeing its staging slot. A
-site's upload sent again is compared with what it sent before (``masked_resend``).
+job's lock; an upload cut off mid-way is abandoned, freeing its staging slot. An upload
+that opens with a header waits for a free slot instead of being refused
+(:mod:`~spherecal.coordinator.driver.upload_queue`). A site's upload sent again is
+compared with what it sent before (``masked_resend``).
 Memory is O(vector), as ``spherecal.crypto.server`` documents: ``(1 + max_in_flight)`` vectors.
 """
 
@@ -33,6 +35,7 @@ import numpy as np
 from spherecal import crypto
 from spherecal.coordinator.driver.masked_resend import MaskedDigests
 from spherecal.coordinator.driver.stage_grace import RejoinGrace
+from spherecal.coordinator.driver.upload_queue import UploadQueue
 from spherecal.coordinator.errors import ServiceError, from_secagg
 from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.job_journal import (
@@ -173,6 +176,7 @@ class SecureJob:
         self._stage_started = time.monotonic()
         self._deadline = self._stage_started + first_stage_s
         self._streaming: set[str] = set()
+        self.uploads = UploadQueue(self.lock, self.server.max_in_flight)
         self._stage_expected = len(self.spec.participants)
         self.withdrawn: dict[str, str] = {}
         self.dropped: dict[str, str] = {}
@@ -458,6 +462,30 @@ class SecureJob:
                 )
             self._streaming.add(participant)
 
+    def wait_for_slot(
+        self, participant: str, cancelled: Callable[[], bool] = lambda: False
+    ) -> None:
+        """After :meth:`begin_upload` of an upload that opened with a header: return once
+        it holds an upload slot (at once for a repeat of a complete input, which is
+        compared, not summed); ``ServiceError`` when the masked stage closes or the job
+        ends first, or the call is cancelled (:class:`UploadQueue`)."""
+
+        def still_open() -> None:
+            self._check_open()
+            if self.server.stage is not Stage.MASKED:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{self.label()} closed its masked stage",
+                )
+
+        with self.lock:
+            server = self.server
+            if participant in server.survivors or not server.is_pending(participant):
+                return
+        self.uploads.wait(
+            participant, in_use=self.server.uploading, check=still_open, cancelled=cancelled
+        )
+
     def absorb(self, participant: str, data: bytes, digest: bytes | None = None) -> int:
         """Absorb one canonical MaskedChunk (``digest``: its SHA-256, if known);
         returns its index. Repeats are compared, not summed (``masked_resend``)."""
@@ -488,6 +516,7 @@ class SecureJob:
         an incomplete one is abandoned so its slot frees and it can be retried."""
         with self.lock:
             self._streaming.discard(participant)
+            self.uploads.release(participant)
             if self._masked.end(participant):
                 return True  # a repeat of a complete input: nothing was summed
             if self.server.stage is not Stage.MASKED:
@@ -574,6 +603,7 @@ class SecureJob:
                 self.dropped.setdefault(p, f"{stage.value}: {reason}")
             self.stage_seconds[stage.value] = t - self._stage_started
             self._grace.stage_closed()
+            self.uploads.wake()  # uploads waiting for a slot end (once the lock is free)
             lines = [
                 f"{self.label()}: stage {stage.value} closed, "
                 f"{self._stage_expected - len(pending)}/{self._stage_expected} sent"
@@ -655,3 +685,4 @@ class SecureJob:
                     dropped=dict(self.dropped),
                     stage_seconds=dict(self.stage_seconds),
                 )
+                self.uploads.wake()

@@ -182,6 +182,12 @@ class RequestBridge:
                 return
             yield message
 
+    @property
+    def cancelled(self) -> bool:
+        """The call was cancelled (:meth:`close`): a handler waiting without reading
+        (an upload waiting for a slot) looks here."""
+        return self._closed.is_set()
+
     def close(self) -> None:
         self._closed.set()
         pending = self._pending

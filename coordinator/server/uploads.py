@@ -209,6 +209,12 @@ class UploadStreams:
         digest = hashlib.sha256()
         limit = self.max_chunk + CHUNK_FRAMING_BYTES
         try:
+            if not first.chunk:
+                # A header (caller and job, no chunk): wait for a slot rather than be
+                # refused after the first chunk (coordinator/driver/upload_queue.py)
+                job.wait_for_slot(
+                    pid, cancelled=lambda: bool(getattr(requests, "cancelled", False))
+                )
             message: pb.MaskedUpload | None = first
             while message is not None:
                 data = bytes(message.chunk)

@@ -192,7 +192,8 @@ class HostileRing(HostileTransport):
             if job is None:
                 job = self.jobs[bytes(message.job_id)]
             assert job.server is not None
-            job.server.receive(decode_message(bytes(message.chunk)), sender=TARGET)
+            if message.chunk:  # the first message is the upload's header
+                job.server.receive(decode_message(bytes(message.chunk)), sender=TARGET)
         assert job is not None
         self._advance(job)
         return pb.UploadReceipt()

@@ -67,6 +67,8 @@ class ToJob:
             raise TransportError(exc.code, exc.message) from None
         try:
             for message in messages:
+                if not message.chunk:
+                    continue  # the upload's header
                 self.streamed.append(bytes(message.chunk))
                 self.job.absorb("p1", bytes(message.chunk))
         except ServiceError as exc:

@@ -61,9 +61,13 @@ class ToJob:
         except ServiceError as exc:
             raise TransportError(exc.code, exc.message) from None
         try:
-            for k, message in enumerate(messages):
-                if k == self.cut_after:
+            chunks = 0
+            for message in messages:
+                if not message.chunk:
+                    continue  # the upload's header (the service may wait for a slot there)
+                if chunks == self.cut_after:
                     raise Killed
+                chunks += 1
                 self.streamed.append(bytes(message.chunk))
                 self.job.absorb(self.pid, bytes(message.chunk))
         except ServiceError as exc:
