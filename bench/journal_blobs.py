@@ -35,8 +35,11 @@ if __package__ in (None, ""):  # run as `python bench/journal_blobs.py`: `bench`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import emit_json
-from spherecal.coordinator.state.journal_blobs import CONCURRENT_DIGEST_BYTES, JournalBlobs
-from spherecal.spherefed.durable import replace_durably
+from spherecal.coordinator.state.journal_blobs import (
+    CONCURRENT_DIGEST_BYTES,
+    JournalBlobs,
+    write_synced,
+)
 
 PAYLOADS = {
     "ffc_l1280_c100": 1280 * 1281 // 2 + 1280 * 100 + 1,
@@ -46,19 +49,9 @@ PAYLOADS = {
 
 
 def _serial_write(folder: Path, name: str, data: memoryview) -> str:
-    """SHA-256, then write, fsync, rename, folder sync: one after the other."""
+    """SHA-256, then the same durable write (``write_synced``): one after the other."""
     digest = hashlib.sha256(data).hexdigest()
-    final = folder / name
-    tmp = folder / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = data
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    replace_durably(tmp, final)
+    write_synced(folder / name, data)
     return digest
 
 

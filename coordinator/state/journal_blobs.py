@@ -39,7 +39,7 @@ from spherecal.coordinator.errors import StorageFailed
 from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.spherefed.durable import replace_durably
 
-__all__ = ["BLOB_FOLDER", "BlobCorrupt", "JournalBlobs"]
+__all__ = ["BLOB_FOLDER", "CONCURRENT_DIGEST_BYTES", "BlobCorrupt", "JournalBlobs", "write_synced"]
 
 BLOB_FOLDER = "journal"
 """The folder of a state directory that holds the blobs."""
@@ -90,6 +90,27 @@ class BlobCorrupt(ValueError):
     """A journal row names a blob that is missing or is not what was written."""
 
 
+def write_synced(final: Path, payload: memoryview) -> None:
+    """``payload`` as ``final``, durable on return: a temporary file beside it (0600),
+    written whole, fsynced, renamed over ``final``, the folder fsynced — the file is
+    absent, the old one or complete. The temporary file goes if a step fails (the
+    ``OSError`` is raised)."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = payload
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        replace_durably(tmp, final)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class JournalBlobs:
     """The blob folder of one state directory (``<state_dir>/journal``)."""
 
@@ -112,22 +133,12 @@ class JournalBlobs:
         fsync, rename, fsync of the folder); returns its SHA-256 (hex). A storage
         fault is reported to the store and raised as :class:`StorageFailed`."""
         final = self.path(name)
-        tmp = final.with_name(f".{name}.{os.getpid()}.tmp")
         payload = memoryview(data).cast("B")
         beside = _Digest(payload) if payload.nbytes >= CONCURRENT_DIGEST_BYTES else None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                view = payload
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            replace_durably(tmp, final)
+            write_synced(final, payload)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             fault = storage_failure(final, exc)
             if fault is None:
                 raise

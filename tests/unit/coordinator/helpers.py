@@ -10,7 +10,7 @@ import numpy as np
 
 from spherecal import crypto
 from spherecal.coordinator.driver.board import Board
-from spherecal.coordinator.driver.secure_job import SecureJob
+from spherecal.coordinator.driver.secure_job import JobOutcome, SecureJob
 from spherecal.coordinator.driver.stages import Progress, StageContext
 from spherecal.coordinator.settings import (
     CalibrationSettings,
@@ -111,6 +111,27 @@ def masked_streams(
         c.receive_shares(crypto.ShareBundle.from_bytes(step.message))
         streams[p] = c.masked_chunks()
     return streams
+
+
+def finish_after_masked(
+    job: SecureJob, clients: Mapping[str, crypto.SecAggParticipant]
+) -> JobOutcome:
+    """Close the masked stage (every upload in) and drive the consistency and unmask
+    rounds with every client; returns the job's outcome (done)."""
+    job.advance(frozenset(clients))
+    for stage in (pb.CONSISTENCY, pb.UNMASK):
+        for p, c in clients.items():
+            step = job.step_for(p)
+            assert step is not None and step.stage == stage
+            if stage == pb.CONSISTENCY:
+                request = crypto.ConsistencyRequest.from_bytes(step.message)
+                job.submit(p, stage, c.consistency_signature(request).to_bytes())
+            else:
+                unmask = crypto.UnmaskRequest.from_bytes(step.message)
+                job.submit(p, stage, c.unmask(unmask).to_bytes())
+        job.advance(frozenset(clients))
+    assert job.outcome is not None and job.outcome.status == "done"
+    return job.outcome
 
 
 def run_job(

@@ -25,7 +25,7 @@ from spherecal.coordinator.settings import SecAggSettings
 from spherecal.coordinator.state.registry import Peer
 from spherecal.proto import spherecal_pb2 as pb
 
-from .helpers import make_job, masked_streams
+from .helpers import finish_after_masked, make_job, masked_streams
 from .service_harness import Harness, settings_for, shared_secure_round
 
 LENGTH = 20_000
@@ -108,21 +108,9 @@ def test_waiting_uploads_go_in_as_slots_free_in_the_order_they_began_to_wait() -
         assert uploader.error is None and uploader.complete is True
     assert slotted == ["p0", "p1", "p2"]  # in the order they began to wait
     assert job.uploads.waits == 2 and job.uploads.waiting() == ()
-    job.advance(frozenset(clients))
-    for stage in (pb.CONSISTENCY, pb.UNMASK):
-        for p, c in clients.items():
-            step = job.step_for(p)
-            assert step is not None and step.stage == stage
-            if stage == pb.CONSISTENCY:
-                request = crypto.ConsistencyRequest.from_bytes(step.message)
-                job.submit(p, stage, c.consistency_signature(request).to_bytes())
-            else:
-                unmask = crypto.UnmaskRequest.from_bytes(step.message)
-                job.submit(p, stage, c.unmask(unmask).to_bytes())
-        job.advance(frozenset(clients))
-    assert job.outcome is not None and job.outcome.status == "done"
+    outcome = finish_after_masked(job, clients)
     expected = np.sum(list(state["inputs"].values()), axis=0)
-    np.testing.assert_allclose(np.asarray(job.outcome.values), expected, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(outcome.values), expected, atol=1e-6)
 
 
 def test_a_wait_ends_when_the_masked_stage_closes() -> None:

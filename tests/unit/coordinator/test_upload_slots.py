@@ -7,12 +7,10 @@ import grpc
 import numpy as np
 import pytest
 
-from spherecal import crypto
 from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import SecAggSettings
-from spherecal.proto import spherecal_pb2 as pb
 
-from .helpers import make_job, masked_streams
+from .helpers import finish_after_masked, make_job, masked_streams
 
 MIB = 1 << 20
 
@@ -60,21 +58,9 @@ def _interleaved_uploads(in_flight_mb: float) -> tuple[int, int, int, np.ndarray
                 started.discard(p)
                 pending[p] = clients[p].masked_chunks()
             peak = max(peak, job.server.memory_bytes())
-    job.advance(frozenset(clients))
-    for stage in (pb.CONSISTENCY, pb.UNMASK):
-        for p, c in clients.items():
-            step = job.step_for(p)
-            assert step is not None and step.stage == stage
-            if stage == pb.CONSISTENCY:
-                request = crypto.ConsistencyRequest.from_bytes(step.message)
-                job.submit(p, stage, c.consistency_signature(request).to_bytes())
-            else:
-                unmask = crypto.UnmaskRequest.from_bytes(step.message)
-                job.submit(p, stage, c.unmask(unmask).to_bytes())
-        job.advance(frozenset(clients))
-    assert job.outcome is not None and job.outcome.status == "done"
+    outcome = finish_after_masked(job, clients)
     expected = np.sum(list(inputs.values()), axis=0)
-    return job.server.max_in_flight, refused, peak, np.asarray(job.outcome.values), expected
+    return job.server.max_in_flight, refused, peak, np.asarray(outcome.values), expected
 
 
 def test_a_small_job_takes_every_upload_at_once_within_the_budget() -> None:
