@@ -139,12 +139,27 @@ def _safe_parser(message_type: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _parsed(messages: Iterator[Any]) -> Iterator[Any]:
-    """A request stream that raises INVALID_ARGUMENT at the first undecodable message."""
-    for message in messages:
+class _Parsed:
+    """A request stream that raises INVALID_ARGUMENT at the first undecodable message.
+    ``cancelled`` is its call's (:attr:`RequestBridge.cancelled`): a handler that waits
+    without reading (a masked upload waiting for a slot) looks there."""
+
+    def __init__(self, bridge: RequestBridge) -> None:
+        self._bridge = bridge
+        self._messages = iter(bridge)
+
+    def __iter__(self) -> _Parsed:
+        return self
+
+    def __next__(self) -> Any:
+        message = next(self._messages)
         if isinstance(message, _Malformed):
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message.reason)
-        yield message
+        return message
+
+    @property
+    def cancelled(self) -> bool:
+        return self._bridge.cancelled
 
 
 #: (method, request streams, response streams, request type, response type)
@@ -251,7 +266,7 @@ class _Servicer:
         bridge = RequestBridge(context, asyncio.get_running_loop())
         try:
             return await self._call(
-                context, None, lambda p: consume(_parsed(iter(bridge)), p), self._calls
+                context, None, lambda p: consume(_Parsed(bridge), p), self._calls
             )
         finally:
             bridge.close()  # cancelled: the worker's waiting read ends too

@@ -312,6 +312,56 @@ def test_a_cancelled_upload_ends_its_worker_thread(
         channel.close()
 
 
+def test_an_upload_waiting_without_reading_sees_its_call_cancelled(
+    served: tuple[Harness, CoordinatorServer, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A masked upload that waits for a slot reads nothing while it waits
+    (``coordinator/driver/upload_queue.py``): its request stream's ``cancelled`` must
+    turn true when the client goes away, so the wait ends instead of holding a worker
+    thread until a slot frees or the stage closes."""
+    harness, _, port = served
+    headers: list[pb.MaskedUpload] = []
+    saw: list[bool] = []
+    done = threading.Event()
+
+    def wait_like_a_queued_upload(
+        requests: Iterator[pb.MaskedUpload], peer: Peer
+    ) -> pb.UploadReceipt:
+        try:
+            headers.append(next(iter(requests)))
+            deadline = time.monotonic() + 60
+            while not getattr(requests, "cancelled", False) and time.monotonic() < deadline:
+                time.sleep(0.01)  # what UploadQueue.wait's re-check sees
+            saw.append(bool(getattr(requests, "cancelled", False)))
+        finally:
+            done.set()
+        raise ServiceError(grpc.StatusCode.CANCELLED, "cancelled while waiting")
+
+    monkeypatch.setattr(harness.service, "upload_masked", wait_like_a_queued_upload)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    release = threading.Event()
+
+    def requests() -> Iterator[pb.MaskedUpload]:
+        yield pb.MaskedUpload(caller=harness.caller("p0"), job_id=b"j" * 16)
+        release.wait(60)  # the chunks would follow once the upload has its slot
+
+    try:
+        upload = channel.stream_unary(
+            f"/{SERVICE_NAME}/UploadMasked",
+            request_serializer=pb.MaskedUpload.SerializeToString,
+            response_deserializer=pb.UploadReceipt.FromString,
+        )
+        call = upload.future(requests(), timeout=300)
+        _until(lambda: len(headers) == 1, "the header reached the handler")
+        assert not done.is_set()  # waiting, not reading
+        call.cancel()
+        release.set()
+        assert done.wait(60), "the waiting handler ended"
+        assert saw == [True]
+    finally:
+        channel.close()
+
+
 def test_a_dead_incarnations_poll_does_not_take_the_new_sessions_instruction(
     served: tuple[Harness, CoordinatorServer, int],
 ) -> None:
