@@ -505,6 +505,7 @@ class SecureJob:
             if not self._masked.admit(participant, chunk.index, digest, self.label()):
                 return chunk.index
             try:
+                self.uploads.admit(participant, self.server.uploading())
                 self.server.absorb(chunk, sender=participant)
             except crypto.SecAggError as exc:
                 raise from_secagg(exc) from None

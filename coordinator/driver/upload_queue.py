@@ -13,7 +13,8 @@ Such an upload is not refused: its handler waits here, holding nothing but a thr
 the transport's flow-control window (the site's first chunk is not read until the
 upload has its slot), and starts the moment a slot frees — in the order the uploads
 began waiting. An upload whose first message already carries a chunk (a site of an
-earlier version) is refused as before: its chunk is in the coordinator's memory. A wait
+earlier version) is refused as before (its chunk is in the coordinator's memory), also
+when the only free slot is given to a waiting upload (:meth:`UploadQueue.admit`). A wait
 ends without a slot when the job leaves its masked stage or ends (the stage's deadline
 bounds it) and when the site goes away (the transport cancels the call).
 
@@ -30,6 +31,7 @@ from collections.abc import Callable
 
 import grpc
 
+from spherecal import crypto
 from spherecal.coordinator.errors import ServiceError
 
 __all__ = ["RECHECK_S", "UploadQueue"]
@@ -95,6 +97,21 @@ class UploadQueue:
                 if participant in self._queue:
                     self._queue.remove(participant)
                     self._cond.notify_all()  # the uploads behind it move up
+
+    def admit(self, participant: str, in_use: frozenset[str]) -> None:
+        """Before a chunk is summed: raise ``UploadSlotsBusy`` when it would start an
+        upload (its sender has none in the sum, ``in_use``, and holds no slot) while
+        every slot is in use or given to a waiting upload — so an upload that opened
+        without a header (a site of an earlier version) cannot take the slot a waiting
+        one was just given."""
+        with self._cond:
+            if participant in in_use or participant in self._reserved:
+                return
+            if len(in_use | self._reserved) >= self.capacity:
+                raise crypto.UploadSlotsBusy(
+                    f"all {self.capacity} upload slots are in use or given to waiting "
+                    "uploads; retry when one frees up"
+                )
 
     def release(self, participant: str) -> None:
         """``participant``'s upload ended (complete or not): its slot is free."""

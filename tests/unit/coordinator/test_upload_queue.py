@@ -197,6 +197,28 @@ def test_an_upload_arriving_when_a_slot_frees_does_not_pass_one_already_waiting(
     assert got == ["b", "c"] and queue.waits == 2
 
 
+def test_a_chunk_first_upload_cannot_take_a_slot_given_to_a_waiting_one() -> None:
+    """An earlier site's upload (no header, so no wait) is refused while the only slot
+    is given to an upload that waited for it but has not sent its first chunk yet."""
+    job, clients, state = _one_slot_job(3)
+    streams = state["streams"]
+    job.begin_upload("p0")
+    job.wait_for_slot("p0")  # the slot is free: given at once, no chunk summed yet
+    assert job.server.uploading() == frozenset()
+    job.begin_upload("p1")
+    with pytest.raises(ServiceError) as refused:
+        job.absorb("p1", next(streams["p1"]).to_bytes())
+    assert refused.value.code is grpc.StatusCode.UNAVAILABLE
+    assert job.end_upload("p1") is False
+    for chunk in streams["p0"]:
+        job.absorb("p0", chunk.to_bytes())
+    assert job.end_upload("p0") is True
+    job.begin_upload("p1")  # the slot is free again: p1 goes in from the start
+    for chunk in clients["p1"].masked_chunks():
+        job.absorb("p1", chunk.to_bytes())
+    assert job.end_upload("p1") is True
+
+
 # ------------------------------------------------------------ through the service
 @pytest.fixture
 def one_slot(tmp_path: Path) -> Iterator[Harness]:
