@@ -453,14 +453,17 @@ class SecureJob:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{participant!r} is not in this job's masked stage (left out earlier)",
                 )
-            server = self.server
-            complete = participant in server.survivors or not server.is_pending(participant)
-            if complete and not self._masked.begin_repeat(participant):
+            if self._input_complete(participant) and not self._masked.begin_repeat(participant):
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{participant!r} already uploaded its complete masked input",
                 )
             self._streaming.add(participant)
+
+    def _input_complete(self, participant: str) -> bool:
+        """The job holds ``participant``'s whole masked input already (an upload of it
+        now is a repeat, compared and not summed)."""
+        return participant in self.server.survivors or not self.server.is_pending(participant)
 
     def wait_for_slot(
         self, participant: str, cancelled: Callable[[], bool] = lambda: False
@@ -479,8 +482,7 @@ class SecureJob:
                 )
 
         with self.lock:
-            server = self.server
-            if participant in server.survivors or not server.is_pending(participant):
+            if self._input_complete(participant):
                 return
         self.uploads.wait(
             participant, in_use=self.server.uploading, check=still_open, cancelled=cancelled

@@ -259,6 +259,26 @@ def test_a_cancelled_presence_stream_marks_its_participant_gone(
         channel.close()
 
 
+def _one_message_then_hold(
+    port: int, method: str, first: Any
+) -> tuple[grpc.Channel, Any, threading.Event]:
+    """A client-streamed call of ``method`` that sends ``first`` and then nothing until
+    the returned event is set: (its channel, the call's future, that event)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    hold = threading.Event()
+
+    def requests() -> Iterator[Any]:
+        yield first
+        hold.wait(60)
+
+    upload = channel.stream_unary(
+        f"/{SERVICE_NAME}/{method}",
+        request_serializer=type(first).SerializeToString,
+        response_deserializer=pb.UploadReceipt.FromString,
+    )
+    return channel, upload.future(requests(), timeout=300), hold
+
+
 def test_a_cancelled_upload_ends_its_worker_thread(
     served: tuple[Harness, CoordinatorServer, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,20 +301,10 @@ def test_a_cancelled_upload_ends_its_worker_thread(
         return pb.UploadReceipt()
 
     monkeypatch.setattr(harness.service, "upload_tensor", consume)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    first = threading.Event()
-
-    def requests() -> Iterator[pb.TensorUpload]:
-        yield pb.TensorUpload(data=b"\x00" * 16)
-        first.wait(60)  # sends nothing more until the call is cancelled
-
+    channel, call, first = _one_message_then_hold(
+        port, "UploadTensor", pb.TensorUpload(data=b"\x00" * 16)
+    )
     try:
-        upload = channel.stream_unary(
-            f"/{SERVICE_NAME}/UploadTensor",
-            request_serializer=pb.TensorUpload.SerializeToString,
-            response_deserializer=pb.UploadReceipt.FromString,
-        )
-        call = upload.future(requests(), timeout=300)
         _until(lambda: len(received) == 1, "the first chunk reached the consumer")
         call.cancel()
         first.set()
@@ -338,20 +348,10 @@ def test_an_upload_waiting_without_reading_sees_its_call_cancelled(
         raise ServiceError(grpc.StatusCode.CANCELLED, "cancelled while waiting")
 
     monkeypatch.setattr(harness.service, "upload_masked", wait_like_a_queued_upload)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    release = threading.Event()
-
-    def requests() -> Iterator[pb.MaskedUpload]:
-        yield pb.MaskedUpload(caller=harness.caller("p0"), job_id=b"j" * 16)
-        release.wait(60)  # the chunks would follow once the upload has its slot
-
+    header = pb.MaskedUpload(caller=harness.caller("p0"), job_id=b"j" * 16)
+    # the chunks would follow once the upload has its slot
+    channel, call, release = _one_message_then_hold(port, "UploadMasked", header)
     try:
-        upload = channel.stream_unary(
-            f"/{SERVICE_NAME}/UploadMasked",
-            request_serializer=pb.MaskedUpload.SerializeToString,
-            response_deserializer=pb.UploadReceipt.FromString,
-        )
-        call = upload.future(requests(), timeout=300)
         _until(lambda: len(headers) == 1, "the header reached the handler")
         assert not done.is_set()  # waiting, not reading
         call.cancel()
