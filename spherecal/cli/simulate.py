@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ __all__ = [
     "HELP",
     "NAME",
     "register",
+    "parse_step",
     "run",
     "simulate_defaults",
     "simulation_settings_from",
@@ -163,10 +165,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--update-resolution",
-        type=float,
+        type=_step_argument,
         default=S,
+        metavar="STEP",
         help="largest fixed-point step on update entries: the 32-bit ring when the bound "
-        "and n allow it (default 0: the 64-bit ring; e.g. 1.52587890625e-05 = 2^-16)",
+        "and n allow it (default 0: the 64-bit ring); a number or a power of two, e.g. "
+        "2^-16 (= 1.52587890625e-05)",
     )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(
@@ -268,6 +272,42 @@ def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def parse_step(value: Any, name: str = "step") -> float:
+    """A fixed-point step as written by a person: a number (``1.52587890625e-05``, ``0``)
+    or a power of two (``2^-16``, ``2**-16``), from the command line or a TOML
+    ``[simulate]`` value. ``ValueError`` names ``name`` for anything else, for a
+    negative, NaN or infinite step, and for a power of two beyond a float's range."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: expected a number or 2^-K, got {value!r}")
+    if isinstance(value, (int, float)):
+        step = float(value)
+    else:
+        text = str(value).strip().replace("**", "^")
+        base, caret, exponent = text.partition("^")
+        try:
+            if caret:
+                if base.strip() != "2":
+                    raise ValueError
+                step = math.ldexp(1.0, int(exponent.strip()))
+            else:
+                step = float(text)
+        except (ValueError, OverflowError):
+            raise ValueError(
+                f"{name}: expected a number or a power of two such as 2^-16, got {value!r}"
+            ) from None
+    if not (math.isfinite(step) and step >= 0):
+        raise ValueError(f"{name}: must be a non-negative finite step, got {value!r}")
+    return step
+
+
+def _step_argument(text: str) -> float:
+    """``--update-resolution``'s type: :func:`parse_step`, its error as argparse's."""
+    try:
+        return parse_step(text, "--update-resolution")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _grid(value: Any, default: tuple[float, ...]) -> tuple[float, ...]:
     """A grid option (CLI list or TOML list), or ``default`` when unset."""
     if value is None:
@@ -360,9 +400,11 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
     secure = bool(o["secure"])
     ids = tuple(f"p{k}" for k in range(reference.participants))
     extra: dict[str, Any] = {}
-    for key in ("update_bound", "update_resolution", "statistics_bound"):
+    for key in ("update_bound", "statistics_bound"):
         if o[key] is not None:
             extra[key] = float(o[key])
+    if o["update_resolution"] is not None:
+        extra["update_resolution"] = parse_step(o["update_resolution"], "update_resolution")
     chosen = o["calibration"]  # a list from the command line, a string from TOML
     if isinstance(chosen, str):
         chosen = chosen.split(",")

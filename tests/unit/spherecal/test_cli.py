@@ -197,3 +197,60 @@ def test_the_daemon_runs_only_the_service_commands() -> None:
         parser.parse_args(["simulate", "--out", "x"])
     args = parser.parse_args(["coordinator", "--config", "c.toml"])
     assert args.run.__module__ == "spherecal.cli.coordinator"
+
+
+@pytest.mark.parametrize(
+    ("written", "step"),
+    [
+        ("2^-16", 2.0**-16),
+        ("2**-17", 2.0**-17),
+        (" 2 ^ -10 ", 2.0**-10),
+        ("1.52587890625e-05", 2.0**-16),
+        ("0", 0.0),
+        (0, 0.0),
+        (3e-5, 3e-5),
+    ],
+)
+def test_a_step_is_a_number_or_a_power_of_two(written: object, step: float) -> None:
+    from spherecal.cli.simulate import parse_step
+
+    assert parse_step(written) == step
+
+
+@pytest.mark.parametrize(
+    "written", ["3^-16", "2^x", "2^", "-1", "-2^-3", "nan", "inf", "2^5000", True, "x"]
+)
+def test_a_step_that_is_not_one_is_refused_by_name(written: object) -> None:
+    from spherecal.cli.simulate import parse_step
+
+    with pytest.raises(ValueError, match="update_resolution"):
+        parse_step(written, "update_resolution")
+
+
+def test_update_resolution_written_as_a_power_of_two_reaches_the_settings(tmp_path: Path) -> None:
+    """The docs write ``--update-resolution 2^-16``; it must mean 2^-16 from the
+    command line and from a ``[simulate]`` table, and a bad one exit 2 naming it."""
+    from spherecal.cli.simulate import _simulate_options, simulation_settings_from
+
+    parser = build_parser(only="simulate")
+    args = parser.parse_args(["simulate", "--update-resolution", "2^-16", "--out", str(tmp_path)])
+    settings = simulation_settings_from(_simulate_options(args))
+    assert settings.update_resolution == 2.0**-16
+    config = tmp_path / "sim.toml"
+    config.write_text('[simulate]\nupdate_resolution = "2^-12"\nout = "o"\n')
+    args = parser.parse_args(["simulate", "--config", str(config)])
+    assert simulation_settings_from(_simulate_options(args)).update_resolution == 2.0**-12
+    config.write_text('[simulate]\nupdate_resolution = "2^-x"\nout = "o"\n')
+    with pytest.raises(ValueError, match="update_resolution"):
+        simulation_settings_from(
+            _simulate_options(parser.parse_args(["simulate", "--config", str(config)]))
+        )
+
+
+def test_a_bad_update_resolution_exits_2_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--update-resolution", "3^-16", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert "--update-resolution" in capsys.readouterr().err
