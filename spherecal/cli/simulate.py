@@ -272,13 +272,16 @@ def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def parse_step(value: Any, name: str = "step") -> float:
+def parse_step(value: Any, name: str = "") -> float:
     """A fixed-point step as written by a person: a number (``1.52587890625e-05``, ``0``)
     or a power of two (``2^-16``, ``2**-16``), from the command line or a TOML
-    ``[simulate]`` value. ``ValueError`` names ``name`` for anything else, for a
+    ``[simulate]`` value. ``ValueError`` (prefixed by ``name``) for anything else, for a
     negative, NaN or infinite step, and for a power of two beyond a float's range."""
+    prefix = f"{name}: " if name else ""
     if isinstance(value, bool):
-        raise ValueError(f"{name}: expected a number or 2^-K, got {value!r}")
+        raise ValueError(
+            f"{prefix}expected a number or a power of two such as 2^-16, got {value!r}"
+        )
     if isinstance(value, (int, float)):
         step = float(value)
     else:
@@ -289,21 +292,23 @@ def parse_step(value: Any, name: str = "step") -> float:
                 if base.strip() != "2":
                     raise ValueError
                 step = math.ldexp(1.0, int(exponent.strip()))
+                if step == 0.0:
+                    raise ValueError  # below the smallest float: not a step
             else:
                 step = float(text)
         except (ValueError, OverflowError):
             raise ValueError(
-                f"{name}: expected a number or a power of two such as 2^-16, got {value!r}"
+                f"{prefix}expected a number or a power of two such as 2^-16, got {value!r}"
             ) from None
     if not (math.isfinite(step) and step >= 0):
-        raise ValueError(f"{name}: must be a non-negative finite step, got {value!r}")
+        raise ValueError(f"{prefix}must be a non-negative finite step, got {value!r}")
     return step
 
 
 def _step_argument(text: str) -> float:
     """``--update-resolution``'s type: :func:`parse_step`, its error as argparse's."""
     try:
-        return parse_step(text, "--update-resolution")
+        return parse_step(text)  # argparse names the option
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
