@@ -169,8 +169,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=S,
         metavar="STEP",
         help="largest fixed-point step on update entries: the 32-bit ring when the bound "
-        "and n allow it (default 0: the 64-bit ring); a number or a power of two, e.g. "
-        "2^-16 (= 1.52587890625e-05)",
+        "and n allow it, else 64 bits (default 2^-16; 0: always the 64-bit ring); a number "
+        "or a power of two, e.g. 2^-16 (= 1.52587890625e-05)",
     )
     p.add_argument("--statistics-bound", type=float, default=S)
     p.add_argument(

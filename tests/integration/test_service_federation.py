@@ -105,6 +105,37 @@ def test_matches_the_reference_runner_within_fixed_point_rounding(
         sd = results["federated_evaluation"]["accuracy_sd"][name]
         assert within_noise(results["accuracy"][name], results["central_accuracy"][name], sd)
         assert abs(results["central_accuracy"][name] - reference["accuracy"][name]) <= 0.01
+    # The default step (2^-16, [secure_aggregation] update_resolution) puts these
+    # updates on the 32-bit ring: round 1's mean loss is the mean of the sites' losses,
+    # each rounded to the ring's step, so within half a step of the reference's; from
+    # round 2 the model itself differs by that rounding (a relative 1e-4 is ~100x what
+    # it moves the loss here, and far below what a wrong sum would).
+    updates = [j for j in results["jobs"] if j["purpose"] == "update"]
+    ((ring_bits, scale_bits),) = {(j["ring_bits"], j["scale_bits"]) for j in updates}
+    assert ring_bits == 32 and scale_bits >= 17  # 5 sites: 2^-18
+    first, second = zip(results["per_round"], reference["per_round"], strict=True)
+    half_step = 2.0 ** -(scale_bits + 1)
+    assert abs(first[0]["train_loss"] - first[1]["train_loss"]) <= half_step + 1e-12
+    assert second[0]["train_loss"] == pytest.approx(second[1]["train_loss"], rel=1e-4)
+
+
+def test_the_64_bit_update_ring_matches_the_reference_runner_to_1e_9(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """``update_resolution = 0``: every update job on the 64-bit ring at its finest
+    scale, and the service's training equals the in-process reference's to 1e-9 in
+    every round (the 32-bit default above only to its step)."""
+    settings = SimulationSettings(
+        reference=REFERENCE,
+        out=tmp_path / "run",
+        calibration=("ffc",),
+        update_resolution=0.0,
+        timeout_s=240,
+    )
+    results = run_simulation(settings)
+    assert results["status"] == "completed"
+    updates = [j for j in results["jobs"] if j["purpose"] == "update"]
+    assert len(updates) == 2 and {j["ring_bits"] for j in updates} == {64}
     for ours, theirs in zip(results["per_round"], reference["per_round"], strict=True):
         assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-9)
 

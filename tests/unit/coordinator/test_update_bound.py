@@ -96,8 +96,8 @@ def test_an_explicit_bound_wins_and_scaffold_falls_back_loudly() -> None:
 
 
 def test_the_demo_updates_take_the_32_bit_ring_and_a_1e5_bound_does_not() -> None:
-    resolution = 2.0**-16  # [secure_aggregation] update_resolution, as documented
-    assert SecAggSettings().update_resolution == 0  # off by default (docs/performance.md)
+    resolution = SecAggSettings().update_resolution  # the default (docs/performance.md)
+    assert resolution == 2.0**-16
     demo = crypto.ring.choose_ring(10, update_bound(_settings()).value, resolution=resolution)
     assert (demo.ring_bits, demo.scale_bits) == (32, 17)
     # the step is stated: the sum of 10 in-bound inputs decodes within 10 · 2^-18
