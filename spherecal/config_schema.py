@@ -407,7 +407,8 @@ def _default_text(key: Key) -> str:
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, float):
-        return f"`{value:g}`"
+        short = f"{value:g}"  # exact where it reads back as the same float, else repr
+        return f"`{short if float(short) == value else repr(value)}`"
     if isinstance(value, str | Path):
         return f'`"{value}"`'
     if isinstance(value, tuple):

@@ -193,3 +193,21 @@ def test_participant_mistakes_are_one_line_errors(document: dict[str, Any], mess
     with pytest.raises(ConfigError, match=message) as info:
         parse_participant_config(document, source="p.toml")
     assert "\n" not in str(info.value)
+
+
+def test_a_float_default_in_the_docs_reads_back_as_the_default() -> None:
+    """A reader copies the documented default into a TOML file: it must be that value
+    (``:g`` printed 2^-16 as ``1.52588e-05``, a different float)."""
+    from spherecal.config_schema import _default_text
+
+    floats = 0
+    for tables in (COORDINATOR_TABLES, PARTICIPANT_TABLES):
+        for schema in tables:
+            for key in table_keys(schema):
+                shown = _default_text(key)
+                if isinstance(key.default, float) and key.key not in schema.default_text:
+                    if key.path[-1] in schema.mebibytes:
+                        continue
+                    floats += 1
+                    assert float(shown.strip("`")) == key.default, (schema.name, key.key, shown)
+    assert floats > 10
