@@ -229,7 +229,7 @@ def test_a_step_that_is_not_one_is_refused_by_name(written: object) -> None:
 
 def test_update_resolution_written_as_a_power_of_two_reaches_the_settings(tmp_path: Path) -> None:
     """The docs write ``--update-resolution 2^-16``; it must mean 2^-16 from the
-    command line and from a ``[simulate]`` table, and a bad one exit 2 naming it."""
+    command line and from a ``[simulate]`` table; a bad one is refused naming it."""
     from spherecal.cli.simulate import _simulate_options, simulation_settings_from
 
     parser = build_parser(only="simulate")
