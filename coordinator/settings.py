@@ -274,11 +274,11 @@ class SecAggSettings:
     (``spherecal.crypto.ring.choose_ring``, at the finest step that fits), else the
     64-bit ring at its finest scale. The default 2^-16 (≈ 1.5e-5 on ``n_k(θ_k−θ)``;
     each site's entry is rounded to the nearest step, so at a step of 2^-17 the averaged
-    update moves by at most ``n · 2^-18 / Σn_k`` per entry) puts the digits demo (10 sites, derived bound 1,349) on 32 bits at 2^-17,
-    while a federation whose ``n ×`` bound exceeds 2^15 (the default
-    ``max_examples_per_site`` of 100,000 among them) stays on 64 bits. Measured over 16
-    seeds of the demo, paired, the 32-bit ring moved no head's mean central accuracy
-    by more than 0.06 points (26 of 48 head-seeds identical, the rest ±1–3 of 448 test
+    update moves by at most ``n · 2^-18 / Σn_k`` per entry) puts the digits demo (10
+    sites, derived bound 1,349) on 32 bits at 2^-17, while a federation whose ``n ×``
+    bound exceeds 2^15 (the default ``max_examples_per_site`` of 100,000 among them)
+    stays on 64 bits. Measured over 16 seeds of the demo, paired, the 32-bit ring moved
+    no head's mean central accuracy by more than 0.06 points (26 of 48 head-seeds identical, the rest ±1–3 of 448 test
     images, both signs; docs/performance.md). 0 keeps every update job on 64 bits.
     Each job's ring and scale are in the summary's ``jobs`` (and the log at DEBUG).
     Statistics always use 64 bits."""
