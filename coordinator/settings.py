@@ -278,8 +278,9 @@ class SecAggSettings:
     sites, derived bound 1,349) on 32 bits at 2^-17, while a federation whose ``n ×``
     bound exceeds 2^15 (the default ``max_examples_per_site`` of 100,000 among them)
     stays on 64 bits. Measured over 16 seeds of the demo, paired, the 32-bit ring moved
-    no head's mean central accuracy by more than 0.06 points (26 of 48 head-seeds identical, the rest ±1–3 of 448 test
-    images, both signs; docs/performance.md). 0 keeps every update job on 64 bits.
+    no head's mean central accuracy by more than 0.06 points (26 of 48 head-seeds
+    identical, the rest ±1–3 of 448 test images, both signs; docs/performance.md). 0
+    keeps every update job on 64 bits.
     Each job's ring and scale are in the summary's ``jobs`` (and the log at DEBUG).
     Statistics always use 64 bits."""
     statistics_bound: float = 0.0
