@@ -84,7 +84,10 @@ Definitions (all measured in the same process, on the same machine, in this run)
     job, then ``--scaling-repeats`` rounds (default 3) of one job per n, interleaved;
     a job's ``participant_ms`` is the median over participants of the wall time inside
     each participant's own calls over the whole job (construction, every round, every
-    message encoding), an n's the median over its jobs (``_runs``: per job);
+    message encoding and decoding — each participant decodes its own copy of the job
+    spec and of every message addressed to it, as a site of the service does, so the
+    O(n) work of a site is in its figure: ``site_costs``, from 2026-11-27), an n's the
+    median over its jobs (``_runs``: per job);
     ``server_s`` is the rest of the job; ``ratio_to_first`` divides by
     the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5);
     ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time;

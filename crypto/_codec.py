@@ -186,6 +186,14 @@ _TAGGED_U64 = struct.Struct(">BQ").pack
 _TAGGED_LENGTH = struct.Struct(">BI").pack
 
 
+def context_text(value: str) -> bytes:
+    """One ``str`` part as :func:`encode_context` writes it (``u8(1) u32(len) utf8``): a
+    context whose parts differ only in a last text part is ``head + context_text(last)``,
+    so its common head can be hashed once (``graph.Graph``'s order, issue #24)."""
+    data = value.encode("utf-8")
+    return _TAGGED_LENGTH(1, len(data)) + data
+
+
 def encode_context(*parts: bytes | str | int) -> bytes:
     """Injective encoding of a tuple of labels/ids/ints, for signatures, KDF info and
     commitments. Each part is typed and length-prefixed, so ``("ab", "c")`` and

@@ -111,6 +111,7 @@ def run_protocol(
     policy: SecAggPolicy | None = None,
     full_directory: bool = False,
     prepare_input: bool = False,
+    site_costs: bool = False,
 ) -> SimulationReport:
     """Run one job. ``inputs`` maps every participant id to its vector; ``drop`` maps
     an id to the stage whose message it never sends (:data:`DROP_STAGES`).
@@ -122,6 +123,13 @@ def run_protocol(
     :meth:`~spherecal.crypto.participant.SecAggParticipant.prepare_input` where the
     service does (right after its share answer, before the masked stage), timed apart
     (:attr:`SimulationReport.prepare_seconds`).
+
+    ``site_costs`` has each participant decode its own copy of the job spec and of
+    every message addressed to it inside its timed calls, as a site of the service
+    does: otherwise objects the in-process participants share — the spec with its
+    masking graph and digest, the survivor set of the consistency request — are built
+    once for all of them and their O(n) cost is in nobody's figure (issue #24's
+    per-participant cost at n = 500 and 1000 is measured this way).
 
     Raises whatever the protocol raises (e.g. :class:`TooFewSurvivors`); a refusal by
     a participant propagates too. ``policy`` is every participant's privacy policy
@@ -166,11 +174,21 @@ def run_protocol(
 
     started = time.perf_counter()
     server = SecAggServer(spec, directory, max_in_flight=max_in_flight)
+    spec_bytes = spec.to_bytes()
+
+    def own_spec(pid: str) -> JobSpec:
+        return timed(pid, JobSpec.from_bytes, spec_bytes) if site_costs else spec
+
+    def read(pid: str, decode: Callable[[bytes], T], data: bytes) -> T:
+        """``pid`` decodes a message addressed to it: counted as its cost with
+        ``site_costs``."""
+        return timed(pid, decode, data) if site_costs else decode(data)
+
     clients = {
         p: timed(
             p,
             SecAggParticipant,
-            spec,
+            own_spec(p),
             p,
             identities[p],
             directory if full_directory else {q: directory[q] for q in keys_needed(spec, p)},
@@ -207,7 +225,7 @@ def run_protocol(
     # Round 1: rosters out, encrypted shares in.
     for pid in shuffled(server.advertised):
         if alive(pid, "share"):
-            roster = KeyRoster.from_bytes(server.roster_for(pid).to_bytes())
+            roster = read(pid, KeyRoster.from_bytes, server.roster_for(pid).to_bytes())
             send(pid, timed(pid, clients[pid].share_keys, roster))
             if prepare_input:
                 f0 = _thread_minor_faults()
@@ -223,7 +241,7 @@ def run_protocol(
         if not alive(pid, "masked"):
             continue
         client = clients[pid]
-        bundle = ShareBundle.from_bytes(server.bundle_for(pid).to_bytes())
+        bundle = read(pid, ShareBundle.from_bytes, server.bundle_for(pid).to_bytes())
         timed(pid, client.receive_shares, bundle)
         f_in = _thread_minor_faults()
         t_in, c_in = time.perf_counter(), time.thread_time()
@@ -255,16 +273,22 @@ def run_protocol(
 
     # Round 3 (optional): signatures over the survivor set.
     if server.stage is Stage.CONSISTENCY:
-        request = ConsistencyRequest.from_bytes(server.consistency_request().to_bytes())
+        request_bytes = server.consistency_request().to_bytes()
+        request = ConsistencyRequest.from_bytes(request_bytes)
         for pid in shuffled(server.survivors):
             if alive(pid, "consistency"):
-                send(pid, timed(pid, clients[pid].consistency_signature, request))
+                mine = (
+                    read(pid, ConsistencyRequest.from_bytes, request_bytes)
+                    if site_costs
+                    else request
+                )
+                send(pid, timed(pid, clients[pid].consistency_signature, mine))
         server.close_stage()
 
     # Round 4: unmask.
     for pid in shuffled(server.pending()):
         if alive(pid, "unmask"):
-            unmask = UnmaskRequest.from_bytes(server.unmask_request_for(pid).to_bytes())
+            unmask = read(pid, UnmaskRequest.from_bytes, server.unmask_request_for(pid).to_bytes())
             send(pid, timed(pid, clients[pid].unmask, unmask))
     t0 = time.perf_counter()
     result = server.finish()

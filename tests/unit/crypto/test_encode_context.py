@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from spherecal.crypto._codec import Writer, encode_context
+from spherecal.crypto._codec import Writer, context_text, encode_context
 
 
 def _writer_encoding(*parts: bytes | str | int) -> bytes:
@@ -101,3 +101,12 @@ def test_text_lists_decode_as_each_text_would_with_the_same_errors() -> None:
         cases.append(bytes(blob[: rng.randrange(len(blob) + 1)]))
     for data in cases:
         assert together(data) == one_by_one(data)
+
+
+@pytest.mark.parametrize("last", ["", "p0", "site-ü", "x" * 255])
+def test_a_text_tail_completes_the_head_of_a_context(last: str) -> None:
+    """``context_text`` lets a caller hash a context's common head once (the masking
+    graph's order): head + tail must be the whole context's bytes."""
+    head = _writer_encoding(b"label", "graph-order", b"job", "")[: -len(context_text(""))]
+    assert head + context_text(last) == _writer_encoding(b"label", "graph-order", b"job", last)
+    assert head + context_text(last) == encode_context(b"label", "graph-order", b"job", last)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import replace
@@ -11,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spherecal.crypto import InvalidSpec, JobSpec, MalformedMessage
-from spherecal.crypto.graph import Graph, harary_edges, max_closed_size, min_closed_size
+from spherecal.crypto._codec import encode_context
+from spherecal.crypto.graph import (
+    Graph,
+    harary_edges,
+    harary_neighbours,
+    max_closed_size,
+    min_closed_size,
+)
+from spherecal.crypto.kdf import LABEL
 from spherecal.crypto.ring import sum_fits
 
 
@@ -49,6 +58,51 @@ def test_harary_graph_is_k_connected_with_minimum_edges(n: int) -> None:
         # Removing any k-1 vertices leaves the graph connected.
         for removed in itertools.combinations(range(n), k - 1):
             assert _connected(set(range(n)) - set(removed), edges)
+
+
+@pytest.mark.parametrize("n", range(2, 41))
+def test_one_vertex_neighbours_equal_the_edge_list(n: int) -> None:
+    """The O(k) per-vertex rule (what each party computes) against the whole edge list,
+    for every degree — both parities of n and k, the odd-odd case's vertex of k + 1."""
+    for k in range(1, n):
+        expected: dict[int, set[int]] = {i: set() for i in range(n)}
+        for a, b in harary_edges(n, k):
+            expected[a].add(b)
+            expected[b].add(a)
+        for i in range(n):
+            assert harary_neighbours(n, k, i) == expected[i], (n, k, i)
+    with pytest.raises(ValueError):
+        harary_neighbours(n, n, 0)
+    with pytest.raises(ValueError):
+        harary_neighbours(n, 1, n)
+
+
+@pytest.mark.parametrize(("n", "k"), [(12, 4), (13, 5), (31, 10), (64, 11), (101, 14)])
+def test_graph_equals_the_edge_list_on_the_hashed_cycle(n: int, k: int) -> None:
+    """Every neighbourhood, asked in any order, equals the graph built whole from the
+    edge list on the SHA-256 order (the protocol's definition, written out here)."""
+    ids = [f"site-{i}" for i in range(n)]
+    job = b"job-x"
+    order = sorted(
+        ids,
+        key=lambda p: hashlib.sha256(encode_context(LABEL, "graph-order", job, p)).digest(),
+    )
+    whole: dict[str, set[str]] = {p: set() for p in ids}
+    for a, b in harary_edges(n, k):
+        whole[order[a]].add(order[b])
+        whole[order[b]].add(order[a])
+    graph = Graph(list(reversed(ids)), "harary", k, job)
+    for p in sorted(ids, key=lambda q: hashlib.sha256(q.encode()).digest()):
+        assert graph.neighbours(p) == whole[p]
+        two_hop = set(whole[p]) | {p}
+        for v in whole[p]:
+            two_hop |= whole[v] | {v}
+        assert graph.closed_two_hop(p) == two_hop
+    assert graph.components(ids) == [frozenset(ids)]
+    with pytest.raises(KeyError):
+        graph.neighbours("nobody")
+    with pytest.raises(ValueError):
+        Graph(ids, "harary", n, job)
 
 
 def test_graph_neighbourhoods_are_symmetric_and_job_dependent() -> None:

@@ -72,13 +72,22 @@ def jobs(draw: st.DrawFn) -> tuple[JobSpec, dict[str, np.ndarray], dict[str, str
 
 
 @SETTINGS
-@given(job=jobs(), order=st.integers(0, 2**32 - 1))
+@given(job=jobs(), order=st.integers(0, 2**32 - 1), site_costs=st.booleans())
 def test_decoded_sum_is_the_sum_of_the_survivors(
-    job: tuple[JobSpec, dict[str, np.ndarray], dict[str, str], set[str]], order: int
+    job: tuple[JobSpec, dict[str, np.ndarray], dict[str, str], set[str]],
+    order: int,
+    site_costs: bool,
 ) -> None:
+    """Either way of delivering the spec and the messages (one decoded object for all,
+    or each participant decoding its own copy, as a site does) gives the exact sum."""
     spec, inputs, drop, contributors = job
     report = run_protocol(
-        spec, inputs, drop=drop, rng=random.Random(order), policy=MECHANICS_POLICY
+        spec,
+        inputs,
+        drop=drop,
+        rng=random.Random(order),
+        policy=MECHANICS_POLICY,
+        site_costs=site_costs,
     )
     result = report.result
     assert set(result.contributors) == contributors
