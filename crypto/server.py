@@ -141,6 +141,19 @@ class AggregateResult:
     scale_bits: int
 
 
+@dataclass(frozen=True)
+class _SurvivorView:
+    """What the consistency and unmask stages send and check, from ``U3`` and the
+    needed dropouts (:meth:`SecAggServer._survivor_view`)."""
+
+    u3: frozenset[str]
+    needed: frozenset[str]
+    survivors: tuple[str, ...]
+    dropouts: tuple[str, ...]
+    revealed: frozenset[str]
+    payload: bytes
+
+
 class SecAggServer:
     """The coordinator's state machine for one job.
 
@@ -183,6 +196,7 @@ class SecAggServer:
         self._sum: StagedSum | None = None  # from the MASKED stage until finish()
         self._u3: frozenset[str] = frozenset()
         self._needed_keys: frozenset[str] = frozenset()  # dropouts whose s_sk is needed
+        self._view: _SurvivorView | None = None
 
         self._signatures: dict[str, bytes] = {}
         self._responders: frozenset[str] = frozenset()
@@ -480,10 +494,33 @@ class SecAggServer:
             )
             self._need(have, t, stage, f"live share holders of {owner!r}")
 
+    def _survivor_view(self) -> _SurvivorView:
+        """``U3`` and the dropouts whose keys are needed, sorted, and the payload every
+        survivor signs — fixed once the masked stage has closed, so computed once per
+        job (O(n log n)) rather than for each signature and each unmask request, which
+        was O(n² log n) per job (≈ 0.1–0.2 s of the coordinator's 2.3 s at n = 1000;
+        issue #24). Rebuilt if either set is ever replaced."""
+        view = self._view
+        if view is None or view.u3 is not self._u3 or view.needed is not self._needed_keys:
+            survivors = tuple(sorted(self._u3))
+            view = self._view = _SurvivorView(
+                u3=self._u3,
+                needed=self._needed_keys,
+                survivors=survivors,
+                dropouts=tuple(sorted(self._needed_keys)),
+                revealed=self._u3 | self._needed_keys,
+                payload=survivors_payload(
+                    spec_digest=self.spec.digest, job_id=self.spec.job_id, survivors=survivors
+                ),
+            )
+        return view
+
     # ------------------------------------------------------------- round 3
     def consistency_request(self) -> ConsistencyRequest:
         self._expect(Stage.CONSISTENCY)
-        return ConsistencyRequest(job_id=self.spec.job_id, survivors=tuple(sorted(self._u3)))
+        return ConsistencyRequest(
+            job_id=self.spec.job_id, survivors=self._survivor_view().survivors
+        )
 
     def receive_consistency(self, msg: ConsistencySignature, *, sender: str | None = None) -> None:
         self._expect(Stage.CONSISTENCY)
@@ -493,9 +530,7 @@ class SecAggServer:
         verify(
             self._directory[msg.sender],
             msg.signature,
-            survivors_payload(
-                spec_digest=self.spec.digest, job_id=self.spec.job_id, survivors=sorted(self._u3)
-            ),
+            self._survivor_view().payload,
             what=f"survivor-set signature of {msg.sender!r}",
         )
         self._signatures[msg.sender] = msg.signature
@@ -512,12 +547,13 @@ class SecAggServer:
         self._expect(Stage.UNMASK)
         if participant not in self._responders:
             raise Excluded(f"{participant!r} is not asked to unmask")
+        view = self._survivor_view()
         signatures = tuple(
             SurvivorSignature(signer=s, signature=self._signatures[s])
             for s in signers_counted(
                 self._graph,
                 participant,
-                revealed=self._u3 | self._needed_keys,
+                revealed=view.revealed,
                 members1=self._u1,
                 signed=self._signatures,
                 threshold=self.spec.threshold,
@@ -526,8 +562,8 @@ class SecAggServer:
         return UnmaskRequest(
             job_id=self.spec.job_id,
             recipient=participant,
-            survivors=tuple(sorted(self._u3)),
-            dropouts=tuple(sorted(self._needed_keys)),
+            survivors=view.survivors,
+            dropouts=view.dropouts,
             signatures=signatures,
         )
 
