@@ -62,7 +62,7 @@ def pid(value: str, what: str) -> None:
 
 def sorted_unique(items: Sequence[str], what: str) -> None:
     """:func:`pid` on every item, then sorted and unique. Member and survivor lists are
-    O(n) ids and every site reads four of them per job, so a list of ASCII ids (the
+    O(n) ids, in four messages a site reads per job, so a list of ASCII ids (the
     usual kind) is checked in a few C-level passes (issue #24); any other list item by
     item, for the same errors."""
     need(isinstance(items, tuple), f"{what} must be a tuple")
