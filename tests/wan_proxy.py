@@ -149,6 +149,14 @@ class WanProxy:
             self._server.close()
         for writer in list(self._open):
             writer.transport.abort()
+        # End every connection's task here: a task left pending when the loop stops is
+        # closed later by the garbage collector, inside whatever test runs then, and its
+        # `finally` (which awaits) raises "coroutine ignored GeneratorExit" there.
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _accept(self, site_r: asyncio.StreamReader, site_w: asyncio.StreamWriter) -> None:
         if self._partitioned:
