@@ -60,11 +60,21 @@ def pid(value: str, what: str) -> None:
     )
 
 
+_CHECKED: dict[int, tuple[str, ...]] = {}
+"""The last few id lists :func:`sorted_unique` accepted, by identity (held, so an id is
+never reused while listed): the coordinator builds every roster, bundle and unmask
+request of a job from the same member and survivor tuples, n messages each."""
+_CHECKED_KEEP = 8
+
+
 def sorted_unique(items: Sequence[str], what: str) -> None:
     """:func:`pid` on every item, then sorted and unique. Member and survivor lists are
     O(n) ids, in four messages a site reads per job, so a list of ASCII ids (the
     usual kind) is checked in a few C-level passes (issue #24); any other list item by
-    item, for the same errors."""
+    item, for the same errors. A tuple object accepted a moment ago (:data:`_CHECKED`)
+    is not checked again: tuples of ``str`` cannot change."""
+    if _CHECKED.get(id(items)) is items:
+        return
     need(isinstance(items, tuple), f"{what} must be a tuple")
     if items and set(map(type, items)) == {str} and "".join(items).isascii():
         # ASCII: characters are bytes, so len() is the encoded length pid() bounds
@@ -73,3 +83,7 @@ def sorted_unique(items: Sequence[str], what: str) -> None:
         for item in items:
             pid(item, what)
     need(all(map(operator.lt, items, items[1:])), f"{what} must be sorted and unique")
+    if len(items) > 64:  # short lists cost less to check than to remember
+        if len(_CHECKED) >= _CHECKED_KEEP:
+            _CHECKED.clear()
+        _CHECKED[id(items)] = items  # type: ignore[assignment]

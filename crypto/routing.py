@@ -66,6 +66,7 @@ class ShareRouter:
         self.share_msgs: dict[str, ShareKeys] = {}
         self._share_index: dict[tuple[str, str], EncryptedShare] = {}  # (dealer, holder)
         self.commitments: Commitments = {}
+        self._sorted: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------- round 0
     def add_advert(self, msg: AdvertiseKeys) -> None:
@@ -95,13 +96,23 @@ class ShareRouter:
         self._public_keys |= keys
         self.adverts[msg.sender] = msg
 
+    def _members(self, which: str, members: frozenset[str]) -> tuple[str, ...]:
+        """``members`` sorted, once per set rather than once per recipient: every
+        roster carries ``U1`` and every bundle ``U2`` (O(n log n) each, n of them per
+        job; issue #24). The same tuple object each time, so its message check is
+        done once too (``_fields.sorted_unique``)."""
+        cached = self._sorted.get(which)
+        if cached is None or cached[0] is not members:
+            cached = self._sorted[which] = (members, tuple(sorted(members)))
+        return cached[1]
+
     def roster_for(self, participant: str, u1: frozenset[str]) -> KeyRoster:
         """The adverts of ``participant``'s share holders in ``U1``."""
         holders = self._graph.holders(participant, u1)
         return KeyRoster(
             job_id=self.spec.job_id,
             recipient=participant,
-            members=tuple(sorted(u1)),
+            members=self._members("u1", u1),
             adverts=tuple(self.adverts[h] for h in holders),
         )
 
@@ -136,6 +147,6 @@ class ShareRouter:
         return ShareBundle(
             job_id=self.spec.job_id,
             recipient=participant,
-            members=tuple(sorted(u2)),
+            members=self._members("u2", u2),
             items=tuple(items),
         )

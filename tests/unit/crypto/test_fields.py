@@ -74,3 +74,21 @@ def test_random_id_lists_agree() -> None:
             ids = sorted(set(ids))
         items = tuple(ids)
         assert _outcome(items) == _item_by_item(items, "members"), items
+
+
+def test_a_remembered_list_spares_only_that_very_tuple() -> None:
+    """The coordinator's n messages of a job share one member tuple, checked once; any
+    other object — equal, reordered, or a list — is checked in full."""
+    good = tuple(f"site-{i:04d}" for i in range(200))
+    sorted_unique(good, "members")
+    sorted_unique(good, "members")  # remembered
+    swapped = (good[1], good[0], *good[2:])
+    assert _outcome(swapped) == "members must be sorted and unique"
+    assert _outcome(list(good)) == "members must be a tuple"
+    duplicated = (*good[:100], good[99], *good[101:])
+    assert _outcome(duplicated) == "members must be sorted and unique"
+    assert _outcome(tuple(good)) is None
+    for k in range(20):  # more lists than are remembered: each still checked
+        other = tuple(f"x{k:02d}-{i:04d}" for i in range(100))
+        assert _outcome(other) is None
+        assert _outcome((*other[1:], other[0])) == "members must be sorted and unique"
