@@ -1,10 +1,15 @@
-"""Build of the optional native masking kernel; everything else is in pyproject.toml.
+"""Build of the optional native kernels; everything else is in pyproject.toml.
 
 ``spherecal.crypto._maskkernel`` (crypto/_maskkernel.c) adds OpenSSL's AES-128-CTR
 keystream into ring words in one pass (issue #24). It links the system libcrypto
 (OpenSSL 3). ``optional=True``: where no compiler, Python headers or OpenSSL headers
 are present the install goes on without it, and :mod:`spherecal.crypto.prg` uses its
 numpy path, which gives the same bytes.
+
+``spherecal.crypto._idlists`` (crypto/_idlists.c) decodes participant-id lists and
+hashes the Harary cycle's order keys (issue #24: the O(n) steps of every site of a
+SecAgg+ job), also with libcrypto and also optional: without it the Python code that
+defines both runs.
 """
 
 from setuptools import Extension, setup
@@ -19,6 +24,13 @@ setup(
             # no contraction into FMA: the encoding's rounding is defined on two IEEE ops
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"],
             optional=True,
-        )
+        ),
+        Extension(
+            "spherecal.crypto._idlists",
+            sources=["crypto/_idlists.c"],
+            libraries=["crypto"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 
+from spherecal.crypto import native
 from spherecal.crypto._codec import context_text, encode_context
 from spherecal.crypto.kdf import LABEL
 
@@ -82,6 +83,20 @@ def _order_keys(job_id: bytes) -> Callable[[str], bytes]:
     return key
 
 
+def _cycle_order(participants: tuple[str, ...], job_id: bytes) -> tuple[str, ...]:
+    """``participants`` (sorted) in the order of their :func:`_order_keys`; equal keys
+    keep the sorted order, as ``sorted(..., key=...)`` does. The native helper
+    (:data:`spherecal.crypto.native.IDLISTS`) hashes the keys through OpenSSL with the
+    head hashed once (issue #24: the one O(n) step of a site's graph); tested equal."""
+    helper = native.IDLISTS
+    if helper is None:
+        return tuple(sorted(participants, key=_order_keys(job_id)))
+    full = encode_context(LABEL, "graph-order", job_id, "")
+    digests = helper.order_digests(full[: len(full) - len(context_text(""))], participants)
+    order = sorted(range(len(participants)), key=digests.__getitem__)
+    return tuple(participants[i] for i in order)
+
+
 def harary_neighbours(n: int, k: int, i: int) -> frozenset[int]:
     """Vertex ``i``'s neighbours in ``H_{k,n}`` (the graph of :func:`harary_edges`),
     computed from ``i`` alone in O(k).
@@ -133,7 +148,7 @@ class Graph:
                 raise ValueError(
                     f"Harary graph needs 1 <= k < n, got k={degree}, n={len(self.participants)}"
                 )
-            self._order = tuple(sorted(self.participants, key=_order_keys(job_id)))
+            self._order = _cycle_order(self.participants, job_id)
             self._position = {p: i for i, p in enumerate(self._order)}
 
     def __contains__(self, u: object) -> bool:

@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from nacl.exceptions import BadSignatureError
 
-from spherecal.crypto._codec import encode_context
+from spherecal.crypto._codec import encode_context, encode_context_texts
 from spherecal.crypto._exceptions import BadKey, BadSignature, KeySubstitution
 from spherecal.crypto.kdf import LABEL
 
@@ -185,7 +185,7 @@ def advert_payload(
 
 def survivors_payload(*, spec_digest: bytes, job_id: bytes, survivors: Sequence[str]) -> bytes:
     """What a consistency-check signature covers: the exact survivor set ``U3``."""
-    return encode_context(LABEL, "survivors", spec_digest, job_id, *sorted(survivors))
+    return encode_context_texts(LABEL, "survivors", spec_digest, job_id, texts=sorted(survivors))
 
 
 def complaint_payload(

@@ -32,6 +32,13 @@ Both callers look :data:`KERNEL` up at call time, so it is the one switch: ``Non
 the extension was not built (no compiler, Python or OpenSSL headers at install), fails
 to load (no libcrypto 3), or ``SPHERECAL_NATIVE_MASKING=0`` is set in the environment;
 tests set it to ``None`` to run the numpy path.
+
+The second extension, ``spherecal.crypto._idlists`` (``crypto/_idlists.c``), does the
+O(n) steps every party of a SecAgg+ job runs on the roster — decoding participant-id
+lists (:meth:`spherecal.crypto._codec.Reader.texts`) and hashing the Harary cycle's
+order keys (:mod:`spherecal.crypto.graph`) — with the same results as the Python code
+that defines them. :data:`IDLISTS` is it, or ``None`` where it is absent or
+``SPHERECAL_NATIVE_IDLISTS=0`` is set; its callers look it up at call time too.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from types import ModuleType
 __all__ = [
     "ENGINE_ENV",
     "ENV",
+    "IDLISTS",
+    "IDLISTS_ENV",
     "KERNEL",
     "available",
     "engine",
@@ -57,6 +66,8 @@ ENV = "SPHERECAL_NATIVE_MASKING"
 ENGINE_ENV = "SPHERECAL_NATIVE_ENGINE"
 """Set to ``vaes512``, ``vaes``, ``aesni``, ``openssl`` or ``auto`` to choose the kernel's
 AES engine."""
+IDLISTS_ENV = "SPHERECAL_NATIVE_IDLISTS"
+"""Set to ``0`` to decode and order participant-id lists in Python only."""
 
 
 def _load() -> ModuleType | None:
@@ -78,6 +89,19 @@ def _load() -> ModuleType | None:
 
 
 KERNEL: ModuleType | None = _load()
+
+
+def _load_idlists() -> ModuleType | None:
+    if os.environ.get(IDLISTS_ENV, "1") == "0":
+        return None
+    try:
+        from spherecal.crypto import _idlists
+    except ImportError:  # not built here, or its libcrypto is missing
+        return None
+    return _idlists
+
+
+IDLISTS: ModuleType | None = _load_idlists()
 
 
 def available() -> bool:

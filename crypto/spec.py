@@ -330,7 +330,7 @@ class JobSpec:
         consistency, chunk, noise = r.boolean(), r.u32(), r.u64()
         ring_bits = r.u8()
         r.finish()
-        return cls(
+        spec = cls(
             job_id=job_id,
             participants=participants,
             threshold=threshold,
@@ -345,6 +345,11 @@ class JobSpec:
             noise_bound=noise,
             ring_bits=ring_bits,
         )
+        # The reader accepts one encoding per value and the constructor only checks, so
+        # these bytes are what to_bytes() would give: the digest needs no re-encoding
+        # (every site decodes the spec; issue #24). Tested equal for every field.
+        spec.__dict__["digest"] = hashlib.sha256(data).digest()
+        return spec
 
 
 def keys_needed(spec: JobSpec, participant: str) -> frozenset[str]:

@@ -1,0 +1,240 @@
+"""The native id-list helpers (``crypto/_idlists.c``, issue #24) give exactly what the
+Python code that defines them gives, on valid and on malformed input, and that code
+runs whenever the helpers are absent or switched off.
+
+The side-by-side tests need the extension (``setup.py`` builds it when the project is
+installed; ``python setup.py build_ext --inplace`` in a checkout) and skip, saying so,
+where it is not built. The fallback tests run everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from spherecal.crypto import JobSpec, MalformedMessage, native
+from spherecal.crypto._codec import (
+    MAX_ID_BYTES,
+    Reader,
+    Writer,
+    encode_context,
+    encode_context_texts,
+)
+from spherecal.crypto.graph import Graph, _cycle_order, _order_keys
+
+HELPER = native.IDLISTS
+needs_helper = pytest.mark.skipif(
+    HELPER is None,
+    reason="the native id-list helpers are not loaded: not built here (python setup.py "
+    "build_ext --inplace) or switched off (SPHERECAL_NATIVE_IDLISTS=0)",
+)
+REPO = Path(__file__).resolve().parents[3]
+ALPHABET = "abz09-_.@\u00e9\u4e2d\U0001f600"
+
+
+def random_ids(rng: random.Random, n: int) -> tuple[str, ...]:
+    ids: set[str] = set()
+    while len(ids) < n:
+        ids.add("".join(rng.choice(ALPHABET) for _ in range(rng.randrange(1, 30))))
+    return tuple(sorted(ids))
+
+
+Outcome = tuple[str, object]
+
+
+def outcome(call: Callable[[], object]) -> Outcome:
+    """What a call gives: its value, or its exception's type and message."""
+    try:
+        return ("value", call())
+    except Exception as exc:  # compared by the caller, not swallowed
+        return (type(exc).__name__, str(exc))
+
+
+def read_list(data: bytes) -> tuple[str, ...]:
+    reader = Reader(data)
+    out = reader.texts()
+    reader.finish()
+    return out
+
+
+@pytest.fixture
+def python_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(native, "IDLISTS", None)
+    yield
+
+
+def both(monkeypatch: pytest.MonkeyPatch, call: Callable[[], object]) -> tuple[Outcome, Outcome]:
+    """``call``'s outcome with the native helpers, then with the Python code alone."""
+    with_helper = outcome(call)
+    monkeypatch.setattr(native, "IDLISTS", None)
+    python = outcome(call)
+    monkeypatch.setattr(native, "IDLISTS", HELPER)
+    return with_helper, python
+
+
+@needs_helper
+@pytest.mark.parametrize("n", [0, 1, 2, 17, 500])
+def test_a_list_reads_the_same_natively(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    ids = random_ids(random.Random(n), n)
+    data = Writer().texts(ids).getvalue()
+    native_out, python_out = both(monkeypatch, lambda: read_list(data))
+    assert native_out == python_out == ("value", ids)
+
+
+@needs_helper
+def test_ids_between_other_fields_leave_the_reader_where_python_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = random_ids(random.Random(7), 40)
+    data = Writer().u32(9).texts(ids).blob(b"tail").getvalue()
+
+    def read() -> tuple[int, tuple[str, ...], bytes]:
+        reader = Reader(memoryview(data))
+        value = (reader.u32(), reader.texts(), reader.blob())
+        reader.finish()
+        return value
+
+    assert both(monkeypatch, read) == (("value", (9, ids, b"tail")),) * 2
+
+
+@needs_helper
+def test_every_truncation_fails_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = Writer().texts(random_ids(random.Random(3), 6)).getvalue()
+    for cut in range(len(data)):
+        piece = data[:cut]
+        native_out, python_out = both(monkeypatch, lambda: read_list(piece))  # noqa: B023
+        assert native_out == python_out
+        assert native_out[0] == "MalformedMessage"
+
+
+@needs_helper
+@pytest.mark.parametrize(
+    "defect",
+    [
+        "overlong",  # a length over MAX_ID_BYTES
+        "bad-utf8",  # a lone continuation byte
+        "surrogate",  # UTF-8 of a surrogate, which strict decoding refuses
+        "overlong-utf8",  # an overlong encoding of "/"
+        "count",  # a count far beyond what the bytes hold
+        "trailing",  # one byte after the list
+    ],
+)
+def test_each_defect_fails_with_the_same_error(
+    monkeypatch: pytest.MonkeyPatch, defect: str
+) -> None:
+    good = [b"alpha", b"beta"]
+    items = {
+        "overlong": [b"x" * (MAX_ID_BYTES + 1)],
+        "bad-utf8": [b"ok", b"a\x80b"],
+        "surrogate": [b"\xed\xa0\x80"],
+        "overlong-utf8": [b"\xc0\xaf"],
+    }.get(defect, good)
+    count = (1 << 20) if defect == "count" else len(items)
+    data = struct.pack(">I", count) + b"".join(struct.pack(">I", len(i)) + i for i in items)
+    if defect == "trailing":
+        data += b"\x00"
+    native_out, python_out = both(monkeypatch, lambda: read_list(data))
+    assert native_out == python_out
+    assert native_out[0] == "MalformedMessage"
+
+
+@needs_helper
+def test_the_helper_refuses_without_allocating_for_an_impossible_count() -> None:
+    assert HELPER is not None
+    assert HELPER.read_texts(b"\x00\x00\x00\x01a", 0, 1 << 40, MAX_ID_BYTES) is None
+    assert HELPER.read_texts(b"", 0, 1, MAX_ID_BYTES) is None
+    assert HELPER.read_texts(b"\x00\x00\x00\x01a", 9, 0, MAX_ID_BYTES) is None
+    assert HELPER.read_texts(b"\x00\x00\x00\x01a", 0, 1, MAX_ID_BYTES) == (("a",), 5)
+
+
+@needs_helper
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cycle_order_is_the_same_natively(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = random.Random(seed)
+    ids = random_ids(rng, rng.choice([2, 3, 10, 100, 600]))
+    job_id = rng.randbytes(rng.randrange(1, 64))
+    reference = tuple(sorted(ids, key=_order_keys(job_id)))
+    assert both(monkeypatch, lambda: _cycle_order(ids, job_id)) == (("value", reference),) * 2
+    if len(ids) > 3:
+        graph = Graph(ids, "harary", 3, job_id)
+        monkeypatch.setattr(native, "IDLISTS", None)
+        python_graph = Graph(ids, "harary", 3, job_id)
+        assert all(graph.neighbours(p) == python_graph.neighbours(p) for p in ids)
+
+
+@needs_helper
+def test_order_digests_are_sha256_of_the_context_encoding() -> None:
+    """Against hashlib and the context encoding built by hand (not through the code
+    under test): ``SHA-256(prefix || 0x01 || u32be(len) || utf8)``."""
+    assert HELPER is not None
+    ids = ["p1", "\u00e9t\u00e9", ""]
+    prefix = os.urandom(33)
+    expected = [
+        hashlib.sha256(prefix + b"\x01" + struct.pack(">I", len(p.encode())) + p.encode()).digest()
+        for p in ids
+    ]
+    assert HELPER.order_digests(prefix, ids) == expected
+    with pytest.raises(TypeError):
+        HELPER.order_digests(prefix, ["ok", 3])
+    with pytest.raises(UnicodeEncodeError):
+        HELPER.order_digests(prefix, ["\ud800"])
+
+
+@needs_helper
+@pytest.mark.parametrize("n", [0, 1, 450])
+def test_a_context_with_an_id_list_encodes_the_same(
+    monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    ids = random_ids(random.Random(n + 1), n)
+    head = ("spherecal", "survivors", os.urandom(32), b"job")
+    reference = encode_context(*head, *ids)
+    encoded = both(monkeypatch, lambda: encode_context_texts(*head, texts=ids))
+    assert encoded == (("value", reference),) * 2
+
+
+@pytest.mark.parametrize("graph", ["complete", "harary"])
+@pytest.mark.parametrize("ring_bits", [32, 64])
+def test_a_decoded_spec_digest_is_the_digest_of_its_encoding(graph: str, ring_bits: int) -> None:
+    """``from_bytes`` takes the digest from the bytes it read; it must be what
+    re-encoding gives (the reader is canonical, the constructor only checks)."""
+    ids = random_ids(random.Random(ring_bits), 12)
+    spec = JobSpec.create(
+        ids,
+        threshold=5,
+        length=1001,
+        bound=0.3,
+        graph=graph,
+        ring_bits=ring_bits,
+        noise_bound=7,
+    )
+    data = spec.to_bytes()
+    decoded = JobSpec.from_bytes(data)
+    assert decoded.digest == hashlib.sha256(decoded.to_bytes()).digest() == spec.digest
+    assert decoded == spec
+
+
+def test_python_paths_run_without_the_helper(python_only: None) -> None:
+    ids = random_ids(random.Random(11), 30)
+    assert read_list(Writer().texts(ids).getvalue()) == ids
+    with pytest.raises(MalformedMessage, match="not valid UTF-8"):
+        read_list(struct.pack(">II", 1, 1) + b"\xff")
+    job_id = b"job"
+    assert _cycle_order(ids, job_id) == tuple(sorted(ids, key=_order_keys(job_id)))
+    assert encode_context_texts("a", texts=ids) == encode_context("a", *ids)
+
+
+def test_the_environment_switch_turns_the_helper_off() -> None:
+    code = "from spherecal.crypto import native; print(native.IDLISTS is None)"
+    env = {**os.environ, native.IDLISTS_ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "True"
