@@ -50,11 +50,11 @@ $(BIN)/python:
 # is not checked: one file of torch's own tests is Python 3.12 syntax and compiles
 # nowhere (pip skips it the same way).
 # setup.py builds the optional native masking kernel (crypto/_maskkernel.c, issue #24)
-# and the id-list helpers (crypto/_idlists.c) in place during the editable install; a
-# changed kernel reinstalls. Without a compiler
+# and the canonical encoding's hot paths (crypto/_fastcodec.c) in place during the
+# editable install; a changed kernel reinstalls. Without a compiler
 # or the OpenSSL headers the install goes on and the numpy path runs (same bytes).
 $(STAMP): $(BIN)/python pyproject.toml setup.py crypto/_maskkernel.c crypto/_aesctr.c \
-        crypto/_aesctr.h crypto/_aesctr_body.h crypto/_idlists.c
+        crypto/_aesctr.h crypto/_aesctr_body.h crypto/_fastcodec.c
 	$(BIN)/python -m pip install --disable-pip-version-check -q pip==26.3 \
 		|| echo "make: pip 26.3 not found; installing with the venv's own pip (slower)"
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile torch==2.13.0 \

@@ -6,10 +6,10 @@ keystream into ring words in one pass (issue #24). It links the system libcrypto
 are present the install goes on without it, and :mod:`spherecal.crypto.prg` uses its
 numpy path, which gives the same bytes.
 
-``spherecal.crypto._idlists`` (crypto/_idlists.c) decodes participant-id lists and
-hashes the Harary cycle's order keys (issue #24: the O(n) steps of every site of a
-SecAgg+ job), also with libcrypto and also optional: without it the Python code that
-defines both runs.
+``spherecal.crypto._fastcodec`` (crypto/_fastcodec.c) runs the canonical encoding's
+hot paths (issue #24: participant-id lists, the Harary cycle's order keys and the
+contexts of every KDF and signature, per site and job), also with libcrypto and also
+optional: without it the Python code that defines each runs.
 """
 
 from setuptools import Extension, setup
@@ -26,8 +26,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "spherecal.crypto._idlists",
-            sources=["crypto/_idlists.c"],
+            "spherecal.crypto._fastcodec",
+            sources=["crypto/_fastcodec.c"],
             libraries=["crypto"],
             extra_compile_args=["-O2"],
             optional=True,

@@ -157,11 +157,11 @@ class Reader:
     def texts(self) -> tuple[str, ...]:
         """``count`` texts, each as :meth:`text` would read it (same checks, same
         errors) in one loop: survivor lists are O(n) ids. The native helper
-        (:data:`spherecal.crypto.native.IDLISTS`) reads a well-formed list ~8× faster
+        (:data:`spherecal.crypto.native.CODEC`) reads a well-formed list ~8× faster
         (every site reads the roster six times a job, issue #24); on any defect it
         returns ``None`` and the loop below raises the precise error."""
         n = self.count()
-        helper = native.IDLISTS
+        helper = native.CODEC
         if helper is not None:
             got = helper.read_texts(self._data, self._pos, n, MAX_ID_BYTES)
             if got is not None:
@@ -209,7 +209,7 @@ def encode_context_texts(*parts: bytes | str | int, texts: Sequence[str]) -> byt
     """``encode_context(*parts, *texts)``, the ``texts`` (an O(n) id list: the survivor
     set a consistency signature covers) encoded by the native helper where it is
     loaded (issue #24); tested equal."""
-    helper = native.IDLISTS
+    helper = native.CODEC
     if helper is None:
         return encode_context(*parts, *texts)
     head = encode_context(*parts)
@@ -222,7 +222,14 @@ def encode_context(*parts: bytes | str | int) -> bytes:
     ``("a", "bc")`` never collide: ``u32(count)``, then per part ``u8(0) u64(int)``,
     ``u8(1) u32(len) utf8`` or ``u8(2) u32(len) bytes`` — the :class:`Writer`
     encoding, built in one join (it runs dozens of times per participant and job:
-    share commitments, channel keys, PRG contexts; issue #24)."""
+    share commitments, channel keys, PRG contexts; issue #24), by the native helper
+    (:data:`spherecal.crypto.native.CODEC`) where it is loaded and the parts are
+    plain ints, ``str`` and ``bytes``."""
+    helper = native.CODEC
+    if helper is not None:
+        encoded: bytes | None = helper.encode_context(parts)
+        if encoded is not None:
+            return encoded
     out = [_U32(len(parts))]
     append = out.append
     for part in parts:

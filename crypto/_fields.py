@@ -9,6 +9,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
+from spherecal.crypto import native
 from spherecal.crypto._codec import Reader, Writer
 from spherecal.crypto._exceptions import MalformedMessage
 from spherecal.crypto.spec import MAGIC, MAX_JOB_ID_BYTES, RETIRED_VERSIONS, VERSION
@@ -70,10 +71,16 @@ _CHECKED_KEEP = 8
 def sorted_unique(items: Sequence[str], what: str) -> None:
     """:func:`pid` on every item, then sorted and unique. Member and survivor lists are
     O(n) ids, in four messages a site reads per job, so a list of ASCII ids (the
-    usual kind) is checked in a few C-level passes (issue #24); any other list item by
-    item, for the same errors. A tuple object accepted a moment ago (:data:`_CHECKED`)
-    is not checked again: tuples of ``str`` cannot change."""
+    usual kind) is checked in one pass by the native helper
+    (:data:`spherecal.crypto.native.CODEC`) where it is loaded, else in a few C-level
+    passes (issue #24); a list refused there is checked item by item, for the precise
+    error. A tuple object accepted a moment ago (:data:`_CHECKED`) is not checked
+    again: tuples of ``str`` cannot change."""
     if _CHECKED.get(id(items)) is items:
+        return
+    helper = native.CODEC
+    if helper is not None and helper.sorted_ids(items, 255, False):
+        _remember(items)
         return
     need(isinstance(items, tuple), f"{what} must be a tuple")
     if items and set(map(type, items)) == {str} and "".join(items).isascii():
@@ -83,6 +90,10 @@ def sorted_unique(items: Sequence[str], what: str) -> None:
         for item in items:
             pid(item, what)
     need(all(map(operator.lt, items, items[1:])), f"{what} must be sorted and unique")
+    _remember(items)
+
+
+def _remember(items: Sequence[str]) -> None:
     if len(items) > 64:  # short lists cost less to check than to remember
         if len(_CHECKED) >= _CHECKED_KEEP:
             _CHECKED.clear()

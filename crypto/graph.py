@@ -86,9 +86,9 @@ def _order_keys(job_id: bytes) -> Callable[[str], bytes]:
 def _cycle_order(participants: tuple[str, ...], job_id: bytes) -> tuple[str, ...]:
     """``participants`` (sorted) in the order of their :func:`_order_keys`; equal keys
     keep the sorted order, as ``sorted(..., key=...)`` does. The native helper
-    (:data:`spherecal.crypto.native.IDLISTS`) hashes the keys through OpenSSL with the
+    (:data:`spherecal.crypto.native.CODEC`) hashes the keys through OpenSSL with the
     head hashed once (issue #24: the one O(n) step of a site's graph); tested equal."""
-    helper = native.IDLISTS
+    helper = native.CODEC
     if helper is None:
         return tuple(sorted(participants, key=_order_keys(job_id)))
     full = encode_context(LABEL, "graph-order", job_id, "")

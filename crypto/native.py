@@ -33,12 +33,16 @@ the extension was not built (no compiler, Python or OpenSSL headers at install),
 to load (no libcrypto 3), or ``SPHERECAL_NATIVE_MASKING=0`` is set in the environment;
 tests set it to ``None`` to run the numpy path.
 
-The second extension, ``spherecal.crypto._idlists`` (``crypto/_idlists.c``), does the
-O(n) steps every party of a SecAgg+ job runs on the roster — decoding participant-id
-lists (:meth:`spherecal.crypto._codec.Reader.texts`) and hashing the Harary cycle's
-order keys (:mod:`spherecal.crypto.graph`) — with the same results as the Python code
-that defines them. :data:`IDLISTS` is it, or ``None`` where it is absent or
-``SPHERECAL_NATIVE_IDLISTS=0`` is set; its callers look it up at call time too.
+The second extension, ``spherecal.crypto._fastcodec`` (``crypto/_fastcodec.c``), runs
+the canonical encoding's hot paths: the O(n) steps every party of a SecAgg+ job runs on
+the roster — decoding and checking participant-id lists
+(:meth:`spherecal.crypto._codec.Reader.texts`, :func:`spherecal.crypto._fields.sorted_unique`,
+:meth:`spherecal.crypto.spec.JobSpec.validate`), hashing the Harary cycle's order keys
+(:mod:`spherecal.crypto.graph`), encoding the survivor set a consistency signature covers —
+and the context encoding of every KDF, commitment and signature
+(:func:`spherecal.crypto._codec.encode_context`), with the same results as the Python code
+that defines them. :data:`CODEC` is it, or ``None`` where it is absent or
+``SPHERECAL_NATIVE_CODEC=0`` is set; its callers look it up at call time too.
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ from types import ModuleType
 __all__ = [
     "ENGINE_ENV",
     "ENV",
-    "IDLISTS",
-    "IDLISTS_ENV",
+    "CODEC",
+    "CODEC_ENV",
     "KERNEL",
     "available",
     "engine",
@@ -66,8 +70,8 @@ ENV = "SPHERECAL_NATIVE_MASKING"
 ENGINE_ENV = "SPHERECAL_NATIVE_ENGINE"
 """Set to ``vaes512``, ``vaes``, ``aesni``, ``openssl`` or ``auto`` to choose the kernel's
 AES engine."""
-IDLISTS_ENV = "SPHERECAL_NATIVE_IDLISTS"
-"""Set to ``0`` to decode and order participant-id lists in Python only."""
+CODEC_ENV = "SPHERECAL_NATIVE_CODEC"
+"""Set to ``0`` to run the canonical encoding's Python code only (no ``_fastcodec``)."""
 
 
 def _load() -> ModuleType | None:
@@ -91,17 +95,17 @@ def _load() -> ModuleType | None:
 KERNEL: ModuleType | None = _load()
 
 
-def _load_idlists() -> ModuleType | None:
-    if os.environ.get(IDLISTS_ENV, "1") == "0":
+def _load_fastcodec() -> ModuleType | None:
+    if os.environ.get(CODEC_ENV, "1") == "0":
         return None
     try:
-        from spherecal.crypto import _idlists
+        from spherecal.crypto import _fastcodec
     except ImportError:  # not built here, or its libcrypto is missing
         return None
-    return _idlists
+    return _fastcodec
 
 
-IDLISTS: ModuleType | None = _load_idlists()
+CODEC: ModuleType | None = _load_fastcodec()
 
 
 def available() -> bool:

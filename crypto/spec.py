@@ -39,6 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
+from spherecal.crypto import native
 from spherecal.crypto._codec import MAX_ID_BYTES, Reader, Writer
 from spherecal.crypto._exceptions import InvalidSpec, MalformedMessage, UnknownParticipant
 from spherecal.crypto.graph import (
@@ -208,11 +209,14 @@ class JobSpec:
         ids = self.participants
         if not isinstance(ids, tuple):
             raise InvalidSpec("participants must be a tuple of ids")
-        _check_ids(ids)
-        # strictly increasing ⇔ sorted and unique: one C-level pass, not a sort (the
-        # spec is validated by every participant, O(n) each; issue #24)
-        if not all(map(operator.lt, ids, ids[1:])):
-            raise InvalidSpec("participant ids must be unique and sorted")
+        helper = native.CODEC
+        if helper is None or not helper.sorted_ids(ids, MAX_ID_BYTES, True):
+            # the checks the native helper makes in one pass, each with its error
+            _check_ids(ids)
+            # strictly increasing ⇔ sorted and unique: one C-level pass, not a sort
+            # (the spec is validated by every participant, O(n) each; issue #24)
+            if not all(map(operator.lt, ids, ids[1:])):
+                raise InvalidSpec("participant ids must be unique and sorted")
         n = len(ids)
         if not 2 <= n <= MAX_PARTICIPANTS:
             raise InvalidSpec(

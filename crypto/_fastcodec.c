@@ -1,24 +1,33 @@
-/* Participant-id lists in C: the two O(n) steps every party of a job runs on the roster.
+/* The canonical encoding's hot paths in C (spherecal.crypto._codec and the graph's order).
  *
  * Why native (issue #24): a site of a SecAgg+ job does O(k) work per neighbour, but it
  * still reads the whole roster several times per job (the spec's participants, the
- * key roster's U1, the share bundle's U2, the survivor and dropout sets) and orders the
- * whole roster on the Harary cycle. In Python those cost ~0.23 us per id to decode and
- * ~0.4 us per id to hash: at n = 500 about 0.8 ms of a site's ~6 ms of protocol work.
- * Both functions here give exactly what the Python code (spherecal.crypto._codec.Reader
- * .texts and spherecal.crypto.graph._order_keys) gives; the Python code stays the
- * definition and the fallback, and the tests compare the two on valid and malformed
- * input.
+ * key roster's U1, the share bundle's U2, the survivor and dropout sets), checks each
+ * list, orders the whole roster on the Harary cycle and encodes the survivor set it
+ * signs; per neighbour it builds a dozen KDF, commitment and associated-data contexts.
+ * In Python a list costs ~0.23 us per id to decode and ~0.4 us per id to hash, and a
+ * context ~2-3 us: at n = 500 about 1.5 ms of a site's ~6 ms of protocol work. Every
+ * function here gives exactly what the Python code that defines it gives (_codec.Reader
+ * .texts, _fields.sorted_unique and spec._check_ids, _codec.encode_context,
+ * graph._order_keys); that code stays the definition and the fallback, and the tests
+ * compare the two on valid and malformed input. Where a function meets anything it
+ * does not handle (a defect, an unusual type) it returns None and the Python code runs,
+ * raising its precise error.
  *
  *   read_texts(buffer, pos, count, max_len) -> (tuple[str, ...], end) | None
  *       count u32-big-endian-length-prefixed UTF-8 strings from buffer[pos:]; None on
- *       any defect (truncated, a length over max_len, invalid UTF-8): the caller then
- *       runs its Python loop, which raises the precise error. Nothing is allocated for
- *       a count the buffer cannot hold.
+ *       any defect (truncated, a length over max_len, invalid UTF-8). Nothing is
+ *       allocated for a count the buffer cannot hold.
+ *   sorted_ids(items, max_len, printable) -> bool
+ *       True if items is a tuple of str, each 1..max_len bytes of UTF-8 (and printable
+ *       if asked), strictly increasing; False otherwise (the caller then finds why).
+ *   encode_context(parts) -> bytes | None
+ *       the context encoding of a tuple of parts: u32(count), then per part u8(0) u64
+ *       (an int), u8(1) u32 len utf8 (an exact str) or u8(2) u32 len bytes (exact
+ *       bytes); None for any other part or an int outside 0..2^64-1.
  *   context_texts(ids) -> bytes
- *       u8(1) u32(len) utf8(id) per id, concatenated: the context encoding of str parts
- *       (spherecal.crypto._codec.encode_context), for the survivor set a consistency
- *       signature covers.
+ *       u8(1) u32(len) utf8(id) per id, concatenated: str parts of a context, for the
+ *       survivor set a consistency signature covers.
  *   order_digests(prefix, ids) -> list[bytes]
  *       SHA-256(prefix || u8(1) u32(len) utf8(id)) per id (the context encoding of a
  *       last str part), through OpenSSL with prefix hashed once.
@@ -183,7 +192,130 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(sorted_ids_doc,
+"sorted_ids(items, max_len, printable) -> bool\n\n"
+"Whether items is a tuple of str, each of 1..max_len UTF-8 bytes (printable if asked),\n"
+"in strictly increasing order.");
+
+static PyObject *sorted_ids(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *items;
+    Py_ssize_t max_len;
+    int printable;
+    if (!PyArg_ParseTuple(args, "Onp", &items, &max_len, &printable)) return NULL;
+    if (!PyTuple_Check(items)) Py_RETURN_FALSE;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *previous = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (!PyUnicode_CheckExact(item)) Py_RETURN_FALSE;
+        Py_ssize_t length;
+        if (PyUnicode_IS_ASCII(item)) {
+            length = PyUnicode_GET_LENGTH(item);
+        } else if (!PyUnicode_AsUTF8AndSize(item, &length)) {
+            PyErr_Clear(); /* a surrogate: the Python check says so */
+            Py_RETURN_FALSE;
+        }
+        if (length < 1 || length > max_len) Py_RETURN_FALSE;
+        if (printable) {
+            int kind = PyUnicode_KIND(item);
+            const void *data = PyUnicode_DATA(item);
+            Py_ssize_t chars = PyUnicode_GET_LENGTH(item);
+            for (Py_ssize_t c = 0; c < chars; c++)
+                if (!Py_UNICODE_ISPRINTABLE(PyUnicode_READ(kind, data, c))) Py_RETURN_FALSE;
+        }
+        if (previous) {
+            int lower = PyUnicode_Compare(previous, item);
+            if (lower == -1 && PyErr_Occurred()) return NULL;
+            if (lower >= 0) Py_RETURN_FALSE;
+        }
+        previous = item;
+    }
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(encode_context_doc,
+"encode_context(parts) -> bytes or None\n\n"
+"The context encoding of the tuple parts (ints, exact str, exact bytes); None for any\n"
+"other part or an int outside 0..2**64-1.");
+
+#define MAX_FIELD_BYTES ((Py_ssize_t)1 << 31)
+
+static void put_u32(unsigned char *w, uint64_t v) {
+    w[0] = (unsigned char)(v >> 24);
+    w[1] = (unsigned char)(v >> 16);
+    w[2] = (unsigned char)(v >> 8);
+    w[3] = (unsigned char)v;
+}
+
+static PyObject *encode_context(PyObject *self, PyObject *parts) {
+    (void)self;
+    if (!PyTuple_Check(parts)) {
+        PyErr_SetString(PyExc_TypeError, "parts must be a tuple");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(parts), total = 4;
+    if ((uint64_t)n > UINT32_MAX) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyTuple_GET_ITEM(parts, i);
+        Py_ssize_t length;
+        if (PyUnicode_CheckExact(part)) {
+            if (!PyUnicode_AsUTF8AndSize(part, &length)) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            if ((uint64_t)length > UINT32_MAX) Py_RETURN_NONE;
+            total += 5 + length;
+        } else if (PyBytes_CheckExact(part)) {
+            length = PyBytes_GET_SIZE(part);
+            if (length > MAX_FIELD_BYTES) Py_RETURN_NONE;
+            total += 5 + length;
+        } else if (PyLong_Check(part) && !PyBool_Check(part)) {
+            (void)PyLong_AsUnsignedLongLong(part);
+            if (PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            total += 9;
+        } else {
+            Py_RETURN_NONE;
+        }
+        if (total < 0) Py_RETURN_NONE; /* overflow of the size: let Python refuse it */
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out) return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    put_u32(w, (uint64_t)n);
+    w += 4;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyTuple_GET_ITEM(parts, i);
+        Py_ssize_t length;
+        const char *data;
+        if (PyUnicode_CheckExact(part)) {
+            data = PyUnicode_AsUTF8AndSize(part, &length); /* cached by the first pass */
+            *w++ = 1;
+        } else if (PyBytes_CheckExact(part)) {
+            data = PyBytes_AS_STRING(part);
+            length = PyBytes_GET_SIZE(part);
+            *w++ = 2;
+        } else {
+            unsigned long long v = PyLong_AsUnsignedLongLong(part);
+            *w++ = 0;
+            put_u32(w, (uint64_t)v >> 32);
+            put_u32(w + 4, (uint64_t)v & 0xffffffffu);
+            w += 8;
+            continue;
+        }
+        put_u32(w, (uint64_t)length);
+        memcpy(w + 4, data, (size_t)length);
+        w += 4 + length;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"sorted_ids", sorted_ids, METH_VARARGS, sorted_ids_doc},
+    {"encode_context", encode_context, METH_O, encode_context_doc},
     {"context_texts", context_texts, METH_O, context_texts_doc},
     {"read_texts", read_texts, METH_VARARGS, read_texts_doc},
     {"order_digests", order_digests, METH_VARARGS, order_digests_doc},
@@ -191,12 +323,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_idlists",
-    "Participant-id lists: decoding and Harary-cycle order digests; see _idlists.c.",
+    PyModuleDef_HEAD_INIT, "_fastcodec",
+    "The canonical encoding's hot paths (id lists, contexts, order digests); see _fastcodec.c.",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__idlists(void) {
+PyMODINIT_FUNC PyInit__fastcodec(void) {
     if (!sha256) sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
     if (!sha256) {
         PyErr_SetString(PyExc_ImportError, "OpenSSL has no SHA-256");

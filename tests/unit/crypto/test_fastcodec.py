@@ -1,6 +1,6 @@
-"""The native id-list helpers (``crypto/_idlists.c``, issue #24) give exactly what the
-Python code that defines them gives, on valid and on malformed input, and that code
-runs whenever the helpers are absent or switched off.
+"""The canonical encoding's native hot paths (``crypto/_fastcodec.c``, issue #24) give
+exactly what the Python code that defines them gives, on valid and on malformed input,
+and that code runs whenever the helper is absent or switched off.
 
 The side-by-side tests need the extension (``setup.py`` builds it when the project is
 installed; ``python setup.py build_ext --inplace`` in a checkout) and skip, saying so,
@@ -9,6 +9,7 @@ where it is not built. The fallback tests run everywhere.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
 import random
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spherecal.crypto import JobSpec, MalformedMessage, native
+from spherecal.crypto import InvalidSpec, JobSpec, MalformedMessage, native
 from spherecal.crypto._codec import (
     MAX_ID_BYTES,
     Reader,
@@ -28,13 +29,14 @@ from spherecal.crypto._codec import (
     encode_context,
     encode_context_texts,
 )
+from spherecal.crypto._fields import _CHECKED, sorted_unique
 from spherecal.crypto.graph import Graph, _cycle_order, _order_keys
 
-HELPER = native.IDLISTS
+HELPER = native.CODEC
 needs_helper = pytest.mark.skipif(
     HELPER is None,
-    reason="the native id-list helpers are not loaded: not built here (python setup.py "
-    "build_ext --inplace) or switched off (SPHERECAL_NATIVE_IDLISTS=0)",
+    reason="the native codec helper is not loaded: not built here (python setup.py "
+    "build_ext --inplace) or switched off (SPHERECAL_NATIVE_CODEC=0)",
 )
 REPO = Path(__file__).resolve().parents[3]
 ALPHABET = "abz09-_.@\u00e9\u4e2d\U0001f600"
@@ -67,16 +69,16 @@ def read_list(data: bytes) -> tuple[str, ...]:
 
 @pytest.fixture
 def python_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(native, "IDLISTS", None)
+    monkeypatch.setattr(native, "CODEC", None)
     yield
 
 
 def both(monkeypatch: pytest.MonkeyPatch, call: Callable[[], object]) -> tuple[Outcome, Outcome]:
     """``call``'s outcome with the native helpers, then with the Python code alone."""
     with_helper = outcome(call)
-    monkeypatch.setattr(native, "IDLISTS", None)
+    monkeypatch.setattr(native, "CODEC", None)
     python = outcome(call)
-    monkeypatch.setattr(native, "IDLISTS", HELPER)
+    monkeypatch.setattr(native, "CODEC", HELPER)
     return with_helper, python
 
 
@@ -165,7 +167,7 @@ def test_the_cycle_order_is_the_same_natively(monkeypatch: pytest.MonkeyPatch, s
     assert both(monkeypatch, lambda: _cycle_order(ids, job_id)) == (("value", reference),) * 2
     if len(ids) > 3:
         graph = Graph(ids, "harary", 3, job_id)
-        monkeypatch.setattr(native, "IDLISTS", None)
+        monkeypatch.setattr(native, "CODEC", None)
         python_graph = Graph(ids, "harary", 3, job_id)
         assert all(graph.neighbours(p) == python_graph.neighbours(p) for p in ids)
 
@@ -232,9 +234,115 @@ def test_python_paths_run_without_the_helper(python_only: None) -> None:
 
 
 def test_the_environment_switch_turns_the_helper_off() -> None:
-    code = "from spherecal.crypto import native; print(native.IDLISTS is None)"
-    env = {**os.environ, native.IDLISTS_ENV: "0"}
+    code = "from spherecal.crypto import native; print(native.CODEC is None)"
+    env = {**os.environ, native.CODEC_ENV: "0"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "True"
+
+
+class Kind(enum.IntEnum):
+    SEED = 1
+
+
+class Label(str):
+    pass
+
+
+CONTEXT_PARTS: list[tuple[object, ...]] = [
+    (),
+    ("",),
+    (b"",),
+    (0,),
+    ((1 << 64) - 1,),
+    ("spherecal", "share-commitment", 2, b"\x00" * 32, b"job", "p1", "p\u00e9", 7),
+    ("\U0001f600", b"\xff" * 300, 1 << 40),
+    (Kind.SEED, "a"),  # an int subclass: encoded as its value
+    (Label("x"), b"y"),  # a str subclass: the Python path
+    (bytearray(b"ab"), memoryview(b"cd")),  # other buffers: the Python path
+    (1 << 64,),  # too large: struct.error, from the Python path
+    (-1,),  # negative: struct.error
+    (True,),  # booleans are refused
+    ("\ud800",),  # a lone surrogate cannot be encoded
+]
+
+
+@needs_helper
+@pytest.mark.parametrize("parts", CONTEXT_PARTS, ids=range(len(CONTEXT_PARTS)))
+def test_a_context_encodes_the_same_natively(
+    monkeypatch: pytest.MonkeyPatch, parts: tuple[object, ...]
+) -> None:
+    native_out, python_out = both(monkeypatch, lambda: encode_context(*parts))  # type: ignore[arg-type]
+    assert native_out == python_out
+
+
+@needs_helper
+def test_the_native_context_is_the_writer_encoding_by_hand() -> None:
+    """Against the encoding written out by hand, not through the code under test."""
+    assert HELPER is not None
+    expected = (
+        struct.pack(">I", 3)
+        + b"\x00"
+        + struct.pack(">Q", 5)
+        + b"\x01"
+        + struct.pack(">I", 2)
+        + "\u00e9".encode()
+        + b"\x02"
+        + struct.pack(">I", 1)
+        + b"z"
+    )
+    assert HELPER.encode_context((5, "\u00e9", b"z")) == expected
+    assert HELPER.encode_context((bytearray(b"z"),)) is None
+
+
+ID_LISTS: list[tuple[object, ...] | list[str]] = [
+    (),
+    ("a",),
+    ("a", "b", "c"),
+    ("b", "a"),  # unsorted
+    ("a", "a"),  # duplicate
+    ("", "a"),  # empty id
+    ("x" * 255, "y"),
+    ("x" * 256,),  # over 255 bytes
+    ("\u00e9" * 127 + "a",),  # 255 bytes of UTF-8 in 128 characters
+    ("\u00e9" * 128,),  # 256 bytes of UTF-8 in 128 characters
+    ("a\tb",),  # not printable: the spec refuses it, messages do not
+    ("a", 3),  # not a str
+    ("\ud800",),  # a lone surrogate
+    ["a", "b"],  # not a tuple
+    (Label("a"), "b"),  # a str subclass
+]
+
+
+def sorted_unique_outcome(items: object) -> Outcome:
+    _CHECKED.clear()  # no memo: each call checks
+    return outcome(lambda: sorted_unique(items, "members"))  # type: ignore[arg-type]
+
+
+@needs_helper
+@pytest.mark.parametrize("items", ID_LISTS, ids=range(len(ID_LISTS)))
+def test_an_id_list_is_accepted_or_refused_alike(
+    monkeypatch: pytest.MonkeyPatch, items: tuple[object, ...]
+) -> None:
+    native_out, python_out = both(monkeypatch, lambda: sorted_unique_outcome(items))
+    assert native_out == python_out
+
+
+@needs_helper
+@pytest.mark.parametrize("items", ID_LISTS, ids=range(len(ID_LISTS)))
+def test_a_spec_roster_is_accepted_or_refused_alike(
+    monkeypatch: pytest.MonkeyPatch, items: tuple[object, ...]
+) -> None:
+    good = JobSpec.create(["p0", "p1", "p2"], threshold=2, length=10, bound=1.0)
+
+    def validate() -> None:
+        object.__setattr__(good, "participants", items)
+        good.validate()
+
+    native_out, python_out = both(monkeypatch, validate)
+    assert native_out == python_out
+    if len(items) >= 2 and native_out[0] == "value":
+        assert isinstance(items, tuple) and items == tuple(sorted(set(items)))  # type: ignore[type-var]
+    if items == ("a\tb",):
+        assert native_out[0] == InvalidSpec.__name__
