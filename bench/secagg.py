@@ -92,6 +92,11 @@ Definitions (all measured in the same process, on the same machine, in this run)
     the smallest n's (issue #24 target at n = 500 vs 10: at most 1.5);
     ``participant_cpu_ms`` / ``ratio_to_first_cpu`` the same by CPU time;
     ``load_average_1min`` the machine's load when the job started (a shared machine).
+    ``--scaling-degree K`` holds the Harary degree at ``K`` for every n (default: each
+    n's own, ``2⌈log₂ n⌉``, 8 at n = 10 and 18 at n = 500) and drops every tenth
+    participant of the Harary cycle instead of a random tenth (a random tenth can leave
+    some owner of a sparse graph too few live share holders): what grows with n alone,
+    apart from what grows with the degree (``"degree_held"`` in the JSON).
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
@@ -432,6 +437,14 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds of the --scaling block, one job per n each (default 3)",
     )
     parser.add_argument(
+        "--scaling-degree",
+        type=int,
+        default=None,
+        metavar="K",
+        help="hold the --scaling block's Harary degree at K for every n (dropouts then "
+        "spaced on the cycle); default: each n's own degree, random dropouts",
+    )
+    parser.add_argument(
         "--skip-main",
         action="store_true",
         help="only the --kernel/--scaling blocks (no main runs)",
@@ -490,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             ring_bits=32,
             repeats=args.scaling_repeats,
+            degree=args.scaling_degree,
         )
     if args.skip_main:
         text = json.dumps(result, indent=2, sort_keys=True)

@@ -22,18 +22,34 @@ __all__ = ["scaling"]
 
 
 def _scaling_job(
-    n: int, *, dim: int, drop_fraction: float, seed: int, ring_bits: int
+    n: int,
+    *,
+    dim: int,
+    drop_fraction: float,
+    seed: int,
+    ring_bits: int,
+    degree: int | None = None,
 ) -> tuple[JobSpec, int, int, Any, float]:
-    """One SecAgg+ job of ``n`` participants: (spec, threshold, dropouts, report, load)."""
+    """One SecAgg+ job of ``n`` participants: (spec, threshold, dropouts, report, load).
+
+    ``degree``: the Harary degree for this n (default :func:`default_degree`); when
+    given, the dropouts are spaced evenly along the Harary cycle (every
+    ``1/drop_fraction``-th participant) rather than drawn, so that no owner loses more
+    of its share holders than the drawn tenth would on average."""
     ids = [f"p{i:04d}" for i in range(n)]
     rng = np.random.default_rng(seed)
     inputs = {p: rng.uniform(-1.0, 1.0, dim) for p in ids}
-    dropped = random.Random(seed).sample(ids, int(drop_fraction * n))
-    degree = default_degree(n, 2)
-    t = max(2, (degree + 1) // 2 + 1)  # strict majority of the k + 1 share holders
+    k = default_degree(n, 2) if degree is None else min(degree, n - 1)
+    t = max(2, (k + 1) // 2 + 1)  # strict majority of the k + 1 share holders
     spec = JobSpec.create(
-        ids, threshold=t, length=dim, bound=1.0, graph="harary", ring_bits=ring_bits
+        ids, threshold=t, length=dim, bound=1.0, graph="harary", degree=k, ring_bits=ring_bits
     )
+    count = int(drop_fraction * n)
+    if degree is None:
+        dropped = random.Random(seed).sample(ids, count)
+    else:
+        cycle = spec.masking_graph.cycle
+        dropped = [cycle[round(i * n / count)] for i in range(count)] if count else []
     load = os.getloadavg()[0]
     report = run_protocol(
         spec,
@@ -53,6 +69,7 @@ def scaling(
     seed: int,
     ring_bits: int,
     repeats: int = 3,
+    degree: int | None = None,
 ) -> dict[str, Any]:
     """SecAgg+ jobs (Harary graph) per participant count; per-participant cost.
 
@@ -60,14 +77,20 @@ def scaling(
     otherwise fall on the smallest n, the ratios' denominator), then ``repeats`` rounds,
     each one job per n in order, so that a change of the machine's load during the
     block touches every n alike. Each job's figure is the median over its
-    participants; each n's, the median over its jobs."""
+    participants; each n's, the median over its jobs. ``degree`` holds the Harary
+    degree for every n (:func:`_scaling_job`)."""
     _scaling_job(10, dim=1_000, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits)
     jobs: dict[int, list[tuple[JobSpec, int, int, Any, float]]] = {n: [] for n in counts}
     for _ in range(repeats):
         for n in counts:
             jobs[n].append(
                 _scaling_job(
-                    n, dim=dim, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits
+                    n,
+                    dim=dim,
+                    drop_fraction=drop_fraction,
+                    seed=seed,
+                    ring_bits=ring_bits,
+                    degree=degree,
                 )
             )
 
@@ -121,6 +144,7 @@ def scaling(
         "drop_fraction": drop_fraction,
         "repeats": repeats,
         "site_costs": True,
+        "degree_held": degree,
         "per_n": rows,
         "statistic": "after one warm-up job, `repeats` rounds of one job per n; a job's "
         "figure is the median over its participants, an n's the median over its jobs; "

@@ -154,6 +154,11 @@ class Graph:
     def __contains__(self, u: object) -> bool:
         return u in self._all
 
+    @property
+    def cycle(self) -> tuple[str, ...]:
+        """The participants in the Harary cycle's order (empty for the complete graph)."""
+        return self._order
+
     def neighbours(self, u: str) -> frozenset[str]:
         """``N(u)``: the participants ``u`` shares a pairwise mask with."""
         cached = self._adj.get(u)

@@ -1,6 +1,7 @@
 """``bench/secagg.py``'s main block measures both rings by one method (issue #24): a
 warm-up, the ring's first full-size job on its own, then the median of ``repeats`` jobs —
-on a small vector here, for the shape and the exactness, not the speed."""
+on a small vector here, for the shape and the exactness, not the speed; and its scaling
+block holds the Harary degree when asked."""
 
 from __future__ import annotations
 
@@ -61,3 +62,31 @@ def test_without_prepare_input_no_prepare_figures_are_reported() -> None:
     for ring in out["rings"].values():
         assert ring["max_abs_error"] <= ring["error_bound"]
         assert not any(k.startswith("prepare_") for k in (*ring, *ring["first_job"]))
+
+
+def test_the_scaling_block_holds_the_degree_when_asked() -> None:
+    """``--scaling-degree``: every n at the given degree, the dropouts spaced along the
+    Harary cycle (so none of them are neighbours at this spacing); without it each n
+    has its own degree."""
+    from bench.secagg_scaling import _scaling_job, scaling
+    from spherecal.crypto.spec import default_degree
+
+    held = scaling([10, 40], dim=64, drop_fraction=0.1, seed=0, ring_bits=32, repeats=1, degree=4)
+    assert held["degree_held"] == 4
+    assert [row["degree"] for row in held["per_n"].values()] == [4, 4]
+    assert [row["dropouts"] for row in held["per_n"].values()] == [1, 4]
+    assert [row["survivors"] for row in held["per_n"].values()] == [9, 36]
+    spec, _, _, report, _ = _scaling_job(
+        40, dim=64, drop_fraction=0.1, seed=0, ring_bits=32, degree=4
+    )
+    cycle = spec.masking_graph.cycle
+    dropped = sorted(
+        cycle.index(p) for p in set(spec.participants) - set(report.result.contributors)
+    )
+    assert dropped == [0, 10, 20, 30]
+    free = scaling([10, 40], dim=64, drop_fraction=0.1, seed=0, ring_bits=32, repeats=1)
+    assert free["degree_held"] is None
+    assert [row["degree"] for row in free["per_n"].values()] == [
+        default_degree(10, 2),
+        default_degree(40, 2),
+    ]
