@@ -265,22 +265,22 @@ static PyObject *encode_context(PyObject *self, PyObject *parts) {
                 Py_RETURN_NONE;
             }
             if ((uint64_t)length > UINT32_MAX) Py_RETURN_NONE;
-            total += 5 + length;
         } else if (PyBytes_CheckExact(part)) {
             length = PyBytes_GET_SIZE(part);
             if (length > MAX_FIELD_BYTES) Py_RETURN_NONE;
-            total += 5 + length;
         } else if (PyLong_Check(part) && !PyBool_Check(part)) {
             (void)PyLong_AsUnsignedLongLong(part);
             if (PyErr_Occurred()) {
                 PyErr_Clear();
                 Py_RETURN_NONE;
             }
-            total += 9;
+            length = 4; /* u8 tag + u64 = 9 bytes, counted as 5 + 4 */
         } else {
             Py_RETURN_NONE;
         }
-        if (total < 0) Py_RETURN_NONE; /* overflow of the size: let Python refuse it */
+        /* the size cannot overflow for parts that fit in memory; let Python refuse it */
+        if (length > PY_SSIZE_T_MAX - 5 - total) Py_RETURN_NONE;
+        total += 5 + length;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (!out) return NULL;

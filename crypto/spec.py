@@ -351,7 +351,7 @@ class JobSpec:
         )
         # The reader accepts one encoding per value and the constructor only checks, so
         # these bytes are what to_bytes() would give: the digest needs no re-encoding
-        # (every site decodes the spec; issue #24). Tested equal for every field.
+        # (every site decodes the spec; issue #24). Tested for both graphs and rings.
         spec.__dict__["digest"] = hashlib.sha256(data).digest()
         return spec
 
