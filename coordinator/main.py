@@ -47,6 +47,7 @@ from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.state_dir import guard_federation_start, write_marker
 from spherecal.coordinator.state.store import Store, durability_warning
 from spherecal.coordinator.summary_schema import CoordinatorSummary, EndedResult, SummaryDocument
+from spherecal.crypto import native
 from spherecal.proto.address import split_host_port
 
 __all__ = ["run_coordinator"]
@@ -301,6 +302,7 @@ def _run(
             f"({'INSECURE, loopback only' if settings.server.insecure else 'mutual TLS'}); "
             f"state {settings.state_dir}"
         )
+        emit(native.describe())
         if settings.server.port_file is not None:
             settings.server.port_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = settings.server.port_file.with_suffix(".tmp")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from spherecal.crypto import heap
+from spherecal.crypto import heap, native
 from spherecal.participant.data import load_local_data
 from spherecal.participant.enrolment import load_or_enrol
 from spherecal.participant.grpc_transport import GrpcTransport
@@ -51,6 +51,7 @@ def run_participant(
     identity = load_or_enrol(settings, say)
     data = load_local_data(settings.data)
     _keep_freed_heap(say)  # once it is about to run jobs (a refusal above stays one line)
+    say(native.describe())  # the numpy/Python paths are slower: an operator should know
     ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
     trust = DirectoryTrust(ca)
     transport = GrpcTransport(settings)

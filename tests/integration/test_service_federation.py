@@ -19,6 +19,7 @@ import torch
 
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
 from spherecal.coordinator.summary_schema import CoordinatorSummary
+from spherecal.crypto import native
 from spherecal.results_schema import SimulationResults
 from spherecal.simulate import SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
@@ -72,6 +73,18 @@ def test_full_secure_run_completes_with_every_participant(
         assert job["contributors"] == [f"p{k}" for k in range(5)]
     on_disk = json.loads((settings.out / "results.json").read_text())
     assert on_disk["accuracy"] == results["accuracy"]
+
+
+def test_every_process_says_which_native_code_runs(
+    secure_run: tuple[dict[str, Any], SimulationSettings],
+) -> None:
+    """The coordinator and each site log, at start, whether the masking kernel and the
+    encoding's hot paths run in C here (the same installation as this test's)."""
+    _, settings = secure_run
+    line = native.describe()
+    for name in ["coordinator", *(f"p{k}" for k in range(5))]:
+        text = (settings.out / "logs" / f"{name}.log").read_text(errors="replace")
+        assert line in text, name
 
 
 def test_results_json_schema(secure_run: tuple[dict[str, Any], SimulationSettings]) -> None:

@@ -490,3 +490,28 @@ def test_a_strided_target_takes_the_numpy_path_with_the_same_result() -> None:
     flat: Any = np.zeros(32, dtype=U64)
     MaskExpander(32, U64, native=False).apply_plan(flat, plan, 0)
     assert np.array_equal(strided, flat) and not wide[1::2].any()
+
+
+def test_the_start_up_line_says_which_native_code_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(native.ENV, raising=False)
+    monkeypatch.delenv(native.CODEC_ENV, raising=False)
+    monkeypatch.setattr(native, "KERNEL", None)
+    monkeypatch.setattr(native, "CODEC", None)
+    absent = native.describe()
+    assert "masking kernel not built" in absent
+    assert "encoding hot paths not built" in absent
+    assert "setup.py build_ext --inplace" in absent  # how to get them
+    monkeypatch.setenv(native.ENV, "0")
+    monkeypatch.setenv(native.CODEC_ENV, "0")
+    off = native.describe()
+    assert f"{native.ENV}=0" in off and f"{native.CODEC_ENV}=0" in off
+    assert "build_ext" not in off  # switched off on purpose: no build hint
+
+
+@needs_kernel
+def test_the_start_up_line_names_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "CODEC", object())
+    line = native.describe()
+    assert f"masking kernel on {native.engine()}" in line
+    assert "encoding hot paths in C" in line
+    assert "build_ext" not in line
