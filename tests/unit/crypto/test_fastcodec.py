@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spherecal.crypto import InvalidSpec, JobSpec, MalformedMessage, native
 from spherecal.crypto._codec import (
@@ -346,3 +348,34 @@ def test_a_spec_roster_is_accepted_or_refused_alike(
         assert isinstance(items, tuple) and items == tuple(sorted(set(items)))  # type: ignore[type-var]
     if items == ("a\tb",):
         assert native_out[0] == InvalidSpec.__name__
+
+
+@needs_helper
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    count=st.integers(min_value=0, max_value=40),
+    body=st.binary(max_size=400),
+    ids=st.lists(st.text(max_size=12), max_size=12),
+)
+def test_any_bytes_read_the_same_natively(
+    monkeypatch: pytest.MonkeyPatch, count: int, body: bytes, ids: list[str]
+) -> None:
+    """Arbitrary bytes after a count, and well-formed lists with a random tail cut or
+    appended: the native reader and the Python loop agree on the value or the error
+    (the reader parses bytes straight from the network)."""
+    raw = struct.pack(">I", count) + body
+    native_out, python_out = both(monkeypatch, lambda: read_list(raw))
+    assert native_out == python_out
+    try:
+        well_formed = Writer().texts(ids).getvalue()
+    except UnicodeEncodeError:  # a surrogate: not encodable, nothing to read
+        return
+    for data in (
+        well_formed,
+        well_formed[: len(body) % (len(well_formed) + 1)],
+        well_formed + body[:3],
+    ):
+        native_out, python_out = both(monkeypatch, lambda data=data: read_list(data))
+        assert native_out == python_out
