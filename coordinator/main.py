@@ -302,7 +302,7 @@ def _run(
             f"({'INSECURE, loopback only' if settings.server.insecure else 'mutual TLS'}); "
             f"state {settings.state_dir}"
         )
-        emit(native.describe())
+        emit(native.startup_message())  # a slow path not chosen is a warning
         if settings.server.port_file is not None:
             settings.server.port_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = settings.server.port_file.with_suffix(".tmp")

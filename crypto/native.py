@@ -60,6 +60,7 @@ __all__ = [
     "KERNEL",
     "available",
     "describe",
+    "startup_message",
     "engine",
     "engines",
     "own_engine",
@@ -158,6 +159,22 @@ def describe() -> str:
     switched_off = "0" in (os.environ.get(ENV, "1"), os.environ.get(CODEC_ENV, "1"))
     hint = "" if built or switched_off else f"; {_BUILD_HINT}"
     return f"native code: {masking}; {codec}{hint}"
+
+
+def startup_message() -> str:
+    """:func:`describe` marked for the service processes' log writer
+    (:mod:`spherecal.logs`): a ``WARNING:`` where an extension was not built (the slow
+    path, not chosen), plain (INFO) where one was switched off on purpose, ``DEBUG:``
+    where both run — a healthy start stays quiet."""
+    line = describe()
+    if KERNEL is not None and CODEC is not None:
+        return f"DEBUG: {line}"
+    switched_off = "0" in (os.environ.get(ENV, "1"), os.environ.get(CODEC_ENV, "1"))
+    built_or_off = all(
+        module is not None or os.environ.get(env, "1") == "0"
+        for module, env in ((KERNEL, ENV), (CODEC, CODEC_ENV))
+    )
+    return line if (switched_off and built_or_off) else f"WARNING: {line}"
 
 
 @contextmanager

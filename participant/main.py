@@ -42,6 +42,8 @@ def run_participant(
     pid = settings.participant_id
 
     def emit(message: str) -> None:
+        if message.startswith("DEBUG: "):
+            return  # as the coordinator's default writer: the CLI's writer can show it
         print(f"[{pid} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     say = log or emit
@@ -51,7 +53,7 @@ def run_participant(
     identity = load_or_enrol(settings, say)
     data = load_local_data(settings.data)
     _keep_freed_heap(say)  # once it is about to run jobs (a refusal above stays one line)
-    say(native.describe())  # the numpy/Python paths are slower: an operator should know
+    say(native.startup_message())  # a slow path not chosen is a warning
     ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
     trust = DirectoryTrust(ca)
     transport = GrpcTransport(settings)

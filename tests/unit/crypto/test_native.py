@@ -501,11 +501,15 @@ def test_the_start_up_line_says_which_native_code_runs(monkeypatch: pytest.Monke
     assert "masking kernel not built" in absent
     assert "encoding hot paths not built" in absent
     assert "setup.py build_ext --inplace" in absent  # how to get them
+    assert native.startup_message() == f"WARNING: {absent}"  # a slow path nobody chose
     monkeypatch.setenv(native.ENV, "0")
     monkeypatch.setenv(native.CODEC_ENV, "0")
     off = native.describe()
     assert f"{native.ENV}=0" in off and f"{native.CODEC_ENV}=0" in off
     assert "build_ext" not in off  # switched off on purpose: no build hint
+    assert native.startup_message() == off  # chosen: said plainly (INFO)
+    monkeypatch.delenv(native.CODEC_ENV)  # one off on purpose, the other missing
+    assert native.startup_message().startswith("WARNING: ")
 
 
 @needs_kernel
@@ -515,3 +519,4 @@ def test_the_start_up_line_names_the_engine(monkeypatch: pytest.MonkeyPatch) -> 
     assert f"masking kernel on {native.engine()}" in line
     assert "encoding hot paths in C" in line
     assert "build_ext" not in line
+    assert native.startup_message() == f"DEBUG: {line}"  # a healthy start stays quiet
