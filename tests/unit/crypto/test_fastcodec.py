@@ -10,6 +10,7 @@ where it is not built. The fallback tests run everywhere.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import random
@@ -377,5 +378,5 @@ def test_any_bytes_read_the_same_natively(
         well_formed[: len(body) % (len(well_formed) + 1)],
         well_formed + body[:3],
     ):
-        native_out, python_out = both(monkeypatch, lambda data=data: read_list(data))
+        native_out, python_out = both(monkeypatch, functools.partial(read_list, data))
         assert native_out == python_out
