@@ -53,17 +53,17 @@ from contextlib import contextmanager
 from types import ModuleType
 
 __all__ = [
-    "ENGINE_ENV",
-    "ENV",
     "CODEC",
     "CODEC_ENV",
+    "ENGINE_ENV",
+    "ENV",
     "KERNEL",
     "available",
     "describe",
-    "startup_message",
     "engine",
     "engines",
     "own_engine",
+    "startup_message",
     "use_engine",
 ]
 
@@ -137,12 +137,20 @@ _BUILD_HINT = (
 )
 
 
+def _not_built() -> bool:
+    """Whether an extension is absent without its variable having switched it off."""
+    return any(
+        module is None and os.environ.get(env, "1") != "0"
+        for module, env in ((KERNEL, ENV), (CODEC, CODEC_ENV))
+    )
+
+
 def describe() -> str:
     """One line for a service process's start-up log: which native code runs here.
 
     Why: a site installed without a compiler runs the numpy and Python paths — the same
-    bytes, but masking about 1.3× and a large SecAgg+ job's roster work several times
-    slower (issue #24) — and nothing else would tell its operator."""
+    bytes, but its masking and a large SecAgg+ job's roster work slower (issue #24) —
+    and nothing else would tell its operator."""
     if KERNEL is not None:
         masking = f"masking kernel on {engine()}"
     elif os.environ.get(ENV, "1") == "0":
@@ -155,9 +163,7 @@ def describe() -> str:
         codec = f"encoding hot paths off ({CODEC_ENV}=0; Python)"
     else:
         codec = "encoding hot paths not built (Python: same bytes, slower)"
-    built = KERNEL is not None and CODEC is not None
-    switched_off = "0" in (os.environ.get(ENV, "1"), os.environ.get(CODEC_ENV, "1"))
-    hint = "" if built or switched_off else f"; {_BUILD_HINT}"
+    hint = f"; {_BUILD_HINT}" if _not_built() else ""
     return f"native code: {masking}; {codec}{hint}"
 
 
@@ -169,12 +175,7 @@ def startup_message() -> str:
     line = describe()
     if KERNEL is not None and CODEC is not None:
         return f"DEBUG: {line}"
-    switched_off = "0" in (os.environ.get(ENV, "1"), os.environ.get(CODEC_ENV, "1"))
-    built_or_off = all(
-        module is not None or os.environ.get(env, "1") == "0"
-        for module, env in ((KERNEL, ENV), (CODEC, CODEC_ENV))
-    )
-    return line if (switched_off and built_or_off) else f"WARNING: {line}"
+    return f"WARNING: {line}" if _not_built() else line
 
 
 @contextmanager

@@ -510,6 +510,7 @@ def test_the_start_up_line_says_which_native_code_runs(monkeypatch: pytest.Monke
     assert native.startup_message() == off  # chosen: said plainly (INFO)
     monkeypatch.delenv(native.CODEC_ENV)  # one off on purpose, the other missing
     assert native.startup_message().startswith("WARNING: ")
+    assert "build_ext" in native.describe()  # the missing one gets the hint
 
 
 @needs_kernel
