@@ -71,7 +71,16 @@ class Writer:
 
     def texts(self, values: Iterable[str]) -> Writer:
         """``u32(count)`` then each as :meth:`text` (one loop without per-item calls:
-        survivor lists are O(n) ids)."""
+        survivor lists are O(n) ids). The native helper
+        (:data:`spherecal.crypto.native.CODEC`) writes a tuple or list of ``str`` in one
+        call: the coordinator writes U1, U2 and the survivor and dropout sets into a
+        message for every participant, O(n²) ids per job (issue #24)."""
+        helper = native.CODEC
+        if helper is not None and isinstance(values, (tuple, list)):
+            encoded: bytes | None = helper.write_texts(values)
+            if encoded is not None:
+                self._parts.append(encoded)
+                return self
         items = [value.encode("utf-8") for value in values]
         parts = self._parts
         parts.append(struct.pack(">I", len(items)))

@@ -18,6 +18,11 @@
  *       count u32-big-endian-length-prefixed UTF-8 strings from buffer[pos:]; None on
  *       any defect (truncated, a length over max_len, invalid UTF-8). Nothing is
  *       allocated for a count the buffer cannot hold.
+ *   write_texts(ids) -> bytes | None
+ *       u32(count) then u32(len) utf8 per id: the list encoding read_texts reads (the
+ *       coordinator writes U1, U2 and the survivor and dropout sets into a message for
+ *       every participant: O(n^2) ids per job); None for anything but a sequence of
+ *       encodable str.
  *   sorted_ids(items, max_len, printable) -> bool
  *       True if items is a tuple of str, each 1..max_len bytes of UTF-8 (and printable
  *       if asked), strictly increasing; False otherwise (the caller then finds why).
@@ -85,6 +90,54 @@ done:
     Py_XDECREF(out);
     PyBuffer_Release(&view);
     return result;
+}
+
+PyDoc_STRVAR(write_texts_doc,
+"write_texts(ids) -> bytes or None\n\n"
+"u32be(count), then u32be(len(utf8)) + utf8 per id; None unless every id is an\n"
+"encodable str of at most 2**32-1 bytes.");
+
+static PyObject *write_texts(PyObject *self, PyObject *ids) {
+    (void)self;
+    PyObject *seq = PySequence_Fast(ids, "ids must be a sequence"), *out = NULL;
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = 4;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if ((uint64_t)n > UINT32_MAX) goto none;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t length;
+        if (!PyUnicode_Check(items[i])) goto none;
+        if (!PyUnicode_AsUTF8AndSize(items[i], &length)) {
+            PyErr_Clear(); /* a surrogate: the Python path raises its error */
+            goto none;
+        }
+        if ((uint64_t)length > UINT32_MAX || length > PY_SSIZE_T_MAX - 4 - total) goto none;
+        total += 4 + length;
+    }
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    w[0] = (unsigned char)(n >> 24);
+    w[1] = (unsigned char)(n >> 16);
+    w[2] = (unsigned char)(n >> 8);
+    w[3] = (unsigned char)n;
+    w += 4;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t length;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(items[i], &length); /* cached above */
+        w[0] = (unsigned char)(length >> 24);
+        w[1] = (unsigned char)(length >> 16);
+        w[2] = (unsigned char)(length >> 8);
+        w[3] = (unsigned char)length;
+        memcpy(w + 4, utf8, (size_t)length);
+        w += 4 + length;
+    }
+    goto done;
+none:
+    out = Py_NewRef(Py_None);
+done:
+    Py_DECREF(seq);
+    return out;
 }
 
 PyDoc_STRVAR(order_digests_doc,
@@ -318,6 +371,7 @@ static PyMethodDef methods[] = {
     {"encode_context", encode_context, METH_O, encode_context_doc},
     {"context_texts", context_texts, METH_O, context_texts_doc},
     {"read_texts", read_texts, METH_VARARGS, read_texts_doc},
+    {"write_texts", write_texts, METH_O, write_texts_doc},
     {"order_digests", order_digests, METH_VARARGS, order_digests_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -380,3 +380,27 @@ def test_any_bytes_read_the_same_natively(
     ):
         native_out, python_out = both(monkeypatch, functools.partial(read_list, data))
         assert native_out == python_out
+
+
+@needs_helper
+@pytest.mark.parametrize(
+    "ids",
+    [
+        (),
+        ("a",),
+        random_ids(random.Random(5), 300),
+        ["x", "\u00e9\U0001f600"],
+        ("ok", "\ud800"),
+        ("a", 3),
+    ],
+    ids=["empty", "one", "300", "list", "surrogate", "not-str"],
+)
+def test_a_list_writes_the_same_natively(monkeypatch: pytest.MonkeyPatch, ids: object) -> None:
+    """The coordinator writes U1, U2 and the survivor sets for every participant: the
+    native writer gives the Python loop's bytes, or leaves its error to it."""
+    native_out, python_out = both(monkeypatch, lambda: Writer().texts(ids).getvalue())  # type: ignore[arg-type]
+    assert native_out == python_out
+    if native_out[0] == "value":
+        assert read_list(native_out[1]) == tuple(ids)  # type: ignore[arg-type]
+    generated = both(monkeypatch, lambda: Writer().texts(iter(["b", "c"])).getvalue())
+    assert generated == (("value", Writer().texts(("b", "c")).getvalue()),) * 2
