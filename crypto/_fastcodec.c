@@ -8,12 +8,12 @@
  * and the coordinator writes those lists into a message for every participant.
  * In Python a list costs ~0.23 us per id to decode and ~0.4 us per id to hash, and a
  * context ~2-3 us: at n = 500 about 1.5 ms of a site's ~6 ms of protocol work. Every
- * function here gives exactly what the Python code that defines it gives (_codec.Reader
- * .texts and Writer.texts, _fields.sorted_unique and spec._check_ids, _codec.encode_context,
- * graph._order_keys); that code stays the definition and the fallback, and the tests
- * compare the two on valid and malformed input. Where a function meets anything it
- * does not handle (a defect, an unusual type) it returns None and the Python code runs,
- * raising its precise error.
+ * function here gives exactly what the Python code that defines it gives
+ * (_codec.Reader.texts and Writer.texts, _fields.sorted_unique and spec._check_ids,
+ * _codec.encode_context, graph._order_keys); that code stays the definition and the
+ * fallback, and the tests compare the two on valid and malformed input. Where a
+ * function meets anything it does not handle (a defect, an unusual type) it returns
+ * None and the Python code runs, raising its precise error.
  *
  *   read_texts(buffer, pos, count, max_len) -> (tuple[str, ...], end) | None
  *       count u32-big-endian-length-prefixed UTF-8 strings from buffer[pos:]; None on
