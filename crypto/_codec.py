@@ -166,8 +166,8 @@ class Reader:
     def texts(self) -> tuple[str, ...]:
         """``count`` texts, each as :meth:`text` would read it (same checks, same
         errors) in one loop: survivor lists are O(n) ids. The native helper
-        (:data:`spherecal.crypto.native.CODEC`) reads a well-formed list ~8× faster
-        (every site reads the roster six times a job, issue #24); on any defect it
+        (:data:`spherecal.crypto.native.CODEC`) reads a well-formed list about 12× faster
+        (500 ids: 106 → 9 µs; every site reads six such lists a job, issue #24); on any defect it
         returns ``None`` and the loop below raises the precise error."""
         n = self.count()
         helper = native.CODEC

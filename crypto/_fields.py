@@ -10,7 +10,7 @@ import operator
 from collections.abc import Sequence
 
 from spherecal.crypto import native
-from spherecal.crypto._codec import Reader, Writer
+from spherecal.crypto._codec import MAX_ID_BYTES, Reader, Writer
 from spherecal.crypto._exceptions import MalformedMessage
 from spherecal.crypto.spec import MAGIC, MAX_JOB_ID_BYTES, RETIRED_VERSIONS, VERSION
 
@@ -56,7 +56,7 @@ def job(job_id: bytes) -> None:
 
 def pid(value: str, what: str) -> None:
     need(
-        isinstance(value, str) and 0 < len(value.encode("utf-8")) <= 255,
+        isinstance(value, str) and 0 < len(value.encode("utf-8")) <= MAX_ID_BYTES,
         f"{what} is not a valid id",
     )
 
@@ -79,13 +79,16 @@ def sorted_unique(items: Sequence[str], what: str) -> None:
     if _CHECKED.get(id(items)) is items:
         return
     helper = native.CODEC
-    if helper is not None and helper.sorted_ids(items, 255, False):
+    if helper is not None and helper.sorted_ids(items, MAX_ID_BYTES, False):
         _remember(items)
         return
     need(isinstance(items, tuple), f"{what} must be a tuple")
     if items and set(map(type, items)) == {str} and "".join(items).isascii():
         # ASCII: characters are bytes, so len() is the encoded length pid() bounds
-        need(min(map(len, items)) > 0 and max(map(len, items)) <= 255, f"{what} is not a valid id")
+        need(
+            min(map(len, items)) > 0 and max(map(len, items)) <= MAX_ID_BYTES,
+            f"{what} is not a valid id",
+        )
     else:
         for item in items:
             pid(item, what)

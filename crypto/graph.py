@@ -68,12 +68,18 @@ def harary_edges(n: int, k: int) -> set[tuple[int, int]]:
     return edges
 
 
+def _order_head(job_id: bytes) -> bytes:
+    """The bytes every order key's context starts with: ``encode_context(LABEL,
+    "graph-order", job_id, p)`` is this followed by ``context_text(p)``."""
+    full = encode_context(LABEL, "graph-order", job_id, "")
+    return full[: len(full) - len(context_text(""))]
+
+
 def _order_keys(job_id: bytes) -> Callable[[str], bytes]:
     """The sort key of the Harary cycle: ``SHA-256(encode_context(LABEL, "graph-order",
     job_id, p))`` per participant ``p``, with the context's common head hashed once and
     copied (every party orders all ``n``: the one O(n) step of its graph)."""
-    full = encode_context(LABEL, "graph-order", job_id, "")
-    head = hashlib.sha256(full[: len(full) - len(context_text(""))])
+    head = hashlib.sha256(_order_head(job_id))
 
     def key(p: str) -> bytes:
         h = head.copy()
@@ -91,8 +97,7 @@ def _cycle_order(participants: tuple[str, ...], job_id: bytes) -> tuple[str, ...
     helper = native.CODEC
     if helper is None:
         return tuple(sorted(participants, key=_order_keys(job_id)))
-    full = encode_context(LABEL, "graph-order", job_id, "")
-    digests = helper.order_digests(full[: len(full) - len(context_text(""))], participants)
+    digests = helper.order_digests(_order_head(job_id), participants)
     order = sorted(range(len(participants)), key=digests.__getitem__)
     return tuple(participants[i] for i in order)
 
