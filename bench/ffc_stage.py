@@ -29,7 +29,6 @@ import os
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ if __package__ in (None, ""):  # run as `python bench/ffc_stage.py`: make `bench
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import emit_json
+from bench._rundir import RunDirectory
 from bench.service import _run, _synthetic_npz
 from spherecal.simulate import SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
@@ -212,15 +212,20 @@ def main(argv: list[str] | None = None) -> int:
         help="no warm-up runs (by default one run of each mode first, reported apart)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the run directories here (by default a temporary folder, removed at the "
+        "end unless a run failed)",
+    )
     args = parser.parse_args(argv)
     if args.pairs < 1:
         raise SystemExit("--pairs must be at least 1")
-    root = args.workdir or Path(tempfile.mkdtemp(prefix="spherecal-ffc-stage-"))
-    root.mkdir(parents=True, exist_ok=True)
     start_load = os.getloadavg()
     t0 = time.perf_counter()
-    report = measure(root, args.pairs, warm_up=not args.no_warm_up)
+    with RunDirectory(args.workdir, prefix="spherecal-ffc-stage-") as root:
+        report = measure(root, args.pairs, warm_up=not args.no_warm_up)
     report["machine"] = {
         "cpus": os.cpu_count(),
         "load_average_at_start": start_load,

@@ -22,11 +22,15 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/integrity.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._rundir import RunDirectory
 
 ATTACKS = (
     "directions:100000",  # 10⁵ fake examples per class at the classifier directions
@@ -92,20 +96,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="comma list of attacks (default: the table)")
     p.add_argument("--seeds", type=int, default=0, help="honest runs with seeds 0..N-1")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--keep", type=Path, default=None, help="keep run directories here")
+    p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep the run directories here (by default a temporary folder, removed at the "
+        "end unless an honest run raised a false alarm)",
+    )
     args = p.parse_args(argv)
     extra = {k: _value(v) for k, _, v in (s.partition("=") for s in args.set)}
     runs: list[dict[str, Any]] = []
-    base = args.keep or Path(tempfile.mkdtemp(prefix="spherecal-integrity-"))
     attacks = args.only.split(",") if args.only else list(ATTACKS) if args.attacks else []
-    for attack in attacks:
-        out = base / f"attack-{attack.replace(':', '-')}"
-        runs.append(run_one(out, seed=0, adversary=attack, extra=extra))
-        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-    for seed in range(args.seeds):
-        out = base / f"honest-{seed}"
-        runs.append(run_one(out, seed=seed, adversary=None, extra=extra))
-        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    run_dir = RunDirectory(args.keep, prefix="spherecal-integrity-")
+    with run_dir as base:
+        for attack in attacks:
+            out = base / f"attack-{attack.replace(':', '-')}"
+            runs.append(run_one(out, seed=0, adversary=attack, extra=extra))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+        for seed in range(args.seeds):
+            out = base / f"honest-{seed}"
+            runs.append(run_one(out, seed=seed, adversary=None, extra=extra))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+            if runs[-1]["status"] != "completed" or runs[-1]["audit"] != "PASS":
+                run_dir.keep(f"honest run {seed} raised a false alarm")
     honest = [r for r in runs if r["adversary"] is None]
     report = {
         "bench": "integrity",

@@ -39,7 +39,6 @@ import os
 import platform
 import resource
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ if __package__ in (None, ""):  # run as `python bench/scale.py`: make `bench` im
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import emit_json
+from bench._rundir import RunDirectory
 from spherecal.engines.ray import RayEngineSettings, RaySimulation
 from spherecal.simulate import (
     Progress,
@@ -322,7 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="keep the runs here (by default a temporary folder, removed at the end unless "
+        "a run failed)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument(
@@ -333,13 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.participants.split(",") if x.strip()]
-    base = args.out or Path(tempfile.mkdtemp(prefix="spherecal-scale-"))
     rows = []
-    for n in counts:
-        row = measure(n, base / f"n{n}", args)
-        rows.append(row)
-        brief = {k: row.get(k) for k in ("participants", "status", "wall_s", "phases_s", "errors")}
-        print(json.dumps(brief), file=sys.stderr, flush=True)
+    run_dir = RunDirectory(args.out, prefix="spherecal-scale-")
+    with run_dir as base:
+        for n in counts:
+            row = measure(n, base / f"n{n}", args)
+            rows.append(row)
+            keys = ("participants", "status", "wall_s", "phases_s", "errors")
+            print(json.dumps({k: row.get(k) for k in keys}), file=sys.stderr, flush=True)
+            if row["status"] != "completed":
+                run_dir.keep(f"the run of {n} participants ended {row['status']}")
+    if run_dir.kept_path() is None:  # the runs' folders are gone: name none of them
+        for row in rows:
+            row.pop("out", None)
     extra: dict[str, Any] = {}
     if args.merge and args.json and args.json.exists():
         previous = json.loads(args.json.read_text())

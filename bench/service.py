@@ -34,13 +34,16 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as `python bench/service.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._rundir import RunDirectory
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 
@@ -230,12 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument("--skip-ccvr", action="store_true")
     parser.add_argument("--ccvr-participants", type=int, default=4)
-    parser.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the run directories here (by default a temporary folder, removed at the "
+        "end unless a run failed)",
+    )
     parser.add_argument("--verbose", action="store_true", help="show the runs' progress")
     args = parser.parse_args(argv)
 
-    root = args.workdir or Path(tempfile.mkdtemp(prefix="spherecal-bench-"))
-    root.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
@@ -243,17 +250,19 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "load_average_at_start": os.getloadavg(),
         },
-        "workdir": str(root),
     }
     t0 = time.perf_counter()
-    if not args.skip_demo:
-        _say("[bench] digits demo ...")
-        report["digits_demo"] = digits_demo(root, args.demo_rounds, args.verbose)
-    _say("[bench] FFC l=1280 C=100, secure vs plaintext ...")
-    report["ffc_1280"] = ffc_1280(root, args.verbose)
-    if not args.skip_ccvr:
-        _say("[bench] CCVR l=512 C=100 ...")
-        report["ccvr_512"] = ccvr_512(root, args.ccvr_participants, args.verbose)
+    run_dir = RunDirectory(args.workdir, prefix="spherecal-bench-")
+    with run_dir as root:
+        if not args.skip_demo:
+            _say("[bench] digits demo ...")
+            report["digits_demo"] = digits_demo(root, args.demo_rounds, args.verbose)
+        _say("[bench] FFC l=1280 C=100, secure vs plaintext ...")
+        report["ffc_1280"] = ffc_1280(root, args.verbose)
+        if not args.skip_ccvr:
+            _say("[bench] CCVR l=512 C=100 ...")
+            report["ccvr_512"] = ccvr_512(root, args.ccvr_participants, args.verbose)
+    report["workdir"] = run_dir.kept_path()
     report["machine"]["load_average_at_end"] = os.getloadavg()
     report["total_s"] = time.perf_counter() - t0
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -56,13 +56,16 @@ import platform
 import random
 import sqlite3
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python bench/soak.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._rundir import RunDirectory
 from spherecal.coordinator.driver.halts import HALT_MARKER, HALT_POINTS
 from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, Simulation, SimulationSettings
@@ -183,14 +186,24 @@ class Soak:
     def run(self) -> dict[str, Any]:
         sampler = threading.Thread(target=self.sample_rss, daemon=True)
         sampler.start()
-        base = Path(self.args.out or tempfile.mkdtemp(prefix="spherecal-soak-"))
-        n = 0
-        while self.elapsed() < self.args.minutes * 60:
-            n += 1
-            self.federations.append(self.federation(base / f"fed{n:03d}", n))
-        self._stop.set()
-        sampler.join(timeout=5)
-        return self.report(base)
+        run_dir = RunDirectory(self.args.out, prefix="spherecal-soak-")
+        with run_dir as base:
+            n = 0
+            while self.elapsed() < self.args.minutes * 60:
+                n += 1
+                self.federations.append(self.federation(base / f"fed{n:03d}", n))
+            self._stop.set()
+            sampler.join(timeout=5)
+            lost = {
+                "rounds lost": self.rounds_lost,
+                "releases lost": self.releases_lost,
+                "second releases": self.second_releases,
+                "failed federations": self.statuses.get("failed", 0),
+            }
+            for what, count in lost.items():
+                if count:
+                    run_dir.keep(f"{count} {what}")
+        return self.report(run_dir.kept_path())
 
     def federation(self, out: Path, n: int) -> dict[str, Any]:
         a = self.args
@@ -368,7 +381,7 @@ class Soak:
                 lines.cond.wait(0.5)
         return 0
 
-    def report(self, base: Path) -> dict[str, Any]:
+    def report(self, kept: str | None) -> dict[str, Any]:
         peaks = [f["coordinator_peak_rss_mb"] for f in self.federations]
         return {
             "bench": "soak",
@@ -403,7 +416,7 @@ class Soak:
                 "per_federation_peak": peaks,
             },
             "per_federation": self.federations,
-            "out": str(base),
+            "out": kept,
         }
 
 
@@ -497,7 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--federation-timeout", type=float, default=900.0)
     p.add_argument("--rss-every", type=float, default=5.0, help="RSS sampling period (s)")
-    p.add_argument("--out", type=Path, default=None, help="keep the runs here (default tmp)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="keep the runs here (by default a temporary folder, removed at the end unless "
+        "a round or release was lost or a federation failed)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     if args.participants < 4:

@@ -49,7 +49,6 @@ import os
 import platform
 import re
 import sys
-import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -61,6 +60,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as `python bench/timing_channel.py`: this checkout's
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spherecal, not another
 
+from bench._rundir import RunDirectory
 from spherecal.timing_channel import (
     JOB_MESSAGES,
     MESSAGES,
@@ -280,7 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "each, interleaved (default: as spherecal simulate writes it)",
     )
     parser.add_argument("--permutations", type=int, default=10_000)
-    parser.add_argument("--keep", type=Path, help="keep the simulation outputs here")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep the simulation outputs here, for --measure (by default a temporary folder, "
+        "removed at the end unless a run failed)",
+    )
     parser.add_argument(
         "--measure", type=Path, nargs="+", help="only analyse these kept simulation outputs"
     )
@@ -307,39 +312,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     settings: list[float | None] = list(args.min_local_work_s or [None])
-    root = args.keep or Path(tempfile.mkdtemp(prefix="timing-channel-"))
-    runs: list[dict[str, Any]] = []
-    outs: dict[float | None, list[Path]] = {s: [] for s in settings}
-    for k in range(args.runs):
-        seed = args.first_seed + k
-        for held in settings:
-            out = root / (f"run{k}" if held is None else f"run{k}-s{held:g}")
-            load = os.getloadavg()[0]
-            t0 = time.monotonic()
-            status = simulate(args, seed, held, out)
-            ok = status in ("completed", "degraded")
-            entry: dict[str, Any] = {
-                "exit": 0 if ok else 1,
-                "status": status,
-                "seed": seed,
-                "out": str(out),
-                "wall_s": round(time.monotonic() - t0, 1),
-                "load_1min": [load, os.getloadavg()[0]],
+    run_dir = RunDirectory(args.keep, prefix="timing-channel-")
+    with run_dir as root:
+        runs: list[dict[str, Any]] = []
+        outs: dict[float | None, list[Path]] = {s: [] for s in settings}
+        for k in range(args.runs):
+            seed = args.first_seed + k
+            for held in settings:
+                out = root / (f"run{k}" if held is None else f"run{k}-s{held:g}")
+                load = os.getloadavg()[0]
+                t0 = time.monotonic()
+                status = simulate(args, seed, held, out)
+                ok = status in ("completed", "degraded")
+                entry: dict[str, Any] = {
+                    "exit": 0 if ok else 1,
+                    "status": status,
+                    "seed": seed,
+                    "out": str(out),
+                    "wall_s": round(time.monotonic() - t0, 1),
+                    "load_1min": [load, os.getloadavg()[0]],
+                }
+                if ok:
+                    outs[held].append(out)
+                    entry |= measure(out, permutations=args.permutations)
+                else:
+                    run_dir.keep(f"seed {seed} ended {status}")
+                runs.append(entry)
+                say = f"[timing_channel] seed {seed} min_local_work_s={held}: {status}"
+                print(say, file=sys.stderr)
+        by_setting = [  # the value the participants ran with (None: no run finished)
+            {
+                "min_local_work_s": held_setting(outs[held][0]) if outs[held] else held,
+                **summary(outs[held], permutations=args.permutations),
             }
-            if ok:
-                outs[held].append(out)
-                entry |= measure(out, permutations=args.permutations)
-            runs.append(entry)
-            print(
-                f"[timing_channel] seed {seed} min_local_work_s={held}: {status}", file=sys.stderr
-            )
-    by_setting = [  # the value the participants ran with (None: no run finished)
-        {
-            "min_local_work_s": held_setting(outs[held][0]) if outs[held] else held,
-            **summary(outs[held], permutations=args.permutations),
-        }
-        for held in settings
-    ]
+            for held in settings
+        ]
+    if run_dir.kept_path() is None:  # the outputs are gone: name none of them
+        for entry in runs:
+            entry.pop("out", None)
     report: dict[str, Any] = {
         "args": vars(args) | {"keep": str(args.keep) if args.keep else None},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},

@@ -9,6 +9,7 @@ where it is not built. The fallback tests run everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -404,3 +405,40 @@ def test_a_list_writes_the_same_natively(monkeypatch: pytest.MonkeyPatch, ids: o
         assert read_list(native_out[1]) == tuple(ids)  # type: ignore[arg-type]
     generated = both(monkeypatch, lambda: Writer().texts(iter(["b", "c"])).getvalue())
     assert generated == (("value", Writer().texts(("b", "c")).getvalue()),) * 2
+
+
+@needs_helper
+def test_refused_input_leaves_no_reference_behind() -> None:
+    """Every id list and context part a site or the coordinator reads off the network
+    passes through this C code: a reference it took on an error path and never gave back
+    would keep the refused message's objects alive forever — a memory leak per malformed
+    message. Each function, fed input it refuses, returns its inputs' reference counts
+    to what they were."""
+    assert HELPER is not None
+    ids = [f"p{i:04d}" for i in range(50)]
+    good = HELPER.write_texts(ids)
+    assert good is not None
+    cases: list[tuple[Callable[..., object], tuple[object, ...]]] = [
+        (HELPER.read_texts, (good[: len(good) // 2], 0, 50, MAX_ID_BYTES)),
+        (HELPER.read_texts, (good, 0, 10**6, MAX_ID_BYTES)),
+        (HELPER.read_texts, (good[:4] + b"\xff" + good[5:], 0, 50, MAX_ID_BYTES)),
+        (HELPER.read_texts, (good, 0, 50, 2)),
+        (HELPER.write_texts, ([*ids, "\ud800"],)),
+        (HELPER.write_texts, ([*ids, b"x"],)),
+        (HELPER.sorted_ids, ((*ids, ids[0]), MAX_ID_BYTES, True)),
+        (HELPER.sorted_ids, ((*ids, None), MAX_ID_BYTES, True)),
+        (HELPER.encode_context, (("label", 1 << 70, ids[0]),)),
+        (HELPER.encode_context, (("label", 1.5, ids[0]),)),
+        (HELPER.encode_context, (("label", "\ud800", ids[0]),)),
+        (HELPER.context_texts, ([*ids, 7],)),
+        (HELPER.order_digests, (b"head", [*ids, 7])),
+    ]
+    for call, args in cases:
+        # the arguments and, for a list or tuple, each of its items
+        watched = [*args, *(x for a in args if isinstance(a, (list, tuple)) for x in a)]
+        before = [sys.getrefcount(x) for x in watched]
+        for _ in range(100):
+            with contextlib.suppress(Exception):  # the outcome is compared elsewhere
+                call(*args)
+        after = [sys.getrefcount(x) for x in watched]
+        assert after == before, f"{call.__name__}{args!r:.80}: references leaked"
