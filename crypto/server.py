@@ -199,6 +199,7 @@ class SecAggServer:
         self._view: _SurvivorView | None = None
 
         self._signatures: dict[str, bytes] = {}
+        self._signed_holders_of: dict[str, tuple[str, ...]] = {}
         self._responders: frozenset[str] = frozenset()
         self._responded: set[str] = set()
         self._reveals: Reveals = {}
@@ -540,6 +541,7 @@ class SecAggServer:
         self._need(len(signers), self.spec.threshold, "consistency", "consistency signatures")
         self._check_recoverable(signers, "consistency")
         self._responders = signers
+        self._signed_holders_of = {}
         self._stage = Stage.UNMASK
 
     # ------------------------------------------------------------- round 4
@@ -557,6 +559,7 @@ class SecAggServer:
                 members1=self._u1,
                 signed=self._signatures,
                 threshold=self.spec.threshold,
+                signed_holders=self._signed_holders,
             )
         )
         return UnmaskRequest(
@@ -566,6 +569,17 @@ class SecAggServer:
             dropouts=view.dropouts,
             signatures=signatures,
         )
+
+    def _signed_holders(self, owner: str) -> tuple[str, ...]:
+        """``owner``'s holders in ``U1`` that signed the survivor set (sorted), once per
+        owner and job: the signatures are fixed once the consistency stage closed (it
+        clears this cache), and each owner is in ``k + 1`` unmask requests."""
+        cached = self._signed_holders_of.get(owner)
+        if cached is None:
+            signed = self._signatures
+            cached = tuple(s for s in self._graph.holders(owner, self._u1) if s in signed)
+            self._signed_holders_of[owner] = cached
+        return cached
 
     def receive_unmask(self, msg: UnmaskResponse, *, sender: str | None = None) -> None:
         """Check every revealed share against its dealer's commitment; store all or

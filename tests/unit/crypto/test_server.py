@@ -29,6 +29,7 @@ from spherecal.crypto import (
     WrongRecipient,
     shamir,
 )
+from spherecal.crypto.consistency import signers_counted
 from spherecal.crypto.keys import JobKeys, advert_payload, seed_commitment, sign
 from spherecal.crypto.messages import AdvertiseKeys, MaskedChunk, RevealedShare
 
@@ -474,6 +475,16 @@ def test_harary_unmask_requests_carry_t_signatures_per_revealed_owner(degree: in
         for owner in owners:  # t each (the holders that signed number at least t here)
             assert len(set(graph.holders(owner, u1)) & set(sent)) >= t
         assert len(sent) < len(ball)  # fewer verifications than the 2-hop ball
+        # the coordinator's per-job cache of each owner's signed holders, filled by the
+        # requests before this one, picks what the rule picks computed afresh
+        assert sent == signers_counted(
+            graph,
+            p,
+            revealed=frozenset(request.survivors) | frozenset(request.dropouts),
+            members1=frozenset(u1),
+            signed=dict.fromkeys(signers, b""),
+            threshold=t,
+        )
     assert_correct(net, net.unmask(), set(net.ids) - {"p05"})
 
 
