@@ -11,13 +11,28 @@ the logs are there to read.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RunDirectory"]
+__all__ = ["RunDirectory", "add_run_directory_option"]
+
+
+def add_run_directory_option(
+    parser: argparse.ArgumentParser, flag: str, *, kept_when: str, purpose: str = ""
+) -> None:
+    """The option that names a run directory to keep (``--workdir``, ``--keep``, ...),
+    with one wording of the default in every script's ``--help``."""
+    parser.add_argument(
+        flag,
+        type=Path,
+        default=None,
+        help=f"keep the run directories here{purpose} (by default a temporary folder, "
+        f"removed at the end unless {kept_when})",
+    )
 
 
 class RunDirectory:

@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as `python bench/ffc_stage.py`: make `bench
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import emit_json
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 from bench.service import _run, _synthetic_npz
 from spherecal.simulate import SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
@@ -212,13 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         help="no warm-up runs (by default one run of each mode first, reported apart)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        help="keep the run directories here (by default a temporary folder, removed at the "
-        "end unless a run failed)",
-    )
+    add_run_directory_option(parser, "--workdir", kept_when="a run failed")
     args = parser.parse_args(argv)
     if args.pairs < 1:
         raise SystemExit("--pairs must be at least 1")

@@ -30,7 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/integrity.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 
 ATTACKS = (
     "directions:100000",  # 10⁵ fake examples per class at the classifier directions
@@ -96,13 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="comma list of attacks (default: the table)")
     p.add_argument("--seeds", type=int, default=0, help="honest runs with seeds 0..N-1")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument(
-        "--keep",
-        type=Path,
-        default=None,
-        help="keep the run directories here (by default a temporary folder, removed at the "
-        "end unless an honest run raised a false alarm)",
-    )
+    add_run_directory_option(p, "--keep", kept_when="an honest run raised a false alarm")
     args = p.parse_args(argv)
     extra = {k: _value(v) for k, _, v in (s.partition("=") for s in args.set)}
     runs: list[dict[str, Any]] = []

@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as `python bench/scale.py`: make `bench` im
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import emit_json
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 from spherecal.engines.ray import RayEngineSettings, RaySimulation
 from spherecal.simulate import (
     Progress,
@@ -322,13 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="keep the runs here (by default a temporary folder, removed at the end unless "
-        "a run failed)",
-    )
+    add_run_directory_option(parser, "--out", kept_when="a run failed")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument(

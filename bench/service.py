@@ -43,7 +43,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as `python bench/service.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 from spherecal.simulate import SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 
@@ -233,13 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument("--skip-ccvr", action="store_true")
     parser.add_argument("--ccvr-participants", type=int, default=4)
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        help="keep the run directories here (by default a temporary folder, removed at the "
-        "end unless a run failed)",
-    )
+    add_run_directory_option(parser, "--workdir", kept_when="a run failed")
     parser.add_argument("--verbose", action="store_true", help="show the runs' progress")
     args = parser.parse_args(argv)
 

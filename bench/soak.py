@@ -65,7 +65,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/soak.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 from spherecal.coordinator.driver.halts import HALT_MARKER, HALT_POINTS
 from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, Simulation, SimulationSettings
@@ -510,12 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--federation-timeout", type=float, default=900.0)
     p.add_argument("--rss-every", type=float, default=5.0, help="RSS sampling period (s)")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="keep the runs here (by default a temporary folder, removed at the end unless "
-        "a round or release was lost or a federation failed)",
+    add_run_directory_option(
+        p, "--out", kept_when="a round or release was lost or a federation failed"
     )
     p.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)

@@ -60,7 +60,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as `python bench/timing_channel.py`: this checkout's
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spherecal, not another
 
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 from spherecal.timing_channel import (
     JOB_MESSAGES,
     MESSAGES,
@@ -280,12 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "each, interleaved (default: as spherecal simulate writes it)",
     )
     parser.add_argument("--permutations", type=int, default=10_000)
-    parser.add_argument(
-        "--keep",
-        type=Path,
-        help="keep the simulation outputs here, for --measure (by default a temporary folder, "
-        "removed at the end unless a run failed)",
-    )
+    add_run_directory_option(parser, "--keep", kept_when="a run failed", purpose=", for --measure")
     parser.add_argument(
         "--measure", type=Path, nargs="+", help="only analyse these kept simulation outputs"
     )

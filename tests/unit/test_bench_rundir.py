@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
 import pytest
 
-from bench._rundir import RunDirectory
+from bench._rundir import RunDirectory, add_run_directory_option
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -94,3 +95,13 @@ def test_no_bench_script_leaves_a_temporary_folder_behind() -> None:
     for script in sorted(BENCH.glob("*.py")):
         found = len(re.findall(r"\bmkdtemp\(", script.read_text()))
         assert found == allowed.get(script.name, 0), f"{script.name}: {found} mkdtemp call(s)"
+
+
+def test_the_option_names_a_folder_or_leaves_the_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_run_directory_option(parser, "--keep", kept_when="a run failed", purpose=", for X")
+    assert parser.parse_args([]).keep is None
+    assert parser.parse_args(["--keep", "runs"]).keep == Path("runs")
+    text = " ".join(parser.format_help().split())
+    assert "keep the run directories here, for X (by default a temporary folder," in text
+    assert "removed at the end unless a run failed)" in text
