@@ -35,7 +35,6 @@ def test_a_temporary_folder_is_removed_after_a_clean_run(tmp_root: Path) -> None
         assert run_dir.kept_path() is None
     assert not root.exists()
     assert list(tmp_root.iterdir()) == []
-    assert run_dir.temporary
 
 
 def test_a_named_folder_is_made_and_kept(tmp_path: Path) -> None:
@@ -46,7 +45,6 @@ def test_a_named_folder_is_made_and_kept(tmp_path: Path) -> None:
         (root / "log").write_text("kept")
     assert (chosen / "log").read_text() == "kept"
     assert run_dir.kept_path() == str(chosen)
-    assert not run_dir.temporary
 
 
 def test_a_failed_benchmark_keeps_its_folder_and_says_where(
@@ -82,9 +80,8 @@ def test_an_interrupted_benchmark_removes_its_temporary_folder(tmp_root: Path) -
     assert not root.exists()
 
 
-def test_the_path_is_only_known_inside_the_block() -> None:
-    with pytest.raises(RuntimeError, match="context manager"):
-        _ = RunDirectory(None, prefix="bench-x-").path
+def test_no_path_is_named_before_the_block() -> None:
+    assert RunDirectory(None, prefix="bench-x-").kept_path() is None
 
 
 def test_no_bench_script_leaves_a_temporary_folder_behind() -> None:
