@@ -300,11 +300,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.summarise:
+        reports = []
+        for path in args.summarise:
+            try:
+                reports.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"--summarise: {path}: {exc}") from None
+            if not isinstance(reports[-1], dict) or not isinstance(reports[-1].get("runs"), list):
+                raise SystemExit(f"--summarise: {path} is not a report of this benchmark (no runs)")
         try:
-            reports = [json.loads(path.read_text()) for path in args.summarise]
             summary = summarise(reports)
-        except (OSError, ValueError, KeyError) as exc:
-            raise SystemExit(f"--summarise: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--summarise: a report's runs cannot be read: {exc!r}") from None
         emit_json(summary, args.json, sort_keys=True)
         return 0
     if args.pairs < 1:

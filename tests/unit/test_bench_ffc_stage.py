@@ -85,6 +85,9 @@ def test_the_option_reads_files_and_says_what_is_wrong(
     assert json.loads(capsys.readouterr().out)["invocations"] == 2
     with pytest.raises(SystemExit, match="--summarise: .*missing.json"):
         main(["--summarise", str(tmp_path / "missing.json")])
-    (tmp_path / "bad.json").write_text('{"runs": [{"mode": "secure"}]}')
-    with pytest.raises(SystemExit, match="--summarise"):
+    (tmp_path / "summary.json").write_text('{"what": "a table", "invocations": 3}')
+    with pytest.raises(SystemExit, match="summary.json is not a report of this benchmark"):
+        main(["--summarise", str(tmp_path / "summary.json")])
+    (tmp_path / "bad.json").write_text('{"runs": [{"mode": "secure"}, {"mode": "plaintext"}]}')
+    with pytest.raises(SystemExit, match="runs cannot be read: KeyError"):
         main(["--summarise", str(tmp_path / "bad.json")])
