@@ -228,49 +228,43 @@ def summarise(
         raise ValueError("no reports to summarise")
     secure: list[float] = []
     plain: list[float] = []
-    per_invocation = []
+    per_invocation: list[tuple[list[float], float]] = []  # (pair ratios, ratio of medians)
     for report in reports:
         runs = report["runs"]
         if len(runs) % 2:
             raise ValueError("a report's runs do not come in pairs")
-        pairs = []
+        ours: list[float] = []
+        theirs: list[float] = []
         for first, second in zip(runs[0::2], runs[1::2], strict=True):
             by_mode = {first["mode"]: first, second["mode"]: second}
             if set(by_mode) != {"secure", "plaintext"}:
                 raise ValueError("a pair is not one secure and one plaintext run")
-            s = by_mode["secure"]["statistics_ffc_s"]
-            p = by_mode["plaintext"]["statistics_ffc_s"]
-            secure.append(s)
-            plain.append(p)
-            pairs.append(s / p)
-        ours = [r for r in runs if r["mode"] == "secure"]
-        theirs = [r for r in runs if r["mode"] == "plaintext"]
-        ratio_of_medians = statistics.median(r["statistics_ffc_s"] for r in ours) / (
-            statistics.median(r["statistics_ffc_s"] for r in theirs)
-        )
-        per_invocation.append({"pair_ratios": pairs, "ratio_of_medians": ratio_of_medians})
+            ours.append(by_mode["secure"]["statistics_ffc_s"])
+            theirs.append(by_mode["plaintext"]["statistics_ffc_s"])
+        secure += ours
+        plain += theirs
+        pair_ratios = [s / p for s, p in zip(ours, theirs, strict=True)]
+        per_invocation.append((pair_ratios, statistics.median(ours) / statistics.median(theirs)))
     rng = random.Random(seed)
     n = len(secure)
     boot = sorted(
         statistics.median(secure[i] for i in idx) / statistics.median(plain[i] for i in idx)
         for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(resamples))
     )
-    pair_ratios = [r for inv in per_invocation for r in inv["pair_ratios"]]
+    every_pair = [r for ratios, _ in per_invocation for r in ratios]
     return {
         "target": target,
         "invocations": len(reports),
         "pairs": n,
-        "pairs_within_target": sum(r <= target for r in pair_ratios),
+        "pairs_within_target": sum(r <= target for r in every_pair),
         "invocations_every_pair_within_target": sum(
-            all(r <= target for r in inv["pair_ratios"]) for inv in per_invocation
+            all(r <= target for r in ratios) for ratios, _ in per_invocation
         ),
         "invocations_ratio_of_medians_within_target": sum(
-            inv["ratio_of_medians"] <= target for inv in per_invocation
+            rom <= target for _, rom in per_invocation
         ),
-        "ratio_of_medians_per_invocation": [
-            round(inv["ratio_of_medians"], 4) for inv in per_invocation
-        ],
-        "median_pair_ratio": round(statistics.median(pair_ratios), 4),
+        "ratio_of_medians_per_invocation": [round(rom, 4) for _, rom in per_invocation],
+        "median_pair_ratio": round(statistics.median(every_pair), 4),
         "pooled_ratio_of_medians": round(statistics.median(secure) / statistics.median(plain), 4),
         "pooled_ratio_of_medians_95": [
             round(boot[int(0.025 * (resamples - 1))], 4),
