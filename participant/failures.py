@@ -1,10 +1,20 @@
 """What a participant tells the coordinator when it withdraws: a typed ``FailureKind``.
 
 The kind is the meaning (the coordinator branches on it: a privacy refusal is
-recorded in the privacy summary, anything else is a dropout); the exception's text
-travels only as a human message. The mapping goes from the most specific class to
-the most general, so a subclass is never swallowed by its parent (e.g.
-``UntrustedDirectory`` is a ``ValueError`` but means something else).
+recorded in the privacy summary, anything else is a dropout); a text travels only as
+a human message. The mapping goes from the most specific class to the most general,
+so a subclass is never swallowed by its parent (e.g. ``UntrustedDirectory`` is a
+``ValueError`` but means something else).
+
+**Which text leaves the site** (:func:`wire_reason`). A withdrawal is a message the
+coordinator receives, so its text is one more value that leaves the site. The
+exception's own text goes only where it is made of what the coordinator sent (a
+spec, a directory, a signature, a plan, a downloaded tensor) or of the site's
+declared policy; the text of anything that depends on the site's data or history —
+an input outside the job's bound, a failure of the local computation, the privacy
+budget already spent, an earlier release (which could name another federation) —
+stays in the site's own log and ledger (``site_refusals``), and the coordinator gets
+a fixed sentence for its kind. Unknown errors are treated as local: the safe default.
 """
 
 from __future__ import annotations
@@ -18,7 +28,16 @@ from spherecal.proto.codec import TensorFormatError
 from spherecal.spherefed.privacy.dpsgd import UnsupportedModel
 from spherecal.spherefed.privacy.ledger import BudgetExceeded
 
-__all__ = ["KINDS", "RULES", "failure_kind", "policy_rule"]
+__all__ = [
+    "KINDS",
+    "LOCAL_REASONS",
+    "LOCAL_WORK_FAILED",
+    "PUBLIC_TEXT",
+    "RULES",
+    "failure_kind",
+    "policy_rule",
+    "wire_reason",
+]
 
 KINDS: tuple[tuple[type[BaseException], pb.FailureKind], ...] = (
     (BudgetExceeded, pb.BUDGET_EXCEEDED),
@@ -90,3 +109,52 @@ def failure_kind(error: BaseException) -> pb.FailureKind:
         if isinstance(error, cls):
             return kind
     return pb.INTERNAL_ERROR
+
+
+LOCAL_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (
+        crypto.EncodingOverflow,
+        "this site's input for the job is outside the job's declared bound or not finite "
+        "(withheld, and counted as the job's release)",
+    ),
+    (
+        ReleaseRepeated,
+        "this release already left this site under the same key (one release per "
+        "purpose, [policy]); the site's own audit names the earlier one",
+    ),
+    (
+        BudgetExceeded,
+        "this release would exceed this site's privacy budget; the site's own audit has "
+        "the numbers",
+    ),
+)
+"""Errors whose text depends on the site's data or history: a fixed sentence goes
+instead (checked before :data:`PUBLIC_TEXT`, since some are subclasses of its
+classes)."""
+
+PUBLIC_TEXT: tuple[type[BaseException], ...] = (
+    PrivacyRefused,  # the job's plan or spec against this site's declared policy
+    crypto.SecAggError,  # the coordinator's messages, spec, directory, stage
+    UntrustedDirectory,
+    TensorFormatError,
+    UnsupportedModel,
+)
+"""Errors whose text is made of what the coordinator sent and the site's declared
+policy: it goes as it is."""
+
+LOCAL_WORK_FAILED = (
+    "this site's local computation for the task failed; the site's own log has the reason"
+)
+"""The text for anything else (a failed training step, statistics pass or evaluation,
+an unforeseen error): its message may carry values of the local data."""
+
+
+def wire_reason(error: BaseException) -> str:
+    """The human text a withdrawal carries to the coordinator (module docstring): the
+    exception's own text only where it is built from what the coordinator sent."""
+    for cls, text in LOCAL_REASONS:
+        if isinstance(error, cls):
+            return text
+    if isinstance(error, PUBLIC_TEXT):
+        return str(error)
+    return LOCAL_WORK_FAILED

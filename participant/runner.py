@@ -57,12 +57,13 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
-from spherecal.participant.failures import failure_kind, policy_rule
+from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.release_ledger import UPDATE, LedgerRules, Release, ReleaseLedger
 from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
+from spherecal.participant.secure_session import SecureSession
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.statistics_task import statistics_task
 from spherecal.participant.trainer import LocalTrainer
@@ -383,7 +384,11 @@ class ParticipantRunner:
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
         """Withdraw from a task or job, telling the coordinator why: the typed
-        :func:`failure_kind` is the meaning, the text only a message for people."""
+        :func:`failure_kind` is the meaning, the text only a message for people — the
+        exception's own text where it is made of what the coordinator sent, a fixed
+        sentence where it depends on this site's data or history
+        (:func:`~spherecal.participant.failures.wire_reason`); the site's log and its
+        ledger keep the whole reason."""
         reason = str(error)
         kind = failure_kind(error)
         rule = policy_rule(error) if kind == pb.POLICY_REFUSAL else pb.RULE_UNSPECIFIED
@@ -406,7 +411,7 @@ class ParticipantRunner:
                 pb.FailureReport(
                     caller=self._caller(),
                     task_id=task_id,
-                    reason=reason[:300],
+                    reason=wire_reason(error)[:300],
                     kind=kind,
                     rule=rule,
                 )
@@ -485,7 +490,7 @@ class ParticipantRunner:
             try:
                 result = trainer.dpsgd_result(dp_update)
             except ValueError as exc:
-                self.secure.abandon(task_id, session, exc)
+                self._local_work_failed(task_id, session, release, exc)
                 return
         else:
             try:
@@ -493,7 +498,7 @@ class ParticipantRunner:
                 before = store.for_round(task.round)
                 result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
             except (CorruptClientState, ValueError) as exc:
-                self.secure.abandon(task_id, session, exc)
+                self._local_work_failed(task_id, session, release, exc)
                 return
             if result.client_state is not None:
                 store.commit(task.round, before, result.client_state)
@@ -519,6 +524,29 @@ class ParticipantRunner:
                 num_steps=result.num_steps,
             )
             self._upload_plain(task_id, payload, meta, release=release)
+
+    def _local_work_failed(
+        self,
+        task_id: str,
+        session: SecureSession | None,
+        release: str | None,
+        error: BaseException,
+    ) -> None:
+        """The local work of an admitted task failed: whether it fails can depend on
+        the data and on the model the coordinator chose, so the refusal is counted as
+        the task's release, like the upload it replaces — at the job's masked step for
+        a secure job (``SecureSteps.withhold``), at once for a plaintext one (its
+        upload would have left at once too). A coordinator that asks again for the
+        same purpose meets the release ledger either way."""
+        if session is not None:
+            self.secure.withhold(task_id, session, error)
+            return
+        if release is not None:
+            try:
+                self.releases.consume(release)
+            except PrivacyRefused as exc:
+                error = exc
+        self._refuse(task_id, error)
 
     def _client_states(self) -> ClientStateStore:
         """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""

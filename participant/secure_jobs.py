@@ -42,6 +42,21 @@ job ended meanwhile). After (2) it leaves both: the identical bytes go. So no cr
 point charges without what is needed to send the same input, and none sends
 another input for the job. A job's file goes when the job ends for the site
 (answered, refused, or the coordinator moved on) and when the federation ends.
+
+**A refusal that depends on the data is the job's release** (:meth:`SecureSteps.withhold`).
+Once a job has started, whether its local work yields an input the site sends depends
+on the data: an input outside the job's declared bound (``EncodingOverflow``), a
+training step, statistics pass or evaluation that fails. The coordinator chooses the
+bound and the model and may ask again, for free, with another: had the site
+withdrawn at once and charged nothing, each such job would answer one question about
+the data ("is any entry above B?") and a coordinator could bisect a statistic's
+value without ever receiving a release. So the site answers the same way either
+way: nothing happens before the masked step, which every started job reaches; there
+the release is charged (as an upload would be) and only then does the withdrawal
+go, its text a fixed sentence (:func:`spherecal.participant.failures.wire_reason`).
+A coordinator that asks again for the same purpose meets the release ledger, as
+after an upload; one that aborts the job before its masked step learns nothing,
+since both outcomes look alike until then.
 """
 
 from __future__ import annotations
@@ -127,6 +142,9 @@ class SecureSteps:
         self.poll_ms = poll_ms
         self._deferred: pb.Instruction | None = None
         self._started: dict[bytes, float] = {}
+        self._withheld: dict[bytes, tuple[str, BaseException]] = {}
+        """Started jobs whose input will not be sent, with the task and the reason:
+        answered at the masked step, charged (:meth:`withhold`)."""
         self.caller = caller
         self.refuse = refuse
         self.log = log
@@ -150,6 +168,7 @@ class SecureSteps:
         job); their files go with :meth:`restore_held` or :meth:`end_federation`."""
         self.jobs.clear()
         self._started.clear()
+        self._withheld.clear()
         self._deferred = None
 
     def end_federation(self) -> None:
@@ -259,6 +278,7 @@ class SecureSteps:
         if session is not None:
             session.client.close()
         self._started.pop(job_id, None)
+        self._withheld.pop(job_id, None)
         if self.store is not None:
             try:
                 self.store.delete(job_id)
@@ -492,6 +512,11 @@ class SecureSteps:
         task arrived (so the next messages' timing says nothing about the data).
         ``donate``: the caller gives ``vector`` up (its memory may hold the encoding,
         ``crypto.SecAggParticipant.set_input``)."""
+        if session.job_id not in self.jobs:
+            # the coordinator moved on during the local work: nothing to send, and no
+            # withdrawal either (the job is over for it)
+            self.log(f"job {session.job_id.hex()[:8]}: ended before its input was set")
+            return False
         started = self._started.pop(session.job_id, None)
         if self.min_local_work_s > 0 and started is not None:
             left = started + self.min_local_work_s - time.monotonic()
@@ -504,16 +529,65 @@ class SecureSteps:
                 )
         try:
             session.set_input(vector, noise=noise, donate=donate)
-        except crypto.SecAggError as exc:
+        except crypto.EncodingOverflow as exc:  # depends on the data: the job's release
+            self.withhold(task_id, session, exc)
+            return False
+        except crypto.SecAggError as exc:  # the vector's length or dtype: not the data
             self.abandon(task_id, session, exc)
             return False
         return True
 
     def abandon(self, task_id: str, session: SecureSession | None, error: BaseException) -> None:
-        """Withdraw from a task, and from its job if one was started (the local work
-        failed or was refused)."""
+        """Withdraw from a task, and from its job if one was started, at once: for a
+        refusal that depends only on what the coordinator sent (a job, a plan, a
+        model this site will not work with). A refusal that depends on the data goes
+        through :meth:`withhold`."""
         self.forget(session)
         self.refuse(task_id, error)
+
+    def withhold(self, task_id: str, session: SecureSession, error: BaseException) -> None:
+        """The started job's local work failed or its result will not be sent (outside
+        the job's bound): a refusal that depends on the data, answered at the job's
+        masked step and charged as the job's release there (module docstring), never
+        at once and never for free. The session is kept until then; if the masked
+        step is already in hand, the main loop answers it next."""
+        if session.job_id not in self.jobs:
+            # the coordinator moved on before the masked step: nothing is answered —
+            # a withdrawal now would tell it what an upload could not have
+            self.log(
+                f"job {session.job_id.hex()[:8]}: its input is withheld ({error}); the job "
+                "ended before its masked step, so nothing is sent"
+            )
+            return
+        self._withheld[session.job_id] = (task_id, error)
+        self._started.pop(session.job_id, None)
+        self.log(
+            f"job {session.job_id.hex()[:8]}: this site's input is withheld ({error}); "
+            "it withdraws at the job's masked step, counted as the job's release"
+        )
+
+    def withheld(self, job_id: bytes) -> bool:
+        """Whether the job's input is withheld (:meth:`withhold`)."""
+        return job_id in self._withheld
+
+    def _release_withheld(self, session: SecureSession) -> None:
+        """The masked step of a job whose input is withheld: charge the release, as the
+        upload would have been, then withdraw. A crash between the two leaves the
+        charge (idempotent for one job); the restarted site meets the same refusal
+        again, or — its data changed meanwhile — sends its input under that charge."""
+        task_id, error = self._withheld.pop(session.job_id)
+        if session.release is not None:
+            try:
+                self.releases.consume(session.release)
+            except ReleaseRepeated as exc:  # a concurrent job was released first
+                error = exc
+        self.halter.check(
+            "charged",
+            purpose=session.purpose,
+            round_index=session.round,
+            what=session.job_id.hex(),
+        )
+        self.abandon(task_id, session, error)
 
     def forget(self, session: SecureSession | None) -> None:
         """Drop a started job's state (it answers nothing more in that job)."""
@@ -553,6 +627,9 @@ class SecureSteps:
             self.halter.check(
                 stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
             )
+        if step.stage == pb.MASKED and session.job_id in self._withheld:
+            self._release_withheld(session)
+            return
         try:
             out = session.respond(step)
         except crypto.SecAggError as exc:

@@ -106,7 +106,11 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
             if session is None:
                 return  # the result is dropped once computed: nothing of it leaves
             runner.secure.await_next_step(session, work)
-            stats, seconds = work.result()
+            try:
+                stats, seconds = work.result()
+            except ValueError as exc:  # may depend on the data: counted as the release
+                runner._local_work_failed(task_id, session, release, exc)
+                return
     else:
         if secure:
             session = runner.secure.start(
@@ -119,7 +123,11 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
             )
             if session is None:
                 return
-        stats, seconds = _statistics_of(runner, trainer, vector, kind)
+        try:
+            stats, seconds = _statistics_of(runner, trainer, vector, kind)
+        except ValueError as exc:
+            runner._local_work_failed(task_id, session, release, exc)
+            return
     runner.log(f"{kind} statistics: {stats.shape[0]} entries in {seconds:.1f}s")
     if session is not None:
         # the statistics vector is given up: it is encoded in its own memory (no
@@ -187,8 +195,8 @@ def _private_statistics(
     t0 = time.monotonic()
     try:
         stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
-    except ValueError as exc:
-        runner.secure.abandon(task_id, session, exc)
+    except ValueError as exc:  # may depend on the data: counted as the release
+        runner.secure.withhold(task_id, session, exc)
         return
     noise = sample_noise(noise_plan)
     runner.log(f"{kind} statistics: {stats.shape[0]} entries in {time.monotonic() - t0:.1f}s")

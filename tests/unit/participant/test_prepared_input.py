@@ -113,12 +113,20 @@ def test_a_job_the_site_drops_before_its_input_keeps_its_buffer_spare(fed: Feder
 
 
 def test_a_vector_refused_after_prepare_gives_the_buffer_back(fed: Federation) -> None:
-    """An out-of-bound input is refused (the site withdraws from the task): the
-    prepared buffer is zeroed and spare before the job is forgotten."""
+    """An out-of-bound input is withheld (the site withdraws at the job's masked step,
+    ``test_withheld_input``): the prepared buffer is zeroed and spare once the job is
+    forgotten."""
     steps = fed.start_site()
     prepared = _start(fed)._loan
     assert prepared is not None
     assert not steps.set_input("task-1", steps.jobs[fed.job.job_id], np.full(40, 1e9))
+    assert steps.withheld(fed.job.job_id)
+    fed.others("advertise")
+    fed.job.advance(frozenset(IDS))
+    fed.site_step()
+    fed.others("share")
+    fed.job.advance(frozenset(IDS))
+    fed.site_step()  # the masked step: charged, then the withdrawal
     assert any("refused" in line for line in fed.log), fed.log
     assert fed.job.job_id not in steps.jobs
     gc.collect()

@@ -1,0 +1,239 @@
+"""A hostile coordinator reading a site's data through its refusals.
+
+Secure aggregation hides what a site sends, and the release ledger (issue #19) lets
+each statistic leave once. But whether a site *sends* is a value too. A coordinator
+chooses each job's bound and may ask again with another for free: had a site whose
+statistics do not fit the bound withdrawn at once, charging nothing, every job would
+answer "is some entry of your statistics above B?" and a coordinator could bisect the
+largest entry — the site's class or example counts, the norm of its update — without
+ever receiving a release. And the withdrawal's text travelled as it was.
+
+Played by :class:`tests.security.hostile_ring.HostileRing` around a real
+:class:`ParticipantRunner` (real trainer, data, crypto, SQLite release ledger): at
+default ``[policy]`` the out-of-bound job is answered at its masked step, the moment
+an upload would have left, and charged as its release, so the second question is
+refused by the ledger; a coordinator that abandons the job before that step sees the
+same thing whether the input fitted or not; and the text it receives is a fixed
+sentence. Each has its mutation check: a site that withdraws at once (the behaviour
+before) answers both questions.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spherecal import crypto
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.settings import ModelSettings
+from spherecal.participant.data import LocalData, load_local_data
+from spherecal.participant.failures import wire_reason
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.secure_jobs import SecureSteps
+from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.stats import ffc_layout_size
+from tests.security.hostile_plan import hostile_join_reply
+from tests.security.hostile_ring import IDENTITIES, TARGET, HostileRing, RingJob, make_job
+
+ROSTER = ("p0", "p1", "p2", "p3")
+OTHER_ROSTER = ("p0", "p1", "p2", "p4")
+
+
+@pytest.fixture(scope="module")
+def model() -> GlobalModel:
+    torch.set_num_threads(1)
+    return GlobalModel(ModelSettings(extractor="mlp").spec(0))
+
+
+@pytest.fixture(scope="module")
+def data() -> LocalData:
+    return load_local_data(DataSettings(slice_index=0, slice_of=5))
+
+
+@pytest.fixture(scope="module")
+def largest_entry(model: GlobalModel, data: LocalData) -> float:
+    """The largest |entry| of the site's FFC statistics at the model, computed here
+    from the trainer the site builds (what a bisection would read)."""
+    plan = hostile_join_reply("fed", model, len(ROSTER)).plan
+    trainer = LocalTrainer(plan, data)
+    return float(np.max(np.abs(trainer.statistics(model.initial_vector, "ffc"))))
+
+
+class AbandoningRing(HostileRing):
+    """Moves on (sends the next task) instead of the masked step of the jobs named."""
+
+    def __init__(self, *, abandon: set[bytes], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.abandon = abandon
+        self.submitted: dict[bytes, list[int]] = {}
+
+    def _step(self, job: RingJob, stage: pb.SecAggStage, message: bytes) -> None:
+        if stage == pb.MASKED and job.job_id in self.abandon:
+            return
+        super()._step(job, stage, message)
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        self.submitted.setdefault(bytes(request.job_id), []).append(int(request.stage))
+        return super().submit_secagg(request)
+
+
+def _settings(tmp: Path) -> ParticipantSettings:
+    return ParticipantSettings(
+        participant_id=TARGET,
+        insecure=True,
+        allow_plaintext=False,
+        long_poll_ms=100,
+        state_dir=tmp / "state",
+        data=DataSettings(slice_index=0, slice_of=5),
+    )
+
+
+def _run(tmp: Path, ring: HostileRing, data: LocalData) -> None:
+    runner = ParticipantRunner(
+        _settings(tmp),
+        ring,
+        data,
+        IDENTITIES[TARGET],
+        crypto.MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=lambda _m: None,
+    )
+    assert runner.run() == 0
+
+
+def _rows(tmp: Path, table: str) -> list[dict[str, object]]:
+    conn = sqlite3.connect(tmp / "state" / "privacy.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(f"SELECT * FROM {table}")]
+    finally:
+        conn.close()
+
+
+def _released(tmp: Path) -> list[str]:
+    return [str(r["job"]) for r in _rows(tmp, "site_releases") if r["state"] == "released"]
+
+
+def _ffc(ring: HostileRing, task_id: str, job: RingJob, model: GlobalModel) -> pb.Instruction:
+    ref = ring.publish(f"model-{task_id}", model.initial_vector)
+    return pb.Instruction(
+        task_id=task_id,
+        statistics=pb.StatisticsTask(kind=pb.FFC, model=ref, secure=ring.secure(job, "ffc")),
+    )
+
+
+def _bisect(
+    tmp: Path, model: GlobalModel, data: LocalData, low: float
+) -> tuple[HostileRing, RingJob, RingJob]:
+    """Two questions for the same statistics: a bound below the site's largest entry,
+    then one above it."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    ring = HostileRing(federation="fed", model=model)
+    below = make_job(ROSTER, length, bound=low)
+    above = make_job(OTHER_ROSTER, length, bound=1e6)
+    ring.script = [_ffc(ring, "below", below, model), _ffc(ring, "above", above, model)]
+    _run(tmp, ring, data)
+    return ring, below, above
+
+
+def test_an_input_outside_the_bound_is_answered_at_the_masked_step_as_the_release(
+    tmp_path: Path, model: GlobalModel, data: LocalData, largest_entry: float
+) -> None:
+    ring, below, above = _bisect(tmp_path, model, data, largest_entry / 2)
+    # the first question: answered when an upload would have left, and charged
+    assert below.server is not None and below.server.stage is crypto.Stage.MASKED
+    (report,) = [f for f in ring.failures if f.task_id == "below"]
+    assert pb.FailureKind.Name(report.kind) == "BAD_INPUT"
+    assert report.reason == wire_reason(crypto.EncodingOverflow("any"))
+    assert not any(ch.isdigit() for ch in report.reason)  # nothing of the data in it
+    assert _released(tmp_path) == [below.job_id.hex()]
+    # the second question meets the ledger before any key is made
+    assert ring.refusal("above") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert above.result is None
+    # the site's own audit keeps the whole reason
+    reasons = [str(r["reason"]) for r in _rows(tmp_path, "site_refusals")]
+    assert any("refusing to encode" in r for r in reasons), reasons
+
+
+def test_mutation_a_free_refusal_answers_both_questions(
+    tmp_path: Path,
+    model: GlobalModel,
+    data: LocalData,
+    largest_entry: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The site as it was: it withdrew at once, charged nothing; the coordinator then
+    learns "above B" for free and still gets the statistics under a larger bound."""
+
+    def at_once(
+        self: SecureSteps, task_id: str, session: SecureSession, error: BaseException
+    ) -> None:
+        self.abandon(task_id, session, error)
+
+    monkeypatch.setattr(SecureSteps, "withhold", at_once)
+    ring, below, above = _bisect(tmp_path, model, data, largest_entry / 2)
+    refused = {f.task_id for f in ring.failures}
+    assert "below" in refused and "above" not in refused
+    assert above.result is not None  # the statistics, after a free answer
+    assert _released(tmp_path) == [above.job_id.hex()]
+
+
+def _abandoned_pair(
+    tmp: Path, model: GlobalModel, data: LocalData, largest_entry: float
+) -> tuple[AbandoningRing, RingJob, RingJob, RingJob]:
+    """A bound below and one above the largest entry, each job abandoned before its
+    masked step; then an honest job for the same statistics."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    below = make_job(ROSTER, length, bound=largest_entry / 2)
+    above = make_job(OTHER_ROSTER, length, bound=largest_entry * 2)
+    honest = make_job(ROSTER, length, bound=1e6)
+    ring = AbandoningRing(abandon={below.job_id, above.job_id}, federation="fed", model=model)
+    ring.script = [
+        _ffc(ring, "below", below, model),
+        _ffc(ring, "above", above, model),
+        _ffc(ring, "honest", honest, model),
+    ]
+    _run(tmp, ring, data)
+    return ring, below, above, honest
+
+
+def test_a_job_abandoned_before_its_masked_step_says_nothing_either_way(
+    tmp_path: Path, model: GlobalModel, data: LocalData, largest_entry: float
+) -> None:
+    ring, below, above, honest = _abandoned_pair(tmp_path, model, data, largest_entry)
+    assert ring.failures == []
+    # the same messages, in the same order, whether the input fitted or not
+    assert ring.submitted[below.job_id] == ring.submitted[above.job_id] == [
+        pb.ADVERTISE,
+        pb.SHARE,
+    ]
+    # nothing left in either: the honest job afterwards is admitted and released once
+    assert honest.result is not None
+    assert _released(tmp_path) == [honest.job_id.hex()]
+
+
+def test_mutation_withdrawing_at_once_tells_the_abandoning_coordinator(
+    tmp_path: Path,
+    model: GlobalModel,
+    data: LocalData,
+    largest_entry: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def at_once(
+        self: SecureSteps, task_id: str, session: SecureSession, error: BaseException
+    ) -> None:
+        self.abandon(task_id, session, error)
+
+    monkeypatch.setattr(SecureSteps, "withhold", at_once)
+    ring, _below, _above, honest = _abandoned_pair(tmp_path, model, data, largest_entry)
+    refused = {f.task_id for f in ring.failures}
+    assert "below" in refused and "above" not in refused  # one free bit per job
+    assert honest.result is not None

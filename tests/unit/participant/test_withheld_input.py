@@ -1,0 +1,174 @@
+"""A started job whose input the site will not send (``SecureSteps.withhold``): the
+refusal depends on the data, so it is answered at the job's masked step and charged
+there as the job's release — never at once, never for free
+(``tests/security/test_refusal_oracle.py`` plays the attack this stops).
+
+The real site (``SecureSteps`` with its held-jobs folder and ledgers on disk) against
+the real coordinator job, as in ``test_held_keys``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spherecal import crypto
+from spherecal.participant.failures import LOCAL_WORK_FAILED, wire_reason
+from spherecal.participant.faults import HaltPoint
+from spherecal.participant.policy import ReleaseRepeated
+from spherecal.participant.release_ledger import Release
+from tests.unit.participant.test_held_keys import IDS, Federation, Killed
+
+OUT_OF_BOUND = np.full(40, 1e9)  # the job's bound is 1e6 (make_job)
+
+
+@pytest.fixture
+def fed(tmp_path: Path) -> Iterator[Federation]:
+    federation = Federation(tmp_path)
+    yield federation
+    federation.close()
+
+
+def _to_masked_step(fed: Federation) -> None:
+    """Everyone's advertise and share stages (p1 one step each): p1's masked step next."""
+    fed.others("advertise")
+    fed.job.advance(frozenset(IDS))
+    fed.site_step()
+    fed.others("share")
+    fed.job.advance(frozenset(IDS))
+    assert fed.job.stage_name == "masked"
+
+
+def _refusals(fed: Federation) -> list[str]:
+    return [line for line in fed.log if line.startswith("refused")]
+
+
+def test_an_out_of_bound_input_is_withheld_until_the_masked_step(fed: Federation) -> None:
+    steps = fed.start_site()
+    session = fed.start_task()
+    assert session is not None
+    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    # nothing answered, nothing charged, the job still held
+    assert _refusals(fed) == [] and fed.released() == 0
+    assert fed.job.job_id in steps.jobs and steps.withheld(fed.job.job_id)
+    _to_masked_step(fed)
+    assert _refusals(fed) == []  # the share answer went as for any input
+    fed.site_step()
+    (refusal,) = _refusals(fed)
+    assert refusal.startswith("refused task-1") and "refusing to encode" in refusal
+    assert fed.released() == 1  # charged, as the upload would have been
+    assert fed.job.job_id not in steps.jobs and not steps.withheld(fed.job.job_id)
+    assert steps.store is not None and steps.store.job_ids() == []
+    assert fed.transport.streamed == []  # no byte of an input left
+    # the same statistics again, under any job id: the ledger refuses
+    with pytest.raises(ReleaseRepeated):
+        steps.releases.reserve(
+            Release(kind="ffc", federation="fed-1", model=b"m" * 32, data=b"d" * 32),
+            job="another-job",
+        )
+
+
+def test_a_failed_local_work_is_withheld_the_same_way(fed: Federation) -> None:
+    steps = fed.start_site()
+    session = fed.start_task()
+    assert session is not None
+    steps.withhold("task-1", session, ValueError("loss nan at example 17"))
+    assert _refusals(fed) == [] and fed.released() == 0
+    _to_masked_step(fed)
+    fed.site_step()
+    assert len(_refusals(fed)) == 1 and fed.released() == 1
+
+
+def test_a_job_that_ended_before_its_masked_step_answers_nothing(fed: Federation) -> None:
+    """The coordinator moved on first (the job dropped): a withdrawal now would tell
+    it what no upload could have; nothing is sent or charged."""
+    steps = fed.start_site()
+    session = fed.start_task()
+    assert session is not None
+    steps.forget(session)  # what "the coordinator moved on" does to the job
+    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    steps.withhold("task-1", session, ValueError("loss nan at example 17"))
+    assert _refusals(fed) == [] and fed.released() == 0
+    assert any("nothing is sent" in line for line in fed.log), fed.log
+    assert not steps.withheld(fed.job.job_id)
+
+
+def test_killed_after_the_charge_the_restarted_site_refuses_again_charging_once(
+    fed: Federation,
+) -> None:
+    steps = fed.start_site((HaltPoint("charged"),))
+    session = fed.start_task()
+    assert session is not None
+    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    _to_masked_step(fed)
+    with pytest.raises(Killed):
+        fed.site_step()
+    assert fed.released() == 1 and _refusals(fed) == []  # charged, not yet answered
+    steps = fed.start_site()
+    session = fed.start_task()  # the task again: the held job, its local work again
+    assert session is not None
+    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    fed.site_step()
+    assert len(_refusals(fed)) == 1 and fed.released() == 1
+
+
+def test_an_input_in_bound_after_the_restart_goes_under_the_same_charge(
+    fed: Federation,
+) -> None:
+    """Killed after the charge; the data changed meanwhile and the input now fits: it
+    is sent under that one charge (one release for one job either way)."""
+    steps = fed.start_site((HaltPoint("charged"),))
+    session = fed.start_task()
+    assert session is not None
+    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    _to_masked_step(fed)
+    with pytest.raises(Killed):
+        fed.site_step()
+    steps = fed.start_site()
+    session = fed.start_task()
+    assert session is not None
+    assert steps.set_input("task-1", session, fed.inputs["p1"])
+    fed.site_step()
+    assert fed.transport.streamed and fed.released() == 1
+
+
+def test_a_length_mismatch_is_refused_at_once(fed: Federation) -> None:
+    """The vector's length is the plan's, not the data's: no reason to wait."""
+    steps = fed.start_site()
+    session = fed.start_task()
+    assert session is not None
+    assert not steps.set_input("task-1", session, np.zeros(39))
+    assert len(_refusals(fed)) == 1 and fed.released() == 0
+    assert fed.job.job_id not in steps.jobs
+
+
+# ---------------------------------------------------------------- the wire's text
+def test_the_wire_text_of_a_data_dependent_refusal_is_fixed() -> None:
+    overflow = crypto.EncodingOverflow("entries outside |x| <= 1000.0: largest 12345.678")
+    assert wire_reason(overflow) == wire_reason(crypto.EncodingOverflow("other"))
+    assert "12345" not in wire_reason(overflow)
+    for local in (
+        ValueError("loss nan at example 17"),
+        RuntimeError("CUDA error at batch 3"),
+        OSError("disk full at /srv/site/data/patient-17.npz"),
+    ):
+        assert wire_reason(local) == LOCAL_WORK_FAILED
+
+
+def test_an_earlier_release_is_not_named_on_the_wire() -> None:
+    repeated = ReleaseRepeated(
+        "exact statistics of this site's data already left it (job 3f2a, ffc, "
+        "federation 'oncology-trial-B')"
+    )
+    assert "oncology" not in wire_reason(repeated) and "3f2a" not in wire_reason(repeated)
+
+
+def test_the_wire_text_of_a_refusal_about_the_job_is_its_own() -> None:
+    """Refusals of what the coordinator sent keep their text: the operator needs it
+    and it says nothing the coordinator did not send."""
+    spec = crypto.InvalidSpec("threshold 2 is below the policy's minimum 3")
+    assert wire_reason(spec) == str(spec)
+    too_few = crypto.TooFewParticipants("the job has 2 participants; this site needs 3")
+    assert wire_reason(too_few) == str(too_few)
