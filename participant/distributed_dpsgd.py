@@ -8,13 +8,19 @@ re-plans the noise itself (``DistributedDpsgdPlan``, in
 checks that the job spec the coordinator signed carries that plan (length = the
 model's, the plan's grid and bound, a noise bound and a guaranteed contributor count
 at least the plan's — :func:`spherecal.crypto.dp.verify_plan`), checks its own policy
-(σ at least its ``dpsgd_noise_multiplier``, δ its own, at most ``max_examples``
-records), and charges one step — at the worst case of ``t`` contributors — to its
-own ledger *before its data is touched*. Over budget it refuses with the numbers
-(``BudgetExceeded``). Only then does it sample, clip, sum
+(σ at least its ``dpsgd_noise_multiplier``, δ its own), and charges one step — at
+the worst case of ``t`` contributors — to its own ledger *before its data is
+touched*. Over budget it refuses with the numbers (``BudgetExceeded``). Only then
+does it sample, clip, sum
 (:func:`~spherecal.spherefed.privacy.dpsgd_step.clipped_gradient_sum`) and draw its
 integer noise (:func:`spherecal.crypto.dp.sample_noise`, keyed from ``os.urandom``),
 which the secure session adds in the ring before masking.
+
+It never refuses because of how many records it holds: a site above the step's
+public ``max_examples`` samples from a random ``max_examples`` of them
+(:func:`step_input`). A refusal would be a free, un-noised answer to "more than
+this bound?", and the coordinator chooses the bound per step — a binary search for
+the site's count.
 
 A plaintext step is refused whatever ``allow_plaintext`` says: without secure
 aggregation each site would have to add the whole central noise, which is local
@@ -42,10 +48,14 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.release_ledger import ReleaseLedger
 from spherecal.participant.secure_jobs import SecureSteps
-from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.trainer import LocalTrainer, random_subset
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
-from spherecal.spherefed.privacy.dpsgd_step import ClippedSum, clipped_gradient_sum
+from spherecal.spherefed.privacy.dpsgd_step import (
+    ClippedSum,
+    clipped_gradient_sum,
+    poisson_sample,
+)
 
 __all__ = [
     "AdmittedStep",
@@ -96,6 +106,9 @@ class AdmittedStep:
     noise: NoisePlan
     entry: dict[str, Any]
     """The local ledger's entry for this step (``epsilon``, ``epsilon_total``…)."""
+    max_examples: int
+    """The step's public bound on one site's records (the job's value bound is this
+    times ``C``): a site holding more samples from a random subset of this size."""
 
 
 def admit_step(
@@ -104,9 +117,12 @@ def admit_step(
     spec: JobSpec,
     *,
     model_length: int,
-    examples: int,
 ) -> AdmittedStep:
-    """Plan, verify and charge one step (raises ``PrivacyRefused``/``BudgetExceeded``)."""
+    """Plan, verify and charge one step (raises ``PrivacyRefused``/``BudgetExceeded``).
+
+    The site's record count is not checked here: :func:`step_input` keeps within the
+    step's ``max_examples`` by sampling, so nothing about the count can turn into a
+    refusal the coordinator sees (module docstring)."""
     s = privacy.settings
     own_colluders = s.colluders if (s.enabled or s.distributed_updates) else 0
     plan = plan_from_message(step, colluders=own_colluders)
@@ -117,11 +133,6 @@ def admit_step(
         )
     if not math.isclose(step.delta, s.delta, rel_tol=1e-12):
         raise PrivacyRefused(f"the step's δ = {step.delta:g} differs from ours ({s.delta:g})")
-    if examples > step.max_examples:
-        raise PrivacyRefused(
-            f"this participant holds {examples} examples, above the step's public bound "
-            f"max_examples={step.max_examples}: the job's value bound would not hold"
-        )
     try:
         noise = plan.ring_noise(model_length, spec.n)
         verify_plan(spec, noise)
@@ -138,15 +149,35 @@ def admit_step(
         delta=float(step.delta),
         release_id=f"dpsgd-{spec.job_id.hex()}",
     )
-    return AdmittedStep(plan=plan, noise=noise, entry=entry)
+    return AdmittedStep(plan=plan, noise=noise, entry=entry, max_examples=int(step.max_examples))
 
 
 def step_input(
-    trainer: LocalTrainer, vector: npt.NDArray[np.float64], admitted: AdmittedStep
+    trainer: LocalTrainer,
+    vector: npt.NDArray[np.float64],
+    admitted: AdmittedStep,
+    *,
+    rng: np.random.Generator | None = None,
 ) -> tuple[ClippedSum, npt.NDArray[np.int64]]:
-    """The site's clipped gradient sum at ``vector`` and its noise share (ring units)."""
+    """The site's clipped gradient sum at ``vector`` and its noise share (ring units).
+
+    The batch is a Poisson sample at the plan's rate ``q`` of at most the step's
+    ``max_examples`` records: a site holding more first draws a uniformly random
+    subset of that size (:func:`~spherecal.participant.trainer.random_subset`, fresh
+    each step), and records outside it are not in the batch. What the plan needs of
+    the sum still holds: at most ``max_examples`` clipped gradients, so every entry
+    is within the job's value bound ``max_examples·C``; each record in it moves it by
+    at most ``C``; and no record is drawn with probability above ``q``. At or below
+    the bound the step is exactly the plan's. Above it, adding or removing one record
+    can also change which others are in the subset (at most one swapped for another),
+    which the add/remove accounting does not cover exactly — ``docs/privacy.md``
+    states that cost; refusing instead would leak the count itself. Without ``rng``
+    both draws are the site's own randomness (``secrets``, ``os.urandom``); ``rng``
+    fixes them for tests."""
     trainer.load(vector)
     data = trainer.data
+    subset = random_subset(data.train_size, admitted.max_examples, rng)
+    batch = subset[poisson_sample(int(subset.shape[0]), admitted.plan.sample_rate, rng)]
     clipped = clipped_gradient_sum(
         trainer.model,
         data.train_x,
@@ -154,6 +185,7 @@ def step_input(
         loss=trainer.config.loss,
         max_grad_norm=admitted.plan.max_grad_norm,
         sample_rate=admitted.plan.sample_rate,
+        indices=batch,
     )
     return clipped, sample_noise(admitted.noise)
 
@@ -177,9 +209,7 @@ def distributed_step(
     step = task.dpsgd
     try:
         spec = JobSpec.from_bytes(task.secure.spec)
-        admitted = admit_step(
-            privacy, step, spec, model_length=trainer.length, examples=trainer.data.train_size
-        )
+        admitted = admit_step(privacy, step, spec, model_length=trainer.length)
     except (PrivacyRefused, BudgetExceeded, SecAggError) as exc:
         refuse(task_id, exc)
         return
@@ -215,11 +245,19 @@ def distributed_step(
     if session is None:
         return
     vector = download(task.model, (trainer.length,))
+    held = trainer.data.train_size
+    if held > admitted.max_examples:
+        log(
+            f"round {task.round + 1}: this site holds {held} examples, above the step's "
+            f"public bound {admitted.max_examples}: this step samples from a random "
+            f"{admitted.max_examples} of them"
+        )
     t0 = time.monotonic()
     try:
         clipped, noise = step_input(trainer, vector, admitted)
-    except (ValueError, RuntimeError) as exc:  # a model torch.func cannot differentiate
-        secure.abandon(task_id, session, exc)
+    except (ValueError, RuntimeError) as exc:  # e.g. a model torch.func cannot differentiate
+        # whether it fails may depend on the data: answered at the masked step, charged
+        secure.withhold(task_id, session, exc)
         return
     log(
         f"round {task.round + 1}: clipped gradient sum in {time.monotonic() - t0:.1f}s "

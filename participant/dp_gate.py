@@ -12,6 +12,13 @@ and the coordinator is told why.
 
 The charge uses the planned worst case (exactly ``t`` contributors), so the local
 ledger never under-counts whatever the dropouts turn out to be.
+
+The gate never looks at how many examples the site holds. A site above the job's
+public bound ``max_examples`` releases statistics of a uniformly random
+``max_examples`` of them (:func:`spherecal.participant.trainer.random_subset`), so the
+plan's bounds hold for what it sends; refusing instead would answer, un-noised and
+free of any charge, "more than this bound", and a coordinator may ask again with
+another bound — a binary search for the count.
 """
 
 from __future__ import annotations
@@ -119,12 +126,19 @@ class ParticipantPrivacy:
         *,
         dim: int,
         num_classes: int,
-        examples: int,
     ) -> tuple[CalibrationPlan, NoisePlan, dict[str, Any]]:
         """Plan, verify and charge one release; return (plan, noise plan, ledger entry).
 
         Raises :class:`PrivacyRefused` (the job does not match this participant's plan
-        or policy) or :class:`BudgetExceeded` (with its numbers)."""
+        or policy) or :class:`BudgetExceeded` (with its numbers) — never because of the
+        site's example count. Whether the site holds more than ``max_examples`` is a
+        fact about its data: a refusal would tell it to the coordinator un-noised and
+        without a charge, and the coordinator could ask again with another bound until
+        a binary search gives the exact count. A site above the bound computes the
+        release over a random ``max_examples`` of its examples instead
+        (``LocalTrainer.private_statistics``): what it sends stays within the plan's
+        value bound, and each example in it moves it by at most the plan's
+        sensitivity (``docs/privacy.md`` states what this costs above the bound)."""
         s = self.settings
         if release.kind not in ("ffc", "ccvr"):
             raise PrivacyRefused(f"unknown release kind {release.kind!r}")
@@ -136,11 +150,6 @@ class ParticipantPrivacy:
         if release.participants != spec.n:
             raise PrivacyRefused(
                 f"the DP plan assumes {release.participants} participants, the job has {spec.n}"
-            )
-        if examples > release.max_examples:
-            raise PrivacyRefused(
-                f"this participant holds {examples} examples, above the job's public bound "
-                f"max_examples={release.max_examples}: the sensitivity bound would not hold"
             )
         if s.enabled and not math.isclose(release.delta, s.delta, rel_tol=1e-12):
             raise PrivacyRefused(f"the job's δ = {release.delta:g} differs from ours ({s.delta:g})")

@@ -152,7 +152,12 @@ def _private_statistics(
     runner: ParticipantRunner, task_id: str, task: pb.StatisticsTask, kind: str, release_key: str
 ) -> None:
     """A DP release: plan and charge locally first (refusing over budget), then
-    exact statistics in the isometric layout, plus integer noise in the ring."""
+    exact statistics in the isometric layout, plus integer noise in the ring.
+
+    The statistics cover at most the release's public ``max_examples`` examples: a
+    site holding more uses a random subset of that size rather than refusing (a
+    refusal would tell the coordinator its count, one free bit per bound it asks
+    with); only this site's own log says so."""
     trainer = runner._trainer()
     release = task.privacy
     if release.kind != kind:
@@ -166,7 +171,6 @@ def _private_statistics(
             spec,
             dim=trainer.feature_dim,
             num_classes=trainer.num_classes,
-            examples=runner.data.train_size,
         )
     except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)
@@ -192,9 +196,18 @@ def _private_statistics(
     if session is None:
         return
     vector = runner._download(task.model, (trainer.length,))
+    bound = int(release.max_examples)
+    held = runner.data.train_size
+    if held > bound:
+        runner.log(
+            f"{kind} DP release: this site holds {held} examples, above the job's public "
+            f"bound {bound}: this release uses a random {bound} of them"
+        )
     t0 = time.monotonic()
     try:
-        stats = trainer.private_statistics(vector, kind, quant_bits=plan.quant_bits)
+        stats = trainer.private_statistics(
+            vector, kind, quant_bits=plan.quant_bits, max_examples=bound
+        )
     except ValueError as exc:  # may depend on the data: counted as the release
         runner.secure.withhold(task_id, session, exc)
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,9 +55,28 @@ from spherecal.spherefed.network import (
 from spherecal.spherefed.privacy.sensitivity import exact_ccvr_statistics, exact_ffc_statistics
 from spherecal.spherefed.stats import ccvr_statistics, ffc_statistics
 
-__all__ = ["LocalTrainer", "model_spec_from_plan"]
+__all__ = ["LocalTrainer", "model_spec_from_plan", "random_subset"]
 
 FEATURE_BATCH = 512
+
+
+def random_subset(n: int, m: int, rng: np.random.Generator | None = None) -> npt.NDArray[np.int64]:
+    """Indices of a uniformly random subset of exactly ``m`` of ``n`` records, in
+    increasing order; every index (``0 … n-1``) when ``n <= m``.
+
+    Why: a DP job's plan bounds what one site sends by the job's public
+    ``max_examples``. A site holding more contributes a random ``max_examples`` of
+    its records instead of refusing, since a refusal would tell the coordinator —
+    un-noised, uncharged, and as often as it asks with other bounds — how many it
+    holds. The draw is the site's own, fresh each call (keyed from :mod:`secrets`
+    without ``rng``; ``rng`` is for tests): nobody outside the site knows or chooses
+    which records a release used."""
+    if n < 0 or m < 0:
+        raise ValueError(f"need n >= 0 and m >= 0, got n={n}, m={m}")
+    if n <= m:
+        return np.arange(n, dtype=np.int64)
+    gen = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+    return np.sort(gen.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
 
 
 def model_spec_from_plan(spec: pb.ModelSpec) -> ModelSpec:
@@ -248,15 +268,33 @@ class LocalTrainer:
         )
 
     def private_statistics(
-        self, vector: npt.NDArray[np.float64], kind: str, *, quant_bits: int
+        self,
+        vector: npt.NDArray[np.float64],
+        kind: str,
+        *,
+        quant_bits: int,
+        max_examples: int | None = None,
+        rng: np.random.Generator | None = None,
     ) -> npt.NDArray[np.float64]:
         """Statistics for a DP release: exact sums of quantised unit features, packed
         with the isometric triangle layout. Only statistics computed this way are
         covered by the release's sensitivity bound (``spherecal.spherefed.privacy.sensitivity``);
-        plain float statistics are not."""
+        plain float statistics are not.
+
+        ``max_examples`` is the release's public bound on one site's examples, which
+        the plan's ring headroom and rounding term assume: a training split larger
+        than it contributes a uniformly random ``max_examples`` of its examples
+        (:func:`random_subset`, drawn afresh each call; ``rng`` fixes the draw for
+        tests), so the statistics never count more than the plan allows. Only the
+        selected rows go through the network."""
+        x, y_all = self.data.train_x, self.data.train_y
+        n = int(y_all.shape[0])
+        if max_examples is not None and n > max_examples:
+            keep = torch.from_numpy(random_subset(n, max_examples, rng))
+            x, y_all = x[keep], y_all[keep]
         self.load(vector)
-        z = self.features(self.data.train_x)
-        y = self.data.train_y.numpy()
+        z = self.features(x)
+        y = y_all.numpy()
         if kind == "ffc":
             return exact_ffc_statistics(z, y, self.num_classes, quant_bits=quant_bits).pack(
                 isometric=True

@@ -85,7 +85,9 @@ def clipped_gradient_sum(
     """Σ over a Poisson sample of ``(x, y)`` of each example's loss gradient, clipped
     to L2 norm ``max_grad_norm`` over all trainable parameters together (the
     sensitivity of the sum), in the :func:`~spherecal.spherefed.fl.state_vector`
-    layout of ``model`` at its current weights. ``indices`` fixes the batch (tests)."""
+    layout of ``model`` at its current weights. ``indices`` fixes the batch: a site
+    above its step's bound on records draws it within a random subset
+    (``spherecal.participant.distributed_dpsgd.step_input``); tests fix it outright."""
     if not max_grad_norm > 0:
         raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
     from torch.func import functional_call, grad, vmap

@@ -40,7 +40,9 @@ class PrivacySettings:
     max_examples: int = 100_000
     """Public bound on any participant's number of training examples. It sizes the ring
     headroom and the rounding term of the sensitivity; it is never read off data. A
-    participant with more examples refuses rather than silently break the bound."""
+    participant with more examples computes each release over a random subset of this
+    many (drawn afresh per release) and never refuses on its count: a refusal would
+    tell the coordinator, without noise or charge, that it holds more."""
     quant_bits: int = DEFAULT_QUANT_BITS
     colluders: int = 0
     """Participants assumed to collude with the coordinator (their noise is not counted)."""

@@ -65,26 +65,24 @@ def _ledger_rows(privacy: ParticipantPrivacy) -> int:
 
 def test_a_step_is_planned_verified_and_charged(tmp_path: Path) -> None:
     privacy = _privacy(tmp_path, updates="distributed")
-    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, examples=600)
+    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH)
     assert admitted.entry["epsilon"] == pytest.approx(_plan().charge(1, 1e-5).epsilon)
     assert admitted.noise.min_contributors == 3 and _ledger_rows(privacy) == 1
 
 
 @pytest.mark.parametrize(
-    ("step", "spec_change", "examples", "match"),
+    ("step", "spec_change", "match"),
     [
-        ({"noise_multiplier": 0.5}, {"noise_multiplier": 0.5}, 600, "below this site's"),
-        ({"delta": 1e-6}, {}, 600, "δ"),
-        ({}, {}, MAX_EXAMPLES + 1, "public bound"),
-        ({}, {"noise_multiplier": 0.5}, 600, "noise bound"),  # the job's bound too small
-        ({"scale_bits": 12}, {}, 600, "noise plan|scale"),
+        ({"noise_multiplier": 0.5}, {"noise_multiplier": 0.5}, "below this site's"),
+        ({"delta": 1e-6}, {}, "δ"),
+        ({}, {"noise_multiplier": 0.5}, "noise bound"),  # the job's bound too small
+        ({"scale_bits": 12}, {}, "noise plan|scale"),
     ],
 )
 def test_a_step_the_site_does_not_accept_is_refused_before_any_charge(
     tmp_path: Path,
     step: dict[str, Any],
     spec_change: dict[str, Any],
-    examples: int,
     match: str,
 ) -> None:
     privacy = _privacy(tmp_path, updates="distributed")
@@ -94,7 +92,6 @@ def test_a_step_the_site_does_not_accept_is_refused_before_any_charge(
             pb.DPSGDStep(**{**STEP, **step}),
             _spec(**spec_change),
             model_length=LENGTH,
-            examples=examples,
         )
     assert _ledger_rows(privacy) == 0
 
@@ -105,10 +102,10 @@ def test_a_job_guaranteeing_fewer_contributors_than_the_step_claims_is_refused(
     weaker = _spec(threshold=2, min_participants=2)  # unmasks sums of 2
     privacy = _privacy(tmp_path, updates="distributed")
     with pytest.raises(PrivacyRefused, match="guarantees only 2 contributors"):
-        admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH, examples=10)
+        admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH)
     # mutation: without the check the under-noised step is admitted
     monkeypatch.setattr(gate, "verify_plan", lambda spec, plan: None)
-    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH, examples=10)
+    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH)
     assert admitted.plan.min_contributors == 3
 
 
@@ -116,9 +113,9 @@ def test_over_budget_the_step_is_refused_with_the_numbers(tmp_path: Path) -> Non
     one = _plan().charge(1, 1e-5).epsilon
     two = _plan().charge(2, 1e-5).epsilon
     privacy = _privacy(tmp_path, updates="distributed", total_epsilon=(one + two) / 2)
-    admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, examples=10)
+    admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH)
     with pytest.raises(BudgetExceeded):
-        admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, examples=10)
+        admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH)
     assert _ledger_rows(privacy) == 1
 
 

@@ -9,29 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from spherecal.participant.data import load_local_data
 from spherecal.participant.results import FinalModels, write_final_models
-from spherecal.participant.settings import DataSettings
-from spherecal.participant.trainer import LocalTrainer
-from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.codec import model_spec_to_proto
 from spherecal.spherefed.fl import state_vector
-from spherecal.spherefed.network import ModelSpec
 from spherecal.spherefed.saved import available_calibrations, load_model
-
-
-def _trainer() -> LocalTrainer:
-    plan = pb.Plan(
-        federation_id="f",
-        model=model_spec_to_proto(ModelSpec(extractor="mlp")),
-        training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
-        rounds=1,
-    )
-    return LocalTrainer(plan, load_local_data(DataSettings(dataset="digits")))
+from tests.unit.participant.helpers import digits_trainer
 
 
 def test_a_later_result_with_fewer_heads_leaves_no_stale_model(tmp_path: Path) -> None:
-    trainer = _trainer()
+    trainer = digits_trainer()
     vector = state_vector(trainer.model, trainer.keys).astype(np.float64)
     weight = trainer.model.head.weight.detach().numpy().astype(np.float64)
     out = tmp_path / "out"

@@ -59,12 +59,8 @@ def _spec(epsilon: float = 1.0, *, noise_scale: float = 1.0) -> JobSpec:
     return JobSpec.create(IDS, threshold=T, **args)
 
 
-def _admit(
-    gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease, examples: int = 100
-) -> Any:
-    return gate.admit(
-        spec.job_id.hex(), release, spec, dim=DIM, num_classes=CLASSES, examples=examples
-    )
+def _admit(gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease) -> Any:
+    return gate.admit(spec.job_id.hex(), release, spec, dim=DIM, num_classes=CLASSES)
 
 
 # ----------------------------------------------------------------- config
@@ -148,8 +144,6 @@ def test_participant_refuses_mismatched_or_unsafe_jobs(tmp_path: Path) -> None:
     gate = ParticipantPrivacy(PrivacySettings(enabled=True, epsilon=5.0), "p1", tmp_path)
     with pytest.raises(PrivacyRefused, match="noise bound"):
         _admit(gate, _spec(noise_scale=0.5), _release())
-    with pytest.raises(PrivacyRefused, match="max_examples"):
-        _admit(gate, _spec(), _release(), examples=5000)
     with pytest.raises(PrivacyRefused, match="δ"):
         _admit(gate, _spec(), _release(delta=1e-3))
     with pytest.raises(PrivacyRefused, match="l=9"):
