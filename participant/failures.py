@@ -114,8 +114,8 @@ def failure_kind(error: BaseException) -> pb.FailureKind:
 LOCAL_REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (
         crypto.EncodingOverflow,
-        "this site's input for the job is outside the job's declared bound or not finite "
-        "(withheld, and counted as the job's release)",
+        "refusing to encode: this site's input is outside the job's declared bound or not "
+        "finite (withheld, and counted as the job's release)",
     ),
     (
         ReleaseRepeated,

@@ -96,7 +96,7 @@ class RoundDriver:
         """Round ``r``, retried up to ``max_round_attempts`` times."""
         ctx = self.ctx
         s = ctx.settings
-        last_error = ""
+        last_error = first_error = ""
         refusals_before = len(ctx.conduct.refusals)
         for attempt in range(1, s.training.max_round_attempts + 1):
             ctx.board.check_stop()
@@ -114,6 +114,7 @@ class RoundDriver:
             if outcome is None:
                 return
             last_error = outcome
+            first_error = first_error or outcome
             ctx.say(f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
@@ -125,23 +126,29 @@ class RoundDriver:
             }
         )
         if released:
-            self.lose(r, released, last_error)
+            self.lose(r, released, first_error)
             return
         raise FederationFailed(
             f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
         )
 
-    def lose(self, r: int, released: list[str], last_error: str) -> None:
-        """Give up round ``r`` without failing the federation: sites whose update for
-        it already left in a failed job refuse a second one (one update per
-        ``(federation, round)``, issue #19), so no retry can reach the minimum. The
-        model keeps its state; the round is recorded as ``lost`` and the status is
-        ``degraded`` with the reason (``verdict``), naming the refusal as the cause."""
+    def lose(self, r: int, released: list[str], first_error: str) -> None:
+        """Give up round ``r`` without failing the federation: sites whose release for
+        it was spent in a failed job — their update left, or they refused at its masked
+        step for a reason that depends on their data (an update outside the job's
+        bound: a refusal counted as the release, ``participant.secure_jobs``) — refuse
+        a second one (one update per ``(federation, round)``, issue #19), so no retry
+        can reach the minimum. The model keeps its state; the round is recorded as
+        ``lost`` and the status is ``degraded`` with the reason (``verdict``), naming
+        the refusal and the *first* attempt's failure: the later attempts' failure is
+        the repeated refusal itself, while the first names what went wrong (e.g. every
+        site's update outside the declared bound)."""
         ctx, progress = self.ctx, self.ctx.progress
         message = (
-            f"round {r + 1} lost: the updates of {', '.join(released)} already left in a "
-            f"failed job and each site releases one update per round "
-            f"(RULE_RELEASE_REPEATED); last attempt: {last_error}"
+            f"round {r + 1} lost: {', '.join(released)} released their update for this "
+            f"round in a failed job (its upload, or a refusal counted as the release) and "
+            f"each site releases one update per round (RULE_RELEASE_REPEATED); first "
+            f"attempt: {first_error}"
         )
         metrics: RoundMetrics = {
             "round": r + 1,
