@@ -122,11 +122,6 @@ LOCAL_REASONS: tuple[tuple[type[BaseException], str], ...] = (
         "this release already left this site under the same key (one release per "
         "purpose, [policy]); the site's own audit names the earlier one",
     ),
-    (
-        BudgetExceeded,
-        "this release would exceed this site's privacy budget; the site's own audit has "
-        "the numbers",
-    ),
 )
 """Errors whose text depends on the site's data or history: a fixed sentence goes
 instead (checked before :data:`PUBLIC_TEXT`, since some are subclasses of its
@@ -151,7 +146,19 @@ an unforeseen error): its message may carry values of the local data."""
 
 def wire_reason(error: BaseException) -> str:
     """The human text a withdrawal carries to the coordinator (module docstring): the
-    exception's own text only where it is built from what the coordinator sent."""
+    exception's own text only where it is built from what the coordinator sent.
+
+    A :class:`BudgetExceeded` names the limit it would cross (the site's declared
+    budget or per-release target, its δ) and the release's ε (from the plan the
+    coordinator sent) — what an operator needs to fix the plan — but not what the site
+    has already spent, which is its history in other releases and federations."""
+    if isinstance(error, BudgetExceeded):
+        what = "per-release target" if error.limit == "per_release" else "total budget"
+        return (
+            f"refusing {error.release_kind} release: it would exceed this site's {what} "
+            f"ε = {error.budget_epsilon:g} at δ = {error.delta:g} (this release ε = "
+            f"{error.release_epsilon:.4g}); the site's own audit has what it spent"
+        )
     for cls, text in LOCAL_REASONS:
         if isinstance(error, cls):
             return text

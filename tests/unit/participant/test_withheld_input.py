@@ -19,6 +19,7 @@ from spherecal.participant.failures import LOCAL_WORK_FAILED, wire_reason
 from spherecal.participant.faults import HaltPoint
 from spherecal.participant.policy import ReleaseRepeated
 from spherecal.participant.release_ledger import Release
+from spherecal.spherefed.privacy.ledger import BudgetExceeded
 from tests.unit.participant.test_held_keys import IDS, Federation, Killed
 
 OUT_OF_BOUND = np.full(40, 1e9)  # the job's bound is 1e6 (make_job)
@@ -155,6 +156,23 @@ def test_the_wire_text_of_a_data_dependent_refusal_is_fixed() -> None:
         OSError("disk full at /srv/site/data/patient-17.npz"),
     ):
         assert wire_reason(local) == LOCAL_WORK_FAILED
+
+
+def test_an_exhausted_budget_names_the_limit_not_what_was_spent() -> None:
+    exceeded = BudgetExceeded(
+        subject="p0",
+        limit="total",
+        budget_epsilon=0.5,
+        spent_epsilon=0.375,
+        release_epsilon=1.0,
+        projected_epsilon=1.375,
+        delta=1e-5,
+        release_kind="ffc",
+    )
+    text = wire_reason(exceeded)
+    assert "total budget ε = 0.5" in text and "this release ε = 1" in text
+    assert "0.375" not in text and "1.375" not in text  # the site's history
+    assert "0.375" in str(exceeded)  # the site's own log keeps it
 
 
 def test_an_earlier_release_is_not_named_on_the_wire() -> None:
