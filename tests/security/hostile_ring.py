@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,11 @@ from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.crypto.dp import NoisePlan, sample_noise
 from spherecal.crypto.messages import decode_message
 from spherecal.crypto.replay import MemoryJobLedger
+from spherecal.participant.data import LocalData
+from spherecal.participant.policy import PolicySettings
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
 from tests.security.hostile_plan import HostileTransport
@@ -56,6 +62,34 @@ class RingJob:
         assert self.result is not None, "the job did not finish"
         others = sum(self.others.values(), np.zeros(self.spec.length))
         return np.asarray(self.result.values - others, dtype=np.float64)
+
+
+def target_settings(tmp: Path, **policy: object) -> ParticipantSettings:
+    """The target site's settings: secure only, its state under ``tmp``, the first
+    fifth of the digits data, ``[policy]`` as given (defaults otherwise)."""
+    return ParticipantSettings(
+        participant_id=TARGET,
+        insecure=True,
+        allow_plaintext=False,
+        long_poll_ms=100,
+        state_dir=tmp / "state",
+        data=DataSettings(slice_index=0, slice_of=5),
+        policy=PolicySettings(**policy),  # type: ignore[arg-type]
+    )
+
+
+def run_target(settings: ParticipantSettings, ring: HostileRing, data: LocalData) -> None:
+    """Run the real target site against ``ring`` until its script ends."""
+    runner = ParticipantRunner(
+        settings,
+        ring,
+        data,
+        IDENTITIES[TARGET],
+        MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=lambda _m: None,
+    )
+    assert runner.run() == 0
 
 
 def make_job(

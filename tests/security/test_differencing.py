@@ -24,19 +24,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
-from spherecal.coordinator.settings import ModelSettings
 from spherecal.crypto.dp import guaranteed_contributors
 from spherecal.participant import evaluation_task, release_ledger
-from spherecal.participant.data import LocalData, load_local_data
-from spherecal.participant.policy import PolicySettings
-from spherecal.participant.runner import ParticipantRunner
-from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.data import LocalData
 from spherecal.participant.trainer import LocalTrainer
-from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import read_site_audit, run_site_audit
 from spherecal.spherefed.privacy.evaluation_noise import (
@@ -44,46 +38,21 @@ from spherecal.spherefed.privacy.evaluation_noise import (
     plan_evaluation_noise,
 )
 from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
-from tests.security.hostile_ring import IDENTITIES, TARGET, HostileRing, RingJob, make_job
+from tests.security.hostile_ring import (
+    TARGET,
+    HostileRing,
+    RingJob,
+    make_job,
+    run_target,
+    target_settings,
+)
 
 ROSTER = ("p0", "p1", "p2", "p3")
 OTHER_ROSTER = ("p0", "p1", "p2", "p4")
 
 
-@pytest.fixture(scope="module")
-def model() -> GlobalModel:
-    torch.set_num_threads(1)
-    return GlobalModel(ModelSettings(extractor="mlp").spec(0))
-
-
-@pytest.fixture(scope="module")
-def data() -> LocalData:
-    return load_local_data(DataSettings(slice_index=0, slice_of=5))
-
-
-def _settings(tmp: Path, **policy: object) -> ParticipantSettings:
-    return ParticipantSettings(
-        participant_id=TARGET,
-        insecure=True,
-        allow_plaintext=False,
-        long_poll_ms=100,
-        state_dir=tmp / "state",
-        data=DataSettings(slice_index=0, slice_of=5),
-        policy=PolicySettings(**policy),  # type: ignore[arg-type]
-    )
-
-
-def _run(settings: ParticipantSettings, ring: HostileRing, data: LocalData) -> None:
-    runner = ParticipantRunner(
-        settings,
-        ring,
-        data,
-        IDENTITIES[TARGET],
-        crypto.MemoryJobLedger(),
-        DirectoryTrust(None),
-        log=lambda _m: None,
-    )
-    assert runner.run() == 0
+_settings = target_settings
+_run = run_target
 
 
 def _ledger(tmp: Path) -> list[dict[str, object]]:

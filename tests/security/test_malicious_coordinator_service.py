@@ -21,11 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
-from spherecal.coordinator.settings import ModelSettings
 from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.participant.data import load_local_data
 from spherecal.participant.policy import PolicySettings
@@ -93,12 +91,6 @@ class HostileCoordinator(HostileTransport):
         """(kind, rule) of the one failure report for ``task_id``."""
         (report,) = [f for f in self.failures if f.task_id == task_id]
         return pb.FailureKind.Name(report.kind), pb.PolicyRule.Name(report.rule)
-
-
-@pytest.fixture(scope="module")
-def model() -> GlobalModel:
-    torch.set_num_threads(1)
-    return GlobalModel(ModelSettings(extractor="mlp").spec(0))
 
 
 IDENTITIES = {p: crypto.generate_identity() for p in PEERS}

@@ -25,37 +25,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
-from spherecal.coordinator.settings import ModelSettings
-from spherecal.participant.data import LocalData, load_local_data
+from spherecal.participant.data import LocalData
 from spherecal.participant.failures import wire_reason
-from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
-from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.participant.trainer import LocalTrainer
-from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.stats import ffc_layout_size
 from tests.security.hostile_plan import hostile_join_reply
-from tests.security.hostile_ring import IDENTITIES, TARGET, HostileRing, RingJob, make_job
+from tests.security.hostile_ring import (
+    HostileRing,
+    RingJob,
+    make_job,
+    run_target,
+    target_settings,
+)
 
 ROSTER = ("p0", "p1", "p2", "p3")
 OTHER_ROSTER = ("p0", "p1", "p2", "p4")
-
-
-@pytest.fixture(scope="module")
-def model() -> GlobalModel:
-    torch.set_num_threads(1)
-    return GlobalModel(ModelSettings(extractor="mlp").spec(0))
-
-
-@pytest.fixture(scope="module")
-def data() -> LocalData:
-    return load_local_data(DataSettings(slice_index=0, slice_of=5))
 
 
 @pytest.fixture(scope="module")
@@ -85,28 +75,19 @@ class AbandoningRing(HostileRing):
         return super().submit_secagg(request)
 
 
-def _settings(tmp: Path) -> ParticipantSettings:
-    return ParticipantSettings(
-        participant_id=TARGET,
-        insecure=True,
-        allow_plaintext=False,
-        long_poll_ms=100,
-        state_dir=tmp / "state",
-        data=DataSettings(slice_index=0, slice_of=5),
-    )
-
-
 def _run(tmp: Path, ring: HostileRing, data: LocalData) -> None:
-    runner = ParticipantRunner(
-        _settings(tmp),
-        ring,
-        data,
-        IDENTITIES[TARGET],
-        crypto.MemoryJobLedger(),
-        DirectoryTrust(None),
-        log=lambda _m: None,
-    )
-    assert runner.run() == 0
+    run_target(target_settings(tmp), ring, data)
+
+
+def _withdraw_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutation: a data-dependent refusal leaves at once and charges nothing."""
+
+    def at_once(
+        self: SecureSteps, task_id: str, session: SecureSession, error: BaseException
+    ) -> None:
+        self.abandon(task_id, session, error)
+
+    monkeypatch.setattr(SecureSteps, "withhold", at_once)
 
 
 def _rows(tmp: Path, table: str) -> list[dict[str, object]]:
@@ -172,13 +153,7 @@ def test_mutation_a_free_refusal_answers_both_questions(
 ) -> None:
     """The site as it was: it withdrew at once, charged nothing; the coordinator then
     learns "above B" for free and still gets the statistics under a larger bound."""
-
-    def at_once(
-        self: SecureSteps, task_id: str, session: SecureSession, error: BaseException
-    ) -> None:
-        self.abandon(task_id, session, error)
-
-    monkeypatch.setattr(SecureSteps, "withhold", at_once)
+    _withdraw_at_once(monkeypatch)
     ring, below, above = _bisect(tmp_path, model, data, largest_entry / 2)
     refused = {f.task_id for f in ring.failures}
     assert "below" in refused and "above" not in refused
@@ -227,12 +202,7 @@ def test_mutation_withdrawing_at_once_tells_the_abandoning_coordinator(
     largest_entry: float,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def at_once(
-        self: SecureSteps, task_id: str, session: SecureSession, error: BaseException
-    ) -> None:
-        self.abandon(task_id, session, error)
-
-    monkeypatch.setattr(SecureSteps, "withhold", at_once)
+    _withdraw_at_once(monkeypatch)
     ring, _below, _above, honest = _abandoned_pair(tmp_path, model, data, largest_entry)
     refused = {f.task_id for f in ring.failures}
     assert "below" in refused and "above" not in refused  # one free bit per job

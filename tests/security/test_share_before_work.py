@@ -36,10 +36,7 @@ from tests.security.test_malicious_coordinator_service import (
     _job,
     _settings,
     _train,
-    model,
 )
-
-__all__ = ["model"]  # the module-scoped fixture, shared with the hostile-coordinator tests
 
 
 class SharingCoordinator(HostileCoordinator):

@@ -34,11 +34,8 @@ from tests.security.test_malicious_coordinator_service import (
     _ffc_length,
     _job,
     _settings,
-    model,
 )
 from tests.security.test_share_before_work import SharingCoordinator, _run
-
-__all__ = ["model"]  # the module-scoped fixture, shared with the hostile-coordinator tests
 
 FALLBACK_S = 3.0
 """How long the double withholds the share step for a feature pass that never comes

@@ -42,6 +42,18 @@ def _to_masked_step(fed: Federation) -> None:
     assert fed.job.stage_name == "masked"
 
 
+def _killed_after_the_charge(fed: Federation) -> None:
+    """p1 withholds an out-of-bound input and dies at its masked step between the
+    charge and the withdrawal."""
+    steps = fed.start_site((HaltPoint("charged"),))
+    session = fed.start_task()
+    assert session is not None
+    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    _to_masked_step(fed)
+    with pytest.raises(Killed):
+        fed.site_step()
+
+
 def _refusals(fed: Federation) -> list[str]:
     return [line for line in fed.log if line.startswith("refused")]
 
@@ -99,13 +111,7 @@ def test_a_job_that_ended_before_its_masked_step_answers_nothing(fed: Federation
 def test_killed_after_the_charge_the_restarted_site_refuses_again_charging_once(
     fed: Federation,
 ) -> None:
-    steps = fed.start_site((HaltPoint("charged"),))
-    session = fed.start_task()
-    assert session is not None
-    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
-    _to_masked_step(fed)
-    with pytest.raises(Killed):
-        fed.site_step()
+    _killed_after_the_charge(fed)
     assert fed.released() == 1 and _refusals(fed) == []  # charged, not yet answered
     steps = fed.start_site()
     session = fed.start_task()  # the task again: the held job, its local work again
@@ -120,13 +126,7 @@ def test_an_input_in_bound_after_the_restart_goes_under_the_same_charge(
 ) -> None:
     """Killed after the charge; the data changed meanwhile and the input now fits: it
     is sent under that one charge (one release for one job either way)."""
-    steps = fed.start_site((HaltPoint("charged"),))
-    session = fed.start_task()
-    assert session is not None
-    assert not steps.set_input("task-1", session, OUT_OF_BOUND)
-    _to_masked_step(fed)
-    with pytest.raises(Killed):
-        fed.site_step()
+    _killed_after_the_charge(fed)
     steps = fed.start_site()
     session = fed.start_task()
     assert session is not None
