@@ -28,11 +28,12 @@ from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.participant.data import load_local_data
 from spherecal.participant.policy import PolicySettings
 from spherecal.participant.runner import ParticipantRunner
-from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
 from tests.security.hostile_plan import HostileTransport
+from tests.security.hostile_ring import TARGET, target_settings
 
 PEERS = ("p0", "p1", "p2", "p3", "p4")
 ME = "p0"
@@ -97,15 +98,8 @@ IDENTITIES = {p: crypto.generate_identity() for p in PEERS}
 
 
 def _settings(tmp: Path, **overrides: object) -> ParticipantSettings:
-    base = ParticipantSettings(
-        participant_id=ME,
-        insecure=True,
-        allow_plaintext=False,
-        long_poll_ms=100,
-        state_dir=tmp / "state",
-        data=DataSettings(slice_index=0, slice_of=5),
-    )
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    assert ME == TARGET
+    return replace(target_settings(tmp), **overrides)  # type: ignore[arg-type]
 
 
 def _run(settings: ParticipantSettings, coordinator: HostileCoordinator) -> int:
