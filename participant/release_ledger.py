@@ -55,6 +55,8 @@ from spherecal.participant.policy import ReleaseRepeated
 __all__ = [
     "EVALUATE",
     "EVALUATION",
+    "INPUT",
+    "REFUSAL",
     "MOMENTS",
     "TRAINING",
     "UPDATE",
@@ -65,6 +67,10 @@ __all__ = [
 ]
 
 EVALUATE = "evaluate"
+INPUT = "input"
+"""What left in a release's place: the input (masked, or plaintext where allowed)."""
+REFUSAL = "refusal"
+"""What left in a release's place: a refusal that depends on the data (one bit)."""
 UPDATE = "update"
 TRAINING = "training"
 MOMENTS = "moments"
@@ -90,6 +96,7 @@ CREATE TABLE IF NOT EXISTS site_releases (
     released    REAL,
     survivors   TEXT,
     signers     TEXT,
+    answer      TEXT,
     PRIMARY KEY (participant, job)
 );
 CREATE TABLE IF NOT EXISTS site_refusals (
@@ -182,6 +189,9 @@ class ReleaseLedger:
             )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(site_releases)")}
+            if "answer" not in columns:  # a ledger written before the column existed
+                self._db.execute("ALTER TABLE site_releases ADD COLUMN answer TEXT")
         return self._db
 
     def close(self) -> None:
@@ -283,16 +293,32 @@ class ReleaseLedger:
                 ),
             )
 
-    def consume(self, job: str) -> None:
+    def consume(self, job: str, *, answer: str = INPUT) -> None:
         """The input of ``job`` is about to leave: re-check and record it, atomically.
-        Idempotent for one job (a retried upload); unknown jobs are a no-op."""
+        Idempotent for one job (a retried upload); unknown jobs are a no-op.
+
+        ``answer``: what leaves in the release's place — :data:`INPUT` (the input,
+        masked or not) or :data:`REFUSAL` (a refusal that depends on the data, which
+        counts as the release: ``participant.secure_jobs``, *a refusal that depends on
+        the data is the job's release*). A job charged for a refusal whose input
+        leaves after all (the site restarted between the charge and the refusal, and
+        its data changed meanwhile) is recorded as :data:`INPUT`: the stricter truth."""
+        if answer not in (INPUT, REFUSAL):
+            raise ValueError(f"answer must be {INPUT!r} or {REFUSAL!r}, got {answer!r}")
         with self._lock:
             row = self._conn.execute(
-                "SELECT kind, federation, model, data, content, round, noised, state "
+                "SELECT kind, federation, model, data, content, round, noised, state, answer "
                 "FROM site_releases WHERE participant = ? AND job = ?",
                 (self.participant, job),
             ).fetchone()
-            if row is None or row[7] == "released":
+            if row is None:
+                return
+            if row[7] == "released":
+                if answer == INPUT and row[8] == REFUSAL:
+                    self._conn.execute(
+                        "UPDATE site_releases SET answer = ? WHERE participant = ? AND job = ?",
+                        (INPUT, self.participant, job),
+                    )
                 return
             release = Release(
                 kind=str(row[0]),
@@ -309,9 +335,9 @@ class ReleaseLedger:
                 if conflict is not None:
                     raise ReleaseRepeated(conflict)
                 self._conn.execute(
-                    "UPDATE site_releases SET state = 'released', released = ? "
+                    "UPDATE site_releases SET state = 'released', released = ?, answer = ? "
                     "WHERE participant = ? AND job = ?",
-                    (time.time(), self.participant, job),
+                    (time.time(), answer, self.participant, job),
                 )
             except BaseException:
                 self._conn.execute("ROLLBACK")

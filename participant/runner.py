@@ -60,7 +60,13 @@ from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.held_jobs import HeldJobStore
-from spherecal.participant.release_ledger import UPDATE, LedgerRules, Release, ReleaseLedger
+from spherecal.participant.release_ledger import (
+    REFUSAL,
+    UPDATE,
+    LedgerRules,
+    Release,
+    ReleaseLedger,
+)
 from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
@@ -543,7 +549,7 @@ class ParticipantRunner:
             return
         if release is not None:
             try:
-                self.releases.consume(release)
+                self.releases.consume(release, answer=REFUSAL)
             except PrivacyRefused as exc:
                 error = exc
         self._refuse(task_id, error)

@@ -79,7 +79,7 @@ from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
 from spherecal.participant.held_upload import store_masked, task_of
 from spherecal.participant.policy import PolicySettings, ReleaseRepeated
-from spherecal.participant.release_ledger import ReleaseLedger
+from spherecal.participant.release_ledger import REFUSAL, ReleaseLedger
 from spherecal.participant.secure_session import SecureSession, SqliteJobLedger
 from spherecal.participant.transport import Transport, TransportError
 from spherecal.participant.trust import DirectoryTrust, UntrustedDirectory
@@ -578,7 +578,7 @@ class SecureSteps:
         task_id, error = self._withheld.pop(session.job_id)
         if session.release is not None:
             try:
-                self.releases.consume(session.release)
+                self.releases.consume(session.release, answer=REFUSAL)
             except ReleaseRepeated as exc:  # a concurrent job was released first
                 error = exc
         self.halter.check(

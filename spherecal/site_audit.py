@@ -21,6 +21,11 @@ What it flags:
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice).
 
+A release whose ``answer`` is ``refusal`` is a job the site refused for a reason that
+depends on its data (an input outside the job's bound, a failed local computation):
+the refusal counted as the release, and nothing of the input left — so it is in no
+differencing pair.
+
 The exit status is 1 when an exact differencing pair exists, else 0 (2: unreadable).
 The database is opened read-only (``mode=ro``): auditing never changes the ledger.
 """
@@ -79,6 +84,10 @@ class SiteRelease:
     """The survivor set of the unmask request this site answered (None: not known —
     a plaintext release, or a job that never reached unmasking)."""
     signers: list[str] | None
+    answer: str = "input"
+    """What left in the release's place: ``input`` (the input, masked or plaintext)
+    or ``refusal`` (a refusal that depends on the data, counted as the release; a
+    ledger written before the column existed reads as ``input``)."""
 
 
 @dataclass(frozen=True)
@@ -152,10 +161,12 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "site_releases" not in tables:
             raise SiteAuditError(f"{path}: no site_releases table (nothing ever left this site)")
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(site_releases)")}
+        answer = "answer" if "answer" in columns else "NULL"
         rows = conn.execute(
             "SELECT participant, job, kind, family, federation, model, data, content, round, "
-            "noised, epsilon, delta, noise, state, reserved, released, survivors, signers "
-            "FROM site_releases ORDER BY participant, reserved"
+            f"noised, epsilon, delta, noise, state, reserved, released, survivors, signers, "
+            f"{answer} FROM site_releases ORDER BY participant, reserved"
         ).fetchall()
         refusal_rows = (
             conn.execute(
@@ -187,6 +198,7 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
             released=None if r[15] is None else float(r[15]),
             survivors=_json_list(r[16]),
             signers=_json_list(r[17]),
+            answer="input" if r[18] is None else str(r[18]),
         )
         for r in rows
     ]
@@ -227,7 +239,8 @@ def differencing_pairs(releases: list[SiteRelease]) -> list[DifferencingPair]:
     """Every pair of released values of one computation over different (or unknown)
     survivor sets: their difference is this site's input (module docstring)."""
     out = []
-    left = [r for r in releases if r.state == "released"]
+    # a refusal counted as a release holds nothing of the input: no sum to difference
+    left = [r for r in releases if r.state == "released" and r.answer != "refusal"]
     for a, b in combinations(left, 2):
         why = _same_computation(a, b)
         if why is None:
@@ -271,9 +284,14 @@ def format_site_audit(audit: SiteAudit) -> str:
             noise = f"ε={r.epsilon:.3g}"
         roster = ",".join(r.survivors) if r.survivors is not None else "?"
         rnd = "" if r.round is None else f" round {r.round}"
+        what = (
+            "a refusal in its place (nothing of the input left)"
+            if r.answer == "refusal"
+            else f"survivors [{roster}]"
+        )
         lines.append(
             f"  {r.participant} {r.state:8} {r.kind:8} {r.family:10} {r.federation}{rnd} "
-            f"model {_short(r.model)} job {r.job[:16]} {noise} survivors [{roster}]"
+            f"model {_short(r.model)} job {r.job[:16]} {noise} {what}"
         )
     lines.append(f"differencing pairs: {len(audit.pairs)}")
     for p in audit.pairs:
@@ -312,7 +330,9 @@ def site_audit_html(audit: SiteAudit) -> str:
             _short(r.model),
             r.job[:16],
             f"{r.epsilon:.3g}" if r.epsilon is not None else ("noised" if r.noised else "exact"),
-            ", ".join(r.survivors) if r.survivors is not None else "unknown",
+            "a refusal in its place"
+            if r.answer == "refusal"
+            else (", ".join(r.survivors) if r.survivors is not None else "unknown"),
         ]
         for r in audit.releases
     ]

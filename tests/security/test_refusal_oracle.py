@@ -34,6 +34,7 @@ from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.site_audit import format_site_audit, read_site_audit
 from spherecal.spherefed.stats import ffc_layout_size
 from tests.security.hostile_plan import hostile_join_reply
 from tests.security.hostile_ring import (
@@ -139,9 +140,13 @@ def test_an_input_outside_the_bound_is_answered_at_the_masked_step_as_the_releas
     # the second question meets the ledger before any key is made
     assert ring.refusal("above") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
     assert above.result is None
-    # the site's own audit keeps the whole reason
+    # the site's own audit keeps the whole reason, and says what left: a refusal
     reasons = [str(r["reason"]) for r in _rows(tmp_path, "site_refusals")]
     assert any("refusing to encode" in r for r in reasons), reasons
+    audit = read_site_audit(tmp_path / "state")
+    (release,) = [r for r in audit.releases if r.state == "released"]
+    assert release.answer == "refusal" and audit.pairs == []
+    assert "a refusal in its place" in format_site_audit(audit)
 
 
 def test_mutation_a_free_refusal_answers_both_questions(

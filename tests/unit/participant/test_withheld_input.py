@@ -8,6 +8,7 @@ the real coordinator job, as in ``test_held_keys``."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def _killed_after_the_charge(fed: Federation) -> None:
         fed.site_step()
 
 
+def _answer(fed: Federation) -> str:
+    """What the site's ledger says left in p1's release's place."""
+    conn = sqlite3.connect(fed.tmp_path / "privacy.db")
+    try:
+        (row,) = conn.execute("SELECT answer FROM site_releases WHERE state = 'released'")
+        return str(row[0])
+    finally:
+        conn.close()
+
+
 def _refusals(fed: Federation) -> list[str]:
     return [line for line in fed.log if line.startswith("refused")]
 
@@ -72,6 +83,7 @@ def test_an_out_of_bound_input_is_withheld_until_the_masked_step(fed: Federation
     (refusal,) = _refusals(fed)
     assert refusal.startswith("refused task-1") and "refusing to encode" in refusal
     assert fed.released() == 1  # charged, as the upload would have been
+    assert _answer(fed) == "refusal"  # and the site's audit says what left
     assert fed.job.job_id not in steps.jobs and not steps.withheld(fed.job.job_id)
     assert steps.store is not None and steps.store.job_ids() == []
     assert fed.transport.streamed == []  # no byte of an input left
@@ -133,6 +145,7 @@ def test_an_input_in_bound_after_the_restart_goes_under_the_same_charge(
     assert steps.set_input("task-1", session, fed.inputs["p1"])
     fed.site_step()
     assert fed.transport.streamed and fed.released() == 1
+    assert _answer(fed) == "input"  # the input left under the refusal's charge
 
 
 def test_a_length_mismatch_is_refused_at_once(fed: Federation) -> None:
