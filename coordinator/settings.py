@@ -124,6 +124,14 @@ class TrainingSettings:
     max_round_attempts: int = 3
     """A round that misses its minimum (or whose secure job fails) is retried, with a
     fresh job, at most this many times before the federation gives up."""
+    max_lost_rounds_in_a_row: int = 3
+    """Rounds *lost* in a row before the federation gives up (``failed``). A round is
+    lost, not failed, when its sites' releases for it were spent in a failed job —
+    their updates left, or they refused at its masked step for a reason that depends
+    on their data, such as an update outside the declared bound — so no retry can
+    reach the minimum; the model keeps its state and the run goes on ``degraded``. The
+    next round starts from the same model, so several in a row mean the cause repeats
+    (e.g. ``update_bound`` too small for every site). 0: never give up for this."""
     max_update_change: float = 1.0
     """The model's declared update limit: the largest ``|θ_k − θ|`` one round of local
     training may move any entry. With ``[federation] max_examples_per_site`` it bounds
@@ -132,7 +140,8 @@ class TrainingSettings:
     ``spherecal.spherefed.algorithms.ServerStrategy.entry_bound``), which sizes the
     secure-aggregation ring of update jobs (``[secure_aggregation] update_bound = 0``).
     A site whose update leaves that bound refuses to send it (a typed
-    ``EncodingOverflow`` withdrawal, never a wrapped sum)."""
+    ``EncodingOverflow`` withdrawal at the job's masked step, counted as its update
+    for the round; never a wrapped sum)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 0:
@@ -147,6 +156,8 @@ class TrainingSettings:
             raise ValueError("min_participants must be >= 1")
         if self.max_round_attempts < 1:
             raise ValueError("max_round_attempts must be >= 1")
+        if self.max_lost_rounds_in_a_row < 0:
+            raise ValueError("max_lost_rounds_in_a_row must be >= 0")
         change = self.max_update_change
         if isinstance(change, bool) or not (math.isfinite(change) and change > 0):
             raise ValueError(f"max_update_change must be a positive number, got {change!r}")

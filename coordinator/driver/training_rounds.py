@@ -126,13 +126,31 @@ class RoundDriver:
             }
         )
         if released:
-            self.lose(r, released, first_error)
+            message = self.lose(r, released, first_error)
+            in_a_row = self.lost_in_a_row()
+            limit = s.training.max_lost_rounds_in_a_row
+            if limit and in_a_row >= limit:
+                raise FederationFailed(
+                    f"{in_a_row} rounds lost in a row ([training] max_lost_rounds_in_a_row"
+                    f" = {limit}; the model has not moved since round {r + 2 - in_a_row}); "
+                    f"the last: {message}"
+                )
             return
         raise FederationFailed(
             f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
         )
 
-    def lose(self, r: int, released: list[str], first_error: str) -> None:
+    def lost_in_a_row(self) -> int:
+        """How many of the last recorded rounds were lost, counting back from the
+        newest (a coordinator restarted mid-run reads them back with the rounds)."""
+        count = 0
+        for metrics in reversed(self.ctx.progress.round_metrics):
+            if metrics.get("status") != "lost":
+                break
+            count += 1
+        return count
+
+    def lose(self, r: int, released: list[str], first_error: str) -> str:
         """Give up round ``r`` without failing the federation: sites whose release for
         it was spent in a failed job — their update left, or they refused at its masked
         step for a reason that depends on their data (an update outside the job's
@@ -170,6 +188,7 @@ class RoundDriver:
         progress.errors.append(message)
         ctx.say(message)
         ctx.store.event("error", message)
+        return message
 
     def candidates(self, r: int) -> tuple[list[str], list[str], dict[str, str]]:
         """(selected, connected candidates, dropped-with-reason) for round ``r``."""

@@ -55,3 +55,18 @@ def test_a_round_lost_to_refusals_names_the_refusal_not_the_quorum(tmp_path: Pat
     assert "outside the job's declared bound or not finite" in cause
     logs = "".join(p.read_text() for p in (out / "logs").glob("p*.log"))
     assert "outside the declared bound |x| <= 1.0" in logs
+
+
+def test_rounds_lost_in_a_row_fail_the_run(tmp_path: Path) -> None:
+    """The model does not move in a lost round, so the next meets the same cause:
+    ``[training] max_lost_rounds_in_a_row`` (3) lost rounds end the run ``failed``,
+    naming the first attempt's cause, instead of spending every remaining round."""
+    out = tmp_path / "run"
+    argv = ["simulate", "--participants", "3", "--rounds", "5", "--update-bound", "1"]
+    assert cli_main([*argv, "--calibration", "ffc", "--out", str(out), "--quiet"]) == 1
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "failed"
+    (reason,) = results["status_reasons"]
+    assert reason.startswith("3 rounds lost in a row"), reason
+    assert "the model has not moved since round 1" in reason
+    assert "withdrew at masked: BAD_INPUT: refusing to encode:" in reason

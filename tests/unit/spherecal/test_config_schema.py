@@ -165,6 +165,7 @@ def test_the_docs_check_fails_on_a_stale_page(tmp_path: Path) -> None:
         ({"model": {"image_size": [8, True]}}, r"image_size must be a list of 2 positive"),
         ({"federation": {"state_dir": 3}}, r"\[federation\] state_dir must be a string, got int"),
         ({"federation": {"threads": 0}}, r"threads must be >= 1"),
+        ({"training": {"max_lost_rounds_in_a_row": -1}}, r"max_lost_rounds_in_a_row must be >= 0"),
         ({"privacy": {"epsilon": float("inf")}}, r"\[privacy\] epsilon must be finite"),
         ({"privacy": {"mechanism": "laplace"}}, r"^c\.toml: \[privacy\] "),
         ({"tls": "x"}, r"\[tls\] must be a table"),
