@@ -138,6 +138,7 @@ def scaling(
             "load_average_1min": [round(job[4], 2) for job in jobs[n]],
         }
     return {
+        "degree_model": degree_model(rows),
         "dim": dim,
         "graph": "harary",
         "ring_bits": ring_bits,
@@ -150,4 +151,57 @@ def scaling(
         "figure is the median over its participants, an n's the median over its jobs; "
         "participant_ms by wall clock, participant_cpu_ms by this thread's CPU time; "
         "each participant decodes its own copy of the spec and of its messages (site_costs)",
+    }
+
+
+def degree_model(rows: dict[str, Any], *, target: float = 1.5) -> dict[str, Any] | None:
+    """A participant's CPU per job read as ``F + k·a + n·b`` — a fixed part, one per
+    Harary neighbour ``k`` and one per roster member ``n`` (the id lists a site reads) —
+    fitted by least squares over the n measured, and what issue #24's line "n = 500 no
+    more than ``target`` × n = 10" asks of ``a``.
+
+    Why: the degree grows with n (``2⌈log₂ n⌉``), and each neighbour costs a site
+    public-key work (two X25519 agreements, its signatures verified) that no encoding
+    speeds up; the O(n) part is what is left after moving the lists to C. With the
+    fit, ``F + k₂a + n₂b ≤ target·(F + k₁a + n₁b)`` needs ``a ≤ ((target − 1)·F +
+    (target·n₁ − n₂)·b) / (k₂ − target·k₁)``: ``per_neighbour_ms_allowed`` (negative:
+    out of reach even at no per-neighbour cost), next to the measured ``a``, and
+    ``ratio_without_neighbours``, each n's ratio with ``a = 0``. A held degree
+    (``--scaling-degree``) fits ``F + n·b`` only, and nothing is asked of ``a``. None
+    with fewer points than the model has parameters."""
+    first = next(iter(rows.values()))
+    k1, n1 = int(first["degree"]), int(next(iter(rows)))
+    ns = np.array([int(n) for n in rows], dtype=np.float64)
+    degrees = np.array([int(r["degree"]) for r in rows.values()], dtype=np.float64)
+    cost = np.array([float(r["participant_cpu_ms"]) for r in rows.values()], dtype=np.float64)
+    varies = len(set(degrees.tolist())) > 1
+    columns = [np.ones_like(ns), *([degrees] if varies else []), ns]
+    if len(rows) < len(columns):
+        return None
+    coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), cost, rcond=None)
+    fixed, per_member = float(coef[0]), float(coef[-1])
+    per_neighbour = float(coef[1]) if varies else None
+    allowed: dict[str, float | None] = {}
+    without: dict[str, float] = {}
+    for n, k2 in zip(list(rows)[1:], degrees[1:], strict=True):
+        n2 = int(n)
+        without[n] = round((fixed + n2 * per_member) / (fixed + n1 * per_member), 3)
+        room = k2 - target * k1
+        if not varies or room <= 0:
+            allowed[n] = None
+            continue
+        allowed[n] = round(((target - 1) * fixed + (target * n1 - n2) * per_member) / room, 4)
+    return {
+        "fixed_ms": round(fixed, 4),
+        "per_neighbour_ms": None if per_neighbour is None else round(per_neighbour, 4),
+        "per_member_us": round(per_member * 1e3, 3),
+        "target_ratio": target,
+        "per_neighbour_ms_allowed": allowed,
+        "ratio_without_neighbours": without,
+        "statistic": "least squares of participant_cpu_ms = fixed_ms + degree × "
+        "per_neighbour_ms + n × per_member_us / 1000 over the n measured (no degree term "
+        "when it is held); per_neighbour_ms_allowed[n]: the largest per-neighbour cost "
+        "with which n's cost stays within target_ratio × the first n's (negative: out of "
+        "reach even at zero; null: any, or the degree is held); "
+        "ratio_without_neighbours[n]: n's ratio to the first at zero per-neighbour cost",
     }

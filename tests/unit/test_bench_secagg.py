@@ -90,3 +90,48 @@ def test_the_scaling_block_holds_the_degree_when_asked() -> None:
         default_degree(10, 2),
         default_degree(40, 2),
     ]
+    assert held["degree_model"]["per_neighbour_ms"] is None  # one degree: no k term
+    assert free["degree_model"] is None  # two points, three parameters
+
+
+def test_the_degree_model_recovers_its_three_parts() -> None:
+    """``F + k·a + n·b`` fitted over rows built from known parts; the allowed
+    per-neighbour cost checked against the issue's inequality directly."""
+    from bench.secagg_scaling import degree_model
+
+    fixed, per_neighbour, per_member = 0.30, 0.18, 0.0002  # ms, ms, ms (0.2 µs)
+    degrees = {"10": 8, "100": 14, "500": 18, "1000": 20}
+    rows = {
+        n: {"degree": k, "participant_cpu_ms": fixed + k * per_neighbour + int(n) * per_member}
+        for n, k in degrees.items()
+    }
+    model = degree_model(rows)
+    assert model is not None
+    assert abs(model["fixed_ms"] - fixed) < 1e-6
+    assert abs(model["per_neighbour_ms"] - per_neighbour) < 1e-6
+    assert abs(model["per_member_us"] - per_member * 1e3) < 1e-3
+
+    def cost(n: int, a: float) -> float:
+        return fixed + degrees[str(n)] * a + n * per_member
+
+    for n in ("100", "500", "1000"):
+        a = model["per_neighbour_ms_allowed"][n]
+        assert abs(cost(int(n), a) - 1.5 * cost(10, a)) < 1e-3  # exactly at the line
+        assert cost(int(n), a + 0.01) > 1.5 * cost(10, a + 0.01)  # above it, beyond
+        ratio = model["ratio_without_neighbours"][n]
+        assert abs(ratio - cost(int(n), 0.0) / cost(10, 0.0)) < 1e-3
+    assert model["per_neighbour_ms"] > model["per_neighbour_ms_allowed"]["500"]
+
+
+def test_the_degree_model_of_a_held_degree_fits_the_rest() -> None:
+    from bench.secagg_scaling import degree_model
+
+    rows = {
+        n: {"degree": 8, "participant_cpu_ms": 2.0 + int(n) * 0.0015} for n in ("10", "500")
+    }
+    model = degree_model(rows)
+    assert model is not None and model["per_neighbour_ms"] is None
+    assert abs(model["per_member_us"] - 1.5) < 1e-3
+    assert model["per_neighbour_ms_allowed"] == {"500": None}
+    assert abs(model["ratio_without_neighbours"]["500"] - 2.75 / 2.015) < 1e-3
+    assert degree_model({"10": rows["10"]}) is None  # one point, two parameters
