@@ -97,6 +97,9 @@ Definitions (all measured in the same process, on the same machine, in this run)
     participant of the Harary cycle instead of a random tenth (a random tenth can leave
     some owner of a sparse graph too few live share holders): what grows with n alone,
     apart from what grows with the degree (``"degree_held"`` in the JSON).
+    ``degree_model``: ``participant_cpu_ms`` fitted as fixed + degree × per neighbour +
+    n × per roster member, with the per-neighbour cost the 1.5× line would need at each
+    n (``bench/secagg_scaling.py: degree_model``; null with fewer n than parameters).
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by
