@@ -74,6 +74,7 @@ complete)::
     │   ├── NoiseRequired        statistics without the DP noise it demands
     │   ├── PlaintextRefused     a plaintext upload/report (also a PermissionError)
     │   ├── ReleaseRepeated      a release already left under its key (round, moments, evaluation)
+    │   ├── RoundOutsidePlan     a training task for a round the joined plan does not have
     │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
     ├── HeldJobError             participant: a held job (its state after a restart) unusable

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from spherecal import crypto
 from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, PrivacyRefused
-from spherecal.participant.policy import EvaluationRefused, ReleaseRepeated
+from spherecal.participant.policy import EvaluationRefused, ReleaseRepeated, RoundOutsidePlan
 from spherecal.participant.trust import UntrustedDirectory
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import TensorFormatError
@@ -86,6 +86,7 @@ RULES: tuple[tuple[type[BaseException], pb.PolicyRule], ...] = (
     (crypto.OverlappingReveal, pb.RULE_BOTH_SHARE_KINDS),
     (crypto.KeySubstitution, pb.RULE_KEY_SUBSTITUTION),
     (ReleaseRepeated, pb.RULE_RELEASE_REPEATED),
+    (RoundOutsidePlan, pb.RULE_ROUND_OUTSIDE_PLAN),
     (EvaluationRefused, pb.RULE_EVALUATION_HEADS),
     (PlaintextRefused, pb.RULE_PLAINTEXT_REFUSED),
     (PermissionError, pb.RULE_PLAINTEXT_REFUSED),

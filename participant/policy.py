@@ -27,6 +27,7 @@ __all__ = [
     "EvaluationRefused",
     "PolicySettings",
     "ReleaseRepeated",
+    "RoundOutsidePlan",
 ]
 
 DEFAULT_MAX_EVALUATION_HEADS = 2
@@ -48,6 +49,14 @@ class ReleaseRepeated(PrivacyRefused):
     evaluation): a second release over a different set of participants would give
     this site's input by differencing (``[policy] one_update_per_round``,
     ``one_release_per_model``, ``reuse_data_across_federations``)."""
+
+
+class RoundOutsidePlan(PrivacyRefused):
+    """A training task for a round index outside ``[0, rounds)`` of the plan this site
+    joined under: each round is one update release (``one_update_per_round``), so a
+    coordinator free to name further rounds could ask for as many updates as it liked
+    — of one model, moved by an ulp, trained with the seed it sends. The plan's round
+    count bounds them."""
 
 
 class EvaluationRefused(PrivacyRefused):

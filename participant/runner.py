@@ -60,6 +60,7 @@ from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.held_jobs import HeldJobStore
+from spherecal.participant.policy import RoundOutsidePlan
 from spherecal.participant.release_ledger import (
     REFUSAL,
     UPDATE,
@@ -435,6 +436,7 @@ class ParticipantRunner:
         self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
         secure = task.HasField("secure")
         try:
+            self._require_planned_round(int(task.round))
             require_distributed(self.privacy, task)
             if not secure and not self.settings.allow_plaintext:
                 raise self._no_plaintext("model updates")
@@ -530,6 +532,18 @@ class ParticipantRunner:
                 num_steps=result.num_steps,
             )
             self._upload_plain(task_id, payload, meta, release=release)
+
+    def _require_planned_round(self, round_index: int) -> None:
+        """Refuse a training task for a round the joined plan does not have
+        (:class:`~spherecal.participant.policy.RoundOutsidePlan`): one update per round
+        is a bound only while the rounds are."""
+        rounds = int(self.plan.rounds) if self.plan is not None else 0
+        if not 0 <= round_index < rounds:
+            raise RoundOutsidePlan(
+                f"a training task for round {round_index + 1} of a plan of {rounds} "
+                "round(s): each round is one update release, so this site trains only "
+                "the rounds of the plan it joined"
+            )
 
     def _local_work_failed(
         self,

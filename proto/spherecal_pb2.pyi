@@ -70,6 +70,7 @@ class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RULE_PLAINTEXT_REFUSED: _ClassVar[PolicyRule]
     RULE_DP_REQUIRED: _ClassVar[PolicyRule]
     RULE_DP_PLAN: _ClassVar[PolicyRule]
+    RULE_ROUND_OUTSIDE_PLAN: _ClassVar[PolicyRule]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -120,6 +121,7 @@ RULE_EVALUATION_HEADS: PolicyRule
 RULE_PLAINTEXT_REFUSED: PolicyRule
 RULE_DP_REQUIRED: PolicyRule
 RULE_DP_PLAN: PolicyRule
+RULE_ROUND_OUTSIDE_PLAN: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason

@@ -288,6 +288,43 @@ def test_tiny_jobs_low_thresholds_and_missing_consistency_are_refused(
         assert hostile.refusal(name) == ("POLICY_REFUSAL", rule), name
 
 
+def _rounds_script(hostile: HostileCoordinator, model: GlobalModel) -> list[pb.Instruction]:
+    """Round 2 of a one-round plan (``hostile_join_reply``), then its round 1."""
+    n = model.length + 2
+    ref = hostile.publish("global", model.initial_vector)
+    return [
+        pb.Instruction(
+            task_id=task_id,
+            train=pb.TrainTask(round=index, model=ref, seed=1, secure=_job("update", n)),
+        )
+        for task_id, index in (("beyond", 1), ("planned", 0))
+    ]
+
+
+def test_a_round_outside_the_plan_is_refused_before_any_key(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """One update per round bounds a site's updates only while the rounds are bounded:
+    a round the plan does not have is refused; the plan's own is admitted."""
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = _rounds_script(hostile, model)
+    assert _run(_settings(tmp_path), hostile) == 0
+    assert hostile.refusal("beyond") == ("POLICY_REFUSAL", "RULE_ROUND_OUTSIDE_PLAN")
+    assert "round 2 of a plan of 1 round(s)" in hostile.failures[0].reason
+    assert len([s for s in hostile.secagg if s.stage == pb.ADVERTISE]) == 1  # "planned"
+
+
+def test_mutation_without_the_round_check_every_round_is_a_fresh_update(
+    tmp_path: Path, model: GlobalModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ParticipantRunner, "_require_planned_round", lambda self, r: None)
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = _rounds_script(hostile, model)
+    assert _run(_settings(tmp_path), hostile) == 0
+    assert not [f for f in hostile.failures if f.task_id == "beyond"]
+    assert len([s for s in hostile.secagg if s.stage == pb.ADVERTISE]) == 2
+
+
 WEAKENED = {
     "tiny": {"min_participants": 2},
     # a job with 2t <= holders cannot carry the consistency round at all (spherecal.crypto.spec)
