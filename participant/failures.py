@@ -154,9 +154,9 @@ def wire_reason(error: BaseException) -> str:
     coordinator sent) — what an operator needs to fix the plan — but not what the site
     has already spent, which is its history in other releases and federations."""
     if isinstance(error, BudgetExceeded):
-        what = "per-release target" if error.limit == "per_release" else "total budget"
         return (
-            f"refusing {error.release_kind} release: it would exceed this site's {what} "
+            f"refusing {error.release_kind} release: it would exceed this site's "
+            f"{error.limit_name} "
             f"ε = {error.budget_epsilon:g} at δ = {error.delta:g} (this release ε = "
             f"{error.release_epsilon:.4g}); the site's own audit has what it spent"
         )

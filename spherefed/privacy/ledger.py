@@ -79,12 +79,17 @@ class BudgetExceeded(LedgerError):
         self.projected_epsilon = projected_epsilon
         self.delta = delta
         self.release_kind = release_kind
-        what = "per-release target" if limit == "per_release" else "total budget"
         super().__init__(
-            f"refusing {release_kind} release for {subject!r}: it would exceed the {what} "
+            f"refusing {release_kind} release for {subject!r}: it would exceed the "
+            f"{self.limit_name} "
             f"ε = {budget_epsilon:g} at δ = {delta:g} (this release ε = {release_epsilon:.4g}, "
             f"already spent ε = {spent_epsilon:.4g}, total after it ε = {projected_epsilon:.4g})"
         )
+
+    @property
+    def limit_name(self) -> str:
+        """The limit crossed, in words: ``per-release target`` or ``total budget``."""
+        return "per-release target" if self.limit == "per_release" else "total budget"
 
     def numbers(self) -> dict[str, Any]:
         return {
