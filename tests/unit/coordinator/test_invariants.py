@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spherecal.coordinator.driver import invariants
 from spherecal.coordinator.driver.invariants import (
     AggregateInvariantViolated,
     Tolerance,
@@ -172,3 +173,59 @@ def test_a_dp_releases_truncated_features_keep_the_trace_below_the_count() -> No
     inflated = FFCStatistics(scaled, stats.U, stats.count)
     with pytest.raises(AggregateInvariantViolated, match="trace"):
         check_ffc(inflated, unit_norm=True, tol=tol)
+
+
+def _with_lowest(lowest: float, *, dim: int = DIM, seed: int = 0) -> np.ndarray:
+    """A symmetric matrix whose lowest eigenvalue is ``lowest`` (the others in [1, 2])."""
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.normal(size=(dim, dim)))
+    values = np.concatenate([[lowest], rng.uniform(1.0, 2.0, size=dim - 1)])
+    return (q * values) @ q.T
+
+
+def test_the_psd_rule_holds_on_both_sides_of_its_slack() -> None:
+    """The factorisation's pass and the eigenvalues' refusal meet at ``-tol.eigen``:
+    a lowest eigenvalue half the slack below zero passes, one and a half refused,
+    with the eigenvalue named."""
+    slack = TOL.eigen(DIM, 10.0)
+    v_in, v_out = _with_lowest(-0.5 * slack), _with_lowest(-1.5 * slack)
+    u = np.zeros((DIM, CLASSES))
+    assert invariants._within_psd_slack(v_in, np.array([slack]))
+    assert not invariants._within_psd_slack(v_out, np.array([slack]))
+    invariants._psd(v_in, np.array(10.0), TOL, "V")
+    with pytest.raises(
+        AggregateInvariantViolated, match=r"V is not positive semi-definite"
+    ) as info:
+        check_ffc(FFCStatistics(v_out, u, 10.0), unit_norm=False, tol=TOL)
+    assert info.value.invariant == "psd"
+    assert f"{-1.5 * slack:.4g}" in str(info.value)
+
+
+def test_a_failed_factorisation_is_decided_by_the_eigenvalues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The factorisation only ever shortcuts a pass: forced to fail, an honest
+    aggregate still passes on its eigenvalues."""
+    ffc, ccvr = _honest()
+    monkeypatch.setattr(invariants, "_within_psd_slack", lambda matrices, slack: False)
+    check_ffc(ffc, unit_norm=True, tol=TOL)
+    check_ccvr(ccvr, unit_norm=True, tol=TOL)
+
+
+def test_every_batch_of_class_moments_is_factorised() -> None:
+    """More classes than one factorisation batch: an indefinite ``M_c`` in the last
+    batch is refused and named by its class."""
+    classes = invariants.PSD_BATCH + 3
+    bad = classes - 1
+    moments = np.stack([_with_lowest(0.5, seed=c) for c in range(classes)])
+    moments[bad] = _with_lowest(-0.25, seed=bad)
+    stats = CCVRStatistics(np.full(classes, 50.0), np.zeros((classes, DIM)), moments)
+    with pytest.raises(AggregateInvariantViolated, match=rf"M_c\[{bad}\] is not positive") as info:
+        check_ccvr(stats, unit_norm=False, tol=TOL)
+    assert info.value.invariant == "psd"
+    moments[bad] = _with_lowest(0.5, seed=bad)
+    check_ccvr(
+        CCVRStatistics(np.full(classes, 50.0), np.zeros((classes, DIM)), moments),
+        unit_norm=False,
+        tol=TOL,
+    )
