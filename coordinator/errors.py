@@ -75,6 +75,7 @@ complete)::
     │   ├── PlaintextRefused     a plaintext upload/report (also a PermissionError)
     │   ├── ReleaseRepeated      a release already left under its key (round, moments, evaluation)
     │   ├── RoundOutsidePlan     a training task for a round the joined plan does not have
+    │   ├── EvaluationsExhausted more evaluations in one federation than the site answers
     │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
     ├── HeldJobError             participant: a held job (its state after a restart) unusable

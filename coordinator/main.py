@@ -37,7 +37,7 @@ from spherecal.coordinator.server.native_log import NativeStderr
 from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
-from spherecal.coordinator.settings import CoordinatorSettings
+from spherecal.coordinator.settings import CoordinatorSettings, evaluations_warning
 from spherecal.coordinator.state.lifecycle import (
     finished_federation,
     set_aside_finished,
@@ -261,10 +261,13 @@ def _run(
         )
         if set_aside is not None:
             store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
-        weakened = durability_warning(settings.durability)
-        if weakened is not None:
-            emit(f"WARNING: {weakened}")
-            store.event("warning", weakened)
+        for weakened in (
+            durability_warning(settings.durability),
+            evaluations_warning(settings),
+        ):
+            if weakened is not None:
+                emit(f"WARNING: {weakened}")
+                store.event("warning", weakened)
         registry = Registry(
             settings.participants,
             store,

@@ -30,11 +30,16 @@ from spherecal.spherefed.calibration_suite import (
 )
 from spherecal.spherefed.fl import model_seeds
 from spherecal.spherefed.network import ModelSpec
-from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_EVALUATION_NOISE_SD
+from spherecal.spherefed.privacy.evaluation_noise import (
+    DEFAULT_EVALUATION_NOISE_SD,
+    DEFAULT_MAX_EVALUATIONS_PER_FEDERATION,
+)
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "CalibrationSettings",
+    "evaluations_warning",
+    "evaluations_per_site",
     "CoordinatorSettings",
     "EvaluationSettings",
     "ModelSettings",
@@ -48,6 +53,50 @@ __all__ = [
 CALIBRATION_METHODS = CALIBRATION_NAMES  # ffc, ccvr, ffc_bias, lda, qda
 GRAPHS = ("auto", "complete", "harary")
 ROUND_GATES = ("off", "flag", "rollback")
+
+
+def evaluations_per_site(
+    *,
+    rounds: int,
+    federated_every: int,
+    round_gate: str,
+    validation_gate: bool,
+    closed_forms: bool,
+) -> int:
+    """The most evaluation releases this schedule asks of one site in a federation —
+    what each site's ``[policy] max_evaluations_per_federation`` must allow
+    (``spherecal.spherefed.privacy.evaluation_noise.DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``).
+
+    The final test evaluation (1); the calibrators' validation grid (1, with closed
+    forms configured); the validation gate's remaining heads (1); one test evaluation
+    every ``federated_every`` rounds; with a round gate, each round's model and the
+    model before the first checked round on validation (``rounds + 1``). A retried
+    job adds none: one whose input left is the same release (refused as repeated),
+    one that failed before it consumed nothing."""
+    count = 1 + int(closed_forms) + int(validation_gate)
+    if federated_every > 0:
+        count += rounds // federated_every
+    if round_gate != "off":
+        count += rounds + 1
+    return count
+
+
+def evaluations_warning(settings: CoordinatorSettings) -> str | None:
+    """The line logged at start when this schedule asks each site for more
+    evaluations than a site answers by default (``None`` otherwise)."""
+    asked = settings.evaluations_per_site
+    if asked <= DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:
+        return None
+    return (
+        f"this schedule asks each site for {asked} evaluation releases in the federation "
+        "([evaluation] federated_every, [federation] round_gate); a site answers at most "
+        f"[policy] max_evaluations_per_federation (default "
+        f"{DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}) and refuses the rest "
+        "(RULE_EVALUATIONS_EXHAUSTED): agree a higher limit with the sites, or evaluate "
+        "less often"
+    )
+
+
 DURABILITY = ("power-loss", "process-crash")
 """``[federation] durability``: what the state database's commits survive
 (:mod:`spherecal.coordinator.state.store`)."""
@@ -596,6 +645,17 @@ class CoordinatorSettings:
     @property
     def secure(self) -> bool:
         return self.secagg.updates or self.secagg.statistics
+
+    @property
+    def evaluations_per_site(self) -> int:
+        """:func:`evaluations_per_site` of this configuration."""
+        return evaluations_per_site(
+            rounds=self.training.rounds,
+            federated_every=self.evaluation.federated_every,
+            round_gate=self.round_gate,
+            validation_gate=self.validation_gate,
+            closed_forms=bool(self.calibration.closed_forms),
+        )
 
     @property
     def calibration_minimum(self) -> int:

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from spherecal import crypto
 from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, PrivacyRefused
-from spherecal.participant.policy import EvaluationRefused, ReleaseRepeated, RoundOutsidePlan
+from spherecal.participant.policy import (
+    EvaluationRefused,
+    EvaluationsExhausted,
+    ReleaseRepeated,
+    RoundOutsidePlan,
+)
 from spherecal.participant.trust import UntrustedDirectory
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import TensorFormatError
@@ -86,6 +91,7 @@ RULES: tuple[tuple[type[BaseException], pb.PolicyRule], ...] = (
     (crypto.OverlappingReveal, pb.RULE_BOTH_SHARE_KINDS),
     (crypto.KeySubstitution, pb.RULE_KEY_SUBSTITUTION),
     (ReleaseRepeated, pb.RULE_RELEASE_REPEATED),
+    (EvaluationsExhausted, pb.RULE_EVALUATIONS_EXHAUSTED),
     (RoundOutsidePlan, pb.RULE_ROUND_OUTSIDE_PLAN),
     (EvaluationRefused, pb.RULE_EVALUATION_HEADS),
     (PlaintextRefused, pb.RULE_PLAINTEXT_REFUSED),

@@ -18,13 +18,17 @@ from dataclasses import dataclass
 
 from spherecal.crypto.policy import DEFAULT_MIN_INPUTS, DEFAULT_MIN_PARTICIPANTS, SecAggPolicy
 from spherecal.participant.dp_gate import PrivacyRefused
-from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_EVALUATION_NOISE_SD
+from spherecal.spherefed.privacy.evaluation_noise import (
+    DEFAULT_EVALUATION_NOISE_SD,
+    DEFAULT_MAX_EVALUATIONS_PER_FEDERATION,
+)
 
 __all__ = [
     "DEFAULT_MAX_EVALUATION_HEADS",
     "DEFAULT_MAX_VALIDATION_HEADS",
     "DEFAULT_SHARE_WAIT_S",
     "EvaluationRefused",
+    "EvaluationsExhausted",
     "PolicySettings",
     "ReleaseRepeated",
     "RoundOutsidePlan",
@@ -57,6 +61,14 @@ class RoundOutsidePlan(PrivacyRefused):
     coordinator free to name further rounds could ask for as many updates as it liked
     — of one model, moved by an ulp, trained with the seed it sends. The plan's round
     count bounds them."""
+
+
+class EvaluationsExhausted(PrivacyRefused):
+    """This site already made ``max_evaluations_per_federation`` evaluation releases
+    in this federation. Each evaluation's noise is fresh, and the same counts can be
+    asked for again at no cost — the split's total is in every evaluation, and a model
+    moved by one ulp is a new release key — so an unbounded number of evaluations would
+    average the noise away (``DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``)."""
 
 
 class EvaluationRefused(PrivacyRefused):
@@ -103,6 +115,14 @@ class PolicySettings:
     max_validation_heads: int = DEFAULT_MAX_VALIDATION_HEADS
     """Most candidate heads one *validation-split* evaluation (the calibrators'
     ridge/shrinkage grid) may carry; such an evaluation never touches the test split."""
+    max_evaluations_per_federation: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    """Most evaluation releases (either split) this site makes in one federation;
+    each is fresh noise on counts that can be asked for again at no cost (a model
+    moved by one ulp is a new release), so their number bounds how far the noise
+    averages down. The default (4) covers the coordinator's default schedule (at most
+    3); per-round evaluations (``[evaluation] federated_every``, ``[federation]
+    round_gate``) need more — the coordinator logs how many its schedule asks. 0: no
+    limit (logged)."""
     min_local_work_s: float = 0.0
     """Hold a secure job's input until this many seconds after its task arrived, so
     the time of the masked upload does not reveal how long the local work took (it
@@ -138,6 +158,11 @@ class PolicySettings:
         vheads = self.max_validation_heads
         if isinstance(vheads, bool) or not isinstance(vheads, int) or vheads < 0:
             raise ValueError(f"policy max_validation_heads must be an integer >= 0, got {vheads!r}")
+        most = self.max_evaluations_per_federation
+        if isinstance(most, bool) or not isinstance(most, int) or most < 0:
+            raise ValueError(
+                f"policy max_evaluations_per_federation must be an integer >= 0, got {most!r}"
+            )
         for key in ("min_local_work_s", "share_wait_s"):
             seconds = getattr(self, key)
             if (
@@ -193,6 +218,13 @@ class PolicySettings:
             out.append(
                 f"max_validation_heads = {self.max_validation_heads} (default "
                 f"{DEFAULT_MAX_VALIDATION_HEADS}): crafted heads count local validation labels"
+            )
+        most = self.max_evaluations_per_federation
+        if most == 0 or most > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:
+            out.append(
+                f"max_evaluations_per_federation = {most} (default "
+                f"{DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}; 0: no limit): more evaluations "
+                "per federation average the counts' noise further down"
             )
         if self.share_wait_s == 0:
             out.append(

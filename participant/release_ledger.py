@@ -27,7 +27,11 @@ One rule per purpose (the family of a kind, :func:`family_of`):
 * ``evaluation`` (kind ``evaluate``): counts leave with distributed DP noise
   (``[policy] evaluation_noise_sd``, :mod:`spherecal.spherefed.privacy.evaluation_noise`),
   each release's ε recorded here; the same evaluation — executed model, split and
-  head *contents* (names are not part of the key) — is answered once.
+  head *contents* (names are not part of the key) — is answered once, and at most
+  ``[policy] max_evaluations_per_federation`` evaluations are answered per federation
+  (each one's noise is fresh while its counts can be asked for again for free — a
+  model moved by one ulp is a new key — so their number bounds how far the noise
+  averages down).
 
 When a release counts: a job is *reserved* when the site admits the task and
 *consumed* the moment its input leaves (right before the first masked chunk, or the
@@ -50,7 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spherecal.participant.policy import ReleaseRepeated
+from spherecal.participant.dp_gate import PrivacyRefused
+from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
+from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
 __all__ = [
     "EVALUATE",
@@ -128,6 +134,8 @@ class LedgerRules:
     one_release_per_model: bool = True
     exact_data_once: bool = True
     """Not ``[policy] reuse_data_across_federations``."""
+    max_evaluations_per_federation: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    """``[policy] max_evaluations_per_federation`` (0: no limit)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +179,7 @@ class ReleaseLedger:
         self.participant = participant
         """Whose releases (one state directory may, in tests, serve several ids)."""
         base = rules or LedgerRules()
-        self.rules = base if enforce else LedgerRules(False, False, False)
+        self.rules = base if enforce else LedgerRules(False, False, False, 0)
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
 
@@ -210,7 +218,28 @@ class ReleaseLedger:
             ).fetchall()
         )
 
-    def _conflict(self, release: Release, job: str) -> str | None:
+    def _conflict(self, release: Release, job: str) -> PrivacyRefused | None:
+        """The refusal a rule makes of ``release`` given what already left (``None``:
+        admitted)."""
+        repeated = self._repeated(release, job)
+        if repeated is not None:
+            return ReleaseRepeated(repeated)
+        most = self.rules.max_evaluations_per_federation
+        if release.family == EVALUATION and most > 0:
+            (made,) = self._conn.execute(
+                "SELECT COUNT(*) FROM site_releases WHERE participant = ? AND family = ? "
+                "AND federation = ? AND state = 'released' AND job != ?",
+                (self.participant, EVALUATION, release.federation, job),
+            ).fetchone()
+            if made >= most:
+                return EvaluationsExhausted(
+                    f"this site already answered {made} evaluation(s) in this federation, "
+                    f"its most ([policy] max_evaluations_per_federation = {most}): each "
+                    "evaluation's noise is fresh, so more of them would average it down"
+                )
+        return None
+
+    def _repeated(self, release: Release, job: str) -> str | None:
         r = self.rules
         for other, kind, federation, model, data, content, rnd, noised in self._released(
             release.family, job
@@ -266,11 +295,12 @@ class ReleaseLedger:
     # ------------------------------------------------------------ life cycle
     def reserve(self, release: Release, *, job: str) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
-        rule forbids the release."""
+        rule forbids the release (:class:`EvaluationsExhausted` when it is the
+        federation's evaluation count)."""
         with self._lock:
             conflict = self._conflict(release, job)
             if conflict is not None:
-                raise ReleaseRepeated(conflict)
+                raise conflict
             self._conn.execute(
                 "INSERT OR IGNORE INTO site_releases (participant, job, kind, family, "
                 "federation, model, data, content, round, noised, epsilon, delta, noise, "
@@ -333,7 +363,7 @@ class ReleaseLedger:
             try:
                 conflict = self._conflict(release, job)
                 if conflict is not None:
-                    raise ReleaseRepeated(conflict)
+                    raise conflict
                 self._conn.execute(
                     "UPDATE site_releases SET state = 'released', released = ?, answer = ? "
                     "WHERE participant = ? AND job = ?",

@@ -143,6 +143,7 @@ class ParticipantRunner:
                 one_update_per_round=settings.policy.one_update_per_round,
                 one_release_per_model=settings.policy.one_release_per_model,
                 exact_data_once=not settings.policy.reuse_data_across_federations,
+                max_evaluations_per_federation=settings.policy.max_evaluations_per_federation,
             ),
         )
         self._fingerprints: dict[str, bytes] = {}

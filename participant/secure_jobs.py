@@ -78,7 +78,7 @@ from spherecal import crypto
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
 from spherecal.participant.held_upload import store_masked, task_of
-from spherecal.participant.policy import PolicySettings, ReleaseRepeated
+from spherecal.participant.policy import EvaluationsExhausted, PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import REFUSAL, ReleaseLedger
 from spherecal.participant.secure_session import SecureSession, SqliteJobLedger
 from spherecal.participant.transport import Transport, TransportError
@@ -579,7 +579,7 @@ class SecureSteps:
         if session.release is not None:
             try:
                 self.releases.consume(session.release, answer=REFUSAL)
-            except ReleaseRepeated as exc:  # a concurrent job was released first
+            except (ReleaseRepeated, EvaluationsExhausted) as exc:  # a concurrent job went first
                 error = exc
         self.halter.check(
             "charged",
@@ -699,7 +699,7 @@ class SecureSteps:
         if session.release is not None:
             try:
                 self.releases.consume(session.release)
-            except ReleaseRepeated as exc:  # a concurrent job was released first
+            except (ReleaseRepeated, EvaluationsExhausted) as exc:  # a concurrent job went first
                 self.abandon(job_id.hex(), session, exc)
                 return
         self.halter.check(

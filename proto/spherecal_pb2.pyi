@@ -71,6 +71,7 @@ class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RULE_DP_REQUIRED: _ClassVar[PolicyRule]
     RULE_DP_PLAN: _ClassVar[PolicyRule]
     RULE_ROUND_OUTSIDE_PLAN: _ClassVar[PolicyRule]
+    RULE_EVALUATIONS_EXHAUSTED: _ClassVar[PolicyRule]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -122,6 +123,7 @@ RULE_PLAINTEXT_REFUSED: PolicyRule
 RULE_DP_REQUIRED: PolicyRule
 RULE_DP_PLAN: PolicyRule
 RULE_ROUND_OUTSIDE_PLAN: PolicyRule
+RULE_EVALUATIONS_EXHAUSTED: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason

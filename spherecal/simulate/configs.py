@@ -28,10 +28,13 @@ from spherecal.coordinator.settings import (
     Timeouts,
     TLSSettings,
     TrainingSettings,
+    evaluations_per_site,
 )
 from spherecal.participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
 from spherecal.participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherecal.simulate.settings import SimulationSettings
+from spherecal.spherefed.calibration_suite import CLOSED_FORMS
+from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
@@ -256,7 +259,9 @@ def _with_dpsgd(
 def _policy(s: SimulationSettings) -> PolicySettings:
     """The participants' ``[policy]``: the defaults, except that a federation which
     evaluates more calibrated heads than ``max_evaluation_heads`` allows (FFC and
-    CCVR) raises it to their number, and one that runs separate FFC and CCVR jobs
+    CCVR) raises it to their number, one whose coordinator evaluates more often than
+    ``max_evaluations_per_federation`` allows (per-round evaluations, a round gate)
+    raises that to what the schedule asks, and one that runs separate FFC and CCVR jobs
     (``ffc_from_ccvr = false``: two releases of one family of per-class moments,
     issue #19) relaxes the release rules that would refuse the second — explicit in
     the generated config, and logged at WARNING by each participant as a
@@ -265,10 +270,29 @@ def _policy(s: SimulationSettings) -> PolicySettings:
     relaxed: dict[str, object] = {}
     if heads > DEFAULT_MAX_EVALUATION_HEADS:
         relaxed["max_evaluation_heads"] = heads
+    asked = _evaluations_asked(s)
+    if asked > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:
+        relaxed["max_evaluations_per_federation"] = asked
     if len(s.statistics_jobs) > 1:
         relaxed["one_release_per_model"] = False
         relaxed["reuse_data_across_federations"] = True
     return PolicySettings(**relaxed)  # type: ignore[arg-type]
+
+
+def _evaluations_asked(s: SimulationSettings) -> int:
+    """What the simulated coordinator's schedule asks of each site
+    (:func:`spherecal.coordinator.settings.evaluations_per_site`), with the raw
+    per-test coordinator overrides applied."""
+    federation = s.extra_coordinator.get("federation", {})
+    evaluation = s.extra_coordinator.get("evaluation", {})
+    training = s.extra_coordinator.get("training", {})
+    return evaluations_per_site(
+        rounds=int(training.get("rounds", s.reference.rounds)),
+        federated_every=int(evaluation.get("federated_every", s.federated_every)),
+        round_gate=str(federation.get("round_gate", "off")),
+        validation_gate=bool(federation.get("validation_gate", True)),
+        closed_forms=any(c in CLOSED_FORMS for c in s.calibration),
+    )
 
 
 def participant_document(

@@ -49,6 +49,7 @@ from spherecal.spherefed.privacy.accounting import epsilon, skellam_rdp
 
 __all__ = [
     "DEFAULT_EVALUATION_NOISE_SD",
+    "DEFAULT_MAX_EVALUATIONS_PER_FEDERATION",
     "EVALUATION_DELTA",
     "EVALUATION_SCALE_BITS",
     "EvaluationNoise",
@@ -67,6 +68,19 @@ while no site's count is recoverable exactly: a difference of two sums is off by
 noise of sd ≥ 0.8·√2 ≈ 1.1 counts. The price, stated honestly: ε ≈ 13 (δ = 1e-5)
 per 2-head test evaluation against the coordinator, more for the validation grid;
 each is recorded in the site's ledger."""
+
+DEFAULT_MAX_EVALUATIONS_PER_FEDERATION = 4
+"""Most evaluation releases a site makes in one federation (``[policy]
+max_evaluations_per_federation``). Why a count: each release's noise is fresh, and a
+coordinator can make "the same count again" free — the split's total is an entry of
+every evaluation, and a model moved by one float32 ulp (or a head's bias by a hair)
+is a new release key with the same counts — so ``k`` releases average the noise down
+to ``1.1/√k`` counts (exact with ≥ 95 % from ``k ≈ 20``). The coordinator's default
+schedule needs at most three per site (the calibrators' validation grid, the
+validation gate's remaining heads, the final test evaluation); four leaves one spare
+and holds a repeated count's mean to ≥ 0.55 counts of noise. Per-round evaluations
+(``[evaluation] federated_every``, ``[federation] round_gate``) need more: the
+coordinator logs what its schedule asks (``evaluations_per_site``)."""
 
 EVALUATION_SCALE_BITS = 10
 """Fixed-point bits of an evaluation job (counts are integers: exact at any scale)."""

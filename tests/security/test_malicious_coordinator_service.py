@@ -256,6 +256,50 @@ def test_the_same_evaluation_is_answered_once(tmp_path: Path, model: GlobalModel
     assert hostile.refusal("e2") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
 
 
+def _ulp_moved(hostile: HostileCoordinator, model: GlobalModel, k: int) -> pb.Instruction:
+    """An evaluation of the model with its last weight moved by ``k`` float32 ulps: a
+    new executed model (a new release key) whose counts are, almost surely, the
+    same — the free "ask again" that averages fresh noise away."""
+    vector = model.initial_vector.astype(np.float32)
+    for _ in range(k):
+        vector[-1] = np.nextafter(vector[-1], np.float32(np.inf))
+    ref = hostile.publish(f"model-ulp{k}", vector.astype(np.float64))
+    return pb.Instruction(
+        task_id=f"ulp{k}", evaluate=pb.EvaluateTask(model=ref, heads=[], round=-1)
+    )
+
+
+def test_evaluations_of_ulp_moved_models_stop_at_the_federations_limit(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """Six evaluations of one model moved by an ulp each: the site answers its
+    default four, then refuses with ``RULE_EVALUATIONS_EXHAUSTED`` (the coordinator
+    would otherwise average the counts' fresh noise down)."""
+    settings = _settings(tmp_path, allow_plaintext=True)
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_ulp_moved(hostile, model, k) for k in range(6)]
+    assert _run(settings, hostile) == 0
+    assert [e.task_id for e in hostile.evaluations] == ["ulp0", "ulp1", "ulp2", "ulp3"]
+    for late in ("ulp4", "ulp5"):
+        assert hostile.refusal(late) == ("POLICY_REFUSAL", "RULE_EVALUATIONS_EXHAUSTED")
+    assert "max_evaluations_per_federation = 4" in hostile.failures[0].reason
+
+
+def test_mutation_without_the_limit_every_ulp_is_a_fresh_answer(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """The policy key is what stops it: set to 0 (no limit), all six are answered."""
+    settings = _settings(
+        tmp_path,
+        allow_plaintext=True,
+        policy=PolicySettings(max_evaluations_per_federation=0),
+    )
+    hostile = HostileCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_ulp_moved(hostile, model, k) for k in range(6)]
+    assert _run(settings, hostile) == 0
+    assert len(hostile.evaluations) == 6 and not hostile.failures
+
+
 # ====================================================================== job specs
 def _train(
     hostile: HostileCoordinator, model: GlobalModel, task_id: str, job: pb.SecAggJob

@@ -1,0 +1,184 @@
+"""At most ``[policy] max_evaluations_per_federation`` evaluation releases per
+federation: each evaluation's noise is fresh while the same counts can be asked for
+again at no cost (a model moved by one ulp is a new release key), so the number of
+evaluations bounds how far the noise averages down. The site enforces it in its
+ledger; the coordinator states what its schedule asks, and its default schedule fits
+the sites' default limit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spherecal.coordinator.settings import (
+    CalibrationSettings,
+    CoordinatorSettings,
+    EvaluationSettings,
+    TrainingSettings,
+    evaluations_per_site,
+    evaluations_warning,
+)
+from spherecal.participant.failures import policy_rule, wire_reason
+from spherecal.participant.policy import EvaluationsExhausted, PolicySettings, ReleaseRepeated
+from spherecal.participant.release_ledger import (
+    EVALUATE,
+    REFUSAL,
+    LedgerRules,
+    Release,
+    ReleaseLedger,
+)
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+
+
+def _evaluation(k: int, federation: str = "fed") -> Release:
+    """The ``k``-th evaluation: a distinct executed model (one ulp apart, say)."""
+    return Release(
+        kind=EVALUATE,
+        federation=federation,
+        model=k.to_bytes(32, "big"),
+        data=b"t" * 32,
+        content=b"c" * 32,
+    )
+
+
+def _ledger(tmp_path: Path, **rules: object) -> ReleaseLedger:
+    return ReleaseLedger(
+        tmp_path / "privacy.db",
+        participant="p0",
+        rules=LedgerRules(**rules),  # type: ignore[arg-type]
+    )
+
+
+def _release(ledger: ReleaseLedger, k: int, federation: str = "fed", **kw: str) -> None:
+    ledger.reserve(_evaluation(k, federation), job=f"{federation}-{k}")
+    ledger.consume(f"{federation}-{k}", **kw)
+
+
+def test_the_evaluation_after_the_limit_is_refused_in_that_federation_only(
+    tmp_path: Path,
+) -> None:
+    ledger = _ledger(tmp_path)
+    most = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    for k in range(most):
+        _release(ledger, k)
+    with pytest.raises(EvaluationsExhausted, match=rf"already answered {most} evaluation"):
+        ledger.reserve(_evaluation(most), job=f"fed-{most}")
+    _release(ledger, most, federation="other")  # another federation has its own count
+    ledger.close()
+    # durable: a restarted site counts the same releases
+    restarted = _ledger(tmp_path)
+    with pytest.raises(EvaluationsExhausted):
+        restarted.reserve(_evaluation(most + 1), job="fed-late")
+    restarted.close()
+
+
+def test_a_refusal_in_an_evaluations_place_counts_and_a_reservation_does_not(
+    tmp_path: Path,
+) -> None:
+    """A data-dependent refusal charged as the release counts (it is one bit of the
+    data); a job that ended before anything left (only reserved) does not."""
+    ledger = _ledger(tmp_path, max_evaluations_per_federation=2)
+    _release(ledger, 0, answer=REFUSAL)
+    ledger.reserve(_evaluation(1), job="abandoned")  # never consumed
+    _release(ledger, 2)
+    with pytest.raises(EvaluationsExhausted):
+        ledger.reserve(_evaluation(3), job="fed-3")
+    ledger.close()
+
+
+def test_two_jobs_admitted_together_cannot_both_pass_the_limit(tmp_path: Path) -> None:
+    """Consuming re-checks the count atomically: two evaluations reserved while one
+    was left, the second to leave is refused at its upload."""
+    ledger = _ledger(tmp_path, max_evaluations_per_federation=2)
+    _release(ledger, 0)
+    ledger.reserve(_evaluation(1), job="a")
+    ledger.reserve(_evaluation(2), job="b")
+    ledger.consume("a")
+    with pytest.raises(EvaluationsExhausted):
+        ledger.consume("b")
+    ledger.close()
+
+
+def test_the_limit_is_not_the_repeat_rule(tmp_path: Path) -> None:
+    """The same evaluation asked again is still a repeat (its own rule), and the
+    other families are not counted."""
+    ledger = _ledger(tmp_path, max_evaluations_per_federation=1)
+    _release(ledger, 0)
+    with pytest.raises(ReleaseRepeated):
+        ledger.reserve(_evaluation(0), job="again")
+    moments = Release(kind="ffc", federation="fed", model=b"m" * 32, data=b"d" * 32)
+    ledger.reserve(moments, job="stats")
+    ledger.consume("stats")
+    ledger.close()
+
+
+@pytest.mark.parametrize("rules", [{"max_evaluations_per_federation": 0}, None])
+def test_no_limit_when_set_to_zero_or_unenforced(tmp_path: Path, rules: dict | None) -> None:
+    if rules is None:
+        ledger = ReleaseLedger(tmp_path / "privacy.db", participant="p0", enforce=False)
+    else:
+        ledger = _ledger(tmp_path, **rules)
+    for k in range(DEFAULT_MAX_EVALUATIONS_PER_FEDERATION + 3):
+        _release(ledger, k)
+    ledger.close()
+
+
+def test_the_policy_key_is_checked_and_a_weaker_value_logged() -> None:
+    assert PolicySettings().max_evaluations_per_federation == DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    assert not [r for r in PolicySettings().relaxations() if "max_evaluations" in r]
+    for bad in (-1, True, 2.5, "4"):
+        with pytest.raises(ValueError, match="max_evaluations_per_federation"):
+            PolicySettings(max_evaluations_per_federation=bad)  # type: ignore[arg-type]
+    for weaker in (0, DEFAULT_MAX_EVALUATIONS_PER_FEDERATION + 1):
+        (line,) = [
+            r
+            for r in PolicySettings(max_evaluations_per_federation=weaker).relaxations()
+            if "max_evaluations_per_federation" in r
+        ]
+        assert f"= {weaker}" in line
+    stricter = PolicySettings(max_evaluations_per_federation=1).relaxations()
+    assert not [r for r in stricter if "max_evaluations" in r]
+
+
+def test_the_refusal_travels_with_its_rule_and_its_text() -> None:
+    """Its text is the site's declared limit and what this federation already got —
+    both known to the coordinator — so it goes as it is."""
+    error = EvaluationsExhausted("this site already answered 4 evaluation(s) ...")
+    assert policy_rule(error) == pb.RULE_EVALUATIONS_EXHAUSTED
+    assert wire_reason(error) == str(error)
+
+
+# ------------------------------------------------------------------ the coordinator
+def _coordinator(**kw: object) -> CoordinatorSettings:
+    return replace(CoordinatorSettings(participants=("a", "b", "c")), **kw)  # type: ignore[arg-type]
+
+
+def test_the_default_schedule_fits_the_sites_default_limit() -> None:
+    """The final test evaluation and the validation gate's: two, below the default
+    four; closed-form calibrators add their grid's one."""
+    default = _coordinator()
+    assert default.evaluations_per_site == 2
+    assert evaluations_warning(default) is None
+    closed = _coordinator(calibration=CalibrationSettings(methods=("ffc", "ccvr", "lda", "qda")))
+    assert closed.evaluations_per_site == 3 <= DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+
+
+def test_per_round_evaluations_are_counted_and_logged() -> None:
+    every = _coordinator(
+        training=TrainingSettings(rounds=10), evaluation=EvaluationSettings(federated_every=2)
+    )
+    assert every.evaluations_per_site == 2 + 5
+    gated = _coordinator(training=TrainingSettings(rounds=3), round_gate="flag")
+    assert gated.evaluations_per_site == 2 + 4  # each round's model and the one before
+    warning = evaluations_warning(gated)
+    assert warning is not None and "6 evaluation releases" in warning
+    assert "max_evaluations_per_federation" in warning
+    assert (
+        evaluations_per_site(
+            rounds=3, federated_every=0, round_gate="off", validation_gate=False, closed_forms=False
+        )
+        == 1
+    )
