@@ -289,3 +289,28 @@ def test_audit_site_says_what_it_wants(tmp_path: Path, capsys: pytest.CaptureFix
     _one_line_error(capsys, code, "no release ledger", f"each site's in {run / 'state'}/<id>")
     code = main(["audit", "--site", str(tmp_path / "nowhere")])
     _one_line_error(capsys, code, "no such directory")
+
+
+def test_a_misspelt_config_key_is_answered_with_the_right_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown key or section said only that it was unknown; the line now names the
+    known one it is closest to, when there is one."""
+    site = tmp_path / "participant.toml"
+    site.write_text('[participant]\nid = "p0"\ncoordinater = "127.0.0.1:50051"\n')
+    code = main(["participant", "--config", str(site)])
+    _one_line_error(capsys, code, "['coordinater'] ('coordinater': did you mean 'coordinator'?)")
+    site.write_text('[participant]\nid = "p0"\n[TLS]\nca = "ca.pem"\n')
+    code = main(["participant", "--config", str(site)])
+    _one_line_error(capsys, code, "'TLS': did you mean 'tls'?")
+    site.write_text('[participant]\nid = "p0"\nfrobnicate = 1\n')
+    line = _one_line_error(capsys, main(["participant", "--config", str(site)]), "['frobnicate']")
+    assert "did you mean" not in line  # nothing close: no guess
+    config = tmp_path / "coordinator.toml"
+    config.write_text('[federation]\nparticipants = ["p0", "p1", "p2"]\n[training]\nround = 3\n')
+    code = main(["coordinator", "--config", str(config)])
+    _one_line_error(capsys, code, "'round': did you mean 'rounds'?")
+    table = tmp_path / "simulate.toml"
+    table.write_text("[simulate]\nparticipant = 4\n")
+    code = main(["simulate", "--config", str(table), "--out", str(tmp_path / "run")])
+    _one_line_error(capsys, code, "'participant': did you mean 'participants'?")
