@@ -53,17 +53,27 @@ class Backoff:
         return self._failing_since is not None
 
     def wait(
-        self, what: str, log: Callable[[str], None] | None = None, *, address: str = ""
+        self,
+        what: str,
+        log: Callable[[str], None] | None = None,
+        *,
+        address: str = "",
+        hint: str = "",
     ) -> None:
         """Sleep the next back-off (jittered, doubling up to ``maximum``); with ``log``,
         say which attempt comes next, after how long and why — and, on the first
-        failure with ``address``, that the coordinator there cannot be reached."""
+        failure with ``address``, that the coordinator there cannot be reached (and
+        ``hint``, what to fix, when the failure says more than that)."""
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
             self.attempts = 0
             if log is not None and address:
-                log(f"cannot reach the coordinator at {address} ({what}); retrying with back-off")
+                fix = f" — {hint}" if hint else ""
+                log(
+                    f"cannot reach the coordinator at {address} ({what}){fix}; retrying "
+                    "with back-off"
+                )
         elif now - self._failing_since > self.give_up:
             raise ParticipantExit(3, f"giving up: {what} for {now - self._failing_since:.0f}s")
         delay = self._delay * (0.5 + random.random())

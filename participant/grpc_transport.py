@@ -21,7 +21,13 @@ from spherecal.proto.address import is_loopback_address
 from spherecal.proto.error_detail import reason_from_metadata
 from spherecal.proto.services import grpc_services
 
-__all__ = ["GrpcTransport", "channel_options", "credentials_for", "is_loopback_address"]
+__all__ = [
+    "GrpcTransport",
+    "channel_options",
+    "credentials_for",
+    "is_loopback_address",
+    "tls_failure_hint",
+]
 
 T = TypeVar("T")
 
@@ -42,6 +48,24 @@ def credentials_for(settings: ParticipantSettings) -> grpc.ChannelCredentials | 
         private_key=tls.key.read_bytes(),
         certificate_chain=tls.cert.read_bytes(),
     )
+
+
+def tls_failure_hint(details: str, *, server_name: str, ca: str) -> str:
+    """What to fix when gRPC's failure text is the coordinator's certificate failing
+    verification — gRPC reports it as UNAVAILABLE ("failed to connect to all
+    addresses"), like an outage, though no retry will help; "" for anything else.
+    ``server_name`` and ``ca`` name the caller's setting (a config key or an option)."""
+    if "Hostname Verification Check failed" in details:
+        return (
+            "the coordinator's certificate does not name the address dialled: set "
+            f"{server_name} to a name it was issued for (`spherecal certs init --host NAME`)"
+        )
+    if any(m in details for m in ("CERTIFICATE_VERIFY_FAILED", "BAD_SIGNATURE")):
+        return (
+            f"the coordinator's certificate does not verify against {ca}: use the CA "
+            "that issued it"
+        )
+    return ""
 
 
 def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:

@@ -59,6 +59,7 @@ from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
+from spherecal.participant.grpc_transport import tls_failure_hint
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.policy import RoundOutsidePlan
 from spherecal.participant.release_ledger import (
@@ -357,7 +358,11 @@ class ParticipantRunner:
             return
         if exc.retryable:
             reason = f"{exc.code.name}: {' '.join(exc.message.split())[:200]}"
-            self._backoff.wait(reason, self.log, address=self.settings.coordinator)
+            tls = self.settings.tls
+            hint = tls_failure_hint(
+                exc.message, server_name="[tls] server_name", ca=f"[tls] ca = {tls.ca}"
+            )
+            self._backoff.wait(reason, self.log, address=self.settings.coordinator, hint=hint)
             return
         raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
 

@@ -27,6 +27,7 @@ from spherecal.config_schema import (
     Extra,
     Section,
     Table,
+    did_you_mean,
     read_table,
     write_table,
 )
@@ -197,7 +198,10 @@ def _sections(
     allowed = [t.name for t in tables]
     unknown = sorted(set(document) - set(allowed))
     if unknown:
-        raise ConfigError(f"{source}: unknown section(s) {unknown}; expected {allowed}")
+        raise ConfigError(
+            f"{source}: unknown section(s) {unknown}{did_you_mean(unknown, allowed)}; "
+            f"expected {allowed}"
+        )
     return {name: Section(source, name, document.get(name, {}), base) for name in allowed}
 
 

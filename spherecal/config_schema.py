@@ -25,7 +25,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -37,6 +37,7 @@ __all__ = [
     "Key",
     "Section",
     "Table",
+    "did_you_mean",
     "field_docs",
     "markdown_table",
     "read_table",
@@ -111,8 +112,23 @@ class Section:
         unknown = sorted(set(self._table) - self._used)
         if unknown:
             raise ConfigError(
-                f"{self.source}: [{self.name}] unknown key(s) {unknown}; see docs/deployment.md"
+                f"{self.source}: [{self.name}] unknown key(s) {unknown}"
+                f"{did_you_mean(unknown, self._used)}; see docs/deployment.md"
             )
+
+
+def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """`` (did you mean 'coordinator'?)`` for the unknown names with a close known one
+    (case and ``-``/``_`` ignored), else ``""``: a typo's message names the fix."""
+    import difflib
+
+    by_norm = {k.lower().replace("-", "_"): k for k in known}
+    guesses = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.lower().replace("-", "_"), list(by_norm), n=1)
+        if close:
+            guesses.append(f"{name!r}: did you mean {by_norm[close[0]]!r}?")
+    return f" ({'; '.join(guesses)})" if guesses else ""
 
 
 def _kind_names(kinds: tuple[type, ...]) -> str:

@@ -22,6 +22,36 @@ class PreflightError(ValueError):
     """A configured file or directory that cannot be used (named by its config key)."""
 
 
+def _required(source: str, tls: Any, keys: tuple[str, ...], plaintext: str) -> None:
+    """Mutual TLS needs every one of ``keys`` in ``[tls]``: one unset used to surface
+    only once the process was running (a coordinator had already created its state),
+    as a line naming neither the file nor the key."""
+    missing = [key for key in keys if getattr(tls, key) is None]
+    if missing:
+        named = ", ".join(f"[tls] {key}" for key in missing)
+        raise PreflightError(
+            f"{source}: {named} not set: mutual TLS needs [tls] {', '.join(keys)} "
+            f"(or {plaintext})"
+        )
+
+
+def _roster_fits_secure_aggregation(settings: Any, source: str) -> None:
+    """A roster smaller than ``[secure_aggregation] min_participants`` can never run
+    a secure job: the coordinator used to wait for every site, then fail each round
+    ("too few participants at stage 'create'")."""
+    secagg = settings.secagg
+    kinds = [k for k in ("updates", "statistics", "evaluation") if getattr(secagg, k)]
+    roster = len(settings.participants)
+    if kinds and roster < secagg.min_participants:
+        raise PreflightError(
+            f"{source}: [federation] participants lists {roster} site(s), fewer than "
+            f"[secure_aggregation] min_participants = {secagg.min_participants}: no secure "
+            f"job ({', '.join(kinds)}) could ever run; list at least "
+            f"{secagg.min_participants} sites (participants' default policy refuses jobs "
+            "of fewer than 3)"
+        )
+
+
 def _readable(source: str, key: str, path: Path | None) -> None:
     if path is None:
         return
@@ -105,10 +135,16 @@ def _current_format(source: str, cert: Path | None) -> None:
 
 
 def check_participant(settings: Any, source: str) -> None:
-    """TLS files (unless ``insecure``: present, parseable, the key matching its
+    """TLS files (unless ``insecure``: set, present, parseable, the key matching its
     certificate), the data files and ``out_dir``."""
     if not settings.insecure:
         tls = settings.tls
+        _required(
+            source,
+            tls,
+            ("ca", "cert", "key"),
+            "[participant] insecure = true, loopback coordinators only",
+        )
         for key in ("ca", "cert", "key"):
             _readable(source, f"[tls] {key}", getattr(tls, key))
         _ca_bundle(source, "[tls] ca", tls.ca)
@@ -129,14 +165,21 @@ def check_participant(settings: Any, source: str) -> None:
 
 
 def check_coordinator(settings: Any, source: str) -> None:
-    """TLS files (unless ``insecure``: present, parseable, the key matching its
-    certificate) and ``out_dir``."""
+    """TLS files (unless ``insecure``: set, present, parseable, the key matching its
+    certificate), a roster large enough for secure aggregation, and ``out_dir``."""
     if not settings.server.insecure:
         tls = settings.tls
+        _required(
+            source,
+            tls,
+            ("cert", "key", "client_ca"),
+            "[server] insecure = true, loopback addresses only",
+        )
         for key in ("cert", "key", "client_ca", "crl"):
             _readable(source, f"[tls] {key}", getattr(tls, key))
         _ca_bundle(source, "[tls] client_ca", tls.client_ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
+    _roster_fits_secure_aggregation(settings, source)
     try:
         check_output_dir(settings.out_dir, what="[federation] out_dir")
     except ValueError as exc:

@@ -143,9 +143,16 @@ class SiteAudit:
 
 
 def _ledger_path(state_dir: Path) -> Path:
+    if not state_dir.exists():
+        raise SiteAuditError(f"{state_dir}: no such directory (give the site's state_dir)")
     path = state_dir / "privacy.db" if state_dir.is_dir() else state_dir
     if not path.is_file():
-        raise SiteAuditError(f"{state_dir}: no release ledger (privacy.db) there")
+        hint = (
+            f"; a spherecal simulate run keeps each site's in {state_dir / 'state'}/<id>"
+            if (state_dir / "state").is_dir()
+            else ""
+        )
+        raise SiteAuditError(f"{state_dir}: no release ledger (privacy.db) there{hint}")
     return path
 
 
@@ -383,7 +390,12 @@ def run_site_audit(
     """(exit status, text to print) for ``spherecal audit --site``."""
     try:
         audit = read_site_audit(state_dir)
-    except (SiteAuditError, sqlite3.DatabaseError, OSError) as exc:
+    except sqlite3.DatabaseError as exc:
+        return 2, (
+            f"spherecal audit --site: error: {state_dir}: not a site's release ledger ({exc}); "
+            "give the site's [participant] state_dir, which holds privacy.db"
+        )
+    except (SiteAuditError, OSError) as exc:
         return 2, f"spherecal audit --site: error: {exc}"
     if html_path is not None:
         html_path.write_text(site_audit_html(audit), encoding="utf-8")

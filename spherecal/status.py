@@ -36,10 +36,31 @@ __all__ = [
 ]
 
 
-def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None, Path | None]:
-    """(address, insecure, CA, the coordinator's out_dir) from the flags and/or the
-    coordinator's config."""
+def _own_name(cert: Path | None) -> str | None:
+    """A name the coordinator's own certificate is issued for, to check when dialling
+    127.0.0.1 — None when it names 127.0.0.1 itself (or cannot be read)."""
+    if cert is None or not cert.is_file():
+        return None
+    from cryptography import x509
+
+    try:
+        certificate = x509.load_pem_x509_certificate(cert.read_bytes())
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return None
+    if "127.0.0.1" in {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}:
+        return None
+    dns = names.get_values_for_type(x509.DNSName)
+    return dns[0] if dns else None
+
+
+def _target(
+    args: argparse.Namespace,
+) -> tuple[str, bool, Path | None, Path | None, str | None]:
+    """(address, insecure, CA, the coordinator's out_dir, server name) from the flags
+    and/or the coordinator's config."""
     address, insecure, ca = args.address, bool(args.insecure), args.ca
+    server_name: str | None = args.server_name
     out_dir: Path | None = None
     if args.config is not None:
         from spherecal.config import load_coordinator_config
@@ -53,12 +74,16 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Path | None, Path | No
                 port = port_file.read_text().strip()
             if host in ("0.0.0.0", "[::]", ""):
                 host = "127.0.0.1"
+                # on the coordinator's machine: its certificate may name only the
+                # names participants dial (``certs init --host coord.example.org``)
+                if server_name is None and not settings.server.insecure:
+                    server_name = _own_name(settings.tls.cert)
             address = f"{host}:{port}"
         insecure = insecure or settings.server.insecure
         ca = ca or settings.tls.client_ca
     if address is None:
         raise ValueError("give --config (the coordinator's TOML) or --address HOST:PORT")
-    return address, insecure, ca, out_dir
+    return address, insecure, ca, out_dir, server_name
 
 
 def fetch_status(
@@ -101,10 +126,14 @@ def fetch_status(
         return stub.GetFederationStatus(pb.FederationStatusRequest(), timeout=timeout)
     except grpc.RpcError as exc:
         from spherecal.cli.exit_codes import CoordinatorUnreachable
+        from spherecal.participant.grpc_transport import tls_failure_hint
 
         code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = " ".join((exc.details() if hasattr(exc, "details") else "").split())
         message = f"coordinator at {address}: {code}: {details[:300]}"
+        hint = tls_failure_hint(details, server_name="--server-name", ca="--ca")
+        if hint:  # reached, but its certificate is refused: bad input, not an outage
+            raise ValueError(f"{message} — {hint}") from None
         if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             raise CoordinatorUnreachable(message) from None
         raise ValueError(message) from None
@@ -276,7 +305,7 @@ def show_status(args: argparse.Namespace) -> int:
     :data:`WATCH_TOLD_DONE_S` after the end). The coordinator lingers for a watch it has
     seen until it has served that view; if the coordinator is gone anyway, the watch reads its
     ``summary.json`` (``--config`` names the out_dir) before giving up."""
-    address, insecure, ca, out_dir = _target(args)
+    address, insecure, ca, out_dir, server_name = _target(args)
 
     def once() -> Any:
         return fetch_status(
@@ -285,7 +314,7 @@ def show_status(args: argparse.Namespace) -> int:
             ca=ca,
             cert=args.cert,
             key=args.key,
-            server_name=args.server_name,
+            server_name=server_name,
             timeout=args.timeout,
         )
 

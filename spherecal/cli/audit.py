@@ -63,7 +63,20 @@ def run(args: argparse.Namespace) -> int:
     import sqlite3
 
     from spherecal.audit import AuditError, run_audit
+    from spherecal.outputs import check_output_file
 
+    if args.site is not None and args.path is not None:
+        print(
+            f"spherecal audit: error: give PATH ({args.path}) or --site STATE_DIR "
+            f"({args.site}), not both",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
+    # output paths before any work (one line: OutputPathError is a ValueError)
+    if args.html is not None:
+        check_output_file(args.html, what="--html")
+    if args.out is not None and args.site is None:
+        check_output_file(args.out, what="--out")
     if args.site is not None:  # the site's own audit (spherecal.site_audit)
         from spherecal.site_audit import run_site_audit
 

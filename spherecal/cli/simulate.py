@@ -259,7 +259,12 @@ def _simulate_options(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"{args.config}: expected exactly one [simulate] table")
         unknown = set(table) - set(options)
         if unknown:
-            raise ValueError(f"{args.config}: [simulate] unknown key(s) {sorted(unknown)}")
+            from spherecal.config_schema import did_you_mean
+
+            raise ValueError(
+                f"{args.config}: [simulate] unknown key(s) {sorted(unknown)}"
+                f"{did_you_mean(sorted(unknown), options)}"
+            )
         options.update(table)
         if "out" in table and table["out"] is not None:
             out = Path(str(table["out"]))

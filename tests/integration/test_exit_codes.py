@@ -89,7 +89,7 @@ def _signalled(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
 def test_every_documented_exit_status_is_reachable(tmp_path: Path) -> None:
     coordinator = tmp_path / "coordinator.toml"
     coordinator.write_text(
-        '[federation]\nparticipants = ["p0", "p1"]\n[model]\nextractor = "mlp"\n'
+        '[federation]\nparticipants = ["p0", "p1", "p2"]\n[model]\nextractor = "mlp"\n'
         "[training]\nrounds = 1\nmin_participants = 2\n"
         '[server]\nlisten = "127.0.0.1:0"\ninsecure = true\n'
         "[timeouts]\njoin_s = 0.5\nlinger_s = 0\n"

@@ -97,7 +97,7 @@ def test_insecure_is_refused_off_loopback(
 ) -> None:
     config = tmp_path / "c.toml"
     config.write_text(
-        '[federation]\nparticipants = ["a", "b"]\n[model]\nextractor = "mlp"\n'
+        '[federation]\nparticipants = ["a", "b", "c"]\n[model]\nextractor = "mlp"\n'
         '[server]\nlisten = "0.0.0.0:0"\ninsecure = true\n'
     )
     assert main(["coordinator", "--config", str(config)]) == 2

@@ -25,7 +25,7 @@ def test_busy_port_is_refused_in_one_line_before_grpc_binds(tmp_path: Path) -> N
         state = tmp_path / "state"
         config = tmp_path / "c.toml"
         config.write_text(
-            f'[federation]\nparticipants = ["a", "b"]\nstate_dir = "{state.as_posix()}"\n'
+            f'[federation]\nparticipants = ["a", "b", "c"]\nstate_dir = "{state.as_posix()}"\n'
             f'[model]\nextractor = "mlp"\n'
             f'[server]\nlisten = "127.0.0.1:{port}"\ninsecure = true\n'
         )

@@ -254,3 +254,39 @@ def test_a_bad_update_resolution_exits_2_naming_the_option(
         main(["simulate", "--update-resolution", "3^-16", "--out", str(tmp_path / "o")])
     assert exc.value.code == 2
     assert "--update-resolution" in capsys.readouterr().err
+
+
+def test_every_command_and_option_is_documented() -> None:
+    """Every command has a row in docs/cli.md's command table, and every option of its
+    ``--help`` is named in docs/cli.md or in a page that row links (``--listen``,
+    ``--coordinator``, ``--days``, ``--server-name`` and the DP-SGD flags of
+    ``simulate`` were in ``--help`` only)."""
+    import re
+
+    text = (REPO / "docs" / "cli.md").read_text()
+    table = text.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    pages: dict[str, set[str]] = {}
+    for row in table.splitlines():
+        found = re.match(r"^\| `spherecal (\w+)", row)
+        if found:
+            links = re.findall(r"\]\(([\w.]+\.md)(?:#[^)]*)?\)", row)
+            pages.setdefault(found.group(1), set()).update(links)
+    commands = _commands(build_parser())
+    assert set(pages) == set(commands), "a command without a row in docs/cli.md"
+    missing = []
+
+    def walk(name: str, parser: argparse.ArgumentParser, docs: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(f"{name} {sub}", child, docs)
+            elif action.help != argparse.SUPPRESS:
+                for option in action.option_strings:
+                    pattern = re.escape(option) + r"(?![\w-])"
+                    if option not in ("-h", "--help") and not re.search(pattern, docs):
+                        missing.append(f"{name} {option}")
+
+    for name, parser in commands.items():
+        docs = text + "".join((REPO / "docs" / page).read_text() for page in pages[name])
+        walk(name, parser, docs)
+    assert not missing, f"options in --help but in no page: {missing}"

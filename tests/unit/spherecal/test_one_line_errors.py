@@ -256,3 +256,61 @@ def test_predict_refuses_labels_the_model_does_not_have(
     np.savez(data, x=x, y=np.array([0, 1, 2, 2, 1]))  # in range: an accuracy, exit 0
     assert main(["predict", "--model-dir", str(model_dir), "--data", str(data)]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == 5
+
+
+def test_audit_checks_its_output_paths_before_reading_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--html DIR`` ended in ``[Errno 21] Is a directory`` after the audit had run
+    (and written audit.json); now the path is checked first, as every command's."""
+    missing = tmp_path / "no-run"  # never read: the output path is refused first
+    code = main(["audit", str(missing), "--html", str(tmp_path)])
+    _one_line_error(capsys, code, f"cannot write --html {tmp_path}: it is a directory")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code = main(["audit", str(missing), "--out", str(blocker / "audit.json")])
+    _one_line_error(capsys, code, "cannot write --out", f"{blocker} is a regular file")
+    code = main(["audit", "--site", str(missing), "--html", str(tmp_path)])
+    _one_line_error(capsys, code, f"cannot write --html {tmp_path}: it is a directory")
+
+
+def test_audit_site_says_what_it_wants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PATH and --site together ran the site audit and ignored PATH; a config file
+    given as the state directory said only "file is not a database"."""
+    run = tmp_path / "run"
+    (run / "state" / "p0").mkdir(parents=True)
+    code = main(["audit", str(run), "--site", str(run / "state" / "p0")])
+    _one_line_error(capsys, code, "not both")
+    config = tmp_path / "p0.toml"
+    config.write_text('[participant]\nid = "p0"\n' * 100)
+    code = main(["audit", "--site", str(config)])
+    _one_line_error(capsys, code, f"{config}: not a site's release ledger", "state_dir")
+    code = main(["audit", "--site", str(run)])
+    _one_line_error(capsys, code, "no release ledger", f"each site's in {run / 'state'}/<id>")
+    code = main(["audit", "--site", str(tmp_path / "nowhere")])
+    _one_line_error(capsys, code, "no such directory")
+
+
+def test_a_misspelt_config_key_is_answered_with_the_right_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown key or section said only that it was unknown; the line now names the
+    known one it is closest to, when there is one."""
+    site = tmp_path / "participant.toml"
+    site.write_text('[participant]\nid = "p0"\ncoordinater = "127.0.0.1:50051"\n')
+    code = main(["participant", "--config", str(site)])
+    _one_line_error(capsys, code, "['coordinater'] ('coordinater': did you mean 'coordinator'?)")
+    site.write_text('[participant]\nid = "p0"\n[TLS]\nca = "ca.pem"\n')
+    code = main(["participant", "--config", str(site)])
+    _one_line_error(capsys, code, "'TLS': did you mean 'tls'?")
+    site.write_text('[participant]\nid = "p0"\nfrobnicate = 1\n')
+    line = _one_line_error(capsys, main(["participant", "--config", str(site)]), "['frobnicate']")
+    assert "did you mean" not in line  # nothing close: no guess
+    config = tmp_path / "coordinator.toml"
+    config.write_text('[federation]\nparticipants = ["p0", "p1", "p2"]\n[training]\nround = 3\n')
+    code = main(["coordinator", "--config", str(config)])
+    _one_line_error(capsys, code, "'round': did you mean 'rounds'?")
+    table = tmp_path / "simulate.toml"
+    table.write_text("[simulate]\nparticipant = 4\n")
+    code = main(["simulate", "--config", str(table), "--out", str(tmp_path / "run")])
+    _one_line_error(capsys, code, "'participant': did you mean 'participants'?")

@@ -25,17 +25,19 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _coordinator(tmp_path: Path, certs: Path, **tls: Path) -> SimpleNamespace:
+def _coordinator(tmp_path: Path, certs: Path, **tls: Path | None) -> SimpleNamespace:
     files = {"cert": certs / "server.pem", "key": certs / "server.key",
              "client_ca": certs / "ca.pem", "crl": None} | tls
     return SimpleNamespace(
+        participants=("p0", "p1", "p2"),
+        secagg=SimpleNamespace(updates=True, statistics=True, evaluation=True, min_participants=3),
         server=SimpleNamespace(insecure=False),
         tls=SimpleNamespace(**files),
         out_dir=tmp_path / "out",
     )
 
 
-def _participant(tmp_path: Path, certs: Path, **tls: Path) -> SimpleNamespace:
+def _participant(tmp_path: Path, certs: Path, **tls: Path | None) -> SimpleNamespace:
     files = {"ca": certs / "ca.pem", "cert": certs / "p0.pem", "key": certs / "p0.key"} | tls
     return SimpleNamespace(
         insecure=False,
@@ -89,3 +91,53 @@ def test_the_coordinator_command_says_it_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     assert "[tls] key" in err and "does not belong to" in err and "listen" not in err
+
+
+def test_unset_tls_material_is_named_before_anything_starts(
+    tmp_path: Path, certs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unset ``[tls]`` key used to surface only once the coordinator had created its
+    state ("TLS needs [tls] cert and key", naming no file), and a participant's once it
+    was running; now it is one line naming the file and the keys, before any work."""
+    with pytest.raises(PreflightError, match=r"^c\.toml: \[tls\] client_ca not set: mutual"):
+        check_coordinator(_coordinator(tmp_path, certs, client_ca=None), "c.toml")
+    with pytest.raises(PreflightError, match=r"^p\.toml: \[tls\] cert, \[tls\] key not set"):
+        check_participant(_participant(tmp_path, certs, cert=None, key=None), "p.toml")
+    config = tmp_path / "coordinator.toml"
+    config.write_text(
+        "[federation]\nparticipants = [\"p0\", \"p1\", \"p2\"]\n"
+        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
+        "[server]\nlisten = \"127.0.0.1:0\"\n"
+        f'[tls]\ncert = "{certs / "server.pem"}"\nkey = "{certs / "server.key"}"\n'
+    )
+    assert main(["coordinator", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "coordinator.toml: [tls] client_ca not set" in err
+    assert not (tmp_path / "state").exists()  # nothing was created
+
+
+def test_a_roster_too_small_for_secure_aggregation_is_refused(
+    tmp_path: Path, certs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two sites with secure aggregation on (the default minimum is 3) used to start,
+    wait for both sites and then fail every round at the job's creation."""
+    two = _coordinator(tmp_path, certs)
+    two.participants = ("p0", "p1")
+    with pytest.raises(PreflightError, match=r"c\.toml: \[federation\] participants lists 2"):
+        check_coordinator(two, "c.toml")
+    two.secagg = SimpleNamespace(
+        updates=False, statistics=False, evaluation=False, min_participants=3
+    )
+    check_coordinator(two, "c.toml")  # nothing secure: nothing to refuse
+    config = tmp_path / "coordinator.toml"
+    config.write_text(
+        "[federation]\nparticipants = [\"hospital-a\", \"hospital-b\"]\n"
+        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
+        "[server]\nlisten = \"127.0.0.1:0\"\ninsecure = true\n"
+    )
+    assert main(["coordinator", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "[secure_aggregation] min_participants = 3" in err and "at least 3 sites" in err
+    assert not (tmp_path / "state").exists()
