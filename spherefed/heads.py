@@ -5,7 +5,7 @@
   communicated during training (every participant rebuilds it from the seed), and
   calibration (FFC/CCVR) overwrites it once at the end.
 - ``learnable`` — a plain bias-free linear layer on raw features (FedAvg-CE).
-- ``fn`` — ``FeatureNorm`` then a learnable bias-free linear layer (FedFN, ``fedfn.txt`` §4).
+- ``fn`` — ``FeatureNorm`` then a learnable bias-free linear layer (FedFN, Kim et al. 2023, §4).
 - ``fixed`` — the fixed classifier ``W`` on *raw* features, no ``FeatureNorm``: BABU
   (Oh et al. 2022: frozen random classifier) and the "Fix (R)" / "Fix (OU)" columns of
   SphereFed's ablation (Tab. 3), which fix the classifier without normalising.

@@ -6,7 +6,7 @@ that scale without a temperature. SphereFed therefore trains with
 ``(1/N) Σ_i ‖W z_i − e_{y_i}‖²`` (Eq. 5: squared error summed over the C outputs,
 averaged over the batch).
 
-An honest caveat: the FedFN paper (``fedfn.txt``, appendix D.5) could not reproduce
+An honest caveat: the FedFN paper (Kim et al. 2023, appendix D.5) could not reproduce
 SphereFed's numbers and observed that MSE on unit-norm outputs needs learning rates
 roughly 10× larger than CE to train at all. The reference runner therefore sweeps the
 learning rate rather than reusing CE's; see docs/reference.md for what we measured.

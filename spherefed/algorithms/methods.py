@@ -14,10 +14,10 @@ Rival fixes (all on FedAvg):
   initialised and frozen; CE. Here: the He-initialised ``random`` fixed classifier
   on raw features (the ``fixed`` head) — FedBABU keeps PyTorch's default init, which
   differs only in scale, irrelevant for a frozen layer on unnormalised features.
-- **FedFN** (``fedfn.txt`` §4.1): features normalised, classifier learnable, CE;
+- **FedFN** (Kim et al. 2023, §4.1): features normalised, classifier learnable, CE;
   FN divides the classifier gradient by ``‖f(x)‖``, hence its larger learning rate.
-- **FedUV** (``feduv.txt`` Eq. 1–4): CE + ``μ`` uniformity + ``λ`` variance hinge.
-- **SphereFed-CE (τ)** (``fedfn.txt`` App. D.4/D.5): SphereFed's head with CE on
+- **FedUV** (Son et al. 2024, Eq. 1–4): CE + ``μ`` uniformity + ``λ`` variance hinge.
+- **SphereFed-CE (τ)** (Kim et al. 2023, App. D.4/D.5): SphereFed's head with CE on
   ``τ``-scaled cosine logits.
 - **SphereFed** (Dong et al. 2022): fixed orthonormal classifier, normalised features,
   MSE; its "+FFC" row is the paper's full method.
@@ -172,23 +172,23 @@ RIVALS: tuple[MethodSpec, ...] = (
         label="BABU",
         head="fixed",
         classifier="random",
-        source="Oh et al. 2022; fedfn.txt §5.1",
+        source="Oh et al. 2022; Kim et al. 2023 §5.1",
     ),
-    MethodSpec(key="fedfn", label="FedFN", head="fn", source="fedfn.txt §4.1"),
-    MethodSpec(key="feduv", label="FedUV", feduv=FedUVConfig(), source="feduv.txt Eq. 1–4"),
+    MethodSpec(key="fedfn", label="FedFN", head="fn", source="Kim et al. 2023 §4.1"),
+    MethodSpec(key="feduv", label="FedUV", feduv=FedUVConfig(), source="Son et al. 2024 Eq. 1–4"),
     MethodSpec(
         key="spherefed_ce",
         label="SphereFed-CE (τ=15)",
         head="sphere",
         temperature=15.0,
-        source="fedfn.txt App. D.4–D.5",
+        source="Kim et al. 2023 App. D.4–D.5",
     ),
     MethodSpec(
         key="spherefed",
         label="SphereFed",
         head="sphere",
         loss="mse",
-        source="spherefed.txt §4 (MSE, Fix (OU) + Norm)",
+        source="Dong et al. 2022 §4 (MSE, Fix (OU) + Norm)",
     ),
 )
 
@@ -213,7 +213,7 @@ def _ablation() -> tuple[MethodSpec, ...]:
                     head=head,
                     classifier=classifier,
                     loss=loss,
-                    source="spherefed.txt Tab. 3",
+                    source="Dong et al. 2022 Tab. 3",
                     family="ablation",
                 )
             )
@@ -224,7 +224,7 @@ def _ablation() -> tuple[MethodSpec, ...]:
                 label=f"CE + Fix (OU) + Norm, τ={tau:g}",
                 head="sphere",
                 temperature=tau,
-                source="fedfn.txt App. D.4, Tab. 11",
+                source="Kim et al. 2023 App. D.4, Tab. 11",
                 family="ablation",
             )
         )
@@ -253,5 +253,5 @@ def sphere_variant(base: MethodSpec) -> MethodSpec:
         head="sphere",
         loss="mse",
         family="sphere",
-        source=f"{base.source}; spherefed.txt Tab. 2",
+        source=f"{base.source}; Dong et al. 2022 Tab. 2",
     )

@@ -1,6 +1,6 @@
 """Local training objectives of the rival fixes: CE with a temperature, and FedUV.
 
-- **SphereFed-CE with temperature τ** (``fedfn.txt`` appendix D.4, studied alongside
+- **SphereFed-CE with temperature τ** (Kim et al. 2023, appendix D.4, studied alongside
   the D.5 reproduction): with unit features and unit classifier rows every logit is a
   cosine in ``[−1, 1]``, so softmax + CE can never become confident — the logit margin
   is at most 2. Scaling the logits, ``z̃^τ = τ W f/‖f‖``, relaxes that; FedFN found
@@ -8,7 +8,7 @@
   the same point: "CE + Fix (OU) + Norm ... is quite sensitive to the scaling
   hyper-parameter (i.e., temperature)". The temperature only rescales the logits, so
   it changes training, not the arg-max at test time.
-- **FedUV** (Son et al. 2024, ``feduv.txt``): Eq. 1
+- **FedUV** (Son et al. 2024): Eq. 1
   ``L = L_CE(f(X), Y) + μ L_U(g(X)) + λ L_V(f(X))`` with
 
   * Eq. 2, classifier variance: ``L_V = (1/D) Σ_j max(0, c − √Var(P̂_j))`` where
@@ -60,7 +60,7 @@ def temperature_objective(loss: str = "ce", temperature: float = 1.0) -> LocalOb
 
 @dataclass(frozen=True)
 class FedUVConfig:
-    """FedUV hyper-parameters (``feduv.txt`` §4.1 defaults).
+    """FedUV hyper-parameters (Son et al. 2024, §4.1 defaults).
 
     ``mu`` weights the uniformity term ``L_U``; ``lam`` the variance term ``L_V``
     (``None`` = ``D/4``, D the number of classes); ``unbiased`` picks the variance
