@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import os
 import pickle
 import signal
 import sys
@@ -37,6 +38,9 @@ class ExitCode(enum.IntEnum):
     answer in time — down, not up yet, or the wrong address; not bad input."""
     INTERRUPTED = 130
     """Ctrl-C (128 + SIGINT, as a shell reports it)."""
+    PIPE_CLOSED = 141
+    """The reader of standard output went away (``spherecal audit … | head``): no
+    message, as a shell reports a process that SIGPIPE ended (128 + 13)."""
     TERMINATED = 143
     """SIGTERM (128 + 15): one line on stderr. A coordinator that is already serving
     installs its own handler instead (a clean stop; it exits by its final status)."""
@@ -58,7 +62,8 @@ def _terminate(signum: int, frame: Any) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command with the CLI's error contract: bad input (config, data,
     paths, certificates) is one line on stderr and :attr:`ExitCode.BAD_INPUT`, never a
-    traceback; an unreachable coordinator :attr:`ExitCode.UNREACHABLE`; Ctrl-C
+    traceback; an unreachable coordinator :attr:`ExitCode.UNREACHABLE`; a closed
+    output pipe :attr:`ExitCode.PIPE_CLOSED`, silently; Ctrl-C
     :attr:`ExitCode.INTERRUPTED`; SIGTERM one line and :attr:`ExitCode.TERMINATED`."""
     previous = None
     main = threading.current_thread() is threading.main_thread()
@@ -69,6 +74,9 @@ def run_command(args: argparse.Namespace) -> int:
     except CoordinatorUnreachable as exc:
         print(f"spherecal {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return ExitCode.UNREACHABLE
+    except BrokenPipeError:
+        _discard_stdout()
+        return ExitCode.PIPE_CLOSED
     except (ValueError, OSError, FloatingPointError, pickle.UnpicklingError) as exc:
         # OSError covers missing/unreadable files and permissions.
         print(f"spherecal {args.command}: error: {one_line(exc)}", file=sys.stderr)
@@ -82,6 +90,17 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device: the reader is gone, and the
+    interpreter's flush at exit would otherwise fail on the same pipe and print."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (an embedding, a test's capture)
+        pass
 
 
 def one_line(exc: BaseException) -> str:

@@ -114,8 +114,26 @@ def test_every_documented_exit_status_is_reachable(tmp_path: Path) -> None:
             _, err = proc.communicate(timeout=120)
             return proc.returncode, err
 
+        def into_closed_pipe(args: list[str]) -> tuple[int, str]:
+            """``args`` writing into a pipe whose reader is already gone (``| head``
+            after it stopped reading)."""
+            read, write = os.pipe()
+            os.close(read)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _AS_IN_A_TERMINAL, *args],
+                cwd=tmp_path,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+            os.close(write)
+            _, err = proc.communicate(timeout=120)
+            return proc.returncode, err
+
         scenarios: list[tuple[int, Callable[[], tuple[int, str]], str]] = [
             (0, lambda: quick(["certs", "init", str(tmp_path / "ca")]), ""),
+            (141, lambda: into_closed_pipe(["certs", "init", str(tmp_path / "ca2")]), ""),
             (2, lambda: quick(["status"]), "give --config"),
             (4, lambda: quick(["status", "--address", closed, "--insecure"]), "UNAVAILABLE"),
             (143, lambda: _signalled(terminated, signal.SIGTERM), "terminated by SIGTERM"),
@@ -133,6 +151,7 @@ def test_every_documented_exit_status_is_reachable(tmp_path: Path) -> None:
             outcomes[143].strip().splitlines()[-1] == "spherecal participant: terminated by SIGTERM"
         )
         assert len(outcomes[4].strip().splitlines()) == 1
+        assert outcomes[141] == ""  # silent, as a process SIGPIPE ended
         assert outcomes[4].startswith("spherecal status: error: coordinator at ")
         assert set(outcomes) == documented_codes()
     finally:
@@ -143,4 +162,4 @@ def test_every_documented_exit_status_is_reachable(tmp_path: Path) -> None:
 
 
 def test_the_table_is_read() -> None:
-    assert {0, 1, 2, 3, 4, 130, 143} <= documented_codes()
+    assert {0, 1, 2, 3, 4, 130, 141, 143} <= documented_codes()
