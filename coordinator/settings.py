@@ -525,7 +525,10 @@ class EvaluationSettings:
     test_samples: int | None = None
     """Dataset size for ``mnist1d`` (``spherecal.spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
-    """Also evaluate federatedly after every this-many rounds (0: only at the end)."""
+    """Also evaluate federatedly after every this-many rounds (0: only at the end).
+    Each is one more evaluation release per site: sites answer at most ``[policy]
+    max_evaluations_per_federation`` (default 4) per federation, so a schedule that
+    asks more is logged at start (:func:`evaluations_per_site`)."""
 
 
 @dataclass(frozen=True)
@@ -575,7 +578,8 @@ class CoordinatorSettings:
     than ``round_max_drop`` and ``gate_sigmas`` standard errors makes the run
     ``degraded``); ``rollback`` (the same, and the round's step is undone). Each
     check is one more secure evaluation job (one more release of validation counts)
-    per round."""
+    per round — more than sites answer by default (``[policy]
+    max_evaluations_per_federation``, 4 per federation; logged at start)."""
     round_max_drop: float = 0.1
     """Smallest drop of federated validation accuracy between rounds that
     ``round_gate`` treats as sharp."""
