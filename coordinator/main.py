@@ -261,13 +261,10 @@ def _run(
         )
         if set_aside is not None:
             store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
-        for weakened in (
-            durability_warning(settings.durability),
-            evaluations_warning(settings),
-        ):
-            if weakened is not None:
-                emit(f"WARNING: {weakened}")
-                store.event("warning", weakened)
+        durable = durability_warning(settings.durability)
+        for weakened in ([durable] if durable else []) + evaluations_warning(settings):
+            emit(f"WARNING: {weakened}")
+            store.event("warning", weakened)
         registry = Registry(
             settings.participants,
             store,

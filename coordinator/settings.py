@@ -38,8 +38,9 @@ from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = [
     "CalibrationSettings",
-    "evaluations_warning",
+    "essential_evaluations",
     "evaluations_per_site",
+    "evaluations_warning",
     "CoordinatorSettings",
     "EvaluationSettings",
     "ModelSettings",
@@ -55,6 +56,21 @@ GRAPHS = ("auto", "complete", "harary")
 ROUND_GATES = ("off", "flag", "rollback")
 
 
+def essential_evaluations(
+    *, rounds: int, round_gate: str, validation_gate: bool, closed_forms: bool
+) -> int:
+    """The evaluation releases per site a run cannot do without: the final test
+    evaluation (1), the calibrators' validation grid (1, with closed forms
+    configured), the validation gate's remaining heads (1) and, with a round gate,
+    each round's model and the model before the first checked round on validation
+    (``rounds + 1``). A retried job adds none: one whose input left is the same
+    release (refused as repeated), one that failed before it consumed nothing."""
+    count = 1 + int(closed_forms) + int(validation_gate)
+    if round_gate != "off":
+        count += rounds + 1
+    return count
+
+
 def evaluations_per_site(
     *,
     rounds: int,
@@ -63,38 +79,51 @@ def evaluations_per_site(
     validation_gate: bool,
     closed_forms: bool,
 ) -> int:
-    """The most evaluation releases this schedule asks of one site in a federation —
-    what each site's ``[policy] max_evaluations_per_federation`` must allow
-    (``spherecal.spherefed.privacy.evaluation_noise.DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``).
-
-    The final test evaluation (1); the calibrators' validation grid (1, with closed
-    forms configured); the validation gate's remaining heads (1); one test evaluation
-    every ``federated_every`` rounds; with a round gate, each round's model and the
-    model before the first checked round on validation (``rounds + 1``). A retried
-    job adds none: one whose input left is the same release (refused as repeated),
-    one that failed before it consumed nothing."""
-    count = 1 + int(closed_forms) + int(validation_gate)
+    """The most evaluation releases this schedule asks of one site in a federation:
+    :func:`essential_evaluations` and one test evaluation every ``federated_every``
+    rounds — what a site's ``[policy] max_evaluations_per_federation`` (default
+    ``spherecal.spherefed.privacy.evaluation_noise.DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``)
+    must allow for all of them to run."""
+    count = essential_evaluations(
+        rounds=rounds,
+        round_gate=round_gate,
+        validation_gate=validation_gate,
+        closed_forms=closed_forms,
+    )
     if federated_every > 0:
         count += rounds // federated_every
-    if round_gate != "off":
-        count += rounds + 1
     return count
 
 
-def evaluations_warning(settings: CoordinatorSettings) -> str | None:
-    """The line logged at start when this schedule asks each site for more
-    evaluations than a site answers by default (``None`` otherwise)."""
+def evaluations_warning(settings: CoordinatorSettings) -> list[str]:
+    """The lines logged at start about the sites' evaluation limit (``[evaluation]
+    site_limit``): per-round evaluations the limit cuts short, and a limit above
+    the sites' default that each site must have raised too."""
+    out: list[str] = []
+    limit = settings.evaluation.site_limit
+    every = settings.evaluation.federated_every
     asked = settings.evaluations_per_site
-    if asked <= DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:
-        return None
-    return (
-        f"this schedule asks each site for {asked} evaluation releases in the federation "
-        "([evaluation] federated_every, [federation] round_gate); a site answers at most "
-        f"[policy] max_evaluations_per_federation (default "
-        f"{DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}) and refuses the rest "
-        "(RULE_EVALUATIONS_EXHAUSTED): agree a higher limit with the sites, or evaluate "
-        "less often"
-    )
+    if limit > 0 and every > 0 and asked > limit:
+        last = (limit - settings.essential_evaluations) * every
+        kept = settings.essential_evaluations
+        out.append(
+            f"per-round federated evaluations (every {every} round(s)) stop after round "
+            f"{last}: sites answer {limit} evaluations per federation ([evaluation] "
+            f"site_limit, the sites' [policy] max_evaluations_per_federation) and {kept} "
+            "are kept for the validation gate, the calibrators and the final evaluation"
+        )
+    if (limit == 0 or limit > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION) and (
+        asked > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    ):
+        shown = "no limit" if limit == 0 else str(limit)
+        out.append(
+            f"[evaluation] site_limit = {limit} ({shown}; default "
+            f"{DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}): this schedule asks each site for up "
+            f"to {asked} evaluation releases; every site must set [policy] "
+            f"max_evaluations_per_federation to at least that, or it refuses the rest "
+            "(RULE_EVALUATIONS_EXHAUSTED)"
+        )
+    return out
 
 
 DURABILITY = ("power-loss", "process-crash")
@@ -526,9 +555,23 @@ class EvaluationSettings:
     """Dataset size for ``mnist1d`` (``spherecal.spherefed.data.load_dataset``'s ``samples``)."""
     federated_every: int = 0
     """Also evaluate federatedly after every this-many rounds (0: only at the end).
-    Each is one more evaluation release per site: sites answer at most ``[policy]
-    max_evaluations_per_federation`` (default 4) per federation, so a schedule that
-    asks more is logged at start (:func:`evaluations_per_site`)."""
+    Each is one more evaluation release per site, so they stop once ``site_limit``
+    leaves only room for the evaluations the run needs (logged at start)."""
+    site_limit: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    """The most evaluations per federation the sites answer — their ``[policy]
+    max_evaluations_per_federation`` (default 4; each evaluation is fresh noise on
+    counts that can be asked for again at no cost, so the sites bound their number).
+    The coordinator keeps room within it for the evaluations the run needs (the
+    validation grid and gate, the final evaluation, a round gate's checks: a
+    configuration needing more is refused at start) and stops per-round
+    evaluations (``federated_every``) before they would take it. Raise it only with
+    every site's limit raised as well (logged); 0: the sites set no limit."""
+
+    def __post_init__(self) -> None:
+        for key in ("federated_every", "site_limit"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"[evaluation] {key} must be an integer >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -604,6 +647,16 @@ class CoordinatorSettings:
             raise ValueError(f"durability must be one of {DURABILITY}, got {self.durability!r}")
         if not 0 <= self.round_max_drop <= 1:
             raise ValueError(f"round_max_drop must be in [0, 1], got {self.round_max_drop}")
+        limit, needed = self.evaluation.site_limit, self.essential_evaluations
+        if 0 < limit < needed:
+            raise ValueError(
+                f"this run needs {needed} evaluation releases from each site (the final "
+                "evaluation, the validation gate and calibrators' grid, and with "
+                "[federation] round_gate one per round plus one), but [evaluation] "
+                f"site_limit = {limit}: sites answer no more (their [policy] "
+                "max_evaluations_per_federation). Raise both after agreeing it with every "
+                "site, or turn the round gate off"
+            )
         ids = self.participants
         if not ids:
             raise ValueError("the roster (participants) is empty")
@@ -660,6 +713,27 @@ class CoordinatorSettings:
             validation_gate=self.validation_gate,
             closed_forms=bool(self.calibration.closed_forms),
         )
+
+    @property
+    def essential_evaluations(self) -> int:
+        """:func:`essential_evaluations` of this configuration."""
+        return essential_evaluations(
+            rounds=self.training.rounds,
+            round_gate=self.round_gate,
+            validation_gate=self.validation_gate,
+            closed_forms=bool(self.calibration.closed_forms),
+        )
+
+    def evaluates_after_round(self, r: int) -> bool:
+        """Whether round ``r`` (0-based) ends with a federated test evaluation: every
+        ``federated_every`` rounds, while the sites' limit (``[evaluation]
+        site_limit``) still has room beside the evaluations the run needs. Decided
+        by the schedule alone, so a restarted coordinator decides the same."""
+        every = self.evaluation.federated_every
+        if every <= 0 or (r + 1) % every:
+            return False
+        limit = self.evaluation.site_limit
+        return limit == 0 or (r + 1) // every + self.essential_evaluations <= limit
 
     @property
     def calibration_minimum(self) -> int:

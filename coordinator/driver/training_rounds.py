@@ -399,8 +399,7 @@ class RoundDriver:
         }
         if self.evaluator is not None:
             metrics["test_accuracy"] = self.evaluator.accuracy(progress.global_vector)
-        every = s.evaluation.federated_every
-        if every > 0 and (r + 1) % every == 0:
+        if s.evaluates_after_round(r):  # within the sites' evaluation limit
             fed = federated_evaluation(ctx, progress.global_vector, {}, round_index=r)
             metrics["federated_accuracy"] = fed["accuracy"].get("none")
             metrics["federated_accuracy_sd"] = fed["accuracy_sd"].get("none")

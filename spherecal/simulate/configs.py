@@ -147,6 +147,8 @@ def coordinator_settings(
             test_data_root=ref.data_root,
             test_samples=ref.samples,
             federated_every=s.federated_every,
+            # the simulated sites allow what the schedule asks (``_policy``)
+            site_limit=max(DEFAULT_MAX_EVALUATIONS_PER_FEDERATION, _evaluations_asked(s)),
         ),
         privacy=_with_dpsgd(
             s,

@@ -160,25 +160,59 @@ def test_the_default_schedule_fits_the_sites_default_limit() -> None:
     """The final test evaluation and the validation gate's: two, below the default
     four; closed-form calibrators add their grid's one."""
     default = _coordinator()
-    assert default.evaluations_per_site == 2
-    assert evaluations_warning(default) is None
+    assert default.evaluations_per_site == default.essential_evaluations == 2
+    assert default.evaluation.site_limit == DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    assert evaluations_warning(default) == []
     closed = _coordinator(calibration=CalibrationSettings(methods=("ffc", "ccvr", "lda", "qda")))
     assert closed.evaluations_per_site == 3 <= DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
 
-def test_per_round_evaluations_are_counted_and_logged() -> None:
+def test_per_round_evaluations_stop_where_the_sites_limit_keeps_room_for_the_rest() -> None:
+    """Every round evaluated for 10 rounds would take 12 of a site's 4: the rounds get
+    2 (rounds 1 and 2), the validation gate and the final evaluation keep theirs —
+    decided by the schedule alone, and said at start."""
     every = _coordinator(
-        training=TrainingSettings(rounds=10), evaluation=EvaluationSettings(federated_every=2)
+        training=TrainingSettings(rounds=10), evaluation=EvaluationSettings(federated_every=1)
     )
-    assert every.evaluations_per_site == 2 + 5
-    gated = _coordinator(training=TrainingSettings(rounds=3), round_gate="flag")
-    assert gated.evaluations_per_site == 2 + 4  # each round's model and the one before
-    warning = evaluations_warning(gated)
-    assert warning is not None and "6 evaluation releases" in warning
-    assert "max_evaluations_per_federation" in warning
+    assert every.evaluations_per_site == 2 + 10
+    assert [r for r in range(10) if every.evaluates_after_round(r)] == [0, 1]
+    (line,) = evaluations_warning(every)
+    assert "stop after round 2" in line and "site_limit" in line
+    sparse = _coordinator(
+        training=TrainingSettings(rounds=10), evaluation=EvaluationSettings(federated_every=4)
+    )
+    assert [r for r in range(10) if sparse.evaluates_after_round(r)] == [3, 7]
+    assert evaluations_warning(sparse) == []
+
+
+def test_a_limit_raised_with_the_sites_lets_every_round_through_and_is_logged() -> None:
+    raised = _coordinator(
+        training=TrainingSettings(rounds=10),
+        evaluation=EvaluationSettings(federated_every=1, site_limit=12),
+    )
+    assert [r for r in range(10) if raised.evaluates_after_round(r)] == list(range(10))
+    (line,) = evaluations_warning(raised)
+    assert "site_limit = 12" in line and "up to 12 evaluation releases" in line
+    unlimited = _coordinator(evaluation=EvaluationSettings(federated_every=1, site_limit=0))
+    assert all(unlimited.evaluates_after_round(r) for r in range(3))
+
+
+def test_a_round_gate_the_sites_limit_cannot_hold_is_refused_at_start() -> None:
+    """A round gate needs every round's check: with 3 rounds, 2 + 4 = 6 > 4."""
+    with pytest.raises(ValueError, match=r"needs 6 evaluation releases .* site_limit = 4"):
+        _coordinator(training=TrainingSettings(rounds=3), round_gate="flag")
+    gated = _coordinator(
+        training=TrainingSettings(rounds=3),
+        round_gate="flag",
+        evaluation=EvaluationSettings(site_limit=6),
+    )
+    assert gated.essential_evaluations == 6
     assert (
         evaluations_per_site(
             rounds=3, federated_every=0, round_gate="off", validation_gate=False, closed_forms=False
         )
         == 1
     )
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="site_limit"):
+            EvaluationSettings(site_limit=bad)  # type: ignore[arg-type]
