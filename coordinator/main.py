@@ -30,6 +30,7 @@ from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.outputs import write_json
 from spherecal.coordinator.driver.progress_log import DEBUG_PREFIX, leveled
 from spherecal.coordinator.errors import FederationFailed, StorageFailed
+from spherecal.coordinator.evaluation_schedule import evaluations_warning
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
@@ -37,7 +38,7 @@ from spherecal.coordinator.server.native_log import NativeStderr
 from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
-from spherecal.coordinator.settings import CoordinatorSettings, evaluations_warning
+from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.lifecycle import (
     finished_federation,
     set_aside_finished,

@@ -18,6 +18,7 @@ from typing import Any
 from spherecal.config import coordinator_document as _coordinator_toml
 from spherecal.config import dump_toml
 from spherecal.config import participant_document as _participant_toml
+from spherecal.coordinator.evaluation_schedule import evaluations_per_site
 from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
@@ -28,7 +29,6 @@ from spherecal.coordinator.settings import (
     Timeouts,
     TLSSettings,
     TrainingSettings,
-    evaluations_per_site,
 )
 from spherecal.participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
 from spherecal.participant.settings import ClientTLS, DataSettings, ParticipantSettings

@@ -80,7 +80,8 @@ schedule needs at most three per site (the calibrators' validation grid, the
 validation gate's remaining heads, the final test evaluation); four leaves one spare
 and holds a repeated count's mean to ≥ 0.55 counts of noise. Per-round evaluations
 (``[evaluation] federated_every``, ``[federation] round_gate``) need more: the
-coordinator logs what its schedule asks (``evaluations_per_site``)."""
+coordinator keeps its schedule within ``[evaluation] site_limit``
+(:mod:`spherecal.coordinator.evaluation_schedule`)."""
 
 EVALUATION_SCALE_BITS = 10
 """Fixed-point bits of an evaluation job (counts are integers: exact at any scale)."""

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from spherecal.coordinator.evaluation_schedule import evaluations_per_site, evaluations_warning
 from spherecal.coordinator.settings import (
     CalibrationSettings,
     CoordinatorSettings,
     EvaluationSettings,
     TrainingSettings,
-    evaluations_per_site,
-    evaluations_warning,
 )
 from spherecal.participant.failures import policy_rule, wire_reason
 from spherecal.participant.policy import EvaluationsExhausted, PolicySettings, ReleaseRepeated
