@@ -310,7 +310,7 @@ class ParticipantRunner:
             try:
                 if self.session is None:
                     self._join()
-                deferred = self.secure.take_deferred()  # ended a share wait (secure_steps)
+                deferred = self.secure.take_deferred()  # ended a share wait (secure_jobs)
                 instruction = deferred if deferred is not None else self._poll()
             except TransportError as exc:
                 self._on_control_error(exc)

@@ -79,8 +79,8 @@ LEFT, RIGHT, TOP, BOTTOM = 52, 14, 30, 40
 class RunDocument(TypedDict):
     """What the page reads of a run document: ``results.json``
     (:class:`spherecal.results_schema.SimulationResults`) or ``summary.json``
-    (:class:`spherecal.coordinator.summary_schema.Summary`), of this version or an
-    older one. Only ``status`` is required (:func:`load_run` refuses a document
+    (:class:`spherecal.coordinator.summary_schema.CoordinatorSummary`), of this version
+    or an older one. Only ``status`` is required (:func:`load_run` refuses a document
     without it); every other key may be missing from an older document (``history``
     came after ``per_round``), and the page reads each with a default. ``settings``
     differs between the two documents (a count of participants or the roster), so it

@@ -21,7 +21,7 @@ or a quadratic one (QDA) whose logits add ``−½ zᵀ A_c z`` per class. A quad
 head is not a linear layer, so it cannot be written into the network's classifier
 buffer; the calibrated model is instead *features + this head*, evaluated by
 :meth:`CalibratedHead.logits` on the network's features (see
-:func:`spherefed.calibrated.accuracy_with_head`).
+:func:`spherecal.spherefed.calibration_suite.head_accuracy`).
 """
 
 from __future__ import annotations

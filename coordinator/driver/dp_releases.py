@@ -11,7 +11,7 @@ It also records distributed DP-SGD steps (:meth:`CoordinatorPrivacy.record_dpsgd
 the object exists whenever ``[privacy] enabled`` or ``updates = "distributed"``.
 
 Recording is idempotent per job, because a restarted coordinator replays a round
-whose sum was journaled but not yet checkpointed (``coordinator.state.journal``):
+whose sum was journaled but not yet checkpointed (``coordinator.state.job_journal``):
 a (subject, release) already in the ledger is not charged again, and each DP-SGD
 step's summary is written to a ``dpsgd_steps`` table of the same database after its
 ledger rows, so a replay of a recorded step returns the stored summary and a replay

@@ -147,9 +147,9 @@ class Progress:
     peak_secagg_bytes: int = 0
     dp_ridge: dict[str, float] = field(default_factory=dict)
     retries: list[dict[str, Any]] = field(default_factory=list)
-    status_reasons: list[str] = field(default_factory=list)
-    """Why the status is not ``completed`` (``status.assess``); empty when it is."""
     """Every wait between two attempts (``rejoin.RetryRecord``), in order."""
+    status_reasons: list[str] = field(default_factory=list)
+    """Why the status is not ``completed`` (``verdict.assess``); empty when it is."""
 
 
 @dataclass(frozen=True)
