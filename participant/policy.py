@@ -121,8 +121,8 @@ class PolicySettings:
     moved by one ulp is a new release), so their number bounds how far the noise
     averages down. The default (4) covers the coordinator's default schedule (at most
     3); per-round evaluations (``[evaluation] federated_every``, ``[federation]
-    round_gate``) need more — the coordinator logs how many its schedule asks. 0: no
-    limit (logged)."""
+    round_gate``) need more, and the coordinator keeps within the limit it is told
+    the sites have (``[evaluation] site_limit``). 0: no limit (logged)."""
     min_local_work_s: float = 0.0
     """Hold a secure job's input until this many seconds after its task arrived, so
     the time of the masked upload does not reveal how long the local work took (it
