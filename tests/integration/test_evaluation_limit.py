@@ -1,0 +1,72 @@
+"""The sites' evaluation limit and the coordinator's schedule agree, on a real
+federation (one coordinator and four participants as processes, gRPC on loopback).
+
+Each site answers at most ``[policy] max_evaluations_per_federation`` evaluations per
+federation (default 4). A coordinator evaluating every round of five would spend
+them on the first rounds, and its validation gate, closed-form calibrators and final
+evaluation — the ones the run needs — would meet the sites' refusals. The
+coordinator's ``[evaluation] site_limit`` (default 4, the sites' default) keeps room
+for those: here the calibrators' grid, the gate and the final evaluation take three,
+so one round is evaluated. Both sides keep their defaults, as real sites and a real
+coordinator configured by hand would (``spherecal simulate`` otherwise raises both to
+its schedule's count).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spherecal.simulate.configs as simulate_configs
+from spherecal.simulate import run_simulation
+from spherecal.simulate.settings import SimulationSettings
+from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+from spherecal.spherefed.reference import ReferenceConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
+
+ROUNDS = 5
+
+
+def _sites_ledger_evaluations(out: Path) -> dict[str, int]:
+    import sqlite3
+
+    counts = {}
+    for ledger in sorted(out.glob("state/*/privacy.db")):
+        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+        try:
+            (n,) = conn.execute(
+                "SELECT COUNT(*) FROM site_releases WHERE family = 'evaluation' "
+                "AND state = 'released'"
+            ).fetchone()
+        finally:
+            conn.close()
+        counts[ledger.parent.name] = int(n)
+    return counts
+
+
+def test_every_round_evaluated_leaves_room_for_the_gate_and_the_final_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the simulated sites and coordinator keep their defaults (4), as configured by hand
+    monkeypatch.setattr(simulate_configs, "_evaluations_asked", lambda settings: 0)
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=4, model="mlp", rounds=ROUNDS),
+        out=tmp_path,
+        calibration=("ffc", "ccvr", "lda"),
+        federated_every=1,
+        timeout_s=300,
+    )
+    results: dict[str, Any] = dict(run_simulation(settings, progress=lambda _line: None))
+    assert results["status"] == "completed", results.get("status_reasons")
+    evaluated = [m["round"] for m in results["per_round"] if m["federated_accuracy"] is not None]
+    assert evaluated == [1]  # 4 = 1 round + the grid, the gate and the final evaluation
+    assert all(v is not None for v in results["accuracy"].values())  # the final evaluation
+    assert results["refusals"] == []  # no site had to refuse one
+    log = (tmp_path / "logs" / "coordinator.log").read_text()
+    assert "per-round federated evaluations (every 1 round(s)) stop after round 1" in log
+    counts = _sites_ledger_evaluations(tmp_path)
+    assert len(counts) == 4
+    assert set(counts.values()) == {DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}
