@@ -20,6 +20,13 @@ What it flags:
   the ε the two cost together.
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice).
+* **exact moments of changed data** — two *exact* releases of the per-class moments
+  in different federations from different fingerprints of this site's data (the
+  rules admit it: the data changed). If the two models computed the same features —
+  which the site cannot tell, since a coordinator can vary weights the features do
+  not read — their difference is the statistics of the records that changed
+  (docs/threat_model.md, "Exact statistics of data that grew"). Listed for the
+  privacy officer to weigh; the exit status does not count them.
 
 A release whose ``answer`` is ``refusal`` is a job the site refused for a reason that
 depends on its data (an input outside the job's bound, a failed local computation):
@@ -35,12 +42,13 @@ from __future__ import annotations
 import html
 import json
 import sqlite3
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ChangedDataPair",
     "DifferencingPair",
     "SiteAudit",
     "SiteAuditError",
@@ -117,11 +125,23 @@ class DifferencingPair:
 
 
 @dataclass(frozen=True)
+class ChangedDataPair:
+    """Two exact releases of the per-class moments of changed data (module docstring)."""
+
+    participant: str
+    first: str
+    second: str
+    first_federation: str
+    second_federation: str
+
+
+@dataclass(frozen=True)
 class SiteAudit:
     state_dir: str
     releases: list[SiteRelease]
     refusals: list[SiteRefusal]
     pairs: list[DifferencingPair]
+    changed_data: list[ChangedDataPair] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -138,6 +158,7 @@ class SiteAudit:
             "releases": [asdict(r) for r in self.releases],
             "refusals": [asdict(r) for r in self.refusals],
             "differencing_pairs": [asdict(p) for p in self.pairs],
+            "exact_moments_of_changed_data": [asdict(p) for p in self.changed_data],
             "epsilon_total": epsilon,
         }
 
@@ -221,7 +242,13 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         )
         for r in refusal_rows
     ]
-    return SiteAudit(str(state_dir), releases, refusals, differencing_pairs(releases))
+    return SiteAudit(
+        str(state_dir),
+        releases,
+        refusals,
+        differencing_pairs(releases),
+        changed_data_pairs(releases),
+    )
 
 
 def _same_computation(a: SiteRelease, b: SiteRelease) -> str | None:
@@ -277,6 +304,31 @@ def differencing_pairs(releases: list[SiteRelease]) -> list[DifferencingPair]:
     return out
 
 
+def changed_data_pairs(releases: list[SiteRelease]) -> list[ChangedDataPair]:
+    """Every pair of exact per-class-moment releases in different federations from
+    different fingerprints of this site's data (module docstring)."""
+    exact = [
+        r
+        for r in releases
+        if r.state == "released"
+        and r.answer != "refusal"
+        and r.family == "moments"
+        and not r.noised
+    ]
+    return [
+        ChangedDataPair(a.participant, a.job, b.job, a.federation, b.federation)
+        for a, b in combinations(exact, 2)
+        if a.participant == b.participant and a.federation != b.federation and a.data != b.data
+    ]
+
+
+CHANGED_DATA_NOTE = (
+    "exact per-class moments of two versions of this site's data; if the two models "
+    "computed the same features, their difference is the statistics of the records "
+    "that changed"
+)
+
+
 def _short(digest: str) -> str:
     return digest[:12] if digest else "-"
 
@@ -314,6 +366,12 @@ def format_site_audit(audit: SiteAudit) -> str:
     lines.append(f"refusals: {len(audit.refusals)}")
     for f in audit.refusals:
         lines.append(f"  {f.participant} {f.task[:16]} {f.kind}/{f.rule}: {f.reason}")
+    lines.append(f"exact moments of changed data: {len(audit.changed_data)}")
+    for c in audit.changed_data:
+        lines.append(
+            f"  {c.first[:16]} ({c.first_federation}) vs {c.second[:16]} "
+            f"({c.second_federation}): {CHANGED_DATA_NOTE}"
+        )
     return "\n".join(lines)
 
 
@@ -354,6 +412,10 @@ def site_audit_html(audit: SiteAudit) -> str:
         for p in audit.pairs
     ]
     refusals = [[f.participant, f.task[:16], f.kind, f.rule, f.reason] for f in audit.refusals]
+    changed = [
+        [c.first[:16], c.first_federation, c.second[:16], c.second_federation, CHANGED_DATA_NOTE]
+        for c in audit.changed_data
+    ]
     verdict = "OK: no exact differencing pair" if audit.ok else "EXACT DIFFERENCING PAIR FOUND"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>spherecal site audit</title>"
@@ -380,6 +442,8 @@ def site_audit_html(audit: SiteAudit) -> str:
         + table(["", "first", "second", "why", "ε together"], pairs)
         + "<h2>Refusals</h2>"
         + table(["site", "task", "kind", "rule", "reason"], refusals)
+        + "<h2>Exact moments of changed data</h2>"
+        + table(["first", "federation", "second", "federation", "what it means"], changed)
         + "</body></html>"
     )
 
