@@ -4,6 +4,9 @@ server, calibration, audit log and SQLite persistence. It only ever sees masked 
 
 Three rooms, ordered (a room imports only rooms above it in this list; a test checks):
 
+``evaluation_schedule``
+              what the schedule asks of each site in evaluation releases, against
+              the sites' limit (the settings check with it)
 ``settings``  every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
 ``errors``    typed service errors and the gRPC status of each
 ``summary_schema``
