@@ -123,6 +123,14 @@ class PolicySettings:
     3); per-round evaluations (``[evaluation] federated_every``, ``[federation]
     round_gate``) need more, and the coordinator keeps within the limit it is told
     the sites have (``[evaluation] site_limit``). 0: no limit (logged)."""
+    follow_new_federation: bool = False
+    """Whether this process joins another federation when the coordinator, on a
+    rejoin, runs a different one than the process joined (a coordinator restarted on
+    a fresh state directory, or one cycling federations). Off: the process ends
+    (status 1) and the site's operator decides whether to start it again for the new
+    one — every per-federation bound (one update per round, the moments once, the
+    evaluations per federation) starts over in a new federation, so the coordinator
+    must not be able to start one on its own. On: logged as a weakening."""
     min_local_work_s: float = 0.0
     """Hold a secure job's input until this many seconds after its task arrived, so
     the time of the masked upload does not reveal how long the local work took (it
@@ -146,7 +154,11 @@ class PolicySettings:
         self.secagg()  # validates the secure-aggregation keys (typed InvalidSpec)
         if not isinstance(self.one_release_per_model, bool):
             raise ValueError("policy one_release_per_model must be true or false")
-        for key in ("one_update_per_round", "reuse_data_across_federations"):
+        for key in (
+            "one_update_per_round",
+            "reuse_data_across_federations",
+            "follow_new_federation",
+        ):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"policy {key} must be true or false")
         sd = self.evaluation_noise_sd
@@ -218,6 +230,11 @@ class PolicySettings:
             out.append(
                 f"max_validation_heads = {self.max_validation_heads} (default "
                 f"{DEFAULT_MAX_VALIDATION_HEADS}): crafted heads count local validation labels"
+            )
+        if self.follow_new_federation:
+            out.append(
+                "follow_new_federation = true: a coordinator can move this process into a "
+                "new federation on its own, where every per-federation bound starts over"
             )
         most = self.max_evaluations_per_federation
         if most == 0 or most > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:

@@ -198,6 +198,8 @@ class ParticipantRunner:
         same_federation = (
             self.plan is not None and self.plan.federation_id == reply.plan.federation_id
         )
+        if self.plan is not None and not same_federation:
+            self._another_federation(reply.plan.federation_id)
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
                 with self._compute_slot():
@@ -220,6 +222,27 @@ class ParticipantRunner:
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
+        )
+
+    def _another_federation(self, federation_id: str) -> None:
+        """A rejoin found the coordinator running another federation than the one this
+        process joined: end here, unless ``[policy] follow_new_federation``. Every
+        per-federation bound of the release ledger starts over in a new federation, so
+        whether this site's data takes part in one is its operator's decision, never
+        the coordinator's alone."""
+        joined = self.plan.federation_id if self.plan is not None else "?"
+        if self.policy.follow_new_federation:
+            self.log(
+                f"WARNING: the coordinator now runs federation {federation_id}, not "
+                f"{joined}; following it ([policy] follow_new_federation = true)"
+            )
+            return
+        raise ParticipantExit(
+            1,
+            f"the coordinator now runs federation {federation_id}, not {joined} that this "
+            "process joined; a new federation starts every per-federation release bound "
+            "over, so this participant stops here: start it again to join the new one "
+            "(or set [policy] follow_new_federation = true)",
         )
 
     def _save_final_models(self) -> int:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -29,6 +30,7 @@ from spherecal.participant.data import load_local_data
 from spherecal.participant.policy import PolicySettings
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import ParticipantSettings
+from spherecal.participant.transport import TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
@@ -298,6 +300,56 @@ def test_mutation_without_the_limit_every_ulp_is_a_fresh_answer(
     hostile.script = [_ulp_moved(hostile, model, k) for k in range(6)]
     assert _run(settings, hostile) == 0
     assert len(hostile.evaluations) == 6 and not hostile.failures
+
+
+class CyclingCoordinator(HostileCoordinator):
+    """After its script's first instruction, expires the session and answers the
+    rejoin with a new federation: every per-federation bound would start over."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.joins = 0
+        self.expired = False
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        self.joins += 1
+        self.federation = f"fed-{self.joins}"
+        return super().join(request)
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self.evaluations and not self.expired:
+            self.expired = True
+            raise TransportError(
+                grpc.StatusCode.UNAUTHENTICATED, "session expired", reason=pb.SESSION_EXPIRED
+            )
+        return super().next_instruction(request)
+
+
+def test_a_coordinator_cannot_move_a_site_into_a_new_federation(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """The rejoin finds federation 2, not the one the process joined: the site stops
+    (status 1) instead of answering the second federation's evaluations, whose
+    per-federation count starts over."""
+    hostile = CyclingCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_ulp_moved(hostile, model, k) for k in range(3)]
+    assert _run(_settings(tmp_path, allow_plaintext=True), hostile) == 1
+    assert hostile.joins == 2
+    assert [e.task_id for e in hostile.evaluations] == ["ulp0"]
+
+
+def test_mutation_following_new_federations_restarts_every_bound(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """``[policy] follow_new_federation = true`` is what lets it through: the site
+    answers on in federation 2."""
+    settings = _settings(
+        tmp_path, allow_plaintext=True, policy=PolicySettings(follow_new_federation=True)
+    )
+    hostile = CyclingCoordinator(federation="fed", model=model, script=[])
+    hostile.script = [_ulp_moved(hostile, model, k) for k in range(3)]
+    assert _run(settings, hostile) == 0
+    assert [e.task_id for e in hostile.evaluations] == ["ulp0", "ulp1", "ulp2"]
 
 
 # ====================================================================== job specs
