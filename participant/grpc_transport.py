@@ -10,6 +10,7 @@ send its masked data, keys or even its identity over a network in the clear.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -24,6 +25,7 @@ from spherecal.proto.services import grpc_services
 __all__ = [
     "GrpcTransport",
     "channel_options",
+    "client_certificate_hint",
     "credentials_for",
     "is_loopback_address",
     "tls_failure_hint",
@@ -62,10 +64,46 @@ def tls_failure_hint(details: str, *, server_name: str, ca: str) -> str:
         )
     if any(m in details for m in ("CERTIFICATE_VERIFY_FAILED", "BAD_SIGNATURE")):
         return (
-            f"the coordinator's certificate does not verify against {ca}: use the CA "
-            "that issued it"
+            f"the coordinator's certificate does not verify against {ca}: use the CA that issued it"
         )
     return ""
+
+
+def client_certificate_hint(
+    details: str, *, cert: Path | None, ca: Path | None, cert_name: str, ca_name: str
+) -> str:
+    """What to fix when the coordinator closed the connection during the TLS handshake
+    and this side's own certificate is not issued by the CA it trusts for the
+    coordinator; "" otherwise.
+
+    Why: a server that refuses a client certificate ends the handshake with no reason
+    the client sees — gRPC says only "Socket closed", like an outage. The federation's
+    one CA (``spherecal certs init``) issues the coordinator's certificate and every
+    site's (``spherecal certs issue``), so a site certificate that ``ca`` did not
+    issue is the likeliest cause, and one the site can check alone. ``cert_name`` and
+    ``ca_name`` name the caller's settings."""
+    if "Socket closed" not in details or cert is None or ca is None:
+        return ""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        own = x509.load_pem_x509_certificate(cert.read_bytes())
+        authorities = x509.load_pem_x509_certificates(ca.read_bytes())
+    except (OSError, ValueError):
+        return ""  # unreadable now: the start-up checks named such files already
+    for authority in authorities:
+        try:
+            own.verify_directly_issued_by(authority)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return ""
+    return (
+        f"the coordinator closed the connection during the TLS handshake, and {cert_name} "
+        f"(issued by {own.issuer.rfc4514_string()}) is not issued by {ca_name}: a "
+        "coordinator that trusts only the federation's CA refuses it; use a certificate "
+        "that CA issued (`spherecal certs issue`)"
+    )
 
 
 def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:

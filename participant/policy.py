@@ -52,7 +52,8 @@ class ReleaseRepeated(PrivacyRefused):
     the per-class moments for this federation, model or — exactly — this data, this
     evaluation): a second release over a different set of participants would give
     this site's input by differencing (``[policy] one_update_per_round``,
-    ``one_release_per_model``, ``reuse_data_across_federations``)."""
+    ``one_release_per_model``, ``reuse_data_across_federations``,
+    ``exact_moments_of_changed_data``)."""
 
 
 class RoundOutsidePlan(PrivacyRefused):
@@ -105,6 +106,15 @@ class PolicySettings:
     """Allow a second *exact* (un-noised) release of the per-class moments of the same
     local data under another federation. Off: a new federation on the same data gets
     the moments only with DP noise (``[privacy] enabled``)."""
+    exact_moments_of_changed_data: bool = False
+    """Allow a second *exact* (un-noised) release of the per-class moments under
+    another federation after this site's training split changed (a new data
+    fingerprint). Off: exact moments leave this site in one federation only; a later
+    federation gets them only with DP noise (``[privacy] enabled``). Why: a
+    coordinator can vary weights the features never read (the outgoing weights of a
+    hidden unit that is never active) and so run a new executed model with the same
+    features; the difference of the two exact releases is then the statistics of the
+    records that were added or changed, exactly."""
     evaluation_noise_sd: float = DEFAULT_EVALUATION_NOISE_SD
     """Distributed DP noise on evaluation counts: the total standard deviation
     (counts) that any guaranteed set of contributors reaches on every entry of the
@@ -157,6 +167,7 @@ class PolicySettings:
         for key in (
             "one_update_per_round",
             "reuse_data_across_federations",
+            "exact_moments_of_changed_data",
             "follow_new_federation",
         ):
             if not isinstance(getattr(self, key), bool):
@@ -210,6 +221,12 @@ class PolicySettings:
             out.append(
                 "reuse_data_across_federations = true: a new federation on the same data gets "
                 "its exact per-class moments again; differencing across federations gives them"
+            )
+        if self.exact_moments_of_changed_data:
+            out.append(
+                "exact_moments_of_changed_data = true: a new federation after this site's "
+                "data changed gets its exact per-class moments again; the difference with "
+                "the earlier release is the changed records' statistics"
             )
         if self.evaluation_noise_sd == 0:
             out.append(

@@ -23,7 +23,12 @@ One rule per purpose (the family of a kind, :func:`family_of`):
   Across federations, the site fingerprints its data split
   (:func:`spherecal.participant.data.fingerprint`): an *exact* (un-noised) release of
   the same data is allowed once per family, ever; a further one needs DP noise or
-  ``[policy] reuse_data_across_federations = true`` (logged).
+  ``[policy] reuse_data_across_federations = true`` (logged). Exact moments of
+  *changed* data (another fingerprint) are refused too once exact moments left in
+  another federation: a coordinator can run a new executed model with the same
+  features (weights the features never read), and the two exact releases then
+  differ by the changed records' statistics; ``[policy]
+  exact_moments_of_changed_data = true`` admits them (logged).
 * ``evaluation`` (kind ``evaluate``): counts leave with distributed DP noise
   (``[policy] evaluation_noise_sd``, :mod:`spherecal.spherefed.privacy.evaluation_noise`),
   each release's ε recorded here; the same evaluation — executed model, split and
@@ -134,6 +139,10 @@ class LedgerRules:
     one_release_per_model: bool = True
     exact_data_once: bool = True
     """Not ``[policy] reuse_data_across_federations``."""
+    exact_in_one_federation: bool = True
+    """Not ``[policy] exact_moments_of_changed_data``: exact moments of *other* data
+    (the split changed) are refused in any federation but the one exact moments
+    already left in."""
     max_evaluations_per_federation: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
     """``[policy] max_evaluations_per_federation`` (0: no limit)."""
 
@@ -179,7 +188,17 @@ class ReleaseLedger:
         self.participant = participant
         """Whose releases (one state directory may, in tests, serve several ids)."""
         base = rules or LedgerRules()
-        self.rules = base if enforce else LedgerRules(False, False, False, 0)
+        self.rules = (
+            base
+            if enforce
+            else LedgerRules(
+                one_update_per_round=False,
+                one_release_per_model=False,
+                exact_data_once=False,
+                exact_in_one_federation=False,
+                max_evaluations_per_federation=0,
+            )
+        )
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
 
@@ -289,6 +308,19 @@ class ReleaseLedger:
                         f"exact statistics of this site's data already left it {was}; "
                         "another federation on the same data needs DP noise "
                         "([privacy] enabled) or [policy] reuse_data_across_federations"
+                    )
+                if (
+                    r.exact_in_one_federation
+                    and not release.noised
+                    and not noised
+                    and federation != release.federation
+                    and bytes(data) != release.data
+                ):
+                    return (
+                        f"exact statistics of this site's data already left it {was}, and "
+                        "the data changed since: two exact releases differ by the changed "
+                        "records' statistics; another federation needs DP noise ([privacy] "
+                        "enabled) or [policy] exact_moments_of_changed_data"
                     )
         return None
 

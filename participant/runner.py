@@ -59,7 +59,7 @@ from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
-from spherecal.participant.grpc_transport import tls_failure_hint
+from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.policy import RoundOutsidePlan
 from spherecal.participant.release_ledger import (
@@ -144,6 +144,7 @@ class ParticipantRunner:
                 one_update_per_round=settings.policy.one_update_per_round,
                 one_release_per_model=settings.policy.one_release_per_model,
                 exact_data_once=not settings.policy.reuse_data_across_federations,
+                exact_in_one_federation=not settings.policy.exact_moments_of_changed_data,
                 max_evaluations_per_federation=settings.policy.max_evaluations_per_federation,
             ),
         )
@@ -384,6 +385,12 @@ class ParticipantRunner:
             tls = self.settings.tls
             hint = tls_failure_hint(
                 exc.message, server_name="[tls] server_name", ca=f"[tls] ca = {tls.ca}"
+            ) or client_certificate_hint(
+                exc.message,
+                cert=None if self.settings.insecure else tls.cert,
+                ca=tls.ca,
+                cert_name=f"[tls] cert = {tls.cert}",
+                ca_name=f"[tls] ca = {tls.ca}",
             )
             self._backoff.wait(reason, self.log, address=self.settings.coordinator, hint=hint)
             return

@@ -21,12 +21,15 @@ What it flags:
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice).
 * **exact moments of changed data** — two *exact* releases of the per-class moments
-  in different federations from different fingerprints of this site's data (the
-  rules admit it: the data changed). If the two models computed the same features —
+  in different federations from different fingerprints of this site's data. The
+  default rules refuse the second (since 2026-11-27); it is admitted under
+  ``[policy] exact_moments_of_changed_data = true``, a logged weakening, and is
+  found in ledgers written before. If the two models computed the same features —
   which the site cannot tell, since a coordinator can vary weights the features do
   not read — their difference is the statistics of the records that changed
   (docs/threat_model.md, "Exact statistics of data that grew"). Listed for the
-  privacy officer to weigh; the exit status does not count them.
+  privacy officer to weigh; the exit status does not count them (a documented
+  choice of the site's, or history).
 
 A release whose ``answer`` is ``refusal`` is a job the site refused for a reason that
 depends on its data (an input outside the job's bound, a failed local computation):

@@ -126,12 +126,19 @@ def fetch_status(
         return stub.GetFederationStatus(pb.FederationStatusRequest(), timeout=timeout)
     except grpc.RpcError as exc:
         from spherecal.cli.exit_codes import CoordinatorUnreachable
-        from spherecal.participant.grpc_transport import tls_failure_hint
+        from spherecal.participant.grpc_transport import (
+            client_certificate_hint,
+            tls_failure_hint,
+        )
 
         code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = " ".join((exc.details() if hasattr(exc, "details") else "").split())
         message = f"coordinator at {address}: {code}: {details[:300]}"
-        hint = tls_failure_hint(details, server_name="--server-name", ca="--ca")
+        hint = tls_failure_hint(
+            details, server_name="--server-name", ca="--ca"
+        ) or client_certificate_hint(
+            details, cert=cert, ca=ca, cert_name=f"--cert {cert}", ca_name=f"--ca {ca}"
+        )
         if hint:  # reached, but its certificate is refused: bad input, not an outage
             raise ValueError(f"{message} — {hint}") from None
         if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):

@@ -15,6 +15,7 @@ through, recovering the site's value exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sqlite3
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
@@ -37,7 +39,7 @@ from spherecal.spherefed.privacy.evaluation_noise import (
     DEFAULT_EVALUATION_NOISE_SD,
     plan_evaluation_noise,
 )
-from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
+from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size, ffc_statistics
 from tests.security.hostile_ring import (
     TARGET,
     HostileRing,
@@ -355,6 +357,95 @@ def test_mutation_reusing_data_across_federations_releases_again(
         tmp_path, model, data, model.initial_vector + 1e-3, reuse_data_across_federations=True
     )
     assert ring.failures == [] and b.result is not None
+
+
+# ====================================================================== data that grew
+FEATURE_DIM = 128  # the MLP extractor's feature dimension (tests.security.conftest)
+
+
+def _dead_unit(model: GlobalModel, outgoing: float) -> npt.NDArray[np.float64]:
+    """The MLP with hidden unit 0 never active (weights in 0, bias -1: ReLU gives 0)
+    and its outgoing weights all ``outgoing``. The features never read those weights,
+    so each value of ``outgoing`` is a new executed model with bit-identical
+    features: a new release key the coordinator varies for free."""
+    vector = np.array(model.initial_vector, dtype=np.float64)
+    d_in, hidden, d = 64, 256, FEATURE_DIM  # extractor.net.1 (64→256), .3 (256→d)
+    assert model.feature_dim == d
+    assert vector.shape == (d_in * hidden + hidden + hidden * d + d,)
+    w1 = vector[: d_in * hidden].reshape(hidden, d_in)
+    b1 = vector[d_in * hidden : d_in * hidden + hidden]
+    w2 = vector[d_in * hidden + hidden : d_in * hidden + hidden + hidden * d].reshape(d, hidden)
+    w1[0, :] = 0.0
+    b1[0] = -1.0
+    w2[:, 0] = outgoing
+    return vector
+
+
+def _features(
+    vector: npt.NDArray[np.float64], x: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """The normalised MLP features, computed here in float64 from the vector."""
+    d_in, hidden = 64, 256
+    w1 = vector[: d_in * hidden].reshape(hidden, d_in)
+    b1 = vector[d_in * hidden : d_in * hidden + hidden]
+    w2 = vector[d_in * hidden + hidden : -FEATURE_DIM].reshape(FEATURE_DIM, hidden)
+    b2 = vector[-FEATURE_DIM:]
+    h = np.maximum(x.reshape(x.shape[0], -1) @ w1.T + b1, 0.0) @ w2.T + b2
+    return np.asarray(h / np.linalg.norm(h, axis=1, keepdims=True), dtype=np.float64)
+
+
+def _grown(data: LocalData) -> LocalData:
+    """The site's training split six months on: one record more (the first test image)."""
+    return dataclasses.replace(
+        data,
+        train_x=torch.cat([data.train_x, data.test_x[:1]]),
+        train_y=torch.cat([data.train_y, data.test_y[:1]]),
+    )
+
+
+def _grown_data_in_a_new_federation(
+    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+) -> tuple[HostileRing, RingJob, RingJob]:
+    """Exact FFC in federation A; the site's data grows by one record; FFC again in
+    federation B from a model that differs only in weights the features do not read."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    first_ring = HostileRing(federation="fed-A", model=model)
+    a = make_job(ROSTER, length)
+    first_ring.script = [_statistics(first_ring, "a", pb.FFC, a, _dead_unit(model, 0.0))]
+    _run(_settings(tmp, **policy), first_ring, data)
+    ring = HostileRing(federation="fed-B", model=model)
+    b = make_job(OTHER_ROSTER, length)
+    ring.script = [_statistics(ring, "b", pb.FFC, b, _dead_unit(model, 0.5))]
+    _run(_settings(tmp, **policy), ring, _grown(data))
+    assert a.result is not None  # the first release is a real, finished sum
+    return ring, a, b
+
+
+def test_exact_moments_of_grown_data_need_noise_in_a_new_federation(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring, _, b = _grown_data_in_a_new_federation(tmp_path, model, data)
+    assert ring.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert b.result is None
+    assert [r["federation"] for r in _released(tmp_path)] == ["fed-A"]
+
+
+def test_mutation_exact_moments_of_changed_data_give_the_new_record(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With the key on, the coordinator subtracts the two sums (the colluding others'
+    inputs known) and reads the added record's ``z zᵀ``, ``z onehotᵀ`` and count."""
+    ring, a, b = _grown_data_in_a_new_federation(
+        tmp_path, model, data, exact_moments_of_changed_data=True
+    )
+    assert ring.failures == [] and b.result is not None
+    record = data.test_x[:1].numpy().astype(np.float64)
+    z = _features(_dead_unit(model, 0.5), record)
+    label = data.test_y[:1].numpy()
+    expected = ffc_statistics(z, label, model.num_classes).pack()
+    recovered = b.target_release() - a.target_release()
+    assert recovered[0] == pytest.approx(1.0, abs=1e-3)  # the count: one record more
+    np.testing.assert_allclose(recovered, expected, atol=1e-6)  # float32 features
 
 
 # ====================================================================== training

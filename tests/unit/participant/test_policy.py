@@ -45,6 +45,9 @@ def test_defaults_are_safe_and_map_onto_secagg_policy() -> None:
     (off,) = PolicySettings(share_wait_s=0).relaxations()
     assert off.startswith("share_wait_s = 0") and "example count" in off
     assert PolicySettings(share_wait_s=5).relaxations() == ()
+    (changed,) = PolicySettings(exact_moments_of_changed_data=True).relaxations()
+    assert changed.startswith("exact_moments_of_changed_data = true")
+    assert "changed records' statistics" in changed
 
 
 @pytest.mark.parametrize(
@@ -54,6 +57,7 @@ def test_defaults_are_safe_and_map_onto_secagg_policy() -> None:
         {"min_inputs": "3"},
         {"require_consistency_round": 1},
         {"one_release_per_model": "yes"},
+        {"exact_moments_of_changed_data": 1},
         {"max_evaluation_heads": -1},
         {"min_local_work_s": -1.0},
         {"min_local_work_s": True},
@@ -175,7 +179,6 @@ def test_exact_moments_of_the_same_data_leave_once_across_federations(tmp_path: 
         ledger.reserve(_stats("ccvr", "G", b"m2"), job="b")  # new federation and model
     ledger.reserve(_stats("ccvr", "G", b"m2", noised=True), job="c")  # DP noise: admitted
     ledger.consume("c")
-    ledger.reserve(_stats("ccvr", "H", b"m3", data=b"other data"), job="d")  # other data
     ledger.close()
     relaxed = ReleaseLedger(
         tmp_path / "privacy.db", rules=LedgerRules(exact_data_once=False)
@@ -183,6 +186,46 @@ def test_exact_moments_of_the_same_data_leave_once_across_federations(tmp_path: 
     relaxed.reserve(_stats("ccvr", "K", b"m4"), job="e")
     relaxed.consume("e")
     relaxed.close()
+
+
+def test_exact_moments_of_changed_data_leave_in_one_federation_only(tmp_path: Path) -> None:
+    """The data grew between two federations: a second exact release would differ from
+    the first by the new records' statistics (the coordinator can keep the features
+    fixed while the executed model changes), so it needs DP noise or the key."""
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+    ledger.reserve(_stats("ccvr", "F", b"m1", data=b"january"), job="a")
+    ledger.consume("a")
+    with pytest.raises(ReleaseRepeated, match="the data changed since"):
+        ledger.reserve(_stats("ffc", "G", b"m2", data=b"june"), job="b")
+    ledger.reserve(_stats("ccvr", "G", b"m2", data=b"june", noised=True), job="c")  # DP noise
+    ledger.consume("c")
+    ledger.close()
+    reopened = ReleaseLedger(tmp_path / "privacy.db")  # a restart does not reset it
+    with pytest.raises(ReleaseRepeated, match="exact_moments_of_changed_data"):
+        reopened.reserve(_stats("ccvr", "H", b"m3", data=b"december"), job="d")
+    reopened.close()
+    relaxed = ReleaseLedger(
+        tmp_path / "privacy.db", rules=LedgerRules(exact_in_one_federation=False)
+    )  # [policy] exact_moments_of_changed_data = true: the mutation of this rule
+    relaxed.reserve(_stats("ccvr", "H", b"m3", data=b"december"), job="d")
+    relaxed.consume("d")
+    with pytest.raises(ReleaseRepeated, match="same data"):  # the same data: its own rule
+        relaxed.reserve(_stats("ccvr", "K", b"m4", data=b"december"), job="e")
+    relaxed.close()
+
+
+def test_exact_moments_after_noised_ones_are_admitted_once(tmp_path: Path) -> None:
+    """Only two *exact* releases difference exactly: after a noised one, the first
+    exact release of changed data leaves, and it is the one the rule then holds."""
+    ledger = ReleaseLedger(tmp_path / "privacy.db")
+    ledger.reserve(_stats("ccvr", "F", b"m1", data=b"january", noised=True), job="a")
+    ledger.consume("a")
+    ledger.reserve(_stats("ccvr", "G", b"m2", data=b"june"), job="b")
+    ledger.reserve(_stats("ccvr", "H", b"m3", data=b"july"), job="c")  # reserved, not left
+    ledger.consume("b")
+    with pytest.raises(ReleaseRepeated, match="the data changed since"):
+        ledger.consume("c")  # re-checked the moment its input would leave
+    ledger.close()
 
 
 def test_training_releases_one_update_per_federation_and_round(tmp_path: Path) -> None:

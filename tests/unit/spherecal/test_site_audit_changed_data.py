@@ -1,14 +1,15 @@
-"""``spherecal audit --site`` lists exact per-class moments of changed data: the rules
-admit a second exact release when the site's data changed between two federations
-(a new fingerprint), and if both models computed the same features, the difference
-of the two is the statistics of the records that changed."""
+"""``spherecal audit --site`` lists exact per-class moments of changed data: under
+``[policy] exact_moments_of_changed_data = true`` (or in a ledger written before the
+default refused it) a second exact release is admitted when the site's data changed
+between two federations (a new fingerprint), and if both models computed the same
+features, the difference of the two is the statistics of the records that changed."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from spherecal.participant.release_ledger import REFUSAL, Release, ReleaseLedger
+from spherecal.participant.release_ledger import REFUSAL, LedgerRules, Release, ReleaseLedger
 from spherecal.site_audit import format_site_audit, read_site_audit, run_site_audit, site_audit_html
 
 
@@ -20,7 +21,11 @@ def _moments(federation: str, data: bytes, *, noised: bool = False) -> Release:
 
 
 def _ledger(tmp_path: Path, releases: list[tuple[str, Release, str]]) -> None:
-    ledger = ReleaseLedger(tmp_path / "privacy.db", participant="p0")
+    ledger = ReleaseLedger(
+        tmp_path / "privacy.db",
+        participant="p0",
+        rules=LedgerRules(exact_in_one_federation=False),  # the site's explicit choice
+    )
     for job, release, answer in releases:
         ledger.reserve(release, job=job)
         ledger.consume(job, answer=answer)

@@ -18,6 +18,7 @@ import pytest
 
 from spherecal.certs import init_ca, issue_participant
 from spherecal.cli.app import main
+from spherecal.participant.grpc_transport import client_certificate_hint
 from spherecal.participant.main import run_participant
 from spherecal.participant.settings import ClientTLS, ParticipantSettings
 
@@ -30,6 +31,8 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         issue_participant(directory, name)
     other = directory / "other"
     init_ca(other)
+    for name in ("p0", "operator"):
+        issue_participant(other, name)  # the same names, from another CA
     return directory
 
 
@@ -48,13 +51,17 @@ def port(certs: Path) -> Iterator[int]:
     server.stop(None)
 
 
-def _site(tmp_path: Path, certs: Path, port: int, ca: Path) -> list[str]:
+def _site(
+    tmp_path: Path, certs: Path, port: int, ca: Path, *, server_name: str | None = None
+) -> list[str]:
     lines: list[str] = []
     code = run_participant(
         ParticipantSettings(
             participant_id="p0",
             coordinator=f"127.0.0.1:{port}",
-            tls=ClientTLS(ca=ca, cert=certs / "p0.pem", key=certs / "p0.key"),
+            tls=ClientTLS(
+                ca=ca, cert=certs / "p0.pem", key=certs / "p0.key", server_name=server_name
+            ),
             state_dir=tmp_path / "state",
             identity_key=None,
             reconnect_max_s=0.2,
@@ -72,6 +79,44 @@ def test_a_site_is_told_what_to_fix(tmp_path: Path, certs: Path, port: int) -> N
     assert "does not name the address dialled: set [tls] server_name" in first, first
     (first,) = _site(tmp_path / "ca", certs, port, certs / "other" / "ca.pem")
     assert "does not verify against [tls] ca = " in first and "other/ca.pem" in first, first
+
+
+def test_a_site_whose_certificate_another_ca_issued_is_told_so(
+    tmp_path: Path, certs: Path, port: int
+) -> None:
+    """The coordinator refuses the client certificate and closes the handshake; gRPC
+    says only "Socket closed". The site checks its own certificate against the CA it
+    trusts and names the mismatch."""
+    (first,) = _site(
+        tmp_path, certs / "other", port, certs / "ca.pem", server_name="coord.example.org"
+    )
+    assert "Socket closed" in first, first
+    assert "closed the connection during the TLS handshake" in first, first
+    assert "other/p0.pem" in first and "is not issued by [tls] ca = " in first, first
+
+
+def test_the_certificate_hint_is_for_a_mismatch_alone(tmp_path: Path, certs: Path) -> None:
+    closed = "UNAVAILABLE: ipv4:127.0.0.1:1: Socket closed"
+
+    def hint(details: str, cert: Path | None, ca: Path) -> str:
+        return client_certificate_hint(
+            details, cert=cert, ca=ca, cert_name="[tls] cert", ca_name="[tls] ca"
+        )
+
+    foreign, ca = certs / "other" / "p0.pem", certs / "ca.pem"
+    assert hint(closed, foreign, ca).startswith(
+        "the coordinator closed the connection during the TLS handshake"
+    )
+    # issued by that CA: the closed socket has another cause, and no hint guesses one
+    assert hint(closed, certs / "p0.pem", ca) == ""
+    # another failure, no certificate, or a file that cannot be read now: nothing
+    assert hint("UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", foreign, ca) == ""
+    assert hint(closed, None, ca) == ""
+    assert hint(closed, certs / "missing.pem", ca) == ""
+    # a bundle that holds the issuing CA among others verifies
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(ca.read_bytes() + (certs / "other" / "ca.pem").read_bytes())
+    assert hint(closed, foreign, bundle) == ""
 
 
 def _status(certs: Path, *target: str) -> list[str]:
@@ -94,6 +139,17 @@ def test_status_names_the_certificate_not_an_outage(
     err = capsys.readouterr().err.strip()
     assert code == 2, err  # bad input, not 4 (unreachable)
     assert err.count("\n") == 0 and "set --server-name to a name it was issued for" in err
+
+
+def test_status_with_an_operator_certificate_from_another_ca_says_so(
+    certs: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _status(certs / "other", "--address", f"127.0.0.1:{port}")
+    argv += ["--ca", str(certs / "ca.pem"), "--server-name", "coord.example.org"]
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err  # bad input, not 4 (unreachable)
+    assert err.count("\n") == 0 and "is not issued by --ca" in err, err
 
 
 def test_status_on_the_coordinator_machine_checks_the_name_in_its_certificate(
