@@ -16,10 +16,19 @@ Invariants checked on construction (including from bytes):
   (32 or 64): the sum cannot wrap (:mod:`spherecal.crypto.ring`);
 * ``chunk_size * w/8`` is a multiple of 16: every chunk starts on an AES block.
 
+* ``context`` is empty or 32 bytes: the digest of the task the job serves
+  (:mod:`spherecal.proto.task_context` — the model and every other input each member
+  computes its input from). Hashed into everything like the rest of the spec, it
+  makes the members of one job compute on one model: a coordinator that sent the
+  target a real model and everyone else a model whose update or statistics it knows
+  (Pasquini et al. 2022, "model inconsistency") would have to show them different
+  specs, and they would reject each other's signatures.
+
 Versions: version 2 (issue #24) added the ring width and the v2 mask keystream
-(:mod:`spherecal.crypto.prg`: 96-bit nonce, 32-bit counter from 2, the GCM keystream).
-Version-1 specs and messages are refused with a message that says so: a v1 party would
-expand different masks, and the sum would be garbage.
+(:mod:`spherecal.crypto.prg`: 96-bit nonce, 32-bit counter from 2, the GCM keystream);
+version 3 (2026-11-27) the task context. Older specs and messages are refused with a
+message that says so: a v1 party would expand different masks, and the sum would be
+garbage; a v2 party would not bind the job to its task.
 * with ``consistency_check`` (the active-adversary variant of Bonawitz et al. 2017,
   round 3 "ConsistencyCheck"), ``2t >`` the largest share-holder set: otherwise a malicious
   coordinator could split the honest holders of one participant's shares into two
@@ -60,8 +69,12 @@ from spherecal.crypto.ring import (
 )
 
 MAGIC = b"SCSA"
-VERSION = 2
-RETIRED_VERSIONS = {1: "AES-CTR with a 128-bit counter keystream and a 64-bit ring only"}
+VERSION = 3
+RETIRED_VERSIONS = {
+    1: "AES-CTR with a 128-bit counter keystream and a 64-bit ring only",
+    2: "job specs not bound to the task they serve",
+}
+CONTEXT_BYTES = 32
 TYPE_JOB_SPEC = 0x01
 
 DEFAULT_CHUNK_ENTRIES = 1 << 15  # 256 KiB of uint64: stays in L2 next to its keystream tile
@@ -125,6 +138,10 @@ class JobSpec:
     chunk_size: int = DEFAULT_CHUNK_ENTRIES
     noise_bound: int = 0
     ring_bits: int = 64
+    context: bytes = b""
+    """The digest of the task this job serves (:mod:`spherecal.proto.task_context`),
+    or empty for a job outside the service (benchmarks, the crypto layer's tests);
+    a participant refuses a job whose context is not its task's."""
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -145,6 +162,7 @@ class JobSpec:
         noise_bound: int = 0,
         ring_bits: int = 64,
         resolution: float | None = None,
+        context: bytes = b"",
     ) -> JobSpec:
         """Fill in defaults: a fresh random 16-byte job id, ``min_participants = t``,
         the finest overflow-safe scale, ``degree = n - 1`` (complete) or
@@ -195,6 +213,7 @@ class JobSpec:
             chunk_size=chunk_size,
             noise_bound=noise_bound,
             ring_bits=ring_bits,
+            context=context,
         )
 
     def __post_init__(self) -> None:
@@ -257,6 +276,8 @@ class JobSpec:
             )
         if not (isinstance(self.bound, float) and math.isfinite(self.bound) and self.bound > 0):
             raise InvalidSpec(f"bound must be a positive finite float, got {self.bound!r}")
+        if not isinstance(self.context, bytes) or len(self.context) not in (0, CONTEXT_BYTES):
+            raise InvalidSpec(f"context must be empty or {CONTEXT_BYTES} bytes (a task digest)")
         if not isinstance(self.noise_bound, int) or self.noise_bound < 0:
             raise InvalidSpec("noise_bound must be a non-negative integer")
         if not 0 <= self.scale_bits <= MAX_SCALE_BITS:
@@ -310,7 +331,7 @@ class JobSpec:
         w.u32(self.threshold).u32(self.min_participants).u64(self.length)
         w.u8(self.scale_bits).f64(self.bound).text(self.graph).u32(self.degree)
         w.boolean(self.consistency_check).u32(self.chunk_size).u64(self.noise_bound)
-        w.u8(self.ring_bits)
+        w.u8(self.ring_bits).blob(self.context)
         return w.getvalue()
 
     @classmethod
@@ -323,7 +344,8 @@ class JobSpec:
             raise MalformedMessage(
                 f"secagg job spec version {version} ({RETIRED_VERSIONS[version]}) is no "
                 f"longer supported; this party speaks version {VERSION} (the 96-bit-nonce "
-                "mask keystream and a per-job ring width): upgrade the other side"
+                "mask keystream, a per-job ring width and the task context): upgrade the "
+                "other side"
             )
         if version != VERSION or r.u8() != TYPE_JOB_SPEC:
             raise MalformedMessage(f"not a spherecal secagg v{VERSION} job spec")
@@ -333,6 +355,7 @@ class JobSpec:
         scale_bits, bound, graph, degree = r.u8(), r.f64(), r.text(), r.u32()
         consistency, chunk, noise = r.boolean(), r.u32(), r.u64()
         ring_bits = r.u8()
+        context = r.blob(max_len=CONTEXT_BYTES)
         r.finish()
         spec = cls(
             job_id=job_id,
@@ -348,6 +371,7 @@ class JobSpec:
             chunk_size=chunk,
             noise_bound=noise,
             ring_bits=ring_bits,
+            context=context,
         )
         # The reader accepts one encoding per value and the constructor only checks, so
         # these bytes are what to_bytes() would give: the digest needs no re-encoding

@@ -108,6 +108,7 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
                 noise=None if planned is None else _noise_json(planned[0]),
             ),
             task.secure if secure else None,
+            task,
         )
     except (PrivacyRefused, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)

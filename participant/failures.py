@@ -26,6 +26,7 @@ from spherecal.participant.policy import (
     EvaluationsExhausted,
     ReleaseRepeated,
     RoundOutsidePlan,
+    TaskNotBound,
 )
 from spherecal.participant.trust import UntrustedDirectory
 from spherecal.proto import spherecal_pb2 as pb
@@ -92,6 +93,7 @@ RULES: tuple[tuple[type[BaseException], pb.PolicyRule], ...] = (
     (crypto.KeySubstitution, pb.RULE_KEY_SUBSTITUTION),
     (ReleaseRepeated, pb.RULE_RELEASE_REPEATED),
     (EvaluationsExhausted, pb.RULE_EVALUATIONS_EXHAUSTED),
+    (TaskNotBound, pb.RULE_TASK_NOT_BOUND),
     (RoundOutsidePlan, pb.RULE_ROUND_OUTSIDE_PLAN),
     (EvaluationRefused, pb.RULE_EVALUATION_HEADS),
     (PlaintextRefused, pb.RULE_PLAINTEXT_REFUSED),

@@ -14,10 +14,13 @@ kinds: ``docs/privacy.md``.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 from spherecal.crypto.policy import DEFAULT_MIN_INPUTS, DEFAULT_MIN_PARTICIPANTS, SecAggPolicy
 from spherecal.participant.dp_gate import PrivacyRefused
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.task_context import task_context
 from spherecal.spherefed.privacy.evaluation_noise import (
     DEFAULT_EVALUATION_NOISE_SD,
     DEFAULT_MAX_EVALUATIONS_PER_FEDERATION,
@@ -32,6 +35,8 @@ __all__ = [
     "PolicySettings",
     "ReleaseRepeated",
     "RoundOutsidePlan",
+    "TaskNotBound",
+    "require_task_bound",
 ]
 
 DEFAULT_MAX_EVALUATION_HEADS = 2
@@ -72,10 +77,34 @@ class EvaluationsExhausted(PrivacyRefused):
     average the noise away (``DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``)."""
 
 
+class TaskNotBound(PrivacyRefused):
+    """A secure job whose spec's context is not the digest of the task it came with
+    (:mod:`spherecal.proto.task_context`). The context is what makes every member of a
+    job compute on the same model and inputs (their signatures cover the spec): a
+    coordinator that sent the members different models — the real one to a target,
+    one with a known update or known statistics to everyone else (Pasquini et al.
+    2022) — would read the target's input from one sum."""
+
+
 class EvaluationRefused(PrivacyRefused):
     """An evaluation this participant will not run: heads of a shape other than the
     plan's, more heads than ``max_evaluation_heads``, or duplicate head names (each
     crafted head would be one more count over the local test labels)."""
+
+
+def require_task_bound(
+    context: bytes, task: pb.TrainTask | pb.StatisticsTask | pb.EvaluateTask
+) -> None:
+    """Raise :class:`TaskNotBound` unless ``context`` (a job spec's) is ``task``'s
+    digest. Always enforced: with a current coordinator a job that is not bound to its
+    task is never legitimate."""
+    expected = task_context(task)
+    if not hmac.compare_digest(context, expected):
+        what = "carries no task context" if not context else "is bound to another task"
+        raise TaskNotBound(
+            f"the secure job's spec {what} than the one it came with (its model, round "
+            "and inputs): every member of a job must compute on the same task"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -61,7 +61,7 @@ from spherecal.participant.failures import failure_kind, policy_rule, wire_reaso
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
 from spherecal.participant.held_jobs import HeldJobStore
-from spherecal.participant.policy import RoundOutsidePlan
+from spherecal.participant.policy import RoundOutsidePlan, require_task_bound
 from spherecal.participant.release_ledger import (
     REFUSAL,
     UPDATE,
@@ -489,6 +489,7 @@ class ParticipantRunner:
                     noised=self.settings.privacy.dpsgd or task.HasField("dpsgd"),
                 ),
                 task.secure if secure else None,
+                task,
             )
         except (PrivacyRefused, crypto.SecAggError) as exc:
             self._refuse(task_id, exc)
@@ -629,10 +630,23 @@ class ParticipantRunner:
             self._fingerprints[split] = fingerprint(self.data, split)
         return self._fingerprints[split]
 
-    def _reserve(self, task_id: str, release: Release, job: pb.SecAggJob | None) -> str:
+    def _reserve(
+        self,
+        task_id: str,
+        release: Release,
+        job: pb.SecAggJob | None,
+        task: pb.TrainTask | pb.StatisticsTask | pb.EvaluateTask,
+    ) -> str:
         """Reserve this release in the ledger (raises ``ReleaseRepeated``); returns its
-        key: the secure job's id, or the task id for a plaintext release."""
-        key = crypto.JobSpec.from_bytes(job.spec).job_id.hex() if job else f"task-{task_id}"
+        key: the secure job's id, or the task id for a plaintext release. A secure job
+        must be bound to ``task`` first (raises ``TaskNotBound``): every member of the
+        job then computes on the same model and inputs."""
+        if job is None:
+            key = f"task-{task_id}"
+        else:
+            spec = crypto.JobSpec.from_bytes(job.spec)
+            require_task_bound(spec.context, task)
+            key = spec.job_id.hex()
         self.releases.reserve(release, job=key)
         return key
 

@@ -79,6 +79,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
                 noised=secure and task.HasField("privacy"),
             ),
             task.secure if secure else None,
+            task,
         )
     except (PrivacyRefused, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)

@@ -12,6 +12,7 @@ identities (join proof, certificate extension).
 ``error_detail``    typed error details as gRPC trailing metadata
 ``federation_end``  the statuses that end a federation, and which of them succeeded
 ``services``        the generated gRPC module, from one place
+``task_context``    the digest of the task a secure job serves (every member's inputs)
 Generated and committed: ``spherecal_pb2`` (messages) and ``spherecal_pb2_grpc`` (stubs).
 """
 

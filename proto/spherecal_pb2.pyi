@@ -72,6 +72,7 @@ class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RULE_DP_PLAN: _ClassVar[PolicyRule]
     RULE_ROUND_OUTSIDE_PLAN: _ClassVar[PolicyRule]
     RULE_EVALUATIONS_EXHAUSTED: _ClassVar[PolicyRule]
+    RULE_TASK_NOT_BOUND: _ClassVar[PolicyRule]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -124,6 +125,7 @@ RULE_DP_REQUIRED: PolicyRule
 RULE_DP_PLAN: PolicyRule
 RULE_ROUND_OUTSIDE_PLAN: PolicyRule
 RULE_EVALUATIONS_EXHAUSTED: PolicyRule
+RULE_TASK_NOT_BOUND: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason

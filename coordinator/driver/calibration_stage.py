@@ -45,6 +45,7 @@ from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.task_context import task_context
 from spherecal.spherefed.heads import UNIT_NORM_HEADS
 from spherecal.spherefed.privacy.plan import CalibrationPlan
 from spherecal.spherefed.privacy.projection import project_ccvr
@@ -167,6 +168,25 @@ def _check_pair(ctx: StageContext, out: Aggregates) -> None:
             out.pop(kind, None)
 
 
+def _statistics_task(
+    kind: str,
+    final: pb.TensorRef,
+    privacy: CoordinatorPrivacy | None,
+    plan: CalibrationPlan | None,
+    secure: pb.SecAggJob | None = None,
+) -> pb.StatisticsTask:
+    """One member's statistics task (without ``secure``: the task the job's context
+    is the digest of)."""
+    return pb.StatisticsTask(
+        kind=pb.FFC if kind == "ffc" else pb.CCVR,
+        model=final,
+        secure=secure,
+        privacy=(
+            privacy.release_message(plan) if privacy is not None and plan is not None else None
+        ),
+    )
+
+
 def _collect_kind(
     ctx: StageContext,
     model: GlobalModel,
@@ -208,25 +228,18 @@ def _collect_kind(
                 bound.value,
                 s.timeouts.round_s,
                 spec_arguments=plan.job_spec_arguments() if plan is not None else None,
+                context=task_context(_statistics_task(kind, final, privacy, plan)),
             )
         except (crypto.SecAggError, ValueError) as exc:
             return f"cannot create the job: {exc}"
-    code = pb.FFC if kind == "ffc" else pb.CCVR
     task = Task(
         task_id=ctx.task_id(kind),
         kind="statistics",
         expected=frozenset(participants),
         instructions={
             p: pb.Instruction(
-                statistics=pb.StatisticsTask(
-                    kind=code,
-                    model=final,
-                    secure=job.job_message(p) if job is not None else None,
-                    privacy=(
-                        privacy.release_message(plan)
-                        if privacy is not None and plan is not None
-                        else None
-                    ),
+                statistics=_statistics_task(
+                    kind, final, privacy, plan, job.job_message(p) if job is not None else None
                 )
             )
             for p in participants

@@ -35,6 +35,7 @@ from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.summary_schema import EvaluationNoise as NoiseJson
 from spherecal.coordinator.summary_schema import FederatedEvaluation
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.task_context import task_context
 from spherecal.spherefed.data import load_dataset
 from spherecal.spherefed.discriminant import CalibratedHead
 from spherecal.spherefed.fl import evaluate
@@ -72,6 +73,7 @@ def _evaluation_job(
     names: tuple[str, ...],
     round_index: int | None,
     slot: str,
+    context: bytes,
 ) -> tuple[SecureJob, EvaluationNoise | None]:
     """The secure evaluation job over ``participants`` (raises when they are too few
     for one), with the counts' DP noise planned for them."""
@@ -94,6 +96,7 @@ def _evaluation_job(
         evaluation_bound(s),
         s.timeouts.evaluation_s,
         spec_arguments=arguments,
+        context=context,
         slot=slot,
     )
     return job, noise
@@ -195,11 +198,19 @@ def federated_evaluation(
     for ref in refs:
         contents.update(ref.SerializeToString())
     slot = f"evaluate:{split}:{model_name}:{contents.hexdigest()[:32]}"
+    context = task_context(
+        pb.EvaluateTask(
+            model=model_ref,
+            heads=refs,
+            round=-1 if round_index is None else round_index,
+            split=split_code,
+        )
+    )
     if s.secagg.evaluation:
         participants = ctx.resume_participants(slot, participants)  # continued after a restart
         for attempt in (1, 2):
             try:
-                job, noise = _evaluation_job(ctx, participants, names, round_index, slot)
+                job, noise = _evaluation_job(ctx, participants, names, round_index, slot, context)
                 error = None
                 break
             except (crypto.SecAggError, ValueError) as exc:

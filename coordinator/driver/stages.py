@@ -251,10 +251,16 @@ class StageContext:
         first_stage_s: float,
         spec_arguments: dict[str, Any] | None = None,
         *,
+        context: bytes,
         slot: str | None = None,
     ) -> SecureJob:
         """A new job for ``slot`` (default ``purpose:round``) — or, after a restart,
-        the journaled one, continued where it stopped."""
+        the journaled one, continued where it stopped.
+
+        ``context``: the digest of the task the job serves
+        (:func:`spherecal.proto.task_context.task_context`), written into the spec so
+        that every member computes on the same model and inputs; a continued job
+        keeps its journaled spec, whose members refuse a task that differs."""
         slot = slot if slot is not None else default_slot(purpose, round_index)
         record = self.journaled(slot)
         if record is not None:
@@ -288,7 +294,7 @@ class StageContext:
             bound=bound,
             first_stage_s=first_stage_s,
             stage_s=self.settings.timeouts.stage_s,
-            spec_arguments=spec_arguments,
+            spec_arguments={**(spec_arguments or {}), "context": context},
             journal=self.journal,
             halt=self.halt,
             rejoin_s=self.settings.timeouts.rejoin_grace_s,

@@ -53,6 +53,7 @@ from spherecal.coordinator.driver.validation_gate import RoundGate
 from spherecal.coordinator.errors import FederationFailed
 from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.task_context import task_context
 from spherecal.spherefed.fl import derive_seed
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.reference import ReferenceConfig, select_participants
@@ -206,6 +207,27 @@ class RoundDriver:
         }
         return selected, candidates, dropped
 
+    def _train_task(
+        self,
+        r: int,
+        ref: pb.TensorRef,
+        broadcast: list[pb.NamedTensorRef],
+        step: DistributedDpsgdPlan | None,
+        *,
+        seed: int = 0,
+        secure: pb.SecAggJob | None = None,
+    ) -> pb.TrainTask:
+        """One member's training task (without ``seed`` and ``secure``, which differ
+        per member: the task the job's context is the digest of)."""
+        return pb.TrainTask(
+            round=r,
+            model=ref,
+            seed=seed,
+            secure=secure,
+            broadcast=broadcast,
+            dpsgd=self.dpsgd.message(step) if self.dpsgd is not None and step is not None else None,
+        )
+
     def attempt(self, r: int, attempt: int) -> str | None:
         """One attempt at round ``r``; returns None on success, else the reason."""
         ctx = self.ctx
@@ -248,6 +270,7 @@ class RoundDriver:
                     self.update_bound.value,
                     s.timeouts.round_s,
                     spec_arguments=spec_arguments,
+                    context=task_context(self._train_task(r, ref, broadcast, step)),
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
@@ -257,15 +280,13 @@ class RoundDriver:
             expected=frozenset(candidates),
             instructions={
                 p: pb.Instruction(
-                    train=pb.TrainTask(
-                        round=r,
-                        model=ref,
+                    train=self._train_task(
+                        r,
+                        ref,
+                        broadcast,
+                        step,
                         seed=derive_seed(s.seed, "train", r, ctx.registry.index_of(p)),
                         secure=job.job_message(p) if job is not None else None,
-                        broadcast=broadcast,
-                        dpsgd=self.dpsgd.message(step)
-                        if self.dpsgd is not None and step is not None
-                        else None,
                     )
                 )
                 for p in candidates

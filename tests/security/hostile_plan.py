@@ -1,21 +1,47 @@
 """What every hostile-coordinator double answers besides its attack: the join reply
 with a one-round plan, a presence stream that stays open, heartbeats, downloads of
 what it published and plaintext uploads recorded by task (the base of
-``test_malicious_coordinator_service.HostileCoordinator`` and ``hostile_ring.HostileRing``)."""
+``test_malicious_coordinator_service.HostileCoordinator`` and ``hostile_ring.HostileRing``);
+and, as the service's coordinator does, every secure job bound to the task it comes
+with (:func:`bind_to_task`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 import numpy.typing as npt
 
+from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for, iter_chunks, model_spec_to_proto
+from spherecal.proto.task_context import task_context
 
-__all__ = ["HostileTransport", "Presence", "hostile_join_reply"]
+__all__ = ["HostileTransport", "Presence", "bind_to_task", "hostile_join_reply"]
+
+
+def bind_to_task(instruction: pb.Instruction) -> crypto.JobSpec | None:
+    """Write the digest of the instruction's task into its secure job's spec, in place
+    (the doubles hand out what the service's coordinator would: every job bound to its
+    task), and return the bound spec; ``None`` when there is no secure job. A spec that
+    already carries a context, or does not decode, is left as the test made it."""
+    kind = instruction.WhichOneof("kind")
+    if kind not in ("train", "statistics", "evaluate"):
+        return None
+    task = getattr(instruction, kind)
+    if not task.HasField("secure"):
+        return None
+    try:
+        spec = crypto.JobSpec.from_bytes(task.secure.spec)
+    except crypto.SecAggError:
+        return None
+    if not spec.context:
+        spec = dataclasses.replace(spec, context=task_context(task))
+        task.secure.spec = spec.to_bytes()
+    return spec
 
 
 class Presence:

@@ -14,10 +14,11 @@ attack's result. Used by ``tests/security/test_differencing.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 
@@ -30,10 +31,11 @@ from spherecal.participant.data import LocalData
 from spherecal.participant.policy import PolicySettings
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.transport import TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
-from tests.security.hostile_plan import HostileTransport
+from tests.security.hostile_plan import HostileTransport, bind_to_task
 
 TARGET = "p0"
 PEERS = ("p0", "p1", "p2", "p3", "p4")
@@ -122,6 +124,12 @@ class HostileRing(HostileTransport):
         self.failures: list[pb.FailureReport] = []
         self.uploads = []
         self.evaluations: list[pb.EvaluationReport] = []
+        self.bind_tasks = True
+        """Bind each secure job to its task as the service's coordinator does."""
+        self.others_see: Callable[[crypto.JobSpec], crypto.JobSpec] | None = None
+        """The spec the server and the other members hold (default: the target's)."""
+        self.target_stages: list[str] = []
+        """Stages of the target's secure-aggregation submissions, in order."""
 
     # ----------------------------------------------------------- scripting
     def publish(self, name: str, array: npt.ArrayLike) -> pb.TensorRef:
@@ -199,21 +207,30 @@ class HostileRing(HostileTransport):
             return self._steps.pop(0)
         if self.script:
             instruction = self.script.pop(0)
+            spec = bind_to_task(instruction) if self.bind_tasks else None
             for field_name in ("train", "statistics", "evaluate"):
                 if instruction.HasField(field_name):
                     task = getattr(instruction, field_name)
                     if task.HasField("secure"):
-                        spec = crypto.JobSpec.from_bytes(task.secure.spec)
-                        self._start(self.jobs[spec.job_id])
+                        job = self.jobs[crypto.JobSpec.from_bytes(task.secure.spec).job_id]
+                        if spec is not None and self.others_see is None:
+                            job.spec = spec  # the others hold the spec the target holds
+                        elif self.others_see is not None:
+                            job.spec = self.others_see(job.spec)
+                        self._start(job)
             return instruction
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        self.target_stages.append(pb.SecAggStage.Name(request.stage))
         job = self.jobs[bytes(request.job_id)]
         assert job.server is not None
         if request.stage == pb.COMPLAINT:
             return pb.Receipt()
-        job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
+        try:
+            job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
+        except crypto.SecAggError as exc:  # as the service answers a message it refuses
+            raise TransportError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if request.stage == pb.UNMASK:
             job.result = job.server.finish()
         else:
@@ -246,3 +263,39 @@ class HostileRing(HostileTransport):
 
     def close(self) -> None:
         pass
+
+
+# ----------------------------------------------------------- crafted models
+FEATURE_DIM = 128
+"""The MLP extractor's feature dimension (the model of ``tests.security.conftest``)."""
+
+
+def dead_unit(model: GlobalModel, outgoing: float) -> npt.NDArray[np.float64]:
+    """The MLP with hidden unit 0 never active (weights in 0, bias -1: ReLU gives 0)
+    and its outgoing weights all ``outgoing``. The features never read those weights,
+    so each value of ``outgoing`` is a new executed model with bit-identical
+    features: a new release key the coordinator varies for free."""
+    vector = np.array(model.initial_vector, dtype=np.float64)
+    d_in, hidden, d = 64, 256, FEATURE_DIM  # extractor.net.1 (64→256), .3 (256→d)
+    assert model.feature_dim == d
+    assert vector.shape == (d_in * hidden + hidden + hidden * d + d,)
+    w1 = vector[: d_in * hidden].reshape(hidden, d_in)
+    b1 = vector[d_in * hidden : d_in * hidden + hidden]
+    w2 = vector[d_in * hidden + hidden : d_in * hidden + hidden + hidden * d].reshape(d, hidden)
+    w1[0, :] = 0.0
+    b1[0] = -1.0
+    w2[:, 0] = outgoing
+    return vector
+
+
+def mlp_features(
+    vector: npt.NDArray[np.float64], x: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """The normalised MLP features, computed here in float64 from the vector."""
+    d_in, hidden = 64, 256
+    w1 = vector[: d_in * hidden].reshape(hidden, d_in)
+    b1 = vector[d_in * hidden : d_in * hidden + hidden]
+    w2 = vector[d_in * hidden + hidden : -FEATURE_DIM].reshape(FEATURE_DIM, hidden)
+    b2 = vector[-FEATURE_DIM:]
+    h = np.maximum(x.reshape(x.shape[0], -1) @ w1.T + b1, 0.0) @ w2.T + b2
+    return np.asarray(h / np.linalg.norm(h, axis=1, keepdims=True), dtype=np.float64)

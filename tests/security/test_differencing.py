@@ -44,7 +44,9 @@ from tests.security.hostile_ring import (
     TARGET,
     HostileRing,
     RingJob,
+    dead_unit,
     make_job,
+    mlp_features,
     run_target,
     target_settings,
 )
@@ -360,40 +362,6 @@ def test_mutation_reusing_data_across_federations_releases_again(
 
 
 # ====================================================================== data that grew
-FEATURE_DIM = 128  # the MLP extractor's feature dimension (tests.security.conftest)
-
-
-def _dead_unit(model: GlobalModel, outgoing: float) -> npt.NDArray[np.float64]:
-    """The MLP with hidden unit 0 never active (weights in 0, bias -1: ReLU gives 0)
-    and its outgoing weights all ``outgoing``. The features never read those weights,
-    so each value of ``outgoing`` is a new executed model with bit-identical
-    features: a new release key the coordinator varies for free."""
-    vector = np.array(model.initial_vector, dtype=np.float64)
-    d_in, hidden, d = 64, 256, FEATURE_DIM  # extractor.net.1 (64→256), .3 (256→d)
-    assert model.feature_dim == d
-    assert vector.shape == (d_in * hidden + hidden + hidden * d + d,)
-    w1 = vector[: d_in * hidden].reshape(hidden, d_in)
-    b1 = vector[d_in * hidden : d_in * hidden + hidden]
-    w2 = vector[d_in * hidden + hidden : d_in * hidden + hidden + hidden * d].reshape(d, hidden)
-    w1[0, :] = 0.0
-    b1[0] = -1.0
-    w2[:, 0] = outgoing
-    return vector
-
-
-def _features(
-    vector: npt.NDArray[np.float64], x: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    """The normalised MLP features, computed here in float64 from the vector."""
-    d_in, hidden = 64, 256
-    w1 = vector[: d_in * hidden].reshape(hidden, d_in)
-    b1 = vector[d_in * hidden : d_in * hidden + hidden]
-    w2 = vector[d_in * hidden + hidden : -FEATURE_DIM].reshape(FEATURE_DIM, hidden)
-    b2 = vector[-FEATURE_DIM:]
-    h = np.maximum(x.reshape(x.shape[0], -1) @ w1.T + b1, 0.0) @ w2.T + b2
-    return np.asarray(h / np.linalg.norm(h, axis=1, keepdims=True), dtype=np.float64)
-
-
 def _grown(data: LocalData) -> LocalData:
     """The site's training split six months on: one record more (the first test image)."""
     return dataclasses.replace(
@@ -411,11 +379,11 @@ def _grown_data_in_a_new_federation(
     length = ffc_layout_size(model.feature_dim, model.num_classes)
     first_ring = HostileRing(federation="fed-A", model=model)
     a = make_job(ROSTER, length)
-    first_ring.script = [_statistics(first_ring, "a", pb.FFC, a, _dead_unit(model, 0.0))]
+    first_ring.script = [_statistics(first_ring, "a", pb.FFC, a, dead_unit(model, 0.0))]
     _run(_settings(tmp, **policy), first_ring, data)
     ring = HostileRing(federation="fed-B", model=model)
     b = make_job(OTHER_ROSTER, length)
-    ring.script = [_statistics(ring, "b", pb.FFC, b, _dead_unit(model, 0.5))]
+    ring.script = [_statistics(ring, "b", pb.FFC, b, dead_unit(model, 0.5))]
     _run(_settings(tmp, **policy), ring, _grown(data))
     assert a.result is not None  # the first release is a real, finished sum
     return ring, a, b
@@ -440,7 +408,7 @@ def test_mutation_exact_moments_of_changed_data_give_the_new_record(
     )
     assert ring.failures == [] and b.result is not None
     record = data.test_x[:1].numpy().astype(np.float64)
-    z = _features(_dead_unit(model, 0.5), record)
+    z = mlp_features(dead_unit(model, 0.5), record)
     label = data.test_y[:1].numpy()
     expected = ffc_statistics(z, label, model.num_classes).pack()
     recovered = b.target_release() - a.target_release()

@@ -34,7 +34,7 @@ from spherecal.participant.transport import TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
-from tests.security.hostile_plan import HostileTransport
+from tests.security.hostile_plan import HostileTransport, bind_to_task
 from tests.security.hostile_ring import TARGET, target_settings
 
 PEERS = ("p0", "p1", "p2", "p3", "p4")
@@ -64,7 +64,9 @@ class HostileCoordinator(HostileTransport):
     # ----------------------------------------------------------- Transport
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self.script:
-            return self.script.pop(0)
+            instruction = self.script.pop(0)
+            bind_to_task(instruction)
+            return instruction
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:

@@ -117,11 +117,13 @@ def test_header_checks() -> None:
     data = advert().to_bytes()
     with pytest.raises(MalformedMessage, match="magic"):
         AdvertiseKeys.from_bytes(b"XXXX" + data[4:])
-    with pytest.raises(MalformedMessage, match="unsupported protocol version 3"):
-        AdvertiseKeys.from_bytes(data[:4] + b"\x03" + data[5:])
-    # The retired version 1 is refused by name, so an old peer learns why.
+    with pytest.raises(MalformedMessage, match="unsupported protocol version 4"):
+        AdvertiseKeys.from_bytes(data[:4] + b"\x04" + data[5:])
+    # The retired versions are refused by name, so an old peer learns why.
     with pytest.raises(MalformedMessage, match="version 1 .* no longer supported"):
         AdvertiseKeys.from_bytes(data[:4] + b"\x01" + data[5:])
+    with pytest.raises(MalformedMessage, match="version 2 .*not bound to the task"):
+        AdvertiseKeys.from_bytes(data[:4] + b"\x02" + data[5:])
     with pytest.raises(MalformedMessage, match="different message type"):
         ShareKeys.from_bytes(data)
     with pytest.raises(MalformedMessage, match="unknown message type"):

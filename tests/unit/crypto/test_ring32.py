@@ -135,14 +135,40 @@ def test_spec_v2_carries_the_ring_and_refuses_what_cannot_work() -> None:
     assert wide.ring_bits == 64 and wide.digest != spec.digest
 
 
-def test_a_version_1_spec_is_refused_by_name() -> None:
+def test_retired_spec_versions_are_refused_by_name() -> None:
     data = bytearray(JobSpec.create(IDS, threshold=3, length=10, bound=1.0).to_bytes())
     data[4] = 1
     with pytest.raises(MalformedMessage, match="version 1 .*no longer supported"):
         JobSpec.from_bytes(bytes(data))
-    data[4] = 9
-    with pytest.raises(MalformedMessage, match="v2"):
+    data[4] = 2
+    with pytest.raises(MalformedMessage, match="version 2 .*not bound to the task"):
         JobSpec.from_bytes(bytes(data))
+    data[4] = 9
+    with pytest.raises(MalformedMessage, match="v3"):
+        JobSpec.from_bytes(bytes(data))
+
+
+def test_the_task_context_is_part_of_the_signed_bytes() -> None:
+    """Two specs that differ only in the task they serve have different digests (so
+    their members derive unrelated keys and reject each other's signatures); the
+    context round-trips and has one length."""
+    plain = JobSpec.create(IDS, threshold=3, length=10, bound=1.0)
+    bound = JobSpec.create(
+        IDS, threshold=3, length=10, bound=1.0, job_id=plain.job_id, context=b"\x01" * 32
+    )
+    other = JobSpec.create(
+        IDS, threshold=3, length=10, bound=1.0, job_id=plain.job_id, context=b"\x02" * 32
+    )
+    assert len({plain.digest, bound.digest, other.digest}) == 3
+    assert JobSpec.from_bytes(bound.to_bytes()) == bound
+    assert JobSpec.from_bytes(bound.to_bytes()).digest == bound.digest
+    for wrong in (b"\x01" * 31, b"\x01" * 33):
+        with pytest.raises(InvalidSpec, match="context must be empty or 32 bytes"):
+            JobSpec.create(IDS, threshold=3, length=10, bound=1.0, context=wrong)
+    longer = bytearray(bound.to_bytes())
+    longer[-36:-32] = (33).to_bytes(4, "big")  # a 33-byte context: refused by the reader
+    with pytest.raises(MalformedMessage):
+        JobSpec.from_bytes(bytes(longer) + b"\x00")
 
 
 @pytest.mark.parametrize("graph", ["complete", "harary"])

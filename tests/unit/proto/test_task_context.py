@@ -1,0 +1,94 @@
+"""The task context (``spherecal.proto.task_context``): every field the coordinator
+sends all members of a job alike changes the digest; what differs per member by
+design (the training seed, the secure job message) and the blob names tensors are
+fetched by do not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import header_for
+from spherecal.proto.task_context import task_context
+
+
+def _ref(values: list[float], name: str = "t") -> pb.TensorRef:
+    return pb.TensorRef(name=name, header=header_for(np.asarray(values, dtype=np.float64)))
+
+
+def _head(name: str = "ffc", *, bias: bool = False) -> pb.NamedTensorRef:
+    return pb.NamedTensorRef(
+        name=name,
+        kind=pb.HEAD_AFFINE,
+        tensor=_ref([1.0, 2.0]),
+        bias=_ref([0.5]) if bias else None,
+    )
+
+
+def _train() -> pb.TrainTask:
+    return pb.TrainTask(round=2, model=_ref([1.0, 2.0, 3.0]), seed=7)
+
+
+def _statistics() -> pb.StatisticsTask:
+    return pb.StatisticsTask(kind=pb.FFC, model=_ref([1.0, 2.0, 3.0]))
+
+
+def _evaluate() -> pb.EvaluateTask:
+    return pb.EvaluateTask(model=_ref([1.0, 2.0, 3.0]), heads=[_head()], round=-1)
+
+
+Task = Any  # one of pb.TrainTask, pb.StatisticsTask, pb.EvaluateTask, per row
+
+CHANGES: dict[str, tuple[Callable[[], Task], Callable[[Task], None]]] = {
+    "train round": (_train, lambda t: setattr(t, "round", 3)),
+    "train model content": (_train, lambda t: t.model.CopyFrom(_ref([1.0, 2.0, 3.5]))),
+    "train model shape": (_train, lambda t: t.model.header.shape.append(1)),
+    "train broadcast": (_train, lambda t: t.broadcast.append(_head("control"))),
+    "train DP-SGD step": (_train, lambda t: t.dpsgd.CopyFrom(pb.DPSGDStep(noise_multiplier=1.0))),
+    "statistics kind": (_statistics, lambda t: setattr(t, "kind", pb.CCVR)),
+    "statistics model": (_statistics, lambda t: t.model.CopyFrom(_ref([0.0, 2.0, 3.0]))),
+    "statistics DP plan": (_statistics, lambda t: t.privacy.CopyFrom(pb.DPRelease(epsilon=1.0))),
+    "evaluation split": (_evaluate, lambda t: setattr(t, "split", pb.SPLIT_VALIDATION)),
+    "evaluation round": (_evaluate, lambda t: setattr(t, "round", 0)),
+    "evaluation head name": (_evaluate, lambda t: setattr(t.heads[0], "name", "ccvr")),
+    "evaluation head kind": (_evaluate, lambda t: setattr(t.heads[0], "kind", pb.HEAD_QUADRATIC)),
+    "evaluation head bias": (_evaluate, lambda t: t.heads[0].bias.CopyFrom(_ref([0.5]))),
+    "evaluation one more head": (_evaluate, lambda t: t.heads.append(_head("lda"))),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_every_shared_field_changes_the_digest(change: str) -> None:
+    make, modify = CHANGES[change]
+    task = make()
+    before = task_context(task)
+    assert len(before) == 32 and before == task_context(make())  # deterministic
+    modify(task)
+    assert task_context(task) != before
+
+
+def test_what_differs_per_member_or_names_a_blob_does_not() -> None:
+    task = _train()
+    before = task_context(task)
+    task.seed = 8
+    task.secure.CopyFrom(pb.SecAggJob(spec=b"anything", purpose="update"))
+    task.model.name = "global-r2-for-p1"
+    assert task_context(task) == before
+
+
+def test_tasks_of_different_kinds_never_share_a_digest() -> None:
+    """A training and a statistics task over the same model differ: the kind is
+    hashed first, and every field is length-prefixed."""
+    model = _ref([1.0])
+    contexts = {
+        task_context(pb.TrainTask(model=model)),
+        task_context(pb.StatisticsTask(model=model)),
+        task_context(pb.EvaluateTask(model=model)),
+    }
+    assert len(contexts) == 3
+    with pytest.raises(TypeError, match="no task context"):
+        task_context(pb.Wait())  # type: ignore[arg-type]
