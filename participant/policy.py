@@ -93,17 +93,18 @@ class EvaluationRefused(PrivacyRefused):
 
 
 def require_task_bound(
-    context: bytes, task: pb.TrainTask | pb.StatisticsTask | pb.EvaluateTask
+    context: bytes, task: pb.TrainTask | pb.StatisticsTask | pb.EvaluateTask, plan: pb.Plan
 ) -> None:
-    """Raise :class:`TaskNotBound` unless ``context`` (a job spec's) is ``task``'s
-    digest. Always enforced: with a current coordinator a job that is not bound to its
-    task is never legitimate."""
-    expected = task_context(task)
+    """Raise :class:`TaskNotBound` unless ``context`` (a job spec's) is the digest of
+    ``task`` under ``plan``, the plan this site joined under. Always enforced: with a
+    current coordinator a job that is not bound to its task is never legitimate."""
+    expected = task_context(task, plan)
     if not hmac.compare_digest(context, expected):
         what = "carries no task context" if not context else "is bound to another task"
         raise TaskNotBound(
-            f"the secure job's spec {what} than the one it came with (its model, round "
-            "and inputs): every member of a job must compute on the same task"
+            f"the secure job's spec {what} than the one it came with (its model, round, "
+            "inputs and the plan this site joined under): every member of a job must "
+            "compute on the same task"
         )
 
 

@@ -645,7 +645,7 @@ class ParticipantRunner:
             key = f"task-{task_id}"
         else:
             spec = crypto.JobSpec.from_bytes(job.spec)
-            require_task_bound(spec.context, task)
+            require_task_bound(spec.context, task, self.plan or pb.Plan())
             key = spec.job_id.hex()
         self.releases.reserve(release, job=key)
         return key

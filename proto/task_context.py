@@ -15,9 +15,14 @@ specs and reject each other's signatures, so the job fails before anything leave
 The digest covers what the coordinator sends every member alike: the task's kind, the
 round, the statistics kind, the split, the model's and every other tensor's content
 (dtype, shape, SHA-256), the heads and broadcast tensors with their names and kinds,
-and the DP plan (its deterministic protobuf serialisation: scalars only). It leaves
-out what differs per member by design — the training seed, the secure job message
+the DP plan, and the federation plan the member joined under — its model spec,
+local-training settings (a plan with ``lr = 0`` for the others would make their
+updates zero just as well) and sum scales (the plan and DP messages by their
+deterministic protobuf serialisation). It leaves out what differs per member by
+design — the training seed, the plan's ``participant_index``, the secure job message
 itself — and the blob names tensors are fetched by, which change nothing computed.
+Both sides must run one release: a field one side's protobuf does not know is
+serialised differently, and the job is refused.
 """
 
 from __future__ import annotations
@@ -64,6 +69,13 @@ class _Digest:
         self.tensor(ref.bias if ref.HasField("bias") else None)
         return self.tensor(ref.quadratic if ref.HasField("quadratic") else None)
 
+    def plan(self, plan: pb.Plan) -> _Digest:
+        """The federation plan without its one per-member field."""
+        shared = pb.Plan()
+        shared.CopyFrom(plan)
+        shared.participant_index = 0
+        return self.blob(shared.SerializeToString(deterministic=True))
+
     def message(self, value: pb.DPSGDStep | pb.DPRelease | None) -> _Digest:
         if value is None:
             return self.blob(b"-")
@@ -73,21 +85,23 @@ class _Digest:
         return self._h.digest()
 
 
-def task_context(task: Task) -> bytes:
-    """The 32-byte digest of ``task`` every member of its secure job must share
-    (module docstring). The coordinator computes it from the task it builds for all
-    members; each participant from the task it received."""
+def task_context(task: Task, plan: pb.Plan) -> bytes:
+    """The 32-byte digest of ``task`` under ``plan`` that every member of its secure
+    job must share (module docstring). The coordinator computes it from the task and
+    plan it gives all members; each participant from the task it received and the plan
+    it joined under."""
     if isinstance(task, pb.TrainTask):
-        d = _Digest(b"train").integer(task.round).tensor(task.model)
+        d = _Digest(b"train").plan(plan).integer(task.round).tensor(task.model)
         d.integer(len(task.broadcast))
         for ref in task.broadcast:
             d.named(ref)
         return d.message(task.dpsgd if task.HasField("dpsgd") else None).digest()
     if isinstance(task, pb.StatisticsTask):
-        d = _Digest(b"statistics").integer(task.kind).tensor(task.model)
+        d = _Digest(b"statistics").plan(plan).integer(task.kind).tensor(task.model)
         return d.message(task.privacy if task.HasField("privacy") else None).digest()
     if isinstance(task, pb.EvaluateTask):
-        d = _Digest(b"evaluate").integer(task.round).integer(task.split).tensor(task.model)
+        d = _Digest(b"evaluate").plan(plan).integer(task.round).integer(task.split)
+        d.tensor(task.model)
         d.integer(len(task.heads))
         for ref in task.heads:
             d.named(ref)

@@ -228,7 +228,9 @@ def _collect_kind(
                 bound.value,
                 s.timeouts.round_s,
                 spec_arguments=plan.job_spec_arguments() if plan is not None else None,
-                context=task_context(_statistics_task(kind, final, privacy, plan)),
+                context=task_context(
+                    _statistics_task(kind, final, privacy, plan), ctx.shared_plan()
+                ),
             )
         except (crypto.SecAggError, ValueError) as exc:
             return f"cannot create the job: {exc}"

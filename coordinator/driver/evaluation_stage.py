@@ -204,7 +204,8 @@ def federated_evaluation(
             heads=refs,
             round=-1 if round_index is None else round_index,
             split=split_code,
-        )
+        ),
+        ctx.shared_plan(),
     )
     if s.secagg.evaluation:
         participants = ctx.resume_participants(slot, participants)  # continued after a restart

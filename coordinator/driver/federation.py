@@ -113,6 +113,7 @@ class Federation:
             spool=self.spool,
             progress=self.progress,
             say=say,
+            shared_plan=self.shared_plan,
         )
         self.rounds = RoundDriver(
             self.stages,
@@ -182,6 +183,15 @@ class Federation:
         self.board.stop(reason)
 
     def plan_for(self, member: Member) -> pb.Plan:
+        """The plan ``member`` joins under: :meth:`shared_plan` with its roster index."""
+        plan = self.shared_plan()
+        plan.participant_index = member.index
+        return plan
+
+    def shared_plan(self) -> pb.Plan:
+        """The plan every member joins under, but for its roster index (left at 0):
+        what each secure job's task context binds (``spherecal.proto.task_context``),
+        so no member can be given other training settings than the rest of its job."""
         s = self.settings
         spec = self.model.spec
         plan = self.strategy.local_plan(0)
@@ -203,7 +213,7 @@ class Federation:
             secure_updates=s.secagg.updates,
             secure_statistics=s.secagg.statistics,
             calibration=list(s.calibration.methods),
-            participant_index=member.index,
+            participant_index=0,
             num_participants=len(s.participants),
             max_chunk_bytes=s.server.max_chunk_bytes,
             sum_scales=self.strategy.scales,

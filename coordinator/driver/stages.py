@@ -178,8 +178,12 @@ class StageContext:
         progress: Progress,
         say: Say,
         conduct: Conduct | None = None,
+        shared_plan: Callable[[], pb.Plan] | None = None,
     ) -> None:
         self.conduct = conduct if conduct is not None else Conduct(store)
+        self.shared_plan: Callable[[], pb.Plan] = shared_plan or pb.Plan
+        """The plan every member joins under (its per-member index left at 0): part of
+        each job's task context (:func:`spherecal.proto.task_context.task_context`)."""
         self.settings = settings
         self.store = store
         self.registry = registry

@@ -270,7 +270,9 @@ class RoundDriver:
                     self.update_bound.value,
                     s.timeouts.round_s,
                     spec_arguments=spec_arguments,
-                    context=task_context(self._train_task(r, ref, broadcast, step)),
+                    context=task_context(
+                        self._train_task(r, ref, broadcast, step), ctx.shared_plan()
+                    ),
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"

@@ -23,11 +23,12 @@ from spherecal.proto.task_context import task_context
 __all__ = ["HostileTransport", "Presence", "bind_to_task", "hostile_join_reply"]
 
 
-def bind_to_task(instruction: pb.Instruction) -> crypto.JobSpec | None:
-    """Write the digest of the instruction's task into its secure job's spec, in place
-    (the doubles hand out what the service's coordinator would: every job bound to its
-    task), and return the bound spec; ``None`` when there is no secure job. A spec that
-    already carries a context, or does not decode, is left as the test made it."""
+def bind_to_task(instruction: pb.Instruction, plan: pb.Plan) -> crypto.JobSpec | None:
+    """Write the digest of the instruction's task under ``plan`` (the one the site
+    joined under) into its secure job's spec, in place (the doubles hand out what the
+    service's coordinator would: every job bound to its task), and return the bound
+    spec; ``None`` when there is no secure job. A spec that already carries a context,
+    or does not decode, is left as the test made it."""
     kind = instruction.WhichOneof("kind")
     if kind not in ("train", "statistics", "evaluate"):
         return None
@@ -39,7 +40,7 @@ def bind_to_task(instruction: pb.Instruction) -> crypto.JobSpec | None:
     except crypto.SecAggError:
         return None
     if not spec.context:
-        spec = dataclasses.replace(spec, context=task_context(task))
+        spec = dataclasses.replace(spec, context=task_context(task, plan))
         task.secure.spec = spec.to_bytes()
     return spec
 
@@ -84,8 +85,13 @@ class HostileTransport:
     tensors: dict[str, npt.NDArray[np.float64]]
     uploads: list[str]  # task ids of plaintext uploads
 
+    joined = pb.Plan()
+    """The plan of the last join reply (what the site's tasks are bound under)."""
+
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        return hostile_join_reply(self.federation, self.model, self.peers)
+        reply = hostile_join_reply(self.federation, self.model, self.peers)
+        self.joined = reply.plan
+        return reply
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         return pb.HeartbeatReply(phase="hostile")

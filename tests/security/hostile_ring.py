@@ -207,7 +207,7 @@ class HostileRing(HostileTransport):
             return self._steps.pop(0)
         if self.script:
             instruction = self.script.pop(0)
-            spec = bind_to_task(instruction) if self.bind_tasks else None
+            spec = bind_to_task(instruction, self.joined) if self.bind_tasks else None
             for field_name in ("train", "statistics", "evaluate"):
                 if instruction.HasField(field_name):
                     task = getattr(instruction, field_name)

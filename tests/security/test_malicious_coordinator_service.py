@@ -65,7 +65,7 @@ class HostileCoordinator(HostileTransport):
     def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
         if self.script:
             instruction = self.script.pop(0)
-            bind_to_task(instruction)
+            bind_to_task(instruction, self.joined)
             return instruction
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
 

@@ -11,8 +11,9 @@ spec's bytes are in every signature of the job. Played against a real site
 (:class:`tests.security.hostile_ring.HostileRing`: real runner, trainer, data and
 ledger):
 
-* a spec bound to no task, or to the others' task, is refused before any key leaves
-  (``RULE_TASK_NOT_BOUND``);
+* a spec bound to no task, to the others' task, or to the target's task under the
+  plan the others were given (``lr = 0``: their updates would be zero), is refused
+  before any key leaves (``RULE_TASK_NOT_BOUND``);
 * a spec bound to the target's task while the others hold one bound to theirs cannot
   finish: the target rejects their key advertisements;
 * mutation check: with the site's check off, the job finishes and the sum minus the
@@ -36,6 +37,7 @@ from spherecal.participant.data import LocalData
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.task_context import task_context
 from spherecal.spherefed.stats import ffc_layout_size, ffc_statistics
+from tests.security.hostile_plan import hostile_join_reply
 from tests.security.hostile_ring import (
     HostileRing,
     RingJob,
@@ -77,7 +79,16 @@ def _attack(
     job = make_job(ROSTER, ffc_layout_size(model.feature_dim, model.num_classes))
     real = _statistics(ring, "real", model.initial_vector)
     dead = _statistics(ring, "dead", _dead_network(model))
-    contexts = {"none": b"", "target": task_context(real), "others": task_context(dead)}
+    plan = hostile_join_reply(ring.federation, model, ring.peers).plan  # the target's
+    frozen = pb.Plan()
+    frozen.CopyFrom(plan)
+    frozen.training.lr = 0.0  # a plan under which the others' updates would be zero
+    contexts = {
+        "none": b"",
+        "target": task_context(real, plan),
+        "others": task_context(dead, plan),
+        "others' plan": task_context(real, frozen),
+    }
     target = dataclasses.replace(job.spec, context=contexts[target_spec])
     others = dataclasses.replace(job.spec, context=contexts[others_spec])
     job.spec = target
@@ -89,7 +100,7 @@ def _attack(
     return ring, job
 
 
-@pytest.mark.parametrize("bound_to", ["none", "others"])
+@pytest.mark.parametrize("bound_to", ["none", "others", "others' plan"])
 def test_a_job_not_bound_to_the_targets_task_is_refused_before_any_key(
     tmp_path: Path, model: GlobalModel, data: LocalData, bound_to: str
 ) -> None:
@@ -113,7 +124,7 @@ def test_members_shown_different_tasks_cannot_finish_the_job(
 def test_mutation_without_the_check_one_sum_gives_the_targets_statistics(
     tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner_module, "require_task_bound", lambda _context, _task: None)
+    monkeypatch.setattr(runner_module, "require_task_bound", lambda _context, _task, _plan: None)
     ring, job = _attack(tmp_path, model, data, target_spec="none", others_spec="none")
     assert ring.failures == [] and job.result is not None
     z = mlp_features(np.asarray(model.initial_vector, dtype=np.float64), data.train_x.numpy())

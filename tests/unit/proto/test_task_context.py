@@ -1,7 +1,7 @@
 """The task context (``spherecal.proto.task_context``): every field the coordinator
-sends all members of a job alike changes the digest; what differs per member by
-design (the training seed, the secure job message) and the blob names tensors are
-fetched by do not."""
+sends all members of a job alike — the task and the plan they joined under — changes
+the digest; what differs per member by design (the training seed, the plan's roster
+index, the secure job message) and the blob names tensors are fetched by do not."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ import pytest
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
 from spherecal.proto.task_context import task_context
+
+PLAN = pb.Plan(
+    federation_id="fed",
+    training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1),
+    rounds=3,
+    participant_index=1,
+)
 
 
 def _ref(values: list[float], name: str = "t") -> pb.TensorRef:
@@ -65,19 +72,44 @@ CHANGES: dict[str, tuple[Callable[[], Task], Callable[[Task], None]]] = {
 def test_every_shared_field_changes_the_digest(change: str) -> None:
     make, modify = CHANGES[change]
     task = make()
-    before = task_context(task)
-    assert len(before) == 32 and before == task_context(make())  # deterministic
+    before = task_context(task, PLAN)
+    assert len(before) == 32 and before == task_context(make(), PLAN)  # deterministic
     modify(task)
-    assert task_context(task) != before
+    assert task_context(task, PLAN) != before
 
 
 def test_what_differs_per_member_or_names_a_blob_does_not() -> None:
     task = _train()
-    before = task_context(task)
+    before = task_context(task, PLAN)
     task.seed = 8
     task.secure.CopyFrom(pb.SecAggJob(spec=b"anything", purpose="update"))
     task.model.name = "global-r2-for-p1"
-    assert task_context(task) == before
+    assert task_context(task, PLAN) == before
+
+
+@pytest.mark.parametrize(
+    "field", ["federation_id", "training.lr", "training.epochs", "rounds", "sum_scales"]
+)
+def test_the_plan_the_members_joined_under_is_bound(field: str) -> None:
+    """Per-member plans would be model inconsistency too: ``lr = 0`` for the others
+    makes their updates zero."""
+    changed = pb.Plan()
+    changed.CopyFrom(PLAN)
+    if field == "federation_id":
+        changed.federation_id = "other"
+    elif field == "training.lr":
+        changed.training.lr = 0.0
+    elif field == "training.epochs":
+        changed.training.epochs = 2
+    elif field == "rounds":
+        changed.rounds = 4
+    else:
+        changed.sum_scales["tau"] = 0.5
+    for make in (_train, _statistics, _evaluate):
+        assert task_context(make(), changed) != task_context(make(), PLAN)
+    changed.CopyFrom(PLAN)
+    changed.participant_index = 7  # the one per-member field of a plan
+    assert task_context(_train(), changed) == task_context(_train(), PLAN)
 
 
 def test_tasks_of_different_kinds_never_share_a_digest() -> None:
@@ -85,10 +117,10 @@ def test_tasks_of_different_kinds_never_share_a_digest() -> None:
     hashed first, and every field is length-prefixed."""
     model = _ref([1.0])
     contexts = {
-        task_context(pb.TrainTask(model=model)),
-        task_context(pb.StatisticsTask(model=model)),
-        task_context(pb.EvaluateTask(model=model)),
+        task_context(pb.TrainTask(model=model), PLAN),
+        task_context(pb.StatisticsTask(model=model), PLAN),
+        task_context(pb.EvaluateTask(model=model), PLAN),
     }
     assert len(contexts) == 3
     with pytest.raises(TypeError, match="no task context"):
-        task_context(pb.Wait())  # type: ignore[arg-type]
+        task_context(pb.Wait(), PLAN)  # type: ignore[arg-type]
