@@ -16,17 +16,47 @@ import time
 from collections.abc import Callable
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from spherecal.crypto import heap, native
+from spherecal.crypto import heap, identity_public_bytes, native
 from spherecal.participant.data import load_local_data
 from spherecal.participant.enrolment import load_or_enrol
 from spherecal.participant.grpc_transport import GrpcTransport
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
 from spherecal.participant.settings import ParticipantSettings
-from spherecal.participant.trust import DirectoryTrust
+from spherecal.participant.trust import DirectoryTrust, load_peer_keys, pin_line
 
 __all__ = ["run_participant"]
+
+
+def _peer_keys(
+    settings: ParticipantSettings, identity: Ed25519PrivateKey, say: Callable[[str], None]
+) -> dict[str, bytes] | None:
+    """``[tls] peer_keys``, with this site among them under its own key (a file that
+    pins another key for it was made for someone else, or before a key change: bad
+    input, exit 2); unset under TLS, a one-line note of what the CA alone decides."""
+    path = settings.tls.peer_keys
+    if settings.insecure:
+        return None
+    if path is None:
+        say(
+            "peers are trusted as the federation's CA issued them: whoever holds the CA "
+            "key can add members to a job; [tls] peer_keys pins the members the sites "
+            "agreed on (docs/threat_model.md, 'Identity keys')"
+        )
+        return None
+    pins = load_peer_keys(path)
+    own = identity_public_bytes(identity)
+    pid = settings.participant_id
+    if pins.get(pid) != own:
+        raise ValueError(
+            f"[tls] peer_keys = {str(path)!r} does not pin this site ({pid!r}) with its own "
+            f"identity key: add the line `{pin_line(pid, own)}` and share it with the "
+            "other sites"
+        )
+    say(f"peers pinned: {len(pins)} members from {path}")
+    return pins
 
 
 def _keep_freed_heap(say: Callable[[str], None]) -> None:
@@ -55,7 +85,7 @@ def run_participant(
     _keep_freed_heap(say)  # once it is about to run jobs (a refusal above stays one line)
     say(native.startup_message())  # a slow path not chosen is a warning
     ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
-    trust = DirectoryTrust(ca)
+    trust = DirectoryTrust(ca, pins=_peer_keys(settings, identity, say))
     transport = GrpcTransport(settings)
     ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
     try:

@@ -102,6 +102,13 @@ class ClientTLS:
     """This participant's client key (PEM)."""
     server_name: str | None = None
     """Override the name checked against the server certificate (default: the host)."""
+    peer_keys: Path | None = None
+    """The federation's members and their Ed25519 identity keys, one ``NAME HEX`` per
+    line (``spherecal certs pin``), exchanged among the sites outside the coordinator.
+    Set: every peer whose signatures this site checks must be listed with exactly its
+    key. Unset: a peer is trusted as the CA issued it, so whoever holds the CA key can
+    add members to a job, or replace one, and read this site's input from the sum
+    (noted at start)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,15 @@ the old format is refused with a line saying to re-issue it). On loopback
 ``--insecure`` simulations there is no CA and the directory is taken as given —
 acceptable only because everything runs on one host.
 
+Whoever holds the CA key can issue a certificate for any name, and so add members to
+a job, or replace one, whose inputs it knows; the sum of such a job less their inputs
+is one site's input. Where the CA key sits with the coordinator's operator (the
+deployment guide's development CA), the CA alone is no independent trust root. A
+site closes that with ``[tls] peer_keys``: the federation's members and their
+Ed25519 identity keys, exchanged among the sites outside the coordinator
+(``spherecal certs pin``). Every directory entry this participant checks must then
+name a pinned member and carry exactly its pinned key (:func:`load_peer_keys`).
+
 Only the entries a participant needs are checked: the coordinator sends each
 participant the entries of the parties whose signatures it verifies
 (``crypto.keys_needed``), and a directory carrying more (an older coordinator's
@@ -23,7 +32,9 @@ whole directory) costs no extra certificate verification.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Sequence
+import hmac
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -35,16 +46,59 @@ from spherecal.proto.identity import (
     identity_key_from_certificate,
 )
 
-__all__ = ["DirectoryTrust", "UntrustedDirectory"]
+__all__ = ["DirectoryTrust", "UntrustedDirectory", "load_peer_keys", "pin_line"]
 
 
 class UntrustedDirectory(ValueError):
     """A directory entry the participant cannot verify against its trust root."""
 
 
+def pin_line(participant_id: str, identity_public_key: bytes) -> str:
+    """One line of a ``[tls] peer_keys`` file: ``NAME HEX`` (the 32-byte Ed25519 key)."""
+    return f"{participant_id} {identity_public_key.hex()}"
+
+
+def load_peer_keys(path: Path) -> dict[str, bytes]:
+    """The ``[tls] peer_keys`` file: ``{participant id: Ed25519 public key}``.
+
+    One member per line, ``NAME HEX`` (as :func:`pin_line` writes it; what
+    ``spherecal certs pin`` prints); blank lines and ``#`` comments are skipped. A
+    malformed line, a key of another length or a name listed twice is a
+    ``ValueError`` naming the file and the line."""
+    pins: dict[str, bytes] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"[tls] peer_keys = {str(path)!r}: cannot read it ({exc})") from None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"[tls] peer_keys = {str(path)!r}, line {number}"
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{where}: expected `NAME HEX` (what `spherecal certs pin` prints)")
+        name, hexed = parts
+        try:
+            key = bytes.fromhex(hexed)
+        except ValueError:
+            raise ValueError(f"{where}: the key of {name!r} is not hexadecimal") from None
+        if len(key) != 32:
+            raise ValueError(f"{where}: the key of {name!r} has {len(key)} bytes, not 32 (Ed25519)")
+        if name in pins:
+            raise ValueError(f"{where}: {name!r} is listed twice")
+        pins[name] = key
+    if not pins:
+        raise ValueError(f"[tls] peer_keys = {str(path)!r}: no member listed")
+    return pins
+
+
 class DirectoryTrust:
-    def __init__(self, ca_pem: bytes | None) -> None:
+    def __init__(self, ca_pem: bytes | None, *, pins: Mapping[str, bytes] | None = None) -> None:
         self._ca = x509.load_pem_x509_certificate(ca_pem) if ca_pem else None
+        self._pins = dict(pins) if pins is not None else None
+        """``[tls] peer_keys``: the only members and keys accepted (``None``: any the
+        CA issued)."""
 
     @property
     def verifies_certificates(self) -> bool:
@@ -81,8 +135,25 @@ class DirectoryTrust:
                 raise UntrustedDirectory(f"directory key of {pid!r} is not an Ed25519 key")
             if self._ca is not None:
                 self._check_certificate(pid, key, bytes(found.certificate_pem))
+            if self._pins is not None:
+                self._check_pinned(pid, key)
             out[pid] = key
         return out
+
+    def _check_pinned(self, pid: str, key: bytes) -> None:
+        assert self._pins is not None
+        pinned = self._pins.get(pid)
+        if pinned is None:
+            raise UntrustedDirectory(
+                f"{pid!r} is not a member pinned in [tls] peer_keys: a job with a member "
+                "the sites did not agree on may be one whose other inputs the coordinator "
+                "knows"
+            )
+        if not hmac.compare_digest(pinned, key):
+            raise UntrustedDirectory(
+                f"the identity key of {pid!r} is not the one pinned for it in [tls] "
+                "peer_keys (a certificate for that name with another key)"
+            )
 
     def _check_certificate(self, pid: str, key: bytes, pem: bytes) -> None:
         assert self._ca is not None

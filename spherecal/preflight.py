@@ -30,8 +30,7 @@ def _required(source: str, tls: Any, keys: tuple[str, ...], plaintext: str) -> N
     if missing:
         named = ", ".join(f"[tls] {key}" for key in missing)
         raise PreflightError(
-            f"{source}: {named} not set: mutual TLS needs [tls] {', '.join(keys)} "
-            f"(or {plaintext})"
+            f"{source}: {named} not set: mutual TLS needs [tls] {', '.join(keys)} (or {plaintext})"
         )
 
 
@@ -150,6 +149,14 @@ def check_participant(settings: Any, source: str) -> None:
         _ca_bundle(source, "[tls] ca", tls.ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
         _current_format(source, tls.cert)
+        peer_keys = getattr(tls, "peer_keys", None)  # duck-typed settings may lack it
+        if peer_keys is not None:
+            from spherecal.participant.trust import load_peer_keys
+
+            try:
+                load_peer_keys(peer_keys)
+            except ValueError as exc:
+                raise PreflightError(f"{source}: {exc}") from None
     if settings.identity_key is not None and settings.identity_key.exists():
         _readable(source, "[participant] identity_key", settings.identity_key)
     data = settings.data

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "A throwaway certificate authority for trying mutual TLS: `certs init DIR` "
             "makes ca.pem/ca.key and the coordinator's server.pem/server.key; `certs issue "
             "NAME --dir DIR` makes participant NAME's client certificate, key and Ed25519 "
-            "identity key (bound into the certificate)."
+            "identity key (bound into the certificate); `certs pin NAME --identity-key "
+            "FILE` prints NAME's line for the sites' [tls] peer_keys file."
         ),
     )
     p.set_defaults(run=run)
@@ -62,6 +63,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     revoke.add_argument("name")
     revoke.add_argument("--dir", type=Path, required=True, help="the CA directory")
     revoke.add_argument("--days", type=int, default=365, help="validity of the new CRL")
+    pin = csub.add_parser(
+        "pin",
+        help="print participant NAME's line for the sites' [tls] peer_keys file",
+        description=(
+            "Print `NAME HEX`, the Ed25519 identity public key of participant NAME, as a "
+            "line of the [tls] peer_keys file. Each site prints its own from its identity "
+            "key and sends it to the other sites outside the coordinator; every site "
+            "pins the same lines, so whoever holds the CA key cannot add or replace "
+            "members (docs/deployment.md, 'Pinning the members')."
+        ),
+    )
+    pin.add_argument("name")
+    pin.add_argument(
+        "--identity-key",
+        type=Path,
+        required=True,
+        help="the site's identity key (NAME.identity.key, or the [participant] "
+        "identity_key / state_dir/identity.key the site runs with)",
+    )
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -92,7 +112,20 @@ def _revoke(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _pin(args: argparse.Namespace) -> int:
+    from spherecal.crypto import identity_public_bytes
+    from spherecal.participant.trust import pin_line
+    from spherecal.proto.identity import load_identity_key
+
+    path: Path = args.identity_key
+    if not path.is_file():
+        raise ValueError(f"--identity-key {str(path)!r}: no such file")
+    print(pin_line(args.name, identity_public_bytes(load_identity_key(path))))
+    return ExitCode.OK
+
+
 def run(args: argparse.Namespace) -> int:
-    """The chosen action (``init``, ``issue``, ``revoke``)."""
-    action: int = {"init": _init, "issue": _issue, "revoke": _revoke}[args.certs_command](args)
+    """The chosen action (``init``, ``issue``, ``revoke``, ``pin``)."""
+    actions = {"init": _init, "issue": _issue, "revoke": _revoke, "pin": _pin}
+    action: int = actions[args.certs_command](args)
     return action

@@ -46,7 +46,7 @@ from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
 from spherecal.participant.settings import ClientTLS, ParticipantSettings
 from spherecal.participant.transport import TransportError
-from spherecal.participant.trust import DirectoryTrust
+from spherecal.participant.trust import DirectoryTrust, load_peer_keys
 from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = [
@@ -294,6 +294,11 @@ class ParticipantHost:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         identity = load_or_enrol(settings, say)
         ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
+        pins = (
+            load_peer_keys(settings.tls.peer_keys)
+            if settings.tls.peer_keys is not None and not settings.insecure
+            else None
+        )
         transport = KillableTransport(settings, self._loop, self.slots)
         with self._lock:
             self._transports[pid] = transport
@@ -316,7 +321,7 @@ class ParticipantHost:
 
         try:
             runner = ParticipantRunner(
-                settings, transport, data, identity, ledger, DirectoryTrust(ca),
+                settings, transport, data, identity, ledger, DirectoryTrust(ca, pins=pins),
                 log=say, on_halt=on_halt, compute_slot=self.slots.hold,
                 hold_jobs=False,  # no virtual participant is restarted from its disk
             )  # fmt: skip

@@ -210,6 +210,7 @@ def participant_settings(
             ca=certs / "ca.pem" if s.tls else None,
             cert=certs / f"{pid}.pem" if s.tls else None,
             key=certs / f"{pid}.key" if s.tls else None,
+            peer_keys=certs / "peers.txt" if s.tls else None,
         ),
         privacy=_with_dpsgd(
             s,

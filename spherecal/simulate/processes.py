@@ -23,7 +23,10 @@ from typing import IO
 
 from spherecal.certs import init_ca, issue_participant
 from spherecal.coordinator.summary_schema import SummaryDocument
+from spherecal.crypto import identity_public_bytes
 from spherecal.participant.faults import HALT_MARKER
+from spherecal.participant.trust import pin_line
+from spherecal.proto.identity import load_identity_key
 from spherecal.results_schema import Dropped, SimulationResults
 from spherecal.simulate.configs import (
     DataShape,
@@ -129,6 +132,13 @@ class Simulation:
         for pid in self.settings.participant_ids:
             if not (certs / f"{pid}.pem").exists():
                 issue_participant(certs, pid)
+        # every site pins the roster's identity keys ([tls] peer_keys), as the
+        # deployment guide's sites do after exchanging `spherecal certs pin` lines
+        lines = [
+            pin_line(pid, identity_public_bytes(load_identity_key(certs / f"{pid}.identity.key")))
+            for pid in self.settings.participant_ids
+        ]
+        (certs / "peers.txt").write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ configs
     def coordinator_config(self, listen: str) -> Path:
