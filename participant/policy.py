@@ -100,11 +100,14 @@ def require_task_bound(
     current coordinator a job that is not bound to its task is never legitimate."""
     expected = task_context(task, plan)
     if not hmac.compare_digest(context, expected):
-        what = "carries no task context" if not context else "is bound to another task"
+        what = (
+            "carries no task context"
+            if not context
+            else "is bound to another task than the one it came with"
+        )
         raise TaskNotBound(
-            f"the secure job's spec {what} than the one it came with (its model, round, "
-            "inputs and the plan this site joined under): every member of a job must "
-            "compute on the same task"
+            f"the secure job's spec {what} (its model, round, inputs and the plan this "
+            "site joined under): every member of a job must compute on the same task"
         )
 
 
