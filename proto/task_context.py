@@ -15,12 +15,14 @@ specs and reject each other's signatures, so the job fails before anything leave
 The digest covers what the coordinator sends every member alike: the task's kind, the
 round, the statistics kind, the split, the model's and every other tensor's content
 (dtype, shape, SHA-256), the heads and broadcast tensors with their names and kinds,
-the DP plan, and the federation plan the member joined under — its model spec,
-local-training settings (a plan with ``lr = 0`` for the others would make their
-updates zero just as well) and sum scales (the plan and DP messages by their
-deterministic protobuf serialisation). It leaves out what differs per member by
-design — the training seed, the plan's ``participant_index``, the secure job message
-itself — and the blob names tensors are fetched by, which change nothing computed.
+the DP plan, and the parts of the federation plan the member joined under that it
+computes from — the federation, model spec, local-training settings (a plan with
+``lr = 0`` for the others would make their updates zero just as well) and sum scales
+(the plan's parts and the DP messages by their deterministic protobuf
+serialisation). It leaves out what differs per member by design — the training seed,
+the plan's ``participant_index``, the secure job message itself — and what changes
+nothing computed: the blob names tensors are fetched by, the plan's timeouts, chunk
+size and flags.
 Both sides must run one release: a field one side's protobuf does not know is
 serialised differently, and the job is refused.
 """
@@ -70,10 +72,15 @@ class _Digest:
         return self.tensor(ref.quadratic if ref.HasField("quadratic") else None)
 
     def plan(self, plan: pb.Plan) -> _Digest:
-        """The federation plan without its one per-member field."""
-        shared = pb.Plan()
-        shared.CopyFrom(plan)
-        shared.participant_index = 0
+        """The parts of the federation plan a member computes its input from: the
+        federation, the model spec, the local-training settings and the sum scales
+        (not the roster index, timeouts, chunk size or flags, which change nothing
+        computed — an operator may retune them across a coordinator restart)."""
+        shared = pb.Plan(federation_id=plan.federation_id)
+        shared.model.CopyFrom(plan.model)
+        shared.training.CopyFrom(plan.training)
+        for name, scale in plan.sum_scales.items():
+            shared.sum_scales[name] = scale
         return self.blob(shared.SerializeToString(deterministic=True))
 
     def message(self, value: pb.DPSGDStep | pb.DPRelease | None) -> _Digest:

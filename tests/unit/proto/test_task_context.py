@@ -88,7 +88,7 @@ def test_what_differs_per_member_or_names_a_blob_does_not() -> None:
 
 
 @pytest.mark.parametrize(
-    "field", ["federation_id", "training.lr", "training.epochs", "rounds", "sum_scales"]
+    "field", ["federation_id", "training.lr", "training.epochs", "model", "sum_scales"]
 )
 def test_the_plan_the_members_joined_under_is_bound(field: str) -> None:
     """Per-member plans would be model inconsistency too: ``lr = 0`` for the others
@@ -101,14 +101,17 @@ def test_the_plan_the_members_joined_under_is_bound(field: str) -> None:
         changed.training.lr = 0.0
     elif field == "training.epochs":
         changed.training.epochs = 2
-    elif field == "rounds":
-        changed.rounds = 4
+    elif field == "model":
+        changed.model.feature_dim = 64
     else:
         changed.sum_scales["tau"] = 0.5
     for make in (_train, _statistics, _evaluate):
         assert task_context(make(), changed) != task_context(make(), PLAN)
     changed.CopyFrom(PLAN)
     changed.participant_index = 7  # the one per-member field of a plan
+    changed.heartbeat_interval_ms = 5000  # and what changes nothing computed
+    changed.max_chunk_bytes = 1 << 20
+    changed.calibration.append("lda")
     assert task_context(_train(), changed) == task_context(_train(), PLAN)
 
 
