@@ -30,6 +30,7 @@ from spherecal import crypto
 from spherecal.participant.held_jobs import HeldJobError, HeldJobStore
 from spherecal.participant.secure_session import SecureSession
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.task_context import secure_task
 
 __all__ = ["store_masked", "task_of"]
 
@@ -103,11 +104,8 @@ def _without_keys(
 
 def task_of(instruction: pb.Instruction, job: bytes) -> bool:
     """``instruction`` is a task (train, statistics, evaluate) of secure job ``job``."""
-    kind = instruction.WhichOneof("kind")
-    if kind not in ("train", "statistics", "evaluate"):
-        return False
-    task = getattr(instruction, kind)
-    if not task.HasField("secure"):
+    task = secure_task(instruction)
+    if task is None:
         return False
     try:
         return bool(crypto.JobSpec.from_bytes(task.secure.spec).job_id == job)

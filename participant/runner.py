@@ -82,6 +82,7 @@ from spherecal.proto.codec import DEFAULT_CHUNK_BYTES, header_for
 from spherecal.proto.codec import iter_chunks as tensor_chunks
 from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 from spherecal.proto.identity import join_payload, public_key_bytes
+from spherecal.proto.task_context import secure_task
 from spherecal.spherefed.fl import LocalUpdate
 
 __all__ = ["ParticipantRunner", "ParticipantExit"]
@@ -399,15 +400,14 @@ class ParticipantRunner:
     # ---------------------------------------------------------------- dispatch
     def _dispatch(self, instruction: pb.Instruction) -> None:
         kind = instruction.WhichOneof("kind")
-        if kind in ("train", "statistics", "evaluate"):
-            task = getattr(instruction, kind)
-            if task.HasField("secure"):
-                held = self.secure.held(task.secure)
-                if held is not None and held.client.has_input:
-                    # a continued job whose input is fixed: resend what it sent; its
-                    # remaining steps come as usual — nothing is recomputed or charged
-                    self.secure.continue_held(held)
-                    return
+        task = secure_task(instruction)
+        if task is not None:
+            held = self.secure.held(task.secure)
+            if held is not None and held.client.has_input:
+                # a continued job whose input is fixed: resend what it sent; its
+                # remaining steps come as usual — nothing is recomputed or charged
+                self.secure.continue_held(held)
+                return
         if kind == "train":
             self._train(instruction.task_id, instruction.train)
         elif kind == "statistics":

@@ -34,7 +34,7 @@ import struct
 
 from spherecal.proto import spherecal_pb2 as pb
 
-__all__ = ["task_context"]
+__all__ = ["secure_task", "task_context"]
 
 _DOMAIN = b"spherecal/task-context/v1\0"
 
@@ -90,6 +90,16 @@ class _Digest:
 
     def digest(self) -> bytes:
         return self._h.digest()
+
+
+def secure_task(instruction: pb.Instruction) -> Task | None:
+    """The task of ``instruction`` when it is a task (train, statistics, evaluate) that
+    carries a secure job; ``None`` otherwise."""
+    kind = instruction.WhichOneof("kind")
+    if kind not in ("train", "statistics", "evaluate"):
+        return None
+    task: Task = getattr(instruction, kind)
+    return task if task.HasField("secure") else None
 
 
 def task_context(task: Task, plan: pb.Plan) -> bytes:

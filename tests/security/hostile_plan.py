@@ -18,7 +18,7 @@ from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for, iter_chunks, model_spec_to_proto
-from spherecal.proto.task_context import task_context
+from spherecal.proto.task_context import secure_task, task_context
 
 __all__ = ["HostileTransport", "Presence", "bind_to_task", "hostile_join_reply"]
 
@@ -29,11 +29,8 @@ def bind_to_task(instruction: pb.Instruction, plan: pb.Plan) -> crypto.JobSpec |
     service's coordinator would: every job bound to its task), and return the bound
     spec; ``None`` when there is no secure job. A spec that already carries a context,
     or does not decode, is left as the test made it."""
-    kind = instruction.WhichOneof("kind")
-    if kind not in ("train", "statistics", "evaluate"):
-        return None
-    task = getattr(instruction, kind)
-    if not task.HasField("secure"):
+    task = secure_task(instruction)
+    if task is None:
         return None
     try:
         spec = crypto.JobSpec.from_bytes(task.secure.spec)

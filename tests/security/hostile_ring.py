@@ -35,6 +35,7 @@ from spherecal.participant.transport import TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
+from spherecal.proto.task_context import secure_task
 from tests.security.hostile_plan import HostileTransport, bind_to_task
 
 TARGET = "p0"
@@ -208,16 +209,14 @@ class HostileRing(HostileTransport):
         if self.script:
             instruction = self.script.pop(0)
             spec = bind_to_task(instruction, self.joined) if self.bind_tasks else None
-            for field_name in ("train", "statistics", "evaluate"):
-                if instruction.HasField(field_name):
-                    task = getattr(instruction, field_name)
-                    if task.HasField("secure"):
-                        job = self.jobs[crypto.JobSpec.from_bytes(task.secure.spec).job_id]
-                        if spec is not None and self.others_see is None:
-                            job.spec = spec  # the others hold the spec the target holds
-                        elif self.others_see is not None:
-                            job.spec = self.others_see(job.spec)
-                        self._start(job)
+            task = secure_task(instruction)
+            if task is not None:
+                job = self.jobs[crypto.JobSpec.from_bytes(task.secure.spec).job_id]
+                if spec is not None and self.others_see is None:
+                    job.spec = spec  # the others hold the spec the target holds
+                elif self.others_see is not None:
+                    job.spec = self.others_see(job.spec)
+                self._start(job)
             return instruction
         return pb.Instruction(done=pb.Done(status="completed", message="over"))
 

@@ -13,7 +13,7 @@ import pytest
 
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
-from spherecal.proto.task_context import task_context
+from spherecal.proto.task_context import secure_task, task_context
 
 PLAN = pb.Plan(
     federation_id="fed",
@@ -127,3 +127,16 @@ def test_tasks_of_different_kinds_never_share_a_digest() -> None:
     assert len(contexts) == 3
     with pytest.raises(TypeError, match="no task context"):
         task_context(pb.Wait(), PLAN)  # type: ignore[arg-type]
+
+
+def test_secure_task_is_the_task_that_carries_a_secure_job() -> None:
+    job = pb.SecAggJob(spec=b"spec", purpose="update")
+    train = pb.Instruction(train=pb.TrainTask(secure=job))
+    statistics = pb.Instruction(statistics=pb.StatisticsTask(secure=job))
+    evaluate = pb.Instruction(evaluate=pb.EvaluateTask(secure=job))
+    assert secure_task(train) == train.train
+    assert secure_task(statistics) == statistics.statistics
+    assert secure_task(evaluate) == evaluate.evaluate
+    assert secure_task(pb.Instruction(train=pb.TrainTask(round=1))) is None  # plaintext
+    assert secure_task(pb.Instruction(wait=pb.Wait())) is None
+    assert secure_task(pb.Instruction(secagg=pb.SecAggStep(job_id=b"j"))) is None
