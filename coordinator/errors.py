@@ -57,6 +57,7 @@ complete)::
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
     │   ├── BlobCorrupt          coordinator: a journaled sum's file missing or altered
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
+    │   ├── MembersNotPinned     participant: under TLS, no [tls] peer_keys and no say-so
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
     │   ├── IdentityMissing      participant: a configured identity key that is not there
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples

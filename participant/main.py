@@ -1,8 +1,10 @@
 """Run a participant process (what ``spherecal participant --config FILE`` calls).
 
 Loads the participant's Ed25519 identity key (created only on first enrolment:
-:mod:`spherecal.participant.enrolment`), its
-local data, the persistent job ledger and the trust root, then hands over to
+:mod:`spherecal.participant.enrolment`), the trust it puts in the coordinator's
+directory (checked before anything slow: a site under TLS pins its peers,
+:func:`spherecal.participant.trust.site_directory_trust`), its local data and the
+persistent job ledger, then hands over to
 :class:`~spherecal.participant.runner.ParticipantRunner` over a gRPC transport. Returns the
 process exit status: 0 when the federation completed or degraded (it reached its end
 with less than was asked; the coordinator's summary says what), 1 when it failed, 2 when the
@@ -16,7 +18,6 @@ import time
 from collections.abc import Callable
 
 import torch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal.crypto import heap, identity_public_bytes, native
 from spherecal.participant.data import load_local_data
@@ -25,38 +26,9 @@ from spherecal.participant.grpc_transport import GrpcTransport
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
 from spherecal.participant.settings import ParticipantSettings
-from spherecal.participant.trust import DirectoryTrust, load_peer_keys, pin_line
+from spherecal.participant.trust import site_directory_trust
 
 __all__ = ["run_participant"]
-
-
-def _peer_keys(
-    settings: ParticipantSettings, identity: Ed25519PrivateKey, say: Callable[[str], None]
-) -> dict[str, bytes] | None:
-    """``[tls] peer_keys``, with this site among them under its own key (a file that
-    pins another key for it was made for someone else, or before a key change: bad
-    input, exit 2); unset under TLS, a one-line note of what the CA alone decides."""
-    path = settings.tls.peer_keys
-    if settings.insecure:
-        return None
-    if path is None:
-        say(
-            "peers are trusted as the federation's CA issued them: whoever holds the CA "
-            "key can add members to a job; [tls] peer_keys pins the members the sites "
-            "agreed on (docs/threat_model.md, 'Identity keys')"
-        )
-        return None
-    pins = load_peer_keys(path)
-    own = identity_public_bytes(identity)
-    pid = settings.participant_id
-    if pins.get(pid) != own:
-        raise ValueError(
-            f"[tls] peer_keys = {str(path)!r} does not pin this site ({pid!r}) with its own "
-            f"identity key: add the line `{pin_line(pid, own)}` and share it with the "
-            "other sites"
-        )
-    say(f"peers pinned: {len(pins)} members from {path}")
-    return pins
 
 
 def _keep_freed_heap(say: Callable[[str], None]) -> None:
@@ -81,11 +53,10 @@ def run_participant(
         torch.set_num_threads(settings.threads)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     identity = load_or_enrol(settings, say)
+    trust = site_directory_trust(settings, identity_public_bytes(identity), say)
     data = load_local_data(settings.data)
     _keep_freed_heap(say)  # once it is about to run jobs (a refusal above stays one line)
     say(native.startup_message())  # a slow path not chosen is a warning
-    ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
-    trust = DirectoryTrust(ca, pins=_peer_keys(settings, identity, say))
     transport = GrpcTransport(settings)
     ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
     try:

@@ -174,6 +174,15 @@ class PolicySettings:
     one — every per-federation bound (one update per round, the moments once, the
     evaluations per federation) starts over in a new federation, so the coordinator
     must not be able to start one on its own. On: logged as a weakening."""
+    trust_ca_for_members: bool = False
+    """Under mutual TLS, whether any member the federation's CA issued a certificate to
+    may sit in this site's jobs without being pinned in ``[tls] peer_keys``. Off (the
+    default): the site refuses to start without that file — whoever holds the CA key
+    can issue certificates for members whose inputs it knows, put them in a job beside
+    this site and read this site's input from the sum, so the sites pin the members
+    they agreed on among themselves (``spherecal certs pin``). On: only where the CA's
+    key is held by a party independent of the coordinator's operator; logged as a
+    weakening. Setting both is a contradiction and refused."""
     min_local_work_s: float = 0.0
     """Hold a secure job's input until this many seconds after its task arrived, so
     the time of the masked upload does not reveal how long the local work took (it
@@ -202,6 +211,7 @@ class PolicySettings:
             "reuse_data_across_federations",
             "exact_moments_of_changed_data",
             "follow_new_federation",
+            "trust_ca_for_members",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"policy {key} must be true or false")
@@ -285,6 +295,12 @@ class PolicySettings:
             out.append(
                 "follow_new_federation = true: a coordinator can move this process into a "
                 "new federation on its own, where every per-federation bound starts over"
+            )
+        if self.trust_ca_for_members:
+            out.append(
+                "trust_ca_for_members = true: whoever holds the federation CA's key can add "
+                "members whose inputs it knows to this site's jobs and read this site's "
+                "input from the sum"
             )
         most = self.max_evaluations_per_federation
         if most == 0 or most > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:

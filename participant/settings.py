@@ -106,9 +106,10 @@ class ClientTLS:
     """The federation's members and their Ed25519 identity keys, one ``NAME HEX`` per
     line (``spherecal certs pin``), exchanged among the sites outside the coordinator.
     Set: every peer whose signatures this site checks must be listed with exactly its
-    key. Unset: a peer is trusted as the CA issued it, so whoever holds the CA key can
-    add members to a job, or replace one, and read this site's input from the sum
-    (noted at start)."""
+    key. Required under TLS: unset, the site does not start unless ``[policy]
+    trust_ca_for_members`` (a logged weakening) lets the CA alone decide — whoever
+    holds the CA key could then add members to a job, or replace one, and read this
+    site's input from the sum."""
 
 
 @dataclass(frozen=True)

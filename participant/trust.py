@@ -22,6 +22,10 @@ site closes that with ``[tls] peer_keys``: the federation's members and their
 Ed25519 identity keys, exchanged among the sites outside the coordinator
 (``spherecal certs pin``). Every directory entry this participant checks must then
 name a pinned member and carry exactly its pinned key (:func:`load_peer_keys`).
+The CA cannot tell a site who holds its key, so pinning is the default: a site under
+TLS without the file refuses to start (:class:`MembersNotPinned`) unless its operator
+states that the CA's key is held independently of the coordinator (``[policy]
+trust_ca_for_members``, logged as a weakening) — :func:`site_directory_trust`.
 
 Only the entries a participant needs are checked: the coordinator sends each
 participant the entries of the parties whose signatures it verifies
@@ -32,9 +36,11 @@ whole directory) costs no extra certificate verification.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import hmac
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -46,16 +52,50 @@ from spherecal.proto.identity import (
     identity_key_from_certificate,
 )
 
-__all__ = ["DirectoryTrust", "UntrustedDirectory", "load_peer_keys", "pin_line"]
+if TYPE_CHECKING:
+    from spherecal.participant.settings import ParticipantSettings
+
+__all__ = [
+    "DirectoryTrust",
+    "MembersNotPinned",
+    "UntrustedDirectory",
+    "check_pinning",
+    "load_peer_keys",
+    "pin_line",
+    "pins_fingerprint",
+    "site_directory_trust",
+]
+
+PINNING_GUIDE = "docs/deployment.md, 'Pinning the members'"
 
 
 class UntrustedDirectory(ValueError):
     """A directory entry the participant cannot verify against its trust root."""
 
 
+class MembersNotPinned(ValueError):
+    """A site under TLS was started without ``[tls] peer_keys`` and without the
+    explicit ``[policy] trust_ca_for_members`` (or with both): bad configuration,
+    refused before the site joins anything."""
+
+
 def pin_line(participant_id: str, identity_public_key: bytes) -> str:
     """One line of a ``[tls] peer_keys`` file: ``NAME HEX`` (the 32-byte Ed25519 key)."""
     return f"{participant_id} {identity_public_key.hex()}"
+
+
+def pins_fingerprint(pins: Mapping[str, bytes]) -> str:
+    """A short code for a whole member list, for the sites to compare over a second
+    channel (read aloud: five groups of four hex digits, 80 bits) instead of every
+    64-digit key: two files with the same members and keys, in any order, with any
+    comments, have the same code, and a list that differs in one member or one key bit
+    has another. SHA-256 over the sorted ``NAME HEX`` lines, domain-separated; 80 bits
+    leave finding a second list with a chosen code at ≈ 2^80 hashes."""
+    h = hashlib.sha256(b"spherecal peer_keys fingerprint v1\n")
+    for name in sorted(pins):
+        h.update(pin_line(name, pins[name]).encode() + b"\n")
+    code = h.hexdigest()[:20]
+    return "-".join(code[i : i + 4] for i in range(0, 20, 4))
 
 
 def load_peer_keys(path: Path) -> dict[str, bytes]:
@@ -103,6 +143,11 @@ class DirectoryTrust:
     @property
     def verifies_certificates(self) -> bool:
         return self._ca is not None
+
+    @property
+    def pinned(self) -> dict[str, bytes] | None:
+        """The members and keys pinned in ``[tls] peer_keys`` (``None``: not pinned)."""
+        return dict(self._pins) if self._pins is not None else None
 
     def verify(
         self, entries: Sequence[pb.DirectoryEntry], participants: Collection[str]
@@ -178,3 +223,65 @@ class DirectoryTrust:
             raise UntrustedDirectory(f"certificate for {named!r} was offered as {pid!r}")
         if bound != key:
             raise UntrustedDirectory(f"directory key of {pid!r} differs from its certificate")
+
+
+def site_directory_trust(
+    settings: ParticipantSettings, own_key: bytes, say: Callable[[str], None]
+) -> DirectoryTrust:
+    """The trust a site puts in the directory the coordinator hands out, from its
+    settings: on loopback ``insecure`` none (the directory as given); under TLS the
+    CA and, by default, the members pinned in ``[tls] peer_keys`` — this site among
+    them under its own identity key ``own_key``. Without the file the site starts
+    only if ``[policy] trust_ca_for_members`` says the CA alone decides. Refusals are
+    :func:`check_pinning`'s, raised before any data is loaded or any call is made."""
+    if settings.insecure:
+        return DirectoryTrust(None)
+    pins = check_pinning(settings, own_key)
+    ca = settings.tls.ca.read_bytes() if settings.tls.ca else None
+    if pins is None:
+        say("peers are trusted as the federation's CA issued them ([policy] trust_ca_for_members)")
+        return DirectoryTrust(ca)
+    say(
+        f"peers pinned: {len(pins)} members from {settings.tls.peer_keys} "
+        f"(fingerprint {pins_fingerprint(pins)}: the same at every site)"
+    )
+    return DirectoryTrust(ca, pins=pins)
+
+
+def check_pinning(settings: ParticipantSettings, own_key: bytes | None) -> dict[str, bytes] | None:
+    """The pinned members of a site under TLS (``None``: the CA alone decides, as
+    its ``[policy] trust_ca_for_members`` says), or :class:`MembersNotPinned` — no
+    ``[tls] peer_keys`` and no such statement, both at once, or a file that does not
+    pin this site under ``own_key`` (made for someone else, or before a key change;
+    checked when the key is known: ``spherecal preflight`` may run before the
+    site's first enrolment) — or the ``ValueError`` of :func:`load_peer_keys` for a
+    malformed file."""
+    path = settings.tls.peer_keys
+    trust_ca = settings.policy.trust_ca_for_members
+    pid = settings.participant_id
+    if path is None:
+        if trust_ca:
+            return None
+        own = f" (this site's: `{pin_line(pid, own_key)}`)" if own_key is not None else ""
+        raise MembersNotPinned(
+            "[tls] peer_keys is not set: whoever holds the federation CA's key could "
+            "add members whose inputs it knows to this site's jobs and read its input "
+            "from the sum. Pin the members the sites agreed on: each site prints its "
+            f"line with `spherecal certs pin NAME --identity-key FILE`{own}, every site "
+            "writes all of them to one file and sets [tls] peer_keys to it. Only where "
+            "the CA's key is held independently of the coordinator's operator, set "
+            f"[policy] trust_ca_for_members = true instead ({PINNING_GUIDE})"
+        )
+    if trust_ca:
+        raise MembersNotPinned(
+            f"[tls] peer_keys = {str(path)!r} pins the members while [policy] "
+            "trust_ca_for_members = true says the CA alone decides: remove one of the two"
+        )
+    pins = load_peer_keys(path)
+    if own_key is not None and pins.get(pid) != own_key:
+        raise MembersNotPinned(
+            f"[tls] peer_keys = {str(path)!r} does not pin this site ({pid!r}) with its own "
+            f"identity key: add the line `{pin_line(pid, own_key)}` and share it with the "
+            "other sites"
+        )
+    return pins

@@ -133,9 +133,27 @@ def _current_format(source: str, cert: Path | None) -> None:
         raise PreflightError(f"{source}: [tls] cert = {str(cert)!r}: {exc}") from None
 
 
+def _pinning(source: str, settings: Any) -> None:
+    """The members a site under TLS pins (``[tls] peer_keys``, well formed and naming
+    this site under its identity key when that key exists yet), or its explicit
+    ``[policy] trust_ca_for_members``: the site's own start-up check, run here so
+    that ``spherecal preflight`` says it first."""
+    from spherecal.participant.trust import check_pinning
+    from spherecal.proto.identity import load_identity_key, public_key_bytes
+
+    try:  # an unreadable key is named by the check of [participant] identity_key
+        own: bytes | None = public_key_bytes(load_identity_key(settings.identity_path))
+    except (OSError, ValueError):
+        own = None
+    try:
+        check_pinning(settings, own)
+    except ValueError as exc:
+        raise PreflightError(f"{source}: {exc}") from None
+
+
 def check_participant(settings: Any, source: str) -> None:
     """TLS files (unless ``insecure``: set, present, parseable, the key matching its
-    certificate), the data files and ``out_dir``."""
+    certificate), the members the site pins, the data files and ``out_dir``."""
     if not settings.insecure:
         tls = settings.tls
         _required(
@@ -149,14 +167,7 @@ def check_participant(settings: Any, source: str) -> None:
         _ca_bundle(source, "[tls] ca", tls.ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
         _current_format(source, tls.cert)
-        peer_keys = getattr(tls, "peer_keys", None)  # duck-typed settings may lack it
-        if peer_keys is not None:
-            from spherecal.participant.trust import load_peer_keys
-
-            try:
-                load_peer_keys(peer_keys)
-            except ValueError as exc:
-                raise PreflightError(f"{source}: {exc}") from None
+        _pinning(source, settings)
     if settings.identity_key is not None and settings.identity_key.exists():
         _readable(source, "[participant] identity_key", settings.identity_key)
     data = settings.data

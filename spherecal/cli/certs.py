@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "makes ca.pem/ca.key and the coordinator's server.pem/server.key; `certs issue "
             "NAME --dir DIR` makes participant NAME's client certificate, key and Ed25519 "
             "identity key (bound into the certificate); `certs pin NAME --identity-key "
-            "FILE` prints NAME's line for the sites' [tls] peer_keys file."
+            "FILE` prints NAME's line for the sites' [tls] peer_keys file; `certs pins "
+            "FILE` reads such a file back with its fingerprint, for the sites to compare."
         ),
     )
     p.set_defaults(run=run)
@@ -82,6 +83,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the site's identity key (NAME.identity.key, or the [participant] "
         "identity_key / state_dir/identity.key the site runs with)",
     )
+    pins = csub.add_parser(
+        "pins",
+        help="print the members of a [tls] peer_keys file and its fingerprint",
+        description=(
+            "Read a [tls] peer_keys file as a site does, print each member with the "
+            "first digits of its key, then the file's fingerprint: five groups of four "
+            "hex digits that are the same at every site holding the same members and "
+            "keys. The sites compare the fingerprint over a channel the coordinator's "
+            "operator does not control (read aloud), instead of every key; the site "
+            "prints it at start too."
+        ),
+    )
+    pins.add_argument("file", type=Path, help="the [tls] peer_keys file")
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -124,8 +138,19 @@ def _pin(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _pins(args: argparse.Namespace) -> int:
+    from spherecal.participant.trust import load_peer_keys, pins_fingerprint
+
+    pins = load_peer_keys(args.file)
+    width = max(len(name) for name in pins)
+    for name in sorted(pins):
+        print(f"{name:<{width}}  {pins[name].hex()[:16]}…")
+    print(f"{len(pins)} members, fingerprint {pins_fingerprint(pins)}")
+    return ExitCode.OK
+
+
 def run(args: argparse.Namespace) -> int:
-    """The chosen action (``init``, ``issue``, ``revoke``, ``pin``)."""
-    actions = {"init": _init, "issue": _issue, "revoke": _revoke, "pin": _pin}
+    """The chosen action (``init``, ``issue``, ``revoke``, ``pin``, ``pins``)."""
+    actions = {"init": _init, "issue": _issue, "revoke": _revoke, "pin": _pin, "pins": _pins}
     action: int = actions[args.certs_command](args)
     return action

@@ -243,6 +243,7 @@ class RaySimulation(Simulation):
                 ("cert", tls.cert),
                 ("key", tls.key),
                 ("identity", settings.identity_key),
+                ("peers", tls.peer_keys),
             ):
                 if file is not None:
                     files[name] = file.read_bytes()

@@ -39,14 +39,15 @@ from typing import IO, Any, TypeVar
 
 import torch
 
+from spherecal.crypto import identity_public_bytes
 from spherecal.participant.data import LocalData, load_local_slices
 from spherecal.participant.enrolment import load_or_enrol
 from spherecal.participant.loop_transport import EventLoopThread, LoopTransport, _LoopPresence
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
-from spherecal.participant.settings import ClientTLS, ParticipantSettings
+from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.transport import TransportError
-from spherecal.participant.trust import DirectoryTrust, load_peer_keys
+from spherecal.participant.trust import site_directory_trust
 from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = [
@@ -63,7 +64,16 @@ T = TypeVar("T")
 KILLED_EXIT_CODE = -9
 """Exit code reported for a killed virtual participant (a SIGKILLed process's)."""
 
-TLS_FILES = ("ca", "cert", "key", "identity")
+TLS_FILES = {
+    "ca": "ca.pem",
+    "cert": "cert.pem",
+    "key": "key.pem",
+    "identity": "identity.pem",
+    "peers": "peers.txt",
+}
+"""The files a host may be shipped, and the names they get in ``state_dir/tls``:
+the TLS credentials, the identity key, and the members the sites pinned (``[tls]
+peer_keys``: a site that has it on the submitting machine keeps it on the host)."""
 
 
 class ParticipantKilled(RuntimeError):
@@ -73,7 +83,7 @@ class ParticipantKilled(RuntimeError):
 @dataclass(frozen=True)
 class VirtualParticipant:
     """One participant to host: its settings, plus the TLS/identity files it needs
-    (``ca``, ``cert``, ``key``, ``identity`` → bytes) when the host may run on
+    (``ca``, ``cert``, ``key``, ``identity``, ``peers`` → bytes) when the host may run on
     another machine than the one that issued them."""
 
     settings: ParticipantSettings
@@ -96,16 +106,17 @@ class VirtualParticipant:
         folder.mkdir(parents=True, exist_ok=True)
         paths: dict[str, Path] = {}
         for name, content in self.files.items():
-            path = folder / f"{name}.pem"
+            path = folder / TLS_FILES[name]
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(content)
             paths[name] = path
-        tls = ClientTLS(
+        tls = replace(
+            s.tls,
             ca=paths.get("ca", s.tls.ca),
             cert=paths.get("cert", s.tls.cert),
             key=paths.get("key", s.tls.key),
-            server_name=s.tls.server_name,
+            peer_keys=paths.get("peers", s.tls.peer_keys),
         )
         return replace(s, tls=tls, identity_key=paths.get("identity", s.identity_key))
 
@@ -293,12 +304,7 @@ class ParticipantHost:
 
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         identity = load_or_enrol(settings, say)
-        ca = settings.tls.ca.read_bytes() if (settings.tls.ca and not settings.insecure) else None
-        pins = (
-            load_peer_keys(settings.tls.peer_keys)
-            if settings.tls.peer_keys is not None and not settings.insecure
-            else None
-        )
+        trust = site_directory_trust(settings, identity_public_bytes(identity), say)
         transport = KillableTransport(settings, self._loop, self.slots)
         with self._lock:
             self._transports[pid] = transport
@@ -321,7 +327,7 @@ class ParticipantHost:
 
         try:
             runner = ParticipantRunner(
-                settings, transport, data, identity, ledger, DirectoryTrust(ca, pins=pins),
+                settings, transport, data, identity, ledger, trust,
                 log=say, on_halt=on_halt, compute_slot=self.slots.hold,
                 hold_jobs=False,  # no virtual participant is restarted from its disk
             )  # fmt: skip

@@ -1,6 +1,7 @@
 """A site's first day, as docs/deployment.md tells it (issue #23): the built wheel in a
 throwaway venv, a CA and certificates from ``spherecal certs``, one coordinator and
-three sites over mutual TLS from configs written as the page shows, in a directory
+three sites over mutual TLS, pinning each other's identity keys (``spherecal certs
+pin``), from configs written as the page shows, in a directory
 that is not the repository — and then the coordinator restarted on the finished
 state: the summary, the database, the checkpoints and every site's models are
 byte-for-byte what they were, and the restart says the federation already ended.
@@ -89,6 +90,7 @@ identity_key = "certs/{pid}.identity.key"
 ca = "certs/ca.pem"
 cert = "certs/{pid}.pem"
 key = "certs/{pid}.key"
+peer_keys = "certs/peers.txt"
 
 [data]
 dataset = "digits"
@@ -119,8 +121,15 @@ def test_wheel_deployment_then_restart_on_the_finished_state(
     site.mkdir()
     env = _clean_env()
     _run([spherecal, "certs", "init", "certs"], cwd=site, env=env)
+    lines = []
     for pid in SITES:
         _run([spherecal, "certs", "issue", pid, "--dir", "certs"], cwd=site, env=env)
+        key = f"certs/{pid}.identity.key"  # each site prints its line; the sites exchange them
+        pin = [spherecal, "certs", "pin", pid, "--identity-key", key]
+        lines.append(_run(pin, cwd=site, env=env))
+    (site / "certs" / "peers.txt").write_text("".join(lines))
+    listed = _run([spherecal, "certs", "pins", "certs/peers.txt"], cwd=site, env=env)
+    fingerprint = listed.splitlines()[-1].rsplit(" ", 1)[-1]  # what the sites read aloud
     _configs(site, _free_port())
 
     def start(*args: str, log: str) -> subprocess.Popen[bytes]:
@@ -137,6 +146,11 @@ def test_wheel_deployment_then_restart_on_the_finished_state(
             if proc.poll() is None:
                 proc.kill()
     assert set(codes.values()) == {0}, codes
+    for pid in SITES:  # each site says at start which list it pinned
+        assert (
+            f"peers pinned: 3 members from certs/peers.txt (fingerprint {fingerprint}"
+            in (site / f"{pid}.log").read_text()
+        )
     summary = json.loads((site / "out" / "summary.json").read_text())
     assert summary["status"] == "completed", summary["status_reasons"]
     for pid in SITES:

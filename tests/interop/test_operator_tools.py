@@ -269,22 +269,28 @@ def test_python_reflection_client_lists_services(live: Live) -> None:
 def test_a_site_with_an_old_certificate_is_told_to_reissue(tmp_path: Path) -> None:
     """The participant's own preflight names the old format in one line, before it
     dials the coordinator (which would refuse the join with the same reason)."""
-    from types import SimpleNamespace
-
+    from spherecal.participant.settings import ClientTLS, ParticipantSettings
+    from spherecal.participant.trust import pin_line
     from spherecal.preflight import PreflightError, check_participant
+    from spherecal.proto.identity import load_identity_key, public_key_bytes
 
     init_ca(tmp_path)
     issue_participant(tmp_path, "p0")
     _legacy_certificate(tmp_path)
 
-    def site(name: str) -> SimpleNamespace:
-        return SimpleNamespace(
-            insecure=False,
-            tls=SimpleNamespace(
-                ca=tmp_path / "ca.pem", cert=tmp_path / f"{name}.pem", key=tmp_path / f"{name}.key"
+    own = public_key_bytes(load_identity_key(tmp_path / "p0.identity.key"))
+    (tmp_path / "peers.txt").write_text(pin_line("p0", own) + "\n")
+
+    def site(name: str) -> ParticipantSettings:
+        return ParticipantSettings(
+            participant_id=name,
+            tls=ClientTLS(
+                ca=tmp_path / "ca.pem",
+                cert=tmp_path / f"{name}.pem",
+                key=tmp_path / f"{name}.key",
+                peer_keys=tmp_path / "peers.txt",
             ),
-            identity_key=None,
-            data=SimpleNamespace(dataset="digits", root=None, test_root=None),
+            state_dir=tmp_path / f"state-{name}",
             out_dir=tmp_path / "out",
         )
 

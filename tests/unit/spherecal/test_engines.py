@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -33,16 +34,20 @@ def _settings(tmp_path: Path, port: int = 1) -> ParticipantSettings:
 
 def test_shipped_files_land_private_in_the_state_dir(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    files = {"ca": b"CA", "cert": b"CERT", "key": b"KEY", "identity": b"ID"}
+    files = {"ca": b"CA", "cert": b"CERT", "key": b"KEY", "identity": b"ID", "peers": b"p0 00"}
+    settings = replace(settings, tls=ClientTLS(server_name="coordinator.example"))
     out = VirtualParticipant(settings, files).materialise()
     assert out.tls == ClientTLS(
         ca=tmp_path / "state/tls/ca.pem",
         cert=tmp_path / "state/tls/cert.pem",
         key=tmp_path / "state/tls/key.pem",
+        server_name="coordinator.example",  # what was not shipped is kept
+        peer_keys=tmp_path / "state/tls/peers.txt",  # the pins travel with the site
     )
     assert out.identity_path == tmp_path / "state/tls/identity.pem"
+    names = {"ca": "ca.pem", "cert": "cert.pem", "key": "key.pem", "identity": "identity.pem"}
     for name, content in files.items():
-        path = tmp_path / "state" / "tls" / f"{name}.pem"
+        path = tmp_path / "state" / "tls" / names.get(name, "peers.txt")
         assert path.read_bytes() == content
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert VirtualParticipant(settings).materialise() == settings  # nothing shipped

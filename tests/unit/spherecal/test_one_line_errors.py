@@ -188,8 +188,28 @@ def test_participant_out_dir_under_a_file(
     issue_participant(tmp_path / "certs", "p0")
     (tmp_path / "blocker").write_text("x")
     config = _participant_toml(tmp_path, out_dir='"blocker/out"')
+    config.write_text(config.read_text() + "[policy]\ntrust_ca_for_members = true\n")
     code = main(["participant", "--config", str(config)])
     _one_line_error(capsys, code, "[participant] out_dir", "is a regular file")
+
+
+def test_participant_without_pinned_peers_says_how_to_pin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A site under TLS that pins no members and does not say the CA alone decides
+    does not start: one line, with its own `certs pin` line to share."""
+    from spherecal.certs import init_ca, issue_participant
+    from spherecal.participant.trust import pin_line
+    from spherecal.proto.identity import load_identity_key, public_key_bytes
+
+    init_ca(tmp_path / "certs")
+    issue_participant(tmp_path / "certs", "p0")
+    config = _participant_toml(tmp_path, identity_key='"certs/p0.identity.key"')
+    code = main(["participant", "--config", str(config)])
+    own = public_key_bytes(load_identity_key(tmp_path / "certs" / "p0.identity.key"))
+    line = _one_line_error(capsys, code, "[tls] peer_keys is not set", "trust_ca_for_members")
+    assert pin_line("p0", own) in line, line
+    assert not (tmp_path / "participant-p0").exists()  # refused before its state existed
 
 
 def test_coordinator_missing_certificate_names_the_key(

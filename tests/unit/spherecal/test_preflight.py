@@ -13,6 +13,8 @@ import pytest
 
 from spherecal.certs import init_ca, issue_participant
 from spherecal.cli.app import main
+from spherecal.participant.policy import PolicySettings
+from spherecal.participant.settings import ClientTLS, ParticipantSettings
 from spherecal.preflight import PreflightError, check_coordinator, check_participant
 
 
@@ -26,8 +28,12 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _coordinator(tmp_path: Path, certs: Path, **tls: Path | None) -> SimpleNamespace:
-    files = {"cert": certs / "server.pem", "key": certs / "server.key",
-             "client_ca": certs / "ca.pem", "crl": None} | tls
+    files = {
+        "cert": certs / "server.pem",
+        "key": certs / "server.key",
+        "client_ca": certs / "ca.pem",
+        "crl": None,
+    } | tls
     return SimpleNamespace(
         participants=("p0", "p1", "p2"),
         secagg=SimpleNamespace(updates=True, statistics=True, evaluation=True, min_participants=3),
@@ -37,14 +43,14 @@ def _coordinator(tmp_path: Path, certs: Path, **tls: Path | None) -> SimpleNames
     )
 
 
-def _participant(tmp_path: Path, certs: Path, **tls: Path | None) -> SimpleNamespace:
+def _participant(tmp_path: Path, certs: Path, **tls: Path | None) -> ParticipantSettings:
     files = {"ca": certs / "ca.pem", "cert": certs / "p0.pem", "key": certs / "p0.key"} | tls
-    return SimpleNamespace(
-        insecure=False,
-        tls=SimpleNamespace(**files),
-        identity_key=None,
-        data=SimpleNamespace(dataset="digits", root=None, test_root=None),
+    return ParticipantSettings(
+        participant_id="p0",
+        tls=ClientTLS(ca=files["ca"], cert=files["cert"], key=files["key"]),
+        state_dir=tmp_path / "state",
         out_dir=tmp_path / "out",
+        policy=PolicySettings(trust_ca_for_members=True),  # pinning: test_peer_keys.py
     )
 
 
@@ -81,9 +87,9 @@ def test_the_coordinator_command_says_it_in_one_line(
     shutil.copy(mine / "p0.key", mine / "server.key")  # the wrong key in the right place
     config = tmp_path / "coordinator.toml"
     config.write_text(
-        "[federation]\nparticipants = [\"p0\", \"p1\", \"p2\"]\n"
+        '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
         f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        "[server]\nlisten = \"127.0.0.1:0\"\n"
+        '[server]\nlisten = "127.0.0.1:0"\n'
         f'[tls]\ncert = "{mine / "server.pem"}"\nkey = "{mine / "server.key"}"\n'
         f'client_ca = "{mine / "ca.pem"}"\n'
     )
@@ -105,9 +111,9 @@ def test_unset_tls_material_is_named_before_anything_starts(
         check_participant(_participant(tmp_path, certs, cert=None, key=None), "p.toml")
     config = tmp_path / "coordinator.toml"
     config.write_text(
-        "[federation]\nparticipants = [\"p0\", \"p1\", \"p2\"]\n"
+        '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
         f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        "[server]\nlisten = \"127.0.0.1:0\"\n"
+        '[server]\nlisten = "127.0.0.1:0"\n'
         f'[tls]\ncert = "{certs / "server.pem"}"\nkey = "{certs / "server.key"}"\n'
     )
     assert main(["coordinator", "--config", str(config)]) == 2
@@ -132,9 +138,9 @@ def test_a_roster_too_small_for_secure_aggregation_is_refused(
     check_coordinator(two, "c.toml")  # nothing secure: nothing to refuse
     config = tmp_path / "coordinator.toml"
     config.write_text(
-        "[federation]\nparticipants = [\"hospital-a\", \"hospital-b\"]\n"
+        '[federation]\nparticipants = ["hospital-a", "hospital-b"]\n'
         f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        "[server]\nlisten = \"127.0.0.1:0\"\ninsecure = true\n"
+        '[server]\nlisten = "127.0.0.1:0"\ninsecure = true\n'
     )
     assert main(["coordinator", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()

@@ -20,6 +20,7 @@ from spherecal.certs import init_ca, issue_participant
 from spherecal.cli.app import main
 from spherecal.participant.grpc_transport import client_certificate_hint
 from spherecal.participant.main import run_participant
+from spherecal.participant.policy import PolicySettings
 from spherecal.participant.settings import ClientTLS, ParticipantSettings
 
 
@@ -67,6 +68,7 @@ def _site(
             reconnect_max_s=0.2,
             give_up_s=0.5,
             rpc_timeout_s=2.0,
+            policy=PolicySettings(trust_ca_for_members=True),  # pins: test_peer_keys.py
         ),
         log=lines.append,
     )
