@@ -3,6 +3,17 @@
 Why first: the privacy cost of the round (noise multiplier, sampling rate, steps) is
 known before training, so the participant charges its local ledger
 (``state_dir/privacy.db``) and refuses over budget *before* its data is touched.
+
+Why the whole plan is admitted at once: local DP-SGD samples at rate ``1/⌈n/b⌉`` for
+``⌈n/b⌉`` steps an epoch, so a round's ε follows the site's example count ``n`` (with
+``b = 1`` in the plan, ``n`` itself). Checked round by round, the first round that no
+longer fits the budget is ``⌊(budget − spent) / ε(n)⌋ + 1``: the round at which the
+site stops, and the ε a refusal used to name, told the coordinator the count. The
+site admits every round of the plan it joined or none
+(:meth:`~spherecal.spherefed.privacy.ledger.PrivacyLedger.check_plan`, its own rounds
+left out of what it has spent, so the answer is the same at every round and after a
+restart), and its refusal names the budget, never the ε
+(:func:`spherecal.participant.failures.wire_reason`): one bit per federation.
 """
 
 from __future__ import annotations
@@ -18,7 +29,12 @@ from spherecal.spherefed.fl import LocalUpdate
 from spherecal.spherefed.privacy.charge import dpsgd_charge
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
-__all__ = ["dpsgd_round"]
+__all__ = ["dpsgd_round", "plan_prefix"]
+
+
+def plan_prefix(federation_id: str) -> str:
+    """The ledger's ``release_id`` prefix of one federation's local DP-SGD rounds."""
+    return f"local-dpsgd/{federation_id}/"
 
 
 def dpsgd_round(
@@ -29,19 +45,23 @@ def dpsgd_round(
     task_id: str,
     vector: npt.NDArray[np.float64],
     *,
+    federation_id: str,
+    plan_rounds: int,
     refuse: Callable[[str, BaseException], None],
     log: Callable[[str], None],
 ) -> LocalUpdate | None:
-    """Charge, then train with DP-SGD; None when refused (already reported)."""
+    """Admit the plan's ``plan_rounds`` rounds (all or none), charge this one, then
+    train with DP-SGD; None when refused (already reported)."""
     config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
     rate, steps = trainer.dpsgd_steps()
-    charge = dpsgd_charge(
-        p.dpsgd_noise_multiplier, rate, steps, p.delta, max_grad_norm=p.dpsgd_max_grad_norm
-    )
+    sigma, clip = p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm
+    charge = dpsgd_charge(sigma, rate, steps, p.delta, max_grad_norm=clip)
+    whole = dpsgd_charge(sigma, rate, steps * max(1, plan_rounds), p.delta, max_grad_norm=clip)
+    prefix = plan_prefix(federation_id)
     try:
-        entry = privacy.ledger(p.delta).charge(
-            participant_id, charge, release_id=f"dpsgd-{task_id}"
-        )
+        ledger = privacy.ledger(p.delta)
+        ledger.check_plan(participant_id, charge, whole, own_prefix=prefix)
+        entry = ledger.charge(participant_id, charge, release_id=prefix + task_id)
     except BudgetExceeded as exc:
         refuse(task_id, exc)
         return None

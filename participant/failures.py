@@ -35,6 +35,7 @@ from spherecal.spherefed.privacy.dpsgd import UnsupportedModel
 from spherecal.spherefed.privacy.ledger import BudgetExceeded
 
 __all__ = [
+    "DATA_DEPENDENT_CHARGES",
     "KINDS",
     "LOCAL_REASONS",
     "LOCAL_WORK_FAILED",
@@ -153,15 +154,31 @@ LOCAL_WORK_FAILED = (
 an unforeseen error): its message may carry values of the local data."""
 
 
+DATA_DEPENDENT_CHARGES = frozenset({"dpsgd"})
+"""Release kinds whose ε the site computes from its own data (local DP-SGD:
+``spherecal.spherefed.privacy.charge.dpsgd_charge``'s default kind); a refusal of one
+never names that ε."""
+
+
 def wire_reason(error: BaseException) -> str:
     """The human text a withdrawal carries to the coordinator (module docstring): the
     exception's own text only where it is built from what the coordinator sent.
 
     A :class:`BudgetExceeded` names the limit it would cross (the site's declared
-    budget or per-release target, its δ) and the release's ε (from the plan the
-    coordinator sent) — what an operator needs to fix the plan — but not what the site
-    has already spent, which is its history in other releases and federations."""
+    budget or per-release target, its δ) and, where that ε follows from the plan the
+    coordinator sent alone (DP statistics, distributed DP-SGD), the release's ε — what
+    an operator needs to fix the plan — but never what the site has already spent,
+    which is its history in other releases and federations. Local DP-SGD's ε follows
+    the site's example count (its sampling rate is ``1/⌈n/b⌉``), so its refusal names
+    the limit alone (:mod:`spherecal.participant.dpsgd_round`)."""
     if isinstance(error, BudgetExceeded):
+        if error.release_kind in DATA_DEPENDENT_CHARGES:
+            return (
+                f"refusing {error.release_kind} for this federation: its plan's rounds "
+                f"would exceed this site's {error.limit_name} ε = {error.budget_epsilon:g} "
+                f"at δ = {error.delta:g}; their ε follows this site's example count, so "
+                "it stays in the site's own audit"
+            )
         return (
             f"refusing {error.release_kind} release: it would exceed this site's "
             f"{error.limit_name} "

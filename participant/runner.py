@@ -620,6 +620,8 @@ class ParticipantRunner:
             self.pid,
             task_id,
             vector,
+            federation_id=self.plan.federation_id if self.plan is not None else "",
+            plan_rounds=int(self.plan.rounds) if self.plan is not None else 1,
             refuse=self._refuse,
             log=self.log,
         )

@@ -363,6 +363,48 @@ class PrivacyLedger:
                 )
         return projected
 
+    def check_plan(
+        self, subject: str, each: PrivacyCharge, whole: PrivacyCharge, *, own_prefix: str
+    ) -> None:
+        """Admit a plan of several releases at once, or none of it: ``each`` release
+        within the per-release target, and ``whole`` (the plan's releases composed)
+        within the total beside everything charged *outside* the plan (entries whose
+        ``release_id`` starts with ``own_prefix`` are the plan's own and left out).
+
+        Why: where a release's ε depends on the subject's data (local DP-SGD: the
+        sampling rate and steps follow its example count), a check per release
+        refuses at the first release that no longer fits, and *which* release that is
+        tells the asker ``budget / ε`` and with it the count. Checked against the
+        whole plan the answer is the same at every release of the plan, after every
+        restart (its own charges are left out), so the plan reveals one bit. Raises
+        :class:`BudgetExceeded` (``release_epsilon`` is the plan's, ``whole``)."""
+        if not math.isclose(whole.delta, self.budget.delta, rel_tol=1e-12):
+            raise ValueError(
+                f"charge δ = {whole.delta} differs from the budget's δ = {self.budget.delta}"
+            )
+        others = [
+            e.charge for e in self.store.entries(subject) if not e.release_id.startswith(own_prefix)
+        ]
+        spent = self._compose(others).epsilon
+        projected = self._compose([*others, whole]).epsilon
+        b, tol = self.budget, 1 + self.budget.tolerance
+        limits = (
+            ("per_release", b.epsilon_per_release, each.epsilon, each),
+            ("total", b.total_epsilon, projected, whole),
+        )
+        for limit, budget_eps, value, charge in limits:
+            if budget_eps is not None and value > budget_eps * tol:
+                raise BudgetExceeded(
+                    subject=subject,
+                    limit=limit,
+                    budget_epsilon=budget_eps,
+                    spent_epsilon=spent,
+                    release_epsilon=charge.epsilon,
+                    projected_epsilon=projected,
+                    delta=b.delta,
+                    release_kind=whole.kind,
+                )
+
     def charge(
         self, subject: str, charge: PrivacyCharge, *, release_id: str, job_id: str = ""
     ) -> LedgerEntry:

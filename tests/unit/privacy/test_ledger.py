@@ -166,3 +166,35 @@ def test_participant_refuses_the_job_that_would_overrun_its_budget() -> None:
         ledger.charge("me", plan.charge(plan.noise.min_contributors), release_id="job-3")
     assert err.value.spent_epsilon < 1.7 < err.value.projected_epsilon  # 1.46 -> 1.83
     assert np.isclose(err.value.release_epsilon, plan.planned_epsilon)
+
+
+# ------------------------------------------------------------------ a plan at once
+def test_a_plan_is_admitted_against_what_was_spent_outside_it(store: LedgerStore) -> None:
+    """``check_plan``: each release within the per-release target, the plan's
+    releases composed within the total beside everything charged outside the plan;
+    its own charges (by prefix) are not counted twice, so the answer does not change
+    as the plan's releases are charged."""
+    each = dpsgd_charge(1.0, 0.1, 10, DELTA, max_grad_norm=1.0)
+    whole = dpsgd_charge(1.0, 0.1, 40, DELTA, max_grad_norm=1.0)
+    other = gaussian_charge("ffc", 3.0, DELTA)
+    fits_alone = whole.epsilon * 1.001
+    ledger = PrivacyLedger(store, PrivacyBudget(delta=DELTA, total_epsilon=fits_alone))
+    for r in range(4):  # the plan's own rounds, charged as they happen: same answer
+        ledger.check_plan("s", each, whole, own_prefix="plan-a/")
+        ledger.charge("s", each, release_id=f"plan-a/{r}")
+    assert ledger.spent("s").epsilon == pytest.approx(whole.epsilon, rel=1e-9)
+
+    ledger.record("s", other, release_id="stats-1")  # spent outside plan b (no check)
+    with pytest.raises(BudgetExceeded) as caught:
+        ledger.check_plan("s", each, whole, own_prefix="plan-b/")
+    e = caught.value
+    curves = [np.asarray(c.curve) for c in (each,) * 8 + (other,)]  # plan a, b, the rest
+    expected = epsilon(compose(curves), DELTA)[0]
+    assert e.limit == "total" and e.release_epsilon == whole.epsilon
+    assert e.projected_epsilon == pytest.approx(expected, rel=1e-9)
+    assert e.spent_epsilon == pytest.approx(ledger.spent("s").epsilon, rel=1e-9)
+
+    strict = PrivacyLedger(store, PrivacyBudget(delta=DELTA, epsilon_per_release=each.epsilon / 2))
+    with pytest.raises(BudgetExceeded) as caught:
+        strict.check_plan("t", each, whole, own_prefix="plan-c/")
+    assert caught.value.limit == "per_release" and caught.value.release_epsilon == each.epsilon
