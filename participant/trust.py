@@ -253,9 +253,9 @@ def check_pinning(settings: ParticipantSettings, own_key: bytes | None) -> dict[
     its ``[policy] trust_ca_for_members`` says), or :class:`MembersNotPinned` — no
     ``[tls] peer_keys`` and no such statement, both at once, or a file that does not
     pin this site under ``own_key`` (made for someone else, or before a key change;
-    checked when the key is known: ``spherecal preflight`` may run before the
-    site's first enrolment) — or the ``ValueError`` of :func:`load_peer_keys` for a
-    malformed file."""
+    checked when the key is known: the start-up preflight, :mod:`spherecal.preflight`,
+    may run before the site's first enrolment) — or the ``ValueError`` of
+    :func:`load_peer_keys` for a malformed file."""
     path = settings.tls.peer_keys
     trust_ca = settings.policy.trust_ca_for_members
     pid = settings.participant_id

@@ -137,7 +137,7 @@ def _pinning(source: str, settings: Any) -> None:
     """The members a site under TLS pins (``[tls] peer_keys``, well formed and naming
     this site under its identity key when that key exists yet), or its explicit
     ``[policy] trust_ca_for_members``: the site's own start-up check, run here so
-    that ``spherecal preflight`` says it first."""
+    that ``spherecal participant`` says it with the other configuration mistakes."""
     from spherecal.participant.trust import check_pinning
     from spherecal.proto.identity import load_identity_key, public_key_bytes
 
