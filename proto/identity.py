@@ -127,7 +127,7 @@ def identity_san(participant_id: str, public_key: bytes) -> x509.SubjectAlternat
     )
 
 
-def _uris(cert: x509.Certificate) -> list[str]:
+def _uris(cert: x509.Certificate | x509.CertificateSigningRequest) -> list[str]:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -135,7 +135,7 @@ def _uris(cert: x509.Certificate) -> list[str]:
     return list(san.get_values_for_type(x509.UniformResourceIdentifier))
 
 
-def _refuse_legacy(cert: x509.Certificate) -> None:
+def _refuse_legacy(cert: x509.Certificate | x509.CertificateSigningRequest) -> None:
     try:
         cert.extensions.get_extension_for_oid(LEGACY_IDENTITY_EXTENSION_OID)
     except x509.ExtensionNotFound:
@@ -143,8 +143,11 @@ def _refuse_legacy(cert: x509.Certificate) -> None:
     raise CertificateError(_REISSUE)
 
 
-def identity_key_from_certificate(cert: x509.Certificate) -> bytes | None:
-    """The Ed25519 identity key a certificate binds, or None when it carries none.
+def identity_key_from_certificate(
+    cert: x509.Certificate | x509.CertificateSigningRequest,
+) -> bytes | None:
+    """The Ed25519 identity key a certificate (or a request for one) binds, or None
+    when it carries none.
 
     Exactly one ``urn:spherecal:ed25519:`` URI of 64 lowercase hex digits, else
     :class:`CertificateError` (two keys would let a CA-signed certificate vouch for
@@ -161,8 +164,8 @@ def identity_key_from_certificate(cert: x509.Certificate) -> bytes | None:
     return bytes.fromhex(digits)
 
 
-def certificate_identity(cert: x509.Certificate) -> str:
-    """The participant id a certificate names: its CN, which must agree with every
+def certificate_identity(cert: x509.Certificate | x509.CertificateSigningRequest) -> str:
+    """The participant id a certificate (or a request) names: its CN, which must agree with every
     ``spiffe://spherecal/participant/`` (and old ``urn:spherecal:participant:``) URI."""
     _refuse_legacy(cert)
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)

@@ -1,8 +1,11 @@
 """A throwaway certificate authority for trying spherecal with mutual TLS.
 
 ``spherecal certs init DIR`` makes a CA and a coordinator (server) certificate;
-``spherecal certs issue NAME --dir DIR`` makes a participant's client certificate and
-its Ed25519 identity key, and binds the two: the certificate's CN (and a
+``spherecal certs request NAME --dir DIR``, run *at the site*, makes the site's TLS
+key and Ed25519 identity key there and a certificate request naming both public keys;
+``spherecal certs issue NAME --dir CA --csr FILE`` certifies such a request, and
+``spherecal certs issue NAME --dir CA`` alone makes the keys at the CA (a quick trial:
+the CA's holder then holds every site's keys). The certificate binds the two: its CN (and a
 ``spiffe://spherecal/participant/NAME`` URI SAN) is the participant id, and a second
 URI SAN ``urn:spherecal:ed25519:HEX`` carries the identity public key
 (``spherecal.proto.identity``), so every participant can check its peers'
@@ -10,8 +13,14 @@ secure-aggregation keys against the CA instead of trusting the coordinator. Only
 standard fields and OIDs with small arcs: Go, Java, Node and rustls load every file
 this module writes (``tests/interop/`` checks it with Go's standard library).
 
-For production, issue the same shape of certificates from the federation's own PKI;
-the CA private key (``ca.key``) never needs to leave the operator's machine.
+Why requests: a site's identity key signs its secure-aggregation keys, and the sites
+pin each other's identity keys (``[tls] peer_keys``) so that whoever holds the CA key
+cannot seat members of its own beside them. That holds only if nobody else ever held
+a site's identity private key — so a site makes its keys itself and sends the CA only
+the request (its public keys, signed by its TLS key); the CA's holder, often the
+coordinator's operator, never sees them. For production, issue the same shape of
+certificates from the federation's own PKI; the CA private key (``ca.key``) never
+needs to leave the operator's machine.
 
 Files (private keys are written with mode 0600):
 
@@ -19,14 +28,17 @@ Files (private keys are written with mode 0600):
 ``server.pem``/``server.key``   the coordinator, valid for the given host names / IPs
 ``NAME.pem``/``NAME.key``       participant NAME's TLS client certificate and key
 ``NAME.identity.key``           participant NAME's Ed25519 identity key
+``NAME.csr``                    participant NAME's certificate request (``request``)
 ``crl.pem``                     certificates revoked with ``spherecal certs revoke``
 
 Revoking (a stolen key, a participant leaving): ``spherecal certs revoke NAME --dir
 DIR`` adds NAME's current certificate to ``crl.pem``, signed by the CA; a coordinator
 with ``[tls] crl`` pointing at it refuses that certificate from its next call on. To
-give NAME a fresh identity after a compromise: ``certs issue NAME --new-identity``,
-then ``spherecal coordinator --config FILE --unpin NAME`` (coordinator stopped) so the
-new key can be pinned at its next join.
+give NAME a fresh identity after a compromise: at the site, move its keys away and
+``certs request`` again, then ``certs issue NAME --csr`` (for keys made here, ``certs
+issue NAME --new-identity``), then ``spherecal coordinator --config FILE --unpin
+NAME`` (coordinator stopped) so the new key can be pinned at its next join; the
+other sites pin its new line.
 """
 
 from __future__ import annotations
@@ -38,18 +50,21 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from spherecal.crypto import generate_identity
 from spherecal.proto.identity import (
+    CertificateError,
+    certificate_identity,
+    identity_key_from_certificate,
     identity_san,
     load_identity_key,
     public_key_bytes,
     save_identity_key,
 )
 
-__all__ = ["init_ca", "issue_participant", "revoke_participant"]
+__all__ = ["init_ca", "issue_participant", "request_participant", "revoke_participant"]
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 
@@ -163,37 +178,123 @@ def _check_name(name: str) -> None:
         raise ValueError(f"invalid participant id {name!r}")
 
 
-def issue_participant(
-    directory: Path, name: str, days: int = 365, *, new_identity: bool = False
-) -> list[Path]:
-    """Create ``NAME.pem``, ``NAME.key`` and (unless present, or with
-    ``new_identity``) ``NAME.identity.key``."""
+def request_participant(directory: Path, name: str) -> list[Path]:
+    """At the site: ``NAME.identity.key`` and ``NAME.key`` (each kept if present: a
+    renewal keeps the site's identity, which the other sites pinned) and
+    ``NAME.csr``, a PKCS#10 request for participant NAME's certificate that names the
+    TLS public key (and is signed by it) and the identity public key (in the same URI
+    SANs the certificate will carry). Only the request leaves the site."""
     _check_name(name)
-    ca_cert, ca_key = _load_ca(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     identity_path = directory / f"{name}.identity.key"
-    if identity_path.exists() and not new_identity:
+    if identity_path.exists():
         identity = load_identity_key(identity_path)
     else:
         identity = generate_identity()
         save_identity_key(identity, identity_path)
+    key_path = directory / f"{name}.key"
+    if key_path.exists():
+        loaded = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key_path} is not an EC private key")
+        key = loaded
+    else:
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(key, key_path)
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(_name(name))
+        .add_extension(identity_san(name, public_key_bytes(identity)), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    csr_path = directory / f"{name}.csr"
+    csr_path.write_bytes(request.public_bytes(serialization.Encoding.PEM))
+    return [csr_path, key_path, identity_path]
+
+
+def _requested_keys(
+    name: str, csr: Path
+) -> tuple[ec.EllipticCurvePublicKey | rsa.RSAPublicKey, bytes]:
+    """The TLS public key and the identity key a site's request names, after checking
+    it: a PKCS#10 request whose signature verifies (the site holds the TLS key), for
+    participant ``name`` (CN and URI SAN agree), binding exactly one identity key."""
+    try:
+        request = x509.load_pem_x509_csr(csr.read_bytes())
+    except FileNotFoundError:
+        raise ValueError(f"--csr {str(csr)!r}: no such file") from None
+    except ValueError:
+        raise ValueError(
+            f"--csr {str(csr)!r} is not a PEM certificate request (make it at the site "
+            "with `spherecal certs request NAME --dir DIR`)"
+        ) from None
+    if not request.is_signature_valid:
+        raise ValueError(f"--csr {str(csr)!r}: its signature does not verify")
+    try:
+        named = certificate_identity(request)
+        identity = identity_key_from_certificate(request)
+    except CertificateError as exc:
+        raise ValueError(f"--csr {str(csr)!r}: {exc}") from None
+    if named != name:
+        raise ValueError(f"--csr {str(csr)!r} requests a certificate for {named!r}, not {name!r}")
+    if identity is None:
+        raise ValueError(
+            f"--csr {str(csr)!r} names no identity key (make it with `spherecal certs request`)"
+        )
+    public = request.public_key()
+    if isinstance(public, rsa.RSAPublicKey) and public.key_size < 2048:
+        raise ValueError(f"--csr {str(csr)!r}: an RSA key of {public.key_size} bits (need 2048+)")
+    if not isinstance(public, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey)):
+        raise ValueError(f"--csr {str(csr)!r}: a TLS key must be EC or RSA")
+    return public, identity
+
+
+def issue_participant(
+    directory: Path,
+    name: str,
+    days: int = 365,
+    *,
+    new_identity: bool = False,
+    csr: Path | None = None,
+) -> list[Path]:
+    """Create ``NAME.pem``: from the site's request ``csr`` (its public keys; nothing
+    private is made or kept here), or else with ``NAME.key`` and (unless present, or
+    with ``new_identity``) ``NAME.identity.key`` made here."""
+    _check_name(name)
+    ca_cert, ca_key = _load_ca(directory)
     start, end = _validity(days)
-    key = ec.generate_private_key(ec.SECP256R1())
+    written: list[Path] = []
+    public: ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+    if csr is not None:
+        if new_identity:
+            raise ValueError("--new-identity makes the key here; with --csr the site makes it")
+        public, identity_public = _requested_keys(name, csr)
+    else:
+        identity_path = directory / f"{name}.identity.key"
+        if identity_path.exists() and not new_identity:
+            identity = load_identity_key(identity_path)
+        else:
+            identity = generate_identity()
+            save_identity_key(identity, identity_path)
+        identity_public = public_key_bytes(identity)
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(key, directory / f"{name}.key")
+        public = key.public_key()
+        written = [directory / f"{name}.key", identity_path]
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(name))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(identity_san(name, public_key_bytes(identity)), critical=False)
+        .add_extension(identity_san(name, identity_public), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_key(key, directory / f"{name}.key")
     _write_cert(cert, directory / f"{name}.pem")
-    return [directory / f"{name}.pem", directory / f"{name}.key", identity_path]
+    return [directory / f"{name}.pem", *written]
 
 
 def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:

@@ -7,6 +7,7 @@ Errors a user can fix print one line ``spherecal certs: error: ...`` and exit 2.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from spherecal.cli.exit_codes import ExitCode
@@ -22,10 +23,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         NAME,
         help=HELP,
         description=(
-            "A throwaway certificate authority for trying mutual TLS: `certs init DIR` "
-            "makes ca.pem/ca.key and the coordinator's server.pem/server.key; `certs issue "
-            "NAME --dir DIR` makes participant NAME's client certificate, key and Ed25519 "
-            "identity key (bound into the certificate); `certs pin NAME --identity-key "
+            "A certificate authority for mutual TLS: `certs init DIR` makes ca.pem/ca.key "
+            "and the coordinator's server.pem/server.key; at each site, `certs request NAME "
+            "--dir DIR` makes the site's TLS key and Ed25519 identity key and NAME.csr, "
+            "and `certs issue NAME --dir CA --csr NAME.csr` certifies it (the private keys "
+            "never leave the site); `certs issue NAME --dir CA` alone makes the keys at the "
+            "CA, for trials (the CA's holder then holds them); `certs pin NAME --identity-key "
             "FILE` prints NAME's line for the sites' [tls] peer_keys file; `certs pins "
             "FILE` reads such a file back with its fingerprint, for the sites to compare."
         ),
@@ -42,10 +45,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "localhost and 127.0.0.1)",
     )
     init.add_argument("--days", type=int, default=365)
+    request = csub.add_parser(
+        "request",
+        help="at a site: make its keys and a certificate request NAME.csr",
+        description=(
+            "Make participant NAME's TLS key (NAME.key) and Ed25519 identity key "
+            "(NAME.identity.key) in DIR, each kept if already there, and NAME.csr, the "
+            "request to send to the CA's operator: it names both public keys and is "
+            "signed by the TLS key. The private keys stay at the site, so nobody else "
+            "can sign as it; the other sites pin its identity key (`certs pin`)."
+        ),
+    )
+    request.add_argument("name")
+    request.add_argument("--dir", type=Path, required=True, help="the site's key directory")
     issue = csub.add_parser("issue", help="issue participant NAME's client certificate")
     issue.add_argument("name")
     issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
     issue.add_argument("--days", type=int, default=365)
+    issue.add_argument(
+        "--csr",
+        type=Path,
+        default=None,
+        help="the site's request (`certs request`): certify its keys; without it the keys "
+        "are made here, and whoever holds this directory holds them",
+    )
     issue.add_argument(
         "--new-identity",
         action="store_true",
@@ -110,10 +133,24 @@ def _init(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _request(args: argparse.Namespace) -> int:
+    from spherecal.certs import request_participant
+
+    csr, key, identity = request_participant(args.dir, args.name)
+    print(csr)
+    print(
+        f"send {csr} to the CA's operator; {key} and {identity} stay here (mode 0600)",
+        file=sys.stderr,
+    )
+    return ExitCode.OK
+
+
 def _issue(args: argparse.Namespace) -> int:
     from spherecal.certs import issue_participant
 
-    paths = issue_participant(args.dir, args.name, days=args.days, new_identity=args.new_identity)
+    paths = issue_participant(
+        args.dir, args.name, days=args.days, new_identity=args.new_identity, csr=args.csr
+    )
     for path in paths:
         print(path)
     return ExitCode.OK
@@ -150,7 +187,14 @@ def _pins(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The chosen action (``init``, ``issue``, ``revoke``, ``pin``, ``pins``)."""
-    actions = {"init": _init, "issue": _issue, "revoke": _revoke, "pin": _pin, "pins": _pins}
+    """The chosen action (``init``, ``request``, ``issue``, ``revoke``, ``pin``, ``pins``)."""
+    actions = {
+        "init": _init,
+        "request": _request,
+        "issue": _issue,
+        "revoke": _revoke,
+        "pin": _pin,
+        "pins": _pins,
+    }
     action: int = actions[args.certs_command](args)
     return action

@@ -1,6 +1,7 @@
 """A site's first day, as docs/deployment.md tells it (issue #23): the built wheel in a
-throwaway venv, a CA and certificates from ``spherecal certs``, one coordinator and
-three sites over mutual TLS, pinning each other's identity keys (``spherecal certs
+throwaway venv, a CA from ``spherecal certs``, each site's keys made by the site and
+certified from its request (``certs request``, ``certs issue --csr``), one coordinator
+and three sites over mutual TLS, pinning each other's identity keys (``spherecal certs
 pin``), from configs written as the page shows, in a directory
 that is not the repository — and then the coordinator restarted on the finished
 state: the summary, the database, the checkpoints and every site's models are
@@ -84,12 +85,12 @@ join_s = 240
 id = "{pid}"
 coordinator = "127.0.0.1:{port}"
 state_dir = "state-{pid}"
-identity_key = "certs/{pid}.identity.key"
+identity_key = "keys-{pid}/{pid}.identity.key"
 
 [tls]
 ca = "certs/ca.pem"
 cert = "certs/{pid}.pem"
-key = "certs/{pid}.key"
+key = "keys-{pid}/{pid}.key"
 peer_keys = "certs/peers.txt"
 
 [data]
@@ -122,11 +123,14 @@ def test_wheel_deployment_then_restart_on_the_finished_state(
     env = _clean_env()
     _run([spherecal, "certs", "init", "certs"], cwd=site, env=env)
     lines = []
-    for pid in SITES:
-        _run([spherecal, "certs", "issue", pid, "--dir", "certs"], cwd=site, env=env)
-        key = f"certs/{pid}.identity.key"  # each site prints its line; the sites exchange them
+    for pid in SITES:  # each site makes its keys; only its request goes to the CA
+        _run([spherecal, "certs", "request", pid, "--dir", f"keys-{pid}"], cwd=site, env=env)
+        csr = f"keys-{pid}/{pid}.csr"
+        _run([spherecal, "certs", "issue", pid, "--dir", "certs", "--csr", csr], cwd=site, env=env)
+        key = f"keys-{pid}/{pid}.identity.key"  # each site prints its line; they exchange them
         pin = [spherecal, "certs", "pin", pid, "--identity-key", key]
         lines.append(_run(pin, cwd=site, env=env))
+    assert not list((site / "certs").glob("hospital-*.key"))  # the CA holds no site's key
     (site / "certs" / "peers.txt").write_text("".join(lines))
     listed = _run([spherecal, "certs", "pins", "certs/peers.txt"], cwd=site, env=env)
     fingerprint = listed.splitlines()[-1].rsplit(" ", 1)[-1]  # what the sites read aloud

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from spherecal.certs import init_ca, issue_participant
+from spherecal.certs import init_ca, issue_participant, request_participant
 from spherecal.proto.identity import LEGACY_IDENTITY_EXTENSION_OID
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
@@ -102,7 +102,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     sim = Simulation(settings)
     try:
         port = sim.start_coordinator()
-        issue_participant(out / "certs", "operator")
+        # the operator's keys made as a site makes its own (`certs request`), certified
+        # from the request: Go loads that pair too
+        csr, _, _ = request_participant(out / "certs", "operator")
+        issue_participant(out / "certs", "operator", csr=csr)
         metrics_port = _metrics_port(out / "logs" / "coordinator.log", time.monotonic() + 120)
         live = Live(sim, port, metrics_port)
         # first, while nothing else has been asked: the fresh coordinator's status

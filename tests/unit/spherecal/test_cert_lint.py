@@ -19,7 +19,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from spherecal.certs import init_ca, issue_participant, revoke_participant
+from spherecal.certs import init_ca, issue_participant, request_participant, revoke_participant
 from spherecal.proto.identity import LEGACY_IDENTITY_EXTENSION_OID
 
 ARC_LIMIT = 2**31
@@ -115,12 +115,14 @@ def ca_dir(tmp_path: Path) -> Path:
         issue_participant(tmp_path, name)
     revoke_participant(tmp_path, "operator")
     issue_participant(tmp_path, "operator")
+    csr, _, _ = request_participant(tmp_path / "site", "requested")  # keys made at a site
+    issue_participant(tmp_path, "requested", csr=csr)
     return tmp_path
 
 
 def test_every_file_certs_writes_is_lint_clean_and_strictly_parsed(ca_dir: Path) -> None:
     pems = sorted(p for p in ca_dir.glob("*.pem"))
-    assert {p.name for p in pems} >= {"ca.pem", "server.pem", "p0.pem", "crl.pem"}
+    assert {p.name for p in pems} >= {"ca.pem", "server.pem", "p0.pem", "crl.pem", "requested.pem"}
     for path in pems:
         assert lint(path) == [], path
         found = list(oids(_pem_blocks(path)[0]))
