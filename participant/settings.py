@@ -136,8 +136,9 @@ class ParticipantSettings:
     other name in a plan is refused, so a coordinator cannot make a site import code."""
     identity_key: Path | None = None
     """Ed25519 identity (PKCS#8 PEM); default ``state_dir/identity.key``. ``spherecal
-    certs issue`` writes ``NAME.identity.key``; ``spherecal participant --config F
-    --init`` creates one at this path if there is none. A configured path that does not
+    certs request`` writes ``NAME.identity.key`` at the site (``certs issue`` without a
+    request, at the CA: for trials); ``spherecal participant --config F --init``
+    creates one at this path if there is none. A configured path that does not
     exist is an error naming it (a typo never makes a new identity); the default key is
     created by itself only on a site's first start, never beside an existing history in
     ``state_dir``."""
