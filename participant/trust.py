@@ -48,8 +48,7 @@ from cryptography.exceptions import InvalidSignature
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import (
     CertificateError,
-    certificate_identity,
-    identity_key_from_certificate,
+    certificate_binding,
 )
 
 if TYPE_CHECKING:
@@ -215,8 +214,7 @@ class DirectoryTrust:
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
             raise UntrustedDirectory(f"certificate of {pid!r} is expired or not yet valid")
         try:
-            named = certificate_identity(cert)
-            bound = identity_key_from_certificate(cert)
+            named, bound = certificate_binding(cert)
         except CertificateError as exc:
             raise UntrustedDirectory(f"certificate of {pid!r}: {exc}") from None
         if named != pid:

@@ -52,6 +52,7 @@ __all__ = [
     "LEGACY_IDENTITY_EXTENSION_OID",
     "LEGACY_URI_PREFIX",
     "CertificateError",
+    "certificate_binding",
     "certificate_identity",
     "identity_key_from_certificate",
     "identity_san",
@@ -183,6 +184,15 @@ def certificate_identity(cert: x509.Certificate | x509.CertificateSigningRequest
         if named != cn:
             raise CertificateError(f"certificate SAN {uri!r} disagrees with its CN {cn!r}")
     return cn
+
+
+def certificate_binding(
+    cert: x509.Certificate | x509.CertificateSigningRequest,
+) -> tuple[str, bytes | None]:
+    """``(participant id, identity key or None)`` a certificate or a request binds:
+    :func:`certificate_identity` and :func:`identity_key_from_certificate` together,
+    each refusal a :class:`CertificateError`."""
+    return certificate_identity(cert), identity_key_from_certificate(cert)
 
 
 def load_identity_key(path: str | Path) -> Ed25519PrivateKey:

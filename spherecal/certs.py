@@ -56,8 +56,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from spherecal.crypto import generate_identity
 from spherecal.proto.identity import (
     CertificateError,
-    certificate_identity,
-    identity_key_from_certificate,
+    certificate_binding,
     identity_san,
     load_identity_key,
     public_key_bytes,
@@ -230,8 +229,7 @@ def _requested_keys(
     if not request.is_signature_valid:
         raise ValueError(f"--csr {str(csr)!r}: its signature does not verify")
     try:
-        named = certificate_identity(request)
-        identity = identity_key_from_certificate(request)
+        named, identity = certificate_binding(request)
     except CertificateError as exc:
         raise ValueError(f"--csr {str(csr)!r}: {exc}") from None
     if named != name:

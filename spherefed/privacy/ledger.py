@@ -337,31 +337,8 @@ class PrivacyLedger:
     def check(self, subject: str, charge: PrivacyCharge) -> float:
         """Raise :class:`BudgetExceeded` if ``charge`` would cross a limit; else return
         the projected composed ε."""
-        if not math.isclose(charge.delta, self.budget.delta, rel_tol=1e-12):
-            raise ValueError(
-                f"charge δ = {charge.delta} differs from the budget's δ = {self.budget.delta}"
-            )
-        charges = [e.charge for e in self.store.entries(subject)]
-        spent = self._compose(charges).epsilon
-        projected = self._compose([*charges, charge]).epsilon
-        b, tol = self.budget, 1 + self.budget.tolerance
-        limits = (
-            ("per_release", b.epsilon_per_release, charge.epsilon),
-            ("total", b.total_epsilon, projected),
-        )
-        for limit, budget_eps, value in limits:
-            if budget_eps is not None and value > budget_eps * tol:
-                raise BudgetExceeded(
-                    subject=subject,
-                    limit=limit,
-                    budget_epsilon=budget_eps,
-                    spent_epsilon=spent,
-                    release_epsilon=charge.epsilon,
-                    projected_epsilon=projected,
-                    delta=b.delta,
-                    release_kind=charge.kind,
-                )
-        return projected
+        spent_on = [e.charge for e in self.store.entries(subject)]
+        return self._check(subject, charge, charge, spent_on)
 
     def check_plan(
         self, subject: str, each: PrivacyCharge, whole: PrivacyCharge, *, own_prefix: str
@@ -377,16 +354,28 @@ class PrivacyLedger:
         tells the asker ``budget / ε`` and with it the count. Checked against the
         whole plan the answer is the same at every release of the plan, after every
         restart (its own charges are left out), so the plan reveals one bit. Raises
-        :class:`BudgetExceeded` (``release_epsilon`` is the plan's, ``whole``)."""
+        :class:`BudgetExceeded` (``release_epsilon`` is ``each``'s for the
+        per-release target, the plan's for the total)."""
+        spent_on = [
+            e.charge for e in self.store.entries(subject) if not e.release_id.startswith(own_prefix)
+        ]
+        self._check(subject, each, whole, spent_on)
+
+    def _check(
+        self,
+        subject: str,
+        each: PrivacyCharge,
+        whole: PrivacyCharge,
+        spent_on: list[PrivacyCharge],
+    ) -> float:
+        """``each`` within the per-release target and ``whole`` composed with
+        ``spent_on`` within the total, or :class:`BudgetExceeded`; the projected ε."""
         if not math.isclose(whole.delta, self.budget.delta, rel_tol=1e-12):
             raise ValueError(
                 f"charge δ = {whole.delta} differs from the budget's δ = {self.budget.delta}"
             )
-        others = [
-            e.charge for e in self.store.entries(subject) if not e.release_id.startswith(own_prefix)
-        ]
-        spent = self._compose(others).epsilon
-        projected = self._compose([*others, whole]).epsilon
+        spent = self._compose(spent_on).epsilon
+        projected = self._compose([*spent_on, whole]).epsilon
         b, tol = self.budget, 1 + self.budget.tolerance
         limits = (
             ("per_release", b.epsilon_per_release, each.epsilon, each),
@@ -404,6 +393,7 @@ class PrivacyLedger:
                     delta=b.delta,
                     release_kind=whole.kind,
                 )
+        return projected
 
     def charge(
         self, subject: str, charge: PrivacyCharge, *, release_id: str, job_id: str = ""
