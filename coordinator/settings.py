@@ -74,7 +74,9 @@ class ModelSettings:
     classifier: str = "orthonormal"
     """Classifier: ``orthonormal`` (SphereFed's fixed one) or learned."""
     num_classes: int = 10
-    """Must match every participant's data (checked at join); ``dataset`` fills it."""
+    """The model's classes; ``dataset`` fills it. Each site checks its own labels
+    against it (a site without the highest classes takes part; one with labels beyond
+    it refuses the plan) and never sends its label range."""
     in_channels: int = 1
     """Image channels; ``dataset`` fills it."""
     image_size: tuple[int, int] = (8, 8)

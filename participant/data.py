@@ -63,6 +63,25 @@ class LocalData:
         return int(self.test_y.shape[0])
 
 
+def check_fits_model(data: LocalData, num_classes: int, image_shape: tuple[int, int, int]) -> None:
+    """This site's data against the federation's model, checked *here*: labels below
+    the model's class count (a site without the highest classes takes part as it is)
+    and the images' shape. The join carries the images' shape but not the site's
+    label range (``max(label) + 1`` would tell the coordinator whether the site holds
+    any record of the highest classes), so this check is the site's own. A
+    ``ValueError`` names both sides."""
+    if tuple(data.image_shape) != tuple(image_shape):
+        raise ValueError(
+            f"local images are (channels, height, width) = {tuple(data.image_shape)}, the "
+            f"federation's model takes {tuple(image_shape)}"
+        )
+    if data.num_classes > num_classes:
+        raise ValueError(
+            f"local labels reach class {data.num_classes - 1} ([data] num_classes or the "
+            f"highest label), the federation's model has {num_classes} classes"
+        )
+
+
 def fingerprint(data: LocalData, split: str) -> bytes:
     """SHA-256 of one local split's examples and labels (``train``, ``test`` or
     ``validation``): the release ledger's key for "the same data" across

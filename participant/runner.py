@@ -47,7 +47,7 @@ from spherecal.participant.backoff import (
     stop_if_ended,
     wait_if_stopping,
 )
-from spherecal.participant.data import LocalData, fingerprint
+from spherecal.participant.data import LocalData, check_fits_model, fingerprint
 from spherecal.participant.distributed_dpsgd import distributed_step, require_distributed
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
@@ -188,9 +188,8 @@ class ParticipantRunner:
             nonce=nonce,
             signature=self.identity.sign(join_payload(self.pid, key, ts, nonce)),
             software_version=SOFTWARE_VERSION,
-            data=pb.DataShape(
-                num_classes=self.data.num_classes, in_channels=c, image_height=h, image_width=w
-            ),
+            # the images' format; not the site's label range (checked here, below)
+            data=pb.DataShape(num_classes=0, in_channels=c, image_height=h, image_width=w),
         )
         reply = self.transport.join(request)
         refused = refuse_extractor(reply.plan.model.extractor, self.settings.extractors)
@@ -206,6 +205,10 @@ class ParticipantRunner:
             try:
                 with self._compute_slot():
                     trainer = LocalTrainer(reply.plan, self.data)
+                    spec = trainer.spec
+                    size = spec.image_size
+                    hw = (size, size) if isinstance(size, int) else (size[0], size[1])
+                    check_fits_model(self.data, spec.num_classes, (spec.in_channels, *hw))
             except ValueError as exc:  # e.g. an algorithm this build does not know
                 raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
             self.plan = reply.plan

@@ -56,8 +56,11 @@ class DataSettings:
     """Whole mode, ``npz``/``digits`` with ``x``, ``y`` only: the stratified share held
     out as the local test split (docs/data.md)."""
     num_classes: int | None = None
-    """Whole mode: the federation's number of classes when this site's labels do not
-    reach the highest one (default: ``max(label) + 1``)."""
+    """Whole mode: this site's number of classes when its labels do not reach the
+    highest one (default: ``max(label) + 1``). Checked here against the federation's
+    model at join (labels beyond the model's classes refuse the plan); never sent —
+    the join says nothing of the site's label range, so it is not needed to take
+    part without the highest classes."""
     test_root: str | None = None
     """Whole mode, ``npz``: a separate test file (its ``x``, ``y``); then all of
     ``root`` trains and ``test_fraction`` is unused."""

@@ -185,14 +185,24 @@ class CoordinatorService:
             )
 
     def _check_data_shape(self, shape: pb.DataShape) -> None:
+        """The site's images against the model. A site sends ``num_classes = 0``: its
+        label range is its data (whether it holds the highest classes), so it checks
+        its labels against the plan itself (``participant.data.check_fits_model``); a
+        non-zero count (an older site) must still match."""
         m = self.settings.model
-        want = (m.num_classes, m.in_channels, m.image_size[0], m.image_size[1])
-        got = (shape.num_classes, shape.in_channels, shape.image_height, shape.image_width)
+        want = (m.in_channels, m.image_size[0], m.image_size[1])
+        got = (shape.in_channels, shape.image_height, shape.image_width)
         if got != want:
             raise ServiceError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"local data (classes, channels, height, width) = {got} does not fit the "
+                f"local images (channels, height, width) = {got} do not fit the "
                 f"federation's model {want}",
+            )
+        if shape.num_classes not in (0, m.num_classes):
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"local data has {shape.num_classes} classes, the federation's model "
+                f"{m.num_classes}",
             )
 
     def heartbeat(self, request: pb.HeartbeatRequest, peer: Peer) -> pb.HeartbeatReply:

@@ -71,6 +71,12 @@ def test_join_and_authentication_boundary(plain: Harness) -> None:
         pb.DataShape(num_classes=10, in_channels=3, image_height=8, image_width=8)
     )
     assert code_of(lambda: s.join(bad_shape, Peer())) is grpc.StatusCode.INVALID_ARGUMENT
+    other_classes = plain.join_request("p0")  # an older site's label range, not the model's
+    other_classes.data.num_classes = 7
+    assert code_of(lambda: s.join(other_classes, Peer())) is grpc.StatusCode.INVALID_ARGUMENT
+    unsent = plain.join_request("p1")  # today's site: no label range, the images fit
+    unsent.data.num_classes = 0
+    assert s.join(unsent, Peer()).session
     plain.join("p0")
     stale = pb.Caller(participant_id="p0", session="not-a-session")
     assert code_of(lambda: s.heartbeat(pb.HeartbeatRequest(caller=stale), Peer())) is (
