@@ -15,7 +15,7 @@ from spherecal.cli.exit_codes import ExitCode
 __all__ = ["HELP", "NAME", "register", "run"]
 
 NAME = "certs"
-HELP = "make a development CA and certificates for mutual TLS"
+HELP = "a CA, certificates from the sites' requests, and the members the sites pin (mutual TLS)"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
