@@ -13,7 +13,9 @@ site admits every round of the plan it joined or none
 (:meth:`~spherecal.spherefed.privacy.ledger.PrivacyLedger.check_plan`, its own rounds
 left out of what it has spent, so the answer is the same at every round and after a
 restart), and its refusal names the budget, never the ε
-(:func:`spherecal.participant.failures.wire_reason`): one bit per federation.
+(:func:`spherecal.participant.failures.wire_reason`): a comparison with the budget,
+once per federation (again if the federation's DP statistics release is charged
+between two rounds: it counts as spent for the rounds to come).
 """
 
 from __future__ import annotations

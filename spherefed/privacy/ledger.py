@@ -353,7 +353,9 @@ class PrivacyLedger:
         refuses at the first release that no longer fits, and *which* release that is
         tells the asker ``budget / ε`` and with it the count. Checked against the
         whole plan the answer is the same at every release of the plan, after every
-        restart (its own charges are left out), so the plan reveals one bit. Raises
+        restart (its own charges are left out): the plan reveals one comparison with
+        the budget, again only when a release outside it is charged between two of
+        its releases. Raises
         :class:`BudgetExceeded` (``release_epsilon`` is ``each``'s for the
         per-release target, the plan's for the total)."""
         spent_on = [

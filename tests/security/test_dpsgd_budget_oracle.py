@@ -7,7 +7,7 @@ checked its budget round by round stopped at round ``⌊budget / ε(n)⌋ + 1`` 
 round told the coordinator ``ε(n)`` — and its refusal named ``ε(n)`` to four digits.
 Now the site admits the plan's rounds all or none, its own rounds of the plan left out
 of what it has spent, so every round of a federation gets the same answer, and the
-refusal names the budget, never that ε: one bit per federation.
+refusal names the budget, never that ε: a comparison with the budget per federation.
 
 Real trainers on slices of the digits dataset (two sites, different counts), the real
 Opacus DP-SGD step, the real SQLite ledger; the accountant's numbers are checked
