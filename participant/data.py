@@ -35,6 +35,7 @@ from spherecal.participant.settings import DataSettings
 from spherecal.spherefed.data import ArrayDataset, load_dataset, load_npz_pair
 from spherecal.spherefed.data.arrays import stratified_split
 from spherecal.spherefed.fl import derive_seed
+from spherecal.spherefed.network import ModelSpec
 from spherecal.spherefed.partition import partition
 from spherecal.spherefed.reference import FederationData, ReferenceConfig, prepare_data
 
@@ -63,13 +64,16 @@ class LocalData:
         return int(self.test_y.shape[0])
 
 
-def check_fits_model(data: LocalData, num_classes: int, image_shape: tuple[int, int, int]) -> None:
+def check_fits_model(data: LocalData, spec: ModelSpec) -> None:
     """This site's data against the federation's model, checked *here*: labels below
     the model's class count (a site without the highest classes takes part as it is)
     and the images' shape. The join carries the images' shape but not the site's
     label range (``max(label) + 1`` would tell the coordinator whether the site holds
     any record of the highest classes), so this check is the site's own. A
     ``ValueError`` names both sides."""
+    size = spec.image_size
+    image_shape = (spec.in_channels, *((size, size) if isinstance(size, int) else size))
+    num_classes = spec.num_classes
     if tuple(data.image_shape) != tuple(image_shape):
         raise ValueError(
             f"local images are (channels, height, width) = {tuple(data.image_shape)}, the "

@@ -205,10 +205,7 @@ class ParticipantRunner:
             try:
                 with self._compute_slot():
                     trainer = LocalTrainer(reply.plan, self.data)
-                    spec = trainer.spec
-                    size = spec.image_size
-                    hw = (size, size) if isinstance(size, int) else (size[0], size[1])
-                    check_fits_model(self.data, spec.num_classes, (spec.in_channels, *hw))
+                    check_fits_model(self.data, trainer.spec)
             except ValueError as exc:  # e.g. an algorithm this build does not know
                 raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
             self.plan = reply.plan
