@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import ray  # spherecal.engines chose the authentication mode before this import
 
-from spherecal.certs import DEFAULT_HOSTS, init_ca, issue_participant
+from spherecal.certs import DEFAULT_HOSTS
 from spherecal.config import load_participant_config
 from spherecal.engines.virtual import HostReport, ParticipantHost, VirtualParticipant
 from spherecal.results_schema import SimulationResults
@@ -211,14 +211,9 @@ class RaySimulation(Simulation):
         self._t0_unix = time.time() - (time.monotonic() - self._t0)
 
     # ------------------------------------------------------------------ certs
-    def _make_certs(self) -> None:
-        certs = self.out / "certs"
-        if not (certs / "ca.key").exists():
-            hosts = tuple(dict.fromkeys((*DEFAULT_HOSTS, self.engine.coordinator_host)))
-            init_ca(certs, hosts=hosts)
-        for pid in self.settings.participant_ids:
-            if not (certs / f"{pid}.pem").exists():
-                issue_participant(certs, pid)
+    def _ca_hosts(self) -> tuple[str, ...]:
+        """The coordinator's certificate names its host too: hosts dial it there."""
+        return tuple(dict.fromkeys((*DEFAULT_HOSTS, self.engine.coordinator_host)))
 
     # ------------------------------------------------------------------ ray
     def _connect(self, workers: int) -> None:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from spherecal.certs import init_ca, issue_participant
+from spherecal.certs import DEFAULT_HOSTS, init_ca, issue_participant, request_participant
 from spherecal.coordinator.summary_schema import SummaryDocument
 from spherecal.crypto import identity_public_bytes
 from spherecal.participant.faults import HALT_MARKER
@@ -125,13 +125,20 @@ class Simulation:
             env["SPHERECAL_TEST_FAULTS"] = "1"
         return env
 
+    def _ca_hosts(self) -> tuple[str, ...]:
+        """The names the coordinator's certificate is valid for."""
+        return DEFAULT_HOSTS
+
     def _make_certs(self) -> None:
+        """A CA, each site's keys made as a site makes them (``certs request``) and
+        certified from its request, and the pin file every site uses."""
         certs = self.out / "certs"
         if not (certs / "ca.key").exists():
-            init_ca(certs)
+            init_ca(certs, hosts=self._ca_hosts())
         for pid in self.settings.participant_ids:
             if not (certs / f"{pid}.pem").exists():
-                issue_participant(certs, pid)
+                csr, _, _ = request_participant(certs, pid)
+                issue_participant(certs, pid, csr=csr)
         # every site pins the roster's identity keys ([tls] peer_keys), as the
         # deployment guide's sites do after exchanging `spherecal certs pin` lines
         lines = [

@@ -3,14 +3,18 @@
 The thread and Ray engines' sites once loaded ``[tls] peer_keys`` through their own
 copy of the code, without the check that the file pins the site itself, and the Ray
 engine did not ship the file to its hosts (its sites ran unpinned, saying nothing).
-Both now go through :func:`spherecal.participant.trust.site_directory_trust`: a
-threads federation over real TLS sockets completes with every site pinned, each
-naming the list's fingerprint in its log.
+The Ray engine did not even write the pin file its sites' configs named. Both now go
+through :func:`spherecal.participant.trust.site_directory_trust` and the simulation's
+one certificate step (each site's keys made as a site makes them, certified from its
+request, the roster pinned): a threads and a Ray federation over real TLS sockets
+complete with every site pinned, each naming the list's fingerprint in its log.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,18 +26,34 @@ from spherecal.spherefed.reference import ReferenceConfig
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_threads_sites_pin_their_peers_under_tls(tmp_path: Path) -> None:
-    settings = SimulationSettings(
+def _settings(out: Path) -> SimulationSettings:
+    return SimulationSettings(
         reference=ReferenceConfig(participants=3, model="mlp", rounds=1),
-        out=tmp_path,
+        out=out,
         calibration=("ffc",),
         tls=True,
         timeout_s=240,
     )
-    summary = run_threads_simulation(settings)
+
+
+def _every_site_pinned(out: Path, summary: Mapping[str, Any], logs: str) -> None:
     assert summary["status"] == "completed", summary.get("errors")
-    code = pins_fingerprint(load_peer_keys(tmp_path / "certs" / "peers.txt"))
-    log = (tmp_path / "logs" / "participants.log").read_text()
+    assert (out / "certs" / "p0.csr").is_file()  # keys made as a site makes them
+    code = pins_fingerprint(load_peer_keys(out / "certs" / "peers.txt"))
+    log = "\n".join(path.read_text() for path in sorted((out / "logs").glob(logs)))
     for pid in ("p0", "p1", "p2"):
         pinned = [s for s in log.splitlines() if s.startswith(f"[{pid} ") and "peers pinned" in s]
         assert len(pinned) == 1 and "3 members" in pinned[0] and code in pinned[0], pinned
+
+
+def test_threads_sites_pin_their_peers_under_tls(tmp_path: Path) -> None:
+    summary = run_threads_simulation(_settings(tmp_path))
+    _every_site_pinned(tmp_path, summary, "participants.log")
+
+
+def test_ray_sites_pin_their_peers_under_tls(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from spherecal.engines.ray import RayEngineSettings, run_ray_simulation
+
+    summary = run_ray_simulation(_settings(tmp_path), RayEngineSettings(workers=1, worker_cpus=1))
+    _every_site_pinned(tmp_path, summary, "worker-*.log")
