@@ -51,6 +51,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from spherecal.crypto import generate_identity
@@ -177,6 +178,16 @@ def _check_name(name: str) -> None:
         raise ValueError(f"invalid participant id {name!r}")
 
 
+def _identity(path: Path, *, fresh: bool = False) -> Ed25519PrivateKey:
+    """The identity key at ``path``, kept if there (the key the other sites pinned),
+    else (or with ``fresh``) a new one written there, mode 0600."""
+    if path.exists() and not fresh:
+        return load_identity_key(path)
+    identity = generate_identity()
+    save_identity_key(identity, path)
+    return identity
+
+
 def request_participant(directory: Path, name: str) -> list[Path]:
     """At the site: ``NAME.identity.key`` and ``NAME.key`` (each kept if present: a
     renewal keeps the site's identity, which the other sites pinned) and
@@ -186,11 +197,7 @@ def request_participant(directory: Path, name: str) -> list[Path]:
     _check_name(name)
     directory.mkdir(parents=True, exist_ok=True)
     identity_path = directory / f"{name}.identity.key"
-    if identity_path.exists():
-        identity = load_identity_key(identity_path)
-    else:
-        identity = generate_identity()
-        save_identity_key(identity, identity_path)
+    identity = _identity(identity_path)
     key_path = directory / f"{name}.key"
     if key_path.exists():
         loaded = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
@@ -268,11 +275,7 @@ def issue_participant(
         public, identity_public = _requested_keys(name, csr)
     else:
         identity_path = directory / f"{name}.identity.key"
-        if identity_path.exists() and not new_identity:
-            identity = load_identity_key(identity_path)
-        else:
-            identity = generate_identity()
-            save_identity_key(identity, identity_path)
+        identity = _identity(identity_path, fresh=new_identity)
         identity_public = public_key_bytes(identity)
         key = ec.generate_private_key(ec.SECP256R1())
         _write_key(key, directory / f"{name}.key")
