@@ -31,6 +31,7 @@ from spherecal.participant.policy import (
 from spherecal.participant.trust import UntrustedDirectory
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import TensorFormatError
+from spherecal.spherefed.privacy.charge import LOCAL_DPSGD_KIND
 from spherecal.spherefed.privacy.dpsgd import UnsupportedModel
 from spherecal.spherefed.privacy.ledger import BudgetExceeded
 
@@ -154,10 +155,9 @@ LOCAL_WORK_FAILED = (
 an unforeseen error): its message may carry values of the local data."""
 
 
-DATA_DEPENDENT_CHARGES = frozenset({"dpsgd"})
-"""Release kinds whose ε the site computes from its own data (local DP-SGD:
-``spherecal.spherefed.privacy.charge.dpsgd_charge``'s default kind); a refusal of one
-never names that ε."""
+DATA_DEPENDENT_CHARGES = frozenset({LOCAL_DPSGD_KIND})
+"""Release kinds whose ε the site computes from its own data (local DP-SGD); a
+refusal of one never names that ε."""
 
 
 def wire_reason(error: BaseException) -> str:

@@ -17,7 +17,11 @@ import numpy.typing as npt
 
 from spherecal.spherefed.privacy.accounting import ORDERS, dpsgd_rdp, epsilon, gaussian_rdp
 
-__all__ = ["PrivacyCharge", "dpsgd_charge", "gaussian_charge"]
+__all__ = ["LOCAL_DPSGD_KIND", "PrivacyCharge", "dpsgd_charge", "gaussian_charge"]
+
+LOCAL_DPSGD_KIND = "dpsgd"
+"""The kind of a site's local DP-SGD charge: its ε follows the site's example count
+(sampling rate ``1/⌈n/b⌉``), unlike every charge planned from public inputs."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def dpsgd_charge(
     delta: float,
     *,
     max_grad_norm: float,
-    kind: str = "dpsgd",
+    kind: str = LOCAL_DPSGD_KIND,
 ) -> PrivacyCharge:
     """A DP-SGD run (Poisson-sampled, per-example clipping at ``max_grad_norm``)."""
     return PrivacyCharge.from_curve(
