@@ -537,6 +537,14 @@ class CoordinatorSettings:
     can claim; raise it for larger sites. It also sizes the secure-aggregation rings:
     the update bound (``[secure_aggregation] update_bound = 0``) and, with a unit-norm
     head, every entry of a site's statistics (``statistics_bound = 0``)."""
+    example_count_noise_sd: int = 4
+    """Standard deviation (examples) of the DP noise each site adds, once per
+    federation, to the example count its training updates are weighted by
+    (``spherecal.participant.example_weight``): stated in the plan, it widens the
+    integrity checks that compare the rounds' weights ``Σ ñ_k`` with the statistics'
+    counts and the bound by ``NOISE_SDS`` of that noise. A site whose own ``[policy]
+    example_count_noise_sd`` is larger refuses the plan; 0 admits only sites that
+    send their exact count (their weakening, not the coordinator's)."""
     validation_gate: bool = True
     """Ship no calibrated head (FFC, CCVR, FFC+bias, LDA, QDA) that scores worse on
     the federated validation split than the uncalibrated model beyond the
@@ -569,6 +577,11 @@ class CoordinatorSettings:
     def __post_init__(self) -> None:
         if self.max_examples_per_site < 1:
             raise ValueError("max_examples_per_site must be >= 1")
+        sd = self.example_count_noise_sd
+        if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 1_000_000:
+            raise ValueError(
+                f"example_count_noise_sd must be an integer in [0, 1000000] examples, got {sd!r}"
+            )
         if self.round_gate not in ROUND_GATES:
             raise ValueError(f"round_gate must be one of {ROUND_GATES}, got {self.round_gate!r}")
         if not (math.isfinite(self.gate_sigmas) and self.gate_sigmas >= 0):

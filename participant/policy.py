@@ -27,6 +27,7 @@ from spherecal.spherefed.privacy.evaluation_noise import (
 )
 
 __all__ = [
+    "DEFAULT_EXAMPLE_COUNT_NOISE_SD",
     "DEFAULT_MAX_EVALUATION_HEADS",
     "DEFAULT_MAX_VALIDATION_HEADS",
     "DEFAULT_SHARE_WAIT_S",
@@ -42,6 +43,10 @@ __all__ = [
 DEFAULT_MAX_EVALUATION_HEADS = 2
 """FFC and CCVR: the calibrated heads a federation evaluates besides the model's own."""
 
+DEFAULT_EXAMPLE_COUNT_NOISE_SD = 4
+"""σ (examples) of the DP noise on the example count a site's training updates are
+weighted by, drawn once per federation (:mod:`spherecal.participant.example_weight`):
+ε ≈ 1.0 at δ = 1e-5 per federation."""
 DEFAULT_SHARE_WAIT_S = 900.0
 """The coordinator's default first-stage deadline (``[timeouts] round_s``): an honest
 coordinator sends the share step (or moves on) within it."""
@@ -153,6 +158,13 @@ class PolicySettings:
     (counts) that any guaranteed set of contributors reaches on every entry of the
     sum (:mod:`spherecal.spherefed.privacy.evaluation_noise`). 0: exact counts, which
     two evaluations over rosters that differ by this site give exactly (logged)."""
+    example_count_noise_sd: int = DEFAULT_EXAMPLE_COUNT_NOISE_SD
+    """Standard deviation (examples) of the discrete Gaussian noise on the example
+    count this site's training updates are weighted by (FedAvg's ``n_k``), drawn once
+    per federation and used in every round (:mod:`spherecal.participant.example_weight`):
+    the count is the same every round, so rounds over rosters that differ by this site
+    would otherwise give it exactly. A plan whose ``[federation]
+    example_count_noise_sd`` is below this is refused. 0: the exact count (logged)."""
     max_evaluation_heads: int = DEFAULT_MAX_EVALUATION_HEADS
     """Most calibrated heads one evaluation may carry (besides the model's own)."""
     max_validation_heads: int = DEFAULT_MAX_VALIDATION_HEADS
@@ -218,6 +230,16 @@ class PolicySettings:
         sd = self.evaluation_noise_sd
         if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not 0 <= sd <= 1e6:
             raise ValueError(f"policy evaluation_noise_sd must be in [0, 1e6] counts, got {sd!r}")
+        count_sd = self.example_count_noise_sd
+        if (
+            isinstance(count_sd, bool)
+            or not isinstance(count_sd, int)
+            or not 0 <= count_sd <= 1_000_000
+        ):
+            raise ValueError(
+                f"policy example_count_noise_sd must be an integer in [0, 1000000] examples, "
+                f"got {count_sd!r}"
+            )
         heads = self.max_evaluation_heads
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 0:
             raise ValueError(f"policy max_evaluation_heads must be an integer >= 0, got {heads!r}")
@@ -280,6 +302,18 @@ class PolicySettings:
             out.append(
                 f"evaluation_noise_sd = {self.evaluation_noise_sd:g} (default "
                 f"{DEFAULT_EVALUATION_NOISE_SD:g}): less noise on evaluation counts"
+            )
+        if self.example_count_noise_sd == 0:
+            out.append(
+                "example_count_noise_sd = 0: training updates carry this site's exact example "
+                "count, the same every round; two rounds over rosters that differ by this site "
+                "give it"
+            )
+        elif self.example_count_noise_sd < DEFAULT_EXAMPLE_COUNT_NOISE_SD:
+            out.append(
+                f"example_count_noise_sd = {self.example_count_noise_sd} (default "
+                f"{DEFAULT_EXAMPLE_COUNT_NOISE_SD}): less noise on the example count "
+                "training updates are weighted by"
             )
         if self.max_evaluation_heads > DEFAULT_MAX_EVALUATION_HEADS:
             out.append(

@@ -37,6 +37,11 @@ One rule per purpose (the family of a kind, :func:`family_of`):
   (each one's noise is fresh while its counts can be asked for again for free — a
   model moved by one ulp is a new key — so their number bounds how far the noise
   averages down).
+* the training weight (table ``site_example_counts``): the example count every
+  update of a federation is weighted by, drawn once per federation with DP noise
+  and reused in every round and after a restart
+  (:mod:`spherecal.participant.example_weight`), so any number of rounds over any
+  rosters is one release of it.
 
 When a release counts: a job is *reserved* when the site admits the task and
 *consumed* the moment its input leaves (right before the first masked chunk, or the
@@ -55,7 +60,7 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,7 @@ __all__ = [
     "EVALUATE",
     "EVALUATION",
     "INPUT",
+    "ExampleCount",
     "REFUSAL",
     "MOMENTS",
     "TRAINING",
@@ -109,6 +115,18 @@ CREATE TABLE IF NOT EXISTS site_releases (
     signers     TEXT,
     answer      TEXT,
     PRIMARY KEY (participant, job)
+);
+CREATE TABLE IF NOT EXISTS site_example_counts (
+    participant TEXT NOT NULL,
+    federation  TEXT NOT NULL,
+    count       INTEGER NOT NULL,
+    released    INTEGER NOT NULL,
+    sd          INTEGER NOT NULL,
+    epsilon     REAL,
+    delta       REAL,
+    noise       TEXT,
+    at          REAL NOT NULL,
+    PRIMARY KEY (participant, federation)
 );
 CREATE TABLE IF NOT EXISTS site_refusals (
     participant TEXT NOT NULL,
@@ -168,6 +186,35 @@ class Release:
     @property
     def family(self) -> str:
         return family_of(self.kind)
+
+
+@dataclass(frozen=True)
+class ExampleCount:
+    """A federation's training weight: the example count ``count`` it was drawn for
+    and the value ``released`` that every update of the federation carries."""
+
+    federation: str
+    count: int
+    released: int
+    sd: int
+    """Standard deviation (examples) of the discrete Gaussian noise; 0: exact."""
+    epsilon: float | None
+    """ε of the release at ``delta`` (``None`` when exact: no bound)."""
+    delta: float | None
+    noise: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> ExampleCount:
+        federation, count, released, sd, eps, delta, noise = row
+        return cls(
+            federation=str(federation),
+            count=int(count),
+            released=int(released),
+            sd=int(sd),
+            epsilon=None if eps is None else float(eps),
+            delta=None if delta is None else float(delta),
+            noise=json.loads(noise) if noise else {},
+        )
 
 
 _COLUMNS = "job, kind, federation, model, data, content, round, noised"
@@ -448,6 +495,53 @@ class ReleaseLedger:
                 "at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (self.participant, task, kind, rule, reason[:300], federation, time.time()),
             )
+
+    def example_count(self, federation: str) -> ExampleCount | None:
+        """The training weight this site released in ``federation``, if any."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT federation, count, released, sd, epsilon, delta, noise "
+                "FROM site_example_counts WHERE participant = ? AND federation = ?",
+                (self.participant, federation),
+            ).fetchone()
+        return None if row is None else ExampleCount.from_row(row)
+
+    def record_example_count(self, drawn: ExampleCount) -> ExampleCount:
+        """Keep ``drawn`` as this federation's training weight unless one is already
+        kept, and return the one kept: the first draw wins, also against a concurrent
+        one, so every round of a federation leaves with the same value."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO site_example_counts (participant, federation, count, "
+                "released, sd, epsilon, delta, noise, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self.participant,
+                    drawn.federation,
+                    drawn.count,
+                    drawn.released,
+                    drawn.sd,
+                    drawn.epsilon,
+                    drawn.delta,
+                    json.dumps(drawn.noise, sort_keys=True),
+                    time.time(),
+                ),
+            )
+            row = self._conn.execute(
+                "SELECT federation, count, released, sd, epsilon, delta, noise "
+                "FROM site_example_counts WHERE participant = ? AND federation = ?",
+                (self.participant, drawn.federation),
+            ).fetchone()
+        return ExampleCount.from_row(row)
+
+    def example_counts(self) -> list[ExampleCount]:
+        """Every training weight this site released, oldest first (audit)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT federation, count, released, sd, epsilon, delta, noise "
+                "FROM site_example_counts WHERE participant = ? ORDER BY at",
+                (self.participant,),
+            ).fetchall()
+        return [ExampleCount.from_row(r) for r in rows]
 
     def released(self) -> list[tuple[str, str, str]]:
         """(job, kind, federation) of every consumed release (tests, audit)."""

@@ -57,6 +57,7 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
+from spherecal.participant.example_weight import check_plan_noise, reweigh, training_weight
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
@@ -206,6 +207,10 @@ class ParticipantRunner:
                 with self._compute_slot():
                     trainer = LocalTrainer(reply.plan, self.data)
                     check_fits_model(self.data, trainer.spec)
+                    check_plan_noise(
+                        int(reply.plan.example_count_noise_sd),
+                        self.policy.example_count_noise_sd,
+                    )
             except ValueError as exc:  # e.g. an algorithm this build does not know
                 raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
             self.plan = reply.plan
@@ -551,6 +556,14 @@ class ParticipantRunner:
             f"round {task.round + 1}: trained {result.num_steps} steps on {result.num_samples} "
             f"samples in {time.monotonic() - t0:.1f}s"
         )
+        weight = training_weight(
+            self.releases,
+            self._federation(),
+            result.num_samples,
+            self.policy.example_count_noise_sd,
+            self.log,
+        )
+        result = reweigh(result, trainer.strategy.sums, weight)
         payload = trainer.flatten(result)
         if self.adversary is not None and task.HasField("secure"):
             payload = self.adversary.update(

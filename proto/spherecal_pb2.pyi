@@ -220,7 +220,7 @@ class JoinReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes", "sum_scales")
+    __slots__ = ("federation_id", "model", "training", "rounds", "heartbeat_interval_ms", "secure_updates", "secure_statistics", "calibration", "participant_index", "num_participants", "max_chunk_bytes", "sum_scales", "example_count_noise_sd")
     class SumScalesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class Plan(_message.Message):
     NUM_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     SUM_SCALES_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_COUNT_NOISE_SD_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model: ModelSpec
     training: LocalTraining
@@ -252,7 +253,8 @@ class Plan(_message.Message):
     num_participants: int
     max_chunk_bytes: int
     sum_scales: _containers.ScalarMap[str, float]
-    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., sum_scales: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    example_count_noise_sd: int
+    def __init__(self, federation_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rounds: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., secure_updates: _Optional[bool] = ..., secure_statistics: _Optional[bool] = ..., calibration: _Optional[_Iterable[str]] = ..., participant_index: _Optional[int] = ..., num_participants: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., sum_scales: _Optional[_Mapping[str, float]] = ..., example_count_noise_sd: _Optional[int] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("extractor", "head", "norm", "classifier", "classifier_seed", "init_seed", "num_classes", "in_channels", "image_height", "image_width", "feature_dim")

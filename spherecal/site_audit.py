@@ -20,6 +20,11 @@ What it flags:
   the ε the two cost together.
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice).
+* **training weights** — the example count each federation's updates were weighted
+  by (table ``site_example_counts``, :mod:`spherecal.participant.example_weight`):
+  drawn once per federation with DP noise, so every round of it carries the same
+  value; each one's ε is added to the site's total. One with ``sd`` 0 left exactly
+  (``[policy] example_count_noise_sd = 0``).
 * **exact moments of changed data** — two *exact* releases of the per-class moments
   in different federations from different fingerprints of this site's data. The
   default rules refuse the second (since 2026-11-27); it is admitted under
@@ -55,6 +60,7 @@ __all__ = [
     "DifferencingPair",
     "SiteAudit",
     "SiteAuditError",
+    "SiteExampleCount",
     "SiteRefusal",
     "SiteRelease",
     "format_site_audit",
@@ -139,12 +145,26 @@ class ChangedDataPair:
 
 
 @dataclass(frozen=True)
+class SiteExampleCount:
+    """The training weight one federation's updates carried (module docstring)."""
+
+    participant: str
+    federation: str
+    count: int
+    released: int
+    sd: int
+    epsilon: float | None
+    delta: float | None
+
+
+@dataclass(frozen=True)
 class SiteAudit:
     state_dir: str
     releases: list[SiteRelease]
     refusals: list[SiteRefusal]
     pairs: list[DifferencingPair]
     changed_data: list[ChangedDataPair] = field(default_factory=list)
+    example_counts: list[SiteExampleCount] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -155,6 +175,9 @@ class SiteAudit:
         for r in self.releases:
             if r.state == "released" and r.epsilon is not None:
                 epsilon[r.participant] = epsilon.get(r.participant, 0.0) + r.epsilon
+        for c in self.example_counts:
+            if c.epsilon is not None:
+                epsilon[c.participant] = epsilon.get(c.participant, 0.0) + c.epsilon
         return {
             "state_dir": self.state_dir,
             "ok": self.ok,
@@ -162,6 +185,7 @@ class SiteAudit:
             "refusals": [asdict(r) for r in self.refusals],
             "differencing_pairs": [asdict(p) for p in self.pairs],
             "exact_moments_of_changed_data": [asdict(p) for p in self.changed_data],
+            "example_counts": [asdict(c) for c in self.example_counts],
             "epsilon_total": epsilon,
         }
 
@@ -207,6 +231,14 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
             if "site_refusals" in tables
             else []
         )
+        count_rows = (
+            conn.execute(
+                "SELECT participant, federation, count, released, sd, epsilon, delta "
+                "FROM site_example_counts ORDER BY participant, at"
+            ).fetchall()
+            if "site_example_counts" in tables
+            else []
+        )
     finally:
         conn.close()
     releases = [
@@ -245,12 +277,25 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         )
         for r in refusal_rows
     ]
+    counts = [
+        SiteExampleCount(
+            participant=str(r[0]),
+            federation=str(r[1]),
+            count=int(r[2]),
+            released=int(r[3]),
+            sd=int(r[4]),
+            epsilon=None if r[5] is None else float(r[5]),
+            delta=None if r[6] is None else float(r[6]),
+        )
+        for r in count_rows
+    ]
     return SiteAudit(
         str(state_dir),
         releases,
         refusals,
         differencing_pairs(releases),
         changed_data_pairs(releases),
+        counts,
     )
 
 
@@ -369,6 +414,12 @@ def format_site_audit(audit: SiteAudit) -> str:
     lines.append(f"refusals: {len(audit.refusals)}")
     for f in audit.refusals:
         lines.append(f"  {f.participant} {f.task[:16]} {f.kind}/{f.rule}: {f.reason}")
+    lines.append(f"training weights: {len(audit.example_counts)} (one per federation)")
+    for w in audit.example_counts:
+        noise = f"sd {w.sd}, ε={w.epsilon:.3g}" if w.epsilon is not None else "EXACT count"
+        lines.append(
+            f"  {w.participant} {w.federation}: {w.released} sent for {w.count} examples ({noise})"
+        )
     lines.append(f"exact moments of changed data: {len(audit.changed_data)}")
     for c in audit.changed_data:
         lines.append(
@@ -419,6 +470,17 @@ def site_audit_html(audit: SiteAudit) -> str:
         [c.first[:16], c.first_federation, c.second[:16], c.second_federation, CHANGED_DATA_NOTE]
         for c in audit.changed_data
     ]
+    weights = [
+        [
+            c.participant,
+            c.federation,
+            str(c.count),
+            str(c.released),
+            str(c.sd),
+            "exact" if c.epsilon is None else f"{c.epsilon:.3g}",
+        ]
+        for c in audit.example_counts
+    ]
     verdict = "OK: no exact differencing pair" if audit.ok else "EXACT DIFFERENCING PAIR FOUND"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>spherecal site audit</title>"
@@ -445,6 +507,8 @@ def site_audit_html(audit: SiteAudit) -> str:
         + table(["", "first", "second", "why", "ε together"], pairs)
         + "<h2>Refusals</h2>"
         + table(["site", "task", "kind", "rule", "reason"], refusals)
+        + "<h2>Training weights (one per federation)</h2>"
+        + table(["site", "federation", "examples", "sent", "sd", "ε"], weights)
         + "<h2>Exact moments of changed data</h2>"
         + table(["first", "federation", "second", "federation", "what it means"], changed)
         + "</body></html>"

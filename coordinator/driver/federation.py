@@ -217,6 +217,7 @@ class Federation:
             num_participants=len(s.participants),
             max_chunk_bytes=s.server.max_chunk_bytes,
             sum_scales=self.strategy.scales,
+            example_count_noise_sd=s.example_count_noise_sd,
         )
 
     # ---------------------------------------------------------------- driver

@@ -25,7 +25,11 @@ evaluations and against the bound. With sampled rounds (``sample_fraction < 1``)
 round is compared with a statistics job only when their contributors are the same.
 
 Tolerances: exact (a fixed-point quantum) without DP; with DP noise of standard
-deviation ``σ`` per count entry, ``gate_sigmas · σ · √(entries summed)``.
+deviation ``σ`` per count entry, ``gate_sigmas · σ · √(entries summed)`` (at least
+``NOISE_SDS``). A round's weights are the sites' *released* counts ``ñ_k``, each off
+its count by noise of ``[federation] example_count_noise_sd`` (once per federation;
+``spherecal.participant.example_weight``), so comparisons with them add that noise
+once per contributor.
 
 A disagreement is a typed refusal (:class:`IntegrityCheckFailed`): of the aggregate
 when one sum is out of bound or two statistics disagree (no classifier is built from
@@ -75,6 +79,7 @@ def integrity_record(progress: Progress, settings: Any | None = None) -> dict[st
         record["validation_gate"] = settings.validation_gate
         record["round_gate"] = settings.round_gate
         record["gate_sigmas"] = settings.gate_sigmas
+        record["example_count_noise_sd"] = settings.example_count_noise_sd
     return record
 
 
@@ -165,7 +170,13 @@ def cross_check_statistics(
         count = statistics_count(stats)
         contributors = info.get(kind, {}).get("contributors")
         entries = stats.num_classes if isinstance(stats, CCVRStatistics) else 1
-        slack = _slack(noise_sigma.get(kind, 0.0), entries, sigmas, 1e-6 * max(1.0, count))
+        # the statistics' DP noise on every count entry, and each contributor's noise
+        # on its training weight (``[federation] example_count_noise_sd``)
+        sigma = math.sqrt(
+            noise_sigma.get(kind, 0.0) ** 2 * entries
+            + len(contributors or ()) * float(ctx.settings.example_count_noise_sd) ** 2
+        )
+        slack = _slack(sigma, 1, sigmas, 1e-6 * max(1.0, count))
         compared = 0
         for m in progress.round_metrics:
             weight = m.get("weight")
@@ -173,8 +184,9 @@ def cross_check_statistics(
                 continue
             compared += 1
             detail = (
-                f"round {m['round']} trained on Σ n_k = {float(weight):.6g} examples, the "
-                f"{kind} statistics count {count:.6g} (same {len(contributors)} contributors)"
+                f"round {m['round']} trained on Σ n_k = {float(weight):.6g} examples (the "
+                f"sites' released counts), the {kind} statistics count {count:.6g} (same "
+                f"{len(contributors)} contributors)"
             )
             if abs(float(weight) - count) > slack:
                 failures.append(detail)

@@ -326,10 +326,12 @@ class RoundDriver:
             return "the round's updates carry no samples (weight sum 0)"
         try:
             check_bound(
-                "the round's weight Σ n_k",
+                "the round's weight Σ ñ_k",
                 weight,
                 len(gathered.contributors),
                 s.max_examples_per_site,
+                noise_sigma=float(s.example_count_noise_sd),
+                entries=len(gathered.contributors),
             )
         except IntegrityCheckFailed as exc:
             note(ctx, f"round {r + 1} weight bound", False, str(exc))

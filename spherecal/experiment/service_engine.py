@@ -21,6 +21,13 @@ in-process engine's shape, so selection and the report are shared:
   which can read every participant's data; a real deployment would evaluate
   federatedly.
 
+Its sites weight their updates by their exact example counts (``[policy]
+example_count_noise_sd = 0``, logged by each): a cell measures the algorithm, and
+reproduces the in-process engine's numbers only with the same weights. Like reading
+the validation split, this is a privilege of a harness that holds every
+participant's data; a deployment's sites draw their weights with noise
+(:mod:`spherecal.participant.example_weight`).
+
 The harness never restarts a participant, so the coordinator is told not to wait
 for one to come back before retrying a failed round (``rejoin_grace_s = 0``; the
 back-off stays): a participant whose local training diverged has crashed for good,
@@ -118,6 +125,7 @@ def train_cell_as_service(
             secure_statistics=True,
             threads=threads,
             rejoin_grace_s=0.0,
+            example_count_noise_sd=0,
         )
         try:
             results = run_simulation(settings, factory=factory)

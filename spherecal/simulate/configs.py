@@ -30,7 +30,11 @@ from spherecal.coordinator.settings import (
     TLSSettings,
     TrainingSettings,
 )
-from spherecal.participant.policy import DEFAULT_MAX_EVALUATION_HEADS, PolicySettings
+from spherecal.participant.policy import (
+    DEFAULT_EXAMPLE_COUNT_NOISE_SD,
+    DEFAULT_MAX_EVALUATION_HEADS,
+    PolicySettings,
+)
 from spherecal.participant.settings import ClientTLS, DataSettings, ParticipantSettings
 from spherecal.simulate.settings import SimulationSettings
 from spherecal.spherefed.calibration_suite import CLOSED_FORMS
@@ -77,6 +81,7 @@ def coordinator_settings(
     return CoordinatorSettings(
         participants=s.participant_ids,
         name="simulate",
+        example_count_noise_sd=s.example_count_noise_sd,
         seed=ref.seed,
         state_dir=Path("coordinator/state"),
         out_dir=Path("coordinator/out"),
@@ -276,6 +281,8 @@ def _policy(s: SimulationSettings) -> PolicySettings:
     asked = _evaluations_asked(s)
     if asked > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION:
         relaxed["max_evaluations_per_federation"] = asked
+    if s.example_count_noise_sd != DEFAULT_EXAMPLE_COUNT_NOISE_SD:
+        relaxed["example_count_noise_sd"] = s.example_count_noise_sd
     if len(s.statistics_jobs) > 1:
         relaxed["one_release_per_model"] = False
         relaxed["reuse_data_across_federations"] = True

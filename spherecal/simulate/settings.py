@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spherecal.coordinator.settings import SecAggSettings
+from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD
 from spherecal.simulate.drops import Drop
 from spherecal.simulate.launch import LAUNCHERS
 from spherecal.spherefed.calibration_suite import CALIBRATION_NAMES, CLOSED_FORMS
@@ -56,6 +57,11 @@ class SimulationSettings:
     update_bound: float = SecAggSettings().update_bound
     update_resolution: float = SecAggSettings().update_resolution
     statistics_bound: float = SecAggSettings().statistics_bound
+    example_count_noise_sd: int = DEFAULT_EXAMPLE_COUNT_NOISE_SD
+    """σ (examples) of the noise on every site's training weight, at the coordinator
+    (``[federation]``) and at every site (``[policy]``). 0: each site weights its
+    updates by its exact count, as the reference runner does (tests that compare the
+    two model for model); a weakening each site logs."""
     extra_participant: dict[str, Any] = field(default_factory=dict)
     extra_coordinator: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Extra coordinator TOML tables/keys (tests: ``[admin]``, ``[metrics]``)."""

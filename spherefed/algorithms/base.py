@@ -81,6 +81,12 @@ class NamedSum:
 
     name: str
     per_entry: bool = False
+    example_weighted: bool = False
+    """Whether the site's entry is proportional to its example weight ``n_k``
+    (``n_k Δ_k``, ``n_k``, FedNova's ``n_k‖a_k‖₁``; not SCAFFOLD's ``c_k⁺ − c_k``). A
+    site that weights its update by a released count ``ñ_k`` instead of ``n_k``
+    (``spherecal.participant.example_weight``) scales exactly these entries by
+    ``ñ_k / n_k``; the sum named ``weight`` is the weight itself."""
 
     def size(self, model_length: int) -> int:
         return model_length if self.per_entry else 1

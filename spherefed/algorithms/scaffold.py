@@ -124,8 +124,8 @@ class Scaffold(ServerStrategy):
 
     name: ClassVar[str] = "scaffold"
     sums: ClassVar[tuple[NamedSum, ...]] = (
-        NamedSum("delta", per_entry=True),
-        NamedSum("weight"),
+        NamedSum("delta", per_entry=True, example_weighted=True),
+        NamedSum("weight", example_weighted=True),
         NamedSum("control_delta", per_entry=True),
     )
 

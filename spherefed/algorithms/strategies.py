@@ -100,7 +100,10 @@ class FedAvg(ServerStrategy):
     """FedAvg (McMahan et al. 2017): sample-weighted average of the local updates."""
 
     name: ClassVar[str] = "fedavg"
-    sums: ClassVar[tuple[NamedSum, ...]] = (NamedSum("delta", per_entry=True), NamedSum("weight"))
+    sums: ClassVar[tuple[NamedSum, ...]] = (
+        NamedSum("delta", per_entry=True, example_weighted=True),
+        NamedSum("weight", example_weighted=True),
+    )
 
     def local_step(
         self,
@@ -238,9 +241,9 @@ class FedNova(FedAvg):
 
     name: ClassVar[str] = "fednova"
     sums: ClassVar[tuple[NamedSum, ...]] = (
-        NamedSum("delta", per_entry=True),
-        NamedSum("tau"),
-        NamedSum("weight"),
+        NamedSum("delta", per_entry=True, example_weighted=True),
+        NamedSum("tau", example_weighted=True),
+        NamedSum("weight", example_weighted=True),
     )
 
     def __init__(self, *, server_lr: float = 1.0) -> None:

@@ -48,8 +48,10 @@ class PrivacySettings:
     """Participants assumed to collude with the coordinator (their noise is not counted)."""
     dpsgd: bool = False
     """Participant only: train locally with DP-SGD (Opacus), each round charged to the
-    local ledger and refused over budget. Protects the trained weights; the example
-    count and mean loss sent with each update are not covered."""
+    local ledger and refused over budget. Protects the trained weights; the mean loss
+    sent with each update is not covered, and the example count it is weighted by is
+    released once per federation with its own noise (``[policy]
+    example_count_noise_sd``)."""
     dpsgd_noise_multiplier: float = 1.0
     """Local DP-SGD's σ; with ``updates = "distributed"``: the coordinator's σ of every
     step, and the smallest σ a participant accepts."""

@@ -46,7 +46,11 @@ REFERENCE = ReferenceConfig(
 def service(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("calibrators")
     settings = SimulationSettings(
-        reference=REFERENCE, out=out, calibration=CALIBRATION_NAMES, timeout_s=240
+        reference=REFERENCE,
+        out=out,
+        calibration=CALIBRATION_NAMES,
+        timeout_s=240,
+        example_count_noise_sd=0,  # the reference weights by the exact counts
     )
     return dict[str, Any](run_simulation(settings)), out
 

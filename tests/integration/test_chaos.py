@@ -89,6 +89,9 @@ def _settings(
         timeout_s=WAIT_S,
         # the kills wait for a round's start, a DEBUG line (progress_log)
         extra_coordinator={"server": {"log_level": "debug"}},
+        # exact counts: two federations (or the reference) weight alike only without the
+        # sites' once-per-federation noise on their training weights
+        example_count_noise_sd=0,
     )
 
 

@@ -107,6 +107,9 @@ def _settings(out: Path, drops: tuple[Drop, ...] = ()) -> SimulationSettings:
         # back-off doubles to 2 s): 15 restarts and 10 site kills otherwise wait out
         # about 20 s of back-off in all. What the sites do once back is unchanged.
         extra_participant={"reconnect_max_s": 0.5},
+        # exact counts: two federations (or the reference) weight alike only without the
+        # sites' once-per-federation noise on their training weights
+        example_count_noise_sd=0,
     )
 
 

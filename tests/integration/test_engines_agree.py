@@ -39,6 +39,9 @@ def _settings(out: Path) -> SimulationSettings:
         chunk_entries=1024,  # FFC in 10 chunks: p3's upload is cut mid-stream
         rejoin_grace_s=2.0,  # p3 never comes back: the masked stage need not wait a minute
         timeout_s=300,
+        # exact counts: two federations (or the reference) weight alike only without the
+        # sites' once-per-federation noise on their training weights
+        example_count_noise_sd=0,
     )
 
 

@@ -43,6 +43,9 @@ def secure_run(
         tls=True,
         chunk_entries=8192,
         timeout_s=240,
+        # exact counts: two federations (or the reference) weight alike only without the
+        # sites' once-per-federation noise on their training weights
+        example_count_noise_sd=0,
     )
     return run_simulation(settings), settings
 
@@ -148,6 +151,7 @@ def test_the_64_bit_update_ring_matches_the_reference_runner_to_1e_9(
         calibration=("ffc",),
         update_resolution=0.0,
         timeout_s=240,
+        example_count_noise_sd=0,  # the reference's weights: its exact counts
     )
     results = run_simulation(settings)
     assert results["status"] == "completed"

@@ -157,6 +157,15 @@ def test_wheel_deployment_then_restart_on_the_finished_state(
         )
     summary = json.loads((site / "out" / "summary.json").read_text())
     assert summary["status"] == "completed", summary["status_reasons"]
+    # each site weighted its updates by its count drawn once, with noise (sd 4): both
+    # rounds over the same sites carry the same weight sum
+    for pid in SITES:
+        assert (
+            "training weight: this site's example count with noise of sd 4"
+            in (site / f"{pid}.log").read_text()
+        )
+    first, second = summary["per_round"]
+    assert first["contributors"] == second["contributors"] and first["weight"] == second["weight"]
     for pid in SITES:
         saved = json.loads((site / f"participant-{pid}-out" / "models.json").read_text())
         assert saved["federation_id"] == summary["federation_id"]

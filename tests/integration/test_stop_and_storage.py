@@ -111,6 +111,9 @@ def stopped_twice(tmpfs_state: Path) -> dict[str, Any]:
         secure_updates=False,
         secure_statistics=False,
         timeout_s=300,
+        # exact counts: two federations (or the reference) weight alike only without the
+        # sites' once-per-federation noise on their training weights
+        example_count_noise_sd=0,
     )
     facts: dict[str, Any] = {}
     t0 = time.monotonic()

@@ -56,19 +56,22 @@ class Presence:
         self._stop.set()
 
 
-def hostile_join_reply(federation: str, model: GlobalModel, participants: int) -> pb.JoinReply:
+def hostile_join_reply(
+    federation: str, model: GlobalModel, participants: int, *, rounds: int = 1
+) -> pb.JoinReply:
     """The plan a real runner accepts: secure updates and statistics, one round."""
     plan = pb.Plan(
         federation_id=federation,
         model=model_spec_to_proto(model.spec),
         training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
-        rounds=1,
+        rounds=rounds,
         heartbeat_interval_ms=1000,
         secure_updates=True,
         secure_statistics=True,
         participant_index=0,
         num_participants=participants,
         max_chunk_bytes=1 << 20,
+        example_count_noise_sd=4,
     )
     return pb.JoinReply(session="s", plan=plan)
 
@@ -84,9 +87,11 @@ class HostileTransport:
 
     joined = pb.Plan()
     """The plan of the last join reply (what the site's tasks are bound under)."""
+    rounds = 1
+    """Rounds of the plan the site joins."""
 
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
-        reply = hostile_join_reply(self.federation, self.model, self.peers)
+        reply = hostile_join_reply(self.federation, self.model, self.peers, rounds=self.rounds)
         self.joined = reply.plan
         return reply
 

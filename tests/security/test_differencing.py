@@ -467,6 +467,72 @@ def test_mutation_two_updates_of_one_round_are_identical(
     np.testing.assert_array_equal(first.target_release(), second.target_release())
 
 
+def _rounds_over_two_rosters(
+    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+) -> tuple[HostileRing, float]:
+    """Two rounds of one federation over rosters that differ (an honest dropout is
+    enough); with the others' inputs known, each job gives the target's input,
+    whose ``weight`` entry is what this site weights its update by."""
+    ring = HostileRing(federation="fed", model=model)
+    ring.rounds = 2
+    length = model.length + 2
+    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=k,
+                model=ring.publish(f"global-{k}", model.initial_vector),
+                seed=7 + k,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, job in enumerate(jobs)
+    ]
+    _run(_settings(tmp, **policy), ring, data)
+    assert ring.failures == []
+    return ring, float(data.train_size)
+
+
+def test_rounds_over_two_rosters_give_only_the_released_count(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count is the same every round, so any number of rounds gives it: the site
+    sends the one value it drew for the federation, noised, kept in its ledger with
+    its ε. The draw is pinned here (+3) so the test sees which value left."""
+    from spherecal.participant import example_weight
+
+    monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([3]))
+    ring, n = _rounds_over_two_rosters(tmp_path, model, data)
+    weights = [job.target_release()[model.length] for job in ring.jobs.values()]
+    assert weights == [n + 3, n + 3]
+    (kept,) = release_ledger.ReleaseLedger(
+        tmp_path / "state" / "privacy.db", participant=TARGET
+    ).example_counts()
+    assert (kept.federation, kept.count, kept.released, kept.sd) == ("fed", n, n + 3, 4)
+    assert kept.epsilon is not None and 0.9 < kept.epsilon < 1.1
+    # the update is weighted by the same value (FedAvg's step is then Σ ñ Δ / Σ ñ):
+    # round 1's delta entries are the site's own n·Δ, computed here, times (n + 3)/n
+    local = LocalTrainer(ring.joined, data).train(model.initial_vector, 7)
+    expected = local.payload["delta"] * (n + 3) / n
+    first = next(iter(ring.jobs.values())).target_release()
+    np.testing.assert_allclose(first[: model.length], expected, rtol=0, atol=1e-4)
+    assert np.max(np.abs(expected)) > 1e-2
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    assert [(c["federation"], c["sd"]) for c in report["example_counts"]] == [("fed", 4)]
+    assert report["epsilon_total"][TARGET] == pytest.approx(kept.epsilon)  # no other ε here
+    text = run_site_audit(tmp_path / "state")[1]
+    assert f"fed: {int(n) + 3} sent for {int(n)} examples (sd 4, ε=" in text
+
+
+def test_mutation_an_exact_count_leaves_in_every_round(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring, n = _rounds_over_two_rosters(tmp_path, model, data, example_count_noise_sd=0)
+    weights = [job.target_release()[model.length] for job in ring.jobs.values()]
+    assert weights == [n, n]  # the site's exact count, from either round
+
+
 # ====================================================================== the site's audit
 def test_the_site_audit_flags_the_differencing_pair(
     tmp_path: Path, model: GlobalModel, data: LocalData

@@ -26,6 +26,7 @@ from spherecal.coordinator.state.job_journal import JobJournal
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.spool import Spool
 from spherecal.coordinator.state.store import Store
+from spherecal.participant.policy import PolicySettings
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import public_key_bytes
@@ -207,6 +208,7 @@ def plaintext_federation(
         evaluation=EvaluationSettings(test_dataset="digits"),
         state_dir=tmp / "state",
         out_dir=tmp / "out",
+        example_count_noise_sd=0,  # the reference weights by the exact counts
     )
     ps = [
         ParticipantSettings(
@@ -216,6 +218,7 @@ def plaintext_federation(
             long_poll_ms=300,
             data=DataSettings(slice_index=k, slice_of=n),
             state_dir=tmp / "participants" / p,
+            policy=PolicySettings(example_count_noise_sd=0),
         )
         for k, p in enumerate(ids)
     ]

@@ -32,6 +32,7 @@ from spherecal.coordinator.state.store import Store
 from spherecal.coordinator.summary_schema import CoordinatorSummary
 from spherecal.inprocess_transport import InProcessFederation
 from spherecal.participant.data import load_local_data
+from spherecal.participant.policy import PolicySettings
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.reference import ReferenceConfig, run_reference
@@ -60,6 +61,7 @@ def _settings(tmp: Path, *, secure: bool) -> tuple[CoordinatorSettings, list[Par
         evaluation=EvaluationSettings(test_dataset="digits", federated_every=1 if secure else 0),
         state_dir=tmp / "state",
         out_dir=tmp / "out",
+        example_count_noise_sd=0,  # the reference weights by the exact counts
     )
     ps = [
         ParticipantSettings(
@@ -68,6 +70,7 @@ def _settings(tmp: Path, *, secure: bool) -> tuple[CoordinatorSettings, list[Par
             allow_plaintext=not secure,
             long_poll_ms=300,
             data=DataSettings(slice_index=k, slice_of=N),
+            policy=PolicySettings(example_count_noise_sd=0),
         )
         for k, p in enumerate(ids)
     ]

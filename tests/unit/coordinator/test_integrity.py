@@ -35,6 +35,7 @@ from spherecal.coordinator.driver.validation_gate import margin, noise_band
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.summary_schema import RoundMetrics
 from spherecal.participant.adversary import Adversary, parse_adversary
+from spherecal.participant.example_weight import draw_example_count
 from spherecal.spherefed.classifier import fixed_classifier
 from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics
 from tests.unit.coordinator.helpers import stage_context
@@ -69,7 +70,20 @@ def _federation(adversary: Adversary | None) -> tuple[CCVRStatistics, int]:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> Iterator[StageContext]:
+    """Sites that send their exact example counts (``example_count_noise_sd = 0``):
+    every check at its exact tolerance."""
+    settings = CoordinatorSettings(
+        participants=ROSTER, state_dir=tmp_path, example_count_noise_sd=0
+    )
+    with stage_context(settings, tmp_path) as ctx:
+        yield ctx
+
+
+@pytest.fixture
+def noised_ctx(tmp_path: Path) -> Iterator[StageContext]:
+    """The default: each site's training weight carries noise of sd 4, once."""
     settings = CoordinatorSettings(participants=ROSTER, state_dir=tmp_path)
+    assert settings.example_count_noise_sd == 4
     with stage_context(settings, tmp_path) as ctx:
         yield ctx
 
@@ -134,6 +148,43 @@ def test_the_noise_widens_the_tolerance_and_only_so_far(ctx: StageContext) -> No
     aggregates = {"ccvr": stats}
     cross_check_statistics(ctx, aggregates, {"ccvr": 1.0})  # ≈ 9.5 < 20
     assert aggregates == {}
+
+
+def test_released_weights_agree_with_honest_statistics(noised_ctx: StageContext) -> None:
+    """Sites weight their updates by their counts drawn with noise (the participant's
+    own draw, ``spherecal.participant.example_weight``): honest statistics agree."""
+    stats, n = _federation(None)
+    for _ in range(20):
+        released = sum(draw_example_count("f", 40 + 10 * k, 4).released for k in range(5))
+        noised_ctx.progress.round_metrics.clear()
+        _rounds(noised_ctx, float(released))
+        aggregates: dict = {"ccvr": stats}
+        cross_check_statistics(noised_ctx, aggregates, {})
+        assert "ccvr" in aggregates, released - n
+    assert integrity_reasons(noised_ctx.progress) == []
+
+
+@pytest.mark.parametrize("spec", ["directions:100000", "relabel:300", "directions:10"])
+def test_the_weights_noise_still_refuses_inflated_counts(
+    noised_ctx: StageContext, spec: str
+) -> None:
+    stats, n = _federation(parse_adversary(spec))
+    _rounds(noised_ctx, float(n))
+    aggregates: dict = {"ccvr": stats}
+    cross_check_statistics(noised_ctx, aggregates, {})
+    assert aggregates == {}
+
+
+def test_the_weights_noise_widens_the_tolerance_by_six_sds(noised_ctx: StageContext) -> None:
+    """Five contributors' weights, each off by noise of sd 4: ``6 · 4 · √5 ≈ 53.7``
+    examples — also what one dishonest site can add unseen (the validation gate's)."""
+    stats, n = _federation(None)
+    for off, agrees in ((53.0, True), (-53.0, True), (55.0, False), (-55.0, False)):
+        noised_ctx.progress.round_metrics.clear()
+        _rounds(noised_ctx, float(n) + off)
+        aggregates: dict = {"ccvr": stats}
+        cross_check_statistics(noised_ctx, aggregates, {})
+        assert ("ccvr" in aggregates) is agrees, off
 
 
 def test_rounds_over_other_contributors_are_not_compared(ctx: StageContext) -> None:

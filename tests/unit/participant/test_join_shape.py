@@ -49,6 +49,7 @@ class _Coordinator:
             model=model_spec_to_proto(ModelSpec(extractor="mlp")),
             training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
             rounds=1,
+            example_count_noise_sd=4,
         )
         return pb.JoinReply(session="s", plan=plan)
 

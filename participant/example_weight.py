@@ -1,0 +1,167 @@
+"""A site's training weight: its example count, released once per federation with DP noise.
+
+Why: FedAvg weights each site's update by its example count ``n_k`` (the server step
+``x + Σ n_k Δ_k / Σ n_k``, McMahan et al. 2017; FedProx, FedOpt, SCAFFOLD and FedNova
+weight alike), so every round's sum carries ``Σ n_k``. Secure aggregation hides one
+site's ``n_k`` inside that one sum, but the count is the same in every round of a
+federation: two rounds over rosters that differ by one site — an honest dropout is
+enough, no dishonest coordinator needed — give that site's count exactly (issue #19's
+rule: every value that leaves a site is one accounted release, however many sums it
+is in).
+
+So a site weights its updates by a *released* count instead: ``ñ_k = max(1, n_k + Z)``,
+``Z`` discrete Gaussian ``N_Z(0, σ²)`` (Canonne, Kamath & Steinke 2020), drawn from
+``os.urandom`` (:func:`spherecal.crypto.dp.sample_noise`) the first time an update of
+the federation leaves, kept in the site's release ledger (``state_dir/privacy.db``,
+table ``site_example_counts``) and used for every later round and after a restart.
+Differencing any number of rounds over any rosters then gives ``ñ_k``: one release,
+whose ε is the discrete Gaussian's with sensitivity 1 (one record moves the count by
+one; ``ρ = 1/2σ²``, :func:`~spherecal.spherefed.privacy.accounting.ddg_rdp` with one
+party), recorded beside it and listed by ``spherecal audit --site``. The default
+``σ = 4`` costs ε ≈ 1.0 at δ = 1e-5 per federation; it moves a site of 100 examples'
+weight by 4 % (one sd), which FedAvg's average barely feels. A new federation draws
+again (a new release); a process does not follow one on its own (``[policy]
+follow_new_federation``).
+
+Applying it is exact rescaling: every sum the strategy declares proportional to the
+weight (:attr:`NamedSum.example_weighted <spherecal.spherefed.algorithms.base.NamedSum>`:
+``n_k Δ_k``, ``n_k``, FedNova's ``n_k‖a_k‖₁``) is multiplied by ``ñ_k / n_k``, so the
+server step is FedAvg's with weights ``ñ_k``. The coordinator states the σ its
+integrity checks tolerate in the plan (``Plan.example_count_noise_sd``, ``[federation]
+example_count_noise_sd``); a site whose own σ (``[policy] example_count_noise_sd``) is
+larger refuses the plan, since its honest weight would fail those checks.
+
+What this does not cover: the update ``Δ_k`` itself (``docs/threat_model.md``,
+*Different training rounds*), and FedNova's ``τ`` sum, whose ratio to the weight is
+``‖a_k‖₁``, a function of the local step count ``epochs·⌈n_k/B⌉``: under FedNova the
+count leaks to within the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from spherecal.crypto.dp import DGAUSS, plan_noise, sample_noise
+from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD
+from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
+from spherecal.spherefed.algorithms.base import ClientResult, NamedSum
+from spherecal.spherefed.privacy.accounting import ddg_rdp
+from spherecal.spherefed.privacy.charge import PrivacyCharge
+
+__all__ = [
+    "DEFAULT_EXAMPLE_COUNT_NOISE_SD",
+    "EXAMPLE_COUNT_DELTA",
+    "EXAMPLE_COUNT_KIND",
+    "check_plan_noise",
+    "count_charge",
+    "draw_example_count",
+    "reweigh",
+    "training_weight",
+]
+
+EXAMPLE_COUNT_DELTA = 1e-5
+"""δ at which a training weight's ε is stated."""
+EXAMPLE_COUNT_KIND = "example_count"
+
+
+def count_charge(sd: int, tail_probability: float = 0.0) -> PrivacyCharge:
+    """The privacy cost of one released count with discrete Gaussian noise of ``sd``
+    (sensitivity 1: one record added or removed moves the count by one)."""
+    if sd < 1:
+        raise ValueError(f"a noised count needs sd >= 1, got {sd}")
+    return PrivacyCharge.from_curve(
+        EXAMPLE_COUNT_KIND,
+        DGAUSS,
+        ddg_rdp(float(sd * sd), 1, 1.0, 1.0, 1),
+        EXAMPLE_COUNT_DELTA,
+        tail_probability=tail_probability,
+        noise={"sd": sd},
+        sensitivity={"l1": 1, "l2": 1},
+    )
+
+
+def draw_example_count(federation: str, count: int, sd: int) -> ExampleCount:
+    """A fresh released count for ``count`` examples (exact at ``sd = 0``)."""
+    if count < 0:
+        raise ValueError(f"an example count must be >= 0, got {count}")
+    if sd == 0:
+        return ExampleCount(federation, count, count, 0, None, None, {})
+    plan = plan_noise(
+        float(sd * sd), min_contributors=1, participants=1, length=1, mechanism=DGAUSS
+    )
+    noise = int(sample_noise(plan)[0])
+    charge = count_charge(sd, plan.tail_probability)
+    return ExampleCount(
+        federation=federation,
+        count=count,
+        released=max(1, count + noise),
+        sd=sd,
+        epsilon=charge.epsilon,
+        delta=charge.delta,
+        noise={
+            "mechanism": DGAUSS,
+            "sd": sd,
+            "noise_bound": plan.noise_bound,
+            "tail_probability": plan.tail_probability,
+        },
+    )
+
+
+def training_weight(
+    ledger: ReleaseLedger, federation: str, count: int, sd: int, log: Callable[[str], None]
+) -> int:
+    """The weight this site's updates in ``federation`` carry: the count kept in
+    ``ledger``, else a fresh draw, kept before it is returned (so before any update
+    carries it)."""
+    kept = ledger.example_count(federation)
+    if kept is None:
+        kept = ledger.record_example_count(draw_example_count(federation, count, sd))
+        if kept.sd:
+            log(
+                f"training weight: this site's example count with noise of sd {kept.sd}, "
+                f"drawn once for this federation (epsilon {kept.epsilon:.3g} at delta "
+                f"{kept.delta:g}, in the release ledger)"
+            )
+        else:
+            log(
+                "training weight: this site's exact example count ([policy] "
+                "example_count_noise_sd = 0)"
+            )
+    elif kept.count != count:
+        log(
+            f"training weight: kept from this federation's first round ({kept.count} "
+            f"examples then, {count} now): a new draw would be a second release"
+        )
+    return kept.released
+
+
+def check_plan_noise(plan_sd: int, site_sd: int) -> None:
+    """Refuse a plan whose stated tolerance is below this site's noise: the
+    coordinator's integrity checks would refuse this site's honest weight."""
+    if site_sd > plan_sd:
+        raise ValueError(
+            f"this site weights its updates by its example count with noise of sd "
+            f"{site_sd} ([policy] example_count_noise_sd), but the plan's integrity checks "
+            f"allow sd {plan_sd} ([federation] example_count_noise_sd at the coordinator); "
+            "the coordinator must raise its value, or this site lower its own"
+        )
+
+
+def reweigh(result: ClientResult, sums: Sequence[NamedSum], weight: int) -> ClientResult:
+    """``result`` weighted by ``weight`` instead of its own example count: each sum
+    declared :attr:`~NamedSum.example_weighted` times ``weight / n_k``, the ``weight``
+    sum set to ``weight`` itself."""
+    n = int(result.num_samples)
+    factor = weight / n if n > 0 else 0.0
+    payload = dict(result.payload)
+    for s in sums:
+        if not s.example_weighted or s.name not in payload:
+            continue
+        if s.name == "weight":
+            payload[s.name] = np.asarray(float(weight), dtype=np.float64)
+        else:
+            payload[s.name] = np.asarray(payload[s.name], dtype=np.float64) * factor
+    return replace(result, payload=payload, num_samples=int(weight))

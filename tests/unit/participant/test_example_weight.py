@@ -1,0 +1,240 @@
+"""A site's training weight: its example count, released once per federation.
+
+Every round's sum carries the sites' weights, and the count is the same every round,
+so two rounds over rosters that differ by one site give that site's weight. The
+site therefore weights by ``max(1, n + Z)``, ``Z`` discrete Gaussian, drawn once per
+federation and kept in its release ledger: the same value every round and after a
+restart, a new one only in a new federation, its ε recorded (computed here from the
+RDP curve ``α/2σ²``). Reweighing scales exactly the sums proportional to ``n``."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spherecal import crypto
+from spherecal.crypto.replay import MemoryJobLedger
+from spherecal.participant import example_weight
+from spherecal.participant.backoff import ParticipantExit
+from spherecal.participant.data import load_local_data
+from spherecal.participant.example_weight import (
+    EXAMPLE_COUNT_DELTA,
+    check_plan_noise,
+    count_charge,
+    draw_example_count,
+    reweigh,
+    training_weight,
+)
+from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD, PolicySettings
+from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
+from spherecal.participant.runner import ParticipantRunner
+from spherecal.participant.settings import DataSettings, ParticipantSettings
+from spherecal.participant.trust import DirectoryTrust
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.codec import model_spec_to_proto
+from spherecal.spherefed.algorithms.base import AlgorithmSettings, ClientResult, as_payload
+from spherecal.spherefed.algorithms.registry import configured_strategy
+from spherecal.spherefed.network import ModelSpec
+from spherecal.spherefed.privacy.accounting import ORDERS
+
+
+def _epsilon(sd: int, delta: float) -> float:
+    """Balle et al. 2020 Thm. 21 on ``ε(α) = α/2σ²`` (the discrete Gaussian with
+    sensitivity 1, CKS20), minimised over the ledger's orders: computed here."""
+    best = math.inf
+    for a in ORDERS:
+        rdp = math.ceil(a) / (2.0 * sd * sd)
+        eps = rdp - (math.log(delta) + math.log(a)) / (a - 1) + math.log((a - 1) / a)
+        best = min(best, eps)
+    return best
+
+
+def test_the_charge_is_the_discrete_gaussians() -> None:
+    for sd in (1, 4, 9):
+        charge = count_charge(sd)
+        assert charge.epsilon == pytest.approx(_epsilon(sd, EXAMPLE_COUNT_DELTA), rel=1e-9)
+        assert charge.kind == "example_count" and charge.delta == EXAMPLE_COUNT_DELTA
+    # the default: about 1 per federation
+    assert 0.9 < count_charge(DEFAULT_EXAMPLE_COUNT_NOISE_SD).epsilon < 1.1
+    with pytest.raises(ValueError, match="sd >= 1"):
+        count_charge(0)
+
+
+def test_draws_are_the_count_plus_bounded_noise_of_the_stated_sd() -> None:
+    n, sd = 500, 4
+    draws = np.array([draw_example_count("f", n, sd).released for _ in range(4000)])
+    first = draw_example_count("f", n, sd)
+    assert first.sd == sd and first.epsilon == pytest.approx(count_charge(sd).epsilon)
+    assert np.all(np.abs(draws - n) <= first.noise["noise_bound"])
+    assert abs(float(np.mean(draws)) - n) < 0.5  # sd of the mean: 4/√4000 ≈ 0.06
+    assert 3.6 < float(np.std(draws)) < 4.4  # sd of the sd: ≈ 0.045
+    assert len(np.unique(draws)) > 10  # fresh noise per draw, not a constant
+
+
+def test_draws_stay_at_least_one_and_exact_at_sd_zero() -> None:
+    assert min(draw_example_count("f", 1, 50).released for _ in range(200)) == 1
+    exact = draw_example_count("f", 123, 0)
+    assert (exact.released, exact.epsilon, exact.sd) == (123, None, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        draw_example_count("f", -1, 4)
+
+
+def test_one_draw_per_federation_across_rounds_and_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "privacy.db"
+    lines: list[str] = []
+    ledger = ReleaseLedger(path, participant="p0")
+    first = training_weight(ledger, "fed-a", 300, 4, lines.append)
+    assert [training_weight(ledger, "fed-a", 300, 4, lines.append) for _ in range(5)] == [first] * 5
+    assert len(lines) == 1 and "drawn once for this federation" in lines[0]
+    assert str(first) not in lines[0].split("epsilon")[1]  # the value is never logged
+    ledger.close()
+
+    restarted = ReleaseLedger(path, participant="p0")  # a new process, the same state
+    assert training_weight(restarted, "fed-a", 300, 4, lines.append) == first
+    # the data changed within the federation: the kept weight, and a note why
+    assert training_weight(restarted, "fed-a", 301, 4, lines.append) == first
+    assert "a new draw would be a second release" in lines[-1]
+    # a new federation is a new release, recorded beside the first
+    training_weight(restarted, "fed-b", 300, 4, lines.append)
+    kept = restarted.example_counts()
+    assert [(k.federation, k.count, k.sd) for k in kept] == [("fed-a", 300, 4), ("fed-b", 300, 4)]
+    assert kept[0].released == first and kept[0].epsilon == pytest.approx(count_charge(4).epsilon)
+    # another participant id in the same file keeps its own
+    assert ReleaseLedger(path, participant="p1").example_count("fed-a") is None
+    restarted.close()
+    rows = sqlite3.connect(path).execute("SELECT count(*) FROM site_example_counts").fetchone()
+    assert rows == (2,)
+
+
+def test_the_first_draw_wins(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path / "privacy.db", participant="p0")
+    one = ExampleCount("f", 10, 11, 4, 1.0, 1e-5, {})
+    two = ExampleCount("f", 10, 7, 4, 1.0, 1e-5, {})
+    assert ledger.record_example_count(one).released == 11
+    assert ledger.record_example_count(two).released == 11  # a concurrent draw loses
+
+
+def test_the_noise_is_what_the_sampler_drew(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([-3]))
+    assert draw_example_count("f", 40, 4).released == 37
+    monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([-90]))
+    assert draw_example_count("f", 40, 4).released == 1
+
+
+def _result(payload: dict[str, object], n: int) -> ClientResult:
+    return ClientResult(as_payload(**payload), n, 7, 0.5)  # type: ignore[arg-type]
+
+
+def test_reweigh_scales_exactly_the_sums_proportional_to_the_count() -> None:
+    rng = np.random.default_rng(0)
+    delta, control = rng.normal(size=6), rng.normal(size=6)
+    n, w = 50, 53
+    for name, payload, scaled in (
+        ("fedavg", {"delta": n * delta, "weight": n}, {"delta", "weight"}),
+        ("fedprox", {"delta": n * delta, "weight": n}, {"delta", "weight"}),
+        ("fednova", {"delta": n * delta, "tau": n * 2.5, "weight": n}, {"delta", "tau"}),
+        (
+            "scaffold",
+            {"delta": n * delta, "weight": n, "control_delta": control},
+            {"delta", "weight"},
+        ),
+    ):
+        strategy = configured_strategy(name, AlgorithmSettings(num_participants=3))
+        out = reweigh(_result(payload, n), strategy.sums, w)
+        assert out.num_samples == w and out.mean_loss == 0.5 and out.num_steps == 7
+        assert float(out.payload["weight"]) == w
+        for key, value in payload.items():
+            expected = np.asarray(value, dtype=np.float64) * (w / n if key in scaled else 1.0)
+            if key != "weight":
+                np.testing.assert_allclose(out.payload[key], expected, rtol=1e-15)
+
+
+def test_the_server_step_is_fedavg_with_the_released_weights() -> None:
+    """Three sites reweighed, summed and stepped: ``x + Σ ñ_k Δ_k / Σ ñ_k``."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=5)
+    counts, released = [40, 90, 7], [43, 88, 9]
+    deltas = [rng.normal(size=5) for _ in counts]
+    strategy = configured_strategy("fedavg", AlgorithmSettings(num_participants=3))
+    sums = {"delta": np.zeros(5), "weight": np.zeros(())}
+    for n, w, d in zip(counts, released, deltas, strict=True):
+        out = reweigh(_result({"delta": n * d, "weight": n}, n), strategy.sums, w)
+        sums = {k: sums[k] + out.payload[k] for k in sums}
+    stepped = strategy.server_step(x, sums, num_selected=3)
+    expected = x + sum(w * d for w, d in zip(released, deltas, strict=True)) / sum(released)
+    np.testing.assert_allclose(stepped, expected, rtol=1e-12)
+
+
+def test_a_plan_below_the_sites_noise_is_refused() -> None:
+    check_plan_noise(4, 4)
+    check_plan_noise(8, 4)
+    check_plan_noise(0, 0)
+    with pytest.raises(ValueError, match=r"sd 4 \(\[policy\].*allow sd 2"):
+        check_plan_noise(2, 4)
+
+
+def test_the_policy_key_is_checked_and_its_weakening_logged() -> None:
+    assert PolicySettings().example_count_noise_sd == DEFAULT_EXAMPLE_COUNT_NOISE_SD
+    assert not any("example_count" in r for r in PolicySettings().relaxations())
+    for bad in (-1, 2.5, True, "4", 10**7):
+        with pytest.raises(ValueError, match="example_count_noise_sd"):
+            PolicySettings(example_count_noise_sd=bad)  # type: ignore[arg-type]
+    (exact,) = [r for r in PolicySettings(example_count_noise_sd=0).relaxations() if "example" in r]
+    assert "exact example count" in exact
+    (less,) = [r for r in PolicySettings(example_count_noise_sd=2).relaxations() if "example" in r]
+    assert "less noise" in less
+
+
+class _Coordinator:
+    """Answers a join with a plan for the digits MLP stating ``sd``."""
+
+    def __init__(self, sd: int) -> None:
+        self.sd = sd
+
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        plan = pb.Plan(
+            federation_id="f",
+            model=model_spec_to_proto(ModelSpec(extractor="mlp")),
+            training=pb.LocalTraining(epochs=1, batch_size=32, lr=0.1, loss="mse"),
+            rounds=1,
+            example_count_noise_sd=self.sd,
+        )
+        return pb.JoinReply(session="s", plan=plan)
+
+
+@pytest.mark.parametrize(
+    ("plan_sd", "site_sd", "joins"),
+    [(4, 4, True), (9, 4, True), (2, 4, False), (0, 4, False), (0, 0, True)],
+)
+def test_a_real_site_refuses_a_plan_below_its_noise(
+    tmp_path: Path, plan_sd: int, site_sd: int, joins: bool
+) -> None:
+    settings = ParticipantSettings(
+        participant_id="p0",
+        coordinator="127.0.0.1:1",
+        insecure=True,
+        state_dir=tmp_path / "state",
+        policy=PolicySettings(example_count_noise_sd=site_sd),
+    )
+    runner = ParticipantRunner(
+        settings,
+        _Coordinator(plan_sd),  # type: ignore[arg-type]  # join is the one call made
+        load_local_data(DataSettings(dataset="digits", slice_index=0, slice_of=5)),
+        crypto.generate_identity(),
+        MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=lambda _m: None,
+    )
+    if joins:
+        runner._join()
+        assert runner.plan is not None
+        return
+    with pytest.raises(ParticipantExit) as caught:
+        runner._join()
+    assert caught.value.code == 2 and runner.plan is None
+    assert f"allow sd {plan_sd}" in str(caught.value)
+    assert "[federation] example_count_noise_sd" in str(caught.value)
