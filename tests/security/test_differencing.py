@@ -417,27 +417,39 @@ def test_mutation_exact_moments_of_changed_data_give_the_new_record(
 
 
 # ====================================================================== training
-def _repeated_round(
-    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+def _training_over_two_rosters(
+    tmp: Path, model: GlobalModel, data: LocalData, rounds: tuple[int, int], **policy: object
 ) -> HostileRing:
-    """One round, one model, one seed, as two secure jobs over two rosters."""
+    """Training tasks for ``rounds`` (0-based) as two secure jobs over two rosters that
+    differ by one site, each from the same model with the round's seed (``7 + r``):
+    one round asked twice, or two rounds of one federation — an honest dropout is
+    enough for the second. With the others' inputs known, each job gives the
+    target's input."""
     ring = HostileRing(federation="fed", model=model)
+    ring.rounds = max(rounds) + 1
     length = model.length + 2
     jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
     ring.script = [
         pb.Instruction(
             task_id=f"train-{k}",
             train=pb.TrainTask(
-                round=0,
+                round=r,
                 model=ring.publish(f"global-{k}", model.initial_vector),
-                seed=7,
+                seed=7 + r,
                 secure=ring.secure(job, "update"),
             ),
         )
-        for k, job in enumerate(jobs)
+        for k, (r, job) in enumerate(zip(rounds, jobs, strict=True))
     ]
     _run(_settings(tmp, **policy), ring, data)
     return ring
+
+
+def _repeated_round(
+    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+) -> HostileRing:
+    """One round, one model, one seed, as two secure jobs over two rosters."""
+    return _training_over_two_rosters(tmp, model, data, (0, 0), **policy)
 
 
 def test_the_same_training_round_leaves_once(
@@ -470,26 +482,9 @@ def test_mutation_two_updates_of_one_round_are_identical(
 def _rounds_over_two_rosters(
     tmp: Path, model: GlobalModel, data: LocalData, **policy: object
 ) -> tuple[HostileRing, float]:
-    """Two rounds of one federation over rosters that differ (an honest dropout is
-    enough); with the others' inputs known, each job gives the target's input,
-    whose ``weight`` entry is what this site weights its update by."""
-    ring = HostileRing(federation="fed", model=model)
-    ring.rounds = 2
-    length = model.length + 2
-    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
-    ring.script = [
-        pb.Instruction(
-            task_id=f"train-{k}",
-            train=pb.TrainTask(
-                round=k,
-                model=ring.publish(f"global-{k}", model.initial_vector),
-                seed=7 + k,
-                secure=ring.secure(job, "update"),
-            ),
-        )
-        for k, job in enumerate(jobs)
-    ]
-    _run(_settings(tmp, **policy), ring, data)
+    """Rounds 1 and 2 of one federation over two rosters: each job's ``weight``
+    entry is what the site weights its update by."""
+    ring = _training_over_two_rosters(tmp, model, data, (0, 1), **policy)
     assert ring.failures == []
     return ring, float(data.train_size)
 
