@@ -146,7 +146,13 @@ def check_plan_noise(plan_sd: int, site_sd: int) -> None:
             f"this site weights its updates by its example count with noise of sd "
             f"{site_sd} ([policy] example_count_noise_sd), but the plan's integrity checks "
             f"allow sd {plan_sd} ([federation] example_count_noise_sd at the coordinator); "
-            "the coordinator must raise its value, or this site lower its own"
+            "the coordinator must raise its value (lowering this site's own is a weakening "
+            "of its privacy, logged)"
+            + (
+                "; a coordinator older than this setting (before 2026-11-27) states 0: upgrade it"
+                if plan_sd == 0
+                else ""
+            )
         )
 
 

@@ -238,3 +238,4 @@ def test_a_real_site_refuses_a_plan_below_its_noise(
     assert caught.value.code == 2 and runner.plan is None
     assert f"allow sd {plan_sd}" in str(caught.value)
     assert "[federation] example_count_noise_sd" in str(caught.value)
+    assert ("upgrade it" in str(caught.value)) is (plan_sd == 0)
