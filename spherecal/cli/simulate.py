@@ -69,6 +69,7 @@ def simulate_defaults() -> dict[str, Any]:
         "timeout": s.timeout_s,
         "heartbeat_timeout": s.heartbeat_timeout_s,
         "federated_every": s.federated_every,
+        "example_count_noise_sd": s.example_count_noise_sd,
         "update_bound": None,  # None: SimulationSettings' own default
         "update_resolution": None,
         "statistics_bound": None,
@@ -156,6 +157,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--heartbeat-timeout", type=float, default=S, help="seconds" + shown("heartbeat_timeout")
     )
     p.add_argument("--federated-every", type=int, default=S)
+    p.add_argument(
+        "--example-count-noise-sd",
+        type=int,
+        default=S,
+        metavar="SD",
+        help="noise (examples) on each site's training weight, drawn once per federation, "
+        "at the coordinator and every site; 0: exact counts, the reference runner's "
+        "weights (a weakening each site logs)" + shown("example_count_noise_sd"),
+    )
     p.add_argument(
         "--update-bound",
         type=float,
@@ -437,6 +447,7 @@ def simulation_settings_from(options: dict[str, Any]) -> Any:
         timeout_s=float(o["timeout"]),
         heartbeat_timeout_s=float(o["heartbeat_timeout"]),
         federated_every=int(o["federated_every"]),
+        example_count_noise_sd=int(o["example_count_noise_sd"]),
         epsilon=None if o["epsilon"] is None else float(o["epsilon"]),
         delta=float(o["delta"]),
         dp_mechanism=str(o["dp_mechanism"]),

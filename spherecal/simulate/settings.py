@@ -132,6 +132,11 @@ class SimulationSettings:
             )
         if self.secure_statistics and ref.participants < 2:
             raise ValueError("secure statistics need at least 2 participants")
+        if not 0 <= self.example_count_noise_sd <= 1_000_000:
+            raise ValueError(
+                "--example-count-noise-sd must be in [0, 1000000] examples, got "
+                f"{self.example_count_noise_sd}"
+            )
         if self.epsilon is not None:
             if not self.epsilon > 0:
                 raise ValueError("--epsilon must be > 0")

@@ -247,6 +247,34 @@ def test_update_resolution_written_as_a_power_of_two_reaches_the_settings(tmp_pa
         )
 
 
+def test_the_example_count_noise_reaches_the_coordinator_and_every_site(tmp_path: Path) -> None:
+    from spherecal.cli.simulate import _simulate_options, simulation_settings_from
+    from spherecal.simulate.configs import coordinator_settings, participant_settings
+
+    parser = build_parser(only="simulate")
+    for argv, sd in (
+        ([], 4),
+        (["--example-count-noise-sd", "0"], 0),
+        (["--example-count-noise-sd", "9"], 9),
+    ):
+        args = parser.parse_args(["simulate", *argv, "--participants", "3", "--out", str(tmp_path)])
+        settings = simulation_settings_from(_simulate_options(args))
+        assert settings.example_count_noise_sd == sd
+        coordinator = coordinator_settings(settings, (10, 1, (8, 8)), tmp_path, "127.0.0.1:0")
+        assert coordinator.example_count_noise_sd == sd
+        for k in range(3):
+            site = participant_settings(settings, k, 1, tmp_path)
+            assert site.policy.example_count_noise_sd == sd
+    with pytest.raises(ValueError, match="--example-count-noise-sd"):
+        simulation_settings_from(
+            _simulate_options(
+                parser.parse_args(
+                    ["simulate", "--example-count-noise-sd", "-1", "--out", str(tmp_path)]
+                )
+            )
+        )
+
+
 def test_a_bad_update_resolution_exits_2_naming_the_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
