@@ -53,6 +53,8 @@ def one_run(root: Path, sd: int, reference: ReferenceConfig, index: int) -> dict
     if results.get("status") != "completed":
         raise SystemExit(f"run sd={sd} #{index}: {results.get('status')}: {results.get('errors')}")
     central = results["central_accuracy"]
+    if central is None:
+        raise SystemExit(f"run sd={sd} #{index}: no central evaluation (no test split)")
     return {
         "sd": sd,
         "index": index,
