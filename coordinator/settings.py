@@ -539,7 +539,7 @@ class CoordinatorSettings:
     head, every entry of a site's statistics (``statistics_bound = 0``)."""
     example_count_noise_sd: int = 4
     """Standard deviation (examples) of the DP noise each site adds, once per
-    federation, to the example count its training updates are weighted by
+    training split, to the example count its training updates are weighted by
     (``spherecal.participant.example_weight``): stated in the plan, it widens the
     integrity checks that compare the rounds' weights ``Σ ñ_k`` with the statistics'
     counts and the bound by ``NOISE_SDS`` of that noise. A site whose own ``[policy]

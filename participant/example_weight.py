@@ -13,15 +13,19 @@ So a site weights its updates by a *released* count instead: ``ñ_k = max(1, n_k
 ``Z`` discrete Gaussian ``N_Z(0, σ²)`` (Canonne, Kamath & Steinke 2020), drawn from
 ``os.urandom`` (:func:`spherecal.crypto.dp.sample_noise`) the first time an update of
 the federation leaves, kept in the site's release ledger (``state_dir/privacy.db``,
-table ``site_example_counts``) and used for every later round and after a restart.
+table ``site_example_counts``) and used for every later round and after a restart —
+and in any later federation on the same training split (its fingerprint,
+:func:`spherecal.participant.data.fingerprint`, at the same σ), so that a renamed or
+restarted federation gets the same value rather than a fresh draw to average.
 Differencing any number of rounds over any rosters then gives ``ñ_k``: one release,
 whose ε is the discrete Gaussian's with sensitivity 1 (one record moves the count by
 one; ``ρ = 1/2σ²``, :func:`~spherecal.spherefed.privacy.accounting.ddg_rdp` with one
 party), recorded beside it and listed by ``spherecal audit --site``. The default
-``σ = 4`` costs ε ≈ 1.0 at δ = 1e-5 per federation; it moves a site of 100 examples'
-weight by 4 % (one sd), which FedAvg's average barely feels. A new federation draws
-again (a new release); a process does not follow one on its own (``[policy]
-follow_new_federation``).
+``σ = 4`` costs ε ≈ 1.0 at δ = 1e-5 per training split; it moves a site of 100
+examples' weight by 4 % (one sd), which FedAvg's average barely feels. Changed data
+(another fingerprint) or another σ is a new draw, a new release. Reused across
+federations, equal answers tell the coordinator that the training split did not
+change — what the per-class moments' once-per-fingerprint rule already tells it.
 
 Applying it is exact rescaling: every sum the strategy declares proportional to the
 weight (:attr:`NamedSum.example_weighted <spherecal.spherefed.algorithms.base.NamedSum>`:
@@ -83,12 +87,13 @@ def count_charge(sd: int, tail_probability: float = 0.0) -> PrivacyCharge:
     )
 
 
-def draw_example_count(federation: str, count: int, sd: int) -> ExampleCount:
-    """A fresh released count for ``count`` examples (exact at ``sd = 0``)."""
+def draw_example_count(federation: str, data: bytes, count: int, sd: int) -> ExampleCount:
+    """A fresh released count for ``count`` examples of the training split
+    fingerprinted ``data`` (exact at ``sd = 0``)."""
     if count < 0:
         raise ValueError(f"an example count must be >= 0, got {count}")
     if sd == 0:
-        return ExampleCount(federation, count, count, 0, None, None, {})
+        return ExampleCount(federation, data, federation, count, count, 0, None, None, {})
     plan = plan_noise(
         float(sd * sd), min_contributors=1, participants=1, length=1, mechanism=DGAUSS
     )
@@ -96,6 +101,8 @@ def draw_example_count(federation: str, count: int, sd: int) -> ExampleCount:
     charge = count_charge(sd, plan.tail_probability)
     return ExampleCount(
         federation=federation,
+        data=data,
+        drawn_in=federation,
         count=count,
         released=max(1, count + noise),
         sd=sd,
@@ -111,29 +118,45 @@ def draw_example_count(federation: str, count: int, sd: int) -> ExampleCount:
 
 
 def training_weight(
-    ledger: ReleaseLedger, federation: str, count: int, sd: int, log: Callable[[str], None]
+    ledger: ReleaseLedger,
+    federation: str,
+    data: bytes,
+    count: int,
+    sd: int,
+    log: Callable[[str], None],
 ) -> int:
-    """The weight this site's updates in ``federation`` carry: the count kept in
-    ``ledger``, else a fresh draw, kept before it is returned (so before any update
-    carries it)."""
+    """The weight this site's updates in ``federation`` carry: the one kept for the
+    federation in ``ledger``; else the one drawn for the same training split
+    (fingerprint ``data``) at the same ``sd`` in an earlier federation, sent again —
+    a renamed or restarted federation on the same data learns nothing new, where a
+    fresh draw each time would average the noise away; else a fresh draw. Kept before
+    it is returned, so before any update carries it."""
     kept = ledger.example_count(federation)
-    if kept is None:
-        kept = ledger.record_example_count(draw_example_count(federation, count, sd))
-        if kept.sd:
+    if kept is not None:
+        if kept.count != count:
             log(
-                f"training weight: this site's example count with noise of sd {kept.sd}, "
-                f"drawn once for this federation (epsilon {kept.epsilon:.3g} at delta "
-                f"{kept.delta:g}, in the release ledger)"
+                f"training weight: kept from this federation's first round ({kept.count} "
+                f"examples then, {count} now): a new draw would be a second release"
             )
-        else:
-            log(
-                "training weight: this site's exact example count ([policy] "
-                "example_count_noise_sd = 0)"
-            )
-    elif kept.count != count:
+        return kept.released
+    earlier = ledger.example_count_of_data(data) if sd > 0 else None
+    if earlier is not None and earlier.sd == sd:
+        kept = ledger.record_example_count(replace(earlier, federation=federation))
         log(
-            f"training weight: kept from this federation's first round ({kept.count} "
-            f"examples then, {count} now): a new draw would be a second release"
+            f"training weight: the count drawn for this training data in federation "
+            f"{earlier.drawn_in}, sent again (no new release)"
+        )
+        return kept.released
+    kept = ledger.record_example_count(draw_example_count(federation, data, count, sd))
+    if kept.sd:
+        log(
+            f"training weight: this site's example count with noise of sd {kept.sd}, "
+            f"drawn once for this training data (epsilon {kept.epsilon:.3g} at delta "
+            f"{kept.delta:g}, in the release ledger)"
+        )
+    else:
+        log(
+            "training weight: this site's exact example count ([policy] example_count_noise_sd = 0)"
         )
     return kept.released
 

@@ -45,8 +45,8 @@ DEFAULT_MAX_EVALUATION_HEADS = 2
 
 DEFAULT_EXAMPLE_COUNT_NOISE_SD = 4
 """σ (examples) of the DP noise on the example count a site's training updates are
-weighted by, drawn once per federation (:mod:`spherecal.participant.example_weight`):
-ε ≈ 1.0 at δ = 1e-5 per federation."""
+weighted by, drawn once per training split (:mod:`spherecal.participant.example_weight`):
+ε ≈ 1.0 at δ = 1e-5 for each draw."""
 DEFAULT_SHARE_WAIT_S = 900.0
 """The coordinator's default first-stage deadline (``[timeouts] round_s``): an honest
 coordinator sends the share step (or moves on) within it."""
@@ -161,10 +161,11 @@ class PolicySettings:
     example_count_noise_sd: int = DEFAULT_EXAMPLE_COUNT_NOISE_SD
     """Standard deviation (examples) of the discrete Gaussian noise on the example
     count this site's training updates are weighted by (FedAvg's ``n_k``), drawn once
-    per federation and used in every round (:mod:`spherecal.participant.example_weight`):
-    the count is the same every round, so rounds over rosters that differ by this site
-    would otherwise give it exactly. A plan whose ``[federation]
-    example_count_noise_sd`` is below this is refused. 0: the exact count (logged)."""
+    per training split and used in every round and every federation on that data
+    (:mod:`spherecal.participant.example_weight`): the count is the same every round,
+    so rounds over rosters that differ by this site would otherwise give it exactly.
+    A plan whose ``[federation] example_count_noise_sd`` is below this is refused.
+    0: the exact count (logged)."""
     max_evaluation_heads: int = DEFAULT_MAX_EVALUATION_HEADS
     """Most calibrated heads one evaluation may carry (besides the model's own)."""
     max_validation_heads: int = DEFAULT_MAX_VALIDATION_HEADS

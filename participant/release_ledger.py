@@ -38,10 +38,10 @@ One rule per purpose (the family of a kind, :func:`family_of`):
   model moved by one ulp is a new key — so their number bounds how far the noise
   averages down).
 * the training weight (table ``site_example_counts``): the example count every
-  update of a federation is weighted by, drawn once per federation with DP noise
-  and reused in every round and after a restart
-  (:mod:`spherecal.participant.example_weight`), so any number of rounds over any
-  rosters is one release of it.
+  update of a federation is weighted by, drawn with DP noise once per fingerprint of
+  the training split and reused in every round, after a restart and in a later
+  federation on the same data (:mod:`spherecal.participant.example_weight`), so any
+  number of rounds, rosters and federation names is one release of it.
 
 When a release counts: a job is *reserved* when the site admits the task and
 *consumed* the moment its input leaves (right before the first masked chunk, or the
@@ -119,6 +119,8 @@ CREATE TABLE IF NOT EXISTS site_releases (
 CREATE TABLE IF NOT EXISTS site_example_counts (
     participant TEXT NOT NULL,
     federation  TEXT NOT NULL,
+    data        BLOB NOT NULL,
+    drawn_in    TEXT NOT NULL,
     count       INTEGER NOT NULL,
     released    INTEGER NOT NULL,
     sd          INTEGER NOT NULL,
@@ -194,6 +196,11 @@ class ExampleCount:
     and the value ``released`` that every update of the federation carries."""
 
     federation: str
+    data: bytes
+    """Fingerprint of the training split the count is of."""
+    drawn_in: str
+    """The federation whose draw this is: itself, or an earlier one on the same data
+    whose value this federation reuses (no new release)."""
     count: int
     released: int
     sd: int
@@ -203,11 +210,18 @@ class ExampleCount:
     delta: float | None
     noise: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def reused(self) -> bool:
+        """This federation sends an earlier federation's draw: nothing new left."""
+        return self.drawn_in != self.federation
+
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> ExampleCount:
-        federation, count, released, sd, eps, delta, noise = row
+        federation, data, drawn_in, count, released, sd, eps, delta, noise = row
         return cls(
             federation=str(federation),
+            data=bytes(data),
+            drawn_in=str(drawn_in),
             count=int(count),
             released=int(released),
             sd=int(sd),
@@ -217,6 +231,7 @@ class ExampleCount:
         )
 
 
+_COUNT_COLUMNS = "federation, data, drawn_in, count, released, sd, epsilon, delta, noise"
 _COLUMNS = "job, kind, federation, model, data, content, round, noised"
 
 
@@ -497,26 +512,40 @@ class ReleaseLedger:
             )
 
     def example_count(self, federation: str) -> ExampleCount | None:
-        """The training weight this site released in ``federation``, if any."""
+        """The training weight this site sent in ``federation``, if any."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT federation, count, released, sd, epsilon, delta, noise "
-                "FROM site_example_counts WHERE participant = ? AND federation = ?",
+                f"SELECT {_COUNT_COLUMNS} FROM site_example_counts WHERE participant = ? "
+                "AND federation = ?",
                 (self.participant, federation),
             ).fetchone()
         return None if row is None else ExampleCount.from_row(row)
 
+    def example_count_of_data(self, data: bytes) -> ExampleCount | None:
+        """The first draw this site made for a training split of fingerprint ``data``,
+        in any federation."""
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {_COUNT_COLUMNS} FROM site_example_counts WHERE participant = ? "
+                "AND data = ? AND drawn_in = federation ORDER BY at LIMIT 1",
+                (self.participant, bytes(data)),
+            ).fetchone()
+        return None if row is None else ExampleCount.from_row(row)
+
     def record_example_count(self, drawn: ExampleCount) -> ExampleCount:
-        """Keep ``drawn`` as this federation's training weight unless one is already
-        kept, and return the one kept: the first draw wins, also against a concurrent
-        one, so every round of a federation leaves with the same value."""
+        """Keep ``drawn`` as its federation's training weight unless one is already
+        kept, and return the one kept: the first wins, also against a concurrent one,
+        so every round of a federation leaves with the same value."""
         with self._lock:
             self._conn.execute(
-                "INSERT OR IGNORE INTO site_example_counts (participant, federation, count, "
-                "released, sd, epsilon, delta, noise, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO site_example_counts (participant, federation, data, "
+                "drawn_in, count, released, sd, epsilon, delta, noise, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     self.participant,
                     drawn.federation,
+                    bytes(drawn.data),
+                    drawn.drawn_in,
                     drawn.count,
                     drawn.released,
                     drawn.sd,
@@ -527,18 +556,18 @@ class ReleaseLedger:
                 ),
             )
             row = self._conn.execute(
-                "SELECT federation, count, released, sd, epsilon, delta, noise "
-                "FROM site_example_counts WHERE participant = ? AND federation = ?",
+                f"SELECT {_COUNT_COLUMNS} FROM site_example_counts WHERE participant = ? "
+                "AND federation = ?",
                 (self.participant, drawn.federation),
             ).fetchone()
         return ExampleCount.from_row(row)
 
     def example_counts(self) -> list[ExampleCount]:
-        """Every training weight this site released, oldest first (audit)."""
+        """Every training weight this site sent, oldest first (audit)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT federation, count, released, sd, epsilon, delta, noise "
-                "FROM site_example_counts WHERE participant = ? ORDER BY at",
+                f"SELECT {_COUNT_COLUMNS} FROM site_example_counts WHERE participant = ? "
+                "ORDER BY at",
                 (self.participant,),
             ).fetchall()
         return [ExampleCount.from_row(r) for r in rows]

@@ -559,6 +559,7 @@ class ParticipantRunner:
         weight = training_weight(
             self.releases,
             self._federation(),
+            self._fingerprint("train"),
             result.num_samples,
             self.policy.example_count_noise_sd,
             self.log,

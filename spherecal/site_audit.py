@@ -22,8 +22,9 @@ What it flags:
   coordinator that asked twice).
 * **training weights** — the example count each federation's updates were weighted
   by (table ``site_example_counts``, :mod:`spherecal.participant.example_weight`):
-  drawn once per federation with DP noise, so every round of it carries the same
-  value; each one's ε is added to the site's total. One with ``sd`` 0 left exactly
+  drawn once per training split with DP noise, so every round of a federation, and
+  a later federation on the same data, carries the same value; each draw's ε is
+  added to the site's total once. One with ``sd`` 0 left exactly
   (``[policy] example_count_noise_sd = 0``).
 * **exact moments of changed data** — two *exact* releases of the per-class moments
   in different federations from different fingerprints of this site's data. The
@@ -150,6 +151,9 @@ class SiteExampleCount:
 
     participant: str
     federation: str
+    drawn_in: str
+    """The federation whose draw it is: this one, or an earlier one on the same
+    training data whose value it sent again (no new release, no ε of its own)."""
     count: int
     released: int
     sd: int
@@ -176,7 +180,7 @@ class SiteAudit:
             if r.state == "released" and r.epsilon is not None:
                 epsilon[r.participant] = epsilon.get(r.participant, 0.0) + r.epsilon
         for c in self.example_counts:
-            if c.epsilon is not None:
+            if c.epsilon is not None and c.drawn_in == c.federation:
                 epsilon[c.participant] = epsilon.get(c.participant, 0.0) + c.epsilon
         return {
             "state_dir": self.state_dir,
@@ -233,8 +237,8 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         )
         count_rows = (
             conn.execute(
-                "SELECT participant, federation, count, released, sd, epsilon, delta "
-                "FROM site_example_counts ORDER BY participant, at"
+                "SELECT participant, federation, drawn_in, count, released, sd, epsilon, "
+                "delta FROM site_example_counts ORDER BY participant, at"
             ).fetchall()
             if "site_example_counts" in tables
             else []
@@ -281,11 +285,12 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         SiteExampleCount(
             participant=str(r[0]),
             federation=str(r[1]),
-            count=int(r[2]),
-            released=int(r[3]),
-            sd=int(r[4]),
-            epsilon=None if r[5] is None else float(r[5]),
-            delta=None if r[6] is None else float(r[6]),
+            drawn_in=str(r[2]),
+            count=int(r[3]),
+            released=int(r[4]),
+            sd=int(r[5]),
+            epsilon=None if r[6] is None else float(r[6]),
+            delta=None if r[7] is None else float(r[7]),
         )
         for r in count_rows
     ]
@@ -417,6 +422,8 @@ def format_site_audit(audit: SiteAudit) -> str:
     lines.append(f"training weights: {len(audit.example_counts)} (one per federation)")
     for w in audit.example_counts:
         noise = f"sd {w.sd}, ε={w.epsilon:.3g}" if w.epsilon is not None else "EXACT count"
+        if w.drawn_in != w.federation:
+            noise = f"sent again from {w.drawn_in}: no new release"
         lines.append(
             f"  {w.participant} {w.federation}: {w.released} sent for {w.count} examples ({noise})"
         )
@@ -477,7 +484,9 @@ def site_audit_html(audit: SiteAudit) -> str:
             str(c.count),
             str(c.released),
             str(c.sd),
-            "exact" if c.epsilon is None else f"{c.epsilon:.3g}",
+            f"again from {c.drawn_in}"
+            if c.drawn_in != c.federation
+            else ("exact" if c.epsilon is None else f"{c.epsilon:.3g}"),
         ]
         for c in audit.example_counts
     ]

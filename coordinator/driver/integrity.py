@@ -27,7 +27,7 @@ round is compared with a statistics job only when their contributors are the sam
 Tolerances: exact (a fixed-point quantum) without DP; with DP noise of standard
 deviation ``σ`` per count entry, ``gate_sigmas · σ · √(entries summed)`` (at least
 ``NOISE_SDS``). A round's weights are the sites' *released* counts ``ñ_k``, each off
-its count by noise of ``[federation] example_count_noise_sd`` (once per federation;
+its count by noise of ``[federation] example_count_noise_sd`` (drawn once;
 ``spherecal.participant.example_weight``), so comparisons with them add that noise
 once per contributor.
 

@@ -162,7 +162,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=S,
         metavar="SD",
-        help="noise (examples) on each site's training weight, drawn once per federation, "
+        help="noise (examples) on each site's training weight, drawn once per training split, "
         "at the coordinator and every site; 0: exact counts, the reference runner's "
         "weights (a weakening each site logs)" + shown("example_count_noise_sd"),
     )

@@ -520,6 +520,62 @@ def test_rounds_over_two_rosters_give_only_the_released_count(
     assert f"fed: {int(n) + 3} sent for {int(n)} examples (sd 4, ε=" in text
 
 
+def _one_round_per_federation(
+    tmp: Path, model: GlobalModel, data: LocalData, names: tuple[str, ...]
+) -> list[float]:
+    """One training round in each of several federations on the same data (the
+    site's operator starts it again for each: ``follow_new_federation`` is off),
+    each over its own roster; the weight each federation's sum gave for the site."""
+    weights = []
+    for k, name in enumerate(names):
+        ring = HostileRing(federation=name, model=model)
+        job = make_job(ROSTER if k % 2 == 0 else OTHER_ROSTER, model.length + 2)
+        ring.script = [
+            pb.Instruction(
+                task_id=f"train-{name}",
+                train=pb.TrainTask(
+                    round=0,
+                    model=ring.publish(f"global-{name}", model.initial_vector),
+                    seed=7,
+                    secure=ring.secure(job, "update"),
+                ),
+            )
+        ]
+        _run(_settings(tmp), ring, data)
+        assert ring.failures == []
+        weights.append(float(job.target_release()[model.length]))
+    return weights
+
+
+def test_renamed_federations_on_the_same_data_get_the_same_count(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asking again under new federation names is free for the coordinator; fresh
+    noise each time would average to the count (sd 4/√k). The site sends its first
+    draw again. The sampler is scripted (+3, −2, +5) so the test sees which left."""
+    from spherecal.participant import example_weight
+
+    draws = iter([3, -2, 5])
+    monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([next(draws)]))
+    n = float(data.train_size)
+    assert _one_round_per_federation(tmp_path, model, data, ("a", "b", "c")) == [n + 3] * 3
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    assert [c["drawn_in"] for c in report["example_counts"]] == ["a", "a", "a"]
+
+
+def test_mutation_a_draw_per_federation_averages_to_the_count(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spherecal.participant import example_weight
+
+    draws = iter([3, -2, 5])
+    monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([next(draws)]))
+    monkeypatch.setattr(release_ledger.ReleaseLedger, "example_count_of_data", lambda *_: None)
+    n = float(data.train_size)
+    weights = _one_round_per_federation(tmp_path, model, data, ("a", "b", "c"))
+    assert weights == [n + 3, n - 2, n + 5]  # three draws: their mean is n + 2, sd 4/√3
+
+
 def test_mutation_an_exact_count_leaves_in_every_round(
     tmp_path: Path, model: GlobalModel, data: LocalData
 ) -> None:

@@ -155,7 +155,7 @@ def test_released_weights_agree_with_honest_statistics(noised_ctx: StageContext)
     own draw, ``spherecal.participant.example_weight``): honest statistics agree."""
     stats, n = _federation(None)
     for _ in range(20):
-        released = sum(draw_example_count("f", 40 + 10 * k, 4).released for k in range(5))
+        released = sum(draw_example_count("f", b"", 40 + 10 * k, 4).released for k in range(5))
         noised_ctx.progress.round_metrics.clear()
         _rounds(noised_ctx, float(released))
         aggregates: dict = {"ccvr": stats}

@@ -41,6 +41,9 @@ from spherecal.spherefed.algorithms.registry import configured_strategy
 from spherecal.spherefed.network import ModelSpec
 from spherecal.spherefed.privacy.accounting import ORDERS
 
+DATA, OTHER = b"\x01" * 32, b"\x02" * 32
+"""Fingerprints of two training splits."""
+
 
 def _epsilon(sd: int, delta: float) -> float:
     """Balle et al. 2020 Thm. 21 on ``ε(α) = α/2σ²`` (the discrete Gaussian with
@@ -66,8 +69,8 @@ def test_the_charge_is_the_discrete_gaussians() -> None:
 
 def test_draws_are_the_count_plus_bounded_noise_of_the_stated_sd() -> None:
     n, sd = 500, 4
-    draws = np.array([draw_example_count("f", n, sd).released for _ in range(4000)])
-    first = draw_example_count("f", n, sd)
+    draws = np.array([draw_example_count("f", DATA, n, sd).released for _ in range(4000)])
+    first = draw_example_count("f", DATA, n, sd)
     assert first.sd == sd and first.epsilon == pytest.approx(count_charge(sd).epsilon)
     assert np.all(np.abs(draws - n) <= first.noise["noise_bound"])
     assert abs(float(np.mean(draws)) - n) < 0.5  # sd of the mean: 4/√4000 ≈ 0.06
@@ -76,53 +79,87 @@ def test_draws_are_the_count_plus_bounded_noise_of_the_stated_sd() -> None:
 
 
 def test_draws_stay_at_least_one_and_exact_at_sd_zero() -> None:
-    assert min(draw_example_count("f", 1, 50).released for _ in range(200)) == 1
-    exact = draw_example_count("f", 123, 0)
+    assert min(draw_example_count("f", DATA, 1, 50).released for _ in range(200)) == 1
+    exact = draw_example_count("f", DATA, 123, 0)
     assert (exact.released, exact.epsilon, exact.sd) == (123, None, 0)
     with pytest.raises(ValueError, match=">= 0"):
-        draw_example_count("f", -1, 4)
+        draw_example_count("f", DATA, -1, 4)
 
 
 def test_one_draw_per_federation_across_rounds_and_restarts(tmp_path: Path) -> None:
     path = tmp_path / "privacy.db"
     lines: list[str] = []
     ledger = ReleaseLedger(path, participant="p0")
-    first = training_weight(ledger, "fed-a", 300, 4, lines.append)
-    assert [training_weight(ledger, "fed-a", 300, 4, lines.append) for _ in range(5)] == [first] * 5
-    assert len(lines) == 1 and "drawn once for this federation" in lines[0]
+    first = training_weight(ledger, "fed-a", DATA, 300, 4, lines.append)
+    again = [training_weight(ledger, "fed-a", DATA, 300, 4, lines.append) for _ in range(5)]
+    assert again == [first] * 5
+    assert len(lines) == 1 and "drawn once for this training data" in lines[0]
     assert str(first) not in lines[0].split("epsilon")[1]  # the value is never logged
     ledger.close()
 
     restarted = ReleaseLedger(path, participant="p0")  # a new process, the same state
-    assert training_weight(restarted, "fed-a", 300, 4, lines.append) == first
+    assert training_weight(restarted, "fed-a", DATA, 300, 4, lines.append) == first
     # the data changed within the federation: the kept weight, and a note why
-    assert training_weight(restarted, "fed-a", 301, 4, lines.append) == first
+    assert training_weight(restarted, "fed-a", OTHER, 301, 4, lines.append) == first
     assert "a new draw would be a second release" in lines[-1]
-    # a new federation is a new release, recorded beside the first
-    training_weight(restarted, "fed-b", 300, 4, lines.append)
-    kept = restarted.example_counts()
-    assert [(k.federation, k.count, k.sd) for k in kept] == [("fed-a", 300, 4), ("fed-b", 300, 4)]
-    assert kept[0].released == first and kept[0].epsilon == pytest.approx(count_charge(4).epsilon)
     # another participant id in the same file keeps its own
     assert ReleaseLedger(path, participant="p1").example_count("fed-a") is None
     restarted.close()
     rows = sqlite3.connect(path).execute("SELECT count(*) FROM site_example_counts").fetchone()
-    assert rows == (2,)
+    assert rows == (1,)
+
+
+def test_a_later_federation_on_the_same_data_gets_the_same_draw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renamed or restarted federation asks again for free; a fresh draw each time
+    would average the noise away (k federations: sd 4/√k). On the same training split
+    at the same sd the site sends its first draw again, recorded without a new ε;
+    changed data or another sd is a new draw. The sampler is scripted (+3, −2, +5,
+    +1) so the test sees which draw left."""
+    draws = iter([3, -2, 5, 1])
+    monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([next(draws)]))
+    ledger = ReleaseLedger(tmp_path / "privacy.db", participant="p0")
+    lines: list[str] = []
+    assert training_weight(ledger, "fed-a", DATA, 300, 4, lines.append) == 303
+    for name in ("fed-b", "fed-c", "renamed"):
+        assert training_weight(ledger, name, DATA, 300, 4, lines.append) == 303
+    assert "sent again (no new release)" in lines[-1] and "fed-a" in lines[-1]
+    assert training_weight(ledger, "fed-d", OTHER, 301, 4, lines.append) == 299  # new data
+    assert training_weight(ledger, "fed-e", DATA, 300, 6, lines.append) == 305  # another sd
+    assert training_weight(ledger, "fed-f", DATA, 300, 0, lines.append) == 300  # exact
+    kept = ledger.example_counts()
+    assert [(k.federation, k.drawn_in, k.reused) for k in kept] == [
+        ("fed-a", "fed-a", False),
+        ("fed-b", "fed-a", True),
+        ("fed-c", "fed-a", True),
+        ("renamed", "fed-a", True),
+        ("fed-d", "fed-d", False),
+        ("fed-e", "fed-e", False),
+        ("fed-f", "fed-f", False),
+    ]
+    ledger.close()
+    # the site's audit counts each draw's ε once: fed-a's, fed-d's (sd 4), fed-e's (sd 6)
+    from spherecal.site_audit import read_site_audit
+
+    audit = read_site_audit(tmp_path)
+    total = audit.to_json()["epsilon_total"]["p0"]
+    assert total == pytest.approx(2 * count_charge(4).epsilon + count_charge(6).epsilon)
 
 
 def test_the_first_draw_wins(tmp_path: Path) -> None:
     ledger = ReleaseLedger(tmp_path / "privacy.db", participant="p0")
-    one = ExampleCount("f", 10, 11, 4, 1.0, 1e-5, {})
-    two = ExampleCount("f", 10, 7, 4, 1.0, 1e-5, {})
+    one = ExampleCount("f", DATA, "f", 10, 11, 4, 1.0, 1e-5, {})
+    two = ExampleCount("f", DATA, "f", 10, 7, 4, 1.0, 1e-5, {})
     assert ledger.record_example_count(one).released == 11
     assert ledger.record_example_count(two).released == 11  # a concurrent draw loses
 
 
 def test_the_noise_is_what_the_sampler_drew(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([-3]))
-    assert draw_example_count("f", 40, 4).released == 37
+    assert draw_example_count("f", DATA, 40, 4).released == 37
     monkeypatch.setattr(example_weight, "sample_noise", lambda plan: np.array([-90]))
-    assert draw_example_count("f", 40, 4).released == 1
+    assert draw_example_count("f", DATA, 40, 4).released == 1
 
 
 def _result(payload: dict[str, object], n: int) -> ClientResult:
