@@ -27,31 +27,31 @@ examples' weight by 4 % (one sd), which FedAvg's average barely feels. Changed d
 federations, equal answers tell the coordinator that the training split did not
 change — what the per-class moments' once-per-fingerprint rule already tells it.
 
-Applying it is exact rescaling: every sum the strategy declares proportional to the
-weight (:attr:`NamedSum.example_weighted <spherecal.spherefed.algorithms.base.NamedSum>`:
-``n_k Δ_k``, ``n_k``, FedNova's ``n_k‖a_k‖₁``) is multiplied by ``ñ_k / n_k``, so the
-server step is FedAvg's with weights ``ñ_k``. The coordinator states the σ its
+Applying it is the strategy's (:meth:`ServerStrategy.reweighed
+<spherecal.spherefed.algorithms.base.ServerStrategy.reweighed>`, which the site calls
+on its result before it flattens it): every sum declared proportional to the weight
+(:attr:`NamedSum.example_weighted <spherecal.spherefed.algorithms.base.NamedSum>`:
+``n_k Δ_k``, ``n_k``) is multiplied by ``ñ_k / n_k``, so the server step is FedAvg's
+with weights ``ñ_k``. The coordinator states the σ its
 integrity checks tolerate in the plan (``Plan.example_count_noise_sd``, ``[federation]
 example_count_noise_sd``); a site whose own σ (``[policy] example_count_noise_sd``) is
 larger refuses the plan, since its honest weight would fail those checks.
 
-What this does not cover: the update ``Δ_k`` itself (``docs/threat_model.md``,
-*Different training rounds*), and FedNova's ``τ`` sum, whose ratio to the weight is
-``‖a_k‖₁``, a function of the local step count ``epochs·⌈n_k/B⌉``: under FedNova the
-count leaks to within the batch size.
+FedNova's ``τ`` sum carries the count a second way (``τ/weight = ‖a_k‖₁`` follows the
+local step count ``epochs·⌈n_k/B⌉``); it is sent as a site of ``ñ_k`` examples would
+(:meth:`FedNova.reweighed <spherecal.spherefed.algorithms.strategies.FedNova.reweighed>`).
+What this does not cover: the update ``Δ_k`` itself and the round's mean loss
+(``docs/threat_model.md``, *Different training rounds*).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-
-import numpy as np
 
 from spherecal.crypto.dp import DGAUSS, plan_noise, sample_noise
 from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD
 from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
-from spherecal.spherefed.algorithms.base import ClientResult, NamedSum
 from spherecal.spherefed.privacy.accounting import ddg_rdp
 from spherecal.spherefed.privacy.charge import PrivacyCharge
 
@@ -62,7 +62,6 @@ __all__ = [
     "check_plan_noise",
     "count_charge",
     "draw_example_count",
-    "reweigh",
     "training_weight",
 ]
 
@@ -177,20 +176,3 @@ def check_plan_noise(plan_sd: int, site_sd: int) -> None:
                 else ""
             )
         )
-
-
-def reweigh(result: ClientResult, sums: Sequence[NamedSum], weight: int) -> ClientResult:
-    """``result`` weighted by ``weight`` instead of its own example count: each sum
-    declared :attr:`~NamedSum.example_weighted` times ``weight / n_k``, the ``weight``
-    sum set to ``weight`` itself."""
-    n = int(result.num_samples)
-    factor = weight / n if n > 0 else 0.0
-    payload = dict(result.payload)
-    for s in sums:
-        if not s.example_weighted or s.name not in payload:
-            continue
-        if s.name == "weight":
-            payload[s.name] = np.asarray(float(weight), dtype=np.float64)
-        else:
-            payload[s.name] = np.asarray(payload[s.name], dtype=np.float64) * factor
-    return replace(result, payload=payload, num_samples=int(weight))

@@ -57,7 +57,7 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
-from spherecal.participant.example_weight import check_plan_noise, reweigh, training_weight
+from spherecal.participant.example_weight import check_plan_noise, training_weight
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
@@ -564,7 +564,7 @@ class ParticipantRunner:
             self.policy.example_count_noise_sd,
             self.log,
         )
-        result = reweigh(result, trainer.strategy.sums, weight)
+        result = trainer.strategy.reweighed(result, weight, trainer.config)
         payload = trainer.flatten(result)
         if self.adversary is not None and task.HasField("secure"):
             payload = self.adversary.update(

@@ -164,6 +164,17 @@ def _correction_tensors(
     return out
 
 
+def local_steps(n: int, config: LocalTrainConfig) -> int:
+    """The optimiser steps :func:`local_train` takes on ``n`` examples: ``epochs``
+    passes of ``⌈n/B⌉`` batches, less a one-example tail batch (skipped there)."""
+    if n <= 0:
+        return 0
+    batches = -(-n // config.batch_size)
+    if n >= 2 and n % config.batch_size == 1:
+        batches -= 1
+    return config.epochs * batches
+
+
 def local_train(
     model: nn.Module,
     x: torch.Tensor,
@@ -204,7 +215,7 @@ def local_train(
     )
     gen = torch.Generator().manual_seed(seed)
     model.train()
-    steps, loss_sum = 0, 0.0
+    steps, loss_sum = 0, 0.0  # ends at local_steps(n, config)
     for _ in range(config.epochs):
         order = torch.randperm(n, generator=gen)
         for lo in range(0, n, config.batch_size):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -86,7 +86,8 @@ class NamedSum:
     (``n_k Δ_k``, ``n_k``, FedNova's ``n_k‖a_k‖₁``; not SCAFFOLD's ``c_k⁺ − c_k``). A
     site that weights its update by a released count ``ñ_k`` instead of ``n_k``
     (``spherecal.participant.example_weight``) scales exactly these entries by
-    ``ñ_k / n_k``; the sum named ``weight`` is the weight itself."""
+    ``ñ_k / n_k`` (:meth:`ServerStrategy.reweighed`); the sum named ``weight`` is the
+    weight itself."""
 
     def size(self, model_length: int) -> int:
         return model_length if self.per_entry else 1
@@ -304,6 +305,26 @@ class ServerStrategy(ABC):
     def broadcast(self, global_vector: np.ndarray) -> dict[str, np.ndarray]:
         """What the server sends besides the global model (nothing, by default)."""
         return {}
+
+    def reweighed(
+        self, result: ClientResult, weight: int, config: LocalTrainConfig
+    ) -> ClientResult:
+        """``result`` weighted by ``weight`` instead of the site's own example count
+        ``n_k`` (a count the site released, ``spherecal.participant.example_weight``):
+        every sum declared :attr:`NamedSum.example_weighted` times ``weight / n_k``, the
+        ``weight`` sum set to ``weight`` itself. A strategy whose sums carry the count
+        in another way overrides this (FedNova's ``τ``)."""
+        n = int(result.num_samples)
+        factor = weight / n if n > 0 else 0.0
+        payload = dict(result.payload)
+        for s in self.sums:
+            if not s.example_weighted or s.name not in payload:
+                continue
+            if s.name == "weight":
+                payload[s.name] = np.asarray(float(weight), dtype=np.float64)
+            else:
+                payload[s.name] = np.asarray(payload[s.name], dtype=np.float64) * factor
+        return replace(result, payload=payload, num_samples=int(weight))
 
     def entry_bound(self, limits: UpdateLimits) -> float | None:
         """The largest ``|entry|`` of this strategy's payload (every declared sum) that

@@ -62,6 +62,7 @@ from spherecal.spherefed.algorithms.base import (
 from spherecal.spherefed.fl import (
     LocalObjective,
     LocalTrainConfig,
+    local_steps,
     local_train,
     server_step,
 )
@@ -280,6 +281,25 @@ class FedNova(FedAvg):
     ) -> np.ndarray:
         self._check_sums(global_vector, sums)
         return fednova_server_step(global_vector, sums, server_lr=self.server_lr)
+
+    def reweighed(
+        self, result: ClientResult, weight: int, config: LocalTrainConfig
+    ) -> ClientResult:
+        """FedAvg's rescaling, and ``τ`` as a site of ``weight`` examples would send
+        it: ``ñ_k ‖a‖₁`` of :func:`~spherecal.spherefed.fl.local_steps` for ``ñ_k``.
+        ``τ / weight = ‖a_k‖₁`` follows the local step count ``epochs·⌈n_k/B⌉``, so
+        sent from the true steps it gives the count to within the batch size; from the
+        released count it gives nothing beyond it. The direction ``d_k`` keeps the true
+        ``‖a_k‖₁``; the server's ``τ_eff`` moves only where a noised count crosses a
+        batch boundary, by that site's steps of one batch."""
+        out = super().reweighed(result, weight, config)
+        norm = fednova_norm(
+            local_steps(weight, config),
+            momentum=config.momentum,
+            lr=config.lr,
+            prox_mu=config.prox_mu,
+        )
+        return replace(out, payload={**out.payload, "tau": np.asarray(weight * norm, np.float64)})
 
     def entry_bound(self, limits: UpdateLimits) -> float | None:
         """FedAvg's bound, and ``tau = n_k ‖a_k‖₁ ≤ n_max · τ_max / (1 − ρ)``

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from spherecal import crypto
 from spherecal.crypto.replay import MemoryJobLedger
@@ -26,7 +27,6 @@ from spherecal.participant.example_weight import (
     check_plan_noise,
     count_charge,
     draw_example_count,
-    reweigh,
     training_weight,
 )
 from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD, PolicySettings
@@ -38,7 +38,8 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 from spherecal.spherefed.algorithms.base import AlgorithmSettings, ClientResult, as_payload
 from spherecal.spherefed.algorithms.registry import configured_strategy
-from spherecal.spherefed.network import ModelSpec
+from spherecal.spherefed.fl import LocalTrainConfig, local_steps, local_train
+from spherecal.spherefed.network import ModelSpec, build_model
 from spherecal.spherefed.privacy.accounting import ORDERS
 
 DATA, OTHER = b"\x01" * 32, b"\x02" * 32
@@ -166,14 +167,17 @@ def _result(payload: dict[str, object], n: int) -> ClientResult:
     return ClientResult(as_payload(**payload), n, 7, 0.5)  # type: ignore[arg-type]
 
 
-def test_reweigh_scales_exactly_the_sums_proportional_to_the_count() -> None:
+CONFIG = LocalTrainConfig(epochs=2, batch_size=32, lr=0.1, momentum=0.9)
+
+
+def test_reweighing_scales_exactly_the_sums_proportional_to_the_count() -> None:
     rng = np.random.default_rng(0)
     delta, control = rng.normal(size=6), rng.normal(size=6)
     n, w = 50, 53
     for name, payload, scaled in (
         ("fedavg", {"delta": n * delta, "weight": n}, {"delta", "weight"}),
         ("fedprox", {"delta": n * delta, "weight": n}, {"delta", "weight"}),
-        ("fednova", {"delta": n * delta, "tau": n * 2.5, "weight": n}, {"delta", "tau"}),
+        ("fednova", {"delta": n * delta, "tau": n * 2.5, "weight": n}, {"delta"}),
         (
             "scaffold",
             {"delta": n * delta, "weight": n, "control_delta": control},
@@ -181,13 +185,48 @@ def test_reweigh_scales_exactly_the_sums_proportional_to_the_count() -> None:
         ),
     ):
         strategy = configured_strategy(name, AlgorithmSettings(num_participants=3))
-        out = reweigh(_result(payload, n), strategy.sums, w)
+        out = strategy.reweighed(_result(payload, n), w, CONFIG)
         assert out.num_samples == w and out.mean_loss == 0.5 and out.num_steps == 7
         assert float(out.payload["weight"]) == w
         for key, value in payload.items():
             expected = np.asarray(value, dtype=np.float64) * (w / n if key in scaled else 1.0)
-            if key != "weight":
+            if key not in ("weight", "tau"):
                 np.testing.assert_allclose(out.payload[key], expected, rtol=1e-15)
+
+
+def _momentum_norm(steps: int, rho: float) -> float:
+    """FedNova's ``‖a‖₁`` under momentum: ``Σ_{t=1..τ} (1 − ρ^t)/(1 − ρ)``."""
+    return sum((1 - rho**t) / (1 - rho) for t in range(1, steps + 1))
+
+
+@pytest.mark.parametrize(
+    ("n", "w", "steps_w"),
+    # epochs 2, batch 32: 53 → 2 batches; 65 → 3 less its 1-example tail; 97 → 4 less 1
+    [(50, 53, 4), (60, 65, 4), (100, 97, 6), (64, 70, 6)],
+)
+def test_fednova_sends_tau_as_a_site_of_the_released_count_would(
+    n: int, w: int, steps_w: int
+) -> None:
+    """``τ / weight = ‖a‖₁`` follows the local step count: sent from the true steps
+    it gives the count to within the batch size, so FedNova sends ``τ`` for ``ñ``."""
+    strategy = configured_strategy("fednova", AlgorithmSettings(num_participants=3))
+    true_norm = _momentum_norm(local_steps(n, CONFIG), 0.9)
+    payload = {"delta": np.ones(3) * n / true_norm, "tau": n * true_norm, "weight": n}
+    out = strategy.reweighed(_result(payload, n), w, CONFIG)
+    assert local_steps(w, CONFIG) == steps_w
+    assert float(out.payload["tau"]) == pytest.approx(w * _momentum_norm(steps_w, 0.9), rel=1e-12)
+    # the direction keeps the true norm: ñ Δ / ‖a(τ_n)‖₁
+    np.testing.assert_allclose(out.payload["delta"], np.ones(3) * w / true_norm, rtol=1e-15)
+
+
+@pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 64, 65, 97])
+def test_local_steps_are_the_steps_local_training_takes(n: int) -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(extractor="mlp"))
+    x = torch.randn(n, 1, 8, 8)
+    y = torch.arange(n) % 10
+    update = local_train(model, x, y, CONFIG, seed=1)
+    assert update.num_steps == local_steps(n, CONFIG)
 
 
 def test_the_server_step_is_fedavg_with_the_released_weights() -> None:
@@ -199,7 +238,7 @@ def test_the_server_step_is_fedavg_with_the_released_weights() -> None:
     strategy = configured_strategy("fedavg", AlgorithmSettings(num_participants=3))
     sums = {"delta": np.zeros(5), "weight": np.zeros(())}
     for n, w, d in zip(counts, released, deltas, strict=True):
-        out = reweigh(_result({"delta": n * d, "weight": n}, n), strategy.sums, w)
+        out = strategy.reweighed(_result({"delta": n * d, "weight": n}, n), w, CONFIG)
         sums = {k: sums[k] + out.payload[k] for k in sums}
     stepped = strategy.server_step(x, sums, num_selected=3)
     expected = x + sum(w * d for w, d in zip(released, deltas, strict=True)) / sum(released)
