@@ -138,8 +138,8 @@ def training_weight(
                 f"examples then, {count} now): a new draw would be a second release"
             )
         return kept.released
-    earlier = ledger.example_count_of_data(data) if sd > 0 else None
-    if earlier is not None and earlier.sd == sd:
+    earlier = ledger.example_count_of_data(data, sd) if sd > 0 else None
+    if earlier is not None:
         kept = ledger.record_example_count(replace(earlier, federation=federation))
         log(
             f"training weight: the count drawn for this training data in federation "

@@ -521,14 +521,14 @@ class ReleaseLedger:
             ).fetchone()
         return None if row is None else ExampleCount.from_row(row)
 
-    def example_count_of_data(self, data: bytes) -> ExampleCount | None:
-        """The first draw this site made for a training split of fingerprint ``data``,
-        in any federation."""
+    def example_count_of_data(self, data: bytes, sd: int) -> ExampleCount | None:
+        """The first draw this site made at ``sd`` for a training split of fingerprint
+        ``data``, in any federation."""
         with self._lock:
             row = self._conn.execute(
                 f"SELECT {_COUNT_COLUMNS} FROM site_example_counts WHERE participant = ? "
-                "AND data = ? AND drawn_in = federation ORDER BY at LIMIT 1",
-                (self.participant, bytes(data)),
+                "AND data = ? AND sd = ? AND drawn_in = federation ORDER BY at LIMIT 1",
+                (self.participant, bytes(data), int(sd)),
             ).fetchone()
         return None if row is None else ExampleCount.from_row(row)
 

@@ -129,6 +129,7 @@ def test_a_later_federation_on_the_same_data_gets_the_same_draw(
     assert training_weight(ledger, "fed-d", OTHER, 301, 4, lines.append) == 299  # new data
     assert training_weight(ledger, "fed-e", DATA, 300, 6, lines.append) == 305  # another sd
     assert training_weight(ledger, "fed-f", DATA, 300, 0, lines.append) == 300  # exact
+    assert training_weight(ledger, "fed-g", DATA, 300, 6, lines.append) == 305  # fed-e's
     kept = ledger.example_counts()
     assert [(k.federation, k.drawn_in, k.reused) for k in kept] == [
         ("fed-a", "fed-a", False),
@@ -138,6 +139,7 @@ def test_a_later_federation_on_the_same_data_gets_the_same_draw(
         ("fed-d", "fed-d", False),
         ("fed-e", "fed-e", False),
         ("fed-f", "fed-f", False),
+        ("fed-g", "fed-e", True),
     ]
     ledger.close()
     # the site's audit counts each draw's ε once: fed-a's, fed-d's (sd 4), fed-e's (sd 6)
