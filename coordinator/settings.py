@@ -294,11 +294,12 @@ class SecAggSettings:
     64-bit ring at its finest scale. The default 2^-16 (≈ 1.5e-5 on ``n_k(θ_k−θ)``;
     each site's entry is rounded to the nearest step, so at a step of 2^-17 the averaged
     update moves by at most ``n · 2^-18 / Σn_k`` per entry) puts the digits demo (10
-    sites, derived bound 1,349) on 32 bits at 2^-17, while a federation whose ``n ×``
-    bound exceeds 2^15 (the default ``max_examples_per_site`` of 100,000 among them)
-    stays on 64 bits. Measured over 16 seeds of the demo, paired, the 32-bit ring moved
-    no head's mean central accuracy by more than 0.06 points (26 of 48 head-seeds
-    identical, the rest ±1–3 of 448 test images, both signs; docs/performance.md). 0
+    sites, derived bound 1,386: 1,349 examples plus the weights' noise bound) on 32
+    bits at 2^-17, while a federation whose ``n ×`` bound exceeds 2^15 (the default
+    ``max_examples_per_site`` of 100,000 among them) stays on 64 bits. Measured over
+    16 seeds of the demo, paired, the 32-bit ring moved no head's mean central
+    accuracy by more than 0.06 points (26 of 48 head-seeds identical, the rest ±1–3 of
+    448 test images, both signs; docs/performance.md). 0
     keeps every update job on 64 bits.
     Each job's ring and scale are in the summary's ``jobs`` (and the log at DEBUG).
     Statistics always use 64 bits."""
@@ -535,8 +536,9 @@ class CoordinatorSettings:
     total) must be at most ``contributors ×`` this, or the aggregate is refused
     (``spherecal.coordinator.driver.integrity``). It bounds what one dishonest site
     can claim; raise it for larger sites. It also sizes the secure-aggregation rings:
-    the update bound (``[secure_aggregation] update_bound = 0``) and, with a unit-norm
-    head, every entry of a site's statistics (``statistics_bound = 0``)."""
+    the update bound (``[secure_aggregation] update_bound = 0``; with the bound of the
+    noise on the sites' weights added, ``example_count_noise_sd``) and, with a
+    unit-norm head, every entry of a site's statistics (``statistics_bound = 0``)."""
     example_count_noise_sd: int = 4
     """Standard deviation (examples) of the DP noise each site adds, once per
     training split, to the example count its training updates are weighted by

@@ -19,13 +19,14 @@ and in any later federation on the same training split (its fingerprint,
 restarted federation gets the same value rather than a fresh draw to average.
 Differencing any number of rounds over any rosters then gives ``ñ_k``: one release,
 whose ε is the discrete Gaussian's with sensitivity 1 (one record moves the count by
-one; ``ρ = 1/2σ²``, :func:`~spherecal.spherefed.privacy.accounting.ddg_rdp` with one
-party), recorded beside it and listed by ``spherecal audit --site``. The default
-``σ = 4`` costs ε ≈ 1.0 at δ = 1e-5 per training split; it moves a site of 100
-examples' weight by 4 % (one sd), which FedAvg's average barely feels. Changed data
-(another fingerprint) or another σ is a new draw, a new release. Reused across
-federations, equal answers tell the coordinator that the training split did not
-change — what the per-class moments' once-per-fingerprint rule already tells it.
+one; ``ρ = 1/2σ²``; the plan, cost and the coordinator's ceiling are both sides'
+:mod:`spherecal.spherefed.privacy.example_count`), recorded beside it and listed
+by ``spherecal audit --site``. The default ``σ = 4`` costs ε ≈ 1.0 at δ = 1e-5 per
+training split; it moves a site of 100 examples' weight by 4 % (one sd), which
+FedAvg's average barely feels. Changed data (another fingerprint) or another σ is a
+new draw, a new release. Reused across federations, equal answers tell the
+coordinator that the training split did not change — what the per-class moments'
+once-per-fingerprint rule already tells it.
 
 Applying it is the strategy's (:meth:`ServerStrategy.reweighed
 <spherecal.spherefed.algorithms.base.ServerStrategy.reweighed>`, which the site calls
@@ -49,41 +50,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from spherecal.crypto.dp import DGAUSS, plan_noise, sample_noise
+from spherecal.crypto.dp import DGAUSS, sample_noise
 from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD
 from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
-from spherecal.spherefed.privacy.accounting import ddg_rdp
-from spherecal.spherefed.privacy.charge import PrivacyCharge
+from spherecal.spherefed.privacy.example_count import count_charge, count_noise_plan
 
 __all__ = [
     "DEFAULT_EXAMPLE_COUNT_NOISE_SD",
-    "EXAMPLE_COUNT_DELTA",
-    "EXAMPLE_COUNT_KIND",
     "check_plan_noise",
-    "count_charge",
     "draw_example_count",
     "training_weight",
 ]
-
-EXAMPLE_COUNT_DELTA = 1e-5
-"""δ at which a training weight's ε is stated."""
-EXAMPLE_COUNT_KIND = "example_count"
-
-
-def count_charge(sd: int, tail_probability: float = 0.0) -> PrivacyCharge:
-    """The privacy cost of one released count with discrete Gaussian noise of ``sd``
-    (sensitivity 1: one record added or removed moves the count by one)."""
-    if sd < 1:
-        raise ValueError(f"a noised count needs sd >= 1, got {sd}")
-    return PrivacyCharge.from_curve(
-        EXAMPLE_COUNT_KIND,
-        DGAUSS,
-        ddg_rdp(float(sd * sd), 1, 1.0, 1.0, 1),
-        EXAMPLE_COUNT_DELTA,
-        tail_probability=tail_probability,
-        noise={"sd": sd},
-        sensitivity={"l1": 1, "l2": 1},
-    )
 
 
 def draw_example_count(federation: str, data: bytes, count: int, sd: int) -> ExampleCount:
@@ -93,9 +70,7 @@ def draw_example_count(federation: str, data: bytes, count: int, sd: int) -> Exa
         raise ValueError(f"an example count must be >= 0, got {count}")
     if sd == 0:
         return ExampleCount(federation, data, federation, count, count, 0, None, None, {})
-    plan = plan_noise(
-        float(sd * sd), min_contributors=1, participants=1, length=1, mechanism=DGAUSS
-    )
+    plan = count_noise_plan(sd)
     noise = int(sample_noise(plan)[0])
     charge = count_charge(sd, plan.tail_probability)
     return ExampleCount(

@@ -40,7 +40,7 @@ from spherecal.coordinator.driver.outputs import save_outputs, summary, write_js
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.resume import open_state
 from spherecal.coordinator.driver.stages import Progress, Say, StageContext
-from spherecal.coordinator.driver.strategy import Strategy
+from spherecal.coordinator.driver.strategy import Strategy, weight_ceiling
 from spherecal.coordinator.driver.strategy import update_bound as declared_update_bound
 from spherecal.coordinator.driver.training_rounds import RoundDriver
 from spherecal.coordinator.driver.validation_gate import gate_heads
@@ -92,7 +92,7 @@ class Federation:
             else Strategy(
                 settings.training,
                 num_participants=len(settings.participants),
-                max_examples=settings.max_examples_per_site,
+                max_examples=weight_ceiling(settings),
                 update_bound=declared_update_bound(settings).value,
             )
         )

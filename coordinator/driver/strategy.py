@@ -42,6 +42,7 @@ from spherecal.spherefed.algorithms.base import (
 )
 from spherecal.spherefed.algorithms.registry import configured_strategy
 from spherecal.spherefed.fl import LocalTrainConfig
+from spherecal.spherefed.privacy.example_count import count_ceiling
 
 __all__ = [
     "FALLBACK_UPDATE_BOUND",
@@ -51,6 +52,7 @@ __all__ = [
     "Strategy",
     "StrategyState",
     "update_bound",
+    "weight_ceiling",
 ]
 
 FALLBACK_UPDATE_BOUND = 1e5
@@ -62,6 +64,12 @@ sphere head is at most 4 (unit features, orthonormal classifier); a mean cross-e
 above 100 (probability ``e^-100`` on the true class) is a diverged model."""
 
 
+def weight_ceiling(settings: CoordinatorSettings) -> int:
+    """The largest training weight a site may send: ``max_examples_per_site`` plus
+    the bound of the noise on its count (``[federation] example_count_noise_sd``)."""
+    return count_ceiling(settings.max_examples_per_site, settings.example_count_noise_sd)
+
+
 def update_bound(settings: CoordinatorSettings) -> DeclaredBound:
     """The bound on ``|entry|`` of every round's update vector (Bonawitz et al. 2017
     need one so the ring sum cannot wrap; ``crypto.ring`` module docstring).
@@ -71,12 +79,17 @@ def update_bound(settings: CoordinatorSettings) -> DeclaredBound:
     under the federation's declared :class:`UpdateLimits` (examples per site, the
     model's update limit, the most local steps, momentum), and at least
     :data:`LOSS_BOUND` for the ``loss`` entry. Pure: every restart derives the same.
+
+    The examples per site are what a site may *send* as its weight:
+    ``max_examples_per_site`` plus the bound of its count's noise
+    (:func:`~spherecal.spherefed.privacy.example_count.count_ceiling`), so a site at
+    the declared maximum fits whatever its draw.
     """
     configured = settings.secagg.update_bound
     if configured > 0:
         return DeclaredBound(configured, "configured", "[secure_aggregation] update_bound")
     t = settings.training
-    n_max = settings.max_examples_per_site
+    n_max = weight_ceiling(settings)
     limits = UpdateLimits(
         max_examples=n_max,
         max_change=t.max_update_change,
@@ -94,8 +107,8 @@ def update_bound(settings: CoordinatorSettings) -> DeclaredBound:
     return DeclaredBound(
         max(float(stated), LOSS_BOUND),
         "derived",
-        f"{strategy.name}, max_examples_per_site {n_max}, "
-        f"max_update_change {t.max_update_change:g}",
+        f"{strategy.name}, max_examples_per_site {settings.max_examples_per_site} "
+        f"(weights up to {n_max}), max_update_change {t.max_update_change:g}",
     )
 
 

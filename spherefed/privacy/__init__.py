@@ -14,6 +14,7 @@ import torch and Opacus):
 ``settings``     the ``[privacy]`` table shared by coordinator and participant configs
 ``evaluation_noise``
                  distributed DP noise on evaluation counts: the plan both sides compute
+``example_count``  the noise on a site's training weight: plan, cost, the coordinator's ceiling
 ``secure_sum``   the calibration statistics summed by the real protocol, in process
 ``projection``   noisy sums projected onto what honest data can give (counts ≥ 0, PSD)
 ``distributed_dpsgd``  distributed DP-SGD's noise shares and record-level accounting

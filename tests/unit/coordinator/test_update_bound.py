@@ -21,15 +21,18 @@ from spherecal.coordinator.driver.strategy import (
     FALLBACK_UPDATE_BOUND,
     LOSS_BOUND,
     update_bound,
+    weight_ceiling,
 )
 from spherecal.coordinator.settings import CoordinatorSettings, SecAggSettings, TrainingSettings
 from spherecal.crypto import ring
 from spherecal.participant.failures import failure_kind
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.algorithms import UpdateLimits, make_strategy
+from spherecal.spherefed.algorithms.base import ClientResult, as_payload
 from spherecal.spherefed.algorithms.strategies import fednova_norm
 from spherecal.spherefed.fl import LocalTrainConfig
 from spherecal.spherefed.network import ModelSpec, build_model
+from spherecal.spherefed.privacy.example_count import count_noise_plan
 
 IDS = tuple(f"p{k}" for k in range(10))
 
@@ -75,16 +78,38 @@ def test_what_a_site_really_sends_stays_inside_the_derived_bound(algorithm: str)
         assert float(np.max(np.abs(flat))) == pytest.approx(n * fednova_norm(10, momentum=0.9))
 
 
+# The most a site of 1,349 examples sends as its weight: its count plus the bound of
+# the noise on it (sd 4, truncated where a draw is beyond reach: 2^-64 in all)
+CEILING = 1349 + count_noise_plan(4).noise_bound
+
+
 def test_the_derived_bound_is_the_declared_limits_not_a_constant() -> None:
     derived = update_bound(_settings())
     assert derived.source == "derived"
-    assert derived.value == 1349.0  # FedAvg: max_examples × max(1, max_update_change)
-    assert update_bound(_settings(max_update_change=3.0)).value == 3 * 1349.0
+    assert CEILING == 1386 and weight_ceiling(_settings()) == CEILING
+    assert derived.value == CEILING  # FedAvg: weights up to × max(1, max_update_change)
+    assert update_bound(_settings(max_update_change=3.0)).value == 3 * CEILING
     nova = update_bound(_settings(algorithm="fednova", momentum=0.5))
-    steps = 2 * math.ceil(1349 / 32)  # epochs × ⌈n_max / batch⌉
-    assert nova.value == pytest.approx(1349.0 * steps / 0.5)
+    steps = 2 * math.ceil(CEILING / 32)  # epochs × ⌈n_max / batch⌉
+    assert nova.value == pytest.approx(CEILING * steps / 0.5)
     tiny = replace(_settings(), max_examples_per_site=3)
     assert update_bound(tiny).value == LOSS_BOUND  # the loss entry still fits
+    exact = replace(_settings(), example_count_noise_sd=0)  # sites that send n_k
+    assert update_bound(exact).value == 1349.0
+
+
+def test_a_site_at_the_maximum_fits_whatever_its_draw() -> None:
+    """A site holding ``max_examples_per_site`` examples whose noise came out at its
+    largest: every entry of what it sends stays within the derived bound (before, a
+    positive draw took it past the bound, and it withdrew from every round)."""
+    bound = update_bound(_settings()).value
+    top = 1349 + count_noise_plan(4).noise_bound
+    strategy = make_strategy("fedavg")
+    delta = np.full(5, 1349.0)  # n_k Δ_k at max_update_change = 1
+    result = ClientResult(as_payload(delta=delta, weight=1349), 1349, 1, 0.1)
+    sent = strategy.reweighed(result, top, LocalTrainConfig())
+    assert float(np.max(np.abs(sent.payload["delta"]))) <= bound
+    assert float(sent.payload["weight"]) <= bound
 
 
 def test_an_explicit_bound_wins_and_scaffold_falls_back_loudly() -> None:
@@ -114,7 +139,7 @@ def test_the_demo_updates_take_the_32_bit_ring_and_a_1e5_bound_does_not() -> Non
 
 
 def test_a_site_beyond_the_bound_refuses_with_a_typed_error_never_a_wrap() -> None:
-    bound = update_bound(_settings()).value
+    bound = 1349.0  # a bound whose 32-bit ring has no headroom for 3.5× it at 3 sites
     spec = crypto.JobSpec.create(
         participants=IDS[:3], threshold=2, length=4, bound=bound, resolution=2.0**-16
     )

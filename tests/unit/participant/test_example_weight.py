@@ -23,9 +23,7 @@ from spherecal.participant import example_weight
 from spherecal.participant.backoff import ParticipantExit
 from spherecal.participant.data import load_local_data
 from spherecal.participant.example_weight import (
-    EXAMPLE_COUNT_DELTA,
     check_plan_noise,
-    count_charge,
     draw_example_count,
     training_weight,
 )
@@ -41,6 +39,10 @@ from spherecal.spherefed.algorithms.registry import configured_strategy
 from spherecal.spherefed.fl import LocalTrainConfig, local_steps, local_train
 from spherecal.spherefed.network import ModelSpec, build_model
 from spherecal.spherefed.privacy.accounting import ORDERS
+from spherecal.spherefed.privacy.example_count import (
+    EXAMPLE_COUNT_DELTA,
+    count_charge,
+)
 
 DATA, OTHER = b"\x01" * 32, b"\x02" * 32
 """Fingerprints of two training splits."""
