@@ -516,8 +516,11 @@ def test_rounds_over_two_rosters_give_only_the_released_count(
     report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
     assert [(c["federation"], c["sd"]) for c in report["example_counts"]] == [("fed", 4)]
     assert report["epsilon_total"][TARGET] == pytest.approx(kept.epsilon)  # no other ε here
-    text = run_site_audit(tmp_path / "state")[1]
+    text = run_site_audit(tmp_path / "state", html_path=tmp_path / "site.html")[1]
     assert f"fed: {int(n) + 3} sent for {int(n)} examples (sd 4, ε=" in text
+    page = (tmp_path / "site.html").read_text()
+    assert "Training weights (one per federation)" in page
+    assert f"<td>{int(n)}</td><td>{int(n) + 3}</td><td>4</td>" in page
 
 
 def _one_round_per_federation(
@@ -561,6 +564,8 @@ def test_renamed_federations_on_the_same_data_get_the_same_count(
     assert _one_round_per_federation(tmp_path, model, data, ("a", "b", "c")) == [n + 3] * 3
     report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
     assert [c["drawn_in"] for c in report["example_counts"]] == ["a", "a", "a"]
+    text = run_site_audit(tmp_path / "state")[1]
+    assert text.count("sent again from a: no new release") == 2
 
 
 def test_mutation_a_draw_per_federation_averages_to_the_count(
