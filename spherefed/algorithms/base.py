@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spherecal.spherefed.fl import LocalObjective, LocalTrainConfig
+from spherecal.spherefed.fl import LocalObjective, LocalTrainConfig, local_steps
 
 #: Named float64 arrays (scalars as 0-d arrays). Every entry is summed elementwise
 #: over the round's participants — exactly what secure aggregation carries.
@@ -312,8 +312,11 @@ class ServerStrategy(ABC):
         """``result`` weighted by ``weight`` instead of the site's own example count
         ``n_k`` (a count the site released, ``spherecal.participant.example_weight``):
         every sum declared :attr:`NamedSum.example_weighted` times ``weight / n_k``, the
-        ``weight`` sum set to ``weight`` itself. A strategy whose sums carry the count
-        in another way overrides this (FedNova's ``τ``)."""
+        ``weight`` sum set to ``weight`` itself, and the diagnostics a plaintext upload
+        carries (``num_samples``, ``num_steps``) those of a site of ``weight`` examples
+        (:func:`~spherecal.spherefed.fl.local_steps`: the true step count gives the count
+        to within the batch size). A strategy whose sums carry the count in another way
+        overrides this (FedNova's ``τ``)."""
         n = int(result.num_samples)
         factor = weight / n if n > 0 else 0.0
         payload = dict(result.payload)
@@ -324,7 +327,12 @@ class ServerStrategy(ABC):
                 payload[s.name] = np.asarray(float(weight), dtype=np.float64)
             else:
                 payload[s.name] = np.asarray(payload[s.name], dtype=np.float64) * factor
-        return replace(result, payload=payload, num_samples=int(weight))
+        return replace(
+            result,
+            payload=payload,
+            num_samples=int(weight),
+            num_steps=local_steps(int(weight), config),
+        )
 
     def entry_bound(self, limits: UpdateLimits) -> float | None:
         """The largest ``|entry|`` of this strategy's payload (every declared sum) that
