@@ -51,12 +51,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from spherecal.crypto.dp import DGAUSS, sample_noise
-from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD
 from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
 from spherecal.spherefed.privacy.example_count import count_charge, count_noise_plan
 
 __all__ = [
-    "DEFAULT_EXAMPLE_COUNT_NOISE_SD",
     "check_plan_noise",
     "draw_example_count",
     "training_weight",
