@@ -40,6 +40,7 @@ from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.lifecycle import (
+    Finished,
     finished_federation,
     set_aside_finished,
     stored_result,
@@ -50,6 +51,7 @@ from spherecal.coordinator.state.store import Store, durability_warning
 from spherecal.coordinator.summary_schema import CoordinatorSummary, EndedResult, SummaryDocument
 from spherecal.crypto import native
 from spherecal.proto.address import split_host_port
+from spherecal.spherefed.state_lock import StateDirLock
 
 __all__ = ["run_coordinator"]
 
@@ -82,29 +84,44 @@ class _Stopper:
         self._watchdog: threading.Timer | None = None
         self.finished = threading.Event()
         """Set by the main thread once its summary is written (the watchdog stands down)."""
+        self.interrupted = False
+        """The stop was Ctrl-C's: after the summary the process exits 130."""
 
     def storage_failed(self, fault: StorageFailed) -> None:
         """The store's ``on_failure``: say it in one line, then stop (any thread)."""
         rounds = self.federation.completed_rounds
+        # The fault may have come after a round's commit reached the disk (a later
+        # write failed), so the restart can find one round more than this process
+        # knew of: say "at least".
         self.say(
             f"FATAL: state storage failed: {fault}; stopping (after the fault is fixed, a "
-            f"restart with the same state_dir resumes after round {rounds})"
+            f"restart with the same state_dir resumes after the last round stored: round "
+            f"{rounds}, or a later one whose commit reached the disk)"
         )
         self._stop(f"state storage failed: {fault}")
 
-    def sigterm(self, signum: int, frame: object) -> None:
-        """The handler runs on the main thread between two bytecodes — possibly
-        inside a lock the stop needs, or a write to stderr — so it only hands the
-        work to a thread of its own."""
-        threading.Thread(target=self._on_sigterm, name="sigterm", daemon=True).start()
+    def on_signal(self, signum: int, frame: object) -> None:
+        """SIGTERM's and SIGINT's handler. It runs on the main thread between two
+        bytecodes — possibly inside a lock the stop needs, or a write to stderr — so it
+        only hands the work to a thread of its own."""
+        threading.Thread(
+            target=self._on_signal, args=(signum,), name="stop-signal", daemon=True
+        ).start()
 
-    def _on_sigterm(self) -> None:
+    def _on_signal(self, signum: int) -> None:
+        """Ctrl-C stops as SIGTERM does (issue #20's clean stop: summary written,
+        participants told to wait for the restart) rather than unwinding the driver
+        mid-stage, which left ``summary.json`` at ``running`` and the sites polling a
+        closed port; the process still exits 130 afterwards, as a shell expects."""
+        interrupt = signum == signal.SIGINT
+        name = "Ctrl-C (SIGINT)" if interrupt else "SIGTERM"
         with self._lock:
             again = self._reason is not None
+            self.interrupted = self.interrupted or (interrupt and not again)
         if again:
-            self.say("second SIGTERM: exiting now")
-            self._exit_now("terminated by a second SIGTERM")
-        self._stop("terminated by SIGTERM")
+            self.say(f"second {name}: exiting now")
+            self._exit_now(f"stopped by a second {name}", code=130 if interrupt else 1)
+        self._stop("interrupted by Ctrl-C (SIGINT)" if interrupt else "terminated by SIGTERM")
 
     def _stop(self, reason: str) -> None:
         with self._lock:
@@ -122,8 +139,9 @@ class _Stopper:
         self.say(f"did not stop within {self.grace_s:.0f}s after: {self._reason}; exiting now")
         self._exit_now(f"stopped: {self._reason}")
 
-    def _exit_now(self, reason: str) -> NoReturn:
-        """Best-effort summary (the disk may be full), then exit 1 without unwinding."""
+    def _exit_now(self, reason: str, *, code: int = 1) -> NoReturn:
+        """Best-effort summary (the disk may be full), then exit ``code`` (1, or 130 for
+        a second Ctrl-C) without unwinding."""
         if not self.finished.is_set():
             with contextlib.suppress(Exception):
                 write_json(
@@ -137,7 +155,7 @@ class _Stopper:
                 )
         with contextlib.suppress(Exception):
             sys.stderr.flush()
-        os._exit(1)
+        os._exit(code)
 
     def cancel(self) -> None:
         self.finished.set()
@@ -146,13 +164,16 @@ class _Stopper:
                 self._watchdog.cancel()
 
 
-def _on_sigterm(stopper: _Stopper) -> Any:
-    """SIGTERM stops this process cleanly (summary written, participants told to
-    wait for the restart); SIGKILL of course cannot, and the next start resumes from
-    the last round either way."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _on_stop_signals(stopper: _Stopper) -> dict[int, Any]:
+    """SIGTERM and Ctrl-C stop this process cleanly (summary written, participants
+    told to wait for the restart); SIGKILL of course cannot, and the next start resumes
+    from the last round either way. Returns the handlers to restore."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, stopper.sigterm)
+        return {}
+    return {sig: signal.signal(sig, stopper.on_signal) for sig in STOP_SIGNALS}
 
 
 def _peak_rss_mb() -> float:
@@ -224,11 +245,9 @@ def _run(
 ) -> SummaryDocument | EndedResult:
     if threads is not None:
         torch.set_num_threads(threads)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     # A federation that ended is read-only (issue #23): report it and write nothing,
     # or with --new-federation set it aside whole and start another.
     finished = finished_federation(settings.state_dir)
-    set_aside: str | None = None
     if finished is not None and not new_federation:
         emit(
             f"federation {finished.federation_id} in {settings.state_dir} already ended "
@@ -237,6 +256,21 @@ def _run(
         )
         return stored_result(finished, settings.out_dir)
     ensure_port_free(settings.server.listen)  # before touching the state directory
+    # One process per state directory, held until this one exits (a second coordinator
+    # with another address would drive the same federation beside this one).
+    with StateDirLock(settings.state_dir, role="coordinator"):
+        return _run_locked(settings, emit, finished, threads=threads, new_federation=new_federation)
+
+
+def _run_locked(
+    settings: CoordinatorSettings,
+    emit: Callable[[str], None],
+    finished: Finished | None,
+    *,
+    threads: int | None,
+    new_federation: bool,
+) -> SummaryDocument | EndedResult:
+    set_aside: str | None = None
     if finished is not None:
         set_aside = str(set_aside_finished(finished, settings.state_dir, settings.out_dir, emit))
     stopper: _Stopper | None = None
@@ -309,7 +343,7 @@ def _run(
             tmp = settings.server.port_file.with_suffix(".tmp")
             tmp.write_text(f"{port}\n")
             tmp.replace(settings.server.port_file)
-        previous = _on_sigterm(stopper)
+        previous = _on_stop_signals(stopper)
         try:
             federation.run()
             health.serving(False)  # ended: only lingering to tell participants
@@ -328,8 +362,8 @@ def _run(
             except OSError as exc:  # best effort: the fault may be this very disk
                 emit(f"could not write {settings.out_dir / 'summary.json'}: {exc}")
             stopper.cancel()
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
         if metrics is not None:
             metrics.close()
@@ -344,4 +378,6 @@ def _run(
             )
     if summary is None:  # unreachable: the inner finally ran, or an error propagated
         raise RuntimeError("the federation ended without a summary")
+    if stopper is not None and stopper.interrupted:
+        raise KeyboardInterrupt  # stopped cleanly above; the CLI's exit status is 130's
     return summary

@@ -27,6 +27,7 @@ from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_session import SqliteJobLedger
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.trust import site_directory_trust
+from spherecal.spherefed.state_lock import StateDirLock
 
 __all__ = ["run_participant"]
 
@@ -51,7 +52,13 @@ def run_participant(
     say = log or emit
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    # One process per state directory (release ledger, held jobs): a second process of
+    # this site would answer the same jobs beside this one. Held until this one exits.
+    with StateDirLock(settings.state_dir, role=f"participant {pid}"):
+        return _run(settings, say)
+
+
+def _run(settings: ParticipantSettings, say: Callable[[str], None]) -> int:
     identity = load_or_enrol(settings, say)
     trust = site_directory_trust(settings, identity_public_bytes(identity), say)
     data = load_local_data(settings.data)

@@ -24,6 +24,8 @@ No network, no I/O beyond reading datasets. Modules:
 - ``durable``: a rename that survives a power loss (the folder synced) and a record
   appended with one ``fdatasync``, for every file either process must find again after
   a crash.
+- ``state_lock``: one process per state directory (an exclusive ``flock`` held for the
+  process's life), for the coordinator and every site.
 """
 
 from typing import Any

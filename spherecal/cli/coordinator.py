@@ -104,17 +104,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _unpin(settings: Any, participant_id: str) -> int:
     from spherecal.coordinator.state.store import Store
+    from spherecal.spherefed.state_lock import StateDirLock
 
     if participant_id not in settings.participants:
         raise ValueError(f"{participant_id!r} is not on the roster {list(settings.participants)}")
     db = settings.state_dir / "state.db"
     if not db.exists():
         raise FileNotFoundError(f"no coordinator state at {db}")
-    store = Store(db)
-    try:
-        changed = store.unpin(participant_id)
-    finally:
-        store.close()
+    # The coordinator must be stopped: it holds its pins in memory, so an unpin under
+    # a running one would be lost, or half-applied at its next restart.
+    with StateDirLock(settings.state_dir, role="coordinator --unpin"):
+        store = Store(db)
+        try:
+            changed = store.unpin(participant_id)
+        finally:
+            store.close()
     if changed:
         print(
             f"unpinned the identity key of {participant_id} in {db}; its next join pins "

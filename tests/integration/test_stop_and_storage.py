@@ -1,6 +1,8 @@
-"""A coordinator process stopped mid-federation — by SIGTERM, then by its state
-directory filling up — ends by itself, tells the sites it is stopping, and two
+"""A coordinator process stopped mid-federation — by SIGTERM, by Ctrl-C, then by its
+state directory filling up — ends by itself, tells the sites it is stopping, and three
 restarts later the federation completes exactly as the reference runner (issue #20).
+While it runs, a second coordinator on its state directory is refused before it writes
+anything (``spherecal.spherefed.state_lock``).
 
 The state directory is a 20 MB tmpfs (root only; skipped with the reason otherwise,
 ``tests/unit/coordinator/test_storage_faults.py`` injects the same faults in the
@@ -17,6 +19,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +33,7 @@ from spherecal.spherefed.reference import ReferenceConfig, run_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REFERENCE = ReferenceConfig(participants=3, model="mlp", rounds=6)
+REFERENCE = ReferenceConfig(participants=3, model="mlp", rounds=8)
 
 
 def _completed_rounds(db: Path) -> int:
@@ -90,6 +93,36 @@ def tmpfs_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(state)], check=False)
 
 
+def _events(db: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        return conn.execute("SELECT * FROM events ORDER BY rowid").fetchall()
+
+
+def _meta(db: Path, key: str) -> str | None:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _second_coordinator(out: Path) -> subprocess.CompletedProcess[str]:
+    """The real CLI on the running federation's own config, on another port."""
+    config = out / "second-coordinator.toml"
+    text = (out / "coordinator.toml").read_text()
+    listen = next(line for line in text.splitlines() if line.startswith("listen ="))
+    config.write_text(text.replace(listen, 'listen = "127.0.0.1:0"'))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run(
+        [sys.executable, "-m", "spherecal.cli", "coordinator", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=out,
+        env=env,
+    )
+
+
 def _alive(sim: Simulation) -> dict[str, bool]:
     return {pid: proc.popen.poll() is None for pid, proc in sim.participants.items()}
 
@@ -135,9 +168,33 @@ def stopped_twice(tmpfs_state: Path) -> dict[str, Any]:
             timeout=30,
         )
         stopped_after = _completed_rounds(db)
-        # 2. Restart; then the state directory fills up mid-federation.
+        # 2. Restart; a second coordinator on the same state directory (another port,
+        # the way past "port in use") is refused while it runs; then Ctrl-C.
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         _until("a round after the restart", lambda: _completed_rounds(db) > stopped_after)
+        # Paused meanwhile (its lock stays held), so the rounds left cannot all finish
+        # while the second process starts; Ctrl-C lands as it resumes.
+        assert sim.coordinator is not None
+        first = sim.coordinator.popen.pid
+        os.kill(first, signal.SIGSTOP)
+        try:
+            facts["events_before_second"] = _events(db)
+            second = _second_coordinator(sim.out)
+            facts["second_rc"], facts["second_stderr"] = second.returncode, second.stderr
+            facts["events_after_second"] = _events(db)
+            facts["listen_after_second"] = _meta(db, "listen")
+            facts["first_pid"] = first
+            os.kill(first, signal.SIGINT)
+        finally:
+            os.kill(first, signal.SIGCONT)
+        facts["sigint_rc"] = sim.wait_coordinator(60)
+        facts["after_sigint"] = json.loads((out / "coordinator/out/summary.json").read_text())
+        facts["alive_after_sigint"] = _alive(sim)
+        facts["sigint_log"] = _log(out, "coordinator")
+        interrupted_after = _completed_rounds(db)
+        # 3. Restart; then the state directory fills up mid-federation.
+        sim.start_coordinator(listen=f"127.0.0.1:{port}")
+        _until("a round after the restart", lambda: _completed_rounds(db) > interrupted_after)
         # Paused while the disk fills, so that the fault lands mid-federation however
         # fast the remaining rounds are (on a fast machine they could all complete, into
         # pages SQLite already held, before the filler had filled the disk).
@@ -155,12 +212,13 @@ def stopped_twice(tmpfs_state: Path) -> dict[str, Any]:
         facts["fault_log"] = _log(out, "coordinator")
         facts["after_fault"] = json.loads((out / "coordinator/out/summary.json").read_text())
         facts["alive_after_fault"] = _alive(sim)
-        # 3. Space freed: the third start finishes the federation.
+        # 4. Space freed: the fourth start finishes the federation.
         filler.unlink()
         sim.start_coordinator(listen=f"127.0.0.1:{port}")
         sim.wait_coordinator(settings.timeout_s)
         results = dict[str, Any](sim.results(sim.wait_participants(), time.monotonic() - t0))
     results["facts"] = facts
+    results["facts_port"] = port
     results["stopping_heard"] = {
         p: "coordinator is stopping" in _log(out, p) for p in settings.participant_ids
     }
@@ -179,6 +237,35 @@ def test_sigterm_ends_the_process_and_the_sites_wait_for_its_restart(
     assert facts["after_sigterm"]["status_reasons"] == ["stopped: terminated by SIGTERM"]
     assert all(facts["alive_after_sigterm"].values()), facts["alive_after_sigterm"]
     assert any(stopped_twice["stopping_heard"].values())
+
+
+def test_a_second_coordinator_on_the_running_federation_is_refused_and_writes_nothing(
+    stopped_twice: dict[str, Any],
+) -> None:
+    facts = stopped_twice["facts"]
+    assert facts["second_rc"] == 2, facts["second_stderr"][-2000:]
+    lines = [line for line in facts["second_stderr"].splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert f"in use by coordinator (pid {facts['first_pid']}, since " in lines[0]
+    # the running federation's log and recorded address are untouched ("resumed",
+    # "stopped" and another listen address were written before the lock)
+    assert facts["events_after_second"] == facts["events_before_second"]
+    assert facts["listen_after_second"] is not None
+    port = stopped_twice["facts_port"]
+    assert facts["listen_after_second"].endswith(f":{port}")
+
+
+def test_ctrl_c_stops_the_coordinator_like_sigterm_and_exits_130(
+    stopped_twice: dict[str, Any],
+) -> None:
+    facts = stopped_twice["facts"]
+    assert facts["sigint_rc"] == 130
+    after = facts["after_sigint"]
+    assert after["status"] == "failed"  # never left at "running"
+    assert after["status_reasons"] == ["stopped: interrupted by Ctrl-C (SIGINT)"]
+    assert all(facts["alive_after_sigint"].values()), facts["alive_after_sigint"]
+    assert "spherecal coordinator: interrupted" in facts["sigint_log"]
+    assert "Traceback" not in facts["sigint_log"]
 
 
 def test_a_full_state_directory_ends_the_coordinator_with_one_line(
@@ -202,7 +289,7 @@ def test_after_both_stops_the_federation_completes_exactly_as_the_reference(
     stopped_twice: dict[str, Any],
 ) -> None:
     assert stopped_twice["status"] == "completed", stopped_twice["errors"]
-    assert stopped_twice["coordinator_starts"] == 3
+    assert stopped_twice["coordinator_starts"] == 4
     failed = {p: c for p, c in stopped_twice["exit_codes"].items() if c != 0}
     assert not failed, failed
     assert [r["round"] for r in stopped_twice["per_round"]] == list(range(1, REFERENCE.rounds + 1))
