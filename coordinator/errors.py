@@ -55,6 +55,8 @@ complete)::
     │   ├── PortInUse            coordinator: the listen port is held by another process
     │   ├── StateDamaged         coordinator: the state database fails its integrity check
     │   ├── StateConflict        coordinator: a new federation over a state dir in use
+    │   ├── StateDirInUse        coordinator, participant: another live process holds the state dir
+    │   ├── PlanChanged          participant: another plan for a federation whose plan it kept
     │   ├── BlobCorrupt          coordinator: a journaled sum's file missing or altered
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── MembersNotPinned     participant: under TLS, no [tls] peer_keys and no say-so

@@ -120,7 +120,8 @@ class _Stopper:
             self.interrupted = self.interrupted or (interrupt and not again)
         if again:
             self.say(f"second {name}: exiting now")
-            self._exit_now(f"stopped by a second {name}", code=130 if interrupt else 1)
+            how = "interrupted by" if interrupt else "terminated by"
+            self._exit_now(f"{how} a second {name}", code=130 if interrupt else 1)
         self._stop("interrupted by Ctrl-C (SIGINT)" if interrupt else "terminated by SIGTERM")
 
     def _stop(self, reason: str) -> None:

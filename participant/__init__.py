@@ -25,6 +25,7 @@ Modules, one idea each:
 ``policy``             the ``[policy]`` table: what the site refuses, whatever it is asked
 ``release_ledger``     what has left the site: each release at most once per its key
 ``example_weight``     the count updates are weighted by: drawn with DP noise once per data split
+``fixed_plan``         one plan per federation: its checks against the data answered once
 ``dp_gate``            the privacy gate of noisy calibration releases (plan, charge, refuse)
 ``evaluation_checks``  the checks on an evaluation task, and the counts' secure layout
 ``evaluation_task``    the evaluation task: counts of the model and its calibrated heads

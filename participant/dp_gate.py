@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,21 @@ class NoiseRequired(PrivacyRefused):
 
 class PlaintextRefused(PrivacyRefused, PermissionError):
     """A plaintext upload or report while ``allow_plaintext`` is false."""
+
+
+_ADMISSIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS site_dp_statistics (
+    participant TEXT NOT NULL,
+    federation  TEXT NOT NULL,
+    scope       TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    epsilon     REAL NOT NULL,
+    admitted    INTEGER NOT NULL,
+    at          REAL NOT NULL,
+    PRIMARY KEY (participant, federation, scope)
+)"""
+"""Each federation's one comparison of a DP statistics release with the site's budget
+(:meth:`ParticipantPrivacy._admit_once`)."""
 
 
 class ParticipantPrivacy:
@@ -126,6 +142,8 @@ class ParticipantPrivacy:
         *,
         dim: int,
         num_classes: int,
+        federation: str,
+        per_kind: bool = False,
     ) -> tuple[CalibrationPlan, NoisePlan, dict[str, Any]]:
         """Plan, verify and charge one release; return (plan, noise plan, ledger entry).
 
@@ -187,10 +205,79 @@ class ParticipantPrivacy:
             )
         with self._lock:
             ledger = self.ledger(float(release.delta))
-            entry = _charge_once(
-                ledger, self.pid, plan.charge(plan.noise.min_contributors), job_id
+            scope = release.kind if per_kind else "moments"
+            entry = self._admit_once(
+                ledger, federation, scope, release.kind, plan.charge(plan.noise.min_contributors)
             )
         return plan, plan.noise, entry.to_json()
+
+    def _admit_once(
+        self,
+        ledger: PrivacyLedger,
+        federation: str,
+        scope: str,
+        kind: str,
+        charge: PrivacyCharge,
+    ) -> LedgerEntry:
+        """The federation's one comparison of a DP statistics release with this site's
+        budget, and its one charge (``release_id`` ``dp-statistics/<federation>``).
+
+        Why once: whether ``spent + ε`` fits the budget is a bit about what the site
+        has spent — its history in other releases and federations, and with local
+        DP-SGD (whose ε follows the example count) its count. The coordinator picks
+        each job's ε, and a refusal costs it nothing, so comparing per job let it sweep
+        ε downward until the first admission: ``spent`` to any precision, the count
+        with it. The first comparison in a federation is kept (``site_dp_statistics``:
+        the kind, the charge's ε, the answer); a later job of the federation with the
+        same kind and ε gets that answer — the same charge, or the same refusal —
+        without comparing again, and any other plan is refused without comparing. The
+        moments are one release per federation (``release_ledger``), so one charge
+        covers every job that could release them; a retried job is no longer charged
+        twice. ``scope`` is ``moments`` — one release per federation, the release
+        ledger's default — or, where this site's ``[policy] one_release_per_model =
+        false`` lets FFC and CCVR each leave once, the kind: one comparison per kind."""
+        conn = self._connection()
+        conn.execute(_ADMISSIONS_SCHEMA)
+        row = conn.execute(
+            "SELECT kind, epsilon, admitted FROM site_dp_statistics WHERE participant = ? "
+            "AND federation = ? AND scope = ?",
+            (self.pid, federation, scope),
+        ).fetchone()
+        release_id = f"dp-statistics/{federation}" + ("" if scope == "moments" else f"/{scope}")
+        if row is not None:
+            kind0, epsilon0, admitted = str(row[0]), float(row[1]), bool(row[2])
+            asked = f"{kind0} at ε = {epsilon0:.4g}"
+            if kind0 != kind or not math.isclose(epsilon0, charge.epsilon, rel_tol=1e-9):
+                raise PrivacyRefused(
+                    f"this federation's DP statistics release was already put to this "
+                    f"site's budget ({asked}); a release of another plan is not compared "
+                    "with it again in this federation"
+                )
+            if not admitted:
+                raise PrivacyRefused(
+                    f"this federation's DP statistics release ({asked}) was refused: it "
+                    "would exceed this site's budget; it is not compared again in this "
+                    "federation"
+                )
+            return _charge_once(ledger, self.pid, charge, release_id)
+        try:
+            entry = _charge_once(ledger, self.pid, charge, release_id)
+        except BudgetExceeded:
+            self._record_admission(federation, scope, kind, charge.epsilon, admitted=False)
+            raise
+        self._record_admission(federation, scope, kind, charge.epsilon, admitted=True)
+        return entry
+
+    def _record_admission(
+        self, federation: str, scope: str, kind: str, epsilon: float, *, admitted: bool
+    ) -> None:
+        conn = self._connection()
+        with conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO site_dp_statistics (participant, federation, scope, "
+                "kind, epsilon, admitted, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self.pid, federation, scope, kind, epsilon, int(admitted), time.time()),
+            )
 
 
 def _charge_once(

@@ -130,6 +130,13 @@ CREATE TABLE IF NOT EXISTS site_example_counts (
     at          REAL NOT NULL,
     PRIMARY KEY (participant, federation)
 );
+CREATE TABLE IF NOT EXISTS site_plans (
+    participant TEXT NOT NULL,
+    federation  TEXT NOT NULL,
+    terms       BLOB NOT NULL,
+    at          REAL NOT NULL,
+    PRIMARY KEY (participant, federation)
+);
 CREATE TABLE IF NOT EXISTS site_refusals (
     participant TEXT NOT NULL,
     task        TEXT NOT NULL,
@@ -510,6 +517,33 @@ class ReleaseLedger:
                 "at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (self.participant, task, kind, rule, reason[:300], federation, time.time()),
             )
+
+    def fix_plan(self, federation: str, terms: bytes) -> bytes | None:
+        """Keep ``terms`` as ``federation``'s plan if it has none yet; return the terms
+        kept before when they differ (``None``: the same, or now kept). One transaction,
+        so two processes of a site cannot both keep a plan
+        (:mod:`spherecal.participant.fixed_plan`)."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(
+                    "SELECT terms FROM site_plans WHERE participant = ? AND federation = ?",
+                    (self.participant, federation),
+                ).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO site_plans (participant, federation, terms, at) "
+                        "VALUES (?, ?, ?, ?)",
+                        (self.participant, federation, terms, time.time()),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        if row is None or bytes(row[0]) == terms:
+            return None
+        return bytes(row[0])
 
     def example_count(self, federation: str) -> ExampleCount | None:
         """The training weight this site sent in ``federation``, if any."""

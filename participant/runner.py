@@ -60,6 +60,7 @@ from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.example_weight import check_plan_noise, training_weight
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
+from spherecal.participant.fixed_plan import PlanChanged, fix_plan
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.policy import RoundOutsidePlan, require_task_bound
@@ -204,6 +205,11 @@ class ParticipantRunner:
             self._another_federation(reply.plan.federation_id)
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
             try:
+                # before any check below reads the data: once per federation
+                fix_plan(self.releases, reply.plan)
+            except PlanChanged as exc:
+                raise ParticipantExit(2, str(exc)) from None
+            try:
                 with self._compute_slot():
                     trainer = LocalTrainer(reply.plan, self.data)
                     check_fits_model(self.data, trainer.spec)
@@ -300,7 +306,14 @@ class ParticipantRunner:
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> int:
-        for relaxed in self.policy.relaxations():
+        weakened = list(self.policy.relaxations())
+        if self.settings.allow_plaintext:  # a weakening like the policy's, said alike
+            weakened.append(
+                "allow_plaintext = true: a task without secure aggregation gets this "
+                "site's update, statistics or evaluation counts in plaintext — exact, "
+                "unmasked and without noise — where the default refuses it"
+            )
+        for relaxed in weakened:
             logger.warning("policy weakened: %s", relaxed)
             self.log(f"WARNING: policy weakened: {relaxed}")
         faults = [

@@ -149,7 +149,8 @@ class ParticipantSettings:
     """Torch threads."""
     allow_plaintext: bool = False
     """Whether to upload updates/statistics in the clear when the coordinator asks
-    (secure aggregation off). Off by default: a deployment only sends masked data."""
+    (secure aggregation off). Off by default: a deployment only sends masked data.
+    On: logged at start as a weakening (``WARNING: policy weakened``)."""
     max_message_bytes: int = 8 << 20
     """gRPC message limit."""
     long_poll_ms: int = 2000

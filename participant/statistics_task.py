@@ -172,6 +172,8 @@ def _private_statistics(
             spec,
             dim=trainer.feature_dim,
             num_classes=trainer.num_classes,
+            federation=runner._federation(),
+            per_kind=not runner.releases.rules.one_release_per_model,
         )
     except (PrivacyRefused, BudgetExceeded, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)

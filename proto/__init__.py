@@ -13,6 +13,7 @@ identities (join proof, certificate extension).
 ``federation_end``  the statuses that end a federation, and which of them succeeded
 ``services``        the generated gRPC module, from one place
 ``task_context``    the digest of the task a secure job serves (every member's inputs)
+``plan_terms``      a federation plan's terms: what both ends keep fixed for a federation
 Generated and committed: ``spherecal_pb2`` (messages) and ``spherecal_pb2_grpc`` (stubs).
 """
 

@@ -54,6 +54,7 @@ from spherecal.coordinator.state.store import Store
 from spherecal.coordinator.summary_schema import CoordinatorSummary, RoundMetrics
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
+from spherecal.proto.plan_terms import changed_fields, plan_terms
 
 __all__ = ["SUSPEND_LINGER_S", "WATCH_SEEN_S", "Federation", "FederationFailed", "write_json"]
 
@@ -220,6 +221,28 @@ class Federation:
             example_count_noise_sd=s.example_count_noise_sd,
         )
 
+    def _fix_plan(self) -> None:
+        """A federation keeps the plan it started with (its terms in ``meta``): every
+        site fixes the first plan it accepts for a federation and stops at another
+        (``spherecal.participant.fixed_plan``), so a resume whose settings change the
+        plan — the calibration methods, the secure flags, ``max_examples_per_site``
+        (the sum scales), the example-count noise — is refused here, in one line,
+        rather than by every site."""
+        terms = plan_terms(self.shared_plan())
+        stored = self.store.get_meta("plan_terms")
+        if stored is None:
+            self.store.set_meta("plan_terms", terms.hex())
+            return
+        before = bytes.fromhex(stored)
+        if before != terms:
+            fields = ", ".join(changed_fields(before, terms)) or "its encoding"
+            raise FederationFailed(
+                f"federation {self.federation_id} started with another plan ({fields} "
+                "differ from these settings); its sites keep the plan they accepted and "
+                "would stop at this one: restore those settings to resume it, or start a "
+                "new federation (--new-federation)"
+            )
+
     # ---------------------------------------------------------------- driver
     def run(self) -> None:
         """The whole federation; never raises for federation-level failures (they
@@ -349,6 +372,7 @@ class Federation:
         s = self.settings
         opened = open_state(s, self.store, self.strategy, self.model.length)
         self.board.federation_id = opened.federation_id
+        self._fix_plan()
         if opened.global_vector is not None:
             self.progress.global_vector = opened.global_vector
             self.progress.completed_rounds = opened.completed_rounds

@@ -55,7 +55,12 @@ def test_a_second_process_with_the_same_certificate_is_refused_and_the_first_fin
         # a copy of the site's process started by mistake (or on a second machine)
         config = (out / "participants" / "p0.toml").read_text()
         twin_config = out / "participants" / "p0-twin.toml"
-        twin_config.write_text(config.replace("participant-p0", "participant-p0-twin"))
+        assert 'state_dir = "../state/p0"' in config
+        twin_config.write_text(
+            config.replace("participant-p0", "participant-p0-twin").replace(
+                'state_dir = "../state/p0"', 'state_dir = "../state/p0-twin"'
+            )
+        )
         with twin_log.open("ab") as log:
             twin = launch(
                 settings.launcher,

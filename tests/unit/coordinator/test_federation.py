@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.federation import Federation, FederationFailed
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.outputs import write_json
@@ -205,6 +205,19 @@ def test_resume_loads_the_last_checkpoint_and_refuses_other_settings(
         fed2 = Federation(other, store, registry, say=lambda m: None)
         with pytest.raises(Exception, match="different settings"):
             fed2.prepare()
+        # Settings outside the fingerprint that change the plan the sites fixed (the
+        # calibration methods, the example-count noise) refuse the resume too, naming
+        # the plan's fields; pacing (the heartbeat) does not.
+        methods = ("ccvr",) if cs.calibration.methods != ("ccvr",) else ("ffc",)
+        for changed, field in (
+            (replace(cs, calibration=replace(cs.calibration, methods=methods)), "calibration"),
+            (replace(cs, example_count_noise_sd=6), "example_count_noise_sd"),
+        ):
+            fed3 = Federation(changed, store, registry, say=lambda m: None)
+            with pytest.raises(FederationFailed, match=rf"another plan \({field} differ"):
+                fed3.prepare()
+        paced = replace(cs, timeouts=replace(cs.timeouts, heartbeat_interval_s=2.5))
+        Federation(paced, store, registry, say=lambda m: None).prepare()
     finally:
         store.close()
 

@@ -33,7 +33,7 @@ if mode == "fault":
                     (StorageFailed(str(tmp / "state" / "state.db"), "disk I/O error"),)).start()
 else:
     import signal
-    signal.signal(signal.SIGTERM, stopper.sigterm)
+    signal.signal(signal.SIGTERM, stopper.on_signal)
     stopper.grace_s = 600.0  # only the second SIGTERM may end it
 print("ready", flush=True)
 if mode == "sigterm":

@@ -29,6 +29,7 @@ from spherecal.crypto import EncodingOverflow, JobSpec
 from spherecal.crypto.ring import encode
 from spherecal.participant.distributed_dpsgd import admit_step, distributed_step, step_input
 from spherecal.participant.dp_gate import ParticipantPrivacy
+from spherecal.participant.release_ledger import LedgerRules
 from spherecal.participant.statistics_task import _private_statistics
 from spherecal.participant.trainer import LocalTrainer, random_subset
 from spherecal.proto import spherecal_pb2 as pb
@@ -156,6 +157,8 @@ class _Secure:
 
 
 class _Releases:
+    rules = LedgerRules()
+
     def annotate(self, key: str, **fields: Any) -> None:
         pass
 
@@ -177,6 +180,9 @@ class _Runner:
 
     def _download(self, ref: pb.TensorRef, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
         return _vector(self.trainer)
+
+    def _federation(self) -> str:
+        return "f"
 
     def log(self, message: str) -> None:
         self.messages.append(message)

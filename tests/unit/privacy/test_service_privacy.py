@@ -59,8 +59,12 @@ def _spec(epsilon: float = 1.0, *, noise_scale: float = 1.0) -> JobSpec:
     return JobSpec.create(IDS, threshold=T, **args)
 
 
-def _admit(gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease) -> Any:
-    return gate.admit(spec.job_id.hex(), release, spec, dim=DIM, num_classes=CLASSES)
+def _admit(
+    gate: ParticipantPrivacy, spec: JobSpec, release: pb.DPRelease, federation: str = "f1"
+) -> Any:
+    return gate.admit(
+        spec.job_id.hex(), release, spec, dim=DIM, num_classes=CLASSES, federation=federation
+    )
 
 
 # ----------------------------------------------------------------- config
@@ -126,17 +130,42 @@ def test_participant_admits_charges_then_refuses_over_budget(tmp_path: Path) -> 
     plan, noise, entry = _admit(gate, _spec(), _release())
     assert noise.min_contributors == T and plan.length == noise.length
     assert entry["epsilon"] == pytest.approx(1.0, rel=1e-6)
+    # another job of the same federation: the same charge, not a second one
+    assert _admit(gate, _spec(), _release())[2] == entry
     with pytest.raises(BudgetExceeded) as caught:
-        _admit(gate, _spec(), _release())
+        _admit(gate, _spec(), _release(), federation="f2")
     numbers = caught.value.numbers()
     assert numbers["limit"] == "total" and numbers["budget_epsilon"] == 1.2
     assert numbers["spent_epsilon"] == pytest.approx(1.0, rel=1e-6)
     with pytest.raises(BudgetExceeded, match="per-release target"):
-        _admit(gate, _spec(2.0), _release(2.0))
+        _admit(gate, _spec(2.0), _release(2.0), federation="f3")
     gate.close()
     # the ledger lives in the participant's state directory and survives restarts
     again = ParticipantPrivacy(gate.settings, "p1", tmp_path)
     assert again.ledger(1e-5).spent("p1").releases == 1
+    again.close()
+
+
+def test_one_budget_comparison_per_federation_whatever_the_epsilon(tmp_path: Path) -> None:
+    """The sweep attack: a coordinator lowers each job's ε until the site admits one,
+    reading what the site spent elsewhere (with local DP-SGD its example count) from
+    the first ε admitted. The first comparison of a federation is its only one."""
+    settings = PrivacySettings(enabled=True, epsilon=2.0, total_epsilon=1.5)
+    gate = ParticipantPrivacy(settings, "p1", tmp_path)
+    _admit(gate, _spec(1.0), _release(1.0), federation="before")  # spent: 1.0
+    with pytest.raises(BudgetExceeded):  # 1.0 and 1.5 exceed 1.5: the federation's answer
+        _admit(gate, _spec(1.5), _release(1.5))
+    for epsilon in (1.2, 0.9, 0.5, 0.1):  # never compared (0.1 fits: below)
+        with pytest.raises(PrivacyRefused, match="already put to this site's budget"):
+            _admit(gate, _spec(epsilon), _release(epsilon))
+    with pytest.raises(PrivacyRefused, match="was refused: it would exceed"):
+        _admit(gate, _spec(1.5), _release(1.5))  # the same plan: the same answer
+    gate.close()
+    again = ParticipantPrivacy(settings, "p1", tmp_path)  # and after a restart
+    with pytest.raises(PrivacyRefused, match="already put to this site's budget"):
+        _admit(again, _spec(0.5), _release(0.5))
+    assert again.ledger(1e-5).spent("p1").releases == 1  # nothing charged in "f1"
+    _admit(again, _spec(0.1), _release(0.1), federation="g")  # fits, asked in its own
     again.close()
 
 
