@@ -8,10 +8,15 @@ function of the runner's state.
 Issue #19: the counts leave with this site's share of distributed DP noise
 (:mod:`spherecal.spherefed.privacy.evaluation_noise`), added in the ring before
 masking, and the release (with its ε) is recorded in the site's ledger.
+
+A split larger than the secure job's bound is evaluated on a random subset that fits
+it (:func:`_count_limit`): a refusal by the split's size would be an exact, un-noised
+answer of this site's own, past secure aggregation.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import grpc
@@ -67,6 +72,35 @@ def _noise(runner: ParticipantRunner, job: pb.SecAggJob) -> tuple[EvaluationNois
             f"([policy] evaluation_noise_sd); {exc}"
         ) from None
     return noise, evaluation_epsilon(noise)
+
+
+def _count_limit(runner: ParticipantRunner, task: pb.EvaluateTask, split: str) -> int:
+    """The most examples this site evaluates in the secure job: ``⌊bound⌋`` of the
+    job's spec, since the total and every correct count are entries of the input.
+
+    Why not refuse a split that holds more: the coordinator chooses the bound, and
+    the refusal would be this site's alone — past secure aggregation and the counts'
+    noise — answering exactly "does the split hold more than B examples?" once per
+    evaluation (up to ``max_evaluations_per_federation`` bits a federation, recorded
+    as a noised release when it was a comparison). A larger split is evaluated on a
+    uniformly random ``⌊bound⌋`` of its examples instead (``LocalTrainer.evaluate``),
+    so the site sends counts whatever its size, and only its own log says so."""
+    bound = crypto.JobSpec.from_bytes(task.secure.spec).bound
+    limit = int(math.floor(bound))
+    held = _split_size(runner, split)
+    if held > limit:
+        runner.log(
+            f"evaluation ({split} split): this site holds {held} examples, above the "
+            f"job's bound {bound:g}: this evaluation uses a random {limit} of them"
+        )
+    return limit
+
+
+def _split_size(runner: ParticipantRunner, split: str) -> int:
+    data = runner.data
+    if split == "validation":
+        return 0 if data.val_y is None else int(data.val_y.shape[0])
+    return int(data.test_y.shape[0])
 
 
 def _noise_json(noise: EvaluationNoise) -> dict[str, object]:
@@ -127,8 +161,9 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
     heads = download_heads(
         runner._download, task, num_classes=trainer.num_classes, feature_dim=trainer.feature_dim
     )
+    limit = _count_limit(runner, task, split) if secure else None
     try:
-        total, counts = trainer.evaluate(vector, heads, split=split)
+        total, counts = trainer.evaluate(vector, heads, split=split, max_examples=limit)
     except ValueError as exc:  # may depend on the data: counted as the release
         runner._local_work_failed(task_id, session, release, exc)
         return

@@ -43,6 +43,14 @@ local step count ``epochs·⌈n_k/B⌉``); it is sent as a site of ``ñ_k`` exam
 (:meth:`FedNova.reweighed <spherecal.spherefed.algorithms.strategies.FedNova.reweighed>`).
 What this does not cover: the update ``Δ_k`` itself and the round's mean loss
 (``docs/threat_model.md``, *Different training rounds*).
+
+**Within the job's bound** (:func:`weight_within_bound`). The coordinator chooses each
+update job's entry bound; a weight whose entries (``ñ_k``, FedNova's ``τ``, at their
+plan scales) did not fit it would make the site refuse — its own answer, past secure
+aggregation, to "is your weight above B?", once per round at bounds the coordinator
+picks. A site weights its update instead by the largest count up to ``ñ_k`` whose
+entries fit: a function of ``ñ_k`` and public values only, so nothing beyond the
+released count, and only its own log says so.
 """
 
 from __future__ import annotations
@@ -52,12 +60,15 @@ from dataclasses import replace
 
 from spherecal.crypto.dp import DGAUSS, sample_noise
 from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
+from spherecal.spherefed.algorithms.base import ClientResult, ServerStrategy, SumLayout
+from spherecal.spherefed.fl import LocalTrainConfig
 from spherecal.spherefed.privacy.example_count import count_charge, count_noise_plan
 
 __all__ = [
     "check_plan_noise",
     "draw_example_count",
     "training_weight",
+    "weight_within_bound",
 ]
 
 
@@ -149,3 +160,40 @@ def check_plan_noise(plan_sd: int, site_sd: int) -> None:
                 else ""
             )
         )
+
+
+def weight_within_bound(
+    strategy: ServerStrategy,
+    layout: SumLayout,
+    result: ClientResult,
+    weight: int,
+    config: LocalTrainConfig,
+    bound: float,
+) -> int:
+    """The largest training weight ``w <= weight`` whose count entries — the scalar
+    sums proportional to the weight (``weight`` itself, FedNova's ``τ = w‖a(w)‖₁``),
+    as :meth:`ServerStrategy.reweighed` sets them, divided by their plan scales — are
+    at most the job's ``bound``; ``weight`` itself whenever it fits (every honest
+    job: the coordinator derives its bound from the largest weight a site may send).
+
+    Why not refuse: a site whose weight did not fit would withdraw, an answer of its
+    own about its count to a bound the coordinator chose. The weight is a released
+    count (``ñ_k``), so the answer would not break its ε, but it would leave past
+    secure aggregation, once per round; fitted instead, the site always sends, and
+    what it sends is a function of ``ñ_k`` and public values only. Each entry grows
+    with ``w`` (``τ``'s effective steps grow with the step count), so the largest
+    fitting ``w`` is found by bisection; ``w = 0`` (all count entries 0) always fits."""
+    names = [s.name for s in strategy.sums if s.example_weighted and not s.per_entry]
+    probe = replace(result, payload={k: result.payload[k] for k in names if k in result.payload})
+
+    def fits(w: int) -> bool:
+        sent = strategy.reweighed(probe, w, config).payload
+        return all(abs(float(sent[k])) / layout.scale_of(k) <= bound for k in sent)
+
+    if fits(weight):
+        return weight
+    low, high = 0, weight  # fits(low), not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

@@ -57,7 +57,11 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
-from spherecal.participant.example_weight import check_plan_noise, training_weight
+from spherecal.participant.example_weight import (
+    check_plan_noise,
+    training_weight,
+    weight_within_bound,
+)
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.fixed_plan import PlanChanged, fix_plan
@@ -85,6 +89,7 @@ from spherecal.proto.codec import iter_chunks as tensor_chunks
 from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 from spherecal.proto.identity import join_payload, public_key_bytes
 from spherecal.proto.task_context import secure_task
+from spherecal.spherefed.algorithms.base import ClientResult
 from spherecal.spherefed.fl import LocalUpdate
 
 __all__ = ["ParticipantRunner", "ParticipantExit"]
@@ -577,8 +582,11 @@ class ParticipantRunner:
             self.policy.example_count_noise_sd,
             self.log,
         )
+        bound = crypto.JobSpec.from_bytes(task.secure.spec).bound if secure else None
+        if bound is not None:
+            weight = self._weight_within(trainer, result, weight, bound, int(task.round))
         result = trainer.strategy.reweighed(result, weight, trainer.config)
-        payload = trainer.flatten(result)
+        payload = trainer.flatten(result, loss_bound=bound)
         if self.adversary is not None and task.HasField("secure"):
             payload = self.adversary.update(
                 payload,
@@ -596,6 +604,39 @@ class ParticipantRunner:
                 num_steps=result.num_steps,
             )
             self._upload_plain(task_id, payload, meta, release=release)
+
+    def _weight_within(
+        self,
+        trainer: LocalTrainer,
+        result: ClientResult,
+        weight: int,
+        bound: float,
+        round_index: int,
+    ) -> int:
+        """The training weight the round's update carries in a secure job of entry
+        bound ``bound``: the released weight, or the largest below it whose count
+        entries fit the bound (:func:`weight_within_bound`, which says why), logged
+        here only.
+
+        The update's own entries (``ñ_k Δ_k``, SCAFFOLD's control variates) are not
+        fitted: outside the bound they stay a refusal counted as the round's update
+        (``SecureSteps.withhold``). Clipping them would change a model the coordinator
+        still steps as if it were not — silently, where a too-tight declared
+        ``max_update_change`` now loses the round and says so — for a bit the exact
+        update already gives away: without DP-SGD a coordinator can difference two
+        rounds for the site's exact update (``docs/threat_model.md``, *Different
+        training rounds*), and with DP-SGD the update is noised, so a refusal by it
+        is post-processing. Each round is one release either way."""
+        fitted = weight_within_bound(
+            trainer.strategy, trainer.layout, result, weight, trainer.config, bound
+        )
+        if fitted < weight:
+            self.log(
+                f"round {round_index + 1}: this site's training weight {weight} does not fit "
+                f"the job's bound {bound:g}: this update is weighted as a site of {fitted} "
+                "examples"
+            )
+        return fitted
 
     def _require_planned_round(self, round_index: int) -> None:
         """Refuse a training task for a round the joined plan does not have

@@ -45,7 +45,12 @@ from spherecal.crypto.dp import sample_noise
 from spherecal.participant.dp_gate import BudgetExceeded, PrivacyRefused
 from spherecal.participant.release_ledger import Release
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size
+from spherecal.spherefed.heads import UNIT_NORM_HEADS
+from spherecal.spherefed.stats import (
+    ccvr_layout_size,
+    ffc_layout_size,
+    unit_norm_examples_within,
+)
 
 if TYPE_CHECKING:
     from spherecal.participant.runner import ParticipantRunner
@@ -89,12 +94,13 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
         return
     d, c = trainer.feature_dim, trainer.num_classes
     length = ffc_layout_size(d, c) if kind == "ffc" else ccvr_layout_size(d, c)
+    limit = _example_limit(runner, task, kind) if secure else None
     session = None
     if secure and runner.secure.overlaps_local_work:
         # the feature pass runs while the keys and shares are exchanged (module
         # docstring: only where that reveals nothing); leaving the block waits for it
         with ThreadPoolExecutor(1, thread_name_prefix=f"{kind}-statistics") as worker:
-            work = worker.submit(_statistics_of, runner, trainer, vector, kind)
+            work = worker.submit(_statistics_of, runner, trainer, vector, kind, limit)
             session = runner.secure.start(
                 task_id,
                 task.secure,
@@ -125,7 +131,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
             if session is None:
                 return
         try:
-            stats, seconds = _statistics_of(runner, trainer, vector, kind)
+            stats, seconds = _statistics_of(runner, trainer, vector, kind, limit)
         except ValueError as exc:
             runner._local_work_failed(task_id, session, release, exc)
             return
@@ -138,12 +144,47 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
         runner._upload_plain(task_id, stats, None, release=release)
 
 
+def _example_limit(runner: ParticipantRunner, task: pb.StatisticsTask, kind: str) -> int | None:
+    """The most training examples this site's exact statistics may count in the
+    secure job, or None when the job's bound does not follow from the count.
+
+    With a unit-norm head (``‖z‖ = 1``) every entry of a site's FFC or CCVR
+    statistics is at most its example count (``unit_norm_entry_bound``), so the job's
+    bound — which the coordinator chooses — caps the count. A site that refused by it
+    would tell the coordinator, past secure aggregation, exactly whether it holds more
+    than the count the bound allows: one exact bit per bound it asks with, about the
+    exact count where the site otherwise releases only a noised training weight. So
+    a larger training split contributes a uniformly random subset of the largest
+    size that fits (``unit_norm_examples_within``), as a DP release does above its
+    ``max_examples``; only this site's log says so.
+
+    With any other head nothing bounds ``‖z‖``: an entry outside the bound stays a
+    refusal that depends on the data, answered at the masked step and counted as the
+    release (``SecureSteps.withhold``; ``docs/privacy.md``)."""
+    if runner._trainer().spec.head not in UNIT_NORM_HEADS:
+        return None
+    bound = crypto.JobSpec.from_bytes(task.secure.spec).bound
+    limit = unit_norm_examples_within(bound)
+    held = runner.data.train_size
+    if held > limit:
+        runner.log(
+            f"{kind} statistics: this site holds {held} examples, more than the job's "
+            f"bound {bound:g} allows ({limit}): these statistics use a random {limit} of them"
+        )
+    return limit
+
+
 def _statistics_of(
-    runner: ParticipantRunner, trainer: LocalTrainer, vector: npt.NDArray[np.float64], kind: str
+    runner: ParticipantRunner,
+    trainer: LocalTrainer,
+    vector: npt.NDArray[np.float64],
+    kind: str,
+    limit: int | None = None,
 ) -> tuple[npt.NDArray[np.float64], float]:
-    """The statistics vector of ``kind`` and the seconds it took."""
+    """The statistics vector of ``kind`` (over at most ``limit`` random examples)
+    and the seconds it took."""
     t0 = time.monotonic()
-    stats = trainer.statistics(vector, kind)
+    stats = trainer.statistics(vector, kind, max_examples=limit)
     if runner.adversary is not None:
         stats = trainer.attacked_statistics(runner.adversary, kind, stats)
     return stats, time.monotonic() - t0

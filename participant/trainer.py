@@ -65,18 +65,31 @@ def random_subset(n: int, m: int, rng: np.random.Generator | None = None) -> npt
     increasing order; every index (``0 … n-1``) when ``n <= m``.
 
     Why: a DP job's plan bounds what one site sends by the job's public
-    ``max_examples``. A site holding more contributes a random ``max_examples`` of
-    its records instead of refusing, since a refusal would tell the coordinator —
-    un-noised, uncharged, and as often as it asks with other bounds — how many it
-    holds. The draw is the site's own, fresh each call (keyed from :mod:`secrets`
-    without ``rng``; ``rng`` is for tests): nobody outside the site knows or chooses
-    which records a release used."""
+    ``max_examples``, and every secure job's ``bound`` caps its counts (an
+    evaluation's total, a unit-norm statistic's entries). A site holding more
+    contributes a random subset of the size that fits instead of refusing, since a
+    refusal would tell the coordinator — un-noised, past secure aggregation, and as
+    often as it asks with other bounds — how many it holds. The draw is the site's
+    own, fresh each call (keyed from :mod:`secrets` without ``rng``; ``rng`` is for
+    tests): nobody outside the site knows or chooses which records a release used."""
     if n < 0 or m < 0:
         raise ValueError(f"need n >= 0 and m >= 0, got n={n}, m={m}")
     if n <= m:
         return np.arange(n, dtype=np.int64)
     gen = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
     return np.sort(gen.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
+
+
+def _at_most(
+    x: torch.Tensor, y: torch.Tensor, max_examples: int | None, rng: np.random.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``, or the rows of a uniformly random ``max_examples`` of them when
+    there are more (:func:`random_subset`); only those rows go through the network."""
+    n = int(y.shape[0])
+    if max_examples is None or n <= max_examples:
+        return x, y
+    keep = torch.from_numpy(random_subset(n, max_examples, rng))
+    return x[keep], y[keep]
 
 
 def model_spec_from_plan(spec: pb.ModelSpec) -> ModelSpec:
@@ -172,9 +185,21 @@ class LocalTrainer:
             client_state=client_state,
         )
 
-    def flatten(self, result: ClientResult) -> npt.NDArray[np.float64]:
-        """The payload plus ``loss = mean_loss``, as the one vector to send."""
-        return self.layout.flatten({**result.payload, LOSS_SUM.name: result.mean_loss})
+    def flatten(
+        self, result: ClientResult, *, loss_bound: float | None = None
+    ) -> npt.NDArray[np.float64]:
+        """The payload plus ``loss = mean_loss``, as the one vector to send.
+
+        ``loss_bound``: a secure job's entry bound, which the loss is clipped to. The
+        loss is a metric no server step reads, so clipping costs only the round's
+        reported loss, whereas a refusal by it would tell the coordinator — past
+        secure aggregation, at a bound it chose — whether this site's mean loss is
+        above it (not covered by DP-SGD, which noises the update but not the loss).
+        A non-finite loss is left as it is: the job's encoder refuses it."""
+        loss = result.mean_loss
+        if loss_bound is not None and np.isfinite(loss):
+            loss = float(np.clip(loss, -loss_bound, loss_bound))
+        return self.layout.flatten({**result.payload, LOSS_SUM.name: loss})
 
     def require_dpsgd_compatible(self) -> None:
         """Refuse DP-SGD with an algorithm whose sums are not FedAvg's (FedNova's
@@ -241,11 +266,26 @@ class LocalTrainer:
     def features(self, x: torch.Tensor) -> npt.NDArray[np.float64]:
         return compute_features(self.model, x, batch_size=FEATURE_BATCH)
 
-    def statistics(self, vector: npt.NDArray[np.float64], kind: str) -> npt.NDArray[np.float64]:
-        """FFC or CCVR statistics of the local training split, packed (flat float64)."""
+    def statistics(
+        self,
+        vector: npt.NDArray[np.float64],
+        kind: str,
+        *,
+        max_examples: int | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> npt.NDArray[np.float64]:
+        """FFC or CCVR statistics of the local training split, packed (flat float64).
+
+        ``max_examples``: a training split larger than it contributes a uniformly
+        random ``max_examples`` of its examples (:func:`random_subset`, drawn afresh;
+        ``rng`` fixes the draw for tests). A secure job's bound caps every entry, and
+        with a unit-norm head the largest entry is the count: the caller passes the
+        count that fits the job's bound, so the site sends whatever its count instead
+        of refusing by it (``spherecal.participant.statistics_task``)."""
+        x, labels = _at_most(self.data.train_x, self.data.train_y, max_examples, rng)
         self.load(vector)
-        z = self.features(self.data.train_x)
-        y = self.data.train_y.numpy()
+        z = self.features(x)
+        y = labels.numpy()
         if kind == "ffc":
             return ffc_statistics(z, y, self.num_classes).pack()
         if kind == "ccvr":
@@ -287,11 +327,7 @@ class LocalTrainer:
         (:func:`random_subset`, drawn afresh each call; ``rng`` fixes the draw for
         tests), so the statistics never count more than the plan allows. Only the
         selected rows go through the network."""
-        x, y_all = self.data.train_x, self.data.train_y
-        n = int(y_all.shape[0])
-        if max_examples is not None and n > max_examples:
-            keep = torch.from_numpy(random_subset(n, max_examples, rng))
-            x, y_all = x[keep], y_all[keep]
+        x, y_all = _at_most(self.data.train_x, self.data.train_y, max_examples, rng)
         self.load(vector)
         z = self.features(x)
         y = y_all.numpy()
@@ -311,12 +347,22 @@ class LocalTrainer:
         heads: Mapping[str, npt.NDArray[np.float64] | CalibratedHead],
         *,
         split: str = "test",
+        max_examples: int | None = None,
+        rng: np.random.Generator | None = None,
     ) -> tuple[int, dict[str, int]]:
         """(samples, correct predictions per head) on the local ``test`` or
         ``validation`` split; head ``none`` is the model's own. A weight matrix is
         swapped into the network's classifier (FFC, CCVR); a
         :class:`~spherecal.spherefed.discriminant.CalibratedHead` (bias, QDA's quadratic term)
-        scores the network's features, as the reference runner does."""
+        scores the network's features, as the reference runner does.
+
+        ``max_examples``: a split larger than it is evaluated on a uniformly random
+        ``max_examples`` of its examples (:func:`random_subset`, drawn afresh; ``rng``
+        for tests), so that the total and every count stay within a secure job's
+        bound: a site whose counts did not fit would refuse, and that refusal — its
+        own, past secure aggregation and the counts' noise — would tell the
+        coordinator exactly whether the split holds more than the bound it chose
+        (``spherecal.participant.evaluation_task``)."""
         if split == "validation":
             x, y = self.data.val_x, self.data.val_y
             if x is None or y is None:
@@ -326,6 +372,7 @@ class LocalTrainer:
                 return 0, {name: 0 for name in ("none", *heads)}
         else:
             x, y = self.data.test_x, self.data.test_y
+        x, y = _at_most(x, y, max_examples, rng)
         self.load(vector)
         counts = {"none": count_correct(self.model, x, y, FEATURE_BATCH)}
         features: npt.NDArray[np.float64] | None = None

@@ -33,6 +33,7 @@ full matrix). Unpacking with the same flag undoes it exactly up to float roundin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,10 @@ float rounding of a unit norm (a float32 ``z / ‖z‖`` has ``‖z‖² = 1`` t
 1e-7). It costs the secure-aggregation ring at most one bit of scale, and only when the
 count is a power of two."""
 
+
+_EXACT_COUNTS = 2**52
+"""Above this many examples float64 no longer tells ``m`` from ``m + 1``
+(:func:`unit_norm_examples_within` stops there)."""
 
 FALLBACK_STATISTICS_BOUND = 1e6
 """The service's statistics bound for a head whose features have no unit norm (nothing
@@ -82,6 +87,31 @@ def unit_norm_entry_bound(max_examples: int) -> float:
     if max_examples < 1:
         raise ValueError(f"max_examples must be >= 1, got {max_examples}")
     return float(max_examples) * (1.0 + UNIT_NORM_SLACK)
+
+
+def unit_norm_examples_within(bound: float) -> int:
+    """The largest example count ``m >= 0`` whose :func:`unit_norm_entry_bound` is at
+    most ``bound`` (0 when not even one example's is): the inverse of that bound,
+    exact at its edges — ``unit_norm_examples_within(unit_norm_entry_bound(m)) == m``,
+    and one ulp below that bound gives ``m - 1``.
+
+    Why: the coordinator chooses each secure statistics job's ``bound``. A site whose
+    unit-norm statistics do not fit it would refuse, and that refusal — its own, past
+    secure aggregation — answers "does this site hold more than ``m`` examples?"
+    exactly, once per bound the coordinator asks with. A site instead computes exact
+    statistics over a random subset of this many of its examples
+    (``spherecal.participant.statistics_task``), which fit whatever its count."""
+    if not (math.isfinite(bound) and bound > 0):
+        raise ValueError(f"bound must be a positive finite number, got {bound!r}")
+    if bound / (1.0 + UNIT_NORM_SLACK) >= _EXACT_COUNTS:
+        return _EXACT_COUNTS  # no site holds that many; float64 counts stop being exact
+    m = int(bound / (1.0 + UNIT_NORM_SLACK))
+    # the float quotient can land one either side of the exact inverse: step onto it
+    while m >= 1 and unit_norm_entry_bound(m) > bound:
+        m -= 1
+    while unit_norm_entry_bound(m + 1) <= bound:
+        m += 1
+    return m
 
 
 def _as_float64_matrix(features: Any) -> np.ndarray:

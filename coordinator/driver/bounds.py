@@ -11,7 +11,12 @@ statistics' (from the head and ``[federation] max_examples_per_site``).
 Each bound is pure in the settings, so a restarted coordinator derives the same; a
 journaled job keeps the bound of its spec either way. A site whose vector leaves the
 job's bound refuses to send it (a typed ``EncodingOverflow`` withdrawal), never a
-wrapped sum.
+wrapped sum — except where an entry is a count (an evaluation's counts, unit-norm
+statistics, an update's weight): since a refusal by a count would tell the coordinator
+that count past secure aggregation, a site fits those to any bound, with a random
+subset of its examples or a smaller weight (``docs/privacy.md``, *A job's entry bound
+is no count oracle*). Bounds derived here never make a site within the declared limits
+do so.
 """
 
 from __future__ import annotations

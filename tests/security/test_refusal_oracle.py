@@ -16,6 +16,11 @@ refused by the ledger; a coordinator that abandons the job before that step sees
 same thing whether the input fitted or not; and the text it receives is a fixed
 sentence. Each has its mutation check: a site that withdraws at once (the behaviour
 before) answers both questions.
+
+The site here has a head that does not bound ``‖z‖`` (``learnable``), where such a
+refusal is what is left: with a unit-norm head every entry is at most the example
+count, and the site fits its statistics to any bound instead of refusing
+(``tests/security/test_bound_oracle.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.settings import ModelSettings
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import wire_reason
 from spherecal.participant.secure_jobs import SecureSteps
@@ -47,6 +54,14 @@ from tests.security.hostile_ring import (
 
 ROSTER = ("p0", "p1", "p2", "p3")
 OTHER_ROSTER = ("p0", "p1", "p2", "p4")
+
+
+@pytest.fixture(scope="module")
+def model() -> GlobalModel:
+    """The MLP with a plain (``learnable``) head: nothing bounds its features' norm,
+    so nothing lets the site fit its statistics to a bound it did not choose."""
+    torch.set_num_threads(1)
+    return GlobalModel(ModelSettings(extractor="mlp", head="learnable").spec(0))
 
 
 @pytest.fixture(scope="module")
@@ -191,10 +206,14 @@ def test_a_job_abandoned_before_its_masked_step_says_nothing_either_way(
     ring, below, above, honest = _abandoned_pair(tmp_path, model, data, largest_entry)
     assert ring.failures == []
     # the same messages, in the same order, whether the input fitted or not
-    assert ring.submitted[below.job_id] == ring.submitted[above.job_id] == [
-        pb.ADVERTISE,
-        pb.SHARE,
-    ]
+    assert (
+        ring.submitted[below.job_id]
+        == ring.submitted[above.job_id]
+        == [
+            pb.ADVERTISE,
+            pb.SHARE,
+        ]
+    )
     # nothing left in either: the honest job afterwards is admitted and released once
     assert honest.result is not None
     assert _released(tmp_path) == [honest.job_id.hex()]

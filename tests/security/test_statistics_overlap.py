@@ -79,8 +79,10 @@ class StatisticsSharing(SharingCoordinator):
 def _recording(coordinator: StatisticsSharing, monkeypatch: pytest.MonkeyPatch) -> None:
     real = LocalTrainer.statistics
 
-    def statistics(self: LocalTrainer, vector: npt.NDArray[np.float64], kind: str) -> Any:
-        out = real(self, vector, kind)
+    def statistics(
+        self: LocalTrainer, vector: npt.NDArray[np.float64], kind: str, **options: Any
+    ) -> Any:
+        out = real(self, vector, kind, **options)
         coordinator.events.append("statistics computed")
         coordinator.computed.set()
         return out
@@ -150,9 +152,11 @@ def test_the_next_step_is_fetched_while_the_overlapped_feature_pass_runs(
     coordinator = NextStepRecorder(federation="fed", model=model, script=[])
     real = LocalTrainer.statistics
 
-    def statistics(self: LocalTrainer, vector: npt.NDArray[np.float64], kind: str) -> Any:
+    def statistics(
+        self: LocalTrainer, vector: npt.NDArray[np.float64], kind: str, **options: Any
+    ) -> Any:
         coordinator.next_given.wait(FALLBACK_S)
-        out = real(self, vector, kind)
+        out = real(self, vector, kind, **options)
         coordinator.events.append("statistics computed")
         return out
 

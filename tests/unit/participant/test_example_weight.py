@@ -26,6 +26,7 @@ from spherecal.participant.example_weight import (
     check_plan_noise,
     draw_example_count,
     training_weight,
+    weight_within_bound,
 )
 from spherecal.participant.policy import DEFAULT_EXAMPLE_COUNT_NOISE_SD, PolicySettings
 from spherecal.participant.release_ledger import ExampleCount, ReleaseLedger
@@ -34,7 +35,12 @@ from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
-from spherecal.spherefed.algorithms.base import AlgorithmSettings, ClientResult, as_payload
+from spherecal.spherefed.algorithms.base import (
+    LOSS_SUM,
+    AlgorithmSettings,
+    ClientResult,
+    as_payload,
+)
 from spherecal.spherefed.algorithms.registry import configured_strategy
 from spherecal.spherefed.fl import LocalTrainConfig, local_steps, local_train
 from spherecal.spherefed.network import ModelSpec, build_model
@@ -222,6 +228,46 @@ def test_fednova_sends_tau_as_a_site_of_the_released_count_would(
     assert float(out.payload["tau"]) == pytest.approx(w * _momentum_norm(steps_w, 0.9), rel=1e-12)
     # the direction keeps the true norm: ñ Δ / ‖a(τ_n)‖₁
     np.testing.assert_allclose(out.payload["delta"], np.ones(3) * w / true_norm, rtol=1e-15)
+
+
+# ----------------------------------------------------------------- within a job's bound
+def _sent_counts(name: str, result: ClientResult, w: int, scales: dict[str, float]) -> float:
+    """The largest count entry (``weight``, ``tau``) a site weighted by ``w`` sends, at
+    the plan's scales: computed here from the strategy's reweighing."""
+    strategy = configured_strategy(name, AlgorithmSettings(num_participants=3))
+    out = strategy.reweighed(result, w, CONFIG).payload
+    return max(float(out[k]) / scales.get(k, 1.0) for k in ("weight", "tau") if k in out)
+
+
+@pytest.mark.parametrize(
+    ("name", "scales"),
+    [("fedavg", {}), ("fedavg", {"weight": 4.0}), ("scaffold", {}), ("fednova", {"tau": 8.0})],
+)
+@pytest.mark.parametrize("released", [1, 53, 400])
+def test_the_weight_within_a_bound_is_the_largest_that_fits(
+    name: str, scales: dict[str, float], released: int
+) -> None:
+    """At every bound from far below to above the released weight's entries: the
+    released weight when it fits, else the largest ``w`` whose entries fit (``w + 1``
+    does not), 0 when not even one example's fit."""
+    strategy = configured_strategy(name, AlgorithmSettings(num_participants=3))
+    layout = strategy.layout(6, LOSS_SUM).with_scales(scales)
+    n = 50
+    payload: dict[str, object] = {"delta": np.ones(6) * n, "weight": n}
+    if name == "fednova":
+        payload["tau"] = n * 3.0
+    if name == "scaffold":
+        payload["control_delta"] = np.full(6, 1e9)  # per entry: never the weight's concern
+    result = _result(payload, n)
+    top = _sent_counts(name, result, released, scales)
+    for bound in (0.1, 0.3, 1.0, 2.5, top / 3, top - 1e-9, top, top + 1, 1e12):
+        w = weight_within_bound(strategy, layout, result, released, CONFIG, bound)
+        assert 0 <= w <= released
+        if top <= bound:
+            assert w == released
+            continue
+        assert w == 0 or _sent_counts(name, result, w, scales) <= bound
+        assert _sent_counts(name, result, w + 1, scales) > bound
 
 
 @pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 64, 65, 97])

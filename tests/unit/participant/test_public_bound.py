@@ -33,13 +33,18 @@ from spherecal.participant.release_ledger import LedgerRules
 from spherecal.participant.statistics_task import _private_statistics
 from spherecal.participant.trainer import LocalTrainer, random_subset
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.spherefed.fl import state_vector
+from spherecal.spherefed.fl import count_correct, state_vector
 from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.privacy.dpsgd_step import clipped_gradient_sum
 from spherecal.spherefed.privacy.plan import plan_calibration_release
 from spherecal.spherefed.privacy.sensitivity import exact_ccvr_statistics
 from spherecal.spherefed.privacy.settings import PrivacySettings
-from spherecal.spherefed.stats import CCVRStatistics, FFCStatistics
+from spherecal.spherefed.stats import (
+    CCVRStatistics,
+    FFCStatistics,
+    ccvr_statistics,
+    ffc_statistics,
+)
 from tests.unit.participant.helpers import digits_trainer
 
 IDS = ["p0", "p1", "p2"]
@@ -134,6 +139,49 @@ def test_private_statistics_are_those_of_the_drawn_rows(trainer: LocalTrainer) -
     ]
     assert all(_count(trainer, "ffc", f) == m for f in fresh)
     assert not (np.array_equal(fresh[0], fresh[1]) and np.array_equal(fresh[0], fresh[2]))
+
+
+# ----------------------------------------------------------------- a secure job's bound
+@pytest.mark.parametrize("kind", ["ffc", "ccvr"])
+def test_exact_statistics_are_those_of_the_drawn_rows(trainer: LocalTrainer, kind: str) -> None:
+    """Fitted to a secure job's bound (``statistics_task``): the exact statistics of a
+    random ``max_examples`` of the rows, the whole split at or above its size."""
+    vector, n, m = _vector(trainer), trainer.data.train_size, 100
+    got = trainer.statistics(vector, kind, max_examples=m, rng=np.random.default_rng(3))
+    rows = torch.from_numpy(random_subset(n, m, np.random.default_rng(3)))
+    z = trainer.features(trainer.data.train_x[rows])
+    y = trainer.data.train_y[rows].numpy()
+    want = ffc_statistics(z, y, trainer.num_classes) if kind == "ffc" else None
+    if want is None:
+        np.testing.assert_array_equal(got, ccvr_statistics(z, y, trainer.num_classes).pack())
+    else:
+        np.testing.assert_array_equal(got, want.pack())
+    whole = trainer.statistics(vector, kind)
+    np.testing.assert_array_equal(trainer.statistics(vector, kind, max_examples=n), whole)
+    assert trainer.statistics(vector, kind, max_examples=0).max() == 0.0  # no rows: zeros
+
+
+@pytest.mark.parametrize("split", ["test", "validation"])
+def test_an_evaluation_counts_the_drawn_rows(trainer: LocalTrainer, split: str) -> None:
+    """Fitted to a secure job's bound (``evaluation_task``): the total is
+    ``max_examples`` and the model's correct count is that of the drawn rows."""
+    vector = _vector(trainer)
+    data = trainer.data
+    x, y = (data.test_x, data.test_y) if split == "test" else (data.val_x, data.val_y)
+    if x is None or y is None:
+        pytest.skip("no validation split")
+    n, m = int(y.shape[0]), 17
+    total, counts = trainer.evaluate(
+        vector, {}, split=split, max_examples=m, rng=np.random.default_rng(4)
+    )
+    rows = torch.from_numpy(random_subset(n, m, np.random.default_rng(4)))
+    trainer.load(vector)
+    assert total == m
+    assert counts["none"] == count_correct(trainer.model, x[rows], y[rows], 512)
+    assert trainer.evaluate(vector, {}, split=split, max_examples=n) == trainer.evaluate(
+        vector, {}, split=split
+    )
+    assert trainer.evaluate(vector, {}, split=split, max_examples=0) == (0, {"none": 0})
 
 
 # ----------------------------------------------------------------- the site's tasks

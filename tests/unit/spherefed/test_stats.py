@@ -21,6 +21,8 @@ from spherecal.spherefed.stats import (
     ffc_statistics,
     pack_ccvr,
     pack_ffc,
+    unit_norm_entry_bound,
+    unit_norm_examples_within,
     unpack_ccvr,
     unpack_ffc,
 )
@@ -179,3 +181,30 @@ def test_collect_statistics_over_loader_and_empty_loader() -> None:
         collect_statistics(_Identity(), [], num_classes=3)
     with pytest.raises(ValueError, match="unknown statistics kind"):
         collect_statistics(_Identity(), loader, num_classes=3, kind="x")
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 1023, 1024, 1025, 1213, 10**5, 2**41 + 7, 2**42 + 3, 2**50])
+def test_the_count_within_a_bound_inverts_the_unit_norm_bound_at_its_edges(m: int) -> None:
+    """A site fits its unit-norm statistics to a job's bound by this inverse: at the
+    bound of ``m`` examples exactly ``m``, one ulp below ``m - 1``, one ulp above ``m``."""
+    bound = unit_norm_entry_bound(m)
+    assert unit_norm_examples_within(bound) == m
+    assert unit_norm_examples_within(float(np.nextafter(bound, 0.0))) == m - 1
+    assert unit_norm_examples_within(float(np.nextafter(bound, np.inf))) == m
+
+
+def test_the_count_within_a_bound_matches_every_count_tried() -> None:
+    counts = np.arange(0, 5000)
+    for bound in np.concatenate([np.linspace(0.01, 4000.0, 997), [1.0, 1024.0, 1025.0]]):
+        expected = int(counts[counts * (1.0 + 2.0**-10) <= bound].max())
+        assert unit_norm_examples_within(float(bound)) == expected
+
+
+@pytest.mark.parametrize("bound", [0.0, -1.0, float("nan"), float("inf")])
+def test_the_count_within_a_bound_needs_a_positive_finite_bound(bound: float) -> None:
+    with pytest.raises(ValueError, match="positive finite"):
+        unit_norm_examples_within(bound)
+
+
+def test_the_count_within_a_huge_bound_stops_where_counts_are_exact() -> None:
+    assert unit_norm_examples_within(1e300) == 2**52
