@@ -83,17 +83,21 @@ def run(args: argparse.Namespace) -> int:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
     from spherecal.preflight import check_coordinator
 
-    check_coordinator(settings, str(args.config))
-    from spherecal.logs import LineFormatter, closing_line, line_writer
+    warnings = check_coordinator(settings, str(args.config))
+    from spherecal.logs import LineFormatter, closing_line, grpc_info_is_ours, line_writer
 
     fmt = args.log_format or settings.server.log_format
     debug = (args.log_level or settings.server.log_level) == "debug"
+    say = line_writer("coordinator", fmt, debug=debug)
+    for warning in warnings:  # a server certificate that ends soon
+        say(warning)
     summary = run_coordinator(
         settings,
         threads=threads,
         new_federation=args.new_federation,
-        say=line_writer("coordinator", fmt, debug=debug),
+        say=say,
         log_formatter=LineFormatter("coordinator", fmt),
+        grpc_core_info=not grpc_info_is_ours(),
     )
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
     print(json.dumps({k: summary.get(k) for k in shown}, indent=2), flush=True)

@@ -74,13 +74,16 @@ def run(args: argparse.Namespace) -> int:
         settings = replace(settings, halt_before=settings.halt_before + points)
     from spherecal.preflight import check_participant
 
-    check_participant(settings, str(args.config))
+    warnings = check_participant(settings, str(args.config))
     from spherecal.logs import closing_line, line_writer, log_records
 
     fmt = args.log_format or settings.log_format
     pid = settings.participant_id
     log_records(pid, fmt)
-    code = run_participant(settings, log=line_writer(pid, fmt))
+    say = line_writer(pid, fmt)
+    for warning in warnings:  # a certificate that ends soon
+        say(warning)
+    code = run_participant(settings, log=say)
     closing_line(pid, fmt, PARTICIPANT_EXITS.get(code, "ended"), code)
     return code
 
