@@ -212,6 +212,26 @@ def certificate_window(
     return None
 
 
+def _certified_identity(source: str, settings: Any) -> None:
+    """The identity key is the one ``[tls] cert`` binds, for this site (the check
+    every start makes, :func:`spherecal.participant.enrolment.check_certified`), run
+    before the pinning check: a key that is not the certificate's used to be told to
+    share its pin line with the other sites. A key that does not exist is left to
+    :func:`~spherecal.participant.enrolment.load_or_enrol`, which says where it comes
+    from."""
+    from spherecal.participant.enrolment import check_certified
+    from spherecal.proto.identity import load_identity_key, public_key_bytes
+
+    try:  # missing or unreadable: named by load_or_enrol and the file checks
+        own = public_key_bytes(load_identity_key(settings.identity_path))
+    except (OSError, ValueError, TypeError):
+        return
+    try:
+        check_certified(settings, own)
+    except ValueError as exc:
+        raise PreflightError(f"{source}: {exc}") from None
+
+
 def _pinning(source: str, settings: Any) -> None:
     """The members a site under TLS pins (``[tls] peer_keys``, well formed and naming
     this site under its identity key when that key exists yet), or its explicit
@@ -232,9 +252,9 @@ def _pinning(source: str, settings: Any) -> None:
 
 def check_participant(settings: Any, source: str) -> list[str]:
     """TLS files (unless ``insecure``: set, present, parseable, the key matching its
-    certificate, inside its validity window), the members the site pins, the data
-    files and ``out_dir``. Returns the ``WARNING:`` lines to log at start (a
-    certificate that ends soon)."""
+    certificate, inside its validity window, binding this site's identity key), the
+    members the site pins, the data files and ``out_dir``. Returns the ``WARNING:``
+    lines to log at start (a certificate that ends soon)."""
     warnings: list[str] = []
     if not settings.insecure:
         tls = settings.tls
@@ -251,6 +271,7 @@ def check_participant(settings: Any, source: str) -> list[str]:
         _current_format(source, tls.cert)
         soon = certificate_window(f"{source}: [tls] cert", tls.cert, CLIENT_RENEWAL)
         warnings += [soon] if soon else []
+        _certified_identity(source, settings)
         _pinning(source, settings)
     if settings.identity_key is not None and settings.identity_key.exists():
         _readable(source, "[participant] identity_key", settings.identity_key)

@@ -38,9 +38,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--init",
         action="store_true",
-        help="enrol this site: create its Ed25519 identity key at [participant] "
+        help="enrol a site without TLS: create its Ed25519 identity key at [participant] "
         "identity_key (default state_dir/identity.key) if it has none, print its path and "
-        "exit; an existing key is never replaced",
+        "exit; an existing key is never replaced. Under mutual TLS it makes no key (the "
+        "key comes with `spherecal certs request`) and checks the existing one against "
+        "[tls] cert",
     )
     p.add_argument(
         "--halt-before",

@@ -1,10 +1,13 @@
-"""A certificate outside its validity window is said, not retried in silence.
+"""A certificate outside its validity window is said, not retried in silence; a site's
+identity key is the one its certificate binds.
 
 What the operator walkthrough found: a site whose client certificate had expired logged
 only ``cannot reach the coordinator … Socket closed; retrying with back-off`` for
 ``give_up_s`` and exited 3, and the coordinator logged nothing (the TLS handshake is
 refused below its code, and gRPC core's line about it is INFO, below the
-``GRPC_VERBOSITY=ERROR`` the CLI sets).
+``GRPC_VERBOSITY=ERROR`` the CLI sets). And a site under TLS told to create its missing
+identity key with ``--init`` got a key its certificate does not bind, then was told
+to share a pin line for it.
 
 Every case here is a real ``spherecal`` process on real files: a CA and a site's
 request made by ``spherecal certs``, certificates dated by that CA
@@ -27,9 +30,13 @@ import pytest
 from cryptography import x509
 
 from spherecal.certs import init_ca, issue_participant, request_participant
-from spherecal.crypto import identity_public_bytes
+from spherecal.crypto import generate_identity, identity_public_bytes
 from spherecal.participant.trust import pin_line
-from spherecal.proto.identity import load_identity_key
+from spherecal.proto.identity import (
+    identity_key_from_certificate,
+    load_identity_key,
+    save_identity_key,
+)
 from tests.cert_dates import redate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -277,3 +284,41 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
         assert "not named here" in line, line
     assert "ssl_transport_security" not in text and "Handshake failed" not in text, text
     assert "Log level INFO" not in text, text
+
+
+def test_a_site_under_tls_gets_no_new_identity_key(site: Path) -> None:
+    """The walkthrough's path: a mistyped ``identity_key``, the hint followed, the
+    next start. The hint names the key ``certs request`` wrote, ``--init`` makes none,
+    and a key made anyway is refused at start naming both keys — not sent on to the
+    pinning check that would have asked to share its line."""
+    typo = "keys/site-a.identiy.key"
+    _participant_config(site, identity_key=typo)
+    done = _spherecal("participant", "--config", "site-a.toml", cwd=site)
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done)
+    assert typo in line and "spherecal certs request site-a" in line, line
+    assert "site-a.identity.key" in line and "--init would" in line.replace("`", ""), line
+    done = _spherecal("participant", "--config", "site-a.toml", "--init", cwd=site)
+    assert done.returncode == 2, done.stderr
+    assert "--init makes no key" in _one_line(done)
+    assert not (site / typo).exists()
+
+    made = generate_identity()  # what following the old hint made
+    save_identity_key(made, site / typo)
+    done = _spherecal("participant", "--config", "site-a.toml", cwd=site)
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done)
+    bound = identity_key_from_certificate(
+        x509.load_pem_x509_certificate((site / "certs" / "site-a.pem").read_bytes())
+    )
+    assert bound is not None
+    assert f"is key {identity_public_bytes(made).hex()[:16]}…" in line, line
+    assert f"binds key {bound.hex()[:16]}…" in line, line
+    assert "add the line" not in line and "peer_keys" not in line, line
+    done = _spherecal("participant", "--config", "site-a.toml", "--init", cwd=site)
+    assert done.returncode == 2 and "binds key" in _one_line(done), done.stderr
+
+    _participant_config(site, identity_key="keys/site-a.identity.key")  # the right one
+    done = _spherecal("participant", "--config", "site-a.toml", "--init", cwd=site)
+    assert done.returncode == 0, done.stderr
+    assert "kept the existing identity key" in done.stdout
