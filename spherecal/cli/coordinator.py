@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print what the state directory holds (federation id, rounds completed, "
         "checkpoints, jobs, privacy ledger), check the database's integrity, and exit "
-        "(exit 2 on a damaged database)",
+        "(exit 2 on a damaged database, or none: no federation ran with this state_dir)",
     )
     p.add_argument(
         "--new-federation",

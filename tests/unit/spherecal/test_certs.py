@@ -1,15 +1,20 @@
-"""``spherecal certs``: ``--days N`` is N whole days.
+"""``spherecal certs``: ``--days N`` is N whole days, and the guide's commands run as
+written.
 
 ``--days 0`` used to succeed and write a certificate whose notAfter was the moment it
 was issued (notBefore is set back five minutes for slow clocks, so it was "valid" for
 those five minutes, all in the past): a site using it was refused in every TLS
 handshake, silently. ``--days -1`` ended in the library's own message. Both are now
 one line naming ``--days``, before anything is written.
+
+docs/deployment.md step 1 had the operator issue from ``hospital-b.csr`` while
+``certs request`` writes ``certs/hospital-b.csr``: run literally, it failed.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,8 @@ from cryptography import x509
 
 from spherecal.certs import CLOCK_SKEW, init_ca, issue_participant, request_participant
 from spherecal.cli.app import main
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _window(pem: Path) -> tuple[dt.datetime, dt.datetime]:
@@ -82,3 +89,57 @@ def test_days_past_what_x509_holds_is_one_line(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--days 99999999: past the year 9999" in err, err
     assert not (tmp_path / "ca").exists()
+
+
+def _step_one() -> list[list[str]]:
+    """The ``spherecal`` commands of deployment.md's step 1 ("**1. Certificates.**"),
+    in order."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    start = text.index("**1. Certificates.**")
+    block = text[start:].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split() for line in block.splitlines() if line.startswith("spherecal ")]
+    assert [c[1:3] for c in commands] == [
+        ["certs", "init"],
+        ["certs", "request"],
+        ["certs", "issue"],
+    ]
+    return [c[1:] for c in commands]
+
+
+def test_the_guides_certificate_commands_run_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Machines A and B as two directories: each command runs where the guide says, the
+    request is copied as its comment says, and every file the comments promise is
+    there."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    a.mkdir()
+    b.mkdir()
+    init, request, issue = _step_one()
+    monkeypatch.chdir(a)
+    assert main(init) == 0, capsys.readouterr().err
+    monkeypatch.chdir(b)
+    assert main(request) == 0, capsys.readouterr().err
+    assert (b / "certs" / "hospital-b.csr").is_file()
+    assert (b / "certs" / "hospital-b.key").is_file()
+    assert (b / "certs" / "hospital-b.identity.key").is_file()
+    # "copy B's certs/hospital-b.csr to A's certs/"
+    (a / "certs" / "hospital-b.csr").write_bytes((b / "certs" / "hospital-b.csr").read_bytes())
+    monkeypatch.chdir(a)
+    assert main(issue) == 0, capsys.readouterr().err
+    assert (a / "certs" / "hospital-b.pem").is_file()
+    assert not (a / "certs" / "hospital-b.key").exists()  # nothing private at the CA
+    # and on one machine, as the note under the block says, with nothing copied
+    one = tmp_path / "one"
+    one.mkdir()
+    monkeypatch.chdir(one)
+    for command in (init, request, issue):
+        assert main(command) == 0, capsys.readouterr().err
+    assert (one / "certs" / "hospital-b.pem").is_file()
+
+
+def test_the_guides_reissue_command_names_the_copied_request() -> None:
+    """The revocation paragraph's re-issue uses the same request path as step 1."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    reissues = re.findall(r"certs issue hospital-b --dir certs --csr (\S+?)`", text)
+    assert reissues and set(reissues) == {"certs/hospital-b.csr"}, reissues
