@@ -188,16 +188,24 @@ def _default_say(message: str) -> None:
     print(f"[coordinator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _configure_logging(formatter: logging.Formatter | None = None) -> NativeStderr | None:
+def _configure_logging(
+    formatter: logging.Formatter | None = None,
+    *,
+    grpc_core_info: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> NativeStderr | None:
     """In a coordinator process with no logging set up: records to stderr, identical
     ones rate-limited (a flood of bad requests must not flood the log) — gRPC core's
-    own lines on fd 2 too (:mod:`~spherecal.coordinator.server.native_log`); returns
-    that capture, to stop at the end. ``formatter`` is the CLI's
-    (``spherecal.logs.LineFormatter``: ISO-8601 UTC, level, text or JSON)."""
+    own lines on fd 2 too (:mod:`~spherecal.coordinator.server.native_log`), a refused
+    TLS handshake as one of ``say``'s lines; returns that capture, to stop at the end.
+    ``formatter`` is the CLI's (``spherecal.logs.LineFormatter``: ISO-8601 UTC, level,
+    text or JSON); ``grpc_core_info=False``: gRPC core logs at INFO only for the
+    handshakes, and its other INFO lines are dropped."""
     root = logging.getLogger()
     if root.handlers:
         return None  # embedded (tests, notebooks): the host's logging decides
-    native = NativeStderr().start()  # first: the handler below takes the new sys.stderr
+    # first: the handler below takes the new sys.stderr
+    native = NativeStderr(info=grpc_core_info, on_handshake=say).start()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         formatter
@@ -218,6 +226,7 @@ def run_coordinator(
     threads: int | None = 1,
     new_federation: bool = False,
     log_formatter: logging.Formatter | None = None,
+    grpc_core_info: bool = True,
 ) -> SummaryDocument | EndedResult:
     """Run one coordinator until the federation ends; return its summary.
 
@@ -225,9 +234,13 @@ def run_coordinator(
     checkpoints or a federation marker its database does not know (they are set aside,
     see :mod:`spherecal.coordinator.state.state_dir`), or a federation that ended (set
     aside whole, :mod:`spherecal.coordinator.state.lifecycle`); without it the first
-    is refused and the second is reported from its stored result, nothing written."""
+    is refused and the second is reported from its stored result, nothing written.
+    ``grpc_core_info=False`` says the CLI raised gRPC core's log level to INFO only so
+    that refused TLS handshakes reach the log (:func:`_configure_logging`)."""
     emit = rate_limited(say or _default_say)
-    native = _configure_logging(log_formatter)
+    native = _configure_logging(
+        log_formatter, grpc_core_info=grpc_core_info, say=say or _default_say
+    )
     try:
         return _run(settings, emit, threads=threads, new_federation=new_federation)
     except StorageFailed as exc:  # before the federation ran: it cannot start (exit 2)

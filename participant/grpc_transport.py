@@ -9,6 +9,7 @@ send its masked data, keys or even its identity over a network in the clear.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,7 +82,9 @@ def client_certificate_hint(
     one CA (``spherecal certs init``) issues the coordinator's certificate and every
     site's (``spherecal certs issue``), so a site certificate that ``ca`` did not
     issue is the likeliest cause, and one the site can check alone. ``cert_name`` and
-    ``ca_name`` name the caller's settings."""
+    ``ca_name`` name the caller's settings. A certificate that is no longer (or not
+    yet) valid is named the same way: one that ended while the process ran, after
+    its start-up check."""
     if "Socket closed" not in details or cert is None or ca is None:
         return ""
     from cryptography import x509
@@ -92,6 +95,15 @@ def client_certificate_hint(
         authorities = x509.load_pem_x509_certificates(ca.read_bytes())
     except (OSError, ValueError):
         return ""  # unreadable now: the start-up checks named such files already
+    now = dt.datetime.now(dt.UTC)
+    if not own.not_valid_before_utc <= now <= own.not_valid_after_utc:
+        # valid at start (checked there), but it ended while this process ran
+        return (
+            f"the coordinator closed the connection during the TLS handshake, and "
+            f"{cert_name} is valid only from {own.not_valid_before_utc:%Y-%m-%d %H:%M} to "
+            f"{own.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: ask the CA's operator for a new "
+            "one (`spherecal certs request`, then `spherecal certs issue --csr`)"
+        )
     for authority in authorities:
         try:
             own.verify_directly_issued_by(authority)

@@ -94,6 +94,26 @@ def locate(path: Path) -> tuple[Path, Path | None]:
     )
 
 
+def default_output(db: Path, sim_dir: Path | None) -> Path:
+    """Where ``audit.json`` goes without ``--out``: into a simulate output directory
+    (its documented place, beside ``results.json``), else ``audit.json`` in the
+    current directory — never into the coordinator's state directory. Auditing a
+    deployment's ``state.db`` used to write ``state/audit.json`` there: a read-only
+    check writing into the live directory a coordinator resumes from (and that its
+    operator backs up and copies whole). Run from that directory, it is refused: an
+    :class:`AuditError` saying to give ``--out``."""
+    if sim_dir is not None:
+        return sim_dir / "audit.json"
+    target = Path("audit.json")
+    if Path.cwd().resolve() == db.parent.resolve():
+        raise AuditError(
+            f"the current directory holds the coordinator's database {db}: audit.json is "
+            "not written into its state directory; run it from another directory or give "
+            "--out FILE"
+        )
+    return target
+
+
 def _rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
     try:
         return conn.execute(sql, params).fetchall()
@@ -491,13 +511,14 @@ def run_audit(
     trials: int = 2000,
     html: Path | None = None,
 ) -> AuditDocument:
-    """Run every check; write ``audit.json`` (next to the run, or ``out``) and, with
-    ``html``, the one-page report for a privacy officer; return the report."""
+    """Run every check; write ``audit.json`` (:func:`default_output`, or ``out``) and,
+    with ``html``, the one-page report for a privacy officer; return the report."""
     from spherecal.audit_integrity import check_integrity
     from spherecal.audit_policy import check_policy
     from spherecal.audit_report import describe_protection, run_identity
 
     db, sim_dir = locate(path)
+    target = out if out is not None else default_output(db, sim_dir)
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         payloads, plaintext = check_payloads(conn)
@@ -533,7 +554,6 @@ def run_audit(
     if empirical:
         report.update(empirical_audit(privacy, trials=trials))
         report["ok"] = report["ok"] and not report["empirical"].get("exceeds_claim", False)
-    target = out if out is not None else (sim_dir or db.parent) / "audit.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=2, default=str) + "\n")
     report["path"] = str(target)

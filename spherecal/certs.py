@@ -107,17 +107,39 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
     return cert, key
 
 
-def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
+CLOCK_SKEW = dt.timedelta(minutes=5)
+"""How far back a certificate's (or CRL's) validity starts, so that a peer whose clock
+runs a little behind accepts it at once. It is not part of ``--days``: with ``days``
+counted from the issuing instant, ``--days 0`` used to give a certificate valid only
+for these five minutes before its issue (expired as it was written)."""
+
+
+def _validity(days: int, what: str = "a certificate") -> tuple[dt.datetime, dt.datetime]:
+    """``(notBefore, notAfter)`` of something valid for ``days`` whole days from now.
+
+    ``days`` below 1 is refused here, naming ``--days`` (the only way a user sets it):
+    0 made an already-expired certificate that every handshake refused in silence,
+    and a negative value reached the library as "The not valid after date must be
+    after the not valid before date"."""
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ValueError(
+            f"--days {days}: {what} must be valid for at least 1 day (--days N: N whole "
+            "days from now)"
+        )
     now = dt.datetime.now(dt.UTC)
-    return now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+    try:
+        end = now + dt.timedelta(days=days)
+    except OverflowError:
+        raise ValueError(f"--days {days}: past the year 9999, the last date X.509 holds") from None
+    return now - CLOCK_SKEW, end
 
 
 def init_ca(directory: Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365) -> list[Path]:
     """Create ``ca.*`` and ``server.*`` in ``directory`` (refusing to overwrite a CA)."""
+    start, end = _validity(days)  # before anything is written
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "ca.key").exists():
         raise FileExistsError(f"{directory / 'ca.key'} exists; refusing to replace a CA")
-    start, end = _validity(days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("spherecal dev CA")
     ca_cert = (
@@ -265,8 +287,8 @@ def issue_participant(
     private is made or kept here), or else with ``NAME.key`` and (unless present, or
     with ``new_identity``) ``NAME.identity.key`` made here."""
     _check_name(name)
-    ca_cert, ca_key = _load_ca(directory)
     start, end = _validity(days)
+    ca_cert, ca_key = _load_ca(directory)
     written: list[Path] = []
     public: ec.EllipticCurvePublicKey | rsa.RSAPublicKey
     if csr is not None:
@@ -306,6 +328,7 @@ def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:
     so a coordinator re-reading it never sees half a file.
     """
     _check_name(name)
+    last_update, next_update = _validity(days, "a revocation list")
     ca_cert, ca_key = _load_ca(directory)
     cert_path = directory / f"{name}.pem"
     try:
@@ -319,8 +342,8 @@ def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
-        .last_update(now - dt.timedelta(minutes=5))
-        .next_update(now + dt.timedelta(days=days))
+        .last_update(last_update)
+        .next_update(next_update)
     )
     if crl_path.exists():
         from spherecal.coordinator.server.revocation import load_verified_crl

@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from spherecal.logs import quiet_grpc_core
 
-    quiet_grpc_core()  # before anything imports grpc
+    words = list(sys.argv[1:] if argv is None else argv)
+    quiet_grpc_core(words[0] if words else None)  # before anything imports grpc
     return run_command(build_parser().parse_args(argv))
 
 

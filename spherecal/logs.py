@@ -21,7 +21,11 @@ gRPC core (the C library) writes its own lines straight to stderr in another for
 (``I1125 15:50:47.559397 4797 ssl_transport_security.cc:2563] Handshake failed …``,
 one per refused TLS handshake). :func:`quiet_grpc_core` sets ``GRPC_VERBOSITY=ERROR``
 before gRPC is imported unless the operator set it, so by default only its errors
-reach the log; ``GRPC_VERBOSITY=INFO`` brings the rest back for debugging.
+reach the log; ``GRPC_VERBOSITY=INFO`` brings the rest back for debugging. The
+coordinator command is the exception: it asks for INFO, because a refused TLS
+handshake (an expired client certificate, one from another CA) is an INFO line and
+nothing else records it; its capture of fd 2 keeps only those lines, as its own
+(``spherecal.coordinator.server.native_log``), and drops the other INFO lines.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "level_of",
     "line_writer",
     "log_records",
+    "grpc_info_is_ours",
     "quiet_grpc_core",
     "timestamp",
 ]
@@ -153,9 +158,31 @@ class LineFormatter(logging.Formatter):
         )
 
 
-def quiet_grpc_core() -> None:
-    """Only gRPC core's errors by default (must run before ``import grpc``)."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+#: The ``GRPC_VERBOSITY`` that :func:`quiet_grpc_core` set last, so that a later
+#: command in the same process (or a child that inherits the environment) can tell
+#: its own default from the operator's choice.
+GRPC_VERBOSITY_SET_BY_US = "SPHERECAL_GRPC_VERBOSITY_DEFAULT"
+
+
+def quiet_grpc_core(command: str | None = None) -> None:
+    """gRPC core's log level for ``command`` unless the operator chose one (must run
+    before gRPC makes its first object): ERROR, only its errors — but INFO for the
+    ``coordinator``, whose capture keeps of INFO only the refused TLS handshakes
+    (:func:`grpc_info_is_ours`). A level this function set earlier is not the
+    operator's and is replaced."""
+    current = os.environ.get("GRPC_VERBOSITY")
+    if current is not None and current != os.environ.get(GRPC_VERBOSITY_SET_BY_US):
+        return  # the operator's
+    level = "INFO" if command == "coordinator" else "ERROR"
+    os.environ["GRPC_VERBOSITY"] = level
+    os.environ[GRPC_VERBOSITY_SET_BY_US] = level
+
+
+def grpc_info_is_ours() -> bool:
+    """gRPC core logs at INFO because :func:`quiet_grpc_core` asked for it (for the
+    refused handshakes), not because the operator did: its other INFO lines are noise."""
+    level = os.environ.get("GRPC_VERBOSITY")
+    return level == "INFO" and os.environ.get(GRPC_VERBOSITY_SET_BY_US) == "INFO"
 
 
 def add_log_format_option(parser: Any, key: str) -> None:

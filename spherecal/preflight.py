@@ -1,5 +1,6 @@
 """Checks a service process runs before it does anything: files it will need exist,
-directories it will write are writable.
+directories it will write are writable, its own certificate is inside its validity
+window.
 
 A coordinator that finds its certificate missing only when it builds the server, or a
 participant that learns its ``out_dir`` is unwritable after an hour of federation,
@@ -9,13 +10,39 @@ the one-line error says what to fix (``spherecal COMMAND: error: ...``, exit 2).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 from typing import Any
 
 from spherecal.outputs import check_output_dir
 
-__all__ = ["PreflightError", "check_coordinator", "check_participant"]
+__all__ = [
+    "EXPIRY_WARNING_DAYS",
+    "PreflightError",
+    "certificate_window",
+    "check_coordinator",
+    "check_participant",
+]
+
+EXPIRY_WARNING_DAYS = 14
+"""A certificate that ends within this many days is valid, but starting with it gets a
+``WARNING:`` line with its end date: renewing takes a request, the CA's operator and
+a copy back, and a federation of many rounds may outlive it."""
+
+#: What to do about an expired client certificate (a site's or the operator's); NAME
+#: is the certificate's own name.
+CLIENT_RENEWAL = (
+    "ask the CA's operator for a new one: `spherecal certs request {name} --dir DIR` where "
+    "its keys are (they are kept, and with them the identity key others pinned), then at "
+    "the CA `spherecal certs issue {name} --dir CA --csr {name}.csr`"
+)
+#: The same for the coordinator's server certificate.
+SERVER_RENEWAL = (
+    "issue a new server certificate from the federation's CA for the names the sites dial "
+    "(`spherecal certs init NEWDIR --host NAME` makes one only with a new CA, whose ca.pem "
+    "every site then needs, with certificates it issued)"
+)
 
 
 class PreflightError(ValueError):
@@ -133,6 +160,78 @@ def _current_format(source: str, cert: Path | None) -> None:
         raise PreflightError(f"{source}: [tls] cert = {str(cert)!r}: {exc}") from None
 
 
+def _when(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def certificate_window(
+    what: str, path: Path | None, renewal: str, *, now: dt.datetime | None = None
+) -> str | None:
+    """Refuse a certificate outside its validity window; return a ``WARNING:`` line
+    when it ends within :data:`EXPIRY_WARNING_DAYS`, else ``None``.
+
+    Why at start: a TLS peer refuses an expired (or not yet valid) certificate in the
+    handshake, before any call, and says nothing the holder can read — a site retried
+    "Socket closed" for ``give_up_s`` and the coordinator's log held nothing. ``what``
+    names the setting (``p.toml: [tls] cert``), ``renewal`` says how to get a new one
+    (``{name}`` is filled with the certificate's common name)."""
+    if path is None:
+        return None
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        cert = x509.load_pem_x509_certificates(path.read_bytes())[0]
+    except (OSError, ValueError):
+        return None  # unreadable: the file checks name it
+    now = now or dt.datetime.now(dt.UTC)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    name = str(names[0].value) if names else "NAME"
+    todo = renewal.format(name=name)
+    label = f"{what} = {str(path)!r}"
+    window = f"valid {_when(start)} to {_when(end)}"
+    if now > end:
+        raise PreflightError(
+            f"{label} expired on {_when(end)} ({window}): a TLS peer refuses it in the "
+            f"handshake, before any call; {todo}"
+        )
+    if now < start:
+        raise PreflightError(
+            f"{label} is not valid until {_when(start)} ({window}; this machine's clock "
+            f"says {_when(now)}): a TLS peer refuses it in the handshake; check this "
+            f"machine's clock, or {todo}"
+        )
+    left = end - now
+    if left <= dt.timedelta(days=EXPIRY_WARNING_DAYS):
+        return (
+            f"WARNING: {label} expires on {_when(end)}, in "
+            f"{left.total_seconds() / 86400:.1f} days (less than {EXPIRY_WARNING_DAYS}); "
+            f"renew it before then: {todo}"
+        )
+    return None
+
+
+def _certified_identity(source: str, settings: Any) -> None:
+    """The identity key is the one ``[tls] cert`` binds, for this site (the check
+    every start makes, :func:`spherecal.participant.enrolment.check_certified`), run
+    before the pinning check: a key that is not the certificate's used to be told to
+    share its pin line with the other sites. A key that does not exist is left to
+    :func:`~spherecal.participant.enrolment.load_or_enrol`, which says where it comes
+    from."""
+    from spherecal.participant.enrolment import check_certified
+    from spherecal.proto.identity import load_identity_key, public_key_bytes
+
+    try:  # missing or unreadable: named by load_or_enrol and the file checks
+        own = public_key_bytes(load_identity_key(settings.identity_path))
+    except (OSError, ValueError, TypeError):
+        return
+    try:
+        check_certified(settings, own)
+    except ValueError as exc:
+        raise PreflightError(f"{source}: {exc}") from None
+
+
 def _pinning(source: str, settings: Any) -> None:
     """The members a site under TLS pins (``[tls] peer_keys``, well formed and naming
     this site under its identity key when that key exists yet), or its explicit
@@ -151,9 +250,12 @@ def _pinning(source: str, settings: Any) -> None:
         raise PreflightError(f"{source}: {exc}") from None
 
 
-def check_participant(settings: Any, source: str) -> None:
+def check_participant(settings: Any, source: str) -> list[str]:
     """TLS files (unless ``insecure``: set, present, parseable, the key matching its
-    certificate), the members the site pins, the data files and ``out_dir``."""
+    certificate, inside its validity window, binding this site's identity key), the
+    members the site pins, the data files and ``out_dir``. Returns the ``WARNING:``
+    lines to log at start (a certificate that ends soon)."""
+    warnings: list[str] = []
     if not settings.insecure:
         tls = settings.tls
         _required(
@@ -167,6 +269,9 @@ def check_participant(settings: Any, source: str) -> None:
         _ca_bundle(source, "[tls] ca", tls.ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
         _current_format(source, tls.cert)
+        soon = certificate_window(f"{source}: [tls] cert", tls.cert, CLIENT_RENEWAL)
+        warnings += [soon] if soon else []
+        _certified_identity(source, settings)
         _pinning(source, settings)
     if settings.identity_key is not None and settings.identity_key.exists():
         _readable(source, "[participant] identity_key", settings.identity_key)
@@ -180,11 +285,15 @@ def check_participant(settings: Any, source: str) -> None:
             check_output_dir(settings.out_dir, what="[participant] out_dir")
         except ValueError as exc:
             raise PreflightError(f"{source}: {exc}") from None
+    return warnings
 
 
-def check_coordinator(settings: Any, source: str) -> None:
+def check_coordinator(settings: Any, source: str) -> list[str]:
     """TLS files (unless ``insecure``: set, present, parseable, the key matching its
-    certificate), a roster large enough for secure aggregation, and ``out_dir``."""
+    certificate, the certificate inside its validity window), a roster large enough
+    for secure aggregation, and ``out_dir``. Returns the ``WARNING:`` lines to log at
+    start (a server certificate that ends soon)."""
+    warnings: list[str] = []
     if not settings.server.insecure:
         tls = settings.tls
         _required(
@@ -197,8 +306,11 @@ def check_coordinator(settings: Any, source: str) -> None:
             _readable(source, f"[tls] {key}", getattr(tls, key))
         _ca_bundle(source, "[tls] client_ca", tls.client_ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
+        soon = certificate_window(f"{source}: [tls] cert", tls.cert, SERVER_RENEWAL)
+        warnings += [soon] if soon else []
     _roster_fits_secure_aggregation(settings, source)
     try:
         check_output_dir(settings.out_dir, what="[federation] out_dir")
     except ValueError as exc:
         raise PreflightError(f"{source}: {exc}") from None
+    return warnings

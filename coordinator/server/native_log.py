@@ -14,6 +14,18 @@ lines (already limited) and faulthandler's tracebacks never pass through the pip
 — a process dying on a signal still leaves its tracebacks in the log. Stopping
 restores fd 2 and ``sys.stderr``; the reader then sees end-of-file and writes what
 it still holds.
+
+**Refused TLS handshakes.** A client whose certificate has expired, is not yet valid
+or was not issued by ``[tls] client_ca`` is refused by gRPC core in the TLS
+handshake: no call is made, so no interceptor, servicer or Python logger ever sees
+it, and the gRPC Python API has no hook for it. gRPC core's one trace of it is an
+INFO line (``ssl_transport_security.cc … Handshake failed … certificate has
+expired``), below the ``GRPC_VERBOSITY=ERROR`` the CLI sets. So the coordinator
+command asks gRPC core for INFO (unless the operator chose a level) and this reader,
+with ``info=False``, drops every other INFO line and turns each refused handshake
+into one of the coordinator's own lines (:func:`handshake_refusal`, through
+``on_handshake``), rate-limited like the rest: the handshake carries no peer
+address or name in that line, so it says *why* clients are refused, not *who*.
 """
 
 from __future__ import annotations
@@ -32,12 +44,32 @@ from typing import IO
 
 from spherecal.coordinator.server.log_limit import RepeatLimiter
 
-__all__ = ["NativeStderr", "normalise"]
+__all__ = ["HANDSHAKE_REFUSED", "NativeStderr", "handshake_refusal", "normalise"]
 
 #: glog's prefix: severity letter, MMDD, time, thread id (``E1125 10:00:01.123456  123 ``).
 _GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+")
 _ADDRESS = re.compile(r"\b(ipv4|ipv6|unix):[^\s,;)\]]+")
 _POINTER = re.compile(r"0x[0-9a-fA-F]+")
+#: gRPC core's line for a failed TLS handshake (``ssl_transport_security.cc``).
+_HANDSHAKE = re.compile(r"Handshake failed with (?:fatal )?error (\w+)(?:: (.*))?$")
+#: gRPC core's own warning when INFO is asked for, which this reader then filters.
+_INFO_NOTICE = "Log level INFO is not suitable for production"
+#: How every line made by :func:`handshake_refusal` begins.
+HANDSHAKE_REFUSED = "WARNING: refused a TLS handshake"
+#: What a handshake failure's OpenSSL reason says about the client, first match wins.
+_REFUSALS = (
+    ("certificate has expired", "the client's certificate has expired"),
+    ("certificate is not yet valid", "the client's certificate is not yet valid"),
+    ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "the client presented no certificate"),
+    (
+        "CERTIFICATE_VERIFY_FAILED",
+        "the client's certificate does not verify against [tls] client_ca",
+    ),
+    (  # another CA of the same name (every `certs init` CA is "spherecal dev CA")
+        "BAD_SIGNATURE",
+        "the client's certificate does not verify against [tls] client_ca",
+    ),
+)
 
 
 def normalise(line: str) -> str:
@@ -47,8 +79,33 @@ def normalise(line: str) -> str:
     return _POINTER.sub("0x…", text)
 
 
+def handshake_refusal(line: str) -> str | None:
+    """The coordinator's line for a gRPC-core line that reports a refused TLS
+    handshake, or ``None`` for any other line. The reason is OpenSSL's, after the
+    library's prefix (``error:1000007d:SSL routines:OPENSSL_internal:``)."""
+    found = _HANDSHAKE.search(line)
+    if found is None:
+        return None
+    detail = (found.group(2) or found.group(1)).strip()
+    detail = detail.rsplit("OPENSSL_internal:", 1)[-1].strip()
+    what = next(
+        (said for marker, said in _REFUSALS if marker in detail),
+        "the client's TLS handshake failed",
+    )
+    return (
+        f"{HANDSHAKE_REFUSED}: {what} ({detail}); such a client is refused before any "
+        "call and is not named here (a site checks its own certificate at start)"
+    )
+
+
 class NativeStderr:
-    """fd 2 through a rate-limiting pipe while started (see the module docstring)."""
+    """fd 2 through a rate-limiting pipe while started (see the module docstring).
+
+    ``info=False``: gRPC core's INFO lines are there only for the refused handshakes
+    (the coordinator command raised its level for them), so the others are dropped.
+    ``on_handshake``: where a refused handshake's line goes (the coordinator's own
+    writer, so that it reads like its other lines); without it, it is written as
+    gRPC core's lines are."""
 
     def __init__(
         self,
@@ -56,10 +113,16 @@ class NativeStderr:
         *,
         label: str = "grpc-core",
         clock: Callable[[], str] = lambda: time.strftime("%H:%M:%S"),
+        info: bool = True,
+        on_handshake: Callable[[str], None] | None = None,
     ) -> None:
         self.limiter = limiter or RepeatLimiter()
         self.label = label
         self._clock = clock
+        self._info = info
+        self._on_handshake = on_handshake
+        self.lines_dropped = 0
+        """INFO lines dropped with ``info=False`` (not refused handshakes)."""
         self._saved: int | None = None
         self._read: int | None = None
         self._out: IO[str] | None = None
@@ -146,13 +209,25 @@ class NativeStderr:
         if not raw.strip():
             return
         self.lines_in += 1
-        summaries, line = self.limiter.check(normalise(raw))
+        text = normalise(raw)
+        refusal = handshake_refusal(text)
+        if refusal is not None and self._on_handshake is not None:
+            text = refusal
+        elif refusal is None and not self._info and (text.startswith("I ") or _INFO_NOTICE in text):
+            self.lines_dropped += 1
+            return
+        summaries, line = self.limiter.check(text)
         for summary in summaries:
             self._write(summary)
         if line is not None:
             self._write(line)
 
     def _write(self, line: str) -> None:
+        if self._on_handshake is not None and line.startswith(HANDSHAKE_REFUSED):
+            self.lines_out += 1
+            with contextlib.suppress(Exception):  # this thread must never die
+                self._on_handshake(line)
+            return
         out = self._out
         if out is None:
             return

@@ -175,10 +175,17 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
 
 def inspect_state(state_dir: Path) -> StateReport:
     """Read ``state_dir`` without changing it; raise :class:`StateDamaged` for a
-    database that is not usable SQLite or fails ``quick_check``."""
+    database that is not usable SQLite or fails ``quick_check``, and
+    ``FileNotFoundError`` where there is none: ``--check-state`` is asked of a
+    directory that should hold a federation (before a restart, a backup, a copy), so a
+    missing database — a fresh directory or a config naming the wrong one — is exit 2,
+    not an "ok" a script would take as a state to resume."""
     db = state_dir / DATABASE_NAME
     if not db.exists():
-        raise FileNotFoundError(f"no coordinator state at {db}")
+        raise FileNotFoundError(
+            f"no coordinator state at {db}: no federation has run with this state_dir, or "
+            "[federation] state_dir names another directory (nothing to check)"
+        )
     wal = db.with_name(DATABASE_NAME + "-wal")
     report = StateReport(
         state_dir=str(state_dir),

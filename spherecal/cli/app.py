@@ -12,7 +12,6 @@ torch, numpy or gRPC (a test checks which modules it loads).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -82,8 +81,11 @@ def _chosen(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``spherecal ARGS``: parse, run the command, return its exit status."""
-    # spherecal.logs.quiet_grpc_core, inlined: --help loads no module but the CLI's
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before anything imports grpc
     words = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(only=_chosen(words)).parse_args(words)
+    chosen = _chosen(words)
+    if chosen != NONE:  # `spherecal --help` loads no module but the CLI's
+        from spherecal.logs import quiet_grpc_core
+
+        quiet_grpc_core(chosen)  # before anything imports grpc
+    args = build_parser(only=chosen).parse_args(words)
     return run_command(args)

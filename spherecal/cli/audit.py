@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=HELP,
         description=(
             "Read a coordinator's state.db (or a spherecal simulate --out DIR), print the "
-            "privacy report and write audit.json (and, with --html FILE, a one-page report "
+            "privacy report and write audit.json — into the simulate DIR, or for a "
+            "database into the current directory, never into the coordinator's state "
+            "directory; --out FILE chooses — (and, with --html FILE, a one-page report "
             "a privacy officer can read). Exit status 0 when every check passes, 1 when "
             "one fails, 2 when the path cannot be read or written."
         ),
@@ -43,7 +45,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="STATE_DIR",
         help="audit one site from its own release ledger only (spherecal.site_audit)",
     )
-    p.add_argument("--out", type=Path, default=None, help="where to write audit.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write audit.json (default: DIR/audit.json for a simulate output "
+        "DIR, else ./audit.json)",
+    )
     p.add_argument(
         "--empirical", action="store_true", help="also run the canary audit (a few seconds)"
     )
@@ -77,6 +85,14 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.html, what="--html")
     if args.out is not None and args.site is None:
         check_output_file(args.out, what="--out")
+    elif args.site is None and args.path is not None:
+        from spherecal.audit import default_output, locate
+
+        try:  # the default place too, before any work
+            check_output_file(default_output(*locate(args.path)), what="audit.json")
+        except AuditError as exc:
+            print(f"spherecal audit: error: {exc}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
     if args.site is not None:  # the site's own audit (spherecal.site_audit)
         from spherecal.site_audit import run_site_audit
 

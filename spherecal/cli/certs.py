@@ -16,6 +16,10 @@ __all__ = ["HELP", "NAME", "register", "run"]
 
 NAME = "certs"
 HELP = "a CA, certificates from the sites' requests, and the members the sites pin (mutual TLS)"
+DAYS_HELP = (
+    "whole days the certificates are valid from now, at least 1 (default 365; the start "
+    "is set 5 minutes back, for clocks a little behind)"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="server name or IP for the coordinator certificate (repeatable; default "
         "localhost and 127.0.0.1)",
     )
-    init.add_argument("--days", type=int, default=365)
+    init.add_argument("--days", type=int, default=365, help=DAYS_HELP)
     request = csub.add_parser(
         "request",
         help="at a site: make its keys and a certificate request NAME.csr",
@@ -61,7 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     issue = csub.add_parser("issue", help="issue participant NAME's client certificate")
     issue.add_argument("name")
     issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
-    issue.add_argument("--days", type=int, default=365)
+    issue.add_argument("--days", type=int, default=365, help=DAYS_HELP)
     issue.add_argument(
         "--csr",
         type=Path,
@@ -86,7 +90,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     revoke.add_argument("name")
     revoke.add_argument("--dir", type=Path, required=True, help="the CA directory")
-    revoke.add_argument("--days", type=int, default=365, help="validity of the new CRL")
+    revoke.add_argument(
+        "--days",
+        type=int,
+        default=365,
+        help="whole days the new CRL is valid, at least 1 (default 365)",
+    )
     pin = csub.add_parser(
         "pin",
         help="print participant NAME's line for the sites' [tls] peer_keys file",

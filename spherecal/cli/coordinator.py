@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print what the state directory holds (federation id, rounds completed, "
         "checkpoints, jobs, privacy ledger), check the database's integrity, and exit "
-        "(exit 2 on a damaged database)",
+        "(exit 2 on a damaged database, or none: no federation ran with this state_dir)",
     )
     p.add_argument(
         "--new-federation",
@@ -83,17 +83,21 @@ def run(args: argparse.Namespace) -> int:
         settings = replace(settings, server=replace(settings.server, listen=args.listen))
     from spherecal.preflight import check_coordinator
 
-    check_coordinator(settings, str(args.config))
-    from spherecal.logs import LineFormatter, closing_line, line_writer
+    warnings = check_coordinator(settings, str(args.config))
+    from spherecal.logs import LineFormatter, closing_line, grpc_info_is_ours, line_writer
 
     fmt = args.log_format or settings.server.log_format
     debug = (args.log_level or settings.server.log_level) == "debug"
+    say = line_writer("coordinator", fmt, debug=debug)
+    for warning in warnings:  # a server certificate that ends soon
+        say(warning)
     summary = run_coordinator(
         settings,
         threads=threads,
         new_federation=args.new_federation,
-        say=line_writer("coordinator", fmt, debug=debug),
+        say=say,
         log_formatter=LineFormatter("coordinator", fmt),
+        grpc_core_info=not grpc_info_is_ours(),
     )
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
     print(json.dumps({k: summary.get(k) for k in shown}, indent=2), flush=True)

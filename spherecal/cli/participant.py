@@ -38,9 +38,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--init",
         action="store_true",
-        help="enrol this site: create its Ed25519 identity key at [participant] "
+        help="enrol a site without TLS: create its Ed25519 identity key at [participant] "
         "identity_key (default state_dir/identity.key) if it has none, print its path and "
-        "exit; an existing key is never replaced",
+        "exit; an existing key is never replaced. Under mutual TLS it makes no key (the "
+        "key comes with `spherecal certs request`) and checks the existing one against "
+        "[tls] cert",
     )
     p.add_argument(
         "--halt-before",
@@ -74,13 +76,16 @@ def run(args: argparse.Namespace) -> int:
         settings = replace(settings, halt_before=settings.halt_before + points)
     from spherecal.preflight import check_participant
 
-    check_participant(settings, str(args.config))
+    warnings = check_participant(settings, str(args.config))
     from spherecal.logs import closing_line, line_writer, log_records
 
     fmt = args.log_format or settings.log_format
     pid = settings.participant_id
     log_records(pid, fmt)
-    code = run_participant(settings, log=line_writer(pid, fmt))
+    say = line_writer(pid, fmt)
+    for warning in warnings:  # a certificate that ends soon
+        say(warning)
+    code = run_participant(settings, log=say)
     closing_line(pid, fmt, PARTICIPANT_EXITS.get(code, "ended"), code)
     return code
 

@@ -108,3 +108,33 @@ def test_expired_counts_are_flushed_without_a_new_line() -> None:
     assert limiter.check("y") == ([], "y")
     assert limiter.check("y") == ([], None)
     assert limiter.expired_all() == ["y (+1 identical in 0s, then stopped)"]
+
+
+def test_a_refused_handshake_becomes_a_line_that_says_why() -> None:
+    """gRPC core's INFO lines for refused TLS handshakes (as grpcio 1.85 writes them),
+    after :func:`normalise`: the reason OpenSSL gave, in words an operator acts on."""
+    from spherecal.coordinator.server.native_log import HANDSHAKE_REFUSED, handshake_refusal
+
+    prefix = "I1127 13:36:13.200671   29299 ssl_transport_security.cc:2563] "
+    failed = prefix + "Handshake failed with error SSL_ERROR_SSL: error:1000007d:SSL routines:"
+    cases = {
+        "OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: certificate has expired": (
+            "the client's certificate has expired"
+        ),
+        "OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: certificate is not yet valid": (
+            "the client's certificate is not yet valid"
+        ),
+        "OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate": (
+            "the client's certificate does not verify against [tls] client_ca"
+        ),
+        "OPENSSL_internal:BAD_SIGNATURE: certificate signature failure": (
+            "the client's certificate does not verify against [tls] client_ca"
+        ),
+        "OPENSSL_internal:PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client presented no certificate",
+        "OPENSSL_internal:WRONG_VERSION_NUMBER": "the client's TLS handshake failed",
+    }
+    for detail, said in cases.items():
+        line = handshake_refusal(normalise(failed + detail))
+        assert line is not None and line.startswith(f"{HANDSHAKE_REFUSED}: {said} ("), line
+        assert "OPENSSL_internal" not in line and detail.split(":", 1)[1] in line
+    assert handshake_refusal(normalise(prefix + "Some other line")) is None

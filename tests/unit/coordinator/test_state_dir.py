@@ -300,3 +300,20 @@ def test_cli_refuses_damaged_or_orphaned_state_in_one_line(
     assert main(["coordinator", "--config", str(config)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--new-federation" in lines[0], lines
+
+
+def test_check_state_without_a_database_says_what_that_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory no federation has run in (or a config naming the wrong one) is exit
+    2 with one line saying so — as docs/deployment.md says — and nothing is created."""
+    state = tmp_path / "state"
+    config = _config(tmp_path, state)
+    assert main(["coordinator", "--config", str(config), "--check-state"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"no coordinator state at {state / 'state.db'}: no federation has run" in lines[0]
+    assert "[federation] state_dir names another directory" in lines[0]
+    assert not state.exists()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "deployment.md").read_text()
+    assert "2 when the database is\ndamaged, or when there is none" in doc

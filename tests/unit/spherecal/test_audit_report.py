@@ -216,3 +216,37 @@ def test_html_renders_a_dp_report_with_one_epsilon_per_subject(tmp_path: Path) -
     assert rows == [("federation", "1.6"), ("p0", "2")]
     assert "e^ε ≈ 4.95" in page  # exp(1.6)
     assert 'id="epsilon-chart"' in page
+
+
+def test_auditing_a_deployments_database_writes_nothing_into_its_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``spherecal audit STATE_DB`` wrote ``state/audit.json`` into the directory a
+    coordinator resumes from. It now writes ``./audit.json``; run from the state
+    directory it refuses (one line, before any work); ``--out`` still goes anywhere."""
+    db = make_db(tmp_path, privacy=NO_DP)
+    state = db.parent
+
+    def files() -> list[str]:  # SQLite's own -wal/-shm of a reader are not ours
+        return sorted(p.name for p in state.iterdir() if not p.name.endswith(("-wal", "-shm")))
+
+    before = files()
+    elsewhere = tmp_path / "officer"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for target in (db, state):  # the database, or the directory that holds it
+        assert cli_main(["audit", str(target)]) == 0
+        out = capsys.readouterr().out
+        assert "(written audit.json)" in out, out
+        assert json.loads((elsewhere / "audit.json").read_text())["database"] == str(db)
+        (elsewhere / "audit.json").unlink()
+        assert files() == before
+    monkeypatch.chdir(state)
+    assert cli_main(["audit", "state.db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--out FILE" in err and "state directory" in err, err
+    assert files() == before
+    assert cli_main(["audit", "state.db", "--out", str(tmp_path / "chosen.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["federation_id"] == "fed-test"
+    assert (tmp_path / "chosen.json").is_file()
+    assert files() == before

@@ -187,3 +187,27 @@ def test_grpc_core_handshake_chatter_is_off_by_default(tmp_path: Path) -> None:
     assert "ssl_transport_security" not in run(base)
     # the operator can ask for it back; and this shows the check can fail
     assert "ssl_transport_security" in run({**base, "GRPC_VERBOSITY": "INFO"})
+
+
+def test_grpc_core_level_is_errors_but_info_for_the_coordinator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The coordinator asks gRPC core for INFO (its refused handshakes are INFO lines;
+    its capture keeps only those); every other command ERROR. A level the operator set
+    is kept; one the CLI set for an earlier command in the process is not the
+    operator's."""
+    from spherecal.logs import GRPC_VERBOSITY_SET_BY_US, grpc_info_is_ours, quiet_grpc_core
+
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    monkeypatch.delenv(GRPC_VERBOSITY_SET_BY_US, raising=False)
+    quiet_grpc_core("coordinator")
+    assert os.environ["GRPC_VERBOSITY"] == "INFO" and grpc_info_is_ours()
+    quiet_grpc_core("participant")  # the same process, another command
+    assert os.environ["GRPC_VERBOSITY"] == "ERROR" and not grpc_info_is_ours()
+    quiet_grpc_core("coordinator")
+    assert os.environ["GRPC_VERBOSITY"] == "INFO"
+    monkeypatch.setenv("GRPC_VERBOSITY", "INFO")  # the operator's, from now on
+    monkeypatch.delenv(GRPC_VERBOSITY_SET_BY_US)
+    for command in ("coordinator", "participant", None):
+        quiet_grpc_core(command)
+        assert os.environ["GRPC_VERBOSITY"] == "INFO" and not grpc_info_is_ours()

@@ -212,6 +212,40 @@ def test_participant_without_pinned_peers_says_how_to_pin(
     assert not (tmp_path / "participant-p0").exists()  # refused before its state existed
 
 
+def test_participant_certificate_outside_its_validity_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An expired certificate is refused in every TLS handshake, and the site only saw
+    "Socket closed" for give_up_s: now one line at start with its dates."""
+    from spherecal.certs import init_ca, issue_participant
+    from tests.cert_dates import redate
+
+    init_ca(tmp_path / "certs")
+    issue_participant(tmp_path / "certs", "p0")
+    redate(tmp_path / "certs", tmp_path / "certs" / "p0.pem", start_days=-9, end_days=-1)
+    config = _participant_toml(tmp_path, identity_key='"certs/p0.identity.key"')
+    code = main(["participant", "--config", str(config)])
+    _one_line_error(capsys, code, "[tls] cert = ", "p0.pem' expired on", "certs request p0")
+
+
+def test_participant_identity_key_that_its_certificate_does_not_bind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spherecal.certs import init_ca, issue_participant
+
+    init_ca(tmp_path / "certs")
+    issue_participant(tmp_path / "certs", "p0")
+    issue_participant(tmp_path / "certs", "p1")  # another identity key
+    config = _participant_toml(tmp_path, identity_key='"certs/p1.identity.key"')
+    code = main(["participant", "--config", str(config)])
+    _one_line_error(capsys, code, "identity_key = ", "p1.identity.key' is key ", "binds key ")
+
+
+def test_certs_days_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["certs", "init", str(tmp_path / "ca"), "--days", "0"])
+    _one_line_error(capsys, code, "--days 0: a certificate must be valid for at least 1 day")
+
+
 def test_coordinator_missing_certificate_names_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -147,3 +147,52 @@ def test_a_roster_too_small_for_secure_aggregation_is_refused(
     assert err.count("\n") == 0, err
     assert "[secure_aggregation] min_participants = 3" in err and "at least 3 sites" in err
     assert not (tmp_path / "state").exists()
+
+
+# ------------------------------------------------------ a certificate's lifetime
+def test_the_validity_window_refuses_outside_and_warns_near_its_end(
+    tmp_path: Path, certs: Path
+) -> None:
+    """A TLS peer refuses a certificate outside its window without a word to its
+    holder, so the start-up check says it; within ``EXPIRY_WARNING_DAYS`` of the end it
+    is a warning. The dates are the certificate's own (``now`` stands in for the
+    clock)."""
+    import datetime as dt
+
+    from cryptography import x509
+
+    from spherecal.preflight import (
+        CLIENT_RENEWAL,
+        EXPIRY_WARNING_DAYS,
+        certificate_window,
+    )
+
+    pem = certs / "p0.pem"
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    second = dt.timedelta(seconds=1)
+    warn_from = end - dt.timedelta(days=EXPIRY_WARNING_DAYS)
+    assert certificate_window("[tls] cert", pem, CLIENT_RENEWAL, now=start) is None
+    assert certificate_window("[tls] cert", pem, CLIENT_RENEWAL, now=warn_from - second) is None
+    soon = certificate_window("[tls] cert", pem, CLIENT_RENEWAL, now=warn_from + second)
+    assert soon is not None and soon.startswith("WARNING: [tls] cert = ")
+    assert f"expires on {end:%Y-%m-%d %H:%M} UTC" in soon and "certs request p0" in soon
+    assert certificate_window("[tls] cert", pem, CLIENT_RENEWAL, now=end) is not None
+    with pytest.raises(PreflightError, match=f"expired on {end:%Y-%m-%d %H:%M} UTC"):
+        certificate_window("[tls] cert", pem, CLIENT_RENEWAL, now=end + second)
+    with pytest.raises(PreflightError, match=f"is not valid until {start:%Y-%m-%d %H:%M} UTC"):
+        certificate_window("[tls] cert", pem, CLIENT_RENEWAL, now=start - second)
+    assert certificate_window("[tls] cert", None, CLIENT_RENEWAL) is None
+
+
+def test_the_service_checks_name_their_own_certificate(tmp_path: Path, certs: Path) -> None:
+    from tests.cert_dates import redate
+
+    soon = redate(certs, certs / "p0.pem", start_days=-1, end_days=2, out=tmp_path / "soon.pem")
+    (warning,) = check_participant(_participant(tmp_path, certs, cert=soon), "p.toml")
+    assert warning.startswith("WARNING: p.toml: [tls] cert = ") and "soon.pem" in warning
+    assert check_participant(_participant(tmp_path, certs), "p.toml") == []
+    old = redate(certs, certs / "server.pem", start_days=-9, end_days=-2, out=tmp_path / "old.pem")
+    with pytest.raises(PreflightError, match=r"^c\.toml: \[tls\] cert = .*old\.pem' expired on"):
+        check_coordinator(_coordinator(tmp_path, certs, cert=old), "c.toml")
+    assert check_coordinator(_coordinator(tmp_path, certs), "c.toml") == []

@@ -64,7 +64,7 @@ def _site(
                 ca=ca, cert=certs / "p0.pem", key=certs / "p0.key", server_name=server_name
             ),
             state_dir=tmp_path / "state",
-            identity_key=None,
+            identity_key=certs / "p0.identity.key",  # the key its certificate binds
             reconnect_max_s=0.2,
             give_up_s=0.5,
             rpc_timeout_s=2.0,
