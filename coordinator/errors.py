@@ -62,6 +62,7 @@ complete)::
     │   ├── MembersNotPinned     participant: under TLS, no [tls] peer_keys and no say-so
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
     │   ├── IdentityMissing      participant: a configured identity key that is not there
+    │   ├── IdentityNotCertified participant: under TLS, a key its certificate does not bind
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
     │   ├── CustomExtractorError spherefed: a package.module:factory breaking the contract
     │   ├── SavedModelError      spherefed: a saved model directory that does not load

@@ -565,7 +565,10 @@ class ParticipantRunner:
                 store = self._client_states()
                 before = store.for_round(task.round)
                 result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
-            except (CorruptClientState, ValueError) as exc:
+            except (CorruptClientState, ValueError, FloatingPointError) as exc:
+                # FloatingPointError: local training diverged — on this site's data, so
+                # a refusal that depends on it (withheld to the masked step), never an
+                # exit: a site that stopped would tell the coordinator at once
                 self._local_work_failed(task_id, session, release, exc)
                 return
             if result.client_state is not None:

@@ -32,6 +32,7 @@ from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.crypto.dp import guaranteed_contributors
 from spherecal.participant import evaluation_task, release_ledger
 from spherecal.participant.data import LocalData
+from spherecal.participant.failures import LOCAL_WORK_FAILED
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import read_site_audit, run_site_audit
@@ -631,3 +632,37 @@ def test_the_site_audit_lists_refusals_and_passes_at_defaults(
 def test_the_site_audit_needs_a_ledger(tmp_path: Path) -> None:
     status, text = run_site_audit(tmp_path)
     assert status == 2 and "no release ledger" in text
+
+
+def test_local_training_that_diverges_is_withheld_not_an_exit(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Whether local training diverges on a model the coordinator chose depends on the
+    site's data: the site withholds that round's input to the masked step (charged as
+    the round's release, like any failed local work) and goes on — it used to leave
+    the federation (an uncaught ``FloatingPointError``), an answer at once."""
+    ring = HostileRing(federation="fed", model=model)
+    job = make_job(ROSTER, model.length + 2)
+    exploding = model.initial_vector * 1e30  # every forward pass overflows
+    ring.script = [
+        pb.Instruction(
+            task_id="train-0",
+            train=pb.TrainTask(
+                round=0,
+                model=ring.publish("global-0", exploding),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+    ]
+    _run(_settings(tmp_path), ring, data)  # the site ends normally (asserts exit 0)
+    (failure,) = ring.failures
+    assert failure.reason == LOCAL_WORK_FAILED  # the wire text names no value
+    # its shares went as for any input; the refusal came in its masked input's place
+    assert ring.target_stages[-1] == "SHARE" and "MASKED" not in ring.target_stages
+    conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
+    try:
+        (answer,) = conn.execute("SELECT answer FROM site_releases").fetchone()
+    finally:
+        conn.close()
+    assert answer == "refusal"  # charged as the round's release
