@@ -32,6 +32,7 @@ from spherecal.participant.evaluation_checks import (
     evaluation_content,
     evaluation_length,
 )
+from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.release_ledger import EVALUATE, Release
 from spherecal.participant.results import FinalModels
 from spherecal.participant.transport import TransportError
@@ -164,7 +165,7 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
     limit = _count_limit(runner, task, split) if secure else None
     try:
         total, counts = trainer.evaluate(vector, heads, split=split, max_examples=limit)
-    except ValueError as exc:  # may depend on the data: counted as the release
+    except LOCAL_WORK_ERRORS as exc:  # may depend on the data: counted as the release
         runner._local_work_failed(task_id, session, release, exc)
         return
     if task.round < 0 and split == "test":  # the final models, saved once the run completes

@@ -39,6 +39,7 @@ __all__ = [
     "DATA_DEPENDENT_CHARGES",
     "KINDS",
     "LOCAL_REASONS",
+    "LOCAL_WORK_ERRORS",
     "LOCAL_WORK_FAILED",
     "PUBLIC_TEXT",
     "RULES",
@@ -153,6 +154,14 @@ LOCAL_WORK_FAILED = (
 )
 """The text for anything else (a failed training step, statistics pass or evaluation,
 an unforeseen error): its message may carry values of the local data."""
+
+LOCAL_WORK_ERRORS: tuple[type[BaseException], ...] = (ValueError, ArithmeticError, RuntimeError)
+"""What a site's local computation on its data (training, statistics, evaluation) may
+raise and be answered as failed local work — withheld to the job's masked step and
+counted as its release — rather than end the process: bad values (``ValueError``, numpy's
+``LinAlgError``), arithmetic (training that diverges raises ``FloatingPointError``) and
+torch's own errors (``RuntimeError``). Whether any of them happens can depend on the
+data, and a site that exited would answer at once, outside every release."""
 
 
 DATA_DEPENDENT_CHARGES = frozenset({LOCAL_DPSGD_KIND})

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
 from spherecal.participant.adversary import Adversary, parse_adversary
-from spherecal.participant.algorithm_state import ClientStateStore, CorruptClientState
+from spherecal.participant.algorithm_state import ClientStateStore
 from spherecal.participant.backoff import (
     Backoff,
     ParticipantExit,
@@ -62,7 +62,12 @@ from spherecal.participant.example_weight import (
     training_weight,
     weight_within_bound,
 )
-from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
+from spherecal.participant.failures import (
+    LOCAL_WORK_ERRORS,
+    failure_kind,
+    policy_rule,
+    wire_reason,
+)
 from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.fixed_plan import PlanChanged, fix_plan
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
@@ -565,10 +570,10 @@ class ParticipantRunner:
                 store = self._client_states()
                 before = store.for_round(task.round)
                 result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
-            except (CorruptClientState, ValueError, FloatingPointError) as exc:
-                # FloatingPointError: local training diverged — on this site's data, so
-                # a refusal that depends on it (withheld to the masked step), never an
-                # exit: a site that stopped would tell the coordinator at once
+            except LOCAL_WORK_ERRORS as exc:  # CorruptClientState is a ValueError
+                # e.g. training that diverged on this site's data (FloatingPointError):
+                # a refusal that depends on it, withheld to the masked step, never an
+                # exit — a site that stopped would tell the coordinator at once
                 self._local_work_failed(task_id, session, release, exc)
                 return
             if result.client_state is not None:

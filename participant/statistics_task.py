@@ -43,6 +43,7 @@ import numpy.typing as npt
 from spherecal import crypto
 from spherecal.crypto.dp import sample_noise
 from spherecal.participant.dp_gate import BudgetExceeded, PrivacyRefused
+from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.release_ledger import Release
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.heads import UNIT_NORM_HEADS
@@ -115,7 +116,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
             runner.secure.await_next_step(session, work)
             try:
                 stats, seconds = work.result()
-            except ValueError as exc:  # may depend on the data: counted as the release
+            except LOCAL_WORK_ERRORS as exc:  # may depend on the data: counted as the release
                 runner._local_work_failed(task_id, session, release, exc)
                 return
     else:
@@ -132,7 +133,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
                 return
         try:
             stats, seconds = _statistics_of(runner, trainer, vector, kind, limit)
-        except ValueError as exc:
+        except LOCAL_WORK_ERRORS as exc:
             runner._local_work_failed(task_id, session, release, exc)
             return
     runner.log(f"{kind} statistics: {stats.shape[0]} entries in {seconds:.1f}s")
@@ -252,7 +253,7 @@ def _private_statistics(
         stats = trainer.private_statistics(
             vector, kind, quant_bits=plan.quant_bits, max_examples=bound
         )
-    except ValueError as exc:  # may depend on the data: counted as the release
+    except LOCAL_WORK_ERRORS as exc:  # may depend on the data: counted as the release
         runner.secure.withhold(task_id, session, exc)
         return
     noise = sample_noise(noise_plan)
