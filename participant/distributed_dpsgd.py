@@ -46,6 +46,7 @@ from spherecal.participant.dp_gate import (
     ParticipantPrivacy,
     PrivacyRefused,
 )
+from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.release_ledger import ReleaseLedger
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.trainer import LocalTrainer, random_subset
@@ -64,6 +65,8 @@ __all__ = [
     "plan_from_message",
     "require_distributed",
     "step_input",
+    "step_prefix",
+    "step_terms",
 ]
 
 
@@ -92,6 +95,14 @@ def require_distributed(privacy: ParticipantPrivacy, task: pb.TrainTask) -> None
                 "distributed DP-SGD needs secure aggregation: each site adds only a share "
                 "of the noise, so its sum must never be seen alone"
             )
+        if privacy.settings.dpsgd:
+            # A step's admission compares the budget with what the site spent, and a
+            # local DP-SGD round spends an ε that follows its example count: steps
+            # between local rounds would read the count off the round they stop at.
+            raise PrivacyRefused(
+                "this participant trains with local DP-SGD ([privacy] dpsgd = true); it "
+                "takes no distributed DP-SGD step"
+            )
         return
     if privacy.settings.distributed_updates:
         raise NoiseRequired(
@@ -111,18 +122,44 @@ class AdmittedStep:
     times ``C``): a site holding more samples from a random subset of this size."""
 
 
+def step_terms(step: pb.DPSGDStep) -> bytes:
+    """The terms of a federation's steps: the step but for what follows each job's
+    roster (``min_contributors``, and the ring's ``scale_bits``). A site's charge per
+    step is its worst case at ``t`` contributors, which carries ``σ`` whatever ``t``,
+    so these terms alone fix the ε of every step of the federation."""
+    terms = pb.DPSGDStep()
+    terms.CopyFrom(step)
+    terms.ClearField("min_contributors")
+    terms.ClearField("scale_bits")
+    return terms.SerializeToString(deterministic=True)
+
+
 def admit_step(
     privacy: ParticipantPrivacy,
     step: pb.DPSGDStep,
     spec: JobSpec,
     *,
     model_length: int,
+    federation: str,
+    round_index: int,
+    plan_rounds: int,
 ) -> AdmittedStep:
     """Plan, verify and charge one step (raises ``PrivacyRefused``/``BudgetExceeded``).
 
     The site's record count is not checked here: :func:`step_input` keeps within the
     step's ``max_examples`` by sampling, so nothing about the count can turn into a
-    refusal the coordinator sees (module docstring)."""
+    refusal the coordinator sees (module docstring).
+
+    Nor is what the site has spent: a budget compared step by step, at parameters the
+    coordinator sets per task and with refusals free, let it lower ``q`` until the
+    first admission and read the site's history to any precision. The federation's
+    steps have one set of terms (:func:`step_terms`, kept at the first step; another
+    is refused without comparing), and the plan's ``plan_rounds`` steps are admitted
+    all or none, the federation's own steps left out of what was spent
+    (``PrivacyLedger.check_plan``, as local DP-SGD): the same answer at every round
+    and after a restart, and a refusal is kept for the rest of the federation. Each
+    round is charged once (``dpsgd/<federation>/round-N``), however often it is
+    asked."""
     s = privacy.settings
     own_colluders = s.colluders if (s.enabled or s.distributed_updates) else 0
     plan = plan_from_message(step, colluders=own_colluders)
@@ -144,12 +181,22 @@ def admit_step(
             f"job scale 2^-{spec.scale_bits} / bound {spec.bound:g} differ from the plan's "
             f"2^-{plan.scale_bits} / {bound:g}"
         )
-    entry = privacy.charge(
-        plan.charge(1, float(step.delta)),
-        delta=float(step.delta),
-        release_id=f"dpsgd-{spec.job_id.hex()}",
+    delta = float(step.delta)
+    entry = privacy.charge_plan_step(
+        federation,
+        step_terms(step),
+        each=plan.charge(1, delta),
+        whole=plan.charge(max(1, plan_rounds), delta),
+        delta=delta,
+        release_id=f"{step_prefix(federation)}round-{round_index}",
+        own_prefix=step_prefix(federation),
     )
     return AdmittedStep(plan=plan, noise=noise, entry=entry, max_examples=int(step.max_examples))
+
+
+def step_prefix(federation: str) -> str:
+    """The ledger's ``release_id`` prefix of one federation's distributed DP-SGD steps."""
+    return f"dpsgd/{federation}/"
 
 
 def step_input(
@@ -202,6 +249,8 @@ def distributed_step(
     download: Callable[[pb.TensorRef, tuple[int, ...]], npt.NDArray[np.float64]],
     refuse: Callable[[str, BaseException], None],
     log: Callable[[str], None],
+    federation: str,
+    plan_rounds: int,
 ) -> None:
     """One round of distributed DP-SGD at this site: admit and charge (refusing over
     budget, before any key is advertised or any data read), then the secure session,
@@ -209,7 +258,15 @@ def distributed_step(
     step = task.dpsgd
     try:
         spec = JobSpec.from_bytes(task.secure.spec)
-        admitted = admit_step(privacy, step, spec, model_length=trainer.length)
+        admitted = admit_step(
+            privacy,
+            step,
+            spec,
+            model_length=trainer.length,
+            federation=federation,
+            round_index=int(task.round),
+            plan_rounds=plan_rounds,
+        )
     except (PrivacyRefused, BudgetExceeded, SecAggError) as exc:
         refuse(task_id, exc)
         return
@@ -255,7 +312,7 @@ def distributed_step(
     t0 = time.monotonic()
     try:
         clipped, noise = step_input(trainer, vector, admitted)
-    except (ValueError, RuntimeError) as exc:  # e.g. a model torch.func cannot differentiate
+    except LOCAL_WORK_ERRORS as exc:  # e.g. a model torch.func cannot differentiate
         # whether it fails may depend on the data: answered at the masked step, charged
         secure.withhold(task_id, session, exc)
         return

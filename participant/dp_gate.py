@@ -82,6 +82,19 @@ CREATE TABLE IF NOT EXISTS site_dp_statistics (
 (:meth:`ParticipantPrivacy._admit_once`)."""
 
 
+_STEP_TERMS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS site_dpsgd_terms (
+    participant TEXT NOT NULL,
+    federation  TEXT NOT NULL,
+    terms       BLOB NOT NULL,
+    admitted    INTEGER,
+    at          REAL NOT NULL,
+    PRIMARY KEY (participant, federation)
+)"""
+"""Each federation's distributed DP-SGD step terms and its one budget answer
+(:meth:`ParticipantPrivacy.charge_plan_step`)."""
+
+
 class ParticipantPrivacy:
     """Policy + local ledger (``state_dir/privacy.db``) of one participant."""
 
@@ -114,6 +127,60 @@ class ParticipantPrivacy:
         with self._lock:
             ledger = self.ledger(delta)
             return _charge_once(ledger, self.pid, charge, release_id).to_json()
+
+    def charge_plan_step(
+        self,
+        federation: str,
+        terms: bytes,
+        *,
+        each: PrivacyCharge,
+        whole: PrivacyCharge,
+        delta: float,
+        release_id: str,
+        own_prefix: str,
+    ) -> dict[str, Any]:
+        """Admit one step of a federation's plan of steps all or none, then charge it
+        once (``spherecal.participant.distributed_dpsgd.admit_step`` says why): the
+        federation's steps keep the terms of its first (another is refused without
+        comparing), ``whole`` beside what was spent outside ``own_prefix`` must fit
+        the budget, and a refusal is kept for the rest of the federation."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute(_STEP_TERMS_SCHEMA)
+            row = conn.execute(
+                "SELECT terms, admitted FROM site_dpsgd_terms WHERE participant = ? AND "
+                "federation = ?",
+                (self.pid, federation),
+            ).fetchone()
+            if row is not None and bytes(row[0]) != terms:
+                raise PrivacyRefused(
+                    "this federation's distributed DP-SGD steps were put to this site's "
+                    "budget with other parameters (σ, q, C, colluders, δ, max_examples); "
+                    "a step of other parameters is not compared with it in this federation"
+                )
+            if row is not None and row[1] is not None and not row[1]:
+                raise PrivacyRefused(
+                    "this federation's distributed DP-SGD steps were refused: the plan's "
+                    "rounds would exceed this site's budget; they are not compared again "
+                    "in this federation"
+                )
+            ledger = self.ledger(delta)
+            try:
+                ledger.check_plan(self.pid, each, whole, own_prefix=own_prefix)
+            except BudgetExceeded:
+                self._keep_step_terms(federation, terms, admitted=False)
+                raise
+            self._keep_step_terms(federation, terms, admitted=True)
+            return _charge_once(ledger, self.pid, each, release_id).to_json()
+
+    def _keep_step_terms(self, federation: str, terms: bytes, *, admitted: bool) -> None:
+        conn = self._connection()
+        with conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO site_dpsgd_terms (participant, federation, terms, "
+                "admitted, at) VALUES (?, ?, ?, ?, ?)",
+                (self.pid, federation, terms, int(admitted), time.time()),
+            )
 
     def close(self) -> None:
         with self._lock:

@@ -534,6 +534,8 @@ class ParticipantRunner:
                 download=self._download,
                 refuse=self._refuse,
                 log=self.log,
+                federation=self._federation(),
+                plan_rounds=int(self.plan.rounds) if self.plan is not None else 1,
             )
             return
         session = None

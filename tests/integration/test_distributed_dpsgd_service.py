@@ -141,7 +141,7 @@ def test_every_step_is_charged_once_at_every_site_as_planned(
         assert len({r[0] for r in rows}) == taken
         for release_id, charge_json, _ in rows:
             charge = json.loads(charge_json)
-            assert release_id.startswith("dpsgd-")
+            assert release_id.startswith("dpsgd/") and "/round-" in release_id
             assert charge["kind"] == "distributed-dpsgd" and charge["mechanism"] == "dpsgd"
             assert charge["epsilon"] == pytest.approx(planned, rel=1e-9)
             assert charge["noise"]["noise_multiplier"] == pytest.approx(SIGMA)

@@ -39,6 +39,8 @@ STEP: dict[str, Any] = dict(
     scale_bits=16,
     max_examples=MAX_EXAMPLES,
 )
+ROUND_0: dict[str, Any] = {"federation": "f", "round_index": 0, "plan_rounds": 1}
+"""One round of a one-round plan in federation ``f``."""
 
 
 def _plan(**change: float) -> DistributedDpsgdPlan:
@@ -65,7 +67,7 @@ def _ledger_rows(privacy: ParticipantPrivacy) -> int:
 
 def test_a_step_is_planned_verified_and_charged(tmp_path: Path) -> None:
     privacy = _privacy(tmp_path, updates="distributed")
-    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH)
+    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, **ROUND_0)
     assert admitted.entry["epsilon"] == pytest.approx(_plan().charge(1, 1e-5).epsilon)
     assert admitted.noise.min_contributors == 3 and _ledger_rows(privacy) == 1
 
@@ -92,6 +94,7 @@ def test_a_step_the_site_does_not_accept_is_refused_before_any_charge(
             pb.DPSGDStep(**{**STEP, **step}),
             _spec(**spec_change),
             model_length=LENGTH,
+            **ROUND_0,
         )
     assert _ledger_rows(privacy) == 0
 
@@ -102,20 +105,41 @@ def test_a_job_guaranteeing_fewer_contributors_than_the_step_claims_is_refused(
     weaker = _spec(threshold=2, min_participants=2)  # unmasks sums of 2
     privacy = _privacy(tmp_path, updates="distributed")
     with pytest.raises(PrivacyRefused, match="guarantees only 2 contributors"):
-        admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH)
+        admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH, **ROUND_0)
     # mutation: without the check the under-noised step is admitted
     monkeypatch.setattr(gate, "verify_plan", lambda spec, plan: None)
-    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH)
+    admitted = admit_step(privacy, pb.DPSGDStep(**STEP), weaker, model_length=LENGTH, **ROUND_0)
     assert admitted.plan.min_contributors == 3
 
 
-def test_over_budget_the_step_is_refused_with_the_numbers(tmp_path: Path) -> None:
+def test_a_plan_of_steps_is_admitted_all_or_none_once_per_federation(tmp_path: Path) -> None:
+    """Two steps do not fit, one does: a two-round plan is refused at its first round,
+    nothing charged, and kept refused; a one-round plan is admitted, its round charged
+    once however often it is asked."""
     one = _plan().charge(1, 1e-5).epsilon
     two = _plan().charge(2, 1e-5).epsilon
     privacy = _privacy(tmp_path, updates="distributed", total_epsilon=(one + two) / 2)
-    admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH)
+    step, spec = pb.DPSGDStep(**STEP), _spec()
+    two_rounds: dict[str, Any] = {"federation": "f", "plan_rounds": 2}
     with pytest.raises(BudgetExceeded):
-        admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH)
+        admit_step(privacy, step, spec, model_length=LENGTH, round_index=0, **two_rounds)
+    assert _ledger_rows(privacy) == 0
+    with pytest.raises(PrivacyRefused, match="steps were refused"):
+        admit_step(privacy, step, spec, model_length=LENGTH, round_index=1, **two_rounds)
+    for _ in range(3):
+        admit_step(privacy, step, spec, model_length=LENGTH, **{**ROUND_0, "federation": "g"})
+    assert _ledger_rows(privacy) == 1
+
+
+def test_steps_of_other_parameters_are_not_compared_again(tmp_path: Path) -> None:
+    """The sweep: lowering q until the first admission read what the site spent. The
+    federation's first step fixes the terms; another q is refused without comparing
+    (so even one that would fit), whatever the job's roster."""
+    privacy = _privacy(tmp_path, updates="distributed")
+    admit_step(privacy, pb.DPSGDStep(**STEP), _spec(), model_length=LENGTH, **ROUND_0)
+    lower = pb.DPSGDStep(**{**STEP, "sample_rate": STEP["sample_rate"] / 2})
+    with pytest.raises(PrivacyRefused, match="with other parameters"):
+        admit_step(privacy, lower, _spec(), model_length=LENGTH, **{**ROUND_0, "round_index": 1})
     assert _ledger_rows(privacy) == 1
 
 

@@ -306,7 +306,15 @@ def test_a_distributed_step_input_above_the_bound_stays_within_the_jobs_bound(
     bound = 10
     step, spec = _dpsgd_job(trainer, bound)
     privacy = ParticipantPrivacy(PrivacySettings(updates="distributed"), "p0", tmp_path)
-    admitted = admit_step(privacy, step, spec, model_length=trainer.length)
+    admitted = admit_step(
+        privacy,
+        step,
+        spec,
+        model_length=trainer.length,
+        federation="f",
+        round_index=0,
+        plan_rounds=1,
+    )
     clipped, noise = step_input(trainer, _vector(trainer), admitted)
     assert clipped.batch_size == bound
     encode(clipped.vector, scale_bits=spec.scale_bits, bound=spec.bound, ring_bits=spec.ring_bits)
@@ -344,6 +352,8 @@ def test_a_distributed_step_above_the_bound_is_taken_not_refused(
         download=lambda ref, shape: _vector(trainer),
         refuse=lambda task_id, exc: refusals.append(exc),
         log=messages.append,
+        federation="f",
+        plan_rounds=1,
     )
     assert refusals == [] and secure.abandoned == []
     (vector,) = secure.inputs
