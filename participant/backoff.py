@@ -27,11 +27,16 @@ __all__ = ["Backoff", "ParticipantExit", "stop_if_ended", "wait_if_stopping"]
 
 
 class ParticipantExit(Exception):
-    """Stop the participant with an exit code and a reason."""
+    """Stop the participant with an exit code and a reason (logged as it stops)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, *, ending: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.ending = ending
+        """How the process ended, for its closing line (``exiting: ENDING (exit status
+        N)``), where the status's usual words would mislead: status 2 is the coordinator
+        refusing this site as well as this site refusing the federation's plan. ``""``:
+        the usual words (``spherecal.cli.participant.PARTICIPANT_EXITS``)."""
 
 
 class Backoff:

@@ -85,7 +85,7 @@ def test_the_first_attempt_after_the_coordinator_listens_joins(tmp_path: Path) -
             harness.federation.board.finish("completed", "reconnect test over")
 
     try:
-        code = run_participant(_site(tmp_path, port), log=log)
+        end = run_participant(_site(tmp_path, port), log=log)
     finally:
         for server in servers:
             server.stop(grace=None).wait()
@@ -97,7 +97,7 @@ def test_the_first_attempt_after_the_coordinator_listens_joins(tmp_path: Path) -
     assert not [line for line in after if line.startswith("reconnect attempt")], after
     assert after[0].startswith("joined federation")
     assert after[1] == f"reached the coordinator at 127.0.0.1:{port} again"
-    assert code == 0 and "coordinator says done (completed): reconnect test over" in after
+    assert end.code == 0 and "coordinator says done (completed): reconnect test over" in after
 
 
 def test_a_channel_is_replaced_only_after_its_connection_failed(tmp_path: Path) -> None:
