@@ -33,7 +33,8 @@ typed ``pb.ErrorReason`` as trailing metadata (``spherecal.proto.error_detail``)
 ``SESSION_EXPIRED`` (join again), ``UPLOAD_SLOTS_BUSY`` (retry later),
 ``IDENTITY_IN_USE`` (another live process holds the identity: retry later). In the other
 direction a participant's ``FailureReport`` carries a ``pb.FailureKind``
-(:func:`failure_kind`); its ``reason`` is only ever logged.
+(:func:`failure_kind`); its ``reason`` is only ever logged. A report without a task id is
+a site refusing the federation's plan as it leaves (``CoordinatorService._plan_refused``).
 
 Every exception class of the project outside ``crypto`` (whose tree is in
 ``crypto/_exceptions.py``), by where it is raised — flat names that say what
@@ -61,6 +62,7 @@ complete)::
     │   ├── UntrustedDirectory   participant: the key directory fails its checks
     │   ├── MembersNotPinned     participant: under TLS, no [tls] peer_keys and no say-so
     │   ├── CorruptClientState   participant: its stored SCAFFOLD c_k cannot be read
+    │   ├── DataOutsideModel     participant: its data does not fit the plan's model
     │   ├── IdentityMissing      participant: a configured identity key that is not there
     │   ├── IdentityNotCertified participant: under TLS, a key its certificate does not bind
     │   ├── EmptyStatisticsError spherefed: calibration statistics with no samples
@@ -83,6 +85,8 @@ complete)::
     │   ├── TaskNotBound         a secure job not bound to the task it came with
     │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code
+    │   └── PlanRefused          the site refuses the federation's plan (exit 2; it tells
+    │                            the coordinator, which ends its session)
     ├── HeldJobError             participant: a held job (its state after a restart) unusable
     │   └── CorruptHeldJob       a held-job file altered, truncated, moved or foreign
     ├── AuditError               spherecal audit: a database it cannot read

@@ -4,10 +4,11 @@ secure-aggregation client, and the gRPC client (pull model: it never listens).
 Modules, one idea each:
 
 ``settings``           every setting, as frozen dataclasses (TOML parsing: ``spherecal.config``)
-``main``               ``run_participant``: wire it all up and run until done
+``main``               ``run_participant``: wire it all up and run until done (how it ended)
 ``enrolment``          the site's identity key: loaded, or created once (never on a typo)
 ``runner``             the main loop: join, pull instructions, act, push results, reconnect
 ``backoff``            exit reasons and the reconnect back-off
+``plan_refusal``       the plan checked at join; refusing it out loud (the coordinator is told)
 ``transport``          the transport protocol (gRPC in deployments, in-process in unit tests)
 ``grpc_transport``     the gRPC transport (TLS / mutual TLS; plaintext on loopback only)
 ``loop_transport``     the gRPC transport on a shared asyncio loop (many virtual participants)

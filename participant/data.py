@@ -39,7 +39,13 @@ from spherecal.spherefed.network import ModelSpec
 from spherecal.spherefed.partition import partition
 from spherecal.spherefed.reference import FederationData, ReferenceConfig, prepare_data
 
-__all__ = ["LocalData", "load_local_data", "load_local_slices"]
+__all__ = [
+    "DataOutsideModel",
+    "LocalData",
+    "check_fits_model",
+    "load_local_data",
+    "load_local_slices",
+]
 
 
 @dataclass(frozen=True)
@@ -64,25 +70,43 @@ class LocalData:
         return int(self.test_y.shape[0])
 
 
+class DataOutsideModel(ValueError):
+    """This site's data does not fit the federation's model (:func:`check_fits_model`).
+
+    The message, for the site's own log, names both sides; :attr:`public` is what the
+    site may tell the coordinator when it refuses the plan for it: the images' shape
+    (which the join already carried) or, for labels, only that they do not fit the
+    plan's class count — never which labels the site holds."""
+
+    def __init__(self, message: str, *, public: str) -> None:
+        super().__init__(message)
+        self.public = public
+
+
 def check_fits_model(data: LocalData, spec: ModelSpec) -> None:
     """This site's data against the federation's model, checked *here*: labels below
     the model's class count (a site without the highest classes takes part as it is)
     and the images' shape. The join carries the images' shape but not the site's
     label range (``max(label) + 1`` would tell the coordinator whether the site holds
-    any record of the highest classes), so this check is the site's own. A
-    ``ValueError`` names both sides."""
+    any record of the highest classes), so this check is the site's own. Raises
+    :class:`DataOutsideModel`, whose message names both sides."""
     size = spec.image_size
     image_shape = (spec.in_channels, *((size, size) if isinstance(size, int) else size))
     num_classes = spec.num_classes
     if tuple(data.image_shape) != tuple(image_shape):
-        raise ValueError(
+        message = (
             f"local images are (channels, height, width) = {tuple(data.image_shape)}, the "
             f"federation's model takes {tuple(image_shape)}"
         )
+        raise DataOutsideModel(message, public=message)
     if data.num_classes > num_classes:
-        raise ValueError(
+        raise DataOutsideModel(
             f"local labels reach class {data.num_classes - 1} ([data] num_classes or the "
-            f"highest label), the federation's model has {num_classes} classes"
+            f"highest label), the federation's model has {num_classes} classes",
+            public=(
+                f"this site's labels do not fit the plan's model of {num_classes} classes "
+                "(which labels it holds stays in the site's own log)"
+            ),
         )
 
 

@@ -5,11 +5,16 @@ With TLS the participant verifies the coordinator's certificate against its CA a
 presents its own client certificate (mutual TLS). ``insecure`` is refused unless the
 coordinator address is a loopback address, so a misconfigured participant cannot
 send its masked data, keys or even its identity over a network in the clear.
+
+A channel whose connection attempt failed is replaced at the next call
+(:class:`GrpcTransport`), so every attempt of the site's own back-off is a real
+connection attempt, however long gRPC's own back-off has grown.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +34,7 @@ __all__ = [
     "client_certificate_hint",
     "credentials_for",
     "is_loopback_address",
+    "reconnect_backoff_options",
     "tls_failure_hint",
 ]
 
@@ -118,6 +124,25 @@ def client_certificate_hint(
     )
 
 
+def reconnect_backoff_options(settings: ParticipantSettings) -> list[tuple[str, int]]:
+    """gRPC's own connection back-off, held to the site's (``Backoff``): it starts at
+    0.2 s (or ``reconnect_max_s`` when smaller) and never exceeds ``reconnect_max_s``,
+    instead of gRPC's 1 s growing to 120 s.
+
+    Why both and not ``grpc.min_reconnect_backoff_ms`` too: gRPC core reads that one as
+    the least time it gives one connection attempt to complete (20 s by default) —
+    lowering it to the site's 0.2 s would cut off a TLS handshake over a slow network.
+    These two only bound the *waits between* gRPC's attempts. They matter where a call
+    meets a failed channel that is not replaced (:class:`GrpcTransport` replaces it; the
+    asyncio transport of a host of many participants does not), and for gRPC's
+    background attempts while the site itself waits."""
+    maximum_ms = max(1, round(settings.reconnect_max_s * 1000))
+    return [
+        ("grpc.initial_reconnect_backoff_ms", min(200, maximum_ms)),
+        ("grpc.max_reconnect_backoff_ms", maximum_ms),
+    ]
+
+
 def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:
     """The channel options of every participant transport (sync or asyncio)."""
     limit = settings.max_message_bytes
@@ -128,25 +153,96 @@ def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:
         ("grpc.enable_retries", 0),
         # One connection per participant even when many share a process (the
         # Ray engine's virtual participants): a dropped participant drops its
-        # own connection, as a separate process would, not a shared one.
+        # own connection, as a separate process would, not a shared one. It also
+        # gives a replaced channel (GrpcTransport) a fresh subchannel, not the
+        # failed one with its back-off.
         ("grpc.use_local_subchannel_pool", 1),
+        *reconnect_backoff_options(settings),
     ]
     if not settings.insecure and settings.tls.server_name:
         options.append(("grpc.ssl_target_name_override", settings.tls.server_name))
     return options
 
 
+def _connectivity(channel: grpc.Channel) -> grpc.ChannelConnectivity | None:
+    """The channel's connectivity now, asked synchronously; None where this grpcio
+    does not answer (its channel is then never replaced: the behaviour before).
+
+    Why not ``channel.subscribe``, gRPC's public way to learn it: a subscription starts
+    a polling thread per channel, and a subscribed channel dropped while its thread
+    polls can hang the process's exit — a site sent SIGTERM during its reconnect loop
+    then never exited, its main thread waiting in the dropped channel's finalizer.
+    This asks what that thread asks (``check_connectivity_state`` of the channel's
+    core, without trying to connect), only when a call is about to be made, and
+    starts no thread; ``tests/unit/participant/test_grpc_reconnect.py`` fails if a
+    grpcio upgrade stops answering it."""
+    try:
+        state = channel._channel.check_connectivity_state(False)  # private: see above
+        from grpc import _common
+
+        return _common.CYGRPC_CONNECTIVITY_STATE_TO_CHANNEL_CONNECTIVITY[state]
+    except (AttributeError, ImportError, KeyError, TypeError, ValueError):
+        return None
+
+
 class GrpcTransport(StubCalls):
+    """The synchronous transport of a site process: one channel to the coordinator at a
+    time, replaced by a new one when its connection attempt failed.
+
+    Why the channel is replaced: a gRPC channel whose connection attempt failed waits
+    out its own back-off (1 s growing ×1.6 up to 120 s by default) before it tries
+    again, and fails every call at once with UNAVAILABLE meanwhile — whatever the
+    site's own back-off (:class:`~spherecal.participant.backoff.Backoff`). A site
+    whose coordinator was down for a minute then kept failing for up to two more after
+    it came back (the coordinator listening at 13:31:38, an attempt at 13:31:43 refused
+    with "Connection refused", the join at 13:31:58). So before each call, a channel
+    in TRANSIENT_FAILURE (:func:`_connectivity`) is closed and a new one made: a new
+    channel (with its own subchannel: ``grpc.use_local_subchannel_pool``) connects at
+    its first call, so each attempt of the site's back-off is a real connection
+    attempt, and the first one after the coordinator is listening succeeds.
+
+    Why not the alternatives alone: capping gRPC's back-off with channel options
+    (:func:`reconnect_backoff_options`, set as well) leaves two jittered back-offs that
+    cannot be aligned — an attempt can still fall inside gRPC's wait and fail; asking
+    the channel to connect (``channel_ready_future``, ``try_to_connect``) does not cut
+    short a back-off already running, and gRPC's Python API has no call that resets it;
+    replacing the channel after *every* failed attempt, whatever the channel's state,
+    would also drop a live connection — and with it the site's presence stream, so the
+    coordinator would count a site that only met a slow call as gone. Nothing in
+    flight is lost by the replacement: a channel in TRANSIENT_FAILURE has no
+    connection, so every call on it has already failed."""
+
     def __init__(self, settings: ParticipantSettings) -> None:
         credentials = credentials_for(settings)
         options = channel_options(settings)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(settings.coordinator, options=options)
-        else:
-            self._channel = grpc.secure_channel(settings.coordinator, credentials, options=options)
-        self._stub = grpc_services().CoordinatorStub(self._channel)
+        target = settings.coordinator
+
+        def open_channel() -> grpc.Channel:
+            if credentials is None:
+                return grpc.insecure_channel(target, options=options)
+            return grpc.secure_channel(target, credentials, options=options)
+
+        self._open = open_channel
+        self._lock = threading.Lock()
+        self._channel = open_channel()
+        self._current_stub = grpc_services().CoordinatorStub(self._channel)
+        self._closed = False
+        self.channels_opened = 1
+        """How many channels this transport made (the first, then one per replacement)."""
         self._timeout = settings.rpc_timeout_s
         self._long_poll_s = settings.long_poll_ms / 1000.0
+
+    @property
+    def _stub(self) -> Any:
+        """The current channel's stub, replacing a failed channel first (class docstring)."""
+        with self._lock:
+            failed = _connectivity(self._channel) is grpc.ChannelConnectivity.TRANSIENT_FAILURE
+            if failed and not self._closed:
+                old, self._channel = self._channel, self._open()
+                self._current_stub = grpc_services().CoordinatorStub(self._channel)
+                self.channels_opened += 1
+                old.close()
+            return self._current_stub
 
     def _unary(self, fn: Callable[..., T], request: object, timeout: float | None = None) -> T:
         try:
@@ -169,7 +265,9 @@ class GrpcTransport(StubCalls):
             raise to_transport_error(exc) from None
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            self._closed = True
+            self._channel.close()
 
 
 class _GrpcPresence:

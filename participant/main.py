@@ -5,10 +5,12 @@ Loads the participant's Ed25519 identity key (created only on first enrolment:
 directory (checked before anything slow: a site under TLS pins its peers,
 :func:`spherecal.participant.trust.site_directory_trust`), its local data and the
 persistent job ledger, then hands over to
-:class:`~spherecal.participant.runner.ParticipantRunner` over a gRPC transport. Returns the
-process exit status: 0 when the federation completed or degraded (it reached its end
-with less than was asked; the coordinator's summary says what), 1 when it failed, 2 when the
-coordinator refused this participant, 3 when it gave up reconnecting.
+:class:`~spherecal.participant.runner.ParticipantRunner` over a gRPC transport. Returns how
+the process ends (:class:`ParticipantEnd`): its exit status — 0 when the federation
+completed or degraded (it reached its end with less than was asked; the coordinator's
+summary says what), 1 when it failed, 2 when the coordinator refused this participant or
+this site refused the federation's plan, 3 when it gave up reconnecting — and, where the
+status alone would mislead, the words of the closing line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +32,18 @@ from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.trust import site_directory_trust
 from spherecal.spherefed.state_lock import StateDirLock
 
-__all__ = ["run_participant"]
+__all__ = ["ParticipantEnd", "run_participant"]
+
+
+@dataclass(frozen=True)
+class ParticipantEnd:
+    """How a participant process ends: its exit status, and ``ending``, the closing
+    line's words where the status's usual ones would mislead (``""`` otherwise;
+    ``ParticipantExit.ending``) — status 2 is both "refused by the coordinator" and
+    "this site refused the federation's plan"."""
+
+    code: int
+    ending: str = ""
 
 
 def _keep_freed_heap(say: Callable[[str], None]) -> None:
@@ -41,7 +55,7 @@ def _keep_freed_heap(say: Callable[[str], None]) -> None:
 
 def run_participant(
     settings: ParticipantSettings, *, log: Callable[[str], None] | None = None
-) -> int:
+) -> ParticipantEnd:
     pid = settings.participant_id
 
     def emit(message: str) -> None:
@@ -58,7 +72,7 @@ def run_participant(
         return _run(settings, say)
 
 
-def _run(settings: ParticipantSettings, say: Callable[[str], None]) -> int:
+def _run(settings: ParticipantSettings, say: Callable[[str], None]) -> ParticipantEnd:
     identity = load_or_enrol(settings, say)
     trust = site_directory_trust(settings, identity_public_bytes(identity), say)
     data = load_local_data(settings.data)
@@ -68,7 +82,8 @@ def _run(settings: ParticipantSettings, say: Callable[[str], None]) -> int:
     ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
     try:
         runner = ParticipantRunner(settings, transport, data, identity, ledger, trust, log=say)
-        return runner.run()
+        code = runner.run()
+        return ParticipantEnd(code, runner.ending)
     finally:
         transport.close()
         ledger.close()

@@ -47,7 +47,7 @@ from spherecal.participant.backoff import (
     stop_if_ended,
     wait_if_stopping,
 )
-from spherecal.participant.data import LocalData, check_fits_model, fingerprint
+from spherecal.participant.data import LocalData, fingerprint
 from spherecal.participant.distributed_dpsgd import distributed_step, require_distributed
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
@@ -57,11 +57,7 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
-from spherecal.participant.example_weight import (
-    check_plan_noise,
-    training_weight,
-    weight_within_bound,
-)
+from spherecal.participant.example_weight import training_weight, weight_within_bound
 from spherecal.participant.failures import (
     LOCAL_WORK_ERRORS,
     failure_kind,
@@ -72,6 +68,7 @@ from spherecal.participant.faults import Halter, OnHalt
 from spherecal.participant.fixed_plan import PlanChanged, fix_plan
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
 from spherecal.participant.held_jobs import HeldJobStore
+from spherecal.participant.plan_refusal import PLAN_TASK, PlanRefused, check_plan
 from spherecal.participant.policy import RoundOutsidePlan, require_task_bound
 from spherecal.participant.release_ledger import (
     REFUSAL,
@@ -80,7 +77,7 @@ from spherecal.participant.release_ledger import (
     Release,
     ReleaseLedger,
 )
-from spherecal.participant.results import FinalModels, refuse_extractor, save_after_completion
+from spherecal.participant.results import FinalModels, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
 from spherecal.participant.settings import ParticipantSettings
@@ -183,6 +180,9 @@ class ParticipantRunner:
             federation=self._federation,
         )
         self._final: FinalModels | None = None
+        self.ending = ""
+        """How the process ended, once :meth:`run` returned: the closing line's words
+        where the exit status's usual ones would mislead (``ParticipantExit.ending``)."""
 
     # ---------------------------------------------------------------- plumbing
     def _caller(self) -> pb.Caller:
@@ -204,9 +204,6 @@ class ParticipantRunner:
             data=pb.DataShape(num_classes=0, in_channels=c, image_height=h, image_width=w),
         )
         reply = self.transport.join(request)
-        refused = refuse_extractor(reply.plan.model.extractor, self.settings.extractors)
-        if refused is not None:
-            raise ParticipantExit(2, refused)
         self.session = reply.session
         same_federation = (
             self.plan is not None and self.plan.federation_id == reply.plan.federation_id
@@ -218,17 +215,11 @@ class ParticipantRunner:
                 # before any check below reads the data: once per federation
                 fix_plan(self.releases, reply.plan)
             except PlanChanged as exc:
-                raise ParticipantExit(2, str(exc)) from None
-            try:
-                with self._compute_slot():
-                    trainer = LocalTrainer(reply.plan, self.data)
-                    check_fits_model(self.data, trainer.spec)
-                    check_plan_noise(
-                        int(reply.plan.example_count_noise_sd),
-                        self.policy.example_count_noise_sd,
-                    )
-            except ValueError as exc:  # e.g. an algorithm this build does not know
-                raise ParticipantExit(2, f"cannot run this federation's plan: {exc}") from None
+                refusal = PlanRefused(str(exc), public=str(exc), kind=pb.POLICY_REFUSAL)
+                refusal.federation = reply.plan.federation_id
+                raise refusal from None
+            with self._compute_slot():  # PlanRefused: told to the coordinator in run()
+                trainer = check_plan(reply.plan, self.data, self.settings)
             self.plan = reply.plan
             self.trainer = trainer
             self._cache.clear()
@@ -341,6 +332,7 @@ class ParticipantRunner:
             )
             self.privacy.close()
             self.releases.close()
+            self.ending = f"refused to start: a test-only fault without {TEST_FAULTS_ENV}=1"
             return 2
         if self.settings.corrupt_shares:
             self.log("TEST FAULT: dealing corrupted shares in every job")
@@ -352,6 +344,9 @@ class ParticipantRunner:
             return self._loop()
         except ParticipantExit as exc:
             self.log(str(exc))
+            if isinstance(exc, PlanRefused):
+                self._leave(exc)
+            self.ending = exc.ending
             return exc.code
         finally:
             self._stop_presence()
@@ -423,7 +418,9 @@ class ParticipantRunner:
             )
             self._backoff.wait(reason, self.log, address=self.settings.coordinator, hint=hint)
             return
-        raise ParticipantExit(2, f"coordinator refused this participant: {exc}")
+        raise ParticipantExit(
+            2, f"coordinator refused this participant: {exc}", ending="refused by the coordinator"
+        )
 
     # ---------------------------------------------------------------- dispatch
     def _dispatch(self, instruction: pb.Instruction) -> None:
@@ -447,11 +444,41 @@ class ParticipantRunner:
 
     def _trainer(self) -> LocalTrainer:
         if self.trainer is None:
-            raise ParticipantExit(2, "instruction before the federation plan")
+            raise ParticipantExit(
+                2,
+                "instruction before the federation plan",
+                ending="the coordinator sent an instruction before the federation plan",
+            )
         return self.trainer
 
     def _download(self, ref: pb.TensorRef, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
         return download(self.transport, self._caller(), self._cache, ref, shape)
+
+    def _leave(self, refusal: PlanRefused) -> None:
+        """This site refused the federation's plan as it joined: record it in the
+        release ledger (the site's own audit lists it with the whole reason) and tell
+        the coordinator, which ends this site's session and records why it left — the
+        public text only (:mod:`spherecal.participant.plan_refusal`). The process exits
+        either way."""
+        shown = pb.FailureKind.Name(refusal.kind) + (
+            f"/{pb.PolicyRule.Name(refusal.rule)}" if refusal.rule != pb.RULE_UNSPECIFIED else ""
+        )
+        try:
+            self.releases.record_refusal(
+                task=PLAN_TASK,
+                kind=pb.FailureKind.Name(refusal.kind),
+                rule=pb.PolicyRule.Name(refusal.rule),
+                reason=refusal.reason,
+                federation=refusal.federation,
+            )
+        except Exception as exc:  # telling the coordinator must still happen
+            self.log(f"could not record the refusal in the release ledger: {exc}")
+        try:
+            self.transport.report_failure(refusal.report(self._caller()))
+        except TransportError as exc:
+            self.log(f"could not tell the coordinator that this site refused its plan: {exc}")
+            return
+        self.log(f"told the coordinator this site refused its plan ({shown}): {refusal.public}")
 
     def _refuse(self, task_id: str, error: BaseException) -> None:
         """Withdraw from a task or job, telling the coordinator why: the typed

@@ -156,7 +156,9 @@ class ParticipantSettings:
     long_poll_ms: int = 2000
     """How long one NextInstruction call may be held."""
     reconnect_max_s: float = 10.0
-    """Longest back-off between reconnection attempts."""
+    """Longest wait between two reconnection attempts, jitter included (positive): the
+    waits double from 0.2 s up to it, each drawn between half its nominal length and at
+    most 1.5 times it, never above this (``spherecal.participant.backoff``)."""
     give_up_s: float = 600.0
     """Give up after the coordinator was unreachable this long."""
     rpc_timeout_s: float = 60.0
@@ -188,6 +190,8 @@ class ParticipantSettings:
     def __post_init__(self) -> None:
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        if not self.reconnect_max_s > 0:
+            raise ValueError(f"reconnect_max_s must be positive, got {self.reconnect_max_s!r}")
 
     @property
     def identity_path(self) -> Path:

@@ -73,6 +73,8 @@ class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RULE_ROUND_OUTSIDE_PLAN: _ClassVar[PolicyRule]
     RULE_EVALUATIONS_EXHAUSTED: _ClassVar[PolicyRule]
     RULE_TASK_NOT_BOUND: _ClassVar[PolicyRule]
+    RULE_EXAMPLE_COUNT_NOISE: _ClassVar[PolicyRule]
+    RULE_EXTRACTOR_NOT_ALLOWED: _ClassVar[PolicyRule]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -126,6 +128,8 @@ RULE_DP_PLAN: PolicyRule
 RULE_ROUND_OUTSIDE_PLAN: PolicyRule
 RULE_EVALUATIONS_EXHAUSTED: PolicyRule
 RULE_TASK_NOT_BOUND: PolicyRule
+RULE_EXAMPLE_COUNT_NOISE: PolicyRule
+RULE_EXTRACTOR_NOT_ALLOWED: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason
@@ -657,7 +661,7 @@ class FederationStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RosterEntry(_message.Message):
-    __slots__ = ("participant_id", "index", "joined", "connected", "seconds_since_seen", "joins", "told_done")
+    __slots__ = ("participant_id", "index", "joined", "connected", "seconds_since_seen", "joins", "told_done", "left")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
@@ -665,6 +669,7 @@ class RosterEntry(_message.Message):
     SECONDS_SINCE_SEEN_FIELD_NUMBER: _ClassVar[int]
     JOINS_FIELD_NUMBER: _ClassVar[int]
     TOLD_DONE_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
     participant_id: str
     index: int
     joined: bool
@@ -672,7 +677,8 @@ class RosterEntry(_message.Message):
     seconds_since_seen: float
     joins: int
     told_done: bool
-    def __init__(self, participant_id: _Optional[str] = ..., index: _Optional[int] = ..., joined: _Optional[bool] = ..., connected: _Optional[bool] = ..., seconds_since_seen: _Optional[float] = ..., joins: _Optional[int] = ..., told_done: _Optional[bool] = ...) -> None: ...
+    left: str
+    def __init__(self, participant_id: _Optional[str] = ..., index: _Optional[int] = ..., joined: _Optional[bool] = ..., connected: _Optional[bool] = ..., seconds_since_seen: _Optional[float] = ..., joins: _Optional[int] = ..., told_done: _Optional[bool] = ..., left: _Optional[str] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
     __slots__ = ("round", "selected", "contributors", "train_loss", "test_accuracy", "federated_accuracy", "seconds", "dropped")

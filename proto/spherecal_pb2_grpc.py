@@ -168,7 +168,8 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportFailure(self, request, context):
-        """The participant withdraws from a task (with a reason the coordinator logs).
+        """The participant withdraws from a task (with a reason the coordinator logs) — or, with
+        no task_id, refuses the federation's plan and leaves the federation.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -76,7 +76,9 @@ class CoordinatorStub:
     ReportEvaluation: _grpc.UnaryUnaryMultiCallable[_spherecal_pb2.EvaluationReport, _spherecal_pb2.Receipt]
     """Correct / total counts on the participant's local test split."""
     ReportFailure: _grpc.UnaryUnaryMultiCallable[_spherecal_pb2.FailureReport, _spherecal_pb2.Receipt]
-    """The participant withdraws from a task (with a reason the coordinator logs)."""
+    """The participant withdraws from a task (with a reason the coordinator logs) — or, with
+    no task_id, refuses the federation's plan and leaves the federation.
+    """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_spherecal_pb2.StatusRequest, _spherecal_pb2.StatusReply]
     """Metadata only: phase, rounds, jobs, who is connected. Never any values."""
     GetFederationStatus: _grpc.UnaryUnaryMultiCallable[_spherecal_pb2.FederationStatusRequest, _spherecal_pb2.FederationStatus]
@@ -116,7 +118,9 @@ class CoordinatorAsyncStub(CoordinatorStub):
     ReportEvaluation: _aio.UnaryUnaryMultiCallable[_spherecal_pb2.EvaluationReport, _spherecal_pb2.Receipt]  # type: ignore[assignment]
     """Correct / total counts on the participant's local test split."""
     ReportFailure: _aio.UnaryUnaryMultiCallable[_spherecal_pb2.FailureReport, _spherecal_pb2.Receipt]  # type: ignore[assignment]
-    """The participant withdraws from a task (with a reason the coordinator logs)."""
+    """The participant withdraws from a task (with a reason the coordinator logs) — or, with
+    no task_id, refuses the federation's plan and leaves the federation.
+    """
     GetStatus: _aio.UnaryUnaryMultiCallable[_spherecal_pb2.StatusRequest, _spherecal_pb2.StatusReply]  # type: ignore[assignment]
     """Metadata only: phase, rounds, jobs, who is connected. Never any values."""
     GetFederationStatus: _aio.UnaryUnaryMultiCallable[_spherecal_pb2.FederationStatusRequest, _spherecal_pb2.FederationStatus]  # type: ignore[assignment]
@@ -213,7 +217,9 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _spherecal_pb2.FailureReport,
         context: _ServicerContext,
     ) -> _typing.Union[_spherecal_pb2.Receipt, _abc.Awaitable[_spherecal_pb2.Receipt]]:
-        """The participant withdraws from a task (with a reason the coordinator logs)."""
+        """The participant withdraws from a task (with a reason the coordinator logs) — or, with
+        no task_id, refuses the federation's plan and leaves the federation.
+        """
 
     @_abc_1.abstractmethod
     def GetStatus(

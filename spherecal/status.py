@@ -160,10 +160,16 @@ def _ago(seconds: float) -> str:
 
 def _site_state(r: Any) -> str:
     """What the coordinator knows of a site now: ``connected`` (its presence stream
-    is open or it was heard within the heartbeat timeout), ``disconnected`` (it
-    joined, and is not), ``absent`` (never joined); ``, told done`` once the end was
-    delivered to it."""
-    state = "connected" if r.connected else ("disconnected" if r.joined else "absent")
+    is open or it was heard within the heartbeat timeout), ``left`` (it left the
+    federation — it refused the plan — and has not joined since: the line ends with
+    why), ``disconnected`` (it joined, and is not), ``absent`` (never joined); ``,
+    told done`` once the end was delivered to it."""
+    if r.connected:
+        state = "connected"
+    elif r.left:
+        state = "left"
+    else:
+        state = "disconnected" if r.joined else "absent"
     return state + (", told done" if r.told_done else "")
 
 
@@ -189,6 +195,7 @@ def render_status(st: Any) -> str:
         lines.append(
             f"  {r.participant_id:<16} {_site_state(r):<24} seen "
             f"{_ago(r.seconds_since_seen):<9} joins {r.joins}"
+            + (f" · {r.left}" if r.left and not r.connected else "")
         )
     if st.completed:
         lines.append("completed rounds:  round  updates  loss       test acc  fed acc  seconds")

@@ -363,6 +363,8 @@ class CoordinatorService:
         pid = member.participant_id
         raw = request.SerializeToString()
         reason = request.reason[:MAX_REASON_CHARS]
+        if not request.task_id:
+            return self._plan_refused(member, request, raw)
         try:
             check_hex_id(request.task_id, "task_id")
         except ServiceError as exc:
@@ -411,6 +413,45 @@ class CoordinatorService:
         message = f"{pid} withdrew from {request.task_id[:16]}: {shown}: {reason}"
         self.store.event("warning", message)
         self.federation.say(message)
+        self.federation.notify()
+        return pb.Receipt(message="noted")
+
+    def _plan_refused(self, member: Member, request: pb.FailureReport, raw: bytes) -> pb.Receipt:
+        """A ``FailureReport`` without a task: the site refused the federation's plan as
+        it joined and is leaving (its process exits). Its session ends at once
+        (:meth:`Registry.leave`), so ``spherecal status`` shows it as having left, with
+        the reason, rather than connected until the heartbeat timeout; the refusal is
+        logged, recorded in the events table and under ``warnings`` (status view,
+        ``summary.json``), and a typed policy refusal in ``policy_events`` as well
+        (``purpose`` "plan", no job). The driver no longer counts it among the joined
+        or the alive: a join window still open waits for it to come back."""
+        pid = member.participant_id
+        reason = request.reason[:MAX_REASON_CHARS]
+        try:
+            failure = failure_kind(request)
+        except ServiceError as exc:
+            raise self._reject(pid, "report", "FailureReport", raw, exc) from None
+        rule = policy_rule(request)
+        shown = pb.FailureKind.Name(failure) + (
+            f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else ""
+        )
+        self.registry.leave(member, f"refused the federation's plan: {shown}: {reason}")
+        if failure in REFUSAL_KINDS:
+            self.federation.stages.conduct.refusal(
+                participant=pid, job="", purpose="plan", kind=failure, rule=rule, reason=reason
+            )
+        self.store.audit(
+            sender=pid,
+            job=None,
+            stage="report",
+            kind="FailureReport",
+            nbytes=len(raw),
+            sha256=_sha(raw),
+        )
+        message = f"{pid} refused the federation's plan and left: {shown}: {reason}"
+        self.store.event("warning", message)
+        self.federation.progress.warnings.append(message)
+        self.federation.say(f"WARNING: {message}")
         self.federation.notify()
         return pb.Receipt(message="noted")
 

@@ -133,6 +133,7 @@ def federation_status(
             ),
             joins=m.joins,
             told_done=m.participant_id in told,
+            left=m.left,
         )
         for m in registry.members()
     ]

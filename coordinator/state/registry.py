@@ -82,6 +82,9 @@ class Member:
     """The transport address the current session was issued to: until its holder opens a
     presence stream, the session is live (heard from within the heartbeat timeout) and a
     join from another address is a second process too."""
+    left: str = ""
+    """Why it left the federation ("" unless it did): it refused the plan, with its
+    reason (:meth:`Registry.leave`). Cleared when it joins again."""
 
 
 @dataclass
@@ -160,6 +163,19 @@ class Registry:
             member.last_contact = time.time()
             if member.presence == 0:
                 member.last_seen = float("-inf")
+
+    def leave(self, member: Member, why: str) -> None:
+        """``member`` left the federation (it refused the plan): its session ends now, so
+        it is neither joined nor connected — not for the heartbeat timeout after its
+        last call, as for a site that simply went away — and ``why`` is kept for the
+        status view. A later join (the site's operator fixed what it refused) makes it
+        a member like any other again."""
+        with self._lock:
+            member.session = None
+            member.session_address = ""
+            member.last_seen = float("-inf")
+            member.last_contact = time.time()
+            member.left = why
 
     def members(self) -> list[Member]:
         """Copies of every roster member, in roster order (for the status view)."""
@@ -326,6 +342,7 @@ class Registry:
             member.certificate_pem = peer.certificate_pem
             member.session = secrets.token_urlsafe(24)
             member.session_address = peer.address
+            member.left = ""
             member.last_seen = now
             member.last_contact = time.time()
             member.joins += 1

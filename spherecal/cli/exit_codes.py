@@ -30,7 +30,8 @@ class ExitCode(enum.IntEnum):
     final models, an audit check failed, an experiment produced no row."""
     BAD_INPUT = 2
     """Bad input: a config, data file, path, certificate or argument that cannot be
-    used — or the coordinator refused this participant / the status view."""
+    used — or the coordinator refused this participant / the status view, or a
+    participant refused the federation's plan (after telling the coordinator)."""
     GAVE_UP = 3
     """A participant gave up reconnecting (``give_up_s`` of continuous failure)."""
     UNREACHABLE = 4

@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Join a federation: dial out to the coordinator, train locally, compute "
             "statistics and take part in secure aggregation until the coordinator says "
             "done; then save the final models in [participant] out_dir. Exit status 0 "
-            "completed or degraded, 1 federation failed, 2 bad input or refused, 3 gave up "
-            "reconnecting."
+            "completed or degraded, 1 federation failed, 2 bad input, refused by the "
+            "coordinator, or this site refused the federation's plan (it tells the "
+            "coordinator first), 3 gave up reconnecting."
         ),
     )
     p.add_argument("--config", type=Path, required=True, help="participant TOML file")
@@ -85,15 +86,17 @@ def run(args: argparse.Namespace) -> int:
     say = line_writer(pid, fmt)
     for warning in warnings:  # a certificate that ends soon
         say(warning)
-    code = run_participant(settings, log=say)
-    closing_line(pid, fmt, PARTICIPANT_EXITS.get(code, "ended"), code)
-    return code
+    end = run_participant(settings, log=say)
+    closing_line(pid, fmt, end.ending or PARTICIPANT_EXITS.get(end.code, "ended"), end.code)
+    return end.code
 
 
-#: What a participant's exit status says (docs/cli.md).
+#: What a participant's exit status says (docs/cli.md), unless the run names how it
+#: ended (``ParticipantEnd.ending``: "refused by the coordinator", "this site refused
+#: the federation's plan: …").
 PARTICIPANT_EXITS = {
     0: "federation completed or degraded",
     1: "federation failed",
-    2: "refused by the coordinator",
+    2: "refused",
     3: "gave up reconnecting",
 }

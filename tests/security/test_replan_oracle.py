@@ -53,6 +53,7 @@ class Replanning:
     def __init__(self, plans: list[pb.Plan]) -> None:
         self.plans = plans
         self.joins = 0
+        self.reports: list[pb.FailureReport] = []
 
     def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         plan = self.plans[min(self.joins, len(self.plans) - 1)]
@@ -68,6 +69,10 @@ class Replanning:
 
     def presence(self, request: pb.HeartbeatRequest) -> Presence:
         return Presence()
+
+    def report_failure(self, request: pb.FailureReport) -> pb.Receipt:
+        self.reports.append(request)  # a site refusing the plan says so as it leaves
+        return pb.Receipt()
 
     def close(self) -> None:
         pass
@@ -86,6 +91,10 @@ def _site_data(tmp: Path, top_label: int) -> LocalData:
     return load_local_data(DataSettings(dataset="npz", root=str(path)))
 
 
+LAST: list[pb.FailureReport] = []
+"""What the site told the coordinator as it left, in the last :func:`_run`."""
+
+
 def _run(tmp: Path, data: LocalData, plans: list[pb.Plan]) -> tuple[int, list[str], int]:
     lines: list[str] = []
     transport = Replanning(plans)
@@ -100,7 +109,10 @@ def _run(tmp: Path, data: LocalData, plans: list[pb.Plan]) -> tuple[int, list[st
         DirectoryTrust(None),
         log=lines.append,
     )
-    return runner.run(), lines, transport.joins
+    code = runner.run()
+    LAST.clear()
+    LAST.extend(transport.reports)
+    return code, lines, transport.joins
 
 
 ATTACK = [_plan(k) for k in range(10, 0, -1)]  # one class fewer at every rejoin
@@ -115,8 +127,12 @@ def test_a_replanned_federation_stops_the_site_whatever_its_labels(
     # the first changed plan ends it, before its classes are checked against the
     # labels: the same join for every site, so the coordinator learns nothing
     assert joins == 2
-    assert "changed the plan of federation f since this site accepted it (model)" in lines[-1]
+    changed = "changed the plan of federation f since this site accepted it (model)"
+    assert any(changed in line for line in lines)
     assert not any("local labels reach" in line for line in lines)
+    # and told the coordinator why it left, in words the same for every site
+    (report,) = LAST
+    assert report.task_id == "" and changed in report.reason
 
 
 def test_the_fixed_plan_outlives_the_site_process(tmp_path: Path) -> None:
@@ -126,7 +142,7 @@ def test_the_fixed_plan_outlives_the_site_process(tmp_path: Path) -> None:
     # a new process of the site (same state directory) is asked with 9 classes
     code, lines, joins = _run(tmp_path, data, [_plan(9)])
     assert (code, joins) == (2, 1)
-    assert "changed the plan of federation f" in lines[-1]
+    assert any("changed the plan of federation f" in line for line in lines)
     assert not any("local labels reach" in line for line in lines)
 
 
@@ -162,4 +178,9 @@ def test_without_the_fixed_plan_the_attack_reads_the_highest_label(
         assert code == 2
         stopped_at = 10 - (joins - 1)  # the classes of the plan it refused
         assert stopped_at == top_label
-        assert "local labels reach" in lines[-1]
+        assert any("local labels reach" in line for line in lines)
+        (report,) = LAST  # what it is told is made of the plan alone (its class count)
+        assert report.reason.startswith(
+            f"this site's labels do not fit the plan's model of {stopped_at} classes"
+        )
+        assert "reach" not in report.reason

@@ -130,6 +130,6 @@ def test_adversary_is_a_hidden_key_and_refused_without_the_test_flag(
         adversary="directions:300",
         data=DataSettings(dataset="digits", slice_index=0, slice_of=3),
     )
-    code = run_participant(settings, log=lines.append)
-    assert code == 2
+    end = run_participant(settings, log=lines.append)
+    assert end.code == 2 and end.ending.startswith("refused to start: a test-only fault")
     assert any("refusing to start: adversary is a test-only fault" in line for line in lines)

@@ -20,6 +20,7 @@ from spherecal import crypto
 from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.participant.backoff import ParticipantExit
 from spherecal.participant.data import LocalData, load_local_data
+from spherecal.participant.plan_refusal import PlanRefused
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import DataSettings, ParticipantSettings
 from spherecal.participant.trust import DirectoryTrust
@@ -95,3 +96,15 @@ def test_labels_beyond_the_model_are_refused_at_the_site(tmp_path: Path) -> None
     assert caught.value.code == 2
     assert "local labels reach class 11" in str(caught.value)
     assert "the federation's model has 10 classes" in str(caught.value)
+    # what the coordinator is told (tests/integration/test_plan_refusal.py sends it):
+    # the plan's class count, nothing of the site's labels
+    assert isinstance(caught.value, PlanRefused) and caught.value.kind == pb.BAD_INPUT
+    assert caught.value.public == (
+        "this site's labels do not fit the plan's model of 10 classes (which labels it "
+        "holds stays in the site's own log)"
+    )
+    report = caught.value.report(pb.Caller(participant_id="p0", session="s"))
+    assert report.task_id == "" and "11" not in report.reason and "12" not in report.reason
+    assert caught.value.ending.startswith(
+        "this site refused the federation's plan: local labels reach class 11"
+    )

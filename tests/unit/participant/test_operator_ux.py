@@ -33,7 +33,7 @@ def test_unreachable_coordinator_is_said_at_once_then_retried_with_backoff(
 ) -> None:
     address = f"127.0.0.1:{_closed_port()}"
     lines: list[str] = []
-    code = run_participant(
+    end = run_participant(
         ParticipantSettings(
             participant_id="p0",
             coordinator=address,
@@ -45,7 +45,7 @@ def test_unreachable_coordinator_is_said_at_once_then_retried_with_backoff(
         ),
         log=lines.append,
     )
-    assert code == 3
+    assert end.code == 3 and end.ending == ""
     first = [line for line in lines if line.startswith("cannot reach the coordinator")]
     assert len(first) == 1 and address in first[0] and "UNAVAILABLE" in first[0]
     attempts = [line for line in lines if line.startswith("reconnect attempt")]

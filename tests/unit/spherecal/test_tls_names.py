@@ -56,7 +56,7 @@ def _site(
     tmp_path: Path, certs: Path, port: int, ca: Path, *, server_name: str | None = None
 ) -> list[str]:
     lines: list[str] = []
-    code = run_participant(
+    end = run_participant(
         ParticipantSettings(
             participant_id="p0",
             coordinator=f"127.0.0.1:{port}",
@@ -72,7 +72,7 @@ def _site(
         ),
         log=lines.append,
     )
-    assert code == 3, lines
+    assert end.code == 3, lines
     return [line for line in lines if line.startswith("cannot reach the coordinator")]
 
 
