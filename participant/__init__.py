@@ -30,6 +30,7 @@ Modules, one idea each:
 ``dp_gate``            the privacy gate of noisy calibration releases (plan, charge, refuse)
 ``evaluation_checks``  the checks on an evaluation task, and the counts' secure layout
 ``evaluation_task``    the evaluation task: counts of the model and its calibrated heads
+``training_task``      the training task: one round's update, its weight and its release
 ``statistics_task``    the statistics task: FFC's or CCVR's sums, exact or with DP noise
 ``results``            every site's final models, written to its ``out_dir``
 ``failures``           the typed withdrawal a participant reports, and why

@@ -40,7 +40,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
 from spherecal.participant.adversary import Adversary, parse_adversary
-from spherecal.participant.algorithm_state import ClientStateStore
 from spherecal.participant.backoff import (
     Backoff,
     ParticipantExit,
@@ -48,18 +47,14 @@ from spherecal.participant.backoff import (
     wait_if_stopping,
 )
 from spherecal.participant.data import LocalData, fingerprint
-from spherecal.participant.distributed_dpsgd import distributed_step, require_distributed
 from spherecal.participant.downloads import download
 from spherecal.participant.dp_gate import (
     ParticipantPrivacy,
     PlaintextRefused,
     PrivacyRefused,
 )
-from spherecal.participant.dpsgd_round import dpsgd_round
 from spherecal.participant.evaluation_task import evaluate_task
-from spherecal.participant.example_weight import training_weight, weight_within_bound
 from spherecal.participant.failures import (
-    LOCAL_WORK_ERRORS,
     failure_kind,
     policy_rule,
     wire_reason,
@@ -72,7 +67,6 @@ from spherecal.participant.plan_refusal import PLAN_TASK, PlanRefused, check_pla
 from spherecal.participant.policy import RoundOutsidePlan, require_task_bound
 from spherecal.participant.release_ledger import (
     REFUSAL,
-    UPDATE,
     LedgerRules,
     Release,
     ReleaseLedger,
@@ -83,6 +77,7 @@ from spherecal.participant.secure_session import SecureSession
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.statistics_task import statistics_task
 from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.training_task import train_task
 from spherecal.participant.transport import PresenceStream, Transport, TransportError
 from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
@@ -91,8 +86,6 @@ from spherecal.proto.codec import iter_chunks as tensor_chunks
 from spherecal.proto.federation_end import SUCCESSFUL_STATUSES
 from spherecal.proto.identity import join_payload, public_key_bytes
 from spherecal.proto.task_context import secure_task
-from spherecal.spherefed.algorithms.base import ClientResult
-from spherecal.spherefed.fl import LocalUpdate
 
 __all__ = ["ParticipantRunner", "ParticipantExit"]
 
@@ -522,158 +515,7 @@ class ParticipantRunner:
         return self.plan.federation_id if self.plan is not None else ""
 
     def _train(self, task_id: str, task: pb.TrainTask) -> None:
-        trainer = self._trainer()
-        purpose = "update"
-        self.halter.check("train", purpose=purpose, round_index=task.round, what=task_id)
-        secure = task.HasField("secure")
-        try:
-            self._require_planned_round(int(task.round))
-            require_distributed(self.privacy, task)
-            if not secure and not self.settings.allow_plaintext:
-                raise self._no_plaintext("model updates")
-            release = self._reserve(
-                task_id,
-                Release(
-                    kind=UPDATE,
-                    federation=self._federation(),
-                    # the key is (federation, round); the model is recorded by its wire
-                    # digest so that nothing is downloaded before the keys are advertised
-                    model=bytes(task.model.header.sha256),
-                    data=self._fingerprint("train"),
-                    round=int(task.round),
-                    noised=self.settings.privacy.dpsgd or task.HasField("dpsgd"),
-                ),
-                task.secure if secure else None,
-                task,
-            )
-        except (PrivacyRefused, crypto.SecAggError) as exc:
-            self._refuse(task_id, exc)
-            return
-        if task.HasField("dpsgd"):  # distributed DP-SGD (issue #25)
-            distributed_step(
-                task_id=task_id,
-                task=task,
-                release_key=release,
-                trainer=trainer,
-                privacy=self.privacy,
-                secure=self.secure,
-                releases=self.releases,
-                download=self._download,
-                refuse=self._refuse,
-                log=self.log,
-                federation=self._federation(),
-                plan_rounds=int(self.plan.rounds) if self.plan is not None else 1,
-            )
-            return
-        session = None
-        if secure:  # advertise and share before the data-dependent work
-            session = self.secure.start(
-                task_id,
-                task.secure,
-                round_index=task.round,
-                expected_length=trainer.layout.length,
-                release=release,
-            )
-            if session is None:
-                return
-        vector = self._download(task.model, (trainer.length,))
-        broadcast = {b.name: self._download(b.tensor, (trainer.length,)) for b in task.broadcast}
-        t0 = time.monotonic()
-        if self.settings.privacy.dpsgd:
-            try:
-                trainer.require_dpsgd_compatible()
-            except ValueError as exc:
-                self.secure.abandon(task_id, session, exc)
-                return
-            dp_update = self._train_dpsgd(task_id, vector)
-            if dp_update is None:  # refused (reported); drop the job's state
-                self.secure.forget(session)
-                return
-            try:
-                result = trainer.dpsgd_result(dp_update)
-            except ValueError as exc:
-                self._local_work_failed(task_id, session, release, exc)
-                return
-        else:
-            try:
-                store = self._client_states()
-                before = store.for_round(task.round)
-                result = trainer.train(vector, task.seed, broadcast=broadcast, client_state=before)
-            except LOCAL_WORK_ERRORS as exc:  # CorruptClientState is a ValueError
-                # e.g. training that diverged on this site's data (FloatingPointError):
-                # a refusal that depends on it, withheld to the masked step, never an
-                # exit — a site that stopped would tell the coordinator at once
-                self._local_work_failed(task_id, session, release, exc)
-                return
-            if result.client_state is not None:
-                store.commit(task.round, before, result.client_state)
-        self.log(
-            f"round {task.round + 1}: trained {result.num_steps} steps on {result.num_samples} "
-            f"samples in {time.monotonic() - t0:.1f}s"
-        )
-        weight = training_weight(
-            self.releases,
-            self._federation(),
-            self._fingerprint("train"),
-            result.num_samples,
-            self.policy.example_count_noise_sd,
-            self.log,
-        )
-        bound = crypto.JobSpec.from_bytes(task.secure.spec).bound if secure else None
-        if bound is not None:
-            weight = self._weight_within(trainer, result, weight, bound, int(task.round))
-        result = trainer.strategy.reweighed(result, weight, trainer.config)
-        payload = trainer.flatten(result, loss_bound=bound)
-        if self.adversary is not None and task.HasField("secure"):
-            payload = self.adversary.update(
-                payload,
-                trainer.layout.entries,
-                bound=crypto.JobSpec.from_bytes(task.secure.spec).bound,
-                seed=int(task.seed),
-                round_index=int(task.round),
-            )
-        if session is not None:
-            self.secure.set_input(task_id, session, payload)
-        else:
-            meta = pb.UpdateMeta(
-                num_samples=result.num_samples,
-                mean_loss=result.mean_loss,
-                num_steps=result.num_steps,
-            )
-            self._upload_plain(task_id, payload, meta, release=release)
-
-    def _weight_within(
-        self,
-        trainer: LocalTrainer,
-        result: ClientResult,
-        weight: int,
-        bound: float,
-        round_index: int,
-    ) -> int:
-        """The training weight the round's update carries in a secure job of entry
-        bound ``bound``: the released weight, or the largest below it whose count
-        entries fit the bound (:func:`weight_within_bound`, which says why), logged
-        here only.
-
-        The update's own entries (``ñ_k Δ_k``, SCAFFOLD's control variates) are not
-        fitted: outside the bound they stay a refusal counted as the round's update
-        (``SecureSteps.withhold``). Clipping them would change a model the coordinator
-        still steps as if it were not — silently, where a too-tight declared
-        ``max_update_change`` now loses the round and says so — for a bit the exact
-        update already gives away: without DP-SGD a coordinator can difference two
-        rounds for the site's exact update (``docs/threat_model.md``, *Different
-        training rounds*), and with DP-SGD the update is noised, so a refusal by it
-        is post-processing. Each round is one release either way."""
-        fitted = weight_within_bound(
-            trainer.strategy, trainer.layout, result, weight, trainer.config, bound
-        )
-        if fitted < weight:
-            self.log(
-                f"round {round_index + 1}: this site's training weight {weight} does not fit "
-                f"the job's bound {bound:g}: this update is weighted as a site of {fitted} "
-                "examples"
-            )
-        return fitted
+        train_task(self, task_id, task)  # spherecal.participant.training_task
 
     def _require_planned_round(self, round_index: int) -> None:
         """Refuse a training task for a round the joined plan does not have
@@ -709,27 +551,6 @@ class ParticipantRunner:
             except PrivacyRefused as exc:
                 error = exc
         self._refuse(task_id, error)
-
-    def _client_states(self) -> ClientStateStore:
-        """This federation's algorithm-state file (SCAFFOLD's ``c_k``)."""
-        plan = self.plan
-        federation_id = plan.federation_id if plan is not None else ""
-        return ClientStateStore(self.settings.state_dir, federation_id or "default", self.pid)
-
-    def _train_dpsgd(self, task_id: str, vector: npt.NDArray[np.float64]) -> LocalUpdate | None:
-        """DP-SGD for this round (``spherecal.participant.dpsgd_round``); None when refused."""
-        return dpsgd_round(
-            self._trainer(),
-            self.settings.privacy,
-            self.privacy,
-            self.pid,
-            task_id,
-            vector,
-            federation_id=self.plan.federation_id if self.plan is not None else "",
-            plan_rounds=int(self.plan.rounds) if self.plan is not None else 1,
-            refuse=self._refuse,
-            log=self.log,
-        )
 
     def _fingerprint(self, split: str) -> bytes:
         """This site's data split, fingerprinted once per process."""

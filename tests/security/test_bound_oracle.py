@@ -32,7 +32,7 @@ import pytest
 
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
-from spherecal.participant import evaluation_task, example_weight, runner, trainer
+from spherecal.participant import evaluation_task, example_weight, trainer, training_task
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import wire_reason
 from spherecal.participant.trainer import LocalTrainer
@@ -332,7 +332,7 @@ def test_a_tiny_bound_gets_a_small_weight_and_a_clipped_loss(
 def test_mutation_the_released_weight_above_the_bound_refuses(
     tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner, "weight_within_bound", lambda *args: args[3])
+    monkeypatch.setattr(training_task, "weight_within_bound", lambda *args: args[3])
     ring, job = _bounded_round(tmp_path, model, data, data.train_size + DRAW - 1, monkeypatch)
     assert job.result is None
     _assert_refused_as_before(ring, "train", tmp_path)
