@@ -26,7 +26,7 @@ from spherecal.participant.example_weight import training_weight, weight_within_
 from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.release_ledger import UPDATE, Release
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.spherefed.algorithms.base import ClientResult
+from spherecal.spherefed.algorithms.base import ClientResult, parameter_mask
 from spherecal.spherefed.fl import LocalUpdate
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
     vector = runner._download(task.model, (trainer.length,))
     broadcast = {b.name: runner._download(b.tensor, (trainer.length,)) for b in task.broadcast}
     t0 = time.monotonic()
+    states: tuple[ClientStateStore, dict[str, np.ndarray] | None] | None = None
     if runner.settings.privacy.dpsgd:
         try:
             trainer.require_dpsgd_compatible()
@@ -127,8 +128,7 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
             # exit — a site that stopped would tell the coordinator at once
             runner._local_work_failed(task_id, session, release, exc)
             return
-        if result.client_state is not None:
-            store.commit(task.round, before, result.client_state)
+        states = (store, before)
     runner.log(
         f"round {task.round + 1}: trained {result.num_steps} steps on {result.num_samples} "
         f"samples in {time.monotonic() - t0:.1f}s"
@@ -144,7 +144,14 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
     bound = crypto.JobSpec.from_bytes(task.secure.spec).bound if secure else None
     if bound is not None:
         weight = _weight_within(runner, trainer, result, weight, bound, int(task.round))
-    result = trainer.strategy.reweighed(result, weight, trainer.config)
+    result = trainer.strategy.reweighed(
+        result, weight, trainer.config, trainable=parameter_mask(trainer.model, trainer.keys)
+    )
+    if states is not None and result.client_state is not None:
+        # kept as reweighed (SCAFFOLD's c_k for the released count's steps), before
+        # anything of the round leaves
+        store, before = states
+        store.commit(task.round, before, result.client_state)
     payload = trainer.flatten(result, loss_bound=bound)
     if runner.adversary is not None and task.HasField("secure"):
         payload = runner.adversary.update(

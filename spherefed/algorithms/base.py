@@ -307,7 +307,12 @@ class ServerStrategy(ABC):
         return {}
 
     def reweighed(
-        self, result: ClientResult, weight: int, config: LocalTrainConfig
+        self,
+        result: ClientResult,
+        weight: int,
+        config: LocalTrainConfig,
+        *,
+        trainable: np.ndarray | None = None,
     ) -> ClientResult:
         """``result`` weighted by ``weight`` instead of the site's own example count
         ``n_k`` (a count the site released, ``spherecal.participant.example_weight``):
@@ -316,7 +321,8 @@ class ServerStrategy(ABC):
         carries (``num_samples``, ``num_steps``) those of a site of ``weight`` examples
         (:func:`~spherecal.spherefed.fl.local_steps`: the true step count gives the count
         to within the batch size). A strategy whose sums carry the count in another way
-        overrides this (FedNova's ``τ``)."""
+        overrides this (FedNova's ``τ``, SCAFFOLD's control variate, which needs
+        ``trainable``: :func:`parameter_mask` of the model)."""
         n = int(result.num_samples)
         factor = weight / n if n > 0 else 0.0
         payload = dict(result.payload)

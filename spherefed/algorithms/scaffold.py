@@ -9,6 +9,7 @@ participant ``k`` (see :mod:`spherecal.spherefed.algorithms.strategies` for the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,7 +27,13 @@ from spherecal.spherefed.algorithms.base import (
     parameter_mask,
 )
 from spherecal.spherefed.algorithms.strategies import fednova_norm
-from spherecal.spherefed.fl import LocalObjective, LocalTrainConfig, aggregated_keys, local_train
+from spherecal.spherefed.fl import (
+    LocalObjective,
+    LocalTrainConfig,
+    aggregated_keys,
+    local_steps,
+    local_train,
+)
 
 __all__ = ["Scaffold", "scaffold_control_update", "scaffold_local_step", "scaffold_server_step"]
 
@@ -128,6 +135,45 @@ class Scaffold(ServerStrategy):
         NamedSum("weight", example_weighted=True),
         NamedSum("control_delta", per_entry=True),
     )
+
+    def reweighed(
+        self,
+        result: ClientResult,
+        weight: int,
+        config: LocalTrainConfig,
+        *,
+        trainable: np.ndarray | None = None,
+    ) -> ClientResult:
+        """FedAvg's rescaling, and the control update as a site of ``weight`` examples
+        would make it. ``Δc_k = −c − Δ_k/(ηK_k)`` divides by the local step count
+        ``K_k`` (``epochs·⌈n_k/B⌉``, its momentum norm), so with the update itself — which
+        a coordinator can isolate by differencing two rounds of one model (the
+        documented residual) — it gave the count to within the batch size, past the
+        released ``ñ_k``. Sent for ``K̃ = local_steps(ñ_k)`` instead (Option II with the
+        released count's steps), and kept so in the site's ``c_k``, the invariant
+        ``c = mean(c_k)`` holds as before; ``K̃ = K`` whenever the noised count stays in
+        the same batch. ``trainable`` (:func:`parameter_mask`) keeps the control variates
+        zero on buffers; without it the control update is left as computed."""
+        out = super().reweighed(result, weight, config, trainable=trainable)
+        n = int(result.num_samples)
+        if trainable is None or n == 0 or "control_delta" not in result.payload:
+            return out
+        norm = {"momentum": config.momentum, "lr": config.lr, "prox_mu": config.prox_mu}
+        true_k = fednova_norm(int(result.num_steps), **norm)
+        sent_k = fednova_norm(local_steps(int(weight), config), **norm)
+        if true_k <= 0 or sent_k <= 0 or true_k == sent_k:
+            return out
+        delta = np.asarray(result.payload["delta"], dtype=np.float64) / n  # y_k − x
+        shift = delta / config.lr * (1.0 / true_k - 1.0 / sent_k) * trainable
+        control_delta = np.asarray(result.payload["control_delta"], dtype=np.float64) + shift
+        state = dict(result.client_state or {})
+        if "control" in state:
+            state["control"] = np.asarray(state["control"], dtype=np.float64) + shift
+        return replace(
+            out,
+            payload={**out.payload, "control_delta": control_delta},
+            client_state=state or None,
+        )
 
     def __init__(self, *, num_participants: int | None = None, server_lr: float = 1.0) -> None:
         if num_participants is not None and num_participants < 1:

@@ -283,7 +283,12 @@ class FedNova(FedAvg):
         return fednova_server_step(global_vector, sums, server_lr=self.server_lr)
 
     def reweighed(
-        self, result: ClientResult, weight: int, config: LocalTrainConfig
+        self,
+        result: ClientResult,
+        weight: int,
+        config: LocalTrainConfig,
+        *,
+        trainable: np.ndarray | None = None,
     ) -> ClientResult:
         """FedAvg's rescaling, and ``τ`` as a site of ``weight`` examples would send
         it: ``ñ_k ‖a‖₁`` of :func:`~spherecal.spherefed.fl.local_steps` for ``ñ_k``.
@@ -292,7 +297,7 @@ class FedNova(FedAvg):
         released count it gives nothing beyond it. The direction ``d_k`` keeps the true
         ``‖a_k‖₁``; the server's ``τ_eff`` moves only where a noised count crosses a
         batch boundary, by that site's steps of one batch."""
-        out = super().reweighed(result, weight, config)
+        out = super().reweighed(result, weight, config, trainable=trainable)
         norm = fednova_norm(
             local_steps(weight, config),
             momentum=config.momentum,

@@ -42,6 +42,8 @@ from spherecal.spherefed.algorithms.base import (
     as_payload,
 )
 from spherecal.spherefed.algorithms.registry import configured_strategy
+from spherecal.spherefed.algorithms.scaffold import scaffold_control_update
+from spherecal.spherefed.algorithms.strategies import fednova_norm
 from spherecal.spherefed.fl import LocalTrainConfig, local_steps, local_train
 from spherecal.spherefed.network import ModelSpec, build_model
 from spherecal.spherefed.privacy.accounting import ORDERS
@@ -228,6 +230,45 @@ def test_fednova_sends_tau_as_a_site_of_the_released_count_would(
     assert float(out.payload["tau"]) == pytest.approx(w * _momentum_norm(steps_w, 0.9), rel=1e-12)
     # the direction keeps the true norm: ñ Δ / ‖a(τ_n)‖₁
     np.testing.assert_allclose(out.payload["delta"], np.ones(3) * w / true_norm, rtol=1e-15)
+
+
+@pytest.mark.parametrize(("n", "w"), [(50, 53), (60, 65), (100, 97), (64, 70), (40, 41)])
+def test_scaffold_sends_its_control_update_for_the_released_count(n: int, w: int) -> None:
+    """``Δc_k = −c − Δ_k/(ηK_k)`` divides by the local step count: with the update (a
+    coordinator can isolate it by differencing two rounds of one model) it gave ``K_k``,
+    the count to within the batch size. Sent, and kept in ``c_k``, for the released
+    count's steps; zero on buffers; unchanged where both counts take as many steps."""
+    strategy = configured_strategy("scaffold", AlgorithmSettings(num_participants=3))
+    rng = np.random.default_rng(n)
+    trainable = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])  # the last two: buffers
+    c, ck = rng.normal(size=6) * trainable, rng.normal(size=6) * trainable
+    delta = rng.normal(size=6)  # y_k − x, buffers included (running statistics)
+    norm = {"momentum": CONFIG.momentum, "lr": CONFIG.lr, "prox_mu": CONFIG.prox_mu}
+    true_k = fednova_norm(local_steps(n, CONFIG), **norm)
+    sent_k = fednova_norm(local_steps(w, CONFIG), **norm)
+    computed = scaffold_control_update(ck, c, delta, lr=CONFIG.lr, effective_steps=true_k)
+    result = ClientResult(
+        as_payload(delta=n * delta, weight=n, control_delta=computed * trainable - ck),
+        n,
+        local_steps(n, CONFIG),
+        0.5,
+        client_state={"control": computed * trainable},
+    )
+    out = strategy.reweighed(result, w, CONFIG, trainable=trainable)
+    assert out.client_state is not None
+    expected = scaffold_control_update(ck, c, delta, lr=CONFIG.lr, effective_steps=sent_k)
+    np.testing.assert_allclose(out.client_state["control"], expected * trainable, atol=1e-12)
+    np.testing.assert_allclose(out.payload["control_delta"], expected * trainable - ck, atol=1e-12)
+    # what the sums give a coordinator that knows c and the update: the released steps
+    sent = out.payload
+    per_example = np.asarray(sent["delta"])[:4] / float(sent["weight"])
+    read_k = -per_example / (CONFIG.lr * (np.asarray(sent["control_delta"])[:4] + c[:4]))
+    np.testing.assert_allclose(read_k, sent_k, rtol=1e-9)
+    if local_steps(n, CONFIG) != local_steps(w, CONFIG):
+        assert not np.allclose(read_k, true_k)
+    # without the mask the control update is left as computed (the base reweighing)
+    plain = strategy.reweighed(result, w, CONFIG)
+    np.testing.assert_array_equal(plain.payload["control_delta"], result.payload["control_delta"])
 
 
 # ----------------------------------------------------------------- within a job's bound
