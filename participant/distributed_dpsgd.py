@@ -122,16 +122,17 @@ class AdmittedStep:
     times ``C``): a site holding more samples from a random subset of this size."""
 
 
-def step_terms(step: pb.DPSGDStep) -> bytes:
-    """The terms of a federation's steps: the step but for what follows each job's
-    roster (``min_contributors``, and the ring's ``scale_bits``). A site's charge per
-    step is its worst case at ``t`` contributors, which carries ``σ`` whatever ``t``,
-    so these terms alone fix the ε of every step of the federation."""
-    terms = pb.DPSGDStep()
-    terms.CopyFrom(step)
-    terms.ClearField("min_contributors")
-    terms.ClearField("scale_bits")
-    return terms.SerializeToString(deterministic=True)
+def step_terms(step: pb.DPSGDStep) -> str:
+    """The terms of a federation's steps, exactly (``repr`` of each number): the step
+    but for what follows each job's roster (``min_contributors``, and the ring's
+    ``scale_bits``). A site's charge per step is its worst case at ``t`` contributors,
+    which carries ``σ`` whatever ``t``, so these terms alone fix the ε of every step
+    of the federation."""
+    return (
+        f"σ = {step.noise_multiplier!r}, q = {step.sample_rate!r}, C = "
+        f"{step.max_grad_norm!r}, colluders {step.colluders}, δ = {step.delta!r}, "
+        f"{step.mechanism}, max_examples {step.max_examples}"
+    )
 
 
 def admit_step(

@@ -27,6 +27,7 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,32 +68,19 @@ class PlaintextRefused(PrivacyRefused, PermissionError):
     """A plaintext upload or report while ``allow_plaintext`` is false."""
 
 
-_ADMISSIONS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS site_dp_statistics (
+_ANSWERS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS site_budget_answers (
     participant TEXT NOT NULL,
     federation  TEXT NOT NULL,
     scope       TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    epsilon     REAL NOT NULL,
+    terms       TEXT NOT NULL,
     admitted    INTEGER NOT NULL,
     at          REAL NOT NULL,
     PRIMARY KEY (participant, federation, scope)
 )"""
-"""Each federation's one comparison of a DP statistics release with the site's budget
-(:meth:`ParticipantPrivacy._admit_once`)."""
-
-
-_STEP_TERMS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS site_dpsgd_terms (
-    participant TEXT NOT NULL,
-    federation  TEXT NOT NULL,
-    terms       BLOB NOT NULL,
-    admitted    INTEGER,
-    at          REAL NOT NULL,
-    PRIMARY KEY (participant, federation)
-)"""
-"""Each federation's distributed DP-SGD step terms and its one budget answer
-(:meth:`ParticipantPrivacy.charge_plan_step`)."""
+"""Each federation's one comparison with the site's budget per scope — its DP statistics
+release, its distributed DP-SGD steps — with the terms it was asked at and the answer
+(:meth:`ParticipantPrivacy._answer_once`)."""
 
 
 class ParticipantPrivacy:
@@ -131,7 +119,7 @@ class ParticipantPrivacy:
     def charge_plan_step(
         self,
         federation: str,
-        terms: bytes,
+        terms: str,
         *,
         each: PrivacyCharge,
         whole: PrivacyCharge,
@@ -145,41 +133,68 @@ class ParticipantPrivacy:
         comparing), ``whole`` beside what was spent outside ``own_prefix`` must fit
         the budget, and a refusal is kept for the rest of the federation."""
         with self._lock:
-            conn = self._connection()
-            conn.execute(_STEP_TERMS_SCHEMA)
-            row = conn.execute(
-                "SELECT terms, admitted FROM site_dpsgd_terms WHERE participant = ? AND "
-                "federation = ?",
-                (self.pid, federation),
-            ).fetchone()
-            if row is not None and bytes(row[0]) != terms:
-                raise PrivacyRefused(
-                    "this federation's distributed DP-SGD steps were put to this site's "
-                    "budget with other parameters (σ, q, C, colluders, δ, max_examples); "
-                    "a step of other parameters is not compared with it in this federation"
-                )
-            if row is not None and row[1] is not None and not row[1]:
-                raise PrivacyRefused(
-                    "this federation's distributed DP-SGD steps were refused: the plan's "
-                    "rounds would exceed this site's budget; they are not compared again "
-                    "in this federation"
-                )
             ledger = self.ledger(delta)
-            try:
-                ledger.check_plan(self.pid, each, whole, own_prefix=own_prefix)
-            except BudgetExceeded:
-                self._keep_step_terms(federation, terms, admitted=False)
-                raise
-            self._keep_step_terms(federation, terms, admitted=True)
+            self._answer_once(
+                federation,
+                "dpsgd",
+                terms,
+                "this federation's distributed DP-SGD steps were",
+                lambda: ledger.check_plan(self.pid, each, whole, own_prefix=own_prefix),
+            )
             return _charge_once(ledger, self.pid, each, release_id).to_json()
 
-    def _keep_step_terms(self, federation: str, terms: bytes, *, admitted: bool) -> None:
+    def _answer_once(
+        self,
+        federation: str,
+        scope: str,
+        terms: str,
+        asked: str,
+        compare: Callable[[], object],
+    ) -> None:
+        """The federation's one comparison with this site's budget in ``scope``: the
+        first ``compare()`` (raising :class:`BudgetExceeded` over budget) is kept with
+        its ``terms``; later, the same terms get the kept answer without comparing,
+        other terms are refused without comparing (``asked`` names what was asked in
+        the refusal). Why once: whether a release fits beside what the site has spent
+        is a bit about that spending — its history in other releases and federations,
+        and with local DP-SGD (whose ε follows the example count) its count — and the
+        coordinator, choosing each job's ε and paying nothing for a refusal, could
+        otherwise sweep it until the first admission."""
+        conn = self._connection()
+        conn.execute(_ANSWERS_SCHEMA)
+        row = conn.execute(
+            "SELECT terms, admitted FROM site_budget_answers WHERE participant = ? AND "
+            "federation = ? AND scope = ?",
+            (self.pid, federation, scope),
+        ).fetchone()
+        if row is not None:
+            kept, admitted = str(row[0]), bool(row[1])
+            if kept != terms:
+                raise PrivacyRefused(
+                    f"{asked} already put to this site's budget with other parameters "
+                    f"({kept}); a release of other parameters is not compared with it "
+                    "again in this federation"
+                )
+            if not admitted:
+                raise PrivacyRefused(
+                    f"{asked} refused: it would exceed this site's budget ({kept}); it is "
+                    "not compared again in this federation"
+                )
+            return
+        try:
+            compare()
+        except BudgetExceeded:
+            self._keep_answer(federation, scope, terms, admitted=False)
+            raise
+        self._keep_answer(federation, scope, terms, admitted=True)
+
+    def _keep_answer(self, federation: str, scope: str, terms: str, *, admitted: bool) -> None:
         conn = self._connection()
         with conn:
             conn.execute(
-                "INSERT OR REPLACE INTO site_dpsgd_terms (participant, federation, terms, "
-                "admitted, at) VALUES (?, ?, ?, ?, ?)",
-                (self.pid, federation, terms, int(admitted), time.time()),
+                "INSERT OR IGNORE INTO site_budget_answers (participant, federation, scope, "
+                "terms, admitted, at) VALUES (?, ?, ?, ?, ?, ?)",
+                (self.pid, federation, scope, terms, int(admitted), time.time()),
             )
 
     def close(self) -> None:
@@ -287,64 +302,22 @@ class ParticipantPrivacy:
         charge: PrivacyCharge,
     ) -> LedgerEntry:
         """The federation's one comparison of a DP statistics release with this site's
-        budget, and its one charge (``release_id`` ``dp-statistics/<federation>``).
-
-        Why once: whether ``spent + ε`` fits the budget is a bit about what the site
-        has spent — its history in other releases and federations, and with local
-        DP-SGD (whose ε follows the example count) its count. The coordinator picks
-        each job's ε, and a refusal costs it nothing, so comparing per job let it sweep
-        ε downward until the first admission: ``spent`` to any precision, the count
-        with it. The first comparison in a federation is kept (``site_dp_statistics``:
-        the kind, the charge's ε, the answer); a later job of the federation with the
-        same kind and ε gets that answer — the same charge, or the same refusal —
-        without comparing again, and any other plan is refused without comparing. The
-        moments are one release per federation (``release_ledger``), so one charge
-        covers every job that could release them; a retried job is no longer charged
-        twice. ``scope`` is ``moments`` — one release per federation, the release
-        ledger's default — or, where this site's ``[policy] one_release_per_model =
-        false`` lets FFC and CCVR each leave once, the kind: one comparison per kind."""
-        conn = self._connection()
-        conn.execute(_ADMISSIONS_SCHEMA)
-        row = conn.execute(
-            "SELECT kind, epsilon, admitted FROM site_dp_statistics WHERE participant = ? "
-            "AND federation = ? AND scope = ?",
-            (self.pid, federation, scope),
-        ).fetchone()
+        budget (:meth:`_answer_once`, which says why), and its one charge (``release_id``
+        ``dp-statistics/<federation>``): a later job of the federation with the same kind
+        and ε gets the same charge or the same refusal, a retried job is not charged
+        twice, and the moments being one release per federation (``release_ledger``),
+        one charge covers every job that could release them. ``scope`` is ``moments``,
+        or — where this site's ``[policy] one_release_per_model = false`` lets FFC and
+        CCVR each leave once — the kind: one comparison per kind."""
         release_id = f"dp-statistics/{federation}" + ("" if scope == "moments" else f"/{scope}")
-        if row is not None:
-            kind0, epsilon0, admitted = str(row[0]), float(row[1]), bool(row[2])
-            asked = f"{kind0} at ε = {epsilon0:.4g}"
-            if kind0 != kind or not math.isclose(epsilon0, charge.epsilon, rel_tol=1e-9):
-                raise PrivacyRefused(
-                    f"this federation's DP statistics release was already put to this "
-                    f"site's budget ({asked}); a release of another plan is not compared "
-                    "with it again in this federation"
-                )
-            if not admitted:
-                raise PrivacyRefused(
-                    f"this federation's DP statistics release ({asked}) was refused: it "
-                    "would exceed this site's budget; it is not compared again in this "
-                    "federation"
-                )
-            return _charge_once(ledger, self.pid, charge, release_id)
-        try:
-            entry = _charge_once(ledger, self.pid, charge, release_id)
-        except BudgetExceeded:
-            self._record_admission(federation, scope, kind, charge.epsilon, admitted=False)
-            raise
-        self._record_admission(federation, scope, kind, charge.epsilon, admitted=True)
-        return entry
-
-    def _record_admission(
-        self, federation: str, scope: str, kind: str, epsilon: float, *, admitted: bool
-    ) -> None:
-        conn = self._connection()
-        with conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO site_dp_statistics (participant, federation, scope, "
-                "kind, epsilon, admitted, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (self.pid, federation, scope, kind, epsilon, int(admitted), time.time()),
-            )
+        self._answer_once(
+            federation,
+            scope,
+            f"{kind} at ε = {charge.epsilon!r}",
+            "this federation's DP statistics release was",
+            lambda: _charge_once(ledger, self.pid, charge, release_id),
+        )
+        return _charge_once(ledger, self.pid, charge, release_id)
 
 
 def _charge_once(
