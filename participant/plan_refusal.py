@@ -24,6 +24,8 @@ from __future__ import annotations
 from spherecal.participant.backoff import ParticipantExit
 from spherecal.participant.data import DataOutsideModel, LocalData, check_fits_model
 from spherecal.participant.example_weight import check_plan_noise
+from spherecal.participant.fixed_plan import PlanChanged, fix_plan
+from spherecal.participant.release_ledger import ReleaseLedger
 from spherecal.participant.results import refuse_extractor
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.trainer import LocalTrainer
@@ -67,10 +69,18 @@ class PlanRefused(ParticipantExit):
         )
 
 
-def check_plan(plan: pb.Plan, data: LocalData, settings: ParticipantSettings) -> LocalTrainer:
+def check_plan(
+    plan: pb.Plan, data: LocalData, settings: ParticipantSettings, releases: ReleaseLedger
+) -> LocalTrainer:
     """The trainer for ``plan``, or :class:`PlanRefused` naming the plan's federation
-    (module docstring)."""
+    (module docstring). The plan is first kept as its federation's in ``releases``
+    (:mod:`spherecal.participant.fixed_plan`): before any check reads the data, so a
+    federation's plan is checked against it once."""
     try:
+        try:
+            fix_plan(releases, plan)
+        except PlanChanged as exc:
+            raise PlanRefused(str(exc), public=str(exc), kind=pb.POLICY_REFUSAL) from None
         return _trainer_for(plan, data, settings)
     except PlanRefused as refusal:
         refusal.federation = plan.federation_id

@@ -60,7 +60,6 @@ from spherecal.participant.failures import (
     wire_reason,
 )
 from spherecal.participant.faults import Halter, OnHalt
-from spherecal.participant.fixed_plan import PlanChanged, fix_plan
 from spherecal.participant.grpc_transport import client_certificate_hint, tls_failure_hint
 from spherecal.participant.held_jobs import HeldJobStore
 from spherecal.participant.plan_refusal import PLAN_TASK, PlanRefused, check_plan
@@ -204,15 +203,8 @@ class ParticipantRunner:
         if self.plan is not None and not same_federation:
             self._another_federation(reply.plan.federation_id)
         if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
-            try:
-                # before any check below reads the data: once per federation
-                fix_plan(self.releases, reply.plan)
-            except PlanChanged as exc:
-                refusal = PlanRefused(str(exc), public=str(exc), kind=pb.POLICY_REFUSAL)
-                refusal.federation = reply.plan.federation_id
-                raise refusal from None
             with self._compute_slot():  # PlanRefused: told to the coordinator in run()
-                trainer = check_plan(reply.plan, self.data, self.settings)
+                trainer = check_plan(reply.plan, self.data, self.settings, self.releases)
             self.plan = reply.plan
             self.trainer = trainer
             self._cache.clear()

@@ -168,9 +168,9 @@ def test_without_the_fixed_plan_the_attack_reads_the_highest_label(
 ) -> None:
     """The mutation check: with the rule removed, the plan at which the site stops is
     its highest label."""
-    import spherecal.participant.runner as runner_module
+    import spherecal.participant.plan_refusal as plan_refusal
 
-    monkeypatch.setattr(runner_module, "fix_plan", lambda ledger, plan: None)
+    monkeypatch.setattr(plan_refusal, "fix_plan", lambda ledger, plan: None)
     for top_label in (9, 6, 3):
         tmp = tmp_path / str(top_label)
         tmp.mkdir()
