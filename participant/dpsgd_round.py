@@ -16,6 +16,13 @@ restart), and its refusal names the budget, never the ε
 (:func:`spherecal.participant.failures.wire_reason`): a comparison with the budget,
 once per federation (again if the federation's DP statistics release is charged
 between two rounds: it counts as spent for the rounds to come).
+
+Why a failed round is not a refusal: once admitted and charged, whether DP-SGD's
+training fails (a split with no examples, a torch error on this site's data, memory)
+can depend on the data, so it goes to ``failed`` — withheld to the job's masked step
+and counted as the round's release, like any failed local work
+(:data:`~spherecal.participant.failures.LOCAL_WORK_ERRORS`) — never refused at once,
+which the coordinator would read as an answer outside every release.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy
+from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.spherefed.fl import LocalUpdate
 from spherecal.spherefed.privacy.charge import dpsgd_charge
@@ -50,10 +58,13 @@ def dpsgd_round(
     federation_id: str,
     plan_rounds: int,
     refuse: Callable[[str, BaseException], None],
+    failed: Callable[[BaseException], None],
     log: Callable[[str], None],
 ) -> LocalUpdate | None:
     """Admit the plan's ``plan_rounds`` rounds (all or none), charge this one, then
-    train with DP-SGD; None when refused (already reported)."""
+    train with DP-SGD; None when the plan is refused (``refuse``: at once, by the
+    plan's terms alone) or the admitted round's training failed (``failed``: a
+    refusal that depends on the data, module docstring)."""
     config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
     rate, steps = trainer.dpsgd_steps()
     sigma, clip = p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm
@@ -69,8 +80,8 @@ def dpsgd_round(
         return None
     try:
         update, result = trainer.train_dpsgd(vector, config)
-    except ValueError as exc:  # UnsupportedModel (e.g. BatchNorm), no data
-        refuse(task_id, exc)
+    except LOCAL_WORK_ERRORS as exc:  # e.g. no examples, a torch error on the data
+        failed(exc)
         return None
     log(
         f"DP-SGD: ε = {result.epsilon:.4g} (ledger {charge.epsilon:.4g}) at δ = {p.delta:g}, "

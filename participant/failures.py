@@ -155,13 +155,20 @@ LOCAL_WORK_FAILED = (
 """The text for anything else (a failed training step, statistics pass or evaluation,
 an unforeseen error): its message may carry values of the local data."""
 
-LOCAL_WORK_ERRORS: tuple[type[BaseException], ...] = (ValueError, ArithmeticError, RuntimeError)
+LOCAL_WORK_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    ArithmeticError,
+    RuntimeError,
+    MemoryError,
+)
 """What a site's local computation on its data (training, statistics, evaluation) may
 raise and be answered as failed local work — withheld to the job's masked step and
 counted as its release — rather than end the process: bad values (``ValueError``, numpy's
-``LinAlgError``), arithmetic (training that diverges raises ``FloatingPointError``) and
-torch's own errors (``RuntimeError``). Whether any of them happens can depend on the
-data, and a site that exited would answer at once, outside every release."""
+``LinAlgError``), arithmetic (training that diverges raises ``FloatingPointError``),
+torch's own errors (``RuntimeError``, its CPU allocator's "can't allocate memory"
+among them) and numpy's failed allocations (``MemoryError``: how much memory a task
+needs follows the split's size). Whether any of them happens can depend on the data,
+and a site that exited would answer at once, outside every release."""
 
 
 DATA_DEPENDENT_CHARGES = frozenset({LOCAL_DPSGD_KIND})

@@ -31,6 +31,7 @@ from spherecal.spherefed.fl import LocalUpdate
 
 if TYPE_CHECKING:
     from spherecal.participant.runner import ParticipantRunner
+    from spherecal.participant.secure_session import SecureSession
     from spherecal.participant.trainer import LocalTrainer
 
 __all__ = ["train_task"]
@@ -108,13 +109,12 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
         except ValueError as exc:
             runner.secure.abandon(task_id, session, exc)
             return
-        dp_update = _train_dpsgd(runner, task_id, vector)
-        if dp_update is None:  # refused (reported); drop the job's state
-            runner.secure.forget(session)
+        dp_update = _train_dpsgd(runner, task_id, vector, session, release)
+        if dp_update is None:  # refused or failed (reported, module dpsgd_round)
             return
         try:
             result = trainer.dpsgd_result(dp_update)
-        except ValueError as exc:
+        except LOCAL_WORK_ERRORS as exc:
             runner._local_work_failed(task_id, session, release, exc)
             return
     else:
@@ -214,9 +214,23 @@ def _client_states(runner: ParticipantRunner) -> ClientStateStore:
 
 
 def _train_dpsgd(
-    runner: ParticipantRunner, task_id: str, vector: npt.NDArray[np.float64]
+    runner: ParticipantRunner,
+    task_id: str,
+    vector: npt.NDArray[np.float64],
+    session: SecureSession | None,
+    release: str,
 ) -> LocalUpdate | None:
-    """DP-SGD for this round (``spherecal.participant.dpsgd_round``); None when refused."""
+    """DP-SGD for this round (``spherecal.participant.dpsgd_round``); None when the
+    plan is refused (at once, the job's state dropped) or the admitted round's
+    training failed (withheld to the masked step, charged as the round's release)."""
+
+    def refuse(refused_task: str, error: BaseException) -> None:
+        runner.secure.forget(session)
+        runner._refuse(refused_task, error)
+
+    def failed(error: BaseException) -> None:
+        runner._local_work_failed(task_id, session, release, error)
+
     return dpsgd_round(
         runner._trainer(),
         runner.settings.privacy,
@@ -226,6 +240,7 @@ def _train_dpsgd(
         vector,
         federation_id=runner.plan.federation_id if runner.plan is not None else "",
         plan_rounds=int(runner.plan.rounds) if runner.plan is not None else 1,
-        refuse=runner._refuse,
+        refuse=refuse,
+        failed=failed,
         log=runner.log,
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from spherecal.spherefed.losses import make_loss
 from spherecal.spherefed.privacy.charge import PrivacyCharge, dpsgd_charge
 
-__all__ = ["DPSGDConfig", "DPSGDResult", "UnsupportedModel", "dp_local_train"]
+__all__ = [
+    "DPSGDConfig",
+    "DPSGDResult",
+    "UnsupportedModel",
+    "dp_local_train",
+    "empty_batch_gradients",
+]
 
 
 class UnsupportedModel(ValueError):
@@ -72,6 +79,15 @@ class DPSGDResult:
     steps: int
     mean_loss: float
     charge: PrivacyCharge
+
+
+def empty_batch_gradients(params: Sequence[torch.Tensor]) -> None:
+    """Give each parameter the per-example gradients of an empty batch (none), so
+    that Opacus's step clips nothing and adds its noise to a zero sum: DP-SGD's
+    guarantee counts that step like any other (Abadi et al.'s noisy step with an
+    empty sample), and without them Opacus refuses the step."""
+    for p in params:
+        p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype)  # type: ignore[attr-defined]
 
 
 def dp_local_train(
@@ -126,7 +142,11 @@ def dp_local_train(
     for _ in range(config.epochs):
         for xb, yb in loader:
             optimizer.zero_grad()
-            if xb.shape[0] == 0:  # Poisson sampling can draw an empty batch
+            if xb.shape[0] == 0:
+                # Poisson sampling draws an empty batch (probability (1 − q)^n a step):
+                # the step still adds its noise — the guarantee counts every step —
+                # from per-example gradients of none (Opacus clips an empty batch)
+                empty_batch_gradients(params)
                 optimizer.step()
                 steps += 1
                 continue

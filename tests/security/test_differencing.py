@@ -40,6 +40,7 @@ from spherecal.spherefed.privacy.evaluation_noise import (
     DEFAULT_EVALUATION_NOISE_SD,
     plan_evaluation_noise,
 )
+from spherecal.spherefed.privacy.settings import PrivacySettings
 from spherecal.spherefed.stats import ccvr_layout_size, ffc_layout_size, ffc_statistics
 from tests.security.hostile_ring import (
     TARGET,
@@ -666,3 +667,43 @@ def test_local_training_that_diverges_is_withheld_not_an_exit(
     finally:
         conn.close()
     assert answer == "refusal"  # charged as the round's release
+
+
+def test_local_dpsgd_training_that_fails_is_withheld_not_refused_at_once(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With local DP-SGD the round is admitted and charged before training; whether
+    its training then fails depends on the site's data (here: a training split with
+    no examples, which DP-SGD cannot sample from), so the round's input is withheld
+    to the masked step and counted as the round's release, like any failed local
+    work. It used to be refused at once — an answer outside every release."""
+    ring = HostileRing(federation="fed", model=model)
+    job = make_job(ROSTER, model.length + 2)
+    ring.script = [
+        pb.Instruction(
+            task_id="train-0",
+            train=pb.TrainTask(
+                round=0,
+                model=ring.publish("global-0", model.initial_vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+    ]
+    privacy = PrivacySettings(
+        enabled=True, epsilon=1e6, total_epsilon=1e6, dpsgd=True, dpsgd_noise_multiplier=1.0
+    )
+    empty = dataclasses.replace(data, train_x=data.train_x[:0], train_y=data.train_y[:0])
+    _run(dataclasses.replace(_settings(tmp_path), privacy=privacy), ring, empty)
+    (failure,) = ring.failures
+    assert failure.reason == LOCAL_WORK_FAILED  # the wire text names no value
+    # its shares went as for any input; the refusal came in its masked input's place
+    assert ring.target_stages[-1] == "SHARE" and "MASKED" not in ring.target_stages
+    (release,) = _ledger(tmp_path)
+    assert release["answer"] == "refusal"  # counted as the round's release
+    conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
+    try:  # and the round's DP-SGD charge stays in the budget ledger
+        charged = [r[0] for r in conn.execute("SELECT release_id FROM privacy_ledger")]
+    finally:
+        conn.close()
+    assert charged == ["local-dpsgd/fed/train-0"]

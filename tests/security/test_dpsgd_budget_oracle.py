@@ -99,6 +99,7 @@ class _Site:
             federation_id=federation,
             plan_rounds=ROUNDS,
             refuse=lambda _task, exc: self.refused.append(exc),
+            failed=self.refused.append,
             log=lambda _line: None,
         )
         return update is not None

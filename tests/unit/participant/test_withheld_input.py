@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from spherecal import crypto
-from spherecal.participant.failures import LOCAL_WORK_FAILED, wire_reason
+from spherecal.participant.failures import LOCAL_WORK_ERRORS, LOCAL_WORK_FAILED, wire_reason
 from spherecal.participant.faults import HaltPoint
 from spherecal.participant.policy import ReleaseRepeated
 from spherecal.participant.release_ledger import Release
@@ -169,6 +169,18 @@ def test_the_wire_text_of_a_data_dependent_refusal_is_fixed() -> None:
         OSError("disk full at /srv/site/data/patient-17.npz"),
     ):
         assert wire_reason(local) == LOCAL_WORK_FAILED
+
+
+def test_a_failed_allocation_is_failed_local_work_not_an_exit() -> None:
+    """How much memory a task needs follows the split's size, so a failed allocation
+    is withheld and counted like any failed local work (its text fixed on the wire);
+    it used to escape the tasks' handlers and end the site, an answer at once."""
+    try:
+        np.empty(1 << 62, dtype=np.uint8)  # numpy's own failed allocation
+    except LOCAL_WORK_ERRORS as exc:
+        failed: BaseException = exc
+    assert isinstance(failed, MemoryError)
+    assert wire_reason(failed) == LOCAL_WORK_FAILED
 
 
 def test_an_exhausted_budget_names_the_limit_not_what_was_spent() -> None:
