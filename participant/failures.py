@@ -37,6 +37,8 @@ from spherecal.spherefed.privacy.ledger import BudgetExceeded
 
 __all__ = [
     "DATA_DEPENDENT_CHARGES",
+    "WITHHELD_TEXT",
+    "InputWithheld",
     "KINDS",
     "LOCAL_REASONS",
     "LOCAL_WORK_ERRORS",
@@ -48,7 +50,33 @@ __all__ = [
     "wire_reason",
 ]
 
+
+class InputWithheld(Exception):
+    """A refusal that depends on this site's data, answered at the job's masked step
+    in the input's place and counted as the job's release: an input outside the
+    job's bound or not finite, or local work that failed (``SecureSteps.withhold``,
+    ``ParticipantRunner._local_work_failed``).
+
+    Why one class for every cause: the refusal is charged as the release, but which
+    cause it was — the input out of bound, a ``ValueError`` of the computation, a
+    torch or arithmetic error — is more about the data again (up to log₂3 bits a
+    release where one was stated). So it travels as one kind (``BAD_INPUT``) and one
+    sentence; :attr:`cause` and the text stay in the site's log and its audit."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"input withheld: {type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+WITHHELD_TEXT = (
+    "this site withholds its input to this job: it is outside the job's declared bound "
+    "or not finite, or the site's local computation failed (counted as the job's "
+    "release; the site's own log has which)"
+)
+"""The one wire sentence of every :class:`InputWithheld`."""
+
 KINDS: tuple[tuple[type[BaseException], pb.FailureKind], ...] = (
+    (InputWithheld, pb.BAD_INPUT),  # one kind whatever the cause (class docstring)
     (BudgetExceeded, pb.BUDGET_EXCEEDED),
     (PrivacyRefused, pb.POLICY_REFUSAL),
     # the participant's secure-aggregation policy (spherecal.crypto.policy), before the
@@ -124,6 +152,7 @@ def failure_kind(error: BaseException) -> pb.FailureKind:
 
 
 LOCAL_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (InputWithheld, WITHHELD_TEXT),
     (
         crypto.EncodingOverflow,
         "refusing to encode: this site's input is outside the job's declared bound or not "

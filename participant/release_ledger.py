@@ -394,11 +394,17 @@ class ReleaseLedger:
         return None
 
     # ------------------------------------------------------------ life cycle
-    def reserve(self, release: Release, *, job: str) -> None:
+    def reserve(self, release: Release, *, job: str, plaintext: bool = False) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
         rule forbids the release (:class:`EvaluationsExhausted` when it is the
-        federation's evaluation count)."""
+        federation's evaluation count).
+
+        ``plaintext``: the key is ``task-<task id>`` of a plaintext release, whose
+        value nothing but this ledger stops from leaving twice (a secure job's key is
+        its id, and its one masked input is the job's own: a continued job reserves
+        its key again after the input left)."""
         with self._lock:
+            self._check_key(release, job, plaintext=plaintext)
             conflict = self._conflict(release, job)
             if conflict is not None:
                 raise conflict
@@ -423,6 +429,44 @@ class ReleaseLedger:
                     time.time(),
                 ),
             )
+
+    def _check_key(self, release: Release, job: str, *, plaintext: bool) -> None:
+        """A key already in the ledger admits only the release it was reserved for —
+        and a plaintext key only until that release left.
+
+        Why: the key is a string the coordinator chooses (a secure job's id; for a
+        plaintext release, ``task-<task id>``), and every rule above skips the rows
+        of the key being reserved, so that a continued job is not refused by its own
+        row. Without this check a second task under a used key passed every rule and
+        was never counted: seven evaluations under one task id where the site allows
+        four, a round's update twice."""
+        row = self._conn.execute(
+            "SELECT kind, federation, model, data, content, round, state, answer "
+            "FROM site_releases WHERE participant = ? AND job = ?",
+            (self.participant, job),
+        ).fetchone()
+        if row is None:
+            return
+        # what the release is (its noise is annotated once its DP plan is admitted,
+        # so a continued job's second reservation carries none yet)
+        terms = (
+            release.kind,
+            release.federation,
+            bytes(release.model),
+            bytes(release.data),
+            bytes(release.content),
+            release.round,
+        )
+        kept = (str(row[0]), str(row[1]), bytes(row[2]), bytes(row[3]), bytes(row[4]), row[5])
+        if kept != terms:
+            raise ReleaseRepeated(
+                f"the key {job[:24]!r} was reserved for another release ({row[0]}, "
+                f"federation {row[1]!r}); a key admits one release"
+            )
+        if plaintext and row[6] == "released" and row[7] != REFUSAL:
+            # (a refusal counted in its place may still be followed by the input: the
+            # site restarted between the two, see consume — one release either way)
+            raise ReleaseRepeated(f"the release under the key {job[:24]!r} already left")
 
     def consume(self, job: str, *, answer: str = INPUT) -> None:
         """The input of ``job`` is about to leave: re-check and record it, atomically.

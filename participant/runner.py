@@ -55,6 +55,7 @@ from spherecal.participant.dp_gate import (
 )
 from spherecal.participant.evaluation_task import evaluate_task
 from spherecal.participant.failures import (
+    InputWithheld,
     failure_kind,
     policy_rule,
     wire_reason,
@@ -412,7 +413,11 @@ class ParticipantRunner:
         kind = instruction.WhichOneof("kind")
         task = secure_task(instruction)
         if task is not None:
-            held = self.secure.held(task.secure)
+            try:
+                held = self.secure.held(task.secure)
+            except crypto.JobReplayed as exc:  # the same job id with other terms
+                self._refuse(instruction.task_id, exc)
+                return
             if held is not None and held.client.has_input:
                 # a continued job whose input is fixed: resend what it sent; its
                 # remaining steps come as usual — nothing is recomputed or charged
@@ -537,12 +542,13 @@ class ParticipantRunner:
         if session is not None:
             self.secure.withhold(task_id, session, error)
             return
+        withheld: BaseException = InputWithheld(error)
         if release is not None:
             try:
                 self.releases.consume(release, answer=REFUSAL)
             except PrivacyRefused as exc:
-                error = exc
-        self._refuse(task_id, error)
+                withheld = exc
+        self._refuse(task_id, withheld)
 
     def _fingerprint(self, split: str) -> bytes:
         """This site's data split, fingerprinted once per process."""
@@ -567,7 +573,7 @@ class ParticipantRunner:
             spec = crypto.JobSpec.from_bytes(job.spec)
             require_task_bound(spec.context, task, self.plan or pb.Plan())
             key = spec.job_id.hex()
-        self.releases.reserve(release, job=key)
+        self.releases.reserve(release, job=key, plaintext=job is None)
         return key
 
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:

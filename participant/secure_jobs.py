@@ -75,6 +75,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
+from spherecal.participant.failures import InputWithheld
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
 from spherecal.participant.held_upload import store_masked, task_of
@@ -317,7 +318,11 @@ class SecureSteps:
         continues it) is not started again: what it sent is sent again, byte for
         byte, and the local work runs only if the input was not computed yet
         (:meth:`continue_held`)."""
-        held = self.held(job)
+        try:
+            held = self.held(job)
+        except crypto.JobReplayed as exc:
+            self.refuse(task_id, exc)
+            return None
         if held is not None:
             return self.continue_held(held, donates_input=donates_input)
         try:
@@ -359,12 +364,29 @@ class SecureSteps:
         return session if early.proceed else None
 
     def held(self, job: pb.SecAggJob) -> SecureSession | None:
-        """The live session of ``job``, if this participant holds one."""
+        """The live session of ``job``, if this participant holds one; raises
+        ``JobReplayed`` when it holds that job id under other terms.
+
+        Why the terms: a held session is continued as it is — its input is encoded,
+        noised and masked under the spec it was started with — while the task that
+        arrives again reads its noise plan, limits and context from the spec it
+        carries. A coordinator that broke a download after the keys left and sent the
+        job again with the same id and another ``scale_bits`` had the site draw its
+        noise in the new spec's units and add it to an encoding at the old scale:
+        2^24 against 2^0 left the noise ≈ 10^-7 of its standard deviation. The same
+        id admits the same spec and purpose only (refused at once: it depends on
+        what the coordinator sent alone)."""
         try:
-            job_id = crypto.JobSpec.from_bytes(job.spec).job_id
+            spec = crypto.JobSpec.from_bytes(job.spec)
         except crypto.SecAggError:
             return None  # malformed: start() refuses it with its reason
-        return self.jobs.get(job_id)
+        session = self.jobs.get(spec.job_id)
+        if session is not None and (session.spec != spec or session.purpose != job.purpose):
+            raise crypto.JobReplayed(
+                f"job {spec.job_id.hex()[:8]} is already held by this site under another "
+                "spec or purpose; a job id admits one set of terms"
+            )
+        return session
 
     def continue_held(
         self, session: SecureSession, *, donates_input: bool = False
@@ -559,7 +581,7 @@ class SecureSteps:
                 "ended before its masked step, so nothing is sent"
             )
             return
-        self._withheld[session.job_id] = (task_id, error)
+        self._withheld[session.job_id] = (task_id, InputWithheld(error))
         self._started.pop(session.job_id, None)
         self.log(
             f"job {session.job_id.hex()[:8]}: this site's input is withheld ({error}); "

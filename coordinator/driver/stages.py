@@ -59,11 +59,12 @@ def with_first_cause(error: str, dropped: dict[str, str]) -> str:
 
     Why (issues #20, #23): a job that lost its quorum fails with its symptom —
     ``TooFewSurvivors: … only 2 remained`` — while the cause is a site's refusal
-    (``p0 withdrew: BAD_INPUT: refusing to encode: 1 of 158563 entries are outside
-    the declared bound``). The reason a round, and then the federation, fails with
-    names that first cause. Sites that withdrew at the same stage for the same reason
-    are named together, the reason once (every site refusing a repeated release says
-    the same sentence; ten copies of it would bury the rest of the status).
+    (``p0 withdrew at masked: BAD_INPUT: this site withholds its input to this job:
+    it is outside the job's declared bound …``). The reason a round, and then the
+    federation, fails with names that first cause. Sites that withdrew at the same
+    stage for the same reason are named together, the reason once (every site
+    refusing a repeated release says the same sentence; ten copies of it would bury
+    the rest of the status).
     ``dropped`` maps a site to ``"stage: why"``."""
     causes: dict[tuple[str, str], list[str]] = {}
     for site, why in dropped.items():

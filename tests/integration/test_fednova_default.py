@@ -48,7 +48,7 @@ def test_a_round_lost_to_refusals_names_the_refusal_not_the_quorum(tmp_path: Pat
     assert "TooFewSurvivors" in symptom
     # sites giving the same reason are named together ("p0, p2 withdrew at ...")
     groups = re.findall(
-        r"((?:p\d+, )*p\d+) withdrew at masked: BAD_INPUT: refusing to encode:", cause
+        r"((?:p\d+, )*p\d+) withdrew at masked: BAD_INPUT: this site withholds its input", cause
     )
     assert sorted(p for g in groups for p in g.split(", ")) == ["p0", "p1", "p2"], cause
     # the site's own numbers stay in its log; the coordinator gets the fixed sentence
@@ -69,4 +69,4 @@ def test_rounds_lost_in_a_row_fail_the_run(tmp_path: Path) -> None:
     (reason,) = results["status_reasons"]
     assert reason.startswith("3 rounds lost in a row"), reason
     assert "the model has not moved since round 1" in reason
-    assert "withdrew at masked: BAD_INPUT: refusing to encode:" in reason
+    assert "withdrew at masked: BAD_INPUT: this site withholds its input" in reason

@@ -30,11 +30,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.participant import evaluation_task, example_weight, trainer, training_task
 from spherecal.participant.data import LocalData
-from spherecal.participant.failures import wire_reason
+from spherecal.participant.failures import WITHHELD_TEXT
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.stats import UNIT_NORM_SLACK, ccvr_layout_size, ffc_layout_size
@@ -65,7 +64,7 @@ def _no_fit(monkeypatch: pytest.MonkeyPatch) -> None:
 def _assert_refused_as_before(ring: HostileRing, task_id: str, tmp: Path) -> None:
     (report,) = [f for f in ring.failures if f.task_id == task_id]
     assert pb.FailureKind.Name(report.kind) == "BAD_INPUT"
-    assert report.reason == wire_reason(crypto.EncodingOverflow("any"))
+    assert report.reason == WITHHELD_TEXT
     (row,) = _ledger(tmp)
     assert row["answer"] == "refusal"
 

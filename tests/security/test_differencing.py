@@ -32,7 +32,7 @@ from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.crypto.dp import guaranteed_contributors
 from spherecal.participant import evaluation_task, release_ledger
 from spherecal.participant.data import LocalData
-from spherecal.participant.failures import LOCAL_WORK_FAILED
+from spherecal.participant.failures import WITHHELD_TEXT
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import read_site_audit, run_site_audit
@@ -658,7 +658,7 @@ def test_local_training_that_diverges_is_withheld_not_an_exit(
     ]
     _run(_settings(tmp_path), ring, data)  # the site ends normally (asserts exit 0)
     (failure,) = ring.failures
-    assert failure.reason == LOCAL_WORK_FAILED  # the wire text names no value
+    assert failure.reason == WITHHELD_TEXT  # one sentence whatever the cause
     # its shares went as for any input; the refusal came in its masked input's place
     assert ring.target_stages[-1] == "SHARE" and "MASKED" not in ring.target_stages
     conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
@@ -696,7 +696,7 @@ def test_local_dpsgd_training_that_fails_is_withheld_not_refused_at_once(
     empty = dataclasses.replace(data, train_x=data.train_x[:0], train_y=data.train_y[:0])
     _run(dataclasses.replace(_settings(tmp_path), privacy=privacy), ring, empty)
     (failure,) = ring.failures
-    assert failure.reason == LOCAL_WORK_FAILED  # the wire text names no value
+    assert failure.reason == WITHHELD_TEXT  # one sentence whatever the cause
     # its shares went as for any input; the refusal came in its masked input's place
     assert ring.target_stages[-1] == "SHARE" and "MASKED" not in ring.target_stages
     (release,) = _ledger(tmp_path)

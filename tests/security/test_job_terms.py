@@ -1,0 +1,307 @@
+"""A key a coordinator chooses admits one release: a held job's id one spec, a
+plaintext task id one value.
+
+Two attacks of a hostile coordinator, each played against the real
+:class:`ParticipantRunner` (real trainer, SQLite release ledger, real secure
+aggregation with the other members colluding: their inputs are known and unnoised).
+
+* **A held job sent again under other terms.** A site keeps a job's session when its
+  local work stops after the keys left (a download that fails), and continues it
+  when the task comes again — encoding, noising and masking under the spec the
+  session was started with, while the task that came again plans its noise from the
+  spec it carries. A coordinator that sends the job again with the same id and
+  ``scale_bits`` 0 instead of 24 had the site draw noise in units of 2^0 and add it
+  to an encoding at 2^24: the sum minus the others read the site's evaluation
+  counts to 10^-7, where its noise has a standard deviation of ≈ 0.46 counts. The
+  site now continues a held job only under the same spec and purpose, and refuses
+  any other at once (``SecureSteps.held``; what it refuses is what the coordinator
+  sent).
+* **A plaintext task id used again** (with ``allow_plaintext``): the ledger keyed the
+  release ``task-<task id>`` and skipped that key's own row in every rule, so a
+  second task under the id passed every rule uncounted — seven evaluations where the
+  site allows four, a round's update twice. A key now admits the release it was
+  reserved for, and a plaintext key only until it left
+  (``ReleaseLedger._check_key``).
+
+Each has its mutation check in this file: the old lookup, or the ledger without the
+key check, lets the attack through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from spherecal import crypto
+from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.crypto.dp import guaranteed_contributors
+from spherecal.crypto.messages import decode_message
+from spherecal.participant import release_ledger
+from spherecal.participant.data import LocalData
+from spherecal.participant.secure_jobs import SecureSteps
+from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.transport import TransportError
+from spherecal.proto import spherecal_pb2 as pb
+from spherecal.proto.task_context import task_context
+from spherecal.spherefed.privacy.evaluation_noise import plan_evaluation_noise
+from tests.security.hostile_plan import hostile_join_reply
+from tests.security.hostile_ring import (
+    DIRECTORY,
+    TARGET,
+    HostileRing,
+    RingJob,
+    make_job,
+    run_target,
+    target_settings,
+)
+
+ROSTER = ("p0", "p1", "p2", "p3")
+JOB_ID = b"J" * 16
+NOISE_SD = 0.8
+"""The evaluation noise's standard deviation the job plans for, over all members."""
+
+
+def _evaluation_spec(scale_bits: int) -> crypto.JobSpec:
+    """An evaluation job of one head (``[total, correct(none), correct(h)]``) whose
+    noise is planned at ``scale_bits``, as an honest coordinator plans it."""
+    base = make_job(ROSTER, 3, bound=1000.0, scale_bits=scale_bits, job_id=JOB_ID).spec
+    noise = plan_evaluation_noise(
+        NOISE_SD,
+        participants=base.n,
+        min_contributors=guaranteed_contributors(base),
+        length=3,
+        scale_bits=scale_bits,
+    )
+    return dataclasses.replace(base, noise_bound=noise.plan.noise_bound)
+
+
+class ResentJobRing(HostileRing):
+    """The evaluation's job at ``first`` scale bits; the head's download fails once
+    after the site's keys and shares left; the task again under the same job id at
+    ``again`` scale bits (the server and the others keep the first spec); then the
+    masked step, and the rest of the job."""
+
+    def __init__(self, model: GlobalModel, head: np.ndarray, *, first: int, again: int) -> None:
+        super().__init__(federation="fed", model=model)
+        self.first, self.again = first, again
+        self.model_ref = self.publish("model", model.initial_vector)
+        self.head_ref = self.publish("head-h", head)
+        self.failed_once = False
+        self.phase = 0
+        self.masked: list[pb.Instruction] = []
+        self.job: RingJob | None = None
+        self.seen: dict[tuple[bytes, int], bytes] = {}
+
+    def _task(self, spec: crypto.JobSpec) -> pb.Instruction:
+        secure = pb.SecAggJob(
+            spec=spec.to_bytes(),
+            purpose="evaluate",
+            directory=[
+                pb.DirectoryEntry(participant_id=p, identity_public_key=key)
+                for p, key in sorted(DIRECTORY.items())
+                if p in crypto.keys_needed(spec, TARGET)
+            ],
+        )
+        instruction = pb.Instruction(
+            task_id="eval",
+            evaluate=pb.EvaluateTask(
+                model=self.model_ref,
+                heads=[pb.NamedTensorRef(name="h", tensor=self.head_ref)],
+                split=pb.SPLIT_TEST,
+                round=-1,
+                secure=secure,
+            ),
+        )
+        bound = dataclasses.replace(spec, context=task_context(instruction.evaluate, self.joined))
+        instruction.evaluate.secure.spec = bound.to_bytes()
+        return instruction
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self._steps:
+            step = self._steps.pop(0)
+            if step.secagg.stage == pb.MASKED and self.phase == 1:
+                self.masked.append(step)  # held back until the task came again
+                return pb.Instruction(wait=pb.Wait())
+            return step
+        if self.phase == 0:
+            self.phase = 1
+            instruction = self._task(_evaluation_spec(self.first))
+            spec = crypto.JobSpec.from_bytes(instruction.evaluate.secure.spec)
+            self.job = RingJob(spec=spec, others={p: np.zeros(3) for p in ROSTER[1:]})
+            self.jobs[JOB_ID] = self.job
+            self._start(self.job)
+            return instruction
+        if self.phase == 1 and self.failed_once:
+            self.phase = 2
+            return self._task(_evaluation_spec(self.again))
+        if self.phase == 2 and self.masked:
+            return self.masked.pop(0)
+        return pb.Instruction(done=pb.Done(status="completed", message="over"))
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
+        if request.name == "head-h" and not self.failed_once:
+            self.failed_once = True
+            raise TransportError(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        return super().download_tensor(request)
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        """As the service answers: an identical resend (a continued job) is
+        acknowledged with ALREADY_EXISTS."""
+        job = self.jobs[bytes(request.job_id)]
+        assert job.server is not None
+        key = (bytes(request.job_id), int(request.stage))
+        if self.seen.get(key) == bytes(request.message):
+            raise TransportError(grpc.StatusCode.ALREADY_EXISTS, "identical resend")
+        self.seen[key] = bytes(request.message)
+        self.target_stages.append(pb.SecAggStage.Name(request.stage))
+        try:
+            job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
+        except crypto.SecAggError as exc:
+            raise TransportError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if request.stage == pb.UNMASK:
+            job.result = job.server.finish()
+        else:
+            self._advance(job)
+        return pb.Receipt()
+
+
+def _exact_counts(model: GlobalModel, data: LocalData, head: np.ndarray) -> np.ndarray:
+    trainer = LocalTrainer(hostile_join_reply("fed", model, len(ROSTER)).plan, data)
+    total, counts = trainer.evaluate(model.initial_vector, {"h": head}, split="test")
+    return np.array([total, counts["none"], counts["h"]], dtype=np.float64)
+
+
+def _released(tmp: Path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(tmp / "state" / "privacy.db")
+    try:
+        rows = conn.execute("SELECT kind, answer FROM site_releases WHERE state = 'released'")
+        return [(str(k), str(a)) for k, a in rows]
+    finally:
+        conn.close()
+
+
+def _play(
+    tmp: Path, model: GlobalModel, data: LocalData, *, first: int, again: int
+) -> tuple[ResentJobRing, np.ndarray]:
+    head = np.zeros((model.num_classes, model.feature_dim))  # "always class 0"
+    ring = ResentJobRing(model, head, first=first, again=again)
+    run_target(target_settings(tmp), ring, data)
+    return ring, _exact_counts(model, data, head)
+
+
+def test_a_held_job_sent_again_with_another_spec_is_refused(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    ring, _ = _play(tmp_path, model, data, first=24, again=0)
+    refused, masked = ring.failures
+    assert refused.task_id == "eval"
+    assert pb.FailureKind.Name(refused.kind) == "PROTOCOL_VIOLATION"
+    assert "under another spec or purpose" in refused.reason
+    # the held job keeps its first spec and has no input: its masked step is answered
+    # as out of order, never with an input
+    assert masked.task_id == JOB_ID.hex() and "before this site's input" in masked.reason
+    # nothing of the input left: no masked input, no release
+    assert "MASKED" not in ring.target_stages and ring.job is not None
+    assert ring.job.result is None
+    assert _released(tmp_path) == []
+
+
+def test_a_held_job_sent_again_with_its_own_spec_is_continued_with_its_noise(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The honest case the rule keeps: a task that comes again after a failed download
+    continues the held job, and the site's counts leave with their noise."""
+    ring, exact = _play(tmp_path, model, data, first=16, again=16)
+    assert ring.failures == [] and ring.job is not None
+    read = ring.job.target_release()
+    assert np.max(np.abs(read - exact)) > 1e-3  # the site's own noise is in it
+    assert np.max(np.abs(read - exact)) < 20 * NOISE_SD
+    assert _released(tmp_path) == [("evaluate", "input")]
+
+
+def test_mutation_a_held_job_found_by_its_id_alone_reads_the_counts(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lookup before the rule (by job id alone): the coordinator reads the
+    site's exact counts through its own noise plan at another scale."""
+
+    def by_id_alone(self: SecureSteps, job: pb.SecAggJob) -> SecureSession | None:
+        return self.jobs.get(crypto.JobSpec.from_bytes(job.spec).job_id)
+
+    monkeypatch.setattr(SecureSteps, "held", by_id_alone)
+    ring, exact = _play(tmp_path, model, data, first=24, again=0)
+    assert ring.failures == [] and ring.job is not None
+    assert np.max(np.abs(ring.job.target_release() - exact)) < 1e-5  # no noise left
+
+
+# ---------------------------------------------------------------- plaintext task ids
+def _evaluations(ring: HostileRing, model: GlobalModel, task_ids: list[str]) -> None:
+    ref = ring.publish("model", model.initial_vector)
+    for k, task_id in enumerate(task_ids):
+        head = np.zeros((model.num_classes, model.feature_dim))
+        head[k % model.num_classes, 0] = 1e-3 * (k + 1)  # another head each time
+        ring.script.append(
+            pb.Instruction(
+                task_id=task_id,
+                evaluate=pb.EvaluateTask(
+                    model=ref,
+                    heads=[pb.NamedTensorRef(name="h", tensor=ring.publish(f"head-{k}", head))],
+                    split=pb.SPLIT_TEST,
+                    round=0,
+                ),
+            )
+        )
+
+
+def _updates(ring: HostileRing, model: GlobalModel, task_ids: list[str]) -> None:
+    ref = ring.publish("model", model.initial_vector)
+    for k, task_id in enumerate(task_ids):
+        ring.script.append(
+            pb.Instruction(task_id=task_id, train=pb.TrainTask(model=ref, round=0, seed=7 + k))
+        )
+
+
+def _plaintext(
+    tmp: Path, model: GlobalModel, data: LocalData, script: str, task_ids: list[str]
+) -> tuple[int, list[tuple[str, str]]]:
+    """(answers that left, refusals as (task, rule)) of a plaintext script."""
+    ring = HostileRing(federation="fed", model=model)
+    (_evaluations if script == "evaluate" else _updates)(ring, model, task_ids)
+    run_target(dataclasses.replace(target_settings(tmp), allow_plaintext=True), ring, data)
+    refusals = [(f.task_id, pb.PolicyRule.Name(f.rule)) for f in ring.failures]
+    return len(ring.evaluations) + len(ring.uploads), refusals
+
+
+def test_evaluations_under_one_plaintext_task_id_leave_once(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    answered, refusals = _plaintext(tmp_path, model, data, "evaluate", ["T"] * 6)
+    assert answered == 1
+    assert refusals == [("T", "RULE_RELEASE_REPEATED")] * 5
+
+
+def test_a_rounds_update_under_one_plaintext_task_id_leaves_once(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    answered, refusals = _plaintext(tmp_path, model, data, "train", ["R", "R"])
+    assert answered == 1
+    assert refusals == [("R", "RULE_RELEASE_REPEATED")]
+
+
+def test_mutation_a_ledger_without_the_key_check_counts_nothing_twice(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the key check, six evaluations under one task id all leave, past the
+    site's four per federation, and the ledger holds one row."""
+    monkeypatch.setattr(
+        release_ledger.ReleaseLedger, "_check_key", lambda *_a, **_k: None, raising=True
+    )
+    answered, refusals = _plaintext(tmp_path, model, data, "evaluate", ["T"] * 6)
+    assert answered == 6 and refusals == []
