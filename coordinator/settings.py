@@ -439,7 +439,9 @@ class MetricsSettings:
 @dataclass(frozen=True)
 class Timeouts:
     join_s: float = 300.0
-    """Wait this long for the roster."""
+    """Wait this long for the roster — but for a site that refused the federation's
+    plan: it is not waited for, and where the sites still to come cannot make the
+    minimum the federation fails at once."""
     round_s: float = 900.0
     """A round's training (and a statistics job's computation). In a secure job it is
     the deadline of each stage that can wait on local work: advertise, share, and

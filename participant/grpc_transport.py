@@ -7,8 +7,9 @@ coordinator address is a loopback address, so a misconfigured participant cannot
 send its masked data, keys or even its identity over a network in the clear.
 
 A channel whose connection attempt failed is replaced at the next call
-(:class:`GrpcTransport`), so every attempt of the site's own back-off is a real
-connection attempt, however long gRPC's own back-off has grown.
+(:class:`ChannelKeeper`: the one rule of this transport and of the asyncio one,
+``spherecal.participant.loop_transport``), so every attempt of the site's own back-off
+is a real connection attempt, however long gRPC's own back-off has grown.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import datetime as dt
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -29,6 +30,7 @@ from spherecal.proto.error_detail import reason_from_metadata
 from spherecal.proto.services import grpc_services
 
 __all__ = [
+    "ChannelKeeper",
     "GrpcTransport",
     "channel_options",
     "client_certificate_hint",
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 def credentials_for(settings: ParticipantSettings) -> grpc.ChannelCredentials | None:
@@ -133,9 +136,10 @@ def reconnect_backoff_options(settings: ParticipantSettings) -> list[tuple[str, 
     the least time it gives one connection attempt to complete (20 s by default) —
     lowering it to the site's 0.2 s would cut off a TLS handshake over a slow network.
     These two only bound the *waits between* gRPC's attempts. They matter where a call
-    meets a failed channel that is not replaced (:class:`GrpcTransport` replaces it; the
-    asyncio transport of a host of many participants does not), and for gRPC's
-    background attempts while the site itself waits."""
+    meets a failed channel that is not replaced (both transports replace it:
+    :class:`ChannelKeeper`; a grpcio that does not answer the sync channel's
+    connectivity leaves it), and for gRPC's background attempts while the site itself
+    waits."""
     maximum_ms = max(1, round(settings.reconnect_max_s * 1000))
     return [
         ("grpc.initial_reconnect_backoff_ms", min(200, maximum_ms)),
@@ -154,7 +158,7 @@ def channel_options(settings: ParticipantSettings) -> list[tuple[str, Any]]:
         # One connection per participant even when many share a process (the
         # Ray engine's virtual participants): a dropped participant drops its
         # own connection, as a separate process would, not a shared one. It also
-        # gives a replaced channel (GrpcTransport) a fresh subchannel, not the
+        # gives a replaced channel (ChannelKeeper) a fresh subchannel, not the
         # failed one with its back-off.
         ("grpc.use_local_subchannel_pool", 1),
         *reconnect_backoff_options(settings),
@@ -185,9 +189,16 @@ def _connectivity(channel: grpc.Channel) -> grpc.ChannelConnectivity | None:
         return None
 
 
-class GrpcTransport(StubCalls):
-    """The synchronous transport of a site process: one channel to the coordinator at a
-    time, replaced by a new one when its connection attempt failed.
+_FAILED = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+"""The one state in which a channel is replaced (:class:`ChannelKeeper`)."""
+
+
+class ChannelKeeper(Generic[C]):
+    """A transport's one channel to the coordinator at a time, replaced by a new one
+    before a call when its last connection attempt failed — the rule of both
+    participant transports (:class:`GrpcTransport`, and the asyncio
+    ``LoopTransport`` of a host of many participants), each giving how it opens,
+    asks and closes its kind of channel.
 
     Why the channel is replaced: a gRPC channel whose connection attempt failed waits
     out its own back-off (1 s growing ×1.6 up to 120 s by default) before it tries
@@ -196,10 +207,10 @@ class GrpcTransport(StubCalls):
     whose coordinator was down for a minute then kept failing for up to two more after
     it came back (the coordinator listening at 13:31:38, an attempt at 13:31:43 refused
     with "Connection refused", the join at 13:31:58). So before each call, a channel
-    in TRANSIENT_FAILURE (:func:`_connectivity`) is closed and a new one made: a new
-    channel (with its own subchannel: ``grpc.use_local_subchannel_pool``) connects at
-    its first call, so each attempt of the site's back-off is a real connection
-    attempt, and the first one after the coordinator is listening succeeds.
+    in TRANSIENT_FAILURE is closed and a new one made: a new channel (with its own
+    subchannel: ``grpc.use_local_subchannel_pool``) connects at its first call, so
+    each attempt of the site's back-off is a real connection attempt, and the first
+    one after the coordinator is listening succeeds.
 
     Why not the alternatives alone: capping gRPC's back-off with channel options
     (:func:`reconnect_backoff_options`, set as well) leaves two jittered back-offs that
@@ -210,7 +221,57 @@ class GrpcTransport(StubCalls):
     would also drop a live connection — and with it the site's presence stream, so the
     coordinator would count a site that only met a slow call as gone. Nothing in
     flight is lost by the replacement: a channel in TRANSIENT_FAILURE has no
-    connection, so every call on it has already failed."""
+    connection, so every call on it has already failed. A state of ``None`` (not
+    known) keeps the channel: the behaviour before 2026-11-27.
+
+    ``open_channel``, ``state`` and ``close_channel`` are called under this keeper's
+    lock, from the thread about to make a call (never the asyncio loop's own thread:
+    the asyncio transport opens and closes its channels *on* that loop, waiting for
+    it), so a channel is never asked or replaced while another thread closes it."""
+
+    def __init__(
+        self,
+        open_channel: Callable[[], C],
+        state: Callable[[C], grpc.ChannelConnectivity | None],
+        close_channel: Callable[[C], None],
+    ) -> None:
+        self._open = open_channel
+        self._state = state
+        self._close = close_channel
+        self._lock = threading.Lock()
+        self._channel = open_channel()
+        self._stub = grpc_services().CoordinatorStub(self._channel)
+        self._closed = False
+        self.opened = 1
+        """How many channels were made (the first, then one per replacement)."""
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stub(self) -> Any:
+        """The current channel's stub, replacing a failed channel first (see the class)."""
+        with self._lock:
+            if not self._closed and self._state(self._channel) is _FAILED:
+                old, self._channel = self._channel, self._open()
+                self._stub = grpc_services().CoordinatorStub(self._channel)
+                self.opened += 1
+                self._close(old)
+            return self._stub
+
+    def close(self) -> None:
+        """Close the current channel (once); no channel is made after this."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close(self._channel)
+
+
+class GrpcTransport(StubCalls):
+    """The synchronous transport of a site process: one channel to the coordinator at a
+    time, replaced by a new one when its connection attempt failed
+    (:class:`ChannelKeeper`; its state asked by :func:`_connectivity`)."""
 
     def __init__(self, settings: ParticipantSettings) -> None:
         credentials = credentials_for(settings)
@@ -222,27 +283,21 @@ class GrpcTransport(StubCalls):
                 return grpc.insecure_channel(target, options=options)
             return grpc.secure_channel(target, credentials, options=options)
 
-        self._open = open_channel
-        self._lock = threading.Lock()
-        self._channel = open_channel()
-        self._current_stub = grpc_services().CoordinatorStub(self._channel)
-        self._closed = False
-        self.channels_opened = 1
-        """How many channels this transport made (the first, then one per replacement)."""
+        self._channels: ChannelKeeper[grpc.Channel] = ChannelKeeper(
+            open_channel, _connectivity, lambda channel: channel.close()
+        )
         self._timeout = settings.rpc_timeout_s
         self._long_poll_s = settings.long_poll_ms / 1000.0
 
     @property
+    def channels_opened(self) -> int:
+        """How many channels this transport made (the first, then one per replacement)."""
+        return self._channels.opened
+
+    @property
     def _stub(self) -> Any:
-        """The current channel's stub, replacing a failed channel first (class docstring)."""
-        with self._lock:
-            failed = _connectivity(self._channel) is grpc.ChannelConnectivity.TRANSIENT_FAILURE
-            if failed and not self._closed:
-                old, self._channel = self._channel, self._open()
-                self._current_stub = grpc_services().CoordinatorStub(self._channel)
-                self.channels_opened += 1
-                old.close()
-            return self._current_stub
+        """The current channel's stub, replacing a failed channel first."""
+        return self._channels.stub()
 
     def _unary(self, fn: Callable[..., T], request: object, timeout: float | None = None) -> T:
         try:
@@ -265,9 +320,7 @@ class GrpcTransport(StubCalls):
             raise to_transport_error(exc) from None
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._channel.close()
+        self._channels.close()
 
 
 class _GrpcPresence:

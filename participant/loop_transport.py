@@ -24,7 +24,12 @@ without waking until the stream ends or is cancelled.
 Same semantics as the synchronous transport: every gRPC failure becomes a
 :class:`~spherecal.participant.transport.TransportError`; a call on a closed channel raises
 ``ValueError``; :meth:`LoopTransport.close` cancels every call in flight (a
-streaming upload breaks off mid-stream).
+streaming upload breaks off mid-stream); and a channel whose connection attempt
+failed is replaced before the next call, by the same rule
+(:class:`~spherecal.participant.grpc_transport.ChannelKeeper`), so a virtual
+participant too joins at its first attempt after the coordinator is back — until
+2026-11-27 only the synchronous transport did, and a virtual participant's attempts
+could fail inside gRPC's own back-off after the coordinator was listening.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import grpc
 import grpc.aio
 
 from spherecal.participant.grpc_transport import (
+    ChannelKeeper,
     channel_options,
     credentials_for,
     to_transport_error,
@@ -48,7 +54,6 @@ from spherecal.participant.grpc_transport import (
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.transport import StubCalls
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.proto.services import grpc_services
 
 __all__ = ["EventLoopThread", "LoopTransport"]
 
@@ -119,12 +124,39 @@ class LoopTransport(StubCalls):
                 return grpc.aio.insecure_channel(target, options=options)
             return grpc.aio.secure_channel(target, credentials, options=options)
 
+        def state(channel: grpc.aio.Channel) -> grpc.ChannelConnectivity:
+            # Public and synchronous on an aio channel; asked from the calling thread
+            # (gRPC core's check is thread-safe, and the keeper's lock keeps the
+            # channel open meanwhile), so a call costs no extra trip through the loop.
+            return channel.get_state(try_to_connect=False)
+
+        def close_channel(channel: grpc.aio.Channel) -> None:
+            if loop.loop.is_closed():
+                return
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                loop.submit(channel.close()).result(timeout=10.0)
+
         self._loop = loop
-        self._channel = loop.run(open_channel())
-        self._stub = grpc_services().CoordinatorStub(self._channel)
+        self._channels: ChannelKeeper[grpc.aio.Channel] = ChannelKeeper(
+            lambda: loop.run(open_channel()), state, close_channel
+        )
         self._timeout = settings.rpc_timeout_s
         self._long_poll_s = settings.long_poll_ms / 1000.0
-        self._closed = False
+
+    @property
+    def channels_opened(self) -> int:
+        """How many channels this transport made (the first, then one per replacement)."""
+        return self._channels.opened
+
+    @property
+    def _stub(self) -> Any:
+        """The current channel's stub, replacing a failed channel first
+        (:class:`~spherecal.participant.grpc_transport.ChannelKeeper`)."""
+        return self._channels.stub()
+
+    @property
+    def _closed(self) -> bool:
+        return self._channels.closed
 
     # ------------------------------------------------------------ plumbing
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -198,18 +230,7 @@ class LoopTransport(StubCalls):
 
     def close(self) -> None:
         """Close the channel: every call in flight is cancelled, later ones fail."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._loop.loop.is_closed():
-            return
-        channel = self._channel
-
-        async def close_channel() -> None:
-            await channel.close()
-
-        with contextlib.suppress(concurrent.futures.TimeoutError):
-            self._loop.submit(close_channel()).result(timeout=10.0)
+        self._channels.close()
 
 
 class _LoopPresence:

@@ -393,35 +393,80 @@ class Federation:
         self._prepared = True
 
     def _await_participants(self) -> None:
+        """The join window: wait up to ``[timeouts] join_s`` for every roster member
+        that has not left, then go on with whoever joined if that is at least
+        ``needed`` (``training.min_participants``, and two for secure aggregation).
+
+        A member that *left* — it refused the federation's plan, told the coordinator
+        (a ``FailureReport`` without a task) and exited (``Registry.leave``) — is not
+        waited for. Until 2026-11-27 the window waited for it like any site still to
+        come: the full ``join_s`` (300 s by default) even when every other site had
+        joined, and, where the sites still to come could never make ``needed``, all
+        that time before failing with "only N of M participants joined". Now:
+
+        * if the members that have not left are fewer than ``needed``, the federation
+          fails at once, naming each site that refused and why — no wait can start it;
+        * once every member that has not left has joined, the window closes at once
+          (a warning names the sites that refused);
+        * otherwise it waits for the others only, as before, until ``join_s``.
+
+        A site that left and joins again (its operator fixed its data or settings) is
+        let back in: its join clears ``left`` (``Registry.join``), so while the window
+        is open it counts as any site that joined — and refusing again, it leaves
+        again. After the window it takes part from the next round, as any site that
+        rejoins. A federation that failed at once stays failed: the plan is fixed for
+        the federation (``meta.plan_terms``), so after fixing the site its operator
+        starts a new one (``--new-federation``). ``left`` is held in memory: a
+        restarted coordinator waits for a site that refused before its restart as for
+        any absent site."""
         board = self.board
         s = self.settings
         board.set_task(None, "waiting for participants")
-        roster = set(s.participants)
+        roster = frozenset(s.participants)
         deadline = time.monotonic() + s.timeouts.join_s
         needed = max(s.training.min_participants, 2 if s.secure else 1)
         while True:
             board.check_stop()
-            joined = self.registry.joined()
-            if joined >= roster:
-                break
-            if time.monotonic() >= deadline:
-                if len(joined) >= needed:
-                    missing = sorted(roster - joined)
-                    warning = (
-                        f"join window of {self.settings.timeouts.join_s:.0f}s expired: "
-                        f"continuing with {len(joined)} of {len(roster)} participants, "
-                        f"without {missing}"
-                    )
-                    self.progress.warnings.append(warning)
-                    self.say(f"WARNING: {warning}")
-                    self.store.event("warning", warning)
-                    break
+            joined, left = self.registry.joined_and_left()
+            awaited = roster - left.keys()
+            refused = "; ".join(f"{pid} {why}" for pid, why in sorted(left.items()))
+            if left and len(awaited) < needed:
                 raise FederationFailed(
-                    f"only {len(joined)} of {len(roster)} participants joined within "
-                    f"{s.timeouts.join_s:.0f}s (need {needed})"
+                    f"at most {len(awaited)} of {len(roster)} participants can join "
+                    f"(need {needed}): {refused}"
                 )
+            expired = time.monotonic() >= deadline
+            if joined >= awaited or expired:
+                if len(joined) < needed:  # only at expiry: joined ⊇ awaited is >= needed
+                    raise FederationFailed(
+                        f"only {len(joined)} of {len(roster)} participants joined within "
+                        f"{s.timeouts.join_s:.0f}s (need {needed})"
+                        + (f"; {refused}" if left else "")
+                    )
+                if joined != roster:
+                    self._went_on_without(roster, joined, sorted(left), expired=expired)
+                break
             board.wait(0.2)
         self.say(f"{len(self.registry.joined())}/{len(roster)} participants joined")
+
+    def _went_on_without(
+        self, roster: frozenset[str], joined: frozenset[str], left: list[str], *, expired: bool
+    ) -> None:
+        """The warning of a join window that closed short of the roster."""
+        missing = sorted(roster - joined)
+        going_on = f"continuing with {len(joined)} of {len(roster)} participants, without {missing}"
+        if expired:
+            warning = f"join window of {self.settings.timeouts.join_s:.0f}s expired: {going_on}"
+            if left:
+                warning += f" ({', '.join(left)} refused the federation's plan)"
+        else:
+            warning = (
+                f"every participant that did not refuse the federation's plan joined: "
+                f"{going_on}, which refused it"
+            )
+        self.progress.warnings.append(warning)
+        self.say(f"WARNING: {warning}")
+        self.store.event("warning", warning)
 
     def summary(self) -> CoordinatorSummary:
         """The coordinator's JSON summary (see docs/deployment.md for the schema)."""

@@ -424,7 +424,9 @@ class CoordinatorService:
         logged, recorded in the events table and under ``warnings`` (status view,
         ``summary.json``), and a typed policy refusal in ``policy_events`` as well
         (``purpose`` "plan", no job). The driver no longer counts it among the joined
-        or the alive: a join window still open waits for it to come back."""
+        or the alive, and a join window still open stops waiting for it — failing the
+        federation at once if the sites still to come cannot make its minimum
+        (``Federation._await_participants``); a site that joins again is let back in."""
         pid = member.participant_id
         reason = request.reason[:MAX_REASON_CHARS]
         try:

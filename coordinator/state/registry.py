@@ -84,7 +84,9 @@ class Member:
     join from another address is a second process too."""
     left: str = ""
     """Why it left the federation ("" unless it did): it refused the plan, with its
-    reason (:meth:`Registry.leave`). Cleared when it joins again."""
+    reason (:meth:`Registry.leave`). Cleared when it joins again. A join window no
+    longer waits for a member that left (``Federation._await_participants``); held in
+    memory only, so a restarted coordinator waits for it as for any absent site."""
 
 
 @dataclass
@@ -185,6 +187,16 @@ class Registry:
     def joined(self) -> frozenset[str]:
         with self._lock:
             return frozenset(m.participant_id for m in self._members.values() if m.session)
+
+    def joined_and_left(self) -> tuple[frozenset[str], dict[str, str]]:
+        """The members with a session, and those that left (refused the plan, and have
+        not joined again) with why — one snapshot, for the join window: a site's
+        rejoin or refusal between two separate reads would count it in both or
+        neither."""
+        with self._lock:
+            joined = frozenset(m.participant_id for m in self._members.values() if m.session)
+            left = {m.participant_id: m.left for m in self._members.values() if m.left}
+        return joined, left
 
     def directory(self, participants: list[str]) -> list[pb.DirectoryEntry]:
         with self._lock:

@@ -8,10 +8,16 @@ MLP (10 classes) whose plan allows example-count noise of sd 2, and three sites 
 ``site-a`` whose labels reach class 11, ``site-b`` at the default noise sd 4, and
 ``mallory``, who is not on the roster. Checked: each site's exit status and closing
 line (the site's refusals against the coordinator's), what the coordinator's status
-view shows while it still waits for its roster (``spherecal status``, text and
-JSON), and, once it stopped, its log and database (``events``, ``policy_events``) —
-where the label refusal is the plan's class count only, never the site's labels —
-and each site's own release ledger (the whole reason).
+view shows while it still waits for the rest of its roster (``spherecal status``,
+text and JSON), and, once it stopped, its log and database (``events``,
+``policy_events``) — where the label refusal is the plan's class count only, never
+the site's labels — and each site's own release ledger (the whole reason).
+
+Until 2026-11-27 the join window went on waiting for a site that refused, the full
+``join_s``: with only one site of three left to come, a federation that needs two
+failed after 600 s, as if nobody had said anything. Now the coordinator fails it as
+soon as the second refusal arrives, naming both sites and why
+(:func:`test_the_coordinator_fails_at_once_when_the_rest_cannot_make_the_minimum`).
 """
 
 from __future__ import annotations
@@ -74,17 +80,23 @@ def _port(path: Path, coordinator: subprocess.Popen[str]) -> int:
     return int(path.read_text())
 
 
-def test_a_site_that_refuses_the_plan_says_so_and_the_coordinator_records_why(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "coordinator.toml").write_text(
-        '[federation]\nparticipants = ["site-a", "site-b", "site-c"]\n'
+def _coordinator(directory: Path, roster: list[str]) -> subprocess.Popen[str]:
+    """A coordinator whose join window (600 s) is far longer than any test waits."""
+    (directory / "coordinator.toml").write_text(
+        f"[federation]\nparticipants = {json.dumps(roster)}\n"
         'state_dir = "state"\nout_dir = "out"\nexample_count_noise_sd = 2\n'
         '[model]\nextractor = "mlp"\n[training]\nrounds = 1\n'
         '[server]\nlisten = "127.0.0.1:0"\ninsecure = true\nport_file = "port"\n'
         "[timeouts]\njoin_s = 600\nheartbeat_timeout_s = 600\nlinger_s = 0\n"
     )
-    coordinator = _spherecal("coordinator", "--config", "coordinator.toml", cwd=tmp_path)
+    return _spherecal("coordinator", "--config", "coordinator.toml", cwd=directory)
+
+
+def test_a_site_that_refuses_the_plan_says_so_and_the_coordinator_records_why(
+    tmp_path: Path,
+) -> None:
+    # two sites of the four may still come: the join window keeps waiting for them
+    coordinator = _coordinator(tmp_path, ["site-a", "site-b", "site-c", "site-d"])
     sites: dict[str, subprocess.Popen[str]] = {}
     try:
         port = _port(tmp_path / "port", coordinator)
@@ -160,8 +172,9 @@ def test_a_site_that_refuses_the_plan_says_so_and_the_coordinator_records_why(
         "weights its updates by its example count with noise of sd 4"
     )
     assert roster["site-c"]["left"] == "" and roster["site-c"]["joins"] == 0
+    assert json.loads(raw.stdout)["phase"] == "waiting for participants"
     lines = {line.split()[0]: line for line in status.stdout.splitlines() if "joins" in line}
-    assert "participants: 0/3 connected" in status.stdout
+    assert "participants: 0/4 connected" in status.stdout
     assert lines["site-a"].split()[1] == "left"
     assert lines["site-a"].endswith(f"joins 1 · refused the federation's plan: BAD_INPUT: {LABELS}")
     assert lines["site-b"].split()[1] == "left"
@@ -193,3 +206,45 @@ def test_a_site_that_refuses_the_plan_says_so_and_the_coordinator_records_why(
         (row,) = ledger.execute("SELECT task, kind, reason, federation FROM site_refusals")
     assert row[:2] == ("plan", "BAD_INPUT") and "local labels reach class 11" in row[2]
     assert row[3] and row[3] in coordinator_log  # the federation whose plan it refused
+
+
+def test_the_coordinator_fails_at_once_when_the_rest_cannot_make_the_minimum(
+    tmp_path: Path,
+) -> None:
+    """Three sites, two needed (secure aggregation's floor and ``min_participants``):
+    once ``site-a`` and ``site-b`` refused, only ``site-c`` can still come, so no wait
+    can start the federation. The coordinator ends it at once — not after its 600 s
+    join window — and its failure names both sites and why."""
+    coordinator = _coordinator(tmp_path, ["site-a", "site-b", "site-c"])
+    sites: dict[str, subprocess.Popen[str]] = {}
+    try:
+        port = _port(tmp_path / "port", coordinator)
+        for pid, classes in (("site-a", 12), ("site-b", 10)):
+            config = _site(tmp_path, pid, port, classes)
+            sites[pid] = _spherecal("participant", "--config", config.name, cwd=tmp_path)
+        for proc in sites.values():
+            proc.communicate(timeout=300)
+        # no SIGTERM: the coordinator ends by itself, well inside its join window
+        _, coordinator_log = coordinator.communicate(timeout=300)
+    finally:
+        for proc in (coordinator, *sites.values()):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    assert {pid: proc.returncode for pid, proc in sites.items()} == {"site-a": 2, "site-b": 2}
+    assert coordinator.returncode == 1, coordinator_log[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    (reason,) = summary["status_reasons"]
+    a = f"site-a refused the federation's plan: BAD_INPUT: {LABELS}"
+    b = (
+        "site-b refused the federation's plan: POLICY_REFUSAL/RULE_EXAMPLE_COUNT_NOISE: this "
+        "site weights its updates by its example count with noise of sd 4"
+    )
+    assert reason.startswith(f"at most 1 of 3 participants can join (need 2): {a}; {b}"), reason
+    assert f"FAILED: {reason}" in coordinator_log
+    assert "join window" not in coordinator_log and "joined within" not in reason
+    with closing(sqlite3.connect(tmp_path / "state" / "state.db")) as db:
+        events = [m for (m,) in db.execute("SELECT message FROM events ORDER BY id")]
+    assert f"federation failed: {reason}" in events

@@ -1,11 +1,16 @@
 """A ``FailureReport`` without a task id: the site refused the federation's plan and
 leaves. The coordinator ends its session at once — it is neither joined nor alive,
-so a join window waits for it and ``spherecal status`` shows why it left — records
-the refusal, and takes the site back when it joins again. (The whole path with real
-processes: ``tests/integration/test_plan_refusal.py``.)"""
+and ``spherecal status`` shows why it left — records the refusal, and takes the site
+back when it joins again. The join window no longer waits for it: it closes once
+every other site joined, fails the federation at once when the others cannot make
+its minimum, and counts a site that joins again as any other. (The whole path with
+real processes: ``tests/integration/test_plan_refusal.py``.)"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -19,6 +24,23 @@ from spherecal.status import render_status
 from .service_harness import Harness, code_of, settings_for
 
 LABELS = "this site's labels do not fit the plan's model of 10 classes"
+NOISE = "the plan's integrity checks allow sd 2"
+WAITING = "waiting for participants"
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait for a state to be reached (never a duration asserted). The join windows
+    below are 600 s: a window that waited for a site that refused never gets there."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.02)
+
+
+def _long_window(tmp_path: Path, *, secure: bool) -> Harness:
+    settings = settings_for(tmp_path, secure=secure)
+    return Harness(replace(settings, timeouts=replace(settings.timeouts, join_s=600.0)))
 
 
 def _refuse_plan(harness: Harness, pid: str, **report: object) -> pb.Receipt:
@@ -94,3 +116,72 @@ def test_a_refusal_of_an_unknown_kind_is_refused_and_the_site_stays(tmp_path: Pa
         assert harness.registry.joined() == {"p0"} and _roster(harness)["p0"].left == ""
     finally:
         harness.store.close()
+
+
+def test_the_join_window_does_not_wait_for_a_site_that_refused(tmp_path: Path) -> None:
+    harness = _long_window(tmp_path, secure=False).start()  # needs 2 of p0, p1, p2
+    try:
+        harness.join("p0")
+        _refuse_plan(harness, "p0")
+        harness.join("p1")
+        assert harness.federation.phase == WAITING  # p2 may still come: it waits for it
+        harness.join("p2")
+        # every site that did not refuse is in: round 1 starts, not after 600 s
+        train = harness.poll("p1", {"train"})
+        assert train.train.round == 0
+        warning = (
+            "every participant that did not refuse the federation's plan joined: continuing "
+            "with 2 of 3 participants, without ['p0'], which refused it"
+        )
+        assert warning in harness.federation.warnings
+        events = [m for (m,) in harness.store.query("SELECT message FROM events ORDER BY id")]
+        assert warning in events
+    finally:
+        harness.close()
+
+
+def test_the_federation_fails_at_once_when_the_rest_cannot_make_the_minimum(
+    tmp_path: Path,
+) -> None:
+    harness = _long_window(tmp_path, secure=True).start()  # secure: needs 2 of 3
+    board = harness.federation.board
+    try:
+        harness.join("p0")
+        _refuse_plan(harness, "p0")
+        harness.join("p1")
+        _refuse_plan(
+            harness, "p1", kind=pb.POLICY_REFUSAL, rule=pb.RULE_EXAMPLE_COUNT_NOISE, reason=NOISE
+        )
+        _until(lambda: board.done is not None, "the federation ended")
+        reason = (
+            "at most 1 of 3 participants can join (need 2): p0 refused the federation's "
+            f"plan: BAD_INPUT: {LABELS}; p1 refused the federation's plan: "
+            f"POLICY_REFUSAL/RULE_EXAMPLE_COUNT_NOISE: {NOISE}"
+        )
+        assert board.done == ("failed", reason)
+        assert harness.federation.errors == [reason]
+        # p2, which never came, is told it is over when it does
+        with pytest.raises(ServiceError) as ended:
+            harness.join("p2")
+        assert ended.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "failed" in ended.value.message
+    finally:
+        harness.close()
+
+
+def test_a_site_that_refused_and_joins_again_is_let_back_in(tmp_path: Path) -> None:
+    """Its operator fixed its data or settings and started it again: it accepts the
+    plan this time, so the window counts it as any site that joined, and it trains."""
+    harness = _long_window(tmp_path, secure=False).start()
+    try:
+        harness.join("p0")
+        _refuse_plan(harness, "p0")
+        harness.join("p1")
+        harness.join("p0")  # back, accepting the plan
+        assert harness.federation.phase == WAITING  # p2 may still come
+        harness.join("p2")
+        harness.poll("p0", {"train"})  # p0 takes part in round 1
+        assert not [w for w in harness.federation.warnings if "continuing with" in w]
+        assert _roster(harness)["p0"].left == ""
+    finally:
+        harness.close()
