@@ -298,11 +298,14 @@ def _dial(port: int, cert: Path, key: Path, ca: Path) -> None:
         channel.close()
 
 
-def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> None:
+@pytest.mark.parametrize("trace", [False, True], ids=["default", "GRPC_TRACE=handshaker"])
+def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path, trace: bool) -> None:
     """A site that skips its own start check (an older version, another client) with an
     expired certificate, and one with a certificate from another CA: the coordinator's
     log says why each handshake was refused, in its own line format; gRPC core's raw
-    lines, and its other INFO lines, stay out."""
+    lines, and its other INFO lines, stay out. Who was refused: by default the line
+    says the address is not known and how to have it named; with gRPC's handshaker
+    trace on, as it says, the line names the client's host."""
     certs = site / "certs"
     expired = redate(certs, certs / "site-a.pem", start_days=-30, end_days=-1, out=site / "old.pem")
     init_ca(site / "other")
@@ -317,7 +320,7 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
             stdout=subprocess.DEVNULL,
             stderr=err,
             text=True,
-            env=_env(),
+            env=_env() | ({"GRPC_TRACE": "handshaker"} if trace else {}),
         )
     try:
         deadline = time.monotonic() + 120
@@ -327,7 +330,8 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
             time.sleep(0.1)
         port = int((site / "port").read_text())
         wanted = {
-            "the client's certificate has expired": (expired, site / "keys" / "site-a.key"),
+            "the client's certificate (or the [tls] client_ca certificate that issued it) "
+            "has expired": (expired, site / "keys" / "site-a.key"),
             "the client's certificate does not verify against [tls] client_ca": (
                 foreign,
                 site / "other-keys" / "site-a.key",
@@ -338,9 +342,10 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
             for reason, (cert, key) in wanted.items():
                 if reason not in seen:
                     _dial(port, cert, key, certs / "ca.pem")
+            refused = "WARNING: refused a TLS handshake" + (" from 127.0.0.1" if trace else "")
             for line in log.read_text().splitlines():
                 for reason in wanted:
-                    if f"WARNING: refused a TLS handshake: {reason}" in line:
+                    if f"{refused}: {reason}" in line:
                         seen.setdefault(reason, line)
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
@@ -350,9 +355,14 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
     text = log.read_text()
     for line in seen.values():
         assert " WARNING coordinator: " in line, line  # the coordinator's own format
-        assert "not named here" in line, line
+        if trace:
+            assert "not known" not in line, line
+        else:
+            assert "the client's address is not known" in line, line
+            assert "start the coordinator with GRPC_TRACE=handshaker" in line, line
     assert "ssl_transport_security" not in text and "Handshake failed" not in text, text
     assert "Log level INFO" not in text, text
+    assert "CallNextHandshakerLocked" not in text and "Source Location" not in text, text
 
 
 def test_a_site_under_tls_gets_no_new_identity_key(site: Path) -> None:
