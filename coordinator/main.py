@@ -34,7 +34,7 @@ from spherecal.coordinator.evaluation_schedule import evaluations_warning
 from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
-from spherecal.coordinator.server.native_log import NativeStderr
+from spherecal.coordinator.server.native_log import NativeStderr, handshaker_traced
 from spherecal.coordinator.server.probes import MetricsServer, start_metrics
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
@@ -200,12 +200,15 @@ def _configure_logging(
     TLS handshake as one of ``say``'s lines; returns that capture, to stop at the end.
     ``formatter`` is the CLI's (``spherecal.logs.LineFormatter``: ISO-8601 UTC, level,
     text or JSON); ``grpc_core_info=False``: gRPC core logs at INFO only for the
-    handshakes, and its other INFO lines are dropped."""
+    handshakes, and its other INFO lines are dropped. With ``GRPC_TRACE=handshaker``
+    in the environment a refused handshake's line names the client's address."""
     root = logging.getLogger()
     if root.handlers:
         return None  # embedded (tests, notebooks): the host's logging decides
     # first: the handler below takes the new sys.stderr
-    native = NativeStderr(info=grpc_core_info, on_handshake=say).start()
+    native = NativeStderr(
+        info=grpc_core_info, on_handshake=say, peer_trace=handshaker_traced()
+    ).start()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         formatter

@@ -72,6 +72,15 @@ def tls_failure_hint(details: str, *, server_name: str, ca: str) -> str:
             "the coordinator's certificate does not name the address dialled: set "
             f"{server_name} to a name it was issued for (`spherecal certs init --host NAME`)"
         )
+    for said, what in (("certificate has expired", "expired"), ("not yet valid", "not yet valid")):
+        if "CERTIFICATE_VERIFY_FAILED" in details and said in details:
+            # OpenSSL says it of any certificate in the chain: the coordinator's, or
+            # the CA one (valid at this side's start-up check, it ended since)
+            return (
+                f"the coordinator's certificate, or the CA certificate in {ca} that issued "
+                f"it, is {what} by this machine's clock: check the clock; the CA's operator "
+                "renews whichever it is (a new CA certificate goes to every site)"
+            )
     if any(m in details for m in ("CERTIFICATE_VERIFY_FAILED", "BAD_SIGNATURE")):
         return (
             f"the coordinator's certificate does not verify against {ca}: use the CA that issued it"

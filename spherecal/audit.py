@@ -54,6 +54,7 @@ from typing import Any, Literal, Unpack, get_args
 import numpy as np
 import numpy.typing as npt
 
+from spherecal.coordinator.state.read_only import read_only
 from spherecal.coordinator.summary_schema import JsonObject
 from spherecal.results_schema import (
     AuditCheck,
@@ -451,13 +452,10 @@ def check_budgets(conn: sqlite3.Connection, sim_dir: Path | None) -> AuditCheck:
             db = settings.state_dir / "privacy.db"
             if not db.is_file():
                 continue
-            pconn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            try:
+            with read_only(db) as pconn:
                 spent_local = _ledger_totals(pconn, settings.privacy.delta).get(
                     settings.participant_id
                 )
-            finally:
-                pconn.close()
             entry = subjects.setdefault(settings.participant_id, {"budget_epsilon": None})
             if settings.privacy.enabled:
                 entry["budget_epsilon"] = settings.privacy.total_epsilon
@@ -519,8 +517,8 @@ def run_audit(
 
     db, sim_dir = locate(path)
     target = out if out is not None else default_output(db, sim_dir)
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
+    # nothing is created or changed beside the database (its -wal/-shm included)
+    with read_only(db) as conn:
         payloads, plaintext = check_payloads(conn)
         uniform, reuse = check_uniformity(conn)
         checks: AuditChecks = {
@@ -538,8 +536,6 @@ def run_audit(
         federation_id = _meta(conn, "federation_id")
         protection = describe_protection(conn, sim_dir, privacy)
         run = run_identity(conn, db, sim_dir)
-    finally:
-        conn.close()
     report: AuditDocument = {
         "schema": "spherecal.audit/1",
         "database": str(db),

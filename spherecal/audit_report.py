@@ -12,12 +12,14 @@ text and the HTML can never disagree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
 from pathlib import Path
 from typing import Any, cast
 
+from spherecal.coordinator.state.read_only import read_only
 from spherecal.coordinator.summary_schema import JsonObject, JsonValue
 from spherecal.results_schema import AuditCheck, AuditChecks, AuditDocument, AuditRun, Protection
 
@@ -218,23 +220,18 @@ def describe_protection(
 def _dpsgd_sites(conn: sqlite3.Connection, sim_dir: Path | None) -> set[str]:
     sites: set[str] = set()
     queries = [(conn, "SELECT DISTINCT subject FROM privacy_ledger WHERE mechanism = 'dpsgd'")]
-    local: list[sqlite3.Connection] = []
-    if sim_dir is not None:
-        for db in sorted((sim_dir / "state").glob("*/privacy.db")):
-            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            local.append(c)
-            queries.append(
-                (c, "SELECT DISTINCT subject FROM privacy_ledger WHERE mechanism = 'dpsgd'")
-            )
-    try:
+    with contextlib.ExitStack() as opened:
+        if sim_dir is not None:
+            for db in sorted((sim_dir / "state").glob("*/privacy.db")):
+                c = opened.enter_context(read_only(db))  # nothing created beside it
+                queries.append(
+                    (c, "SELECT DISTINCT subject FROM privacy_ledger WHERE mechanism = 'dpsgd'")
+                )
         for c, sql in queries:
             try:
                 sites.update(str(r[0]) for r in c.execute(sql).fetchall())
             except sqlite3.OperationalError:
                 continue
-    finally:
-        for c in local:
-            c.close()
     sites.discard("federation")
     return sites
 

@@ -1,6 +1,6 @@
 """Checks a service process runs before it does anything: files it will need exist,
-directories it will write are writable, its own certificate is inside its validity
-window.
+directories it will write are writable, its own certificate and the CA file it trusts
+are inside their validity windows.
 
 A coordinator that finds its certificate missing only when it builds the server, or a
 participant that learns its ``out_dir`` is unwritable after an hour of federation,
@@ -20,6 +20,7 @@ from spherecal.outputs import check_output_dir
 __all__ = [
     "EXPIRY_WARNING_DAYS",
     "PreflightError",
+    "ca_window",
     "certificate_window",
     "check_coordinator",
     "check_participant",
@@ -42,6 +43,13 @@ SERVER_RENEWAL = (
     "issue a new server certificate from the federation's CA for the names the sites dial "
     "(`spherecal certs init NEWDIR --host NAME` makes one only with a new CA, whose ca.pem "
     "every site then needs, with certificates it issued)"
+)
+
+#: What to do about a CA file with no certificate valid now (or one ending soon).
+CA_RENEWAL = (
+    "get the federation's current CA certificate from the CA's operator; a new CA means "
+    "new certificates for the coordinator and every site (`spherecal certs init NEWDIR`, "
+    "then `spherecal certs issue` from each site's request)"
 )
 
 
@@ -212,6 +220,128 @@ def certificate_window(
     return None
 
 
+def _outside(cert: Any, now: dt.datetime) -> str | None:
+    """How ``cert`` is outside its validity window at ``now`` (``expired on …``, ``is
+    not valid until …``), or ``None`` when it is inside."""
+    if now > cert.not_valid_after_utc:
+        return f"expired on {_when(cert.not_valid_after_utc)}"
+    if now < cert.not_valid_before_utc:
+        return f"is not valid until {_when(cert.not_valid_before_utc)}"
+    return None
+
+
+def _window(cert: Any) -> str:
+    return f"(valid {_when(cert.not_valid_before_utc)} to {_when(cert.not_valid_after_utc)})"
+
+
+def ca_window(what: str, path: Path | None, *, now: dt.datetime | None = None) -> list[str]:
+    """Refuse a CA file with no certificate that can verify now; return ``WARNING:``
+    lines for those of a bundle that cannot while others can, and for a usable one
+    that ends within :data:`EXPIRY_WARNING_DAYS`.
+
+    Why at start: TLS verifies a peer's chain up to a CA certificate of this file, and
+    an expired (or not yet valid) CA fails every handshake exactly as an expired own
+    certificate does — the peer refuses, or this side refuses the peer, and nobody
+    reads why. A development CA of ``spherecal certs init`` ends the day its server
+    certificate does.
+
+    A bundle (several CA certificates in one file: the old and the new CA while a
+    federation changes CA, a PKI's roots) is refused only when *none* of its
+    certificates can verify: one that can still verifies what it issued, and an ended
+    one beside it is what a change-over leaves until the file is tidied — a warning
+    naming it. "Can verify" is the TLS library's rule, not only the dates: gRPC's
+    (BoringSSL) looks an issuer up by name and takes the *first* CA certificate of that
+    name in the file, expired or not (checked against the installed grpcio in
+    ``tests/unit/spherecal/test_preflight.py``) — and every ``certs init`` CA is named
+    "spherecal dev CA". So a valid CA after an ended one of the same name verifies
+    nothing either; the line says to put it first. ``what`` names the setting
+    (``p.toml: [tls] ca``); each certificate is named by its subject and dates."""
+    if path is None:
+        return []
+    from cryptography import x509
+
+    try:
+        certs = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError):
+        return []  # unreadable: the file checks name it
+    now = now or dt.datetime.now(dt.UTC)
+    label = f"{what} = {str(path)!r}"
+    first: dict[bytes, Any] = {}
+    for cert in certs:
+        first.setdefault(cert.subject.public_bytes(), cert)
+
+    def name(cert: Any) -> str:
+        return str(cert.subject.rfc4514_string())
+
+    outside = [f"{name(c)} {how} {_window(c)}" for c in certs if (how := _outside(c, now))]
+    valid = [c for c in certs if _outside(c, now) is None]
+    usable = [c for c in valid if first[c.subject.public_bytes()] is c]
+    shadowed = []
+    for cert in valid:
+        earlier = first[cert.subject.public_bytes()]
+        if earlier is not cert:
+            how = _outside(earlier, now)
+            shadowed.append(
+                f"{name(cert)} {_window(cert)} comes after another CA certificate of that "
+                f"name, {'which ' + how if how else 'valid too'}, and TLS takes the first"
+            )
+    if not usable:
+        if shadowed:
+            todo = (
+                "put the valid CA certificate first in the file, or remove the ended one "
+                "(TLS looks an issuer up by name and takes the first of that name)"
+            )
+        elif any("not valid until" in line for line in outside):
+            todo = f"check this machine's clock (it says {_when(now)}), or {CA_RENEWAL}"
+        else:
+            todo = CA_RENEWAL
+        held = (
+            "the CA certificate"
+            if len(certs) == 1
+            else f"none of its {len(certs)} CA certificates can verify now:"
+        )
+        raise PreflightError(
+            f"{label}: {held} {'; '.join(outside + shadowed)}: every TLS handshake "
+            f"verified against this file fails, before any call; {todo}"
+        )
+    warnings: list[str] = []
+    if outside:
+        one = len(outside) == 1
+        warnings.append(
+            f"WARNING: {label}: {len(outside)} of its {len(certs)} CA certificates "
+            f"{'is' if one else 'are'} outside {'its' if one else 'their'} validity window: "
+            f"{'; '.join(outside)}; certificates issued only by {'it' if one else 'them'} "
+            f"are refused (remove {'it' if one else 'them'} from the file when no site "
+            f"needs {'it' if one else 'them'})"
+        )
+    if shadowed:
+        warnings.append(
+            f"WARNING: {label}: CA certificate {'; '.join(shadowed)}: certificates issued "
+            "by it are refused unless they name its key (an authority key identifier, which "
+            "spherecal certs does not write); put the CA your certificates come from first"
+        )
+    ending = [
+        c for c in usable if c.not_valid_after_utc - now <= dt.timedelta(days=EXPIRY_WARNING_DAYS)
+    ]
+    if ending:
+        named = "; ".join(
+            f"{name(c)} expires on {_when(c.not_valid_after_utc)}, in "
+            f"{(c.not_valid_after_utc - now).total_seconds() / 86400:.1f} days"
+            for c in ending
+        )
+        them = "it" if len(ending) == 1 else "them"
+        then = (
+            f"certificates issued only by {them} fail from then on (the file's other CA "
+            "certificates stay valid)"
+            if len(usable) > len(ending)
+            else f"every TLS handshake verified against this file fails from then on; {CA_RENEWAL}"
+        )
+        warnings.append(
+            f"WARNING: {label}: CA certificate {named} (less than {EXPIRY_WARNING_DAYS}); {then}"
+        )
+    return warnings
+
+
 def _certified_identity(source: str, settings: Any) -> None:
     """The identity key is the one ``[tls] cert`` binds, for this site (the check
     every start makes, :func:`spherecal.participant.enrolment.check_certified`), run
@@ -252,9 +382,10 @@ def _pinning(source: str, settings: Any) -> None:
 
 def check_participant(settings: Any, source: str) -> list[str]:
     """TLS files (unless ``insecure``: set, present, parseable, the key matching its
-    certificate, inside its validity window, binding this site's identity key), the
-    members the site pins, the data files and ``out_dir``. Returns the ``WARNING:``
-    lines to log at start (a certificate that ends soon)."""
+    certificate, inside its validity window, binding this site's identity key; the CA
+    file holding a certificate valid now), the members the site pins, the data files
+    and ``out_dir``. Returns the ``WARNING:`` lines to log at start (a certificate or
+    CA that ends soon, a CA of a bundle that has ended)."""
     warnings: list[str] = []
     if not settings.insecure:
         tls = settings.tls
@@ -271,6 +402,7 @@ def check_participant(settings: Any, source: str) -> list[str]:
         _current_format(source, tls.cert)
         soon = certificate_window(f"{source}: [tls] cert", tls.cert, CLIENT_RENEWAL)
         warnings += [soon] if soon else []
+        warnings += ca_window(f"{source}: [tls] ca", tls.ca)
         _certified_identity(source, settings)
         _pinning(source, settings)
     if settings.identity_key is not None and settings.identity_key.exists():
@@ -290,9 +422,10 @@ def check_participant(settings: Any, source: str) -> list[str]:
 
 def check_coordinator(settings: Any, source: str) -> list[str]:
     """TLS files (unless ``insecure``: set, present, parseable, the key matching its
-    certificate, the certificate inside its validity window), a roster large enough
-    for secure aggregation, and ``out_dir``. Returns the ``WARNING:`` lines to log at
-    start (a server certificate that ends soon)."""
+    certificate, the certificate inside its validity window, ``client_ca`` holding a
+    certificate valid now), a roster large enough for secure aggregation, and
+    ``out_dir``. Returns the ``WARNING:`` lines to log at start (a server certificate
+    or CA that ends soon, a CA of a bundle that has ended)."""
     warnings: list[str] = []
     if not settings.server.insecure:
         tls = settings.tls
@@ -308,6 +441,7 @@ def check_coordinator(settings: Any, source: str) -> list[str]:
         _key_pair(source, "[tls]", tls.cert, tls.key)
         soon = certificate_window(f"{source}: [tls] cert", tls.cert, SERVER_RENEWAL)
         warnings += [soon] if soon else []
+        warnings += ca_window(f"{source}: [tls] client_ca", tls.client_ca)
     _roster_fits_secure_aggregation(settings, source)
     try:
         check_output_dir(settings.out_dir, what="[federation] out_dir")

@@ -43,7 +43,9 @@ the refusal counted as the release, and nothing of the input left — so it is i
 differencing pair.
 
 The exit status is 1 when an exact differencing pair exists, else 0 (2: unreadable).
-The database is opened read-only (``mode=ro``): auditing never changes the ledger.
+The database is opened read-only, creating nothing beside it
+(:mod:`spherecal.coordinator.state.read_only`): auditing never changes the ledger or
+the site's state directory.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
 from typing import Any
+
+from spherecal.coordinator.state.read_only import read_only
 
 __all__ = [
     "ChangedDataPair",
@@ -215,8 +219,7 @@ def _json_list(text: object) -> list[str] | None:
 def read_site_audit(state_dir: Path) -> SiteAudit:
     """Read one site's ledger (read-only) and find its differencing pairs."""
     path = _ledger_path(state_dir)
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
+    with read_only(path) as conn:  # nothing created or changed beside the ledger
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "site_releases" not in tables:
             raise SiteAuditError(f"{path}: no site_releases table (nothing ever left this site)")
@@ -243,8 +246,6 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
             if "site_example_counts" in tables
             else []
         )
-    finally:
-        conn.close()
     releases = [
         SiteRelease(
             participant=str(r[0]),

@@ -319,15 +319,17 @@ def show_status(args: argparse.Namespace) -> int:
     :data:`WATCH_TOLD_DONE_S` after the end). The coordinator lingers for a watch it has
     seen until it has served that view; if the coordinator is gone anyway, the watch reads its
     ``summary.json`` (``--config`` names the out_dir) before giving up. An operator
-    certificate outside its validity window is refused before dialling (exit 2), one
-    that ends soon is a ``WARNING:`` line."""
+    certificate outside its validity window, or a CA file with no certificate inside
+    its window, is refused before dialling (exit 2); one that ends soon is a
+    ``WARNING:`` line."""
     address, insecure, ca, out_dir, server_name = _target(args)
-    if not insecure:  # an expired --cert is refused in the handshake, unexplained
-        from spherecal.preflight import CLIENT_RENEWAL, certificate_window
+    if not insecure:  # an expired --cert (or CA) is refused in the handshake, unexplained
+        from spherecal.preflight import CLIENT_RENEWAL, ca_window, certificate_window
 
         soon = certificate_window("--cert", args.cert, CLIENT_RENEWAL)
-        if soon:
-            print(f"spherecal status: {soon}", file=sys.stderr, flush=True)
+        ca_name = "--ca" if args.ca is not None else f"{args.config}: [tls] client_ca"
+        for warning in ([soon] if soon else []) + ca_window(ca_name, ca):
+            print(f"spherecal status: {warning}", file=sys.stderr, flush=True)
 
     def once() -> Any:
         return fetch_status(

@@ -17,7 +17,9 @@ keeps the holder's pid, role and start time only to say who holds it. It lives h
 because it is the lowest package both processes may import (``docs/design.md`` §2)
 and does no more than file I/O (:mod:`spherecal.spherefed.durable` likewise).
 
-Read-only commands (``--check-state``, ``spherecal audit``) do not take it.
+Read-only commands (``--check-state``, ``spherecal audit``) do not take it; the audit
+asks :func:`in_use` whether a process holds it, to choose how to read a database
+without writing beside it (:mod:`spherecal.coordinator.state.read_only`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["LOCK_NAME", "StateDirInUse", "StateDirLock"]
+__all__ = ["LOCK_NAME", "StateDirInUse", "StateDirLock", "in_use"]
 
 LOCK_NAME = "lock"
 
@@ -102,6 +104,33 @@ class StateDirLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def in_use(state_dir: Path) -> bool:
+    """Whether a live process may hold the lock of ``state_dir`` now — found without
+    creating, writing or keeping anything: the lock file is opened read-only, and a
+    shared lock is tried and dropped at once (a process starting in that instant
+    would be refused as if another held the directory; the window is one system
+    call). No lock file: no process has held it. A lock file this user cannot open
+    (mode 0600, another account's coordinator): perhaps — a reader then takes the
+    careful path."""
+    try:
+        fd = os.open(Path(state_dir) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _read_holder(fd: int) -> str:

@@ -215,6 +215,75 @@ def test_the_coordinator_refuses_its_own_expired_certificate(site: Path) -> None
     assert not (site / "state-coordinator").exists()  # nothing was started
 
 
+def test_an_ended_ca_file_is_refused_at_start_by_each_side(site: Path) -> None:
+    """The CA file itself, the trust anchor each side loads: once it has ended, every
+    handshake fails both ways with nothing said (a site: "Socket closed", or the
+    coordinator's certificate "does not verify"). Each process refuses it at start in
+    one line naming the file, the CA's subject and its dates; ``spherecal status``
+    likewise. The CA is the one that issued everything here, re-dated."""
+    certs = site / "certs"
+    ca = redate(certs, certs / "ca.pem", start_days=-400, end_days=-1)
+    loaded = x509.load_pem_x509_certificate(ca.read_bytes())
+    said = (
+        "'certs/ca.pem': the CA certificate CN=spherecal dev CA,O=spherecal federation "
+        f"expired on {_when(loaded.not_valid_after_utc)} (valid "
+        f"{_when(loaded.not_valid_before_utc)} to {_when(loaded.not_valid_after_utc)})"
+    )
+    done = _spherecal("participant", "--config", "site-a.toml", cwd=site)
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done)
+    assert line.startswith(f"spherecal participant: error: site-a.toml: [tls] ca = {said}"), line
+    assert "cannot reach" not in done.stderr  # it never dialled
+    _coordinator_config(site)
+    done = _spherecal("coordinator", "--config", "coordinator.toml", cwd=site)
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done)
+    assert f"error: coordinator.toml: [tls] client_ca = {said}" in line, line
+    assert not (site / "state-coordinator").exists()  # nothing was started
+    issue_participant(certs, "operator")  # from the same CA key: its --cert is valid
+    done = _spherecal(
+        "status",
+        "--address",
+        f"127.0.0.1:{_closed_port()}",
+        "--ca",
+        "certs/ca.pem",
+        "--cert",
+        certs / "operator.pem",
+        "--key",
+        certs / "operator.key",
+        "--timeout",
+        "2",
+        cwd=site,
+    )
+    assert done.returncode == 2, done.stderr  # not 4: no outage, a file to replace
+    assert _one_line(done).startswith(f"spherecal status: error: --ca = {said}"), done.stderr
+
+
+def test_a_bundle_with_an_ended_ca_beside_the_current_one_is_a_warning(site: Path) -> None:
+    """A file that holds the ended CA of a change-over after the current one still
+    verifies what the current CA issued: the site starts, and its first line names the
+    ended CA. Before it (both are "spherecal dev CA", and TLS takes the first of a
+    name), the current one verifies nothing: refused at start, saying to reorder."""
+    certs = site / "certs"
+    old = site / "old"
+    init_ca(old)
+    ended = redate(old, old / "ca.pem", start_days=-400, end_days=-10)
+    current = (certs / "ca.pem").read_bytes()
+    (certs / "ca.pem").write_bytes(ended.read_bytes() + current)
+    done = _spherecal("participant", "--config", "site-a.toml", cwd=site)
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done)
+    assert "[tls] ca = 'certs/ca.pem': none of its 2 CA certificates can verify now" in line
+    assert "put the valid CA certificate first in the file" in line, line
+    (certs / "ca.pem").write_bytes(current + ended.read_bytes())
+    done = _spherecal("participant", "--config", "site-a.toml", cwd=site)
+    assert done.returncode == 3, done.stderr  # it ran: the coordinator is not there
+    first = done.stderr.splitlines()[0]
+    assert "WARNING: site-a.toml: [tls] ca = 'certs/ca.pem': 1 of its 2 CA " in first, first
+    end = x509.load_pem_x509_certificate(ended.read_bytes()).not_valid_after_utc
+    assert f"expired on {_when(end)}" in first, first
+
+
 def _dial(port: int, cert: Path, key: Path, ca: Path) -> None:
     """One client that offers ``cert`` and waits a moment for the channel: the handshake
     fails (it would hang on for ever otherwise)."""
@@ -229,11 +298,14 @@ def _dial(port: int, cert: Path, key: Path, ca: Path) -> None:
         channel.close()
 
 
-def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> None:
+@pytest.mark.parametrize("trace", [False, True], ids=["default", "GRPC_TRACE=handshaker"])
+def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path, trace: bool) -> None:
     """A site that skips its own start check (an older version, another client) with an
     expired certificate, and one with a certificate from another CA: the coordinator's
     log says why each handshake was refused, in its own line format; gRPC core's raw
-    lines, and its other INFO lines, stay out."""
+    lines, and its other INFO lines, stay out. Who was refused: by default the line
+    says the address is not known and how to have it named; with gRPC's handshaker
+    trace on, as it says, the line names the client's host."""
     certs = site / "certs"
     expired = redate(certs, certs / "site-a.pem", start_days=-30, end_days=-1, out=site / "old.pem")
     init_ca(site / "other")
@@ -248,7 +320,7 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
             stdout=subprocess.DEVNULL,
             stderr=err,
             text=True,
-            env=_env(),
+            env=_env() | ({"GRPC_TRACE": "handshaker"} if trace else {}),
         )
     try:
         deadline = time.monotonic() + 120
@@ -258,7 +330,8 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
             time.sleep(0.1)
         port = int((site / "port").read_text())
         wanted = {
-            "the client's certificate has expired": (expired, site / "keys" / "site-a.key"),
+            "the client's certificate (or the [tls] client_ca certificate that issued it) "
+            "has expired": (expired, site / "keys" / "site-a.key"),
             "the client's certificate does not verify against [tls] client_ca": (
                 foreign,
                 site / "other-keys" / "site-a.key",
@@ -269,9 +342,10 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
             for reason, (cert, key) in wanted.items():
                 if reason not in seen:
                     _dial(port, cert, key, certs / "ca.pem")
+            refused = "WARNING: refused a TLS handshake" + (" from 127.0.0.1" if trace else "")
             for line in log.read_text().splitlines():
                 for reason in wanted:
-                    if f"WARNING: refused a TLS handshake: {reason}" in line:
+                    if f"{refused}: {reason}" in line:
                         seen.setdefault(reason, line)
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
@@ -281,9 +355,14 @@ def test_the_coordinator_logs_a_refused_handshake_by_its_reason(site: Path) -> N
     text = log.read_text()
     for line in seen.values():
         assert " WARNING coordinator: " in line, line  # the coordinator's own format
-        assert "not named here" in line, line
+        if trace:
+            assert "not known" not in line, line
+        else:
+            assert "the client's address is not known" in line, line
+            assert "start the coordinator with GRPC_TRACE=handshaker" in line, line
     assert "ssl_transport_security" not in text and "Handshake failed" not in text, text
     assert "Log level INFO" not in text, text
+    assert "CallNextHandshakerLocked" not in text and "Source Location" not in text, text
 
 
 def test_a_site_under_tls_gets_no_new_identity_key(site: Path) -> None:

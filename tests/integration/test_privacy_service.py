@@ -10,6 +10,7 @@ run is rendered in a real headless Chromium (screenshot and DOM).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -119,9 +120,23 @@ def test_over_budget_participant_refuses_with_the_numbers(
             assert (subject, kind) == (pid, "ffc") and eps == pytest.approx(EPSILON, rel=1e-6)
 
 
+def _states(out: Path) -> dict[str, str]:
+    """Every file of the run's state directories (the coordinator's and each site's),
+    with its content's SHA-256."""
+    return {
+        str(path.relative_to(out)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for root in (out / "coordinator" / "state", out / "state")
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
 def test_audit_passes_on_the_real_run(dp_run: tuple[dict[str, Any], Path]) -> None:
     _, out = dp_run
+    before = _states(out)
     report = dict[str, Any](run_audit(out))
+    # it read the coordinator's database and every site's ledger, and wrote only audit.json
+    assert _states(out) == before
     assert report["ok"], {k: v for k, v in report["checks"].items() if not v["ok"]}
     assert (out / "audit.json").is_file()
     assert report["payloads"]["count"] > 0

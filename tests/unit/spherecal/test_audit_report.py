@@ -6,10 +6,13 @@ writes them; the browser rendering is tested in tests/integration/test_privacy_s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +230,8 @@ def test_auditing_a_deployments_database_writes_nothing_into_its_state_directory
     db = make_db(tmp_path, privacy=NO_DP)
     state = db.parent
 
-    def files() -> list[str]:  # SQLite's own -wal/-shm of a reader are not ours
-        return sorted(p.name for p in state.iterdir() if not p.name.endswith(("-wal", "-shm")))
+    def files() -> dict[str, str]:  # SQLite's -wal/-shm included: the audit makes none
+        return _listing(state)
 
     before = files()
     elsewhere = tmp_path / "officer"
@@ -250,3 +253,116 @@ def test_auditing_a_deployments_database_writes_nothing_into_its_state_directory
     assert json.loads(capsys.readouterr().out)["federation_id"] == "fed-test"
     assert (tmp_path / "chosen.json").is_file()
     assert files() == before
+
+
+# ------------------------------------------- an audit creates nothing beside the database
+def _listing(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` by relative name, with its content's SHA-256."""
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _audit(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """``spherecal audit DB --out FILE``, the command a privacy officer runs."""
+    out = tmp_path / "officer" / "audit.json"
+    assert cli_main(["audit", str(db), "--out", str(out)]) in (0, 1)
+    capsys.readouterr()
+    return dict[str, Any](json.loads(out.read_text()))
+
+
+#: Run in a child process on a coordinator database: the real ``Store`` (as the
+#: coordinator opens it) records one more federation id and a plaintext statistics
+#: upload, committed, then the process dies (``kill``) or waits, alive and holding the
+#: state directory's lock (``live``), until its standard input closes.
+WRITER = r"""
+import os, sys
+from pathlib import Path
+from spherecal.coordinator.state.store import Store
+from spherecal.spherefed.state_lock import StateDirLock
+db, how = Path(sys.argv[1]), sys.argv[2]
+lock = StateDirLock(db.parent, role="coordinator").acquire()
+store = Store(db)
+store.set_meta("federation_id", "fed-" + how)
+store.audit(sender="p0", job="j2", stage="statistics", kind="TensorUpload", nbytes=8000,
+            sha256="1" * 64)
+assert store.get_meta("federation_id") == "fed-" + how  # after the audit row: committed
+if how == "kill":
+    os._exit(0)  # no close, no checkpoint: those rows are in state.db-wal alone
+print("ready", flush=True)
+sys.stdin.read()
+store.close()
+"""
+
+
+def _writer(db: Path, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(db), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+
+
+def test_an_audit_of_a_checkpointed_database_creates_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A coordinator stopped cleanly leaves ``state.db`` alone (its WAL checkpointed
+    and removed). SQLite opening it ``mode=ro`` created ``state.db-wal`` and
+    ``state.db-shm`` beside it and left them there."""
+    db = make_db(tmp_path, privacy=NO_DP)
+    before = _listing(db.parent)
+    assert "state.db-wal" not in before  # checkpointed, as a clean stop leaves it
+    report = _audit(db, tmp_path, capsys)
+    assert _listing(db.parent) == before
+    assert report["federation_id"] == "fed-test" and report["payloads"]["count"] == 8
+
+
+def test_an_audit_reads_the_wal_a_killed_coordinator_left_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A coordinator that died left committed rows in ``state.db-wal`` alone: the audit
+    must read them (``immutable=1`` would not), without SQLite's recovery rewriting
+    ``state.db-shm`` beside them."""
+    db = make_db(tmp_path, privacy=NO_DP)
+    assert _writer(db, "kill").wait(timeout=120) == 0
+    before = _listing(db.parent)
+    assert {"state.db-wal", "state.db-shm"} <= set(before), before
+    alone = sqlite3.connect(f"{db.as_uri()}?mode=ro&immutable=1", uri=True)
+    assert alone.execute("SELECT value FROM meta WHERE key='federation_id'").fetchone() == (
+        "fed-test",
+    )  # the database file alone does not hold the rows
+    alone.close()
+    assert _listing(db.parent) == before
+    report = _audit(db, tmp_path, capsys)
+    assert _listing(db.parent) == before
+    assert report["federation_id"] == "fed-kill" and report["payloads"]["count"] == 9
+    assert not report["checks"]["no_plaintext_statistics"]["ok"]  # the WAL's upload
+
+
+def test_an_audit_beside_a_live_coordinator_creates_nothing_and_reads_its_wal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a coordinator running (it holds the state directory's lock), the audit
+    reads through SQLite's locks and the coordinator's own ``-shm`` index — the one
+    file both sides' locks change — and creates nothing; the database and its WAL are
+    only read, and the rows committed to the WAL are in the report."""
+    db = make_db(tmp_path, privacy=NO_DP)
+    writer = _writer(db, "live")
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        before = _listing(db.parent)
+        report = _audit(db, tmp_path, capsys)
+        after = _listing(db.parent)
+    finally:
+        assert writer.stdin is not None
+        writer.stdin.close()
+        assert writer.wait(timeout=120) == 0
+    assert set(after) == set(before)
+    assert {k: v for k, v in after.items() if k != "state.db-shm"} == {
+        k: v for k, v in before.items() if k != "state.db-shm"
+    }
+    assert report["federation_id"] == "fed-live" and report["payloads"]["count"] == 9

@@ -196,3 +196,180 @@ def test_the_service_checks_name_their_own_certificate(tmp_path: Path, certs: Pa
     with pytest.raises(PreflightError, match=r"^c\.toml: \[tls\] cert = .*old\.pem' expired on"):
         check_coordinator(_coordinator(tmp_path, certs, cert=old), "c.toml")
     assert check_coordinator(_coordinator(tmp_path, certs), "c.toml") == []
+
+
+# ------------------------------------------------------------ the CA file's lifetime
+def test_a_ca_file_outside_its_window_is_refused_and_one_near_its_end_warned(
+    certs: Path,
+) -> None:
+    """The CA certificate is checked as the process's own one is: every handshake
+    verified against an expired (or not yet valid) CA fails without a word to either
+    side. The error names the file, the CA's subject and its dates."""
+    import datetime as dt
+
+    from cryptography import x509
+
+    from spherecal.preflight import EXPIRY_WARNING_DAYS, ca_window
+
+    pem = certs / "ca.pem"
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    second = dt.timedelta(seconds=1)
+    warn_from = end - dt.timedelta(days=EXPIRY_WARNING_DAYS)
+    subject = "CN=spherecal dev CA,O=spherecal federation"
+    window = f"(valid {start:%Y-%m-%d %H:%M} UTC to {end:%Y-%m-%d %H:%M} UTC)"
+    assert ca_window("[tls] ca", pem, now=start) == []
+    assert ca_window("[tls] ca", pem, now=warn_from - second) == []
+    (soon,) = ca_window("[tls] ca", pem, now=warn_from + second)
+    assert soon.startswith(f"WARNING: [tls] ca = {str(pem)!r}: CA certificate {subject} ")
+    assert f"expires on {end:%Y-%m-%d %H:%M} UTC" in soon, soon
+    assert "every TLS handshake verified against this file fails from then on" in soon, soon
+    with pytest.raises(PreflightError) as expired:
+        ca_window("[tls] ca", pem, now=end + second)
+    line = str(expired.value)
+    assert line.startswith(f"[tls] ca = {str(pem)!r}: the CA certificate {subject} "), line
+    assert f"expired on {end:%Y-%m-%d %H:%M} UTC {window}" in line, line
+    assert "\n" not in line and "spherecal certs init" in line, line
+    with pytest.raises(PreflightError) as early:
+        ca_window("[tls] ca", pem, now=start - second)
+    line = str(early.value)
+    assert f"is not valid until {start:%Y-%m-%d %H:%M} UTC {window}" in line, line
+    assert "check this machine's clock" in line, line
+    assert ca_window("[tls] ca", None) == []
+
+
+def _named_ca(directory: Path, name: str, *, start_days: float, end_days: float) -> Path:
+    """A self-signed CA certificate named ``name`` (``certs init`` names every CA
+    "spherecal dev CA"), valid from ``start_days`` to ``end_days`` days from now."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now + dt.timedelta(days=start_days))
+        .not_valid_after(now + dt.timedelta(days=end_days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    path = directory / f"{name.replace(' ', '-')}.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def test_a_bundle_is_refused_only_when_none_of_its_cas_can_verify(
+    tmp_path: Path, certs: Path
+) -> None:
+    """A file of several CA certificates (the old and the new one of a change of CA):
+    one that can verify still verifies what it issued, so an ended one beside it is a
+    warning naming it; a file where none can is refused, naming every one — also when
+    the valid one comes after an ended one of the same name, which TLS never reaches
+    (the test below shows it on the installed gRPC)."""
+    from spherecal.preflight import ca_window
+    from tests.cert_dates import redate
+
+    other = tmp_path / "other"
+    init_ca(other)  # the same subject ("spherecal dev CA"), another key
+    ended = redate(other, other / "ca.pem", start_days=-400, end_days=-35, out=tmp_path / "e.pem")
+    early = redate(other, other / "ca.pem", start_days=3, end_days=300, out=tmp_path / "n.pem")
+    current = (certs / "ca.pem").read_bytes()
+
+    def bundle(name: str, *parts: bytes) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"".join(parts))
+        return path
+
+    (warning,) = ca_window("[tls] ca", bundle("a.pem", current, ended.read_bytes()))
+    assert "1 of its 2 CA certificates is outside its validity window" in warning, warning
+    assert "expired on" in warning and "remove it from the file" in warning, warning
+    with pytest.raises(PreflightError) as refused:
+        ca_window("[tls] ca", bundle("b.pem", ended.read_bytes(), early.read_bytes()))
+    line = str(refused.value)
+    assert "none of its 2 CA certificates can verify now: " in line, line
+    assert "expired on" in line and "is not valid until" in line, line
+    with pytest.raises(PreflightError) as refused:  # the valid one after the ended one
+        ca_window("[tls] ca", bundle("c.pem", ended.read_bytes(), current))
+    line = str(refused.value)
+    assert "comes after another CA certificate of that name, which expired on" in line, line
+    assert "put the valid CA certificate first in the file" in line, line
+    (warning,) = ca_window("[tls] ca", bundle("d.pem", current, (other / "ca.pem").read_bytes()))
+    assert "comes after another CA certificate of that name, valid too" in warning, warning
+    ending = _named_ca(tmp_path, "ending CA", start_days=-300, end_days=5)
+    (warning,) = ca_window("[tls] ca", bundle("e.pem", current, ending.read_bytes()))
+    assert "CA certificate CN=ending CA expires on" in warning, warning
+    assert "the file's other CA certificates stay valid" in warning, warning
+
+
+def test_tls_takes_the_first_ca_certificate_of_a_name(tmp_path: Path, certs: Path) -> None:
+    """Why the bundle check reads the order: against the installed gRPC, a server whose
+    client CA file holds an ended CA certificate before the valid one of the same name
+    refuses a client certificate the valid one issued; the other order accepts it. A
+    differently named ended CA in front is harmless. (If a later gRPC looks further,
+    this fails, and the check can relax.)"""
+    from concurrent import futures
+
+    import grpc
+
+    from tests.cert_dates import redate
+
+    other = tmp_path / "other"
+    init_ca(other)
+    ended = redate(other, other / "ca.pem", start_days=-400, end_days=-35).read_bytes()
+    named = _named_ca(tmp_path, "old CA", start_days=-400, end_days=-35).read_bytes()
+    current = (certs / "ca.pem").read_bytes()
+
+    def handshake(roots: bytes) -> bool:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        port = server.add_secure_port(
+            "127.0.0.1:0",
+            grpc.ssl_server_credentials(
+                [((certs / "server.key").read_bytes(), (certs / "server.pem").read_bytes())],
+                root_certificates=roots,
+                require_client_auth=True,
+            ),
+        )
+        server.start()
+        channel = grpc.secure_channel(
+            f"127.0.0.1:{port}",
+            grpc.ssl_channel_credentials(
+                current, (certs / "p0.key").read_bytes(), (certs / "p0.pem").read_bytes()
+            ),
+            options=[("grpc.ssl_target_name_override", "localhost")],
+        )
+        try:
+            grpc.channel_ready_future(channel).result(timeout=3)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            channel.close()
+            server.stop(None)
+
+    assert handshake(current + ended)
+    assert not handshake(ended + current)
+    assert handshake(named + current)
+
+
+def test_the_service_checks_name_their_ca_file(tmp_path: Path, certs: Path) -> None:
+    from tests.cert_dates import redate
+
+    old = redate(certs, certs / "ca.pem", start_days=-30, end_days=-1, out=tmp_path / "old.pem")
+    with pytest.raises(PreflightError, match=r"^p\.toml: \[tls\] ca = .*old\.pem': the CA "):
+        check_participant(_participant(tmp_path, certs, ca=old), "p.toml")
+    with pytest.raises(PreflightError, match=r"^c\.toml: \[tls\] client_ca = .*old\.pem': the"):
+        check_coordinator(_coordinator(tmp_path, certs, client_ca=old), "c.toml")
+    soon = redate(certs, certs / "ca.pem", start_days=-1, end_days=2, out=tmp_path / "soon.pem")
+    (warning,) = check_participant(_participant(tmp_path, certs, ca=soon), "p.toml")
+    assert warning.startswith("WARNING: p.toml: [tls] ca = ") and "soon.pem" in warning
+    (warning,) = check_coordinator(_coordinator(tmp_path, certs, client_ca=soon), "c.toml")
+    assert warning.startswith("WARNING: c.toml: [tls] client_ca = ") and "soon.pem" in warning

@@ -83,6 +83,21 @@ def test_a_site_is_told_what_to_fix(tmp_path: Path, certs: Path, port: int) -> N
     assert "does not verify against [tls] ca = " in first and "other/ca.pem" in first, first
 
 
+def test_a_site_whose_ca_ended_while_it_ran_is_not_told_to_use_another_ca(
+    tmp_path: Path, certs: Path, port: int
+) -> None:
+    """The site's CA file, valid at its start-up check, has ended since (the same CA
+    key, its certificate's dates past): OpenSSL reports "certificate has expired" for
+    the chain, which used to read as a certificate from another CA ("use the CA that
+    issued it"). The line says that the coordinator's certificate or the CA one ended."""
+    from tests.cert_dates import redate
+
+    ended = redate(certs, certs / "ca.pem", start_days=-30, end_days=-1, out=tmp_path / "ca.pem")
+    (first,) = _site(tmp_path, certs, port, ended, server_name="coord.example.org")
+    assert f"or the CA certificate in [tls] ca = {ended} that issued it, is expired" in first
+    assert "does not verify against" not in first, first
+
+
 def test_a_site_whose_certificate_another_ca_issued_is_told_so(
     tmp_path: Path, certs: Path, port: int
 ) -> None:

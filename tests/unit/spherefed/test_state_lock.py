@@ -151,3 +151,23 @@ def test_a_second_site_process_on_a_held_state_dir_exits_2(tmp_path: Path) -> No
     assert f"in use by participant site-a (pid {holder.pid}, since " in done.stderr
     assert "Traceback" not in done.stderr
     assert not (state / "identity.key").exists()  # refused before enrolment wrote anything
+
+
+def test_in_use_tells_a_held_directory_without_creating_or_writing_anything(
+    tmp_path: Path,
+) -> None:
+    """``spherecal audit`` asks whether a coordinator holds the directory to choose how
+    to read its database; asking must leave no file (no lock file made) and no lock."""
+    from spherecal.spherefed.state_lock import in_use
+
+    assert not in_use(tmp_path) and list(tmp_path.iterdir()) == []  # never held
+    holder = _hold(tmp_path, "coordinator")
+    try:
+        written = (tmp_path / LOCK_NAME).read_bytes()
+        assert in_use(tmp_path)
+        assert (tmp_path / LOCK_NAME).read_bytes() == written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not in_use(tmp_path)  # the kernel dropped the dead holder's lock
+    StateDirLock(tmp_path, role="coordinator").acquire().release()  # the probe kept none
