@@ -87,6 +87,8 @@ complete)::
     ├── ParticipantExit          participant: stop the process with an exit code
     │   └── PlanRefused          the site refuses the federation's plan (exit 2; it tells
     │                            the coordinator, which ends its session)
+    ├── InputWithheld            participant: a refusal that depends on its data, sent at the
+    │                            job's masked step as one kind and one sentence (its cause kept)
     ├── HeldJobError             participant: a held job (its state after a restart) unusable
     │   └── CorruptHeldJob       a held-job file altered, truncated, moved or foreign
     ├── AuditError               spherecal audit: a database it cannot read

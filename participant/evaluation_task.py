@@ -33,7 +33,7 @@ from spherecal.participant.evaluation_checks import (
     evaluation_length,
 )
 from spherecal.participant.failures import LOCAL_WORK_ERRORS
-from spherecal.participant.release_ledger import EVALUATE, Release
+from spherecal.participant.release_ledger import EVALUATE, Release, evaluation_digest
 from spherecal.participant.results import FinalModels
 from spherecal.participant.transport import TransportError
 from spherecal.proto import spherecal_pb2 as pb
@@ -184,7 +184,7 @@ def evaluate_task(runner: ParticipantRunner, task_id: str, task: pb.EvaluateTask
         runner.secure.set_input(task_id, session, counts_vector(task, total, counts), noise=noise)
         return
     try:
-        runner.releases.consume(release)
+        runner.releases.consume(release, value=evaluation_digest(total, counts))
     except PrivacyRefused as exc:
         runner._refuse(task_id, exc)
         return

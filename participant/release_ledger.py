@@ -56,6 +56,7 @@ own audit needs nothing from the coordinator.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -64,8 +65,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from spherecal.participant.dp_gate import PrivacyRefused
 from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
+from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
 __all__ = [
@@ -80,8 +85,31 @@ __all__ = [
     "LedgerRules",
     "Release",
     "ReleaseLedger",
+    "evaluation_digest",
     "family_of",
+    "plaintext_digest",
 ]
+
+
+def plaintext_digest(vector: npt.NDArray[np.float64], meta: pb.UpdateMeta | None) -> bytes:
+    """SHA-256 of a plaintext upload as it leaves: the vector's bytes (float64, its
+    length) and its metadata (:meth:`ReleaseLedger.consume`'s ``value``)."""
+    h = hashlib.sha256(b"spherecal plaintext upload v1")
+    array = np.ascontiguousarray(vector, dtype=np.float64)
+    h.update(len(array).to_bytes(8, "big"))
+    h.update(array.tobytes())
+    h.update(b"" if meta is None else meta.SerializeToString(deterministic=True))
+    return h.digest()
+
+
+def evaluation_digest(total: int, counts: dict[str, int]) -> bytes:
+    """SHA-256 of a plaintext evaluation report as it leaves: its total and each
+    head's count (:meth:`ReleaseLedger.consume`'s ``value``)."""
+    text = json.dumps(
+        {"total": int(total), "counts": {k: int(v) for k, v in counts.items()}}, sort_keys=True
+    )
+    return hashlib.sha256(b"spherecal plaintext evaluation v1" + text.encode()).digest()
+
 
 EVALUATE = "evaluate"
 INPUT = "input"
@@ -114,6 +142,7 @@ CREATE TABLE IF NOT EXISTS site_releases (
     survivors   TEXT,
     signers     TEXT,
     answer      TEXT,
+    value       BLOB,
     PRIMARY KEY (participant, job)
 );
 CREATE TABLE IF NOT EXISTS site_example_counts (
@@ -288,6 +317,8 @@ class ReleaseLedger:
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(site_releases)")}
             if "answer" not in columns:  # a ledger written before the column existed
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN answer TEXT")
+            if "value" not in columns:  # likewise (before 2026-11-27)
+                self._db.execute("ALTER TABLE site_releases ADD COLUMN value BLOB")
         return self._db
 
     def close(self) -> None:
@@ -394,17 +425,12 @@ class ReleaseLedger:
         return None
 
     # ------------------------------------------------------------ life cycle
-    def reserve(self, release: Release, *, job: str, plaintext: bool = False) -> None:
+    def reserve(self, release: Release, *, job: str) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
         rule forbids the release (:class:`EvaluationsExhausted` when it is the
-        federation's evaluation count).
-
-        ``plaintext``: the key is ``task-<task id>`` of a plaintext release, whose
-        value nothing but this ledger stops from leaving twice (a secure job's key is
-        its id, and its one masked input is the job's own: a continued job reserves
-        its key again after the input left)."""
+        federation's evaluation count)."""
         with self._lock:
-            self._check_key(release, job, plaintext=plaintext)
+            self._check_key(release, job)
             conflict = self._conflict(release, job)
             if conflict is not None:
                 raise conflict
@@ -430,18 +456,18 @@ class ReleaseLedger:
                 ),
             )
 
-    def _check_key(self, release: Release, job: str, *, plaintext: bool) -> None:
-        """A key already in the ledger admits only the release it was reserved for —
-        and a plaintext key only until that release left.
+    def _check_key(self, release: Release, job: str) -> None:
+        """A key already in the ledger admits only the release it was reserved for.
 
         Why: the key is a string the coordinator chooses (a secure job's id; for a
         plaintext release, ``task-<task id>``), and every rule above skips the rows
-        of the key being reserved, so that a continued job is not refused by its own
-        row. Without this check a second task under a used key passed every rule and
-        was never counted: seven evaluations under one task id where the site allows
-        four, a round's update twice."""
+        of the key being reserved, so that a job continued after a restart is not
+        refused by its own row. Without this check a second task under a used key
+        passed every rule and was never counted: six evaluations of other heads under
+        one task id where the site allows four. (What a plaintext key lets leave
+        again is checked when it leaves: :meth:`consume`'s ``value``.)"""
         row = self._conn.execute(
-            "SELECT kind, federation, model, data, content, round, state, answer "
+            "SELECT kind, federation, model, data, content, round "
             "FROM site_releases WHERE participant = ? AND job = ?",
             (self.participant, job),
         ).fetchone()
@@ -463,14 +489,18 @@ class ReleaseLedger:
                 f"the key {job[:24]!r} was reserved for another release ({row[0]}, "
                 f"federation {row[1]!r}); a key admits one release"
             )
-        if plaintext and row[6] == "released" and row[7] != REFUSAL:
-            # (a refusal counted in its place may still be followed by the input: the
-            # site restarted between the two, see consume — one release either way)
-            raise ReleaseRepeated(f"the release under the key {job[:24]!r} already left")
 
-    def consume(self, job: str, *, answer: str = INPUT) -> None:
+    def consume(self, job: str, *, answer: str = INPUT, value: bytes | None = None) -> None:
         """The input of ``job`` is about to leave: re-check and record it, atomically.
         Idempotent for one job (a retried upload); unknown jobs are a no-op.
+
+        ``value``: the SHA-256 of a plaintext value about to leave (a plaintext key
+        is ``task-<task id>``, which the coordinator picks, and nothing but this
+        ledger stops a second upload under it). A key whose value already left admits
+        the same value again — a coordinator that restarted asks the same task again
+        and the site recomputes it, bit for bit — and refuses any other: before
+        2026-11-27 a round's update trained again under the same task id with another
+        seed left twice. (A secure job's one masked input is the job's own.)
 
         ``answer``: what leaves in the release's place — :data:`INPUT` (the input,
         masked or not) or :data:`REFUSAL` (a refusal that depends on the data, which
@@ -482,8 +512,8 @@ class ReleaseLedger:
             raise ValueError(f"answer must be {INPUT!r} or {REFUSAL!r}, got {answer!r}")
         with self._lock:
             row = self._conn.execute(
-                "SELECT kind, federation, model, data, content, round, noised, state, answer "
-                "FROM site_releases WHERE participant = ? AND job = ?",
+                "SELECT kind, federation, model, data, content, round, noised, state, answer, "
+                "value FROM site_releases WHERE participant = ? AND job = ?",
                 (self.participant, job),
             ).fetchone()
             if row is None:
@@ -491,8 +521,14 @@ class ReleaseLedger:
             if row[7] == "released":
                 if answer == INPUT and row[8] == REFUSAL:
                     self._conn.execute(
-                        "UPDATE site_releases SET answer = ? WHERE participant = ? AND job = ?",
-                        (INPUT, self.participant, job),
+                        "UPDATE site_releases SET answer = ?, value = ? "
+                        "WHERE participant = ? AND job = ?",
+                        (INPUT, value, self.participant, job),
+                    )
+                elif value is not None and answer == INPUT and row[9] != value:
+                    raise ReleaseRepeated(
+                        f"a value under the key {job[:24]!r} already left this site, and "
+                        "this one differs; a key admits one value"
                     )
                 return
             release = Release(
@@ -510,9 +546,9 @@ class ReleaseLedger:
                 if conflict is not None:
                     raise conflict
                 self._conn.execute(
-                    "UPDATE site_releases SET state = 'released', released = ?, answer = ? "
-                    "WHERE participant = ? AND job = ?",
-                    (time.time(), answer, self.participant, job),
+                    "UPDATE site_releases SET state = 'released', released = ?, answer = ?, "
+                    "value = ? WHERE participant = ? AND job = ?",
+                    (time.time(), answer, value, self.participant, job),
                 )
             except BaseException:
                 self._conn.execute("ROLLBACK")

@@ -70,6 +70,7 @@ from spherecal.participant.release_ledger import (
     LedgerRules,
     Release,
     ReleaseLedger,
+    plaintext_digest,
 )
 from spherecal.participant.results import FinalModels, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
@@ -573,7 +574,7 @@ class ParticipantRunner:
             spec = crypto.JobSpec.from_bytes(job.spec)
             require_task_bound(spec.context, task, self.plan or pb.Plan())
             key = spec.job_id.hex()
-        self.releases.reserve(release, job=key, plaintext=job is None)
+        self.releases.reserve(release, job=key)
         return key
 
     def _statistics(self, task_id: str, task: pb.StatisticsTask) -> None:
@@ -594,17 +595,17 @@ class ParticipantRunner:
         *,
         release: str | None = None,
     ) -> None:
+        array = np.ascontiguousarray(vector, dtype=np.float64)
         try:
             if not self.settings.allow_plaintext:
                 raise self._no_plaintext("uploads")
             if release is not None:
-                self.releases.consume(release)
+                self.releases.consume(release, value=plaintext_digest(array, meta))
         except PrivacyRefused as exc:
             self._refuse(task_id, exc)
             return
         plan = self.plan
         chunk = min(DEFAULT_CHUNK_BYTES, plan.max_chunk_bytes if plan else DEFAULT_CHUNK_BYTES)
-        array = np.ascontiguousarray(vector, dtype=np.float64)
 
         def messages() -> Iterator[pb.TensorUpload]:
             yield pb.TensorUpload(

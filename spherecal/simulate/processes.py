@@ -237,9 +237,11 @@ class Simulation:
         deadline = time.monotonic() + timeout
         while not port_file.exists():
             if proc.popen.poll() is not None:
+                pump.join(timeout=5)  # its last lines, written by the pump
+                log = self.out / "logs" / "coordinator.log"
                 raise SimulationError(
                     f"the coordinator exited with {proc.popen.poll()} before listening; "
-                    f"see {self.out / 'logs' / 'coordinator.log'}"
+                    f"see {log}; its last lines: {_last_lines(log)}"
                 )
             if time.monotonic() > deadline:
                 raise SimulationError("the coordinator did not start listening in time")
@@ -362,3 +364,13 @@ class Simulation:
             coordinator_starts=self._coordinator_starts,
             logs=self.out / "logs",
         )
+
+
+def _last_lines(path: Path, count: int = 3) -> str:
+    """The last ``count`` non-empty lines of a log, joined (why a process ended,
+    kept in an error that outlives a temporary directory)."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+    return " | ".join(lines[-count:]) or "(empty)"

@@ -20,8 +20,8 @@ aggregation with the other members colluding: their inputs are known and unnoise
   release ``task-<task id>`` and skipped that key's own row in every rule, so a
   second task under the id passed every rule uncounted — seven evaluations where the
   site allows four, a round's update twice. A key now admits the release it was
-  reserved for, and a plaintext key only until it left
-  (``ReleaseLedger._check_key``).
+  reserved for (``ReleaseLedger._check_key``), and a plaintext key the value that
+  left under it, never another (``ReleaseLedger.consume``'s ``value``).
 
 Each has its mutation check in this file: the old lookup, or the ledger without the
 key check, lets the attack through.
@@ -260,20 +260,29 @@ def _evaluations(ring: HostileRing, model: GlobalModel, task_ids: list[str]) -> 
         )
 
 
-def _updates(ring: HostileRing, model: GlobalModel, task_ids: list[str]) -> None:
+def _updates(ring: HostileRing, model: GlobalModel, task_ids: list[str], seeds: list[int]) -> None:
     ref = ring.publish("model", model.initial_vector)
-    for k, task_id in enumerate(task_ids):
+    for task_id, seed in zip(task_ids, seeds, strict=True):
         ring.script.append(
-            pb.Instruction(task_id=task_id, train=pb.TrainTask(model=ref, round=0, seed=7 + k))
+            pb.Instruction(task_id=task_id, train=pb.TrainTask(model=ref, round=0, seed=seed))
         )
 
 
 def _plaintext(
-    tmp: Path, model: GlobalModel, data: LocalData, script: str, task_ids: list[str]
+    tmp: Path,
+    model: GlobalModel,
+    data: LocalData,
+    task_ids: list[str],
+    *,
+    seeds: list[int] | None = None,
 ) -> tuple[int, list[tuple[str, str]]]:
-    """(answers that left, refusals as (task, rule)) of a plaintext script."""
+    """(answers that left, refusals as (task, rule)) of plaintext evaluations of
+    other heads, or (with ``seeds``) of round 0's update trained with each seed."""
     ring = HostileRing(federation="fed", model=model)
-    (_evaluations if script == "evaluate" else _updates)(ring, model, task_ids)
+    if seeds is None:
+        _evaluations(ring, model, task_ids)
+    else:
+        _updates(ring, model, task_ids, seeds)
     run_target(dataclasses.replace(target_settings(tmp), allow_plaintext=True), ring, data)
     refusals = [(f.task_id, pb.PolicyRule.Name(f.rule)) for f in ring.failures]
     return len(ring.evaluations) + len(ring.uploads), refusals
@@ -282,26 +291,45 @@ def _plaintext(
 def test_evaluations_under_one_plaintext_task_id_leave_once(
     tmp_path: Path, model: GlobalModel, data: LocalData
 ) -> None:
-    answered, refusals = _plaintext(tmp_path, model, data, "evaluate", ["T"] * 6)
+    answered, refusals = _plaintext(tmp_path, model, data, ["T"] * 6)
     assert answered == 1
     assert refusals == [("T", "RULE_RELEASE_REPEATED")] * 5
 
 
-def test_a_rounds_update_under_one_plaintext_task_id_leaves_once(
+def test_a_rounds_update_trained_again_under_its_task_id_leaves_once(
     tmp_path: Path, model: GlobalModel, data: LocalData
 ) -> None:
-    answered, refusals = _plaintext(tmp_path, model, data, "train", ["R", "R"])
+    """The same task id with another seed: another value of the same release."""
+    answered, refusals = _plaintext(tmp_path, model, data, ["R", "R"], seeds=[7, 8])
     assert answered == 1
     assert refusals == [("R", "RULE_RELEASE_REPEATED")]
+
+
+def test_the_same_task_asked_again_sends_the_same_value_again(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """What a restarted coordinator does: the same task under the same id. The site
+    trains again and sends the same bytes (nothing new leaves), so the round is not
+    lost."""
+    answered, refusals = _plaintext(tmp_path, model, data, ["R", "R"], seeds=[7, 7])
+    assert answered == 2 and refusals == []
 
 
 def test_mutation_a_ledger_without_the_key_check_counts_nothing_twice(
     tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the key check, six evaluations under one task id all leave, past the
-    site's four per federation, and the ledger holds one row."""
+    """The ledger before the rule (no key check, no value kept): six evaluations of
+    other heads under one task id all leave, past the site's four per federation,
+    and a round's update leaves twice."""
+    ledger = release_ledger.ReleaseLedger
+    consume = ledger.consume
+    monkeypatch.setattr(ledger, "_check_key", lambda *_a, **_k: None)
     monkeypatch.setattr(
-        release_ledger.ReleaseLedger, "_check_key", lambda *_a, **_k: None, raising=True
+        ledger,
+        "consume",
+        lambda self, job, *, answer="input", value=None: consume(self, job, answer=answer),
     )
-    answered, refusals = _plaintext(tmp_path, model, data, "evaluate", ["T"] * 6)
+    answered, refusals = _plaintext(tmp_path, model, data, ["T"] * 6)
     assert answered == 6 and refusals == []
+    answered, refusals = _plaintext(tmp_path / "b", model, data, ["R", "R"], seeds=[7, 8])
+    assert answered == 2 and refusals == []
