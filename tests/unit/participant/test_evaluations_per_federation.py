@@ -23,6 +23,7 @@ from spherecal.participant.failures import policy_rule, wire_reason
 from spherecal.participant.policy import EvaluationsExhausted, PolicySettings, ReleaseRepeated
 from spherecal.participant.release_ledger import (
     EVALUATE,
+    INPUT,
     REFUSAL,
     LedgerRules,
     Release,
@@ -51,9 +52,9 @@ def _ledger(tmp_path: Path, **rules: object) -> ReleaseLedger:
     )
 
 
-def _release(ledger: ReleaseLedger, k: int, federation: str = "fed", **kw: str) -> None:
+def _release(ledger: ReleaseLedger, k: int, federation: str = "fed", answer: str = INPUT) -> None:
     ledger.reserve(_evaluation(k, federation), job=f"{federation}-{k}")
-    ledger.consume(f"{federation}-{k}", **kw)
+    ledger.consume(f"{federation}-{k}", answer=answer)
 
 
 def test_the_evaluation_after_the_limit_is_refused_in_that_federation_only(
