@@ -31,6 +31,14 @@ Files (private keys are written with mode 0600):
 ``NAME.csr``                    participant NAME's certificate request (``request``)
 ``crl.pem``                     certificates revoked with ``spherecal certs revoke``
 
+A certificate never outlives the CA that signs it: TLS verifies the whole chain at
+each handshake, so past the CA's end a certificate it issued verifies nowhere, and an
+expired (or not yet valid) CA signs only certificates every peer refuses. ``issue``
+and ``revoke`` therefore refuse a CA outside its validity window (one line naming
+``ca.pem`` and its dates), and ``issue`` refuses a ``--days`` that would end after the
+CA does, naming the longest ``--days`` possible; without ``--days`` a certificate is
+valid for :data:`DEFAULT_DAYS`, or until the CA ends if that is sooner.
+
 Revoking (a stolen key, a participant leaving): ``spherecal certs revoke NAME --dir
 DIR`` adds NAME's current certificate to ``crl.pem``, signed by the CA; a coordinator
 with ``[tls] crl`` pointing at it refuses that certificate from its next call on. To
@@ -64,9 +72,18 @@ from spherecal.proto.identity import (
     save_identity_key,
 )
 
-__all__ = ["init_ca", "issue_participant", "request_participant", "revoke_participant"]
+__all__ = [
+    "DEFAULT_DAYS",
+    "init_ca",
+    "issue_participant",
+    "request_participant",
+    "revoke_participant",
+]
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+DEFAULT_DAYS = 365
+"""``--days`` when none is given (for ``issue``: or until the CA ends, if sooner)."""
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
@@ -114,8 +131,11 @@ counted from the issuing instant, ``--days 0`` used to give a certificate valid 
 for these five minutes before its issue (expired as it was written)."""
 
 
-def _validity(days: int, what: str = "a certificate") -> tuple[dt.datetime, dt.datetime]:
-    """``(notBefore, notAfter)`` of something valid for ``days`` whole days from now.
+def _validity(
+    days: int, what: str = "a certificate", *, now: dt.datetime | None = None
+) -> tuple[dt.datetime, dt.datetime]:
+    """``(notBefore, notAfter)`` of something valid for ``days`` whole days from ``now``
+    (default: the current time).
 
     ``days`` below 1 is refused here, naming ``--days`` (the only way a user sets it):
     0 made an already-expired certificate that every handshake refused in silence,
@@ -126,7 +146,7 @@ def _validity(days: int, what: str = "a certificate") -> tuple[dt.datetime, dt.d
             f"--days {days}: {what} must be valid for at least 1 day (--days N: N whole "
             "days from now)"
         )
-    now = dt.datetime.now(dt.UTC)
+    now = now or dt.datetime.now(dt.UTC)
     try:
         end = now + dt.timedelta(days=days)
     except OverflowError:
@@ -134,7 +154,75 @@ def _validity(days: int, what: str = "a certificate") -> tuple[dt.datetime, dt.d
     return now - CLOCK_SKEW, end
 
 
-def init_ca(directory: Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365) -> list[Path]:
+def _when(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _ca_window(ca_cert: x509.Certificate, directory: Path, now: dt.datetime, doing: str) -> None:
+    """Refuse a CA outside its validity window, in one line naming ``ca.pem`` and its
+    dates, before anything is signed or written.
+
+    Why: TLS checks every certificate of a chain at each handshake, the CA's too. An
+    expired CA (a development CA of ``certs init`` ends with its ``--days``) signed
+    certificates, and revocation lists, that every peer refused — without a word at
+    issue time, and then only ``Socket closed`` at the site. ``doing`` says what was
+    asked (``issue a certificate``, ``sign a revocation list``)."""
+    start, end = ca_cert.not_valid_before_utc, ca_cert.not_valid_after_utc
+    window = f"(valid {_when(start)} to {_when(end)})"
+    where = f"the CA {directory / 'ca.pem'}"
+    if now > end:
+        raise ValueError(
+            f"{where} expired on {_when(end)} {window}: it cannot {doing} that verifies; "
+            "make a new CA (`spherecal certs init NEWDIR`: a new ca.pem for the "
+            "coordinator and every site, and a new server certificate) and issue each "
+            "site's certificate from it"
+        )
+    if now < start:
+        raise ValueError(
+            f"{where} is not valid until {_when(start)} {window}: what it signs now is "
+            f"refused until then; check this machine's clock (it says {_when(now)})"
+        )
+
+
+def _within_ca(
+    ca_cert: x509.Certificate, directory: Path, name: str, days: int | None, now: dt.datetime
+) -> tuple[dt.datetime, dt.datetime]:
+    """``(notBefore, notAfter)`` of NAME's certificate: ``days`` whole days from ``now``,
+    refused when that would end after the CA does (naming the longest ``--days`` that
+    does not); with ``days`` None, :data:`DEFAULT_DAYS` or until the CA ends, if sooner.
+
+    Why refuse rather than shorten: an operator who asked for ``--days 400`` and got a
+    certificate ending in 200 would learn it only when the site stops at the CA's end;
+    the line says what is possible (or that a new CA is needed). Without ``--days`` no
+    lifetime was asked for, so ending with the CA is the natural default — ``certs
+    init`` and ``certs issue`` both default to 365 days, and an issue an hour after the
+    init would otherwise be refused."""
+    ca_end = ca_cert.not_valid_after_utc
+    if days is None:
+        start, end = _validity(DEFAULT_DAYS, now=now)
+        return start, min(end, ca_end)
+    start, end = _validity(days, now=now)
+    if end > ca_end:
+        longest = (ca_end - now) // dt.timedelta(days=1)
+        then = (
+            f"the longest possible now is --days {longest} (or leave --days out: the "
+            "certificate then ends with the CA)"
+            if longest >= 1
+            else "the CA ends in less than a day: make a new CA (`spherecal certs init "
+            "NEWDIR`) and issue from it"
+        )
+        seconds = "%Y-%m-%d %H:%M:%S UTC"  # `init --days 30` then `issue --days 30`: seconds
+        raise ValueError(
+            f"--days {days}: {name}.pem would end on {end:{seconds}}, after the CA "
+            f"{directory / 'ca.pem'} does ({ca_end:{seconds}}); a certificate is refused "
+            f"by every TLS peer once its CA has ended; {then}"
+        )
+    return start, end
+
+
+def init_ca(
+    directory: Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = DEFAULT_DAYS
+) -> list[Path]:
     """Create ``ca.*`` and ``server.*`` in ``directory`` (refusing to overwrite a CA)."""
     start, end = _validity(days)  # before anything is written
     directory.mkdir(parents=True, exist_ok=True)
@@ -278,17 +366,26 @@ def _requested_keys(
 def issue_participant(
     directory: Path,
     name: str,
-    days: int = 365,
+    days: int | None = None,
     *,
     new_identity: bool = False,
     csr: Path | None = None,
 ) -> list[Path]:
     """Create ``NAME.pem``: from the site's request ``csr`` (its public keys; nothing
     private is made or kept here), or else with ``NAME.key`` and (unless present, or
-    with ``new_identity``) ``NAME.identity.key`` made here."""
+    with ``new_identity``) ``NAME.identity.key`` made here.
+
+    Valid for ``days`` whole days from now — refused when that outlives the CA — or,
+    with ``days`` None, :data:`DEFAULT_DAYS` or until the CA ends, if sooner. A CA
+    outside its validity window is refused. Every refusal comes before anything is
+    written."""
     _check_name(name)
-    start, end = _validity(days)
+    now = dt.datetime.now(dt.UTC)
+    if days is not None:
+        _validity(days, now=now)  # --days 0 is named as such, before the CA is read
     ca_cert, ca_key = _load_ca(directory)
+    _ca_window(ca_cert, directory, now, "issue a certificate")
+    start, end = _within_ca(ca_cert, directory, name, days, now)
     written: list[Path] = []
     public: ec.EllipticCurvePublicKey | rsa.RSAPublicKey
     if csr is not None:
@@ -320,16 +417,19 @@ def issue_participant(
     return [directory / f"{name}.pem", *written]
 
 
-def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:
+def revoke_participant(directory: Path, name: str, days: int = DEFAULT_DAYS) -> Path:
     """Add participant NAME's current certificate (``NAME.pem``) to ``crl.pem``.
 
     The new CRL keeps every earlier entry (after checking the old list's CA
     signature), is signed by the CA and valid for ``days``; it is written atomically,
-    so a coordinator re-reading it never sees half a file.
+    so a coordinator re-reading it never sees half a file. A CA outside its validity
+    window is refused (a list it signs does not verify), before anything is written.
     """
     _check_name(name)
-    last_update, next_update = _validity(days, "a revocation list")
+    now = dt.datetime.now(dt.UTC)
+    last_update, next_update = _validity(days, "a revocation list", now=now)
     ca_cert, ca_key = _load_ca(directory)
+    _ca_window(ca_cert, directory, now, "sign a revocation list")
     cert_path = directory / f"{name}.pem"
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -338,7 +438,6 @@ def revoke_participant(directory: Path, name: str, days: int = 365) -> Path:
     if cert.issuer != ca_cert.subject:
         raise ValueError(f"{cert_path} was not issued by the CA in {directory}")
     crl_path = directory / "crl.pem"
-    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)

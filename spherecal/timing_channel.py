@@ -2,7 +2,10 @@
 audit table, and how strongly those moments follow each site's example count: the
 measurement behind issue #9's timing channel (``docs/threat_model.md``, "Timing").
 Used by ``bench/timing_channel.py`` and the malicious-participant integration test,
-so both read the audit table the same way.
+so both read the audit table the same way — read-only, creating and changing nothing
+beside the database (:mod:`spherecal.coordinator.state.read_only`: a plain connection
+made ``state.db-wal``/``-shm`` beside a kept run's database, and checkpointed a
+killed coordinator's WAL into it).
 
 Why the statistics here and not a plain Pearson correlation: one secure job has 5 to
 10 sites, so one job's correlation is a rough sign (five points reach |r| > 0.8 by
@@ -21,7 +24,6 @@ from carrying the figure alone.
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from scipy.stats import rankdata
+
+from spherecal.coordinator.state.read_only import read_only
 
 __all__ = [
     "JOB_MESSAGES",
@@ -67,16 +71,13 @@ def job_offsets(db: Path, stage: str, kind: str, *, purpose: str) -> dict[str, d
     """Per job of ``purpose`` (by job id): seconds from the job's first accepted
     ``stage`` message to each sender's first, by sender (the coordinator's clock,
     ``state.db``'s audit table)."""
-    conn = sqlite3.connect(db)
-    try:
+    with read_only(db) as conn:
         rows = conn.execute(
             "SELECT a.job, a.sender, a.ts FROM audit a JOIN jobs j ON a.job = j.job_id "
             "WHERE a.stage = ? AND a.kind = ? AND a.status = 'accepted' "
             "AND j.purpose = ? ORDER BY a.ts",
             (stage, kind, purpose),
         ).fetchall()
-    finally:
-        conn.close()
     jobs: dict[str, dict[str, float]] = {}
     for job, sender, ts in rows:
         jobs.setdefault(job, {}).setdefault(sender, ts)
@@ -102,11 +103,8 @@ def message_offsets(
 def job_purposes(db: Path) -> list[str]:
     """The purposes of the secure jobs in ``db`` (``update``, ``ffc``, ``ccvr``,
     ``evaluate``, …), sorted."""
-    conn = sqlite3.connect(db)
-    try:
+    with read_only(db) as conn:
         return sorted(str(p) for (p,) in conn.execute("SELECT DISTINCT purpose FROM jobs"))
-    finally:
-        conn.close()
 
 
 def _centred(jobs: Sequence[Job], *, ranks: bool = False) -> list[Job]:

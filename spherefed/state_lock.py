@@ -17,8 +17,8 @@ keeps the holder's pid, role and start time only to say who holds it. It lives h
 because it is the lowest package both processes may import (``docs/design.md`` §2)
 and does no more than file I/O (:mod:`spherecal.spherefed.durable` likewise).
 
-Read-only commands (``--check-state``, ``spherecal audit``) do not take it; the audit
-asks :func:`in_use` whether a process holds it, to choose how to read a database
+Read-only commands (``--check-state``, ``spherecal audit``) do not take it; they
+ask :func:`in_use` whether a process holds it, to choose how to read a database
 without writing beside it (:mod:`spherecal.coordinator.state.read_only`).
 """
 

@@ -1,12 +1,20 @@
 """Read a state database without creating or changing a file beside it.
 
-Why: ``spherecal audit STATE_DB`` is a privacy officer's read-only inspection, but
-SQLite opening a WAL-mode database with ``mode=ro`` still creates ``state.db-wal`` and
-``state.db-shm`` next to it when they are missing (a cleanly stopped coordinator
-leaves none), and leaves them there; with a ``-wal`` left by a coordinator that did
-not stop cleanly it rebuilds the shared-memory index in ``state.db-shm``. The
-directory a coordinator resumes from, and its operator backs up and copies whole,
-changed under an audit.
+Why: ``spherecal audit STATE_DB`` is a privacy officer's read-only inspection (and
+``spherecal coordinator --check-state`` an operator's, before a restart, a backup or
+a copy), but SQLite opening a WAL-mode database with ``mode=ro`` still creates
+``state.db-wal`` and ``state.db-shm`` next to it when they are missing (a cleanly
+stopped coordinator leaves none), and leaves them there; with a ``-wal`` left by a
+coordinator that did not stop cleanly it rebuilds the shared-memory index in
+``state.db-shm``. The directory a coordinator resumes from, and its operator backs up
+and copies whole, changed under an audit or a check.
+
+Every read-only inspection of a coordinator's or a site's database opens it here:
+``spherecal audit`` (the coordinator's database and the sites' ledgers),
+``spherecal audit --site``, ``--check-state``
+(:func:`~spherecal.coordinator.state.state_dir.inspect_state`) and the timing-channel
+measurement (:mod:`spherecal.timing_channel`). The running coordinator and sites open
+their own databases read-write, as before.
 
 How :func:`read_only` opens ``database``, by what is beside it:
 

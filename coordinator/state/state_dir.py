@@ -12,9 +12,11 @@ that unless the operator says ``--new-federation``, and then sets the old files
 aside rather than deleting them.
 
 :func:`inspect_state` backs ``spherecal coordinator --check-state``: it opens the
-database read-only, runs ``PRAGMA quick_check`` and reports the federation id, its
-status, completed rounds (and whether each checkpoint file is present and matches its
-recorded SHA-256), jobs and the privacy ledger — without starting anything.
+database read-only, creating and changing no file beside it (as ``spherecal audit``
+does, :mod:`spherecal.coordinator.state.read_only`), runs ``PRAGMA quick_check`` and
+reports the federation id, its status, completed rounds (and whether each checkpoint
+file is present and matches its recorded SHA-256), jobs and the privacy ledger —
+without starting anything.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spherecal.coordinator.state.read_only import read_only
 
 __all__ = [
     "MARKER_NAME",
@@ -197,21 +201,22 @@ def inspect_state(state_dir: Path) -> StateReport:
         rounds_completed=0,
     )
     try:
-        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise StateDamaged(f"cannot open {db}: {exc}") from None
-    try:
-        problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check") if str(r[0]) != "ok"]
-        if problems:
-            raise StateDamaged(
-                f"state database {db} is damaged ({len(problems)} problem(s), first: "
-                f"{problems[0][:120]})"
-            )
-        _read_contents(conn, state_dir, report)
+        # Not a bare ``mode=ro``: on a WAL database that creates and leaves
+        # state.db-wal/-shm beside a checkpointed database, and rewrites the -shm beside
+        # a killed coordinator's -wal -- a check before a backup or a copy changed what
+        # it checked. read_only creates and changes nothing in the directory.
+        with read_only(db) as conn:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check") if str(r[0]) != "ok"]
+            if problems:
+                raise StateDamaged(
+                    f"state database {db} is damaged ({len(problems)} problem(s), first: "
+                    f"{problems[0][:120]})"
+                )
+            _read_contents(conn, state_dir, report)
     except sqlite3.DatabaseError as exc:
         raise StateDamaged(f"state database {db} is not a usable SQLite database ({exc})") from None
-    finally:
-        conn.close()
+    except sqlite3.Error as exc:
+        raise StateDamaged(f"cannot open {db}: {exc}") from None
     orphans = _checkpoint_files(state_dir)
     if report.federation_id is None and (orphans or report.marker_federation_id):
         report.problems.append(

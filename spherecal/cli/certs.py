@@ -20,6 +20,11 @@ DAYS_HELP = (
     "whole days the certificates are valid from now, at least 1 (default 365; the start "
     "is set 5 minutes back, for clocks a little behind)"
 )
+ISSUE_DAYS_HELP = (
+    "whole days the certificate is valid from now, at least 1 (default 365, or until the "
+    "CA ends if that is sooner; a --days that would end after the CA is refused, naming "
+    "the longest possible; the start is set 5 minutes back, for clocks a little behind)"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +70,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     issue = csub.add_parser("issue", help="issue participant NAME's client certificate")
     issue.add_argument("name")
     issue.add_argument("--dir", type=Path, required=True, help="the CA directory")
-    issue.add_argument("--days", type=int, default=365, help=DAYS_HELP)
+    issue.add_argument("--days", type=int, default=None, help=ISSUE_DAYS_HELP)
     issue.add_argument(
         "--csr",
         type=Path,
@@ -94,7 +99,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--days",
         type=int,
         default=365,
-        help="whole days the new CRL is valid, at least 1 (default 365)",
+        help="whole days the new CRL is valid, at least 1 (default 365); refused when the "
+        "CA has expired or is not yet valid",
     )
     pin = csub.add_parser(
         "pin",
@@ -155,14 +161,40 @@ def _request(args: argparse.Namespace) -> int:
 
 
 def _issue(args: argparse.Namespace) -> int:
-    from spherecal.certs import issue_participant
+    from spherecal.certs import DEFAULT_DAYS, issue_participant
 
     paths = issue_participant(
         args.dir, args.name, days=args.days, new_identity=args.new_identity, csr=args.csr
     )
     for path in paths:
         print(path)
+    if args.days is None:
+        _ends_with_the_ca(args.dir, paths[0], DEFAULT_DAYS)
     return ExitCode.OK
+
+
+def _ends_with_the_ca(directory: Path, pem: Path, default_days: int) -> None:
+    """Say so on stderr when a certificate issued without ``--days`` ends with its CA a
+    day or more before the default lifetime would: the operator asked for nothing, and
+    the date the site must renew by is the CA's, not a year from now."""
+    import datetime as dt
+
+    from cryptography import x509
+
+    from spherecal.certs import CLOCK_SKEW
+
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    ca = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    end = cert.not_valid_after_utc
+    full = cert.not_valid_before_utc + CLOCK_SKEW + dt.timedelta(days=default_days)
+    if end == ca.not_valid_after_utc and full - end >= dt.timedelta(days=1):
+        left = (end - dt.datetime.now(dt.UTC)) / dt.timedelta(days=1)
+        print(
+            f"{pem} is valid until {end:%Y-%m-%d %H:%M} UTC ({left:.1f} days), when the CA "
+            f"{directory / 'ca.pem'} ends: a certificate does not outlive its CA (a new CA "
+            "then: spherecal certs init NEWDIR)",
+            file=sys.stderr,
+        )
 
 
 def _revoke(args: argparse.Namespace) -> int:

@@ -222,6 +222,7 @@ def test_an_ended_ca_file_is_refused_at_start_by_each_side(site: Path) -> None:
     one line naming the file, the CA's subject and its dates; ``spherecal status``
     likewise. The CA is the one that issued everything here, re-dated."""
     certs = site / "certs"
+    issue_participant(certs, "operator")  # for `status --cert`, before the CA ended
     ca = redate(certs, certs / "ca.pem", start_days=-400, end_days=-1)
     loaded = x509.load_pem_x509_certificate(ca.read_bytes())
     said = (
@@ -240,7 +241,6 @@ def test_an_ended_ca_file_is_refused_at_start_by_each_side(site: Path) -> None:
     line = _one_line(done)
     assert f"error: coordinator.toml: [tls] client_ca = {said}" in line, line
     assert not (site / "state-coordinator").exists()  # nothing was started
-    issue_participant(certs, "operator")  # from the same CA key: its --cert is valid
     done = _spherecal(
         "status",
         "--address",

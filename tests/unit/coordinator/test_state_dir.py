@@ -3,13 +3,17 @@
 WAL checkpoints at every completed round, ``quick_check`` at start-up, one-line
 refusals for damaged / truncated / non-SQLite databases, the federation marker that
 catches a database restored without its WAL, relative checkpoint paths (a copied
-state directory reads its own files), and ``spherecal coordinator --check-state``.
+state directory reads its own files), and ``spherecal coordinator --check-state`` —
+which creates and changes no file in the directory it checks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +56,10 @@ def _federation(state_root: Path) -> tuple[Federation, Store]:
     return Federation(cs, store, registry, say=lambda m: None, model=model), store
 
 
-def _two_rounds(root: Path) -> tuple[Path, list[np.ndarray]]:
+def _two_rounds(root: Path, *, close: bool = False) -> tuple[Path, list[np.ndarray]]:
     """A state directory as a federation leaves it after two completed rounds, written
     through the same Store / Checkpoints calls the driver makes (the store stays
-    open — as when the coordinator is killed — unless closed by the caller)."""
+    open — as when the coordinator is killed — unless ``close``: as a clean stop)."""
     federation, store = _federation(root)
     federation.prepare()
     write_marker(federation.settings.state_dir, federation.federation_id)
@@ -67,6 +71,8 @@ def _two_rounds(root: Path) -> tuple[Path, list[np.ndarray]]:
         path = federation.checkpoints.save(r, vector)
         store.round_finished(r, "completed", {"round": r + 1, "train_loss": 1.0 / (r + 1)}, path)
         vectors.append(vector)
+    if close:
+        store.close()
     return federation.settings.state_dir, vectors
 
 
@@ -317,3 +323,127 @@ def test_check_state_without_a_database_says_what_that_means(
     assert not state.exists()
     doc = (Path(__file__).resolve().parents[3] / "docs" / "deployment.md").read_text()
     assert "2 when the database is\ndamaged, or when there is none" in doc
+
+
+# ------------------------------------- --check-state creates nothing beside the database
+def _listing(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` by relative name, with its content's SHA-256
+    (SQLite's ``-wal``/``-shm`` included)."""
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _check_state(tmp_path: Path, state: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """``spherecal coordinator --config FILE --check-state``, as an operator runs it."""
+    config = _config(tmp_path, state)
+    assert main(["coordinator", "--config", str(config), "--check-state"]) == 0
+    return capsys.readouterr().out
+
+
+#: Run in a child process on a coordinator's state directory: the real ``Store`` (as
+#: the coordinator opens it, holding the directory's lock) starts round 3 and records
+#: an audit row, committed, then the process dies (``kill``: no close, no checkpoint —
+#: those rows are in state.db-wal alone) or waits, alive, until its standard input
+#: closes (``live``).
+WRITER = r"""
+import os, sys
+from pathlib import Path
+from spherecal.coordinator.state.store import Store
+from spherecal.spherefed.state_lock import StateDirLock
+state, how = Path(sys.argv[1]), sys.argv[2]
+lock = StateDirLock(state, role="coordinator").acquire()
+store = Store(state / "state.db")
+store.round_started(2, 1)
+store.audit(sender="p0", job=None, stage="join", kind="JoinRequest", nbytes=1, sha256="00")
+assert store.query("SELECT status FROM rounds WHERE round=2") == [("running",)]  # committed
+if how == "kill":
+    os._exit(0)
+print("ready", flush=True)
+sys.stdin.read()
+store.close()
+"""
+
+
+def _writer(state: Path, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(state), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+
+
+def _stopped_cleanly(root: Path) -> Path:
+    """Two completed rounds, the store closed: as a coordinator that stopped leaves
+    its directory (the WAL checkpointed into state.db and removed)."""
+    state, _ = _two_rounds(root, close=True)
+    return state
+
+
+def test_check_state_of_a_checkpointed_database_creates_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cleanly stopped coordinator leaves ``state.db`` alone. ``--check-state``
+    opened it ``mode=ro``, which created ``state.db-wal`` and ``state.db-shm`` beside
+    it and left them: the directory an operator checks before a backup or a copy was
+    not the one checked."""
+    state = _stopped_cleanly(tmp_path / "a")
+    before = _listing(state)
+    assert "state.db-wal" not in before and "state.db-shm" not in before, before
+    out = _check_state(tmp_path, state, capsys)
+    assert _listing(state) == before
+    assert "rounds completed 2" in out and "quick_check ok" in out
+    assert f"federation       {read_marker(state)}" in out
+
+
+def test_check_state_reads_a_killed_coordinators_wal_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A coordinator that died left committed rows in ``state.db-wal`` alone: the
+    check must report them (``immutable=1`` would not), without SQLite's recovery
+    rewriting ``state.db-shm`` beside them — a restart recovers from those files."""
+    state = _stopped_cleanly(tmp_path / "a")
+    assert _writer(state, "kill").wait(timeout=120) == 0
+    before = _listing(state)
+    assert {"state.db-wal", "state.db-shm"} <= set(before), before
+    db = state / "state.db"
+    alone = sqlite3.connect(f"{db.as_uri()}?mode=ro&immutable=1", uri=True)
+    assert alone.execute("SELECT COUNT(*) FROM rounds").fetchone() == (2,)  # file alone
+    alone.close()
+    assert _listing(state) == before
+    report = inspect_state(state)
+    assert _listing(state) == before
+    assert [r["status"] for r in report.rounds] == ["completed", "completed", "running"]
+    assert report.rounds_completed == 2 and report.wal_bytes > 0
+    out = _check_state(tmp_path, state, capsys)
+    assert _listing(state) == before
+    assert "round    3  running" in out and "rounds completed 2" in out
+
+
+def test_check_state_beside_a_live_coordinator_creates_nothing_and_reads_its_wal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a coordinator running (it holds the state directory's lock), the check
+    reads through SQLite's locks and the coordinator's own ``-shm`` — the one file
+    both sides' locks change — and creates nothing; the rows the coordinator committed
+    to its WAL are reported."""
+    state = _stopped_cleanly(tmp_path / "a")
+    writer = _writer(state, "live")
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        before = _listing(state)
+        out = _check_state(tmp_path, state, capsys)
+        after = _listing(state)
+    finally:
+        assert writer.stdin is not None
+        writer.stdin.close()
+        assert writer.wait(timeout=120) == 0
+    assert set(after) == set(before)
+    assert {k: v for k, v in after.items() if k != "state.db-shm"} == {
+        k: v for k, v in before.items() if k != "state.db-shm"
+    }
+    assert "round    3  running" in out

@@ -7,6 +7,12 @@ those five minutes, all in the past): a site using it was refused in every TLS
 handshake, silently. ``--days -1`` ended in the library's own message. Both are now
 one line naming ``--days``, before anything is written.
 
+A CA outside its validity window signed certificates and CRLs that every peer
+refused, and ``--days`` could outlast the CA: ``issue`` and ``revoke`` refuse such a
+CA in one line naming ``ca.pem`` and its dates, and ``issue`` refuses a ``--days``
+ending after the CA's end, naming the longest possible (without ``--days``, the
+certificate ends with a CA that ends within the year).
+
 docs/deployment.md step 1 had the operator issue from ``hospital-b.csr`` while
 ``certs request`` writes ``certs/hospital-b.csr``: run literally, it failed.
 """
@@ -22,6 +28,7 @@ from cryptography import x509
 
 from spherecal.certs import CLOCK_SKEW, init_ca, issue_participant, request_participant
 from spherecal.cli.app import main
+from tests.cert_dates import redate
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,14 +74,16 @@ def test_days_n_is_n_whole_days_from_now(tmp_path: Path, days: int) -> None:
     ca = tmp_path / "ca"
     before = dt.datetime.now(dt.UTC).replace(microsecond=0)
     assert main(["certs", "init", str(ca), "--days", str(days)]) == 0
+    # issued from a CA of the default 365 days (N days from a CA of N days, made a
+    # moment earlier, would outlive it: refused, tested below)
+    issuer = tmp_path / "ca365"
+    assert main(["certs", "init", str(issuer)]) == 0
     request_participant(tmp_path / "site", "site-a")
     csr = tmp_path / "site" / "site-a.csr"
-    assert (
-        main(["certs", "issue", "site-a", "--dir", str(ca), "--csr", str(csr), "--days", str(days)])
-        == 0
-    )
+    argv = ["certs", "issue", "site-a", "--dir", str(issuer), "--csr", str(csr)]
+    assert main([*argv, "--days", str(days)]) == 0
     after = dt.datetime.now(dt.UTC)
-    for pem in (ca / "ca.pem", ca / "server.pem", ca / "site-a.pem"):
+    for pem in (ca / "ca.pem", ca / "server.pem", issuer / "site-a.pem"):
         start, end = _window(pem)
         # N days from the moment it was issued; the start alone is set back
         assert end - start == dt.timedelta(days=days) + CLOCK_SKEW, pem
@@ -143,3 +152,121 @@ def test_the_guides_reissue_command_names_the_copied_request() -> None:
     text = (REPO / "docs" / "deployment.md").read_text()
     reissues = re.findall(r"certs issue hospital-b --dir certs --csr (\S+?)`", text)
     assert reissues and set(reissues) == {"certs/hospital-b.csr"}, reissues
+
+
+# ------------------------------------------------ a certificate never outlives its CA
+def _when(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _ca_with_a_site(tmp_path: Path) -> tuple[Path, Path]:
+    """A CA (``certs init``) that issued site-a's certificate from its request, and the
+    request, for issuing again."""
+    ca = tmp_path / "ca"
+    init_ca(ca)
+    site = tmp_path / "site"
+    request_participant(site, "site-a")
+    issue_participant(ca, "site-a", csr=site / "site-a.csr")
+    return ca, site / "site-a.csr"
+
+
+def _listing(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_an_expired_ca_issues_and_revokes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CA past its end signed certificates (and CRLs) that every TLS peer refused,
+    with exit 0. Now each is one line naming ca.pem and its dates, nothing written."""
+    ca, csr = _ca_with_a_site(tmp_path)
+    redate(ca, ca / "ca.pem", start_days=-400, end_days=-1)  # the same CA, ended
+    loaded = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    start, end = _when(loaded.not_valid_before_utc), _when(loaded.not_valid_after_utc)
+    said = f"the CA {ca / 'ca.pem'} expired on {end} (valid {start} to {end}): it cannot "
+    before = _listing(ca)
+    for argv, doing in (
+        (["issue", "site-a", "--csr", str(csr)], "issue a certificate"),
+        (["issue", "site-b"], "issue a certificate"),  # keys made here: none made
+        (["issue", "site-a", "--csr", str(csr), "--days", "30"], "issue a certificate"),
+        (["revoke", "site-a"], "sign a revocation list"),
+    ):
+        assert main(["certs", *argv, "--dir", str(ca)]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0, err
+        assert err.startswith(f"spherecal certs: error: {said}{doing} that verifies"), err
+        assert "spherecal certs init NEWDIR" in err
+        assert _listing(ca) == before, argv
+
+
+def test_a_ca_not_yet_valid_is_refused_naming_the_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca, csr = _ca_with_a_site(tmp_path)
+    redate(ca, ca / "ca.pem", start_days=3, end_days=300)  # a clock behind the CA's
+    loaded = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    before = _listing(ca)
+    for argv in (["issue", "site-a", "--csr", str(csr)], ["revoke", "site-a"]):
+        assert main(["certs", *argv, "--dir", str(ca)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0, err
+        assert (
+            f"the CA {ca / 'ca.pem'} is not valid until {_when(loaded.not_valid_before_utc)} "
+            f"(valid {_when(loaded.not_valid_before_utc)} to "
+            f"{_when(loaded.not_valid_after_utc)})"
+        ) in err, err
+        assert "check this machine's clock (it says " in err
+        assert _listing(ca) == before
+
+
+def test_days_past_the_cas_end_is_refused_naming_the_longest_possible(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--days 31`` from a CA made for 30 days wrote a certificate ending a day after
+    its CA, which no peer accepts from the CA's end on. Refused, naming ``--days 29``
+    (30 whole days no longer fit: the CA's 30 began at its ``init``); that one issues."""
+    ca = tmp_path / "ca"
+    init_ca(ca, days=30)
+    request_participant(tmp_path / "site", "site-a")
+    csr = tmp_path / "site" / "site-a.csr"
+    ca_end = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes()).not_valid_after_utc
+    argv = ["certs", "issue", "site-a", "--dir", str(ca), "--csr", str(csr)]
+    before = _listing(ca)
+    for days in ("31", "30", "365"):
+        assert main([*argv, "--days", days]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0, err
+        assert err.startswith(f"spherecal certs: error: --days {days}: site-a.pem would end on ")
+        assert f"after the CA {ca / 'ca.pem'} does ({ca_end:%Y-%m-%d %H:%M:%S} UTC)" in err, err
+        assert "the longest possible now is --days 29 (or leave --days out" in err, err
+        assert _listing(ca) == before
+    assert main([*argv, "--days", "29"]) == 0
+    assert capsys.readouterr().err == ""
+    _, end = _window(ca / "site-a.pem")
+    assert ca_end - dt.timedelta(days=1) <= end <= ca_end
+
+
+def test_without_days_a_certificate_ends_with_a_ca_that_ends_sooner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No ``--days``: 365 days, or the CA's end if sooner — and a line on stderr saying
+    so, since the date to renew by is not the one the default promises."""
+    ca = tmp_path / "ca"
+    init_ca(ca, days=10)
+    ca_end = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes()).not_valid_after_utc
+    assert main(["certs", "issue", "site-a", "--dir", str(ca)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == str(ca / "site-a.pem")  # stdout: the paths
+    _, end = _window(ca / "site-a.pem")
+    assert end == ca_end
+    err = captured.err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith(f"{ca / 'site-a.pem'} is valid until {_when(ca_end)} (")
+    assert f"when the CA {ca / 'ca.pem'} ends" in err
+    # a CA of the default lifetime: the certificate ends with it, minutes early at most
+    # — nothing worth a line
+    init_ca(tmp_path / "ca365")
+    assert main(["certs", "issue", "site-a", "--dir", str(tmp_path / "ca365")]) == 0
+    assert capsys.readouterr().err == ""
+    ca365 = x509.load_pem_x509_certificate((tmp_path / "ca365" / "ca.pem").read_bytes())
+    assert _window(tmp_path / "ca365" / "site-a.pem")[1] == ca365.not_valid_after_utc

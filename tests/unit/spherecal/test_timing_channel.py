@@ -7,8 +7,11 @@ those)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +210,54 @@ def test_offsets_come_from_each_senders_first_accepted_message(tmp_path: Path) -
     assert message_offsets(db, "advertise", adv) == {"p0": [0.0], "p1": [pytest.approx(0.2)]}
     assert job_purposes(db) == ["ffc", "update"]
     assert set(MESSAGES) < set(JOB_MESSAGES)
+
+
+#: Run in a child process: the database in WAL mode (as the coordinator keeps it), one
+#: more accepted message committed, then the process dies without closing — its row
+#: is in state.db-wal alone, as a killed coordinator leaves a run's directory.
+KILLED = r"""
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA journal_mode=WAL")
+conn.execute(
+    "INSERT INTO audit (ts, sender, job, stage, kind, bytes, sha256, status) "
+    "VALUES (100.9, 'p3', 'ffc-1', 'advertise', 'SecAggSubmission', 0, '', 'accepted')"
+)
+os._exit(0)
+"""
+
+
+def _listing(directory: Path) -> dict[str, str]:
+    """Every file in ``directory`` by name, with its content's SHA-256."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    }
+
+
+def test_reading_a_killed_coordinators_wal_changes_no_file(tmp_path: Path) -> None:
+    """``bench/timing_channel.py --measure KEPT`` re-reads a kept run's database. A
+    plain connection recovered a killed coordinator's WAL and, closing, checkpointed it
+    into ``state.db`` and deleted ``state.db-wal``/``-shm``: the run kept for a
+    second look was changed by the first. Its rows are read; no file changes."""
+    adv = "SecAggSubmission"
+    db = _audit_db(
+        tmp_path / "state.db",
+        [
+            (100.0, "p0", "ffc-1", "advertise", adv, "accepted"),
+            (100.5, "p1", "ffc-1", "advertise", adv, "accepted"),
+        ],
+    )
+    done = subprocess.run([sys.executable, "-c", KILLED, str(db)], timeout=120, check=False)
+    assert done.returncode == 0
+    before = _listing(tmp_path)
+    assert {"state.db-wal", "state.db-shm"} <= set(before), before
+    assert job_offsets(db, "advertise", adv, purpose="ffc") == {
+        "ffc-1": {"p0": 0.0, "p1": 0.5, "p3": pytest.approx(0.9)}  # p3: the WAL's row
+    }
+    assert job_purposes(db) == ["ffc"]
+    assert _listing(tmp_path) == before
 
 
 def test_a_planted_dependence_in_audit_rows_is_found_end_to_end(tmp_path: Path) -> None:
