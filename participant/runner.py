@@ -419,9 +419,10 @@ class ParticipantRunner:
             except crypto.JobReplayed as exc:  # the same job id with other terms
                 self._refuse(instruction.task_id, exc)
                 return
-            if held is not None and held.client.has_input:
-                # a continued job whose input is fixed: resend what it sent; its
-                # remaining steps come as usual — nothing is recomputed or charged
+            if held is not None and self.secure.settled(held):
+                # a continued job whose input is fixed or withheld: resend what it
+                # sent; its remaining steps come as usual — nothing is recomputed or
+                # charged (SecureSteps.settled says why)
                 self.secure.continue_held(held)
                 return
         if kind == "train":

@@ -394,16 +394,17 @@ class SecureSteps:
         """Continue a job after the coordinator or this site restarted: resend what
         this participant already sent (the coordinator acknowledges an identical message
         it journaled), then the session if its local work is still to do, else None
-        (its input is fixed; the job's remaining steps come through the main loop).
-        Nothing is recomputed and no second masked input exists: the masked upload,
-        if asked again, is the same bytes from the same keys and input."""
+        (its input is fixed or withheld, :meth:`settled`; the job's remaining steps
+        come through the main loop). Nothing is recomputed and no second masked
+        input exists: the masked upload, if asked again, is the same bytes from the
+        same keys and input."""
         job = session.job_id
         self.log(f"job {job.hex()[:8]}: continuing it (the coordinator or this site restarted)")
         for stage, data in session.sent():
             self._submit(session, stage, data)
             if job not in self.jobs:
                 return None  # refused (the coordinator moved on): logged by _submit
-        if session.client.has_input:
+        if self.settled(session):
             return None
         if not session.has_sent(pb.SHARE):
             early = self.answer_share(session, wait_s=self.share_wait_s, poll_ms=self.poll_ms)
@@ -534,21 +535,12 @@ class SecureSteps:
         task arrived (so the next messages' timing says nothing about the data).
         ``donate``: the caller gives ``vector`` up (its memory may hold the encoding,
         ``crypto.SecAggParticipant.set_input``)."""
+        self._hold_local_work(session)
         if session.job_id not in self.jobs:
             # the coordinator moved on during the local work: nothing to send, and no
             # withdrawal either (the job is over for it)
             self.log(f"job {session.job_id.hex()[:8]}: ended before its input was set")
             return False
-        started = self._started.pop(session.job_id, None)
-        if self.min_local_work_s > 0 and started is not None:
-            left = started + self.min_local_work_s - time.monotonic()
-            if left > 0:
-                time.sleep(left)
-            else:
-                self.log(
-                    f"job {session.job_id.hex()[:8]}: local work took longer than "
-                    f"min_local_work_s = {self.min_local_work_s:g} s; its timing is not hidden"
-                )
         try:
             session.set_input(vector, noise=noise, donate=donate)
         except crypto.EncodingOverflow as exc:  # depends on the data: the job's release
@@ -567,12 +559,42 @@ class SecureSteps:
         self.forget(session)
         self.refuse(task_id, error)
 
+    def _hold_local_work(self, session: SecureSession) -> None:
+        """With ``[policy] min_local_work_s``: return no earlier than that long after
+        the job's local work began, whatever its outcome — an input set, withheld, or
+        a job that ended meanwhile — so that when this site next speaks says nothing
+        about its data. (Until 2026-11-27 only a computed input waited: local work
+        that failed went back to the main loop at once, and a trap model that
+        diverges on one record told, by the next poll's moment, whether any record
+        had a pixel set.)"""
+        started = self._started.pop(session.job_id, None)
+        if self.min_local_work_s <= 0 or started is None:
+            return
+        left = started + self.min_local_work_s - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        else:
+            self.log(
+                f"job {session.job_id.hex()[:8]}: local work took longer than "
+                f"min_local_work_s = {self.min_local_work_s:g} s; its timing is not hidden"
+            )
+
+    def settled(self, session: SecureSession) -> bool:
+        """Whether the job's local work is over for good: its input set, or withheld
+        (:meth:`withhold`). A settled job asked again is continued — what was sent is
+        sent again — and its local work is never run twice: run again, the
+        downloads it makes (a model renamed outside the task's context misses the
+        cache) and its moments would tell a coordinator that abandons the job which
+        outcome the first run had, before any masked step, for free."""
+        return session.client.has_input or session.job_id in self._withheld
+
     def withhold(self, task_id: str, session: SecureSession, error: BaseException) -> None:
         """The started job's local work failed or its result will not be sent (outside
         the job's bound): a refusal that depends on the data, answered at the job's
         masked step and charged as the job's release there (module docstring), never
         at once and never for free. The session is kept until then; if the masked
         step is already in hand, the main loop answers it next."""
+        self._hold_local_work(session)
         if session.job_id not in self.jobs:
             # the coordinator moved on before the masked step: nothing is answered —
             # a withdrawal now would tell it what an upload could not have
@@ -582,7 +604,6 @@ class SecureSteps:
             )
             return
         self._withheld[session.job_id] = (task_id, InputWithheld(error))
-        self._started.pop(session.job_id, None)
         self.log(
             f"job {session.job_id.hex()[:8]}: this site's input is withheld ({error}); "
             "it withdraws at the job's masked step, counted as the job's release"

@@ -23,14 +23,24 @@ aggregation with the other members colluding: their inputs are known and unnoise
   reserved for (``ReleaseLedger._check_key``), and a plaintext key the value that
   left under it, never another (``ReleaseLedger.consume``'s ``value``).
 
-Each has its mutation check in this file: the old lookup, or the ledger without the
-key check, lets the attack through.
+* **A settled job asked again.** A job whose input is withheld (outside the bound,
+  failed local work) had no input, so the task asked again ran its local work again —
+  downloads included, and a model renamed outside the task's context missed the
+  cache: the coordinator saw which outcome the first run had before any masked step,
+  abandoned the job (nothing charged) and asked again (a site's example count read
+  exactly in 14 jobs). A job whose input is set *or* withheld is now continued as
+  it is (``SecureSteps.settled``), and with ``[policy] min_local_work_s`` a withheld
+  input waits as long as a computed one before the site speaks again.
+
+Each has its mutation check in this file: the old lookup, the ledger without the key
+check, or the continuation of set inputs only, lets the attack through.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +54,7 @@ from spherecal.crypto.dp import guaranteed_contributors
 from spherecal.crypto.messages import decode_message
 from spherecal.participant import release_ledger
 from spherecal.participant.data import LocalData
+from spherecal.participant.failures import WITHHELD_TEXT
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
 from spherecal.participant.trainer import LocalTrainer
@@ -82,7 +93,39 @@ def _evaluation_spec(scale_bits: int) -> crypto.JobSpec:
     return dataclasses.replace(base, noise_bound=noise.plan.noise_bound)
 
 
-class ResentJobRing(HostileRing):
+class ResendingRing(HostileRing):
+    """A ring whose server acknowledges an identical resend (a continued job) with
+    ALREADY_EXISTS, as the service does."""
+
+    def __init__(self, *, federation: str, model: GlobalModel) -> None:
+        super().__init__(federation=federation, model=model)
+        self.seen: dict[tuple[bytes, int], bytes] = {}
+        self.downloads: list[str] = []
+
+    def download_tensor(self, request: pb.DownloadRequest) -> Iterator[pb.TensorChunk]:
+        self.downloads.append(request.name)
+        return super().download_tensor(request)
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        job = self.jobs[bytes(request.job_id)]
+        assert job.server is not None
+        key = (bytes(request.job_id), int(request.stage))
+        if self.seen.get(key) == bytes(request.message):
+            raise TransportError(grpc.StatusCode.ALREADY_EXISTS, "identical resend")
+        self.seen[key] = bytes(request.message)
+        self.target_stages.append(pb.SecAggStage.Name(request.stage))
+        try:
+            job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
+        except crypto.SecAggError as exc:
+            raise TransportError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if request.stage == pb.UNMASK:
+            job.result = job.server.finish()
+        else:
+            self._advance(job)
+        return pb.Receipt()
+
+
+class ResentJobRing(ResendingRing):
     """The evaluation's job at ``first`` scale bits; the head's download fails once
     after the site's keys and shares left; the task again under the same job id at
     ``again`` scale bits (the server and the others keep the first spec); then the
@@ -97,7 +140,6 @@ class ResentJobRing(HostileRing):
         self.phase = 0
         self.masked: list[pb.Instruction] = []
         self.job: RingJob | None = None
-        self.seen: dict[tuple[bytes, int], bytes] = {}
 
     def _task(self, spec: crypto.JobSpec) -> pb.Instruction:
         secure = pb.SecAggJob(
@@ -150,26 +192,6 @@ class ResentJobRing(HostileRing):
             self.failed_once = True
             raise TransportError(grpc.StatusCode.UNAVAILABLE, "connection reset")
         return super().download_tensor(request)
-
-    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
-        """As the service answers: an identical resend (a continued job) is
-        acknowledged with ALREADY_EXISTS."""
-        job = self.jobs[bytes(request.job_id)]
-        assert job.server is not None
-        key = (bytes(request.job_id), int(request.stage))
-        if self.seen.get(key) == bytes(request.message):
-            raise TransportError(grpc.StatusCode.ALREADY_EXISTS, "identical resend")
-        self.seen[key] = bytes(request.message)
-        self.target_stages.append(pb.SecAggStage.Name(request.stage))
-        try:
-            job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
-        except crypto.SecAggError as exc:
-            raise TransportError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if request.stage == pb.UNMASK:
-            job.result = job.server.finish()
-        else:
-            self._advance(job)
-        return pb.Receipt()
 
 
 def _exact_counts(model: GlobalModel, data: LocalData, head: np.ndarray) -> np.ndarray:
@@ -239,6 +261,108 @@ def test_mutation_a_held_job_found_by_its_id_alone_reads_the_counts(
     ring, exact = _play(tmp_path, model, data, first=24, again=0)
     assert ring.failures == [] and ring.job is not None
     assert np.max(np.abs(ring.job.target_release() - exact)) < 1e-5  # no noise left
+
+
+# ---------------------------------------------------------------- a settled job asked again
+class WithheldAgainRing(ResendingRing):
+    """A training round whose every forward pass overflows (its input is withheld);
+    once the site has answered the share step and done its local work, the same task
+    again with its model published under another name (outside the task's context),
+    then the masked step. Records when the site asked next after its share answer."""
+
+    def __init__(self, model: GlobalModel) -> None:
+        super().__init__(federation="fed", model=model)
+        exploding = model.initial_vector * 1e30
+        job = make_job(ROSTER, model.length + 2)
+        self.script = [
+            pb.Instruction(
+                task_id="train-0",
+                train=pb.TrainTask(
+                    round=0,
+                    model=self.publish("global-0", exploding),
+                    seed=7,
+                    secure=self.secure(job, "update"),
+                ),
+            )
+        ]
+        self.renamed = self.publish("global-0-renamed", exploding)
+        self.first: pb.Instruction | None = None
+        self.masked: list[pb.Instruction] = []
+        self.handed_at: float | None = None
+        self.shared_at: float | None = None
+        self.next_poll_at: float | None = None
+        """The first poll after the share answer (handed, shared: when the task was
+        given, when its share answer came)."""
+
+    def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
+        if request.stage == pb.SHARE and self.shared_at is None:
+            self.shared_at = time.monotonic()
+        return super().submit_secagg(request)
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self.shared_at is not None and self.next_poll_at is None:
+            self.next_poll_at = time.monotonic()
+        if self.first is None:
+            self.first = super().next_instruction(request)  # bound to its task, job started
+            self.handed_at = time.monotonic()
+            return self.first
+        if self._steps:
+            step = self._steps.pop(0)
+            if step.secagg.stage == pb.MASKED and not self.masked and self.renamed is not None:
+                self.masked.append(step)  # held back: the task comes again first
+                again = pb.Instruction()
+                again.CopyFrom(self.first)
+                again.train.model.CopyFrom(self.renamed)  # same bytes, another name
+                self.renamed = None
+                return again
+            return step
+        if self.masked:
+            return self.masked.pop(0)
+        return pb.Instruction(done=pb.Done(status="completed", message="over"))
+
+
+def test_a_withheld_job_asked_again_runs_no_local_work_again(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Asked again, a job whose input is withheld is continued like one whose input
+    is set — what it sent is sent again, nothing downloaded or computed — so the
+    coordinator cannot tell the two apart before the masked step and abandon the job
+    for free (14 abandoned jobs bisected a site's example count to its exact value
+    before 2026-11-27)."""
+    ring = WithheldAgainRing(model)
+    run_target(target_settings(tmp_path), ring, data)
+    assert "global-0-renamed" not in ring.downloads, ring.downloads
+    (failure,) = ring.failures  # the refusal, at the masked step, once
+    assert failure.reason == WITHHELD_TEXT
+    assert _released(tmp_path) == [("update", "refusal")]
+
+
+def test_mutation_a_withheld_job_asked_again_runs_again(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Continued only when its input is set (before the rule): the withheld job's task
+    runs again, and the model under its new name is downloaded — the answer."""
+    monkeypatch.setattr(SecureSteps, "settled", lambda _self, s: s.client.has_input)
+    ring = WithheldAgainRing(model)
+    run_target(target_settings(tmp_path), ring, data)
+    assert "global-0-renamed" in ring.downloads
+
+
+def test_a_withheld_input_waits_min_local_work_like_a_computed_one(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With ``[policy] min_local_work_s`` a site speaks again no earlier than that
+    long after its local work began, whatever the work's outcome; a failed local work
+    (training that overflows) used to go back to the main loop at once. Asserted is
+    the guard's lower bound only: ``time.sleep`` never returns early."""
+    hold = 1.0
+    ring = WithheldAgainRing(model)
+    settings = target_settings(tmp_path, min_local_work_s=hold)
+    run_target(settings, ring, data)
+    assert ring.handed_at is not None and ring.next_poll_at is not None
+    assert ring.next_poll_at - ring.handed_at >= hold
+    (failure,) = ring.failures
+    assert failure.reason == WITHHELD_TEXT
 
 
 # ---------------------------------------------------------------- plaintext task ids
