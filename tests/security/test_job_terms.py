@@ -285,7 +285,7 @@ class WithheldAgainRing(ResendingRing):
                 ),
             )
         ]
-        self.renamed = self.publish("global-0-renamed", exploding)
+        self.renamed: pb.TensorRef | None = self.publish("global-0-renamed", exploding)
         self.first: pb.Instruction | None = None
         self.masked: list[pb.Instruction] = []
         self.handed_at: float | None = None
