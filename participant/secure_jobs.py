@@ -531,24 +531,28 @@ class SecureSteps:
         donate: bool = False,
     ) -> bool:
         """Fix the job's input once computed; False (reported) when it cannot be.
-        With ``[policy] min_local_work_s`` it first waits until that long after the
-        task arrived (so the next messages' timing says nothing about the data).
+        With ``[policy] min_local_work_s`` it then waits until that long after the
+        local work began, whatever the outcome (so the next messages' timing says
+        nothing about the data; an encoding that fits and one that overflows differ
+        by about a millisecond per million entries, so the wait comes after it).
         ``donate``: the caller gives ``vector`` up (its memory may hold the encoding,
         ``crypto.SecAggParticipant.set_input``)."""
-        self._hold_local_work(session)
         if session.job_id not in self.jobs:
             # the coordinator moved on during the local work: nothing to send, and no
             # withdrawal either (the job is over for it)
+            self._hold_local_work(session)
             self.log(f"job {session.job_id.hex()[:8]}: ended before its input was set")
             return False
-        try:
+        try:  # encoded before the hold: how long encoding takes is the data's too
             session.set_input(vector, noise=noise, donate=donate)
         except crypto.EncodingOverflow as exc:  # depends on the data: the job's release
-            self.withhold(task_id, session, exc)
+            self.withhold(task_id, session, exc)  # (held there)
             return False
         except crypto.SecAggError as exc:  # the vector's length or dtype: not the data
+            self._hold_local_work(session)
             self.abandon(task_id, session, exc)
             return False
+        self._hold_local_work(session)
         return True
 
     def abandon(self, task_id: str, session: SecureSession | None, error: BaseException) -> None:
@@ -670,17 +674,21 @@ class SecureSteps:
             self.halter.check(
                 stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
             )
-        if step.stage == pb.MASKED and session.job_id in self._withheld:
-            self._release_withheld(session)
-            return
+        withheld = step.stage == pb.MASKED and session.job_id in self._withheld
         try:
-            out = session.respond(step)
+            if withheld:  # the bundle is checked as for a set input, then the refusal
+                session.take_share_bundle(step)
+            else:
+                out = session.respond(step)
         except crypto.SecAggError as exc:
             self._drop(session.job_id)
             complaint = getattr(exc, "complaint", None)
             if isinstance(complaint, crypto.ShareComplaint):
                 self._complain(session, complaint)
             self.refuse(job_hex, exc)
+            return
+        if withheld:
+            self._release_withheld(session)
             return
         if step.stage == pb.UNMASK and session.release is not None:
             self._record_survivors(session.release, bytes(step.message))

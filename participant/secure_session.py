@@ -275,8 +275,7 @@ class SecureSession:
                 # the local work comes with the task (a restarted site gets it again);
                 # nothing is masked, and nothing charged, without the input
                 raise crypto.OutOfStage("the masked stage came before this site's input")
-            if self.client.stage is ParticipantStage.RECEIVE_SHARES:
-                self.client.receive_shares(crypto.ShareBundle.from_bytes(data))
+            self.take_share_bundle(step)
             return None
         elif stage == pb.CONSISTENCY:
             request = crypto.ConsistencyRequest.from_bytes(data)
@@ -287,6 +286,16 @@ class SecureSession:
             raise crypto.OutOfStage(f"unknown secure-aggregation stage {stage}")
         self._sent[stage] = out
         return out
+
+    def take_share_bundle(self, step: pb.SecAggStep) -> None:
+        """Check and take the MASKED step's share bundle (once). A job whose input is
+        withheld takes it too, before its refusal is charged: a bundle that fails
+        (malformed, a forged share, too few survivors) then ends the job with the same
+        uncharged refusal whatever the input's fate — checked only for a set input,
+        a coordinator sending a bad bundle read "input fits" for free and "input
+        withheld" for one charge (``SecureSteps.step``)."""
+        if self.client.stage is ParticipantStage.RECEIVE_SHARES:
+            self.client.receive_shares(crypto.ShareBundle.from_bytes(bytes(step.message)))
 
     @property
     def n_chunks(self) -> int:

@@ -46,7 +46,6 @@ from spherecal.participant.dp_gate import BudgetExceeded, PrivacyRefused
 from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.release_ledger import Release
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.spherefed.heads import UNIT_NORM_HEADS
 from spherecal.spherefed.stats import (
     ccvr_layout_size,
     ffc_layout_size,
@@ -145,25 +144,27 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
         runner._upload_plain(task_id, stats, None, release=release)
 
 
-def _example_limit(runner: ParticipantRunner, task: pb.StatisticsTask, kind: str) -> int | None:
+def _example_limit(runner: ParticipantRunner, task: pb.StatisticsTask, kind: str) -> int:
     """The most training examples this site's exact statistics may count in the
-    secure job, or None when the job's bound does not follow from the count.
+    secure job.
 
-    With a unit-norm head (``‖z‖ = 1``) every entry of a site's FFC or CCVR
-    statistics is at most its example count (``unit_norm_entry_bound``), so the job's
-    bound — which the coordinator chooses — caps the count. A site that refused by it
-    would tell the coordinator, past secure aggregation, exactly whether it holds more
-    than the count the bound allows: one exact bit per bound it asks with, about the
-    exact count where the site otherwise releases only a noised training weight. So
-    a larger training split contributes a uniformly random subset of the largest
-    size that fits (``unit_norm_examples_within``), as a DP release does above its
-    ``max_examples``; only this site's log says so.
+    FFC's and CCVR's statistics carry counts (the example count, the class counts),
+    and with a unit-norm head (``‖z‖ = 1``) every other entry is at most the example
+    count too (``unit_norm_entry_bound``), so the job's bound — which the coordinator
+    chooses — caps the count. A site that refused by it would tell the coordinator,
+    past secure aggregation, exactly whether it holds more than the count the bound
+    allows: one exact bit per bound it asks with, about the exact count where the
+    site otherwise releases only a noised training weight. So a larger training split
+    contributes a uniformly random subset of the largest size that fits
+    (``unit_norm_examples_within``), as a DP release does above its ``max_examples``;
+    only this site's log says so.
 
-    With any other head nothing bounds ``‖z‖``: an entry outside the bound stays a
-    refusal that depends on the data, answered at the masked step and counted as the
-    release (``SecureSteps.withhold``; ``docs/privacy.md``)."""
-    if runner._trainer().spec.head not in UNIT_NORM_HEADS:
-        return None
+    With any other head the counts are fitted the same way — until 2026-11-27 they
+    were not, and a coordinator that chose a ``learnable`` head and shrank the
+    features read the count as the largest entry — while a feature entry outside the
+    bound (nothing bounds ``‖z‖``) stays a refusal that depends on the data, answered
+    at the masked step and counted as the release (``SecureSteps.withhold``;
+    ``docs/privacy.md``)."""
     bound = crypto.JobSpec.from_bytes(task.secure.spec).bound
     limit = unit_norm_examples_within(bound)
     held = runner.data.train_size

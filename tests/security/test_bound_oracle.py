@@ -31,6 +31,7 @@ import numpy.typing as npt
 import pytest
 
 from spherecal.coordinator.driver.model import GlobalModel
+from spherecal.coordinator.settings import ModelSettings
 from spherecal.participant import evaluation_task, example_weight, trainer, training_task
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import WITHHELD_TEXT
@@ -236,6 +237,26 @@ def test_ccvr_below_the_count_is_a_subset_of_the_sites_classes(
     truth = np.bincount(data.train_y.numpy(), minlength=model.num_classes)
     assert counts.sum() == pytest.approx(_fits(n - 1, n), abs=1e-6)
     assert np.all(counts <= truth + 1e-6)
+
+
+def test_the_count_of_a_head_that_does_not_bound_its_features_fits_any_bound(
+    tmp_path: Path, data: LocalData
+) -> None:
+    """A ``learnable`` head bounds no ``‖z‖``, but FFC's first entry is still the
+    example count, and at the initial weights its features are small enough that the
+    count is the largest entry. Until 2026-11-27 only unit-norm heads fitted it: a
+    coordinator that chose a ``learnable`` head read the count from the refusal at a
+    bound one below it. Now its counts fit any bound like a unit-norm head's (a
+    random subset), and only a feature entry outside the bound is refused."""
+    learnable = GlobalModel(ModelSettings(extractor="mlp", head="learnable").spec(0))
+    n = data.train_size
+    ring, job = _bounded_statistics(tmp_path, learnable, data, pb.FFC, n - 1)
+    assert ring.failures == []
+    release = job.target_release()
+    assert release[0] == pytest.approx(_fits(n - 1, n), abs=1e-6)  # the count, fitted
+    assert np.max(np.abs(release)) <= n - 1
+    (row,) = _ledger(tmp_path)
+    assert row["state"] == "released" and row["answer"] == "input"
 
 
 def test_mutation_statistics_of_the_whole_split_refuse_below_its_count(

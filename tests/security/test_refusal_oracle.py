@@ -54,6 +54,11 @@ from tests.security.hostile_ring import (
 
 ROSTER = ("p0", "p1", "p2", "p3")
 OTHER_ROSTER = ("p0", "p1", "p2", "p4")
+SCALE = 3.0
+"""The model the coordinator serves is its initial one with every weight × 3: the
+features grow past 1 in norm, so the statistics' largest entry (2225 here) is one of
+``V``'s, not the example count (222) — a count the site fits to any bound (it would
+be the largest entry at the initial weights)."""
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,9 @@ def largest_entry(model: GlobalModel, data: LocalData) -> float:
     from the trainer the site builds (what a bisection would read)."""
     plan = hostile_join_reply("fed", model, len(ROSTER)).plan
     trainer = LocalTrainer(plan, data)
-    return float(np.max(np.abs(trainer.statistics(model.initial_vector, "ffc"))))
+    stats = trainer.statistics(model.initial_vector * SCALE, "ffc")
+    assert np.argmax(np.abs(stats)) != 0  # not the count (its first entry)
+    return float(np.max(np.abs(stats)))
 
 
 class AbandoningRing(HostileRing):
@@ -120,7 +127,7 @@ def _released(tmp: Path) -> list[str]:
 
 
 def _ffc(ring: HostileRing, task_id: str, job: RingJob, model: GlobalModel) -> pb.Instruction:
-    ref = ring.publish(f"model-{task_id}", model.initial_vector)
+    ref = ring.publish(f"model-{task_id}", model.initial_vector * SCALE)
     return pb.Instruction(
         task_id=task_id,
         statistics=pb.StatisticsTask(kind=pb.FFC, model=ref, secure=ring.secure(job, "ffc")),
@@ -231,3 +238,66 @@ def test_mutation_withdrawing_at_once_tells_the_abandoning_coordinator(
     refused = {f.task_id for f in ring.failures}
     assert "below" in refused and "above" not in refused  # one free bit per job
     assert honest.result is not None
+
+
+class BadBundleRing(HostileRing):
+    """Sends each job's masked step with a share bundle that does not decode."""
+
+    def _step(self, job: RingJob, stage: pb.SecAggStage, message: bytes) -> None:
+        if stage == pb.MASKED:
+            message = b"\x07not a share bundle"
+        super()._step(job, stage, message)
+
+
+def _bad_bundles(
+    tmp: Path, model: GlobalModel, data: LocalData, largest_entry: float
+) -> tuple[BadBundleRing, RingJob, RingJob]:
+    """A bound above, then one below the largest entry (a scan downwards: each answer
+    "fits" before the first "withheld"), each job's masked step with a bundle that
+    does not decode."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    above = make_job(OTHER_ROSTER, length, bound=largest_entry * 2)
+    below = make_job(ROSTER, length, bound=largest_entry / 2)
+    ring = BadBundleRing(federation="fed", model=model)
+    ring.script = [_ffc(ring, "above", above, model), _ffc(ring, "below", below, model)]
+    _run(tmp, ring, data)
+    return ring, below, above
+
+
+def test_a_bad_masked_step_ends_a_withheld_job_as_it_ends_a_set_one(
+    tmp_path: Path, model: GlobalModel, data: LocalData, largest_entry: float
+) -> None:
+    """The masked step's share bundle is checked before a withheld input's refusal is
+    charged, as before a set input leaves: a bundle that fails ends either job with
+    the same uncharged refusal. Checked for a set input only, a coordinator that sent
+    bad bundles read "fits" for free and "withheld" for one charge, and scanning the
+    bound down read a site's example count for one release."""
+    ring, below, above = _bad_bundles(tmp_path, model, data, largest_entry)
+    reports = {f.task_id: (pb.FailureKind.Name(f.kind), f.reason) for f in ring.failures}
+    assert set(reports) == {below.job_id.hex(), above.job_id.hex()}, reports
+    assert reports[below.job_id.hex()] == reports[above.job_id.hex()]
+    assert _released(tmp_path) == []  # neither charged
+
+
+def test_mutation_a_withheld_job_that_skips_the_bundle_is_told_apart(
+    tmp_path: Path,
+    model: GlobalModel,
+    data: LocalData,
+    largest_entry: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bundle checked for a set input only (before the rule): the job below the
+    largest entry is refused under its task with the withheld sentence and charged,
+    the one above under its job id with the bundle's error, uncharged."""
+    take = SecureSession.take_share_bundle
+
+    def set_inputs_only(self: SecureSession, step: pb.SecAggStep) -> None:
+        if self.client.has_input:
+            take(self, step)
+
+    monkeypatch.setattr(SecureSession, "take_share_bundle", set_inputs_only)
+    ring, below, above = _bad_bundles(tmp_path, model, data, largest_entry)
+    reports = {f.task_id: f.reason for f in ring.failures}
+    assert reports.get("below") == WITHHELD_TEXT
+    assert above.job_id.hex() in reports and "above" not in reports
+    assert _released(tmp_path) == [below.job_id.hex()]
