@@ -627,7 +627,11 @@ class SecureSteps:
             try:
                 self.releases.consume(session.release, answer=REFUSAL)
             except (ReleaseRepeated, EvaluationsExhausted) as exc:  # a concurrent job went first
-                error = exc
+                # refused exactly as a set input is at this point (_upload_masked: under
+                # the job's id, uncharged); under the task's id it told, for free, which
+                # of the two the input was
+                self.abandon(session.job_id.hex(), session, exc)
+                return
         self.halter.check(
             "charged",
             purpose=session.purpose,

@@ -301,3 +301,54 @@ def test_mutation_a_withheld_job_that_skips_the_bundle_is_told_apart(
     assert reports.get("below") == WITHHELD_TEXT
     assert above.job_id.hex() in reports and "above" not in reports
     assert _released(tmp_path) == [below.job_id.hex()]
+
+
+class ConcurrentRing(HostileRing):
+    """Hands out every task before any masked step, then the masked steps in the
+    order their jobs came: two jobs for one release are both admitted (neither has
+    left yet), and the second meets the first's charge at its masked step."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.held: list[pb.Instruction] = []
+        self.holding = True
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        while self._steps and self._steps[0].secagg.stage == pb.MASKED and self.holding:
+            self.held.append(self._steps.pop(0))
+        if not self._steps and not self.script and self.held:
+            self.holding = False  # every task handed out: the masked steps, in order
+            return self.held.pop(0)
+        return super().next_instruction(request)
+
+
+def _second_of_two(
+    tmp: Path, model: GlobalModel, data: LocalData, second_bound: float
+) -> tuple[str, str, str]:
+    """A job that releases the statistics, and a concurrent second one for the same
+    statistics at ``second_bound``: what the second one's refusal says."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    first = make_job(ROSTER, length, bound=1e6)
+    second = make_job(OTHER_ROSTER, length, bound=second_bound)
+    ring = ConcurrentRing(federation="fed", model=model)
+    ring.script = [_ffc(ring, "first", first, model), _ffc(ring, "second", second, model)]
+    _run(tmp, ring, data)
+    assert first.result is not None and _released(tmp) == [first.job_id.hex()]
+    (report,) = ring.failures
+    task = "job" if report.task_id == second.job_id.hex() else report.task_id
+    return task, pb.FailureKind.Name(report.kind), report.reason
+
+
+def test_a_concurrent_jobs_refusal_is_the_same_whether_its_input_fitted(
+    tmp_path: Path, model: GlobalModel, data: LocalData, largest_entry: float
+) -> None:
+    """The second job's masked step meets the first job's charge, so it is refused
+    uncharged (``RULE_RELEASE_REPEATED``) whatever its input: under the job's id, for
+    an input that was set and one that was withheld alike. Until 2026-11-27 the
+    withheld one was refused under its task's id — one free bit per concurrent job
+    about "is some entry above the bound?" (this test fails on that code: 'job' !=
+    'second')."""
+    fits = _second_of_two(tmp_path / "fits", model, data, largest_entry * 2)
+    withheld = _second_of_two(tmp_path / "withheld", model, data, largest_entry / 2)
+    assert fits == withheld
+    assert fits[0] == "job" and fits[1] == "POLICY_REFUSAL"
