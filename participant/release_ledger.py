@@ -111,6 +111,20 @@ def evaluation_digest(total: int, counts: dict[str, int]) -> bytes:
     return hashlib.sha256(b"spherecal plaintext evaluation v1" + text.encode()).digest()
 
 
+def _release_of(row: tuple[Any, ...]) -> Release:
+    """The release of a ``site_releases`` row read as ``kind, federation, model,
+    data, content, round, noised, …``."""
+    return Release(
+        kind=str(row[0]),
+        federation=str(row[1]),
+        model=bytes(row[2]),
+        data=bytes(row[3]),
+        content=bytes(row[4]),
+        round=row[5],
+        noised=bool(row[6]),
+    )
+
+
 EVALUATE = "evaluate"
 INPUT = "input"
 """What left in a release's place: the input (masked, or plaintext where allowed)."""
@@ -490,6 +504,27 @@ class ReleaseLedger:
                 f"federation {row[1]!r}); a key admits one release"
             )
 
+    def check_consumable(self, job: str) -> None:
+        """Raise what :meth:`consume` would raise for ``job`` now (a concurrent job's
+        release that left first), writing nothing.
+
+        Why: a secure job's masked step does data-dependent work before the charge
+        — a set input is masked, stored and synced (milliseconds per 10⁵ entries), a
+        withheld one is not — so a refusal found only at the charge came later for
+        a set input than for a withheld one. Checked first, it comes at the same
+        moment for both, before any of that work (``SecureSteps``)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT kind, federation, model, data, content, round, noised, state "
+                "FROM site_releases WHERE participant = ? AND job = ?",
+                (self.participant, job),
+            ).fetchone()
+            if row is None or row[7] == "released":
+                return
+            conflict = self._conflict(_release_of(row), job)
+            if conflict is not None:
+                raise conflict
+
     def consume(self, job: str, *, answer: str = INPUT, value: bytes | None = None) -> None:
         """The input of ``job`` is about to leave: re-check and record it, atomically.
         Idempotent for one job (a retried upload); unknown jobs are a no-op.
@@ -531,15 +566,7 @@ class ReleaseLedger:
                         "this one differs; a key admits one value"
                     )
                 return
-            release = Release(
-                kind=str(row[0]),
-                federation=str(row[1]),
-                model=bytes(row[2]),
-                data=bytes(row[3]),
-                content=bytes(row[4]),
-                round=row[5],
-                noised=bool(row[6]),
-            )
+            release = _release_of(row)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 conflict = self._conflict(release, job)

@@ -743,8 +743,19 @@ class SecureSteps:
         the coordinator asks again after a delivered upload) streams the stored file;
         the ledger charge is idempotent for one job."""
         job_id = session.job_id
+        if session.release is not None:
+            try:  # before any masking: a refusal here comes as soon as a withheld one's
+                self.releases.check_consumable(session.release)
+            except (ReleaseRepeated, EvaluationsExhausted) as exc:  # a concurrent job went first
+                self.abandon(job_id.hex(), session, exc)
+                return
         if session.masked_seals is None and self.store is not None:
-            refusal = store_masked(self.store, session, self.federation(), self.log)
+            try:
+                refusal = store_masked(self.store, session, self.federation(), self.log)
+            except crypto.SecAggError as exc:  # masking refused: a refusal, never an exit
+                self._drop(job_id)
+                self.refuse(job_id.hex(), exc)
+                return
             if refusal is not None:
                 self.abandon(job_id.hex(), session, refusal)
                 return

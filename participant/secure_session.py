@@ -294,7 +294,15 @@ class SecureSession:
         uncharged refusal whatever the input's fate — checked only for a set input,
         a coordinator sending a bad bundle read "input fits" for free and "input
         withheld" for one charge (``SecureSteps.step``)."""
-        if self.client.stage is ParticipantStage.RECEIVE_SHARES:
+        stage = self.client.stage
+        if stage in (ParticipantStage.ADVERTISE, ParticipantStage.SHARE):
+            # the masked step before this site's share answer (sent during its share
+            # wait, say): out of order whatever the input — it used to pass for a set
+            # input and end the process when its masking found the wrong stage
+            raise crypto.OutOfStage(
+                f"the masked step came before this site's share answer (at {stage.value})"
+            )
+        if stage is ParticipantStage.RECEIVE_SHARES:
             self.client.receive_shares(crypto.ShareBundle.from_bytes(bytes(step.message)))
 
     @property
