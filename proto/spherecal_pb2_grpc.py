@@ -176,7 +176,9 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStatus(self, request, context):
-        """Metadata only: phase, rounds, jobs, who is connected. Never any values.
+        """A roster member's view, metadata only: phase, rounds, each job's state, and the
+        caller's own presence. Never another site's presence, a job's contributors, a
+        reason or any value (the operator's view is GetFederationStatus).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -80,7 +80,10 @@ class CoordinatorStub:
     no task_id, refuses the federation's plan and leaves the federation.
     """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_spherecal_pb2.StatusRequest, _spherecal_pb2.StatusReply]
-    """Metadata only: phase, rounds, jobs, who is connected. Never any values."""
+    """A roster member's view, metadata only: phase, rounds, each job's state, and the
+    caller's own presence. Never another site's presence, a job's contributors, a
+    reason or any value (the operator's view is GetFederationStatus).
+    """
     GetFederationStatus: _grpc.UnaryUnaryMultiCallable[_spherecal_pb2.FederationStatusRequest, _spherecal_pb2.FederationStatus]
     """The operator's live view (`spherecal status`): roster with liveness, current round
     and secure-aggregation stage, completed rounds, jobs, epsilon spent per subject.
@@ -122,7 +125,10 @@ class CoordinatorAsyncStub(CoordinatorStub):
     no task_id, refuses the federation's plan and leaves the federation.
     """
     GetStatus: _aio.UnaryUnaryMultiCallable[_spherecal_pb2.StatusRequest, _spherecal_pb2.StatusReply]  # type: ignore[assignment]
-    """Metadata only: phase, rounds, jobs, who is connected. Never any values."""
+    """A roster member's view, metadata only: phase, rounds, each job's state, and the
+    caller's own presence. Never another site's presence, a job's contributors, a
+    reason or any value (the operator's view is GetFederationStatus).
+    """
     GetFederationStatus: _aio.UnaryUnaryMultiCallable[_spherecal_pb2.FederationStatusRequest, _spherecal_pb2.FederationStatus]  # type: ignore[assignment]
     """The operator's live view (`spherecal status`): roster with liveness, current round
     and secure-aggregation stage, completed rounds, jobs, epsilon spent per subject.
@@ -227,7 +233,10 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _spherecal_pb2.StatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_spherecal_pb2.StatusReply, _abc.Awaitable[_spherecal_pb2.StatusReply]]:
-        """Metadata only: phase, rounds, jobs, who is connected. Never any values."""
+        """A roster member's view, metadata only: phase, rounds, each job's state, and the
+        caller's own presence. Never another site's presence, a job's contributors, a
+        reason or any value (the operator's view is GetFederationStatus).
+        """
 
     @_abc_1.abstractmethod
     def GetFederationStatus(

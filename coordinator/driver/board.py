@@ -43,7 +43,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import header_for
 from spherecal.proto.federation_end import STOPPING_STATUS
 
-__all__ = ["Board", "Published", "stopping_message"]
+__all__ = ["Board", "Published", "end_told_to_sites", "stopping_message"]
 
 
 def stopping_message(reason: str) -> str:
@@ -51,6 +51,24 @@ def stopping_message(reason: str) -> str:
     return (
         f"coordinator stopping ({reason}); the federation is not over and resumes when "
         "the coordinator is restarted"
+    )
+
+
+def end_told_to_sites(status: str, message: str) -> str:
+    """What every site is told of the federation's end (``Done``, and a join after
+    it): the status, never the reasons.
+
+    Why: the reasons name sites and what they sent — "first cause: p2 withdrew at
+    masked: BAD_INPUT: this site withholds its input …", a budget refusal naming a
+    site's ε limit, a plan refused for its labels — and a withheld input is a bit of
+    that site's data, charged as a release to the coordinator alone. Relayed in
+    ``Done`` it reached every other site (until 2026-11-27). The reasons stay in the
+    operator's views: ``spherecal status``, the summary, the events."""
+    if status == "completed":
+        return "federation completed"
+    return (
+        f"federation {status}; its reasons are in the coordinator's status and summary "
+        "(its operator's view)"
     )
 
 
@@ -212,6 +230,8 @@ class Board:
                 status, message = self.done
                 if self.suspended is not None:
                     status, message = STOPPING_STATUS, stopping_message(self.suspended)
+                else:
+                    message = end_told_to_sites(status, message)
                 return pb.Instruction(done=pb.Done(status=status, message=message))
             task = self.task
             phase = self.phase

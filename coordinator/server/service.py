@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 import grpc
 
 from spherecal import crypto
-from spherecal.coordinator.driver.board import stopping_message
+from spherecal.coordinator.driver.board import end_told_to_sites, stopping_message
 from spherecal.coordinator.driver.conduct import REFUSAL_KINDS
 from spherecal.coordinator.driver.dp_releases import PRIVACY_REFUSALS
 from spherecal.coordinator.driver.federation import Federation
@@ -181,7 +181,9 @@ class CoordinatorService:
             status, message = done
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                ended_details(board.federation_id, status, message),
+                ended_details(
+                    board.federation_id, status, end_told_to_sites(status, message)
+                ),
             )
 
     def _check_data_shape(self, shape: pb.DataShape) -> None:
@@ -459,21 +461,34 @@ class CoordinatorService:
 
     # ---------------------------------------------------------------- status
     def get_status(self, request: pb.StatusRequest, peer: Peer) -> pb.StatusReply:
-        self.registry.authenticate_any(request.caller, peer)
+        """A roster member's view: the phase, the rounds, each job's state, and its
+        own presence — never another site's presence, a job's contributors or any
+        reason. Until 2026-11-27 any certificate of the CA was answered, and every
+        member read which sites stayed connected yet left a job's sum (a withheld
+        input, a bit of that site's data) and the first cause naming them. The
+        operator's view is :meth:`get_federation_status`."""
+        pid = self.registry.authenticate_any(request.caller, peer)
         fed = self.federation
-        alive = self.registry.alive()
-        joined = self.registry.joined()
+        failed = len(fed.errors)
         return pb.StatusReply(
             federation_id=fed.federation_id,
             phase=fed.phase,
             completed_rounds=fed.completed_rounds,
             rounds=self.settings.training.rounds,
-            jobs=job_statuses(fed),
-            participants=[
-                pb.ParticipantStatus(participant_id=p, joined=p in joined, alive=p in alive)
-                for p in self.settings.participants
+            jobs=[
+                pb.JobStatus(
+                    job_id=j.job_id, purpose=j.purpose, round=j.round, state=j.state, stage=j.stage
+                )
+                for j in job_statuses(fed)
             ],
-            error="; ".join(fed.errors),
+            participants=[
+                pb.ParticipantStatus(
+                    participant_id=pid,
+                    joined=pid in self.registry.joined(),
+                    alive=pid in self.registry.alive(),
+                )
+            ],
+            error=f"{failed} error(s): see the coordinator's status" if failed else "",
         )
 
     def get_federation_status(

@@ -267,10 +267,15 @@ class Registry:
         return member
 
     def authenticate_any(self, caller: pb.Caller, peer: Peer) -> str:
-        """For read-only status calls: a valid certificate (mTLS) or a valid session."""
+        """For read-only status calls: a roster member's certificate (mTLS), with or
+        without a session, or a valid session. (Until 2026-11-27 any certificate the
+        CA issued was answered: a site of another federation under the same CA, or one
+        that left the roster.)"""
         if peer.identity is not None:
-            self._check_peer(caller.participant_id or peer.identity, peer)
-            return peer.identity
+            pid = caller.participant_id or peer.identity
+            self._check_peer(pid, peer)
+            self._known(pid)
+            return pid
         return self.authenticate(caller, peer).participant_id
 
     def join(self, request: pb.JoinRequest, peer: Peer) -> Member:

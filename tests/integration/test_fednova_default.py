@@ -55,6 +55,14 @@ def test_a_round_lost_to_refusals_names_the_refusal_not_the_quorum(tmp_path: Pat
     assert "outside the job's declared bound or not finite" in cause
     logs = "".join(p.read_text() for p in (out / "logs").glob("p*.log"))
     assert "outside the declared bound |x| <= 1.0" in logs
+    # every site is told the end, never its reasons: they name the other sites and
+    # what they withheld (a bit of each one's data, charged to the coordinator alone)
+    for log in sorted((out / "logs").glob("p*.log")):
+        (told,) = [line for line in log.read_text().splitlines() if "coordinator says done" in line]
+        assert told.endswith(
+            "coordinator says done (degraded): federation degraded; its reasons are in the "
+            "coordinator's status and summary (its operator's view)"
+        ), told
 
 
 def test_rounds_lost_in_a_row_fail_the_run(tmp_path: Path) -> None:

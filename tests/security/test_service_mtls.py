@@ -134,6 +134,10 @@ def test_certificate_identity_roster_and_keys_are_enforced(mtls: tuple[Simulatio
     assert _code(mallory.Join, _join_request("mallory", certs / "mallory.identity.key")) is (
         grpc.StatusCode.PERMISSION_DENIED
     )
+    # ... nor its status: the roster, the jobs and their reasons are the federation's
+    # (until 2026-11-27 any certificate of the CA was answered)
+    mallory_status = pb.StatusRequest(caller=pb.Caller(participant_id="mallory"))
+    assert _code(mallory.GetStatus, mallory_status) is grpc.StatusCode.PERMISSION_DENIED
     # The right certificate with an identity key it does not bind.
     assert _code(p0.Join, _join_request("p0", None)) is grpc.StatusCode.PERMISSION_DENIED
     request = _join_request("p0", certs / "p0.identity.key")
@@ -144,6 +148,8 @@ def test_certificate_identity_roster_and_keys_are_enforced(mtls: tuple[Simulatio
     assert _code(p0.NextInstruction, bad_session) is grpc.StatusCode.UNAUTHENTICATED
     status = p0.GetStatus(pb.StatusRequest(caller=pb.Caller(participant_id="p0")), timeout=10)
     assert status.phase == "waiting for participants"
+    # a member sees its own presence only
+    assert [m.participant_id for m in status.participants] == ["p0"]
     # Malformed and oversized requests.
     caller = pb.Caller(participant_id="p0", session=reply.session)
     assert _code(p0.UploadTensor, iter([pb.TensorUpload(data=b"x")])) is (
