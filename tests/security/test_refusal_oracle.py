@@ -134,17 +134,32 @@ def _ffc(ring: HostileRing, task_id: str, job: RingJob, model: GlobalModel) -> p
     )
 
 
+def _ask(
+    tmp: Path,
+    ring: HostileRing,
+    model: GlobalModel,
+    data: LocalData,
+    *questions: tuple[str, tuple[str, ...], float],
+) -> list[RingJob]:
+    """Run the site through one FFC statistics task per ``(task id, roster, bound)``,
+    in that order; their jobs."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    jobs = [make_job(roster, length, bound=bound) for _, roster, bound in questions]
+    tasks = [task for task, _, _ in questions]
+    ring.script = [_ffc(ring, t, job, model) for t, job in zip(tasks, jobs, strict=True)]
+    _run(tmp, ring, data)
+    return jobs
+
+
 def _bisect(
     tmp: Path, model: GlobalModel, data: LocalData, low: float
 ) -> tuple[HostileRing, RingJob, RingJob]:
     """Two questions for the same statistics: a bound below the site's largest entry,
     then one above it."""
-    length = ffc_layout_size(model.feature_dim, model.num_classes)
     ring = HostileRing(federation="fed", model=model)
-    below = make_job(ROSTER, length, bound=low)
-    above = make_job(OTHER_ROSTER, length, bound=1e6)
-    ring.script = [_ffc(ring, "below", below, model), _ffc(ring, "above", above, model)]
-    _run(tmp, ring, data)
+    below, above = _ask(
+        tmp, ring, model, data, ("below", ROSTER, low), ("above", OTHER_ROSTER, 1e6)
+    )
     return ring, below, above
 
 
@@ -255,12 +270,15 @@ def _bad_bundles(
     """A bound above, then one below the largest entry (a scan downwards: each answer
     "fits" before the first "withheld"), each job's masked step with a bundle that
     does not decode."""
-    length = ffc_layout_size(model.feature_dim, model.num_classes)
-    above = make_job(OTHER_ROSTER, length, bound=largest_entry * 2)
-    below = make_job(ROSTER, length, bound=largest_entry / 2)
     ring = BadBundleRing(federation="fed", model=model)
-    ring.script = [_ffc(ring, "above", above, model), _ffc(ring, "below", below, model)]
-    _run(tmp, ring, data)
+    above, below = _ask(
+        tmp,
+        ring,
+        model,
+        data,
+        ("above", OTHER_ROSTER, largest_entry * 2),
+        ("below", ROSTER, largest_entry / 2),
+    )
     return ring, below, above
 
 
@@ -327,12 +345,10 @@ def _second_of_two(
 ) -> tuple[str, str, str]:
     """A job that releases the statistics, and a concurrent second one for the same
     statistics at ``second_bound``: what the second one's refusal says."""
-    length = ffc_layout_size(model.feature_dim, model.num_classes)
-    first = make_job(ROSTER, length, bound=1e6)
-    second = make_job(OTHER_ROSTER, length, bound=second_bound)
     ring = ConcurrentRing(federation="fed", model=model)
-    ring.script = [_ffc(ring, "first", first, model), _ffc(ring, "second", second, model)]
-    _run(tmp, ring, data)
+    first, second = _ask(
+        tmp, ring, model, data, ("first", ROSTER, 1e6), ("second", OTHER_ROSTER, second_bound)
+    )
     assert first.result is not None and _released(tmp) == [first.job_id.hex()]
     (report,) = ring.failures
     task = "job" if report.task_id == second.job_id.hex() else report.task_id
@@ -365,11 +381,8 @@ class MaskedFirstRing(HostileRing):
 
 
 def _masked_first(tmp: Path, model: GlobalModel, data: LocalData, bound: float) -> str:
-    length = ffc_layout_size(model.feature_dim, model.num_classes)
-    job = make_job(ROSTER, length, bound=bound)
     ring = MaskedFirstRing(federation="fed", model=model)
-    ring.script = [_ffc(ring, "q", job, model)]
-    _run(tmp, ring, data)  # the site ends normally (asserts exit 0)
+    (job,) = _ask(tmp, ring, model, data, ("q", ROSTER, bound))  # the site ends normally
     assert _released(tmp) == []  # charged in neither case
     (report,) = ring.failures
     assert report.task_id == job.job_id.hex()
@@ -408,11 +421,9 @@ def test_a_concurrent_jobs_refusal_comes_before_any_masking(
         return chunk(self, index)
 
     monkeypatch.setattr(SecureSession, "masked_chunk", counted)
-    length = ffc_layout_size(model.feature_dim, model.num_classes)
-    first = make_job(ROSTER, length, bound=1e6)
-    second = make_job(OTHER_ROSTER, length, bound=1e6)  # its input fits
     ring = ConcurrentRing(federation="fed", model=model)
-    ring.script = [_ffc(ring, "first", first, model), _ffc(ring, "second", second, model)]
-    _run(tmp_path, ring, data)
+    first, second = _ask(  # the second's input fits
+        tmp_path, ring, model, data, ("first", ROSTER, 1e6), ("second", OTHER_ROSTER, 1e6)
+    )
     assert ring.refusal(second.job_id.hex()) == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
     assert first.job_id in masked and second.job_id not in masked
