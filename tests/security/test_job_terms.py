@@ -51,7 +51,6 @@ import pytest
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.crypto.dp import guaranteed_contributors
-from spherecal.crypto.messages import decode_message
 from spherecal.participant import release_ledger
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import WITHHELD_TEXT
@@ -107,22 +106,11 @@ class ResendingRing(HostileRing):
         return super().download_tensor(request)
 
     def submit_secagg(self, request: pb.SecAggSubmission) -> pb.Receipt:
-        job = self.jobs[bytes(request.job_id)]
-        assert job.server is not None
         key = (bytes(request.job_id), int(request.stage))
         if self.seen.get(key) == bytes(request.message):
             raise TransportError(grpc.StatusCode.ALREADY_EXISTS, "identical resend")
         self.seen[key] = bytes(request.message)
-        self.target_stages.append(pb.SecAggStage.Name(request.stage))
-        try:
-            job.server.receive(decode_message(bytes(request.message)), sender=TARGET)
-        except crypto.SecAggError as exc:
-            raise TransportError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if request.stage == pb.UNMASK:
-            job.result = job.server.finish()
-        else:
-            self._advance(job)
-        return pb.Receipt()
+        return super().submit_secagg(request)
 
 
 class ResentJobRing(ResendingRing):
