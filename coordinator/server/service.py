@@ -141,6 +141,9 @@ class CoordinatorService:
         raw = request.SerializeToString()
         pid = request.participant_id
         try:
+            # who asks first: the end, and why the coordinator is stopping, are the
+            # federation's (until 2026-11-27 any certificate of the CA was told)
+            self.registry.check_member(pid, peer)
             self._refuse_after_end()
             self._check_data_shape(request.data)
             member = self.registry.join(request, peer)

@@ -266,6 +266,13 @@ class Registry:
             member.last_contact = time.time()
         return member
 
+    def check_member(self, participant_id: str, peer: Peer) -> None:
+        """Raise unless ``peer`` may speak for ``participant_id`` (its certificate,
+        under mutual TLS) and that participant is on the roster: the first check of a
+        join, before anything about the federation is answered."""
+        self._check_peer(participant_id, peer)
+        self._known(participant_id)
+
     def authenticate_any(self, caller: pb.Caller, peer: Peer) -> str:
         """For read-only status calls: a roster member's certificate (mTLS), with or
         without a session, or a valid session. (Until 2026-11-27 any certificate the
@@ -273,8 +280,7 @@ class Registry:
         that left the roster.)"""
         if peer.identity is not None:
             pid = caller.participant_id or peer.identity
-            self._check_peer(pid, peer)
-            self._known(pid)
+            self.check_member(pid, peer)
             return pid
         return self.authenticate(caller, peer).participant_id
 

@@ -35,6 +35,7 @@ from spherecal.coordinator.state.registry import Peer
 from spherecal.participant.backoff import ParticipantExit, stop_if_ended
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.federation_end import ended_status
+from tests.joins import signed_join
 
 from .service_harness import Harness, code_of, settings_for
 
@@ -202,6 +203,16 @@ def test_join_after_the_end_says_so_and_the_participant_stops(
     assert stop.value.code == 1 and "federation has ended" in str(stop.value)
     stop_if_ended(grpc.StatusCode.FAILED_PRECONDITION, "task 'ab' is over")  # not the end
     stop_if_ended(grpc.StatusCode.UNAVAILABLE, "federation has ended (completed)")
+    # told the end, never its reasons: they name sites and what they sent
+    assert "stopped: operator" not in info.value.message
+    assert info.value.message.endswith(
+        "its reasons are in the coordinator's status and summary (its operator's view)"
+    )
+    # and only a roster member is told (until 2026-11-27 anyone who asked)
+    with pytest.raises(ServiceError) as outsider:
+        harness.service.join(signed_join("mallory", crypto.generate_identity()), Peer())
+    assert outsider.value.code is grpc.StatusCode.PERMISSION_DENIED
+    assert ended_status(outsider.value.message) is None
 
 
 # ---------------------------------------------------------------------- port, health, reflection
