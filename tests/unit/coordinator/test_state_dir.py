@@ -13,7 +13,6 @@ import hashlib
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ from spherecal.coordinator.state.state_dir import (
     write_marker,
 )
 from spherecal.coordinator.state.store import Store
+from tests.store_writer import start_writer
 
 from .helpers import plaintext_federation
 
@@ -368,13 +368,7 @@ store.close()
 
 
 def _writer(state: Path, how: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(state), how],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[3],
-    )
+    return start_writer(WRITER, str(state), how)
 
 
 def _stopped_cleanly(root: Path) -> Path:

@@ -12,7 +12,6 @@ import math
 import re
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from spherecal.audit_html import epsilon_chart, payload_chart, render_html, site
 from spherecal.audit_report import format_report, human_bytes
 from spherecal.cli.app import main as cli_main
 from spherecal.coordinator.state.store import Store
+from tests.store_writer import start_writer
 
 
 def make_db(tmp_path: Path, *, privacy: dict[str, Any], plaintext_statistics: bool = False) -> Path:
@@ -298,13 +298,7 @@ store.close()
 
 
 def _writer(db: Path, how: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(db), how],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[3],
-    )
+    return start_writer(WRITER, str(db), how)
 
 
 def test_an_audit_of_a_checkpointed_database_creates_and_changes_nothing(
