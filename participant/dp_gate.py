@@ -51,6 +51,7 @@ __all__ = [
     "ParticipantPrivacy",
     "PlaintextRefused",
     "PrivacyRefused",
+    "charge_once",
 ]
 
 
@@ -114,7 +115,7 @@ class ParticipantPrivacy:
         issue #20) is returned as it was, never charged twice."""
         with self._lock:
             ledger = self.ledger(delta)
-            return _charge_once(ledger, self.pid, charge, release_id).to_json()
+            return charge_once(ledger, self.pid, charge, release_id).to_json()
 
     def charge_plan_step(
         self,
@@ -141,7 +142,7 @@ class ParticipantPrivacy:
                 "this federation's distributed DP-SGD steps were",
                 lambda: ledger.check_plan(self.pid, each, whole, own_prefix=own_prefix),
             )
-            return _charge_once(ledger, self.pid, each, release_id).to_json()
+            return charge_once(ledger, self.pid, each, release_id).to_json()
 
     def _answer_once(
         self,
@@ -315,12 +316,12 @@ class ParticipantPrivacy:
             scope,
             f"{kind} at ε = {charge.epsilon!r}",
             "this federation's DP statistics release was",
-            lambda: _charge_once(ledger, self.pid, charge, release_id),
+            lambda: charge_once(ledger, self.pid, charge, release_id),
         )
-        return _charge_once(ledger, self.pid, charge, release_id)
+        return charge_once(ledger, self.pid, charge, release_id)
 
 
-def _charge_once(
+def charge_once(
     ledger: PrivacyLedger, subject: str, charge: PrivacyCharge, release_id: str
 ) -> LedgerEntry:
     """Charge ``release_id`` unless it is charged already (then its entry): a held

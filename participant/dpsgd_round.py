@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy
+from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy, charge_once
 from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.spherefed.fl import LocalUpdate
@@ -56,12 +56,17 @@ def dpsgd_round(
     vector: npt.NDArray[np.float64],
     *,
     federation_id: str,
+    round_index: int,
     plan_rounds: int,
     refuse: Callable[[str, BaseException], None],
     failed: Callable[[BaseException], None],
     log: Callable[[str], None],
 ) -> LocalUpdate | None:
-    """Admit the plan's ``plan_rounds`` rounds (all or none), charge this one, then
+    """Admit the plan's ``plan_rounds`` rounds (all or none), charge round
+    ``round_index`` once (``local-dpsgd/<federation>/round-N``: asked again under
+    another task or job id — one dropped before its masked step releases nothing —
+    it is not charged again; charged per task id, each retry spent budget again, and
+    the retry at which the budget ran out read ε(n), the count), then
     train with DP-SGD; None when the plan is refused (``refuse``: at once, by the
     plan's terms alone) or the admitted round's training failed (``failed``: a
     refusal that depends on the data, module docstring)."""
@@ -74,7 +79,8 @@ def dpsgd_round(
     try:
         ledger = privacy.ledger(p.delta)
         ledger.check_plan(participant_id, charge, whole, own_prefix=prefix)
-        entry = ledger.charge(participant_id, charge, release_id=prefix + task_id)
+        # one charge per round of the plan, whatever the task or job it comes in
+        entry = charge_once(ledger, participant_id, charge, prefix + f"round-{round_index}")
     except BudgetExceeded as exc:
         refuse(task_id, exc)
         return None

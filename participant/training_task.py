@@ -109,7 +109,7 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
         except ValueError as exc:
             runner.secure.abandon(task_id, session, exc)
             return
-        dp_update = _train_dpsgd(runner, task_id, vector, session, release)
+        dp_update = _train_dpsgd(runner, task_id, vector, session, release, int(task.round))
         if dp_update is None:  # refused or failed (reported, module dpsgd_round)
             return
         try:
@@ -219,6 +219,7 @@ def _train_dpsgd(
     vector: npt.NDArray[np.float64],
     session: SecureSession | None,
     release: str,
+    round_index: int,
 ) -> LocalUpdate | None:
     """DP-SGD for this round (``spherecal.participant.dpsgd_round``); None when the
     plan is refused (at once, the job's state dropped) or the admitted round's
@@ -239,6 +240,7 @@ def _train_dpsgd(
         task_id,
         vector,
         federation_id=runner.plan.federation_id if runner.plan is not None else "",
+        round_index=round_index,
         plan_rounds=int(runner.plan.rounds) if runner.plan is not None else 1,
         refuse=refuse,
         failed=failed,

@@ -706,4 +706,4 @@ def test_local_dpsgd_training_that_fails_is_withheld_not_refused_at_once(
         charged = [r[0] for r in conn.execute("SELECT release_id FROM privacy_ledger")]
     finally:
         conn.close()
-    assert charged == ["local-dpsgd/fed/train-0"]
+    assert charged == ["local-dpsgd/fed/round-0"]

@@ -85,7 +85,7 @@ class _Site:
         self.privacy.close()
         self.privacy = ParticipantPrivacy(self.settings, self.name, self.state)
 
-    def round(self, r: int, federation: str = "fed-a") -> bool:
+    def round(self, r: int, federation: str = "fed-a", task: str | None = None) -> bool:
         vector: npt.NDArray[np.float64] = state_vector(
             self.trainer.model, self.trainer.keys
         ).astype(np.float64)
@@ -94,9 +94,10 @@ class _Site:
             self.settings,
             self.privacy,
             self.name,
-            f"train-{federation}-{r}",
+            task or f"train-{federation}-{r}",
             vector,
             federation_id=federation,
+            round_index=r,
             plan_rounds=ROUNDS,
             refuse=lambda _task, exc: self.refused.append(exc),
             failed=self.refused.append,
@@ -153,7 +154,7 @@ def test_a_plan_that_fits_is_admitted_every_round_and_charged_per_round(tmp_path
     assert site.round(2) and site.round(3)
     assert site.refused == []
     prefix = plan_prefix("fed-a")
-    assert site.charged() == [f"{prefix}train-fed-a-{r}" for r in range(ROUNDS)]
+    assert site.charged() == [f"{prefix}round-{r}" for r in range(ROUNDS)]
     spent = site.privacy.ledger(DELTA).spent("p0").epsilon
     assert spent == pytest.approx(whole, rel=1e-9)
 
@@ -170,4 +171,26 @@ def test_what_other_releases_spent_counts_and_this_plan_alone_does_not(tmp_path:
     assert site.round(0, federation="fed-b")  # another federation's first round
     assert [site.round(r) for r in range(ROUNDS)] == [False] * ROUNDS  # fed-a: none
     assert [site.round(r, federation="fed-b") for r in range(1, ROUNDS)] == [True] * 3
-    assert site.charged() == [f"{plan_prefix('fed-b')}train-fed-b-{r}" for r in range(ROUNDS)]
+    assert site.charged() == [f"{plan_prefix('fed-b')}round-{r}" for r in range(ROUNDS)]
+
+
+def test_a_round_asked_again_under_other_task_ids_is_charged_once(tmp_path: Path) -> None:
+    """A coordinator that drops a round's job before its masked step (nothing is
+    released) and asks the round again under a fresh task and job id: charged per
+    task id, each retry spent the round's ε again, and the retry at which the budget
+    ran out read ε(n) — 4 retries for 104 examples, 14 for 232 at one budget. The
+    round is charged once, whatever it is asked under, so both sites answer every
+    retry the same."""
+    small, large = _trainer(8, batch_size=1), _trainer(4, batch_size=1)
+    budget = (
+        max(
+            _round_epsilon(small.data.train_size, 1, ROUNDS),
+            _round_epsilon(large.data.train_size, 1, ROUNDS),
+        )
+        * 1.01
+    )  # the whole plan fits both sites
+    for name, trainer in (("small", small), ("large", large)):
+        site = _Site(tmp_path, name, trainer, budget=budget)
+        answers = [site.round(0, task=f"retry-{k}") for k in range(20)]
+        assert answers == [True] * 20, name
+        assert site.charged() == [f"{plan_prefix('fed-a')}round-0"]
