@@ -480,11 +480,7 @@ class ReleaseLedger:
         passed every rule and was never counted: six evaluations of other heads under
         one task id where the site allows four. (What a plaintext key lets leave
         again is checked when it leaves: :meth:`consume`'s ``value``.)"""
-        row = self._conn.execute(
-            "SELECT kind, federation, model, data, content, round "
-            "FROM site_releases WHERE participant = ? AND job = ?",
-            (self.participant, job),
-        ).fetchone()
+        row = self._kept(job)
         if row is None:
             return
         # what the release is (its noise is annotated once its DP plan is admitted,
@@ -504,6 +500,16 @@ class ReleaseLedger:
                 f"federation {row[1]!r}); a key admits one release"
             )
 
+    def _kept(self, job: str) -> tuple[Any, ...] | None:
+        """The row of key ``job``: ``kind, federation, model, data, content, round,
+        noised, state, answer, value`` (None when the key is new)."""
+        row: tuple[Any, ...] | None = self._conn.execute(
+            "SELECT kind, federation, model, data, content, round, noised, state, answer, "
+            "value FROM site_releases WHERE participant = ? AND job = ?",
+            (self.participant, job),
+        ).fetchone()
+        return row
+
     def check_consumable(self, job: str) -> None:
         """Raise what :meth:`consume` would raise for ``job`` now (a concurrent job's
         release that left first), writing nothing.
@@ -514,11 +520,7 @@ class ReleaseLedger:
         a set input than for a withheld one. Checked first, it comes at the same
         moment for both, before any of that work (``SecureSteps``)."""
         with self._lock:
-            row = self._conn.execute(
-                "SELECT kind, federation, model, data, content, round, noised, state "
-                "FROM site_releases WHERE participant = ? AND job = ?",
-                (self.participant, job),
-            ).fetchone()
+            row = self._kept(job)
             if row is None or row[7] == "released":
                 return
             conflict = self._conflict(_release_of(row), job)
@@ -546,11 +548,7 @@ class ReleaseLedger:
         if answer not in (INPUT, REFUSAL):
             raise ValueError(f"answer must be {INPUT!r} or {REFUSAL!r}, got {answer!r}")
         with self._lock:
-            row = self._conn.execute(
-                "SELECT kind, federation, model, data, content, round, noised, state, answer, "
-                "value FROM site_releases WHERE participant = ? AND job = ?",
-                (self.participant, job),
-            ).fetchone()
+            row = self._kept(job)
             if row is None:
                 return
             if row[7] == "released":

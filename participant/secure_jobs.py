@@ -753,8 +753,7 @@ class SecureSteps:
             try:
                 refusal = store_masked(self.store, session, self.federation(), self.log)
             except crypto.SecAggError as exc:  # masking refused: a refusal, never an exit
-                self._drop(job_id)
-                self.refuse(job_id.hex(), exc)
+                self.abandon(job_id.hex(), session, exc)
                 return
             if refusal is not None:
                 self.abandon(job_id.hex(), session, refusal)
