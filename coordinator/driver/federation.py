@@ -416,9 +416,9 @@ class Federation:
         again. After the window it takes part from the next round, as any site that
         rejoins. A federation that failed at once stays failed: the plan is fixed for
         the federation (``meta.plan_terms``), so after fixing the site its operator
-        starts a new one (``--new-federation``). ``left`` is held in memory: a
-        restarted coordinator waits for a site that refused before its restart as for
-        any absent site."""
+        starts a new one (``--new-federation``). ``left`` is kept in the store with the
+        member's row (``Store.record_left``): a coordinator restarted during its join
+        window does not wait for a site that refused before its restart either."""
         board = self.board
         s = self.settings
         board.set_task(None, "waiting for participants")

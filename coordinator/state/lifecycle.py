@@ -7,8 +7,11 @@ ended it ``degraded`` with a misleading reason. A federation that ended — its
 database records ``completed``, ``degraded`` or ``failed`` (a stop by SIGTERM or a
 storage fault records ``stopped`` and *is* resumed) — is over:
 
-- :func:`finished_federation` reads the database **read-only** (SQLite ``mode=ro``,
-  before the coordinator's store opens and migrates it) and says whether it ended;
+- :func:`finished_federation` reads the database **read-only**, creating and
+  changing no file beside it (:mod:`~spherecal.coordinator.state.read_only`, before
+  the coordinator's store opens and migrates it; until 2026-11-27 a bare ``mode=ro``,
+  which rewrote a crashed coordinator's ``state.db-shm`` even where the federation
+  had ended and nothing was to be written) and says whether it ended;
 - without ``--new-federation`` the coordinator reports the stored result
   (:func:`stored_result`: its ``summary.json`` when that names the same federation,
   else what the database holds) and exits with its status — nothing written;
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from spherecal.coordinator.state.read_only import read_only
 from spherecal.coordinator.summary_schema import EndedResult, SummaryDocument
 
 __all__ = [
@@ -64,25 +68,15 @@ def finished_federation(state_dir: Path) -> Finished | None:
     database = state_dir / "state.db"
     if not database.is_file():
         return None
-    # A cleanly closed database has no WAL: open it immutable, so that not even the
-    # WAL and shared-memory files a read-only WAL reader creates appear beside it.
-    # With a WAL left (a crash) its frames must be read: read-only, not immutable.
-    wal = database.with_name(database.name + "-wal")
-    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
     try:
-        conn = sqlite3.connect(f"file:{database}?{mode}", uri=True)
-    except sqlite3.Error:
+        with read_only(database) as conn:
+            rows = dict(
+                conn.execute(
+                    "SELECT key, value FROM meta WHERE key IN ('status', 'federation_id')"
+                ).fetchall()
+            )
+    except (sqlite3.Error, OSError):
         return None
-    try:
-        rows = dict(
-            conn.execute(
-                "SELECT key, value FROM meta WHERE key IN ('status', 'federation_id')"
-            ).fetchall()
-        )
-    except sqlite3.Error:
-        return None
-    finally:
-        conn.close()
     status, federation_id = rows.get("status"), rows.get("federation_id")
     if status not in ENDED_STATUSES or not federation_id:
         return None

@@ -12,8 +12,10 @@ and copies whole, changed under an audit or a check.
 Every read-only inspection of a coordinator's or a site's database opens it here:
 ``spherecal audit`` (the coordinator's database and the sites' ledgers),
 ``spherecal audit --site``, ``--check-state``
-(:func:`~spherecal.coordinator.state.state_dir.inspect_state`) and the timing-channel
-measurement (:mod:`spherecal.timing_channel`). The running coordinator and sites open
+(:func:`~spherecal.coordinator.state.state_dir.inspect_state`), the timing-channel
+measurement (:mod:`spherecal.timing_channel`) and a starting coordinator's check
+whether its federation already ended
+(:func:`~spherecal.coordinator.state.lifecycle.finished_federation`). The running coordinator and sites open
 their own databases read-write, as before.
 
 How :func:`read_only` opens ``database``, by what is beside it:

@@ -85,8 +85,10 @@ class Member:
     left: str = ""
     """Why it left the federation ("" unless it did): it refused the plan, with its
     reason (:meth:`Registry.leave`). Cleared when it joins again. A join window no
-    longer waits for a member that left (``Federation._await_participants``); held in
-    memory only, so a restarted coordinator waits for it as for any absent site."""
+    longer waits for a member that left (``Federation._await_participants``). Kept in
+    the store with the member's row (``Store.record_left``; until 2026-11-27 in memory
+    only), so a coordinator restarted during its join window does not wait for it
+    again."""
 
 
 @dataclass
@@ -128,6 +130,9 @@ class Registry:
         for pid, key in store.pinned_keys().items():
             if pid in self._members:
                 self._members[pid].identity_key = key
+        for pid, why in store.left_members().items():
+            if pid in self._members:
+                self._members[pid].left = why
         self._nonces = _NonceCache(clock_skew_s)
 
     # ---------------------------------------------------------------- lookups
@@ -178,6 +183,7 @@ class Registry:
             member.last_seen = float("-inf")
             member.last_contact = time.time()
             member.left = why
+        self._store.record_left(member.participant_id, why)
 
     def members(self) -> list[Member]:
         """Copies of every roster member, in roster order (for the status view)."""

@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS participants (
     certificate_sha256 TEXT,
     first_joined    REAL,
     last_joined     REAL,
-    joins           INTEGER NOT NULL DEFAULT 0
+    joins           INTEGER NOT NULL DEFAULT 0,
+    left_reason     TEXT
 );
 CREATE TABLE IF NOT EXISTS rounds (
     round            INTEGER PRIMARY KEY,
@@ -141,7 +142,10 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("policy_events", "complainants", "TEXT"),)
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy_events", "complainants", "TEXT"),
+    ("participants", "left_reason", "TEXT"),
+)
 """Columns added after a table was first released: (table, column, type). A state
 directory written before gets them on open (NULL in old rows), so a resumed
 coordinator reads its own database whatever version wrote it."""

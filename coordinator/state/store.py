@@ -382,6 +382,27 @@ class Store:
         )
         return {str(pid): bytes(key) for pid, key in rows}
 
+    def left_members(self) -> dict[str, str]:
+        """The members that refused the federation's plan and left, with why
+        (:meth:`record_left`), for a restarted coordinator's registry."""
+        rows = self.call(
+            lambda c: c.execute(
+                "SELECT participant_id, left_reason FROM participants WHERE left_reason IS NOT NULL"
+            ).fetchall()
+        )
+        return {str(pid): str(why) for pid, why in rows}
+
+    def record_left(self, participant_id: str, why: str) -> None:
+        """``participant_id`` refused the federation's plan and left, for ``why``:
+        kept with its row, so that a coordinator restarted during its join window
+        does not wait for it again (``Registry.leave``); its next join clears it."""
+        self.call(
+            lambda c: c.execute(
+                "UPDATE participants SET left_reason = ? WHERE participant_id = ?",
+                (why, participant_id),
+            )
+        )
+
     def unpin(self, participant_id: str) -> bool:
         """Forget ``participant_id``'s pinned identity key (an operator's decision after
         a key compromise or loss), recorded as an event; True if a key was pinned."""
@@ -409,6 +430,7 @@ class Store:
                 "certificate_sha256, first_joined, last_joined, joins) VALUES (?,?,?,?,?,?,1) "
                 "ON CONFLICT(participant_id) DO UPDATE SET last_joined=excluded.last_joined, "
                 "certificate_sha256=excluded.certificate_sha256, joins=joins+1, "
+                "left_reason=NULL, "
                 # Re-pins after an operator's unpin; the registry refuses a key that
                 # differs from a pinned one before this is ever reached.
                 "identity_key=COALESCE(participants.identity_key, excluded.identity_key)",

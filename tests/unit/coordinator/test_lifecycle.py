@@ -18,6 +18,7 @@ from spherecal.coordinator.state.lifecycle import (
     stored_result,
 )
 from spherecal.coordinator.state.store import Store
+from tests.store_writer import start_writer
 
 
 def _state(tmp_path: Path, status: str | None) -> Path:
@@ -54,6 +55,33 @@ def test_an_ended_federation_is_found_without_writing(tmp_path: Path, status: st
 @pytest.mark.parametrize("status", [None, "running", "stopped"])
 def test_a_federation_to_resume_is_not_finished(tmp_path: Path, status: str | None) -> None:
     assert finished_federation(_state(tmp_path, status)) is None
+
+
+#: A coordinator that records its end and dies before closing its store: the status
+#: is in ``state.db-wal`` alone (no checkpoint), beside the ``-shm`` index it left.
+KILLED_AFTER_THE_END = r"""
+import os, sys
+from pathlib import Path
+from spherecal.coordinator.state.store import Store
+store = Store(Path(sys.argv[1]) / "state.db")
+store.set_meta("status", "completed")
+os._exit(0)
+"""
+
+
+def test_an_ended_federation_in_a_killed_coordinators_wal_is_found_without_writing(
+    tmp_path: Path,
+) -> None:
+    """The start of a restarted coordinator reads whether the federation ended before
+    anything else; with a ``-wal`` and no live process, a bare ``mode=ro`` rebuilt
+    ``state.db-shm`` beside it — in a directory that, the federation having ended, was
+    to be reported and left as it is."""
+    state = _state(tmp_path, "running")
+    assert start_writer(KILLED_AFTER_THE_END, str(state)).wait(timeout=120) == 0
+    before = _files(state)
+    assert {"state.db-wal", "state.db-shm"} <= set(before), sorted(before)
+    assert finished_federation(state) == Finished("f00dfeed", "completed", state / "state.db")
+    assert _files(state) == before
 
 
 def test_no_database_or_a_damaged_one_is_left_to_the_store(tmp_path: Path) -> None:

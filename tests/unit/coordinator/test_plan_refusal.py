@@ -185,3 +185,41 @@ def test_a_site_that_refused_and_joins_again_is_let_back_in(tmp_path: Path) -> N
         assert _roster(harness)["p0"].left == ""
     finally:
         harness.close()
+
+
+def test_a_restarted_coordinator_does_not_wait_for_a_site_that_refused(tmp_path: Path) -> None:
+    """Who refused is kept with the member's row: the coordinator restarted during its
+    join window closes it as soon as every other site joined, as the first would have
+    (until 2026-11-27 it was held in memory, and the restarted one waited join_s)."""
+    first = _long_window(tmp_path, secure=False)
+    first.join("p0")
+    _refuse_plan(first, "p0")
+    first.store.close()  # the coordinator goes down before its window closed
+    harness = _long_window(tmp_path, secure=False)
+    assert _roster(harness)["p0"].left == f"refused the federation's plan: BAD_INPUT: {LABELS}"
+    harness.start()
+    try:
+        harness.join("p1")
+        assert harness.federation.phase == WAITING  # p2 may still come
+        harness.join("p2")
+        assert harness.poll("p1", {"train"}).train.round == 0  # not after 600 s
+        assert any("without ['p0'], which refused it" in w for w in harness.federation.warnings)
+    finally:
+        harness.close()
+
+
+def test_a_site_that_joins_again_is_no_longer_recorded_as_left(tmp_path: Path) -> None:
+    first = _long_window(tmp_path, secure=False)
+    first.join("p0")
+    _refuse_plan(first, "p0")
+    first.join("p0")  # back, accepting the plan
+    first.store.close()
+    harness = _long_window(tmp_path, secure=False)
+    try:
+        assert _roster(harness)["p0"].left == ""
+        (row,) = harness.store.query(
+            "SELECT left_reason FROM participants WHERE participant_id = 'p0'"
+        )
+        assert row == (None,)
+    finally:
+        harness.store.close()
