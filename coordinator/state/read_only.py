@@ -15,8 +15,8 @@ Every read-only inspection of a coordinator's or a site's database opens it here
 (:func:`~spherecal.coordinator.state.state_dir.inspect_state`), the timing-channel
 measurement (:mod:`spherecal.timing_channel`) and a starting coordinator's check
 whether its federation already ended
-(:func:`~spherecal.coordinator.state.lifecycle.finished_federation`). The running coordinator and sites open
-their own databases read-write, as before.
+(:func:`~spherecal.coordinator.state.lifecycle.finished_federation`). The running
+coordinator and sites open their own databases read-write, as before.
 
 How :func:`read_only` opens ``database``, by what is beside it:
 
