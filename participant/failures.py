@@ -61,11 +61,21 @@ class InputWithheld(Exception):
     cause it was — the input out of bound, a ``ValueError`` of the computation, a
     torch or arithmetic error — is more about the data again (up to log₂3 bits a
     release where one was stated). So it travels as one kind (``BAD_INPUT``) and one
-    sentence; :attr:`cause` and the text stay in the site's log and its audit."""
+    sentence; :attr:`cause` and the text stay in the site's log and its audit.
 
-    def __init__(self, cause: BaseException) -> None:
+    ``cause`` may be the *name* of its class alone: a job withheld before this site's
+    restart, restored from its held-job record (``held_jobs``: the record keeps the
+    name, never the text, which can carry values of the data)."""
+
+    def __init__(self, cause: BaseException | str) -> None:
+        if isinstance(cause, str):
+            super().__init__(f"input withheld before this site's restart: {cause}")
+            self.cause: BaseException | None = None
+            self.cause_name = cause
+            return
         super().__init__(f"input withheld: {type(cause).__name__}: {cause}")
         self.cause = cause
+        self.cause_name = type(cause).__name__
 
 
 WITHHELD_TEXT = (
