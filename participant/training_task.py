@@ -72,6 +72,8 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
     except (PrivacyRefused, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)
         return
+    if not secure and runner._send_again(task_id, UPDATE, release, task):
+        return  # the same task again: the bytes that left (participant.sent_plaintext)
     if task.HasField("dpsgd"):  # distributed DP-SGD (issue #25)
         distributed_step(
             task_id=task_id,
@@ -169,7 +171,7 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
             mean_loss=result.mean_loss,
             num_steps=result.num_steps,
         )
-        runner._upload_plain(task_id, payload, meta, release=release)
+        runner._upload_plain(task_id, payload, meta, release=release, kept=(UPDATE, task))
 
 
 def _weight_within(

@@ -52,6 +52,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -72,6 +73,7 @@ from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.task_context import task_context
 from spherecal.spherefed.privacy.evaluation_noise import plan_evaluation_noise
+from spherecal.spherefed.privacy.settings import PrivacySettings
 from tests.security.hostile_plan import hostile_join_reply
 from tests.security.hostile_ring import (
     DIRECTORY,
@@ -541,6 +543,83 @@ def test_the_same_task_asked_again_sends_the_same_value_again(
     lost."""
     answered, refusals = _plaintext(tmp_path, model, data, ["R", "R"], seeds=[7, 7])
     assert answered == 2 and refusals == []
+
+
+class KeepingRing(HostileRing):
+    """Records each plaintext upload's bytes (header, then the tensor's data); with
+    ``die``, the site's process is killed once the script is done (no ``Done``: the
+    federation goes on)."""
+
+    def __init__(self, *, federation: str, model: GlobalModel, die: bool = False) -> None:
+        super().__init__(federation=federation, model=model)
+        self.sent: list[bytes] = []
+        self.die = die
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self.die and not self.script and not self._steps:
+            raise Killed("the site's process dies")
+        return super().next_instruction(request)
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        parts = list(messages)
+        header = parts[0].header
+        self.sent.append(header.update.SerializeToString() + b"".join(p.data for p in parts[1:]))
+        return super().upload_tensor(parts)
+
+
+def _dpsgd_charges(tmp: Path) -> list[str]:
+    conn = sqlite3.connect(tmp / "state" / "privacy.db")
+    try:
+        return [str(r[0]) for r in conn.execute("SELECT release_id FROM privacy_ledger")]
+    finally:
+        conn.close()
+
+
+def test_a_local_dpsgd_update_asked_again_is_sent_again_not_trained_again(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a restarted coordinator does — the same task, its id and seed — with local
+    DP-SGD and ``allow_plaintext``: training again draws fresh noise, another value
+    the ledger refuses under the key (``RULE_RELEASE_REPEATED``), and the round went on
+    without the site (this test fails so on the code before 2026-11-27). The bytes that
+    left are now kept (``participant.sent_plaintext``) and sent again: the same bytes,
+    one DP-SGD charge, one release — also after the site's own restart."""
+    settings = dataclasses.replace(
+        target_settings(tmp_path),
+        allow_plaintext=True,
+        privacy=PrivacySettings(dpsgd=True, dpsgd_noise_multiplier=1.0),
+    )
+    trained: list[int] = []
+    train_dpsgd = LocalTrainer.train_dpsgd
+
+    def counted(self: LocalTrainer, *args: Any, **kwargs: Any) -> Any:
+        trained.append(1)
+        return train_dpsgd(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalTrainer, "train_dpsgd", counted)
+    ring = KeepingRing(federation="fed", model=model, die=True)
+    _updates(ring, model, ["R", "R"], [7, 7])  # the coordinator restarted between
+    with pytest.raises(Killed):
+        run_target(settings, ring, data)
+    assert ring.failures == [], [(f.task_id, f.reason) for f in ring.failures]
+    assert len(ring.sent) == 2 and ring.sent[0] == ring.sent[1]
+    kept = tmp_path / "state" / "sent-plaintext" / "update.sent"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert kept.parent.stat().st_mode & 0o777 == 0o700
+    assert ring.sent[0][-64:] not in kept.read_bytes()  # sealed, not the bytes in the clear
+    again = KeepingRing(federation="fed", model=model)  # the site's process restarted
+    _updates(again, model, ["R"], [7])
+    run_target(settings, again, data)
+    assert again.failures == [] and again.sent == ring.sent[:1]
+    assert len(trained) == 1  # trained once, for the first ask
+    assert _dpsgd_charges(tmp_path) == ["local-dpsgd/fed/round-0"]  # charged once
+    conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
+    try:
+        rows = conn.execute("SELECT job, answer FROM site_releases WHERE state = 'released'")
+        assert list(rows) == [("task-R", "input")]
+    finally:
+        conn.close()
+    assert not kept.exists()  # the federation ended: nothing is kept
 
 
 def test_mutation_a_ledger_without_the_key_check_counts_nothing_twice(
