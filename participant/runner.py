@@ -58,6 +58,7 @@ from spherecal.participant.failures import (
     InputWithheld,
     failure_kind,
     policy_rule,
+    unforeseen,
     wire_reason,
 )
 from spherecal.participant.faults import Halter, OnHalt
@@ -558,6 +559,12 @@ class ParticipantRunner:
         if session is not None:
             self.secure.withhold(task_id, session, error)
             return
+        trace = unforeseen(error)
+        if trace is not None:  # a programming error shows in the site's log (failures)
+            self.log(
+                f"task {task_id[:16]}: the local work raised {type(error).__name__}, which "
+                f"no foreseen failure is; refused as any failed local work:\n{trace}"
+            )
         withheld: BaseException = InputWithheld(error)
         if release is not None:
             try:

@@ -93,7 +93,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
-from spherecal.participant.failures import InputWithheld
+from spherecal.participant.failures import InputWithheld, unforeseen
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
 from spherecal.participant.held_upload import store_masked, task_of
@@ -654,6 +654,13 @@ class SecureSteps:
         job's held record before this returns, so no restart of this process turns
         the job into one whose input is sent (module docstring)."""
         self._hold_local_work(session)
+        trace = unforeseen(error)
+        if trace is not None:  # a programming error shows in the site's log (failures)
+            self.log(
+                f"job {session.job_id.hex()[:8]}: the local work raised "
+                f"{type(error).__name__}, which no foreseen failure is; withheld as any "
+                f"failed local work:\n{trace}"
+            )
         if session.job_id not in self.jobs:
             # the coordinator moved on before the masked step: nothing is answered —
             # a withdrawal now would tell it what an upload could not have
