@@ -22,6 +22,7 @@ Modules, one idea each:
 ``secure_jobs``        driving secure jobs over the network: advertise, share, mask, unmask
 ``held_jobs``          a job's state on disk from its keys on (taken up after a restart)
 ``held_upload``        storing the masked input and dropping the keys before the upload
+``sent_plaintext``     a plaintext release kept as it left: the same task gets the same bytes
 ``trust``              verifying peers' identity keys against the federation CA
 ``policy``             the ``[policy]`` table: what the site refuses, whatever it is asked
 ``release_ledger``     what has left the site: each release at most once per its key

@@ -15,9 +15,44 @@ an input outside the job's bound, a failure of the local computation, the privac
 budget already spent, an earlier release (which could name another federation) —
 stays in the site's own log and ledger (``site_refusals``), and the coordinator gets
 a fixed sentence for its kind. Unknown errors are treated as local: the safe default.
+
+**Any failure of the local work is withheld, never an exit** (2026-11-27;
+:data:`LOCAL_WORK_ERRORS`). Where the site computes on its data — training (plain or
+local DP-SGD, and the released weight, reweighing and flattening of its result), the
+statistics pass, an evaluation, a distributed DP-SGD step — every ``Exception`` is
+failed local work: withheld to the job's masked step and counted as its release
+(``SecureSteps.withhold``; a plaintext task's release is counted at once). Until then
+only ``ValueError``, ``ArithmeticError``, ``RuntimeError`` and ``MemoryError`` were;
+anything else — an ``IndexError``, ``KeyError``, ``TypeError`` of numpy, torch, Opacus
+or the site's own code — ended the process. Why every ``Exception``:
+
+* whether the local work raises can depend on the data, whatever the class: an index
+  past a class the split lacks, a batch left empty by the split's size, a shape only
+  some records give, a library's check that fires on some values. The classes numpy,
+  torch and Opacus raise are not a closed list (and change between versions), so a
+  list of "data errors" is a guess that the next release falsifies;
+* an exit is an answer at once, outside every release: the coordinator sees the
+  site's presence stream close the moment it happens, before any masked step, for a
+  model and bound it chose and may vary for free — one bit per job, the oracle a
+  withheld refusal exists to close (``secure_jobs``);
+* what it costs is that a programming error no longer stops the site: it is withheld
+  and charged like a failure of the data (the safe side for the data: the release is
+  spent, nothing of it left), and it is logged in the site's own log *with its
+  traceback* (:func:`unforeseen`, for anything outside :data:`FORESEEN_LOCAL_ERRORS`),
+  once per task it breaks, so an operator sees it as before — only not as an exit.
+
+What is a ``BaseException`` but no ``Exception`` — ``KeyboardInterrupt``,
+``SystemExit`` — still stops the site: the operator's, not the data's. And the catch
+is at those call sites only: errors of what the coordinator sent — a spec, a plan, a
+model's format (``TensorFormatError`` at download), a model DP-SGD cannot train
+(checked before the work) — are raised before the work starts and still refused at
+once with their own text (:data:`PUBLIC_TEXT`), since they depend on what the
+coordinator sent alone.
 """
 
 from __future__ import annotations
+
+import traceback
 
 from spherecal import crypto
 from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, PrivacyRefused
@@ -43,10 +78,12 @@ __all__ = [
     "LOCAL_REASONS",
     "LOCAL_WORK_ERRORS",
     "LOCAL_WORK_FAILED",
+    "FORESEEN_LOCAL_ERRORS",
     "PUBLIC_TEXT",
     "RULES",
     "failure_kind",
     "policy_rule",
+    "unforeseen",
     "wire_reason",
 ]
 
@@ -61,11 +98,21 @@ class InputWithheld(Exception):
     cause it was — the input out of bound, a ``ValueError`` of the computation, a
     torch or arithmetic error — is more about the data again (up to log₂3 bits a
     release where one was stated). So it travels as one kind (``BAD_INPUT``) and one
-    sentence; :attr:`cause` and the text stay in the site's log and its audit."""
+    sentence; :attr:`cause` and the text stay in the site's log and its audit.
 
-    def __init__(self, cause: BaseException) -> None:
+    ``cause`` may be the *name* of its class alone: a job withheld before this site's
+    restart, restored from its held-job record (``held_jobs``: the record keeps the
+    name, never the text, which can carry values of the data)."""
+
+    def __init__(self, cause: BaseException | str) -> None:
+        if isinstance(cause, str):
+            super().__init__(f"input withheld before this site's restart: {cause}")
+            self.cause: BaseException | None = None
+            self.cause_name = cause
+            return
         super().__init__(f"input withheld: {type(cause).__name__}: {cause}")
         self.cause = cause
+        self.cause_name = type(cause).__name__
 
 
 WITHHELD_TEXT = (
@@ -184,20 +231,39 @@ LOCAL_WORK_FAILED = (
 """The text for anything else (a failed training step, statistics pass or evaluation,
 an unforeseen error): its message may carry values of the local data."""
 
-LOCAL_WORK_ERRORS: tuple[type[BaseException], ...] = (
+LOCAL_WORK_ERRORS: tuple[type[BaseException], ...] = (Exception,)
+"""What a site's local computation on its data (training, statistics, evaluation, a
+DP-SGD round or step) may raise and be answered as failed local work — withheld to
+the job's masked step and counted as its release — rather than end the process:
+every ``Exception`` (module docstring: whether it is raised can depend on the data,
+and an exit would answer at once, outside every release). Caught at the call sites of
+the local work alone, never around what the coordinator sent."""
+
+FORESEEN_LOCAL_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     ArithmeticError,
     RuntimeError,
     MemoryError,
+    InputWithheld,
+    crypto.SecAggError,
 )
-"""What a site's local computation on its data (training, statistics, evaluation) may
-raise and be answered as failed local work — withheld to the job's masked step and
-counted as its release — rather than end the process: bad values (``ValueError``, numpy's
-``LinAlgError``), arithmetic (training that diverges raises ``FloatingPointError``),
-torch's own errors (``RuntimeError``, its CPU allocator's "can't allocate memory"
-among them) and numpy's failed allocations (``MemoryError``: how much memory a task
-needs follows the split's size). Whether any of them happens can depend on the data,
-and a site that exited would answer at once, outside every release."""
+"""The failures the local work is known to have on some data: bad values
+(``ValueError``, numpy's ``LinAlgError``), arithmetic (training that diverges raises
+``FloatingPointError``), torch's own errors (``RuntimeError``, its CPU allocator's
+"can't allocate memory" among them), numpy's failed allocations (``MemoryError``: how
+much memory a task needs follows the split's size), an input outside the job's bound
+(``EncodingOverflow``) — logged as one line. Anything else is logged with its
+traceback (:func:`unforeseen`)."""
+
+
+def unforeseen(error: BaseException) -> str | None:
+    """The traceback of a failure of the local work that no foreseen class covers
+    (:data:`FORESEEN_LOCAL_ERRORS`) — a programming error as likely as the data —
+    for the site's own log; None for a foreseen one. It stays in that log (its text
+    and values are the site's: never on the wire, :func:`wire_reason`)."""
+    if isinstance(error, FORESEEN_LOCAL_ERRORS):
+        return None
+    return "".join(traceback.format_exception(error)).rstrip()
 
 
 DATA_DEPENDENT_CHARGES = frozenset({LOCAL_DPSGD_KIND})

@@ -43,7 +43,7 @@ identity key, the participant id and the job id bound as associated data: a file
 was altered, copied from another job or sealed by another identity is refused with
 :class:`CorruptHeldJob` rather than half-read.
 
-The file is a *log* of records (issue #24; version 2 of the format): a header (magic,
+The file is a *log* of records (issue #24; since version 2 of the format): a header (magic,
 job id) and then one sealed record per save, each the whole :class:`HeldJob` (a few
 kB; the newest one is the job's state), framed as its length, nonce and ciphertext,
 with its position in the log (0, 1, …) bound as associated data too (no record can be
@@ -66,6 +66,19 @@ over the old one (:meth:`HeldJobStore.save` checks the record's state), so once 
 record naming the stored masked input is durable no record of the keys is left in the
 file. Version 1 files (one sealed record) are still read; the next save rewrites them
 as a log.
+
+**A withheld input** (version 3, 2026-11-27). A record may say that the job's input
+is *withheld* (:attr:`HeldJob.withheld`: the name of its cause's class, never its
+text, which can carry values of the data): its local work failed or its result fell
+outside the job's bound, and the site answers the job's masked step with a charged
+withdrawal (``SecureSteps.withhold``). Written before ``withhold`` returns, so a
+restarted site cannot turn the job into one whose input is sent: its local work runs
+again when its task comes again — as a job whose input was set must, that input not
+being kept — and whatever it yields, the job stays withheld. A version 2 log cannot
+say so, so it is read as before (its job not withheld: no process that wrote one knew
+the mark) and its next save writes a version 3 log whole, never a version 3 record
+appended to a version 2 file; a reader of version 2 refuses a version 3 file ("not a
+held-job file") rather than read a withheld job as one whose input is still to come.
 
 A file is deleted when its job ends for the site (answered, refused, moved on without
 it) and when the federation ends; its masked input goes with it.
@@ -104,7 +117,8 @@ __all__ = [
 
 FOLDER = "held-jobs"
 MAGIC = b"SPHERECAL-HELD-JOB 1\n"  # version 1: one sealed record (still read)
-LOG_MAGIC = b"SPHERECAL-HELD-JOB 2\n"  # version 2: a log of sealed records
+LOG_MAGIC_V2 = b"SPHERECAL-HELD-JOB 2\n"  # version 2: a log, no withheld mark (still read)
+LOG_MAGIC = b"SPHERECAL-HELD-JOB 3\n"  # version 3: a log whose records may be withheld
 MASKED_MAGIC_V1 = b"SPHERECAL-HELD-MASKED 1\n"  # named by its chunks' SHA-256: refused
 MASKED_MAGIC = b"SPHERECAL-HELD-MASKED 2\n"  # named by its seals (:func:`seals_digest`)
 _SEALS_CONTEXT = b"spherecal held masked seals v2\x00"
@@ -169,21 +183,24 @@ class HeldJob:
     """:func:`seals_digest` of the masked input in the sibling ``.masked`` file, once
     written (None: the upload had not been prepared, or a record of the first
     version)."""
+    withheld: str | None = None
+    """The job's input is withheld: the name of its cause's class (``EncodingOverflow``,
+    ``MemoryError``, …; module docstring, version 3). None: not withheld, or a record
+    of an earlier version."""
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "federation": self.federation,
-                "job": self.job.hex(),
-                "masked": self.masked,
-                "round": self.round,
-                "release": self.release,
-                "sent": [[stage, data.hex()] for stage, data in self.sent],
-                "state": self.state.hex(),
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        ).encode()
+        doc: dict[str, Any] = {
+            "federation": self.federation,
+            "job": self.job.hex(),
+            "masked": self.masked,
+            "round": self.round,
+            "release": self.release,
+            "sent": [[stage, data.hex()] for stage, data in self.sent],
+            "state": self.state.hex(),
+        }
+        if self.withheld is not None:
+            doc["withheld"] = self.withheld
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> HeldJob:
@@ -200,6 +217,9 @@ class HeldJob:
             masked = doc.get("masked")
             if masked is not None and (not isinstance(masked, str) or len(masked) != 64):
                 raise TypeError("masked must be a SHA-256 hex digest")
+            withheld = doc.get("withheld")
+            if withheld is not None and (not isinstance(withheld, str) or not withheld):
+                raise TypeError("withheld must be the name of its cause")
             sent = tuple((int(stage), bytes.fromhex(hexed)) for stage, hexed in doc["sent"])
             return cls(
                 federation=doc["federation"],
@@ -209,6 +229,7 @@ class HeldJob:
                 sent=sent,
                 state=bytes.fromhex(doc["state"]),
                 masked=masked,
+                withheld=withheld,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptHeldJob(f"held job record is malformed: {exc}") from None
@@ -265,10 +286,8 @@ class HeldJobStore:
     def _aad(self, job_id: bytes) -> bytes:
         return MAGIC + self.participant_id.encode() + b"\x00" + job_id
 
-    def _log_aad(self, job_id: bytes, index: int) -> bytes:
-        return (
-            LOG_MAGIC + self.participant_id.encode() + b"\x00" + job_id + index.to_bytes(4, "big")
-        )
+    def _log_aad(self, job_id: bytes, index: int, magic: bytes = LOG_MAGIC) -> bytes:
+        return magic + self.participant_id.encode() + b"\x00" + job_id + index.to_bytes(4, "big")
 
     def _frame(self, job_id: bytes, index: int, record: HeldJob) -> bytes:
         """Record ``index`` of the job's log: length, nonce, ciphertext."""
@@ -279,8 +298,8 @@ class HeldJobStore:
     def save(self, job_id: bytes, record: HeldJob) -> None:
         """Make ``record`` the job's state, durable on return: appended to the job's
         log with one ``fdatasync`` where this process knows the log, else (the first
-        save, a log of another process or version, a record that drops the job keys,
-        a failed append) a new log written atomically."""
+        save, a log of another process or of an earlier version, a record that drops
+        the job keys, a failed append) a new log written atomically."""
         keys = _holds_keys(record)
         with self._lock:
             log = self._logs.pop(job_id, None)  # unknown until this save succeeds
@@ -437,9 +456,10 @@ class HeldJobStore:
         blob = where.read_bytes()
         if blob.startswith(MAGIC):
             return self._load_v1(job_id, blob)
-        if not blob.startswith(LOG_MAGIC):
+        magic = next((m for m in (LOG_MAGIC, LOG_MAGIC_V2) if blob.startswith(m)), None)
+        if magic is None:
             raise CorruptHeldJob(f"{where} is not a held-job file")
-        at = _after_job_id(where, blob, len(LOG_MAGIC), job_id)
+        at = _after_job_id(where, blob, len(magic), job_id)
         aead = AESGCM(self._key)
         plain: bytes | None = None
         keys = False
@@ -451,7 +471,9 @@ class HeldJobStore:
             sealed = blob[at + _LEN : at + _LEN + size]
             try:
                 plain = aead.decrypt(
-                    sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], self._log_aad(job_id, index)
+                    sealed[:NONCE_BYTES],
+                    sealed[NONCE_BYTES:],
+                    self._log_aad(job_id, index, magic),
                 )
             except (InvalidTag, ValueError):
                 raise CorruptHeldJob(
@@ -465,8 +487,9 @@ class HeldJobStore:
             raise CorruptHeldJob(
                 f"{where} fails its integrity check: no complete record (truncated)"
             )
-        with self._lock:
-            self._logs[job_id] = _Log(at, index, keys)
+        if magic == LOG_MAGIC:  # a version 2 log is written whole, as version 3, next
+            with self._lock:
+                self._logs[job_id] = _Log(at, index, keys)
         return HeldJob.from_bytes(plain)
 
     def _load_v1(self, job_id: bytes, blob: bytes) -> HeldJob:

@@ -535,7 +535,9 @@ class ReleaseLedger:
         is ``task-<task id>``, which the coordinator picks, and nothing but this
         ledger stops a second upload under it). A key whose value already left admits
         the same value again — a coordinator that restarted asks the same task again
-        and the site recomputes it, bit for bit — and refuses any other: before
+        and the site sends the bytes it kept as they left
+        (``participant.sent_plaintext``; without them, recomputed bit for bit, which
+        local DP-SGD's fresh noise never is) — and refuses any other: before
         2026-11-27 a round's update trained again under the same task id with another
         seed left twice. (A secure job's one masked input is the job's own.)
 

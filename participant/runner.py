@@ -58,6 +58,7 @@ from spherecal.participant.failures import (
     InputWithheld,
     failure_kind,
     policy_rule,
+    unforeseen,
     wire_reason,
 )
 from spherecal.participant.faults import Halter, OnHalt
@@ -75,6 +76,7 @@ from spherecal.participant.release_ledger import (
 from spherecal.participant.results import FinalModels, save_after_completion
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.sent_plaintext import SentPlaintext, SentPlaintextStore, task_digest
 from spherecal.participant.settings import ParticipantSettings
 from spherecal.participant.statistics_task import statistics_task
 from spherecal.participant.trainer import LocalTrainer
@@ -173,6 +175,11 @@ class ParticipantRunner:
             store=HeldJobStore(settings.state_dir, self.pid, identity) if hold_jobs else None,
             federation=self._federation,
         )
+        self.sent_plain = SentPlaintextStore(
+            settings.state_dir if hold_jobs else None, self.pid, identity, log
+        )
+        """The plaintext releases that left, kept for the same task asked again
+        (``sent_plaintext``; in memory only where no job is held on disk)."""
         self._final: FinalModels | None = None
         self.ending = ""
         """How the process ended, once :meth:`run` returned: the closing line's words
@@ -220,6 +227,10 @@ class ParticipantRunner:
             # This process restarted: take up the jobs whose masked input left before
             # (held_jobs); files of any other federation are deleted.
             self.secure.restore_held(reply.plan.federation_id)
+            try:  # likewise the plaintext releases kept for another federation
+                self.sent_plain.keep_only(reply.plan.federation_id)
+            except OSError as exc:
+                self.log(f"could not delete the plaintext releases kept for another: {exc}")
         self.log(
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
@@ -363,6 +374,10 @@ class ParticipantRunner:
                     continue
                 self.log(f"coordinator says done ({done.status}): {done.message}")
                 self.secure.end_federation()  # no job of it is answered again
+                try:  # nor any task of it: what was kept to send again goes
+                    self.sent_plain.clear()
+                except OSError as exc:
+                    self.log(f"could not delete the plaintext releases kept: {exc}")
                 if done.status not in SUCCESSFUL_STATUSES:
                     return 1
                 return self._save_final_models()
@@ -544,6 +559,12 @@ class ParticipantRunner:
         if session is not None:
             self.secure.withhold(task_id, session, error)
             return
+        trace = unforeseen(error)
+        if trace is not None:  # a programming error shows in the site's log (failures)
+            self.log(
+                f"task {task_id[:16]}: the local work raised {type(error).__name__}, which "
+                f"no foreseen failure is; refused as any failed local work:\n{trace}"
+            )
         withheld: BaseException = InputWithheld(error)
         if release is not None:
             try:
@@ -588,6 +609,51 @@ class ParticipantRunner:
             "securely aggregated results (allow_plaintext = false)"
         )
 
+    def _send_again(
+        self, task_id: str, kind: str, release: str, task: pb.TrainTask | pb.StatisticsTask
+    ) -> bool:
+        """The same plaintext task asked again (a coordinator that restarted): send the
+        bytes that left for it before, kept (``sent_plaintext``) — nothing is
+        computed, noised or charged again. False when none are kept for this task."""
+        kept = self.sent_plain.find(kind, release, task_digest(task, self.plan or pb.Plan()))
+        if kept is None:
+            return False
+        self.log(
+            f"{kind} for task {task_id[:16]}: asked again; sending the bytes that left for "
+            "it before (nothing is computed, noised or charged again)"
+        )
+        self._upload_plain(task_id, kept.vector, kept.meta, release=release)
+        return True
+
+    def _keep_plain(
+        self,
+        kept: tuple[str, pb.TrainTask | pb.StatisticsTask],
+        release: str,
+        array: npt.NDArray[np.float64],
+        meta: pb.UpdateMeta | None,
+    ) -> bool:
+        """Keep a plaintext release before it leaves (``sent_plaintext``); a failed
+        write costs the copy only (the task, asked again, is computed again)."""
+        kind, task = kept
+        try:
+            self.sent_plain.keep(
+                kind,
+                SentPlaintext(
+                    federation=self._federation(),
+                    release=release,
+                    task=task_digest(task, self.plan or pb.Plan()),
+                    vector=array,
+                    meta=meta,
+                ),
+            )
+        except OSError as exc:
+            self.log(
+                f"could not keep the plaintext {kind} about to leave ({exc}); if its task "
+                "is asked again it is computed again"
+            )
+            return False
+        return True
+
     def _upload_plain(
         self,
         task_id: str,
@@ -595,14 +661,24 @@ class ParticipantRunner:
         meta: pb.UpdateMeta | None,
         *,
         release: str | None = None,
+        kept: tuple[str, pb.TrainTask | pb.StatisticsTask] | None = None,
     ) -> None:
+        """Upload a plaintext release: kept (with ``kept``: its kind and task,
+        ``sent_plaintext``), then charged, then sent — the masked upload's order, so
+        a crash leaves either nothing charged or the bytes that the same task sends
+        again."""
         array = np.ascontiguousarray(vector, dtype=np.float64)
+        stored = False
         try:
             if not self.settings.allow_plaintext:
                 raise self._no_plaintext("uploads")
+            if release is not None and kept is not None:
+                stored = self._keep_plain(kept, release, array, meta)
             if release is not None:
                 self.releases.consume(release, value=plaintext_digest(array, meta))
         except PrivacyRefused as exc:
+            if stored and kept is not None:  # it never left: not to be sent later
+                self._forget_plain(kept[0])
             self._refuse(task_id, exc)
             return
         plan = self.plan
@@ -622,6 +698,12 @@ class ParticipantRunner:
         except TransportError as exc:
             if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
                 raise
+
+    def _forget_plain(self, kind: str) -> None:
+        try:
+            self.sent_plain.delete(kind)
+        except OSError as exc:
+            self.log(f"could not delete the plaintext {kind} kept: {exc}")
 
     def _evaluate(self, task_id: str, task: pb.EvaluateTask) -> None:
         evaluate_task(self, task_id, task)  # spherecal.participant.evaluation_task

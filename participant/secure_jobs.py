@@ -57,10 +57,28 @@ go, its text a fixed sentence (:func:`spherecal.participant.failures.wire_reason
 A coordinator that asks again for the same purpose meets the release ledger, as
 after an upload; one that aborts the job before its masked step learns nothing,
 since both outcomes look alike until then.
+
+**A withheld input survives a restart of this process** (2026-11-27). The mark is
+written to the job's held record before :meth:`SecureSteps.withhold` returns
+(``held_jobs``, version 3: the cause's class name, not its text), and
+:meth:`SecureSteps.restore_held` takes it up: the job stays withheld whatever the
+local work yields afterwards — before, a site restarted between its local work and
+the masked step ran the work again and sent what it now gave (a failed allocation
+that did not fail twice, another draw of DP-SGD's noise that fitted the bound), a
+second outcome for one job. The work itself does run again when the task comes
+again, as it must for a job whose input was *set* before the restart (that input is
+not kept: a plaintext statistic at rest beside its masking keys), so that the two
+still look alike to a coordinator that watches a restarted site: the same downloads,
+the same local work, the same answer to a masked step that comes before the task
+(the input is not there yet: refused uncharged, :meth:`SecureSession.respond`). A
+withheld job that skipped its work after a restart would be told from a set one by
+its missing downloads, before any masked step, for free — what :meth:`settled`
+forbids within one process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -75,7 +93,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from spherecal import crypto
-from spherecal.participant.failures import InputWithheld
+from spherecal.participant.failures import InputWithheld, unforeseen
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import MASKED_SUFFIX, HeldJobError, HeldJobStore
 from spherecal.participant.held_upload import store_masked, task_of
@@ -143,9 +161,14 @@ class SecureSteps:
         self.poll_ms = poll_ms
         self._deferred: pb.Instruction | None = None
         self._started: dict[bytes, float] = {}
-        self._withheld: dict[bytes, tuple[str, BaseException]] = {}
+        self._withheld: dict[bytes, tuple[str, InputWithheld]] = {}
         """Started jobs whose input will not be sent, with the task and the reason:
         answered at the masked step, charged (:meth:`withhold`)."""
+        self._pinned: dict[bytes, InputWithheld] = {}
+        """Jobs whose input was withheld before this process started (their held-job
+        record says so, :meth:`restore_held`): not settled until their local work ran
+        again in this process — as a set input's job must after a restart (module
+        docstring) — and then withheld whatever it yields (:meth:`set_input`)."""
         self.caller = caller
         self.refuse = refuse
         self.log = log
@@ -170,6 +193,7 @@ class SecureSteps:
         self.jobs.clear()
         self._started.clear()
         self._withheld.clear()
+        self._pinned.clear()
         self._deferred = None
 
     def end_federation(self) -> None:
@@ -224,7 +248,14 @@ class SecureSteps:
             self.jobs[job_id] = session
             self._keys_out(job_id)  # what it sent goes again: the claim is final
             restored += 1
-            if session.masked_seals is not None:
+            if record.withheld is not None:
+                self._pinned[job_id] = InputWithheld(record.withheld)
+                how = (
+                    f"its input was withheld ({record.withheld}): its local work runs again "
+                    "when its task comes again, as a set input's would, and the job is "
+                    "answered withheld at its masked step whatever the work yields"
+                )
+            elif session.masked_seals is not None:
                 how = (
                     "its masked input is stored: if its upload was cut, the same bytes go "
                     "again; its remaining steps are answered"
@@ -257,13 +288,25 @@ class SecureSteps:
         without the folder), never privacy: the message goes out either way, logged."""
         if self.store is None:
             return
+        record = session.record(self.federation())
+        withheld = self._withheld_cause(session.job_id)
+        if withheld is not None:
+            record = dataclasses.replace(record, withheld=withheld)
         try:
-            self.store.save(session.job_id, session.record(self.federation()))
+            self.store.save(session.job_id, record)
         except OSError as exc:
             self.log(
                 f"job {session.job_id.hex()[:8]}: could not write its held state "
                 f"({exc}); a restart of this site would lose the job"
             )
+
+    def _withheld_cause(self, job_id: bytes) -> str | None:
+        """The class name of the reason the job's input is withheld, to be kept in its
+        held record (None: not withheld)."""
+        if job_id in self._withheld:
+            return self._withheld[job_id][1].cause_name
+        pinned = self._pinned.get(job_id)
+        return None if pinned is None else pinned.cause_name
 
     def _keys_out(self, job_id: bytes) -> None:
         """The job's keys leave now: its claim in the job ledger becomes final
@@ -280,6 +323,7 @@ class SecureSteps:
             session.client.close()
         self._started.pop(job_id, None)
         self._withheld.pop(job_id, None)
+        self._pinned.pop(job_id, None)
         if self.store is not None:
             try:
                 self.store.delete(job_id)
@@ -543,6 +587,12 @@ class SecureSteps:
             self._hold_local_work(session)
             self.log(f"job {session.job_id.hex()[:8]}: ended before its input was set")
             return False
+        pinned = self._pinned.get(session.job_id)
+        if pinned is not None:
+            # withheld before this site's restart: the work ran again (as a set input's
+            # must, module docstring), but what it yields is never the job's input
+            self.withhold(task_id, session, pinned)
+            return False
         try:  # encoded before the hold: how long encoding takes is the data's too
             session.set_input(vector, noise=noise, donate=donate)
         except crypto.EncodingOverflow as exc:  # depends on the data: the job's release
@@ -589,7 +639,10 @@ class SecureSteps:
         sent again — and its local work is never run twice: run again, the
         downloads it makes (a model renamed outside the task's context misses the
         cache) and its moments would tell a coordinator that abandons the job which
-        outcome the first run had, before any masked step, for free."""
+        outcome the first run had, before any masked step, for free. (After this
+        process's restart neither is settled until its work ran again here: a set
+        input is not kept, and a withheld job must not look otherwise; module
+        docstring.)"""
         return session.client.has_input or session.job_id in self._withheld
 
     def withhold(self, task_id: str, session: SecureSession, error: BaseException) -> None:
@@ -597,8 +650,17 @@ class SecureSteps:
         the job's bound): a refusal that depends on the data, answered at the job's
         masked step and charged as the job's release there (module docstring), never
         at once and never for free. The session is kept until then; if the masked
-        step is already in hand, the main loop answers it next."""
+        step is already in hand, the main loop answers it next. The mark is in the
+        job's held record before this returns, so no restart of this process turns
+        the job into one whose input is sent (module docstring)."""
         self._hold_local_work(session)
+        trace = unforeseen(error)
+        if trace is not None:  # a programming error shows in the site's log (failures)
+            self.log(
+                f"job {session.job_id.hex()[:8]}: the local work raised "
+                f"{type(error).__name__}, which no foreseen failure is; withheld as any "
+                f"failed local work:\n{trace}"
+            )
         if session.job_id not in self.jobs:
             # the coordinator moved on before the masked step: nothing is answered —
             # a withdrawal now would tell it what an upload could not have
@@ -607,7 +669,19 @@ class SecureSteps:
                 "ended before its masked step, so nothing is sent"
             )
             return
-        self._withheld[session.job_id] = (task_id, InputWithheld(error))
+        pinned = self._pinned.pop(session.job_id, None)
+        reason = pinned if pinned is not None else InputWithheld(error)
+        self._withheld[session.job_id] = (task_id, reason)
+        self._keep(session)  # durable before this returns
+        if pinned is not None:
+            also = "" if error is pinned else f" (and failed again: {error})"
+            self.log(
+                f"job {session.job_id.hex()[:8]}: its input was withheld before this "
+                f"site's restart ({pinned.cause_name}); its local work ran again{also}, and "
+                "what it yields is not sent: it withdraws at the job's masked step, counted "
+                "as the job's release"
+            )
+            return
         self.log(
             f"job {session.job_id.hex()[:8]}: this site's input is withheld ({error}); "
             "it withdraws at the job's masked step, counted as the job's release"
@@ -620,8 +694,9 @@ class SecureSteps:
     def _release_withheld(self, session: SecureSession) -> None:
         """The masked step of a job whose input is withheld: charge the release, as the
         upload would have been, then withdraw. A crash between the two leaves the
-        charge (idempotent for one job); the restarted site meets the same refusal
-        again, or — its data changed meanwhile — sends its input under that charge."""
+        charge (idempotent for one job) and the job's held record, still withheld: the
+        restarted site withdraws again when the job's masked step comes after its task
+        (charged once), whatever its local work yields then — never an input."""
         task_id, error = self._withheld.pop(session.job_id)
         if session.release is not None:
             try:

@@ -89,6 +89,8 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
     except (PrivacyRefused, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)
         return
+    if not secure and runner._send_again(task_id, kind, release, task):
+        return  # the same task again: the bytes that left (participant.sent_plaintext)
     if task.HasField("privacy") and secure:
         _private_statistics(runner, task_id, task, kind, release)
         return
@@ -141,7 +143,7 @@ def statistics_task(runner: ParticipantRunner, task_id: str, task: pb.Statistics
         # second buffer of its size to fault in; issue #24)
         runner.secure.set_input(task_id, session, stats, donate=True)
     else:
-        runner._upload_plain(task_id, stats, None, release=release)
+        runner._upload_plain(task_id, stats, None, release=release, kept=(kind, task))
 
 
 def _example_limit(runner: ParticipantRunner, task: pb.StatisticsTask, kind: str) -> int:

@@ -72,6 +72,8 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
     except (PrivacyRefused, crypto.SecAggError) as exc:
         runner._refuse(task_id, exc)
         return
+    if not secure and runner._send_again(task_id, UPDATE, release, task):
+        return  # the same task again: the bytes that left (participant.sent_plaintext)
     if task.HasField("dpsgd"):  # distributed DP-SGD (issue #25)
         distributed_step(
             task_id=task_id,
@@ -133,26 +135,12 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
         f"round {task.round + 1}: trained {result.num_steps} steps on {result.num_samples} "
         f"samples in {time.monotonic() - t0:.1f}s"
     )
-    weight = training_weight(
-        runner.releases,
-        runner._federation(),
-        runner._fingerprint("train"),
-        result.num_samples,
-        runner.policy.example_count_noise_sd,
-        runner.log,
-    )
     bound = crypto.JobSpec.from_bytes(task.secure.spec).bound if secure else None
-    if bound is not None:
-        weight = _weight_within(runner, trainer, result, weight, bound, int(task.round))
-    result = trainer.strategy.reweighed(
-        result, weight, trainer.config, trainable=parameter_mask(trainer.model, trainer.keys)
-    )
-    if states is not None and result.client_state is not None:
-        # kept as reweighed (SCAFFOLD's c_k for the released count's steps), before
-        # anything of the round leaves
-        store, before = states
-        store.commit(task.round, before, result.client_state)
-    payload = trainer.flatten(result, loss_bound=bound)
+    try:  # the result's weight, reweighing and layout are local work on the data too
+        result, payload = _released_update(runner, trainer, task, result, states, bound)
+    except LOCAL_WORK_ERRORS as exc:
+        runner._local_work_failed(task_id, session, release, exc)
+        return
     if runner.adversary is not None and task.HasField("secure"):
         payload = runner.adversary.update(
             payload,
@@ -169,7 +157,39 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
             mean_loss=result.mean_loss,
             num_steps=result.num_steps,
         )
-        runner._upload_plain(task_id, payload, meta, release=release)
+        runner._upload_plain(task_id, payload, meta, release=release, kept=(UPDATE, task))
+
+
+def _released_update(
+    runner: ParticipantRunner,
+    trainer: LocalTrainer,
+    task: pb.TrainTask,
+    result: ClientResult,
+    states: tuple[ClientStateStore, dict[str, np.ndarray] | None] | None,
+    bound: float | None,
+) -> tuple[ClientResult, npt.NDArray[np.float64]]:
+    """The trained result as it is released: weighted by the released training weight
+    (fitted to the job's ``bound``), reweighed by the strategy, its client state kept
+    (SCAFFOLD's ``c_k``), flattened; (the result as released, the vector)."""
+    weight = training_weight(
+        runner.releases,
+        runner._federation(),
+        runner._fingerprint("train"),
+        result.num_samples,
+        runner.policy.example_count_noise_sd,
+        runner.log,
+    )
+    if bound is not None:
+        weight = _weight_within(runner, trainer, result, weight, bound, int(task.round))
+    result = trainer.strategy.reweighed(
+        result, weight, trainer.config, trainable=parameter_mask(trainer.model, trainer.keys)
+    )
+    if states is not None and result.client_state is not None:
+        # kept as reweighed (SCAFFOLD's c_k for the released count's steps), before
+        # anything of the round leaves
+        store, before = states
+        store.commit(task.round, before, result.client_state)
+    return result, trainer.flatten(result, loss_bound=bound)
 
 
 def _weight_within(

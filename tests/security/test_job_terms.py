@@ -31,9 +31,18 @@ aggregation with the other members colluding: their inputs are known and unnoise
   exactly in 14 jobs). A job whose input is set *or* withheld is now continued as
   it is (``SecureSteps.settled``), and with ``[policy] min_local_work_s`` a withheld
   input waits as long as a computed one before the site speaks again.
+* **A withheld job across the site's restart.** The withheld mark lived in the
+  process: a site restarted between its local work and the masked step ran the work
+  again and sent what it now gave (a failed allocation that did not fail twice) — a
+  second outcome for one job. The mark is now in the job's held record, and the
+  restarted site withdraws at the masked step, charged once, while still running the
+  local work again as a set input's job must (its input is not kept), so that the
+  restart shows the coordinator the same downloads either way.
 
-Each has its mutation check in this file: the old lookup, the ledger without the key
-check, or the continuation of set inputs only, lets the attack through.
+The first three have their mutation checks in this file: the old lookup, the ledger
+without the key check, or the continuation of set inputs only, lets the attack
+through; the fourth's test fails on the code before the mark was kept (checked by
+hand: the restarted site's masked input left).
 """
 
 from __future__ import annotations
@@ -41,8 +50,9 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -54,16 +64,20 @@ from spherecal.crypto.dp import guaranteed_contributors
 from spherecal.participant import release_ledger
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import WITHHELD_TEXT
+from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_jobs import SecureSteps
-from spherecal.participant.secure_session import SecureSession
+from spherecal.participant.secure_session import SecureSession, SqliteJobLedger
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.participant.transport import TransportError
+from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.task_context import task_context
 from spherecal.spherefed.privacy.evaluation_noise import plan_evaluation_noise
+from spherecal.spherefed.privacy.settings import PrivacySettings
 from tests.security.hostile_plan import hostile_join_reply
 from tests.security.hostile_ring import (
     DIRECTORY,
+    IDENTITIES,
     TARGET,
     HostileRing,
     RingJob,
@@ -353,6 +367,110 @@ def test_a_withheld_input_waits_min_local_work_like_a_computed_one(
     assert failure.reason == WITHHELD_TEXT
 
 
+# ---------------------------------------------------------------- a withheld job across a restart
+class Killed(BaseException):
+    """The site's process dies here (what SIGKILL does to it)."""
+
+
+class RestartRing(ResendingRing):
+    """A secure training round around a site whose process dies between its local work
+    and the job's masked step: the task, the site's keys and shares, its local work;
+    then, instead of the masked step, the process is killed. The restarted process
+    (another runner on the same state directory) joins, is handed its task again — as
+    the service's coordinator does for a site that comes back (``SecureJob.rejoined``)
+    — and then gets the masked step and the rest of the job."""
+
+    def __init__(self, model: GlobalModel) -> None:
+        super().__init__(federation="fed", model=model)
+        self.job = make_job(ROSTER, model.length + 2)
+        self.script = [
+            pb.Instruction(
+                task_id="train-0",
+                train=pb.TrainTask(
+                    round=0,
+                    model=self.publish("global-0", model.initial_vector),
+                    seed=7,
+                    secure=self.secure(self.job, "update"),
+                ),
+            )
+        ]
+        self.first: pb.Instruction | None = None
+        self.masked: list[pb.Instruction] = []
+        self.killed = False
+        self.asked_again = False
+        self.masked_uploads = 0
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self.first is None:
+            self.first = super().next_instruction(request)  # bound to its task, job started
+            return self.first
+        if not self.killed and self._steps and self._steps[0].secagg.stage == pb.MASKED:
+            self.masked.append(self._steps.pop(0))
+            self.killed = True
+            raise Killed("the site's process dies before the job's masked step")
+        if self.killed and not self.asked_again:
+            self.asked_again = True
+            again = pb.Instruction()
+            again.CopyFrom(self.first)
+            return again
+        if self.masked:
+            return self.masked.pop(0)
+        return super().next_instruction(request)
+
+    def upload_masked(self, messages: Iterable[pb.MaskedUpload]) -> pb.UploadReceipt:
+        self.masked_uploads += 1
+        return super().upload_masked(messages)
+
+
+def _run_site(tmp: Path, ring: HostileRing, data: LocalData, log: list[str]) -> int:
+    """Run one process of the target site on ``tmp``'s state directory (its job-id
+    ledger on disk, as ``participant.main`` makes it) until it ends or dies."""
+    settings = target_settings(tmp)
+    ledger = SqliteJobLedger(settings.state_dir / "jobs.db")
+    try:
+        return ParticipantRunner(
+            settings, ring, data, IDENTITIES[TARGET], ledger, DirectoryTrust(None), log=log.append
+        ).run()
+    finally:
+        ledger.close()
+
+
+def test_a_job_withheld_before_the_sites_restart_stays_withheld(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first process's local work fails (a failed allocation), so the job's input
+    is withheld; it dies before the masked step. The second process, on the same state
+    directory, restores the job withheld from its held record: it runs the local work
+    again when the task comes again — as it must for a job whose input was set, which
+    is not kept, so the coordinator sees the same downloads either way — but sends
+    none of it: the masked step gets the charged withdrawal. Before 2026-11-27 the
+    mark lived in the first process's memory, and the second sent the input its
+    training now gave: a second outcome for one job (this test then fails: no
+    failure report, an input in the ledger)."""
+    ring = RestartRing(model)
+    log: list[str] = []
+    with monkeypatch.context() as patched:
+
+        def out_of_memory(*_args: object, **_kwargs: object) -> None:
+            raise MemoryError("cannot allocate the batch")
+
+        patched.setattr(LocalTrainer, "train", out_of_memory)
+        with pytest.raises(Killed):
+            _run_site(tmp_path, ring, data, log)
+    assert ring.killed and ring.failures == [] and _released(tmp_path) == []
+    downloads_before = len(ring.downloads)
+    assert _run_site(tmp_path, ring, data, log) == 0  # the restarted process
+    assert ring.masked_uploads == 0 and ring.job.result is None  # no input left
+    (failure,) = ring.failures
+    assert failure.task_id == "train-0" and failure.reason == WITHHELD_TEXT
+    assert pb.FailureKind.Name(failure.kind) == "BAD_INPUT"
+    assert _released(tmp_path) == [("update", "refusal")]  # charged once
+    assert "global-0" in ring.downloads[downloads_before:]  # as a set input's job would
+    assert any(
+        "its input was withheld before this site's restart (MemoryError)" in line for line in log
+    ), log
+
+
 # ---------------------------------------------------------------- plaintext task ids
 def _evaluations(ring: HostileRing, model: GlobalModel, task_ids: list[str]) -> None:
     ref = ring.publish("model", model.initial_vector)
@@ -425,6 +543,83 @@ def test_the_same_task_asked_again_sends_the_same_value_again(
     lost."""
     answered, refusals = _plaintext(tmp_path, model, data, ["R", "R"], seeds=[7, 7])
     assert answered == 2 and refusals == []
+
+
+class KeepingRing(HostileRing):
+    """Records each plaintext upload's bytes (header, then the tensor's data); with
+    ``die``, the site's process is killed once the script is done (no ``Done``: the
+    federation goes on)."""
+
+    def __init__(self, *, federation: str, model: GlobalModel, die: bool = False) -> None:
+        super().__init__(federation=federation, model=model)
+        self.sent: list[bytes] = []
+        self.die = die
+
+    def next_instruction(self, request: pb.InstructionRequest) -> pb.Instruction:
+        if self.die and not self.script and not self._steps:
+            raise Killed("the site's process dies")
+        return super().next_instruction(request)
+
+    def upload_tensor(self, messages: Iterable[pb.TensorUpload]) -> pb.UploadReceipt:
+        parts = list(messages)
+        header = parts[0].header
+        self.sent.append(header.update.SerializeToString() + b"".join(p.data for p in parts[1:]))
+        return super().upload_tensor(parts)
+
+
+def _dpsgd_charges(tmp: Path) -> list[str]:
+    conn = sqlite3.connect(tmp / "state" / "privacy.db")
+    try:
+        return [str(r[0]) for r in conn.execute("SELECT release_id FROM privacy_ledger")]
+    finally:
+        conn.close()
+
+
+def test_a_local_dpsgd_update_asked_again_is_sent_again_not_trained_again(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a restarted coordinator does — the same task, its id and seed — with local
+    DP-SGD and ``allow_plaintext``: training again draws fresh noise, another value
+    the ledger refuses under the key (``RULE_RELEASE_REPEATED``), and the round went on
+    without the site (this test fails so on the code before 2026-11-27). The bytes that
+    left are now kept (``participant.sent_plaintext``) and sent again: the same bytes,
+    one DP-SGD charge, one release — also after the site's own restart."""
+    settings = dataclasses.replace(
+        target_settings(tmp_path),
+        allow_plaintext=True,
+        privacy=PrivacySettings(dpsgd=True, dpsgd_noise_multiplier=1.0),
+    )
+    trained: list[int] = []
+    train_dpsgd = LocalTrainer.train_dpsgd
+
+    def counted(self: LocalTrainer, *args: Any, **kwargs: Any) -> Any:
+        trained.append(1)
+        return train_dpsgd(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalTrainer, "train_dpsgd", counted)
+    ring = KeepingRing(federation="fed", model=model, die=True)
+    _updates(ring, model, ["R", "R"], [7, 7])  # the coordinator restarted between
+    with pytest.raises(Killed):
+        run_target(settings, ring, data)
+    assert ring.failures == [], [(f.task_id, f.reason) for f in ring.failures]
+    assert len(ring.sent) == 2 and ring.sent[0] == ring.sent[1]
+    kept = tmp_path / "state" / "sent-plaintext" / "update.sent"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert kept.parent.stat().st_mode & 0o777 == 0o700
+    assert ring.sent[0][-64:] not in kept.read_bytes()  # sealed, not the bytes in the clear
+    again = KeepingRing(federation="fed", model=model)  # the site's process restarted
+    _updates(again, model, ["R"], [7])
+    run_target(settings, again, data)
+    assert again.failures == [] and again.sent == ring.sent[:1]
+    assert len(trained) == 1  # trained once, for the first ask
+    assert _dpsgd_charges(tmp_path) == ["local-dpsgd/fed/round-0"]  # charged once
+    conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
+    try:
+        rows = conn.execute("SELECT job, answer FROM site_releases WHERE state = 'released'")
+        assert list(rows) == [("task-R", "input")]
+    finally:
+        conn.close()
+    assert not kept.exists()  # the federation ended: nothing is kept
 
 
 def test_mutation_a_ledger_without_the_key_check_counts_nothing_twice(

@@ -17,6 +17,11 @@ same thing whether the input fitted or not; and the text it receives is a fixed
 sentence. Each has its mutation check: a site that withdraws at once (the behaviour
 before) answers both questions.
 
+Whether the local work fails at all is such a bit too: an error of any class it
+raises (an ``IndexError`` of the statistics pass, a ``TypeError`` after training) is
+withheld and charged the same way, not an exit, which the coordinator would see at
+once; an interrupt still stops the site.
+
 The site here has a head that does not bound ``‖z‖`` (``learnable``), where such a
 refusal is what is left: with a unit-norm head every entry is at most the example
 count, and the site fits its statistics to any bound instead of refusing
@@ -35,16 +40,21 @@ import torch
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.settings import ModelSettings
+from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import WITHHELD_TEXT
+from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SecureSession
 from spherecal.participant.trainer import LocalTrainer
+from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import format_site_audit, read_site_audit
 from spherecal.spherefed.stats import ffc_layout_size
 from tests.security.hostile_plan import hostile_join_reply
 from tests.security.hostile_ring import (
+    IDENTITIES,
+    TARGET,
     HostileRing,
     RingJob,
     make_job,
@@ -427,3 +437,104 @@ def test_a_concurrent_jobs_refusal_comes_before_any_masking(
     )
     assert ring.refusal(second.job_id.hex()) == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
     assert first.job_id in masked and second.job_id not in masked
+
+
+# ---------------------------------------------------------------- an unforeseen error
+def _failing_statistics(error: BaseException) -> object:
+    def statistics(self: LocalTrainer, *args: object, **kwargs: object) -> object:
+        raise error
+
+    return statistics
+
+
+def _run_logged(tmp: Path, ring: HostileRing, data: LocalData, log: list[str]) -> int:
+    runner = ParticipantRunner(
+        target_settings(tmp),
+        ring,
+        data,
+        IDENTITIES[TARGET],
+        MemoryJobLedger(),
+        DirectoryTrust(None),
+        log=log.append,
+    )
+    return runner.run()
+
+
+def test_an_unforeseen_error_of_the_local_work_is_withheld_not_an_exit(
+    tmp_path: Path,
+    model: GlobalModel,
+    data: LocalData,
+    largest_entry: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The statistics pass raises an ``IndexError`` (numpy's, on an index past a class
+    the split lacks, say): whether it does can depend on the data, so it is failed
+    local work like a ``ValueError`` — withheld to the job's masked step and charged
+    there, the same answer as an input outside the bound — and the site goes on to
+    its next task. Before 2026-11-27 only four classes were: this one ended the
+    process at once (this test then fails: ``run`` raises ``IndexError``), which the
+    coordinator saw, outside every release, by the site's presence ending. A
+    programming error still shows: its traceback is in the site's own log."""
+    monkeypatch.setattr(
+        LocalTrainer, "statistics", _failing_statistics(IndexError("index 7 is out of bounds"))
+    )
+    ring = HostileRing(federation="fed", model=model)
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    job = make_job(ROSTER, length, bound=1e6)
+    ring.script = [_ffc(ring, "q", job, model)]
+    log: list[str] = []
+    assert _run_logged(tmp_path, ring, data, log) == 0  # the site did not exit
+    assert job.server is not None and job.server.stage is crypto.Stage.MASKED
+    (report,) = ring.failures
+    assert report.task_id == "q" and report.reason == WITHHELD_TEXT
+    assert pb.FailureKind.Name(report.kind) == "BAD_INPUT"
+    assert "index 7" not in report.reason  # the error's text stays in the site
+    assert _released(tmp_path) == [job.job_id.hex()]  # charged, as an upload would be
+    (trace,) = [line for line in log if "Traceback (most recent call last)" in line]
+    assert "IndexError: index 7 is out of bounds" in trace and "which no foreseen" in trace
+
+
+def test_an_interrupt_in_the_local_work_still_stops_the_site(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KeyboardInterrupt`` (Ctrl-C, the operator's) is not an ``Exception``: it stops
+    the site as before, nothing withheld or charged."""
+    monkeypatch.setattr(LocalTrainer, "statistics", _failing_statistics(KeyboardInterrupt()))
+    ring = HostileRing(federation="fed", model=model)
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    ring.script = [_ffc(ring, "q", make_job(ROSTER, length, bound=1e6), model)]
+    with pytest.raises(KeyboardInterrupt):
+        _run_logged(tmp_path, ring, data, [])
+    assert ring.failures == [] and _released(tmp_path) == []
+
+
+def test_an_error_after_training_is_withheld_too(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trained update's weight, reweighing and layout are local work on the data
+    as well: a ``TypeError`` in laying it out is withheld at the masked step and
+    charged as the round's update, not an exit (it was outside every catch)."""
+
+    def flatten(self: LocalTrainer, *args: object, **kwargs: object) -> object:
+        raise TypeError("unsupported operand type(s) for *: 'NoneType' and 'float'")
+
+    monkeypatch.setattr(LocalTrainer, "flatten", flatten)
+    ring = HostileRing(federation="fed", model=model)
+    job = make_job(ROSTER, model.length + 2)
+    ring.script = [
+        pb.Instruction(
+            task_id="train-0",
+            train=pb.TrainTask(
+                round=0,
+                model=ring.publish("global-0", model.initial_vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+    ]
+    log: list[str] = []
+    assert _run_logged(tmp_path, ring, data, log) == 0
+    (report,) = ring.failures
+    assert report.task_id == "train-0" and report.reason == WITHHELD_TEXT
+    assert _released(tmp_path) == [job.job_id.hex()]
+    assert any("TypeError: unsupported operand" in line for line in log)

@@ -3,6 +3,7 @@ a session restored from it answers the rest of the job with the exact sum."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import stat
 from pathlib import Path
@@ -487,10 +488,14 @@ def _record(step: int, *, keys: bool = True) -> HeldJob:
     )
 
 
-def _frames(blob: bytes) -> list[tuple[int, int]]:
-    """(offset, length) of each complete record of a version 2 file, parsed from the
+LOG_MAGIC = b"SPHERECAL-HELD-JOB 3\n"
+"""A log of version 3 (what every save writes since 2026-11-27: a record may be
+withheld); version 2 logs are read, never appended to."""
+
+
+def _frames(blob: bytes, magic: bytes = LOG_MAGIC) -> list[tuple[int, int]]:
+    """(offset, length) of each complete record of a log file, parsed from the
     format's framing alone (no decryption)."""
-    magic = b"SPHERECAL-HELD-JOB 2\n"
     assert blob.startswith(magic)
     at = len(magic) + 1 + blob[len(magic)]
     out = []
@@ -503,19 +508,24 @@ def _frames(blob: bytes) -> list[tuple[int, int]]:
     return out
 
 
-def _decrypt_all(identity: object, blob: bytes) -> list[HeldJob]:
-    """Every complete record of the file, opened independently of the store with the
-    key, nonce and associated data the format states."""
+def _key(identity: object) -> bytes:
+    """The store's key, derived here as the format states."""
     raw = identity.private_bytes(  # type: ignore[attr-defined]
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
-    key = HKDF(
+    return HKDF(
         algorithm=hashes.SHA256(), length=32, salt=None, info=b"spherecal held-job store v1\x00p0"
     ).derive(raw)
+
+
+def _decrypt_all(identity: object, blob: bytes) -> list[HeldJob]:
+    """Every complete record of the file, opened independently of the store with the
+    key, nonce and associated data the format states."""
+    key = _key(identity)
     out = []
     for index, (at, size) in enumerate(_frames(blob)):
         frame = blob[at + 4 : at + size]
-        aad = b"SPHERECAL-HELD-JOB 2\n" + b"p0\x00" + JOB + index.to_bytes(4, "big")
+        aad = LOG_MAGIC + b"p0\x00" + JOB + index.to_bytes(4, "big")
         out.append(HeldJob.from_bytes(AESGCM(key).decrypt(frame[:12], frame[12:], aad)))
     return out
 
@@ -682,3 +692,46 @@ def test_a_log_that_is_gone_or_shorter_than_written_is_written_whole(tmp_path: P
     store.path(JOB).write_bytes(store.path(JOB).read_bytes()[:30])  # not what it wrote
     store.save(JOB, _record(2))
     assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [_record(2)]
+
+
+def _version_2_log(identity: object, records: list[HeldJob]) -> bytes:
+    """A log as a site of version 2 wrote it (before a record could be withheld)."""
+    key, magic = _key(identity), b"SPHERECAL-HELD-JOB 2\n"
+    blob = magic + bytes([len(JOB)]) + JOB
+    for index, record in enumerate(records):
+        nonce = bytes([index + 1]) * 12
+        aad = magic + b"p0\x00" + JOB + index.to_bytes(4, "big")
+        sealed = AESGCM(key).encrypt(nonce, record.to_bytes(), aad)
+        blob += (12 + len(sealed)).to_bytes(4, "big") + nonce + sealed
+    return blob
+
+
+def test_a_version_2_log_is_read_and_its_next_save_writes_version_3_whole(
+    tmp_path: Path,
+) -> None:
+    """A site upgraded in the middle of a job: its version 2 log is read (not withheld:
+    no version 2 writer knew the mark), and the next save — which may say withheld —
+    is never appended to it, so no version 2 reader meets a withheld record it would
+    read as a job whose input is still to come."""
+    identity = crypto.generate_identity()
+    store = _store(tmp_path, key=identity)
+    store.folder.mkdir(mode=0o700)
+    store.path(JOB).write_bytes(_version_2_log(identity, [_record(0), _record(1)]))
+    assert store.load(JOB) == _record(1) and store.load(JOB).withheld is None
+    withheld = dataclasses.replace(_record(2), withheld="EncodingOverflow")
+    store.save(JOB, withheld)
+    blob = store.path(JOB).read_bytes()
+    assert blob.startswith(LOG_MAGIC) and _decrypt_all(identity, blob) == [withheld]
+    assert _store(tmp_path, key=identity).load(JOB) == withheld
+    store.save(JOB, _record(3))  # a version 3 log is appended to
+    assert _decrypt_all(identity, store.path(JOB).read_bytes()) == [withheld, _record(3)]
+
+
+def test_the_withheld_mark_round_trips_and_is_checked() -> None:
+    withheld = dataclasses.replace(RECORD, withheld="MemoryError")
+    assert HeldJob.from_bytes(withheld.to_bytes()) == withheld
+    assert b"withheld" not in RECORD.to_bytes()  # absent when not withheld
+    for bad in (b'"withheld":3', b'"withheld":""'):
+        text = withheld.to_bytes().replace(b'"withheld":"MemoryError"', bad)
+        with pytest.raises(CorruptHeldJob, match="withheld"):
+            HeldJob.from_bytes(text)

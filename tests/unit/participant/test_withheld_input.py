@@ -133,19 +133,73 @@ def test_killed_after_the_charge_the_restarted_site_refuses_again_charging_once(
     assert len(_refusals(fed)) == 1 and fed.released() == 1
 
 
-def test_an_input_in_bound_after_the_restart_goes_under_the_same_charge(
+def test_an_input_in_bound_after_the_restart_is_not_sent(fed: Federation) -> None:
+    """Killed after the charge; after the restart the local work yields an input that
+    fits (an allocation that failed the first time, another draw of DP-SGD's noise):
+    the job's outcome was fixed before the restart, so the site withdraws again and no
+    input leaves. Until 2026-11-27 the withheld mark lived in memory only and the
+    restarted site sent that input — a second outcome for one job."""
+    _killed_after_the_charge(fed)
+    steps = fed.start_site()
+    assert any("its input was withheld (EncodingOverflow)" in line for line in fed.log)
+    session = fed.start_task()
+    assert session is not None  # not settled: its work runs again, as a set input's must
+    assert not steps.set_input("task-1", session, fed.inputs["p1"])
+    fed.site_step()
+    assert fed.transport.streamed == [] and fed.released() == 1
+    (refusal,) = _refusals(fed)
+    assert "withheld before this site's restart: EncodingOverflow" in refusal
+    assert _answer(fed) == "refusal"
+    assert steps.store is not None and steps.store.job_ids() == []
+
+
+def test_withheld_before_the_restart_before_the_charge_is_withheld_after(
     fed: Federation,
 ) -> None:
-    """Killed after the charge; the data changed meanwhile and the input now fits: it
-    is sent under that one charge (one release for one job either way)."""
-    _killed_after_the_charge(fed)
+    """Killed between its local work and its masked step (nothing charged yet): the
+    held record says withheld, written before ``withhold`` returned."""
     steps = fed.start_site()
     session = fed.start_task()
     assert session is not None
-    assert steps.set_input("task-1", session, fed.inputs["p1"])
+    steps.withhold("task-1", session, MemoryError("cannot allocate 1.2 GiB"))
+    assert steps.store is not None
+    record = steps.store.load(fed.job.job_id)
+    assert record.withheld == "MemoryError"  # the class's name, never its text
+    assert "1.2 GiB" not in record.to_bytes().decode()
+    _to_masked_step(fed)  # its share answer (after the work) keeps the mark
+    assert steps.store.load(fed.job.job_id).withheld == "MemoryError"
+    steps = fed.start_site()  # the restart
+    session = fed.start_task()
+    assert session is not None
+    assert not steps.set_input("task-1", session, fed.inputs["p1"])  # it fits now
     fed.site_step()
-    assert fed.transport.streamed and fed.released() == 1
-    assert _answer(fed) == "input"  # the input left under the refusal's charge
+    assert fed.transport.streamed == [] and fed.released() == 1
+    assert len(_refusals(fed)) == 1 and _answer(fed) == "refusal"
+
+
+@pytest.mark.parametrize("withheld", [False, True])
+def test_after_a_restart_a_masked_step_before_the_task_is_refused_alike(
+    fed: Federation, withheld: bool
+) -> None:
+    """A restarted site whose job's masked step comes before its task does: a set
+    input was not kept and a withheld one must not be told apart — both are refused
+    as out of order, under the job's id, uncharged. (Answered with the charged
+    withdrawal, the withheld job would say which it was for a site restart.)"""
+    steps = fed.start_site()
+    session = fed.start_task()
+    assert session is not None
+    if withheld:
+        assert not steps.set_input("task-1", session, OUT_OF_BOUND)
+    else:
+        assert steps.set_input("task-1", session, fed.inputs["p1"])
+    _to_masked_step(fed)
+    steps = fed.start_site()  # restarted: the masked step comes first
+    fed.site_step()
+    (refusal,) = _refusals(fed)
+    assert refusal.startswith(f"refused {fed.job.job_id.hex()[:8]}")
+    assert "the masked stage came before this site's input" in refusal
+    assert fed.released() == 0 and fed.transport.streamed == []
+    assert steps.jobs == {}
 
 
 def test_a_length_mismatch_is_refused_at_once(fed: Federation) -> None:
