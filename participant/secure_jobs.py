@@ -129,6 +129,7 @@ class SecureSteps:
         corrupt_shares: bool = False,
         store: HeldJobStore | None = None,
         federation: Callable[[], str] = lambda: "",
+        colluders: int = 0,
     ) -> None:
         self.pid = participant_id
         self.identity = identity
@@ -137,7 +138,11 @@ class SecureSteps:
         self.transport = transport
         self.halter = halter
         self.releases = releases
-        self.policy = policy.secagg()
+        # the members this site assumes collude with the coordinator ([privacy]
+        # colluders) raise the threshold it accepts: 2t > holders + colluders, or the
+        # coordinator and they split its honest holders into two signed survivor sets
+        # and read its input (tests/security/test_colluding_holders.py)
+        self.policy = policy.secagg(colluders=colluders)
         self.min_local_work_s = float(policy.min_local_work_s)
         self.share_wait_s = float(policy.share_wait_s)
         self.poll_ms = poll_ms
