@@ -256,19 +256,51 @@ class SecureSteps:
                 store.delete_masked(job_id)
         return restored
 
-    def _keep(self, session: SecureSession) -> None:
-        """Write the session to the held-jobs folder before its next message leaves.
-        A failed write costs durability only (a restart would then lose the job, as
-        without the folder), never privacy: the message goes out either way, logged."""
+    def _keep(self, session: SecureSession) -> bool:
+        """Write the session to the held-jobs folder before its next message leaves;
+        True: the message may go.
+
+        A failed write costs durability only *if the folder then holds nothing of the
+        job*: its record is deleted and the message goes (a restart loses the job, as
+        without the folder). Where the record can be neither written nor deleted — a
+        filesystem remounted read-only after an I/O error fails both — the folder still
+        holds the job's earlier record, and a restarted process would answer this stage
+        again from it, differently: a second survivor set signed, a second unmask
+        answer in which a survivor of the first is a dropout, so both kinds of that
+        peer's shares (``tests/security/test_held_write_failure.py``). Then the message
+        must not go: False, and the caller withdraws. (Until 2026-11-27 it went
+        either way.)"""
         if self.store is None:
-            return
+            return True
+        label = f"job {session.job_id.hex()[:8]}"
         try:
             self.store.save(session.job_id, session.record(self.federation()))
+            return True
         except OSError as exc:
+            failed = exc
+        try:
+            self.store.delete_record(session.job_id)
+        except OSError as gone:
             self.log(
-                f"job {session.job_id.hex()[:8]}: could not write its held state "
-                f"({exc}); a restart of this site would lose the job"
+                f"{label}: could not write its held state ({failed}) nor delete its "
+                f"earlier record ({gone}); it withdraws rather than send what a restart "
+                "of this site could answer again differently"
             )
+            return False
+        self.log(
+            f"{label}: could not write its held state ({failed}); its record is deleted, "
+            "so a restart of this site would lose the job"
+        )
+        return True
+
+    def _unkept(self, session: SecureSession) -> HeldJobError:
+        """Why the site withdraws when :meth:`_keep` says no (a fixed sentence: it is
+        about the site's disk, not its data)."""
+        return HeldJobError(
+            f"job {session.job_id.hex()[:8]}: its held state could be neither written nor "
+            "deleted; this site withdraws rather than send a message a restart could "
+            "answer differently"
+        )
 
     def _keys_out(self, job_id: bytes) -> None:
         """The job's keys leave now: its claim in the job ledger becomes final
@@ -351,7 +383,9 @@ class SecureSteps:
             return None
         advert = session.advertise()
         self.jobs[session.job_id] = session
-        self._keep(session)  # the keys, before the advertisement of them leaves
+        if not self._keep(session):  # the keys, before the advertisement of them leaves
+            self.abandon(task_id, session, self._unkept(session))
+            return None
         self.halter.check(
             "advertise", purpose=session.purpose, round_index=round_index, what=task_id
         )
@@ -703,7 +737,10 @@ class SecureSteps:
             self._record_survivors(session.release, bytes(step.message))
         if out is not None:
             # never deal other shares, sign or reveal twice, even across a restart
-            self._keep(session)
+            if not self._keep(session):
+                self._drop(session.job_id)
+                self.refuse(job_hex, self._unkept(session))
+                return
             self._submit(session, step.stage, out)
         else:
             self._upload_masked(session)
