@@ -718,6 +718,8 @@ class SecureSteps:
                 stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
             )
         withheld = step.stage == pb.MASKED and session.job_id in self._withheld
+        # a repeated step gets the message already sent, whatever it now says
+        repeated = session.has_sent(step.stage)
         try:
             if withheld:  # the bundle is checked as for a set input, then the refusal
                 session.take_share_bundle(step)
@@ -733,7 +735,9 @@ class SecureSteps:
         if withheld:
             self._release_withheld(session)
             return
-        if step.stage == pb.UNMASK and session.release is not None:
+        if step.stage == pb.UNMASK and session.release is not None and not repeated:
+            # the request this site answers, once: a repeat is answered with the first
+            # answer, unchecked, so its survivor set is the coordinator's word alone
             self._record_survivors(session.release, bytes(step.message))
         if out is not None:
             # never deal other shares, sign or reveal twice, even across a restart

@@ -45,7 +45,7 @@ from spherecal.crypto.messages import (
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import HeldJob, HeldJobStore
 from spherecal.participant.policy import PolicySettings
-from spherecal.participant.release_ledger import LedgerRules, ReleaseLedger
+from spherecal.participant.release_ledger import LedgerRules, Release, ReleaseLedger
 from spherecal.participant.secure_jobs import SecureSteps
 from spherecal.participant.secure_session import SqliteJobLedger
 from spherecal.participant.transport import Transport
@@ -126,9 +126,11 @@ class Site:
     """Site ``p1``: its real ``SecureSteps`` on a state directory it keeps across
     restarts."""
 
-    def __init__(self, tmp: Path, identity: object, disk: Disk) -> None:
+    def __init__(
+        self, tmp: Path, identity: object, disk: Disk, transport: Capture | None = None
+    ) -> None:
         self.tmp, self.identity, self.disk = tmp, identity, disk
-        self.transport = Capture()
+        self.transport = transport if transport is not None else Capture()
         self.refused: list[str] = []
         self.lines: list[str] = []
         self.steps = self.start()
@@ -169,7 +171,12 @@ class Attack:
     """A job of five at ``t = 3`` whose coordinator asks ``p1`` for two survivor sets,
     ``p0`` surviving the first and dropped in the second, around ``p1``'s restart."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(
+        self, tmp: Path, *, release: bool = False, transport: Capture | None = None
+    ) -> None:
+        self.release = release
+        """Reserve the job's input as a release in the site's ledger (consumed when it
+        leaves), as the runner does for every task."""
         identities = {p: crypto.generate_identity() for p in IDS}
         directory = {p: crypto.identity_public_bytes(k) for p, k in identities.items()}
         self.spec = spec = crypto.JobSpec.create(IDS, threshold=3, length=LENGTH, bound=10.0)
@@ -187,7 +194,7 @@ class Attack:
         }
         self.inputs = {p: np.linspace(-1.0, 1.0, LENGTH) * (k + 1) for k, p in enumerate(IDS)}
         self.disk = Disk()
-        self.site = Site(tmp, identities[SITE], self.disk)
+        self.site = Site(tmp, identities[SITE], self.disk, transport)
         self.answers: list[UnmaskResponse] = []
         self.adverts: dict[str, crypto.AdvertiseKeys] = {}
         self.y0 = np.zeros(0, dtype=np.uint64)
@@ -197,7 +204,13 @@ class Attack:
         """An honest job up to the masked stage (every input uploaded)."""
         site, server, spec = self.site, self.server, self.spec
         capture = site.transport
-        session = site.steps.start("task", self.job, round_index=None, expected_length=LENGTH)
+        key = spec.job_id.hex() if self.release else None
+        if key is not None:
+            moments = Release(kind="ffc", federation="fed", model=b"m" * 32, data=b"d" * 32)
+            site.steps.releases.reserve(moments, job=key)
+        session = site.steps.start(
+            "task", self.job, round_index=None, expected_length=LENGTH, release=key
+        )
         assert session is not None
         self.adverts = {p: c.advertise_keys() for p, c in self.others.items()}
         self.adverts[SITE] = crypto.AdvertiseKeys.from_bytes(capture.last(pb.ADVERTISE))
