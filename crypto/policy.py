@@ -16,10 +16,14 @@ test_malicious_coordinator.py``); :data:`CHECKS` lists them:
     must carry the signed survivor-set round, and the participant unmasks only after
     signing and verifying one survivor view. Without it a coordinator that shows
     different survivor sets to different holders rebuilds one input alone.
-``check_threshold``  ``2t >`` the largest share-holder set (``n`` for the complete
-    graph, ``k+1`` or ``k+2`` for Harary): otherwise two disjoint groups of ``t``
-    holders could each reveal one kind of a participant's secrets (``b_u`` and
-    ``s_u^SK``), which together strip all its masks.
+``check_threshold``  ``2t >`` the largest share-holder set ``h`` (``n`` for the complete
+    graph, ``k+1`` or ``k+2`` for Harary) plus the members assumed to collude with the
+    coordinator (``colluders``, default 0): otherwise two groups of holders, each of
+    ``t`` with the colluders counted in both, could each sign a survivor set and reveal
+    one kind of a participant's secrets (``b_u`` and ``s_u^SK``), which together strip
+    all its masks. A colluder signs both sets and hands over both kinds, so the honest
+    holders split in two exactly when ``2(t − c) ≤ h − c`` (Bonawitz et al. 2017,
+    Theorem 6.5: ``t > (h + c)/2``).
 ``check_participants``  at least ``min_participants`` in the job (default 3): three
     2-party jobs over the same inputs give each input by differencing.
 ``check_inputs``  the unmask request must put at least ``min_inputs`` inputs (default
@@ -93,20 +97,29 @@ class SecAggPolicy:
     Args:
         require_consistency_round: refuse a spec without the signed survivor-set
             round, and refuse to unmask before signing one survivor view.
-        require_majority_threshold: refuse ``2t <=`` share holders.
+        require_majority_threshold: refuse ``2t <=`` share holders ``+ colluders``.
         min_participants: refuse a job with fewer participants (>= 2).
         min_inputs: refuse to reveal unmask shares for a sum of fewer inputs (>= 2).
+        colluders: members of a job this participant assumes collude with the
+            coordinator (>= 0). The majority rule counts them on both sides of a split:
+            a coordinator with ``c`` colluding members reads an input from a job at
+            ``2t <= h + c`` (``tests/security/test_colluding_holders.py``); 0, the
+            default, protects against the coordinator alone.
     """
 
     require_consistency_round: bool = True
     require_majority_threshold: bool = True
     min_participants: int = DEFAULT_MIN_PARTICIPANTS
     min_inputs: int = DEFAULT_MIN_INPUTS
+    colluders: int = 0
 
     def __post_init__(self) -> None:
         for name in ("require_consistency_round", "require_majority_threshold"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidSpec(f"policy {name} must be true or false")
+        c = self.colluders
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise InvalidSpec(f"policy colluders must be an integer >= 0, got {c!r}")
         for name in ("min_participants", "min_inputs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
@@ -144,6 +157,7 @@ class SecAggPolicy:
             "require_majority_threshold",
             "min_participants",
             "min_inputs",
+            "colluders",
         }
         unknown = sorted(set(values) - known)
         if unknown:
@@ -169,13 +183,17 @@ def check_consistency_round(policy: SecAggPolicy, spec: JobSpec, *, signed: bool
 
 
 def check_threshold(policy: SecAggPolicy, spec: JobSpec) -> None:
+    """``2t > h + c`` (module docstring): no two survivor sets can then each gather
+    ``t`` signatures among one participant's holders, with ``c`` of them signing both."""
     if not policy.require_majority_threshold:
         return
     holders = max_closed_size(spec.graph, spec.n, spec.degree)
-    if 2 * spec.threshold <= holders:
+    c = policy.colluders
+    if 2 * spec.threshold <= holders + c:
+        needed = f"2t > {holders}" if c == 0 else f"2t > {holders} + {c} (assumed colluders)"
         raise ThresholdTooLow(
             f"threshold t={spec.threshold} with up to {holders} share holders per "
-            f"participant: the policy needs 2t > {holders}"
+            f"participant: the policy needs {needed}"
         )
 
 

@@ -526,6 +526,19 @@ class HeldJobStore:
             self.masked_path(job_id).unlink()
             fsync_folder(self.folder)
 
+    def delete_record(self, job_id: bytes) -> None:
+        """Delete the job's record alone (absent is fine): what a restarted process
+        would answer the job from. A masked input left beside it has no record and is
+        deleted at the restart (``SecureSteps.restore_held``); until then this process
+        can still send it again."""
+        with self._lock:
+            self._logs.pop(job_id, None)
+        try:
+            self.path(job_id).unlink()
+        except FileNotFoundError:
+            return
+        fsync_folder(self.folder)
+
     def delete(self, job_id: bytes) -> None:
         """Delete the job's record and its masked input (either may be absent)."""
         with self._lock:

@@ -125,8 +125,9 @@ class PolicySettings:
     (Bonawitz et al. 2017, round 3): without it a coordinator that shows different
     survivor sets to different holders rebuilds one input alone."""
     require_majority_threshold: bool = True
-    """Refuse thresholds with ``2t <=`` share holders (two disjoint groups of ``t``
-    holders could reveal both secrets of one participant)."""
+    """Refuse thresholds with ``2t <=`` share holders plus ``[privacy] colluders`` (two
+    groups of ``t`` holders, the colluders in both, could reveal both secrets of one
+    participant)."""
     min_participants: int = DEFAULT_MIN_PARTICIPANTS
     """Refuse jobs with fewer participants (three 2-party jobs give each input by
     differencing); at least 2."""
@@ -261,13 +262,16 @@ class PolicySettings:
             ):
                 raise ValueError(f"policy {key} must be in [0, 86400) s, got {seconds!r}")
 
-    def secagg(self) -> SecAggPolicy:
-        """The rules :class:`crypto.SecAggParticipant` enforces itself."""
+    def secagg(self, *, colluders: int = 0) -> SecAggPolicy:
+        """The rules :class:`crypto.SecAggParticipant` enforces itself; ``colluders``:
+        the members of a job this site assumes collude with the coordinator (its
+        ``[privacy] colluders``), which the majority rule counts (``2t > h + c``)."""
         return SecAggPolicy(
             require_consistency_round=self.require_consistency_round,
             require_majority_threshold=self.require_majority_threshold,
             min_participants=self.min_participants,
             min_inputs=self.min_inputs,
+            colluders=colluders,
         )
 
     def relaxations(self) -> tuple[str, ...]:

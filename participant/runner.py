@@ -174,6 +174,7 @@ class ParticipantRunner:
             # dies with all of them and restarts none, passes hold_jobs=False
             store=HeldJobStore(settings.state_dir, self.pid, identity) if hold_jobs else None,
             federation=self._federation,
+            colluders=settings.privacy.colluders,
         )
         self.sent_plain = SentPlaintextStore(
             settings.state_dir if hold_jobs else None, self.pid, identity, log

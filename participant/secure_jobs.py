@@ -147,6 +147,7 @@ class SecureSteps:
         corrupt_shares: bool = False,
         store: HeldJobStore | None = None,
         federation: Callable[[], str] = lambda: "",
+        colluders: int = 0,
     ) -> None:
         self.pid = participant_id
         self.identity = identity
@@ -155,7 +156,11 @@ class SecureSteps:
         self.transport = transport
         self.halter = halter
         self.releases = releases
-        self.policy = policy.secagg()
+        # the members this site assumes collude with the coordinator ([privacy]
+        # colluders) raise the threshold it accepts: 2t > holders + colluders, or the
+        # coordinator and they split its honest holders into two signed survivor sets
+        # and read its input (tests/security/test_colluding_holders.py)
+        self.policy = policy.secagg(colluders=colluders)
         self.min_local_work_s = float(policy.min_local_work_s)
         self.share_wait_s = float(policy.share_wait_s)
         self.poll_ms = poll_ms
@@ -282,23 +287,55 @@ class SecureSteps:
                 store.delete_masked(job_id)
         return restored
 
-    def _keep(self, session: SecureSession) -> None:
-        """Write the session to the held-jobs folder before its next message leaves.
-        A failed write costs durability only (a restart would then lose the job, as
-        without the folder), never privacy: the message goes out either way, logged."""
+    def _keep(self, session: SecureSession) -> bool:
+        """Write the session to the held-jobs folder before its next message leaves;
+        True: the message may go.
+
+        A failed write costs durability only *if the folder then holds nothing of the
+        job*: its record is deleted and the message goes (a restart loses the job, as
+        without the folder). Where the record can be neither written nor deleted — a
+        filesystem remounted read-only after an I/O error fails both — the folder still
+        holds the job's earlier record, and a restarted process would answer this stage
+        again from it, differently: a second survivor set signed, a second unmask
+        answer in which a survivor of the first is a dropout, so both kinds of that
+        peer's shares (``tests/security/test_held_write_failure.py``). Then the message
+        must not go: False, and the caller withdraws. (Until 2026-11-27 it went
+        either way.)"""
         if self.store is None:
-            return
+            return True
+        label = f"job {session.job_id.hex()[:8]}"
         record = session.record(self.federation())
         withheld = self._withheld_cause(session.job_id)
         if withheld is not None:
             record = dataclasses.replace(record, withheld=withheld)
         try:
             self.store.save(session.job_id, record)
+            return True
         except OSError as exc:
+            failed = exc
+        try:
+            self.store.delete_record(session.job_id)
+        except OSError as gone:
             self.log(
-                f"job {session.job_id.hex()[:8]}: could not write its held state "
-                f"({exc}); a restart of this site would lose the job"
+                f"{label}: could not write its held state ({failed}) nor delete its "
+                f"earlier record ({gone}); it withdraws rather than send what a restart "
+                "of this site could answer again differently"
             )
+            return False
+        self.log(
+            f"{label}: could not write its held state ({failed}); its record is deleted, "
+            "so a restart of this site would lose the job"
+        )
+        return True
+
+    def _unkept(self, session: SecureSession) -> HeldJobError:
+        """Why the site withdraws when :meth:`_keep` says no (a fixed sentence: it is
+        about the site's disk, not its data)."""
+        return HeldJobError(
+            f"job {session.job_id.hex()[:8]}: its held state could be neither written nor "
+            "deleted; this site withdraws rather than send a message a restart could "
+            "answer differently"
+        )
 
     def _withheld_cause(self, job_id: bytes) -> str | None:
         """The class name of the reason the job's input is withheld, to be kept in its
@@ -390,7 +427,9 @@ class SecureSteps:
             return None
         advert = session.advertise()
         self.jobs[session.job_id] = session
-        self._keep(session)  # the keys, before the advertisement of them leaves
+        if not self._keep(session):  # the keys, before the advertisement of them leaves
+            self.abandon(task_id, session, self._unkept(session))
+            return None
         self.halter.check(
             "advertise", purpose=session.purpose, round_index=round_index, what=task_id
         )
@@ -754,6 +793,8 @@ class SecureSteps:
                 stage_name, purpose=session.purpose, round_index=session.round, what=job_hex
             )
         withheld = step.stage == pb.MASKED and session.job_id in self._withheld
+        # a repeated step gets the message already sent, whatever it now says
+        repeated = session.has_sent(step.stage)
         try:
             if withheld:  # the bundle is checked as for a set input, then the refusal
                 session.take_share_bundle(step)
@@ -769,11 +810,16 @@ class SecureSteps:
         if withheld:
             self._release_withheld(session)
             return
-        if step.stage == pb.UNMASK and session.release is not None:
+        if step.stage == pb.UNMASK and session.release is not None and not repeated:
+            # the request this site answers, once: a repeat is answered with the first
+            # answer, unchecked, so its survivor set is the coordinator's word alone
             self._record_survivors(session.release, bytes(step.message))
         if out is not None:
             # never deal other shares, sign or reveal twice, even across a restart
-            self._keep(session)
+            if not self._keep(session):
+                self._drop(session.job_id)
+                self.refuse(job_hex, self._unkept(session))
+                return
             self._submit(session, step.stage, out)
         else:
             self._upload_masked(session)

@@ -45,7 +45,11 @@ class PrivacySettings:
     tell the coordinator, without noise or charge, that it holds more."""
     quant_bits: int = DEFAULT_QUANT_BITS
     colluders: int = 0
-    """Participants assumed to collude with the coordinator (their noise is not counted)."""
+    """Participants assumed to collude with the coordinator (their noise is not counted).
+    A participant also refuses a secure job whose threshold does not cover them
+    (``2t > share holders + colluders``, with DP on or off): at a lower one the
+    coordinator and that many members read its input by splitting its share holders
+    between two signed survivor sets."""
     dpsgd: bool = False
     """Participant only: train locally with DP-SGD (Opacus), each round charged to the
     local ledger and refused over budget. Protects the trained weights; the mean loss
