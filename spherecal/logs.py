@@ -207,9 +207,10 @@ def add_log_level_option(parser: Any, key: str) -> None:
     )
 
 
-def closing_line(component: str, fmt: str, what: str, code: int) -> None:
-    """The last line on stderr: how the process ends and its exit status."""
-    level = "INFO" if code == 0 else "ERROR"
+def closing_line(component: str, fmt: str, what: str, code: int, level: str | None = None) -> None:
+    """The last line on stderr: how the process ends and its exit status (at ``level``,
+    else INFO for 0 and ERROR for any other status)."""
+    level = level or ("INFO" if code == 0 else "ERROR")
     line = format_line(component, f"exiting: {what} (exit status {code})", fmt=fmt, level=level)
     print(line, file=sys.stderr, flush=True)
 

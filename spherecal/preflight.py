@@ -97,6 +97,20 @@ def _readable(source: str, key: str, path: Path | None) -> None:
         raise PreflightError(f"{source}: {key} = {str(path)!r}: permission denied")
 
 
+def _crl_readable(source: str, path: Path | None) -> None:
+    """``[tls] crl`` names a file that ``spherecal certs revoke`` writes at the first
+    revocation, and no earlier: an operator who set the key ahead of time was told only
+    that the file does not exist. A missing list is still refused (a mistyped path must
+    not start a coordinator that enforces no revocation), saying how it comes to be."""
+    if path is not None and not path.exists():
+        raise PreflightError(
+            f"{source}: [tls] crl = {str(path)!r}: file does not exist; `spherecal certs "
+            "revoke NAME --dir CA_DIR` writes CA_DIR/crl.pem at the first revocation (leave "
+            "[tls] crl unset until then, or check the path)"
+        )
+    _readable(source, "[tls] crl", path)
+
+
 def _ca_bundle(source: str, key: str, path: Path | None) -> None:
     """A CA file must hold at least one PEM certificate (gRPC would only say later that
     the handshake failed, or that the address is not local)."""
@@ -435,8 +449,9 @@ def check_coordinator(settings: Any, source: str) -> list[str]:
             ("cert", "key", "client_ca"),
             "[server] insecure = true, loopback addresses only",
         )
-        for key in ("cert", "key", "client_ca", "crl"):
+        for key in ("cert", "key", "client_ca"):
             _readable(source, f"[tls] {key}", getattr(tls, key))
+        _crl_readable(source, tls.crl)
         _ca_bundle(source, "[tls] client_ca", tls.client_ca)
         _key_pair(source, "[tls]", tls.cert, tls.key)
         soon = certificate_window(f"{source}: [tls] cert", tls.cert, SERVER_RENEWAL)

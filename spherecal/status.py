@@ -162,8 +162,9 @@ def _site_state(r: Any) -> str:
     """What the coordinator knows of a site now: ``connected`` (its presence stream
     is open or it was heard within the heartbeat timeout), ``left`` (it left the
     federation — it refused the plan — and has not joined since: the line ends with
-    why), ``disconnected`` (it joined, and is not), ``absent`` (never joined); ``,
-    told done`` once the end was delivered to it."""
+    why), ``disconnected`` (it joined, and is not), ``absent`` (never joined — this
+    coordinator process: the view starts afresh at a restart); ``, told done`` once
+    the end was delivered to it."""
     if r.connected:
         state = "connected"
     elif r.left:

@@ -17,7 +17,8 @@ storage fault records ``stopped`` and *is* resumed) — is over:
   else what the database holds) and exits with its status — nothing written;
 - with ``--new-federation`` :func:`set_aside_finished` moves the finished
   federation's files — ``state.db`` (and its WAL), ``checkpoints/``, ``spool/``,
-  ``journal/``, ``federation.json``, and the result files in ``out_dir`` — into
+  ``journal/``, ``federation.json``, and the result files in ``out_dir`` (summary,
+  models and heads, saved statistics, the ``spherecal report`` page) — into
   ``set-aside-<UTC time>/`` beside them, never deleting, and says so in the log; a
   new federation then starts in the emptied directory.
 """
@@ -48,8 +49,11 @@ ENDED_STATUSES = frozenset({"completed", "degraded", "failed"})
 
 STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "federation.json")
 STATE_DIRS = ("checkpoints", "spool", "journal")
-RESULT_FILES = ("summary.json", "model_spec.json", "classifiers.pt")
-RESULT_PATTERNS = ("model_*.pt", "head_*.pt")
+RESULT_FILES = ("summary.json", "model_spec.json", "classifiers.pt", "report.html")
+#: ``statistics_*.npz``: ``[calibration] save_statistics``; ``report.html``: what
+#: ``spherecal report OUT_DIR`` draws there. Left behind, either would sit beside the
+#: new federation's results as if they were its own.
+RESULT_PATTERNS = ("model_*.pt", "head_*.pt", "statistics_*.npz")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from spherecal.cli.exit_codes import ExitCode
 
-__all__ = ["HELP", "NAME", "enable_faulthandler", "register", "run"]
+__all__ = ["HELP", "NAME", "STOPPED", "enable_faulthandler", "ending", "register", "run"]
 
 NAME = "coordinator"
 HELP = "run a coordinator (gRPC server) from a TOML config"
@@ -102,8 +102,35 @@ def run(args: argparse.Namespace) -> int:
     shown = ("status", "status_reasons", "accuracy", "accuracy_covers", "errors", "warnings")
     print(json.dumps({k: summary.get(k) for k in shown}, indent=2), flush=True)
     code = ExitCode.OK if summary.get("status") in SUCCESSFUL_STATUSES else ExitCode.FAILED
-    closing_line("coordinator", fmt, f"federation {summary.get('status')}", int(code))
+    what, level = ending(summary)
+    closing_line("coordinator", fmt, what, int(code), level=level)
     return code
+
+
+#: The reason a stopped (not ended) federation's summary gives
+#: (``spherecal.coordinator.driver.board``, ``spherecal.coordinator.main``).
+STOPPED = "stopped: "
+
+
+def ending(summary: Any) -> tuple[str, str | None]:
+    """The closing line's WHAT, and its level where it is not the exit status's.
+
+    A coordinator stopped mid-federation (SIGTERM, Ctrl-C, a failed write to its state)
+    writes ``summary.json`` with status ``failed`` and a ``stopped: …`` reason, and its
+    database records ``stopped``: the same command resumes the federation. Its last line
+    said ``ERROR … exiting: federation failed`` all the same, which an operator doing a
+    routine restart reads as the federation's end."""
+    status = summary.get("status")
+    reasons = summary.get("status_reasons") or []
+    stopped = next((r for r in reasons if isinstance(r, str) and r.startswith(STOPPED)), None)
+    if status == "failed" and stopped is not None:
+        why = stopped.removeprefix(STOPPED)
+        return (
+            f"federation stopped, not ended ({why}): the same command with the same "
+            "state_dir resumes it",
+            "WARNING",
+        )
+    return f"federation {status}", None
 
 
 def _unpin(settings: Any, participant_id: str) -> int:

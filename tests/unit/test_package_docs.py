@@ -11,9 +11,9 @@ import pytest
 
 from tests.import_graph import modules
 
-PACKAGES = sorted(
-    name for name, path in modules().items() if path.name == "__init__.py" and name.count(".") >= 1
-)
+#: Every package, ``spherecal`` itself included: its composition-root modules (the
+#: audit, certs, preflight, …) were the only ones no docstring listed.
+PACKAGES = sorted(name for name, path in modules().items() if path.name == "__init__.py")
 
 
 def _children(package: str) -> set[str]:

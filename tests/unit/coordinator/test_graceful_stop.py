@@ -55,6 +55,32 @@ def test_an_operator_stop_still_ends_the_federation_as_failed(tmp_path: Path) ->
     harness.store.close()
 
 
+def test_the_closing_line_of_a_stopped_federation_says_it_resumes(tmp_path: Path) -> None:
+    """``spherecal coordinator`` ends with one line saying how. A SIGTERM'd (suspended)
+    federation's summary says ``failed``, ``stopped: …`` — and its line said ``ERROR
+    exiting: federation failed`` though the same command resumes it; an operator doing
+    a routine restart read that as the federation's end. A stop that ends it (and a
+    federation that failed) still says ``failed``."""
+    from spherecal.cli.coordinator import ending
+
+    harness = Harness(settings_for(tmp_path / "suspended", secure=False)).start()
+    harness.join("p0")
+    harness.federation.board.suspend("terminated by SIGTERM")
+    _ended(harness)
+    what, level = ending(harness.federation.summary())
+    assert what.startswith("federation stopped, not ended (terminated by SIGTERM)"), what
+    assert "resumes" in what and level == "WARNING"
+    harness.store.close()
+    assert ending({"status": "failed", "status_reasons": ["round 2 failed 3 times"]}) == (
+        "federation failed",
+        None,
+    )
+    assert ending({"status": "degraded", "status_reasons": ["ffc: …"]}) == (
+        "federation degraded",
+        None,
+    )
+
+
 def test_a_suspend_after_the_end_changes_nothing(tmp_path: Path) -> None:
     harness = Harness(settings_for(tmp_path, secure=False)).start()
     harness.join("p0")

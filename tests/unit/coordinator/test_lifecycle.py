@@ -108,7 +108,11 @@ def test_set_aside_moves_everything_and_deletes_nothing(tmp_path: Path) -> None:
     state = _state(tmp_path, "completed")
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("summary.json", "model_none.pt", "model_ffc.pt", "head_lda.pt", "notes.txt"):
+    results = ["summary.json", "model_none.pt", "model_ffc.pt", "head_lda.pt"]
+    # the saved statistics ([calibration] save_statistics) and the `spherecal report` page
+    # describe the old federation too: left in out_dir they passed for the new one's
+    results += ["statistics_ccvr.npz", "statistics_ffc.npz", "report.html"]
+    for name in (*results, "notes.txt"):
         (out / name).write_bytes(name.encode())
     state_before, out_before = _files(state), _files(out)
     said: list[str] = []

@@ -90,6 +90,28 @@ def test_policy_table_round_trips_and_refuses_unknown_keys() -> None:
     assert parse_participant_config({"participant": {"id": "p0"}}).policy == PolicySettings()
 
 
+def test_privacy_md_lists_every_policy_key_with_its_default() -> None:
+    """docs/privacy.md, "Participant policy", shows a ``[policy]`` table of "the
+    defaults" and a row per key: an operator copies the table to see every rule. It
+    lacked ``example_count_noise_sd``; the block must be exactly the defaults, and every
+    key must have its row."""
+    import dataclasses
+    import re
+    import tomllib
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "privacy.md").read_text()
+    section = text.split("### Participant policy", 1)[1].split("\n### ", 1)[0]
+    block = re.search(r"```toml\n(\[policy\].*?)```", section, re.S)
+    assert block is not None
+    document = tomllib.loads(block.group(1))
+    fields = [f.name for f in dataclasses.fields(PolicySettings)]
+    assert sorted(document["policy"]) == sorted(fields)
+    settings = parse_participant_config({"participant": {"id": "p0"}, **document})
+    assert settings.policy == PolicySettings()
+    rows = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert set(fields) <= rows, sorted(set(fields) - rows)
+
+
 def test_corrupt_shares_is_a_hidden_test_only_key() -> None:
     settings = parse_participant_config({"participant": {"id": "p0", "corrupt_shares": True}})
     assert settings.corrupt_shares is True

@@ -373,3 +373,26 @@ def test_the_service_checks_name_their_ca_file(tmp_path: Path, certs: Path) -> N
     assert warning.startswith("WARNING: p.toml: [tls] ca = ") and "soon.pem" in warning
     (warning,) = check_coordinator(_coordinator(tmp_path, certs, client_ca=soon), "c.toml")
     assert warning.startswith("WARNING: c.toml: [tls] client_ca = ") and "soon.pem" in warning
+
+
+def test_a_crl_not_yet_written_says_how_it_comes_to_be(
+    tmp_path: Path, certs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[tls] crl`` set before the first ``spherecal certs revoke`` (which writes the
+    file) used to be refused with "file does not exist" alone; it is still refused — a
+    mistyped path must not start a coordinator that enforces no revocation — and the
+    line now says which command writes the list."""
+    config = tmp_path / "coordinator.toml"
+    config.write_text(
+        '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
+        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
+        '[server]\nlisten = "127.0.0.1:0"\n'
+        f'[tls]\ncert = "{certs / "server.pem"}"\nkey = "{certs / "server.key"}"\n'
+        f'client_ca = "{certs / "ca.pem"}"\ncrl = "{certs / "crl.pem"}"\n'
+    )
+    assert main(["coordinator", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "[tls] crl" in err and "file does not exist" in err
+    assert "spherecal certs revoke NAME --dir" in err, err
+    assert not (tmp_path / "state").exists()  # refused before anything was made
