@@ -260,9 +260,14 @@ class SecAggSettings:
     spec cannot carry it, so it must be at least the sites'. Accuracies are reported
     with the noise's standard deviation (``federated_evaluation.noise``)."""
     threshold: int | None = None
-    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·n) + 1)``,
-    a strict majority of the share holders (``2t > n``), which participants' default
-    policy (``spherecal.crypto.policy.SecAggPolicy``) demands: a lower t makes them refuse."""
+    """Absolute Shamir threshold t; default ``max(2, floor(threshold_fraction·(h + c)) + 1)``
+    with ``h`` the largest set of one participant's share holders (``n`` for the complete
+    graph, ``k+1`` or ``k+2`` for Harary) and ``c`` the members assumed to collude with
+    the coordinator (``[privacy] colluders``, default 0): a strict majority ``2t > h + c``,
+    which participants' default policy (``spherecal.crypto.policy.SecAggPolicy``, with
+    their own ``[privacy] colluders``) demands: a lower t makes them refuse. (Until
+    2026-11-27 ``c`` was not counted, and sites assuming colluders refused the default
+    threshold of a job with an odd number of share holders.)"""
     threshold_fraction: float = 0.5
     """Fraction of the share holders below the default threshold (t = ⌊fraction·n⌋ + 1)."""
     min_participants: int = 3
@@ -364,10 +369,13 @@ class SecAggSettings:
         fit = int(self.in_flight_mb * (1 << 20) // max(vector_bytes, 1))
         return max(self.max_in_flight, min(fit, participants))
 
-    def threshold_for(self, n: int) -> int:
+    def threshold_for(self, holders: int, colluders: int = 0) -> int:
+        """The job's threshold for ``holders`` share holders per participant (its
+        largest closed neighbourhood) and ``colluders`` members assumed to collude
+        with the coordinator: :attr:`threshold`, or a strict majority of both."""
         if self.threshold is not None:
             return self.threshold
-        return max(2, math.floor(self.threshold_fraction * n) + 1)
+        return max(2, math.floor(self.threshold_fraction * (holders + colluders)) + 1)
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,11 @@ def _collect_kind(
             if privacy is not None:
                 n = len(participants)
                 plan = privacy.plan(
-                    kind, dim=dim, num_classes=classes, n=n, t=guaranteed_inputs(s.secagg, n)
+                    kind,
+                    dim=dim,
+                    num_classes=classes,
+                    n=n,
+                    t=guaranteed_inputs(s.secagg, n, s.privacy.colluders),
                 )
             bound = statistics_bound(s)
             if plan is None:

@@ -60,7 +60,7 @@ class DistributedDpsgd:
             noise_multiplier=p.dpsgd_noise_multiplier,
             sample_rate=p.dpsgd_sample_rate,
             max_grad_norm=p.dpsgd_max_grad_norm,
-            min_contributors=guaranteed_inputs(self.settings.secagg, n),
+            min_contributors=guaranteed_inputs(self.settings.secagg, n, p.colluders),
             colluders=p.colluders,
             mechanism=p.mechanism,
         )

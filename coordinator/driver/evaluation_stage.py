@@ -84,7 +84,7 @@ def _evaluation_job(
         noise = plan_evaluation_noise(
             s.secagg.evaluation_noise_sd,
             participants=len(participants),
-            min_contributors=guaranteed_inputs(s.secagg, len(participants)),
+            min_contributors=guaranteed_inputs(s.secagg, len(participants), s.privacy.colluders),
             length=1 + len(names),
         )
         arguments = {"scale_bits": noise.scale_bits, "noise_bound": noise.plan.noise_bound}

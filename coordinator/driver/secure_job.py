@@ -46,6 +46,7 @@ from spherecal.coordinator.state.job_journal import (
     JournaledJob,
 )
 from spherecal.crypto import JobSpec, SecAggServer, Stage
+from spherecal.crypto.graph import HARARY, max_closed_size
 from spherecal.proto import spherecal_pb2 as pb
 
 __all__ = ["Halt", "JobOutcome", "SecureJob", "guaranteed_inputs", "plan_graph"]
@@ -73,33 +74,36 @@ STAGE_NAMES: dict[pb.SecAggStage, str] = {
 }
 
 
-def guaranteed_inputs(settings: SecAggSettings, n: int) -> int:
+def guaranteed_inputs(settings: SecAggSettings, n: int, colluders: int = 0) -> int:
     """The fewest inputs a job over ``n`` participants can aggregate: what a DP plan
     must assume survive (``spherecal.crypto.dp.guaranteed_contributors`` of the spec built here)."""
-    _, _, threshold = plan_graph(settings, n)
+    _, _, threshold = plan_graph(settings, n, colluders)
     return max(threshold, min(n, max(2, settings.min_participants)))
 
 
-def plan_graph(settings: SecAggSettings, n: int) -> tuple[str, int, int]:
+def plan_graph(settings: SecAggSettings, n: int, colluders: int = 0) -> tuple[str, int, int]:
     """(graph kind, degree, threshold) for ``n`` participants.
 
     ``auto`` uses the complete graph up to 32 participants and a Harary graph beyond
     (SecAgg+, Bell et al. 2020) of degree ``~2·log2(n)`` unless ``harary:K`` fixes it.
     The default threshold is a strict majority of one participant's share holders
-    (``n`` for the complete graph, ``k+1`` for Harary), never below 2.
+    (``n`` for the complete graph, ``k+1`` or ``k+2`` for Harary) plus the
+    ``colluders`` assumed (``[privacy] colluders``): ``2t > h + c``, never below 2 —
+    what sites assuming as many colluders accept (``crypto.policy.check_threshold``).
     """
     graph = settings.graph
     if graph == "auto":
         graph = "complete" if n <= 32 else "harary"
     if graph == "complete":
-        return "complete", n - 1, settings.threshold_for(n)
+        return "complete", n - 1, settings.threshold_for(n, colluders)
     if ":" in graph:
         degree = int(graph.split(":", 1)[1])
     else:
         floor_t = settings.threshold if settings.threshold is not None else 2
         degree = max(2, floor_t - 1, 2 * math.ceil(math.log2(max(n, 2))))
     degree = min(degree, n - 1)
-    return "harary", degree, settings.threshold_for(degree + 1)
+    holders = max_closed_size(HARARY, n, degree)
+    return "harary", degree, settings.threshold_for(holders, colluders)
 
 
 @dataclass
@@ -137,10 +141,11 @@ class SecureJob:
         journal: JobJournal | None = None,
         halt: Halt | None = None,
         rejoin_s: float = 0.0,
+        colluders: int = 0,
     ) -> None:
         if spec is None:
             n = len(participants)
-            kind, degree, threshold = plan_graph(settings, n)
+            kind, degree, threshold = plan_graph(settings, n, colluders)
             needed = max(threshold, settings.min_participants)
             if n < needed:
                 raise crypto.TooFewSurvivors(

@@ -303,6 +303,7 @@ class StageContext:
             journal=self.journal,
             halt=self.halt,
             rejoin_s=self.settings.timeouts.rejoin_grace_s,
+            colluders=self.settings.privacy.colluders,
         )
         self.store.job_created(
             job.job_hex, purpose, round_index, ids, job.threshold, length, job.spec_sha256

@@ -262,6 +262,48 @@ def test_plan_graph() -> None:
     assert (kind, degree, t) == ("harary", 4, 3)
 
 
+@pytest.mark.parametrize("colluders", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    ("n", "graph"),
+    [
+        (3, "auto"),
+        (5, "auto"),
+        (10, "auto"),
+        (33, "auto"),
+        (100, "auto"),
+        (9, "harary:3"),
+        (11, "harary:5"),
+    ],
+)
+def test_the_default_threshold_is_one_sites_assuming_colluders_accept(
+    n: int, graph: str, colluders: int
+) -> None:
+    """The coordinator's default threshold counts its ``[privacy] colluders`` as the
+    sites' policy does (``2t > h + c``, ``crypto.policy.check_threshold``): a site
+    assuming as many colluders accepts the spec, and one assuming one more refuses
+    whenever the rule binds. Until 2026-11-27 the default was a majority of ``h``
+    alone, which such sites refused for every odd ``h``."""
+    settings = SecAggSettings(graph=graph)
+    kind, degree, t = plan_graph(settings, n, colluders)
+    holders = crypto.graph.max_closed_size(kind, n, degree)
+    smallest = crypto.graph.min_closed_size(kind, n, degree)
+    if t > smallest:
+        # no threshold of that graph covers that many colluders (a spec's t is at most
+        # its smallest share-holder set): the job is refused at creation
+        assert 2 * smallest <= holders + colluders
+        return
+    ids = [f"p{i}" for i in range(n)]
+    spec = crypto.JobSpec.create(
+        ids, threshold=t, min_participants=min(n, 3), graph=kind, degree=degree, length=4,
+        bound=1.0, consistency_check=True,
+    )  # fmt: skip
+    crypto.policy.check_threshold(crypto.SecAggPolicy(colluders=colluders), spec)
+    assert 2 * t > holders + colluders and 2 * (t - 1) <= holders + colluders  # the least
+    if 2 * t <= holders + colluders + 1:  # one colluder more binds: it is refused
+        with pytest.raises(crypto.ThresholdTooLow):
+            crypto.policy.check_threshold(crypto.SecAggPolicy(colluders=colluders + 1), spec)
+
+
 def test_memory_is_a_few_vectors_whatever_the_number_of_participants() -> None:
     n, length = 8, 20_000
     job, clients = make_job(n, length, threshold=5, chunk_entries=4096, max_in_flight=2)
