@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from spherecal.coordinator.settings import ServerSettings, TLSSettings
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
+from spherecal.preflight import check_coordinator
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import load_identity_key, public_key_bytes
 from spherecal.proto.services import grpc_services
@@ -114,9 +116,10 @@ class Served:
     said: list[str]
 
 
-@pytest.fixture()
-def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
-    revoke_participant(ca, "p0")
+@contextmanager
+def _serving(ca: Path, tmp_path: Path) -> Iterator[Served]:
+    """A coordinator over real mutual TLS whose ``[tls] crl`` is ``ca/crl.pem``, after
+    the same start-up checks as ``spherecal coordinator`` (``check_coordinator``)."""
     base = settings_for(tmp_path, secure=False)
     settings = replace(
         base,
@@ -128,6 +131,7 @@ def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
             crl=ca / "crl.pem",
         ),
     )
+    check_coordinator(settings, "coordinator.toml")
     store = Store(settings.state_dir / "state.db")
     registry = Registry(
         settings.participants,
@@ -147,6 +151,13 @@ def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
     finally:
         grpc_server.stop(grace=None).wait()
         store.close()
+
+
+@pytest.fixture()
+def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
+    revoke_participant(ca, "p0")
+    with _serving(ca, tmp_path) as served:
+        yield served
 
 
 def _stub(port: int, ca: Path, name: str) -> Any:
@@ -191,6 +202,50 @@ def test_revoked_certificates_are_refused_over_mtls(server: Served) -> None:
     # p2, never revoked, is unaffected.
     p2 = _stub(port, ca, "p2")
     assert p2.Join(_join_request("p2", ca / "p2.identity.key"), timeout=10).session
+
+
+def _refused_soon(call: Any, what: str) -> grpc.RpcError:
+    """``call()`` until it is refused (the list is re-read at most once a second): the
+    refusal, which must say UNAUTHENTICATED and "revoked"."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            call()
+        except grpc.RpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAUTHENTICATED, exc.details()
+            assert "revoked" in (exc.details() or "")
+            return exc
+        assert time.monotonic() < deadline, f"never refused: {what}"
+        time.sleep(0.2)
+
+
+def test_the_list_init_wrote_revokes_without_a_restart(tmp_path: Path) -> None:
+    """docs/deployment.md from the first day: ``certs init`` wrote an empty ``crl.pem``
+    and the coordinator names it in ``[tls] crl`` from its start; a site joins and
+    calls, the operator runs ``spherecal certs revoke``, and — the coordinator still the
+    same process — the site's next call and its next handshake are refused. Before,
+    ``[tls] crl`` could not name a list until the first revocation wrote one, and
+    setting it then took a restart."""
+    ca = tmp_path / "ca"
+    assert main(["certs", "init", str(ca)]) == 0
+    for name in ("p0", "p1"):
+        assert main(["certs", "issue", name, "--dir", str(ca)]) == 0
+    with _serving(ca, tmp_path) as served:
+        p0, p1 = _stub(served.port, ca, "p0"), _stub(served.port, ca, "p1")
+        session = p0.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10).session
+        caller = pb.Caller(participant_id="p0", session=session)
+        assert p0.GetStatus(pb.StatusRequest(caller=caller), timeout=10) is not None
+        assert p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
+        assert main(["certs", "revoke", "p0", "--dir", str(ca)]) == 0
+        _refused_soon(lambda: p0.GetStatus(pb.StatusRequest(caller=caller), timeout=10), "call")
+        # a new connection (a new TLS handshake) with the revoked certificate: refused too
+        again = _stub(served.port, ca, "p0")
+        _refused_soon(
+            lambda: again.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10), "join"
+        )
+        assert any("reloaded CRL" in line and "(1 new)" in line for line in served.said)
+        # p1, not revoked, is answered as before
+        assert p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
 
 
 def test_unpin_lets_a_participant_rejoin_with_a_new_identity_key(tmp_path: Path) -> None:
