@@ -7,6 +7,7 @@ operator give a participant a new identity key after a compromise."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,12 +118,14 @@ class Served:
 
 
 @contextmanager
-def _serving(ca: Path, tmp_path: Path) -> Iterator[Served]:
+def _serving(ca: Path, tmp_path: Path, *, run: bool = False) -> Iterator[Served]:
     """A coordinator over real mutual TLS whose ``[tls] crl`` is ``ca/crl.pem``, after
-    the same start-up checks as ``spherecal coordinator`` (``check_coordinator``)."""
+    the same start-up checks as ``spherecal coordinator`` (``check_coordinator``);
+    with ``run`` its federation runs too (a join window of 600 s)."""
     base = settings_for(tmp_path, secure=False)
     settings = replace(
         base,
+        timeouts=replace(base.timeouts, join_s=600.0),
         server=ServerSettings(listen="127.0.0.1:0"),
         tls=TLSSettings(
             cert=ca / "server.pem",
@@ -146,9 +149,16 @@ def _serving(ca: Path, tmp_path: Path) -> Iterator[Served]:
     service = CoordinatorService(settings, registry, federation, store, Traffic())
     grpc_server, port = build_server(settings, service)
     grpc_server.start()
+    driver = threading.Thread(target=federation.run, daemon=True)
+    if run:
+        driver.start()
     try:
         yield Served(port, ca, service, store, said)
     finally:
+        if run:
+            federation.stop("test over")
+            driver.join(timeout=10)
+            assert not driver.is_alive()
         grpc_server.stop(grace=None).wait()
         store.close()
 
@@ -246,6 +256,50 @@ def test_the_list_init_wrote_revokes_without_a_restart(tmp_path: Path) -> None:
         assert any("reloaded CRL" in line and "(1 new)" in line for line in served.said)
         # p1, not revoked, is answered as before
         assert p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
+
+
+def test_a_revoked_member_is_not_waited_for(tmp_path: Path) -> None:
+    """Over real mutual TLS, the coordinator running its join window (600 s): p2
+    joins, is revoked through the CLI, and its next call is refused — by then the
+    coordinator has reloaded the list, and p2, whose own certificate is on it, has
+    left; the window closes as soon as p0 and p1 have joined. Until 2026-11-27 it
+    waited the whole window for p2, which cannot come back under that certificate.
+    Then, the coordinator stopped, p1 is revoked: the restarted coordinator knows at
+    its start that p1 left (the serial p1 joined with is in its store)."""
+    ca = tmp_path / "ca"
+    assert main(["certs", "init", str(ca)]) == 0
+    for name in ("p0", "p1", "p2"):
+        assert main(["certs", "issue", name, "--dir", str(ca)]) == 0
+    p2_left = (
+        f"has a revoked certificate (serial {_serial(ca / 'p2.pem'):x}) and can join again "
+        "only with a new one"
+    )
+    with _serving(ca, tmp_path, run=True) as served:
+        federation = served.service.federation
+        p0, p1, p2 = (_stub(served.port, ca, name) for name in ("p0", "p1", "p2"))
+        session = p2.Join(_join_request("p2", ca / "p2.identity.key"), timeout=10).session
+        caller = pb.Caller(participant_id="p2", session=session)
+        assert main(["certs", "revoke", "p2", "--dir", str(ca)]) == 0
+        _refused_soon(lambda: p2.GetStatus(pb.StatusRequest(caller=caller), timeout=10), "p2")
+        assert served.service.registry.left() == {"p2": p2_left}
+        assert f"WARNING: p2 left the federation: it {p2_left}" in served.said
+        assert federation.phase == "waiting for participants"
+        for name, stub in (("p0", p0), ("p1", p1)):
+            assert stub.Join(_join_request(name, ca / f"{name}.identity.key"), timeout=10).session
+        closed = (
+            "every participant that has not left joined: continuing with 2 of 3 "
+            f"participants, without ['p2'] (p2 {p2_left})"
+        )
+        deadline = time.monotonic() + 60
+        while closed not in federation.warnings:  # not after 600 s
+            assert time.monotonic() < deadline, federation.warnings
+            time.sleep(0.05)
+    p1_serial = _serial(ca / "p1.pem")
+    revoke_participant(ca, "p1")  # while the coordinator is down
+    with _serving(ca, tmp_path) as served:  # before any call
+        left = served.service.registry.left()
+        assert left["p1"].startswith(f"has a revoked certificate (serial {p1_serial:x})")
+        assert left["p2"] == p2_left
 
 
 def test_unpin_lets_a_participant_rejoin_with_a_new_identity_key(tmp_path: Path) -> None:
