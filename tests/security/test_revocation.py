@@ -337,3 +337,36 @@ def test_coordinator_unpin_command(tmp_path: Path, capsys: pytest.CaptureFixture
     store = Store(tmp_path / "state" / "state.db")
     assert store.pinned_keys() == {}
     store.close()
+
+
+@pytest.mark.parametrize("status", ["completed", "degraded", "failed"])
+def test_unpin_refuses_an_ended_federation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: str
+) -> None:
+    """An ended federation's database is read-only to the coordinator (a restart
+    reports it and changes nothing); ``--unpin`` wrote into it all the same, a pin no
+    join could use. Refused with one line (exit 2) saying why and what to do; the
+    database is left as it was, byte for byte."""
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[federation]\nparticipants = ["a", "b"]\nstate_dir = "state"\n'
+        '[model]\nextractor = "mlp"\n[server]\ninsecure = true\n'
+    )
+    (tmp_path / "state").mkdir()
+    store = Store(tmp_path / "state" / "state.db")
+    key = public_key_bytes(generate_identity())
+    store.record_join("a", 0, key, None)
+    store.set_meta("federation_id", "f00dfeed")
+    store.set_meta("status", status)
+    store.close()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "state").iterdir()}
+    assert main(["coordinator", "--config", str(config), "--unpin", "a"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.count("\n") == 0 and captured.out == "", err
+    assert f"federation f00dfeed in {tmp_path / 'state'} already ended {status}" in err, err
+    assert "read-only (nothing changed)" in err and "--new-federation" in err, err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "state").iterdir()} == before
+    store = Store(tmp_path / "state" / "state.db")
+    assert store.pinned_keys() == {"a": key}
+    store.close()
