@@ -494,14 +494,16 @@ class ParticipantRunner:
         exception's own text where it is made of what the coordinator sent, a fixed
         sentence where it depends on this site's data or history
         (:func:`~spherecal.participant.failures.wire_reason`); the site's log and its
-        ledger keep the whole reason."""
+        ledger keep the whole reason. Logged at WARNING (until 2026-11-27 at INFO): the
+        site refused what it was asked, which its operator looks for (the coordinator
+        records the withdrawal as a warning event)."""
         reason = str(error)
         kind = failure_kind(error)
         rule = policy_rule(error) if kind == pb.POLICY_REFUSAL else pb.RULE_UNSPECIFIED
         shown = pb.FailureKind.Name(kind) + (
             f"/{pb.PolicyRule.Name(rule)}" if rule != pb.RULE_UNSPECIFIED else ""
         )
-        self.log(f"withdrawing from {task_id[:16]}: {shown}: {reason}")
+        self.log(f"WARNING: withdrawing from {task_id[:16]}: {shown}: {reason}")
         try:  # the site's own audit lists every refusal (spherecal.site_audit)
             self.releases.record_refusal(
                 task=task_id,
@@ -511,7 +513,7 @@ class ParticipantRunner:
                 federation=self._federation(),
             )
         except Exception as exc:  # the withdrawal itself must still go out
-            self.log(f"could not record the refusal in the release ledger: {exc}")
+            self.log(f"WARNING: could not record the refusal in the release ledger: {exc}")
         try:
             self.transport.report_failure(
                 pb.FailureReport(
@@ -523,7 +525,7 @@ class ParticipantRunner:
                 )
             )
         except TransportError as exc:
-            self.log(f"could not report the withdrawal: {exc}")
+            self.log(f"WARNING: could not report the withdrawal: {exc}")
 
     # ---------------------------------------------------------------- tasks
     def _federation(self) -> str:

@@ -9,6 +9,7 @@ Importing ``spherecal`` loads nothing else: every process imports only what it r
 The composition root's own modules:
 
 ``cli``       the ``spherecal`` command line, one module per command
+``__main__``  ``python -m spherecal ARGS``: the ``spherecal`` command
 ``daemon``    the entry point of a coordinator or participant process (``simulate``'s)
 ``config``    the TOML files of ``spherecal coordinator`` and ``spherecal participant``
 ``config_schema``

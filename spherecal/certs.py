@@ -29,19 +29,27 @@ Files (private keys are written with mode 0600):
 ``NAME.pem``/``NAME.key``       participant NAME's TLS client certificate and key
 ``NAME.identity.key``           participant NAME's Ed25519 identity key
 ``NAME.csr``                    participant NAME's certificate request (``request``)
-``crl.pem``                     certificates revoked with ``spherecal certs revoke``
+``crl.pem``                     the CA's revocation list: empty from ``init``, each
+                                ``spherecal certs revoke`` adds a certificate
 
 A certificate never outlives the CA that signs it: TLS verifies the whole chain at
 each handshake, so past the CA's end a certificate it issued verifies nowhere, and an
-expired (or not yet valid) CA signs only certificates every peer refuses. ``issue``
-and ``revoke`` therefore refuse a CA outside its validity window (one line naming
+expired (or not yet valid) CA signs only certificates every peer refuses. ``issue``,
+``revoke`` and ``crl`` therefore refuse a CA outside its validity window (one line naming
 ``ca.pem`` and its dates), and ``issue`` refuses a ``--days`` that would end after the
 CA does, naming the longest ``--days`` possible; without ``--days`` a certificate is
 valid for :data:`DEFAULT_DAYS`, or until the CA ends if that is sooner.
 
 Revoking (a stolen key, a participant leaving): ``spherecal certs revoke NAME --dir
 DIR`` adds NAME's current certificate to ``crl.pem``, signed by the CA; a coordinator
-with ``[tls] crl`` pointing at it refuses that certificate from its next call on. To
+with ``[tls] crl`` pointing at it refuses that certificate from its next call on.
+``init`` writes an empty ``crl.pem`` beside the CA (2026-11-27), so that the
+coordinator's ``[tls] crl`` can name it from the first day: the coordinator re-reads
+the file when it changes, and the first revocation then needs no restart (before, the
+file came to be only at the first ``revoke``, and a coordinator refuses to start on a
+``[tls] crl`` that does not exist). ``spherecal certs crl --dir DIR`` writes the list
+anew, keeping its entries — an empty one for a CA made before ``init`` wrote it, or a
+fresh lifetime for a list about to end. To
 give NAME a fresh identity after a compromise: at the site, move its keys away and
 ``certs request`` again, then ``certs issue NAME --csr`` (for keys made here, ``certs
 issue NAME --new-identity``), then ``spherecal coordinator --config FILE --unpin
@@ -78,6 +86,7 @@ __all__ = [
     "issue_participant",
     "request_participant",
     "revoke_participant",
+    "write_crl",
 ]
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
@@ -223,7 +232,8 @@ def _within_ca(
 def init_ca(
     directory: Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = DEFAULT_DAYS
 ) -> list[Path]:
-    """Create ``ca.*`` and ``server.*`` in ``directory`` (refusing to overwrite a CA)."""
+    """Create ``ca.*``, ``server.*`` and an empty ``crl.pem`` (valid as long as the CA)
+    in ``directory``, refusing to overwrite a CA."""
     start, end = _validity(days)  # before anything is written
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "ca.key").exists():
@@ -280,7 +290,8 @@ def init_ca(
     )
     _write_key(server_key, directory / "server.key")
     _write_cert(server_cert, directory / "server.pem")
-    return [directory / n for n in ("ca.pem", "ca.key", "server.pem", "server.key")]
+    _write_crl(ca_cert, ca_key, [], start, end, directory / "crl.pem")
+    return [directory / n for n in ("ca.pem", "ca.key", "server.pem", "server.key", "crl.pem")]
 
 
 def _check_name(name: str) -> None:
@@ -438,26 +449,67 @@ def revoke_participant(directory: Path, name: str, days: int = DEFAULT_DAYS) -> 
     if cert.issuer != ca_cert.subject:
         raise ValueError(f"{cert_path} was not issued by the CA in {directory}")
     crl_path = directory / "crl.pem"
+    entries = [e for e in _crl_entries(crl_path, ca_cert) if e.serial_number != cert.serial_number]
+    entries.append(
+        x509.RevokedCertificateBuilder()
+        .serial_number(cert.serial_number)
+        .revocation_date(now)
+        .build()
+    )
+    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path)
+    return crl_path
+
+
+def write_crl(directory: Path, days: int = DEFAULT_DAYS) -> Path:
+    """Write the CA's ``crl.pem`` anew: every entry it holds (after checking the old
+    list's CA signature; none when there is no list), signed by the CA now, valid for
+    ``days``, written atomically.
+
+    Why: ``init`` writes an empty list so that the coordinator's ``[tls] crl`` can name
+    it before anything is revoked (the coordinator re-reads it when it changes, and
+    refuses to start on a file that does not exist). A CA made before ``init`` did so
+    gets its empty list here, with no certificate revoked; and a list about to end
+    gets a new lifetime, keeping what it revokes. Refused, before anything is written,
+    for a CA outside its validity window (as ``revoke``)."""
+    now = dt.datetime.now(dt.UTC)
+    last_update, next_update = _validity(days, "a revocation list", now=now)
+    ca_cert, ca_key = _load_ca(directory)
+    _ca_window(ca_cert, directory, now, "sign a revocation list")
+    crl_path = directory / "crl.pem"
+    entries = _crl_entries(crl_path, ca_cert)
+    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path)
+    return crl_path
+
+
+def _crl_entries(path: Path, ca_cert: x509.Certificate) -> list[x509.RevokedCertificate]:
+    """The entries of the CA's list at ``path`` (none when there is no file), after
+    checking that the CA signed it: a list the CA did not sign is never carried on."""
+    if not path.exists():
+        return []
+    from spherecal.coordinator.server.revocation import load_verified_crl
+
+    return list(load_verified_crl(path.read_bytes(), ca_cert))
+
+
+def _write_crl(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    entries: Sequence[x509.RevokedCertificate],
+    last_update: dt.datetime,
+    next_update: dt.datetime,
+    path: Path,
+) -> None:
+    """Sign a CRL of ``entries`` with the CA key and write it atomically (a coordinator
+    re-reading the file never sees half of it)."""
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
         .last_update(last_update)
         .next_update(next_update)
     )
-    if crl_path.exists():
-        from spherecal.coordinator.server.revocation import load_verified_crl
-
-        for entry in load_verified_crl(crl_path.read_bytes(), ca_cert):
-            if entry.serial_number != cert.serial_number:
-                builder = builder.add_revoked_certificate(entry)
-    builder = builder.add_revoked_certificate(
-        x509.RevokedCertificateBuilder()
-        .serial_number(cert.serial_number)
-        .revocation_date(now)
-        .build()
-    )
+    for entry in entries:
+        builder = builder.add_revoked_certificate(entry)
     crl = builder.sign(ca_key, hashes.SHA256())
-    tmp = crl_path.with_suffix(".pem.tmp")
+    tmp = path.with_suffix(".pem.tmp")
     tmp.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
-    tmp.replace(crl_path)
-    return crl_path
+    tmp.replace(path)

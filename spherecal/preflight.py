@@ -98,15 +98,16 @@ def _readable(source: str, key: str, path: Path | None) -> None:
 
 
 def _crl_readable(source: str, path: Path | None) -> None:
-    """``[tls] crl`` names a file that ``spherecal certs revoke`` writes at the first
-    revocation, and no earlier: an operator who set the key ahead of time was told only
-    that the file does not exist. A missing list is still refused (a mistyped path must
-    not start a coordinator that enforces no revocation), saying how it comes to be."""
+    """``[tls] crl`` names the CA's list, which ``spherecal certs init`` writes (empty)
+    since 2026-11-27; a CA made before has none until ``certs crl`` (or the first
+    ``certs revoke``) writes it. A missing list is refused (a mistyped path must not
+    start a coordinator that enforces no revocation), saying how it comes to be."""
     if path is not None and not path.exists():
         raise PreflightError(
             f"{source}: [tls] crl = {str(path)!r}: file does not exist; `spherecal certs "
-            "revoke NAME --dir CA_DIR` writes CA_DIR/crl.pem at the first revocation (leave "
-            "[tls] crl unset until then, or check the path)"
+            "init` writes CA_DIR/crl.pem with the CA, and for a CA without one `spherecal "
+            "certs crl --dir CA_DIR` writes it (empty; `certs revoke NAME --dir CA_DIR` "
+            "writes it too) — or check the path"
         )
     _readable(source, "[tls] crl", path)
 

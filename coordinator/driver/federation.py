@@ -398,7 +398,8 @@ class Federation:
         ``needed`` (``training.min_participants``, and two for secure aggregation).
 
         A member that *left* — it refused the federation's plan, told the coordinator
-        (a ``FailureReport`` without a task) and exited (``Registry.leave``) — is not
+        (a ``FailureReport`` without a task) and exited (``Registry.leave``), or its
+        certificate is on the CA's revocation list (``Registry.revoked``) — is not
         waited for. Until 2026-11-27 the window waited for it like any site still to
         come: the full ``join_s`` (300 s by default) even when every other site had
         joined, and, where the sites still to come could never make ``needed``, all
@@ -444,26 +445,26 @@ class Federation:
                         + (f"; {refused}" if left else "")
                     )
                 if joined != roster:
-                    self._went_on_without(roster, joined, sorted(left), expired=expired)
+                    self._went_on_without(roster, joined, left, expired=expired)
                 break
             board.wait(0.2)
         self.say(f"{len(self.registry.joined())}/{len(roster)} participants joined")
 
     def _went_on_without(
-        self, roster: frozenset[str], joined: frozenset[str], left: list[str], *, expired: bool
+        self, roster: frozenset[str], joined: frozenset[str], left: dict[str, str], *, expired: bool
     ) -> None:
-        """The warning of a join window that closed short of the roster."""
+        """The warning of a join window that closed short of the roster; each member
+        that left is named with why (it refused the plan, or its certificate was
+        revoked)."""
         missing = sorted(roster - joined)
         going_on = f"continuing with {len(joined)} of {len(roster)} participants, without {missing}"
+        why = "; ".join(f"{pid} {reason}" for pid, reason in sorted(left.items()))
         if expired:
             warning = f"join window of {self.settings.timeouts.join_s:.0f}s expired: {going_on}"
             if left:
-                warning += f" ({', '.join(left)} refused the federation's plan)"
+                warning += f" ({why})"
         else:
-            warning = (
-                f"every participant that did not refuse the federation's plan joined: "
-                f"{going_on}, which refused it"
-            )
+            warning = f"every participant that has not left joined: {going_on} ({why})"
         self.progress.warnings.append(warning)
         self.say(f"WARNING: {warning}")
         self.store.event("warning", warning)

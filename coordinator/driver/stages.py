@@ -327,8 +327,9 @@ class StageContext:
     def _await_rejoin(self, job: SecureJob) -> None:
         """A continued job first waits (up to ``[timeouts] rejoin_grace_s``) for its
         participants to reconnect: right after a restart nobody is connected yet, and
-        a stage that closed at once would drop them all."""
-        wanted = frozenset(job.spec.participants)
+        a stage that closed at once would drop them all. A member that left (its
+        certificate revoked) cannot come back and is not waited for."""
+        wanted = frozenset(job.spec.participants) - self.registry.left().keys()
         grace_end = time.monotonic() + self.settings.timeouts.rejoin_grace_s
         while time.monotonic() < grace_end and self.board.stopping is None:
             missing = wanted - self.registry.alive()
@@ -339,6 +340,16 @@ class StageContext:
         if missing:
             self.say(f"{job.label()}: continuing without {sorted(missing)} (not back in time)")
         job.restart_clock()
+
+    def _drop_left(self, job: SecureJob) -> None:
+        """A member of ``job`` that left the federation — its certificate was revoked,
+        so it cannot come back — withdraws from the job, with why: its stage closes
+        without the ``rejoin_grace_s`` a restarting site is waited for
+        (``stage_grace``), and the protocol treats it as any dropout of that stage.
+        (Until 2026-11-27 each stage waited for it, up to the grace.)"""
+        for pid, why in self.registry.left().items():
+            if pid in job.spec.participants and pid not in job.withdrawn:
+                job.withdraw(pid, f"left the federation: it {why}")
 
     def drive_job(self, job: SecureJob) -> JobOutcome:
         board, progress = self.board, self.progress
@@ -352,6 +363,7 @@ class StageContext:
                 progress.peak_secagg_bytes = max(
                     progress.peak_secagg_bytes, job.server.memory_bytes()
                 )
+            self._drop_left(job)
             lines = job.advance(self.registry.alive())
             for line in lines:
                 self.say(line)

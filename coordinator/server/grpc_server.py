@@ -15,7 +15,9 @@ Transport security:
   a client whose certificate names another participant than the request does is
   refused with UNAUTHENTICATED by the service.
 * With ``[tls] crl`` set, a client certificate on the CA's revocation list is
-  refused with UNAUTHENTICATED on every call (``spherecal.coordinator.server.revocation``).
+  refused with UNAUTHENTICATED on every call (``spherecal.coordinator.server.revocation``),
+  and the member whose own certificate it is has left the federation
+  (``CoordinatorService.certificates_revoked``).
 * Message size limits are explicit (``max_message_bytes``) on both directions.
 
 Hostile bytes (issue #10): every handler is registered with a *safe* request
@@ -444,6 +446,13 @@ def build_server(
     workers = settings.server.max_workers or (len(settings.participants) + 16)
     limit = settings.server.max_message_bytes
     revocation = revocation_list(settings, report=service.federation.say)
+    if revocation is not None:
+        # A member whose own certificate is on the list has left: nothing waits for it
+        # (the join window, a job's stages). At start — a certificate revoked while
+        # this process was down (the registry has each member's last serial from the
+        # store) — and at every reload.
+        revocation.on_change = service.certificates_revoked
+        service.certificates_revoked(revocation.serials)
     calls = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
     polls = futures.ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="poll")
     servicer = _Servicer(service, revocation, calls, polls)

@@ -42,7 +42,13 @@ Readiness = Callable[[], tuple[bool, str]]
 def _handler(registry: CollectorRegistry, ready: Readiness) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "spherecal"
-        sys_version = ""
+
+        def version_string(self) -> str:
+            """``Server: spherecal`` — no Python version (nothing for a scanner to
+            match), and no trailing space: the base class joins ``server_version``
+            and ``sys_version`` with one, and an empty ``sys_version`` (as here until
+            2026-11-27) left ``spherecal `` on every answer."""
+            return self.server_version
 
         def _answer(self, code: int, body: bytes, content_type: str, head: bool) -> None:
             self.send_response(code)

@@ -13,7 +13,11 @@ coordinator:
   revoked, from its next call on;
 * re-reads the file when it changes (checked at most once a second), so revoking
   needs no restart. A replacement that does not verify is *not* applied: the last
-  valid list stays in force and the reason is reported (fail closed, never open).
+  valid list stays in force and the reason is reported (fail closed, never open);
+* hands each list it applies — at start and at every reload — to ``on_change``,
+  through which a member whose own certificate is on it *leaves* the federation
+  (``CoordinatorService.certificates_revoked``): nothing waits for a member that
+  cannot come back under its certificate.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class RevocationList:
         report: Callable[[str], None] = lambda message: None,
         check_every_s: float = 1.0,
     ) -> None:
+        self.on_change: Callable[[frozenset[int]], None] | None = None
+        """Called with the revoked serials each time a changed list is applied (outside
+        the lock; set by the server, which also hands it the list at start)."""
         self.path = path
         self._ca = x509.load_pem_x509_certificate(ca_pem)
         self._report = report
@@ -84,33 +91,38 @@ class RevocationList:
             raise ValueError(f"{self.path}: {exc}") from None
         return frozenset(entry.serial_number for entry in crl)
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> bool:
+        """Re-read a changed file; True when a new list was applied."""
         now = time.monotonic()
         if now - self._checked < self._check_every:
-            return
+            return False
         self._checked = now
         try:
             stamp = self._file_stamp()
         except OSError as exc:
             self._report(f"CRL {self.path} unreadable ({exc}); keeping the last valid list")
-            return
+            return False
         if stamp == self._stamp:
-            return
+            return False
         self._stamp = stamp
         try:
             serials = self._read()
         except ValueError as exc:
             self._report(f"ignoring the changed CRL: {exc}; keeping the last valid list")
-            return
+            return False
         added = len(serials - self._serials)
         self._serials = serials
         self._report(f"reloaded CRL {self.path}: {len(serials)} revoked ({added} new)")
+        return True
 
     @property
     def serials(self) -> frozenset[int]:
         with self._lock:
-            self._refresh()
-            return self._serials
+            changed = self._refresh()
+            serials = self._serials
+        if changed and self.on_change is not None:
+            self.on_change(serials)
+        return serials
 
     def is_revoked(self, serial_number: int) -> bool:
         return serial_number in self.serials

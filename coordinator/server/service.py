@@ -21,7 +21,7 @@ valid lives in the driver (``board``, ``stages``, ``secure_job`` …).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 import grpc
 
@@ -184,9 +184,7 @@ class CoordinatorService:
             status, message = done
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                ended_details(
-                    board.federation_id, status, end_told_to_sites(status, message)
-                ),
+                ended_details(board.federation_id, status, end_told_to_sites(status, message)),
             )
 
     def _check_data_shape(self, shape: pb.DataShape) -> None:
@@ -461,6 +459,22 @@ class CoordinatorService:
         self.federation.say(f"WARNING: {message}")
         self.federation.notify()
         return pb.Receipt(message="noted")
+
+    def certificates_revoked(self, serials: Collection[int]) -> None:
+        """The CA's revocation list, as loaded or reloaded (``[tls] crl``): each member
+        whose own certificate (the one it last joined with) is on it has *left*
+        (:meth:`Registry.revoked`) — said once, in the log, the events table and
+        ``warnings`` — and nothing waits for it: not the join window
+        (``Federation._await_participants``), not a job's stages
+        (``Stages.drive_job``). A join with a new certificate lets it back in."""
+        gone = self.registry.revoked(serials)
+        for pid, why in gone.items():
+            message = f"{pid} left the federation: it {why}"
+            self.store.event("warning", message)
+            self.federation.progress.warnings.append(message)
+            self.federation.say(f"WARNING: {message}")
+        if gone:
+            self.federation.notify()
 
     # ---------------------------------------------------------------- status
     def get_status(self, request: pb.StatusRequest, peer: Peer) -> pb.StatusReply:

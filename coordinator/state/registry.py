@@ -12,6 +12,10 @@ Identity model (see ``proto/identity.py``):
   and the key in the certificate's spherecal extension must equal the joining key.
 * A **session** token (random, per join) ties later calls to the current join; a
   restarted coordinator has none, so participants simply join again.
+* A member whose certificate — the one it last joined with, its serial kept in the
+  store — is on the CA's revocation list cannot come back under it: it *left*
+  (:meth:`Registry.revoked`), as a member that refused the plan, and nothing waits for
+  it; a join with a new certificate lets it back in.
 
 Liveness: a participant is alive while it keeps a ``Presence`` stream open — when
 that connection drops (process killed, host gone) it is dead *at once*, and a busy
@@ -28,6 +32,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -84,11 +89,17 @@ class Member:
     join from another address is a second process too."""
     left: str = ""
     """Why it left the federation ("" unless it did): it refused the plan, with its
-    reason (:meth:`Registry.leave`). Cleared when it joins again. A join window no
-    longer waits for a member that left (``Federation._await_participants``). Kept in
-    the store with the member's row (``Store.record_left``; until 2026-11-27 in memory
-    only), so a coordinator restarted during its join window does not wait for it
-    again."""
+    reason (:meth:`Registry.leave`), or its certificate was revoked
+    (:meth:`Registry.revoked`). Cleared when it joins again. A join window no longer
+    waits for a member that left (``Federation._await_participants``), nor does a
+    job's stage (``Stages.drive_job``). Kept in the store with the member's row
+    (``Store.record_left``; until 2026-11-27 in memory only), so a coordinator
+    restarted during its join window does not wait for it again."""
+    certificate_serial: int | None = None
+    """The serial number of the client certificate it last joined with (None without
+    mutual TLS, or before it joined under one), kept in the store
+    (``Store.certificate_serials``): a CRL listing it means the member cannot come
+    back under that certificate (:meth:`Registry.revoked`)."""
 
 
 @dataclass
@@ -133,6 +144,9 @@ class Registry:
         for pid, why in store.left_members().items():
             if pid in self._members:
                 self._members[pid].left = why
+        for pid, serial in store.certificate_serials().items():
+            if pid in self._members:
+                self._members[pid].certificate_serial = serial
         self._nonces = _NonceCache(clock_skew_s)
 
     # ---------------------------------------------------------------- lookups
@@ -172,18 +186,58 @@ class Registry:
                 member.last_seen = float("-inf")
 
     def leave(self, member: Member, why: str) -> None:
-        """``member`` left the federation (it refused the plan): its session ends now, so
+        """``member`` left the federation (it refused the plan, or its certificate was
+        revoked: :meth:`revoked`): its session ends now, so
         it is neither joined nor connected — not for the heartbeat timeout after its
         last call, as for a site that simply went away — and ``why`` is kept for the
         status view. A later join (the site's operator fixed what it refused) makes it
         a member like any other again."""
         with self._lock:
-            member.session = None
-            member.session_address = ""
-            member.last_seen = float("-inf")
-            member.last_contact = time.time()
-            member.left = why
+            self._end_membership(member, why)
         self._store.record_left(member.participant_id, why)
+
+    def _end_membership(self, member: Member, why: str) -> None:
+        """:meth:`leave`'s change, with the lock held."""
+        member.session = None
+        member.session_address = ""
+        member.last_seen = float("-inf")
+        member.last_contact = time.time()
+        member.left = why
+
+    def revoked(self, serials: Collection[int]) -> dict[str, str]:
+        """The members whose certificate — the one each last joined with — has its
+        serial in ``serials`` (the CA's revocation list), each made to leave
+        (:meth:`leave`) with why; returns them (not those that had left already).
+
+        Why: a revoked member cannot come back under that certificate — every call it
+        makes is refused — yet until 2026-11-27 it stayed an absent member, and the
+        coordinator waited for it as for one restarting: the whole join window
+        (``join_s``) and the stage grace of every job it was in (``rejoin_grace_s``),
+        for nothing. Only the member's *own* last certificate counts (its serial is
+        kept in the store, so a certificate revoked while the coordinator was down
+        counts at its start): an old certificate revoked after the site joined with a
+        new one does not push the site out. A join with a new certificate clears ``left``, as
+        for a member that refused the plan and came back."""
+        gone: dict[str, str] = {}
+        with self._lock:  # found and marked at once: each revocation is told once
+            for member in self._members.values():
+                serial = member.certificate_serial
+                if serial is not None and serial in serials and not member.left:
+                    why = (
+                        f"has a revoked certificate (serial {serial:x}) and can join "
+                        "again only with a new one"
+                    )
+                    self._end_membership(member, why)
+                    gone[member.participant_id] = why
+        for pid, why in gone.items():
+            self._store.record_left(pid, why)
+        return gone
+
+    def left(self) -> dict[str, str]:
+        """The members that left (refused the plan, or have a revoked certificate) and
+        have not joined again, with why."""
+        with self._lock:
+            return {m.participant_id: m.left for m in self._members.values() if m.left}
 
     def members(self) -> list[Member]:
         """Copies of every roster member, in roster order (for the status view)."""
@@ -319,10 +373,12 @@ class Registry:
                 grpc.StatusCode.UNAUTHENTICATED, "join signature does not verify"
             ) from None
         cert_sha: str | None = None
+        cert_serial: int | None = None
         if peer.certificate_pem is not None:
             cert_sha = hashlib.sha256(peer.certificate_pem).hexdigest()
             try:
                 cert = x509.load_pem_x509_certificate(peer.certificate_pem)
+                cert_serial = cert.serial_number
                 bound = identity_key_from_certificate(cert)
                 certificate_identity(cert)
             except (CertificateError, ValueError) as exc:
@@ -369,6 +425,7 @@ class Registry:
             first = member.identity_key is None
             member.identity_key = key
             member.certificate_pem = peer.certificate_pem
+            member.certificate_serial = cert_serial
             member.session = secrets.token_urlsafe(24)
             member.session_address = peer.address
             member.left = ""
@@ -382,7 +439,7 @@ class Registry:
                 shape.image_height,
                 shape.image_width,
             )
-        self._store.record_join(pid, member.index, key, cert_sha)
+        self._store.record_join(pid, member.index, key, cert_sha, cert_serial)
         if first:
             self._store.event("info", f"pinned identity key of {pid}")
         return member

@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS participants (
     first_joined    REAL,
     last_joined     REAL,
     joins           INTEGER NOT NULL DEFAULT 0,
-    left_reason     TEXT
+    left_reason     TEXT,
+    certificate_serial TEXT
 );
 CREATE TABLE IF NOT EXISTS rounds (
     round            INTEGER PRIMARY KEY,
@@ -145,6 +146,7 @@ CREATE TABLE IF NOT EXISTS events (
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("policy_events", "complainants", "TEXT"),
     ("participants", "left_reason", "TEXT"),
+    ("participants", "certificate_serial", "TEXT"),
 )
 """Columns added after a table was first released: (table, column, type). A state
 directory written before gets them on open (NULL in old rows), so a resumed

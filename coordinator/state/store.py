@@ -392,6 +392,18 @@ class Store:
         )
         return {str(pid): str(why) for pid, why in rows}
 
+    def certificate_serials(self) -> dict[str, int]:
+        """The serial number of the certificate each member last joined with (mutual
+        TLS; rows written before 2026-11-27 have none), for a restarted coordinator's
+        registry: a CRL that lists it means the member left (``Registry.revoked``)."""
+        rows = self.call(
+            lambda c: c.execute(
+                "SELECT participant_id, certificate_serial FROM participants "
+                "WHERE certificate_serial IS NOT NULL"
+            ).fetchall()
+        )
+        return {str(pid): int(str(serial), 16) for pid, serial in rows}
+
     def record_left(self, participant_id: str, why: str) -> None:
         """``participant_id`` refused the federation's plan and left, for ``why``:
         kept with its row, so that a coordinator restarted during its join window
@@ -421,20 +433,30 @@ class Store:
         return changed
 
     def record_join(
-        self, participant_id: str, index: int, key: bytes, cert_sha256: str | None
+        self,
+        participant_id: str,
+        index: int,
+        key: bytes,
+        cert_sha256: str | None,
+        cert_serial: int | None = None,
     ) -> None:
+        """A join: ``cert_sha256`` and ``cert_serial`` name the certificate it joined
+        with (None without mutual TLS); the serial is kept as hex (up to 159 bits)."""
         now = time.time()
+        serial = None if cert_serial is None else f"{cert_serial:x}"
         self.call(
             lambda c: c.execute(
                 "INSERT INTO participants (participant_id, roster_index, identity_key, "
-                "certificate_sha256, first_joined, last_joined, joins) VALUES (?,?,?,?,?,?,1) "
+                "certificate_sha256, certificate_serial, first_joined, last_joined, joins) "
+                "VALUES (?,?,?,?,?,?,?,1) "
                 "ON CONFLICT(participant_id) DO UPDATE SET last_joined=excluded.last_joined, "
-                "certificate_sha256=excluded.certificate_sha256, joins=joins+1, "
+                "certificate_sha256=excluded.certificate_sha256, "
+                "certificate_serial=excluded.certificate_serial, joins=joins+1, "
                 "left_reason=NULL, "
                 # Re-pins after an operator's unpin; the registry refuses a key that
                 # differs from a pinned one before this is ever reached.
                 "identity_key=COALESCE(participants.identity_key, excluded.identity_key)",
-                (participant_id, index, key, cert_sha256, now, now),
+                (participant_id, index, key, cert_sha256, serial, now, now),
             )
         )
 

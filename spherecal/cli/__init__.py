@@ -1,6 +1,7 @@
 """The ``spherecal`` command line: one module per command.
 
-``app``  the parser and ``main`` (the ``spherecal`` console script; ``python -m spherecal.cli``)
+``app``  the parser and ``main`` (the ``spherecal`` console script; ``python -m spherecal``,
+         ``python -m spherecal.cli``)
 ``exit_codes``  :class:`~spherecal.cli.exit_codes.ExitCode` and the error contract
 ``options``  the federation options, defined once, defaults from the config dataclasses
 ``reference``  ``spherecal reference``: the in-process reference federation

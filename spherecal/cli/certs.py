@@ -33,18 +33,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=HELP,
         description=(
             "A certificate authority for mutual TLS: `certs init DIR` makes ca.pem/ca.key "
-            "and the coordinator's server.pem/server.key; at each site, `certs request NAME "
+            "and the coordinator's server.pem/server.key, and an empty revocation list "
+            "crl.pem; at each site, `certs request NAME "
             "--dir DIR` makes the site's TLS key and Ed25519 identity key and NAME.csr, "
             "and `certs issue NAME --dir CA --csr NAME.csr` certifies it (the private keys "
             "never leave the site); `certs issue NAME --dir CA` alone makes the keys at the "
-            "CA, for trials (the CA's holder then holds them); `certs pin NAME --identity-key "
+            "CA, for trials (the CA's holder then holds them); `certs revoke NAME --dir "
+            "CA` adds a certificate to the CA's revocation list crl.pem (`certs crl --dir "
+            "CA` writes the list anew); `certs pin NAME --identity-key "
             "FILE` prints NAME's line for the sites' [tls] peer_keys file; `certs pins "
             "FILE` reads such a file back with its fingerprint, for the sites to compare."
         ),
     )
     p.set_defaults(run=run)
     csub = p.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
-    init = csub.add_parser("init", help="create a CA and a server certificate in DIR")
+    init = csub.add_parser(
+        "init",
+        help="create a CA, a server certificate and an empty revocation list in DIR",
+        description=(
+            "Make ca.pem/ca.key, the coordinator's server.pem/server.key and crl.pem, the "
+            "CA's revocation list (empty, valid as long as the CA): point the "
+            "coordinator's [tls] crl at it from the start, and `certs revoke` takes "
+            "effect without a restart."
+        ),
+    )
     init.add_argument("dir", type=Path)
     init.add_argument(
         "--host",
@@ -100,6 +112,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=365,
         help="whole days the new CRL is valid, at least 1 (default 365); refused when the "
+        "CA has expired or is not yet valid",
+    )
+    crl = csub.add_parser(
+        "crl",
+        help="write DIR/crl.pem anew, keeping its entries (an empty list if none)",
+        description=(
+            "Write the CA's revocation list DIR/crl.pem anew, signed now and valid for "
+            "--days, keeping every certificate it revokes: an empty list for a CA made "
+            "before `certs init` wrote one (so that [tls] crl can name it before "
+            "anything is revoked), or a fresh lifetime for a list about to end."
+        ),
+    )
+    crl.add_argument("--dir", type=Path, required=True, help="the CA directory")
+    crl.add_argument(
+        "--days",
+        type=int,
+        default=365,
+        help="whole days the CRL is valid, at least 1 (default 365); refused when the "
         "CA has expired or is not yet valid",
     )
     pin = csub.add_parser(
@@ -204,6 +234,13 @@ def _revoke(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _crl(args: argparse.Namespace) -> int:
+    from spherecal.certs import write_crl
+
+    print(write_crl(args.dir, days=args.days))
+    return ExitCode.OK
+
+
 def _pin(args: argparse.Namespace) -> int:
     from spherecal.crypto import identity_public_bytes
     from spherecal.participant.trust import pin_line
@@ -228,12 +265,14 @@ def _pins(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The chosen action (``init``, ``request``, ``issue``, ``revoke``, ``pin``, ``pins``)."""
+    """The chosen action (``init``, ``request``, ``issue``, ``revoke``, ``crl``, ``pin``,
+    ``pins``)."""
     actions = {
         "init": _init,
         "request": _request,
         "issue": _issue,
         "revoke": _revoke,
+        "crl": _crl,
         "pin": _pin,
         "pins": _pins,
     }

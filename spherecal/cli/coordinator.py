@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ID",
         default=None,
         help="forget participant ID's pinned identity key in the state database and exit "
-        "(after a key compromise or loss; run while the coordinator is stopped)",
+        "(after a key compromise or loss; run while the coordinator is stopped; refused "
+        "for a federation that has ended, whose state is read-only)",
     )
     p.add_argument("--listen", default=None, help="override [server] listen (host:port)")
     from spherecal.logs import add_log_format_option, add_log_level_option
@@ -134,6 +135,14 @@ def ending(summary: Any) -> tuple[str, str | None]:
 
 
 def _unpin(settings: Any, participant_id: str) -> int:
+    """Forget a member's pinned identity key, in a federation that has not ended.
+
+    An ended federation's database is read-only to the coordinator (a restart reports
+    it and changes nothing: ``coordinator.state.lifecycle``); until 2026-11-27
+    ``--unpin`` wrote into it all the same, for a pin no join can use — a member that
+    joins is told the federation has ended. Refused (exit 2), naming why and what to
+    do: a new federation (``--new-federation``) pins every key afresh."""
+    from spherecal.coordinator.state.lifecycle import finished_federation
     from spherecal.coordinator.state.store import Store
     from spherecal.spherefed.state_lock import StateDirLock
 
@@ -142,6 +151,15 @@ def _unpin(settings: Any, participant_id: str) -> int:
     db = settings.state_dir / "state.db"
     if not db.exists():
         raise FileNotFoundError(f"no coordinator state at {db}")
+    finished = finished_federation(settings.state_dir)
+    if finished is not None:
+        raise ValueError(
+            f"--unpin {participant_id}: federation {finished.federation_id} in "
+            f"{settings.state_dir} already ended {finished.status}, and an ended "
+            "federation's state is read-only (nothing changed): no join can use the pin; "
+            "a new federation (`spherecal coordinator --config FILE --new-federation`, "
+            "which sets the ended one aside) pins each site's key at its first join"
+        )
     # The coordinator must be stopped: it holds its pins in memory, so an unpin under
     # a running one would be lost, or half-applied at its next restart.
     with StateDirLock(settings.state_dir, role="coordinator --unpin"):

@@ -7,8 +7,10 @@ operator give a participant a new identity key after a compromise."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from spherecal.coordinator.settings import ServerSettings, TLSSettings
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
+from spherecal.preflight import check_coordinator
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.identity import load_identity_key, public_key_bytes
 from spherecal.proto.services import grpc_services
@@ -114,12 +117,15 @@ class Served:
     said: list[str]
 
 
-@pytest.fixture()
-def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
-    revoke_participant(ca, "p0")
+@contextmanager
+def _serving(ca: Path, tmp_path: Path, *, run: bool = False) -> Iterator[Served]:
+    """A coordinator over real mutual TLS whose ``[tls] crl`` is ``ca/crl.pem``, after
+    the same start-up checks as ``spherecal coordinator`` (``check_coordinator``);
+    with ``run`` its federation runs too (a join window of 600 s)."""
     base = settings_for(tmp_path, secure=False)
     settings = replace(
         base,
+        timeouts=replace(base.timeouts, join_s=600.0),
         server=ServerSettings(listen="127.0.0.1:0"),
         tls=TLSSettings(
             cert=ca / "server.pem",
@@ -128,6 +134,7 @@ def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
             crl=ca / "crl.pem",
         ),
     )
+    check_coordinator(settings, "coordinator.toml")
     store = Store(settings.state_dir / "state.db")
     registry = Registry(
         settings.participants,
@@ -142,11 +149,25 @@ def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
     service = CoordinatorService(settings, registry, federation, store, Traffic())
     grpc_server, port = build_server(settings, service)
     grpc_server.start()
+    driver = threading.Thread(target=federation.run, daemon=True)
+    if run:
+        driver.start()
     try:
         yield Served(port, ca, service, store, said)
     finally:
+        if run:
+            federation.stop("test over")
+            driver.join(timeout=10)
+            assert not driver.is_alive()
         grpc_server.stop(grace=None).wait()
         store.close()
+
+
+@pytest.fixture()
+def server(ca: Path, tmp_path: Path) -> Iterator[Served]:
+    revoke_participant(ca, "p0")
+    with _serving(ca, tmp_path) as served:
+        yield served
 
 
 def _stub(port: int, ca: Path, name: str) -> Any:
@@ -193,6 +214,94 @@ def test_revoked_certificates_are_refused_over_mtls(server: Served) -> None:
     assert p2.Join(_join_request("p2", ca / "p2.identity.key"), timeout=10).session
 
 
+def _refused_soon(call: Any, what: str) -> grpc.RpcError:
+    """``call()`` until it is refused (the list is re-read at most once a second): the
+    refusal, which must say UNAUTHENTICATED and "revoked"."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            call()
+        except grpc.RpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAUTHENTICATED, exc.details()
+            assert "revoked" in (exc.details() or "")
+            return exc
+        assert time.monotonic() < deadline, f"never refused: {what}"
+        time.sleep(0.2)
+
+
+def test_the_list_init_wrote_revokes_without_a_restart(tmp_path: Path) -> None:
+    """docs/deployment.md from the first day: ``certs init`` wrote an empty ``crl.pem``
+    and the coordinator names it in ``[tls] crl`` from its start; a site joins and
+    calls, the operator runs ``spherecal certs revoke``, and — the coordinator still the
+    same process — the site's next call and its next handshake are refused. Before,
+    ``[tls] crl`` could not name a list until the first revocation wrote one, and
+    setting it then took a restart."""
+    ca = tmp_path / "ca"
+    assert main(["certs", "init", str(ca)]) == 0
+    for name in ("p0", "p1"):
+        assert main(["certs", "issue", name, "--dir", str(ca)]) == 0
+    with _serving(ca, tmp_path) as served:
+        p0, p1 = _stub(served.port, ca, "p0"), _stub(served.port, ca, "p1")
+        session = p0.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10).session
+        caller = pb.Caller(participant_id="p0", session=session)
+        assert p0.GetStatus(pb.StatusRequest(caller=caller), timeout=10) is not None
+        assert p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
+        assert main(["certs", "revoke", "p0", "--dir", str(ca)]) == 0
+        _refused_soon(lambda: p0.GetStatus(pb.StatusRequest(caller=caller), timeout=10), "call")
+        # a new connection (a new TLS handshake) with the revoked certificate: refused too
+        again = _stub(served.port, ca, "p0")
+        _refused_soon(
+            lambda: again.Join(_join_request("p0", ca / "p0.identity.key"), timeout=10), "join"
+        )
+        assert any("reloaded CRL" in line and "(1 new)" in line for line in served.said)
+        # p1, not revoked, is answered as before
+        assert p1.Join(_join_request("p1", ca / "p1.identity.key"), timeout=10).session
+
+
+def test_a_revoked_member_is_not_waited_for(tmp_path: Path) -> None:
+    """Over real mutual TLS, the coordinator running its join window (600 s): p2
+    joins, is revoked through the CLI, and its next call is refused — by then the
+    coordinator has reloaded the list, and p2, whose own certificate is on it, has
+    left; the window closes as soon as p0 and p1 have joined. Until 2026-11-27 it
+    waited the whole window for p2, which cannot come back under that certificate.
+    Then, the coordinator stopped, p1 is revoked: the restarted coordinator knows at
+    its start that p1 left (the serial p1 joined with is in its store)."""
+    ca = tmp_path / "ca"
+    assert main(["certs", "init", str(ca)]) == 0
+    for name in ("p0", "p1", "p2"):
+        assert main(["certs", "issue", name, "--dir", str(ca)]) == 0
+    p2_left = (
+        f"has a revoked certificate (serial {_serial(ca / 'p2.pem'):x}) and can join again "
+        "only with a new one"
+    )
+    with _serving(ca, tmp_path, run=True) as served:
+        federation = served.service.federation
+        p0, p1, p2 = (_stub(served.port, ca, name) for name in ("p0", "p1", "p2"))
+        session = p2.Join(_join_request("p2", ca / "p2.identity.key"), timeout=10).session
+        caller = pb.Caller(participant_id="p2", session=session)
+        assert main(["certs", "revoke", "p2", "--dir", str(ca)]) == 0
+        _refused_soon(lambda: p2.GetStatus(pb.StatusRequest(caller=caller), timeout=10), "p2")
+        assert served.service.registry.left() == {"p2": p2_left}
+        assert f"WARNING: p2 left the federation: it {p2_left}" in served.said
+        assert federation.phase == "waiting for participants"
+        for name, stub in (("p0", p0), ("p1", p1)):
+            assert stub.Join(_join_request(name, ca / f"{name}.identity.key"), timeout=10).session
+        closed = (
+            "every participant that has not left joined: continuing with 2 of 3 "
+            f"participants, without ['p2'] (p2 {p2_left})"
+        )
+        deadline = time.monotonic() + 60
+        while closed not in federation.warnings:  # not after 600 s
+            assert time.monotonic() < deadline, federation.warnings
+            time.sleep(0.05)
+    p1_serial = _serial(ca / "p1.pem")
+    revoke_participant(ca, "p1")  # while the coordinator is down
+    with _serving(ca, tmp_path) as served:  # before any call
+        left = served.service.registry.left()
+        assert left["p1"].startswith(f"has a revoked certificate (serial {p1_serial:x})")
+        assert left["p2"] == p2_left
+
+
 def test_unpin_lets_a_participant_rejoin_with_a_new_identity_key(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     old, new = generate_identity(), generate_identity()
@@ -227,4 +336,37 @@ def test_coordinator_unpin_command(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "unpinned the identity key of a" in capsys.readouterr().out
     store = Store(tmp_path / "state" / "state.db")
     assert store.pinned_keys() == {}
+    store.close()
+
+
+@pytest.mark.parametrize("status", ["completed", "degraded", "failed"])
+def test_unpin_refuses_an_ended_federation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: str
+) -> None:
+    """An ended federation's database is read-only to the coordinator (a restart
+    reports it and changes nothing); ``--unpin`` wrote into it all the same, a pin no
+    join could use. Refused with one line (exit 2) saying why and what to do; the
+    database is left as it was, byte for byte."""
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[federation]\nparticipants = ["a", "b"]\nstate_dir = "state"\n'
+        '[model]\nextractor = "mlp"\n[server]\ninsecure = true\n'
+    )
+    (tmp_path / "state").mkdir()
+    store = Store(tmp_path / "state" / "state.db")
+    key = public_key_bytes(generate_identity())
+    store.record_join("a", 0, key, None)
+    store.set_meta("federation_id", "f00dfeed")
+    store.set_meta("status", status)
+    store.close()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "state").iterdir()}
+    assert main(["coordinator", "--config", str(config), "--unpin", "a"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.count("\n") == 0 and captured.out == "", err
+    assert f"federation f00dfeed in {tmp_path / 'state'} already ended {status}" in err, err
+    assert "read-only (nothing changed)" in err and "--new-federation" in err, err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "state").iterdir()} == before
+    store = Store(tmp_path / "state" / "state.db")
+    assert store.pinned_keys() == {"a": key}
     store.close()

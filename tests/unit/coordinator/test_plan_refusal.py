@@ -130,8 +130,9 @@ def test_the_join_window_does_not_wait_for_a_site_that_refused(tmp_path: Path) -
         train = harness.poll("p1", {"train"})
         assert train.train.round == 0
         warning = (
-            "every participant that did not refuse the federation's plan joined: continuing "
-            "with 2 of 3 participants, without ['p0'], which refused it"
+            "every participant that has not left joined: continuing with 2 of 3 "
+            f"participants, without ['p0'] (p0 refused the federation's plan: BAD_INPUT: "
+            f"{LABELS})"
         )
         assert warning in harness.federation.warnings
         events = [m for (m,) in harness.store.query("SELECT message FROM events ORDER BY id")]
@@ -203,7 +204,10 @@ def test_a_restarted_coordinator_does_not_wait_for_a_site_that_refused(tmp_path:
         assert harness.federation.phase == WAITING  # p2 may still come
         harness.join("p2")
         assert harness.poll("p1", {"train"}).train.round == 0  # not after 600 s
-        assert any("without ['p0'], which refused it" in w for w in harness.federation.warnings)
+        assert any(
+            "without ['p0'] (p0 refused the federation's plan" in w
+            for w in harness.federation.warnings
+        )
     finally:
         harness.close()
 

@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -70,6 +71,23 @@ def test_paths_methods_and_probe_bodies(served: tuple[Harness, ProbeServer]) -> 
         503,
         b"not ready: federation completed\n",
     )
+
+
+def test_the_server_header_is_exactly_spherecal(served: tuple[Harness, ProbeServer]) -> None:
+    """The raw header line, as sent (a parser may strip what the wire carries): it was
+    ``Server: spherecal `` with a trailing space, and names no Python version."""
+    _, server = served
+    for request in (b"GET /healthz HTTP/1.1\r\n", b"POST /metrics HTTP/1.1\r\n"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+            conn.sendall(request + b"Host: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                data = conn.recv(4096)
+                assert data, answer
+                answer += data
+        head = answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+        servers = [line for line in head if line.lower().startswith(b"server:")]
+        assert servers == [b"Server: spherecal"], head
 
 
 def _families(port: int) -> dict[str, str]:

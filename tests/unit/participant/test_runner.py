@@ -25,6 +25,7 @@ from spherecal.coordinator.settings import (
 from spherecal.crypto import generate_identity
 from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.inprocess_transport import InProcessFederation
+from spherecal.logs import level_of
 from spherecal.participant.data import load_local_data
 from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.settings import DataSettings, ParticipantSettings
@@ -72,6 +73,12 @@ def test_participant_refuses_plaintext_uploads_by_default(tmp_path: Path) -> Non
     assert summary["status"] == "failed"
     assert any("allow_plaintext" in m for m in fed.messages)
     assert fed.exit_codes == {"p0": 1, "p1": 1}
+    # the site's own line is a warning (it was INFO): `… WARNING p0: WARNING: withdrawing`
+    withdrawals = [m for m in fed.messages if m.startswith("[p0] ") and "withdrawing" in m]
+    assert withdrawals and "allow_plaintext" in withdrawals[0], withdrawals
+    for line in withdrawals:
+        assert line.startswith("[p0] WARNING: withdrawing from "), line
+        assert level_of(line.removeprefix("[p0] ")) == "WARNING"
     # the coordinator's own record (its SQLite event log) names the withdrawal's reason
     # (read from the file: the federation is over and its store closed)
     with contextlib.closing(sqlite3.connect(fed.store.path)) as db:

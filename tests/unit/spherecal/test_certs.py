@@ -15,6 +15,11 @@ certificate ends with a CA that ends within the year).
 
 docs/deployment.md step 1 had the operator issue from ``hospital-b.csr`` while
 ``certs request`` writes ``certs/hospital-b.csr``: run literally, it failed.
+
+``[tls] crl`` must name a file that exists, and only the first ``certs revoke`` wrote
+one: the first revocation took a coordinator restart. ``certs init`` now writes an
+empty CA-signed ``crl.pem`` that the guide's coordinator config names from the start;
+``certs crl`` writes one for a CA made before.
 """
 
 from __future__ import annotations
@@ -26,8 +31,15 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from spherecal.certs import CLOCK_SKEW, init_ca, issue_participant, request_participant
+from spherecal.certs import (
+    CLOCK_SKEW,
+    init_ca,
+    issue_participant,
+    request_participant,
+    revoke_participant,
+)
 from spherecal.cli.app import main
+from spherecal.coordinator.server.revocation import load_verified_crl
 from tests.cert_dates import redate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -62,11 +74,13 @@ def test_days_below_one_is_one_line_naming_days_and_writes_nothing(
     assert not (tmp_path / "ca2").exists()
     # the CRL's lifetime, by the same rule
     issue_participant(ca, "site-c")
+    listed = (ca / "crl.pem").read_bytes()  # the empty list `init` wrote
     assert main(["certs", "revoke", "site-c", "--dir", str(ca), "--days", days]) == 2
-    assert not (ca / "crl.pem").exists()
+    assert main(["certs", "crl", "--dir", str(ca), "--days", days]) == 2
+    assert (ca / "crl.pem").read_bytes() == listed
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 3 and all(f"--days {days}: " in line for line in errors), errors
-    assert "a revocation list must be" in errors[-1]
+    assert len(errors) == 4 and all(f"--days {days}: " in line for line in errors), errors
+    assert all("a revocation list must be" in line for line in errors[-2:])
 
 
 @pytest.mark.parametrize("days", [1, 30])
@@ -147,6 +161,88 @@ def test_the_guides_certificate_commands_run_as_written(
     assert (one / "certs" / "hospital-b.pem").is_file()
 
 
+def _revoked(ca: Path) -> set[int]:
+    crl = load_verified_crl(
+        (ca / "crl.pem").read_bytes(), x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    )
+    return {entry.serial_number for entry in crl}
+
+
+def test_init_writes_an_empty_ca_signed_list_that_ends_with_the_ca(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = tmp_path / "ca"
+    assert main(["certs", "init", str(ca), "--days", "30"]) == 0
+    assert str(ca / "crl.pem") in capsys.readouterr().out.splitlines()
+    assert _revoked(ca) == set()  # verifies against the CA, revokes nothing
+    crl = x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())
+    start, end = _window(ca / "ca.pem")
+    assert (crl.last_update_utc, crl.next_update_utc) == (start, end)
+    # `revoke` adds to it
+    issue_participant(ca, "site-a")
+    revoke_participant(ca, "site-a")
+    assert _revoked(ca) == {
+        x509.load_pem_x509_certificate((ca / "site-a.pem").read_bytes()).serial_number
+    }
+
+
+def test_certs_crl_writes_the_list_anew_keeping_its_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CA made before ``init`` wrote its list gets an empty one; a list with entries
+    keeps them, with a new lifetime; a list the CA did not sign is refused, unchanged."""
+    ca = tmp_path / "ca"
+    init_ca(ca)
+    (ca / "crl.pem").unlink()  # as a CA made before 2026-11-27 is
+    assert main(["certs", "crl", "--dir", str(ca), "--days", "7"]) == 0
+    assert capsys.readouterr().out.strip() == str(ca / "crl.pem")
+    assert _revoked(ca) == set()
+    issue_participant(ca, "site-a")
+    serial = x509.load_pem_x509_certificate((ca / "site-a.pem").read_bytes()).serial_number
+    revoke_participant(ca, "site-a")
+    assert main(["certs", "crl", "--dir", str(ca), "--days", "3"]) == 0
+    assert _revoked(ca) == {serial}
+    crl = x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())
+    assert crl.next_update_utc is not None
+    assert crl.next_update_utc - crl.last_update_utc == dt.timedelta(days=3) + CLOCK_SKEW
+    other = tmp_path / "other"
+    init_ca(other)
+    foreign = (other / "crl.pem").read_bytes()
+    (ca / "crl.pem").write_bytes(foreign)
+    assert main(["certs", "crl", "--dir", str(ca)]) == 2
+    assert "does not verify against the client CA" in capsys.readouterr().err
+    assert (ca / "crl.pem").read_bytes() == foreign
+    capsys.readouterr()
+    assert main(["certs", "crl", "--dir", str(tmp_path / "nowhere")]) == 2
+    assert "no CA in" in capsys.readouterr().err
+
+
+def _guide_coordinator_tls() -> dict[str, str]:
+    """The ``[tls]`` table of deployment.md's step 2 (the coordinator's config)."""
+    import tomllib
+
+    text = (REPO / "docs" / "deployment.md").read_text()
+    start = text.index("**2. Coordinator config**")
+    block = text[start:].split("```toml\n", 1)[1].split("```", 1)[0]
+    tls: dict[str, str] = tomllib.loads(block)["tls"]
+    return tls
+
+
+def test_the_guides_coordinator_names_the_list_step_one_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The coordinator's ``[tls] crl`` is set from the first day, to a file step 1's
+    ``certs init`` wrote: a later ``certs revoke`` then needs no restart."""
+    tls = _guide_coordinator_tls()
+    assert tls.get("crl") == "certs/crl.pem", tls
+    monkeypatch.chdir(tmp_path)
+    init, _, _ = _step_one()
+    assert main(init) == 0, capsys.readouterr().err
+    for key in ("cert", "key", "client_ca", "crl"):
+        assert (tmp_path / tls[key]).is_file(), key
+    assert _revoked(tmp_path / "certs") == set()
+
+
 def test_the_guides_reissue_command_names_the_copied_request() -> None:
     """The revocation paragraph's re-issue uses the same request path as step 1."""
     text = (REPO / "docs" / "deployment.md").read_text()
@@ -190,6 +286,7 @@ def test_an_expired_ca_issues_and_revokes_nothing(
         (["issue", "site-b"], "issue a certificate"),  # keys made here: none made
         (["issue", "site-a", "--csr", str(csr), "--days", "30"], "issue a certificate"),
         (["revoke", "site-a"], "sign a revocation list"),
+        (["crl"], "sign a revocation list"),
     ):
         assert main(["certs", *argv, "--dir", str(ca)]) == 2, argv
         err = capsys.readouterr().err.strip()
@@ -206,7 +303,7 @@ def test_a_ca_not_yet_valid_is_refused_naming_the_clock(
     redate(ca, ca / "ca.pem", start_days=3, end_days=300)  # a clock behind the CA's
     loaded = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
     before = _listing(ca)
-    for argv in (["issue", "site-a", "--csr", str(csr)], ["revoke", "site-a"]):
+    for argv in (["issue", "site-a", "--csr", str(csr)], ["revoke", "site-a"], ["crl"]):
         assert main(["certs", *argv, "--dir", str(ca)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0, err

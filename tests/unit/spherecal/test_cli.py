@@ -92,6 +92,35 @@ def test_console_script_entry_point_runs() -> None:
     assert out.returncode == 0 and "reference" in out.stdout
 
 
+def test_python_dash_m_spherecal_is_the_command(tmp_path: Path) -> None:
+    """``python -m spherecal ARGS`` runs the ``spherecal`` command (there was no
+    ``spherecal/__main__.py``: "'spherecal' is a package and cannot be directly
+    executed"): the same help, and a command's error and exit status."""
+    python_m = [sys.executable, "-m", "spherecal"]
+    done = subprocess.run(
+        [*python_m, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: spherecal ")
+    entry = subprocess.run(
+        [sys.executable, "-m", "spherecal.cli", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout == entry.stdout
+    refused = subprocess.run(
+        [*python_m, "certs", "init", str(tmp_path / "ca"), "--days", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("spherecal certs: error: --days 0: "), refused.stderr
+
+
 def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on() -> None:
     """``spherecal coordinator`` / ``participant`` register SIGUSR1 with faulthandler
     (docs/deployment.md): a stuck run can be looked into without stopping it."""

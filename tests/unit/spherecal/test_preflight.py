@@ -378,21 +378,28 @@ def test_the_service_checks_name_their_ca_file(tmp_path: Path, certs: Path) -> N
 def test_a_crl_not_yet_written_says_how_it_comes_to_be(
     tmp_path: Path, certs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``[tls] crl`` set before the first ``spherecal certs revoke`` (which writes the
-    file) used to be refused with "file does not exist" alone; it is still refused — a
-    mistyped path must not start a coordinator that enforces no revocation — and the
-    line now says which command writes the list."""
+    """``certs init`` writes an empty ``crl.pem`` (2026-11-27); a CA made before has
+    none until ``certs crl`` (or the first ``certs revoke``) writes it. ``[tls] crl``
+    naming a missing file is still refused — a mistyped path must not start a
+    coordinator that enforces no revocation — and the line says which command writes
+    the list; after ``certs crl`` the same config passes."""
+    old_ca = tmp_path / "old-ca"
+    shutil.copytree(certs, old_ca)
+    (old_ca / "crl.pem").unlink()  # a CA from before init wrote its list
     config = tmp_path / "coordinator.toml"
     config.write_text(
         '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
         f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
         '[server]\nlisten = "127.0.0.1:0"\n'
-        f'[tls]\ncert = "{certs / "server.pem"}"\nkey = "{certs / "server.key"}"\n'
-        f'client_ca = "{certs / "ca.pem"}"\ncrl = "{certs / "crl.pem"}"\n'
+        f'[tls]\ncert = "{old_ca / "server.pem"}"\nkey = "{old_ca / "server.key"}"\n'
+        f'client_ca = "{old_ca / "ca.pem"}"\ncrl = "{old_ca / "crl.pem"}"\n'
     )
     assert main(["coordinator", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     assert "[tls] crl" in err and "file does not exist" in err
-    assert "spherecal certs revoke NAME --dir" in err, err
+    assert "spherecal certs crl --dir CA_DIR" in err, err
     assert not (tmp_path / "state").exists()  # refused before anything was made
+    assert main(["certs", "crl", "--dir", str(old_ca)]) == 0
+    assert capsys.readouterr().out.strip() == str(old_ca / "crl.pem")
+    check_coordinator(_coordinator(tmp_path, old_ca, crl=old_ca / "crl.pem"), "c.toml")
