@@ -12,6 +12,7 @@
 ``masked_resend``       a masked upload sent again: identical is delivered, different refused
 ``halts``               test-only: stop the coordinator dead at a named point of a job
 ``rejoin``              between two attempts at a stage: back off, wait for participants
+``futile_retry``        which refusals a retry meets again; no retry that cannot help
 ``training_rounds``     the training rounds: selection, server step, checkpoint
 ``strategy``            adapter around spherefed.algorithms' one registry: named sums laid
                         out in the aggregation vector, broadcasts, resumable server state

@@ -25,6 +25,11 @@ from spherecal.coordinator.driver.ffc_ccvr_heads import (
     ffc_classifier,
     unpack_statistics,
 )
+from spherecal.coordinator.driver.futile_retry import (
+    FutileRetry,
+    RefusalWatch,
+    fewest_for_a_job,
+)
 from spherecal.coordinator.driver.integrity import (
     IntegrityCheckFailed,
     check_bound,
@@ -42,7 +47,7 @@ from spherecal.coordinator.driver.invariants import (
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
-from spherecal.coordinator.driver.stages import StageContext
+from spherecal.coordinator.driver.stages import StageContext, with_first_cause
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.task_context import task_context
@@ -110,7 +115,9 @@ def collect_statistics(
 ) -> Aggregates:
     """One job per kind in ``calibration.jobs``, each retried like a round (up to
     ``max_round_attempts``, waiting for participants to rejoin in between, see
-    ``rejoin``); a kind that still fails is recorded, not fatal."""
+    ``rejoin``) — unless the sites' refusals are ones a retry meets again and leave
+    too few others for a job (``futile_retry``): then the kind ends at once. A kind
+    that still fails is recorded once, with its cause, not fatal."""
     s = ctx.settings
     out: Aggregates = {}
     final = ctx.board.publish("final", ctx.progress.global_vector)
@@ -118,6 +125,7 @@ def collect_statistics(
     for kind in s.calibration.jobs:
         error = ""
         result: FFCStatistics | CCVRStatistics | str | None = None
+        watch = RefusalWatch(ctx, kind)
         for attempt in range(1, attempts + 1):
             if attempt > 1:
                 wait_before_retry(
@@ -133,10 +141,17 @@ def collect_statistics(
             if not isinstance(result, str):
                 break  # the aggregate, or a refusal already recorded (no retry helps)
             error = result
-            if attempt < attempts:
-                line = f"statistics {kind}: attempt {attempt} failed: {error}"
-                ctx.say(line)
-                ctx.store.event("warning", line)
+            if attempt == attempts:
+                if attempts > 1:
+                    error = f"{attempts} attempts failed; the last: {error}"
+                break
+            line = f"statistics {kind}: attempt {attempt} failed: {error}"
+            ctx.say(line)
+            ctx.store.event("warning", line)
+            futile = _futile(ctx, watch)
+            if futile is not None:
+                error = futile.reason()  # the per-attempt detail is in the line above
+                break
         if isinstance(result, (FFCStatistics, CCVRStatistics)):
             out[kind] = result
         elif isinstance(result, str):
@@ -147,6 +162,19 @@ def collect_statistics(
         ctx, out, {k: float(v.get("noise_sigma", 0.0)) for k, v in stats_info.items()}
     )
     return out
+
+
+def _futile(ctx: StageContext, watch: RefusalWatch) -> FutileRetry | None:
+    """Whether a retry of the statistics job cannot be made: the eligible roster,
+    less the sites that refused it for good, is smaller than any job (secure: the
+    threshold and ``[secure_aggregation] min_participants``; plaintext: one upload)."""
+    s = ctx.settings
+    pool = ctx.eligible(list(s.participants))
+    if s.secagg.statistics:
+        return watch.futile(
+            pool, least=fewest_for_a_job(s.secagg, len(pool)), needs="a secure job needs"
+        )
+    return watch.futile(pool, least=1, needs="a statistics task needs")
 
 
 def _check_pair(ctx: StageContext, out: Aggregates) -> None:
@@ -264,7 +292,7 @@ def _collect_kind(
             ctx.say(line)
             ctx.store.event("warning", line)
     if gathered.error is not None:
-        return gathered.error
+        return with_first_cause(gathered.error, gathered.dropped)
     if gathered.values is None:
         return "no participant uploaded statistics"
     minimum = s.calibration_minimum

@@ -116,6 +116,12 @@ class Conduct:
         )
         return entry
 
+    def refusals_since(self, index: int) -> list[Refusal]:
+        """The refusals recorded after the first ``index`` (``len(refusals)`` taken
+        when a stage began: ``futile_retry.RefusalWatch``)."""
+        with self._lock:
+            return self.refusals[index:]
+
     def exclude(
         self, participant: str, *, job: str, purpose: str, complainants: tuple[str, ...]
     ) -> Exclusion | None:

@@ -30,6 +30,7 @@ from spherecal.coordinator.driver.calibration_stage import calibrate, collect_st
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
+from spherecal.coordinator.driver.futile_retry import RefusalWatch, fewest_for_a_job
 from spherecal.coordinator.driver.integrity import (
     cross_check_evaluations,
     integrity_reasons,
@@ -289,10 +290,15 @@ class Federation:
     def _final_evaluation(self, heads: dict[str, Any]) -> None:
         """The final evaluation, repeated (after waiting for participants to rejoin,
         ``rejoin``) while it covers fewer than the calibration minimum — the headline
-        accuracy of a short outage must not come from one participant's test split."""
+        accuracy of a short outage must not come from one participant's test split.
+        Not repeated when the sites' refusals are ones a retry meets again
+        (evaluations exhausted, the same evaluation already answered …) and leave too
+        few others to cover more (``futile_retry``): each repeat is one more evaluation
+        every other site answers, and the reason is recorded once instead."""
         s = self.settings
         minimum = s.calibration_minimum
         covered = 0
+        watch = RefusalWatch(self.stages, "evaluate")
         for attempt in range(1, s.training.max_round_attempts + 1):
             if attempt > 1:
                 wait_before_retry(
@@ -305,7 +311,21 @@ class Federation:
             final_evaluation(self.stages, heads, self.evaluator)
             fed = self.progress.results.get("federated_evaluation")
             covered = 0 if fed is None else len(fed["participants"])
-            if covered >= minimum:
+            if covered >= minimum or attempt == s.training.max_round_attempts:
+                return
+            pool = self.stages.eligible(list(s.participants))
+            futile = watch.futile(
+                pool,
+                least=fewest_for_a_job(s.secagg, len(pool)) if s.secagg.evaluation else 1,
+                needs="a secure job needs" if s.secagg.evaluation else "an evaluation needs",
+                covered=covered,
+                minimum=minimum,
+            )
+            if futile is not None:
+                message = f"final evaluation {futile.reason()}"
+                self.progress.errors.append(message)
+                self.say(message)
+                self.store.event("warning", message)
                 return
 
     def _failed(self, reason: str) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from spherecal import crypto
 from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, federated_evaluation
+from spherecal.coordinator.driver.futile_retry import FutileRetry, RefusalWatch, fewest_for_a_job
 from spherecal.coordinator.driver.integrity import IntegrityCheckFailed, check_bound, note
 from spherecal.coordinator.driver.model import Checkpoints, GlobalModel
 from spherecal.coordinator.driver.progress_log import round_line
@@ -94,12 +95,18 @@ class RoundDriver:
         )
 
     def run(self, r: int) -> None:
-        """Round ``r``, retried up to ``max_round_attempts`` times."""
+        """Round ``r``, retried up to ``max_round_attempts`` times — unless the sites'
+        refusals are ones a retry meets again and leave too few others for the round
+        (``futile_retry``): then it is lost (a release already spent) or fails at once."""
         ctx = self.ctx
         s = ctx.settings
         last_error = first_error = ""
         refusals_before = len(ctx.conduct.refusals)
+        watch = RefusalWatch(ctx, "update")
+        futile: FutileRetry | None = None
+        attempts = 0
         for attempt in range(1, s.training.max_round_attempts + 1):
+            attempts = attempt
             ctx.board.check_stop()
             if attempt > 1:
                 # back off, then wait for the selected participants to reconnect
@@ -119,15 +126,19 @@ class RoundDriver:
             ctx.say(f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
+            if attempt < s.training.max_round_attempts:
+                futile = self.futile(r, watch)
+                if futile is not None:
+                    break
         released = sorted(
             {
                 refusal.participant
-                for refusal in ctx.conduct.refusals[refusals_before:]
+                for refusal in ctx.conduct.refusals_since(refusals_before)
                 if refusal.rule == "RULE_RELEASE_REPEATED"
             }
         )
         if released:
-            message = self.lose(r, released, first_error)
+            message = self.lose(r, released, first_error, attempts, futile)
             in_a_row = self.lost_in_a_row()
             limit = s.training.max_lost_rounds_in_a_row
             if limit and in_a_row >= limit:
@@ -137,9 +148,26 @@ class RoundDriver:
                     f"the last: {message}"
                 )
             return
+        if futile is not None:
+            raise FederationFailed(f"round {r + 1} failed, {futile.reason()}; first: {first_error}")
         raise FederationFailed(
             f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
         )
+
+    def futile(self, r: int, watch: RefusalWatch) -> FutileRetry | None:
+        """Whether no retry of round ``r`` can reach ``[training] min_participants``
+        (and, secure, a job's threshold and minimum) among its eligible selected
+        sites, once those that refused it for good are left out."""
+        s = self.ctx.settings
+        selected, _, _ = self.candidates(r)
+        pool = self.ctx.eligible(selected)
+        least = s.training.min_participants
+        needs = "a round needs ([training] min_participants)"
+        if s.secagg.updates:
+            job = fewest_for_a_job(s.secagg, len(pool))
+            if job > least:
+                least, needs = job, "a secure job needs"
+        return watch.futile(pool, least=least, needs=needs)
 
     def lost_in_a_row(self) -> int:
         """How many of the last recorded rounds were lost, counting back from the
@@ -151,7 +179,14 @@ class RoundDriver:
             count += 1
         return count
 
-    def lose(self, r: int, released: list[str], first_error: str) -> str:
+    def lose(
+        self,
+        r: int,
+        released: list[str],
+        first_error: str,
+        attempts: int,
+        futile: FutileRetry | None = None,
+    ) -> str:
         """Give up round ``r`` without failing the federation: sites whose release for
         it was spent in a failed job — their update left, or they refused at its masked
         step for a reason that depends on their data (an update outside the job's
@@ -161,18 +196,21 @@ class RoundDriver:
         ``lost`` and the status is ``degraded`` with the reason (``verdict``), naming
         the refusal and the *first* attempt's failure: the later attempts' failure is
         the repeated refusal itself, while the first names what went wrong (e.g. every
-        site's update outside the declared bound)."""
+        site's update outside the declared bound). ``attempts``: how many were made;
+        ``futile``: no more were, once no retry could reach the minimum
+        (``futile_retry``), which the message says."""
         ctx, progress = self.ctx, self.ctx.progress
         message = (
             f"round {r + 1} lost: {', '.join(released)} released their update for this "
             f"round in a failed job (its upload, or a refusal counted as the release) and "
-            f"each site releases one update per round (RULE_RELEASE_REPEATED); first "
-            f"attempt: {first_error}"
+            f"each site releases one update per round (RULE_RELEASE_REPEATED)"
+            + ("; not retried: too few others could take part" if futile is not None else "")
+            + f"; first attempt: {first_error}"
         )
         metrics: RoundMetrics = {
             "round": r + 1,
             "status": "lost",
-            "attempt": self.ctx.settings.training.max_round_attempts,
+            "attempt": attempts,
             "selected": self.candidates(r)[0],
             "contributors": [],
             "dropped": {},

@@ -44,7 +44,14 @@ from spherecal.coordinator.summary_schema import (
     RoundCoverage,
 )
 
-__all__ = ["Verdict", "assess", "calibration_gaps", "coverage", "headline_coverage"]
+__all__ = [
+    "Verdict",
+    "assess",
+    "calibration_gaps",
+    "coverage",
+    "headline_coverage",
+    "method_causes",
+]
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -
             reasons.append(f"{method}: {decision.get('reason')}")
             continue
         source = _source_job(settings, method)
-        why = [e for e in progress.errors if e.startswith((f"{source} ", f"{method} "))]
+        why = method_causes(progress.errors, source, method)
         reasons.append(
             f"{method}: no calibrated classifier"
             + (f" ({'; '.join(why)})" if why else f" (the {source} statistics are missing)")
@@ -96,14 +103,34 @@ def assess(settings: CoordinatorSettings, progress: Progress, heads: set[str]) -
     if isinstance(fed, dict):
         evaluated = list(fed.get("participants", []))
         if len(evaluated) < minimum:
+            not_retried = [e for e in progress.errors if e.startswith("final evaluation ")]
             reasons.append(
                 f"the final evaluation covered {len(evaluated)} participants "
                 f"({fed.get('samples', 0)} test samples; minimum {minimum}); "
                 f"missing {[p for p in roster if p not in evaluated]}"
+                + (f" ({not_retried[-1]})" if not_retried else "")
             )
     # a round given up because its sites' updates already left (training_rounds.lose)
     reasons.extend(e for e in progress.errors if e.startswith("round ") and " lost: " in e)
     return Verdict("degraded" if reasons else "completed", reasons)
+
+
+def method_causes(errors: list[str], source: str, method: str) -> list[str]:
+    """Why calibration ``method`` (solved from the ``source`` statistics) is missing,
+    each cause once.
+
+    The statistics stage records one conclusion per kind — ``ccvr statistics failed:
+    …``, with the first cause or why it was not retried — while ``errors`` also holds
+    every failed job of it (``ccvr job 1a2b3c4d: …``), one per attempt. Until
+    2026-11-27 the reason took both, so a job asked three times put its causal chain
+    in the status three times over, and the conclusion a fourth; the per-job lines
+    stay in ``errors`` and the events. Only where no conclusion was recorded do they
+    stand in for one."""
+    concluded = (f"{source} statistics failed: ", f"{method} statistics failed: ")
+    why = [e for e in errors if e.startswith(concluded)]
+    if not why:
+        why = [e for e in errors if e.startswith((f"{source} ", f"{method} "))]
+    return list(dict.fromkeys(why))
 
 
 def participants_had(progress: Progress) -> set[str]:

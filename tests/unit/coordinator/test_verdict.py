@@ -62,6 +62,26 @@ def test_a_missing_head_is_degraded_with_the_statistics_error_as_reason() -> Non
     assert verdict.reasons[1].startswith("ccvr: no calibrated classifier (ccvr statistics")
 
 
+def test_a_method_states_its_cause_once_not_once_per_attempt() -> None:
+    """Each failed job of a retried statistics kind is in ``errors`` (one per attempt),
+    and the stage's conclusion after them: the reason takes the conclusion, once."""
+    progress = _progress()
+    chain = "TooFewSurvivors: … — first cause: p0, p1 withdrew at advertise: POLICY_REFUSAL"
+    progress.errors.extend(f"ccvr job {k}a2b3c4d: {chain}" for k in range(3))
+    progress.errors.append(f"ccvr statistics failed: 3 attempts failed; the last: {chain}")
+    verdict = assess(_settings(), progress, set())
+    for method, reason in zip(("ffc", "ccvr"), verdict.reasons, strict=True):
+        assert reason == (
+            f"{method}: no calibrated classifier (ccvr statistics failed: 3 attempts "
+            f"failed; the last: {chain})"
+        )
+    # without a conclusion, the jobs' own lines still say why (each once)
+    bare = _progress()
+    bare.errors.extend([f"ccvr job 1a2b3c4d: {chain}"] * 2)
+    (first, _) = assess(_settings(), bare, set()).reasons
+    assert first == f"ffc: no calibrated classifier (ccvr job 1a2b3c4d: {chain})"
+
+
 def test_statistics_below_the_minimum_are_degraded_and_name_who_is_missing() -> None:
     verdict = assess(_settings(), _progress(ccvr=["p1"]), {"ffc", "ccvr"})
     assert verdict.status == "degraded"

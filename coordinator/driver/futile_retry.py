@@ -1,0 +1,252 @@
+"""Whether retrying a failed job can help: the refusals that asking again meets again.
+
+Why (2026-11-27): after ``spherecal coordinator --new-federation`` over the same sites
+and data, every site refused the exact calibration statistics
+(``RULE_RELEASE_REPEATED``: its release ledger had already let them out). The
+coordinator still retried the statistics job up to ``[training] max_round_attempts``
+times — backing off and waiting for the sites between attempts — though that refusal
+cannot change on a retry, and the status then repeated the whole causal chain once
+per attempt. A retry is a *fresh job id over the sites still alive*, with the same
+task (model, kind, round, heads, plan terms) and the coordinator's same settings; so
+a refusal that follows from the site's history, its declared policy or the
+coordinator's fixed configuration is met again, and only one that depends on the job
+itself or on who takes part can turn out otherwise.
+
+Each stage asks :meth:`RefusalWatch.futile` after a failed attempt. The refusals come
+typed (``FailureReport.kind`` and ``.rule``, recorded by ``conduct`` as they arrive),
+never read from text. A retry is skipped only when the sites that refused with an
+*unchangeable* refusal in this stage's attempts leave too few others — counting every
+eligible site of the roster (or of the round's selection), connected or not — for a
+retry to reach what it is for: the fewest participants a job can be created with
+(``[secure_aggregation]`` threshold and ``min_participants``; one plaintext upload),
+a round's ``[training] min_participants``, or — for the final evaluation, which is
+retried only to cover the calibration minimum — more coverage than the attempt had.
+Otherwise the stage retries exactly as before: dropouts, deadlines, a site that
+vanished, changeable refusals, and mixed causes where the unchangeable refusals alone
+do not sink the retry. Skipping never asks a site anything: the coordinator makes
+at most the retries it made before, never another.
+
+**Unchangeable** (:data:`UNCHANGEABLE`) — asked again, the same site refuses again:
+
+* ``BUDGET_EXCEEDED``: the site's spent ε only grows (its ledger is append-only), and a
+  retry asks for the same release: a statistics plan targets the same configured ε
+  whatever the roster, a distributed DP-SGD step charges the same noise multiplier at
+  its worst case of ``t`` contributors, a local DP-SGD plan is the federation's. (A
+  statistics plan's discrete noise meets its target within a rounding that follows
+  ``n`` and ``t``; a budget within that rounding of its edge is not one a retry is
+  for.)
+* ``RULE_RELEASE_REPEATED``: the release already left the site (its ledger's
+  ``released`` rows are never taken back), keyed by what the release *is* — federation,
+  executed model, data, round, head contents — never by the job id a retry changes.
+  (Its one form about a key — a key already reserved for another release — needs a
+  job id used twice, which a fresh job's never is; a plaintext task's key is its task
+  id, the same on a retry for the same release.)
+  A site that *withheld* its input (``BAD_INPUT`` "this site withholds its input")
+  had that refusal charged as the release, so it answers a retry with this rule; the
+  withholding itself is not counted here (``BAD_INPUT`` also covers errors of one job's
+  messages), which costs at most one more attempt.
+* ``RULE_EVALUATIONS_EXHAUSTED``: the site's count of evaluations answered in this
+  federation only grows.
+* ``RULE_PLAINTEXT_REFUSED``, ``RULE_DP_REQUIRED``: the site's declared policy against
+  the coordinator's configuration (no secure aggregation, no DP noise, too little
+  evaluation noise), both fixed for the federation.
+* ``RULE_EVALUATION_HEADS``: the heads (and split) of the same evaluation are the same.
+* ``RULE_ROUND_OUTSIDE_PLAN``: the round index of a retried round is the same.
+* ``RULE_EXAMPLE_COUNT_NOISE``, ``RULE_EXTRACTOR_NOT_ALLOWED``: the federation's plan,
+  which does not change while it runs.
+
+**Changeable** — a retry may be admitted, so it is made as before:
+
+* ``RULE_THRESHOLD_TOO_LOW``, ``RULE_TOO_FEW_PARTICIPANTS``, ``RULE_TOO_FEW_INPUTS``,
+  ``RULE_DP_PLAN``: the threshold, the participant count, the survivors and the DP plan
+  (its ``n`` and guaranteed ``t``) all follow who takes part.
+* ``RULE_DOUBLE_REVEAL``, ``RULE_BOTH_SHARE_KINDS``, ``RULE_TASK_NOT_BOUND``: about one
+  job's messages or binding (a continued job's spec, say); a fresh job is fresh.
+* ``RULE_CONSISTENCY_ROUND_REQUIRED``: also raised for an unmask asked before the site
+  signed its survivor view — one job's sequence.
+* ``RULE_KEY_SUBSTITUTION``: the directory follows the roster.
+* ``POLICY_REFUSAL`` without a rule, and every other kind (``TOO_FEW_SURVIVORS``,
+  ``JOB_ABORTED``, ``SHARE_AUTHENTICATION`` — whose dealer the retry excludes —,
+  ``BAD_INPUT``, ``INTERNAL_ERROR`` …): not known to repeat.
+
+A refusal recorded after the decision (its report still in flight as the job ended)
+only means a retry as before; the next attempt's check counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from spherecal.coordinator.driver.conduct import Refusal
+from spherecal.coordinator.driver.secure_job import plan_graph
+from spherecal.coordinator.driver.stages import StageContext
+from spherecal.coordinator.settings import SecAggSettings
+
+__all__ = [
+    "CHANGEABLE",
+    "UNCHANGEABLE",
+    "FutileRetry",
+    "RefusalWatch",
+    "fewest_for_a_job",
+    "unchangeable",
+]
+
+UNCHANGEABLE: frozenset[str] = frozenset(
+    {
+        "BUDGET_EXCEEDED",
+        "RULE_RELEASE_REPEATED",
+        "RULE_EVALUATIONS_EXHAUSTED",
+        "RULE_PLAINTEXT_REFUSED",
+        "RULE_DP_REQUIRED",
+        "RULE_EVALUATION_HEADS",
+        "RULE_ROUND_OUTSIDE_PLAN",
+        "RULE_EXAMPLE_COUNT_NOISE",
+        "RULE_EXTRACTOR_NOT_ALLOWED",
+    }
+)
+"""The ``FailureKind`` (``BUDGET_EXCEEDED``) and ``PolicyRule`` names (of a
+``POLICY_REFUSAL``) that a retry of the same task meets again (module docstring)."""
+
+CHANGEABLE: frozenset[str] = frozenset(
+    {
+        "RULE_THRESHOLD_TOO_LOW",
+        "RULE_TOO_FEW_PARTICIPANTS",
+        "RULE_TOO_FEW_INPUTS",
+        "RULE_DP_PLAN",
+        "RULE_DOUBLE_REVEAL",
+        "RULE_BOTH_SHARE_KINDS",
+        "RULE_TASK_NOT_BOUND",
+        "RULE_CONSISTENCY_ROUND_REQUIRED",
+        "RULE_KEY_SUBSTITUTION",
+    }
+)
+"""The ``PolicyRule`` names a retry may find otherwise (module docstring): every rule
+of ``proto/spherecal.proto`` is in exactly one of the two sets, so a new rule is
+classified when it is added (``tests/unit/coordinator/test_futile_retry.py``)."""
+
+
+def unchangeable(refusal: Refusal) -> bool:
+    """Whether ``refusal`` is one a retry of the same task meets again."""
+    if refusal.kind == "BUDGET_EXCEEDED":
+        return True
+    return refusal.kind == "POLICY_REFUSAL" and refusal.rule in UNCHANGEABLE
+
+
+def shown(refusal: Refusal) -> str:
+    """``KIND/RULE`` as the log shows a withdrawal (``KIND`` alone without a rule)."""
+    if refusal.rule and refusal.rule != "RULE_UNSPECIFIED":
+        return f"{refusal.kind}/{refusal.rule}"
+    return refusal.kind
+
+
+def fewest_for_a_job(settings: SecAggSettings, most: int) -> int:
+    """The fewest participants (at most ``most``) a secure job can be created with —
+    ``n ≥ max(threshold(n), min_participants)``, as ``SecureJob`` demands — or
+    ``most + 1`` when no job over ``most`` or fewer can be."""
+    for n in range(2, most + 1):
+        _, _, threshold = plan_graph(settings, n)
+        if n >= max(threshold, settings.min_participants):
+            return n
+    return most + 1
+
+
+@dataclass(frozen=True)
+class FutileRetry:
+    """A failed stage no retry can help: who refused what, and what that leaves."""
+
+    refusals: dict[str, list[Refusal]]
+    """Each refusing site's unchangeable refusals in this stage (first one first)."""
+    pool: int
+    """Eligible sites a retry could ask at best (the roster or the round's selection)."""
+    shortfall: str
+    """Why the sites left are not enough, e.g. ``fewer than the 3 a secure job needs``."""
+
+    @property
+    def possible(self) -> int:
+        return self.pool - len(self.refusals)
+
+    def reason(self) -> str:
+        """One sentence: the sites grouped by what they refused (their words once),
+        and why that leaves a retry short."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for site, refused in self.refusals.items():
+            first = refused[0]
+            groups.setdefault((shown(first), first.reason[:240]), []).append(site)
+        said = "; ".join(
+            f"{', '.join(sites)} refused it: {name}" + (f": {text}" if text else "")
+            for (name, text), sites in groups.items()
+        )
+        them = "it" if len(self.refusals) == 1 else "them"
+        return (
+            f"not retried: {said} — a refusal that asking again cannot change; without "
+            f"{them}, {self.possible} of the {self.pool} eligible participants could take "
+            f"part, {self.shortfall}"
+        )
+
+
+class RefusalWatch:
+    """The unchangeable refusals of one stage's attempts — a statistics kind, a
+    round, the final evaluation — counted from when the stage began.
+
+    Which refusals are the stage's: those recorded since it began for its
+    ``purpose`` (``"ffc"``, ``"update"``, ``"evaluate"``), except ones naming a secure
+    job that existed before it (a late report for an earlier job of that purpose:
+    the board keeps every job). A plaintext task's report is recorded only while that
+    task is current (``CoordinatorService.report_failure``), so it is this stage's.
+    A site's refusal in an earlier attempt of the stage counts for the next, since it
+    is one that repeats."""
+
+    def __init__(self, ctx: StageContext, purpose: str) -> None:
+        self.ctx = ctx
+        self.purpose = purpose
+        self._since = len(ctx.conduct.refusals)
+        self._before = frozenset(job.job_hex for job in ctx.board.all_jobs())
+
+    def refusals(self) -> dict[str, list[Refusal]]:
+        """Each site's unchangeable refusals in this stage so far, in arrival order."""
+        out: dict[str, list[Refusal]] = {}
+        for refusal in self.ctx.conduct.refusals_since(self._since):
+            if refusal.purpose != self.purpose or refusal.job in self._before:
+                continue
+            if unchangeable(refusal):
+                out.setdefault(refusal.participant, []).append(refusal)
+        return out
+
+    def futile(
+        self,
+        pool: Collection[str],
+        *,
+        least: int,
+        needs: str,
+        covered: int = 0,
+        minimum: int = 0,
+    ) -> FutileRetry | None:
+        """The reason no retry can help, or None (retry as before).
+
+        ``pool``: every eligible site a retry could ask at best. A retry is futile when,
+        without the sites that refused unchangeably, fewer than ``least`` are left
+        (``needs`` says what needs them: a job, a round) — or, where a retry is made to
+        cover ``minimum`` (the final evaluation), when fewer than that are left and no
+        more than the ``covered`` the last attempt already had (a retry could only
+        replace its result with one no wider)."""
+        eligible = set(pool)
+        refused = {p: r for p, r in self.refusals().items() if p in eligible}
+        if not refused:
+            return None
+        possible = len(eligible) - len(refused)
+        if possible < least:
+            shortfall = f"fewer than the {least} {needs}"
+        elif possible < minimum and possible <= covered:
+            shortfall = (
+                f"no more than the {covered} the last attempt covered, and fewer than "
+                f"the minimum of {minimum}"
+            )
+        else:
+            return None
+        order = self.ctx.registry.index_of
+        return FutileRetry(
+            refusals={p: refused[p] for p in sorted(refused, key=order)},
+            pool=len(eligible),
+            shortfall=shortfall,
+        )

@@ -1,0 +1,239 @@
+"""A refusal that asking again cannot change is not asked again, and the status says
+the cause once (``coordinator/driver/futile_retry.py``).
+
+Found on 2026-11-27 after ``spherecal coordinator --new-federation`` over the same
+sites and data: every site refused the exact statistics (``RULE_RELEASE_REPEATED``),
+the coordinator asked three times, and each method's status reason repeated the
+whole causal chain three times. These runs drive a real ``Federation`` through the
+service core with scripted sites that answer every task with a typed
+``FailureReport``, built by the participant's own mapping (``participant.failures``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spherecal.coordinator.driver.conduct import Refusal
+from spherecal.coordinator.driver.futile_retry import (
+    CHANGEABLE,
+    UNCHANGEABLE,
+    fewest_for_a_job,
+    unchangeable,
+)
+from spherecal.coordinator.errors import ServiceError
+from spherecal.coordinator.settings import CoordinatorSettings, SecAggSettings
+from spherecal.coordinator.state.registry import Peer
+from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
+from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
+from spherecal.proto import spherecal_pb2 as pb
+
+from .service_harness import Harness, settings_for
+
+Answer = Callable[[str, str], BaseException]
+"""(site, task kind) -> the error the site answers the task with."""
+
+REPEATED = ReleaseRepeated("the per-class moments already left this site")
+EXHAUSTED = EvaluationsExhausted("this site already answered 4 evaluation(s)")
+DROPOUT = RuntimeError("the site's local computation failed")
+
+
+class ScriptedSites:
+    """Every roster member joins and answers each task it is handed — every new job
+    of a retried one too — with a typed withdrawal, as a participant does."""
+
+    def __init__(self, harness: Harness, answer: Answer) -> None:
+        self.harness = harness
+        self.answer = answer
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._site, args=(pid,), daemon=True)
+            for pid in harness.settings.participants
+        ]
+
+    def start(self) -> ScriptedSites:
+        for pid in self.harness.settings.participants:
+            self.harness.join(pid)
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+    def _site(self, pid: str) -> None:
+        service = self.harness.service
+        while not self.stop.is_set():
+            try:
+                instruction = service.next_instruction(
+                    pb.InstructionRequest(caller=self.harness.caller(pid), wait_ms=200), Peer()
+                )
+            except ServiceError:
+                continue
+            kind = instruction.WhichOneof("kind")
+            if kind == "done":
+                return
+            if kind not in ("train", "statistics", "evaluate"):
+                continue
+            # a task is handed out once per session: each one here is a new task (a
+            # retry's too, whose id is the same as the attempt's before it)
+            error = self.answer(pid, kind)
+            service.report_failure(
+                pb.FailureReport(
+                    caller=self.harness.caller(pid),
+                    task_id=instruction.task_id,
+                    reason=wire_reason(error),
+                    kind=failure_kind(error),
+                    rule=policy_rule(error),
+                ),
+                Peer(),
+            )
+
+
+def _settings(tmp: Path, *, secure: bool, n: int, rounds: int) -> CoordinatorSettings:
+    base = settings_for(tmp, secure=secure, n=n, rounds=rounds)
+    return replace(
+        base,
+        timeouts=replace(base.timeouts, retry_backoff_s=0.0, rejoin_grace_s=5.0),
+    )
+
+
+@contextmanager
+def _run(settings: CoordinatorSettings, answer: Answer) -> Iterator[Harness]:
+    harness = Harness(settings).start()
+    sites = ScriptedSites(harness, answer).start()
+    try:
+        harness.thread.join(timeout=120)
+        assert not harness.thread.is_alive(), "the federation did not end"
+        yield harness
+    finally:
+        sites.close()
+        harness.close()
+
+
+def _jobs(harness: Harness, purpose: str) -> int:
+    return int(harness.store.query("SELECT count(*) FROM jobs WHERE purpose = ?", (purpose,))[0][0])
+
+
+def _retries(harness: Harness, stage: str) -> int:
+    return sum(1 for r in harness.federation.progress.retries if r["stage"] == stage)
+
+
+def _reason(harness: Harness, method: str) -> str:
+    (reason,) = [
+        r for r in harness.federation.progress.status_reasons if r.startswith(f"{method}: ")
+    ]
+    return reason
+
+
+def _everyone_refuses(site: str, kind: str) -> BaseException:
+    return EXHAUSTED if kind == "evaluate" else REPEATED
+
+
+@pytest.mark.parametrize("secure", [True, False], ids=["secure", "plaintext"])
+def test_statistics_refused_for_good_by_every_site_are_asked_once(
+    tmp_path: Path, secure: bool
+) -> None:
+    with _run(_settings(tmp_path, secure=secure, n=3, rounds=0), _everyone_refuses) as harness:
+        assert harness.federation.board.done is not None
+        assert harness.federation.board.done[0] == "degraded"
+        if secure:
+            assert _jobs(harness, "ffc") == 1  # the old code started 3
+            assert _jobs(harness, "evaluate") == 1
+        assert _retries(harness, "statistics ffc") == 0
+        assert _retries(harness, "final evaluation") == 0
+        # one reason, naming the sites and the rule once
+        reason = _reason(harness, "ffc")
+        assert reason.count("RULE_RELEASE_REPEATED") == 1, reason
+        assert reason.count(wire_reason(REPEATED)) == 1, reason
+        assert "not retried: p0, p1, p2 refused it: POLICY_REFUSAL/RULE_RELEASE_REPEATED" in (
+            reason
+        )
+        assert "0 of the 3 eligible participants could take part" in reason
+        # the status view says the same, once
+        view = harness.service.get_federation_status(pb.FederationStatusRequest(), Peer())
+        assert list(view.status_reasons) == harness.federation.progress.status_reasons
+        (evaluation,) = [r for r in view.status_reasons if "final evaluation" in r]
+        assert evaluation.count("RULE_EVALUATIONS_EXHAUSTED") == 1, evaluation
+        # the job's own failure, with its first cause, stays in the errors and events
+        errors = harness.federation.progress.errors
+        if secure:
+            assert any(e.startswith("ffc job ") and "first cause" in e for e in errors)
+        events = [m for (m,) in harness.store.query("SELECT message FROM events")]
+        assert any("statistics ffc: attempt 1 failed" in m for m in events)
+
+
+def test_a_round_whose_update_already_left_every_site_is_lost_at_once(tmp_path: Path) -> None:
+    with _run(_settings(tmp_path, secure=True, n=3, rounds=1), _everyone_refuses) as harness:
+        assert _jobs(harness, "update") == 1  # the old code started 3, then lost the round
+        (metrics,) = harness.federation.progress.round_metrics
+        assert metrics["status"] == "lost" and metrics["attempt"] == 1
+        (lost,) = [r for r in harness.federation.progress.status_reasons if " lost: " in r]
+        assert "not retried" in lost and lost.count("RULE_RELEASE_REPEATED") == 1
+
+
+def _one_refuses_the_others_drop(site: str, kind: str) -> BaseException:
+    if kind == "evaluate":
+        return EXHAUSTED
+    return REPEATED if site == "p0" else DROPOUT
+
+
+def _everyone_drops(site: str, kind: str) -> BaseException:
+    return EXHAUSTED if kind == "evaluate" else DROPOUT
+
+
+@pytest.mark.parametrize(
+    ("n", "answer"),
+    [(4, _one_refuses_the_others_drop), (3, _everyone_drops)],
+    ids=["one-refusal-others-drop", "all-drop"],
+)
+def test_a_job_that_others_could_still_make_is_retried_as_before(
+    tmp_path: Path, n: int, answer: Answer
+) -> None:
+    """p0's refusal repeats, but 3 others could make a job (the secure minimum): the
+    dropouts may come back, so the job is asked again, every attempt; and the method's
+    reason says the last cause once, not once per attempt."""
+    settings = _settings(tmp_path, secure=True, n=n, rounds=0)
+    attempts = settings.training.max_round_attempts
+    with _run(settings, answer) as harness:
+        assert _jobs(harness, "ffc") == attempts
+        assert _retries(harness, "statistics ffc") == attempts - 1
+        reason = _reason(harness, "ffc")
+        assert f"{attempts} attempts failed; the last: " in reason
+        assert reason.count("first cause") == 1, reason
+        assert "not retried" not in reason
+
+
+def test_every_policy_rule_is_classified_once() -> None:
+    rules = set(pb.PolicyRule.DESCRIPTOR.values_by_name) - {"RULE_UNSPECIFIED"}
+    assert CHANGEABLE | (UNCHANGEABLE - {"BUDGET_EXCEEDED"}) == rules
+    assert not CHANGEABLE & UNCHANGEABLE
+
+
+@pytest.mark.parametrize(
+    ("kind", "rule", "repeats"),
+    [
+        ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED", True),
+        ("POLICY_REFUSAL", "RULE_EVALUATIONS_EXHAUSTED", True),
+        ("BUDGET_EXCEEDED", "RULE_UNSPECIFIED", True),
+        ("POLICY_REFUSAL", "RULE_THRESHOLD_TOO_LOW", False),  # follows the roster
+        ("POLICY_REFUSAL", "RULE_UNSPECIFIED", False),
+        ("BAD_INPUT", "RULE_UNSPECIFIED", False),  # a withheld input, or one job's bytes
+        ("BAD_INPUT", "RULE_RELEASE_REPEATED", False),  # a rule only means one with its kind
+    ],
+)
+def test_which_refusals_repeat(kind: str, rule: str, repeats: bool) -> None:
+    assert unchangeable(Refusal("p0", "j", "ffc", kind, rule, "")) is repeats
+
+
+def test_the_fewest_a_secure_job_takes() -> None:
+    assert fewest_for_a_job(SecAggSettings(), 10) == 3  # min_participants
+    assert fewest_for_a_job(SecAggSettings(threshold=5), 10) == 5
+    assert fewest_for_a_job(SecAggSettings(), 2) == 3  # none over 2 or fewer
