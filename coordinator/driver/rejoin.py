@@ -77,6 +77,12 @@ def wait_before_retry(
 ) -> RetryRecord:
     """Back off, then wait up to ``rejoin_grace_s`` until all of ``wanted`` are alive.
 
+    A member that *left* the federation — it refused the plan, or its certificate is
+    revoked (``Registry.leave``) — is not waited for: it cannot come back as it was
+    (until 2026-11-27 each retry of a round waited the whole grace for a revoked
+    site). It is named as missing, and the line says why; should it join again (a
+    new certificate, a plan accepted), it is alive and counted as any other.
+
     Returns (and records in ``ctx.progress.retries``) what happened; raises
     ``FederationFailed`` only if the federation is being stopped. ``clock`` measures
     the back-off and the grace (tests inject one, so what ends a wait is never a
@@ -90,10 +96,12 @@ def wait_before_retry(
     want = frozenset(wanted)
     while True:
         ctx.board.check_stop()
-        missing = want - ctx.registry.alive()
+        _, left = ctx.registry.joined_and_left()
+        missing = want - ctx.registry.alive() - left.keys()
         if not missing or clock() >= grace_end:
             break
         ctx.board.wait(0.2)
+    _, left = ctx.registry.joined_and_left()
     alive = ctx.registry.alive()
     order = ctx.registry.index_of
     record = RetryRecord(
@@ -110,6 +118,11 @@ def wait_before_retry(
         f"(back-off {record.backoff_s:.1f}s, grace {t.rejoin_grace_s:.0f}s): "
         f"{len(record.present)}/{len(want)} wanted participants connected"
         + (f", still missing {record.missing}" if record.missing else "")
+        + (
+            f" (not waited for: {sorted(gone, key=order)}, which left the federation)"
+            if (gone := (want - alive) & left.keys())
+            else ""
+        )
     )
     ctx.say(line)
     ctx.store.event("warning" if record.missing else "info", line)

@@ -385,13 +385,15 @@ class CoordinatorService:
                     raw,
                     ServiceError(grpc.StatusCode.NOT_FOUND, "no such current task or job"),
                 )
-            job.withdraw(pid, f"{kind}: {reason}")
             purpose = job.purpose
+            withdraw = job.withdraw
         else:
-            found.withdraw(pid, f"{kind}: {reason}")
             job = found.job
             purpose = found.purpose or found.kind
+            withdraw = found.withdraw
         if failure in REFUSAL_KINDS:
+            # recorded before the withdrawal: a job the withdrawal ends is judged
+            # (``futile_retry``) with this refusal already in the record
             self.federation.stages.conduct.refusal(
                 participant=pid,
                 job=job.job_hex if job is not None else request.task_id[:64],
@@ -400,6 +402,7 @@ class CoordinatorService:
                 rule=policy_rule(request),
                 reason=reason,
             )
+        withdraw(pid, f"{kind}: {reason}")
         privacy = self.federation.privacy
         if privacy is not None and job is not None and failure in PRIVACY_REFUSALS:
             privacy.record_refusal(job.job_hex, pid, failure)

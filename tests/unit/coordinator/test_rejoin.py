@@ -106,6 +106,22 @@ def test_wait_gives_up_at_the_end_of_the_grace_and_names_who_is_missing(
     assert 0.05 <= record.backoff_s <= 0.1
 
 
+def test_a_member_that_left_is_not_waited_for(ctx: StageContext) -> None:
+    """A site that refused the plan, or whose certificate is revoked, has left: the
+    retry does not wait the grace for it (by the injected clock: each reading is
+    0.1 s later, so waiting the grace would take 20 readings)."""
+    for pid in ("p0", "p1", "p2"):
+        _join(ctx.registry, pid)
+    ctx.registry.leave(_join(ctx.registry, "p3"), "it has a revoked certificate")
+    record = wait_before_retry(
+        ctx, stage="round 4", next_attempt=2, reason="x", wanted=ROSTER, clock=FakeClock(0.1)
+    )
+    assert record.waited_s < ctx.settings.timeouts.rejoin_grace_s
+    assert record.missing == ["p3"] and record.present == ["p0", "p1", "p2"]
+    (line,) = [m for (m,) in ctx.store.query("SELECT message FROM events") if "round 4" in m]
+    assert line.endswith("(not waited for: ['p3'], which left the federation)")
+
+
 def test_a_stop_request_ends_the_wait_at_once(ctx: StageContext) -> None:
     ctx.settings = replace(ctx.settings, timeouts=Timeouts(rejoin_grace_s=2.0, retry_backoff_s=0.0))
     threading.Timer(0.3, lambda: ctx.board.stop("SIGTERM")).start()
