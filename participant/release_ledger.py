@@ -157,6 +157,7 @@ CREATE TABLE IF NOT EXISTS site_releases (
     signers     TEXT,
     answer      TEXT,
     value       BLOB,
+    executed    BLOB,
     PRIMARY KEY (participant, job)
 );
 CREATE TABLE IF NOT EXISTS site_example_counts (
@@ -333,6 +334,8 @@ class ReleaseLedger:
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN answer TEXT")
             if "value" not in columns:  # likewise (before 2026-11-27)
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN value BLOB")
+            if "executed" not in columns:  # likewise (before 2026-11-27)
+                self._db.execute("ALTER TABLE site_releases ADD COLUMN executed BLOB")
         return self._db
 
     def close(self) -> None:
@@ -602,6 +605,24 @@ class ReleaseLedger:
                     self.participant,
                     job,
                 ),
+            )
+
+    def record_executed(self, job: str, digest: bytes) -> None:
+        """The executed-model digest of a training release, once its model is
+        downloaded (before anything of the update is computed or leaves).
+
+        Why a column of its own: a training release is reserved before its model is
+        downloaded — the keys are advertised before any data-dependent work — so its
+        ``model`` is the digest of the model's wire bytes (float64), which the
+        reservation of a continued job must match. Two rounds from one executed model
+        with one seed give the same update (training is deterministic), and the site's
+        audit pairs them; compared by their wire bytes, a model moved by one float64
+        ulp in the second round — the same float32 network — made the pair look like
+        two unrelated updates (:mod:`spherecal.site_audit` compares this digest)."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE site_releases SET executed = ? WHERE participant = ? AND job = ?",
+                (bytes(digest), self.participant, job),
             )
 
     def record_survivors(self, job: str, survivors: list[str], signers: list[str]) -> None:

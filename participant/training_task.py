@@ -102,6 +102,9 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
         if session is None:
             return
     vector = runner._download(task.model, (trainer.length,))
+    # the model the update is computed from, as the network runs it: the site's audit
+    # pairs two updates of one executed model (ReleaseLedger.record_executed)
+    runner.releases.record_executed(release, trainer.executed_digest(vector))
     broadcast = {b.name: runner._download(b.tensor, (trainer.length,)) for b in task.broadcast}
     t0 = time.monotonic()
     states: tuple[ClientStateStore, dict[str, np.ndarray] | None] | None = None

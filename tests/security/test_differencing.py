@@ -591,6 +591,50 @@ def test_mutation_an_exact_count_leaves_in_every_round(
     assert weights == [n, n]  # the site's exact count, from either round
 
 
+def test_the_site_audit_pairs_rounds_from_one_executed_model(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Two rounds of one federation over rosters that differ by one site, from one
+    executed model with one seed: the ledger admits both (one update per round: the
+    residual risk of *Different training rounds*), and the two updates are identical,
+    so their sums' difference is the missing site's update. The second round's model
+    is the first moved by one float64 ulp in every entry — the same float32 network,
+    other wire bytes. The site's audit pairs the two by the executed model: by the wire
+    digest the ledger reserves training under, it saw two unrelated updates and passed."""
+    ring = HostileRing(federation="fed", model=model)
+    ring.rounds = 2
+    length = model.length + 2
+    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
+    first = np.array(model.initial_vector, dtype=np.float64)
+    second = np.nextafter(first, np.inf)
+    assert np.all(second != first)
+    assert np.array_equal(second.astype(np.float32), first.astype(np.float32))
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=k,
+                model=ring.publish(f"global-{k}", vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, (vector, job) in enumerate(zip((first, second), jobs, strict=True))
+    ]
+    _run(_settings(tmp_path), ring, data)
+    assert ring.failures == []
+    a, b = (job.target_release() for job in jobs)
+    np.testing.assert_array_equal(a, b)  # the same update: differencing is exact
+    audit = read_site_audit(tmp_path / "state")
+    (pair,) = audit.pairs
+    assert pair.exact and pair.family == "training"
+    assert (pair.only_in_first, pair.only_in_second) == (["p3"], ["p4"])
+    assert "the same model" in pair.why
+    rounds = [r for r in audit.releases if r.kind == "update"]
+    assert len({r.model for r in rounds}) == 1  # shown as the one executed model
+    assert run_site_audit(tmp_path / "state")[0] == 1
+
+
 # ====================================================================== the site's audit
 def test_the_site_audit_flags_the_differencing_pair(
     tmp_path: Path, model: GlobalModel, data: LocalData
