@@ -482,12 +482,22 @@ class ReleaseLedger:
         refused by its own row. Without this check a second task under a used key
         passed every rule and was never counted: six evaluations of other heads under
         one task id where the site allows four. (What a plaintext key lets leave
-        again is checked when it leaves: :meth:`consume`'s ``value``.)"""
+        again is checked when it leaves: :meth:`consume`'s ``value``.)
+
+        Whether the release is noised is part of what it is: the row keeps the
+        first reservation's flag, and the rules that count exact releases only
+        (``exact_data_once``, ``exact_in_one_federation``) read it. Until 2026-11-27
+        it was not compared, and a key reserved for a DP statistics release that the
+        site then refused (its plan named another kind) admitted the *exact*
+        statistics under the same job id: they left recorded as noised, the site's
+        audit showed no exact release, and the same data's exact moments left again
+        in the next federation."""
         row = self._kept(job)
         if row is None:
             return
-        # what the release is (its noise is annotated once its DP plan is admitted,
-        # so a continued job's second reservation carries none yet)
+        # what the release is (its ε and noise are annotated once its DP plan is
+        # admitted, so a continued job's second reservation carries none yet; whether
+        # it is noised is known at reservation)
         terms = (
             release.kind,
             release.federation,
@@ -495,12 +505,22 @@ class ReleaseLedger:
             bytes(release.data),
             bytes(release.content),
             release.round,
+            bool(release.noised),
         )
-        kept = (str(row[0]), str(row[1]), bytes(row[2]), bytes(row[3]), bytes(row[4]), row[5])
+        kept = (
+            str(row[0]),
+            str(row[1]),
+            bytes(row[2]),
+            bytes(row[3]),
+            bytes(row[4]),
+            row[5],
+            bool(row[6]),
+        )
         if kept != terms:
+            noise = "" if kept[:6] != terms[:6] else ", with DP noise" if row[6] else ", exact"
             raise ReleaseRepeated(
                 f"the key {job[:24]!r} was reserved for another release ({row[0]}, "
-                f"federation {row[1]!r}); a key admits one release"
+                f"federation {row[1]!r}{noise}); a key admits one release"
             )
 
     def _kept(self, job: str) -> tuple[Any, ...] | None:

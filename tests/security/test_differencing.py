@@ -363,6 +363,48 @@ def test_mutation_reusing_data_across_federations_releases_again(
     assert ring.failures == [] and b.result is not None
 
 
+def test_a_key_reserved_for_a_noised_release_admits_no_exact_one(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The coordinator picks job ids. A statistics task with a DP plan that the site
+    refuses once its release is reserved (the plan names another kind) leaves the key
+    reserved as a noised release; the exact statistics asked next under the same job
+    id passed the key check (the noise was no part of it), left, and were recorded as
+    noised. The site's audit then showed no exact release, and the rule that refuses
+    the same data's exact moments in a second federation, which counts exact releases
+    only, let them leave again — from a model with the same features, over a roster
+    one site different: differencing gave the site's exact statistics. The key now
+    admits only the release it was reserved for; the exact statistics leave under a
+    key of their own, recorded as exact, and the second federation is refused."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    reused = b"one job id, two releases"
+    ring = HostileRing(federation="fed-A", model=model)
+    noised = make_job(ROSTER, length, job_id=reused)
+    exact = make_job(ROSTER, length, job_id=reused)
+    fresh = make_job(ROSTER, length)
+    planned = _statistics(ring, "dp", pb.FFC, noised, dead_unit(model, 0.0))
+    planned.statistics.privacy.CopyFrom(pb.DPRelease(kind="ccvr", epsilon=1.0))
+    ring.script = [
+        planned,
+        _statistics(ring, "exact", pb.FFC, exact, dead_unit(model, 0.0)),
+        _statistics(ring, "fresh", pb.FFC, fresh, dead_unit(model, 0.0)),
+    ]
+    _run(_settings(tmp_path), ring, data)
+    assert ring.refusal("dp") == ("POLICY_REFUSAL", "RULE_DP_PLAN")
+    assert ring.refusal("exact") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert fresh.result is not None
+    second = HostileRing(federation="fed-B", model=model)
+    b = make_job(OTHER_ROSTER, length)
+    second.script = [_statistics(second, "b", pb.FFC, b, dead_unit(model, 0.5))]
+    _run(_settings(tmp_path), second, data)
+    assert second.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert b.result is None
+    # what left is recorded as it left: one exact release
+    assert [(r["federation"], r["noised"]) for r in _released(tmp_path)] == [("fed-A", 0)]
+    (moments,) = [r for r in read_site_audit(tmp_path / "state").releases if r.state == "released"]
+    assert not moments.noised
+
+
 # ====================================================================== data that grew
 def _grown(data: LocalData) -> LocalData:
     """The site's training split six months on: one record more (the first test image)."""
