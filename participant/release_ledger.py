@@ -445,12 +445,36 @@ class ReleaseLedger:
     def reserve(self, release: Release, *, job: str) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
         rule forbids the release (:class:`EvaluationsExhausted` when it is the
-        federation's evaluation count)."""
+        federation's evaluation count).
+
+        A key reserved again while nothing has left under it takes the new
+        reservation's ε, δ and noise where it states them (an evaluation's, planned
+        from the job spec it comes with): the spec is the coordinator's, and what
+        leaves is planned from the latest one. Until 2026-11-27 the row kept the
+        first: an evaluation reserved under a spec of ``scale_bits`` 0 (ε ≈ 4.2),
+        refused before its keys were made, then run under the same job id at
+        ``scale_bits`` 10, left with noise of ε ≈ 14.2 and was recorded — and
+        audited — at 4.2."""
         with self._lock:
-            self._check_key(release, job)
+            kept = self._check_key(release, job)
             conflict = self._conflict(release, job)
             if conflict is not None:
                 raise conflict
+            if kept is not None and kept[7] != "released" and release.epsilon is not None:
+                self._conn.execute(
+                    "UPDATE site_releases SET epsilon = ?, delta = ?, noise = ? "
+                    "WHERE participant = ? AND job = ?",
+                    (
+                        release.epsilon,
+                        release.delta,
+                        None
+                        if release.noise is None
+                        else json.dumps(release.noise, sort_keys=True),
+                        self.participant,
+                        job,
+                    ),
+                )
+                return
             self._conn.execute(
                 "INSERT OR IGNORE INTO site_releases (participant, job, kind, family, "
                 "federation, model, data, content, round, noised, epsilon, delta, noise, "
@@ -473,8 +497,9 @@ class ReleaseLedger:
                 ),
             )
 
-    def _check_key(self, release: Release, job: str) -> None:
-        """A key already in the ledger admits only the release it was reserved for.
+    def _check_key(self, release: Release, job: str) -> tuple[Any, ...] | None:
+        """A key already in the ledger admits only the release it was reserved for;
+        returns its row (:meth:`_kept`), None for a new key.
 
         Why: the key is a string the coordinator chooses (a secure job's id; for a
         plaintext release, ``task-<task id>``), and every rule above skips the rows
@@ -494,7 +519,7 @@ class ReleaseLedger:
         in the next federation."""
         row = self._kept(job)
         if row is None:
-            return
+            return None
         # what the release is (its ε and noise are annotated once its DP plan is
         # admitted, so a continued job's second reservation carries none yet; whether
         # it is noised is known at reservation)
@@ -522,6 +547,7 @@ class ReleaseLedger:
                 f"the key {job[:24]!r} was reserved for another release ({row[0]}, "
                 f"federation {row[1]!r}{noise}); a key admits one release"
             )
+        return row
 
     def _kept(self, job: str) -> tuple[Any, ...] | None:
         """The row of key ``job``: ``kind, federation, model, data, content, round,

@@ -38,6 +38,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import read_site_audit, run_site_audit
 from spherecal.spherefed.privacy.evaluation_noise import (
     DEFAULT_EVALUATION_NOISE_SD,
+    evaluation_epsilon,
     plan_evaluation_noise,
 )
 from spherecal.spherefed.privacy.settings import PrivacySettings
@@ -188,6 +189,54 @@ def test_a_job_without_room_for_the_noise_is_refused(
     _run(_settings(tmp_path), ring, data)
     assert ring.refusal("no-noise") == ("POLICY_REFUSAL", "RULE_DP_REQUIRED")
     assert job.result is None and _released(tmp_path) == []
+
+
+def test_an_evaluation_is_recorded_at_the_noise_it_left_with(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The site plans an evaluation's noise, and records its ε, from the job spec the
+    task comes with. An evaluation reserved under a spec of ``scale_bits`` 0 and
+    refused before its keys were made (its directory lacks a member), then run under
+    the same job id with ``scale_bits`` 10, left with the second plan's noise and was
+    recorded with the first plan's ε: about 4.2 where it cost about 14.2, and the
+    site's audit summed the 4.2."""
+    length = 2 + 2
+    probe = crypto.JobSpec.create(ROSTER, threshold=3, length=length, bound=1e6)
+    plans = {
+        bits: plan_evaluation_noise(
+            DEFAULT_EVALUATION_NOISE_SD,
+            participants=len(ROSTER),
+            min_contributors=guaranteed_contributors(probe),
+            length=length,
+            scale_bits=bits,
+        )
+        for bits in (0, 10)
+    }
+    cheap, dear = (evaluation_epsilon(plans[bits]) for bits in (0, 10))
+    assert dear > 3 * cheap
+    reused = b"one evaluation job id"
+    jobs = {
+        bits: make_job(
+            ROSTER,
+            length,
+            job_id=reused,
+            scale_bits=bits,
+            noise_bound=plans[bits].plan.noise_bound * 4,
+        )
+        for bits in (0, 10)
+    }
+    ring = HostileRing(federation="fed", model=model)
+    first = _evaluate(ring, model, "first", jobs[0], [0, 1])
+    del first.evaluate.secure.directory[-1]  # refused before any key is made
+    ring.script = [first, _evaluate(ring, model, "again", jobs[10], [0, 1])]
+    _run(_settings(tmp_path), ring, data)
+    assert [f.task_id for f in ring.failures] == ["first"]
+    assert jobs[10].result is not None
+    (row,) = _released(tmp_path)
+    assert row["epsilon"] == pytest.approx(dear)
+    assert json.loads(str(row["noise"]))["noise_bound"] == plans[10].plan.noise_bound
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    assert report["epsilon_total"][TARGET] == pytest.approx(dear)
 
 
 def _renamed_heads(tmp: Path, model: GlobalModel, data: LocalData, **policy: object) -> HostileRing:
