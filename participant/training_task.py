@@ -28,6 +28,7 @@ from spherecal.participant.release_ledger import UPDATE, Release
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.algorithms.base import ClientResult, parameter_mask
 from spherecal.spherefed.fl import LocalUpdate
+from spherecal.spherefed.privacy.charge import PrivacyCharge
 
 if TYPE_CHECKING:
     from spherecal.participant.runner import ParticipantRunner
@@ -255,6 +256,14 @@ def _train_dpsgd(
     def failed(error: BaseException) -> None:
         runner._local_work_failed(task_id, session, release, error)
 
+    def charged(charge: PrivacyCharge) -> None:  # the round's ε, in the release's row
+        runner.releases.annotate(
+            release,
+            epsilon=float(charge.epsilon),
+            delta=float(charge.delta),
+            noise={"mechanism": charge.mechanism, "local_dpsgd": dict(charge.noise)},
+        )
+
     return dpsgd_round(
         runner._trainer(),
         runner.settings.privacy,
@@ -268,4 +277,5 @@ def _train_dpsgd(
         refuse=refuse,
         failed=failed,
         log=runner.log,
+        charged=charged,
     )

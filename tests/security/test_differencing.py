@@ -842,3 +842,45 @@ def test_local_dpsgd_training_that_fails_is_withheld_not_refused_at_once(
     finally:
         conn.close()
     assert charged == ["local-dpsgd/fed/round-0"]
+
+
+def test_local_dpsgd_rounds_are_in_the_site_audit_with_their_epsilon(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Each local DP-SGD round is charged to the site's budget ledger before it
+    trains; its row of the release ledger carries that ε, so the site's audit lists
+    it and counts it in the site's total. It listed the rounds as noised with no ε,
+    and a total of the training weight's ε alone (≈ 1 where two rounds cost ≈ 4 each)."""
+    ring = HostileRing(federation="fed", model=model)
+    ring.rounds = 2
+    jobs = [make_job(ROSTER, model.length + 2) for _ in range(2)]
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=k,
+                model=ring.publish(f"global-{k}", model.initial_vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, job in enumerate(jobs)
+    ]
+    privacy = PrivacySettings(
+        enabled=True, epsilon=1e6, total_epsilon=1e6, dpsgd=True, dpsgd_noise_multiplier=1.0
+    )
+    _run(dataclasses.replace(_settings(tmp_path), privacy=privacy), ring, data)
+    assert ring.failures == []
+    conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
+    try:
+        charged = [float(e) for (e,) in conn.execute("SELECT epsilon FROM privacy_ledger")]
+    finally:
+        conn.close()
+    assert len(charged) == 2 and all(e > 1 for e in charged)
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    rounds = [r for r in report["releases"] if r["kind"] == "update"]
+    assert [r["epsilon"] for r in rounds] == pytest.approx(charged)
+    assert all(r["noise"]["mechanism"] == "dpsgd" for r in rounds)
+    (weight,) = report["example_counts"]
+    assert report["epsilon_total"][TARGET] == pytest.approx(sum(charged) + weight["epsilon"])
+    assert "ε=" in run_site_audit(tmp_path / "state")[1].splitlines()[2]
