@@ -14,8 +14,12 @@ What it flags:
   computation (training: same federation and round, or same executed model on the
   same data — a model moved by a float64 ulp is the same float32 network, and
   training from it with the same seed gives the same update;
-  moments: same executed model on the same data; evaluation: same executed model,
-  data split and head contents) but whose survivor sets differ (or are unknown): the
+  moments: same executed model on the same data, or both exact on the same data
+  from any two models — a coordinator can vary weights the features never read, so
+  the digest cannot tell a new model from one with the same features, and the
+  ledger's ``exact_data_once`` refuses the second for that reason; evaluation: same
+  executed model, data split and head contents) but whose survivor sets differ (or
+  are unknown): the
   difference of their two sums is this site's input. A pair where either release
   is exact (no DP noise) is ``exact``. For moments and evaluations the default rules
   never let one through, so finding one means a rule was relaxed; two training rounds
@@ -332,6 +336,13 @@ def _same_computation(a: SiteRelease, b: SiteRelease) -> str | None:
         return None
     if same_input:
         return "the per-class moments of the same model on the same data, twice"
+    if a.data == b.data and not a.noised and not b.noised:
+        # what the ledger's exact_data_once refuses: the executed-model digest cannot
+        # tell a new model from one whose features are the same (unread weights)
+        return (
+            "the exact per-class moments of the same data, twice, from two executed "
+            "models that may compute the same features"
+        )
     return None
 
 

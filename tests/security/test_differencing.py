@@ -454,6 +454,35 @@ def test_a_key_reserved_for_a_noised_release_admits_no_exact_one(
     assert not moments.noised
 
 
+def test_the_site_audit_pairs_exact_moments_of_the_same_data_from_two_models(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With ``[policy] reuse_data_across_federations`` (a logged weakening), exact
+    moments of the same data leave in a second federation from a model whose
+    features are the first one's (a dead unit's outgoing weights changed), over a
+    roster one site different: the two sums give the site's statistics, bit for bit.
+    The site's audit listed neither a differencing pair (the executed models differ)
+    nor changed data (the data did not): "OK", exit 0. It now pairs them, as the rule
+    that the weakening relaxed refuses them."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    jobs = []
+    for name, roster, outgoing in (("fed-A", ROSTER, 0.0), ("fed-B", OTHER_ROSTER, 0.5)):
+        ring = HostileRing(federation=name, model=model)
+        job = make_job(roster, length)
+        ring.script = [_statistics(ring, name, pb.FFC, job, dead_unit(model, outgoing))]
+        _run(_settings(tmp_path, reuse_data_across_federations=True), ring, data)
+        assert ring.failures == []
+        jobs.append(job)
+    np.testing.assert_array_equal(jobs[0].target_release(), jobs[1].target_release())
+    audit = read_site_audit(tmp_path / "state")
+    assert len({r.model for r in audit.releases}) == 2 and audit.changed_data == []
+    (pair,) = audit.pairs
+    assert pair.exact and pair.family == "moments"
+    assert (pair.only_in_first, pair.only_in_second) == (["p3"], ["p4"])
+    assert "same data" in pair.why
+    assert run_site_audit(tmp_path / "state")[0] == 1
+
+
 # ====================================================================== data that grew
 def _grown(data: LocalData) -> LocalData:
     """The site's training split six months on: one record more (the first test image)."""
