@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +21,9 @@ import pytest
 import torch
 
 from spherecal.audit import run_audit
-from spherecal.audit_report import CHECK_EXPLANATIONS
+from spherecal.audit_report import CHECK_EXPLANATIONS, verdict_label
+from spherecal.coordinator.driver import integrity
+from spherecal.coordinator.settings import CalibrationSettings
 from spherecal.crypto.dp import NoisePlan
 from spherecal.inprocess_transport import InProcessFederation
 from spherecal.participant import statistics_task
@@ -64,3 +67,47 @@ def test_a_site_that_adds_no_dp_noise_passes_the_dp_check_which_says_so(
     title, words = CHECK_EXPLANATIONS["dp_releases"]
     assert "carried" not in words and "planned" in title.lower()
     assert "cannot be seen" in words and "colluders" in words
+
+
+def test_a_failed_cross_check_fails_the_audit_before_the_run_records_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """p2 adds 30 fake examples per class to its statistics (every entry inside the
+    job's bound); the coordinator refuses the CCVR sum by the cross-check with the
+    rounds' weights and logs the failure as an error event. The integrity record is
+    written when the run ends, so a privacy officer auditing the database in between
+    — beside the running coordinator, or after it was killed — found none, read "a run
+    before cross-checks were recorded", and the verdict PASS as configured. The check
+    now counts the failed-check events the record does not hold."""
+    torch.set_num_threads(1)
+    monkeypatch.setenv("SPHERECAL_TEST_FAULTS", "1")
+    cs, ps = secure_federation(tmp_path, SITES)
+    cs = dataclasses.replace(cs, calibration=CalibrationSettings(methods=("ffc", "ccvr")))
+    ps[2] = dataclasses.replace(ps[2], adversary="directions:30")
+    database = tmp_path / "state" / "state.db"
+    during: dict[str, Any] = {}
+    noted = integrity.note
+
+    def audited_at_the_failure(ctx: Any, check: str, passed: bool, *rest: Any) -> None:
+        noted(ctx, check, passed, *rest)
+        if not passed and not during:
+            ctx.store.call(lambda _conn: None)  # the event posted before is written
+            during["check"] = check
+            during["report"] = run_audit(database, out=tmp_path / "during.json")
+
+    monkeypatch.setattr(integrity, "note", audited_at_the_failure)
+    summary = InProcessFederation(cs, ps).start().join(timeout=300)
+    assert summary["status"] == "degraded"
+    assert during["check"] == "training weights vs ccvr count"
+    report = during["report"]
+    check = report["checks"]["integrity"]
+    assert not check["ok"] and verdict_label(report) == "FAIL"
+    (violation,) = check["violations"]
+    assert violation["cross_check"] == "training weights vs ccvr count"
+    assert violation["source"] == "events"
+    assert "has not ended" in check["summary"]
+    # at the end the record holds it, counted once
+    after = run_audit(database, out=tmp_path / "after.json")["checks"]["integrity"]
+    assert after["violations"] == [
+        {"cross_check": "training weights vs ccvr count", "detail": violation["detail"]}
+    ]
