@@ -303,6 +303,7 @@ def distributed_step(
     if session is None:
         return
     vector = download(task.model, (trainer.length,))
+    releases.record_executed(release_key, trainer.executed_digest(vector))
     held = trainer.data.train_size
     if held > admitted.max_examples:
         log(

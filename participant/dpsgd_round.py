@@ -36,7 +36,7 @@ from spherecal.participant.dp_gate import BudgetExceeded, ParticipantPrivacy, ch
 from spherecal.participant.failures import LOCAL_WORK_ERRORS
 from spherecal.participant.trainer import LocalTrainer
 from spherecal.spherefed.fl import LocalUpdate
-from spherecal.spherefed.privacy.charge import dpsgd_charge
+from spherecal.spherefed.privacy.charge import PrivacyCharge, dpsgd_charge
 from spherecal.spherefed.privacy.settings import PrivacySettings
 
 __all__ = ["dpsgd_round", "plan_prefix"]
@@ -61,6 +61,7 @@ def dpsgd_round(
     refuse: Callable[[str, BaseException], None],
     failed: Callable[[BaseException], None],
     log: Callable[[str], None],
+    charged: Callable[[PrivacyCharge], None] | None = None,
 ) -> LocalUpdate | None:
     """Admit the plan's ``plan_rounds`` rounds (all or none), charge round
     ``round_index`` once (``local-dpsgd/<federation>/round-N``: asked again under
@@ -69,7 +70,11 @@ def dpsgd_round(
     the retry at which the budget ran out read ε(n), the count), then
     train with DP-SGD; None when the plan is refused (``refuse``: at once, by the
     plan's terms alone) or the admitted round's training failed (``failed``: a
-    refusal that depends on the data, module docstring)."""
+    refusal that depends on the data, module docstring). ``charged`` is told the
+    round's charge once it is in the budget ledger, before training: the round's row
+    of the release ledger carries its ε, as a DP statistics release's and a distributed
+    step's do, so the site's audit counts it (until 2026-11-27 it listed the rounds as
+    noised with no ε, and its total ε left them out)."""
     config = trainer.dpsgd_config(p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm, p.delta)
     rate, steps = trainer.dpsgd_steps()
     sigma, clip = p.dpsgd_noise_multiplier, p.dpsgd_max_grad_norm
@@ -84,6 +89,8 @@ def dpsgd_round(
     except BudgetExceeded as exc:
         refuse(task_id, exc)
         return None
+    if charged is not None:
+        charged(charge)
     try:
         update, result = trainer.train_dpsgd(vector, config)
     except LOCAL_WORK_ERRORS as exc:  # e.g. no examples, a torch error on the data

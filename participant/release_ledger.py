@@ -157,6 +157,7 @@ CREATE TABLE IF NOT EXISTS site_releases (
     signers     TEXT,
     answer      TEXT,
     value       BLOB,
+    executed    BLOB,
     PRIMARY KEY (participant, job)
 );
 CREATE TABLE IF NOT EXISTS site_example_counts (
@@ -333,6 +334,8 @@ class ReleaseLedger:
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN answer TEXT")
             if "value" not in columns:  # likewise (before 2026-11-27)
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN value BLOB")
+            if "executed" not in columns:  # likewise (before 2026-11-27)
+                self._db.execute("ALTER TABLE site_releases ADD COLUMN executed BLOB")
         return self._db
 
     def close(self) -> None:
@@ -442,12 +445,36 @@ class ReleaseLedger:
     def reserve(self, release: Release, *, job: str) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
         rule forbids the release (:class:`EvaluationsExhausted` when it is the
-        federation's evaluation count)."""
+        federation's evaluation count).
+
+        A key reserved again while nothing has left under it takes the new
+        reservation's ε, δ and noise where it states them (an evaluation's, planned
+        from the job spec it comes with): the spec is the coordinator's, and what
+        leaves is planned from the latest one. Until 2026-11-27 the row kept the
+        first: an evaluation reserved under a spec of ``scale_bits`` 0 (ε ≈ 4.2),
+        refused before its keys were made, then run under the same job id at
+        ``scale_bits`` 10, left with noise of ε ≈ 14.2 and was recorded — and
+        audited — at 4.2."""
         with self._lock:
-            self._check_key(release, job)
+            kept = self._check_key(release, job)
             conflict = self._conflict(release, job)
             if conflict is not None:
                 raise conflict
+            if kept is not None and kept[7] != "released" and release.epsilon is not None:
+                self._conn.execute(
+                    "UPDATE site_releases SET epsilon = ?, delta = ?, noise = ? "
+                    "WHERE participant = ? AND job = ?",
+                    (
+                        release.epsilon,
+                        release.delta,
+                        None
+                        if release.noise is None
+                        else json.dumps(release.noise, sort_keys=True),
+                        self.participant,
+                        job,
+                    ),
+                )
+                return
             self._conn.execute(
                 "INSERT OR IGNORE INTO site_releases (participant, job, kind, family, "
                 "federation, model, data, content, round, noised, epsilon, delta, noise, "
@@ -470,8 +497,9 @@ class ReleaseLedger:
                 ),
             )
 
-    def _check_key(self, release: Release, job: str) -> None:
-        """A key already in the ledger admits only the release it was reserved for.
+    def _check_key(self, release: Release, job: str) -> tuple[Any, ...] | None:
+        """A key already in the ledger admits only the release it was reserved for;
+        returns its row (:meth:`_kept`), None for a new key.
 
         Why: the key is a string the coordinator chooses (a secure job's id; for a
         plaintext release, ``task-<task id>``), and every rule above skips the rows
@@ -479,12 +507,22 @@ class ReleaseLedger:
         refused by its own row. Without this check a second task under a used key
         passed every rule and was never counted: six evaluations of other heads under
         one task id where the site allows four. (What a plaintext key lets leave
-        again is checked when it leaves: :meth:`consume`'s ``value``.)"""
+        again is checked when it leaves: :meth:`consume`'s ``value``.)
+
+        Whether the release is noised is part of what it is: the row keeps the
+        first reservation's flag, and the rules that count exact releases only
+        (``exact_data_once``, ``exact_in_one_federation``) read it. Until 2026-11-27
+        it was not compared, and a key reserved for a DP statistics release that the
+        site then refused (its plan named another kind) admitted the *exact*
+        statistics under the same job id: they left recorded as noised, the site's
+        audit showed no exact release, and the same data's exact moments left again
+        in the next federation."""
         row = self._kept(job)
         if row is None:
-            return
-        # what the release is (its noise is annotated once its DP plan is admitted,
-        # so a continued job's second reservation carries none yet)
+            return None
+        # what the release is (its ε and noise are annotated once its DP plan is
+        # admitted, so a continued job's second reservation carries none yet; whether
+        # it is noised is known at reservation)
         terms = (
             release.kind,
             release.federation,
@@ -492,13 +530,24 @@ class ReleaseLedger:
             bytes(release.data),
             bytes(release.content),
             release.round,
+            bool(release.noised),
         )
-        kept = (str(row[0]), str(row[1]), bytes(row[2]), bytes(row[3]), bytes(row[4]), row[5])
+        kept = (
+            str(row[0]),
+            str(row[1]),
+            bytes(row[2]),
+            bytes(row[3]),
+            bytes(row[4]),
+            row[5],
+            bool(row[6]),
+        )
         if kept != terms:
+            noise = "" if kept[:6] != terms[:6] else ", with DP noise" if row[6] else ", exact"
             raise ReleaseRepeated(
                 f"the key {job[:24]!r} was reserved for another release ({row[0]}, "
-                f"federation {row[1]!r}); a key admits one release"
+                f"federation {row[1]!r}{noise}); a key admits one release"
             )
+        return row
 
     def _kept(self, job: str) -> tuple[Any, ...] | None:
         """The row of key ``job``: ``kind, federation, model, data, content, round,
@@ -602,6 +651,24 @@ class ReleaseLedger:
                     self.participant,
                     job,
                 ),
+            )
+
+    def record_executed(self, job: str, digest: bytes) -> None:
+        """The executed-model digest of a training release, once its model is
+        downloaded (before anything of the update is computed or leaves).
+
+        Why a column of its own: a training release is reserved before its model is
+        downloaded — the keys are advertised before any data-dependent work — so its
+        ``model`` is the digest of the model's wire bytes (float64), which the
+        reservation of a continued job must match. Two rounds from one executed model
+        with one seed give the same update (training is deterministic), and the site's
+        audit pairs them; compared by their wire bytes, a model moved by one float64
+        ulp in the second round — the same float32 network — made the pair look like
+        two unrelated updates (:mod:`spherecal.site_audit` compares this digest)."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE site_releases SET executed = ? WHERE participant = ? AND job = ?",
+                (bytes(digest), self.participant, job),
             )
 
     def record_survivors(self, job: str, survivors: list[str], signers: list[str]) -> None:

@@ -28,6 +28,7 @@ from spherecal.participant.release_ledger import UPDATE, Release
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.algorithms.base import ClientResult, parameter_mask
 from spherecal.spherefed.fl import LocalUpdate
+from spherecal.spherefed.privacy.charge import PrivacyCharge
 
 if TYPE_CHECKING:
     from spherecal.participant.runner import ParticipantRunner
@@ -102,6 +103,9 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
         if session is None:
             return
     vector = runner._download(task.model, (trainer.length,))
+    # the model the update is computed from, as the network runs it: the site's audit
+    # pairs two updates of one executed model (ReleaseLedger.record_executed)
+    runner.releases.record_executed(release, trainer.executed_digest(vector))
     broadcast = {b.name: runner._download(b.tensor, (trainer.length,)) for b in task.broadcast}
     t0 = time.monotonic()
     states: tuple[ClientStateStore, dict[str, np.ndarray] | None] | None = None
@@ -252,6 +256,14 @@ def _train_dpsgd(
     def failed(error: BaseException) -> None:
         runner._local_work_failed(task_id, session, release, error)
 
+    def charged(charge: PrivacyCharge) -> None:  # the round's ε, in the release's row
+        runner.releases.annotate(
+            release,
+            epsilon=float(charge.epsilon),
+            delta=float(charge.delta),
+            noise={"mechanism": charge.mechanism, "local_dpsgd": dict(charge.noise)},
+        )
+
     return dpsgd_round(
         runner._trainer(),
         runner.settings.privacy,
@@ -265,4 +277,5 @@ def _train_dpsgd(
         refuse=refuse,
         failed=failed,
         log=runner.log,
+        charged=charged,
     )

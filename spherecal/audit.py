@@ -18,9 +18,12 @@ in ``audit.json`` with ``ok`` and the evidence:
 ``aggregate_inputs``    every finished job aggregated at least ``max(t, min_participants)``
 ``share_reveals``       no owner had both its self-mask seed and its mask key revealed
 ``dp_releases``         every statistics job of a DP federation is a DP release, and
-                        each release's recorded noise is re-derived from its public
-                        inputs: noise at least the plan's, ε within the target, the
-                        realised noise meeting the target variance
+                        each release's recorded plan is re-derived from its public
+                        inputs: noise parameter at least the plan's, ε within the
+                        target, the contributors' planned shares together meeting the
+                        target variance. The noise the sites added is inside the masked
+                        sum: a site that adds less than its share passes this check (the
+                        plan covers it only as one of its ``[privacy] colluders``)
 ``budgets``             ε spent per participant (and the federation) against budget
 ``integrity``           the cross-checks between independent sums, each site's bound and
                         the validation gate's decisions (:mod:`spherecal.audit_integrity`)
@@ -392,7 +395,9 @@ def check_dp(conn: sqlite3.Connection) -> AuditCheck:
                 f"ε = {r['epsilon_recomputed']:.4g} exceeds the target {r['target_epsilon']:g}"
             )
         if not r["meets_target"]:
-            problems.append("the realised noise misses the target variance (too few contributors)")
+            problems.append(
+                "the contributors' planned noise misses the target variance (too few contributors)"
+            )
         recorded = charge.get("epsilon")
         if recorded is not None and float(recorded) < r["epsilon_recomputed"] * (1 - 1e-6):
             problems.append(

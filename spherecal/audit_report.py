@@ -107,9 +107,12 @@ CHECK_EXPLANATIONS: dict[str, tuple[str, str]] = {
         "would remove that site's mask (the protocol reveals at most one of the two).",
     ),
     "dp_releases": (
-        "Noise as planned in every private release",
-        "Each differentially private release carried at least the noise its plan "
-        "required, recomputed here from public inputs only.",
+        "Noise planned in every private release",
+        "Each differentially private release was planned with at least the noise its "
+        "target requires from the sites that contributed, recomputed here from public "
+        "inputs only. Whether each site really added its share cannot be seen: the "
+        "noise is inside the masked sum. A site that adds less counts as one of the "
+        "colluders the plan assumes ([privacy] colluders), and is covered only that far.",
     ),
     "budgets": (
         "Privacy budgets respected",

@@ -11,13 +11,22 @@ with, and its noise and ε; every refusal is a row of ``site_refusals``.
 What it flags:
 
 * **differencing pairs** — two releases of one family whose content is the same
-  computation (training: same federation and round, or same model on the same data;
-  moments: same executed model on the same data; evaluation: same executed model,
-  data split and head contents) but whose survivor sets differ (or are unknown): the
+  computation (training: same federation and round, or same executed model on the
+  same data — a model moved by a float64 ulp is the same float32 network, and
+  training from it with the same seed gives the same update;
+  moments: same executed model on the same data, or both exact on the same data
+  from any two models — a coordinator can vary weights the features never read, so
+  the digest cannot tell a new model from one with the same features, and the
+  ledger's ``exact_data_once`` refuses the second for that reason; evaluation: same
+  executed model, data split and head contents) but whose survivor sets differ (or
+  are unknown): the
   difference of their two sums is this site's input. A pair where either release
-  is exact (no DP noise) is ``exact`` — the default rules never let one through, so
-  finding one means a rule was relaxed; a pair of noised releases is listed with
-  the ε the two cost together.
+  is exact (no DP noise) is ``exact``. For moments and evaluations the default rules
+  never let one through, so finding one means a rule was relaxed; two training rounds
+  from one executed model they do admit (one update per round: the residual risk
+  docs/threat_model.md names *Different training rounds*, which only DP-SGD bounds),
+  so an exact training pair is a coordinator that sent a model again. A pair of
+  noised releases is listed with the ε the two cost together.
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice).
 * **training weights** — the example count each federation's updates were weighted
@@ -87,7 +96,11 @@ class SiteRelease:
     family: str
     federation: str
     model: str
-    """Executed-model digest (hex)."""
+    """Executed-model digest (hex). A training release is reserved before its model is
+    downloaded, under the digest of the model's wire bytes; the executed model's is
+    recorded once it is downloaded (``executed``) and shown here — a ledger written
+    before 2026-11-27, or a round whose model was never downloaded, shows the wire
+    digest."""
     data: str
     """Local data-split fingerprint (hex)."""
     content: str
@@ -225,10 +238,11 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
             raise SiteAuditError(f"{path}: no site_releases table (nothing ever left this site)")
         columns = {r[1] for r in conn.execute("PRAGMA table_info(site_releases)")}
         answer = "answer" if "answer" in columns else "NULL"
+        executed = "executed" if "executed" in columns else "NULL"
         rows = conn.execute(
             "SELECT participant, job, kind, family, federation, model, data, content, round, "
             f"noised, epsilon, delta, noise, state, reserved, released, survivors, signers, "
-            f"{answer} FROM site_releases ORDER BY participant, reserved"
+            f"{answer}, {executed} FROM site_releases ORDER BY participant, reserved"
         ).fetchall()
         refusal_rows = (
             conn.execute(
@@ -253,7 +267,9 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
             kind=str(r[2]),
             family=str(r[3]),
             federation=str(r[4]),
-            model=bytes(r[5]).hex(),
+            # a training row keys on its model's wire bytes; the executed model, once
+            # downloaded, is what its update is computed from (record_executed)
+            model=bytes(r[5] if r[19] is None else r[19]).hex(),
             data=bytes(r[6]).hex(),
             content=bytes(r[7]).hex(),
             round=None if r[8] is None else int(r[8]) + 1,
@@ -320,6 +336,13 @@ def _same_computation(a: SiteRelease, b: SiteRelease) -> str | None:
         return None
     if same_input:
         return "the per-class moments of the same model on the same data, twice"
+    if a.data == b.data and not a.noised and not b.noised:
+        # what the ledger's exact_data_once refuses: the executed-model digest cannot
+        # tell a new model from one whose features are the same (unread weights)
+        return (
+            "the exact per-class moments of the same data, twice, from two executed "
+            "models that may compute the same features"
+        )
     return None
 
 

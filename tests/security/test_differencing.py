@@ -38,6 +38,7 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import read_site_audit, run_site_audit
 from spherecal.spherefed.privacy.evaluation_noise import (
     DEFAULT_EVALUATION_NOISE_SD,
+    evaluation_epsilon,
     plan_evaluation_noise,
 )
 from spherecal.spherefed.privacy.settings import PrivacySettings
@@ -188,6 +189,54 @@ def test_a_job_without_room_for_the_noise_is_refused(
     _run(_settings(tmp_path), ring, data)
     assert ring.refusal("no-noise") == ("POLICY_REFUSAL", "RULE_DP_REQUIRED")
     assert job.result is None and _released(tmp_path) == []
+
+
+def test_an_evaluation_is_recorded_at_the_noise_it_left_with(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The site plans an evaluation's noise, and records its ε, from the job spec the
+    task comes with. An evaluation reserved under a spec of ``scale_bits`` 0 and
+    refused before its keys were made (its directory lacks a member), then run under
+    the same job id with ``scale_bits`` 10, left with the second plan's noise and was
+    recorded with the first plan's ε: about 4.2 where it cost about 14.2, and the
+    site's audit summed the 4.2."""
+    length = 2 + 2
+    probe = crypto.JobSpec.create(ROSTER, threshold=3, length=length, bound=1e6)
+    plans = {
+        bits: plan_evaluation_noise(
+            DEFAULT_EVALUATION_NOISE_SD,
+            participants=len(ROSTER),
+            min_contributors=guaranteed_contributors(probe),
+            length=length,
+            scale_bits=bits,
+        )
+        for bits in (0, 10)
+    }
+    cheap, dear = (evaluation_epsilon(plans[bits]) for bits in (0, 10))
+    assert dear > 3 * cheap
+    reused = b"one evaluation job id"
+    jobs = {
+        bits: make_job(
+            ROSTER,
+            length,
+            job_id=reused,
+            scale_bits=bits,
+            noise_bound=plans[bits].plan.noise_bound * 4,
+        )
+        for bits in (0, 10)
+    }
+    ring = HostileRing(federation="fed", model=model)
+    first = _evaluate(ring, model, "first", jobs[0], [0, 1])
+    del first.evaluate.secure.directory[-1]  # refused before any key is made
+    ring.script = [first, _evaluate(ring, model, "again", jobs[10], [0, 1])]
+    _run(_settings(tmp_path), ring, data)
+    assert [f.task_id for f in ring.failures] == ["first"]
+    assert jobs[10].result is not None
+    (row,) = _released(tmp_path)
+    assert row["epsilon"] == pytest.approx(dear)
+    assert json.loads(str(row["noise"]))["noise_bound"] == plans[10].plan.noise_bound
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    assert report["epsilon_total"][TARGET] == pytest.approx(dear)
 
 
 def _renamed_heads(tmp: Path, model: GlobalModel, data: LocalData, **policy: object) -> HostileRing:
@@ -361,6 +410,77 @@ def test_mutation_reusing_data_across_federations_releases_again(
         tmp_path, model, data, model.initial_vector + 1e-3, reuse_data_across_federations=True
     )
     assert ring.failures == [] and b.result is not None
+
+
+def test_a_key_reserved_for_a_noised_release_admits_no_exact_one(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The coordinator picks job ids. A statistics task with a DP plan that the site
+    refuses once its release is reserved (the plan names another kind) leaves the key
+    reserved as a noised release; the exact statistics asked next under the same job
+    id passed the key check (the noise was no part of it), left, and were recorded as
+    noised. The site's audit then showed no exact release, and the rule that refuses
+    the same data's exact moments in a second federation, which counts exact releases
+    only, let them leave again — from a model with the same features, over a roster
+    one site different: differencing gave the site's exact statistics. The key now
+    admits only the release it was reserved for; the exact statistics leave under a
+    key of their own, recorded as exact, and the second federation is refused."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    reused = b"one job id, two releases"
+    ring = HostileRing(federation="fed-A", model=model)
+    noised = make_job(ROSTER, length, job_id=reused)
+    exact = make_job(ROSTER, length, job_id=reused)
+    fresh = make_job(ROSTER, length)
+    planned = _statistics(ring, "dp", pb.FFC, noised, dead_unit(model, 0.0))
+    planned.statistics.privacy.CopyFrom(pb.DPRelease(kind="ccvr", epsilon=1.0))
+    ring.script = [
+        planned,
+        _statistics(ring, "exact", pb.FFC, exact, dead_unit(model, 0.0)),
+        _statistics(ring, "fresh", pb.FFC, fresh, dead_unit(model, 0.0)),
+    ]
+    _run(_settings(tmp_path), ring, data)
+    assert ring.refusal("dp") == ("POLICY_REFUSAL", "RULE_DP_PLAN")
+    assert ring.refusal("exact") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert fresh.result is not None
+    second = HostileRing(federation="fed-B", model=model)
+    b = make_job(OTHER_ROSTER, length)
+    second.script = [_statistics(second, "b", pb.FFC, b, dead_unit(model, 0.5))]
+    _run(_settings(tmp_path), second, data)
+    assert second.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert b.result is None
+    # what left is recorded as it left: one exact release
+    assert [(r["federation"], r["noised"]) for r in _released(tmp_path)] == [("fed-A", 0)]
+    (moments,) = [r for r in read_site_audit(tmp_path / "state").releases if r.state == "released"]
+    assert not moments.noised
+
+
+def test_the_site_audit_pairs_exact_moments_of_the_same_data_from_two_models(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With ``[policy] reuse_data_across_federations`` (a logged weakening), exact
+    moments of the same data leave in a second federation from a model whose
+    features are the first one's (a dead unit's outgoing weights changed), over a
+    roster one site different: the two sums give the site's statistics, bit for bit.
+    The site's audit listed neither a differencing pair (the executed models differ)
+    nor changed data (the data did not): "OK", exit 0. It now pairs them, as the rule
+    that the weakening relaxed refuses them."""
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    jobs = []
+    for name, roster, outgoing in (("fed-A", ROSTER, 0.0), ("fed-B", OTHER_ROSTER, 0.5)):
+        ring = HostileRing(federation=name, model=model)
+        job = make_job(roster, length)
+        ring.script = [_statistics(ring, name, pb.FFC, job, dead_unit(model, outgoing))]
+        _run(_settings(tmp_path, reuse_data_across_federations=True), ring, data)
+        assert ring.failures == []
+        jobs.append(job)
+    np.testing.assert_array_equal(jobs[0].target_release(), jobs[1].target_release())
+    audit = read_site_audit(tmp_path / "state")
+    assert len({r.model for r in audit.releases}) == 2 and audit.changed_data == []
+    (pair,) = audit.pairs
+    assert pair.exact and pair.family == "moments"
+    assert (pair.only_in_first, pair.only_in_second) == (["p3"], ["p4"])
+    assert "same data" in pair.why
+    assert run_site_audit(tmp_path / "state")[0] == 1
 
 
 # ====================================================================== data that grew
@@ -591,6 +711,50 @@ def test_mutation_an_exact_count_leaves_in_every_round(
     assert weights == [n, n]  # the site's exact count, from either round
 
 
+def test_the_site_audit_pairs_rounds_from_one_executed_model(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Two rounds of one federation over rosters that differ by one site, from one
+    executed model with one seed: the ledger admits both (one update per round: the
+    residual risk of *Different training rounds*), and the two updates are identical,
+    so their sums' difference is the missing site's update. The second round's model
+    is the first moved by one float64 ulp in every entry — the same float32 network,
+    other wire bytes. The site's audit pairs the two by the executed model: by the wire
+    digest the ledger reserves training under, it saw two unrelated updates and passed."""
+    ring = HostileRing(federation="fed", model=model)
+    ring.rounds = 2
+    length = model.length + 2
+    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
+    first = np.array(model.initial_vector, dtype=np.float64)
+    second = np.nextafter(first, np.inf)
+    assert np.all(second != first)
+    assert np.array_equal(second.astype(np.float32), first.astype(np.float32))
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=k,
+                model=ring.publish(f"global-{k}", vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, (vector, job) in enumerate(zip((first, second), jobs, strict=True))
+    ]
+    _run(_settings(tmp_path), ring, data)
+    assert ring.failures == []
+    a, b = (job.target_release() for job in jobs)
+    np.testing.assert_array_equal(a, b)  # the same update: differencing is exact
+    audit = read_site_audit(tmp_path / "state")
+    (pair,) = audit.pairs
+    assert pair.exact and pair.family == "training"
+    assert (pair.only_in_first, pair.only_in_second) == (["p3"], ["p4"])
+    assert "the same model" in pair.why
+    rounds = [r for r in audit.releases if r.kind == "update"]
+    assert len({r.model for r in rounds}) == 1  # shown as the one executed model
+    assert run_site_audit(tmp_path / "state")[0] == 1
+
+
 # ====================================================================== the site's audit
 def test_the_site_audit_flags_the_differencing_pair(
     tmp_path: Path, model: GlobalModel, data: LocalData
@@ -707,3 +871,45 @@ def test_local_dpsgd_training_that_fails_is_withheld_not_refused_at_once(
     finally:
         conn.close()
     assert charged == ["local-dpsgd/fed/round-0"]
+
+
+def test_local_dpsgd_rounds_are_in_the_site_audit_with_their_epsilon(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """Each local DP-SGD round is charged to the site's budget ledger before it
+    trains; its row of the release ledger carries that ε, so the site's audit lists
+    it and counts it in the site's total. It listed the rounds as noised with no ε,
+    and a total of the training weight's ε alone (≈ 1 where two rounds cost ≈ 4 each)."""
+    ring = HostileRing(federation="fed", model=model)
+    ring.rounds = 2
+    jobs = [make_job(ROSTER, model.length + 2) for _ in range(2)]
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=k,
+                model=ring.publish(f"global-{k}", model.initial_vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, job in enumerate(jobs)
+    ]
+    privacy = PrivacySettings(
+        enabled=True, epsilon=1e6, total_epsilon=1e6, dpsgd=True, dpsgd_noise_multiplier=1.0
+    )
+    _run(dataclasses.replace(_settings(tmp_path), privacy=privacy), ring, data)
+    assert ring.failures == []
+    conn = sqlite3.connect(tmp_path / "state" / "privacy.db")
+    try:
+        charged = [float(e) for (e,) in conn.execute("SELECT epsilon FROM privacy_ledger")]
+    finally:
+        conn.close()
+    assert len(charged) == 2 and all(e > 1 for e in charged)
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    rounds = [r for r in report["releases"] if r["kind"] == "update"]
+    assert [r["epsilon"] for r in rounds] == pytest.approx(charged)
+    assert all(r["noise"]["mechanism"] == "dpsgd" for r in rounds)
+    (weight,) = report["example_counts"]
+    assert report["epsilon_total"][TARGET] == pytest.approx(sum(charged) + weight["epsilon"])
+    assert "ε=" in run_site_audit(tmp_path / "state")[1].splitlines()[2]

@@ -210,6 +210,9 @@ class _Releases:
     def annotate(self, key: str, **fields: Any) -> None:
         pass
 
+    def record_executed(self, key: str, digest: bytes) -> None:
+        pass
+
 
 class _Runner:
     """What ``_private_statistics`` uses of a participant runner."""
