@@ -691,7 +691,9 @@ class SecureSteps:
         at once and never for free. The session is kept until then; if the masked
         step is already in hand, the main loop answers it next. The mark is in the
         job's held record before this returns, so no restart of this process turns
-        the job into one whose input is sent (module docstring)."""
+        the job into one whose input is sent (module docstring); where the folder takes
+        neither the record nor its deletion, nothing leaves now, and the masked step
+        writes it again or refuses as it refuses a set input (:meth:`_release_withheld`)."""
         self._hold_local_work(session)
         trace = unforeseen(error)
         if trace is not None:  # a programming error shows in the site's log (failures)
@@ -730,13 +732,34 @@ class SecureSteps:
         """Whether the job's input is withheld (:meth:`withhold`)."""
         return job_id in self._withheld
 
-    def _release_withheld(self, session: SecureSession) -> None:
-        """The masked step of a job whose input is withheld: charge the release, as the
-        upload would have been, then withdraw. A crash between the two leaves the
+    def _release_withheld(self, session: SecureSession, *, kept: bool) -> None:
+        """The masked step of a job whose input is withheld: the steps of a set input's
+        upload (:meth:`_upload_masked`) up to its first byte — the release checked, the
+        job's held record written (withheld; the set input's: its masked input), the
+        release charged — then the withdrawal in the upload's place, so each refusal on
+        the way is the one a set input meets there. A crash after the charge leaves the
         charge (idempotent for one job) and the job's held record, still withheld: the
         restarted site withdraws again when the job's masked step comes after its task
         (charged once), whatever its local work yields then — never an input."""
         task_id, error = self._withheld.pop(session.job_id)
+        job_hex = session.job_id.hex()
+        if session.release is not None:
+            try:  # first, as for a set input (_upload_masked): the same refusal, as soon
+                self.releases.check_consumable(session.release)
+            except (ReleaseRepeated, EvaluationsExhausted) as exc:
+                self.abandon(job_hex, session, exc)
+                return
+        # ``kept``: the held record, withheld, written again at this step (:meth:`step`)
+        # — where a set input's masked step stores its masked input
+        # (held_upload.store_masked). A folder that can be neither written nor deleted
+        # refuses a set input here, uncharged, under the job's id; a withheld one meets
+        # the same refusal: until 2026-11-27 it was charged and withdrew with its own
+        # kind and text, so a read-only disk told the coordinator which of the two the
+        # input was, and the set one stayed uncharged to be asked again
+        # (tests/security/test_held_write_failure.py)
+        if not kept:
+            self.abandon(job_hex, session, self._unkept(session))
+            return
         if session.release is not None:
             try:
                 self.releases.consume(session.release, answer=REFUSAL)
@@ -744,7 +767,7 @@ class SecureSteps:
                 # refused exactly as a set input is at this point (_upload_masked: under
                 # the job's id, uncharged); under the task's id it told, for free, which
                 # of the two the input was
-                self.abandon(session.job_id.hex(), session, exc)
+                self.abandon(job_hex, session, exc)
                 return
         self.halter.check(
             "charged",
@@ -795,6 +818,11 @@ class SecureSteps:
         withheld = step.stage == pb.MASKED and session.job_id in self._withheld
         # a repeated step gets the message already sent, whatever it now says
         repeated = session.has_sent(step.stage)
+        # a withheld job's held record is written again where a set input's masked
+        # input is stored, and its failure is met at the same point of the step
+        # (:meth:`_release_withheld`); written before the bundle is taken, which moves
+        # the session past the stage whose record holds its keys
+        kept = self._keep(session) if withheld else True
         try:
             if withheld:  # the bundle is checked as for a set input, then the refusal
                 session.take_share_bundle(step)
@@ -808,7 +836,7 @@ class SecureSteps:
             self.refuse(job_hex, exc)
             return
         if withheld:
-            self._release_withheld(session)
+            self._release_withheld(session, kept=kept)
             return
         if step.stage == pb.UNMASK and session.release is not None and not repeated:
             # the request this site answers, once: a repeat is answered with the first

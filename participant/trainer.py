@@ -92,6 +92,15 @@ def _at_most(
     return x[keep], y[keep]
 
 
+def _canonical(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with each value in one form per number it computes as: ``-0.0`` as
+    ``+0.0`` (IEEE ``-0.0 + 0.0 = +0.0``; every other value is unchanged by the sum) and
+    every NaN as the one NaN torch writes (``LocalTrainer.executed_digest``)."""
+    if not tensor.is_floating_point():
+        return tensor
+    return torch.where(torch.isnan(tensor), torch.full_like(tensor, float("nan")), tensor + 0.0)
+
+
 def model_spec_from_plan(spec: pb.ModelSpec) -> ModelSpec:
     return ModelSpec(**model_spec_from_proto(spec))
 
@@ -149,7 +158,17 @@ class LocalTrainer:
         then every aggregated tensor *after* the cast to its dtype (float32), as
         :meth:`load` writes it. Two vectors that differ only below float32 precision
         (a 1-ulp float64 change) run the same network and give the same digest, so
-        the release ledger treats them as one model (issue #19)."""
+        the release ledger treats them as one model (issue #19).
+
+        Each value is written in one form per number the network computes with: a zero
+        as ``+0.0`` and every NaN as one NaN (:func:`_canonical`). A weight of ``-0.0``
+        runs as ``+0.0`` does — its products and sums, the loss, the gradients and the
+        update ``after − start`` are bit for bit the same — but its bytes differ, and
+        until 2026-11-27 a coordinator that gave one zero weight the other sign got a
+        new executed model for free: two rounds over rosters one site apart gave
+        identical updates that the site's audit did not pair, and exact statistics left
+        again where the executed model was their only key
+        (``tests/security/test_differencing.py``)."""
         vec = np.asarray(vector, dtype=np.float64)
         state = self.model.state_dict()
         h = hashlib.sha256(b"spherecal/executed-model/v1\0")
@@ -158,7 +177,7 @@ class LocalTrainer:
         for key in self.keys:
             t = state[key]
             n = t.numel()
-            cast = torch.from_numpy(np.array(vec[offset : offset + n])).to(t.dtype)
+            cast = _canonical(torch.from_numpy(np.array(vec[offset : offset + n])).to(t.dtype))
             h.update(f"\0{key}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
             h.update(cast.contiguous().numpy().tobytes())
             offset += n

@@ -755,6 +755,75 @@ def test_the_site_audit_pairs_rounds_from_one_executed_model(
     assert run_site_audit(tmp_path / "state")[0] == 1
 
 
+def _signed_zero(vector: npt.NDArray[np.float64]) -> tuple[np.ndarray, np.ndarray]:
+    """``vector`` with its first entry ``+0.0``, and the same with ``-0.0``: one network
+    (the coordinator chooses the model, a zero weight among its entries), other bytes
+    in float64 and in float32 alike."""
+    plus = np.array(vector, dtype=np.float64)
+    plus[0] = 0.0
+    minus = plus.copy()
+    minus[0] = -0.0
+    assert plus.astype(np.float32).tobytes() != minus.astype(np.float32).tobytes()
+    return plus, minus
+
+
+def test_the_site_audit_pairs_rounds_from_a_model_whose_zero_changed_sign(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """As above, with the second round's model the first with one zero weight's sign
+    flipped: the same network, the same update bit for bit. Until 2026-11-27 the
+    executed-model digest hashed the float32 bytes as they were, so the two rounds were
+    two models and the audit passed (exit 0, no pair)."""
+    ring = HostileRing(federation="fed", model=model)
+    ring.rounds = 2
+    length = model.length + 2
+    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
+    ring.script = [
+        pb.Instruction(
+            task_id=f"train-{k}",
+            train=pb.TrainTask(
+                round=k,
+                model=ring.publish(f"global-{k}", vector),
+                seed=7,
+                secure=ring.secure(job, "update"),
+            ),
+        )
+        for k, (vector, job) in enumerate(
+            zip(_signed_zero(model.initial_vector), jobs, strict=True)
+        )
+    ]
+    _run(_settings(tmp_path), ring, data)
+    assert ring.failures == []
+    a, b = (job.target_release() for job in jobs)
+    np.testing.assert_array_equal(a, b)  # the same update: differencing is exact
+    audit = read_site_audit(tmp_path / "state")
+    (pair,) = audit.pairs
+    assert pair.exact and pair.family == "training"
+    assert len({r.model for r in audit.releases if r.kind == "update"}) == 1
+    assert run_site_audit(tmp_path / "state")[0] == 1
+
+
+def test_a_model_whose_zero_changed_sign_under_a_renamed_federation_is_the_same_model(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With the data rule relaxed, the executed-model digest alone refuses exact
+    statistics of one network again — a zero weight of the other sign included (until
+    2026-11-27 they left again, bit for bit the first federation's)."""
+    plus, minus = _signed_zero(model.initial_vector)
+    length = ffc_layout_size(model.feature_dim, model.num_classes)
+    first_ring = HostileRing(federation="fed-A", model=model)
+    a = make_job(ROSTER, length)
+    first_ring.script = [_statistics(first_ring, "a", pb.FFC, a, plus)]
+    settings = _settings(tmp_path, reuse_data_across_federations=True)
+    _run(settings, first_ring, data)
+    ring = HostileRing(federation="fed-B", model=model)
+    b = make_job(OTHER_ROSTER, length)
+    ring.script = [_statistics(ring, "b", pb.FFC, b, minus)]
+    _run(settings, ring, data)
+    assert a.result is not None and b.result is None
+    assert ring.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
 # ====================================================================== the site's audit
 def test_the_site_audit_flags_the_differencing_pair(
     tmp_path: Path, model: GlobalModel, data: LocalData

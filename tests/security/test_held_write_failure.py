@@ -42,6 +42,7 @@ from spherecal.crypto.messages import (
     UnmaskResponse,
     decode_message,
 )
+from spherecal.participant.failures import failure_kind, wire_reason
 from spherecal.participant.faults import Halter
 from spherecal.participant.held_jobs import HeldJob, HeldJobStore
 from spherecal.participant.policy import PolicySettings
@@ -90,6 +91,10 @@ class Store(HeldJobStore):
     def save(self, job_id: bytes, record: HeldJob) -> None:
         self.disk.write()
         super().save(job_id, record)
+
+    def save_masked(self, job_id: bytes, chunks: Iterable[bytes], count: int) -> str:
+        self.disk.write()
+        return super().save_masked(job_id, chunks, count)
 
     def delete_record(self, job_id: bytes) -> None:
         self.disk.unlink()
@@ -331,3 +336,60 @@ def test_a_full_disk_deletes_the_record_so_a_restart_answers_nothing(tmp_path: P
     assert capture.count(pb.UNMASK) == 0
     assert any("holds no state" in r for r in attack.site.refused), attack.site.refused
     assert any("its record is deleted" in line for line in attack.site.lines)
+
+
+# ---------------------------------------------------------------- a withheld input on it
+def _masked_step_on_a_read_only_disk(
+    tmp: Path, scale: float
+) -> tuple[list[tuple[str, int, str]], list[bytes], list[bool]]:
+    """Site ``p1``'s job up to its share answer, then the folder goes read-only, its
+    input (``scale`` times its own: 100 leaves the job's bound, so it is withheld) is
+    set, and the masked step comes. What the coordinator sees: the withdrawals (the
+    task id they name, their kind and wire text), the masked chunks, and whether the
+    release was charged."""
+    attack = Attack(tmp, release=True)
+    site, server, spec = attack.site, attack.server, attack.spec
+    refusals: list[tuple[str, BaseException]] = []
+    site.steps.refuse = lambda task, exc: refusals.append((task, exc))
+    key = spec.job_id.hex()
+    moments = Release(kind="ffc", federation="fed", model=b"m" * 32, data=b"d" * 32)
+    site.steps.releases.reserve(moments, job=key)
+    session = site.steps.start(
+        "task", attack.job, round_index=None, expected_length=LENGTH, release=key
+    )
+    assert session is not None
+    adverts = {p: c.advertise_keys() for p, c in attack.others.items()}
+    adverts[SITE] = crypto.AdvertiseKeys.from_bytes(site.transport.last(pb.ADVERTISE))
+    for p, a in adverts.items():
+        server.receive(a, sender=p)
+    server.close_stage()
+    site.step(spec.job_id, pb.SHARE, server.roster_for(SITE).to_bytes())
+    server.receive_bytes(site.transport.last(pb.SHARE), sender=SITE)
+    for p, c in attack.others.items():
+        server.receive(c.share_keys(server.roster_for(p)), sender=p)
+    server.close_stage()
+    attack.disk.read_only = True
+    site.steps.set_input("task", session, attack.inputs[SITE] * scale)
+    site.step(spec.job_id, pb.MASKED, server.bundle_for(SITE).to_bytes())
+    seen = [
+        ("job" if task == key else task, int(failure_kind(exc)), wire_reason(exc))
+        for task, exc in refusals
+    ]
+    charged = [job == key for job, _, _ in site.steps.releases.released()]
+    return seen, list(site.transport.chunks), charged
+
+
+def test_a_read_only_disk_answers_a_withheld_masked_step_as_a_set_ones(tmp_path: Path) -> None:
+    """The folder goes read-only between the share answer and the masked step. A set
+    input's masked step cannot store its masked input: refused under the job's id,
+    uncharged. A withheld one's wrote nothing, charged the release and withdrew with
+    the withheld kind and sentence under the task's id — the coordinator told the two
+    apart at the masked step, and could ask the set one's purpose again for free
+    (before 2026-11-27; this test then fails). Now the withheld job's masked step
+    writes its held record where the set one stores its input, and meets the same
+    refusal."""
+    set_one = _masked_step_on_a_read_only_disk(tmp_path / "set", 1.0)
+    withheld = _masked_step_on_a_read_only_disk(tmp_path / "withheld", 100.0)
+    assert set_one[1] == [] and withheld[1] == []  # no masked input left either way
+    assert len(set_one[0]) == 1
+    assert withheld == set_one, (set_one, withheld)
