@@ -58,12 +58,13 @@ DEFAULT_MAX_VALIDATION_HEADS = 16
 
 
 class ReleaseRepeated(PrivacyRefused):
-    """This release already left the site under its key (an update for this round,
-    the per-class moments for this federation, model or — exactly — this data, this
-    evaluation): a second release over a different set of participants would give
-    this site's input by differencing (``[policy] one_update_per_round``,
-    ``one_release_per_model``, ``reuse_data_across_federations``,
-    ``exact_moments_of_changed_data``)."""
+    """This release already left the site under its key (an update for this round or
+    the same exact update — executed model, seed, broadcast, local training — under
+    another round index, the per-class moments for this federation, model or —
+    exactly — this data, this evaluation): a second release over a different set of
+    participants would give this site's input by differencing (``[policy]
+    one_update_per_round``, ``one_release_per_model``,
+    ``reuse_data_across_federations``, ``exact_moments_of_changed_data``)."""
 
 
 class RoundOutsidePlan(PrivacyRefused):
@@ -139,8 +140,10 @@ class PolicySettings:
     model, split, head contents) once; recorded in ``state_dir/privacy.db`` so a
     restart does not reset it (:mod:`spherecal.participant.release_ledger`)."""
     one_update_per_round: bool = True
-    """Release at most one training update per (federation, round): the same round
-    asked twice over two rosters gives this site's update by differencing."""
+    """Release at most one training update per (federation, round), and an exact
+    update at most once per federation: the same round asked twice over two rosters,
+    or a second round from the same executed model with the same seed (the same
+    update bit for bit), gives this site's update by differencing."""
     reuse_data_across_federations: bool = False
     """Allow a second *exact* (un-noised) release of the per-class moments of the same
     local data under another federation. Off: a new federation on the same data gets
@@ -284,8 +287,9 @@ class PolicySettings:
             )
         if not self.one_update_per_round:
             out.append(
-                "one_update_per_round = false: one round asked twice over two rosters gives "
-                "this site's update by differencing"
+                "one_update_per_round = false: one round asked twice over two rosters, or "
+                "a second round from the same executed model and seed, gives this site's "
+                "update by differencing"
             )
         if self.reuse_data_across_federations:
             out.append(

@@ -11,8 +11,14 @@ does not reset it; ``spherecal audit --site STATE_DIR`` reads it
 
 One rule per purpose (the family of a kind, :func:`family_of`):
 
-* ``training`` (kind ``update``): at most one update per ``(federation, round)``
-  (``[policy] one_update_per_round``).
+* ``training`` (kind ``update``): at most one update per ``(federation, round)``,
+  and one per *update* in a federation (``[policy] one_update_per_round`` switches
+  both): an exact update is determined bit for bit by the executed model, the
+  round's seed, the broadcast tensors as executed and the plan's local training
+  (:meth:`spherecal.participant.trainer.LocalTrainer.update_digest`), so a second
+  round from them — under another round index, from a model moved by one float64
+  ulp — is the first round's update again, and two sums over rosters that differ
+  by this site give it exactly (:meth:`ReleaseLedger.admit_update`).
 * ``moments`` (``ffc``, ``ccvr`` and any statistic derivable from the per-class
   moments — LDA, QDA, FFC+bias are solved from CCVR's): one release per federation
   and one per *executed model* (``[policy] one_release_per_model``), whatever the
@@ -56,6 +62,7 @@ own audit needs nothing from the coordinator.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sqlite3
@@ -112,8 +119,9 @@ def evaluation_digest(total: int, counts: dict[str, int]) -> bytes:
 
 
 def _release_of(row: tuple[Any, ...]) -> Release:
-    """The release of a ``site_releases`` row read as ``kind, federation, model,
-    data, content, round, noised, …``."""
+    """The release of a ``site_releases`` row read as :meth:`ReleaseLedger._kept`
+    returns it (``kind, federation, model, data, content, round, noised, state,
+    answer, value, trained``)."""
     return Release(
         kind=str(row[0]),
         federation=str(row[1]),
@@ -122,6 +130,7 @@ def _release_of(row: tuple[Any, ...]) -> Release:
         content=bytes(row[4]),
         round=row[5],
         noised=bool(row[6]),
+        trained=None if row[10] is None else bytes(row[10]),
     )
 
 
@@ -158,6 +167,7 @@ CREATE TABLE IF NOT EXISTS site_releases (
     answer      TEXT,
     value       BLOB,
     executed    BLOB,
+    trained     BLOB,
     PRIMARY KEY (participant, job)
 );
 CREATE TABLE IF NOT EXISTS site_example_counts (
@@ -235,6 +245,9 @@ class Release:
     epsilon: float | None = None
     delta: float | None = None
     noise: dict[str, Any] | None = None
+    trained: bytes | None = None
+    """Training: the digest of what determines the update bit for bit
+    (:meth:`ReleaseLedger.admit_update`; known once the model is downloaded)."""
 
     @property
     def family(self) -> str:
@@ -336,6 +349,8 @@ class ReleaseLedger:
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN value BLOB")
             if "executed" not in columns:  # likewise (before 2026-11-27)
                 self._db.execute("ALTER TABLE site_releases ADD COLUMN executed BLOB")
+            if "trained" not in columns:  # likewise (before 2026-11-27)
+                self._db.execute("ALTER TABLE site_releases ADD COLUMN trained BLOB")
         return self._db
 
     def close(self) -> None:
@@ -358,6 +373,8 @@ class ReleaseLedger:
         """The refusal a rule makes of ``release`` given what already left (``None``:
         admitted)."""
         repeated = self._repeated(release, job)
+        if repeated is None:
+            repeated = self._repeated_update(release, job)
         if repeated is not None:
             return ReleaseRepeated(repeated)
         most = self.rules.max_evaluations_per_federation
@@ -440,6 +457,39 @@ class ReleaseLedger:
                         "enabled) or [policy] exact_moments_of_changed_data"
                     )
         return None
+
+    def _repeated_update(self, release: Release, job: str) -> str | None:
+        """Why an exact training release is the update of another that already left
+        in its federation (``None``: it is not).
+
+        Only exact updates: a noised one (local DP-SGD, a distributed DP-SGD step)
+        draws fresh noise each time, is never the same twice, and each is charged.
+        Only within the federation, which the refusal needs nothing else to decide:
+        the key holds what the coordinator sent and the plan it fixed, and nothing
+        of the site's data or its client state, so refusing says nothing about them
+        (an update asked again over changed data or state would differ; refusing it
+        too is the safe side)."""
+        if (
+            not self.rules.one_update_per_round
+            or release.family != TRAINING
+            or release.noised
+            or not release.trained
+        ):
+            return None
+        row = self._conn.execute(
+            "SELECT job, round FROM site_releases WHERE participant = ? AND family = ? "
+            "AND federation = ? AND trained = ? AND noised = 0 AND state = 'released' "
+            "AND job != ? ORDER BY released LIMIT 1",
+            (self.participant, TRAINING, release.federation, bytes(release.trained), job),
+        ).fetchone()
+        if row is None:
+            return None
+        shown = "?" if row[1] is None else str(int(row[1]) + 1)
+        return (
+            f"this update — the same executed model, seed, broadcast and local training — "
+            f"already left this site as round {shown}'s (job {str(row[0])[:16]}, federation "
+            f"{release.federation!r}); one update per (federation, update)"
+        )
 
     # ------------------------------------------------------------ life cycle
     def reserve(self, release: Release, *, job: str) -> None:
@@ -551,10 +601,10 @@ class ReleaseLedger:
 
     def _kept(self, job: str) -> tuple[Any, ...] | None:
         """The row of key ``job``: ``kind, federation, model, data, content, round,
-        noised, state, answer, value`` (None when the key is new)."""
+        noised, state, answer, value, trained`` (None when the key is new)."""
         row: tuple[Any, ...] | None = self._conn.execute(
             "SELECT kind, federation, model, data, content, round, noised, state, answer, "
-            "value FROM site_releases WHERE participant = ? AND job = ?",
+            "value, trained FROM site_releases WHERE participant = ? AND job = ?",
             (self.participant, job),
         ).fetchone()
         return row
@@ -670,6 +720,45 @@ class ReleaseLedger:
                 "UPDATE site_releases SET executed = ? WHERE participant = ? AND job = ?",
                 (bytes(digest), self.participant, job),
             )
+
+    def admit_update(self, job: str, *, executed: bytes, trained: bytes) -> None:
+        """Record a training release's executed-model digest and update digest
+        (:meth:`record_executed`; ``trained``:
+        :meth:`spherecal.participant.trainer.LocalTrainer.update_digest`), once its
+        model is downloaded and before any training; raise :class:`ReleaseRepeated`
+        when an exact update of the same digest already left in its federation.
+
+        Why: the rule one update per ``(federation, round)`` keys on the round index,
+        which the coordinator chooses. Until 2026-11-27 round 1 from model ``M`` and
+        round 2 from ``M`` moved by one float64 ulp (the same float32 network), with
+        one seed, over rosters that differ by one site, were two admitted updates —
+        bit for bit the same, so the two sums' difference was the missing site's
+        update — and only the site's audit flagged the pair afterwards. The refusal
+        depends only on what the coordinator sent (nothing of the data), so it goes
+        out at once. A continued job (the same key after a restart) is its own
+        release, not another; :meth:`consume` checks the rule again atomically, so
+        two concurrent jobs of one update cannot both leave."""
+        with self._lock:
+            row = self._kept(job)
+            if row is None:
+                return
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                if row[7] != "released":
+                    repeated = self._repeated_update(
+                        dataclasses.replace(_release_of(row), trained=bytes(trained)), job
+                    )
+                    if repeated is not None:
+                        raise ReleaseRepeated(repeated)
+                self._conn.execute(
+                    "UPDATE site_releases SET executed = ?, trained = ? "
+                    "WHERE participant = ? AND job = ?",
+                    (bytes(executed), bytes(trained), self.participant, job),
+                )
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def record_survivors(self, job: str, survivors: list[str], signers: list[str]) -> None:
         """The survivor set this release was summed with (from the unmask request,

@@ -183,6 +183,36 @@ class LocalTrainer:
             offset += n
         return h.digest()
 
+    def update_digest(
+        self,
+        vector: npt.NDArray[np.float64],
+        seed: int,
+        broadcast: Mapping[str, npt.NDArray[np.float64]] | None = None,
+    ) -> bytes:
+        """SHA-256 of what determines an exact update (:meth:`train`) bit for bit, as
+        far as the coordinator sets it: the executed model (:meth:`executed_digest`),
+        the round's seed, each broadcast tensor as executed (cast per tensor as the
+        model is: SCAFFOLD's ``c`` corrects float32 gradients) and the plan's local
+        training — its algorithm, epochs, batch size, lr, momentum, weight decay,
+        loss, proximal term.
+
+        Not in it: the site's data and its client state (SCAFFOLD's ``c_k``), which
+        the update also depends on. The release ledger refuses a second update of
+        one digest in a federation (:meth:`ReleaseLedger.admit_update`), and a
+        refusal keyed on the data would tell the coordinator whether it changed;
+        an update asked again over changed data or state is refused too (the safe
+        side). The training weight, the job's bound and the sums' scales are not
+        in it either: they scale or clip an update whose trained delta is the same,
+        and the sums carry the weight, so the coordinator undoes them."""
+        h = hashlib.sha256(b"spherecal/update/v1\0")
+        h.update(self.executed_digest(vector))
+        h.update(int(seed).to_bytes(8, "big", signed=True))
+        for name in sorted(broadcast or {}):
+            h.update(f"\0broadcast\0{name}\0".encode())
+            h.update(self.executed_digest(np.asarray((broadcast or {})[name], np.float64)))
+        h.update(f"\0{self.strategy.name}\0{self.config!r}".encode())
+        return h.digest()
+
     def train(
         self,
         vector: npt.NDArray[np.float64],

@@ -103,10 +103,23 @@ def train_task(runner: ParticipantRunner, task_id: str, task: pb.TrainTask) -> N
         if session is None:
             return
     vector = runner._download(task.model, (trainer.length,))
-    # the model the update is computed from, as the network runs it: the site's audit
-    # pairs two updates of one executed model (ReleaseLedger.record_executed)
-    runner.releases.record_executed(release, trainer.executed_digest(vector))
     broadcast = {b.name: runner._download(b.tensor, (trainer.length,)) for b in task.broadcast}
+    # the model the update is computed from, as the network runs it (the site's audit
+    # pairs two updates of one executed model), and what determines the update bit
+    # for bit: an exact update that already left in this federation is refused
+    # before any training (ReleaseLedger.admit_update)
+    try:
+        runner.releases.admit_update(
+            release,
+            executed=trainer.executed_digest(vector),
+            trained=trainer.update_digest(vector, int(task.seed), broadcast),
+        )
+    except PrivacyRefused as exc:  # depends only on what the coordinator sent
+        if session is not None:
+            runner.secure.abandon(task_id, session, exc)
+        else:
+            runner._refuse(task_id, exc)
+        return
     t0 = time.monotonic()
     states: tuple[ClientStateStore, dict[str, np.ndarray] | None] | None = None
     if runner.settings.privacy.dpsgd:

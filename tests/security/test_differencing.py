@@ -711,16 +711,14 @@ def test_mutation_an_exact_count_leaves_in_every_round(
     assert weights == [n, n]  # the site's exact count, from either round
 
 
-def test_the_site_audit_pairs_rounds_from_one_executed_model(
-    tmp_path: Path, model: GlobalModel, data: LocalData
-) -> None:
-    """Two rounds of one federation over rosters that differ by one site, from one
-    executed model with one seed: the ledger admits both (one update per round: the
-    residual risk of *Different training rounds*), and the two updates are identical,
-    so their sums' difference is the missing site's update. The second round's model
-    is the first moved by one float64 ulp in every entry — the same float32 network,
-    other wire bytes. The site's audit pairs the two by the executed model: by the wire
-    digest the ledger reserves training under, it saw two unrelated updates and passed."""
+def _rounds_from_one_executed_model(
+    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+) -> tuple[HostileRing, list[RingJob], list[bytes]]:
+    """Rounds 1 and 2 of one federation over rosters that differ by one site, from one
+    executed model with one seed: the second round's model is the first moved by one
+    float64 ulp in every entry — the same float32 network, other wire bytes, so
+    neither the round index nor the model's wire digest is repeated. (The ring, its
+    two jobs, the job ids the target uploaded a masked input to.)"""
     ring = HostileRing(federation="fed", model=model)
     ring.rounds = 2
     length = model.length + 2
@@ -741,8 +739,53 @@ def test_the_site_audit_pairs_rounds_from_one_executed_model(
         )
         for k, (vector, job) in enumerate(zip((first, second), jobs, strict=True))
     ]
-    _run(_settings(tmp_path), ring, data)
+    uploaded: list[bytes] = []
+    upload = ring.upload_masked
+
+    def watched(messages: Any) -> pb.UploadReceipt:  # which jobs got the site's input
+        messages = list(messages)
+        uploaded.extend({bytes(m.job_id) for m in messages if m.job_id})
+        return upload(messages)
+
+    ring.upload_masked = watched  # type: ignore[method-assign]
+    _run(_settings(tmp, **policy), ring, data)
+    return ring, jobs, uploaded
+
+
+def test_a_second_round_of_the_same_update_is_refused(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The second round is the first's update bit for bit (same executed model, seed
+    and local training), so the site refuses it before any training, typed, and
+    nothing of it leaves: the two sums' difference gives nothing."""
+    ring, (first, second), uploaded = _rounds_from_one_executed_model(tmp_path, model, data)
+    assert first.result is not None and second.result is None
+    assert ring.refusal("train-1") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    assert uploaded == [first.job_id]
+    status, text = run_site_audit(tmp_path / "state", as_json=True)
+    report = json.loads(text)
+    updates = [(r["round"], r["state"]) for r in report["releases"] if r["kind"] == "update"]
+    assert updates == [(1, "released"), (2, "reserved")]  # the second never left
+    # (the ring then asks the abandoned job's next step: the site holds no state for it)
+    (refusal,) = [r for r in report["refusals"] if r["task"] == "train-1"]
+    assert refusal["rule"] == "RULE_RELEASE_REPEATED"
+    assert "this update" in refusal["reason"] and "round 1's" in refusal["reason"]
+    assert status == 0  # no pair: one update left
+
+
+def test_the_site_audit_pairs_rounds_from_one_executed_model(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """With the rule off (``one_update_per_round = false``) the site admits both
+    rounds, and the two updates are identical, so their sums' difference is the
+    missing site's update. The site's audit pairs the two by the executed model: by
+    the wire digest the ledger reserves training under, it saw two unrelated updates
+    and passed."""
+    ring, jobs, uploaded = _rounds_from_one_executed_model(
+        tmp_path, model, data, one_update_per_round=False
+    )
     assert ring.failures == []
+    assert uploaded == [job.job_id for job in jobs]
     a, b = (job.target_release() for job in jobs)
     np.testing.assert_array_equal(a, b)  # the same update: differencing is exact
     audit = read_site_audit(tmp_path / "state")
@@ -767,13 +810,16 @@ def _signed_zero(vector: npt.NDArray[np.float64]) -> tuple[np.ndarray, np.ndarra
     return plus, minus
 
 
+@pytest.mark.parametrize("one_update_per_round", [True, False])
 def test_the_site_audit_pairs_rounds_from_a_model_whose_zero_changed_sign(
-    tmp_path: Path, model: GlobalModel, data: LocalData
+    tmp_path: Path, model: GlobalModel, data: LocalData, one_update_per_round: bool
 ) -> None:
     """As above, with the second round's model the first with one zero weight's sign
     flipped: the same network, the same update bit for bit. Until 2026-11-27 the
     executed-model digest hashed the float32 bytes as they were, so the two rounds were
-    two models and the audit passed (exit 0, no pair)."""
+    two models and the audit passed (exit 0, no pair). By default the second round is
+    now refused as the same update; with that rule off both leave and the audit pairs
+    them."""
     ring = HostileRing(federation="fed", model=model)
     ring.rounds = 2
     length = model.length + 2
@@ -792,7 +838,11 @@ def test_the_site_audit_pairs_rounds_from_a_model_whose_zero_changed_sign(
             zip(_signed_zero(model.initial_vector), jobs, strict=True)
         )
     ]
-    _run(_settings(tmp_path), ring, data)
+    _run(_settings(tmp_path, one_update_per_round=one_update_per_round), ring, data)
+    if one_update_per_round:  # the default: the second round is the same update, refused
+        assert jobs[0].result is not None and jobs[1].result is None
+        assert ring.refusal("train-1") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+        return
     assert ring.failures == []
     a, b = (job.target_release() for job in jobs)
     np.testing.assert_array_equal(a, b)  # the same update: differencing is exact
@@ -822,6 +872,17 @@ def test_a_model_whose_zero_changed_sign_under_a_renamed_federation_is_the_same_
     _run(settings, ring, data)
     assert a.result is not None and b.result is None
     assert ring.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
+def test_an_honest_next_round_from_the_same_model_is_admitted(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The round gate's rollback trains the next round from the same model with that
+    round's own seed (``derive_seed(seed, "train", r, k)``): another update, admitted."""
+    ring = _training_over_two_rosters(tmp_path, model, data, (0, 1))
+    assert ring.failures == []
+    a, b = (job.target_release() for job in ring.jobs.values())
+    assert not np.array_equal(a, b)
 
 
 # ====================================================================== the site's audit

@@ -137,6 +137,37 @@ def test_mutation_without_the_gate_the_wrecked_head_ships_as_completed(tmp_path:
     assert test["ccvr"] < test["none"]  # the wrecked head shipped
 
 
+def test_a_round_after_a_rollback_trains_from_the_same_model_and_is_admitted(
+    tmp_path: Path,
+) -> None:
+    """``round_gate = "rollback"`` undoes round 3, so round 4 trains from the model
+    round 3 did. Each round carries its own seed (``derive_seed(seed, "train", r, k)``),
+    so every site's round-4 update is another update, not round 3's again: no site
+    refuses it (the ledger refuses one exact update twice, ``RULE_RELEASE_REPEATED``)
+    and the run completes its four rounds."""
+    import sqlite3
+
+    results = _run_with(tmp_path, "blast:302@3", {"round_gate": "rollback"}, rounds=4)
+    rounds = results["integrity"]["gate"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4]
+    assert rounds[2]["rolled_back"]
+    assert rounds[3]["before"] == rounds[2]["before"]  # round 4 from round 3's model
+    every = ["p0", "p1", "p2", "p3", "p4"]
+    assert [r["contributors"] for r in results["per_round"]] == [every] * 4
+    for site in every:
+        with sqlite3.connect(tmp_path / "state" / site / "privacy.db") as db:
+            assert db.execute("SELECT rule FROM site_refusals").fetchall() == []
+            executed, trained = zip(
+                *db.execute(
+                    "SELECT executed, trained FROM site_releases WHERE kind = 'update' "
+                    "AND state = 'released' ORDER BY round"
+                ).fetchall(),
+                strict=True,
+            )
+        assert len(executed) == 4 and executed[2] == executed[3]  # one executed model
+        assert len(set(trained)) == 4  # four updates
+
+
 def _run_with(
     out: Path, attack: str, federation: dict[str, Any], *, rounds: int = 2
 ) -> dict[str, Any]:
