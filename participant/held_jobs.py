@@ -113,6 +113,7 @@ __all__ = [
     "HeldJobStore",
     "MASKED_SUFFIX",
     "seals_digest",
+    "sealing_key",
 ]
 
 FOLDER = "held-jobs"
@@ -258,23 +259,32 @@ def _holds_keys(record: HeldJob) -> bool:
         return True
 
 
+def sealing_key(identity: Ed25519PrivateKey, participant_id: str, store: bytes) -> bytes:
+    """The AES-256-GCM key a site's ``store`` of files at rest is sealed under: HKDF-SHA256
+    of its identity key, ``store`` and the participant id as the context — one key per
+    store and identity, so a file sealed by another identity or for another store is
+    refused, never half-read (held jobs here; the kept plaintext releases,
+    :mod:`spherecal.participant.sent_plaintext`)."""
+    secret = identity.private_bytes(
+        serialization.Encoding.Raw,
+        serialization.PrivateFormat.Raw,
+        serialization.NoEncryption(),
+    )
+    return HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=None,
+        info=store + b"\x00" + participant_id.encode(),
+    ).derive(secret)
+
+
 class HeldJobStore:
     """The held-jobs folder of one participant (see the module docstring)."""
 
     def __init__(self, state_dir: Path, participant_id: str, identity: Ed25519PrivateKey) -> None:
         self.folder = state_dir / FOLDER
         self.participant_id = participant_id
-        secret = identity.private_bytes(
-            serialization.Encoding.Raw,
-            serialization.PrivateFormat.Raw,
-            serialization.NoEncryption(),
-        )
-        self._key = HKDF(
-            algorithm=hashes.SHA256(),
-            length=32,
-            salt=None,
-            info=b"spherecal held-job store v1\x00" + participant_id.encode(),
-        ).derive(secret)
+        self._key = sealing_key(identity, participant_id, b"spherecal held-job store v1")
         self._logs: dict[bytes, _Log] = {}
         """Per job, the log as this process last made it durable (where the next
         record goes); a job not here is written whole at its next save."""

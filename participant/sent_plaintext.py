@@ -52,11 +52,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from spherecal.participant.held_jobs import sealing_key
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.task_context import task_context
 from spherecal.spherefed.durable import fsync_folder, replace_durably
@@ -145,17 +144,7 @@ class SentPlaintextStore:
         self.participant_id = participant_id
         self.log = log
         self._memory: dict[str, SentPlaintext] = {}
-        secret = identity.private_bytes(
-            serialization.Encoding.Raw,
-            serialization.PrivateFormat.Raw,
-            serialization.NoEncryption(),
-        )
-        self._key = HKDF(
-            algorithm=hashes.SHA256(),
-            length=32,
-            salt=None,
-            info=b"spherecal sent plaintext store v1\x00" + participant_id.encode(),
-        ).derive(secret)
+        self._key = sealing_key(identity, participant_id, b"spherecal sent plaintext store v1")
 
     def _path(self, kind: str) -> Path:
         assert self.folder is not None

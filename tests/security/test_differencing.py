@@ -711,22 +711,33 @@ def test_mutation_an_exact_count_leaves_in_every_round(
     assert weights == [n, n]  # the site's exact count, from either round
 
 
+def _ulp_apart(vector: npt.NDArray[np.float64]) -> tuple[np.ndarray, np.ndarray]:
+    """``vector`` and the same moved by one float64 ulp in every entry: the same float32
+    network, other wire bytes."""
+    first = np.array(vector, dtype=np.float64)
+    second = np.nextafter(first, np.inf)
+    assert np.all(second != first)
+    assert np.array_equal(second.astype(np.float32), first.astype(np.float32))
+    return first, second
+
+
 def _rounds_from_one_executed_model(
-    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+    tmp: Path,
+    model: GlobalModel,
+    data: LocalData,
+    models: tuple[np.ndarray, np.ndarray] | None = None,
+    **policy: object,
 ) -> tuple[HostileRing, list[RingJob], list[bytes]]:
     """Rounds 1 and 2 of one federation over rosters that differ by one site, from one
-    executed model with one seed: the second round's model is the first moved by one
-    float64 ulp in every entry — the same float32 network, other wire bytes, so
-    neither the round index nor the model's wire digest is repeated. (The ring, its
-    two jobs, the job ids the target uploaded a masked input to.)"""
+    executed model with one seed: the two rounds' models are ``models``, by default
+    :func:`_ulp_apart` — so neither the round index nor the model's wire digest is
+    repeated. (The ring, its two jobs, the job ids the target uploaded a masked input
+    to.)"""
     ring = HostileRing(federation="fed", model=model)
     ring.rounds = 2
     length = model.length + 2
     jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
-    first = np.array(model.initial_vector, dtype=np.float64)
-    second = np.nextafter(first, np.inf)
-    assert np.all(second != first)
-    assert np.array_equal(second.astype(np.float32), first.astype(np.float32))
+    first, second = models if models is not None else _ulp_apart(model.initial_vector)
     ring.script = [
         pb.Instruction(
             task_id=f"train-{k}",
@@ -820,25 +831,13 @@ def test_the_site_audit_pairs_rounds_from_a_model_whose_zero_changed_sign(
     two models and the audit passed (exit 0, no pair). By default the second round is
     now refused as the same update; with that rule off both leave and the audit pairs
     them."""
-    ring = HostileRing(federation="fed", model=model)
-    ring.rounds = 2
-    length = model.length + 2
-    jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
-    ring.script = [
-        pb.Instruction(
-            task_id=f"train-{k}",
-            train=pb.TrainTask(
-                round=k,
-                model=ring.publish(f"global-{k}", vector),
-                seed=7,
-                secure=ring.secure(job, "update"),
-            ),
-        )
-        for k, (vector, job) in enumerate(
-            zip(_signed_zero(model.initial_vector), jobs, strict=True)
-        )
-    ]
-    _run(_settings(tmp_path, one_update_per_round=one_update_per_round), ring, data)
+    ring, jobs, _ = _rounds_from_one_executed_model(
+        tmp_path,
+        model,
+        data,
+        _signed_zero(model.initial_vector),
+        one_update_per_round=one_update_per_round,
+    )
     if one_update_per_round:  # the default: the second round is the same update, refused
         assert jobs[0].result is not None and jobs[1].result is None
         assert ring.refusal("train-1") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
