@@ -689,11 +689,14 @@ class ReleaseLedger:
         delta: float | None,
         noise: dict[str, Any] | None,
     ) -> None:
-        """The noise and ε of a reserved release, once its DP plan is admitted."""
+        """The noise and ε of a reserved release, once its DP plan is admitted. A row
+        already released keeps what it records: what left, left at its own ε (a
+        continued job is answered with its first plan, ``_answer_once``; this is the
+        ledger's own guard, so no later path can rewrite a spent release's ε)."""
         with self._lock:
             self._conn.execute(
                 "UPDATE site_releases SET noised = 1, epsilon = ?, delta = ?, noise = ? "
-                "WHERE participant = ? AND job = ?",
+                "WHERE participant = ? AND job = ? AND state = 'reserved'",
                 (
                     epsilon,
                     delta,

@@ -42,6 +42,22 @@ def test_a_refusal_is_recorded_as_what_left(tmp_path: Path) -> None:
     ledger.close()
 
 
+def test_a_released_rows_epsilon_is_never_rewritten(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.reserve(MOMENTS, job="j1")
+    ledger.annotate("j1", epsilon=1.5, delta=1e-6, noise={"plan": "first"})
+    ledger.annotate("j1", epsilon=2.0, delta=1e-6, noise={"plan": "second"})  # re-planned
+    ledger.consume("j1")
+    ledger.annotate("j1", epsilon=0.1, delta=1e-9, noise={"plan": "late"})  # after it left
+    conn = sqlite3.connect(tmp_path / "privacy.db")
+    try:
+        row = conn.execute("SELECT epsilon, delta, noise FROM site_releases").fetchone()
+    finally:
+        conn.close()
+    assert row == (2.0, 1e-6, '{"plan": "second"}')
+    ledger.close()
+
+
 def test_an_unknown_answer_is_refused(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     ledger.reserve(MOMENTS, job="j1")
