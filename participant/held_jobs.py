@@ -103,7 +103,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from spherecal import crypto
-from spherecal.spherefed.durable import append_durably, fsync_folder, replace_durably
+from spherecal.spherefed.durable import append_durably, fsync_folder, write_durably
 
 __all__ = [
     "FOLDER",
@@ -325,30 +325,8 @@ class HeldJobStore:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             head = LOG_MAGIC + bytes([len(job_id)]) + job_id
             blob = head + self._frame(job_id, 0, record)
-            self._write_atomic(self.path(job_id), [blob])
+            write_durably(self.path(job_id), [blob])
             self._logs[job_id] = _Log(len(blob), 1, keys)
-
-    def _write_atomic(self, final: Path, parts: Iterable[bytes | memoryview]) -> None:
-        """Temporary file (0600), every part written, fsync, rename, fsync of the
-        folder: the file is either absent, the old one, or complete. Each part is
-        written whole before the next is taken from ``parts`` (a caller may reuse a
-        buffer from one part to the next)."""
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # a stale temporary file keeps its mode otherwise
-            for part in parts:
-                view = memoryview(part)
-                while view:
-                    view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        os.close(fd)
-        replace_durably(tmp, final)
 
     # ---------------------------------------------------------------- masked input
     def masked_path(self, job_id: bytes) -> Path:
@@ -377,7 +355,7 @@ class HeldJobStore:
         # chunk-sized allocation per seal, and the two concatenations that framed it,
         # cost more than the encryption (first touch of new pages; issue #24: 19 ms
         # of CPU per 7.6 MB FFC input, 2 ms this way). Reusing it is safe because
-        # ``_write_atomic`` writes each part whole before it asks for the next.
+        # ``write_durably`` writes each part whole before it asks for the next.
         sealed = bytearray()
 
         def parts() -> Iterator[bytes | memoryview]:
@@ -399,7 +377,7 @@ class HeldJobStore:
             if written != count:
                 raise ValueError(f"{written} chunks written, {count} announced")
 
-        self._write_atomic(self.masked_path(job_id), parts())
+        write_durably(self.masked_path(job_id), parts())
         return seals_digest(seals)
 
     def masked_chunks(self, job_id: bytes) -> Iterator[bytes]:

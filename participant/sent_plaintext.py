@@ -58,7 +58,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from spherecal.participant.held_jobs import sealing_key
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.task_context import task_context
-from spherecal.spherefed.durable import fsync_folder, replace_durably
+from spherecal.spherefed.durable import fsync_folder, write_durably
 
 __all__ = ["FOLDER", "SentPlaintext", "SentPlaintextStore", "task_digest"]
 
@@ -162,22 +162,7 @@ class SentPlaintextStore:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         nonce = os.urandom(NONCE_BYTES)
         sealed = AESGCM(self._key).encrypt(nonce, sent.to_bytes(), self._aad(kind))
-        final = self._path(kind)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(MAGIC + nonce + sealed)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        os.close(fd)
-        replace_durably(tmp, final)
+        write_durably(self._path(kind), [MAGIC, nonce, sealed])
 
     def find(self, kind: str, release: str, task: bytes) -> SentPlaintext | None:
         """The release of ``kind`` kept under ``release`` for the task of digest

@@ -22,10 +22,12 @@ frames and seals each record for that).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["append_durably", "fsync_folder", "replace_durably"]
+__all__ = ["append_durably", "fsync_folder", "replace_durably", "write_durably"]
 
 
 def fsync_folder(folder: Path) -> None:
@@ -44,6 +46,35 @@ def replace_durably(tmp: Path, final: Path) -> None:
     a power loss."""
     os.replace(tmp, final)
     fsync_folder(final.parent)
+
+
+def write_durably(final: Path, parts: Iterable[bytes | memoryview]) -> None:
+    """Write ``parts`` as the file ``final``, durable on return: a temporary file beside
+    it (mode 0600, also where a stale one kept another mode), every part written whole
+    before the next is taken from ``parts`` (a caller may reuse one buffer from part to
+    part), ``fsync``, then :func:`replace_durably` — the file is absent, the old one or
+    complete. The temporary file goes if any step fails."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        for part in parts:
+            view = memoryview(part)
+            while view:
+                view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    os.close(fd)
+    try:
+        replace_durably(tmp, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def append_durably(path: Path, data: bytes | memoryview, *, at: int) -> bool:

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from spherecal.coordinator.errors import StorageFailed
 from spherecal.coordinator.state.storage_faults import storage_failure
-from spherecal.spherefed.durable import replace_durably
+from spherecal.spherefed.durable import write_durably
 
 __all__ = ["BLOB_FOLDER", "CONCURRENT_DIGEST_BYTES", "BlobCorrupt", "JournalBlobs", "write_synced"]
 
@@ -91,24 +90,11 @@ class BlobCorrupt(ValueError):
 
 
 def write_synced(final: Path, payload: memoryview) -> None:
-    """``payload`` as ``final``, durable on return: a temporary file beside it (0600),
-    written whole, fsynced, renamed over ``final``, the folder fsynced — the file is
-    absent, the old one or complete. The temporary file goes if a step fails (the
-    ``OSError`` is raised)."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = payload
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        replace_durably(tmp, final)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``payload`` as ``final``, durable on return (:func:`~spherecal.spherefed.durable.
+    write_durably`: a temporary file beside it, 0600, fsynced, renamed, the folder
+    fsynced — the file is absent, the old one or complete; the temporary file goes if
+    a step fails, the ``OSError`` raised)."""
+    write_durably(final, [payload])
 
 
 class JournalBlobs:
