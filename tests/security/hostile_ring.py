@@ -138,6 +138,28 @@ class HostileRing(HostileTransport):
         self.tensors[name] = data
         return pb.TensorRef(name=name, header=header_for(data))
 
+    def train(
+        self,
+        vector: npt.ArrayLike,
+        job: RingJob,
+        *,
+        round_index: int = 0,
+        name: object = None,
+        seed: int = 7,
+    ) -> pb.Instruction:
+        """A secure training task over ``job`` from the model ``vector``: task
+        ``train-<name>`` (``name`` defaults to the round), model ``global-<name>``."""
+        label = round_index if name is None else name
+        return pb.Instruction(
+            task_id=f"train-{label}",
+            train=pb.TrainTask(
+                round=round_index,
+                model=self.publish(f"global-{label}", vector),
+                seed=seed,
+                secure=self.secure(job, "update"),
+            ),
+        )
+
     def secure(self, job: RingJob, purpose: str) -> pb.SecAggJob:
         """Register ``job`` and return the message a task carries."""
         self.jobs[job.job_id] = job

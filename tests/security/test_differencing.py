@@ -552,15 +552,7 @@ def _training_over_two_rosters(
     length = model.length + 2
     jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
     ring.script = [
-        pb.Instruction(
-            task_id=f"train-{k}",
-            train=pb.TrainTask(
-                round=r,
-                model=ring.publish(f"global-{k}", model.initial_vector),
-                seed=7 + r,
-                secure=ring.secure(job, "update"),
-            ),
-        )
+        ring.train(model.initial_vector, job, round_index=r, name=k, seed=7 + r)
         for k, (r, job) in enumerate(zip(rounds, jobs, strict=True))
     ]
     _run(_settings(tmp, **policy), ring, data)
@@ -655,17 +647,7 @@ def _one_round_per_federation(
     for k, name in enumerate(names):
         ring = HostileRing(federation=name, model=model)
         job = make_job(ROSTER if k % 2 == 0 else OTHER_ROSTER, model.length + 2)
-        ring.script = [
-            pb.Instruction(
-                task_id=f"train-{name}",
-                train=pb.TrainTask(
-                    round=0,
-                    model=ring.publish(f"global-{name}", model.initial_vector),
-                    seed=7,
-                    secure=ring.secure(job, "update"),
-                ),
-            )
-        ]
+        ring.script = [ring.train(model.initial_vector, job, name=name)]
         _run(_settings(tmp), ring, data)
         assert ring.failures == []
         weights.append(float(job.target_release()[model.length]))
@@ -739,15 +721,7 @@ def _rounds_from_one_executed_model(
     jobs = [make_job(ROSTER, length), make_job(OTHER_ROSTER, length)]
     first, second = models if models is not None else _ulp_apart(model.initial_vector)
     ring.script = [
-        pb.Instruction(
-            task_id=f"train-{k}",
-            train=pb.TrainTask(
-                round=k,
-                model=ring.publish(f"global-{k}", vector),
-                seed=7,
-                secure=ring.secure(job, "update"),
-            ),
-        )
+        ring.train(vector, job, round_index=k)
         for k, (vector, job) in enumerate(zip((first, second), jobs, strict=True))
     ]
     uploaded: list[bytes] = []
@@ -938,17 +912,7 @@ def test_local_training_that_diverges_is_withheld_not_an_exit(
     ring = HostileRing(federation="fed", model=model)
     job = make_job(ROSTER, model.length + 2)
     exploding = model.initial_vector * 1e30  # every forward pass overflows
-    ring.script = [
-        pb.Instruction(
-            task_id="train-0",
-            train=pb.TrainTask(
-                round=0,
-                model=ring.publish("global-0", exploding),
-                seed=7,
-                secure=ring.secure(job, "update"),
-            ),
-        )
-    ]
+    ring.script = [ring.train(exploding, job)]
     _run(_settings(tmp_path), ring, data)  # the site ends normally (asserts exit 0)
     (failure,) = ring.failures
     assert failure.reason == WITHHELD_TEXT  # one sentence whatever the cause
@@ -972,17 +936,7 @@ def test_local_dpsgd_training_that_fails_is_withheld_not_refused_at_once(
     work. It used to be refused at once — an answer outside every release."""
     ring = HostileRing(federation="fed", model=model)
     job = make_job(ROSTER, model.length + 2)
-    ring.script = [
-        pb.Instruction(
-            task_id="train-0",
-            train=pb.TrainTask(
-                round=0,
-                model=ring.publish("global-0", model.initial_vector),
-                seed=7,
-                secure=ring.secure(job, "update"),
-            ),
-        )
-    ]
+    ring.script = [ring.train(model.initial_vector, job)]
     privacy = PrivacySettings(
         enabled=True, epsilon=1e6, total_epsilon=1e6, dpsgd=True, dpsgd_noise_multiplier=1.0
     )
@@ -1013,16 +967,7 @@ def test_local_dpsgd_rounds_are_in_the_site_audit_with_their_epsilon(
     ring.rounds = 2
     jobs = [make_job(ROSTER, model.length + 2) for _ in range(2)]
     ring.script = [
-        pb.Instruction(
-            task_id=f"train-{k}",
-            train=pb.TrainTask(
-                round=k,
-                model=ring.publish(f"global-{k}", model.initial_vector),
-                seed=7,
-                secure=ring.secure(job, "update"),
-            ),
-        )
-        for k, job in enumerate(jobs)
+        ring.train(model.initial_vector, job, round_index=k) for k, job in enumerate(jobs)
     ]
     privacy = PrivacySettings(
         enabled=True, epsilon=1e6, total_epsilon=1e6, dpsgd=True, dpsgd_noise_multiplier=1.0

@@ -276,17 +276,7 @@ class WithheldAgainRing(ResendingRing):
         super().__init__(federation="fed", model=model)
         exploding = model.initial_vector * 1e30
         job = make_job(ROSTER, model.length + 2)
-        self.script = [
-            pb.Instruction(
-                task_id="train-0",
-                train=pb.TrainTask(
-                    round=0,
-                    model=self.publish("global-0", exploding),
-                    seed=7,
-                    secure=self.secure(job, "update"),
-                ),
-            )
-        ]
+        self.script = [self.train(exploding, job)]
         self.renamed: pb.TensorRef | None = self.publish("global-0-renamed", exploding)
         self.first: pb.Instruction | None = None
         self.masked: list[pb.Instruction] = []
@@ -383,17 +373,7 @@ class RestartRing(ResendingRing):
     def __init__(self, model: GlobalModel) -> None:
         super().__init__(federation="fed", model=model)
         self.job = make_job(ROSTER, model.length + 2)
-        self.script = [
-            pb.Instruction(
-                task_id="train-0",
-                train=pb.TrainTask(
-                    round=0,
-                    model=self.publish("global-0", model.initial_vector),
-                    seed=7,
-                    secure=self.secure(self.job, "update"),
-                ),
-            )
-        ]
+        self.script = [self.train(model.initial_vector, self.job)]
         self.first: pb.Instruction | None = None
         self.masked: list[pb.Instruction] = []
         self.killed = False

@@ -521,17 +521,7 @@ def test_an_error_after_training_is_withheld_too(
     monkeypatch.setattr(LocalTrainer, "flatten", flatten)
     ring = HostileRing(federation="fed", model=model)
     job = make_job(ROSTER, model.length + 2)
-    ring.script = [
-        pb.Instruction(
-            task_id="train-0",
-            train=pb.TrainTask(
-                round=0,
-                model=ring.publish("global-0", model.initial_vector),
-                seed=7,
-                secure=ring.secure(job, "update"),
-            ),
-        )
-    ]
+    ring.script = [ring.train(model.initial_vector, job)]
     log: list[str] = []
     assert _run_logged(tmp_path, ring, data, log) == 0
     (report,) = ring.failures
