@@ -172,7 +172,9 @@ def _futile(ctx: StageContext, watch: RefusalWatch) -> FutileRetry | None:
     pool = ctx.eligible(list(s.participants))
     if s.secagg.statistics:
         return watch.futile(
-            pool, least=fewest_for_a_job(s.secagg, len(pool)), needs="a secure job needs"
+            pool,
+            least=fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders),
+            needs="a secure job needs",
         )
     return watch.futile(pool, least=1, needs="a statistics task needs")
 

@@ -316,7 +316,9 @@ class Federation:
             pool = self.stages.eligible(list(s.participants))
             futile = watch.futile(
                 pool,
-                least=fewest_for_a_job(s.secagg, len(pool)) if s.secagg.evaluation else 1,
+                least=fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders)
+                if s.secagg.evaluation
+                else 1,
                 needs="a secure job needs" if s.secagg.evaluation else "an evaluation needs",
                 covered=covered,
                 minimum=minimum,

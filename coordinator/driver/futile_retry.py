@@ -140,12 +140,13 @@ def shown(refusal: Refusal) -> str:
     return refusal.kind
 
 
-def fewest_for_a_job(settings: SecAggSettings, most: int) -> int:
+def fewest_for_a_job(settings: SecAggSettings, most: int, colluders: int = 0) -> int:
     """The fewest participants (at most ``most``) a secure job can be created with —
-    ``n ≥ max(threshold(n), min_participants)``, as ``SecureJob`` demands — or
-    ``most + 1`` when no job over ``most`` or fewer can be."""
+    ``n ≥ max(threshold(n), min_participants)``, the threshold counting the
+    ``colluders`` assumed, as ``SecureJob`` demands — or ``most + 1`` when no job over
+    ``most`` or fewer can be."""
     for n in range(2, most + 1):
-        _, _, threshold = plan_graph(settings, n)
+        _, _, threshold = plan_graph(settings, n, colluders)
         if n >= max(threshold, settings.min_participants):
             return n
     return most + 1

@@ -164,7 +164,7 @@ class RoundDriver:
         least = s.training.min_participants
         needs = "a round needs ([training] min_participants)"
         if s.secagg.updates:
-            job = fewest_for_a_job(s.secagg, len(pool))
+            job = fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders)
             if job > least:
                 least, needs = job, "a secure job needs"
         return watch.futile(pool, least=least, needs=needs)

@@ -237,3 +237,8 @@ def test_the_fewest_a_secure_job_takes() -> None:
     assert fewest_for_a_job(SecAggSettings(), 10) == 3  # min_participants
     assert fewest_for_a_job(SecAggSettings(threshold=5), 10) == 5
     assert fewest_for_a_job(SecAggSettings(), 2) == 3  # none over 2 or fewer
+    # the threshold counts the assumed colluders (2t > n + c): two members make a job
+    # at t = 2 alone or with one colluder, not with two (t = 3 > 2); three then do
+    assert fewest_for_a_job(SecAggSettings(min_participants=2), 10) == 2
+    assert fewest_for_a_job(SecAggSettings(min_participants=2), 10, colluders=1) == 2
+    assert fewest_for_a_job(SecAggSettings(min_participants=2), 10, colluders=2) == 3
