@@ -8,9 +8,10 @@ real participant processes on loopback (``spherecal.simulate.Simulation``):
   round 1's training (no checkpoint yet), right after round 2's checkpoint, and in the
   CCVR statistics job — and restarted on the same port each time. It must resume and
   end ``completed`` with the reference's exact accuracies and per-round losses.
-* **3 of 4 participants** (secure aggregation on) are SIGKILLed as round 2 starts and
-  restarted 0.3 s later; the coordinator must wait for them (``rejoin_grace_s``) instead
-  of burning its attempts, and end ``completed`` with FFC and CCVR from all four
+* **3 of 4 participants** (secure aggregation on) are SIGKILLed once round 2's job holds
+  all four, and restarted 0.3 s later; the coordinator must wait for them
+  (``rejoin_grace_s``) instead of burning its attempts, and end ``completed`` with FFC
+  and CCVR from all four
   (issue #10's done-when) — round 2 included, wherever in its job the kills land
   (issue #20: the sites hold their job keys from the advertise stage on).
 * **churn** (secure on): one participant at a time is killed and restarted throughout.
@@ -160,7 +161,10 @@ def three_of_four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with Simulation(settings, watcher) as sim:
         sim.start_coordinator()
         sim.start_participants()
-        watcher.wait_for("round 1/2: 4 updates")  # round 2 starts right now
+        # Round 2's job holds all four (a kill before it is planned would leave the
+        # victim out as "not connected at round start", which is a different case: a
+        # round never waits for a site that is gone when it starts).
+        watcher.wait_for("round 2/2: training on 4 participants")
         victims = ["p1", "p2", "p3"]
         for pid in victims:
             sim.kill_participant(pid)
