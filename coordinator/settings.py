@@ -388,8 +388,8 @@ class TLSSettings:
     """CA that signs the participants' client certificates."""
     crl: Path | None = None
     """A PEM CRL signed by ``client_ca``: revoked client certificates are refused on
-    every call; the file is re-read when it changes
-    (``spherecal.coordinator.server.revocation``)."""
+    every call; the file is re-read when it changes, and a list older than the newest
+    applied (its CRL number) is refused (``spherecal.coordinator.server.revocation``)."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ the file when it changes, and the first revocation then needs no restart (before
 file came to be only at the first ``revoke``, and a coordinator refuses to start on a
 ``[tls] crl`` that does not exist). ``spherecal certs crl --dir DIR`` writes the list
 anew, keeping its entries — an empty one for a CA made before ``init`` wrote it, or a
-fresh lifetime for a list about to end. To
+fresh lifetime for a list about to end. Each list carries a CRL number one above the
+list it replaces and the CA's key identifier (RFC 5280 §5.2, since 2026-11-27): the
+number is how a coordinator refuses an older list put back over the file. To
 give NAME a fresh identity after a compromise: at the site, move its keys away and
 ``certs request`` again, then ``certs issue NAME --csr`` (for keys made here, ``certs
 issue NAME --new-identity``), then ``spherecal coordinator --config FILE --unpin
@@ -449,14 +451,15 @@ def revoke_participant(directory: Path, name: str, days: int = DEFAULT_DAYS) -> 
     if cert.issuer != ca_cert.subject:
         raise ValueError(f"{cert_path} was not issued by the CA in {directory}")
     crl_path = directory / "crl.pem"
-    entries = [e for e in _crl_entries(crl_path, ca_cert) if e.serial_number != cert.serial_number]
+    held, number = _crl_entries(crl_path, ca_cert)
+    entries = [e for e in held if e.serial_number != cert.serial_number]
     entries.append(
         x509.RevokedCertificateBuilder()
         .serial_number(cert.serial_number)
         .revocation_date(now)
         .build()
     )
-    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path)
+    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path, number + 1)
     return crl_path
 
 
@@ -476,19 +479,23 @@ def write_crl(directory: Path, days: int = DEFAULT_DAYS) -> Path:
     ca_cert, ca_key = _load_ca(directory)
     _ca_window(ca_cert, directory, now, "sign a revocation list")
     crl_path = directory / "crl.pem"
-    entries = _crl_entries(crl_path, ca_cert)
-    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path)
+    entries, number = _crl_entries(crl_path, ca_cert)
+    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path, number + 1)
     return crl_path
 
 
-def _crl_entries(path: Path, ca_cert: x509.Certificate) -> list[x509.RevokedCertificate]:
-    """The entries of the CA's list at ``path`` (none when there is no file), after
+def _crl_entries(
+    path: Path, ca_cert: x509.Certificate
+) -> tuple[list[x509.RevokedCertificate], int]:
+    """The entries and the CRL number of the CA's list at ``path`` (none and 0 when
+    there is no file, 0 for a list written before lists were numbered), after
     checking that the CA signed it: a list the CA did not sign is never carried on."""
     if not path.exists():
-        return []
-    from spherecal.coordinator.server.revocation import load_verified_crl
+        return [], 0
+    from spherecal.coordinator.server.revocation import crl_number, load_verified_crl
 
-    return list(load_verified_crl(path.read_bytes(), ca_cert))
+    crl = load_verified_crl(path.read_bytes(), ca_cert)
+    return list(crl), crl_number(crl) or 0
 
 
 def _write_crl(
@@ -498,14 +505,25 @@ def _write_crl(
     last_update: dt.datetime,
     next_update: dt.datetime,
     path: Path,
+    number: int = 1,
 ) -> None:
     """Sign a CRL of ``entries`` with the CA key and write it atomically (a coordinator
-    re-reading the file never sees half of it)."""
+    re-reading the file never sees half of it).
+
+    The list carries the two extensions RFC 5280 §5.2 requires of a conforming CRL:
+    the authority key identifier (the CA's subject key identifier), and a CRL number
+    one above the list it replaces. The number is how a coordinator tells a newer list
+    from an older one that the same CA signed (``revocation.RevocationList`` refuses
+    to go back to a lower number, which would un-revoke what was revoked since)."""
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
         .last_update(last_update)
         .next_update(next_update)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .add_extension(x509.CRLNumber(number), False)
     )
     for entry in entries:
         builder = builder.add_revoked_certificate(entry)

@@ -58,10 +58,11 @@ from cryptography import x509
 from spherecal.coordinator.errors import ServiceError, status_for
 from spherecal.coordinator.server.aio_server import CoordinatorServer, RequestBridge
 from spherecal.coordinator.server.health import HealthReporter, enable_reflection
-from spherecal.coordinator.server.revocation import RevocationList
+from spherecal.coordinator.server.revocation import CrlStamp, RevocationList
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Peer
+from spherecal.coordinator.state.store import Store
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.address import is_loopback, split_host_port
 from spherecal.proto.identity import CertificateError, certificate_identity
@@ -352,16 +353,39 @@ class _Servicer:
         )
 
 
+CRL_STAMP_KEY = "crl_in_force"
+"""The state database's ``meta`` key of the newest revocation list applied."""
+
+
 def revocation_list(
-    settings: CoordinatorSettings, *, report: Callable[[str], None]
+    settings: CoordinatorSettings, *, report: Callable[[str], None], store: Store | None = None
 ) -> RevocationList | None:
-    """The ``[tls] crl`` list, verified against ``client_ca`` (None without a CRL)."""
+    """The ``[tls] crl`` list, verified against ``client_ca`` (None without a CRL); with
+    ``store``, never older than the newest list this coordinator applied before
+    (``revocation.CrlStamp``), whose stamp it keeps there."""
     tls = settings.tls
     if tls.crl is None or settings.server.insecure:
         return None
     if tls.client_ca is None:
         raise ValueError("[tls] crl needs client_ca, the CA that signs it")
-    return RevocationList(tls.crl, tls.client_ca.read_bytes(), report=report)
+    if store is None:
+        return RevocationList(tls.crl, tls.client_ca.read_bytes(), report=report)
+    kept = store.get_meta(CRL_STAMP_KEY)
+    try:
+        newest = None if kept is None else CrlStamp.from_json(kept)
+    except ValueError as exc:
+        raise ValueError(f"the state database's {CRL_STAMP_KEY!r}: {exc}") from None
+
+    def remember(stamp: CrlStamp) -> None:
+        store.set_meta(CRL_STAMP_KEY, stamp.to_json())
+
+    return RevocationList(
+        tls.crl,
+        tls.client_ca.read_bytes(),
+        report=report,
+        newest_applied=newest,
+        on_applied=remember,
+    )
 
 
 def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
@@ -445,7 +469,7 @@ def build_server(
     credentials = server_credentials(settings)
     workers = settings.server.max_workers or (len(settings.participants) + 16)
     limit = settings.server.max_message_bytes
-    revocation = revocation_list(settings, report=service.federation.say)
+    revocation = revocation_list(settings, report=service.federation.say, store=service.store)
     if revocation is not None:
         # A member whose own certificate is on the list has left: nothing waits for it
         # (the join window, a job's stages). At start — a certificate revoked while

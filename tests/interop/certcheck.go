@@ -8,7 +8,8 @@
 // for a participant certificate check the spherecal binding independently — the
 // spiffe://spherecal/participant/ID URI names the CN, and the
 // urn:spherecal:ed25519:HEX URI equals the public key in NAME.identity.key. With
-// crl.pem present, parse it and check the CA's signature. With -addr, call the
+// crl.pem present, parse it, check the CA's signature and report its CRL number
+// and whether its authority key id names the CA. With -addr, call the
 // standard gRPC health service (grpc.health.v1.Health/Check) over HTTP/2 with
 // each client pair: a complete mutual-TLS handshake and a real gRPC response; with
 // -reflect also, list the services over server reflection v1 and v1alpha.
@@ -62,6 +63,17 @@ func readPEM(path, kind string) []byte {
 		fail("%s: no %s PEM block", path, kind)
 	}
 	return block.Bytes
+}
+
+// namesKey says whether a CRL's authority key id is the key id ski. Go before 1.20
+// keeps the extension's whole DER value there (SEQUENCE { [0] keyIdentifier }),
+// later versions the key identifier alone: either form is accepted.
+func namesKey(akid, ski []byte) bool {
+	if len(ski) == 0 || len(ski) > 127 {
+		return false
+	}
+	wrapped := append([]byte{0x30, byte(len(ski) + 2), 0x80, byte(len(ski))}, ski...)
+	return bytes.Equal(akid, ski) || bytes.Equal(akid, wrapped)
 }
 
 // binding checks a participant certificate's id and identity-key URIs.
@@ -310,7 +322,17 @@ func main() {
 		if err := crl.CheckSignatureFrom(caCert); err != nil {
 			fail("crl.pem: %v", err)
 		}
-		report(map[string]interface{}{"crl": "crl.pem", "revoked": len(crl.RevokedCertificates)})
+		// RFC 5280 §5.2: a conforming CRL carries its number and the issuer's key id
+		var number interface{}
+		if crl.Number != nil {
+			number = crl.Number.String()
+		}
+		report(map[string]interface{}{
+			"crl":              "crl.pem",
+			"revoked":          len(crl.RevokedCertificates),
+			"number":           number,
+			"authority_key_id": namesKey(crl.AuthorityKeyId, caCert.SubjectKeyId),
+		})
 	}
 	if *addr == "" {
 		return

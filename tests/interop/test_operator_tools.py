@@ -6,7 +6,8 @@ participants (a fresh federation). Against it:
 - Go's standard library (``certcheck.go``, ``go run``, no modules) loads every
   certificate/key pair ``spherecal certs`` issued, verifies the identity binding
   itself, completes a mutual-TLS handshake with each client pair and calls gRPC
-  health, then lists the services over reflection v1 and v1alpha;
+  health, then lists the services over reflection v1 and v1alpha; and reads the CA's
+  revocation list's number and issuer key identifier;
 - ``promtool check metrics`` on the live ``/metrics``;
 - ``curl -f`` on ``/healthz`` and ``/readyz`` — no client certificate;
 - ``spherecal status --json | jq .refusals`` prints ``0``;
@@ -36,7 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from spherecal.certs import init_ca, issue_participant, request_participant
+from spherecal.certs import init_ca, issue_participant, request_participant, revoke_participant
 from spherecal.proto.identity import LEGACY_IDENTITY_EXTENSION_OID
 from spherecal.simulate import Simulation, SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
@@ -204,6 +205,24 @@ def test_go_refuses_the_old_certificate_format(tmp_path: Path) -> None:
     done = _go("-dir", str(tmp_path))
     assert done.returncode == 1 and "old:" in done.stderr
     assert "malformed" in done.stderr or "integer too large" in done.stderr, done.stderr
+
+
+def test_go_reads_each_revocation_list_number_and_its_ca_key(tmp_path: Path) -> None:
+    """RFC 5280 §5.2, checked by Go's parser: every list ``spherecal certs`` signs
+    names the CA's key and carries a CRL number one above the last (before
+    2026-11-27 neither: Go read the number as nil)."""
+
+    def crl_line() -> dict[str, object]:
+        done = _go("-dir", str(tmp_path))
+        assert done.returncode == 0, done.stderr
+        (line,) = [d for d in map(json.loads, done.stdout.splitlines()) if "crl" in d]
+        return dict(line)
+
+    init_ca(tmp_path)
+    issue_participant(tmp_path, "p0")
+    assert crl_line() == {"crl": "crl.pem", "revoked": 0, "number": "1", "authority_key_id": True}
+    revoke_participant(tmp_path, "p0")
+    assert crl_line() == {"crl": "crl.pem", "revoked": 1, "number": "2", "authority_key_id": True}
 
 
 def test_promtool_check_metrics_on_the_live_endpoint(live: Live) -> None:

@@ -7,6 +7,7 @@ operator give a participant a new identity key after a compromise."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Iterator
@@ -18,12 +19,19 @@ from typing import Any
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from spherecal.certs import init_ca, issue_participant, revoke_participant
+from spherecal.certs import init_ca, issue_participant, revoke_participant, write_crl
 from spherecal.cli.app import main
 from spherecal.coordinator.driver.federation import Federation
-from spherecal.coordinator.server.grpc_server import build_server
-from spherecal.coordinator.server.revocation import RevocationList, load_verified_crl
+from spherecal.coordinator.server.grpc_server import CRL_STAMP_KEY, build_server
+from spherecal.coordinator.server.revocation import (
+    CrlStamp,
+    RevocationList,
+    crl_number,
+    load_verified_crl,
+)
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
 from spherecal.coordinator.settings import ServerSettings, TLSSettings
@@ -97,11 +105,193 @@ def test_a_list_the_ca_did_not_sign_is_never_applied(ca: Path, tmp_path: Path) -
     assert any("keeping the last valid list" in m for m in messages)
     (ca / "crl.pem").write_bytes(b"-----BEGIN X509 CRL-----\ngarbage\n-----END X509 CRL-----\n")
     assert crl.is_revoked(_serial(ca / "p0.pem"))
-    (ca / "crl.pem").unlink()
-    revoke_participant(ca, "p1")  # a fresh, valid list without p0
-    assert crl.is_revoked(_serial(ca / "p1.pem"))
-    assert not crl.is_revoked(_serial(ca / "p0.pem"))
-    assert any("reloaded CRL" in m for m in messages)
+    (ca / "crl.pem").unlink()  # the CA's list lost: its numbers start again
+    revoke_participant(ca, "p1")  # CRL number 1, without p0
+    p0, p1 = _serial(ca / "p0.pem"), _serial(ca / "p1.pem")
+    assert crl.is_revoked(p0) and not crl.is_revoked(p1)
+    assert any("CRL number 1 is below 2, the list in force" in m for m in messages)
+    revoke_participant(ca, "p0")  # number 2 again, but not the list in force
+    assert crl.is_revoked(p0) and not crl.is_revoked(p1)
+    assert any("repeats" in m for m in messages)
+    write_crl(ca)  # number 3: newer than the list in force
+    assert crl.is_revoked(p0) and crl.is_revoked(p1)
+    assert any("reloaded CRL" in m and "2 revoked (1 new)" in m for m in messages)
+
+
+def _signed_list(
+    ca: Path,
+    serials: list[int],
+    *,
+    signed: dt.datetime,
+    ends: dt.datetime,
+    number: int | None = None,
+) -> bytes:
+    """A PEM CRL the CA in ``ca`` signed, as another PKI's tool could write it: any
+    dates, with or without a CRL number."""
+    ca_cert = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(signed)
+        .next_update(ends)
+    )
+    for serial in serials:
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(signed).build()
+        )
+    if number is not None:
+        builder = builder.add_extension(x509.CRLNumber(number), False)
+    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def test_certs_number_each_list_and_name_the_ca_key(ca: Path) -> None:
+    """RFC 5280 §5.2: a conforming CRL carries a CRL number, one above the list it
+    replaces, and the issuer's key identifier (both checked again by Go's parser in
+    ``tests/interop``)."""
+    ca_cert = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest
+
+    def stamped() -> tuple[int | None, bytes | None]:
+        crl = x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())
+        aki = crl.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+        return crl_number(crl), aki.key_identifier
+
+    assert stamped() == (1, ski)  # init's empty list
+    revoke_participant(ca, "p0")
+    assert stamped() == (2, ski)
+    write_crl(ca)
+    assert stamped() == (3, ski)
+    # a list written before lists were numbered counts as 0
+    (ca / "crl.pem").write_bytes(
+        _signed_list(
+            ca,
+            [_serial(ca / "p0.pem")],
+            signed=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5),
+            ends=dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
+        )
+    )
+    revoke_participant(ca, "p1")
+    assert stamped() == (1, ski) and _revoked(ca) == {
+        _serial(ca / "p0.pem"),
+        _serial(ca / "p1.pem"),
+    }
+
+
+def test_an_older_list_the_ca_signed_is_never_applied_again(ca: Path, tmp_path: Path) -> None:
+    """A CRL is signed so that it can travel over channels nobody trusts; its signature
+    says who wrote it, not when. Before 2026-11-27 an old copy of the CA's own list put
+    back over ``[tls] crl`` verified, was applied, and un-revoked every certificate
+    revoked since."""
+    ca_pem = (ca / "ca.pem").read_bytes()
+    served = tmp_path / "served-crl.pem"
+    first = (ca / "crl.pem").read_bytes()  # init's: CRL number 1, nothing revoked
+    revoke_participant(ca, "p0")  # number 2
+    served.write_bytes((ca / "crl.pem").read_bytes())
+    messages: list[str] = []
+    crl = RevocationList(served, ca_pem, report=messages.append, check_every_s=0.0)
+    p0 = _serial(ca / "p0.pem")
+    assert crl.is_revoked(p0)
+    served.write_bytes(first)
+    assert crl.is_revoked(p0)
+    refused = [m for m in messages if "CRL number 1 is below 2, the list in force" in m]
+    assert len(refused) == 1 and refused[0].startswith("WARNING: "), messages
+    # Lists without a CRL number (another PKI's tool) are ordered by their thisUpdate.
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    later = now + dt.timedelta(days=30)
+    served.write_bytes(_signed_list(ca, [p0], signed=now - dt.timedelta(hours=1), ends=later))
+    other = RevocationList(served, ca_pem, report=messages.append, check_every_s=0.0)
+    assert other.is_revoked(p0)
+    served.write_bytes(_signed_list(ca, [], signed=now - dt.timedelta(hours=2), ends=later))
+    assert other.is_revoked(p0)
+    assert any("before" in m and "keeping the last valid list" in m for m in messages)
+    served.write_bytes(_signed_list(ca, [], signed=now, ends=later))  # newer: the CA's word
+    assert not other.is_revoked(p0)
+
+
+def test_a_restarted_coordinator_refuses_a_list_older_than_it_applied(
+    ca: Path, tmp_path: Path
+) -> None:
+    """The newest list applied is kept in the state database, so an old copy put back
+    while the coordinator was down stops its restart, like a list the CA did not sign
+    (the operator puts the current list back or has the CA sign a newer one)."""
+    first = (ca / "crl.pem").read_bytes()  # number 1
+    revoke_participant(ca, "p0")  # number 2
+    with _serving(ca, tmp_path) as served:
+        kept = CrlStamp.from_json(served.store.get_meta(CRL_STAMP_KEY) or "")
+        assert kept.number == 2
+    (ca / "crl.pem").write_bytes(first)
+    with (
+        pytest.raises(
+            ValueError, match="CRL number 1 is below 2, the newest list this coordinator"
+        ),
+        _serving(ca, tmp_path),
+    ):
+        pass
+    write_crl(ca)  # the CA signs anew: number 2 is not enough (other contents) ...
+    repeated = pytest.raises(ValueError, match="repeats CRL number 2 with other contents")
+    with repeated, _serving(ca, tmp_path):
+        pass
+    write_crl(ca)  # ... number 3 is
+    with _serving(ca, tmp_path) as served:
+        assert CrlStamp.from_json(served.store.get_meta(CRL_STAMP_KEY) or "").number == 3
+    # A CA made anew starts its numbers again: its lists are not ordered against the
+    # old CA's (the operator changed ``client_ca`` too).
+    init_ca(tmp_path / "new-ca")
+    for name in ("server.pem", "server.key", "ca.pem", "ca.key", "crl.pem"):
+        (ca / name).write_bytes((tmp_path / "new-ca" / name).read_bytes())
+    with _serving(ca, tmp_path) as served:
+        assert CrlStamp.from_json(served.store.get_meta(CRL_STAMP_KEY) or "").number == 1
+
+
+def test_a_list_past_its_next_update_still_applies_and_is_reported_once(ca: Path) -> None:
+    """Fail closed: what an expired list revokes stays revoked; the WARNING says that
+    revocations made since may be missing, once per list."""
+    now = dt.datetime.now(dt.UTC)
+    p0 = _serial(ca / "p0.pem")
+    (ca / "crl.pem").write_bytes(
+        _signed_list(
+            ca, [p0], signed=now - dt.timedelta(days=3), ends=now - dt.timedelta(days=1), number=7
+        )
+    )
+    messages: list[str] = []
+    crl = RevocationList(
+        ca / "crl.pem", (ca / "ca.pem").read_bytes(), report=messages.append, check_every_s=0.0
+    )
+    assert crl.is_revoked(p0) and crl.is_revoked(p0)
+    stale = [m for m in messages if "past its nextUpdate" in m]
+    assert len(stale) == 1 and stale[0].startswith("WARNING: "), messages
+    assert "revocations made since may be missing" in stale[0]
+    revoke_participant(ca, "p1")  # signed anew: number 8, valid for a year
+    assert crl.is_revoked(p0) and crl.is_revoked(_serial(ca / "p1.pem"))
+    assert len([m for m in messages if "past its nextUpdate" in m]) == 1
+
+
+def test_crl_stamps_order_only_lists_of_one_ca() -> None:
+    t = dt.datetime(2026, 11, 27, 12, tzinfo=dt.UTC)
+    a = "a" * 64
+    kept = CrlStamp(a, 5, t, "1" * 64)
+    assert kept.why_older(CrlStamp(a, 4, t + dt.timedelta(days=1), "2" * 64)) is not None
+    assert kept.why_older(CrlStamp(a, 5, t, "2" * 64)) is not None  # one number, two lists
+    assert kept.why_older(CrlStamp(a, 6, t - dt.timedelta(days=1), "2" * 64)) is None
+    assert kept.why_older(CrlStamp(a, 5, t, "1" * 64)) is None  # the same list
+    assert kept.why_older(CrlStamp("b" * 64, 1, t - dt.timedelta(days=9), "2" * 64)) is None
+    unnumbered = CrlStamp(a, None, t, "1" * 64)
+    assert unnumbered.why_older(CrlStamp(a, None, t, "2" * 64)) is not None
+    assert unnumbered.why_older(CrlStamp(a, None, t - dt.timedelta(seconds=1), "2" * 64))
+    assert unnumbered.why_older(CrlStamp(a, None, t + dt.timedelta(seconds=1), "2" * 64)) is None
+    assert CrlStamp.from_json(kept.to_json()) == kept
+    for bad in (
+        "",
+        "{}",
+        '{"ca_key": "a", "number": true, "this_update": "2026-11-27T00:00:00+00:00", '
+        '"contents": "1"}',
+        '{"ca_key": "a", "number": 1, "this_update": "2026-11-27T00:00:00", "contents": "1"}',
+        '{"ca_key": "a", "number": 1, "this_update": "2026-11-27T00:00:00+00:00"}',
+    ):
+        with pytest.raises(ValueError, match="not a stored CRL stamp"):
+            CrlStamp.from_json(bad)
 
 
 def _join_request(pid: str, key_path: Path) -> pb.JoinRequest:
@@ -147,7 +337,11 @@ def _serving(ca: Path, tmp_path: Path, *, run: bool = False) -> Iterator[Served]
     federation = Federation(settings, store, registry, say=said.append)
     federation.prepare()
     service = CoordinatorService(settings, registry, federation, store, Traffic())
-    grpc_server, port = build_server(settings, service)
+    try:
+        grpc_server, port = build_server(settings, service)
+    except BaseException:
+        store.close()
+        raise
     grpc_server.start()
     driver = threading.Thread(target=federation.run, daemon=True)
     if run:
