@@ -477,6 +477,7 @@ def build_server(
         # store) — and at every reload.
         revocation.on_change = service.certificates_revoked
         service.certificates_revoked(revocation.serials)
+    service.revocation = revocation
     calls = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
     polls = futures.ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="poll")
     servicer = _Servicer(service, revocation, calls, polls)

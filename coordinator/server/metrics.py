@@ -27,6 +27,9 @@ value of a short enum, 1 for the current one). All prefixed ``spherecal_``:
 - ``epsilon_spent`` {subject}: (ε, δ)-DP budget spent (with ``[privacy]`` on; one
   subject per roster member and ``federation``)
 - ``uptime_seconds`` (gauge)
+- ``crl_next_update_timestamp_seconds``: Unix time of the ``nextUpdate`` of the
+  ``[tls] crl`` list in force (no sample without one): alert before it passes, as
+  for a certificate's expiry
 
 plus ``prometheus_client``'s default ``process_*``, ``python_info`` and
 ``python_gc_*`` collectors. :data:`EXPORTED` lists every family name (the Grafana
@@ -92,6 +95,7 @@ EXPORTED = (
     "spherecal_payload_bytes",
     "spherecal_refusals",
     "spherecal_epsilon_spent",
+    "spherecal_crl_next_update_timestamp_seconds",
 )
 
 
@@ -183,6 +187,14 @@ class _FederationCollector(Collector):
         for entry in st.epsilon:
             epsilon.add_metric([entry.subject], entry.epsilon)
         yield epsilon
+        crl = GaugeMetricFamily(
+            "spherecal_crl_next_update_timestamp_seconds",
+            "Unix time of the nextUpdate of the revocation list in force",
+        )
+        ends = s.revocation.next_update() if s.revocation is not None else None
+        if ends is not None:
+            crl.add_metric([], ends.timestamp())
+        yield crl
 
     def _jobs(self, jobs: Any) -> Iterator[Any]:
         counts: dict[tuple[str, str], int] = defaultdict(int)

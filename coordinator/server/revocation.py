@@ -293,3 +293,11 @@ class RevocationList:
 
     def is_revoked(self, serial_number: int) -> bool:
         return serial_number in self.serials
+
+    def next_update(self) -> dt.datetime | None:
+        """The ``nextUpdate`` of the list in force (after looking for a changed file),
+        None for a list without one: what ``spherecal_crl_next_update_timestamp_seconds``
+        exports, so that an operator is alerted before the list goes stale."""
+        self.serials  # noqa: B018 — a scrape applies a changed list like a call
+        with self._lock:
+            return self._list.next_update

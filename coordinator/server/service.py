@@ -35,6 +35,7 @@ from spherecal.coordinator.driver.tasks import EvaluationResult, Task
 from spherecal.coordinator.errors import ServiceError, failure_kind, policy_rule
 from spherecal.coordinator.server.ids import check_hex_id
 from spherecal.coordinator.server.peer_refusals import PeerRefusals
+from spherecal.coordinator.server.revocation import RevocationList
 from spherecal.coordinator.server.status import (
     RefusalCounter,
     authorize_admin,
@@ -95,6 +96,9 @@ class CoordinatorService:
             task=self._task,
         )
         """The two streamed uploads (plaintext tensors, masked inputs)."""
+        self.revocation: RevocationList | None = None
+        """The ``[tls] crl`` list in force (set by ``grpc_server.build_server``): the
+        metrics export its ``nextUpdate``."""
 
     # ---------------------------------------------------------------- helpers
     def _reject(

@@ -15,10 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from spherecal.certs import init_ca, issue_participant, revoke_participant
 from spherecal.coordinator.server.metrics import EXPORTED, PHASES, phase_of
 from spherecal.coordinator.server.probes import ProbeServer, start_metrics
+from spherecal.coordinator.server.revocation import RevocationList
 from spherecal.coordinator.settings import MetricsSettings
 
 from .service_harness import Harness, settings_for
@@ -127,6 +130,42 @@ def test_phase_is_a_bounded_state_set(served: tuple[Harness, ProbeServer]) -> No
     assert phase_of("something new", "running") == "other"
 
 
+def _crl_samples(port: int) -> list[float]:
+    text = _request(port, "GET", "/metrics")[2].decode()
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "spherecal_crl_next_update_timestamp_seconds"
+    ]
+    assert family.type == "gauge"
+    return [sample.value for sample in family.samples]
+
+
+def test_the_revocation_lists_next_update_is_exported(
+    served: tuple[Harness, ProbeServer], tmp_path: Path
+) -> None:
+    """An operator alerts before the ``[tls] crl`` list goes stale, as for a
+    certificate's expiry; a list replaced on disk is the one a scrape shows."""
+    h, server = served
+    assert _crl_samples(server.port) == []  # no [tls] crl: the family, no sample
+    ca = tmp_path / "ca"
+    init_ca(ca)
+    issue_participant(ca, "p0")
+    h.service.revocation = RevocationList(
+        ca / "crl.pem", (ca / "ca.pem").read_bytes(), check_every_s=0.0
+    )
+
+    def next_update() -> float:
+        crl = x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())
+        assert crl.next_update_utc is not None
+        return crl.next_update_utc.timestamp()
+
+    assert _crl_samples(server.port) == [next_update()]
+    before = next_update()
+    revoke_participant(ca, "p0", days=3)
+    assert _crl_samples(server.port) == [next_update()] and next_update() < before
+
+
 def test_promtool_check_metrics_is_clean(served: tuple[Harness, ProbeServer]) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -158,7 +197,7 @@ REPO = Path(__file__).resolve().parents[3]
 PROMQL_WORDS = {
     "rate", "irate", "increase", "sum", "avg", "min", "max", "count", "by", "without",
     "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-    "offset", "label_values", "job",
+    "offset", "label_values", "job", "time",
 }  # fmt: skip
 
 
