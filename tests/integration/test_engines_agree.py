@@ -24,6 +24,7 @@ from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationError, SimulationSettings, run_simulation
 from spherecal.spherefed.reference import ReferenceConfig
 from tests.evaluation_noise import within_noise
+from tests.fresh_process import in_fresh_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
@@ -71,8 +72,10 @@ def ray_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from spherecal.engines.ray import RayEngineSettings, run_ray_simulation
 
     return dict[str, Any](
-        run_ray_simulation(
-            _settings(tmp_path_factory.mktemp("ray")), RayEngineSettings(workers=2, worker_cpus=1)
+        in_fresh_process(  # not in this worker: Ray's process starts (tests/fresh_process.py)
+            run_ray_simulation,
+            _settings(tmp_path_factory.mktemp("ray")),
+            RayEngineSettings(workers=2, worker_cpus=1),
         )
     )
 

@@ -22,6 +22,7 @@ from spherecal.engines.threads import run_threads_simulation
 from spherecal.participant.trust import load_peer_keys, pins_fingerprint
 from spherecal.simulate import SimulationSettings
 from spherecal.spherefed.reference import ReferenceConfig
+from tests.fresh_process import in_fresh_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -55,5 +56,8 @@ def test_ray_sites_pin_their_peers_under_tls(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     from spherecal.engines.ray import RayEngineSettings, run_ray_simulation
 
-    summary = run_ray_simulation(_settings(tmp_path), RayEngineSettings(workers=1, worker_cpus=1))
+    # in a process of its own, not this worker: Ray's process starts (tests/fresh_process.py)
+    summary = in_fresh_process(
+        run_ray_simulation, _settings(tmp_path), RayEngineSettings(workers=1, worker_cpus=1)
+    )
     _every_site_pinned(tmp_path, summary, "worker-*.log")

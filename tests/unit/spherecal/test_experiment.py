@@ -18,6 +18,7 @@ from spherecal.experiment.plots import gain_panels, method_colors
 from spherecal.experiment.selection import select
 from spherecal.results_schema import CellRecord, ExperimentResults
 from spherecal.spherefed.algorithms import get_method
+from tests.fresh_process import in_fresh_process
 
 TINY_ARGS = [
     "--dataset",
@@ -140,9 +141,7 @@ def test_selection_uses_validation_and_skips_divergence() -> None:
     def rec(val: float | None, test: float) -> CellRecord:
         if val is None:
             return cast(CellRecord, {"diverged": True})
-        return cast(
-            CellRecord, {"validation_accuracy": {"none": val}, "accuracy": {"none": test}}
-        )
+        return cast(CellRecord, {"validation_accuracy": {"none": val}, "accuracy": {"none": test}})
 
     cands = [
         (RunSpec(m, col, 0, 0.01, 1.0), rec(0.8, 0.99)),
@@ -280,7 +279,9 @@ def test_ray_cells_give_the_serial_numbers_and_are_cached(tmp_path: Path) -> Non
     args = ("--table", "methods", "--methods", "fedavg", "--alpha", "0.5")
     assert _run(tmp_path / "serial", *args) == 0
     cells = tmp_path / "ray-cells"
-    code = main(
+    # in a process of its own, not this worker: Ray's process starts (tests/fresh_process.py)
+    code = in_fresh_process(
+        main,
         [
             "experiment",
             *args,
@@ -290,7 +291,7 @@ def test_ray_cells_give_the_serial_numbers_and_are_cached(tmp_path: Path) -> Non
             str(cells),
             "--out",
             str(tmp_path / "ray"),
-        ]
+        ],
     )
     assert code == 0
     serial = json.loads((tmp_path / "serial" / "results.json").read_text())
