@@ -84,6 +84,7 @@ from spherecal.proto.identity import (
 
 __all__ = [
     "DEFAULT_DAYS",
+    "MAX_CRL_NUMBER",
     "init_ca",
     "issue_participant",
     "request_participant",
@@ -463,7 +464,11 @@ def revoke_participant(directory: Path, name: str, days: int = DEFAULT_DAYS) -> 
     return crl_path
 
 
-def write_crl(directory: Path, days: int = DEFAULT_DAYS) -> Path:
+MAX_CRL_NUMBER = 2**159 - 1
+"""The largest CRL number RFC 5280 §5.2.3 allows (20 octets, non-negative)."""
+
+
+def write_crl(directory: Path, days: int = DEFAULT_DAYS, number: int | None = None) -> Path:
     """Write the CA's ``crl.pem`` anew: every entry it holds (after checking the old
     list's CA signature; none when there is no list), signed by the CA now, valid for
     ``days``, written atomically.
@@ -473,14 +478,37 @@ def write_crl(directory: Path, days: int = DEFAULT_DAYS) -> Path:
     refuses to start on a file that does not exist). A CA made before ``init`` did so
     gets its empty list here, with no certificate revoked; and a list about to end
     gets a new lifetime, keeping what it revokes. Refused, before anything is written,
-    for a CA outside its validity window (as ``revoke``)."""
+    for a CA outside its validity window (as ``revoke``).
+
+    ``number``: the new list's CRL number (default: one above the list in
+    ``directory``), above that list's. Why: a CA whose ``crl.pem`` was lost starts its
+    numbers again at 1, and a coordinator that applied a higher number refuses every
+    lower one (``coordinator.server.revocation``) — its refusal names the number to
+    give here."""
     now = dt.datetime.now(dt.UTC)
     last_update, next_update = _validity(days, "a revocation list", now=now)
+    if number is not None and (
+        isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_CRL_NUMBER
+    ):
+        raise ValueError(f"--number {number}: a CRL number is a whole number from 1 to 2^159 - 1")
     ca_cert, ca_key = _load_ca(directory)
     _ca_window(ca_cert, directory, now, "sign a revocation list")
     crl_path = directory / "crl.pem"
-    entries, number = _crl_entries(crl_path, ca_cert)
-    _write_crl(ca_cert, ca_key, entries, last_update, next_update, crl_path, number + 1)
+    entries, held = _crl_entries(crl_path, ca_cert)
+    if number is not None and number <= held:
+        raise ValueError(
+            f"--number {number}: {crl_path} is CRL number {held}, and numbers only increase "
+            f"(RFC 5280 §5.2.3): give one above {held}"
+        )
+    _write_crl(
+        ca_cert,
+        ca_key,
+        entries,
+        last_update,
+        next_update,
+        crl_path,
+        held + 1 if number is None else number,
+    )
     return crl_path
 
 

@@ -152,6 +152,13 @@ def ca_key_digest(ca: x509.Certificate) -> str:
     return hashlib.sha256(spki).hexdigest()
 
 
+def _resign_hint(newest: CrlStamp) -> str:
+    """How the CA signs a list the coordinator takes over ``newest``."""
+    if newest.number is None:
+        return "`spherecal certs crl --dir CA_DIR` signs one dated now"
+    return f"`spherecal certs crl --dir CA_DIR --number {newest.number + 1}` or higher"
+
+
 @dataclass(frozen=True)
 class _ListInForce:
     serials: frozenset[int]
@@ -193,8 +200,7 @@ class RevocationList:
                 raise ValueError(
                     f"{path}: {older}, the newest list this coordinator applied, so it may "
                     "un-revoke certificates revoked since; put the current list back, or "
-                    "have the CA sign a newer one (`spherecal certs crl --dir CA_DIR` numbers "
-                    "it above the list in CA_DIR)"
+                    f"have the CA sign a newer one ({_resign_hint(newest_applied)})"
                 )
         on_applied(self._list.stamp)
         self._stale_reported = False
@@ -271,7 +277,8 @@ class RevocationList:
         if older is not None:
             self._report(
                 f"WARNING: ignoring the changed CRL {self.path}: {older}, the list in force, "
-                "so it may un-revoke certificates revoked since; keeping the last valid list"
+                "so it may un-revoke certificates revoked since; keeping the last valid list "
+                f"(to replace it: {_resign_hint(self._list.stamp)})"
             )
             return False
         added = len(replacement.serials - self._list.serials)

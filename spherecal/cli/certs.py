@@ -121,10 +121,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Write the CA's revocation list DIR/crl.pem anew, signed now and valid for "
             "--days, keeping every certificate it revokes: an empty list for a CA made "
             "before `certs init` wrote one (so that [tls] crl can name it before "
-            "anything is revoked), or a fresh lifetime for a list about to end."
+            "anything is revoked), or a fresh lifetime for a list about to end. Its CRL "
+            "number is one above the list's, or --number."
         ),
     )
     crl.add_argument("--dir", type=Path, required=True, help="the CA directory")
+    crl.add_argument(
+        "--number",
+        type=int,
+        default=None,
+        help="the new list's CRL number, above the current list's (default: one above "
+        "it). For a CA whose crl.pem was lost: a coordinator refuses a list numbered "
+        "below the newest it applied, and its refusal names the number to give",
+    )
     crl.add_argument(
         "--days",
         type=int,
@@ -237,7 +246,7 @@ def _revoke(args: argparse.Namespace) -> int:
 def _crl(args: argparse.Namespace) -> int:
     from spherecal.certs import write_crl
 
-    print(write_crl(args.dir, days=args.days))
+    print(write_crl(args.dir, days=args.days, number=args.number))
     return ExitCode.OK
 
 

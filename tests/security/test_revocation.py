@@ -179,6 +179,25 @@ def test_certs_number_each_list_and_name_the_ca_key(ca: Path) -> None:
     }
 
 
+def test_certs_crl_number_goes_above_a_lost_lists(
+    ca: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CA whose ``crl.pem`` was lost starts again at 1; ``--number`` signs the list
+    above what a coordinator applied (its refusal names the number), never at or below
+    the list in the CA directory."""
+    revoke_participant(ca, "p0")  # number 2
+    (ca / "crl.pem").unlink()
+    assert main(["certs", "crl", "--dir", str(ca), "--number", "9"]) == 0
+    capsys.readouterr()
+    assert crl_number(x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())) == 9
+    for bad, why in (("9", "numbers only increase"), ("0", "from 1 to 2^159 - 1")):
+        assert main(["certs", "crl", "--dir", str(ca), "--number", bad]) == 2
+        assert why in capsys.readouterr().err
+    assert crl_number(x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())) == 9
+    write_crl(ca)
+    assert crl_number(x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())) == 10
+
+
 def test_an_older_list_the_ca_signed_is_never_applied_again(ca: Path, tmp_path: Path) -> None:
     """A CRL is signed so that it can travel over channels nobody trusts; its signature
     says who wrote it, not when. Before 2026-11-27 an old copy of the CA's own list put
@@ -197,6 +216,7 @@ def test_an_older_list_the_ca_signed_is_never_applied_again(ca: Path, tmp_path: 
     assert crl.is_revoked(p0)
     refused = [m for m in messages if "CRL number 1 is below 2, the list in force" in m]
     assert len(refused) == 1 and refused[0].startswith("WARNING: "), messages
+    assert "(to replace it: `spherecal certs crl --dir CA_DIR --number 3` or higher)" in refused[0]
     # Lists without a CRL number (another PKI's tool) are ordered by their thisUpdate.
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     later = now + dt.timedelta(days=30)
@@ -222,13 +242,10 @@ def test_a_restarted_coordinator_refuses_a_list_older_than_it_applied(
         kept = CrlStamp.from_json(served.store.get_meta(CRL_STAMP_KEY) or "")
         assert kept.number == 2
     (ca / "crl.pem").write_bytes(first)
-    with (
-        pytest.raises(
-            ValueError, match="CRL number 1 is below 2, the newest list this coordinator"
-        ),
-        _serving(ca, tmp_path),
-    ):
+    with pytest.raises(ValueError) as refused, _serving(ca, tmp_path):
         pass
+    assert "CRL number 1 is below 2, the newest list this coordinator" in str(refused.value)
+    assert "`spherecal certs crl --dir CA_DIR --number 3` or higher" in str(refused.value)
     write_crl(ca)  # the CA signs anew: number 2 is not enough (other contents) ...
     repeated = pytest.raises(ValueError, match="repeats CRL number 2 with other contents")
     with repeated, _serving(ca, tmp_path):
