@@ -15,8 +15,10 @@ coordinator:
   needs no restart. A replacement that does not verify is *not* applied: the last
   valid list stays in force and the reason is reported (fail closed, never open);
 * never goes back to an *older* list, even one the CA signed: a replacement with a
-  lower CRL number (RFC 5280 §5.2.3) or an earlier ``thisUpdate`` than the list in
-  force is not applied, and the reason is reported. A CRL is signed so that it can
+  lower CRL number (RFC 5280 §5.2.3), the same number with other contents, or — for
+  lists without numbers — an earlier ``thisUpdate`` than the list in force is not
+  applied, and the reason is reported with the ``certs crl --number`` that signs a
+  list it takes (:class:`CrlStamp`, kept across restarts). A CRL is signed so that it can
   travel over channels nobody trusts (a distribution point, a copy job); its
   signature says who wrote it, not when, so without this an old copy put back over
   the file un-revoked every certificate revoked since (since 2026-11-27);
