@@ -79,19 +79,39 @@ def test_unparseable_material_is_named(tmp_path: Path, certs: Path) -> None:
         check_participant(_participant(tmp_path, certs, cert=junk), "p.toml")
 
 
+def _coordinator_toml(
+    tmp_path: Path,
+    participants: tuple[str, ...] = ("p0", "p1", "p2"),
+    *,
+    tls: dict[str, Path] | None = None,
+    insecure: bool = False,
+) -> Path:
+    """``tmp_path/coordinator.toml`` for ``spherecal coordinator --config``: the roster,
+    state and output folders under ``tmp_path``, a port of 0, and the ``[tls]`` paths."""
+    lines = [
+        "[federation]",
+        "participants = [" + ", ".join(f'"{p}"' for p in participants) + "]",
+        f'state_dir = "{tmp_path / "state"}"',
+        f'out_dir = "{tmp_path / "out"}"',
+        "[server]",
+        'listen = "127.0.0.1:0"',
+        *(["insecure = true"] if insecure else []),
+        *(["[tls]", *(f'{key} = "{path}"' for key, path in tls.items())] if tls else []),
+    ]
+    config = tmp_path / "coordinator.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
 def test_the_coordinator_command_says_it_in_one_line(
     tmp_path: Path, certs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mine = tmp_path / "certs"
     shutil.copytree(certs, mine)
     shutil.copy(mine / "p0.key", mine / "server.key")  # the wrong key in the right place
-    config = tmp_path / "coordinator.toml"
-    config.write_text(
-        '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
-        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        '[server]\nlisten = "127.0.0.1:0"\n'
-        f'[tls]\ncert = "{mine / "server.pem"}"\nkey = "{mine / "server.key"}"\n'
-        f'client_ca = "{mine / "ca.pem"}"\n'
+    config = _coordinator_toml(
+        tmp_path,
+        tls={"cert": mine / "server.pem", "key": mine / "server.key", "client_ca": mine / "ca.pem"},
     )
     assert main(["coordinator", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
@@ -109,12 +129,8 @@ def test_unset_tls_material_is_named_before_anything_starts(
         check_coordinator(_coordinator(tmp_path, certs, client_ca=None), "c.toml")
     with pytest.raises(PreflightError, match=r"^p\.toml: \[tls\] cert, \[tls\] key not set"):
         check_participant(_participant(tmp_path, certs, cert=None, key=None), "p.toml")
-    config = tmp_path / "coordinator.toml"
-    config.write_text(
-        '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
-        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        '[server]\nlisten = "127.0.0.1:0"\n'
-        f'[tls]\ncert = "{certs / "server.pem"}"\nkey = "{certs / "server.key"}"\n'
+    config = _coordinator_toml(
+        tmp_path, tls={"cert": certs / "server.pem", "key": certs / "server.key"}
     )
     assert main(["coordinator", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
@@ -136,12 +152,7 @@ def test_a_roster_too_small_for_secure_aggregation_is_refused(
         updates=False, statistics=False, evaluation=False, min_participants=3
     )
     check_coordinator(two, "c.toml")  # nothing secure: nothing to refuse
-    config = tmp_path / "coordinator.toml"
-    config.write_text(
-        '[federation]\nparticipants = ["hospital-a", "hospital-b"]\n'
-        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        '[server]\nlisten = "127.0.0.1:0"\ninsecure = true\n'
-    )
+    config = _coordinator_toml(tmp_path, ("hospital-a", "hospital-b"), insecure=True)
     assert main(["coordinator", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
@@ -386,13 +397,14 @@ def test_a_crl_not_yet_written_says_how_it_comes_to_be(
     old_ca = tmp_path / "old-ca"
     shutil.copytree(certs, old_ca)
     (old_ca / "crl.pem").unlink()  # a CA from before init wrote its list
-    config = tmp_path / "coordinator.toml"
-    config.write_text(
-        '[federation]\nparticipants = ["p0", "p1", "p2"]\n'
-        f'state_dir = "{tmp_path / "state"}"\nout_dir = "{tmp_path / "out"}"\n'
-        '[server]\nlisten = "127.0.0.1:0"\n'
-        f'[tls]\ncert = "{old_ca / "server.pem"}"\nkey = "{old_ca / "server.key"}"\n'
-        f'client_ca = "{old_ca / "ca.pem"}"\ncrl = "{old_ca / "crl.pem"}"\n'
+    config = _coordinator_toml(
+        tmp_path,
+        tls={
+            "cert": old_ca / "server.pem",
+            "key": old_ca / "server.key",
+            "client_ca": old_ca / "ca.pem",
+            "crl": old_ca / "crl.pem",
+        },
     )
     assert main(["coordinator", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
