@@ -79,7 +79,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from spherecal.coordinator.driver.conduct import Refusal
-from spherecal.coordinator.driver.secure_job import plan_graph
+from spherecal.coordinator.driver.secure_job import participants_needed
 from spherecal.coordinator.driver.stages import StageContext
 from spherecal.coordinator.settings import SecAggSettings
 
@@ -142,12 +142,11 @@ def shown(refusal: Refusal) -> str:
 
 def fewest_for_a_job(settings: SecAggSettings, most: int, colluders: int = 0) -> int:
     """The fewest participants (at most ``most``) a secure job can be created with —
-    ``n ≥ max(threshold(n), min_participants)``, the threshold counting the
-    ``colluders`` assumed, as ``SecureJob`` demands — or ``most + 1`` when no job over
-    ``most`` or fewer can be."""
+    ``n ≥ participants_needed(n)``, the threshold counting the ``colluders`` assumed,
+    the check ``SecureJob`` makes — or ``most + 1`` when no job over ``most`` or fewer
+    can be."""
     for n in range(2, most + 1):
-        _, _, threshold = plan_graph(settings, n, colluders)
-        if n >= max(threshold, settings.min_participants):
+        if n >= participants_needed(settings, n, colluders):
             return n
     return most + 1
 

@@ -49,7 +49,14 @@ from spherecal.crypto import JobSpec, SecAggServer, Stage
 from spherecal.crypto.graph import HARARY, max_closed_size
 from spherecal.proto import spherecal_pb2 as pb
 
-__all__ = ["Halt", "JobOutcome", "SecureJob", "guaranteed_inputs", "plan_graph"]
+__all__ = [
+    "Halt",
+    "JobOutcome",
+    "SecureJob",
+    "guaranteed_inputs",
+    "participants_needed",
+    "plan_graph",
+]
 
 Halt = Callable[[str, str, "SecureJob"], None]
 """Test-only fault hook ``(point, purpose, job)`` (:mod:`spherecal.coordinator.driver.halts`)."""
@@ -79,6 +86,15 @@ def guaranteed_inputs(settings: SecAggSettings, n: int, colluders: int = 0) -> i
     must assume survive (``spherecal.crypto.dp.guaranteed_contributors`` of the spec built here)."""
     _, _, threshold = plan_graph(settings, n, colluders)
     return max(threshold, min(n, max(2, settings.min_participants)))
+
+
+def participants_needed(settings: SecAggSettings, n: int, colluders: int = 0) -> int:
+    """The fewest participants a job planned over ``n`` may be created with: its
+    threshold (:func:`plan_graph`) or ``min_participants``, whichever is more. A job
+    over fewer is refused at creation (:class:`SecureJob`), and a retry that cannot
+    reach it is not tried (``futile_retry.fewest_for_a_job``)."""
+    _, _, threshold = plan_graph(settings, n, colluders)
+    return max(threshold, settings.min_participants)
 
 
 def plan_graph(settings: SecAggSettings, n: int, colluders: int = 0) -> tuple[str, int, int]:
@@ -146,7 +162,7 @@ class SecureJob:
         if spec is None:
             n = len(participants)
             kind, degree, threshold = plan_graph(settings, n, colluders)
-            needed = max(threshold, settings.min_participants)
+            needed = participants_needed(settings, n, colluders)
             if n < needed:
                 raise crypto.TooFewSurvivors(
                     needed=needed, remaining=n, stage="create", what="participants"
