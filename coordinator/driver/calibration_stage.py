@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from spherecal import crypto
 from spherecal.coordinator.driver.bounds import statistics_bound
@@ -110,6 +114,22 @@ def refuse_aggregate(
         )
 
 
+@dataclass
+class _Summed:
+    """One statistics job's checked aggregate, and what the results say of it — kept
+    aside until the stage knows it is the sum the heads are solved from (a short sum
+    may be outdone by a wider retry)."""
+
+    stats: FFCStatistics | CCVRStatistics
+    contributors: list[str]
+    record: dict[str, Any]
+    """``results["statistics"][kind]``."""
+    dp_ridge: dict[str, float]
+    vector: npt.NDArray[np.float64]
+    """The summed vector, for ``[calibration] save_statistics``."""
+    seconds: float
+
+
 def collect_statistics(
     ctx: StageContext, model: GlobalModel, privacy: CoordinatorPrivacy | None
 ) -> Aggregates:
@@ -117,14 +137,21 @@ def collect_statistics(
     ``max_round_attempts``, waiting for participants to rejoin in between, see
     ``rejoin``) — unless the sites' refusals are ones a retry meets again and leave
     too few others for a job (``futile_retry``): then the kind ends at once. A kind
-    that still fails is recorded once, with its cause, not fatal."""
+    that still fails is recorded once, with its cause, not fatal.
+
+    A sum over fewer than ``calibration_minimum`` contributors is *kept*, not thrown
+    away: each of its contributors spent its one release of these moments on it
+    (``participant.release_ledger``) and refuses to release them again, so a retry
+    can only sum the others — it is made only if they could be more — and the head
+    is solved from the widest sum (the status says it is short: ``verdict``)."""
     s = ctx.settings
     out: Aggregates = {}
     final = ctx.board.publish("final", ctx.progress.global_vector)
     attempts = s.training.max_round_attempts
+    minimum = s.calibration_minimum
     for kind in s.calibration.jobs:
         error = ""
-        result: FFCStatistics | CCVRStatistics | str | None = None
+        kept: _Summed | None = None
         watch = RefusalWatch(ctx, kind)
         for attempt in range(1, attempts + 1):
             if attempt > 1:
@@ -136,25 +163,41 @@ def collect_statistics(
                     wanted=ctx.registry.joined(),
                 )
             result = _collect_kind(
-                ctx, model, privacy, kind, final, accept_short=attempt == attempts
+                ctx, model, privacy, kind, final, released=kept.contributors if kept else ()
             )
-            if not isinstance(result, str):
-                break  # the aggregate, or a refusal already recorded (no retry helps)
-            error = result
+            if result is None:
+                break  # refused and recorded: no retry helps
+            if isinstance(result, str):
+                error = result
+            else:
+                if kept is None or len(result.contributors) > len(kept.contributors):
+                    kept = result
+                if len(kept.contributors) >= minimum:
+                    break
+                error = f"only {len(result.contributors)} participants summed (minimum {minimum})"
+                error += (
+                    "; kept unless a retry sums more"
+                    if kept is result
+                    else f"; the sum kept has {len(kept.contributors)}"
+                )
             if attempt == attempts:
-                if attempts > 1:
+                if attempts > 1 and kept is None:
                     error = f"{attempts} attempts failed; the last: {error}"
                 break
             line = f"statistics {kind}: attempt {attempt} failed: {error}"
             ctx.say(line)
             ctx.store.event("warning", line)
-            futile = _futile(ctx, watch)
+            futile = _futile(ctx, watch, kept)
             if futile is not None:
                 error = futile.reason()  # the per-attempt detail is in the line above
+                if kept is not None:
+                    line = f"statistics {kind}: {error}; the short sum is used"
+                    ctx.say(line)
+                    ctx.store.event("warning", line)
                 break
-        if isinstance(result, (FFCStatistics, CCVRStatistics)):
-            out[kind] = result
-        elif isinstance(result, str):
+        if kept is not None:
+            out[kind] = _use(ctx, model, kind, kept)
+        elif error:
             record_statistics_failure(ctx, kind, error)
     _check_pair(ctx, out)
     stats_info = ctx.progress.results.get("statistics", {})
@@ -164,19 +207,42 @@ def collect_statistics(
     return out
 
 
-def _futile(ctx: StageContext, watch: RefusalWatch) -> FutileRetry | None:
+def _use(
+    ctx: StageContext, model: GlobalModel, kind: str, summed: _Summed
+) -> FFCStatistics | CCVRStatistics:
+    """``summed`` becomes the ``kind`` statistics the heads are solved from: its
+    results entry, its DP ridge floor, its timing and (``save_statistics``) its file."""
+    s = ctx.settings
+    progress = ctx.progress
+    if s.calibration.save_statistics:
+        target = s.out_dir / f"statistics_{kind}.npz"
+        s.out_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(target, vector=summed.vector, dim=model.feature_dim, num_classes=model.num_classes)
+        progress.results.setdefault("saved_statistics", {})[kind] = str(target)
+    progress.dp_ridge.update(summed.dp_ridge)
+    progress.timings[f"statistics_{kind}_s"] = summed.seconds
+    progress.results.setdefault("statistics", {})[kind] = summed.record
+    return summed.stats
+
+
+def _futile(ctx: StageContext, watch: RefusalWatch, kept: _Summed | None) -> FutileRetry | None:
     """Whether a retry of the statistics job cannot be made: the eligible roster,
     less the sites that refused it for good, is smaller than any job (secure: the
-    threshold and ``[secure_aggregation] min_participants``; plaintext: one upload)."""
+    threshold and ``[secure_aggregation] min_participants``; plaintext: one upload) —
+    or, with a short sum ``kept``, less its contributors too, no wider than it."""
     s = ctx.settings
     pool = ctx.eligible(list(s.participants))
+    covered = len(kept.contributors) if kept is not None else 0
+    minimum = s.calibration_minimum if kept is not None else 0
+    released = kept.contributors if kept is not None else ()
     if s.secagg.statistics:
-        return watch.futile(
-            pool,
-            least=fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders),
-            needs="a secure job needs",
-        )
-    return watch.futile(pool, least=1, needs="a statistics task needs")
+        least = fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders)
+        needs = "a secure job needs"
+    else:
+        least, needs = 1, "a statistics task needs"
+    return watch.futile(
+        pool, least=least, needs=needs, covered=covered, minimum=minimum, released=released
+    )
 
 
 def _check_pair(ctx: StageContext, out: Aggregates) -> None:
@@ -224,19 +290,23 @@ def _collect_kind(
     kind: str,
     final: pb.TensorRef,
     *,
-    accept_short: bool,
-) -> FFCStatistics | CCVRStatistics | str | None:
-    """One attempt at the ``kind`` statistics job: the aggregate; why it failed (a
+    released: Collection[str] = (),
+) -> _Summed | str | None:
+    """One attempt at the ``kind`` statistics job: the checked aggregate, however many
+    it sums (the caller weighs it against ``calibration_minimum``); why it failed (a
     string: the caller retries, without any peer excluded meanwhile); or None (refused
-    and recorded: no retry helps). Fewer contributors than ``calibration_minimum`` is a
-    failure unless ``accept_short`` (the last attempt: a short sum beats none; the
-    status says so)."""
+    and recorded: no retry helps). ``released``: the contributors of a sum already
+    kept, left out of this job's roster (each would refuse to release again)."""
     s = ctx.settings
     progress = ctx.progress
     dim, classes = model.feature_dim, model.num_classes
     t0 = time.monotonic()
     length = ffc_layout_size(dim, classes) if kind == "ffc" else ccvr_layout_size(dim, classes)
-    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    participants = [
+        p
+        for p in ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+        if p not in released
+    ]
     job: SecureJob | None = None
     plan: CalibrationPlan | None = None
     if s.secagg.statistics:
@@ -297,12 +367,10 @@ def _collect_kind(
         return with_first_cause(gathered.error, gathered.dropped)
     if gathered.values is None:
         return "no participant uploaded statistics"
-    minimum = s.calibration_minimum
-    if len(gathered.contributors) < minimum and not accept_short:
-        return f"only {len(gathered.contributors)} participants summed (minimum {minimum})"
     vector = gathered.values
     contributors = gathered.contributors
     sigma = 0.0
+    dp_ridge: dict[str, float] = {}
     if job is None:
         progress.job_summaries.append(
             {
@@ -321,18 +389,13 @@ def _collect_kind(
         release = privacy.record(job.job_hex, plan, contributors)
         ctx.store.dp_release(job.job_hex, kind, plan.to_json(), contributors, release)
         sigma = float(release["stddev_real_units"])
-        progress.dp_ridge[kind] = privacy.ridge(plan, sigma)
+        dp_ridge[kind] = privacy.ridge(plan, sigma)
         if kind == "ccvr":
-            progress.dp_ridge["ffc-from-ccvr"] = privacy.ridge(plan, sigma, summed_blocks=classes)
+            dp_ridge["ffc-from-ccvr"] = privacy.ridge(plan, sigma, summed_blocks=classes)
         ctx.say(
             f"{kind} DP release: {plan.mechanism}, ε = {release['epsilon']:.4g} "
             f"at δ = {plan.delta:g} with {len(contributors)} contributors"
         )
-    if s.calibration.save_statistics:
-        target = s.out_dir / f"statistics_{kind}.npz"
-        s.out_dir.mkdir(parents=True, exist_ok=True)
-        np.savez(target, vector=vector, dim=dim, num_classes=classes)
-        progress.results.setdefault("saved_statistics", {})[kind] = str(target)
     stats = unpack_statistics(kind, vector, dim, classes, isometric=plan is not None)
     tol = Tolerance(
         quantum=len(contributors) * 2.0**-job.spec.scale_bits if job is not None else 0.0,
@@ -364,9 +427,8 @@ def _collect_kind(
         projection = change.to_json()
         for line in change.notes():
             ctx.say(f"{kind} DP release projected: {line}")
-    progress.timings[f"statistics_{kind}_s"] = time.monotonic() - t0
     samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
-    progress.results.setdefault("statistics", {})[kind] = {
+    record: dict[str, Any] = {
         "contributors": sorted(contributors, key=ctx.registry.index_of),
         "samples": samples,
         # Classes no summed participant has (the verdict's coverage): a CCVR count
@@ -382,8 +444,15 @@ def _collect_kind(
         "noise_sigma": sigma,
     }
     if projection is not None:
-        progress.results["statistics"][kind]["projection"] = projection
-    return stats
+        record["projection"] = projection
+    return _Summed(
+        stats=stats,
+        contributors=list(contributors),
+        record=record,
+        dp_ridge=dp_ridge,
+        vector=vector,
+        seconds=time.monotonic() - t0,
+    )
 
 
 def calibrate(ctx: StageContext, model: GlobalModel, aggregates: Aggregates) -> Heads:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Collection
 from typing import Any, cast
 
 import numpy as np
@@ -47,6 +48,7 @@ from spherecal.spherefed.privacy.evaluation_noise import (
 )
 
 __all__ = [
+    "FINAL_EVALUATION_RESULTS",
     "CentralEvaluator",
     "Head",
     "Heads",
@@ -167,6 +169,7 @@ def federated_evaluation(
     round_index: int | None,
     *,
     split: str = "test",
+    leave_out: Collection[str] = (),
 ) -> FederatedEvaluation:
     """Every live participant evaluates the model (without calibration, ``"none"``, and
     with each head) on its test data — or, with ``split="validation"``, on its
@@ -188,7 +191,7 @@ def federated_evaluation(
     model_ref = board.publish(model_name, global_vector)
     refs = [publish_head(board, name, head) for name, head in heads.items()]
     split_code = pb.SPLIT_VALIDATION if split == "validation" else pb.SPLIT_TEST
-    participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    participants = _askable(ctx, leave_out)
     names = ("none", *heads)
     job: SecureJob | None = None
     noise: EvaluationNoise | None = None
@@ -227,7 +230,7 @@ def federated_evaluation(
                 reason=error,
                 wanted=ctx.eligible(list(s.participants)),
             )
-            participants = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+            participants = _askable(ctx, leave_out)
     task = Task(
         task_id=ctx.task_id(slot),
         kind="evaluate",
@@ -307,6 +310,12 @@ def federated_evaluation(
     }
 
 
+def _askable(ctx: StageContext, leave_out: Collection[str]) -> list[str]:
+    """The eligible live participants, in roster order, less ``leave_out``."""
+    alive = ctx.eligible(sorted(ctx.registry.alive(), key=ctx.registry.index_of))
+    return [p for p in alive if p not in leave_out]
+
+
 def _check_counts(
     ctx: StageContext,
     split: str,
@@ -347,11 +356,30 @@ def _check_counts(
     return None
 
 
-def final_evaluation(ctx: StageContext, heads: Heads, evaluator: CentralEvaluator | None) -> None:
-    """The final model, federated and (with test data) central, into the results."""
+FINAL_EVALUATION_RESULTS = (
+    "accuracy",
+    "federated_evaluation",
+    "central_accuracy",
+    "central_test_samples",
+)
+"""The keys of ``results`` :func:`final_evaluation` writes."""
+
+
+def final_evaluation(
+    ctx: StageContext,
+    heads: Heads,
+    evaluator: CentralEvaluator | None,
+    *,
+    leave_out: Collection[str] = (),
+) -> None:
+    """The final model, federated and (with test data) central, into the results
+    (:data:`FINAL_EVALUATION_RESULTS`); ``leave_out``: sites not asked (they answered
+    this evaluation in an earlier attempt)."""
     progress = ctx.progress
     t0 = time.monotonic()
-    fed = federated_evaluation(ctx, progress.global_vector, heads, round_index=None)
+    fed = federated_evaluation(
+        ctx, progress.global_vector, heads, round_index=None, leave_out=leave_out
+    )
     shown_names = ("none", "ffc", "ccvr", *(m for m in ctx.settings.calibration.methods))
     acc = {name: fed["accuracy"].get(name) for name in dict.fromkeys(shown_names)}
     progress.results["accuracy"] = acc

@@ -23,13 +23,17 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.calibration_stage import calibrate, collect_statistics
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
-from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
+from spherecal.coordinator.driver.evaluation_stage import (
+    FINAL_EVALUATION_RESULTS,
+    CentralEvaluator,
+    final_evaluation,
+)
 from spherecal.coordinator.driver.futile_retry import RefusalWatch, fewest_for_a_job
 from spherecal.coordinator.driver.integrity import (
     cross_check_evaluations,
@@ -294,10 +298,19 @@ class Federation:
         Not repeated when the sites' refusals are ones a retry meets again
         (evaluations exhausted, the same evaluation already answered …) and leave too
         few others to cover more (``futile_retry``): each repeat is one more evaluation
-        every other site answers, and the reason is recorded once instead."""
+        every other site answers, and the reason is recorded once instead.
+
+        The widest attempt's result stands: its contributors answered that evaluation
+        (the same model, split and heads) and refuse to answer it again
+        (``RULE_RELEASE_REPEATED``), so a retry asks only the others and replaces the
+        result only if it covers more — before, a retry they all refused replaced an
+        evaluation of three sites with none."""
         s = self.settings
         minimum = s.calibration_minimum
         covered = 0
+        kept: list[str] = []  # who the widest attempt summed: their evaluation is spent
+        widest: dict[str, Any] = {}
+        results = self.progress.results
         watch = RefusalWatch(self.stages, "evaluate")
         for attempt in range(1, s.training.max_round_attempts + 1):
             if attempt > 1:
@@ -308,9 +321,18 @@ class Federation:
                     reason=f"covered {covered} participants (minimum {minimum})",
                     wanted=self.registry.joined(),
                 )
-            final_evaluation(self.stages, heads, self.evaluator)
-            fed = self.progress.results.get("federated_evaluation")
-            covered = 0 if fed is None else len(fed["participants"])
+            final_evaluation(self.stages, heads, self.evaluator, leave_out=kept)
+            fed = results.get("federated_evaluation")
+            now = [] if fed is None else list(fed["participants"])
+            if attempt == 1 or len(now) > covered:
+                covered, kept = len(now), now
+                widest = {key: results.get(key) for key in FINAL_EVALUATION_RESULTS}
+            else:  # narrower than an earlier attempt, whose result stands
+                cast(dict[str, Any], results).update(widest)
+                self.say(
+                    f"final evaluation: attempt {attempt} covered {len(now)}; the "
+                    f"evaluation over {covered} participants stands"
+                )
             if covered >= minimum or attempt == s.training.max_round_attempts:
                 return
             pool = self.stages.eligible(list(s.participants))
@@ -322,6 +344,7 @@ class Federation:
                 needs="a secure job needs" if s.secagg.evaluation else "an evaluation needs",
                 covered=covered,
                 minimum=minimum,
+                released=kept,
             )
             if futile is not None:
                 message = f"final evaluation {futile.reason()}"

@@ -161,27 +161,38 @@ class FutileRetry:
     """Eligible sites a retry could ask at best (the roster or the round's selection)."""
     shortfall: str
     """Why the sites left are not enough, e.g. ``fewer than the 3 a secure job needs``."""
+    released: tuple[str, ...] = ()
+    """Eligible sites that did not refuse but whose input is in the sum the stage
+    keeps (:meth:`RefusalWatch.futile`'s ``released``): a retry meets their refusal."""
 
     @property
     def possible(self) -> int:
-        return self.pool - len(self.refusals)
+        return self.pool - len(self.refusals) - len(self.released)
 
     def reason(self) -> str:
         """One sentence: the sites grouped by what they refused (their words once),
-        and why that leaves a retry short."""
+        the sites whose release the kept sum holds, and why that leaves a retry short."""
         groups: dict[tuple[str, str], list[str]] = {}
         for site, refused in self.refusals.items():
             first = refused[0]
             groups.setdefault((shown(first), first.reason[:240]), []).append(site)
-        said = "; ".join(
+        said = [
             f"{', '.join(sites)} refused it: {name}" + (f": {text}" if text else "")
             for (name, text), sites in groups.items()
-        )
-        them = "it" if len(self.refusals) == 1 else "them"
+        ]
+        if said:
+            said[-1] += " — a refusal that asking again cannot change"
+        if self.released:
+            whose = "its" if len(self.released) == 1 else "their"
+            said.append(
+                f"{', '.join(self.released)} released {whose} input into the sum kept "
+                "(asked again, a site refuses a release that left it)"
+            )
+        out = len(self.refusals) + len(self.released)
+        them = "it" if out == 1 else "them"
         return (
-            f"not retried: {said} — a refusal that asking again cannot change; without "
-            f"{them}, {self.possible} of the {self.pool} eligible participants could take "
-            f"part, {self.shortfall}"
+            f"not retried: {'; '.join(said)}; without {them}, {self.possible} of the "
+            f"{self.pool} eligible participants could take part, {self.shortfall}"
         )
 
 
@@ -221,25 +232,33 @@ class RefusalWatch:
         needs: str,
         covered: int = 0,
         minimum: int = 0,
+        released: Collection[str] = (),
     ) -> FutileRetry | None:
         """The reason no retry can help, or None (retry as before).
 
         ``pool``: every eligible site a retry could ask at best. A retry is futile when,
         without the sites that refused unchangeably, fewer than ``least`` are left
         (``needs`` says what needs them: a job, a round) — or, where a retry is made to
-        cover ``minimum`` (the final evaluation), when fewer than that are left and no
-        more than the ``covered`` the last attempt already had (a retry could only
-        replace its result with one no wider)."""
+        cover ``minimum`` (a statistics job, the final evaluation), when fewer than that
+        are left and no more than the ``covered`` the widest attempt already had (a
+        retry could only replace its result with one no wider).
+
+        ``released``: the sites whose input is in the result the stage keeps (a short
+        sum, ``covered`` wide). Asked again for the same release, each refuses
+        (``RULE_RELEASE_REPEATED``: one release per key, the site's ledger), so they
+        count as refused before any retry asks them — a retry can only sum the others,
+        and is made only if they could be more than ``covered``."""
         eligible = set(pool)
         refused = {p: r for p, r in self.refusals().items() if p in eligible}
-        if not refused:
+        spent = tuple(p for p in released if p in eligible and p not in refused)
+        if not refused and not spent:
             return None
-        possible = len(eligible) - len(refused)
+        possible = len(eligible) - len(refused) - len(spent)
         if possible < least:
             shortfall = f"fewer than the {least} {needs}"
         elif possible < minimum and possible <= covered:
             shortfall = (
-                f"no more than the {covered} the last attempt covered, and fewer than "
+                f"no more than the {covered} already covered, and fewer than "
                 f"the minimum of {minimum}"
             )
         else:
@@ -249,4 +268,5 @@ class RefusalWatch:
             refusals={p: refused[p] for p in sorted(refused, key=order)},
             pool=len(eligible),
             shortfall=shortfall,
+            released=tuple(sorted(spent, key=order)),
         )

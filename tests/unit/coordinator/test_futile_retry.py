@@ -242,3 +242,46 @@ def test_the_fewest_a_secure_job_takes() -> None:
     assert fewest_for_a_job(SecAggSettings(min_participants=2), 10) == 2
     assert fewest_for_a_job(SecAggSettings(min_participants=2), 10, colluders=1) == 2
     assert fewest_for_a_job(SecAggSettings(min_participants=2), 10, colluders=2) == 3
+
+
+@pytest.mark.parametrize(
+    ("n", "kept", "retried"),
+    [(4, 3, False), (6, 3, False), (7, 3, True), (5, 2, True), (4, 2, False)],
+    ids=["4-kept-3", "6-kept-3", "7-kept-3", "5-kept-2", "4-kept-2"],
+)
+def test_a_kept_short_sum_is_retried_only_if_the_others_could_sum_more(
+    tmp_path: Path, n: int, kept: int, retried: bool
+) -> None:
+    """The contributors of a short sum the stage keeps refuse to release the same
+    value again, so they count as refused before anyone is asked: a retry is made only
+    if the sites left could be more than the sum kept covers (and enough for a job)."""
+    from spherecal.coordinator.driver.futile_retry import RefusalWatch
+
+    settings = _settings(tmp_path, secure=True, n=n, rounds=0)
+    harness = Harness(settings)
+    try:
+        for pid in settings.participants:
+            harness.join(pid)
+        watch = RefusalWatch(harness.federation.stages, "ffc")
+        pool = list(settings.participants)
+        released = pool[:kept]
+        least = fewest_for_a_job(settings.secagg, n)
+        futile = watch.futile(
+            pool,
+            least=least,
+            needs="a secure job needs",
+            covered=kept,
+            minimum=n,
+            released=released,
+        )
+        assert (futile is None) is retried
+        # without the kept sum (the old call) nothing is known to repeat: retried
+        assert watch.futile(pool, least=least, needs="a secure job needs") is None
+        if futile is not None:
+            assert futile.possible == n - kept
+            assert futile.released == tuple(released)
+            reason = futile.reason()
+            assert f"{', '.join(released)} released their input into the sum kept" in reason
+            assert f"{n - kept} of the {n} eligible participants could take part" in reason
+    finally:
+        harness.store.close()

@@ -1,0 +1,102 @@
+"""A sum over fewer sites than the calibration minimum is kept, not thrown away —
+real processes, real secure aggregation, real release ledgers.
+
+Found on 2026-11-27: with ``[calibration] min_participants = 4`` and one of four sites
+killed in the middle of its FFC upload, the FFC job summed the other three. The
+coordinator threw that sum away to retry for four — but each of the three had spent
+its one release of these moments on it (``participant.release_ledger``) and refused
+the retry (``RULE_RELEASE_REPEATED``), so the federation ended with *no* FFC head, and
+the final evaluation, repeated the same way, with no accuracy at all. Now the short
+sum is kept (the status says it is short), a retry is made only when the sites that
+have not released could sum more, and the widest result stands.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
+from spherecal.participant.faults import HaltPoint
+from spherecal.simulate import Drop, SimulationSettings, clear_statistics, run_simulation
+from spherecal.spherefed.stats import FFCStatistics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SURVIVORS = ["p0", "p1", "p2"]
+
+
+@pytest.fixture(scope="module")
+def short_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings]:
+    from spherecal.spherefed.reference import ReferenceConfig
+
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=4, model="mlp", rounds=1),
+        out=tmp_path_factory.mktemp("short"),
+        calibration=("ffc",),
+        threshold=3,
+        drops=(Drop("p3", HaltPoint("masked", "ffc")),),
+        timeout_s=240,
+        rejoin_grace_s=1.0,  # p3 never comes back: do not wait the default minute
+        extra_coordinator={"calibration": {"min_participants": 4}},
+    )
+    return dict[str, Any](run_simulation(settings)), settings
+
+
+def test_the_short_sum_becomes_the_head_and_the_status_says_it_is_short(
+    short_run: tuple[dict[str, Any], SimulationSettings],
+) -> None:
+    results, settings = short_run
+    assert results["drops_not_triggered"] == []
+    assert results["status"] == "degraded", results["errors"]
+    statistics, evaluation = results["status_reasons"]
+    assert statistics == "ffc statistics summed 3 participants (minimum 4); missing ['p3']"
+    assert evaluation.startswith("the final evaluation covered 3 participants")
+    # one FFC job: the three that summed were not asked again, nor was anyone else
+    ffc_jobs = [j for j in results["jobs"] if j["purpose"] == "ffc"]
+    assert [j["contributors"] for j in ffc_jobs] == [SURVIVORS]
+    assert results["retries"]["count"] == 0
+    assert results["statistics"]["ffc"]["contributors"] == SURVIVORS
+    # the head is the exact solve of the three sites' statistics
+    heads = torch.load(results["models"]["classifiers"]["path"], weights_only=True)
+    clear = clear_statistics(settings, SURVIVORS, "ffc")
+    assert isinstance(clear, FFCStatistics)
+    plain, _ = ffc_classifier(clear, 0.0)
+    rel = np.linalg.norm(heads["ffc"].numpy() - plain) / np.linalg.norm(plain)
+    assert rel < 1e-6, rel
+    assert results["statistics"]["ffc"]["samples"] == clear.count
+
+
+def test_the_final_evaluation_of_three_sites_stands(
+    short_run: tuple[dict[str, Any], SimulationSettings],
+) -> None:
+    results, _ = short_run
+    evaluation = results["federated_evaluation"]
+    assert evaluation["participants"] == SURVIVORS and evaluation["error"] is None
+    assert results["accuracy"]["none"] is not None and results["accuracy"]["ffc"] is not None
+    (reason,) = [e for e in results["errors"] if e.startswith("final evaluation not retried")]
+    assert "p0, p1, p2 released their input into the sum kept" in reason
+    assert "1 of the 4 eligible participants could take part" in reason
+
+
+def test_no_site_was_asked_for_a_release_it_had_made(
+    short_run: tuple[dict[str, Any], SimulationSettings],
+) -> None:
+    """Each site's own ledger: one FFC release each, no refusal recorded."""
+    _, settings = short_run
+    for pid in SURVIVORS:
+        db = sqlite3.connect(Path(settings.out) / "state" / pid / "privacy.db")
+        try:
+            kinds = [k for (k,) in db.execute("SELECT kind FROM site_releases")]
+            refusals = db.execute("SELECT count(*) FROM site_refusals").fetchone()[0]
+        finally:
+            db.close()
+        assert kinds.count("ffc") == 1, (pid, kinds)
+        assert refusals == 0, pid
