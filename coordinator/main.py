@@ -121,7 +121,7 @@ class _Stopper:
         if again:
             self.say(f"second {name}: exiting now")
             how = "interrupted by" if interrupt else "terminated by"
-            self._exit_now(f"{how} a second {name}", code=130 if interrupt else 1)
+            self._exit_now(f"stopped: {how} a second {name}", code=130 if interrupt else 1)
         self._stop("interrupted by Ctrl-C (SIGINT)" if interrupt else "terminated by SIGTERM")
 
     def _stop(self, reason: str) -> None:
@@ -149,7 +149,7 @@ class _Stopper:
                     self.summary_path,
                     {
                         "federation_id": self.federation.federation_id,
-                        "status": "failed",
+                        "status": "stopped",  # not over: the same command resumes it
                         "status_reasons": [reason],
                         "completed_rounds": self.federation.completed_rounds,
                     },

@@ -62,12 +62,22 @@ StageRecord: TypeAlias = dict[str, Any]
 
 SUMMARY_SCHEMA = "spherecal.coordinator-summary/1"
 
-Status = Literal["completed", "degraded", "failed", "stopping", "running"]
+Status = Literal["completed", "degraded", "failed", "stopped", "stopping", "running"]
 """``completed``/``degraded``/``failed`` end a federation
-(:mod:`spherecal.coordinator.driver.verdict`); ``stopping`` is a suspended one
-(SIGTERM or a storage fault) and ``running`` a summary taken before the end."""
+(:mod:`spherecal.coordinator.driver.verdict`); ``stopped`` is one whose coordinator
+process stopped before its end (SIGTERM, Ctrl-C, a storage fault, the stop
+watchdog): not over — the same command with the same ``state_dir`` resumes it, as
+the database's ``stopped`` says; ``stopping`` is what the sites are told meanwhile
+(``Done(status="stopping")``), and ``running`` a summary taken before the end."""
 
-STATUSES: tuple[Status, ...] = ("completed", "degraded", "failed", "stopping", "running")
+STATUSES: tuple[Status, ...] = (
+    "completed",
+    "degraded",
+    "failed",
+    "stopped",
+    "stopping",
+    "running",
+)
 
 
 def as_status(value: str) -> Status:

@@ -354,9 +354,17 @@ class Federation:
                 return
 
     def _failed(self, reason: str) -> None:
+        """The federation ends ``failed`` — or, when this coordinator *process* is
+        stopping (SIGTERM, Ctrl-C, a storage fault: the board is suspended), it is
+        ``stopped``: not over, the same command resumes it, as the database says.
+        A summary that said ``failed`` there was read as the federation's end."""
         progress = self.progress
         progress.status_reasons = [reason]
         progress.errors.append(reason)
+        if self.board.suspended is not None:
+            self.say(f"STOPPED: {reason}")
+            self._finish("stopped", reason)
+            return
         self.say(f"FAILED: {reason}")
         self._finish("failed", reason)
 
@@ -378,9 +386,8 @@ class Federation:
                     ),
                 )
                 self.store.set_meta("status", stored)
-                self.store.event(
-                    "error" if status == "failed" else "info", f"federation {stored}: {message}"
-                )
+                level = {"failed": "error", "stopped": "warning"}.get(status, "info")
+                self.store.event(level, f"federation {stored}: {message}")
         finally:
             self.board.finish(status, message)
 

@@ -117,15 +117,16 @@ def ending(summary: Any) -> tuple[str, str | None]:
     """The closing line's WHAT, and its level where it is not the exit status's.
 
     A coordinator stopped mid-federation (SIGTERM, Ctrl-C, a failed write to its state)
-    writes ``summary.json`` with status ``failed`` and a ``stopped: …`` reason, and its
+    writes ``summary.json`` with status ``stopped`` and a ``stopped: …`` reason, and its
     database records ``stopped``: the same command resumes the federation. Its last line
-    said ``ERROR … exiting: federation failed`` all the same, which an operator doing a
-    routine restart reads as the federation's end."""
+    said ``ERROR … exiting: federation failed`` (as its summary said ``failed``, until
+    2026-11-27), which an operator doing a routine restart reads as the federation's
+    end."""
     status = summary.get("status")
     reasons = summary.get("status_reasons") or []
     stopped = next((r for r in reasons if isinstance(r, str) and r.startswith(STOPPED)), None)
-    if status == "failed" and stopped is not None:
-        why = stopped.removeprefix(STOPPED)
+    if status == "stopped":
+        why = (stopped or "stopped: not ended").removeprefix(STOPPED)
         return (
             f"federation stopped, not ended ({why}): the same command with the same "
             "state_dir resumes it",

@@ -37,7 +37,8 @@ def test_a_suspended_federation_tells_participants_stopping_and_refuses_joins_as
         harness.service.join(harness.join_request("p1"), Peer())
     assert info.value.code is grpc.StatusCode.UNAVAILABLE  # retryable: come back later
     summary = harness.federation.summary()
-    assert summary["status"] == "failed"
+    # not "failed": the federation is not over (the old summary said failed)
+    assert summary["status"] == "stopped"
     assert summary["status_reasons"] == ["stopped: terminated by SIGTERM"]
     # The database says "stopped" (its restart resumes it), not "failed".
     assert harness.store.get_meta("status") == "stopped"
@@ -57,10 +58,10 @@ def test_an_operator_stop_still_ends_the_federation_as_failed(tmp_path: Path) ->
 
 def test_the_closing_line_of_a_stopped_federation_says_it_resumes(tmp_path: Path) -> None:
     """``spherecal coordinator`` ends with one line saying how. A SIGTERM'd (suspended)
-    federation's summary says ``failed``, ``stopped: …`` — and its line said ``ERROR
-    exiting: federation failed`` though the same command resumes it; an operator doing
-    a routine restart read that as the federation's end. A stop that ends it (and a
-    federation that failed) still says ``failed``."""
+    federation's summary says ``stopped``, ``stopped: …`` (it said ``failed``) — and its
+    line said ``ERROR exiting: federation failed`` though the same command resumes it;
+    an operator doing a routine restart read that as the federation's end. A stop that
+    ends it (and a federation that failed) still says ``failed``."""
     from spherecal.cli.coordinator import ending
 
     harness = Harness(settings_for(tmp_path / "suspended", secure=False)).start()
@@ -71,6 +72,11 @@ def test_the_closing_line_of_a_stopped_federation_says_it_resumes(tmp_path: Path
     assert what.startswith("federation stopped, not ended (terminated by SIGTERM)"), what
     assert "resumes" in what and level == "WARNING"
     harness.store.close()
+    # an operator's stop ends the federation: its reason starts "stopped: " too
+    assert ending({"status": "failed", "status_reasons": ["stopped: operator"]}) == (
+        "federation failed",
+        None,
+    )
     assert ending({"status": "failed", "status_reasons": ["round 2 failed 3 times"]}) == (
         "federation failed",
         None,

@@ -73,7 +73,7 @@ def test_a_storage_fault_ends_a_stuck_process_with_one_line_and_a_summary(
     assert len(fatal) == 1 and "state.db: disk I/O error" in fatal[0]
     assert "did not stop within 1s" in err
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["status"] == "failed"
+    assert summary["status"] == "stopped"
     assert summary["status_reasons"] == [
         f"stopped: state storage failed: cannot write "
         f"{tmp_path / 'state' / 'state.db'}: disk I/O error"
@@ -90,4 +90,5 @@ def test_a_second_sigterm_ends_a_stuck_process_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "second SIGTERM: exiting now" in err
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["status_reasons"] == ["terminated by a second SIGTERM"]
+    assert summary["status"] == "stopped"
+    assert summary["status_reasons"] == ["stopped: terminated by a second SIGTERM"]
