@@ -31,7 +31,11 @@ from spherecal.coordinator.driver.outputs import write_json
 from spherecal.coordinator.driver.progress_log import DEBUG_PREFIX, leveled
 from spherecal.coordinator.errors import FederationFailed, StorageFailed
 from spherecal.coordinator.evaluation_schedule import evaluations_warning
-from spherecal.coordinator.server.grpc_server import build_server, ensure_port_free
+from spherecal.coordinator.server.grpc_server import (
+    CRL_STAMP_KEY,
+    build_server,
+    ensure_port_free,
+)
 from spherecal.coordinator.server.health import HealthReporter
 from spherecal.coordinator.server.log_limit import RepeatFilter, rate_limited
 from spherecal.coordinator.server.native_log import NativeStderr, handshaker_traced
@@ -42,6 +46,7 @@ from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.lifecycle import (
     Finished,
     finished_federation,
+    kept_meta,
     set_aside_finished,
     stored_result,
 )
@@ -279,6 +284,22 @@ def _run(
         return _run_locked(settings, emit, finished, threads=threads, new_federation=new_federation)
 
 
+CARRIED_OVER = (CRL_STAMP_KEY,)
+"""``meta`` keys a new federation in a state directory takes over from the finished
+one set aside there (``--new-federation``): the newest revocation list applied
+(``coordinator.server.revocation``) is a floor for the directory, not for one
+federation — without it, an older list the CA signed, put back over ``[tls] crl``
+before the new federation's start, was applied again and un-revoked every
+certificate revoked since."""
+
+
+def _carry_over(store: Store, folder: Path, emit: Callable[[str], None]) -> None:
+    for key, value in kept_meta(folder, CARRIED_OVER).items():
+        if store.get_meta(key) is None:
+            store.set_meta(key, value)
+            emit(f"carried over from the federation set aside: {key}")
+
+
 def _run_locked(
     settings: CoordinatorSettings,
     emit: Callable[[str], None],
@@ -313,6 +334,7 @@ def _run_locked(
         )
         if set_aside is not None:
             store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
+            _carry_over(store, Path(set_aside), emit)
         durable = durability_warning(settings.durability)
         for weakened in ([durable] if durable else []) + evaluations_warning(settings):
             emit(f"WARNING: {weakened}")

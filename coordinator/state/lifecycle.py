@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -40,6 +40,7 @@ __all__ = [
     "ENDED_STATUSES",
     "Finished",
     "finished_federation",
+    "kept_meta",
     "set_aside_finished",
     "stored_result",
 ]
@@ -108,6 +109,25 @@ def stored_result(finished: Finished, out_dir: Path) -> SummaryDocument | EndedR
         "errors": [],
         "warnings": [],
     }
+
+
+def kept_meta(folder: Path, keys: Collection[str]) -> dict[str, str]:
+    """``keys`` of the ``meta`` table of the database set aside in ``folder`` (those it
+    holds), opened read-only: what a new federation in the same state directory
+    carries over from the one before (:func:`set_aside_finished`). A database that
+    cannot be read gives nothing."""
+    database = folder / "state.db"
+    if not keys or not database.is_file():
+        return {}
+    marks = ", ".join("?" for _ in keys)
+    try:
+        with read_only(database) as conn:
+            rows = conn.execute(
+                f"SELECT key, value FROM meta WHERE key IN ({marks})", tuple(keys)
+            ).fetchall()
+    except (sqlite3.Error, OSError):
+        return {}
+    return {str(key): str(value) for key, value in rows}
 
 
 def _stamp() -> str:

@@ -34,7 +34,7 @@ from spherecal.coordinator.server.revocation import (
 )
 from spherecal.coordinator.server.service import CoordinatorService
 from spherecal.coordinator.server.traffic import Traffic
-from spherecal.coordinator.settings import ServerSettings, TLSSettings
+from spherecal.coordinator.settings import CoordinatorSettings, ServerSettings, TLSSettings
 from spherecal.coordinator.state.registry import Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import generate_identity
@@ -262,6 +262,34 @@ def test_a_restarted_coordinator_refuses_a_list_older_than_it_applied(
         assert CrlStamp.from_json(served.store.get_meta(CRL_STAMP_KEY) or "").number == 1
 
 
+def test_a_new_federation_in_the_state_directory_keeps_the_newest_list_applied(
+    ca: Path, tmp_path: Path
+) -> None:
+    """``--new-federation`` sets the finished federation's database aside and starts an
+    empty one: the newest list applied went with it, so an old copy put back before
+    the new start was applied again (found 2026-11-27). It is carried over."""
+    from spherecal.coordinator.main import run_coordinator
+
+    first = (ca / "crl.pem").read_bytes()  # number 1
+    revoke_participant(ca, "p0")  # number 2
+    with _serving(ca, tmp_path) as served:
+        served.store.set_meta("status", "completed")  # the federation ended
+    (ca / "crl.pem").write_bytes(first)
+    said: list[str] = []
+    settings = _tls_settings(ca, tmp_path, join_s=1.0)  # the old code: nobody joins, it ends
+    with pytest.raises(ValueError, match="CRL number 1 is below 2, the newest list"):
+        run_coordinator(settings, say=said.append, new_federation=True)
+    assert any("carried over from the federation set aside: crl_in_force" in m for m in said)
+    (aside,) = sorted(settings.state_dir.glob("set-aside-*"))
+    store = Store(settings.state_dir / "state.db")
+    try:
+        kept = CrlStamp.from_json(store.get_meta(CRL_STAMP_KEY) or "")
+        assert kept.number == 2 and store.get_meta("federation_id") is not None
+    finally:
+        store.close()
+    assert (aside / "state.db").is_file()
+
+
 def test_a_list_past_its_next_update_still_applies_and_is_reported_once(ca: Path) -> None:
     """Fail closed: what an expired list revokes stays revoked; the WARNING says that
     revocations made since may be missing, once per list."""
@@ -324,15 +352,12 @@ class Served:
     said: list[str]
 
 
-@contextmanager
-def _serving(ca: Path, tmp_path: Path, *, run: bool = False) -> Iterator[Served]:
-    """A coordinator over real mutual TLS whose ``[tls] crl`` is ``ca/crl.pem``, after
-    the same start-up checks as ``spherecal coordinator`` (``check_coordinator``);
-    with ``run`` its federation runs too (a join window of 600 s)."""
+def _tls_settings(ca: Path, tmp_path: Path, *, join_s: float = 600.0) -> CoordinatorSettings:
+    """A coordinator's settings over real mutual TLS whose ``[tls] crl`` is ``ca/crl.pem``."""
     base = settings_for(tmp_path, secure=False)
-    settings = replace(
+    return replace(
         base,
-        timeouts=replace(base.timeouts, join_s=600.0),
+        timeouts=replace(base.timeouts, join_s=join_s),
         server=ServerSettings(listen="127.0.0.1:0"),
         tls=TLSSettings(
             cert=ca / "server.pem",
@@ -341,6 +366,14 @@ def _serving(ca: Path, tmp_path: Path, *, run: bool = False) -> Iterator[Served]
             crl=ca / "crl.pem",
         ),
     )
+
+
+@contextmanager
+def _serving(ca: Path, tmp_path: Path, *, run: bool = False) -> Iterator[Served]:
+    """A coordinator over real mutual TLS whose ``[tls] crl`` is ``ca/crl.pem``, after
+    the same start-up checks as ``spherecal coordinator`` (``check_coordinator``);
+    with ``run`` its federation runs too (a join window of 600 s)."""
+    settings = _tls_settings(ca, tmp_path)
     check_coordinator(settings, "coordinator.toml")
     store = Store(settings.state_dir / "state.db")
     registry = Registry(
