@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -116,9 +116,8 @@ def refuse_aggregate(
 
 @dataclass
 class _Summed:
-    """One statistics job's checked aggregate, and what the results say of it — kept
-    aside until the stage knows it is the sum the heads are solved from (a short sum
-    may be outdone by a wider retry)."""
+    """A statistics job's checked aggregate — or the sum of several jobs' over disjoint
+    sites — and what the results say of it, kept aside until the stage ends."""
 
     stats: FFCStatistics | CCVRStatistics
     contributors: list[str]
@@ -128,6 +127,62 @@ class _Summed:
     vector: npt.NDArray[np.float64]
     """The summed vector, for ``[calibration] save_statistics``."""
     seconds: float
+    noised: bool
+    """A DP release (its sums carry noise)."""
+
+    def plus(self, other: _Summed, order: Callable[[str], int]) -> _Summed:
+        """The sum over both jobs' sites, which are disjoint: the statistics are sums
+        over examples, so two checked sums over disjoint sites add to the exact sum
+        over their union (each part passed the aggregate checks, whose rules — counts
+        within the bound, positive semi-definite moments — hold for a sum of parts).
+        Independent DP noise adds in variance: ``σ`` and the ridge floor, linear in
+        ``σ`` (``CoordinatorPrivacy.ridge``), combine as a root sum of squares."""
+        shared = set(self.contributors) & set(other.contributors)
+        if shared:  # a site in both would be counted twice
+            raise ValueError(f"statistics parts share {sorted(shared)}: not added")
+        stats = cast(Any, self.stats) + other.stats
+        contributors = sorted([*self.contributors, *other.contributors], key=order)
+        parts = [*self.record.get("parts", [_part(self.record)]), _part(other.record)]
+        record = {
+            "contributors": contributors,
+            "samples": _samples(stats),
+            "missing_classes": _missing_classes(stats, noised=self.noised),
+            "noise_sigma": math.hypot(self.record["noise_sigma"], other.record["noise_sigma"]),
+            "parts": parts,
+        }
+        ridge = {
+            key: math.hypot(self.dp_ridge.get(key, 0.0), other.dp_ridge.get(key, 0.0))
+            for key in {*self.dp_ridge, *other.dp_ridge}
+        }
+        return _Summed(
+            stats=stats,
+            contributors=contributors,
+            record=record,
+            dp_ridge=ridge,
+            vector=self.vector + other.vector,
+            seconds=self.seconds + other.seconds,
+            noised=self.noised,
+        )
+
+
+def _part(record: dict[str, Any]) -> dict[str, Any]:
+    """One job's share of a combined ``results["statistics"][kind]``."""
+    return {k: v for k, v in record.items() if k != "parts"}
+
+
+def _samples(stats: FFCStatistics | CCVRStatistics) -> float:
+    return float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
+
+
+def _missing_classes(stats: FFCStatistics | CCVRStatistics, *, noised: bool) -> list[int]:
+    """Classes no summed participant has (the verdict's coverage): a CCVR count below
+    one half (DP noise included); without DP noise, an FFC class whose feature sum
+    ``U[:, c]`` is exactly zero (no sample of it was summed)."""
+    if isinstance(stats, CCVRStatistics):
+        return [int(c) for c in np.flatnonzero(stats.counts < 0.5)]
+    if noised:
+        return []
+    return [int(c) for c in np.flatnonzero(~np.any(stats.U != 0, axis=0))]
 
 
 def collect_statistics(
@@ -141,9 +196,11 @@ def collect_statistics(
 
     A sum over fewer than ``calibration_minimum`` contributors is *kept*, not thrown
     away: each of its contributors spent its one release of these moments on it
-    (``participant.release_ledger``) and refuses to release them again, so a retry
-    can only sum the others — it is made only if they could be more — and the head
-    is solved from the widest sum (the status says it is short: ``verdict``)."""
+    (``participant.release_ledger``) and refuses to release them again. A retry asks
+    only the others — it is made only if they could make a job — and its sum is added
+    to the one kept: sums over disjoint sites add to the sum over their union
+    (:meth:`_Summed.plus`). The heads are solved from that sum; short of the minimum
+    still, the status says so (``verdict``)."""
     s = ctx.settings
     out: Aggregates = {}
     final = ctx.board.publish("final", ctx.progress.global_vector)
@@ -170,15 +227,19 @@ def collect_statistics(
             if isinstance(result, str):
                 error = result
             else:
-                if kept is None or len(result.contributors) > len(kept.contributors):
-                    kept = result
+                if kept is not None:
+                    line = (
+                        f"statistics {kind}: attempt {attempt} summed {len(result.contributors)} "
+                        f"more participants, added to the {len(kept.contributors)} kept"
+                    )
+                    ctx.say(line)
+                    ctx.store.event("info", line)
+                kept = result if kept is None else kept.plus(result, ctx.registry.index_of)
                 if len(kept.contributors) >= minimum:
                     break
-                error = f"only {len(result.contributors)} participants summed (minimum {minimum})"
-                error += (
-                    "; kept unless a retry sums more"
-                    if kept is result
-                    else f"; the sum kept has {len(kept.contributors)}"
+                error = (
+                    f"only {len(kept.contributors)} participants summed (minimum {minimum}); "
+                    "kept, and a retry asks the others"
                 )
             if attempt == attempts:
                 if attempts > 1 and kept is None:
@@ -191,7 +252,7 @@ def collect_statistics(
             if futile is not None:
                 error = futile.reason()  # the per-attempt detail is in the line above
                 if kept is not None:
-                    line = f"statistics {kind}: {error}; the short sum is used"
+                    line = f"statistics {kind}: {error}; the sum kept is used"
                     ctx.say(line)
                     ctx.store.event("warning", line)
                 break
@@ -227,22 +288,18 @@ def _use(
 
 def _futile(ctx: StageContext, watch: RefusalWatch, kept: _Summed | None) -> FutileRetry | None:
     """Whether a retry of the statistics job cannot be made: the eligible roster,
-    less the sites that refused it for good, is smaller than any job (secure: the
-    threshold and ``[secure_aggregation] min_participants``; plaintext: one upload) —
-    or, with a short sum ``kept``, less its contributors too, no wider than it."""
+    less the sites that refused it for good — and the contributors of a short sum
+    ``kept``, which would — is smaller than any job (secure: the threshold and
+    ``[secure_aggregation] min_participants``; plaintext: one upload)."""
     s = ctx.settings
     pool = ctx.eligible(list(s.participants))
-    covered = len(kept.contributors) if kept is not None else 0
-    minimum = s.calibration_minimum if kept is not None else 0
     released = kept.contributors if kept is not None else ()
     if s.secagg.statistics:
         least = fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders)
         needs = "a secure job needs"
     else:
         least, needs = 1, "a statistics task needs"
-    return watch.futile(
-        pool, least=least, needs=needs, covered=covered, minimum=minimum, released=released
-    )
+    return watch.futile(pool, least=least, needs=needs, released=released)
 
 
 def _check_pair(ctx: StageContext, out: Aggregates) -> None:
@@ -427,20 +484,10 @@ def _collect_kind(
         projection = change.to_json()
         for line in change.notes():
             ctx.say(f"{kind} DP release projected: {line}")
-    samples = float(np.sum(stats.counts)) if isinstance(stats, CCVRStatistics) else stats.count
     record: dict[str, Any] = {
         "contributors": sorted(contributors, key=ctx.registry.index_of),
-        "samples": samples,
-        # Classes no summed participant has (the verdict's coverage): a CCVR count
-        # below one half (DP noise included); without DP noise, an FFC class whose
-        # feature sum U[:, c] is exactly zero (no sample of it was summed).
-        "missing_classes": (
-            [int(c) for c in np.flatnonzero(stats.counts < 0.5)]
-            if isinstance(stats, CCVRStatistics)
-            else [int(c) for c in np.flatnonzero(~np.any(stats.U != 0, axis=0))]
-            if plan is None
-            else []
-        ),
+        "samples": _samples(stats),
+        "missing_classes": _missing_classes(stats, noised=plan is not None),
         "noise_sigma": sigma,
     }
     if projection is not None:
@@ -452,6 +499,7 @@ def _collect_kind(
         dp_ridge=dp_ridge,
         vector=vector,
         seconds=time.monotonic() - t0,
+        noised=plan is not None,
     )
 
 

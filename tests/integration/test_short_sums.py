@@ -14,6 +14,8 @@ have not released could sum more, and the widest result stands.
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,75 @@ def test_no_site_was_asked_for_a_release_it_had_made(
             db.close()
         assert kinds.count("ffc") == 1, (pid, kinds)
         assert refusals == 0, pid
+
+
+# ---------------------------------------------------------------- a retry adds the others
+ALL_SEVEN = [f"p{k}" for k in range(7)]
+AWAY = ["p4", "p5", "p6"]
+
+
+@pytest.fixture(scope="module")
+def added_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the FFC
+    job and are restarted only once its first attempt has failed short, so the retry
+    can only be theirs — and its sum is added to the four kept."""
+    from spherecal.simulate import Simulation
+    from spherecal.spherefed.reference import ReferenceConfig
+
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=7, model="mlp", rounds=1),
+        out=tmp_path_factory.mktemp("added"),
+        calibration=("ffc",),
+        drops=tuple(Drop(pid, HaltPoint("advertise", "ffc")) for pid in AWAY),
+        timeout_s=240,
+        save_statistics=True,
+        # attempt 1 waits this long for the three in its advertise stage; the retry
+        # waits up to as long for them to be back
+        rejoin_grace_s=8.0,
+        extra_coordinator={"calibration": {"min_participants": 7}},
+    )
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def watch(line: str) -> None:
+        lines.append(line)
+        if "statistics ffc: attempt 1 failed" in line:
+            seen.set()
+
+    t0 = time.monotonic()
+    with Simulation(settings, watch) as sim:
+        sim.start_coordinator()
+        sim.start_participants()
+        assert seen.wait(180), lines[-20:]
+        sim.start_participants(only=AWAY)
+        sim.wait_coordinator(240)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
+    return results, settings, lines
+
+
+def test_a_retry_of_the_others_is_added_to_the_sum_kept(
+    added_run: tuple[dict[str, Any], SimulationSettings, list[str]],
+) -> None:
+    results, settings, lines = added_run
+    assert results["status"] == "completed", (results["status_reasons"], results["errors"])
+    ffc_jobs = [j for j in results["jobs"] if j["purpose"] == "ffc" and j["status"] == "done"]
+    assert [j["contributors"] for j in ffc_jobs] == [SURVIVORS + ["p3"], AWAY]
+    statistics = results["statistics"]["ffc"]
+    assert statistics["contributors"] == ALL_SEVEN
+    assert [p["contributors"] for p in statistics["parts"]] == [SURVIVORS + ["p3"], AWAY]
+    assert any("summed 3 more participants, added to the 4 kept" in line for line in lines)
+    # exact: the two parts add to the sum over all seven, and the head is its solve
+    clear = clear_statistics(settings, ALL_SEVEN, "ffc")
+    assert isinstance(clear, FFCStatistics)
+    with np.load(results["saved_statistics"]["ffc"], allow_pickle=False) as saved:
+        aggregate = saved["vector"]
+    scale = 2.0 ** -max(j["scale_bits"] for j in ffc_jobs)
+    np.testing.assert_allclose(aggregate, clear.pack(), rtol=0, atol=8 * scale + 1e-12)
+    heads = torch.load(results["models"]["classifiers"]["path"], weights_only=True)
+    plain, _ = ffc_classifier(clear, 0.0)
+    rel = np.linalg.norm(heads["ffc"].numpy() - plain) / np.linalg.norm(plain)
+    assert rel < 1e-6, rel
