@@ -30,6 +30,7 @@ __all__ = [
     "CoordinatorSummary",
     "Coverage",
     "EndedResult",
+    "EvaluationCounts",
     "EvaluationNoise",
     "Exclusion",
     "FederatedEvaluation",
@@ -151,6 +152,14 @@ class EvaluationNoise(TypedDict):
     contributors: int
 
 
+class EvaluationCounts(TypedDict):
+    """An evaluation's summed counts as decoded (real numbers where DP noise is on):
+    what its accuracies are the ratios of."""
+
+    total: float
+    correct: dict[str, float]
+
+
 class FederatedEvaluation(TypedDict):
     """One federated evaluation: accuracy per head from counts summed over the sites
     (``driver/evaluation_stage.py``); with DP, the counts' noise."""
@@ -163,6 +172,11 @@ class FederatedEvaluation(TypedDict):
     dropped: dict[str, str]
     secure: bool
     error: str | None
+    counts: NotRequired[EvaluationCounts]
+    """The sums, where the evaluation summed any (no ``error``)."""
+    parts: NotRequired[list[list[str]]]
+    """The final evaluation added from jobs over disjoint sites (a short attempt's and
+    its retry's, ``add_evaluations``): each job's participants."""
 
 
 class RoundCoverage(TypedDict):

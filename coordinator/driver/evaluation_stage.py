@@ -10,8 +10,9 @@ centrally, exactly as the reference runner does (same batches, same head swap).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, cast
 
 import numpy as np
@@ -48,10 +49,10 @@ from spherecal.spherefed.privacy.evaluation_noise import (
 )
 
 __all__ = [
-    "FINAL_EVALUATION_RESULTS",
     "CentralEvaluator",
     "Head",
     "Heads",
+    "add_evaluations",
     "federated_evaluation",
     "final_evaluation",
     "publish_head",
@@ -298,7 +299,7 @@ def federated_evaluation(
         ctx.store.event("error", f"federated evaluation failed: {error}")
     if round_index is not None:
         board.unpublish(model_name)
-    return {
+    out: FederatedEvaluation = {
         "accuracy": accuracy,
         "participants": contributors,
         "samples": round(total) if noise_json is not None else total,
@@ -307,6 +308,59 @@ def federated_evaluation(
         "dropped": dropped,
         "secure": bool(s.secagg.evaluation),
         "error": error,
+    }
+    if error is None and contributors:
+        out["counts"] = {"total": float(total), "correct": {n: float(correct[n]) for n in names}}
+    return out
+
+
+def add_evaluations(
+    kept: FederatedEvaluation, more: FederatedEvaluation, order: Callable[[str], int]
+) -> FederatedEvaluation:
+    """One evaluation from two over disjoint sites — a short final evaluation's and its
+    retry's, which asked only the sites that had not answered: the counts are sums over
+    examples, so they add to the counts over the union; independent noise adds in
+    variance (its stated bound, conservatively, in sum). ``kept`` unchanged when
+    ``more`` summed nothing (its error stays in the log and the events)."""
+    counts, extra = kept.get("counts"), more.get("counts")
+    if counts is None or extra is None or more["error"] is not None:
+        return kept
+    shared = set(kept["participants"]) & set(more["participants"])
+    if shared:  # a site in both would be counted twice
+        raise ValueError(f"evaluations share {sorted(shared)}: not added")
+    total = counts["total"] + extra["total"]
+    correct = {n: counts["correct"][n] + extra["correct"][n] for n in counts["correct"]}
+    participants = sorted([*kept["participants"], *more["participants"]], key=order)
+    noise, other = kept["noise"], more["noise"]
+    accuracy: dict[str, float | None] = {n: None for n in correct}
+    spread: dict[str, float | None] = {n: None for n in correct}
+    sum_sd = 0.0
+    if noise is not None and other is not None:
+        sum_sd = math.hypot(noise["sum_sd"], other["sum_sd"])
+        noise = NoiseJson(
+            mechanism=noise["mechanism"],
+            sd_target=noise["sd_target"],
+            site_sd=noise["site_sd"],
+            sum_sd=sum_sd,
+            sum_bound=noise["sum_bound"] + other["sum_bound"],
+            contributors=len(participants),
+        )
+    resolved = total > 0 and total >= UNRESOLVED_SDS * sum_sd
+    if resolved:  # a noisy ratio may leave [0, 1] by a hair: clipped
+        accuracy = {n: min(1.0, max(0.0, correct[n] / total)) for n in correct}
+        if sum_sd > 0:
+            spread = {n: accuracy_sd(correct[n], total, sum_sd) for n in correct}
+    return {
+        "accuracy": accuracy,
+        "participants": participants,
+        "samples": round(total) if noise is not None else total,
+        "accuracy_sd": spread,
+        "noise": noise,
+        "dropped": {**kept["dropped"], **more["dropped"]},
+        "secure": kept["secure"],
+        "error": None,
+        "counts": {"total": total, "correct": correct},
+        "parts": [*kept.get("parts", [kept["participants"]]), more["participants"]],
     }
 
 
@@ -356,30 +410,36 @@ def _check_counts(
     return None
 
 
-FINAL_EVALUATION_RESULTS = (
-    "accuracy",
-    "federated_evaluation",
-    "central_accuracy",
-    "central_test_samples",
-)
-"""The keys of ``results`` :func:`final_evaluation` writes."""
-
-
 def final_evaluation(
     ctx: StageContext,
     heads: Heads,
     evaluator: CentralEvaluator | None,
     *,
-    leave_out: Collection[str] = (),
+    kept: FederatedEvaluation | None = None,
 ) -> None:
     """The final model, federated and (with test data) central, into the results
-    (:data:`FINAL_EVALUATION_RESULTS`); ``leave_out``: sites not asked (they answered
-    this evaluation in an earlier attempt)."""
+    (``accuracy``, ``federated_evaluation``, the central ones). ``kept``: an earlier
+    attempt's evaluation, short of the calibration minimum — its sites answered it and
+    are not asked again; this attempt asks the others and its counts are added to it
+    (:func:`add_evaluations`)."""
     progress = ctx.progress
     t0 = time.monotonic()
     fed = federated_evaluation(
-        ctx, progress.global_vector, heads, round_index=None, leave_out=leave_out
+        ctx,
+        progress.global_vector,
+        heads,
+        round_index=None,
+        leave_out=kept["participants"] if kept is not None else (),
     )
+    if kept is not None:
+        more = len(fed["participants"])
+        fed = add_evaluations(kept, fed, ctx.registry.index_of)
+        ctx.say(
+            f"final evaluation: {more} more participants added to the {len(kept['participants'])} "
+            "of the evaluation kept"
+            if fed is not kept
+            else "final evaluation: the retry summed nothing; the evaluation kept stands"
+        )
     shown_names = ("none", "ffc", "ccvr", *(m for m in ctx.settings.calibration.methods))
     acc = {name: fed["accuracy"].get(name) for name in dict.fromkeys(shown_names)}
     progress.results["accuracy"] = acc

@@ -23,17 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any, cast
+from typing import Any
 
 from spherecal.coordinator.driver.board import Board
 from spherecal.coordinator.driver.calibration_stage import calibrate, collect_statistics
 from spherecal.coordinator.driver.dp_releases import CoordinatorPrivacy
 from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
-from spherecal.coordinator.driver.evaluation_stage import (
-    FINAL_EVALUATION_RESULTS,
-    CentralEvaluator,
-    final_evaluation,
-)
+from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator, final_evaluation
 from spherecal.coordinator.driver.futile_retry import RefusalWatch, fewest_for_a_job
 from spherecal.coordinator.driver.integrity import (
     cross_check_evaluations,
@@ -56,7 +52,11 @@ from spherecal.coordinator.state.registry import Member, Registry
 from spherecal.coordinator.state.spool import Spool
 from spherecal.coordinator.state.storage_faults import storage_failure
 from spherecal.coordinator.state.store import Store
-from spherecal.coordinator.summary_schema import CoordinatorSummary, RoundMetrics
+from spherecal.coordinator.summary_schema import (
+    CoordinatorSummary,
+    FederatedEvaluation,
+    RoundMetrics,
+)
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.proto.codec import model_spec_to_proto
 from spherecal.proto.plan_terms import changed_fields, plan_terms
@@ -300,16 +300,16 @@ class Federation:
         few others to cover more (``futile_retry``): each repeat is one more evaluation
         every other site answers, and the reason is recorded once instead.
 
-        The widest attempt's result stands: its contributors answered that evaluation
+        A short attempt's result is kept: its contributors answered that evaluation
         (the same model, split and heads) and refuse to answer it again
-        (``RULE_RELEASE_REPEATED``), so a retry asks only the others and replaces the
-        result only if it covers more — before, a retry they all refused replaced an
-        evaluation of three sites with none."""
+        (``RULE_RELEASE_REPEATED``), so a retry asks only the others — when they could
+        make a job — and its counts are added to the kept ones (``add_evaluations``).
+        Before, a retry they all refused replaced an evaluation of three sites with
+        none."""
         s = self.settings
         minimum = s.calibration_minimum
         covered = 0
-        kept: list[str] = []  # who the widest attempt summed: their evaluation is spent
-        widest: dict[str, Any] = {}
+        kept: FederatedEvaluation | None = None
         results = self.progress.results
         watch = RefusalWatch(self.stages, "evaluate")
         for attempt in range(1, s.training.max_round_attempts + 1):
@@ -321,20 +321,13 @@ class Federation:
                     reason=f"covered {covered} participants (minimum {minimum})",
                     wanted=self.registry.joined(),
                 )
-            final_evaluation(self.stages, heads, self.evaluator, leave_out=kept)
+            final_evaluation(self.stages, heads, self.evaluator, kept=kept)
             fed = results.get("federated_evaluation")
-            now = [] if fed is None else list(fed["participants"])
-            if attempt == 1 or len(now) > covered:
-                covered, kept = len(now), now
-                widest = {key: results.get(key) for key in FINAL_EVALUATION_RESULTS}
-            else:  # narrower than an earlier attempt, whose result stands
-                cast(dict[str, Any], results).update(widest)
-                self.say(
-                    f"final evaluation: attempt {attempt} covered {len(now)}; the "
-                    f"evaluation over {covered} participants stands"
-                )
+            covered = 0 if fed is None else len(fed["participants"])
             if covered >= minimum or attempt == s.training.max_round_attempts:
                 return
+            if fed is not None and fed["error"] is None and fed["participants"]:
+                kept = fed  # its sites answered it: a retry asks the others, and adds
             pool = self.stages.eligible(list(s.participants))
             futile = watch.futile(
                 pool,
@@ -342,9 +335,7 @@ class Federation:
                 if s.secagg.evaluation
                 else 1,
                 needs="a secure job needs" if s.secagg.evaluation else "an evaluation needs",
-                covered=covered,
-                minimum=minimum,
-                released=kept,
+                released=kept["participants"] if kept is not None else (),
             )
             if futile is not None:
                 message = f"final evaluation {futile.reason()}"

@@ -18,9 +18,10 @@ never read from text. A retry is skipped only when the sites that refused with a
 *unchangeable* refusal in this stage's attempts leave too few others — counting every
 eligible site of the roster (or of the round's selection), connected or not — for a
 retry to reach what it is for: the fewest participants a job can be created with
-(``[secure_aggregation]`` threshold and ``min_participants``; one plaintext upload),
-a round's ``[training] min_participants``, or — for the final evaluation, which is
-retried only to cover the calibration minimum — more coverage than the attempt had.
+(``[secure_aggregation]`` threshold and ``min_participants``; one plaintext upload)
+or a round's ``[training] min_participants``. Where a statistics job or the final
+evaluation keeps a short result, the sites in it count as refusing (they would: the
+release left them), since the retry asks only the others and adds to what it keeps.
 Otherwise the stage retries exactly as before: dropouts, deadlines, a site that
 vanished, changeable refusals, and mixed causes where the unchangeable refusals alone
 do not sink the retry. Skipping never asks a site anything: the coordinator makes
@@ -230,39 +231,28 @@ class RefusalWatch:
         *,
         least: int,
         needs: str,
-        covered: int = 0,
-        minimum: int = 0,
         released: Collection[str] = (),
     ) -> FutileRetry | None:
         """The reason no retry can help, or None (retry as before).
 
         ``pool``: every eligible site a retry could ask at best. A retry is futile when,
         without the sites that refused unchangeably, fewer than ``least`` are left
-        (``needs`` says what needs them: a job, a round) — or, where a retry is made to
-        cover ``minimum`` (a statistics job, the final evaluation), when fewer than that
-        are left and no more than the ``covered`` the widest attempt already had (a
-        retry could only replace its result with one no wider).
+        (``needs`` says what needs them: a job, a round).
 
-        ``released``: the sites whose input is in the result the stage keeps (a short
-        sum, ``covered`` wide). Asked again for the same release, each refuses
-        (``RULE_RELEASE_REPEATED``: one release per key, the site's ledger), so they
-        count as refused before any retry asks them — a retry can only sum the others,
-        and is made only if they could be more than ``covered``."""
+        ``released``: the sites whose input is in the result the stage keeps (a sum
+        short of the calibration minimum, to which a retry's is added). Asked again
+        for the same release, each refuses (``RULE_RELEASE_REPEATED``: one release per
+        key, the site's ledger), so they count as refused before any retry asks them:
+        a retry can only sum the others, and is made only if they could make a job."""
         eligible = set(pool)
         refused = {p: r for p, r in self.refusals().items() if p in eligible}
         spent = tuple(p for p in released if p in eligible and p not in refused)
         if not refused and not spent:
             return None
         possible = len(eligible) - len(refused) - len(spent)
-        if possible < least:
-            shortfall = f"fewer than the {least} {needs}"
-        elif possible < minimum and possible <= covered:
-            shortfall = (
-                f"no more than the {covered} already covered, and fewer than "
-                f"the minimum of {minimum}"
-            )
-        else:
+        if possible >= least:
             return None
+        shortfall = f"fewer than the {least} {needs}"
         order = self.ctx.registry.index_of
         return FutileRetry(
             refusals={p: refused[p] for p in sorted(refused, key=order)},

@@ -246,15 +246,16 @@ def test_the_fewest_a_secure_job_takes() -> None:
 
 @pytest.mark.parametrize(
     ("n", "kept", "retried"),
-    [(4, 3, False), (6, 3, False), (7, 3, True), (5, 2, True), (4, 2, False)],
-    ids=["4-kept-3", "6-kept-3", "7-kept-3", "5-kept-2", "4-kept-2"],
+    [(4, 3, False), (6, 3, True), (7, 4, True), (5, 3, False), (4, 2, False)],
+    ids=["4-kept-3", "6-kept-3", "7-kept-4", "5-kept-3", "4-kept-2"],
 )
-def test_a_kept_short_sum_is_retried_only_if_the_others_could_sum_more(
+def test_a_kept_short_sum_is_retried_only_if_the_others_could_make_a_job(
     tmp_path: Path, n: int, kept: int, retried: bool
 ) -> None:
     """The contributors of a short sum the stage keeps refuse to release the same
-    value again, so they count as refused before anyone is asked: a retry is made only
-    if the sites left could be more than the sum kept covers (and enough for a job)."""
+    value again, so they count as refused before anyone is asked: a retry (whose sum
+    is added to the one kept) is made only if the sites left could make a job — three,
+    the secure minimum."""
     from spherecal.coordinator.driver.futile_retry import RefusalWatch
 
     settings = _settings(tmp_path, secure=True, n=n, rounds=0)
@@ -266,14 +267,8 @@ def test_a_kept_short_sum_is_retried_only_if_the_others_could_sum_more(
         pool = list(settings.participants)
         released = pool[:kept]
         least = fewest_for_a_job(settings.secagg, n)
-        futile = watch.futile(
-            pool,
-            least=least,
-            needs="a secure job needs",
-            covered=kept,
-            minimum=n,
-            released=released,
-        )
+        assert least == 3
+        futile = watch.futile(pool, least=least, needs="a secure job needs", released=released)
         assert (futile is None) is retried
         # without the kept sum (the old call) nothing is known to repeat: retried
         assert watch.futile(pool, least=least, needs="a secure job needs") is None

@@ -2,14 +2,20 @@
 (``coordinator/driver/calibration_stage.py``, ``_Summed.plus``): the CCVR counts,
 sums and moments add; a class only the second part has is no longer missing; DP
 noise and the ridge floor it sets combine as a root sum of squares; the results say
-which job summed whom."""
+which job summed whom. Two final evaluations over disjoint sites add their counts the
+same way (``evaluation_stage.add_evaluations``)."""
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 import pytest
 
 from spherecal.coordinator.driver.calibration_stage import _Summed
+from spherecal.coordinator.driver.evaluation_stage import add_evaluations
+from spherecal.coordinator.summary_schema import EvaluationNoise, FederatedEvaluation
+from spherecal.spherefed.privacy.evaluation_noise import accuracy_sd
 from spherecal.spherefed.stats import CCVRStatistics, ccvr_statistics
 
 ORDER = {f"p{k}": k for k in range(6)}.__getitem__
@@ -72,3 +78,59 @@ def test_parts_that_share_a_site_are_never_added() -> None:
     first = _part(["p0", "p1"], 0, [0], 0.0, noised=False)
     with pytest.raises(ValueError, match=r"share \['p1'\]"):
         first.plus(_part(["p1", "p2"], 1, [1], 0.0, noised=False), ORDER)
+
+
+def _evaluation(
+    participants: list[str], total: float, correct: dict[str, float], sum_sd: float | None
+) -> FederatedEvaluation:
+    noise: EvaluationNoise | None = (
+        None
+        if sum_sd is None
+        else {
+            "mechanism": "discrete_gaussian",
+            "sd_target": 2.0,
+            "site_sd": 1.0,
+            "sum_sd": sum_sd,
+            "sum_bound": 4 * sum_sd,
+            "contributors": len(participants),
+        }
+    )
+    return {
+        "accuracy": {n: c / total for n, c in correct.items()},
+        "participants": participants,
+        "samples": total,
+        "accuracy_sd": {n: None for n in correct},
+        "noise": noise,
+        "dropped": {},
+        "secure": True,
+        "error": None,
+        "counts": {"total": total, "correct": correct},
+    }
+
+
+def test_two_final_evaluations_over_disjoint_sites_add_their_counts() -> None:
+    kept = _evaluation(["p0", "p2"], 300.0, {"none": 150.0, "ffc": 240.0}, 3.0)
+    more = _evaluation(["p1"], 100.0, {"none": 90.0, "ffc": 80.0}, 4.0)
+    both = add_evaluations(kept, more, ORDER)
+    assert both["participants"] == ["p0", "p1", "p2"]
+    assert both["counts"] == {"total": 400.0, "correct": {"none": 240.0, "ffc": 320.0}}
+    assert both["accuracy"] == {"none": 0.6, "ffc": 0.8}
+    assert both["samples"] == 400
+    assert both["noise"] is not None and both["noise"]["sum_sd"] == pytest.approx(5.0)
+    assert both["noise"]["sum_bound"] == pytest.approx(28.0)
+    assert both["noise"]["contributors"] == 3
+    assert both["accuracy_sd"]["ffc"] == pytest.approx(accuracy_sd(320.0, 400.0, 5.0))
+    assert both["parts"] == [["p0", "p2"], ["p1"]]
+    # a retry that summed nothing leaves the evaluation kept as it was
+    failed = {**more, "error": "too few survivors", "participants": []}
+    del failed["counts"]
+    assert add_evaluations(kept, cast(FederatedEvaluation, failed), ORDER) is kept
+    with pytest.raises(ValueError, match=r"share \['p0'\]"):
+        add_evaluations(kept, _evaluation(["p0"], 1.0, {"none": 1.0, "ffc": 1.0}, 1.0), ORDER)
+
+
+def test_exact_counts_add_exactly() -> None:
+    kept = _evaluation(["p1"], 7.0, {"none": 3.0}, None)
+    both = add_evaluations(kept, _evaluation(["p0"], 5.0, {"none": 5.0}, None), ORDER)
+    assert both["accuracy"] == {"none": 8.0 / 12.0} and both["samples"] == 12.0
+    assert both["noise"] is None and both["accuracy_sd"] == {"none": None}
