@@ -26,7 +26,9 @@ Stages (what the participant has *not* done when it halts):
 ``unmask``     answering the unmask request (its masked input is in the sum)
 
 ``@WHEN`` narrows where: ``rN`` (round N, 1-based), ``update`` (any round's secure
-update), ``ffc`` or ``ccvr`` (that statistics job). Without it, the first occurrence.
+update), ``ffc`` or ``ccvr`` (that statistics job), ``evaluate`` (an evaluation's:
+a validation split's or the final one, whichever comes first). Without it, the first
+occurrence.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ HALT_STAGES = (
     "unmask",
 )
 HALT_MARKER = "SPHERECAL-HALT"
+JOB_PURPOSES = ("update", "ffc", "ccvr", "evaluate")
+"""The ``@WHEN`` that name a kind of secure job (its purpose)."""
 
 
 @dataclass(frozen=True)
@@ -62,17 +66,17 @@ class HaltPoint:
             raise ValueError(f"unknown halt stage {self.stage!r}; use one of {HALT_STAGES}")
         w = self.when
         is_round = w is not None and w.startswith("r") and w[1:].isdigit() and int(w[1:]) >= 1
-        if w is not None and w not in ("update", "ffc", "ccvr") and not is_round:
-            raise ValueError(f"'@{w}' must be rN (1-based round), update, ffc or ccvr")
-        if self.stage == "train" and w in ("ffc", "ccvr"):
-            raise ValueError("statistics jobs have no train stage")
+        if w is not None and w not in JOB_PURPOSES and not is_round:
+            raise ValueError(f"'@{w}' must be rN (1-based round), update, ffc, ccvr or evaluate")
+        if self.stage == "train" and w in ("ffc", "ccvr", "evaluate"):
+            raise ValueError("statistics and evaluation jobs have no train stage")
 
     def matches(self, stage: str, *, purpose: str, round_index: int | None) -> bool:
         if stage != self.stage:
             return False
         if self.when is None:
             return True
-        if self.when in ("update", "ffc", "ccvr"):
+        if self.when in JOB_PURPOSES:
             return purpose == self.when
         return round_index is not None and round_index + 1 == int(self.when[1:])
 

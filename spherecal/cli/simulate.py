@@ -101,7 +101,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "(a [simulate] table with the same names, dashes as underscores); command-line "
             "options win. --drop SPEC kills participants with SIGKILL at a stage: "
             "PARTICIPANT:STAGE[@WHEN], comma-separated; STAGE in train, advertise, share, "
-            "masked, consistency, unmask; WHEN rN (1-based round), update, ffc or ccvr. Exit "
+            "masked, consistency, unmask; WHEN rN (1-based round), update, ffc, ccvr or "
+            "evaluate. Exit "
             "status 0 completed or degraded (one line on stderr says why degraded), 1 "
             "failed (one line on stderr says why) or the harness could not run it."
         ),

@@ -5,7 +5,7 @@ Grammar::
     SPEC  := ITEM ("," ITEM)*
     ITEM  := PARTICIPANT ":" STAGE ["@" WHEN]
     STAGE := train | advertise | share | stored | charged | masked | consistency | unmask
-    WHEN  := rN (round N, 1-based) | update | ffc | ccvr
+    WHEN  := rN (round N, 1-based) | update | ffc | ccvr | evaluate
 
 e.g. ``p3:share`` (p3 dies right before sending its shares, in the first job that
 gets there), ``p5:train@r2`` (dies during round 2's training), ``p4:masked@ccvr``

@@ -174,3 +174,64 @@ def test_a_retry_of_the_others_is_added_to_the_sum_kept(
     plain, _ = ffc_classifier(clear, 0.0)
     rel = np.linalg.norm(heads["ffc"].numpy() - plain) / np.linalg.norm(plain)
     assert rel < 1e-6, rel
+
+
+@pytest.fixture(scope="module")
+def evaluation_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], list[str]]:
+    """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the first
+    evaluation job and are restarted only once the final evaluation has covered the
+    other four, so its retry can only ask them — and adds their counts."""
+    from spherecal.simulate import Simulation
+    from spherecal.spherefed.reference import ReferenceConfig
+
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=7, model="mlp", rounds=1),
+        out=tmp_path_factory.mktemp("evaluation"),
+        calibration=("ffc",),
+        drops=tuple(Drop(pid, HaltPoint("advertise", "evaluate")) for pid in AWAY),
+        timeout_s=240,
+        rejoin_grace_s=8.0,
+        extra_coordinator={"calibration": {"min_participants": 7}},
+    )
+    lines: list[str] = []
+    short = threading.Event()
+
+    def watch(line: str) -> None:
+        lines.append(line)
+        if "federated accuracy (" in line and "on 4 of 7 participants" in line:
+            short.set()
+
+    t0 = time.monotonic()
+    with Simulation(settings, watch) as sim:
+        sim.start_coordinator()
+        sim.start_participants()
+        assert short.wait(180), lines[-20:]
+        sim.start_participants(only=AWAY)
+        sim.wait_coordinator(240)
+        results = dict[str, Any](
+            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
+        )
+    return results, lines
+
+
+def test_a_retry_of_the_others_adds_to_the_final_evaluation_kept(
+    evaluation_run: tuple[dict[str, Any], list[str]],
+) -> None:
+    results, lines = evaluation_run
+    assert results["status"] == "completed", (results["status_reasons"], results["errors"])
+    evaluation = results["federated_evaluation"]
+    assert evaluation["participants"] == ALL_SEVEN and evaluation["error"] is None
+    assert evaluation["parts"] == [SURVIVORS + ["p3"], AWAY]
+    assert any("3 more participants added to the 4 of the evaluation kept" in x for x in lines)
+    # the headline is the ratio of the added counts, and one job asked the four, one the
+    # three: no site answered the final evaluation twice
+    counts = evaluation["counts"]
+    assert results["accuracy"]["ffc"] == pytest.approx(
+        min(1.0, counts["correct"]["ffc"] / counts["total"])
+    )
+    # (the kills land in the first evaluation job: the validation gate's, when it runs
+    # one, or the final one's)
+    done = [j["contributors"] for j in results["jobs"] if j["purpose"] == "evaluate"]
+    assert done[-2:] == [SURVIVORS + ["p3"], AWAY], done

@@ -16,9 +16,14 @@ def test_parse_and_match() -> None:
     assert not r2.matches("train", purpose="update", round_index=0)
     assert parse_halt("unmask").matches("unmask", purpose="update", round_index=4)
     assert str(r2) == "train@r2"
+    evaluation = parse_halt("advertise@evaluate")
+    assert evaluation.matches("advertise", purpose="evaluate", round_index=None)
+    assert not evaluation.matches("advertise", purpose="ffc", round_index=None)
 
 
-@pytest.mark.parametrize("text", ["sleep", "share@r0", "share@later", "train@ffc"])
+@pytest.mark.parametrize(
+    "text", ["sleep", "share@r0", "share@later", "train@ffc", "train@evaluate"]
+)
 def test_invalid_points_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_halt(text)
