@@ -16,6 +16,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,25 +110,24 @@ ALL_SEVEN = [f"p{k}" for k in range(7)]
 AWAY = ["p4", "p5", "p6"]
 
 
-@pytest.fixture(scope="module")
-def added_run(
-    tmp_path_factory: pytest.TempPathFactory,
+def _three_back_late(
+    out: Path, halted_in: str, back_when: Callable[[str], bool]
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the FFC
-    job and are restarted only once its first attempt has failed short, so the retry
-    can only be theirs — and its sum is added to the four kept."""
+    """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the first
+    ``halted_in`` job and are restarted only once the coordinator logs a line
+    ``back_when`` accepts (the short attempt's), so the retry can only ask them."""
     from spherecal.simulate import Simulation
     from spherecal.spherefed.reference import ReferenceConfig
 
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=7, model="mlp", rounds=1),
-        out=tmp_path_factory.mktemp("added"),
+        out=out,
         calibration=("ffc",),
-        drops=tuple(Drop(pid, HaltPoint("advertise", "ffc")) for pid in AWAY),
+        drops=tuple(Drop(pid, HaltPoint("advertise", halted_in)) for pid in AWAY),
         timeout_s=240,
         save_statistics=True,
-        # attempt 1 waits this long for the three in its advertise stage; the retry
-        # waits up to as long for them to be back
+        # the short attempt waits this long for the three in its advertise stage; the
+        # retry waits up to as long for them to be back
         rejoin_grace_s=8.0,
         extra_coordinator={"calibration": {"min_participants": 7}},
     )
@@ -136,7 +136,7 @@ def added_run(
 
     def watch(line: str) -> None:
         lines.append(line)
-        if "statistics ffc: attempt 1 failed" in line:
+        if back_when(line):
             seen.set()
 
     t0 = time.monotonic()
@@ -150,6 +150,18 @@ def added_run(
             sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
         )
     return results, settings, lines
+
+
+@pytest.fixture(scope="module")
+def added_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """The FFC job's first attempt sums p0–p3; its retry, p4–p6."""
+    return _three_back_late(
+        tmp_path_factory.mktemp("added"),
+        "ffc",
+        lambda line: "statistics ffc: attempt 1 failed" in line,
+    )
 
 
 def test_a_retry_of_the_others_is_added_to_the_sum_kept(
@@ -179,47 +191,19 @@ def test_a_retry_of_the_others_is_added_to_the_sum_kept(
 @pytest.fixture(scope="module")
 def evaluation_run(
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[dict[str, Any], list[str]]:
-    """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the first
-    evaluation job and are restarted only once the final evaluation has covered the
-    other four, so its retry can only ask them — and adds their counts."""
-    from spherecal.simulate import Simulation
-    from spherecal.spherefed.reference import ReferenceConfig
-
-    settings = SimulationSettings(
-        reference=ReferenceConfig(participants=7, model="mlp", rounds=1),
-        out=tmp_path_factory.mktemp("evaluation"),
-        calibration=("ffc",),
-        drops=tuple(Drop(pid, HaltPoint("advertise", "evaluate")) for pid in AWAY),
-        timeout_s=240,
-        rejoin_grace_s=8.0,
-        extra_coordinator={"calibration": {"min_participants": 7}},
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """The final evaluation's first attempt covers p0–p3; its retry, p4–p6."""
+    return _three_back_late(
+        tmp_path_factory.mktemp("evaluation"),
+        "evaluate",
+        lambda line: "federated accuracy (" in line and "on 4 of 7 participants" in line,
     )
-    lines: list[str] = []
-    short = threading.Event()
-
-    def watch(line: str) -> None:
-        lines.append(line)
-        if "federated accuracy (" in line and "on 4 of 7 participants" in line:
-            short.set()
-
-    t0 = time.monotonic()
-    with Simulation(settings, watch) as sim:
-        sim.start_coordinator()
-        sim.start_participants()
-        assert short.wait(180), lines[-20:]
-        sim.start_participants(only=AWAY)
-        sim.wait_coordinator(240)
-        results = dict[str, Any](
-            sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
-        )
-    return results, lines
 
 
 def test_a_retry_of_the_others_adds_to_the_final_evaluation_kept(
-    evaluation_run: tuple[dict[str, Any], list[str]],
+    evaluation_run: tuple[dict[str, Any], SimulationSettings, list[str]],
 ) -> None:
-    results, lines = evaluation_run
+    results, _, lines = evaluation_run
     assert results["status"] == "completed", (results["status_reasons"], results["errors"])
     evaluation = results["federated_evaluation"]
     assert evaluation["participants"] == ALL_SEVEN and evaluation["error"] is None
