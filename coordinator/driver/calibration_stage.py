@@ -220,7 +220,13 @@ def collect_statistics(
                     wanted=ctx.registry.joined(),
                 )
             result = _collect_kind(
-                ctx, model, privacy, kind, final, released=kept.contributors if kept else ()
+                ctx,
+                model,
+                privacy,
+                kind,
+                final,
+                released=kept.contributors if kept else (),
+                part=1 if kept is None else len(kept.record.get("parts", [()])) + 1,
             )
             if result is None:
                 break  # refused and recorded: no retry helps
@@ -348,13 +354,20 @@ def _collect_kind(
     final: pb.TensorRef,
     *,
     released: Collection[str] = (),
+    part: int = 1,
 ) -> _Summed | str | None:
     """One attempt at the ``kind`` statistics job: the checked aggregate, however many
     it sums (the caller weighs it against ``calibration_minimum``); why it failed (a
     string: the caller retries, without any peer excluded meanwhile); or None (refused
     and recorded: no retry helps). ``released``: the contributors of a sum already
-    kept, left out of this job's roster (each would refuse to release again)."""
+    kept, left out of this job's roster (each would refuse to release again).
+
+    ``part``: which sum of the kind this job computes — 1, or the next one to add to
+    a short sum kept — and so its journal slot (``ffc``, ``ffc+2``, …): a coordinator
+    restarted after any of them continues each from the journal, its result with it,
+    instead of asking its sites for a second release (issue #20)."""
     s = ctx.settings
+    slot = kind if part == 1 else f"{kind}+{part}"
     progress = ctx.progress
     dim, classes = model.feature_dim, model.num_classes
     t0 = time.monotonic()
@@ -367,7 +380,7 @@ def _collect_kind(
     job: SecureJob | None = None
     plan: CalibrationPlan | None = None
     if s.secagg.statistics:
-        participants = ctx.resume_participants(kind, participants)  # continued after a restart
+        participants = ctx.resume_participants(slot, participants)  # continued after a restart
         try:
             if privacy is not None:
                 n = len(participants)
@@ -392,11 +405,12 @@ def _collect_kind(
                 context=task_context(
                     _statistics_task(kind, final, privacy, plan), ctx.shared_plan()
                 ),
+                slot=slot,
             )
         except (crypto.SecAggError, ValueError) as exc:
             return f"cannot create the job: {exc}"
     task = Task(
-        task_id=ctx.task_id(kind),
+        task_id=ctx.task_id(slot),
         kind="statistics",
         expected=frozenset(participants),
         instructions={

@@ -171,6 +171,7 @@ def federated_evaluation(
     *,
     split: str = "test",
     leave_out: Collection[str] = (),
+    part: int = 1,
 ) -> FederatedEvaluation:
     """Every live participant evaluates the model (without calibration, ``"none"``, and
     with each head) on its test data — or, with ``split="validation"``, on its
@@ -185,7 +186,12 @@ def federated_evaluation(
     (``[secure_aggregation] evaluation_noise_sd``), so the counts are real numbers;
     each accuracy comes with its standard deviation (``accuracy_sd``) and the
     noise's stated bound (``noise``: ``sum_sd``, ``sum_bound`` in counts — what a
-    cross-check between sums may allow for)."""
+    cross-check between sums may allow for).
+
+    ``leave_out``: sites not asked — they answered this evaluation in an earlier job
+    whose counts this one's are added to (:func:`add_evaluations`); ``part``: which
+    such job this is (1, 2, …), and so its journal slot, which a restarted
+    coordinator continues instead of asking its sites again."""
     s = ctx.settings
     board = ctx.board
     model_name = "final" if round_index is None else f"eval-r{round_index}"
@@ -202,6 +208,8 @@ def federated_evaluation(
     for ref in refs:
         contents.update(ref.SerializeToString())
     slot = f"evaluate:{split}:{model_name}:{contents.hexdigest()[:32]}"
+    if part > 1:  # a retry whose counts are added to a short evaluation's (``leave_out``)
+        slot += f"+{part}"
     context = task_context(
         pb.EvaluateTask(
             model=model_ref,
@@ -430,6 +438,7 @@ def final_evaluation(
         heads,
         round_index=None,
         leave_out=kept["participants"] if kept is not None else (),
+        part=1 if kept is None else len(kept.get("parts", [[]])) + 1,
     )
     if kept is not None:
         more = len(fed["participants"])

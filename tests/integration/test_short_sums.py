@@ -111,11 +111,17 @@ AWAY = ["p4", "p5", "p6"]
 
 
 def _three_back_late(
-    out: Path, halted_in: str, back_when: Callable[[str], bool]
+    out: Path,
+    halted_in: str,
+    back_when: Callable[[str], bool],
+    *,
+    kill_coordinator_on: str | None = None,
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
     """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the first
     ``halted_in`` job and are restarted only once the coordinator logs a line
-    ``back_when`` accepts (the short attempt's), so the retry can only ask them."""
+    ``back_when`` accepts (the short attempt's), so the retry can only ask them. With
+    ``kill_coordinator_on``, the coordinator is SIGKILLed at the first line after that
+    containing it, and restarted on its port."""
     from spherecal.simulate import Simulation
     from spherecal.spherefed.reference import ReferenceConfig
 
@@ -132,19 +138,26 @@ def _three_back_late(
         extra_coordinator={"calibration": {"min_participants": 7}},
     )
     lines: list[str] = []
-    seen = threading.Event()
+    seen, kill = threading.Event(), threading.Event()
 
     def watch(line: str) -> None:
         lines.append(line)
         if back_when(line):
             seen.set()
+        if kill_coordinator_on is not None and seen.is_set() and kill_coordinator_on in line:
+            kill.set()
 
     t0 = time.monotonic()
     with Simulation(settings, watch) as sim:
-        sim.start_coordinator()
+        port = sim.start_coordinator()
         sim.start_participants()
         assert seen.wait(180), lines[-20:]
         sim.start_participants(only=AWAY)
+        if kill_coordinator_on is not None:
+            assert kill.wait(180), lines[-20:]
+            sim.kill_coordinator()
+            lines.append("TEST: coordinator killed")
+            sim.start_coordinator(listen=f"127.0.0.1:{port}")
         sim.wait_coordinator(240)
         results = dict[str, Any](
             sim.results(sim.wait_participants(timeout=60), time.monotonic() - t0)
@@ -217,5 +230,82 @@ def test_a_retry_of_the_others_adds_to_the_final_evaluation_kept(
     )
     # (the kills land in the first evaluation job: the validation gate's, when it runs
     # one, or the final one's)
+    done = [j["contributors"] for j in results["jobs"] if j["purpose"] == "evaluate"]
+    assert done[-2:] == [SURVIVORS + ["p3"], AWAY], done
+
+
+@pytest.fixture(scope="module")
+def restarted_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """As ``added_run``, with the coordinator killed once the retry's sum was added,
+    before anything was solved from it, and restarted."""
+    return _three_back_late(
+        tmp_path_factory.mktemp("restarted"),
+        "ffc",
+        lambda line: "statistics ffc: attempt 1 failed" in line,
+        kill_coordinator_on="added to the 4 kept",
+    )
+
+
+def test_a_restarted_coordinator_continues_both_parts_and_asks_for_no_release(
+    restarted_run: tuple[dict[str, Any], SimulationSettings, list[str]],
+) -> None:
+    """Issue #20's rule for the parts: each is its own journal slot (``ffc``,
+    ``ffc+2``), so the restarted coordinator continues both from the journal — with
+    only the later one, the first part's four sites would refuse a second release and
+    the sum would lack them."""
+    results, settings, lines = restarted_run
+    assert "TEST: coordinator killed" in lines
+    assert results["status"] == "completed", (results["status_reasons"], results["errors"])
+    after = lines[lines.index("TEST: coordinator killed") :]
+    continued = [x for x in after if "continued after a restart with its journaled result" in x]
+    assert len([x for x in continued if "ffc job" in x]) == 2, continued
+    ffc_jobs = [j for j in results["jobs"] if j["purpose"] == "ffc" and j["status"] == "done"]
+    assert [j["contributors"] for j in ffc_jobs] == [SURVIVORS + ["p3"], AWAY]
+    assert results["statistics"]["ffc"]["contributors"] == ALL_SEVEN
+    clear = clear_statistics(settings, ALL_SEVEN, "ffc")
+    assert isinstance(clear, FFCStatistics)
+    assert results["statistics"]["ffc"]["samples"] == clear.count
+    for pid in ALL_SEVEN:  # one FFC release per site, no refusal
+        db = sqlite3.connect(Path(settings.out) / "state" / pid / "privacy.db")
+        try:
+            released = [
+                k for (k,) in db.execute("SELECT kind FROM site_releases WHERE state = 'released'")
+            ]
+            refusals = db.execute("SELECT count(*) FROM site_refusals").fetchone()[0]
+        finally:
+            db.close()
+        assert released.count("ffc") == 1 and refusals == 0, (pid, released, refusals)
+
+
+@pytest.fixture(scope="module")
+def restarted_evaluation_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """As ``evaluation_run``, with the coordinator killed once the retry's counts were
+    added, and restarted."""
+    return _three_back_late(
+        tmp_path_factory.mktemp("restarted-evaluation"),
+        "evaluate",
+        lambda line: "federated accuracy (" in line and "on 4 of 7 participants" in line,
+        kill_coordinator_on="added to the 4 of the evaluation kept",
+    )
+
+
+def test_a_restarted_coordinator_continues_both_evaluation_parts(
+    restarted_evaluation_run: tuple[dict[str, Any], SimulationSettings, list[str]],
+) -> None:
+    results, _, lines = restarted_evaluation_run
+    assert "TEST: coordinator killed" in lines
+    assert results["status"] == "completed", (results["status_reasons"], results["errors"])
+    after = lines[lines.index("TEST: coordinator killed") :]
+    continued = [x for x in after if "continued after a restart with its journaled result" in x]
+    # both parts of the final evaluation (and the validation gate's, where it ran one)
+    assert len([x for x in continued if "evaluate job" in x]) >= 2, continued
+    evaluation = results["federated_evaluation"]
+    assert evaluation["participants"] == ALL_SEVEN
+    assert evaluation["parts"] == [SURVIVORS + ["p3"], AWAY]
+    # no evaluation job after the restart: the final one's parts were continued
     done = [j["contributors"] for j in results["jobs"] if j["purpose"] == "evaluate"]
     assert done[-2:] == [SURVIVORS + ["p3"], AWAY], done
