@@ -278,9 +278,26 @@ def _use(
     ctx: StageContext, model: GlobalModel, kind: str, summed: _Summed
 ) -> FFCStatistics | CCVRStatistics:
     """``summed`` becomes the ``kind`` statistics the heads are solved from: its
-    results entry, its DP ridge floor, its timing and (``save_statistics``) its file."""
+    results entry, its DP ridge floor, its timing and (``save_statistics``) its file.
+
+    A DP release of CCVR's sums is noisy in every entry: it is projected onto what
+    honest data can give (counts ≥ 0, means in the unit ball, PSD scatter) before any
+    solver sees it — post-processing, no privacy cost (``spherefed.privacy.projection``)
+    — once, on the sum of every part (projecting each part first would clip each
+    part's noise on its own and bias the sum)."""
     s = ctx.settings
     progress = ctx.progress
+    stats, record = summed.stats, summed.record
+    if summed.noised and isinstance(stats, CCVRStatistics):
+        stats, change = project_ccvr(stats, unit_norm=s.model.head in UNIT_NORM_HEADS)
+        for line in change.notes():
+            ctx.say(f"{kind} DP release projected: {line}")
+        record = {
+            **record,
+            "samples": _samples(stats),
+            "missing_classes": _missing_classes(stats, noised=True),
+            "projection": change.to_json(),
+        }
     if s.calibration.save_statistics:
         target = s.out_dir / f"statistics_{kind}.npz"
         s.out_dir.mkdir(parents=True, exist_ok=True)
@@ -288,8 +305,8 @@ def _use(
         progress.results.setdefault("saved_statistics", {})[kind] = str(target)
     progress.dp_ridge.update(summed.dp_ridge)
     progress.timings[f"statistics_{kind}_s"] = summed.seconds
-    progress.results.setdefault("statistics", {})[kind] = summed.record
-    return summed.stats
+    progress.results.setdefault("statistics", {})[kind] = record
+    return stats
 
 
 def _futile(ctx: StageContext, watch: RefusalWatch, kept: _Summed | None) -> FutileRetry | None:
@@ -489,23 +506,12 @@ def _collect_kind(
             note(ctx, f"{kind} count bound", False, str(exc))
         refuse_aggregate(ctx, kind, job, contributors, exc)
         return None
-    projection: dict[str, object] | None = None
-    if plan is not None and isinstance(stats, CCVRStatistics):
-        # A DP release is noisy in every entry: project it onto what honest data can
-        # give (counts ≥ 0, means in the unit ball, PSD scatter) before any solver sees
-        # it — post-processing, no privacy cost (``spherefed.privacy.projection``).
-        stats, change = project_ccvr(stats, unit_norm=s.model.head in UNIT_NORM_HEADS)
-        projection = change.to_json()
-        for line in change.notes():
-            ctx.say(f"{kind} DP release projected: {line}")
     record: dict[str, Any] = {
         "contributors": sorted(contributors, key=ctx.registry.index_of),
         "samples": _samples(stats),
         "missing_classes": _missing_classes(stats, noised=plan is not None),
         "noise_sigma": sigma,
     }
-    if projection is not None:
-        record["projection"] = projection
     return _Summed(
         stats=stats,
         contributors=list(contributors),

@@ -116,6 +116,8 @@ def _three_back_late(
     back_when: Callable[[str], bool],
     *,
     kill_coordinator_on: str | None = None,
+    calibration: tuple[str, ...] = ("ffc",),
+    epsilon: float | None = None,
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
     """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the first
     ``halted_in`` job and are restarted only once the coordinator logs a line
@@ -128,7 +130,8 @@ def _three_back_late(
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=7, model="mlp", rounds=1),
         out=out,
-        calibration=("ffc",),
+        calibration=calibration,
+        epsilon=epsilon,
         drops=tuple(Drop(pid, HaltPoint("advertise", halted_in)) for pid in AWAY),
         timeout_s=240,
         save_statistics=True,
@@ -309,3 +312,40 @@ def test_a_restarted_coordinator_continues_both_evaluation_parts(
     # no evaluation job after the restart: the final one's parts were continued
     done = [j["contributors"] for j in results["jobs"] if j["purpose"] == "evaluate"]
     assert done[-2:] == [SURVIVORS + ["p3"], AWAY], done
+
+
+@pytest.fixture(scope="module")
+def dp_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """As ``added_run`` for CCVR's sums with distributed DP noise (ε = 8 per release)."""
+    return _three_back_late(
+        tmp_path_factory.mktemp("dp"),
+        "ccvr",
+        lambda line: "statistics ccvr: attempt 1 failed" in line,
+        calibration=("ccvr",),
+        epsilon=8.0,
+    )
+
+
+def test_dp_parts_add_their_noise_and_are_projected_once_on_the_sum(
+    dp_run: tuple[dict[str, Any], SimulationSettings, list[str]],
+) -> None:
+    """Each part is its own DP release at the target ε over its sites; their noise adds
+    in variance, and the sum — not each part — is projected onto what honest data can
+    give (projecting each part would clip each part's noise on its own)."""
+    results, _, lines = dp_run
+    statistics = results["statistics"]["ccvr"]
+    assert statistics["contributors"] == ALL_SEVEN
+    parts = statistics["parts"]
+    assert [p["contributors"] for p in parts] == [SURVIVORS + ["p3"], AWAY]
+    sigmas = [p["noise_sigma"] for p in parts]
+    assert all(sigma > 0 for sigma in sigmas)
+    assert statistics["noise_sigma"] == pytest.approx(float(np.hypot(*sigmas)))
+    assert "projection" in statistics and all("projection" not in p for p in parts)
+    releases = [x for x in lines if "ccvr DP release: " in x]
+    assert len(releases) == 2 and "with 4 contributors" in releases[0], releases
+    assert "with 3 contributors" in releases[1]
+    added = lines.index(next(x for x in lines if "added to the 4 kept" in x))
+    projected = [k for k, x in enumerate(lines) if "ccvr DP release projected" in x]
+    assert projected and min(projected) > added, "projected before the parts were added"
