@@ -29,7 +29,7 @@ from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.stats import FFCStatistics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 SURVIVORS = ["p0", "p1", "p2"]
 
@@ -168,22 +168,12 @@ def _three_back_late(
     return results, settings, lines
 
 
-@pytest.fixture(scope="module")
-def added_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """The FFC job's first attempt sums p0–p3; its retry, p4–p6."""
-    return _three_back_late(
-        tmp_path_factory.mktemp("added"),
-        "ffc",
-        lambda line: "statistics ffc: attempt 1 failed" in line,
-    )
-
-
 def test_a_retry_of_the_others_is_added_to_the_sum_kept(
-    added_run: tuple[dict[str, Any], SimulationSettings, list[str]],
+    restarted_run: tuple[dict[str, Any], SimulationSettings, list[str]],
 ) -> None:
-    results, settings, lines = added_run
+    """(The run's coordinator is killed after the addition and restarted: what it
+    solves from is the sum it continued from the journal, both parts.)"""
+    results, settings, lines = restarted_run
     assert results["status"] == "completed", (results["status_reasons"], results["errors"])
     ffc_jobs = [j for j in results["jobs"] if j["purpose"] == "ffc" and j["status"] == "done"]
     assert [j["contributors"] for j in ffc_jobs] == [SURVIVORS + ["p3"], AWAY]
@@ -204,22 +194,10 @@ def test_a_retry_of_the_others_is_added_to_the_sum_kept(
     assert rel < 1e-6, rel
 
 
-@pytest.fixture(scope="module")
-def evaluation_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """The final evaluation's first attempt covers p0–p3; its retry, p4–p6."""
-    return _three_back_late(
-        tmp_path_factory.mktemp("evaluation"),
-        "evaluate",
-        lambda line: "federated accuracy (" in line and "on 4 of 7 participants" in line,
-    )
-
-
 def test_a_retry_of_the_others_adds_to_the_final_evaluation_kept(
-    evaluation_run: tuple[dict[str, Any], SimulationSettings, list[str]],
+    restarted_evaluation_run: tuple[dict[str, Any], SimulationSettings, list[str]],
 ) -> None:
-    results, _, lines = evaluation_run
+    results, _, lines = restarted_evaluation_run
     assert results["status"] == "completed", (results["status_reasons"], results["errors"])
     evaluation = results["federated_evaluation"]
     assert evaluation["participants"] == ALL_SEVEN and evaluation["error"] is None
@@ -241,8 +219,8 @@ def test_a_retry_of_the_others_adds_to_the_final_evaluation_kept(
 def restarted_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """As ``added_run``, with the coordinator killed once the retry's sum was added,
-    before anything was solved from it, and restarted."""
+    """The FFC job's first attempt sums p0–p3, its retry p4–p6; the coordinator is
+    then killed, before anything was solved from the sum, and restarted."""
     return _three_back_late(
         tmp_path_factory.mktemp("restarted"),
         "ffc",
@@ -286,8 +264,8 @@ def test_a_restarted_coordinator_continues_both_parts_and_asks_for_no_release(
 def restarted_evaluation_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """As ``evaluation_run``, with the coordinator killed once the retry's counts were
-    added, and restarted."""
+    """The final evaluation's first attempt covers p0–p3, its retry p4–p6; the
+    coordinator is then killed and restarted."""
     return _three_back_late(
         tmp_path_factory.mktemp("restarted-evaluation"),
         "evaluate",
@@ -318,7 +296,8 @@ def test_a_restarted_coordinator_continues_both_evaluation_parts(
 def dp_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """As ``added_run`` for CCVR's sums with distributed DP noise (ε = 8 per release)."""
+    """The CCVR job's first attempt sums p0–p3, its retry p4–p6, with distributed DP
+    noise (ε = 8 per release)."""
     return _three_back_late(
         tmp_path_factory.mktemp("dp"),
         "ccvr",
