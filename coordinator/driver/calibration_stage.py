@@ -130,6 +130,11 @@ class _Summed:
     noised: bool
     """A DP release (its sums carry noise)."""
 
+    @property
+    def parts(self) -> list[dict[str, Any]]:
+        """Each job's own record, in the order they were added (one: itself)."""
+        return list(self.record.get("parts", [_part(self.record)]))
+
     def plus(self, other: _Summed, order: Callable[[str], int]) -> _Summed:
         """The sum over both jobs' sites, which are disjoint: the statistics are sums
         over examples, so two checked sums over disjoint sites add to the exact sum
@@ -142,7 +147,7 @@ class _Summed:
             raise ValueError(f"statistics parts share {sorted(shared)}: not added")
         stats = cast(Any, self.stats) + other.stats
         contributors = sorted([*self.contributors, *other.contributors], key=order)
-        parts = [*self.record.get("parts", [_part(self.record)]), _part(other.record)]
+        parts = [*self.parts, _part(other.record)]
         record = {
             "contributors": contributors,
             "samples": _samples(stats),
@@ -226,7 +231,7 @@ def collect_statistics(
                 kind,
                 final,
                 released=kept.contributors if kept else (),
-                part=1 if kept is None else len(kept.record.get("parts", [()])) + 1,
+                part=1 if kept is None else len(kept.parts) + 1,
             )
             if result is None:
                 break  # refused and recorded: no retry helps

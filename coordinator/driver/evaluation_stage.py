@@ -368,8 +368,14 @@ def add_evaluations(
         "secure": kept["secure"],
         "error": None,
         "counts": {"total": total, "correct": correct},
-        "parts": [*kept.get("parts", [kept["participants"]]), more["participants"]],
+        "parts": [*_parts(kept), more["participants"]],
     }
+
+
+def _parts(fed: FederatedEvaluation) -> list[list[str]]:
+    """Each job's participants of an evaluation, in the order they were added (one
+    job: its own)."""
+    return list(fed.get("parts", [fed["participants"]]))
 
 
 def _askable(ctx: StageContext, leave_out: Collection[str]) -> list[str]:
@@ -438,7 +444,7 @@ def final_evaluation(
         heads,
         round_index=None,
         leave_out=kept["participants"] if kept is not None else (),
-        part=1 if kept is None else len(kept.get("parts", [[]])) + 1,
+        part=1 if kept is None else len(_parts(kept)) + 1,
     )
     if kept is not None:
         more = len(fed["participants"])

@@ -71,17 +71,7 @@ def finished_federation(state_dir: Path) -> Finished | None:
     federation still running or stopped to be resumed). Opens nothing for writing;
     a database it cannot read is left for the store to diagnose."""
     database = state_dir / "state.db"
-    if not database.is_file():
-        return None
-    try:
-        with read_only(database) as conn:
-            rows = dict(
-                conn.execute(
-                    "SELECT key, value FROM meta WHERE key IN ('status', 'federation_id')"
-                ).fetchall()
-            )
-    except (sqlite3.Error, OSError):
-        return None
+    rows = _meta(database, ("status", "federation_id"))
     status, federation_id = rows.get("status"), rows.get("federation_id")
     if status not in ENDED_STATUSES or not federation_id:
         return None
@@ -116,7 +106,13 @@ def kept_meta(folder: Path, keys: Collection[str]) -> dict[str, str]:
     holds), opened read-only: what a new federation in the same state directory
     carries over from the one before (:func:`set_aside_finished`). A database that
     cannot be read gives nothing."""
-    database = folder / "state.db"
+    return _meta(folder / "state.db", keys)
+
+
+def _meta(database: Path, keys: Collection[str]) -> dict[str, str]:
+    """``keys`` of ``database``'s ``meta`` table (those it holds), read without
+    changing a file (:func:`read_only`); nothing for a database that is missing or
+    cannot be read (left for the store to diagnose)."""
     if not keys or not database.is_file():
         return {}
     marks = ", ".join("?" for _ in keys)
