@@ -82,6 +82,7 @@ complete)::
     │   ├── ReleaseRepeated      a release already left under its key (round, moments, evaluation)
     │   ├── RoundOutsidePlan     a training task for a round the joined plan does not have
     │   ├── EvaluationsExhausted more evaluations in one federation than the site answers
+    │   ├── AttemptsExhausted    more started jobs for one purpose than it admits unreleased
     │   ├── TaskNotBound         a secure job not bound to the task it came with
     │   └── EvaluationRefused    evaluation heads it does not accept
     ├── ParticipantExit          participant: stop the process with an exit code

@@ -26,6 +26,7 @@ import torch
 
 from spherecal.coordinator.driver.evaluation_stage import CentralEvaluator
 from spherecal.coordinator.driver.federation import Federation
+from spherecal.coordinator.driver.futile_retry import attempts_warning
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.outputs import write_json
 from spherecal.coordinator.driver.progress_log import DEBUG_PREFIX, leveled
@@ -336,7 +337,8 @@ def _run_locked(
             store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
             _carry_over(store, Path(set_aside), emit)
         durable = durability_warning(settings.durability)
-        for weakened in ([durable] if durable else []) + evaluations_warning(settings):
+        warnings = evaluations_warning(settings) + attempts_warning(settings)
+        for weakened in ([durable] if durable else []) + warnings:
             emit(f"WARNING: {weakened}")
             store.event("warning", weakened)
         registry = Registry(

@@ -131,7 +131,11 @@ class TrainingSettings:
     """A round completes only with at least this many updates."""
     max_round_attempts: int = 3
     """A round that misses its minimum (or whose secure job fails) is retried, with a
-    fresh job, at most this many times before the federation gives up."""
+    fresh job, at most this many times before the federation gives up (the statistics
+    and the final evaluation likewise). A site admits 3 started jobs per purpose whose
+    input never left (its ``[policy] max_unreleased_attempts``): above 3 is logged at
+    start, and a site that did not raise its key refuses the later attempts
+    (``RULE_ATTEMPTS_EXHAUSTED``)."""
     max_lost_rounds_in_a_row: int = 3
     """Rounds *lost* in a row before the federation gives up (``failed``). A round is
     lost, not failed, when its sites' releases for it were spent in a failed job —

@@ -57,6 +57,7 @@ import traceback
 from spherecal import crypto
 from spherecal.participant.dp_gate import NoiseRequired, PlaintextRefused, PrivacyRefused
 from spherecal.participant.policy import (
+    AttemptsExhausted,
     EvaluationRefused,
     EvaluationsExhausted,
     ReleaseRepeated,
@@ -171,6 +172,7 @@ RULES: tuple[tuple[type[BaseException], pb.PolicyRule], ...] = (
     (crypto.KeySubstitution, pb.RULE_KEY_SUBSTITUTION),
     (ReleaseRepeated, pb.RULE_RELEASE_REPEATED),
     (EvaluationsExhausted, pb.RULE_EVALUATIONS_EXHAUSTED),
+    (AttemptsExhausted, pb.RULE_ATTEMPTS_EXHAUSTED),
     (TaskNotBound, pb.RULE_TASK_NOT_BOUND),
     (RoundOutsidePlan, pb.RULE_ROUND_OUTSIDE_PLAN),
     (EvaluationRefused, pb.RULE_EVALUATION_HEADS),

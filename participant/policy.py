@@ -29,8 +29,10 @@ from spherecal.spherefed.privacy.evaluation_noise import (
 __all__ = [
     "DEFAULT_EXAMPLE_COUNT_NOISE_SD",
     "DEFAULT_MAX_EVALUATION_HEADS",
+    "DEFAULT_MAX_UNRELEASED_ATTEMPTS",
     "DEFAULT_MAX_VALIDATION_HEADS",
     "DEFAULT_SHARE_WAIT_S",
+    "AttemptsExhausted",
     "EvaluationRefused",
     "EvaluationsExhausted",
     "PolicySettings",
@@ -50,6 +52,12 @@ weighted by, drawn once per training split (:mod:`spherecal.participant.example_
 DEFAULT_SHARE_WAIT_S = 900.0
 """The coordinator's default first-stage deadline (``[timeouts] round_s``): an honest
 coordinator sends the share step (or moves on) within it."""
+
+DEFAULT_MAX_UNRELEASED_ATTEMPTS = 3
+"""Started jobs per purpose whose input never left (``[policy]
+max_unreleased_attempts``): the coordinator's default ``[training]
+max_round_attempts``, so an honest coordinator's retries of a round, of the
+statistics or of an evaluation fit."""
 
 DEFAULT_MAX_VALIDATION_HEADS = 16
 """One validation evaluation scores every grid point of the closed-form calibrators
@@ -81,6 +89,17 @@ class EvaluationsExhausted(PrivacyRefused):
     asked for again at no cost — the split's total is in every evaluation, and a model
     moved by one ulp is a new release key — so an unbounded number of evaluations would
     average the noise away (``DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``)."""
+
+
+class AttemptsExhausted(PrivacyRefused):
+    """This site already started ``max_unreleased_attempts`` jobs for this purpose —
+    a training round, the per-class moments, the federation's evaluations — whose
+    input never left. A job the coordinator abandons during its local work costs no
+    release (a release counts when its input leaves, so that an honest retry is
+    admitted), yet when the site next speaks follows how long that work took, and
+    whether it failed; asked again under a fresh job id it would be read as often as
+    the coordinator liked (``docs/threat_model.md``, *Timing*). The refusal comes
+    before any local work and depends only on what the coordinator sent."""
 
 
 class TaskNotBound(PrivacyRefused):
@@ -183,6 +202,17 @@ class PolicySettings:
     3); per-round evaluations (``[evaluation] federated_every``, ``[federation]
     round_gate``) need more, and the coordinator keeps within the limit it is told
     the sites have (``[evaluation] site_limit``). 0: no limit (logged)."""
+    max_unreleased_attempts: int = DEFAULT_MAX_UNRELEASED_ATTEMPTS
+    """Most jobs this site starts for one purpose in a federation whose input never
+    leaves — per training round, for the per-class moments, and for the federation's
+    evaluations together (this times ``max_evaluations_per_federation``). A job
+    abandoned during its local work charges no release, but the moment the site next
+    speaks follows that work (its length grows with the local example count; a crafted
+    model can make it fail on some records), so each such job is one free reading of
+    it unless ``min_local_work_s`` holds it; this bounds how many. Counted in
+    ``state_dir/privacy.db`` (a restart does not reset it); a job continued under its
+    own id is the same attempt. The default (3) is the coordinator's default
+    ``[training] max_round_attempts``. 0: no limit (logged)."""
     follow_new_federation: bool = False
     """Whether this process joins another federation when the coordinator, on a
     rejoin, runs a different one than the process joined (a coordinator restarted on
@@ -255,6 +285,11 @@ class PolicySettings:
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise ValueError(
                 f"policy max_evaluations_per_federation must be an integer >= 0, got {most!r}"
+            )
+        attempts = self.max_unreleased_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise ValueError(
+                f"policy max_unreleased_attempts must be an integer >= 0, got {attempts!r}"
             )
         for key in ("min_local_work_s", "share_wait_s"):
             seconds = getattr(self, key)
@@ -351,6 +386,14 @@ class PolicySettings:
                 f"max_evaluations_per_federation = {most} (default "
                 f"{DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}; 0: no limit): more evaluations "
                 "per federation average the counts' noise further down"
+            )
+        attempts = self.max_unreleased_attempts
+        if attempts == 0 or attempts > DEFAULT_MAX_UNRELEASED_ATTEMPTS:
+            out.append(
+                f"max_unreleased_attempts = {attempts} (default "
+                f"{DEFAULT_MAX_UNRELEASED_ATTEMPTS}; 0: no limit): more jobs abandoned during "
+                "their local work, each a free reading of how long it took"
+                + ("" if self.min_local_work_s > 0 else " (min_local_work_s = 0 does not hold it)")
             )
         if self.share_wait_s == 0:
             out.append(

@@ -53,11 +53,16 @@ When a release counts: a job is *reserved* when the site admits the task and
 *consumed* the moment its input leaves (right before the first masked chunk, or the
 plaintext upload/report). A job that failed before that consumed nothing, so the
 coordinator's retry with a fresh job id is admitted; one that failed after counts
-(fail safe). Consuming re-checks the rules atomically, so two concurrent jobs for
-one key cannot both be released. The signed survivor set a release was summed with
-is stored when the unmask request arrives (:meth:`ReleaseLedger.record_survivors`),
-and every refusal is recorded (:meth:`ReleaseLedger.record_refusal`), so the site's
-own audit needs nothing from the coordinator.
+(fail safe). But a job the coordinator abandons during its local work still showed
+it something — when the site next speaks follows that work — so the reservations
+that never left are *attempts*, bounded per purpose (``[policy]
+max_unreleased_attempts``, :meth:`ReleaseLedger._attempts`): per training round, for
+the per-class moments, for the federation's evaluations together. Consuming re-checks
+the rules atomically, so two concurrent jobs for one key cannot both be released.
+The signed survivor set a release was summed with is stored when the unmask request
+arrives (:meth:`ReleaseLedger.record_survivors`), and every refusal is recorded
+(:meth:`ReleaseLedger.record_refusal`), so the site's own audit needs nothing from
+the coordinator.
 """
 
 from __future__ import annotations
@@ -76,7 +81,12 @@ import numpy as np
 import numpy.typing as npt
 
 from spherecal.participant.dp_gate import PrivacyRefused
-from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
+from spherecal.participant.policy import (
+    DEFAULT_MAX_UNRELEASED_ATTEMPTS,
+    AttemptsExhausted,
+    EvaluationsExhausted,
+    ReleaseRepeated,
+)
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
@@ -226,6 +236,8 @@ class LedgerRules:
     already left in."""
     max_evaluations_per_federation: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
     """``[policy] max_evaluations_per_federation`` (0: no limit)."""
+    max_unreleased_attempts: int = DEFAULT_MAX_UNRELEASED_ATTEMPTS
+    """``[policy] max_unreleased_attempts`` (0: no limit)."""
 
 
 @dataclass(frozen=True)
@@ -323,6 +335,7 @@ class ReleaseLedger:
                 exact_data_once=False,
                 exact_in_one_federation=False,
                 max_evaluations_per_federation=0,
+                max_unreleased_attempts=0,
             )
         )
         self._lock = threading.Lock()
@@ -491,11 +504,57 @@ class ReleaseLedger:
             f"{release.federation!r}); one update per (federation, update)"
         )
 
+    def _attempts(self, release: Release, job: str) -> AttemptsExhausted | None:
+        """The refusal of a *new* key when its purpose already holds the most started
+        jobs whose input never left (``None``: admitted).
+
+        Why: a reservation that is never consumed cost the site no release, so that an
+        honest coordinator's retry is admitted — but the coordinator that abandoned the
+        job during its local work saw when the site spoke next, which follows that
+        work: its length (the example count), and whether a crafted model made it fail.
+        Under fresh job ids that reading was free and unbounded (``docs/threat_model.md``,
+        *Timing*). The purpose is what the coordinator cannot vary for free: a training
+        round is ``(federation, round)`` (the plan bounds the rounds); the per-class
+        moments and the evaluations are per federation — an evaluation's key changes
+        with a model moved by one ulp, so its attempts are counted over the
+        federation's evaluations together, ``max_evaluations_per_federation`` of them
+        (4 when that is 0). Rows in ``released`` state never count: what left is
+        bounded by the rules above. Decided from the ledger alone, before any local
+        work, so the refusal says nothing about the data."""
+        most = self.rules.max_unreleased_attempts
+        if most <= 0:
+            return None
+        query = (
+            "SELECT COUNT(*) FROM site_releases WHERE participant = ? AND family = ? "
+            "AND federation = ? AND state = 'reserved' AND job != ?"
+        )
+        args: tuple[Any, ...] = (self.participant, release.family, release.federation, job)
+        if release.family == TRAINING:
+            query += " AND round IS ?"
+            args += (release.round,)
+            purpose = "round ?" if release.round is None else f"round {release.round + 1}"
+        elif release.family == EVALUATION:
+            most *= self.rules.max_evaluations_per_federation or (
+                DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+            )
+            purpose = "this federation's evaluations"
+        else:
+            purpose = "this federation's per-class moments"
+        (started,) = self._conn.execute(query, args).fetchone()
+        if started < most:
+            return None
+        return AttemptsExhausted(
+            f"this site already started {started} job(s) for {purpose} whose input never "
+            f"left, its most ([policy] max_unreleased_attempts): each one abandoned during "
+            "its local work shows how long that work took"
+        )
+
     # ------------------------------------------------------------ life cycle
     def reserve(self, release: Release, *, job: str) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
         rule forbids the release (:class:`EvaluationsExhausted` when it is the
-        federation's evaluation count).
+        federation's evaluation count, :class:`AttemptsExhausted` when a new key's
+        purpose holds the most unreleased attempts, :meth:`_attempts`).
 
         A key reserved again while nothing has left under it takes the new
         reservation's ε, δ and noise where it states them (an evaluation's, planned
@@ -508,6 +567,8 @@ class ReleaseLedger:
         with self._lock:
             kept = self._check_key(release, job)
             conflict = self._conflict(release, job)
+            if conflict is None and kept is None:  # a continued job is the same attempt
+                conflict = self._attempts(release, job)
             if conflict is not None:
                 raise conflict
             if kept is not None and kept[7] != "released" and release.epsilon is not None:

@@ -152,6 +152,7 @@ class ParticipantRunner:
                 exact_data_once=not settings.policy.reuse_data_across_federations,
                 exact_in_one_federation=not settings.policy.exact_moments_of_changed_data,
                 max_evaluations_per_federation=settings.policy.max_evaluations_per_federation,
+                max_unreleased_attempts=settings.policy.max_unreleased_attempts,
             ),
         )
         self._fingerprints: dict[str, bytes] = {}

@@ -75,6 +75,7 @@ class PolicyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RULE_TASK_NOT_BOUND: _ClassVar[PolicyRule]
     RULE_EXAMPLE_COUNT_NOISE: _ClassVar[PolicyRule]
     RULE_EXTRACTOR_NOT_ALLOWED: _ClassVar[PolicyRule]
+    RULE_ATTEMPTS_EXHAUSTED: _ClassVar[PolicyRule]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -130,6 +131,7 @@ RULE_EVALUATIONS_EXHAUSTED: PolicyRule
 RULE_TASK_NOT_BOUND: PolicyRule
 RULE_EXAMPLE_COUNT_NOISE: PolicyRule
 RULE_EXTRACTOR_NOT_ALLOWED: PolicyRule
+RULE_ATTEMPTS_EXHAUSTED: PolicyRule
 ERROR_REASON_UNSPECIFIED: ErrorReason
 SESSION_EXPIRED: ErrorReason
 UPLOAD_SLOTS_BUSY: ErrorReason

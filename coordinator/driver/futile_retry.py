@@ -48,6 +48,9 @@ at most the retries it made before, never another.
   messages), which costs at most one more attempt.
 * ``RULE_EVALUATIONS_EXHAUSTED``: the site's count of evaluations answered in this
   federation only grows.
+* ``RULE_ATTEMPTS_EXHAUSTED``: the site's count of started jobs for this purpose whose
+  input never left (a round, the moments, the federation's evaluations) only grows
+  within the federation, and a retry is one more such job.
 * ``RULE_PLAINTEXT_REFUSED``, ``RULE_DP_REQUIRED``: the site's declared policy against
   the coordinator's configuration (no secure aggregation, no DP noise, too little
   evaluation noise), both fixed for the federation.
@@ -82,13 +85,14 @@ from dataclasses import dataclass
 from spherecal.coordinator.driver.conduct import Refusal
 from spherecal.coordinator.driver.secure_job import participants_needed
 from spherecal.coordinator.driver.stages import StageContext
-from spherecal.coordinator.settings import SecAggSettings
+from spherecal.coordinator.settings import CoordinatorSettings, SecAggSettings, TrainingSettings
 
 __all__ = [
     "CHANGEABLE",
     "UNCHANGEABLE",
     "FutileRetry",
     "RefusalWatch",
+    "attempts_warning",
     "fewest_for_a_job",
     "unchangeable",
 ]
@@ -98,6 +102,7 @@ UNCHANGEABLE: frozenset[str] = frozenset(
         "BUDGET_EXCEEDED",
         "RULE_RELEASE_REPEATED",
         "RULE_EVALUATIONS_EXHAUSTED",
+        "RULE_ATTEMPTS_EXHAUSTED",
         "RULE_PLAINTEXT_REFUSED",
         "RULE_DP_REQUIRED",
         "RULE_EVALUATION_HEADS",
@@ -260,3 +265,22 @@ class RefusalWatch:
             shortfall=shortfall,
             released=tuple(sorted(spent, key=order)),
         )
+
+
+def attempts_warning(settings: CoordinatorSettings) -> list[str]:
+    """The line logged at start when ``[training] max_round_attempts`` is above its
+    default: a site admits that default number of started jobs per purpose whose input
+    never left (its ``[policy] max_unreleased_attempts``, default 3 — the same number),
+    so unless every site raised it, a fourth attempt of a round, of the statistics or
+    of an evaluation meets ``RULE_ATTEMPTS_EXHAUSTED`` from the sites whose earlier
+    attempts left nothing."""
+    attempts = settings.training.max_round_attempts
+    default = TrainingSettings().max_round_attempts
+    if attempts <= default:
+        return []
+    return [
+        f"[training] max_round_attempts = {attempts} (default {default}): a site admits "
+        f"{default} started jobs per purpose whose input never left ([policy] "
+        "max_unreleased_attempts, each one a free reading of its local work's timing); "
+        "unless every site raised it, a later attempt is refused (RULE_ATTEMPTS_EXHAUSTED)"
+    ]

@@ -291,7 +291,8 @@ def test_evaluations_are_unique_per_executed_model_and_head_contents(tmp_path: P
 
 def test_concurrent_jobs_for_one_release_cannot_both_be_consumed(tmp_path: Path) -> None:
     ledger = ReleaseLedger(tmp_path / "privacy.db")
-    jobs = [f"job{k}" for k in range(8)]
+    # as many as the site starts for one purpose ([policy] max_unreleased_attempts)
+    jobs = [f"job{k}" for k in range(3)]
     for job in jobs:
         ledger.reserve(_stats("ffc", "F", b"m"), job=job)
     outcomes: list[str] = []
@@ -308,7 +309,7 @@ def test_concurrent_jobs_for_one_release_cannot_both_be_consumed(tmp_path: Path)
         t.start()
     for t in threads:
         t.join()
-    assert sorted(outcomes) == ["refused"] * 7 + ["released"]
+    assert sorted(outcomes) == ["refused"] * 2 + ["released"]
     ledger.close()
 
 
