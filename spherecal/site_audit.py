@@ -28,7 +28,9 @@ What it flags:
   so an exact training pair is a coordinator that sent a model again. A pair of
   noised releases is listed with the ε the two cost together.
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
-  coordinator that asked twice).
+  coordinator that asked twice; ``RULE_ATTEMPTS_EXHAUSTED`` one that started more jobs
+  for a purpose than the site admits while nothing of them left — each such job is a
+  ``reserved`` row among the releases, admitted and never left).
 * **training weights** — the example count each federation's updates were weighted
   by (table ``site_example_counts``, :mod:`spherecal.participant.example_weight`):
   drawn once per training split with DP noise, so every round of a federation, and
