@@ -34,8 +34,12 @@ What it reports (JSON on stdout, or ``--json FILE``):
 * ``releases_lost``: site refusals of a release already made (a coordinator that
   asked again instead of continuing its job) — must be 0; ``second_releases``:
   anything a site's ledger shows released twice (two updates of one round, two sets
-  of moments in one federation) — must be 0; ``halts`` and ``site_halts`` by
-  ``point@kind``;
+  of moments in one federation) — must be 0; ``attempts_refused``: site refusals of
+  a job beyond its ``[policy] max_unreleased_attempts`` (the retries outran what a
+  site admits) — must be 0; ``most_unreleased_attempts``: the most started jobs one
+  purpose of one site held that never released (the limit is 3, 12 for the
+  evaluations together); ``halts`` and
+  ``site_halts`` by ``point@kind``;
 * ``coordinator_rss_mb``: the coordinator's resident memory sampled every
   ``--rss-every`` seconds (``[seconds since the soak started, MiB]``), its peak, and
   each federation's peak as the coordinator reported it.
@@ -163,6 +167,8 @@ class Soak:
         self.rounds_lost = 0
         self.releases_lost = 0
         self.second_releases = 0
+        self.attempts_refused = 0
+        self.most_unreleased = 0
         self.halts: dict[str, int] = {}
         self._next_halt = args.first_halt
         self.site_halts: dict[str, int] = {}
@@ -198,6 +204,7 @@ class Soak:
                 "rounds lost": self.rounds_lost,
                 "releases lost": self.releases_lost,
                 "second releases": self.second_releases,
+                "attempts refused": self.attempts_refused,
                 "failed federations": self.statuses.get("failed", 0),
             }
             for what, count in lost.items():
@@ -348,13 +355,18 @@ class Soak:
         if status == "failed" or status.startswith("harness-error"):
             lost += completed_rounds(db)
         self.rounds_lost += lost
-        refused, twice = _ledgers(out, list(settings.participant_ids))
+        ledgers = _ledgers(out, list(settings.participant_ids))
+        refused, twice = ledgers.refused, ledgers.twice
         self.releases_lost += refused
         self.second_releases += twice
+        self.attempts_refused += ledgers.attempts_refused
+        self.most_unreleased = max(self.most_unreleased, ledgers.most_unreleased)
         self.statuses[status] = self.statuses.get(status, 0) + 1
         record.update(
             releases_lost=refused,
             second_releases=twice,
+            attempts_refused=ledgers.attempts_refused,
+            most_unreleased=ledgers.most_unreleased,
             status=status,
             status_reasons=results.get("status_reasons", []),
             faults=injected,
@@ -405,6 +417,8 @@ class Soak:
             "rounds_lost": self.rounds_lost,
             "releases_lost": self.releases_lost,
             "second_releases": self.second_releases,
+            "attempts_refused": self.attempts_refused,
+            "most_unreleased_attempts": self.most_unreleased,
             "halts": {"by_point": dict(sorted(self.halts.items())), "pairs": HALT_PAIRS},
             "site_halts": {
                 "by_point": dict(sorted(self.site_halts.items())),
@@ -461,24 +475,52 @@ class SiteRestarter(threading.Thread):
             self.join(timeout=60)
 
 
-def _ledgers(out: Path, pids: list[str]) -> tuple[int, int]:
-    """(refusals of a repeated release, releases made twice) over every site's
-    ledger (``state/<pid>/privacy.db``)."""
-    refused = twice = 0
+@dataclasses.dataclass
+class LedgerCounts:
+    """What every site's ledger (``state/<pid>/privacy.db``) of one federation shows."""
+
+    refused: int = 0
+    """Refusals of a repeated release (``RULE_RELEASE_REPEATED``)."""
+    twice: int = 0
+    """Releases made twice (two updates of one round, two sets of moments)."""
+    attempts_refused: int = 0
+    """Refusals of a job beyond the site's ``[policy] max_unreleased_attempts``
+    (``RULE_ATTEMPTS_EXHAUSTED``): the coordinator's retries outran what the site
+    admits — must be 0 with the defaults."""
+    most_unreleased: int = 0
+    """The most started jobs one purpose of one site held whose input never left (a
+    training round, the moments; the evaluations together): how close the faults
+    brought an honest run to that limit."""
+
+
+def _ledgers(out: Path, pids: list[str]) -> LedgerCounts:
+    """What every site's ledger shows (:class:`LedgerCounts`)."""
+    counts = LedgerCounts()
     for pid in pids:
         db = out / "state" / pid / "privacy.db"
         if not db.exists():
             continue
         with sqlite3.connect(db) as conn:
-            refused += conn.execute(
+            counts.refused += conn.execute(
                 "SELECT COUNT(*) FROM site_refusals WHERE rule = 'RULE_RELEASE_REPEATED'"
             ).fetchone()[0]
-            twice += conn.execute(
+            counts.attempts_refused += conn.execute(
+                "SELECT COUNT(*) FROM site_refusals WHERE rule = 'RULE_ATTEMPTS_EXHAUSTED'"
+            ).fetchone()[0]
+            counts.twice += conn.execute(
                 "SELECT COALESCE(SUM(c - 1), 0) FROM (SELECT COUNT(*) AS c FROM site_releases "
                 "WHERE state = 'released' AND family != 'evaluation' "
                 "GROUP BY family, federation, COALESCE(round, -1))"
             ).fetchone()[0]
-    return int(refused), int(twice)
+            counts.most_unreleased = max(
+                counts.most_unreleased,
+                conn.execute(
+                    "SELECT COALESCE(MAX(c), 0) FROM (SELECT COUNT(*) AS c FROM site_releases "
+                    "WHERE state = 'reserved' GROUP BY family, federation, "
+                    "CASE WHEN family = 'training' THEN COALESCE(round, -1) ELSE -1 END)"
+                ).fetchone()[0],
+            )
+    return counts
 
 
 def _peak_rss(out: Path) -> float | None:
