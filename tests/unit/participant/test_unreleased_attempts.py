@@ -188,7 +188,7 @@ def test_the_policy_key_is_validated_and_a_weaker_value_is_logged() -> None:
 def test_the_sites_default_is_the_coordinators_default_retry_count() -> None:
     """An honest coordinator's retries fit the sites' default; raised, it says so."""
     assert TrainingSettings().max_round_attempts == MOST
-    base = CoordinatorSettings(participants=["p0", "p1", "p2"])
+    base = CoordinatorSettings(participants=("p0", "p1", "p2"))
     assert attempts_warning(base) == []
     raised = replace(base, training=replace(base.training, max_round_attempts=MOST + 2))
     (line,) = attempts_warning(raised)
