@@ -27,6 +27,11 @@ What it flags:
   docs/threat_model.md names *Different training rounds*, which only DP-SGD bounds),
   so an exact training pair is a coordinator that sent a model again. A pair of
   noised releases is listed with the ε the two cost together.
+* **started jobs that never released** — the ``reserved`` rows by purpose (a training
+  round, the per-class moments, the federation's evaluations): jobs the coordinator
+  abandoned before their input left, each one a reading of the local work's timing
+  (or jobs still running), which the site bounds by ``[policy]
+  max_unreleased_attempts``.
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice; ``RULE_ATTEMPTS_EXHAUSTED`` one that started more jobs
   for a purpose than the site admits while nothing of them left — each such job is a
@@ -79,6 +84,7 @@ __all__ = [
     "SiteExampleCount",
     "SiteRefusal",
     "SiteRelease",
+    "UnreleasedAttempts",
     "format_site_audit",
     "read_site_audit",
     "run_site_audit",
@@ -181,6 +187,22 @@ class SiteExampleCount:
 
 
 @dataclass(frozen=True)
+class UnreleasedAttempts:
+    """Jobs a site admitted for one purpose whose input never left (module docstring).
+
+    The site admits ``[policy] max_unreleased_attempts`` (3 by default) per purpose
+    and refuses the next (``RULE_ATTEMPTS_EXHAUSTED``): each was either abandoned by
+    the coordinator — during the local work, whose timing it then saw — or is still
+    running."""
+
+    participant: str
+    federation: str
+    purpose: str
+    """``round N`` (1-based), ``moments`` or ``evaluations`` (counted together)."""
+    jobs: list[str]
+
+
+@dataclass(frozen=True)
 class SiteAudit:
     state_dir: str
     releases: list[SiteRelease]
@@ -188,6 +210,7 @@ class SiteAudit:
     pairs: list[DifferencingPair]
     changed_data: list[ChangedDataPair] = field(default_factory=list)
     example_counts: list[SiteExampleCount] = field(default_factory=list)
+    attempts: list[UnreleasedAttempts] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -209,6 +232,7 @@ class SiteAudit:
             "differencing_pairs": [asdict(p) for p in self.pairs],
             "exact_moments_of_changed_data": [asdict(p) for p in self.changed_data],
             "example_counts": [asdict(c) for c in self.example_counts],
+            "unreleased_attempts": [asdict(a) for a in self.attempts],
             "epsilon_total": epsilon,
         }
 
@@ -320,6 +344,7 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         differencing_pairs(releases),
         changed_data_pairs(releases),
         counts,
+        unreleased_attempts(releases),
     )
 
 
@@ -408,6 +433,34 @@ CHANGED_DATA_NOTE = (
 )
 
 
+def unreleased_attempts(releases: list[SiteRelease]) -> list[UnreleasedAttempts]:
+    """The ``reserved`` rows by site, federation and purpose — the purposes the site's
+    ``[policy] max_unreleased_attempts`` counts (``ReleaseLedger._attempts``): a
+    training round, the per-class moments, the federation's evaluations together."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for r in releases:
+        if r.state != "reserved":
+            continue
+        if r.family == "training":
+            purpose = "round ?" if r.round is None else f"round {r.round}"
+        elif r.family == "evaluation":
+            purpose = "evaluations"
+        else:
+            purpose = "moments"
+        groups.setdefault((r.participant, r.federation, purpose), []).append(r.job)
+    return [
+        UnreleasedAttempts(participant=p, federation=f, purpose=purpose, jobs=jobs)
+        for (p, f, purpose), jobs in groups.items()
+    ]
+
+
+ATTEMPTS_NOTE = (
+    "admitted, input never left: abandoned by the coordinator (it saw when the local work "
+    "ended) or still running; the site admits [policy] max_unreleased_attempts (3; 12 "
+    "for the evaluations together) per purpose"
+)
+
+
 def _short(digest: str) -> str:
     return digest[:12] if digest else "-"
 
@@ -452,6 +505,11 @@ def format_site_audit(audit: SiteAudit) -> str:
             noise = f"sent again from {w.drawn_in}: no new release"
         lines.append(
             f"  {w.participant} {w.federation}: {w.released} sent for {w.count} examples ({noise})"
+        )
+    lines.append(f"started jobs that never released: {len(audit.attempts)} purpose(s)")
+    for a in audit.attempts:
+        lines.append(
+            f"  {a.participant} {a.federation} {a.purpose}: {len(a.jobs)} job(s) ({ATTEMPTS_NOTE})"
         )
     lines.append(f"exact moments of changed data: {len(audit.changed_data)}")
     for c in audit.changed_data:
@@ -516,6 +574,16 @@ def site_audit_html(audit: SiteAudit) -> str:
         ]
         for c in audit.example_counts
     ]
+    attempts = [
+        [
+            a.participant,
+            a.federation,
+            a.purpose,
+            str(len(a.jobs)),
+            ", ".join(j[:16] for j in a.jobs),
+        ]
+        for a in audit.attempts
+    ]
     verdict = "OK: no exact differencing pair" if audit.ok else "EXACT DIFFERENCING PAIR FOUND"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>spherecal site audit</title>"
@@ -544,6 +612,9 @@ def site_audit_html(audit: SiteAudit) -> str:
         + table(["site", "task", "kind", "rule", "reason"], refusals)
         + "<h2>Training weights (one per federation)</h2>"
         + table(["site", "federation", "examples", "sent", "sd", "ε"], weights)
+        + "<h2>Started jobs that never released</h2>"
+        + f"<p>{e(ATTEMPTS_NOTE)}</p>"
+        + table(["site", "federation", "purpose", "jobs", "job ids"], attempts)
         + "<h2>Exact moments of changed data</h2>"
         + table(["first", "federation", "second", "federation", "what it means"], changed)
         + "</body></html>"

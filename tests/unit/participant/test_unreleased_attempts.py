@@ -7,6 +7,7 @@ together — and refuses a new job id beyond the limit, before any local work.""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from spherecal.participant.release_ledger import (
     ReleaseLedger,
 )
 from spherecal.proto import spherecal_pb2 as pb
+from spherecal.site_audit import format_site_audit, read_site_audit, run_site_audit, site_audit_html
 from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
 MOST = DEFAULT_MAX_UNRELEASED_ATTEMPTS
@@ -193,3 +195,42 @@ def test_the_sites_default_is_the_coordinators_default_retry_count() -> None:
     raised = replace(base, training=replace(base.training, max_round_attempts=MOST + 2))
     (line,) = attempts_warning(raised)
     assert f"max_round_attempts = {MOST + 2}" in line and "RULE_ATTEMPTS_EXHAUSTED" in line
+
+
+def test_the_site_audit_lists_the_started_jobs_that_never_released_by_purpose(
+    tmp_path: Path,
+) -> None:
+    """What a privacy officer reads: which purposes a coordinator started jobs for
+    and abandoned (each one a reading of the local work's timing)."""
+    ledger = _ledger(tmp_path)
+    ledger.reserve(_round(0, model=1), job="r1-a")
+    ledger.reserve(_round(0, model=2), job="r1-b")
+    ledger.reserve(_round(1), job="r2-left")
+    ledger.consume("r2-left")  # left: not an attempt any more
+    ledger.reserve(_moments(1), job="m-a")
+    for k in range(2):
+        ledger.reserve(_evaluation(k), job=f"e{k}")
+    with pytest.raises(AttemptsExhausted):
+        for k in range(2, 20):
+            ledger.reserve(_evaluation(k), job=f"e{k}")
+    ledger.close()
+    audit = read_site_audit(tmp_path)
+    found = {(a.federation, a.purpose): a.jobs for a in audit.attempts}
+    allowed = MOST * DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+    assert found == {
+        ("fed", "round 1"): ["r1-a", "r1-b"],
+        ("fed", "moments"): ["m-a"],
+        ("fed", "evaluations"): [f"e{k}" for k in range(allowed)],
+    }
+    text = format_site_audit(audit)
+    assert "started jobs that never released: 3 purpose(s)" in text
+    assert "p0 fed round 1: 2 job(s)" in text
+    assert "Started jobs that never released" in site_audit_html(audit)
+    status, out = run_site_audit(tmp_path, as_json=True)
+    assert status == 0
+    listed = json.loads(out)["unreleased_attempts"]
+    assert {(a["purpose"], len(a["jobs"])) for a in listed} == {
+        ("round 1", 2),
+        ("moments", 1),
+        ("evaluations", allowed),
+    }
