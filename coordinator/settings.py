@@ -140,7 +140,9 @@ class TrainingSettings:
     """Rounds *lost* in a row before the federation gives up (``failed``). A round is
     lost, not failed, when its sites' releases for it were spent in a failed job —
     their updates left, or they refused at its masked step for a reason that depends
-    on their data, such as an update outside the declared bound — so no retry can
+    on their data, such as an update outside the declared bound — or they already
+    started their most jobs for the round whose input never left (their ``[policy]
+    max_unreleased_attempts``, attempts before a restart included), so no retry can
     reach the minimum; the model keeps its state and the run goes on ``degraded``. The
     next round starts from the same model, so several in a row mean the cause repeats
     (e.g. ``update_bound`` too small for every site). 0: never give up for this."""

@@ -130,15 +130,11 @@ class RoundDriver:
                 futile = self.futile(r, watch)
                 if futile is not None:
                     break
-        released = sorted(
-            {
-                refusal.participant
-                for refusal in ctx.conduct.refusals_since(refusals_before)
-                if refusal.rule == "RULE_RELEASE_REPEATED"
-            }
-        )
-        if released:
-            message = self.lose(r, released, first_error, attempts, futile)
+        refused = ctx.conduct.refusals_since(refusals_before)
+        released = sorted({f.participant for f in refused if f.rule == "RULE_RELEASE_REPEATED"})
+        spent = sorted({f.participant for f in refused if f.rule == "RULE_ATTEMPTS_EXHAUSTED"})
+        if released or spent:
+            message = self.lose(r, released, first_error, attempts, futile, spent=spent)
             in_a_row = self.lost_in_a_row()
             limit = s.training.max_lost_rounds_in_a_row
             if limit and in_a_row >= limit:
@@ -186,24 +182,42 @@ class RoundDriver:
         first_error: str,
         attempts: int,
         futile: FutileRetry | None = None,
+        *,
+        spent: list[str] | None = None,
     ) -> str:
         """Give up round ``r`` without failing the federation: sites whose release for
         it was spent in a failed job — their update left, or they refused at its masked
         step for a reason that depends on their data (an update outside the job's
         bound: a refusal counted as the release, ``participant.secure_jobs``) — refuse
         a second one (one update per ``(federation, round)``, issue #19), so no retry
-        can reach the minimum. The model keeps its state; the round is recorded as
-        ``lost`` and the status is ``degraded`` with the reason (``verdict``), naming
-        the refusal and the *first* attempt's failure: the later attempts' failure is
-        the repeated refusal itself, while the first names what went wrong (e.g. every
-        site's update outside the declared bound). ``attempts``: how many were made;
+        can reach the minimum. Sites in ``spent`` refused a further job for the round
+        because they had started their most jobs for it whose input never left
+        (``[policy] max_unreleased_attempts``, ``RULE_ATTEMPTS_EXHAUSTED``: attempts
+        made before a coordinator restart count too); the next round is a purpose of
+        its own, so the federation goes on as it does for a spent release. The model
+        keeps its state; the round is recorded as ``lost`` and the status is
+        ``degraded`` with the reason (``verdict``), naming the refusal and the *first*
+        attempt's failure: the later attempts' failure is the repeated refusal itself,
+        while the first names what went wrong (e.g. every site's update outside the
+        declared bound). ``attempts``: how many were made;
         ``futile``: no more were, once no retry could reach the minimum
         (``futile_retry``), which the message says."""
         ctx, progress = self.ctx, self.ctx.progress
+        causes = []
+        if released:
+            causes.append(
+                f"{', '.join(released)} released their update for this round in a failed "
+                "job (its upload, or a refusal counted as the release) and each site "
+                "releases one update per round (RULE_RELEASE_REPEATED)"
+            )
+        if spent:
+            causes.append(
+                f"{', '.join(spent)} already started their most jobs for this round whose "
+                "input never left ([policy] max_unreleased_attempts, "
+                "RULE_ATTEMPTS_EXHAUSTED)"
+            )
         message = (
-            f"round {r + 1} lost: {', '.join(released)} released their update for this "
-            f"round in a failed job (its upload, or a refusal counted as the release) and "
-            f"each site releases one update per round (RULE_RELEASE_REPEATED)"
+            f"round {r + 1} lost: {'; '.join(causes)}"
             + ("; not retried: too few others could take part" if futile is not None else "")
             + f"; first attempt: {first_error}"
         )

@@ -30,7 +30,7 @@ from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import CoordinatorSettings, SecAggSettings
 from spherecal.coordinator.state.registry import Peer
 from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
-from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
+from spherecal.participant.policy import AttemptsExhausted, EvaluationsExhausted, ReleaseRepeated
 from spherecal.proto import spherecal_pb2 as pb
 
 from .service_harness import Harness, settings_for
@@ -177,6 +177,32 @@ def test_a_round_whose_update_already_left_every_site_is_lost_at_once(tmp_path: 
         assert metrics["status"] == "lost" and metrics["attempt"] == 1
         (lost,) = [r for r in harness.federation.progress.status_reasons if " lost: " in r]
         assert "not retried" in lost and lost.count("RULE_RELEASE_REPEATED") == 1
+
+
+def _attempts_spent(site: str, kind: str) -> BaseException:
+    if kind == "train":
+        return AttemptsExhausted("this site already started 3 job(s) for round 1")
+    return _everyone_refuses(site, kind)
+
+
+def test_a_round_whose_sites_spent_their_attempts_is_lost_and_the_federation_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The sites admit ``[policy] max_unreleased_attempts`` started jobs per round whose
+    input never left — attempts before a coordinator restart count too — so a round
+    they refuse for that is lost, as one whose updates left: the next round is a
+    purpose of its own. Failing the federation instead would end it for what is a
+    per-round bound."""
+    with _run(_settings(tmp_path, secure=True, n=3, rounds=1), _attempts_spent) as harness:
+        assert harness.federation.board.done is not None
+        assert harness.federation.board.done[0] == "degraded"
+        assert _jobs(harness, "update") == 1
+        (metrics,) = harness.federation.progress.round_metrics
+        assert metrics["status"] == "lost" and metrics["attempt"] == 1
+        (lost,) = [r for r in harness.federation.progress.status_reasons if " lost: " in r]
+        assert "not retried" in lost and lost.count("RULE_ATTEMPTS_EXHAUSTED") == 1, lost
+        assert "p0, p1, p2 already started their most jobs for this round" in lost
+        assert "RULE_RELEASE_REPEATED" not in lost
 
 
 def _one_refuses_the_others_drop(site: str, kind: str) -> BaseException:
