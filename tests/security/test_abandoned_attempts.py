@@ -26,19 +26,15 @@ import numpy as np
 import pytest
 
 from spherecal.coordinator.driver.model import GlobalModel
-from spherecal.crypto.replay import MemoryJobLedger
 from spherecal.participant.data import LocalData
-from spherecal.participant.runner import ParticipantRunner
 from spherecal.participant.trainer import LocalTrainer
-from spherecal.participant.trust import DirectoryTrust
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.stats import ffc_layout_size
 from tests.security.hostile_ring import (
-    IDENTITIES,
-    TARGET,
     HostileRing,
     RingJob,
     make_job,
+    run_target,
     target_settings,
 )
 
@@ -84,16 +80,7 @@ def work(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _run(tmp: Path, ring: HostileRing, data: LocalData, **policy: object) -> None:
-    runner = ParticipantRunner(
-        target_settings(tmp, **policy),
-        ring,
-        data,
-        IDENTITIES[TARGET],
-        MemoryJobLedger(),
-        DirectoryTrust(None),
-        log=lambda _m: None,
-    )
-    assert runner.run() == 0
+    run_target(target_settings(tmp, **policy), ring, data)
 
 
 def _ffc_tasks(ring: HostileRing, model: GlobalModel, names: list[str]) -> list[RingJob]:
