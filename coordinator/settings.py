@@ -128,7 +128,12 @@ class TrainingSettings:
     sample_fraction: float = 1.0
     """Participants sampled per round (seeded, as the reference)."""
     min_participants: int = 2
-    """A round completes only with at least this many updates."""
+    """A round completes only with at least this many updates. A sum of fewer is kept
+    (its sites released their update for the round and refuse a second): a retry asks
+    the others and its sum is added, and the round completes once the union reaches
+    this; it is lost if it never does. Not with distributed DP-SGD, whose step and
+    noise are planned for one job: a short step is not kept, its sites refuse a
+    retry, and the round is lost."""
     max_round_attempts: int = 3
     """A round that misses its minimum (or whose secure job fails) is retried, with a
     fresh job, at most this many times before the federation gives up (the statistics

@@ -223,6 +223,7 @@ class RoundMetrics(TypedDict):
     federated_accuracy: float | None
     federated_accuracy_sd: NotRequired[float | None]
     secure_job: str | None
+    parts: NotRequired[list[list[str]]]  # only on a round whose sum was added from jobs
     seconds: float
 
 

@@ -14,7 +14,8 @@ first such message accepted and journaled), ``masked`` (the first complete maske
 upload), ``advertise-closed``, ``share-closed``, ``masked-closed``,
 ``consistency-closed`` (the stage closed and journaled), ``aggregated`` (the result
 journaled, before the driver uses it), ``recorded`` (a distributed DP-SGD step
-charged in the coordinator's ledger, not yet checkpointed). ``WHEN`` is a job purpose (``update``,
+charged in the coordinator's ledger, not yet checkpointed), ``added`` (a round's later
+job added to its short sum kept, before the server step). ``WHEN`` is a job purpose (``update``,
 ``ffc``, ``ccvr``, ``evaluate``) or ``rN`` (round N's update, 1-based).
 """
 
@@ -52,8 +53,10 @@ HALT_POINTS = (
     "aggregated",
 )
 """The points inside a secure job (:class:`SecureJob` calls the halt at each)."""
-DRIVER_HALT_POINTS = ("recorded",)
-"""The points in the driver, after a job: ``recorded`` (``training_rounds``)."""
+DRIVER_HALT_POINTS = ("recorded", "added")
+"""The points in the driver, after a job: ``recorded`` and ``added`` (a round's sum
+added from a later job to a short one kept, before the server step uses it;
+``training_rounds``)."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,12 @@ exclusion policy, a rejoin grace or round metrics hook in.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from spherecal import crypto
 from spherecal.coordinator.driver.dpsgd_rounds import DistributedDpsgd
@@ -60,6 +65,40 @@ from spherecal.spherefed.privacy.distributed_dpsgd import DistributedDpsgdPlan
 from spherecal.spherefed.reference import ReferenceConfig, select_participants
 
 __all__ = ["RoundDriver"]
+
+
+@dataclass
+class _KeptSum:
+    """A round's sum short of ``[training] min_participants``, kept across its attempts,
+    and the sums of later attempts added to it (:meth:`RoundDriver.attempt`)."""
+
+    values: npt.NDArray[np.float64] | None = None
+    contributors: list[str] = field(default_factory=list)
+    parts: list[list[str]] = field(default_factory=list)
+    """Each added job's contributors, in the order summed."""
+    job: SecureJob | None = None
+    """The first part's job: the round's ``secure_job``."""
+
+    def add(self, gathered: Gathered, order: Callable[[str], int]) -> None:
+        """Add a sum over other sites (sums over disjoint sites from the same model
+        and seeds add to the sum over their union)."""
+        assert gathered.values is not None
+        both = set(self.contributors) & set(gathered.contributors)
+        if both:  # a retry asks only the others: never
+            raise ValueError(f"the sums to add share contributors {sorted(both)}")
+        self.values = (
+            np.asarray(gathered.values, dtype=np.float64)
+            if self.values is None
+            else self.values + gathered.values
+        )
+        self.parts.append(sorted(gathered.contributors, key=order))
+        self.contributors = sorted([*self.contributors, *gathered.contributors], key=order)
+        if self.job is None:
+            self.job = gathered.job
+
+    def gathered(self, dropped: dict[str, str]) -> Gathered:
+        """The sum of every part, as one gathered sum."""
+        return Gathered(self.values, list(self.contributors), dropped, None, self.job)
 
 
 class RoundDriver:
@@ -105,6 +144,7 @@ class RoundDriver:
         watch = RefusalWatch(ctx, "update")
         futile: FutileRetry | None = None
         attempts = 0
+        kept = _KeptSum()
         for attempt in range(1, s.training.max_round_attempts + 1):
             attempts = attempt
             ctx.board.check_stop()
@@ -116,9 +156,9 @@ class RoundDriver:
                     stage=f"round {r + 1}",
                     next_attempt=attempt,
                     reason=last_error,
-                    wanted=selected,
+                    wanted=[p for p in selected if p not in kept.contributors],
                 )
-            outcome = self.attempt(r, attempt)
+            outcome = self.attempt(r, attempt, kept)
             if outcome is None:
                 return
             last_error = outcome
@@ -127,11 +167,14 @@ class RoundDriver:
             ctx.store.event("warning", f"round {r + 1} attempt {attempt} failed: {outcome}")
             ctx.store.round_finished(r, "failed", {"error": outcome, "attempt": attempt})
             if attempt < s.training.max_round_attempts:
-                futile = self.futile(r, watch)
+                futile = self.futile(r, watch, kept)
                 if futile is not None:
                     break
         refused = ctx.conduct.refusals_since(refusals_before)
-        released = sorted({f.participant for f in refused if f.rule == "RULE_RELEASE_REPEATED"})
+        released = sorted(
+            {f.participant for f in refused if f.rule == "RULE_RELEASE_REPEATED"}
+            | set(kept.contributors)  # their updates are in the sum kept, never asked again
+        )
         spent = sorted({f.participant for f in refused if f.rule == "RULE_ATTEMPTS_EXHAUSTED"})
         if released or spent:
             message = self.lose(r, released, first_error, attempts, futile, spent=spent)
@@ -150,20 +193,23 @@ class RoundDriver:
             f"round {r + 1} failed {s.training.max_round_attempts} times; last: {last_error}"
         )
 
-    def futile(self, r: int, watch: RefusalWatch) -> FutileRetry | None:
+    def futile(self, r: int, watch: RefusalWatch, kept: _KeptSum) -> FutileRetry | None:
         """Whether no retry of round ``r`` can reach ``[training] min_participants``
         (and, secure, a job's threshold and minimum) among its eligible selected
-        sites, once those that refused it for good are left out."""
+        sites, once those that refused it for good are left out — and those whose
+        updates are in a short sum ``kept``, which a retry does not ask: it needs
+        only the rest of the minimum."""
         s = self.ctx.settings
         selected, _, _ = self.candidates(r)
         pool = self.ctx.eligible(selected)
-        least = s.training.min_participants
+        least = max(s.training.min_participants - len(kept.contributors), 1)
         needs = "a round needs ([training] min_participants)"
         if s.secagg.updates:
-            job = fewest_for_a_job(s.secagg, len(pool), s.privacy.colluders)
+            others = len([p for p in pool if p not in kept.contributors])
+            job = fewest_for_a_job(s.secagg, others, s.privacy.colluders)
             if job > least:
                 least, needs = job, "a secure job needs"
-        return watch.futile(pool, least=least, needs=needs)
+        return watch.futile(pool, least=least, needs=needs, released=kept.contributors)
 
     def lost_in_a_row(self) -> int:
         """How many of the last recorded rounds were lost, counting back from the
@@ -207,8 +253,8 @@ class RoundDriver:
         if released:
             causes.append(
                 f"{', '.join(released)} released their update for this round in a failed "
-                "job (its upload, or a refusal counted as the release) and each site "
-                "releases one update per round (RULE_RELEASE_REPEATED)"
+                "or short job (its upload, or a refusal counted as the release) and each "
+                "site releases one update per round (RULE_RELEASE_REPEATED)"
             )
         if spent:
             causes.append(
@@ -280,19 +326,33 @@ class RoundDriver:
             dpsgd=self.dpsgd.message(step) if self.dpsgd is not None and step is not None else None,
         )
 
-    def attempt(self, r: int, attempt: int) -> str | None:
-        """One attempt at round ``r``; returns None on success, else the reason."""
+    def attempt(self, r: int, attempt: int, kept: _KeptSum | None = None) -> str | None:
+        """One attempt at round ``r``; returns None on success, else the reason.
+
+        A sum of fewer updates than ``[training] min_participants`` is *kept* in
+        ``kept`` (not with distributed DP-SGD, whose step is planned for one job): its
+        contributors released their update for the round and would refuse a second
+        (one update per ``(federation, round)``), so the next attempt asks only the
+        others and its sum is added — sums over disjoint sites from the same model and
+        seeds add to the sum over their union. Each such job has its journal slot
+        (``update:r3``, ``update:r3+2``, …), so a restarted coordinator continues every
+        part (issue #20)."""
         ctx = self.ctx
         s = ctx.settings
+        kept = kept if kept is not None else _KeptSum()
         t0 = time.monotonic()
         ctx.store.round_started(r, attempt)
         selected, candidates, dropped = self.candidates(r)
+        candidates = [p for p in candidates if p not in kept.contributors]
+        dropped = {p: why for p, why in dropped.items() if p not in kept.contributors}
         minimum = s.training.min_participants
-        if len(candidates) < minimum:
+        if len(candidates) + len(kept.contributors) < minimum:
             return (
-                f"only {len(candidates)} of the {len(selected)} selected participants are "
-                f"connected (minimum {minimum})"
+                f"only {len(candidates) + len(kept.contributors)} of the {len(selected)} "
+                f"selected participants are connected (minimum {minimum})"
             )
+        part = len(kept.parts) + 1
+        slot = default_slot("update", r) + ("" if part == 1 else f"+{part}")
         ref = ctx.board.publish(f"global-r{r}", ctx.progress.global_vector)
         broadcast = [
             pb.NamedTensorRef(name=name, tensor=ctx.board.publish(f"{name}-r{r}", value))
@@ -303,7 +363,7 @@ class RoundDriver:
         step = None
         if s.secagg.updates:
             # after a restart: the journaled job's participants, continued
-            candidates = ctx.resume_participants(default_slot("update", r), candidates)
+            candidates = ctx.resume_participants(slot, candidates)
             try:
                 spec_arguments: dict[str, Any] | None = (
                     # the 32-bit ring when the bound, n and this step allow it
@@ -325,11 +385,12 @@ class RoundDriver:
                     context=task_context(
                         self._train_task(r, ref, broadcast, step), ctx.shared_plan()
                     ),
+                    slot=slot,
                 )
             except (crypto.SecAggError, ValueError) as exc:
                 return f"cannot create the secure job: {exc}"
         task = Task(
-            task_id=ctx.task_id(default_slot("update", r)),
+            task_id=ctx.task_id(slot),
             kind="train",
             expected=frozenset(candidates),
             instructions={
@@ -354,17 +415,37 @@ class RoundDriver:
         ctx.say(
             f"round {r + 1}/{s.training.rounds}: training on {len(candidates)} participants"
             + (f" (not connected: {sorted(dropped)})" if dropped else "")
+            + (f", to add to the {len(kept.contributors)} kept" if kept.parts else "")
         )
+        keeps = self.dpsgd is None
         gathered = ctx.gather(
             task,
             timeout_s=s.timeouts.round_s,
             phase_after=f"round {r + 1}: aggregating",
-            minimum=minimum,
+            # plaintext: any upload is summed where a short sum is kept (it left its site)
+            minimum=1 if keeps else minimum,
         )
         dropped.update(gathered.dropped)
         if gathered.error is not None:
             ctx.board.set_task(None, f"round {r + 1}: failed")
             return with_first_cause(gathered.error, dropped)
+        if keeps and gathered.values is not None and gathered.contributors:
+            if kept.parts:
+                line = (
+                    f"round {r + 1}: attempt {attempt} summed {len(gathered.contributors)} "
+                    f"more updates, added to the {len(kept.contributors)} kept"
+                )
+                ctx.say(line)
+                ctx.store.event("info", line)
+            kept.add(gathered, ctx.registry.index_of)
+            if len(kept.parts) > 1 and ctx.halt is not None and gathered.job is not None:
+                ctx.halt("added", "update", gathered.job)  # test-only: before the step
+            gathered = kept.gathered(dropped)
+            if len(gathered.contributors) < minimum:
+                return (
+                    f"only {len(gathered.contributors)} updates (minimum {minimum}); kept, "
+                    "and a retry asks the others"
+                )
         if gathered.values is None or len(gathered.contributors) < minimum:
             return f"only {len(gathered.contributors)} updates (minimum {minimum})"
         if self.dpsgd is not None and step is not None and gathered.job is not None:
@@ -401,7 +482,9 @@ class RoundDriver:
         if self.round_gate.check(r, before, new_vector):
             ctx.progress.global_vector = before  # ``[federation] round_gate = "rollback"``
             self.strategy.load_state_dict(state_before)
-        self.finish_round(r, attempt, t0, selected, gathered, dropped, train_loss, weight)
+        self.finish_round(
+            r, attempt, t0, selected, gathered, dropped, train_loss, weight, kept=kept
+        )
         return None
 
     def dpsgd_step(
@@ -455,8 +538,10 @@ class RoundDriver:
         dropped: dict[str, str],
         train_loss: float | None,
         weight: float | None = None,
+        kept: _KeptSum | None = None,
     ) -> None:
-        """Metrics, optional evaluation, checkpoint, and the round's log line."""
+        """Metrics, optional evaluation, checkpoint, and the round's log line; with
+        ``kept``, the round's sum was added from its parts (``parts``)."""
         ctx = self.ctx
         s = ctx.settings
         progress = ctx.progress
@@ -474,6 +559,8 @@ class RoundDriver:
             "secure_job": gathered.job.job_hex if gathered.job is not None else None,
             "seconds": 0.0,  # set once the round's evaluation ran (below)
         }
+        if kept is not None and len(kept.parts) > 1:
+            metrics["parts"] = [list(part) for part in kept.parts]
         if self.evaluator is not None:
             metrics["test_accuracy"] = self.evaluator.accuracy(progress.global_vector)
         if s.evaluates_after_round(r):  # within the sites' evaluation limit

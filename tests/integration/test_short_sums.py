@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from spherecal.coordinator.driver.ffc_ccvr_heads import ffc_classifier
+from spherecal.coordinator.driver.halts import HALT_MARKER
 from spherecal.participant.faults import HaltPoint
 from spherecal.simulate import Drop, SimulationSettings, clear_statistics, run_simulation
 from spherecal.spherefed.stats import FFCStatistics
@@ -116,14 +117,17 @@ def _three_back_late(
     back_when: Callable[[str], bool],
     *,
     kill_coordinator_on: str | None = None,
+    halt: str | None = None,
     calibration: tuple[str, ...] = ("ffc",),
     epsilon: float | None = None,
+    minimum: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
-    """Seven sites, calibration minimum 7: p4–p6 die before they advertise in the first
-    ``halted_in`` job and are restarted only once the coordinator logs a line
-    ``back_when`` accepts (the short attempt's), so the retry can only ask them. With
-    ``kill_coordinator_on``, the coordinator is SIGKILLed at the first line after that
-    containing it, and restarted on its port."""
+    """Seven sites, calibration minimum 7 (or the coordinator tables ``minimum``): p4–p6
+    die before they advertise in the first ``halted_in`` job and are restarted only
+    once the coordinator logs a line ``back_when`` accepts (the short attempt's), so
+    the retry can only ask them. With ``kill_coordinator_on``, the coordinator is
+    SIGKILLed at the first line after that containing it, and restarted on its port;
+    with ``halt`` (``POINT@WHEN``, ``coordinator.driver.halts``), when it halts there."""
     from spherecal.simulate import Simulation
     from spherecal.spherefed.reference import ReferenceConfig
 
@@ -138,7 +142,7 @@ def _three_back_late(
         # the short attempt waits this long for the three in its advertise stage; the
         # retry waits up to as long for them to be back
         rejoin_grace_s=8.0,
-        extra_coordinator={"calibration": {"min_participants": 7}},
+        extra_coordinator=minimum or {"calibration": {"min_participants": 7}},
     )
     lines: list[str] = []
     seen, kill = threading.Event(), threading.Event()
@@ -149,14 +153,16 @@ def _three_back_late(
             seen.set()
         if kill_coordinator_on is not None and seen.is_set() and kill_coordinator_on in line:
             kill.set()
+        if halt is not None and line.startswith(HALT_MARKER):
+            kill.set()
 
     t0 = time.monotonic()
     with Simulation(settings, watch) as sim:
-        port = sim.start_coordinator()
+        port = sim.start_coordinator(halt=halt)
         sim.start_participants()
         assert seen.wait(180), lines[-20:]
         sim.start_participants(only=AWAY)
-        if kill_coordinator_on is not None:
+        if kill_coordinator_on is not None or halt is not None:
             assert kill.wait(180), lines[-20:]
             sim.kill_coordinator()
             lines.append("TEST: coordinator killed")
@@ -328,3 +334,59 @@ def test_dp_parts_add_their_noise_and_are_projected_once_on_the_sum(
     added = lines.index(next(x for x in lines if "added to the 4 kept" in x))
     projected = [k for k, x in enumerate(lines) if "ccvr DP release projected" in x]
     assert projected and min(projected) > added, "projected before the parts were added"
+
+
+# ---------------------------------------------------------------- a training round
+@pytest.fixture(scope="module")
+def restarted_round(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], SimulationSettings, list[str]]:
+    """``[training] min_participants = 7``: round 1's first job sums p0–p3, its retry
+    p4–p6; the coordinator halts once the retry's sum is added, before the server step
+    uses it, is SIGKILLed and restarted."""
+    return _three_back_late(
+        tmp_path_factory.mktemp("round"),
+        "r1",
+        lambda line: "round 1 attempt 1 failed" in line,
+        halt="added@r1",
+        minimum={"training": {"min_participants": 7}},
+    )
+
+
+def test_a_short_rounds_retry_of_the_others_is_added_and_both_parts_continue(
+    restarted_round: tuple[dict[str, Any], SimulationSettings, list[str]],
+) -> None:
+    """Before 2026-11-28 the short sum was dropped, p0–p3 refused the retry (one update
+    per round) and round 1 was lost. Now it is kept, the retry asks p4–p6 alone, and
+    the two sums are added; each is its own journal slot (``update:r0``,
+    ``update:r0+2``), so the restarted coordinator continues both and asks no site
+    for a second update."""
+    results, settings, lines = restarted_round
+    assert "TEST: coordinator killed" in lines
+    assert results["status"] == "completed", (results["status_reasons"], results["errors"])
+    assert any("summed 3 more updates, added to the 4 kept" in line for line in lines)
+    after = lines[lines.index("TEST: coordinator killed") :]
+    continued = [x for x in after if "continued after a restart with its journaled result" in x]
+    assert len([x for x in continued if "update round 1 job" in x]) == 2, continued
+    (round_1,) = results["per_round"]
+    assert round_1.get("status") != "lost"
+    assert round_1["contributors"] == ALL_SEVEN
+    assert round_1["parts"] == [SURVIVORS + ["p3"], AWAY]
+    updates = [j for j in results["jobs"] if j["purpose"] == "update" and j["status"] == "done"]
+    assert [j["contributors"] for j in updates] == [SURVIVORS + ["p3"], AWAY]
+    # exact against the sites' own ledgers: the round's weight is the sum of the
+    # seven example counts they released (integers, exact in the ring)
+    weights = 0
+    for pid in ALL_SEVEN:
+        db = sqlite3.connect(Path(settings.out) / "state" / pid / "privacy.db")
+        try:
+            (weight,) = db.execute("SELECT released FROM site_example_counts").fetchone()
+            updates_left = db.execute(
+                "SELECT count(*) FROM site_releases WHERE kind = 'update' AND state = 'released'"
+            ).fetchone()[0]
+            refusals = db.execute("SELECT count(*) FROM site_refusals").fetchone()[0]
+        finally:
+            db.close()
+        weights += int(weight)
+        assert updates_left == 1 and refusals == 0, (pid, updates_left, refusals)
+    assert round_1["weight"] == pytest.approx(weights, abs=1e-3)

@@ -134,3 +134,29 @@ def test_exact_counts_add_exactly() -> None:
     both = add_evaluations(kept, _evaluation(["p0"], 5.0, {"none": 5.0}, None), ORDER)
     assert both["accuracy"] == {"none": 8.0 / 12.0} and both["samples"] == 12.0
     assert both["noise"] is None and both["accuracy_sd"] == {"none": None}
+
+
+def test_a_training_rounds_parts_add_to_the_sum_over_their_union() -> None:
+    """A round's short sum kept and a retry over the others (``training_rounds``):
+    FedAvg's ``Σ n_k Δ_k``, ``Σ n_k`` and the losses add; overlapping parts are
+    refused (a retry never asks a site whose update is in the sum kept)."""
+    from spherecal.coordinator.driver.stages import Gathered
+    from spherecal.coordinator.driver.training_rounds import _KeptSum
+
+    rng = np.random.default_rng(3)
+    updates = {f"p{k}": rng.normal(size=6) for k in range(5)}
+    kept = _KeptSum()
+    first = ["p3", "p0", "p1"]
+    kept.add(Gathered(np.sum([updates[p] for p in first], axis=0), first, {}), ORDER)
+    second = ["p4", "p2"]
+    kept.add(Gathered(np.sum([updates[p] for p in second], axis=0), second, {"p9": "gone"}), ORDER)
+    union = kept.gathered({"p9": "gone"})
+    assert union.contributors == ["p0", "p1", "p2", "p3", "p4"]
+    assert kept.parts == [["p0", "p1", "p3"], ["p2", "p4"]]
+    assert union.values is not None
+    np.testing.assert_allclose(
+        union.values, np.sum(list(updates.values()), axis=0), rtol=0, atol=1e-12
+    )
+    assert union.dropped == {"p9": "gone"} and union.error is None
+    with pytest.raises(ValueError, match=r"share contributors \['p2'\]"):
+        kept.add(Gathered(updates["p2"], ["p2"], {}), ORDER)
