@@ -79,22 +79,26 @@ class _KeptSum:
     job: SecureJob | None = None
     """The first part's job: the round's ``secure_job``."""
 
-    def add(self, gathered: Gathered, order: Callable[[str], int]) -> None:
-        """Add a sum over other sites (sums over disjoint sites from the same model
-        and seeds add to the sum over their union)."""
+    def plus(self, gathered: Gathered, order: Callable[[str], int]) -> _KeptSum:
+        """This sum and one over other sites (sums over disjoint sites from the same
+        model and seeds add to the sum over their union); ``self`` is unchanged."""
         assert gathered.values is not None
         both = set(self.contributors) & set(gathered.contributors)
         if both:  # a retry asks only the others: never
             raise ValueError(f"the sums to add share contributors {sorted(both)}")
-        self.values = (
-            np.asarray(gathered.values, dtype=np.float64)
+        return _KeptSum(
+            values=np.asarray(gathered.values, dtype=np.float64)
             if self.values is None
-            else self.values + gathered.values
+            else self.values + gathered.values,
+            contributors=sorted([*self.contributors, *gathered.contributors], key=order),
+            parts=[*self.parts, sorted(gathered.contributors, key=order)],
+            job=self.job if self.job is not None else gathered.job,
         )
-        self.parts.append(sorted(gathered.contributors, key=order))
-        self.contributors = sorted([*self.contributors, *gathered.contributors], key=order)
-        if self.job is None:
-            self.job = gathered.job
+
+    def take(self, other: _KeptSum) -> None:
+        """Keep ``other`` (a short sum) as this one."""
+        self.values, self.contributors = other.values, other.contributors
+        self.parts, self.job = other.parts, other.job
 
     def gathered(self, dropped: dict[str, str]) -> Gathered:
         """The sum of every part, as one gathered sum."""
@@ -429,7 +433,22 @@ class RoundDriver:
         if gathered.error is not None:
             ctx.board.set_task(None, f"round {r + 1}: failed")
             return with_first_cause(gathered.error, dropped)
+        total = kept
         if keeps and gathered.values is not None and gathered.contributors:
+            total = kept.plus(gathered, ctx.registry.index_of)
+            if kept.parts or len(total.contributors) < minimum:
+                # a part kept or added is checked on its own too: a part over its own
+                # bound must not pass inside a larger union's (issue #22)
+                sites = gathered.contributors
+                refused = self._weight_refused(r, layout, gathered.values, sites)
+                if refused is not None:
+                    return refused
+            if len(total.contributors) < minimum:
+                kept.take(total)  # short: its sites released their update; kept
+                return (
+                    f"only {len(total.contributors)} updates (minimum {minimum}); kept, "
+                    "and a retry asks the others"
+                )
             if kept.parts:
                 line = (
                     f"round {r + 1}: attempt {attempt} summed {len(gathered.contributors)} "
@@ -437,15 +456,9 @@ class RoundDriver:
                 )
                 ctx.say(line)
                 ctx.store.event("info", line)
-            kept.add(gathered, ctx.registry.index_of)
-            if len(kept.parts) > 1 and ctx.halt is not None and gathered.job is not None:
-                ctx.halt("added", "update", gathered.job)  # test-only: before the step
-            gathered = kept.gathered(dropped)
-            if len(gathered.contributors) < minimum:
-                return (
-                    f"only {len(gathered.contributors)} updates (minimum {minimum}); kept, "
-                    "and a retry asks the others"
-                )
+                if ctx.halt is not None and gathered.job is not None:
+                    ctx.halt("added", "update", gathered.job)  # test-only: before the step
+            gathered = total.gathered(dropped)
         if gathered.values is None or len(gathered.contributors) < minimum:
             return f"only {len(gathered.contributors)} updates (minimum {minimum})"
         if self.dpsgd is not None and step is not None and gathered.job is not None:
@@ -455,20 +468,9 @@ class RoundDriver:
         # mean is the same ordered reduction divided by the count.
         train_loss = float(sums.pop("loss")) / max(len(gathered.contributors), 1)
         weight = float(sums["weight"])
-        if weight <= 0:
-            return "the round's updates carry no samples (weight sum 0)"
-        try:
-            check_bound(
-                "the round's weight Σ ñ_k",
-                weight,
-                len(gathered.contributors),
-                s.max_examples_per_site,
-                noise_sigma=float(s.example_count_noise_sd),
-                entries=len(gathered.contributors),
-            )
-        except IntegrityCheckFailed as exc:
-            note(ctx, f"round {r + 1} weight bound", False, str(exc))
-            return f"the round's aggregate refused: {exc}"
+        refused = self._weight_refused(r, layout, gathered.values, gathered.contributors)
+        if refused is not None:
+            return refused
         before = ctx.progress.global_vector
         state_before = self.strategy.state_dict()
         try:
@@ -483,8 +485,36 @@ class RoundDriver:
             ctx.progress.global_vector = before  # ``[federation] round_gate = "rollback"``
             self.strategy.load_state_dict(state_before)
         self.finish_round(
-            r, attempt, t0, selected, gathered, dropped, train_loss, weight, kept=kept
+            r, attempt, t0, selected, gathered, dropped, train_loss, weight, kept=total
         )
+        return None
+
+    def _weight_refused(
+        self,
+        r: int,
+        layout: Any,
+        values: npt.NDArray[np.float64],
+        contributors: list[str],
+    ) -> str | None:
+        """Why the round's sum ``values`` over ``contributors`` is refused for its
+        weight ``Σ ñ_k`` (none, or above ``contributors × max_examples_per_site`` and
+        the noise: issue #22), or None."""
+        s = self.ctx.settings
+        weight = float(layout.unflatten(values)["weight"])
+        if weight <= 0:
+            return "the round's updates carry no samples (weight sum 0)"
+        try:
+            check_bound(
+                "the round's weight Σ ñ_k",
+                weight,
+                len(contributors),
+                s.max_examples_per_site,
+                noise_sigma=float(s.example_count_noise_sd),
+                entries=len(contributors),
+            )
+        except IntegrityCheckFailed as exc:
+            note(self.ctx, f"round {r + 1} weight bound", False, str(exc))
+            return f"the round's aggregate refused: {exc}"
         return None
 
     def dpsgd_step(

@@ -145,18 +145,23 @@ def test_a_training_rounds_parts_add_to_the_sum_over_their_union() -> None:
 
     rng = np.random.default_rng(3)
     updates = {f"p{k}": rng.normal(size=6) for k in range(5)}
-    kept = _KeptSum()
+    nothing = _KeptSum()
     first = ["p3", "p0", "p1"]
-    kept.add(Gathered(np.sum([updates[p] for p in first], axis=0), first, {}), ORDER)
+    kept = nothing.plus(Gathered(np.sum([updates[p] for p in first], axis=0), first, {}), ORDER)
+    assert nothing.parts == [] and nothing.values is None  # plus leaves its operand as it was
     second = ["p4", "p2"]
-    kept.add(Gathered(np.sum([updates[p] for p in second], axis=0), second, {"p9": "gone"}), ORDER)
-    union = kept.gathered({"p9": "gone"})
+    part = Gathered(np.sum([updates[p] for p in second], axis=0), second, {"p9": "gone"})
+    total = kept.plus(part, ORDER)
+    assert kept.contributors == ["p0", "p1", "p3"]
+    union = total.gathered({"p9": "gone"})
     assert union.contributors == ["p0", "p1", "p2", "p3", "p4"]
-    assert kept.parts == [["p0", "p1", "p3"], ["p2", "p4"]]
+    assert total.parts == [["p0", "p1", "p3"], ["p2", "p4"]]
     assert union.values is not None
     np.testing.assert_allclose(
         union.values, np.sum(list(updates.values()), axis=0), rtol=0, atol=1e-12
     )
     assert union.dropped == {"p9": "gone"} and union.error is None
+    nothing.take(total)  # what the driver keeps of a short sum
+    assert nothing.contributors == union.contributors and nothing.parts == total.parts
     with pytest.raises(ValueError, match=r"share contributors \['p2'\]"):
-        kept.add(Gathered(updates["p2"], ["p2"], {}), ORDER)
+        total.plus(Gathered(updates["p2"], ["p2"], {}), ORDER)
