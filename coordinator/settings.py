@@ -128,8 +128,9 @@ class TrainingSettings:
     sample_fraction: float = 1.0
     """Participants sampled per round (seeded, as the reference)."""
     min_participants: int = 2
-    """A round completes only with at least this many updates. A sum of fewer is kept
-    (its sites released their update for the round and refuse a second): a retry asks
+    """A round completes only with at least this many updates. A secure job's sum of
+    fewer is kept (its sites released their update for the round and refuse a second;
+    a plaintext retry asks the same task again and gets the same bytes): a retry asks
     the others and its sum is added, and the round completes once the union reaches
     this; it is lost if it never does. Not with distributed DP-SGD, whose step and
     noise are planned for one job: a short step is not kept, its sites refuse a

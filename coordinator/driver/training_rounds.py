@@ -333,11 +333,12 @@ class RoundDriver:
     def attempt(self, r: int, attempt: int, kept: _KeptSum | None = None) -> str | None:
         """One attempt at round ``r``; returns None on success, else the reason.
 
-        A sum of fewer updates than ``[training] min_participants`` is *kept* in
-        ``kept`` (not with distributed DP-SGD, whose step is planned for one job): its
-        contributors released their update for the round and would refuse a second
-        (one update per ``(federation, round)``), so the next attempt asks only the
-        others and its sum is added — sums over disjoint sites from the same model and
+        A secure job's sum of fewer updates than ``[training] min_participants`` is
+        *kept* in ``kept``: its contributors released their update for the round and
+        would refuse a second (one update per ``(federation, round)``; a plaintext
+        retry asks the same task again and gets the same bytes, and distributed
+        DP-SGD's step is planned for one job — neither keeps), so the next attempt asks
+        only the others and its sum is added — sums over disjoint sites from the same model and
         seeds add to the sum over their union. Each such job has its journal slot
         (``update:r3``, ``update:r3+2``, …), so a restarted coordinator continues every
         part (issue #20)."""
@@ -421,13 +422,15 @@ class RoundDriver:
             + (f" (not connected: {sorted(dropped)})" if dropped else "")
             + (f", to add to the {len(kept.contributors)} kept" if kept.parts else "")
         )
-        keeps = self.dpsgd is None
+        # secure jobs only: a plaintext retry asks the same task again, and a site whose
+        # upload left sends the same bytes (``participant.sent_plaintext``), so nothing
+        # is lost there; a distributed DP-SGD step is planned for one job
+        keeps = job is not None and self.dpsgd is None
         gathered = ctx.gather(
             task,
             timeout_s=s.timeouts.round_s,
             phase_after=f"round {r + 1}: aggregating",
-            # plaintext: any upload is summed where a short sum is kept (it left its site)
-            minimum=1 if keeps else minimum,
+            minimum=minimum,
         )
         dropped.update(gathered.dropped)
         if gathered.error is not None:
