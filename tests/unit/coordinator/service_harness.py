@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Self
 
 import grpc
 import numpy as np
@@ -30,6 +31,7 @@ from spherecal.coordinator.settings import (
 from spherecal.coordinator.state.registry import Peer, Registry
 from spherecal.coordinator.state.store import Store
 from spherecal.crypto import JobSpec, KeyRoster, SecAggParticipant, generate_identity
+from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.proto import spherecal_pb2 as pb
 from tests.joins import DIGITS, signed_join
 
@@ -166,3 +168,59 @@ def code_of(fn) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
 
 
 __all__ = ["DIGITS", "Harness", "code_of", "replace", "settings_for"]
+
+
+class ScriptedSites:
+    """Every roster member joins and polls on a thread of its own; each instruction
+    goes to :meth:`handle` (subclasses script the answers) until ``done``."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._site, args=(pid,), daemon=True)
+            for pid in harness.settings.participants
+        ]
+
+    def start(self) -> Self:
+        for pid in self.harness.settings.participants:
+            self.harness.join(pid)
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+    def handle(self, pid: str, instruction: pb.Instruction) -> None:
+        """Answer one instruction (not ``done``) as site ``pid``."""
+        raise NotImplementedError
+
+    def refuse(self, pid: str, task_id: str, error: BaseException) -> None:
+        """Withdraw from ``task_id`` with ``error``, typed as a participant does
+        (``participant.failures``)."""
+        self.harness.service.report_failure(
+            pb.FailureReport(
+                caller=self.harness.caller(pid),
+                task_id=task_id,
+                reason=wire_reason(error),
+                kind=failure_kind(error),
+                rule=policy_rule(error),
+            ),
+            Peer(),
+        )
+
+    def _site(self, pid: str) -> None:
+        service = self.harness.service
+        while not self.stop.is_set():
+            try:
+                instruction = service.next_instruction(
+                    pb.InstructionRequest(caller=self.harness.caller(pid), wait_ms=200), Peer()
+                )
+            except ServiceError:
+                continue
+            if instruction.WhichOneof("kind") == "done":
+                return
+            self.handle(pid, instruction)

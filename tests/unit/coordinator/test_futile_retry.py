@@ -11,7 +11,6 @@ service core with scripted sites that answer every task with a typed
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -26,14 +25,13 @@ from spherecal.coordinator.driver.futile_retry import (
     fewest_for_a_job,
     unchangeable,
 )
-from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import CoordinatorSettings, SecAggSettings
 from spherecal.coordinator.state.registry import Peer
-from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
+from spherecal.participant.failures import wire_reason
 from spherecal.participant.policy import AttemptsExhausted, EvaluationsExhausted, ReleaseRepeated
 from spherecal.proto import spherecal_pb2 as pb
 
-from .service_harness import Harness, settings_for
+from .service_harness import Harness, ScriptedSites, settings_for
 
 Answer = Callable[[str, str], BaseException]
 """(site, task kind) -> the error the site answers the task with."""
@@ -43,58 +41,21 @@ EXHAUSTED = EvaluationsExhausted("this site already answered 4 evaluation(s)")
 DROPOUT = RuntimeError("the site's local computation failed")
 
 
-class ScriptedSites:
-    """Every roster member joins and answers each task it is handed — every new job
-    of a retried one too — with a typed withdrawal, as a participant does."""
+class AnsweringSites(ScriptedSites):
+    """Every roster member answers each task it is handed — every new job of a retried
+    one too — with a typed withdrawal, as a participant does."""
 
     def __init__(self, harness: Harness, answer: Answer) -> None:
-        self.harness = harness
+        super().__init__(harness)
         self.answer = answer
-        self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._site, args=(pid,), daemon=True)
-            for pid in harness.settings.participants
-        ]
 
-    def start(self) -> ScriptedSites:
-        for pid in self.harness.settings.participants:
-            self.harness.join(pid)
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=10)
-
-    def _site(self, pid: str) -> None:
-        service = self.harness.service
-        while not self.stop.is_set():
-            try:
-                instruction = service.next_instruction(
-                    pb.InstructionRequest(caller=self.harness.caller(pid), wait_ms=200), Peer()
-                )
-            except ServiceError:
-                continue
-            kind = instruction.WhichOneof("kind")
-            if kind == "done":
-                return
-            if kind not in ("train", "statistics", "evaluate"):
-                continue
-            # a task is handed out once per session: each one here is a new task (a
-            # retry's too, whose id is the same as the attempt's before it)
-            error = self.answer(pid, kind)
-            service.report_failure(
-                pb.FailureReport(
-                    caller=self.harness.caller(pid),
-                    task_id=instruction.task_id,
-                    reason=wire_reason(error),
-                    kind=failure_kind(error),
-                    rule=policy_rule(error),
-                ),
-                Peer(),
-            )
+    def handle(self, pid: str, instruction: pb.Instruction) -> None:
+        kind = instruction.WhichOneof("kind")
+        if kind not in ("train", "statistics", "evaluate"):
+            return
+        # a task is handed out once per session: each one here is a new task (a
+        # retry's too, whose id is the same as the attempt's before it)
+        self.refuse(pid, instruction.task_id, self.answer(pid, kind))
 
 
 def _settings(tmp: Path, *, secure: bool, n: int, rounds: int) -> CoordinatorSettings:
@@ -108,7 +69,7 @@ def _settings(tmp: Path, *, secure: bool, n: int, rounds: int) -> CoordinatorSet
 @contextmanager
 def _run(settings: CoordinatorSettings, answer: Answer) -> Iterator[Harness]:
     harness = Harness(settings).start()
-    sites = ScriptedSites(harness, answer).start()
+    sites = AnsweringSites(harness, answer).start()
     try:
         harness.thread.join(timeout=120)
         assert not harness.thread.is_alive(), "the federation did not end"

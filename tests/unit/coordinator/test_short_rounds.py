@@ -12,21 +12,18 @@ same task again, and a site whose upload left sends the same bytes.)
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from spherecal import crypto
-from spherecal.coordinator.errors import ServiceError
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.state.registry import Peer
-from spherecal.participant.failures import failure_kind, policy_rule, wire_reason
 from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
 from spherecal.proto import spherecal_pb2 as pb
 
-from .service_harness import Harness, settings_for
+from .service_harness import Harness, ScriptedSites, settings_for
 
 FIRST = ("p0", "p1", "p2", "p3")
 LATER = ("p4", "p5", "p6")
@@ -46,30 +43,18 @@ def _settings(tmp: Path) -> CoordinatorSettings:
     )
 
 
-class Sites:
+class Sites(ScriptedSites):
     """p0–p3 send their update in the first training job and refuse any later one
     (their update left); p4–p6 fail the first (a dropout before advertising) and take
     part in the next. Statistics and evaluations are refused, so the federation ends
     after the round."""
 
     def __init__(self, harness: Harness, weights: dict[str, float]) -> None:
-        self.harness = harness
+        super().__init__(harness)
         self.weights = weights
         self.sent: dict[str, np.ndarray] = {}
         self.trained: dict[str, int] = {}
         self.clients: dict[tuple[str, bytes], crypto.SecAggParticipant] = {}
-        self.stop = threading.Event()
-        ids = harness.settings.participants
-        self.threads = [threading.Thread(target=self._site, args=(p,), daemon=True) for p in ids]
-        for pid in ids:
-            harness.join(pid)
-        for thread in self.threads:
-            thread.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=10)
 
     def _vector(self, pid: str, model_length: int) -> np.ndarray:
         layout = self.harness.federation.strategy.layout(model_length)
@@ -82,18 +67,6 @@ class Sites:
         payload["weight"] = weight
         payload["loss"] = 0.5
         return layout.flatten(payload)
-
-    def _refuse(self, pid: str, task_id: str, error: BaseException) -> None:
-        self.harness.service.report_failure(
-            pb.FailureReport(
-                caller=self.harness.caller(pid),
-                task_id=task_id,
-                reason=wire_reason(error),
-                kind=failure_kind(error),
-                rule=policy_rule(error),
-            ),
-            Peer(),
-        )
 
     def _submit(self, pid: str, job: bytes, stage: pb.SecAggStage, message: bytes) -> None:
         self.harness.service.submit_secagg(
@@ -133,39 +106,29 @@ class Sites:
             response = client.unmask(crypto.UnmaskRequest.from_bytes(data))
             self._submit(pid, job, pb.UNMASK, response.to_bytes())
 
-    def _site(self, pid: str) -> None:
-        service = self.harness.service
-        while not self.stop.is_set():
-            try:
-                instruction = service.next_instruction(
-                    pb.InstructionRequest(caller=self.harness.caller(pid), wait_ms=200), Peer()
-                )
-            except ServiceError:
-                continue
-            kind = instruction.WhichOneof("kind")
-            if kind == "done":
-                return
-            task = instruction.task_id
-            if kind == "statistics":
-                self._refuse(pid, task, ReleaseRepeated("the per-class moments already left"))
-            elif kind == "evaluate":
-                self._refuse(pid, task, EvaluationsExhausted("no more evaluations"))
-            elif kind == "secagg":
-                self._step(pid, instruction.secagg)
-            elif kind == "train":
-                asked = self.trained[pid] = self.trained.get(pid, 0) + 1
-                if pid in FIRST and asked > 1:
-                    self._refuse(pid, task, ReleaseRepeated("the update of round 1 left"))
-                elif pid in LATER and asked == 1:
-                    self._refuse(pid, task, RuntimeError("the site's local computation failed"))
-                else:
-                    self._train(pid, instruction)
+    def handle(self, pid: str, instruction: pb.Instruction) -> None:
+        kind = instruction.WhichOneof("kind")
+        task = instruction.task_id
+        if kind == "statistics":
+            self.refuse(pid, task, ReleaseRepeated("the per-class moments already left"))
+        elif kind == "evaluate":
+            self.refuse(pid, task, EvaluationsExhausted("no more evaluations"))
+        elif kind == "secagg":
+            self._step(pid, instruction.secagg)
+        elif kind == "train":
+            asked = self.trained[pid] = self.trained.get(pid, 0) + 1
+            if pid in FIRST and asked > 1:
+                self.refuse(pid, task, ReleaseRepeated("the update of round 1 left"))
+            elif pid in LATER and asked == 1:
+                self.refuse(pid, task, RuntimeError("the site's local computation failed"))
+            else:
+                self._train(pid, instruction)
 
 
 def _run(tmp: Path, weights: dict[str, float]) -> tuple[Harness, Sites, np.ndarray]:
     harness = Harness(_settings(tmp)).start()
     before = np.array(harness.federation.progress.global_vector)
-    sites = Sites(harness, weights)
+    sites = Sites(harness, weights).start()
     harness.thread.join(timeout=120)
     assert not harness.thread.is_alive(), "the federation did not end"
     return harness, sites, before
