@@ -330,7 +330,7 @@ class RoundDriver:
             dpsgd=self.dpsgd.message(step) if self.dpsgd is not None and step is not None else None,
         )
 
-    def attempt(self, r: int, attempt: int, kept: _KeptSum | None = None) -> str | None:
+    def attempt(self, r: int, attempt: int, kept: _KeptSum) -> str | None:
         """One attempt at round ``r``; returns None on success, else the reason.
 
         A secure job's sum of fewer updates than ``[training] min_participants`` is
@@ -338,13 +338,12 @@ class RoundDriver:
         would refuse a second (one update per ``(federation, round)``; a plaintext
         retry asks the same task again and gets the same bytes, and distributed
         DP-SGD's step is planned for one job — neither keeps), so the next attempt asks
-        only the others and its sum is added — sums over disjoint sites from the same model and
-        seeds add to the sum over their union. Each such job has its journal slot
-        (``update:r3``, ``update:r3+2``, …), so a restarted coordinator continues every
-        part (issue #20)."""
+        only the others and its sum is added — sums over disjoint sites from the same
+        model and seeds add to the sum over their union. Each such job has its journal
+        slot (``update:r3``, ``update:r3+2``, …), so a restarted coordinator continues
+        every part (issue #20)."""
         ctx = self.ctx
         s = ctx.settings
-        kept = kept if kept is not None else _KeptSum()
         t0 = time.monotonic()
         ctx.store.round_started(r, attempt)
         selected, candidates, dropped = self.candidates(r)
@@ -442,8 +441,8 @@ class RoundDriver:
             if kept.parts or len(total.contributors) < minimum:
                 # a part kept or added is checked on its own too: a part over its own
                 # bound must not pass inside a larger union's (issue #22)
-                sites = gathered.contributors
-                refused = self._weight_refused(r, layout, gathered.values, sites)
+                claimed = float(layout.unflatten(gathered.values)["weight"])
+                refused = self._weight_refused(r, claimed, len(gathered.contributors))
                 if refused is not None:
                     return refused
             if len(total.contributors) < minimum:
@@ -471,7 +470,7 @@ class RoundDriver:
         # mean is the same ordered reduction divided by the count.
         train_loss = float(sums.pop("loss")) / max(len(gathered.contributors), 1)
         weight = float(sums["weight"])
-        refused = self._weight_refused(r, layout, gathered.values, gathered.contributors)
+        refused = self._weight_refused(r, weight, len(gathered.contributors))
         if refused is not None:
             return refused
         before = ctx.progress.global_vector
@@ -492,28 +491,21 @@ class RoundDriver:
         )
         return None
 
-    def _weight_refused(
-        self,
-        r: int,
-        layout: Any,
-        values: npt.NDArray[np.float64],
-        contributors: list[str],
-    ) -> str | None:
-        """Why the round's sum ``values`` over ``contributors`` is refused for its
+    def _weight_refused(self, r: int, weight: float, contributors: int) -> str | None:
+        """Why a sum of round ``r`` over ``contributors`` sites is refused for its
         weight ``Σ ñ_k`` (none, or above ``contributors × max_examples_per_site`` and
         the noise: issue #22), or None."""
         s = self.ctx.settings
-        weight = float(layout.unflatten(values)["weight"])
         if weight <= 0:
             return "the round's updates carry no samples (weight sum 0)"
         try:
             check_bound(
                 "the round's weight Σ ñ_k",
                 weight,
-                len(contributors),
+                contributors,
                 s.max_examples_per_site,
                 noise_sigma=float(s.example_count_noise_sd),
-                entries=len(contributors),
+                entries=contributors,
             )
         except IntegrityCheckFailed as exc:
             note(self.ctx, f"round {r + 1} weight bound", False, str(exc))
