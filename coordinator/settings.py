@@ -518,7 +518,10 @@ class EvaluationSettings:
     validation grid and gate, the final evaluation, a round gate's checks: a
     configuration needing more is refused at start) and stops per-round
     evaluations (``federated_every``) before they would take it. Raise it only with
-    every site's limit raised as well (logged); 0: the sites set no limit."""
+    every site's limit raised as well (logged); 0: the sites set no limit. What a
+    site's split has left of its lifetime allowance (``[policy]
+    max_evaluations_per_split``, used up by earlier federations on the same records) is
+    not known here: such a site refuses, and the run says what its evaluations lack."""
 
     def __post_init__(self) -> None:
         for key in ("federated_every", "site_limit"):

@@ -85,7 +85,8 @@ class RoundOutsidePlan(PrivacyRefused):
 
 class EvaluationsExhausted(PrivacyRefused):
     """This site already made ``max_evaluations_per_federation`` evaluation releases
-    in this federation. Each evaluation's noise is fresh, and the same counts can be
+    in this federation, or ``max_evaluations_per_split`` of the evaluated split in all
+    federations together. Each evaluation's noise is fresh, and the same counts can be
     asked for again at no cost — the split's total is in every evaluation, and a model
     moved by one ulp is a new release key — so an unbounded number of evaluations would
     average the noise away (``DEFAULT_MAX_EVALUATIONS_PER_FEDERATION``)."""
@@ -202,6 +203,18 @@ class PolicySettings:
     3); per-round evaluations (``[evaluation] federated_every``, ``[federation]
     round_gate``) need more, and the coordinator keeps within the limit it is told
     the sites have (``[evaluation] site_limit``). 0: no limit (logged)."""
+    max_evaluations_per_split: int | None = None
+    """Most evaluation releases this site ever makes of one local split (its test or
+    validation split, as fingerprinted: the same records), across every federation it
+    takes part in. Unset: ``max_evaluations_per_federation``'s value — one
+    federation's allowance for the split's lifetime. Why: the per-federation count
+    starts over in each new federation, while the counts a coordinator can ask for
+    again (the split's total is in every evaluation; a constant head's counts are its
+    label histogram) stay the same as long as the records do, so federation after
+    federation on unchanged data averaged their fresh noise down without bound. A
+    split that changes (a record added) starts a count of its own. Set it higher to
+    let more federations evaluate on unchanged data (logged); 0: no limit across
+    federations (logged)."""
     max_unreleased_attempts: int = DEFAULT_MAX_UNRELEASED_ATTEMPTS
     """Most jobs this site starts for one purpose in a federation whose input never
     leaves — per training round, for the per-class moments, and for the federation's
@@ -285,6 +298,13 @@ class PolicySettings:
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise ValueError(
                 f"policy max_evaluations_per_federation must be an integer >= 0, got {most!r}"
+            )
+        per_split = self.max_evaluations_per_split
+        if per_split is not None and (
+            isinstance(per_split, bool) or not isinstance(per_split, int) or per_split < 0
+        ):
+            raise ValueError(
+                f"policy max_evaluations_per_split must be an integer >= 0, got {per_split!r}"
             )
         attempts = self.max_unreleased_attempts
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
@@ -386,6 +406,21 @@ class PolicySettings:
                 f"max_evaluations_per_federation = {most} (default "
                 f"{DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}; 0: no limit): more evaluations "
                 "per federation average the counts' noise further down"
+                + (
+                    " (and, max_evaluations_per_split being unset, of each split across "
+                    "federations too)"
+                    if self.max_evaluations_per_split is None
+                    else ""
+                )
+            )
+        per_split = self.max_evaluations_per_split
+        if per_split is not None and (
+            per_split == 0 or per_split > DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+        ):
+            out.append(
+                f"max_evaluations_per_split = {per_split} (default: "
+                "max_evaluations_per_federation's value; 0: no limit): more evaluations of "
+                "an unchanged split across federations average the counts' noise further down"
             )
         attempts = self.max_unreleased_attempts
         if attempts == 0 or attempts > DEFAULT_MAX_UNRELEASED_ATTEMPTS:

@@ -42,7 +42,8 @@ One rule per purpose (the family of a kind, :func:`family_of`):
   ``[policy] max_evaluations_per_federation`` evaluations are answered per federation
   (each one's noise is fresh while its counts can be asked for again for free — a
   model moved by one ulp is a new key — so their number bounds how far the noise
-  averages down).
+  averages down), and ``[policy] max_evaluations_per_split`` of one split's records in
+  all federations together (the counts do not change with the federation).
 * the training weight (table ``site_example_counts``): the example count every
   update of a federation is weighted by, drawn with DP noise once per fingerprint of
   the training split and reused in every round, after a restart and in a later
@@ -236,8 +237,19 @@ class LedgerRules:
     already left in."""
     max_evaluations_per_federation: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
     """``[policy] max_evaluations_per_federation`` (0: no limit)."""
+    max_evaluations_per_split: int | None = None
+    """``[policy] max_evaluations_per_split``: evaluations of one split, by its
+    fingerprint, across all federations (None: ``max_evaluations_per_federation``'s
+    value; 0: no limit)."""
     max_unreleased_attempts: int = DEFAULT_MAX_UNRELEASED_ATTEMPTS
     """``[policy] max_unreleased_attempts`` (0: no limit)."""
+
+    @property
+    def evaluations_per_split(self) -> int:
+        """The lifetime limit per split in force (0: no limit)."""
+        if self.max_evaluations_per_split is None:
+            return self.max_evaluations_per_federation
+        return self.max_evaluations_per_split
 
 
 @dataclass(frozen=True)
@@ -335,6 +347,7 @@ class ReleaseLedger:
                 exact_data_once=False,
                 exact_in_one_federation=False,
                 max_evaluations_per_federation=0,
+                max_evaluations_per_split=0,
                 max_unreleased_attempts=0,
             )
         )
@@ -403,7 +416,52 @@ class ReleaseLedger:
                     f"its most ([policy] max_evaluations_per_federation = {most}): each "
                     "evaluation's noise is fresh, so more of them would average it down"
                 )
-        return None
+        return self._split_spent(release, job)
+
+    def _split_spent(self, release: Release, job: str) -> EvaluationsExhausted | None:
+        """The refusal of an evaluation of a split that already answered
+        ``max_evaluations_per_split`` evaluations, in any federation (``None``:
+        admitted).
+
+        Why across federations: ``max_evaluations_per_federation`` starts over in each
+        new federation, while what a coordinator can ask for again does not change
+        with the federation — the split's total is an entry of every evaluation, a
+        constant head's counts are the split's label histogram — as long as the
+        split's records stay the same. Until 2026-11-28 each federation on unchanged
+        data added its four fresh draws to the mean: twelve federations, 48 releases,
+        a count's noise averaged to ≈ 0.16 counts, exact when rounded. Keyed by the
+        split's fingerprint (``release.data``), which the coordinator cannot vary: a
+        split that changed is other records and starts a count of its own. Decided
+        from the ledger alone, before any work on the split, so the refusal says
+        nothing about it."""
+        most = self.rules.evaluations_per_split
+        if release.family != EVALUATION or most <= 0:
+            return None
+        (made, federations) = self._conn.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT federation) FROM site_releases "
+            "WHERE participant = ? AND family = ? AND data = ? AND state = 'released' "
+            "AND job != ?",
+            (self.participant, EVALUATION, bytes(release.data), job),
+        ).fetchone()
+        if made < most:
+            return None
+        return EvaluationsExhausted(
+            f"this site already answered {made} evaluation(s) of this split in "
+            f"{federations} federation(s), its most for the same records ([policy] "
+            f"max_evaluations_per_split = {most}): more would average their fresh noise "
+            "down; a changed split starts anew"
+        )
+
+    def split_evaluations(self, data: bytes) -> tuple[int, int]:
+        """How many evaluation releases of the split fingerprinted ``data`` left this
+        site, and in how many federations (for the site's log at join)."""
+        with self._lock:
+            (made, federations) = self._conn.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT federation) FROM site_releases "
+                "WHERE participant = ? AND family = ? AND data = ? AND state = 'released'",
+                (self.participant, EVALUATION, bytes(data)),
+            ).fetchone()
+        return int(made), int(federations)
 
     def _repeated(self, release: Release, job: str) -> str | None:
         r = self.rules

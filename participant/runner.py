@@ -152,6 +152,7 @@ class ParticipantRunner:
                 exact_data_once=not settings.policy.reuse_data_across_federations,
                 exact_in_one_federation=not settings.policy.exact_moments_of_changed_data,
                 max_evaluations_per_federation=settings.policy.max_evaluations_per_federation,
+                max_evaluations_per_split=settings.policy.max_evaluations_per_split,
                 max_unreleased_attempts=settings.policy.max_unreleased_attempts,
             ),
         )
@@ -213,7 +214,10 @@ class ParticipantRunner:
         )
         if self.plan is not None and not same_federation:
             self._another_federation(reply.plan.federation_id)
-        if self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString():
+        new_plan = (
+            self.plan is None or self.plan.SerializeToString() != reply.plan.SerializeToString()
+        )
+        if new_plan:
             with self._compute_slot():  # PlanRefused: told to the coordinator in run()
                 trainer = check_plan(reply.plan, self.data, self.settings, self.releases)
             self.plan = reply.plan
@@ -237,6 +241,33 @@ class ParticipantRunner:
             f"joined federation {reply.plan.federation_id} as #{reply.plan.participant_index} "
             f"({self.data.name}: {self.data.train_size} train / {self.data.test_size} test)"
         )
+        if new_plan and not same_federation:
+            self._note_split_evaluations(reply.plan.federation_id)
+
+    def _note_split_evaluations(self, federation: str) -> None:
+        """Say at join what earlier federations used of each evaluation split's
+        lifetime allowance (``[policy] max_evaluations_per_split``): a split that has
+        none left refuses every evaluation of this federation, and its operator should
+        know before the coordinator's final evaluation meets the refusal."""
+        most = self.releases.rules.evaluations_per_split
+        if most <= 0:
+            return
+        for split in ("test", "validation"):
+            made, federations = self.releases.split_evaluations(self._fingerprint(split))
+            if made == 0:
+                continue
+            left = max(0, most - made)
+            line = (
+                f"{split} split: {made} of its {most} evaluations for its lifetime "
+                f"([policy] max_evaluations_per_split) answered so far, in {federations} "
+                f"federation(s); {left} left (federation {federation})"
+            )
+            if left == 0:
+                line = (
+                    f"WARNING: {line}: this site refuses its evaluations until the split's "
+                    "records change or the limit is raised"
+                )
+            self.log(line)
 
     def _another_federation(self, federation_id: str) -> None:
         """A rejoin found the coordinator running another federation than the one this

@@ -184,6 +184,7 @@ PARTICIPANT_TABLES: tuple[Table, ...] = (
         "policy",
         PolicySettings,
         note="what this participant refuses ([privacy.md](privacy.md#participant-policy))",
+        default_text={"max_evaluations_per_split": "`max_evaluations_per_federation`'s"},
     ),
 )
 

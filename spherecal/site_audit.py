@@ -32,6 +32,10 @@ What it flags:
   abandoned before their input left, each one a reading of the local work's timing
   (or jobs still running), which the site bounds by ``[policy]
   max_unreleased_attempts``.
+* **evaluations per split** — the released evaluations of each local split (its
+  records, by fingerprint) across every federation, which the site bounds by
+  ``[policy] max_evaluations_per_split`` for the split's lifetime: a count asked for
+  in federation after federation on the same records averages its fresh noise down.
 * **refusals** — each with its typed kind and rule (``RULE_RELEASE_REPEATED`` is a
   coordinator that asked twice; ``RULE_ATTEMPTS_EXHAUSTED`` one that started more jobs
   for a purpose than the site admits while nothing of them left — each such job is a
@@ -203,6 +207,25 @@ class UnreleasedAttempts:
 
 
 @dataclass(frozen=True)
+class SplitEvaluations:
+    """The evaluation releases of one local split (its records, by fingerprint)
+    across every federation (module docstring).
+
+    The site answers at most ``[policy] max_evaluations_per_split`` of them (by
+    default ``max_evaluations_per_federation``'s value, 4) for the split's lifetime
+    and refuses the next (``RULE_EVALUATIONS_EXHAUSTED``): the counts a coordinator
+    can ask for again — the split's total, a constant head's label histogram — do not
+    change with the federation."""
+
+    participant: str
+    split: str
+    """The split's fingerprint (hex): the test and the validation split differ, and a
+    split whose records changed is another."""
+    evaluations: int
+    federations: list[str]
+
+
+@dataclass(frozen=True)
 class SiteAudit:
     state_dir: str
     releases: list[SiteRelease]
@@ -211,6 +234,7 @@ class SiteAudit:
     changed_data: list[ChangedDataPair] = field(default_factory=list)
     example_counts: list[SiteExampleCount] = field(default_factory=list)
     attempts: list[UnreleasedAttempts] = field(default_factory=list)
+    splits: list[SplitEvaluations] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -233,6 +257,7 @@ class SiteAudit:
             "exact_moments_of_changed_data": [asdict(p) for p in self.changed_data],
             "example_counts": [asdict(c) for c in self.example_counts],
             "unreleased_attempts": [asdict(a) for a in self.attempts],
+            "evaluations_per_split": [asdict(x) for x in self.splits],
             "epsilon_total": epsilon,
         }
 
@@ -345,6 +370,7 @@ def read_site_audit(state_dir: Path) -> SiteAudit:
         changed_data_pairs(releases),
         counts,
         unreleased_attempts(releases),
+        split_evaluations(releases),
     )
 
 
@@ -454,6 +480,31 @@ def unreleased_attempts(releases: list[SiteRelease]) -> list[UnreleasedAttempts]
     ]
 
 
+def split_evaluations(releases: list[SiteRelease]) -> list[SplitEvaluations]:
+    """The released evaluations by site and split fingerprint, across federations —
+    what ``[policy] max_evaluations_per_split`` counts (``ReleaseLedger._split_spent``)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in releases:
+        if r.state == "released" and r.family == "evaluation":
+            groups.setdefault((r.participant, r.data), []).append(r.federation)
+    return [
+        SplitEvaluations(
+            participant=p,
+            split=data,
+            evaluations=len(federations),
+            federations=sorted(set(federations)),
+        )
+        for (p, data), federations in groups.items()
+    ]
+
+
+SPLITS_NOTE = (
+    "evaluations of one split's records in all federations together; the site answers "
+    "[policy] max_evaluations_per_split of them (by default max_evaluations_per_federation's "
+    "value, 4) and refuses the rest until the split changes"
+)
+
+
 ATTEMPTS_NOTE = (
     "admitted, input never left: abandoned by the coordinator (it saw when the local work "
     "ended) or still running; the site admits [policy] max_unreleased_attempts (3; 12 "
@@ -510,6 +561,12 @@ def format_site_audit(audit: SiteAudit) -> str:
     for a in audit.attempts:
         lines.append(
             f"  {a.participant} {a.federation} {a.purpose}: {len(a.jobs)} job(s) ({ATTEMPTS_NOTE})"
+        )
+    lines.append(f"evaluations per split, all federations: {len(audit.splits)} split(s)")
+    for x in audit.splits:
+        lines.append(
+            f"  {x.participant} split {_short(x.split)}: {x.evaluations} evaluation(s) in "
+            f"{len(x.federations)} federation(s) ({', '.join(x.federations)}) ({SPLITS_NOTE})"
         )
     lines.append(f"exact moments of changed data: {len(audit.changed_data)}")
     for c in audit.changed_data:
@@ -584,6 +641,15 @@ def site_audit_html(audit: SiteAudit) -> str:
         ]
         for a in audit.attempts
     ]
+    splits = [
+        [
+            x.participant,
+            _short(x.split),
+            str(x.evaluations),
+            ", ".join(x.federations),
+        ]
+        for x in audit.splits
+    ]
     verdict = "OK: no exact differencing pair" if audit.ok else "EXACT DIFFERENCING PAIR FOUND"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>spherecal site audit</title>"
@@ -615,6 +681,9 @@ def site_audit_html(audit: SiteAudit) -> str:
         + "<h2>Started jobs that never released</h2>"
         + f"<p>{e(ATTEMPTS_NOTE)}</p>"
         + table(["site", "federation", "purpose", "jobs", "job ids"], attempts)
+        + "<h2>Evaluations per split, all federations</h2>"
+        + f"<p>{e(SPLITS_NOTE)}</p>"
+        + table(["site", "split", "evaluations", "federations"], splits)
         + "<h2>Exact moments of changed data</h2>"
         + table(["first", "federation", "second", "federation", "what it means"], changed)
         + "</body></html>"

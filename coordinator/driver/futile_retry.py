@@ -47,7 +47,7 @@ at most the retries it made before, never another.
   withholding itself is not counted here (``BAD_INPUT`` also covers errors of one job's
   messages), which costs at most one more attempt.
 * ``RULE_EVALUATIONS_EXHAUSTED``: the site's count of evaluations answered in this
-  federation only grows.
+  federation, and of the evaluated split in all federations, only grows.
 * ``RULE_ATTEMPTS_EXHAUSTED``: the site's count of started jobs for this purpose whose
   input never left (a round, the moments, the federation's evaluations) only grows
   within the federation, and a retry is one more such job.

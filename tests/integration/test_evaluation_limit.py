@@ -70,3 +70,57 @@ def test_every_round_evaluated_leaves_room_for_the_gate_and_the_final_evaluation
     counts = _sites_ledger_evaluations(tmp_path)
     assert len(counts) == 4
     assert set(counts.values()) == {DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}
+
+
+def _sites_split_evaluations(out: Path) -> dict[str, list[int]]:
+    """Per site, the released evaluations of each split fingerprint (sorted)."""
+    import sqlite3
+
+    counts = {}
+    for ledger in sorted(out.glob("state/*/privacy.db")):
+        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(
+                "SELECT COUNT(*) FROM site_releases WHERE family = 'evaluation' "
+                "AND state = 'released' GROUP BY data"
+            ).fetchall()
+        finally:
+            conn.close()
+        counts[ledger.parent.name] = sorted(int(n) for (n,) in rows)
+    return counts
+
+
+def test_a_final_evaluation_the_sites_split_limit_refuses_ends_degraded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sites whose test split has one evaluation left for its lifetime (``[policy]
+    max_evaluations_per_split = 1``, as after earlier federations on the same records)
+    answer round 2's and refuse the final one (of round 3's model: another release, so
+    not the repeat rule) with ``RULE_EVALUATIONS_EXHAUSTED``. The
+    coordinator, whose own schedule (four per federation) has room for both, does not
+    ask again in vain, and the run says what it lost: ``degraded``, the final
+    evaluation covering no site — never ``completed`` without its headline."""
+    from spherecal.participant.policy import PolicySettings
+
+    monkeypatch.setattr(simulate_configs, "_evaluations_asked", lambda settings: 0)
+    monkeypatch.setattr(
+        simulate_configs, "_policy", lambda settings: PolicySettings(max_evaluations_per_split=1)
+    )
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=4, model="mlp", rounds=3),
+        out=tmp_path,
+        calibration=(),
+        federated_every=2,
+        timeout_s=300,
+    )
+    results: dict[str, Any] = dict(run_simulation(settings, progress=lambda _line: None))
+    assert results["status"] == "degraded", results.get("status_reasons")
+    (reason,) = [r for r in results["status_reasons"] if "final evaluation" in r]
+    assert "covered 0 participants" in reason
+    evaluated = [m["round"] for m in results["per_round"] if m["federated_accuracy"] is not None]
+    assert evaluated == [2]  # round 2's was answered
+    refused = [r for r in results["refusals"] if r["rule"] == "RULE_EVALUATIONS_EXHAUSTED"]
+    assert {r["participant"] for r in refused} == {f"p{k}" for k in range(4)}
+    assert all("max_evaluations_per_split = 1" in r["reason"] for r in refused)
+    # one test evaluation per site left its ledger; the final one never did
+    assert _sites_split_evaluations(tmp_path) == {f"p{k}": [1] for k in range(4)}

@@ -304,6 +304,70 @@ def test_mutation_without_the_limit_every_ulp_is_a_fresh_answer(
     assert len(hostile.evaluations) == 6 and not hostile.failures
 
 
+def _federations_of_ulps(
+    tmp_path: Path, model: GlobalModel, settings: ParticipantSettings, federations: int
+) -> tuple[list[HostileCoordinator], list[list[str]]]:
+    """The site started again for each of ``federations`` federations on the same
+    state directory and data — as its operator would for each new one — and asked in
+    each for two evaluations of the model moved by fresh ulps (new release keys, the
+    same counts): the coordinators and the site's log of each run."""
+    coordinators, logs = [], []
+    for f in range(federations):
+        hostile = HostileCoordinator(federation=f"fed-{f}", model=model, script=[])
+        hostile.script = [_ulp_moved(hostile, model, 2 * f + k) for k in range(2)]
+        lines: list[str] = []
+        runner = ParticipantRunner(
+            settings,
+            hostile,
+            load_local_data(settings.data),
+            IDENTITIES[ME],
+            MemoryJobLedger(),
+            DirectoryTrust(None),
+            log=lines.append,
+        )
+        assert runner.run() == 0
+        coordinators.append(hostile)
+        logs.append(lines)
+    return coordinators, logs
+
+
+def test_evaluations_of_one_split_stop_across_federations(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """Each federation's count starts over, the test split's counts do not: two
+    evaluations in each of three federations, each within the federation's limit —
+    the site answers four in all (its split's lifetime, ``[policy]
+    max_evaluations_per_split`` following ``max_evaluations_per_federation``), says at
+    the third join that none are left, and refuses the third federation's with
+    ``RULE_EVALUATIONS_EXHAUSTED``."""
+    settings = _settings(tmp_path, allow_plaintext=True)
+    coordinators, logs = _federations_of_ulps(tmp_path, model, settings, 3)
+    answered = [[e.task_id for e in h.evaluations] for h in coordinators]
+    assert answered == [["ulp0", "ulp1"], ["ulp2", "ulp3"], []]
+    assert not coordinators[0].failures and not coordinators[1].failures
+    for late in ("ulp4", "ulp5"):
+        assert coordinators[2].refusal(late) == ("POLICY_REFUSAL", "RULE_EVALUATIONS_EXHAUSTED")
+    reason = coordinators[2].failures[0].reason
+    assert "max_evaluations_per_split = 4" in reason and "in 2 federation(s)" in reason
+    (said,) = [line for line in logs[2] if "test split" in line]
+    assert said.startswith("WARNING") and "4 of its 4" in said and "0 left" in said
+    assert [line for line in logs[1] if "test split: 2 of its 4" in line]
+    assert not [line for line in logs[0] if "test split" in line]
+
+
+def test_mutation_without_the_split_limit_every_federation_starts_over(
+    tmp_path: Path, model: GlobalModel
+) -> None:
+    """``max_evaluations_per_split = 0`` is what stops it: all six are answered, the
+    same counts released six times."""
+    settings = _settings(
+        tmp_path, allow_plaintext=True, policy=PolicySettings(max_evaluations_per_split=0)
+    )
+    coordinators, _ = _federations_of_ulps(tmp_path, model, settings, 3)
+    assert sum(len(h.evaluations) for h in coordinators) == 6
+    assert not any(h.failures for h in coordinators)
+
+
 class CyclingCoordinator(HostileCoordinator):
     """After its script's first instruction, expires the session and answers the
     rejoin with a new federation: every per-federation bound would start over."""

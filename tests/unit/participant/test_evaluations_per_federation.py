@@ -33,13 +33,13 @@ from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
 
-def _evaluation(k: int, federation: str = "fed") -> Release:
+def _evaluation(k: int, federation: str = "fed", data: bytes = b"t" * 32) -> Release:
     """The ``k``-th evaluation: a distinct executed model (one ulp apart, say)."""
     return Release(
         kind=EVALUATE,
         federation=federation,
         model=k.to_bytes(32, "big"),
-        data=b"t" * 32,
+        data=data,
         content=b"c" * 32,
     )
 
@@ -52,8 +52,14 @@ def _ledger(tmp_path: Path, **rules: object) -> ReleaseLedger:
     )
 
 
-def _release(ledger: ReleaseLedger, k: int, federation: str = "fed", answer: str = INPUT) -> None:
-    ledger.reserve(_evaluation(k, federation), job=f"{federation}-{k}")
+def _release(
+    ledger: ReleaseLedger,
+    k: int,
+    federation: str = "fed",
+    answer: str = INPUT,
+    data: bytes = b"t" * 32,
+) -> None:
+    ledger.reserve(_evaluation(k, federation, data), job=f"{federation}-{k}")
     ledger.consume(f"{federation}-{k}", answer=answer)
 
 
@@ -66,7 +72,9 @@ def test_the_evaluation_after_the_limit_is_refused_in_that_federation_only(
         _release(ledger, k)
     with pytest.raises(EvaluationsExhausted, match=rf"already answered {most} evaluation"):
         ledger.reserve(_evaluation(most), job=f"fed-{most}")
-    _release(ledger, most, federation="other")  # another federation has its own count
+    # another federation has its own count (of another split here: the same split's
+    # lifetime is max_evaluations_per_split's, test_evaluations_per_split.py)
+    _release(ledger, most, federation="other", data=b"v" * 32)
     ledger.close()
     # durable: a restarted site counts the same releases
     restarted = _ledger(tmp_path)
