@@ -294,6 +294,25 @@ before the new federation's start, was applied again and un-revoked every
 certificate revoked since."""
 
 
+def same_training_warning(settings: CoordinatorSettings, folder: Path) -> str | None:
+    """The line logged when a new federation trains exactly as the one set aside in
+    ``folder`` did (the same participants, seed, model and training: its settings'
+    fingerprint): its first round asks each site for the update it already released
+    — the same model, seed and data give it bit for bit — and the sites refuse it
+    (``RULE_RELEASE_REPEATED``, in any federation since 2026-11-28), so that round is
+    lost and the run ends ``degraded``. None when the training differs."""
+    kept = kept_meta(folder, ("fingerprint",)).get("fingerprint")
+    if kept is None or kept != settings.fingerprint():
+        return None
+    return (
+        "--new-federation: this federation's participants, seed, model and training are "
+        "those of the one set aside, so its first round asks every site whose data is "
+        "unchanged for the update it already released; the sites refuse it "
+        "(RULE_RELEASE_REPEATED) and that round is lost: set another [federation] seed "
+        "to train anew"
+    )
+
+
 def _carry_over(store: Store, folder: Path, emit: Callable[[str], None]) -> None:
     for key, value in kept_meta(folder, CARRIED_OVER).items():
         if store.get_meta(key) is None:
@@ -336,6 +355,10 @@ def _run_locked(
         if set_aside is not None:
             store.event("warning", f"new federation; the finished one was set aside in {set_aside}")
             _carry_over(store, Path(set_aside), emit)
+            repeated = same_training_warning(settings, Path(set_aside))
+            if repeated is not None:
+                emit(f"WARNING: {repeated}")
+                store.event("warning", repeated)
         durable = durability_warning(settings.durability)
         warnings = evaluations_warning(settings) + attempts_warning(settings)
         for weakened in ([durable] if durable else []) + warnings:

@@ -538,7 +538,12 @@ class CoordinatorSettings:
     name: str = "spherecal"
     """The federation's name."""
     seed: int = 0
-    """Every seed derives from this one, as in the reference runner."""
+    """Every seed derives from this one, as in the reference runner. A new
+    federation over sites that took part in an earlier one with the same seed, model
+    and training asks them in its first round for the update they already released
+    (the same bits, on unchanged data), which they refuse in any federation: that
+    round is lost. Give a federation run again another seed (``--new-federation``
+    warns when the training equals the one set aside)."""
     model: ModelSettings = field(default_factory=ModelSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)

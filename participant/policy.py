@@ -161,9 +161,11 @@ class PolicySettings:
     restart does not reset it (:mod:`spherecal.participant.release_ledger`)."""
     one_update_per_round: bool = True
     """Release at most one training update per (federation, round), and an exact
-    update at most once per federation: the same round asked twice over two rosters,
-    or a second round from the same executed model with the same seed (the same
-    update bit for bit), gives this site's update by differencing."""
+    update at most once in any federation: the same round asked twice over two
+    rosters, or a second round — or a second federation's — from the same executed
+    model with the same seed (the same update bit for bit), gives this site's update
+    by differencing. A federation run again from the same model and ``[federation]
+    seed`` on unchanged data loses its first round to it."""
     reuse_data_across_federations: bool = False
     """Allow a second *exact* (un-noised) release of the per-class moments of the same
     local data under another federation. Off: a new federation on the same data gets

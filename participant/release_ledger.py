@@ -531,15 +531,25 @@ class ReleaseLedger:
 
     def _repeated_update(self, release: Release, job: str) -> str | None:
         """Why an exact training release is the update of another that already left
-        in its federation (``None``: it is not).
+        this site, in any federation (``None``: it is not).
 
         Only exact updates: a noised one (local DP-SGD, a distributed DP-SGD step)
         draws fresh noise each time, is never the same twice, and each is charged.
-        Only within the federation, which the refusal needs nothing else to decide:
-        the key holds what the coordinator sent and the plan it fixed, and nothing
-        of the site's data or its client state, so refusing says nothing about them
-        (an update asked again over changed data or state would differ; refusing it
-        too is the safe side)."""
+        The key holds what the coordinator sent and the plan it fixed, and nothing of
+        the site's data or its client state, so refusing says nothing about them (an
+        update asked again over changed data or state would differ; refusing it too
+        is the safe side).
+
+        In any federation (2026-11-28; until then within one): a coordinator that
+        starts a second federation — the sites' operators start their processes
+        again, as for any new one — with the first's model and seeds over a roster
+        without one site had every other site send its first-federation update again,
+        bit for bit, and the two sums' difference was that site's update. Each site
+        refusing to send its own again is what makes the others' differences inexact.
+        An honest coordinator meets it only when it runs a federation again from the
+        same model and ``[federation] seed`` on unchanged data: its first round is lost
+        (the next trains from the same model with the next round's seed, admitted) —
+        another seed avoids it."""
         if (
             not self.rules.one_update_per_round
             or release.family != TRAINING
@@ -548,18 +558,23 @@ class ReleaseLedger:
         ):
             return None
         row = self._conn.execute(
-            "SELECT job, round FROM site_releases WHERE participant = ? AND family = ? "
-            "AND federation = ? AND trained = ? AND noised = 0 AND state = 'released' "
+            "SELECT job, round, federation FROM site_releases WHERE participant = ? "
+            "AND family = ? AND trained = ? AND noised = 0 AND state = 'released' "
             "AND job != ? ORDER BY released LIMIT 1",
-            (self.participant, TRAINING, release.federation, bytes(release.trained), job),
+            (self.participant, TRAINING, bytes(release.trained), job),
         ).fetchone()
         if row is None:
             return None
         shown = "?" if row[1] is None else str(int(row[1]) + 1)
+        where = (
+            f"federation {release.federation!r}"
+            if str(row[2]) == release.federation
+            else f"federation {str(row[2])!r}, not this one: another [federation] seed avoids it"
+        )
         return (
             f"this update — the same executed model, seed, broadcast and local training — "
-            f"already left this site as round {shown}'s (job {str(row[0])[:16]}, federation "
-            f"{release.federation!r}); one update per (federation, update)"
+            f"already left this site as round {shown}'s (job {str(row[0])[:16]}, {where}); "
+            "one release per update, in any federation"
         )
 
     def _attempts(self, release: Release, job: str) -> AttemptsExhausted | None:
@@ -848,7 +863,8 @@ class ReleaseLedger:
         (:meth:`record_executed`; ``trained``:
         :meth:`spherecal.participant.trainer.LocalTrainer.update_digest`), once its
         model is downloaded and before any training; raise :class:`ReleaseRepeated`
-        when an exact update of the same digest already left in its federation.
+        when an exact update of the same digest already left, in any federation
+        (:meth:`_repeated_update`).
 
         Why: the rule one update per ``(federation, round)`` keys on the round index,
         which the coordinator chooses. Until 2026-11-27 round 1 from model ``M`` and

@@ -642,12 +642,15 @@ def _one_round_per_federation(
 ) -> list[float]:
     """One training round in each of several federations on the same data (the
     site's operator starts it again for each: ``follow_new_federation`` is off),
-    each over its own roster; the weight each federation's sum gave for the site."""
+    each over its own roster; the weight each federation's sum gave for the site. Each
+    federation trains with its own seed: the same model and seed would ask for an
+    update that already left, which the site refuses in any federation
+    (``test_the_same_update_in_a_second_federation_is_refused``)."""
     weights = []
     for k, name in enumerate(names):
         ring = HostileRing(federation=name, model=model)
         job = make_job(ROSTER if k % 2 == 0 else OTHER_ROSTER, model.length + 2)
-        ring.script = [ring.train(model.initial_vector, job, name=name)]
+        ring.script = [ring.train(model.initial_vector, job, name=name, seed=7 + k)]
         _run(_settings(tmp), ring, data)
         assert ring.failures == []
         weights.append(float(job.target_release()[model.length]))
@@ -845,6 +848,65 @@ def test_a_model_whose_zero_changed_sign_under_a_renamed_federation_is_the_same_
     _run(settings, ring, data)
     assert a.result is not None and b.result is None
     assert ring.refusal("b") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+
+
+def _one_round_in_two_federations(
+    tmp: Path, model: GlobalModel, data: LocalData, **policy: object
+) -> tuple[HostileRing, HostileRing]:
+    """Round 1 of federation A over one roster; the site started again (as its operator
+    would for a new federation) and asked round 1 of federation B from the same model
+    with the same seed over a roster without one of A's sites: every site that sends
+    its update again sends A's bit for bit, so B's sum subtracted from A's is the
+    missing site's update."""
+    length = model.length + 2
+    rings = []
+    for federation, roster in (("fed-A", ROSTER), ("fed-B", OTHER_ROSTER)):
+        ring = HostileRing(federation=federation, model=model)
+        ring.rounds = 1
+        ring.script = [ring.train(model.initial_vector, make_job(roster, length), seed=7)]
+        _run(_settings(tmp, **policy), ring, data)
+        rings.append(ring)
+    return rings[0], rings[1]
+
+
+def test_the_same_update_in_a_second_federation_is_refused(
+    tmp_path: Path, model: GlobalModel, data: LocalData
+) -> None:
+    """The round index and the federation are new, the update is not: refused before
+    any training, typed, and the site's own log says which federation it left in."""
+    first, second = _one_round_in_two_federations(tmp_path, model, data)
+    (a,) = first.jobs.values()
+    (b,) = second.jobs.values()
+    assert a.result is not None and b.result is None
+    assert second.refusal("train-0") == ("POLICY_REFUSAL", "RULE_RELEASE_REPEATED")
+    report = json.loads(run_site_audit(tmp_path / "state", as_json=True)[1])
+    (refusal,) = [
+        r
+        for r in report["refusals"]
+        if r["federation"] == "fed-B" and r["rule"] == "RULE_RELEASE_REPEATED"
+    ]
+    assert "federation 'fed-A', not this one" in refusal["reason"]
+    assert [r["federation"] for r in _released(tmp_path)] == ["fed-A"]
+
+
+def test_mutation_updates_once_per_federation_resend_it_bit_for_bit(
+    tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule as it was until 2026-11-28 — the same update refused within its
+    federation only — lets the second federation's job through: the two updates are
+    identical, so the two sums' difference is exact."""
+    within = release_ledger.ReleaseLedger._repeated_update
+
+    def per_federation(self: Any, release: Any, job: str) -> str | None:
+        found = within(self, release, job)
+        return None if found is None or "not this one" in found else found
+
+    monkeypatch.setattr(release_ledger.ReleaseLedger, "_repeated_update", per_federation)
+    first, second = _one_round_in_two_federations(tmp_path, model, data)
+    assert first.failures == [] and second.failures == []
+    (a,) = first.jobs.values()
+    (b,) = second.jobs.values()
+    np.testing.assert_array_equal(a.target_release(), b.target_release())
 
 
 def test_an_honest_next_round_from_the_same_model_is_admitted(

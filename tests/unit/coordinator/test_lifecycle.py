@@ -148,3 +148,27 @@ def test_run_coordinator_reports_an_ended_federation_and_writes_nothing(tmp_path
     assert run_coordinator(settings, say=said.append) == summary
     assert _files(tmp_path) == before
     assert any("already ended completed" in line for line in said), said
+
+
+def test_a_new_federation_that_trains_as_the_one_set_aside_is_warned(tmp_path: Path) -> None:
+    """Its first round would ask every site for the update it already released (the
+    same participants, seed, model and training), which the sites refuse in any
+    federation: the start says so and names the way out; another seed, or a finished
+    federation that left no fingerprint, says nothing."""
+    from dataclasses import replace
+
+    from spherecal.coordinator.main import same_training_warning
+
+    settings = CoordinatorSettings(participants=("a", "b", "c"))
+    folder = tmp_path / "set-aside"
+    folder.mkdir()
+    assert same_training_warning(settings, folder) is None  # no database there
+    store = Store(folder / "state.db")
+    store.set_meta("fingerprint", settings.fingerprint())
+    store.close()
+    line = same_training_warning(settings, folder)
+    assert line is not None and "RULE_RELEASE_REPEATED" in line
+    assert "set another [federation] seed" in line
+    assert same_training_warning(replace(settings, seed=1), folder) is None
+    # what the fingerprint leaves out (calibration, evaluation) does not change training
+    assert same_training_warning(replace(settings, name="renamed"), folder) is not None

@@ -1,8 +1,8 @@
-"""One exact training update per federation (``ReleaseLedger.admit_update``): an
-update whose digest (executed model, seed, broadcast, local training) equals one that
-already left in the federation is refused under any round index, before any
-training, and again atomically when its input is about to leave; a continued job is
-its own release, a noised update or another federation is not the same one."""
+"""One exact training update (``ReleaseLedger.admit_update``): an update whose
+digest (executed model, seed, broadcast, local training) equals one that already left,
+in any federation, is refused under any round index, before any training, and again
+atomically when its input is about to leave; a continued job is its own release, a
+noised update is not the same one."""
 
 from __future__ import annotations
 
@@ -62,24 +62,36 @@ def test_two_concurrent_jobs_of_one_update_leave_once(tmp_path: Path) -> None:
     ledger.close()
 
 
-@pytest.mark.parametrize(
-    "second",
-    [
-        _round(1, noised=True),  # fresh DP-SGD noise: never the same update twice
-        _round(1, federation="other"),  # the rule is per federation
-    ],
-)
-def test_a_noised_update_or_another_federation_is_not_the_same(
-    tmp_path: Path, second: Release
-) -> None:
+def test_a_noised_update_is_not_the_same(tmp_path: Path) -> None:
+    """Fresh DP-SGD noise: never the same update twice."""
     ledger = _ledger(tmp_path)
     ledger.reserve(_round(0), job="a")
     ledger.admit_update("a", executed=EXECUTED, trained=SAME)
     ledger.consume("a")
-    ledger.reserve(second, job="b")
+    ledger.reserve(_round(1, noised=True), job="b")
     ledger.admit_update("b", executed=EXECUTED, trained=SAME)
     ledger.consume("b")
     ledger.close()
+
+
+def test_the_same_update_in_another_federation_is_refused(tmp_path: Path) -> None:
+    """Since 2026-11-28 the rule holds in any federation (before, per federation): a
+    second federation's round 1 from the first's model and seed is the first's update,
+    refused before any training — also by the ledger of a restarted site — and its
+    reason names the federation it left in and what avoids it. Another update in the
+    other federation is admitted."""
+    ledger = _ledger(tmp_path)
+    ledger.reserve(_round(0), job="a")
+    ledger.admit_update("a", executed=EXECUTED, trained=SAME)
+    ledger.consume("a")
+    ledger.close()
+    restarted = _ledger(tmp_path)
+    restarted.reserve(_round(0, federation="other"), job="b")
+    with pytest.raises(ReleaseRepeated, match=r"federation 'fed', not this one.*seed"):
+        restarted.admit_update("b", executed=EXECUTED, trained=SAME)
+    restarted.admit_update("b", executed=EXECUTED, trained=OTHER)
+    restarted.consume("b")
+    restarted.close()
 
 
 def test_one_update_per_round_off_admits_the_same_update(tmp_path: Path) -> None:
