@@ -31,7 +31,7 @@ from spherecal.coordinator.driver.integrity import (
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.coordinator.driver.rejoin import wait_before_retry
 from spherecal.coordinator.driver.secure_job import SecureJob, guaranteed_inputs
-from spherecal.coordinator.driver.stages import StageContext
+from spherecal.coordinator.driver.stages import StageContext, with_first_cause
 from spherecal.coordinator.driver.tasks import Task
 from spherecal.coordinator.settings import CoordinatorSettings
 from spherecal.coordinator.summary_schema import EvaluationNoise as NoiseJson
@@ -272,6 +272,8 @@ def federated_evaluation(
         if job is not None:
             gathered = ctx.gather(task, timeout_s=s.timeouts.evaluation_s, phase_after="evaluated")
             dropped, error = gathered.dropped, gathered.error
+            if error is not None:  # the sites' own reasons, not only the lost quorum
+                error = with_first_cause(error, dropped)
             if gathered.values is not None:
                 contributors = sorted(gathered.contributors, key=ctx.registry.index_of)
                 if noise is None:

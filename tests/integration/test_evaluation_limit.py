@@ -124,3 +124,32 @@ def test_a_final_evaluation_the_sites_split_limit_refuses_ends_degraded(
     assert all("max_evaluations_per_split = 1" in r["reason"] for r in refused)
     # one test evaluation per site left its ledger; the final one never did
     assert _sites_split_evaluations(tmp_path) == {f"p{k}": [1] for k in range(4)}
+
+
+def test_a_validation_gate_the_sites_split_limit_refuses_names_the_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sites whose validation split has one evaluation left answer the calibrators'
+    grid and refuse the validation gate's: no head is shipped unvalidated, and the
+    status says why — the sites' refusal, not only the lost quorum it caused."""
+    from spherecal.participant.policy import PolicySettings
+
+    monkeypatch.setattr(simulate_configs, "_evaluations_asked", lambda settings: 0)
+    monkeypatch.setattr(
+        simulate_configs, "_policy", lambda settings: PolicySettings(max_evaluations_per_split=1)
+    )
+    settings = SimulationSettings(
+        reference=ReferenceConfig(participants=4, model="mlp", rounds=2),
+        out=tmp_path,
+        calibration=("ffc", "lda"),
+        timeout_s=300,
+    )
+    results: dict[str, Any] = dict(run_simulation(settings, progress=lambda _line: None))
+    assert results["status"] == "degraded"
+    assert results["accuracy"]["none"] is not None  # the test split still answered
+    assert results["accuracy"]["ffc"] is None and results["accuracy"]["lda"] is None
+    for method in ("ffc", "lda"):
+        (reason,) = [r for r in results["status_reasons"] if r.startswith(f"{method}:")]
+        assert "validation gate" in reason and "max_evaluations_per_split = 1" in reason
+    # per site: the grid's validation evaluation and the final test one left, no more
+    assert _sites_split_evaluations(tmp_path) == {f"p{k}": [1, 1] for k in range(4)}
