@@ -9,7 +9,9 @@ ledger lives in ``state_dir/privacy.db`` (table ``site_releases``) so a restart
 does not reset it; ``spherecal audit --site STATE_DIR`` reads it
 (:mod:`spherecal.site_audit`).
 
-One rule per purpose (the family of a kind, :func:`family_of`):
+One rule per purpose (the family of a kind, :func:`family_of`), each a query that
+:class:`~spherecal.participant.release_rules.ReleaseConflicts` asks of what already
+left (:mod:`spherecal.participant.release_rules`):
 
 * ``training`` (kind ``update``): at most one update per ``(federation, round)``,
   and one per *update* in a federation (``[policy] one_update_per_round`` switches
@@ -57,7 +59,7 @@ coordinator's retry with a fresh job id is admitted; one that failed after count
 (fail safe). But a job the coordinator abandons during its local work still showed
 it something — when the site next speaks follows that work — so the reservations
 that never left are *attempts*, bounded per purpose (``[policy]
-max_unreleased_attempts``, :meth:`ReleaseLedger._attempts`): per training round, for
+max_unreleased_attempts``, :meth:`ReleaseConflicts.attempts`): per training round, for
 the per-class moments, for the federation's evaluations together. Consuming re-checks
 the rules atomically, so two concurrent jobs for one key cannot both be released.
 The signed survivor set a release was summed with is stored when the unmask request
@@ -81,15 +83,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spherecal.participant.dp_gate import PrivacyRefused
-from spherecal.participant.policy import (
-    DEFAULT_MAX_UNRELEASED_ATTEMPTS,
-    AttemptsExhausted,
-    EvaluationsExhausted,
-    ReleaseRepeated,
+from spherecal.participant.policy import ReleaseRepeated
+from spherecal.participant.release_rules import (
+    EVALUATE,
+    EVALUATION,
+    MOMENTS,
+    TRAINING,
+    UPDATE,
+    LedgerRules,
+    Release,
+    ReleaseConflicts,
+    family_of,
 )
 from spherecal.proto import spherecal_pb2 as pb
-from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
 
 __all__ = [
     "EVALUATE",
@@ -145,15 +151,10 @@ def _release_of(row: tuple[Any, ...]) -> Release:
     )
 
 
-EVALUATE = "evaluate"
 INPUT = "input"
 """What left in a release's place: the input (masked, or plaintext where allowed)."""
 REFUSAL = "refusal"
 """What left in a release's place: a refusal that depends on the data (one bit)."""
-UPDATE = "update"
-TRAINING = "training"
-MOMENTS = "moments"
-EVALUATION = "evaluation"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS site_releases (
@@ -214,70 +215,6 @@ CREATE TABLE IF NOT EXISTS site_refusals (
 """
 
 
-def family_of(kind: str) -> str:
-    """The purpose a kind belongs to: one rule per family."""
-    if kind == UPDATE:
-        return TRAINING
-    if kind == EVALUATE:
-        return EVALUATION
-    return MOMENTS  # ffc, ccvr and anything derivable from the per-class moments
-
-
-@dataclass(frozen=True)
-class LedgerRules:
-    """Which rules the ledger enforces (``[policy]``; all on by default)."""
-
-    one_update_per_round: bool = True
-    one_release_per_model: bool = True
-    exact_data_once: bool = True
-    """Not ``[policy] reuse_data_across_federations``."""
-    exact_in_one_federation: bool = True
-    """Not ``[policy] exact_moments_of_changed_data``: exact moments of *other* data
-    (the split changed) are refused in any federation but the one exact moments
-    already left in."""
-    max_evaluations_per_federation: int = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
-    """``[policy] max_evaluations_per_federation`` (0: no limit)."""
-    max_evaluations_per_split: int | None = None
-    """``[policy] max_evaluations_per_split``: evaluations of one split, by its
-    fingerprint, across all federations (None: ``max_evaluations_per_federation``'s
-    value; 0: no limit)."""
-    max_unreleased_attempts: int = DEFAULT_MAX_UNRELEASED_ATTEMPTS
-    """``[policy] max_unreleased_attempts`` (0: no limit)."""
-
-    @property
-    def evaluations_per_split(self) -> int:
-        """The lifetime limit per split in force (0: no limit)."""
-        if self.max_evaluations_per_split is None:
-            return self.max_evaluations_per_federation
-        return self.max_evaluations_per_split
-
-
-@dataclass(frozen=True)
-class Release:
-    """What one release is, by what the computation depends on."""
-
-    kind: str
-    federation: str
-    model: bytes
-    """Executed-model digest."""
-    data: bytes = b""
-    """Fingerprint of the local split the release is computed from."""
-    content: bytes = b""
-    """Evaluation: split and head contents (no names)."""
-    round: int | None = None
-    noised: bool = False
-    epsilon: float | None = None
-    delta: float | None = None
-    noise: dict[str, Any] | None = None
-    trained: bytes | None = None
-    """Training: the digest of what determines the update bit for bit
-    (:meth:`ReleaseLedger.admit_update`; known once the model is downloaded)."""
-
-    @property
-    def family(self) -> str:
-        return family_of(self.kind)
-
-
 @dataclass(frozen=True)
 class ExampleCount:
     """A federation's training weight: the example count ``count`` it was drawn for
@@ -320,7 +257,6 @@ class ExampleCount:
 
 
 _COUNT_COLUMNS = "federation, data, drawn_in, count, released, sd, epsilon, delta, noise"
-_COLUMNS = "job, kind, federation, model, data, content, round, noised"
 
 
 class ReleaseLedger:
@@ -353,6 +289,9 @@ class ReleaseLedger:
         )
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._checks = ReleaseConflicts(lambda: self._conn, participant, self.rules)
+        """What a new release conflicts with (:mod:`spherecal.participant.release_rules`),
+        asked inside this ledger's lock."""
 
     @property
     def enforce(self) -> bool:
@@ -385,73 +324,6 @@ class ReleaseLedger:
                 self._db.close()
                 self._db = None
 
-    # ------------------------------------------------------------ rules
-    def _released(self, family: str, job: str) -> list[tuple[Any, ...]]:
-        return list(
-            self._conn.execute(
-                f"SELECT {_COLUMNS} FROM site_releases WHERE participant = ? AND family = ? "
-                "AND state = 'released' AND job != ?",
-                (self.participant, family, job),
-            ).fetchall()
-        )
-
-    def _conflict(self, release: Release, job: str) -> PrivacyRefused | None:
-        """The refusal a rule makes of ``release`` given what already left (``None``:
-        admitted)."""
-        repeated = self._repeated(release, job)
-        if repeated is None:
-            repeated = self._repeated_update(release, job)
-        if repeated is not None:
-            return ReleaseRepeated(repeated)
-        most = self.rules.max_evaluations_per_federation
-        if release.family == EVALUATION and most > 0:
-            (made,) = self._conn.execute(
-                "SELECT COUNT(*) FROM site_releases WHERE participant = ? AND family = ? "
-                "AND federation = ? AND state = 'released' AND job != ?",
-                (self.participant, EVALUATION, release.federation, job),
-            ).fetchone()
-            if made >= most:
-                return EvaluationsExhausted(
-                    f"this site already answered {made} evaluation(s) in this federation, "
-                    f"its most ([policy] max_evaluations_per_federation = {most}): each "
-                    "evaluation's noise is fresh, so more of them would average it down"
-                )
-        return self._split_spent(release, job)
-
-    def _split_spent(self, release: Release, job: str) -> EvaluationsExhausted | None:
-        """The refusal of an evaluation of a split that already answered
-        ``max_evaluations_per_split`` evaluations, in any federation (``None``:
-        admitted).
-
-        Why across federations: ``max_evaluations_per_federation`` starts over in each
-        new federation, while what a coordinator can ask for again does not change
-        with the federation — the split's total is an entry of every evaluation, a
-        constant head's counts are the split's label histogram — as long as the
-        split's records stay the same. Until 2026-11-28 each federation on unchanged
-        data added its four fresh draws to the mean: twelve federations, 48 releases,
-        a count's noise averaged to ≈ 0.16 counts, exact when rounded. Keyed by the
-        split's fingerprint (``release.data``), which the coordinator cannot vary: a
-        split that changed is other records and starts a count of its own. Decided
-        from the ledger alone, before any work on the split, so the refusal says
-        nothing about it."""
-        most = self.rules.evaluations_per_split
-        if release.family != EVALUATION or most <= 0:
-            return None
-        (made, federations) = self._conn.execute(
-            "SELECT COUNT(*), COUNT(DISTINCT federation) FROM site_releases "
-            "WHERE participant = ? AND family = ? AND data = ? AND state = 'released' "
-            "AND job != ?",
-            (self.participant, EVALUATION, bytes(release.data), job),
-        ).fetchone()
-        if made < most:
-            return None
-        return EvaluationsExhausted(
-            f"this site already answered {made} evaluation(s) of this split in "
-            f"{federations} federation(s), its most for the same records ([policy] "
-            f"max_evaluations_per_split = {most}): more would average their fresh noise "
-            "down; a changed split starts anew"
-        )
-
     def split_evaluations(self, data: bytes) -> tuple[int, int]:
         """How many evaluation releases of the split fingerprinted ``data`` left this
         site, and in how many federations (for the site's log at join)."""
@@ -463,171 +335,12 @@ class ReleaseLedger:
             ).fetchone()
         return int(made), int(federations)
 
-    def _repeated(self, release: Release, job: str) -> str | None:
-        r = self.rules
-        for other, kind, federation, model, data, content, rnd, noised in self._released(
-            release.family, job
-        ):
-            was = f"(job {str(other)[:16]}, {kind}, federation {federation!r})"
-            if release.family == TRAINING:
-                if (
-                    r.one_update_per_round
-                    and federation == release.federation
-                    and (rnd == release.round)
-                ):
-                    # the ledger keeps the wire's 0-based index; people read rounds
-                    # 1-based, as the coordinator's log, status and summary count them
-                    shown = "?" if release.round is None else str(release.round + 1)
-                    return (
-                        f"the update of round {shown} already left this site {was}; "
-                        "one update per (federation, round)"
-                    )
-            elif release.family == EVALUATION:
-                if (
-                    r.one_release_per_model
-                    and bytes(content) == release.content
-                    and (bytes(model) == release.model)
-                ):
-                    return (
-                        f"this evaluation (executed model, split and head contents) was "
-                        f"already answered {was}"
-                    )
-            else:
-                if r.one_release_per_model and federation == release.federation:
-                    return (
-                        f"the per-class moments already left this site for this federation "
-                        f"{was}; FFC, CCVR, LDA and QDA are one release per federation"
-                    )
-                if r.one_release_per_model and bytes(model) == release.model:
-                    return (
-                        f"the per-class moments already left this site for this executed "
-                        f"model {was}; one release per model"
-                    )
-                if (
-                    r.exact_data_once
-                    and not release.noised
-                    and not noised
-                    and bytes(data) == release.data
-                ):
-                    return (
-                        f"exact statistics of this site's data already left it {was}; "
-                        "another federation on the same data needs DP noise "
-                        "([privacy] enabled) or [policy] reuse_data_across_federations"
-                    )
-                if (
-                    r.exact_in_one_federation
-                    and not release.noised
-                    and not noised
-                    and federation != release.federation
-                    and bytes(data) != release.data
-                ):
-                    return (
-                        f"exact statistics of this site's data already left it {was}, and "
-                        "the data changed since: two exact releases differ by the changed "
-                        "records' statistics; another federation needs DP noise ([privacy] "
-                        "enabled) or [policy] exact_moments_of_changed_data"
-                    )
-        return None
-
-    def _repeated_update(self, release: Release, job: str) -> str | None:
-        """Why an exact training release is the update of another that already left
-        this site, in any federation (``None``: it is not).
-
-        Only exact updates: a noised one (local DP-SGD, a distributed DP-SGD step)
-        draws fresh noise each time, is never the same twice, and each is charged.
-        The key holds what the coordinator sent and the plan it fixed, and nothing of
-        the site's data or its client state, so refusing says nothing about them (an
-        update asked again over changed data or state would differ; refusing it too
-        is the safe side).
-
-        In any federation (2026-11-28; until then within one): a coordinator that
-        starts a second federation — the sites' operators start their processes
-        again, as for any new one — with the first's model and seeds over a roster
-        without one site had every other site send its first-federation update again,
-        bit for bit, and the two sums' difference was that site's update. Each site
-        refusing to send its own again is what makes the others' differences inexact.
-        An honest coordinator meets it only when it runs a federation again from the
-        same model and ``[federation] seed`` on unchanged data: its first round is lost
-        (the next trains from the same model with the next round's seed, admitted) —
-        another seed avoids it."""
-        if (
-            not self.rules.one_update_per_round
-            or release.family != TRAINING
-            or release.noised
-            or not release.trained
-        ):
-            return None
-        row = self._conn.execute(
-            "SELECT job, round, federation FROM site_releases WHERE participant = ? "
-            "AND family = ? AND trained = ? AND noised = 0 AND state = 'released' "
-            "AND job != ? ORDER BY released LIMIT 1",
-            (self.participant, TRAINING, bytes(release.trained), job),
-        ).fetchone()
-        if row is None:
-            return None
-        shown = "?" if row[1] is None else str(int(row[1]) + 1)
-        where = (
-            f"federation {release.federation!r}"
-            if str(row[2]) == release.federation
-            else f"federation {str(row[2])!r}, not this one: another [federation] seed avoids it"
-        )
-        return (
-            f"this update — the same executed model, seed, broadcast and local training — "
-            f"already left this site as round {shown}'s (job {str(row[0])[:16]}, {where}); "
-            "one release per update, in any federation"
-        )
-
-    def _attempts(self, release: Release, job: str) -> AttemptsExhausted | None:
-        """The refusal of a *new* key when its purpose already holds the most started
-        jobs whose input never left (``None``: admitted).
-
-        Why: a reservation that is never consumed cost the site no release, so that an
-        honest coordinator's retry is admitted — but the coordinator that abandoned the
-        job during its local work saw when the site spoke next, which follows that
-        work: its length (the example count), and whether a crafted model made it fail.
-        Under fresh job ids that reading was free and unbounded (``docs/threat_model.md``,
-        *Timing*). The purpose is what the coordinator cannot vary for free: a training
-        round is ``(federation, round)`` (the plan bounds the rounds); the per-class
-        moments and the evaluations are per federation — an evaluation's key changes
-        with a model moved by one ulp, so its attempts are counted over the
-        federation's evaluations together, ``max_evaluations_per_federation`` of them
-        (4 when that is 0). Rows in ``released`` state never count: what left is
-        bounded by the rules above. Decided from the ledger alone, before any local
-        work, so the refusal says nothing about the data."""
-        most = self.rules.max_unreleased_attempts
-        if most <= 0:
-            return None
-        query = (
-            "SELECT COUNT(*) FROM site_releases WHERE participant = ? AND family = ? "
-            "AND federation = ? AND state = 'reserved' AND job != ?"
-        )
-        args: tuple[Any, ...] = (self.participant, release.family, release.federation, job)
-        if release.family == TRAINING:
-            query += " AND round IS ?"
-            args += (release.round,)
-            purpose = "round ?" if release.round is None else f"round {release.round + 1}"
-        elif release.family == EVALUATION:
-            most *= self.rules.max_evaluations_per_federation or (
-                DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
-            )
-            purpose = "this federation's evaluations"
-        else:
-            purpose = "this federation's per-class moments"
-        (started,) = self._conn.execute(query, args).fetchone()
-        if started < most:
-            return None
-        return AttemptsExhausted(
-            f"this site already started {started} job(s) for {purpose} whose input never "
-            f"left, its most ([policy] max_unreleased_attempts): each one abandoned during "
-            "its local work shows how long that work took"
-        )
-
     # ------------------------------------------------------------ life cycle
     def reserve(self, release: Release, *, job: str) -> None:
         """Admit a task (nothing leaves yet); raise :class:`ReleaseRepeated` when a
         rule forbids the release (:class:`EvaluationsExhausted` when it is the
         federation's evaluation count, :class:`AttemptsExhausted` when a new key's
-        purpose holds the most unreleased attempts, :meth:`_attempts`).
+        purpose holds the most unreleased attempts, :meth:`ReleaseConflicts.attempts`).
 
         A key reserved again while nothing has left under it takes the new
         reservation's ε, δ and noise where it states them (an evaluation's, planned
@@ -639,9 +352,9 @@ class ReleaseLedger:
         audited — at 4.2."""
         with self._lock:
             kept = self._check_key(release, job)
-            conflict = self._conflict(release, job)
+            conflict = self._checks.conflict(release, job)
             if conflict is None and kept is None:  # a continued job is the same attempt
-                conflict = self._attempts(release, job)
+                conflict = self._checks.attempts(release, job)
             if conflict is not None:
                 raise conflict
             if kept is not None and kept[7] != "released" and release.epsilon is not None:
@@ -756,7 +469,7 @@ class ReleaseLedger:
             row = self._kept(job)
             if row is None or row[7] == "released":
                 return
-            conflict = self._conflict(_release_of(row), job)
+            conflict = self._checks.conflict(_release_of(row), job)
             if conflict is not None:
                 raise conflict
 
@@ -802,7 +515,7 @@ class ReleaseLedger:
             release = _release_of(row)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                conflict = self._conflict(release, job)
+                conflict = self._checks.conflict(release, job)
                 if conflict is not None:
                     raise conflict
                 self._conn.execute(
@@ -864,7 +577,7 @@ class ReleaseLedger:
         :meth:`spherecal.participant.trainer.LocalTrainer.update_digest`), once its
         model is downloaded and before any training; raise :class:`ReleaseRepeated`
         when an exact update of the same digest already left, in any federation
-        (:meth:`_repeated_update`).
+        (:meth:`ReleaseConflicts.repeated_update`).
 
         Why: the rule one update per ``(federation, round)`` keys on the round index,
         which the coordinator chooses. Until 2026-11-27 round 1 from model ``M`` and
@@ -883,7 +596,7 @@ class ReleaseLedger:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 if row[7] != "released":
-                    repeated = self._repeated_update(
+                    repeated = self._checks.repeated_update(
                         dataclasses.replace(_release_of(row), trained=bytes(trained)), job
                     )
                     if repeated is not None:

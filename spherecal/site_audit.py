@@ -461,7 +461,7 @@ CHANGED_DATA_NOTE = (
 
 def unreleased_attempts(releases: list[SiteRelease]) -> list[UnreleasedAttempts]:
     """The ``reserved`` rows by site, federation and purpose — the purposes the site's
-    ``[policy] max_unreleased_attempts`` counts (``ReleaseLedger._attempts``): a
+    ``[policy] max_unreleased_attempts`` counts (``ReleaseConflicts.attempts``): a
     training round, the per-class moments, the federation's evaluations together."""
     groups: dict[tuple[str, str, str], list[str]] = {}
     for r in releases:
@@ -482,7 +482,7 @@ def unreleased_attempts(releases: list[SiteRelease]) -> list[UnreleasedAttempts]
 
 def split_evaluations(releases: list[SiteRelease]) -> list[SplitEvaluations]:
     """The released evaluations by site and split fingerprint, across federations —
-    what ``[policy] max_evaluations_per_split`` counts (``ReleaseLedger._split_spent``)."""
+    what ``[policy] max_evaluations_per_split`` counts (``ReleaseConflicts._split_spent``)."""
     groups: dict[tuple[str, str], list[str]] = {}
     for r in releases:
         if r.state == "released" and r.family == "evaluation":

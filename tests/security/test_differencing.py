@@ -30,7 +30,7 @@ import torch
 from spherecal import crypto
 from spherecal.coordinator.driver.model import GlobalModel
 from spherecal.crypto.dp import guaranteed_contributors
-from spherecal.participant import evaluation_task, release_ledger
+from spherecal.participant import evaluation_task, release_ledger, release_rules
 from spherecal.participant.data import LocalData
 from spherecal.participant.failures import WITHHELD_TEXT
 from spherecal.participant.trainer import LocalTrainer
@@ -335,7 +335,7 @@ def test_ccvr_after_ffc_is_the_same_release(
 def test_mutation_separate_kinds_let_ccvr_difference_ffc(
     tmp_path: Path, model: GlobalModel, data: LocalData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(release_ledger, "family_of", lambda kind: kind)
+    monkeypatch.setattr(release_rules, "family_of", lambda kind: kind)
     ring = _ffc_then_ccvr(tmp_path, model, data)
     assert ring.failures == []
     assert [r["kind"] for r in _released(tmp_path)] == ["ffc", "ccvr"]
@@ -895,13 +895,13 @@ def test_mutation_updates_once_per_federation_resend_it_bit_for_bit(
     """The rule as it was until 2026-11-28 — the same update refused within its
     federation only — lets the second federation's job through: the two updates are
     identical, so the two sums' difference is exact."""
-    within = release_ledger.ReleaseLedger._repeated_update
+    within = release_rules.ReleaseConflicts.repeated_update
 
     def per_federation(self: Any, release: Any, job: str) -> str | None:
         found = within(self, release, job)
         return None if found is None or "not this one" in found else found
 
-    monkeypatch.setattr(release_ledger.ReleaseLedger, "_repeated_update", per_federation)
+    monkeypatch.setattr(release_rules.ReleaseConflicts, "repeated_update", per_federation)
     first, second = _one_round_in_two_federations(tmp_path, model, data)
     assert first.failures == [] and second.failures == []
     (a,) = first.jobs.values()
