@@ -26,6 +26,7 @@ Modules, one idea each:
 ``trust``              verifying peers' identity keys against the federation CA
 ``policy``             the ``[policy]`` table: what the site refuses, whatever it is asked
 ``release_ledger``     what has left the site: each release at most once per its key
+``release_rules``      which release the site refuses, given what already left it
 ``example_weight``     the count updates are weighted by: drawn with DP noise once per data split
 ``fixed_plan``         one plan per federation: its checks against the data answered once
 ``dp_gate``            the privacy gate of noisy calibration releases (plan, charge, refuse)

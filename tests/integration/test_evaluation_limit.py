@@ -90,6 +90,18 @@ def _sites_split_evaluations(out: Path) -> dict[str, list[int]]:
     return counts
 
 
+def _sites_with_one_evaluation_per_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated sites keep their defaults but ``[policy] max_evaluations_per_split
+    = 1`` — as sites whose earlier federations on the same records used all but one of
+    a split's evaluations — and the coordinator its own (four per federation)."""
+    from spherecal.participant.policy import PolicySettings
+
+    monkeypatch.setattr(simulate_configs, "_evaluations_asked", lambda settings: 0)
+    monkeypatch.setattr(
+        simulate_configs, "_policy", lambda settings: PolicySettings(max_evaluations_per_split=1)
+    )
+
+
 def test_a_final_evaluation_the_sites_split_limit_refuses_ends_degraded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,12 +112,7 @@ def test_a_final_evaluation_the_sites_split_limit_refuses_ends_degraded(
     coordinator, whose own schedule (four per federation) has room for both, does not
     ask again in vain, and the run says what it lost: ``degraded``, the final
     evaluation covering no site — never ``completed`` without its headline."""
-    from spherecal.participant.policy import PolicySettings
-
-    monkeypatch.setattr(simulate_configs, "_evaluations_asked", lambda settings: 0)
-    monkeypatch.setattr(
-        simulate_configs, "_policy", lambda settings: PolicySettings(max_evaluations_per_split=1)
-    )
+    _sites_with_one_evaluation_per_split(monkeypatch)
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=4, model="mlp", rounds=3),
         out=tmp_path,
@@ -132,12 +139,7 @@ def test_a_validation_gate_the_sites_split_limit_refuses_names_the_rule(
     """Sites whose validation split has one evaluation left answer the calibrators'
     grid and refuse the validation gate's: no head is shipped unvalidated, and the
     status says why — the sites' refusal, not only the lost quorum it caused."""
-    from spherecal.participant.policy import PolicySettings
-
-    monkeypatch.setattr(simulate_configs, "_evaluations_asked", lambda settings: 0)
-    monkeypatch.setattr(
-        simulate_configs, "_policy", lambda settings: PolicySettings(max_evaluations_per_split=1)
-    )
+    _sites_with_one_evaluation_per_split(monkeypatch)
     settings = SimulationSettings(
         reference=ReferenceConfig(participants=4, model="mlp", rounds=2),
         out=tmp_path,

@@ -20,7 +20,7 @@ from spherecal.coordinator.settings import (
     TrainingSettings,
 )
 from spherecal.participant.failures import policy_rule, wire_reason
-from spherecal.participant.policy import EvaluationsExhausted, PolicySettings, ReleaseRepeated
+from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
 from spherecal.participant.release_ledger import (
     EVALUATE,
     INPUT,
@@ -132,23 +132,6 @@ def test_no_limit_when_set_to_zero_or_unenforced(tmp_path: Path, rules: dict | N
     for k in range(DEFAULT_MAX_EVALUATIONS_PER_FEDERATION + 3):
         _release(ledger, k)
     ledger.close()
-
-
-def test_the_policy_key_is_checked_and_a_weaker_value_logged() -> None:
-    assert PolicySettings().max_evaluations_per_federation == DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
-    assert not [r for r in PolicySettings().relaxations() if "max_evaluations" in r]
-    for bad in (-1, True, 2.5, "4"):
-        with pytest.raises(ValueError, match="max_evaluations_per_federation"):
-            PolicySettings(max_evaluations_per_federation=bad)  # type: ignore[arg-type]
-    for weaker in (0, DEFAULT_MAX_EVALUATIONS_PER_FEDERATION + 1):
-        (line,) = [
-            r
-            for r in PolicySettings(max_evaluations_per_federation=weaker).relaxations()
-            if "max_evaluations_per_federation" in r
-        ]
-        assert f"= {weaker}" in line
-    stricter = PolicySettings(max_evaluations_per_federation=1).relaxations()
-    assert not [r for r in stricter if "max_evaluations" in r]
 
 
 def test_the_refusal_travels_with_its_rule_and_its_text() -> None:

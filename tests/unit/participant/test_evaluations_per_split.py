@@ -170,22 +170,23 @@ def test_two_federations_jobs_admitted_together_cannot_both_pass(tmp_path: Path)
     ledger.close()
 
 
-def test_the_policy_key_is_checked_and_a_weaker_value_logged() -> None:
-    assert PolicySettings().max_evaluations_per_split is None
+@pytest.mark.parametrize("key", ["max_evaluations_per_federation", "max_evaluations_per_split"])
+def test_each_evaluation_limit_is_checked_and_a_weaker_value_logged(key: str) -> None:
     assert not [r for r in PolicySettings().relaxations() if "max_evaluations" in r]
     for bad in (-1, True, 2.5, "4"):
-        with pytest.raises(ValueError, match="max_evaluations_per_split"):
-            PolicySettings(max_evaluations_per_split=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=key):
+            PolicySettings(**{key: bad})  # type: ignore[arg-type]
     for weaker in (0, DEFAULT_MAX_EVALUATIONS_PER_FEDERATION + 1):
-        (line,) = [
-            r
-            for r in PolicySettings(max_evaluations_per_split=weaker).relaxations()
-            if "max_evaluations_per_split" in r
-        ]
-        assert f"max_evaluations_per_split = {weaker}" in line
-    stricter = PolicySettings(max_evaluations_per_split=2).relaxations()
-    assert not [r for r in stricter if "max_evaluations" in r]
-    # raising the federation's limit raises the split's, unset: the line says so
+        weakened = PolicySettings(**{key: weaker})  # type: ignore[arg-type]
+        (line,) = [r for r in weakened.relaxations() if key in r]
+        assert f"{key} = {weaker}" in line
+    stricter = PolicySettings(**{key: 1})  # type: ignore[arg-type]
+    assert not [r for r in stricter.relaxations() if "max_evaluations" in r]
+
+
+def test_unset_the_split_limit_is_the_federations_and_raising_that_says_so() -> None:
+    assert PolicySettings().max_evaluations_per_split is None
+    assert PolicySettings().max_evaluations_per_federation == DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
     (line,) = PolicySettings(max_evaluations_per_federation=6).relaxations()
     assert "of each split across federations too" in line
     (line,) = [
