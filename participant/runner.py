@@ -248,7 +248,9 @@ class ParticipantRunner:
         """Say at join what earlier federations used of each evaluation split's
         lifetime allowance (``[policy] max_evaluations_per_split``): a split that has
         none left refuses every evaluation of this federation, and its operator should
-        know before the coordinator's final evaluation meets the refusal."""
+        know before the coordinator's final evaluation meets the refusal. The splits'
+        fingerprints were taken before the first join (:meth:`run`): a hash here
+        would delay the next poll by a time that follows the splits' sizes."""
         most = self.releases.rules.evaluations_per_split
         if most <= 0:
             return
@@ -369,6 +371,11 @@ class ParticipantRunner:
             self.log("TEST FAULT: dealing corrupted shares in every job")
         if self.adversary is not None:
             self.log(f"TEST FAULT: local computation replaced by the attack {self.adversary}")
+        for split in ("train", "test", "validation"):
+            # before the first join: each hash takes time that follows the split's
+            # size, and done inside the first task or at join it would delay a message
+            # the coordinator times (the keys' advertisement, the first poll)
+            self._fingerprint(split)
         self._heartbeat = threading.Thread(target=self._presence_loop, daemon=True)
         self._heartbeat.start()
         try:
@@ -609,7 +616,8 @@ class ParticipantRunner:
         self._refuse(task_id, withheld)
 
     def _fingerprint(self, split: str) -> bytes:
-        """This site's data split, fingerprinted once per process."""
+        """This site's data split, fingerprinted once per process — by :meth:`run`,
+        before the first join, so that no message waits for a hash."""
         if split not in self._fingerprints:
             self._fingerprints[split] = fingerprint(self.data, split)
         return self._fingerprints[split]

@@ -368,6 +368,36 @@ def test_mutation_without_the_split_limit_every_federation_starts_over(
     assert not any(h.failures for h in coordinators)
 
 
+def test_no_message_waits_for_a_hash_of_the_data(
+    tmp_path: Path, model: GlobalModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The splits' fingerprints (the ledger's keys for "the same data", and the join's
+    note on each split's evaluations) are taken before the first join: a hash takes
+    time that follows a split's size, and inside the join or the first task it would
+    delay a message the coordinator times — the first poll, the keys' advertisement."""
+    from spherecal.participant import runner as runner_module
+
+    events: list[str] = []
+    hashed = runner_module.fingerprint
+
+    def recorded(data: Any, split: str) -> bytes:
+        events.append(f"hash {split}")
+        return hashed(data, split)
+
+    monkeypatch.setattr(runner_module, "fingerprint", recorded)
+
+    class Watched(HostileCoordinator):
+        def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+            events.append("join")
+            return super().join(request)
+
+    hostile = Watched(federation="fed", model=model, script=[])
+    hostile.script = [_ulp_moved(hostile, model, 0), _ulp_moved(hostile, model, 1)]
+    assert _run(_settings(tmp_path, allow_plaintext=True), hostile) == 0
+    assert len(hostile.evaluations) == 2
+    assert events == ["hash train", "hash test", "hash validation", "join"]
+
+
 class CyclingCoordinator(HostileCoordinator):
     """After its script's first instruction, expires the session and answers the
     rejoin with a new federation: every per-federation bound would start over."""
