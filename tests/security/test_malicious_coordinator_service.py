@@ -14,7 +14,7 @@ weakens one ``[policy]`` key at a time and shows the matching attack then procee
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,11 @@ def _settings(tmp: Path, **overrides: object) -> ParticipantSettings:
     return replace(target_settings(tmp), **overrides)  # type: ignore[arg-type]
 
 
-def _run(settings: ParticipantSettings, coordinator: HostileCoordinator) -> int:
+def _run(
+    settings: ParticipantSettings,
+    coordinator: HostileCoordinator,
+    log: Callable[[str], None] = lambda _m: None,
+) -> int:
     data = load_local_data(settings.data)
     runner = ParticipantRunner(
         settings,
@@ -115,7 +119,7 @@ def _run(settings: ParticipantSettings, coordinator: HostileCoordinator) -> int:
         IDENTITIES[ME],
         MemoryJobLedger(),
         DirectoryTrust(None),
-        log=lambda _m: None,
+        log=log,
     )
     return runner.run()
 
@@ -305,7 +309,7 @@ def test_mutation_without_the_limit_every_ulp_is_a_fresh_answer(
 
 
 def _federations_of_ulps(
-    tmp_path: Path, model: GlobalModel, settings: ParticipantSettings, federations: int
+    model: GlobalModel, settings: ParticipantSettings, federations: int
 ) -> tuple[list[HostileCoordinator], list[list[str]]]:
     """The site started again for each of ``federations`` federations on the same
     state directory and data — as its operator would for each new one — and asked in
@@ -316,16 +320,7 @@ def _federations_of_ulps(
         hostile = HostileCoordinator(federation=f"fed-{f}", model=model, script=[])
         hostile.script = [_ulp_moved(hostile, model, 2 * f + k) for k in range(2)]
         lines: list[str] = []
-        runner = ParticipantRunner(
-            settings,
-            hostile,
-            load_local_data(settings.data),
-            IDENTITIES[ME],
-            MemoryJobLedger(),
-            DirectoryTrust(None),
-            log=lines.append,
-        )
-        assert runner.run() == 0
+        assert _run(settings, hostile, log=lines.append) == 0
         coordinators.append(hostile)
         logs.append(lines)
     return coordinators, logs
@@ -341,7 +336,7 @@ def test_evaluations_of_one_split_stop_across_federations(
     the third join that none are left, and refuses the third federation's with
     ``RULE_EVALUATIONS_EXHAUSTED``."""
     settings = _settings(tmp_path, allow_plaintext=True)
-    coordinators, logs = _federations_of_ulps(tmp_path, model, settings, 3)
+    coordinators, logs = _federations_of_ulps(model, settings, 3)
     answered = [[e.task_id for e in h.evaluations] for h in coordinators]
     assert answered == [["ulp0", "ulp1"], ["ulp2", "ulp3"], []]
     assert not coordinators[0].failures and not coordinators[1].failures
@@ -363,7 +358,7 @@ def test_mutation_without_the_split_limit_every_federation_starts_over(
     settings = _settings(
         tmp_path, allow_plaintext=True, policy=PolicySettings(max_evaluations_per_split=0)
     )
-    coordinators, _ = _federations_of_ulps(tmp_path, model, settings, 3)
+    coordinators, _ = _federations_of_ulps(model, settings, 3)
     assert sum(len(h.evaluations) for h in coordinators) == 6
     assert not any(h.failures for h in coordinators)
 

@@ -22,45 +22,17 @@ from spherecal.coordinator.settings import (
 from spherecal.participant.failures import policy_rule, wire_reason
 from spherecal.participant.policy import EvaluationsExhausted, ReleaseRepeated
 from spherecal.participant.release_ledger import (
-    EVALUATE,
-    INPUT,
     REFUSAL,
-    LedgerRules,
     Release,
     ReleaseLedger,
 )
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
-
-
-def _evaluation(k: int, federation: str = "fed", data: bytes = b"t" * 32) -> Release:
-    """The ``k``-th evaluation: a distinct executed model (one ulp apart, say)."""
-    return Release(
-        kind=EVALUATE,
-        federation=federation,
-        model=k.to_bytes(32, "big"),
-        data=data,
-        content=b"c" * 32,
-    )
+from tests.evaluation_ledger import evaluation, ledger_at, release_evaluation
 
 
 def _ledger(tmp_path: Path, **rules: object) -> ReleaseLedger:
-    return ReleaseLedger(
-        tmp_path / "privacy.db",
-        participant="p0",
-        rules=LedgerRules(**rules),  # type: ignore[arg-type]
-    )
-
-
-def _release(
-    ledger: ReleaseLedger,
-    k: int,
-    federation: str = "fed",
-    answer: str = INPUT,
-    data: bytes = b"t" * 32,
-) -> None:
-    ledger.reserve(_evaluation(k, federation, data), job=f"{federation}-{k}")
-    ledger.consume(f"{federation}-{k}", answer=answer)
+    return ledger_at(tmp_path / "privacy.db", **rules)
 
 
 def test_the_evaluation_after_the_limit_is_refused_in_that_federation_only(
@@ -69,17 +41,17 @@ def test_the_evaluation_after_the_limit_is_refused_in_that_federation_only(
     ledger = _ledger(tmp_path)
     most = DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
     for k in range(most):
-        _release(ledger, k)
+        release_evaluation(ledger, k)
     with pytest.raises(EvaluationsExhausted, match=rf"already answered {most} evaluation"):
-        ledger.reserve(_evaluation(most), job=f"fed-{most}")
+        ledger.reserve(evaluation(most), job=f"fed-{most}")
     # another federation has its own count (of another split here: the same split's
     # lifetime is max_evaluations_per_split's, test_evaluations_per_split.py)
-    _release(ledger, most, federation="other", data=b"v" * 32)
+    release_evaluation(ledger, most, federation="other", data=b"v" * 32)
     ledger.close()
     # durable: a restarted site counts the same releases
     restarted = _ledger(tmp_path)
     with pytest.raises(EvaluationsExhausted):
-        restarted.reserve(_evaluation(most + 1), job="fed-late")
+        restarted.reserve(evaluation(most + 1), job="fed-late")
     restarted.close()
 
 
@@ -89,11 +61,11 @@ def test_a_refusal_in_an_evaluations_place_counts_and_a_reservation_does_not(
     """A data-dependent refusal charged as the release counts (it is one bit of the
     data); a job that ended before anything left (only reserved) does not."""
     ledger = _ledger(tmp_path, max_evaluations_per_federation=2)
-    _release(ledger, 0, answer=REFUSAL)
-    ledger.reserve(_evaluation(1), job="abandoned")  # never consumed
-    _release(ledger, 2)
+    release_evaluation(ledger, 0, answer=REFUSAL)
+    ledger.reserve(evaluation(1), job="abandoned")  # never consumed
+    release_evaluation(ledger, 2)
     with pytest.raises(EvaluationsExhausted):
-        ledger.reserve(_evaluation(3), job="fed-3")
+        ledger.reserve(evaluation(3), job="fed-3")
     ledger.close()
 
 
@@ -101,9 +73,9 @@ def test_two_jobs_admitted_together_cannot_both_pass_the_limit(tmp_path: Path) -
     """Consuming re-checks the count atomically: two evaluations reserved while one
     was left, the second to leave is refused at its upload."""
     ledger = _ledger(tmp_path, max_evaluations_per_federation=2)
-    _release(ledger, 0)
-    ledger.reserve(_evaluation(1), job="a")
-    ledger.reserve(_evaluation(2), job="b")
+    release_evaluation(ledger, 0)
+    ledger.reserve(evaluation(1), job="a")
+    ledger.reserve(evaluation(2), job="b")
     ledger.consume("a")
     with pytest.raises(EvaluationsExhausted):
         ledger.consume("b")
@@ -114,9 +86,9 @@ def test_the_limit_is_not_the_repeat_rule(tmp_path: Path) -> None:
     """The same evaluation asked again is still a repeat (its own rule), and the
     other families are not counted."""
     ledger = _ledger(tmp_path, max_evaluations_per_federation=1)
-    _release(ledger, 0)
+    release_evaluation(ledger, 0)
     with pytest.raises(ReleaseRepeated):
-        ledger.reserve(_evaluation(0), job="again")
+        ledger.reserve(evaluation(0), job="again")
     moments = Release(kind="ffc", federation="fed", model=b"m" * 32, data=b"d" * 32)
     ledger.reserve(moments, job="stats")
     ledger.consume("stats")
@@ -130,7 +102,7 @@ def test_no_limit_when_set_to_zero_or_unenforced(tmp_path: Path, rules: dict | N
     else:
         ledger = _ledger(tmp_path, **rules)
     for k in range(DEFAULT_MAX_EVALUATIONS_PER_FEDERATION + 3):
-        _release(ledger, k)
+        release_evaluation(ledger, k)
     ledger.close()
 
 

@@ -15,47 +15,22 @@ import pytest
 from spherecal.participant.failures import policy_rule
 from spherecal.participant.policy import EvaluationsExhausted, PolicySettings
 from spherecal.participant.release_ledger import (
-    EVALUATE,
-    INPUT,
     REFUSAL,
-    LedgerRules,
-    Release,
     ReleaseLedger,
 )
 from spherecal.proto import spherecal_pb2 as pb
 from spherecal.site_audit import format_site_audit, read_site_audit, site_audit_html
 from spherecal.spherefed.privacy.evaluation_noise import DEFAULT_MAX_EVALUATIONS_PER_FEDERATION
+from tests.evaluation_ledger import TEST_SPLIT, evaluation, ledger_at, release_evaluation
 
-TEST = b"t" * 32
+TEST = TEST_SPLIT
 VALIDATION = b"v" * 32
 GROWN = b"g" * 32
 """The test split after a record was added: another fingerprint."""
 
 
 def _ledger(tmp_path: Path, **rules: object) -> ReleaseLedger:
-    return ReleaseLedger(
-        tmp_path / "state" / "privacy.db",
-        participant="p0",
-        rules=LedgerRules(**rules),  # type: ignore[arg-type]
-    )
-
-
-def _evaluation(k: int, federation: str, data: bytes = TEST) -> Release:
-    """The ``k``-th evaluation: a distinct executed model (a new key, the same counts)."""
-    return Release(
-        kind=EVALUATE,
-        federation=federation,
-        model=k.to_bytes(32, "big"),
-        data=data,
-        content=b"c" * 32,
-    )
-
-
-def _release(
-    ledger: ReleaseLedger, k: int, federation: str, data: bytes = TEST, answer: str = INPUT
-) -> None:
-    ledger.reserve(_evaluation(k, federation, data), job=f"{federation}-{k}")
-    ledger.consume(f"{federation}-{k}", answer=answer)
+    return ledger_at(tmp_path / "state" / "privacy.db", **rules)
 
 
 def test_the_splits_evaluations_stop_across_federations_and_after_a_restart(
@@ -66,9 +41,9 @@ def test_the_splits_evaluations_stop_across_federations_and_after_a_restart(
     the ledger of a restarted site."""
     ledger = _ledger(tmp_path)
     for k in range(4):
-        _release(ledger, k, federation=f"fed-{k // 2}")
+        release_evaluation(ledger, k, federation=f"fed-{k // 2}")
     with pytest.raises(EvaluationsExhausted) as refused:
-        ledger.reserve(_evaluation(4, "fed-2"), job="fed-2-4")
+        ledger.reserve(evaluation(4, "fed-2"), job="fed-2-4")
     text = str(refused.value)
     assert "max_evaluations_per_split = 4" in text and "in 2 federation(s)" in text
     assert policy_rule(refused.value) == pb.RULE_EVALUATIONS_EXHAUSTED
@@ -76,7 +51,7 @@ def test_the_splits_evaluations_stop_across_federations_and_after_a_restart(
     ledger.close()
     restarted = _ledger(tmp_path)
     with pytest.raises(EvaluationsExhausted, match="max_evaluations_per_split"):
-        restarted.reserve(_evaluation(5, "fed-3"), job="fed-3-5")
+        restarted.reserve(evaluation(5, "fed-3"), job="fed-3-5")
     restarted.close()
 
 
@@ -85,9 +60,9 @@ def test_another_split_and_changed_records_count_on_their_own(tmp_path: Path) ->
     added (its fingerprint changed): neither is refused for the test split's four."""
     ledger = _ledger(tmp_path)
     for k in range(4):
-        _release(ledger, k, federation=f"fed-{k // 2}")
-    _release(ledger, 10, federation="fed-2", data=VALIDATION)
-    _release(ledger, 11, federation="fed-2", data=GROWN)
+        release_evaluation(ledger, k, federation=f"fed-{k // 2}")
+    release_evaluation(ledger, 10, federation="fed-2", data=VALIDATION)
+    release_evaluation(ledger, 11, federation="fed-2", data=GROWN)
     assert ledger.split_evaluations(VALIDATION) == (1, 1)
     assert ledger.split_evaluations(GROWN) == (1, 1)
     ledger.close()
@@ -99,9 +74,9 @@ def test_within_one_federation_the_federations_limit_refuses_first(tmp_path: Pat
     before this rule is refused differently."""
     ledger = _ledger(tmp_path)
     for k in range(DEFAULT_MAX_EVALUATIONS_PER_FEDERATION):
-        _release(ledger, k, federation="fed")
+        release_evaluation(ledger, k, federation="fed")
     with pytest.raises(EvaluationsExhausted, match="max_evaluations_per_federation = 4"):
-        ledger.reserve(_evaluation(9, "fed"), job="fed-9")
+        ledger.reserve(evaluation(9, "fed"), job="fed-9")
     ledger.close()
 
 
@@ -110,9 +85,9 @@ def test_unset_it_follows_the_federations_limit(tmp_path: Path) -> None:
     evaluations) has six per split for its lifetime, not six per federation."""
     ledger = _ledger(tmp_path, max_evaluations_per_federation=6)
     for k in range(6):
-        _release(ledger, k, federation=f"fed-{k // 3}")
+        release_evaluation(ledger, k, federation=f"fed-{k // 3}")
     with pytest.raises(EvaluationsExhausted, match="max_evaluations_per_split = 6"):
-        ledger.reserve(_evaluation(6, "fed-2"), job="fed-2-6")
+        ledger.reserve(evaluation(6, "fed-2"), job="fed-2-6")
     ledger.close()
 
 
@@ -121,14 +96,14 @@ def test_set_it_is_its_own_number(tmp_path: Path) -> None:
     lowered to 1: the second evaluation of the split, in any federation, is refused."""
     ledger = _ledger(tmp_path / "raised", max_evaluations_per_split=8)
     for k in range(8):
-        _release(ledger, k, federation=f"fed-{k // 4}")
+        release_evaluation(ledger, k, federation=f"fed-{k // 4}")
     with pytest.raises(EvaluationsExhausted, match="max_evaluations_per_split = 8"):
-        ledger.reserve(_evaluation(8, "fed-2"), job="fed-2-8")
+        ledger.reserve(evaluation(8, "fed-2"), job="fed-2-8")
     ledger.close()
     ledger = _ledger(tmp_path / "lowered", max_evaluations_per_split=1)
-    _release(ledger, 0, federation="fed-0")
+    release_evaluation(ledger, 0, federation="fed-0")
     with pytest.raises(EvaluationsExhausted, match="max_evaluations_per_split = 1"):
-        ledger.reserve(_evaluation(1, "fed-0"), job="fed-0-1")
+        ledger.reserve(evaluation(1, "fed-0"), job="fed-0-1")
     ledger.close()
 
 
@@ -141,7 +116,7 @@ def test_no_lifetime_limit_when_set_to_zero_or_unenforced(
     else:
         ledger = _ledger(tmp_path, **rules)
     for k in range(12):  # three federations of four
-        _release(ledger, k, federation=f"fed-{k // 4}")
+        release_evaluation(ledger, k, federation=f"fed-{k // 4}")
     ledger.close()
 
 
@@ -149,11 +124,11 @@ def test_a_refusal_in_its_place_counts_and_a_reservation_does_not(tmp_path: Path
     """As for the federation's count: a data-dependent refusal charged as the release
     is one of the split's; a job abandoned before anything left is not."""
     ledger = _ledger(tmp_path, max_evaluations_per_split=2)
-    _release(ledger, 0, federation="fed-0", answer=REFUSAL)
-    ledger.reserve(_evaluation(1, "fed-1"), job="abandoned")  # never consumed
-    _release(ledger, 2, federation="fed-1")
+    release_evaluation(ledger, 0, federation="fed-0", answer=REFUSAL)
+    ledger.reserve(evaluation(1, "fed-1"), job="abandoned")  # never consumed
+    release_evaluation(ledger, 2, federation="fed-1")
     with pytest.raises(EvaluationsExhausted):
-        ledger.reserve(_evaluation(3, "fed-2"), job="fed-2-3")
+        ledger.reserve(evaluation(3, "fed-2"), job="fed-2-3")
     ledger.close()
 
 
@@ -161,9 +136,9 @@ def test_two_federations_jobs_admitted_together_cannot_both_pass(tmp_path: Path)
     """Consuming re-checks the split's count atomically: two evaluations of the split
     reserved in two federations while one was left, the second to leave is refused."""
     ledger = _ledger(tmp_path, max_evaluations_per_split=2)
-    _release(ledger, 0, federation="fed-0")
-    ledger.reserve(_evaluation(1, "fed-1"), job="a")
-    ledger.reserve(_evaluation(2, "fed-2"), job="b")
+    release_evaluation(ledger, 0, federation="fed-0")
+    ledger.reserve(evaluation(1, "fed-1"), job="a")
+    ledger.reserve(evaluation(2, "fed-2"), job="b")
     ledger.consume("a")
     with pytest.raises(EvaluationsExhausted, match="max_evaluations_per_split"):
         ledger.consume("b")
@@ -204,9 +179,9 @@ def test_the_site_audit_lists_each_splits_evaluations_across_federations(
 ) -> None:
     ledger = _ledger(tmp_path)
     for k in range(3):
-        _release(ledger, k, federation=f"fed-{k // 2}")
-    _release(ledger, 5, federation="fed-1", data=VALIDATION)
-    ledger.reserve(_evaluation(6, "fed-1"), job="abandoned")  # left nothing: not counted
+        release_evaluation(ledger, k, federation=f"fed-{k // 2}")
+    release_evaluation(ledger, 5, federation="fed-1", data=VALIDATION)
+    ledger.reserve(evaluation(6, "fed-1"), job="abandoned")  # left nothing: not counted
     ledger.close()
     audit = read_site_audit(tmp_path / "state")
     splits = {x["split"]: x for x in audit.to_json()["evaluations_per_split"]}
