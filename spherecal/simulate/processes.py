@@ -323,14 +323,21 @@ class Simulation:
             self.coordinator = None
 
     def wait_coordinator(self, timeout: float) -> int:
+        """The coordinator's exit status, once it exited and its last lines are in
+        ``logs/coordinator.log``: the pump copies its stderr there and may still be
+        writing the last lines when the process is gone (a test that read the log
+        right after the exit missed the CLI's closing line, now and then)."""
         if self.coordinator is None:
             raise SimulationError("no coordinator is running")
         try:
-            return self.coordinator.popen.wait(timeout=timeout)
+            code = self.coordinator.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise SimulationError(
                 f"the federation did not finish within {timeout:.0f}s; see {self.out / 'logs'}"
             ) from None
+        for pump in self.coordinator.threads:  # at the stream's end once the process is
+            pump.join(timeout=5)
+        return code
 
     def wait_participants(self, timeout: float = 30.0) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout
