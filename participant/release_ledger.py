@@ -328,12 +328,7 @@ class ReleaseLedger:
         """How many evaluation releases of the split fingerprinted ``data`` left this
         site, and in how many federations (for the site's log at join)."""
         with self._lock:
-            (made, federations) = self._conn.execute(
-                "SELECT COUNT(*), COUNT(DISTINCT federation) FROM site_releases "
-                "WHERE participant = ? AND family = ? AND data = ? AND state = 'released'",
-                (self.participant, EVALUATION, bytes(data)),
-            ).fetchone()
-        return int(made), int(federations)
+            return self._checks.split_evaluations(data)
 
     # ------------------------------------------------------------ life cycle
     def reserve(self, release: Release, *, job: str) -> None:

@@ -179,6 +179,17 @@ class ReleaseConflicts:
                 )
         return self._split_spent(release, job)
 
+    def split_evaluations(self, data: bytes, *, besides: str = "") -> tuple[int, int]:
+        """How many evaluation releases of the split fingerprinted ``data`` left this
+        site — under any key but ``besides`` — and in how many federations."""
+        made, federations = self._conn.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT federation) FROM site_releases "
+            "WHERE participant = ? AND family = ? AND data = ? AND state = 'released' "
+            "AND job != ?",
+            (self.participant, EVALUATION, bytes(data), besides),
+        ).fetchone()
+        return int(made), int(federations)
+
     def _split_spent(self, release: Release, job: str) -> EvaluationsExhausted | None:
         """The refusal of an evaluation of a split that already answered
         ``max_evaluations_per_split`` evaluations, in any federation (``None``:
@@ -198,12 +209,7 @@ class ReleaseConflicts:
         most = self.rules.evaluations_per_split
         if release.family != EVALUATION or most <= 0:
             return None
-        (made, federations) = self._conn.execute(
-            "SELECT COUNT(*), COUNT(DISTINCT federation) FROM site_releases "
-            "WHERE participant = ? AND family = ? AND data = ? AND state = 'released' "
-            "AND job != ?",
-            (self.participant, EVALUATION, bytes(release.data), job),
-        ).fetchone()
+        made, federations = self.split_evaluations(release.data, besides=job)
         if made < most:
             return None
         return EvaluationsExhausted(

@@ -30,20 +30,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 ROUNDS = 5
 
 
-def _sites_ledger_evaluations(out: Path) -> dict[str, int]:
+def _sites_split_evaluations(out: Path) -> dict[str, list[int]]:
+    """Per site, the released evaluations of each split fingerprint (sorted)."""
     import sqlite3
 
     counts = {}
     for ledger in sorted(out.glob("state/*/privacy.db")):
         conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
         try:
-            (n,) = conn.execute(
+            rows = conn.execute(
                 "SELECT COUNT(*) FROM site_releases WHERE family = 'evaluation' "
-                "AND state = 'released'"
-            ).fetchone()
+                "AND state = 'released' GROUP BY data"
+            ).fetchall()
         finally:
             conn.close()
-        counts[ledger.parent.name] = int(n)
+        counts[ledger.parent.name] = sorted(int(n) for (n,) in rows)
     return counts
 
 
@@ -67,27 +68,9 @@ def test_every_round_evaluated_leaves_room_for_the_gate_and_the_final_evaluation
     assert results["refusals"] == []  # no site had to refuse one
     log = (tmp_path / "logs" / "coordinator.log").read_text()
     assert "per-round federated evaluations (every 1 round(s)) stop after round 1" in log
-    counts = _sites_ledger_evaluations(tmp_path)
+    counts = {site: sum(n) for site, n in _sites_split_evaluations(tmp_path).items()}
     assert len(counts) == 4
     assert set(counts.values()) == {DEFAULT_MAX_EVALUATIONS_PER_FEDERATION}
-
-
-def _sites_split_evaluations(out: Path) -> dict[str, list[int]]:
-    """Per site, the released evaluations of each split fingerprint (sorted)."""
-    import sqlite3
-
-    counts = {}
-    for ledger in sorted(out.glob("state/*/privacy.db")):
-        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-        try:
-            rows = conn.execute(
-                "SELECT COUNT(*) FROM site_releases WHERE family = 'evaluation' "
-                "AND state = 'released' GROUP BY data"
-            ).fetchall()
-        finally:
-            conn.close()
-        counts[ledger.parent.name] = sorted(int(n) for (n,) in rows)
-    return counts
 
 
 def _sites_with_one_evaluation_per_split(monkeypatch: pytest.MonkeyPatch) -> None:
