@@ -100,6 +100,12 @@ Definitions (all measured in the same process, on the same machine, in this run)
     ``degree_model``: ``participant_cpu_ms`` fitted as fixed + degree × per neighbour +
     n × per roster member, with the per-neighbour cost the 1.5× line would need at each
     n (``bench/secagg_scaling.py: degree_model``; null with fewer n than parameters).
+    ``public_key_floor``: per n, the X25519 agreements and Ed25519 verifications a
+    participant makes in its own calls (counted in one job: ``2k + 1`` and about
+    ``2k`` at degree ``k``), their cost at the unit times measured in the same run
+    (``floor_ms``), its ratio to the smallest n's, and the degree-free work a
+    participant would need for the 1.5× line to hold (``other_work_needed_ms``;
+    ``bench/secagg_scaling.py: public_key_floor``).
 ``policy_overhead``
     The cost of the participants' privacy policy (:mod:`spherecal.crypto.policy`): every
     repeat runs the same job twice, alternating the order — once as deployed by

@@ -9,16 +9,40 @@ docstring (``scaling``).
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import functools
 import os
 import random
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import nacl.bindings
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from spherecal.crypto import keys as crypto_keys
+from spherecal.crypto import participant as crypto_participant
+from spherecal.crypto.participant import SecAggParticipant
 from spherecal.crypto.simulation import run_protocol
 from spherecal.crypto.spec import JobSpec, default_degree
 
-__all__ = ["scaling"]
+__all__ = ["public_key_floor", "scaling"]
+
+# The participant's calls in which a site spends its share of a job (its constructor
+# decodes the spec); counted by :func:`_counting_public_key_work`.
+_PARTICIPANT_CALLS = (
+    "__init__",
+    "advertise_keys",
+    "share_keys",
+    "receive_shares",
+    "prepare_input",
+    "set_input",
+    "masked_chunk",
+    "consistency_signature",
+    "unmask",
+)
 
 
 def _scaling_job(
@@ -139,6 +163,9 @@ def scaling(
         }
     return {
         "degree_model": degree_model(rows),
+        "public_key_floor": public_key_floor(
+            counts, drop_fraction=drop_fraction, seed=seed, ring_bits=ring_bits, degree=degree
+        ),
         "dim": dim,
         "graph": "harary",
         "ring_bits": ring_bits,
@@ -204,4 +231,143 @@ def degree_model(rows: dict[str, Any], *, target: float = 1.5) -> dict[str, Any]
         "with which n's cost stays within target_ratio × the first n's (negative: out of "
         "reach even at zero; null: any, or the degree is held); "
         "ratio_without_neighbours[n]: n's ratio to the first at zero per-neighbour cost",
+    }
+
+
+@contextlib.contextmanager
+def _counting_public_key_work(
+    counts: dict[int, collections.Counter[str]],
+) -> Iterator[None]:
+    """Count, per participant object, the X25519 agreements and Ed25519 verifications
+    made inside its own calls (:data:`_PARTICIPANT_CALLS`), not the server's.
+
+    The verification is counted at libsodium's entry point (every path of
+    :func:`spherecal.crypto.keys.verify` ends there), the agreement at the name the
+    participant module calls (:func:`spherecal.crypto.keys.agree`)."""
+    current: list[int] = []
+
+    def inside(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: SecAggParticipant, *args: Any, **kwargs: Any) -> Any:
+            current.append(id(self))
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                current.pop()
+
+        return call
+
+    def counted(kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if current:
+                counts.setdefault(current[-1], collections.Counter())[kind] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    originals = {name: getattr(SecAggParticipant, name) for name in _PARTICIPANT_CALLS}
+    sign_open, agree = nacl.bindings.crypto_sign_open, crypto_participant.agree
+    try:
+        for name, method in originals.items():
+            setattr(SecAggParticipant, name, inside(method))
+        nacl.bindings.crypto_sign_open = counted("verifications", sign_open)
+        crypto_participant.agree = counted("agreements", agree)
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(SecAggParticipant, name, method)
+        nacl.bindings.crypto_sign_open = sign_open
+        crypto_participant.agree = agree
+
+
+def _best_us(call: Callable[[], object], *, calls: int = 200, passes: int = 5) -> float:
+    """Best of ``passes`` mean times of ``calls`` calls, in microseconds."""
+    best = float("inf")
+    for _ in range(passes):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def public_key_floor(
+    counts: list[int],
+    *,
+    drop_fraction: float,
+    seed: int,
+    ring_bits: int,
+    degree: int | None = None,
+    target: float = 1.5,
+) -> dict[str, Any]:
+    """What a participant's public-key operations alone cost per job, per n, and what
+    issue #24's line "n = 500 no more than ``target`` × n = 10" asks of the rest.
+
+    Why: each Harary neighbour costs a site two X25519 agreements (the channel key for
+    its shares, the masking key for its pairwise mask) and about two Ed25519
+    verifications (its key advertisement, its consistency signature), none of which
+    any encoding speeds up, and the degree grows with n (``2⌈log₂ n⌉``). The counts
+    come from one job per n (the same seed and drops as the timed jobs, a short vector:
+    the count does not depend on its length), counted inside each participant's own
+    calls (:func:`_counting_public_key_work`); the unit costs are timed here, best of
+    five passes (a verification on a 128-byte payload: a survivor set at large n is a
+    few kilobytes longer, so the floor is a lower bound). ``floor_ratio[n]`` is n's
+    floor over the first n's; with ``W`` ms of work that grows with neither n nor
+    the degree, the ratio is ``(W + floor_n) / (W + floor_first)``, within ``target``
+    only if ``W ≥ (floor_n − target·floor_first) / (target − 1)``:
+    ``other_work_needed_ms[n]`` (0 when the floor alone is within it) — the line is
+    met by that much *slower* degree-free work, never by faster public-key work."""
+    identity = crypto_keys.generate_identity()
+    public = identity.public_key()
+    payload = os.urandom(128)
+    signature = crypto_keys.sign(identity, payload)
+    private = X25519PrivateKey.generate()
+    peer = X25519PrivateKey.generate().public_key().public_bytes_raw()
+    verification_us = _best_us(
+        lambda: crypto_keys.verify(public, signature, payload, what="timing")
+    )
+    agreement_us = _best_us(lambda: crypto_keys.agree(private, peer))
+    per_n: dict[str, dict[str, float | int]] = {}
+    for n in counts:
+        counted: dict[int, collections.Counter[str]] = {}
+        with _counting_public_key_work(counted):
+            spec, _, _, report, _ = _scaling_job(
+                n,
+                dim=256,
+                drop_fraction=drop_fraction,
+                seed=seed,
+                ring_bits=ring_bits,
+                degree=degree,
+            )
+        agreements = float(np.median([c["agreements"] for c in counted.values()]))
+        verifications = float(np.median([c["verifications"] for c in counted.values()]))
+        per_n[str(n)] = {
+            "degree": spec.degree,
+            "participants_counted": len(counted),
+            "agreements": agreements,
+            "verifications": verifications,
+            "floor_ms": round(
+                (agreements * agreement_us + verifications * verification_us) / 1e3, 4
+            ),
+        }
+    first = per_n[str(counts[0])]["floor_ms"]
+    ratio = {n: round(row["floor_ms"] / first, 3) for n, row in list(per_n.items())[1:]}
+    needed = {
+        n: round(max(0.0, (row["floor_ms"] - target * first) / (target - 1)), 4)
+        for n, row in list(per_n.items())[1:]
+    }
+    return {
+        "agreement_us": round(agreement_us, 2),
+        "verification_us": round(verification_us, 2),
+        "per_n": per_n,
+        "floor_ratio": ratio,
+        "target_ratio": target,
+        "other_work_needed_ms": needed,
+        "statistic": "per n, the median over participants of the X25519 agreements and "
+        "Ed25519 verifications made inside its own calls in one job (same seed and drops "
+        "as the timed jobs, 256 entries), times each operation's best-of-5 mean time "
+        "(verification on a 128-byte payload: a lower bound); floor_ratio[n]: n's floor "
+        "over the first n's; other_work_needed_ms[n]: the work growing with neither n nor "
+        "the degree that a participant would need for n's ratio to the first to stay "
+        "within target_ratio",
     }

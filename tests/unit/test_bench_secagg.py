@@ -135,3 +135,31 @@ def test_the_degree_model_of_a_held_degree_fits_the_rest() -> None:
     assert model["per_neighbour_ms_allowed"] == {"500": None}
     assert abs(model["ratio_without_neighbours"]["500"] - 2.75 / 2.015) < 1e-3
     assert degree_model({"10": rows["10"]}) is None  # one point, two parameters
+
+
+def test_the_public_key_floor_counts_each_participants_own_operations() -> None:
+    """The scaling block's public-key floor counts, inside each participant's own calls
+    and not the server's, what the protocol asks per Harary neighbour: at degree ``k``
+    (n ≥ 2k + 1, no wrap-around of the neighbourhoods) ``2k + 1`` X25519 agreements —
+    a channel key with each of its ``k`` share holders and itself, a masking key with
+    each neighbour — and ``2k`` Ed25519 verifications — the ``k`` key advertisements
+    and ``k`` consistency signatures, the fewest that give each revealed owner a strict
+    majority ``t = k/2 + 1`` of its holders. At one held degree the floor is the same
+    for every n; the counting leaves the participant class and libsodium as they were."""
+    import nacl.bindings
+
+    from bench.secagg_scaling import public_key_floor
+    from spherecal.crypto.participant import SecAggParticipant
+
+    methods = dict(vars(SecAggParticipant))
+    sign_open = nacl.bindings.crypto_sign_open
+    floor = public_key_floor([10, 40], drop_fraction=0.1, seed=0, ring_bits=32, degree=4)
+    for n, row in floor["per_n"].items():
+        assert row["participants_counted"] == int(n)
+        assert (row["degree"], row["agreements"], row["verifications"]) == (4, 9, 8)
+        expected = (9 * floor["agreement_us"] + 8 * floor["verification_us"]) / 1e3
+        assert abs(row["floor_ms"] - expected) < 1e-3
+    assert floor["floor_ratio"] == {"40": 1.0}
+    assert floor["other_work_needed_ms"] == {"40": 0.0}
+    assert dict(vars(SecAggParticipant)) == methods
+    assert nacl.bindings.crypto_sign_open is sign_open
