@@ -331,7 +331,7 @@ def public_key_floor(
     for n in counts:
         counted: dict[int, collections.Counter[str]] = {}
         with _counting_public_key_work(counted):
-            spec, _, _, report, _ = _scaling_job(
+            spec, *_ = _scaling_job(
                 n,
                 dim=256,
                 drop_fraction=drop_fraction,
@@ -350,11 +350,12 @@ def public_key_floor(
                 (agreements * agreement_us + verifications * verification_us) / 1e3, 4
             ),
         }
-    first = per_n[str(counts[0])]["floor_ms"]
-    ratio = {n: round(row["floor_ms"] / first, 3) for n, row in list(per_n.items())[1:]}
+    first, *later = per_n.items()
+    floor = first[1]["floor_ms"]
+    ratio = {n: round(row["floor_ms"] / floor, 3) for n, row in later}
     needed = {
-        n: round(max(0.0, (row["floor_ms"] - target * first) / (target - 1)), 4)
-        for n, row in list(per_n.items())[1:]
+        n: round(max(0.0, (row["floor_ms"] - target * floor) / (target - 1)), 4)
+        for n, row in later
     }
     return {
         "agreement_us": round(agreement_us, 2),
